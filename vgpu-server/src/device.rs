@@ -1,0 +1,365 @@
+//! One vGPU as the guest sees it: the PCI function (config space, BAR structures), the
+//! virtio-pci transport, the virtqueues, the virtio-gpu device model, interrupts and guest
+//! memory, behind one lock shared by the message loop and the worker.
+//!
+//! Register accesses arrive here already validated against the region layout
+//! ([`crate::transport`]); this module decodes BAR offsets into virtio structures, processes
+//! queues, and turns every protocol violation into DEVICE_NEEDS_RESET.
+
+use std::fmt::Display;
+use std::fs::File;
+use std::sync::Arc;
+
+use log::{debug, error, info, warn};
+use virtio_queue::{QueueOwnedT, QueueT};
+use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
+
+use crate::gpu::protocol::{self, Response};
+use crate::gpu::{DisplayConfig, GpuDevice};
+use crate::irq::{Interrupts, IrqChange, IrqError};
+use crate::memory::{GuestRam, MemoryError};
+use crate::metrics::{DeviceMetrics, inc};
+use crate::pci::{self, ConfigSpace};
+use crate::queue::CheckedChain;
+use crate::virtio_pci::{
+    CONTROL_QUEUE, Effect, ISR_CONFIG, ISR_QUEUE, NO_VECTOR, NUM_QUEUES, VirtioPciTransport,
+};
+
+/// Which structure of the virtio BAR an offset falls in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VirtioRegion {
+    /// Common configuration, offset relative to its start.
+    Common(u64),
+    /// ISR status.
+    Isr,
+    /// Device configuration, offset relative to its start.
+    Device(u64),
+    /// Notification of this queue.
+    Notify(u16),
+}
+
+/// Decodes an access to the virtio BAR; `None` for holes between the structures and for
+/// accesses that straddle a structure's end.
+pub fn decode_virtio_bar(offset: u64, len: usize) -> Option<VirtioRegion> {
+    let end = offset.checked_add(len as u64)?;
+    let within = |start: u64, size: u64| offset >= start && end <= start + size;
+    if within(pci::COMMON_CFG_OFFSET, pci::COMMON_CFG_LEN) {
+        Some(VirtioRegion::Common(offset - pci::COMMON_CFG_OFFSET))
+    } else if offset == pci::ISR_OFFSET && len == 1 {
+        Some(VirtioRegion::Isr)
+    } else if within(pci::DEVICE_CFG_OFFSET, pci::DEVICE_CFG_LEN) && offset % len as u64 == 0 && len <= 4 {
+        Some(VirtioRegion::Device(offset - pci::DEVICE_CFG_OFFSET))
+    } else if within(pci::NOTIFY_OFFSET, pci::NOTIFY_LEN) && (len == 2 || len == 4) {
+        let rel = offset - pci::NOTIFY_OFFSET;
+        let multiplier = u64::from(pci::NOTIFY_OFF_MULTIPLIER);
+        (rel % multiplier == 0).then(|| VirtioRegion::Notify((rel / multiplier) as u16))
+    } else {
+        None
+    }
+}
+
+/// The state of one vGPU for one client connection.
+#[derive(Debug)]
+pub struct Device {
+    config: ConfigSpace,
+    transport: VirtioPciTransport,
+    gpu: GpuDevice,
+    irqs: Interrupts,
+    ram: GuestRam,
+    metrics: Arc<DeviceMetrics>,
+}
+
+impl Device {
+    /// A powered-on device with no guest memory and no interrupts yet.
+    pub fn new(display: DisplayConfig, metrics: Arc<DeviceMetrics>) -> Self {
+        Device {
+            config: ConfigSpace::new(),
+            transport: VirtioPciTransport::new(0, pci::MSIX_VECTORS),
+            gpu: GpuDevice::new(display),
+            irqs: Interrupts::new(pci::MSIX_VECTORS),
+            ram: GuestRam::new(),
+            metrics,
+        }
+    }
+
+    /// The device status register (for tests and diagnostics).
+    pub fn status(&self) -> u8 {
+        self.transport.status()
+    }
+
+    /// Records a protocol violation and puts the device into DEVICE_NEEDS_RESET.
+    pub fn fault(&mut self, what: impl Display) {
+        inc(&self.metrics.transport_faults);
+        warn!("device needs reset: {what}");
+        if self.transport.set_needs_reset() {
+            self.signal_config_change();
+        }
+    }
+
+    /// Function-level reset (vfio DEVICE_RESET): config space, transport and device state.
+    /// Guest memory and interrupt eventfds belong to QEMU and stay.
+    pub fn function_reset(&mut self) {
+        self.config = ConfigSpace::new();
+        self.virtio_reset();
+    }
+
+    fn virtio_reset(&mut self) {
+        inc(&self.metrics.resets);
+        self.transport.reset();
+        self.gpu.reset();
+        self.config.set_interrupt_status(false);
+        info!("device reset");
+    }
+
+    /// Reads configuration space.
+    pub fn config_read(&self, offset: u64, data: &mut [u8]) {
+        self.config.read(offset, data);
+    }
+
+    /// Writes configuration space.
+    pub fn config_write(&mut self, offset: u64, data: &[u8]) {
+        self.config.write(offset, data);
+    }
+
+    /// Reads a decoded register of the virtio BAR.
+    pub fn virtio_read(&mut self, region: VirtioRegion, data: &mut [u8]) {
+        data.fill(0);
+        match region {
+            VirtioRegion::Common(off) => {
+                if let Err(e) = self.transport.read_common(off, data) {
+                    self.fault(e);
+                }
+            }
+            VirtioRegion::Isr => {
+                data[0] = self.transport.read_isr();
+                self.config.set_interrupt_status(false);
+            }
+            VirtioRegion::Device(off) => self.gpu.config_read(off, data),
+            VirtioRegion::Notify(_) => {}
+        }
+    }
+
+    /// Writes a decoded register of the virtio BAR. Notifications do not come here: the
+    /// message loop turns them into worker kicks without taking the device lock.
+    pub fn virtio_write(&mut self, region: VirtioRegion, data: &[u8]) {
+        match region {
+            VirtioRegion::Common(off) => {
+                let mem = self.ram.atomic().memory();
+                match self.transport.write_common(off, data, &*mem) {
+                    Ok(Effect::Reset) => self.virtio_reset(),
+                    Ok(Effect::DriverOk | Effect::None) => {}
+                    Err(e) => self.fault(e),
+                }
+            }
+            VirtioRegion::Device(off) => self.gpu.config_write(off, data),
+            VirtioRegion::Isr => debug!("write to ISR ignored"),
+            VirtioRegion::Notify(q) => debug!("notify for queue {q} reached the device lock"),
+        }
+    }
+
+    /// Handles DMA_MAP.
+    pub fn dma_map(&mut self, addr: u64, size: u64, file: Option<File>, offset: u64, writable: bool) -> Result<(), MemoryError> {
+        self.ram.map(addr, size, file, offset, writable)?;
+        inc(&self.metrics.dma_maps);
+        Ok(())
+    }
+
+    /// Handles DMA_UNMAP (`all`: the ALL flag, every mapping).
+    pub fn dma_unmap(&mut self, addr: u64, size: u64, all: bool) -> Result<(), MemoryError> {
+        if all {
+            self.ram.clear();
+        } else {
+            self.ram.unmap(addr, size)?;
+        }
+        inc(&self.metrics.dma_unmaps);
+        Ok(())
+    }
+
+    /// Handles SET_IRQS.
+    pub fn set_irqs(&mut self, index: u32, flags: u32, start: u32, count: u32, fds: Vec<File>) -> Result<IrqChange, IrqError> {
+        let change = self.irqs.set_irqs(index, flags, start, count, fds)?;
+        if change == IrqChange::IntxUnmasked {
+            self.intx_unmasked();
+        }
+        Ok(change)
+    }
+
+    /// A duplicate of the INTx resample eventfd for the worker's poll set.
+    pub fn resample_fd(&self) -> Option<File> {
+        self.irqs.resample_fd()
+    }
+
+    /// INTx was unmasked (UNMASK action or the guest's EOI): a still-pending ISR fires again.
+    pub fn intx_unmasked(&mut self) {
+        self.irqs.unmask_intx();
+        if self.transport.isr_pending() && !self.irqs.msix_enabled() {
+            self.assert_intx();
+        }
+    }
+
+    fn assert_intx(&mut self) {
+        if self.config.intx_disabled() {
+            return;
+        }
+        self.config.set_interrupt_status(true);
+        if self.irqs.trigger_intx() {
+            inc(&self.metrics.interrupts);
+        }
+    }
+
+    fn signal(&mut self, vector: u16, isr: u8) {
+        if self.irqs.msix_enabled() {
+            if vector != NO_VECTOR && self.irqs.trigger_msix(vector) {
+                inc(&self.metrics.interrupts);
+            }
+        } else {
+            self.transport.raise_isr(isr);
+            self.assert_intx();
+        }
+    }
+
+    fn signal_config_change(&mut self) {
+        self.signal(self.transport.config_vector(), ISR_CONFIG);
+    }
+
+    /// Processes the available buffers of queue `q` (the worker calls this on a kick).
+    /// At most one queue's worth of chains is handled per call; returns true if more remain.
+    pub fn process_queue(&mut self, q: u16) -> bool {
+        if q >= NUM_QUEUES || !self.transport.is_live() || !self.transport.queue_ready(q) {
+            inc(&self.metrics.notifies_ignored);
+            debug!("notify for queue {q} ignored: device not live or queue not enabled");
+            return false;
+        }
+        let mem = self.ram.atomic().memory();
+        let mut completed = 0u32;
+        let more;
+        let mut violation = None;
+        {
+            let Some(queue) = self.transport.queue_mut(q) else {
+                return false;
+            };
+            let budget = queue.size();
+            let mut iter = match queue.iter(&*mem) {
+                Ok(iter) => iter,
+                Err(e) => {
+                    self.fault(format_args!("queue {q}: {e}"));
+                    return false;
+                }
+            };
+            let mut used = Vec::new();
+            for _ in 0..budget {
+                let Some(chain) = iter.next() else { break };
+                match CheckedChain::new(chain, &*mem) {
+                    Ok(chain) => used.push(chain),
+                    Err(e) => {
+                        violation = Some(format!("queue {q}: {e}"));
+                        break;
+                    }
+                }
+            }
+            more = violation.is_none() && iter.next().is_some_and(|_| {
+                iter.go_to_previous_position();
+                true
+            });
+            drop(iter);
+            for chain in used {
+                let len = match q {
+                    CONTROL_QUEUE => self.control_request(&chain, &mem),
+                    _ => self.cursor_request(&chain),
+                };
+                let Some(queue) = self.transport.queue_mut(q) else { break };
+                if let Err(e) = queue.add_used(&*mem, chain.head(), len) {
+                    violation = Some(format!("queue {q}: completing head {}: {e}", chain.head()));
+                    break;
+                }
+                completed += 1;
+            }
+        }
+        if let Some(v) = violation {
+            self.fault(v);
+        }
+        if completed > 0 {
+            let notify = self.transport.queue_mut(q).map(|queue| queue.needs_notification(&*mem));
+            match notify {
+                Some(Ok(true)) => self.signal(self.transport.queue_vector(q), ISR_QUEUE),
+                Some(Ok(false)) | None => {}
+                Some(Err(e)) => self.fault(format_args!("queue {q}: {e}")),
+            }
+        }
+        more && self.transport.is_live()
+    }
+
+    /// Decodes and executes one control request and writes its response; returns the used
+    /// length.
+    fn control_request(&mut self, chain: &CheckedChain, mem: &GuestMemoryMmap) -> u32 {
+        inc(&self.metrics.ctrl_requests);
+        let (hdr, response) = match protocol::decode_control(chain.request()) {
+            Ok(req) => (req.hdr, self.gpu.execute(&req)),
+            Err((hdr, e)) => {
+                debug!("control request refused: {e}");
+                (hdr.unwrap_or_default(), Response::Err(e.response_code()))
+            }
+        };
+        if matches!(response, Response::Err(_)) {
+            inc(&self.metrics.ctrl_errors);
+        }
+        let bytes = response.encode(&hdr);
+        if (bytes.len() as u64) > chain.response_capacity() {
+            debug!("response of {} bytes clipped to {} writable", bytes.len(), chain.response_capacity());
+        }
+        chain.write_response(mem, &bytes).unwrap_or_else(|e| {
+            error!("writing response: {e}");
+            0
+        })
+    }
+
+    fn cursor_request(&mut self, chain: &CheckedChain) -> u32 {
+        inc(&self.metrics.cursor_requests);
+        match protocol::decode_cursor(chain.request()) {
+            Ok(cmd) => self.gpu.execute_cursor(&cmd),
+            Err(e) => debug!("cursor request refused: {e}"),
+        }
+        0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn virtio_bar_decoding() {
+        assert_eq!(decode_virtio_bar(0x14, 1), Some(VirtioRegion::Common(0x14)));
+        assert_eq!(decode_virtio_bar(0x36, 4), None, "straddles the end of common cfg");
+        assert_eq!(decode_virtio_bar(0x100, 4), None, "hole");
+        assert_eq!(decode_virtio_bar(0x1000, 1), Some(VirtioRegion::Isr));
+        assert_eq!(decode_virtio_bar(0x1000, 4), None);
+        assert_eq!(decode_virtio_bar(0x2008, 4), Some(VirtioRegion::Device(8)));
+        assert_eq!(decode_virtio_bar(0x2006, 4), None, "unaligned");
+        assert_eq!(decode_virtio_bar(0x3000, 2), Some(VirtioRegion::Notify(0)));
+        assert_eq!(decode_virtio_bar(0x3004, 2), Some(VirtioRegion::Notify(1)));
+        assert_eq!(decode_virtio_bar(0x3002, 2), None);
+        assert_eq!(decode_virtio_bar(0x3008, 2), None, "past the last queue");
+        assert_eq!(decode_virtio_bar(u64::MAX, 8), None);
+    }
+
+    #[test]
+    fn violations_set_needs_reset_and_reset_clears_it() {
+        let metrics = Arc::new(DeviceMetrics::default());
+        let mut dev = Device::new(DisplayConfig::default(), metrics.clone());
+        dev.virtio_write(VirtioRegion::Common(0x14), &[1, 2]);
+        assert_ne!(dev.status() & crate::virtio_pci::status::DEVICE_NEEDS_RESET, 0);
+        assert_eq!(crate::metrics::get(&metrics.transport_faults), 1);
+        dev.virtio_write(VirtioRegion::Common(0x14), &[0]);
+        assert_eq!(dev.status(), 0);
+    }
+
+    #[test]
+    fn notify_before_driver_ok_is_ignored() {
+        let metrics = Arc::new(DeviceMetrics::default());
+        let mut dev = Device::new(DisplayConfig::default(), metrics.clone());
+        assert!(!dev.process_queue(0));
+        assert!(!dev.process_queue(7));
+        assert_eq!(crate::metrics::get(&metrics.notifies_ignored), 2);
+    }
+}

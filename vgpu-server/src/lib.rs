@@ -1,0 +1,157 @@
+//! vgpu-server: a vfio-user server presenting a virtio-gpu PCI function to a QEMU guest
+//! (`-device vfio-user-pci`). One process serves one vGPU.
+//!
+//! Data path (see docs/ARCHITECTURE.md): [`transport`] validates every vfio-user message and
+//! turns doorbell writes into worker kicks; [`device`] holds the function state; [`worker`]
+//! walks the virtqueues ([`queue`]) over guest memory ([`memory`]); [`gpu`] decodes and executes
+//! virtio-gpu commands; [`irq`] delivers MSI-X or INTx interrupts.
+
+pub mod device;
+pub mod gpu;
+pub mod irq;
+pub mod memory;
+pub mod metrics;
+pub mod pci;
+pub mod queue;
+pub mod transport;
+pub mod virtio_pci;
+pub mod worker;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use log::{info, warn};
+use vfio_bindings::bindings::vfio::{
+    VFIO_IRQ_INFO_AUTOMASKED, VFIO_IRQ_INFO_EVENTFD, VFIO_IRQ_INFO_MASKABLE, VFIO_IRQ_INFO_NORESIZE,
+    VFIO_PCI_NUM_IRQS, VFIO_PCI_INTX_IRQ_INDEX, VFIO_PCI_MSIX_IRQ_INDEX, VFIO_REGION_INFO_FLAG_READ,
+    VFIO_REGION_INFO_FLAG_WRITE, vfio_region_info,
+};
+use vfio_user::{IrqInfo, Server, ServerRegion};
+
+use crate::device::Device;
+use crate::gpu::DisplayConfig;
+use crate::metrics::{DeviceMetrics, inc};
+use crate::transport::{NUM_REGIONS, Region, Transport};
+use crate::worker::{WorkerError, WorkerHandle};
+
+/// What one server process serves.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Unix socket path to listen on (must not exist).
+    pub socket: PathBuf,
+    /// The scanout mode reported to the guest.
+    pub display: DisplayConfig,
+    /// Return after serving this many client connections; `None` serves forever.
+    pub max_connections: Option<u32>,
+}
+
+/// Errors that stop the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The socket could not be created.
+    #[error("listening on {path}: {source}")]
+    Listen {
+        /// Socket path.
+        path: PathBuf,
+        /// The crate's error.
+        #[source]
+        source: vfio_user::Error,
+    },
+    /// The device worker could not start.
+    #[error(transparent)]
+    Worker(#[from] WorkerError),
+    /// Accepting a connection failed.
+    #[error("accepting a client: {0}")]
+    Accept(#[source] vfio_user::Error),
+}
+
+/// A listening vGPU server.
+pub struct VgpuServer {
+    server: Server,
+    config: ServerConfig,
+    metrics: Arc<DeviceMetrics>,
+}
+
+impl std::fmt::Debug for VgpuServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VgpuServer").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+fn regions() -> Vec<ServerRegion> {
+    (0..NUM_REGIONS)
+        .map(|index| {
+            let (size, flags) = match Region::from_index(index) {
+                Some(r) => (r.size(), VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE),
+                None => (0, 0),
+            };
+            let region_info = vfio_region_info {
+                argsz: std::mem::size_of::<vfio_region_info>() as u32,
+                flags,
+                index,
+                cap_offset: 0,
+                size,
+                offset: 0,
+            };
+            ServerRegion { region_info, sparse_areas: Vec::new(), mmap_fd: None }
+        })
+        .collect()
+}
+
+fn irqs() -> Vec<IrqInfo> {
+    (0..VFIO_PCI_NUM_IRQS)
+        .map(|index| {
+            let (flags, count) = match index {
+                VFIO_PCI_INTX_IRQ_INDEX => {
+                    (VFIO_IRQ_INFO_EVENTFD | VFIO_IRQ_INFO_MASKABLE | VFIO_IRQ_INFO_AUTOMASKED, 1)
+                }
+                VFIO_PCI_MSIX_IRQ_INDEX => (VFIO_IRQ_INFO_EVENTFD | VFIO_IRQ_INFO_NORESIZE, u32::from(pci::MSIX_VECTORS)),
+                _ => (0, 0),
+            };
+            IrqInfo { index, flags, count }
+        })
+        .collect()
+}
+
+impl VgpuServer {
+    /// Creates the listening socket. QEMU never retries, so bind before starting it.
+    pub fn bind(config: ServerConfig) -> Result<VgpuServer, ServerError> {
+        let server = Server::new(&config.socket, true, irqs(), regions())
+            .map_err(|source| ServerError::Listen { path: config.socket.clone(), source })?;
+        info!("listening on {} ({}x{} scanout)", config.socket.display(), config.display.width, config.display.height);
+        Ok(VgpuServer { server, config, metrics: Arc::new(DeviceMetrics::default()) })
+    }
+
+    /// The device's counters.
+    pub fn metrics(&self) -> Arc<DeviceMetrics> {
+        self.metrics.clone()
+    }
+
+    /// Serves clients one after another: each connection gets a fresh device; when it ends
+    /// (QEMU quit or was killed) all guest mappings are dropped. Returns after
+    /// `max_connections` connections, if set.
+    pub fn serve(self) -> Result<(), ServerError> {
+        let mut served = 0u32;
+        while self.config.max_connections.is_none_or(|max| served < max) {
+            self.serve_one()?;
+            served = served.saturating_add(1);
+        }
+        Ok(())
+    }
+
+    fn serve_one(&self) -> Result<(), ServerError> {
+        let device = Arc::new(Mutex::new(Device::new(self.config.display, self.metrics.clone())));
+        let worker = WorkerHandle::spawn(device.clone())?;
+        let mut transport = Transport::new(device, worker, self.metrics.clone());
+        inc(&self.metrics.connections);
+        let result = self.server.run(&mut transport);
+        transport.shutdown();
+        let counters: Vec<String> = self.metrics.snapshot().iter().map(|(k, v)| format!("{k}={v}")).collect();
+        match result {
+            Ok(()) => info!("client disconnected; {}", counters.join(" ")),
+            Err(vfio_user::Error::SocketAccept(e)) => return Err(ServerError::Accept(vfio_user::Error::SocketAccept(e))),
+            Err(e) => warn!("client connection lost: {e}; {}", counters.join(" ")),
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,66 @@
+//! `vgpu-server --socket PATH [--display WxH] [--log-level LEVEL] [--exit-on-disconnect]`
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use vgpu_server::gpu::DisplayConfig;
+use vgpu_server::{ServerConfig, VgpuServer};
+
+const USAGE: &str = "usage: vgpu-server --socket PATH [--display WIDTHxHEIGHT] [--log-level error|warn|info|debug|trace] [--exit-on-disconnect]
+
+Serves one virtio-gpu PCI function over vfio-user on PATH. Start QEMU with
+  -object memory-backend-memfd,id=mem,size=1G,share=on -machine q35,memory-backend=mem
+  -device '{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"PATH\",\"type\":\"unix\"}}'";
+
+struct Args {
+    config: ServerConfig,
+    log_level: String,
+}
+
+fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
+    let mut socket = None;
+    let mut display = DisplayConfig::default();
+    let mut log_level = "info".to_string();
+    let mut max_connections = None;
+    while let Some(arg) = args.next() {
+        let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
+        match arg.as_str() {
+            "--socket" => socket = Some(PathBuf::from(value("--socket")?)),
+            "--display" => display = value("--display")?.parse().map_err(|e| format!("--display: {e}"))?,
+            "--log-level" => log_level = value("--log-level")?,
+            "--exit-on-disconnect" => max_connections = Some(1),
+            "-h" | "--help" => return Err(String::new()),
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    if log_level.parse::<log::LevelFilter>().is_err() {
+        return Err(format!("--log-level: unknown level {log_level:?}"));
+    }
+    let socket = socket.ok_or("--socket is required")?;
+    Ok(Args { config: ServerConfig { socket, display, max_connections }, log_level })
+}
+
+fn main() -> ExitCode {
+    let args = match parse(std::env::args().skip(1)) {
+        Ok(args) => args,
+        Err(msg) => {
+            if !msg.is_empty() {
+                eprintln!("vgpu-server: {msg}");
+            }
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    env_logger::Builder::new()
+        .parse_filters(&args.log_level)
+        .parse_default_env()
+        .format_timestamp_micros()
+        .init();
+    match VgpuServer::bind(args.config).and_then(VgpuServer::serve) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            log::error!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}

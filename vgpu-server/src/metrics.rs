@@ -1,0 +1,62 @@
+//! Per-device counters, shared between the message loop, the worker and whoever watches
+//! (logs at disconnect, tests, later the scheduler daemon's statistics).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+macro_rules! metrics {
+    ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
+        /// Counters of one vGPU device process, cumulative over connections.
+        #[derive(Debug, Default)]
+        pub struct DeviceMetrics {
+            $($(#[$doc])* pub $name: AtomicU64,)*
+        }
+
+        impl DeviceMetrics {
+            /// All counters as (name, value) pairs, for logs and reports.
+            pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+                vec![$((stringify!($name), self.$name.load(Ordering::Relaxed)),)*]
+            }
+        }
+    };
+}
+
+metrics! {
+    /// vfio-user client connections accepted.
+    connections,
+    /// REGION_READ messages handled.
+    region_reads,
+    /// REGION_WRITE messages handled.
+    region_writes,
+    /// Queue notifications (doorbell writes) received.
+    notifies,
+    /// Notifications for a queue that was not enabled or a device that was not live.
+    notifies_ignored,
+    /// Region accesses refused by validation (bad region, range or width).
+    invalid_accesses,
+    /// Protocol violations that put the device into DEVICE_NEEDS_RESET.
+    transport_faults,
+    /// Control-queue requests completed.
+    ctrl_requests,
+    /// Control-queue requests answered with an error response.
+    ctrl_errors,
+    /// Cursor-queue requests completed.
+    cursor_requests,
+    /// Interrupts delivered (MSI-X or INTx).
+    interrupts,
+    /// DMA_MAP messages accepted.
+    dma_maps,
+    /// DMA_UNMAP messages accepted.
+    dma_unmaps,
+    /// Device resets (DEVICE_RESET messages and driver status resets).
+    resets,
+}
+
+/// Adds one to a counter.
+pub fn inc(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Reads a counter.
+pub fn get(counter: &AtomicU64) -> u64 {
+    counter.load(Ordering::Relaxed)
+}

@@ -1,0 +1,238 @@
+//! The vfio-user side of the device (hops 1 and 2): every message the `vfio-user` crate's
+//! server loop receives lands in [`Transport`], which validates it before anything else sees
+//! it: region index, offset + count within the region, access width and alignment.
+//!
+//! Region writes never return an error to the crate: MMIO writes are posted (No_reply), and an
+//! error reply to one would desynchronise QEMU. A refused write is counted, logged and puts the
+//! device into DEVICE_NEEDS_RESET instead.
+
+use std::fs::File;
+use std::io;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use log::{debug, warn};
+use vfio_bindings::bindings::vfio::{
+    VFIO_PCI_BAR0_REGION_INDEX, VFIO_PCI_CONFIG_REGION_INDEX, VFIO_PCI_NUM_REGIONS,
+};
+use vfio_user::{DmaMapFlags, DmaUnmapFlags, ServerBackend};
+
+use crate::device::{Device, VirtioRegion, decode_virtio_bar};
+use crate::irq::IrqChange;
+use crate::metrics::{DeviceMetrics, inc};
+use crate::pci;
+use crate::worker::WorkerHandle;
+
+/// The regions of the function that hold registers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Region {
+    /// PCI configuration space.
+    Config,
+    /// BAR 2: MSI-X table and PBA.
+    Msix,
+    /// BAR 4: the virtio structures.
+    Virtio,
+}
+
+impl Region {
+    /// The region with vfio index `index`, if it holds registers.
+    pub fn from_index(index: u32) -> Option<Region> {
+        match index {
+            VFIO_PCI_CONFIG_REGION_INDEX => Some(Region::Config),
+            i if i == VFIO_PCI_BAR0_REGION_INDEX + pci::MSIX_BAR => Some(Region::Msix),
+            i if i == VFIO_PCI_BAR0_REGION_INDEX + pci::VIRTIO_BAR => Some(Region::Virtio),
+            _ => None,
+        }
+    }
+
+    /// Size in bytes.
+    pub fn size(self) -> u64 {
+        match self {
+            Region::Config => pci::CONFIG_SPACE_SIZE,
+            Region::Msix => pci::MSIX_BAR_SIZE,
+            Region::Virtio => pci::VIRTIO_BAR_SIZE,
+        }
+    }
+
+    /// The vfio region index.
+    pub fn index(self) -> u32 {
+        match self {
+            Region::Config => VFIO_PCI_CONFIG_REGION_INDEX,
+            Region::Msix => VFIO_PCI_BAR0_REGION_INDEX + pci::MSIX_BAR,
+            Region::Virtio => VFIO_PCI_BAR0_REGION_INDEX + pci::VIRTIO_BAR,
+        }
+    }
+}
+
+/// Number of vfio regions a PCI function reports (BARs 0-5, ROM, config, VGA).
+pub const NUM_REGIONS: u32 = VFIO_PCI_NUM_REGIONS;
+
+/// Why a region access was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AccessError {
+    /// The region index names no region with registers.
+    #[error("region {0} has no registers")]
+    UnknownRegion(u32),
+    /// offset + count is outside the region.
+    #[error("{region:?} access of {len} bytes at {offset:#x} outside its {size:#x} bytes")]
+    OutOfRange {
+        /// The region.
+        region: Region,
+        /// Offset.
+        offset: u64,
+        /// Bytes.
+        len: usize,
+        /// Region size.
+        size: u64,
+    },
+    /// A BAR access that is not 1, 2, 4 or 8 bytes, naturally aligned.
+    #[error("{region:?} access of {len} bytes at {offset:#x}: not a naturally aligned 1/2/4/8-byte access")]
+    BadWidth {
+        /// The region.
+        region: Region,
+        /// Offset.
+        offset: u64,
+        /// Bytes.
+        len: usize,
+    },
+}
+
+/// Validates a region access before any handler runs (libvfio-user's
+/// `is_valid_region_access`).
+pub fn check_access(index: u32, offset: u64, len: usize) -> Result<Region, AccessError> {
+    let region = Region::from_index(index).ok_or(AccessError::UnknownRegion(index))?;
+    let size = region.size();
+    let end = offset.checked_add(len as u64);
+    if len == 0 || end.is_none_or(|e| e > size) {
+        return Err(AccessError::OutOfRange { region, offset, len, size });
+    }
+    if region != Region::Config && (!matches!(len, 1 | 2 | 4 | 8) || offset % len as u64 != 0) {
+        return Err(AccessError::BadWidth { region, offset, len });
+    }
+    Ok(region)
+}
+
+/// The `vfio-user` server backend of one connection.
+#[derive(Debug)]
+pub struct Transport {
+    device: Arc<Mutex<Device>>,
+    worker: WorkerHandle,
+    metrics: Arc<DeviceMetrics>,
+}
+
+impl Transport {
+    /// Serves `device`, whose queues `worker` processes.
+    pub fn new(device: Arc<Mutex<Device>>, worker: WorkerHandle, metrics: Arc<DeviceMetrics>) -> Self {
+        Transport { device, worker, metrics }
+    }
+
+    fn device(&self) -> MutexGuard<'_, Device> {
+        self.device.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Stops the worker; the device (and its guest mappings) goes with the last reference.
+    pub fn shutdown(self) {
+        self.worker.stop();
+    }
+
+    fn refuse(&self, e: impl std::fmt::Display) {
+        inc(&self.metrics.invalid_accesses);
+        self.device().fault(e);
+    }
+}
+
+impl ServerBackend for Transport {
+    fn region_read(&mut self, index: u32, offset: u64, data: &mut [u8]) -> io::Result<()> {
+        inc(&self.metrics.region_reads);
+        let region = match check_access(index, offset, data.len()) {
+            Ok(region) => region,
+            Err(e) => {
+                self.refuse(&e);
+                return Err(io::Error::new(io::ErrorKind::InvalidInput, e));
+            }
+        };
+        match region {
+            Region::Config => self.device().config_read(offset, data),
+            // QEMU emulates the MSI-X table and PBA; nothing is pending on our side.
+            Region::Msix => data.fill(0),
+            Region::Virtio => match decode_virtio_bar(offset, data.len()) {
+                Some(r) => self.device().virtio_read(r, data),
+                None => {
+                    data.fill(0);
+                    self.refuse(format_args!("read of {} bytes at virtio BAR offset {offset:#x}", data.len()));
+                }
+            },
+        }
+        Ok(())
+    }
+
+    fn region_write(&mut self, index: u32, offset: u64, data: &[u8]) -> io::Result<()> {
+        inc(&self.metrics.region_writes);
+        match check_access(index, offset, data.len()) {
+            Err(e) => self.refuse(e),
+            Ok(Region::Config) => self.device().config_write(offset, data),
+            Ok(Region::Msix) => debug!("write to MSI-X BAR at {offset:#x} ignored (QEMU emulates the table)"),
+            Ok(Region::Virtio) => match decode_virtio_bar(offset, data.len()) {
+                Some(VirtioRegion::Notify(q)) => {
+                    inc(&self.metrics.notifies);
+                    self.worker.kick(q);
+                }
+                Some(r) => self.device().virtio_write(r, data),
+                None => self.refuse(format_args!("write of {} bytes at virtio BAR offset {offset:#x}", data.len())),
+            },
+        }
+        Ok(())
+    }
+
+    fn dma_map(&mut self, flags: DmaMapFlags, offset: u64, address: u64, size: u64, fd: Option<File>) -> io::Result<()> {
+        let writable = flags.contains(DmaMapFlags::READ_WRITE);
+        self.device().dma_map(address, size, fd, offset, writable).map_err(|e| {
+            warn!("DMA_MAP refused: {e}");
+            io::Error::new(io::ErrorKind::InvalidInput, e)
+        })
+    }
+
+    fn dma_unmap(&mut self, flags: DmaUnmapFlags, address: u64, size: u64) -> io::Result<()> {
+        let all = flags.contains(DmaUnmapFlags::UNMAP_ALL);
+        self.device().dma_unmap(address, size, all).map_err(|e| {
+            warn!("DMA_UNMAP refused: {e}");
+            io::Error::new(io::ErrorKind::InvalidInput, e)
+        })
+    }
+
+    fn reset(&mut self) -> io::Result<()> {
+        self.device().function_reset();
+        Ok(())
+    }
+
+    fn set_irqs(&mut self, index: u32, flags: u32, start: u32, count: u32, fds: Vec<File>) -> io::Result<()> {
+        let change = self.device().set_irqs(index, flags, start, count, fds).map_err(|e| {
+            warn!("SET_IRQS refused: {e}");
+            io::Error::new(io::ErrorKind::InvalidInput, e)
+        })?;
+        if change == IrqChange::ResampleChanged {
+            self.worker.resample_changed();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn access_validation() {
+        assert_eq!(check_access(7, 0, 256), Ok(Region::Config));
+        assert_eq!(check_access(7, 255, 1), Ok(Region::Config));
+        assert!(matches!(check_access(7, 255, 2), Err(AccessError::OutOfRange { .. })));
+        assert!(matches!(check_access(7, 0, 0), Err(AccessError::OutOfRange { .. })));
+        assert_eq!(check_access(0, 0, 4), Err(AccessError::UnknownRegion(0)));
+        assert_eq!(check_access(99, 0, 4), Err(AccessError::UnknownRegion(99)));
+        assert_eq!(check_access(4, 0x3ffc, 4), Ok(Region::Virtio));
+        assert!(matches!(check_access(4, 0x3ffc, 8), Err(AccessError::OutOfRange { .. })));
+        assert!(matches!(check_access(4, u64::MAX, 2), Err(AccessError::OutOfRange { .. })));
+        assert!(matches!(check_access(4, 2, 4), Err(AccessError::BadWidth { .. })));
+        assert!(matches!(check_access(2, 0, 3), Err(AccessError::BadWidth { .. })));
+        assert_eq!(check_access(2, 0x808, 8), Ok(Region::Msix));
+    }
+}
