@@ -47,7 +47,10 @@ pub fn decode_virtio_bar(offset: u64, len: usize) -> Option<VirtioRegion> {
         Some(VirtioRegion::Common(offset - pci::COMMON_CFG_OFFSET))
     } else if offset == pci::ISR_OFFSET && len == 1 {
         Some(VirtioRegion::Isr)
-    } else if within(pci::DEVICE_CFG_OFFSET, pci::DEVICE_CFG_LEN) && offset % len as u64 == 0 && len <= 4 {
+    } else if within(pci::DEVICE_CFG_OFFSET, pci::DEVICE_CFG_LEN)
+        && offset % len as u64 == 0
+        && len <= 4
+    {
         Some(VirtioRegion::Device(offset - pci::DEVICE_CFG_OFFSET))
     } else if within(pci::NOTIFY_OFFSET, pci::NOTIFY_LEN) && (len == 2 || len == 4) {
         let rel = offset - pci::NOTIFY_OFFSET;
@@ -158,7 +161,14 @@ impl Device {
     }
 
     /// Handles DMA_MAP.
-    pub fn dma_map(&mut self, addr: u64, size: u64, file: Option<File>, offset: u64, writable: bool) -> Result<(), MemoryError> {
+    pub fn dma_map(
+        &mut self,
+        addr: u64,
+        size: u64,
+        file: Option<File>,
+        offset: u64,
+        writable: bool,
+    ) -> Result<(), MemoryError> {
         self.ram.map(addr, size, file, offset, writable)?;
         inc(&self.metrics.dma_maps);
         Ok(())
@@ -176,7 +186,14 @@ impl Device {
     }
 
     /// Handles SET_IRQS.
-    pub fn set_irqs(&mut self, index: u32, flags: u32, start: u32, count: u32, fds: Vec<File>) -> Result<IrqChange, IrqError> {
+    pub fn set_irqs(
+        &mut self,
+        index: u32,
+        flags: u32,
+        start: u32,
+        count: u32,
+        fds: Vec<File>,
+    ) -> Result<IrqChange, IrqError> {
         let change = self.irqs.set_irqs(index, flags, start, count, fds)?;
         if change == IrqChange::IntxUnmasked {
             self.intx_unmasked();
@@ -231,62 +248,70 @@ impl Device {
             return false;
         }
         let mem = self.ram.atomic().memory();
+        let (chains, more, mut violation) = self.pop_chains(q, &mem);
         let mut completed = 0u32;
-        let more;
-        let mut violation = None;
-        {
-            let Some(queue) = self.transport.queue_mut(q) else {
-                return false;
+        for chain in chains {
+            let len = match q {
+                CONTROL_QUEUE => self.control_request(&chain, &mem),
+                _ => self.cursor_request(&chain),
             };
-            let budget = queue.size();
-            let mut iter = match queue.iter(&*mem) {
-                Ok(iter) => iter,
-                Err(e) => {
-                    self.fault(format_args!("queue {q}: {e}"));
-                    return false;
-                }
-            };
-            let mut used = Vec::new();
-            for _ in 0..budget {
-                let Some(chain) = iter.next() else { break };
-                match CheckedChain::new(chain, &*mem) {
-                    Ok(chain) => used.push(chain),
-                    Err(e) => {
-                        violation = Some(format!("queue {q}: {e}"));
-                        break;
-                    }
-                }
+            let added = self
+                .transport
+                .queue_mut(q)
+                .map(|queue| queue.add_used(&*mem, chain.head(), len));
+            if let Some(Err(e)) = added {
+                violation = Some(format!("queue {q}: completing head {}: {e}", chain.head()));
+                break;
             }
-            more = violation.is_none() && iter.next().is_some_and(|_| {
-                iter.go_to_previous_position();
-                true
-            });
-            drop(iter);
-            for chain in used {
-                let len = match q {
-                    CONTROL_QUEUE => self.control_request(&chain, &mem),
-                    _ => self.cursor_request(&chain),
-                };
-                let Some(queue) = self.transport.queue_mut(q) else { break };
-                if let Err(e) = queue.add_used(&*mem, chain.head(), len) {
-                    violation = Some(format!("queue {q}: completing head {}: {e}", chain.head()));
-                    break;
-                }
-                completed += 1;
-            }
+            completed += 1;
         }
         if let Some(v) = violation {
             self.fault(v);
         }
         if completed > 0 {
-            let notify = self.transport.queue_mut(q).map(|queue| queue.needs_notification(&*mem));
-            match notify {
+            match self
+                .transport
+                .queue_mut(q)
+                .map(|queue| queue.needs_notification(&*mem))
+            {
                 Some(Ok(true)) => self.signal(self.transport.queue_vector(q), ISR_QUEUE),
                 Some(Ok(false)) | None => {}
                 Some(Err(e)) => self.fault(format_args!("queue {q}: {e}")),
             }
         }
         more && self.transport.is_live()
+    }
+
+    /// Pops and validates up to one queue's worth of chains. Returns them, whether more are
+    /// available, and the violation that stopped the walk, if any.
+    fn pop_chains(
+        &mut self,
+        q: u16,
+        mem: &GuestMemoryMmap,
+    ) -> (Vec<CheckedChain>, bool, Option<String>) {
+        let Some(queue) = self.transport.queue_mut(q) else {
+            return (Vec::new(), false, None);
+        };
+        let budget = queue.size();
+        let mut iter = match queue.iter(mem) {
+            Ok(iter) => iter,
+            Err(e) => return (Vec::new(), false, Some(format!("queue {q}: {e}"))),
+        };
+        let mut chains = Vec::new();
+        for _ in 0..budget {
+            let Some(chain) = iter.next() else {
+                return (chains, false, None);
+            };
+            match CheckedChain::new(chain, mem) {
+                Ok(chain) => chains.push(chain),
+                Err(e) => return (chains, false, Some(format!("queue {q}: {e}"))),
+            }
+        }
+        let more = iter.next().is_some();
+        if more {
+            iter.go_to_previous_position();
+        }
+        (chains, more, None)
     }
 
     /// Decodes and executes one control request and writes its response; returns the used
@@ -305,7 +330,11 @@ impl Device {
         }
         let bytes = response.encode(&hdr);
         if (bytes.len() as u64) > chain.response_capacity() {
-            debug!("response of {} bytes clipped to {} writable", bytes.len(), chain.response_capacity());
+            debug!(
+                "response of {} bytes clipped to {} writable",
+                bytes.len(),
+                chain.response_capacity()
+            );
         }
         chain.write_response(mem, &bytes).unwrap_or_else(|e| {
             error!("writing response: {e}");
@@ -330,7 +359,11 @@ mod tests {
     #[test]
     fn virtio_bar_decoding() {
         assert_eq!(decode_virtio_bar(0x14, 1), Some(VirtioRegion::Common(0x14)));
-        assert_eq!(decode_virtio_bar(0x36, 4), None, "straddles the end of common cfg");
+        assert_eq!(
+            decode_virtio_bar(0x36, 4),
+            None,
+            "straddles the end of common cfg"
+        );
         assert_eq!(decode_virtio_bar(0x100, 4), None, "hole");
         assert_eq!(decode_virtio_bar(0x1000, 1), Some(VirtioRegion::Isr));
         assert_eq!(decode_virtio_bar(0x1000, 4), None);
@@ -348,7 +381,10 @@ mod tests {
         let metrics = Arc::new(DeviceMetrics::default());
         let mut dev = Device::new(DisplayConfig::default(), metrics.clone());
         dev.virtio_write(VirtioRegion::Common(0x14), &[1, 2]);
-        assert_ne!(dev.status() & crate::virtio_pci::status::DEVICE_NEEDS_RESET, 0);
+        assert_ne!(
+            dev.status() & crate::virtio_pci::status::DEVICE_NEEDS_RESET,
+            0
+        );
         assert_eq!(crate::metrics::get(&metrics.transport_faults), 1);
         dev.virtio_write(VirtioRegion::Common(0x14), &[0]);
         assert_eq!(dev.status(), 0);

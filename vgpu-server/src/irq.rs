@@ -115,15 +115,29 @@ impl Interrupts {
         };
         let end = start.checked_add(count).filter(|&e| e <= max);
         // count 0 with DATA_NONE and TRIGGER means "disable all" and is valid on any index.
-        let disable_all = count == 0 && data == VFIO_IRQ_SET_DATA_NONE && action == VFIO_IRQ_SET_ACTION_TRIGGER;
+        let disable_all =
+            count == 0 && data == VFIO_IRQ_SET_DATA_NONE && action == VFIO_IRQ_SET_ACTION_TRIGGER;
         if end.is_none() && !disable_all {
-            return Err(IrqError::OutOfRange { index, start, count, max });
+            return Err(IrqError::OutOfRange {
+                index,
+                start,
+                count,
+                max,
+            });
         }
         if data == VFIO_IRQ_SET_DATA_EVENTFD && !fds.is_empty() && fds.len() != count as usize {
-            return Err(IrqError::FdCount { index, count, fds: fds.len() });
+            return Err(IrqError::FdCount {
+                index,
+                count,
+                fds: fds.len(),
+            });
         }
         if data != VFIO_IRQ_SET_DATA_EVENTFD && !fds.is_empty() {
-            return Err(IrqError::FdCount { index, count, fds: fds.len() });
+            return Err(IrqError::FdCount {
+                index,
+                count,
+                fds: fds.len(),
+            });
         }
         match (index, action, data) {
             (_, VFIO_IRQ_SET_ACTION_TRIGGER, _) if disable_all => {
@@ -148,13 +162,23 @@ impl Interrupts {
                         *slot = Some(fd);
                     }
                 }
-                debug!("MSI-X vectors {start}+{count} set ({} with fds)", self.msix.iter().flatten().count());
+                debug!(
+                    "MSI-X vectors {start}+{count} set ({} with fds)",
+                    self.msix.iter().flatten().count()
+                );
                 Ok(IrqChange::None)
             }
             (VFIO_PCI_INTX_IRQ_INDEX, VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_IRQ_SET_DATA_EVENTFD) => {
                 self.intx = fds.into_iter().next();
                 self.intx_masked = false;
-                debug!("INTx trigger eventfd {}", if self.intx.is_some() { "set" } else { "cleared" });
+                debug!(
+                    "INTx trigger eventfd {}",
+                    if self.intx.is_some() {
+                        "set"
+                    } else {
+                        "cleared"
+                    }
+                );
                 Ok(IrqChange::None)
             }
             (VFIO_PCI_INTX_IRQ_INDEX, VFIO_IRQ_SET_ACTION_MASK, VFIO_IRQ_SET_DATA_NONE) => {
@@ -167,7 +191,14 @@ impl Interrupts {
             }
             (VFIO_PCI_INTX_IRQ_INDEX, VFIO_IRQ_SET_ACTION_UNMASK, VFIO_IRQ_SET_DATA_EVENTFD) => {
                 self.intx_resample = fds.into_iter().next();
-                debug!("INTx resample eventfd {}", if self.intx_resample.is_some() { "set" } else { "cleared" });
+                debug!(
+                    "INTx resample eventfd {}",
+                    if self.intx_resample.is_some() {
+                        "set"
+                    } else {
+                        "cleared"
+                    }
+                );
                 Ok(IrqChange::ResampleChanged)
             }
             _ => Err(unsupported()),
@@ -238,16 +269,24 @@ mod tests {
         let mut irqs = Interrupts::new(3);
         let (a, a_obs) = efd();
         let (b, b_obs) = efd();
-        irqs.set_irqs(VFIO_PCI_MSIX_IRQ_INDEX, TRIGGER_FD, 1, 2, vec![a, b]).unwrap();
+        irqs.set_irqs(VFIO_PCI_MSIX_IRQ_INDEX, TRIGGER_FD, 1, 2, vec![a, b])
+            .unwrap();
         assert!(irqs.msix_enabled());
         assert!(!irqs.trigger_msix(0));
         assert!(irqs.trigger_msix(2));
         assert_eq!((count(&a_obs), count(&b_obs)), (0, 1));
         // A run without fds disables those vectors.
-        irqs.set_irqs(VFIO_PCI_MSIX_IRQ_INDEX, TRIGGER_FD, 2, 1, vec![]).unwrap();
-        assert!(!irqs.trigger_msix(2));
-        irqs.set_irqs(VFIO_PCI_MSIX_IRQ_INDEX, VFIO_IRQ_SET_ACTION_TRIGGER | VFIO_IRQ_SET_DATA_NONE, 0, 0, vec![])
+        irqs.set_irqs(VFIO_PCI_MSIX_IRQ_INDEX, TRIGGER_FD, 2, 1, vec![])
             .unwrap();
+        assert!(!irqs.trigger_msix(2));
+        irqs.set_irqs(
+            VFIO_PCI_MSIX_IRQ_INDEX,
+            VFIO_IRQ_SET_ACTION_TRIGGER | VFIO_IRQ_SET_DATA_NONE,
+            0,
+            0,
+            vec![],
+        )
+        .unwrap();
         assert!(!irqs.msix_enabled());
     }
 
@@ -255,16 +294,23 @@ mod tests {
     fn intx_automasks_until_unmask() {
         let mut irqs = Interrupts::new(3);
         let (t, obs) = efd();
-        irqs.set_irqs(VFIO_PCI_INTX_IRQ_INDEX, TRIGGER_FD, 0, 1, vec![t]).unwrap();
+        irqs.set_irqs(VFIO_PCI_INTX_IRQ_INDEX, TRIGGER_FD, 0, 1, vec![t])
+            .unwrap();
         assert!(irqs.trigger_intx());
         assert!(!irqs.trigger_intx(), "masked after firing");
         let unmask = VFIO_IRQ_SET_ACTION_UNMASK | VFIO_IRQ_SET_DATA_NONE;
-        assert_eq!(irqs.set_irqs(VFIO_PCI_INTX_IRQ_INDEX, unmask, 0, 1, vec![]), Ok(IrqChange::IntxUnmasked));
+        assert_eq!(
+            irqs.set_irqs(VFIO_PCI_INTX_IRQ_INDEX, unmask, 0, 1, vec![]),
+            Ok(IrqChange::IntxUnmasked)
+        );
         assert!(irqs.trigger_intx());
         assert_eq!(count(&obs), 2);
         let (r, _) = efd();
         let resample = VFIO_IRQ_SET_ACTION_UNMASK | VFIO_IRQ_SET_DATA_EVENTFD;
-        assert_eq!(irqs.set_irqs(VFIO_PCI_INTX_IRQ_INDEX, resample, 0, 1, vec![r]), Ok(IrqChange::ResampleChanged));
+        assert_eq!(
+            irqs.set_irqs(VFIO_PCI_INTX_IRQ_INDEX, resample, 0, 1, vec![r]),
+            Ok(IrqChange::ResampleChanged)
+        );
         assert!(irqs.resample_fd().is_some());
     }
 
@@ -272,7 +318,13 @@ mod tests {
     fn malformed_requests_are_refused() {
         let mut irqs = Interrupts::new(3);
         assert!(matches!(
-            irqs.set_irqs(VFIO_PCI_MSIX_IRQ_INDEX, TRIGGER_FD, 2, 2, vec![efd().0, efd().0]),
+            irqs.set_irqs(
+                VFIO_PCI_MSIX_IRQ_INDEX,
+                TRIGGER_FD,
+                2,
+                2,
+                vec![efd().0, efd().0]
+            ),
             Err(IrqError::OutOfRange { .. })
         ));
         assert!(matches!(
@@ -283,9 +335,18 @@ mod tests {
             irqs.set_irqs(VFIO_PCI_MSIX_IRQ_INDEX, TRIGGER_FD, 0, 3, vec![efd().0]),
             Err(IrqError::FdCount { .. })
         ));
-        assert_eq!(irqs.set_irqs(9, TRIGGER_FD, 0, 1, vec![]), Err(IrqError::UnknownIndex(9)));
+        assert_eq!(
+            irqs.set_irqs(9, TRIGGER_FD, 0, 1, vec![]),
+            Err(IrqError::UnknownIndex(9))
+        );
         assert!(matches!(
-            irqs.set_irqs(VFIO_PCI_MSIX_IRQ_INDEX, VFIO_IRQ_SET_ACTION_MASK | VFIO_IRQ_SET_DATA_NONE, 0, 1, vec![]),
+            irqs.set_irqs(
+                VFIO_PCI_MSIX_IRQ_INDEX,
+                VFIO_IRQ_SET_ACTION_MASK | VFIO_IRQ_SET_DATA_NONE,
+                0,
+                1,
+                vec![]
+            ),
             Err(IrqError::Unsupported { .. })
         ));
     }

@@ -22,9 +22,9 @@ use std::sync::{Arc, Mutex};
 
 use log::{info, warn};
 use vfio_bindings::bindings::vfio::{
-    VFIO_IRQ_INFO_AUTOMASKED, VFIO_IRQ_INFO_EVENTFD, VFIO_IRQ_INFO_MASKABLE, VFIO_IRQ_INFO_NORESIZE,
-    VFIO_PCI_NUM_IRQS, VFIO_PCI_INTX_IRQ_INDEX, VFIO_PCI_MSIX_IRQ_INDEX, VFIO_REGION_INFO_FLAG_READ,
-    VFIO_REGION_INFO_FLAG_WRITE, vfio_region_info,
+    VFIO_IRQ_INFO_AUTOMASKED, VFIO_IRQ_INFO_EVENTFD, VFIO_IRQ_INFO_MASKABLE,
+    VFIO_IRQ_INFO_NORESIZE, VFIO_PCI_INTX_IRQ_INDEX, VFIO_PCI_MSIX_IRQ_INDEX, VFIO_PCI_NUM_IRQS,
+    VFIO_REGION_INFO_FLAG_READ, VFIO_REGION_INFO_FLAG_WRITE, vfio_region_info,
 };
 use vfio_user::{IrqInfo, Server, ServerRegion};
 
@@ -74,7 +74,9 @@ pub struct VgpuServer {
 
 impl std::fmt::Debug for VgpuServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("VgpuServer").field("config", &self.config).finish_non_exhaustive()
+        f.debug_struct("VgpuServer")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
     }
 }
 
@@ -82,7 +84,10 @@ fn regions() -> Vec<ServerRegion> {
     (0..NUM_REGIONS)
         .map(|index| {
             let (size, flags) = match Region::from_index(index) {
-                Some(r) => (r.size(), VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE),
+                Some(r) => (
+                    r.size(),
+                    VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE,
+                ),
                 None => (0, 0),
             };
             let region_info = vfio_region_info {
@@ -93,7 +98,11 @@ fn regions() -> Vec<ServerRegion> {
                 size,
                 offset: 0,
             };
-            ServerRegion { region_info, sparse_areas: Vec::new(), mmap_fd: None }
+            ServerRegion {
+                region_info,
+                sparse_areas: Vec::new(),
+                mmap_fd: None,
+            }
         })
         .collect()
 }
@@ -102,13 +111,21 @@ fn irqs() -> Vec<IrqInfo> {
     (0..VFIO_PCI_NUM_IRQS)
         .map(|index| {
             let (flags, count) = match index {
-                VFIO_PCI_INTX_IRQ_INDEX => {
-                    (VFIO_IRQ_INFO_EVENTFD | VFIO_IRQ_INFO_MASKABLE | VFIO_IRQ_INFO_AUTOMASKED, 1)
-                }
-                VFIO_PCI_MSIX_IRQ_INDEX => (VFIO_IRQ_INFO_EVENTFD | VFIO_IRQ_INFO_NORESIZE, u32::from(pci::MSIX_VECTORS)),
+                VFIO_PCI_INTX_IRQ_INDEX => (
+                    VFIO_IRQ_INFO_EVENTFD | VFIO_IRQ_INFO_MASKABLE | VFIO_IRQ_INFO_AUTOMASKED,
+                    1,
+                ),
+                VFIO_PCI_MSIX_IRQ_INDEX => (
+                    VFIO_IRQ_INFO_EVENTFD | VFIO_IRQ_INFO_NORESIZE,
+                    u32::from(pci::MSIX_VECTORS),
+                ),
                 _ => (0, 0),
             };
-            IrqInfo { index, flags, count }
+            IrqInfo {
+                index,
+                flags,
+                count,
+            }
         })
         .collect()
 }
@@ -116,10 +133,23 @@ fn irqs() -> Vec<IrqInfo> {
 impl VgpuServer {
     /// Creates the listening socket. QEMU never retries, so bind before starting it.
     pub fn bind(config: ServerConfig) -> Result<VgpuServer, ServerError> {
-        let server = Server::new(&config.socket, true, irqs(), regions())
-            .map_err(|source| ServerError::Listen { path: config.socket.clone(), source })?;
-        info!("listening on {} ({}x{} scanout)", config.socket.display(), config.display.width, config.display.height);
-        Ok(VgpuServer { server, config, metrics: Arc::new(DeviceMetrics::default()) })
+        let server = Server::new(&config.socket, true, irqs(), regions()).map_err(|source| {
+            ServerError::Listen {
+                path: config.socket.clone(),
+                source,
+            }
+        })?;
+        info!(
+            "listening on {} ({}x{} scanout)",
+            config.socket.display(),
+            config.display.width,
+            config.display.height
+        );
+        Ok(VgpuServer {
+            server,
+            config,
+            metrics: Arc::new(DeviceMetrics::default()),
+        })
     }
 
     /// The device's counters.
@@ -140,16 +170,26 @@ impl VgpuServer {
     }
 
     fn serve_one(&self) -> Result<(), ServerError> {
-        let device = Arc::new(Mutex::new(Device::new(self.config.display, self.metrics.clone())));
+        let device = Arc::new(Mutex::new(Device::new(
+            self.config.display,
+            self.metrics.clone(),
+        )));
         let worker = WorkerHandle::spawn(device.clone())?;
         let mut transport = Transport::new(device, worker, self.metrics.clone());
         inc(&self.metrics.connections);
         let result = self.server.run(&mut transport);
         transport.shutdown();
-        let counters: Vec<String> = self.metrics.snapshot().iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let counters: Vec<String> = self
+            .metrics
+            .snapshot()
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
         match result {
             Ok(()) => info!("client disconnected; {}", counters.join(" ")),
-            Err(vfio_user::Error::SocketAccept(e)) => return Err(ServerError::Accept(vfio_user::Error::SocketAccept(e))),
+            Err(vfio_user::Error::SocketAccept(e)) => {
+                return Err(ServerError::Accept(vfio_user::Error::SocketAccept(e)));
+            }
             Err(e) => warn!("client connection lost: {e}; {}", counters.join(" ")),
         }
         Ok(())

@@ -26,7 +26,11 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
         match arg.as_str() {
             "--socket" => socket = Some(PathBuf::from(value("--socket")?)),
-            "--display" => display = value("--display")?.parse().map_err(|e| format!("--display: {e}"))?,
+            "--display" => {
+                display = value("--display")?
+                    .parse()
+                    .map_err(|e| format!("--display: {e}"))?
+            }
             "--log-level" => log_level = value("--log-level")?,
             "--exit-on-disconnect" => max_connections = Some(1),
             "-h" | "--help" => return Err(String::new()),
@@ -37,7 +41,14 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         return Err(format!("--log-level: unknown level {log_level:?}"));
     }
     let socket = socket.ok_or("--socket is required")?;
-    Ok(Args { config: ServerConfig { socket, display, max_connections }, log_level })
+    Ok(Args {
+        config: ServerConfig {
+            socket,
+            display,
+            max_connections,
+        },
+        log_level,
+    })
 }
 
 fn main() -> ExitCode {

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use log::debug;
 use vm_memory::mmap::MmapRegion;
 use vm_memory::{
-    FileOffset, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryMmap,
-    GuestMemoryRegion, GuestRegionMmap,
+    FileOffset, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend,
+    GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap,
 };
 
 /// Most DMA regions one client may map. QEMU maps one region per guest RAM section (a q35 guest
@@ -34,7 +34,9 @@ pub enum MemoryError {
         size: u64,
     },
     /// Too many regions or bytes mapped.
-    #[error("DMA map of {size:#x} bytes at {addr:#x} exceeds the limits ({MAX_DMA_REGIONS} regions, {MAX_MAPPED_BYTES:#x} bytes)")]
+    #[error(
+        "DMA map of {size:#x} bytes at {addr:#x} exceeds the limits ({MAX_DMA_REGIONS} regions, {MAX_MAPPED_BYTES:#x} bytes)"
+    )]
     TooMuch {
         /// Guest address.
         addr: u64,
@@ -42,7 +44,9 @@ pub enum MemoryError {
         size: u64,
     },
     /// The file is smaller than the mapping: touching the tail would raise SIGBUS.
-    #[error("DMA map past the end of its file: offset {offset:#x} + size {size:#x} > file size {file_size:#x}")]
+    #[error(
+        "DMA map past the end of its file: offset {offset:#x} + size {size:#x} > file size {file_size:#x}"
+    )]
     PastEof {
         /// Offset into the file.
         offset: u64,
@@ -96,7 +100,11 @@ impl Default for GuestRam {
 impl GuestRam {
     /// An empty map.
     pub fn new() -> Self {
-        GuestRam { mem: GuestMemoryAtomic::new(GuestMemoryMmap::new()), unbacked: Vec::new(), mapped_bytes: 0 }
+        GuestRam {
+            mem: GuestMemoryAtomic::new(GuestMemoryMmap::new()),
+            unbacked: Vec::new(),
+            mapped_bytes: 0,
+        }
     }
 
     /// A handle to the published memory, for the worker thread.
@@ -123,11 +131,15 @@ impl GuestRam {
         if end.is_none() {
             return Err(MemoryError::BadRange { addr, size });
         }
-        let total = self.mapped_bytes.checked_add(size).filter(|&t| t <= MAX_MAPPED_BYTES);
+        let total = self
+            .mapped_bytes
+            .checked_add(size)
+            .filter(|&t| t <= MAX_MAPPED_BYTES);
         if self.region_count() >= MAX_DMA_REGIONS || total.is_none() {
             return Err(MemoryError::TooMuch { addr, size });
         }
-        let overlaps = |(a, s): (u64, u64)| addr < a.saturating_add(s) && a < addr.saturating_add(size);
+        let overlaps =
+            |(a, s): (u64, u64)| addr < a.saturating_add(s) && a < addr.saturating_add(size);
         let guard = self.mem.memory();
         if guard.iter().any(|r| overlaps((r.start_addr().0, r.len())))
             || self.unbacked.iter().any(|&r| overlaps(r))
@@ -140,16 +152,32 @@ impl GuestRam {
             self.unbacked.push((addr, size));
             return Ok(());
         };
-        let file_size = file.metadata().map_err(|source| MemoryError::Map { addr, source })?.len();
+        let file_size = file
+            .metadata()
+            .map_err(|source| MemoryError::Map { addr, source })?
+            .len();
         if offset.checked_add(size).is_none_or(|e| e > file_size) {
-            return Err(MemoryError::PastEof { offset, size, file_size });
+            return Err(MemoryError::PastEof {
+                offset,
+                size,
+                file_size,
+            });
         }
         let len = usize::try_from(size).map_err(|_| MemoryError::BadRange { addr, size })?;
-        let mapping = MmapRegion::from_file(FileOffset::new(file, offset), len)
-            .map_err(|e| MemoryError::Map { addr, source: std::io::Error::other(e) })?;
-        let region = GuestRegionMmap::new(mapping, GuestAddress(addr)).ok_or(MemoryError::BadRange { addr, size })?;
+        let mapping = MmapRegion::from_file(FileOffset::new(file, offset), len).map_err(|e| {
+            MemoryError::Map {
+                addr,
+                source: std::io::Error::other(e),
+            }
+        })?;
+        let region = GuestRegionMmap::new(mapping, GuestAddress(addr))
+            .ok_or(MemoryError::BadRange { addr, size })?;
         let guard = self.mem.lock().unwrap_or_else(|p| p.into_inner());
-        let next = self.mem.memory().insert_region(Arc::new(region)).map_err(|_| MemoryError::Overlap { addr, size })?;
+        let next = self
+            .mem
+            .memory()
+            .insert_region(Arc::new(region))
+            .map_err(|_| MemoryError::Overlap { addr, size })?;
         guard.replace(next);
         self.mapped_bytes += size;
         debug!("DMA map {addr:#x}+{size:#x} (file offset {offset:#x})");
@@ -159,13 +187,22 @@ impl GuestRam {
     /// Handles DMA_UNMAP: removes every region inside `[addr, addr + size)`; a range that cuts a
     /// region is refused.
     pub fn unmap(&mut self, addr: u64, size: u64) -> Result<(), MemoryError> {
-        let end = addr.checked_add(size).ok_or(MemoryError::BadRange { addr, size })?;
+        let end = addr
+            .checked_add(size)
+            .ok_or(MemoryError::BadRange { addr, size })?;
         let inside = |a: u64, s: u64| a >= addr && a.saturating_add(s) <= end;
         let cuts = |a: u64, s: u64| !inside(a, s) && a < end && addr < a.saturating_add(s);
         let snapshot = self.mem.memory();
-        let backed: Vec<(u64, u64)> = snapshot.iter().map(|r| (r.start_addr().0, r.len())).collect();
+        let backed: Vec<(u64, u64)> = snapshot
+            .iter()
+            .map(|r| (r.start_addr().0, r.len()))
+            .collect();
         drop(snapshot);
-        if backed.iter().chain(&self.unbacked).any(|&(a, s)| cuts(a, s)) {
+        if backed
+            .iter()
+            .chain(&self.unbacked)
+            .any(|&(a, s)| cuts(a, s))
+        {
             return Err(MemoryError::PartialUnmap { addr, size });
         }
         self.unbacked.retain(|&(a, s)| !inside(a, s));
@@ -205,35 +242,65 @@ mod tests {
     #[test]
     fn map_read_write_unmap() {
         let mut ram = GuestRam::new();
-        ram.map(0x10_0000, 0x1_0000, Some(file(0x2_0000)), 0x1_0000, true).unwrap();
+        ram.map(0x10_0000, 0x1_0000, Some(file(0x2_0000)), 0x1_0000, true)
+            .unwrap();
         let mem = ram.atomic().memory();
-        mem.write_obj(0xdead_beefu32, GuestAddress(0x10_0010)).unwrap();
-        assert_eq!(mem.read_obj::<u32>(GuestAddress(0x10_0010)).unwrap(), 0xdead_beef);
+        mem.write_obj(0xdead_beefu32, GuestAddress(0x10_0010))
+            .unwrap();
+        assert_eq!(
+            mem.read_obj::<u32>(GuestAddress(0x10_0010)).unwrap(),
+            0xdead_beef
+        );
         assert!(!mem.check_range(GuestAddress(0x10_fff0), 0x20));
         ram.unmap(0x10_0000, 0x1_0000).unwrap();
         assert_eq!(ram.atomic().memory().num_regions(), 0);
         // The old snapshot still works: mappings live as long as a walk holds them.
-        assert_eq!(mem.read_obj::<u32>(GuestAddress(0x10_0010)).unwrap(), 0xdead_beef);
+        assert_eq!(
+            mem.read_obj::<u32>(GuestAddress(0x10_0010)).unwrap(),
+            0xdead_beef
+        );
     }
 
     #[test]
     fn refuses_bad_maps() {
         let mut ram = GuestRam::new();
-        assert!(matches!(ram.map(0, 0, Some(file(4096)), 0, true), Err(MemoryError::BadRange { .. })));
-        assert!(matches!(ram.map(u64::MAX - 10, 4096, Some(file(4096)), 0, true), Err(MemoryError::BadRange { .. })));
-        assert!(matches!(ram.map(0, 0x2000, Some(file(0x1000)), 0, true), Err(MemoryError::PastEof { .. })));
-        assert!(matches!(ram.map(0, 0x1000, Some(file(0x1000)), u64::MAX, true), Err(MemoryError::PastEof { .. })));
+        assert!(matches!(
+            ram.map(0, 0, Some(file(4096)), 0, true),
+            Err(MemoryError::BadRange { .. })
+        ));
+        assert!(matches!(
+            ram.map(u64::MAX - 10, 4096, Some(file(4096)), 0, true),
+            Err(MemoryError::BadRange { .. })
+        ));
+        assert!(matches!(
+            ram.map(0, 0x2000, Some(file(0x1000)), 0, true),
+            Err(MemoryError::PastEof { .. })
+        ));
+        assert!(matches!(
+            ram.map(0, 0x1000, Some(file(0x1000)), u64::MAX, true),
+            Err(MemoryError::PastEof { .. })
+        ));
         ram.map(0, 0x2000, Some(file(0x2000)), 0, true).unwrap();
-        assert!(matches!(ram.map(0x1000, 0x2000, Some(file(0x4000)), 0, true), Err(MemoryError::Overlap { .. })));
-        assert!(matches!(ram.unmap(0x1000, 0x1000), Err(MemoryError::PartialUnmap { .. })));
-        assert!(matches!(ram.map(0, 1 << 41, None, 0, true), Err(MemoryError::TooMuch { .. })));
+        assert!(matches!(
+            ram.map(0x1000, 0x2000, Some(file(0x4000)), 0, true),
+            Err(MemoryError::Overlap { .. })
+        ));
+        assert!(matches!(
+            ram.unmap(0x1000, 0x1000),
+            Err(MemoryError::PartialUnmap { .. })
+        ));
+        assert!(matches!(
+            ram.map(0, 1 << 41, None, 0, true),
+            Err(MemoryError::TooMuch { .. })
+        ));
     }
 
     #[test]
     fn unbacked_ranges_are_tracked_but_inaccessible() {
         let mut ram = GuestRam::new();
         ram.map(0xc0000, 0x20000, None, 0, true).unwrap();
-        ram.map(0xe0000, 0x20000, Some(file(0x20000)), 0, false).unwrap();
+        ram.map(0xe0000, 0x20000, Some(file(0x20000)), 0, false)
+            .unwrap();
         assert_eq!(ram.region_count(), 2);
         assert!(!ram.atomic().memory().check_range(GuestAddress(0xc0000), 4));
         ram.unmap(0xc0000, 0x40000).unwrap();
@@ -246,7 +313,10 @@ mod tests {
         for i in 0..MAX_DMA_REGIONS as u64 {
             ram.map(i * 0x1000, 0x1000, None, 0, true).unwrap();
         }
-        assert!(matches!(ram.map(1 << 32, 0x1000, None, 0, true), Err(MemoryError::TooMuch { .. })));
+        assert!(matches!(
+            ram.map(1 << 32, 0x1000, None, 0, true),
+            Err(MemoryError::TooMuch { .. })
+        ));
         ram.clear();
         assert_eq!(ram.region_count(), 0);
     }

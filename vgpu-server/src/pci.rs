@@ -156,10 +156,34 @@ impl ConfigSpace {
 
         // Virtio vendor capabilities.
         let caps = [
-            (CAP_COMMON, VIRTIO_PCI_CAP_COMMON_CFG, COMMON_CFG_OFFSET, COMMON_CFG_LEN, CAP_ISR),
-            (CAP_ISR, VIRTIO_PCI_CAP_ISR_CFG, ISR_OFFSET, ISR_LEN, CAP_DEVICE),
-            (CAP_DEVICE, VIRTIO_PCI_CAP_DEVICE_CFG, DEVICE_CFG_OFFSET, DEVICE_CFG_LEN, CAP_NOTIFY),
-            (CAP_NOTIFY, VIRTIO_PCI_CAP_NOTIFY_CFG, NOTIFY_OFFSET, NOTIFY_LEN, 0),
+            (
+                CAP_COMMON,
+                VIRTIO_PCI_CAP_COMMON_CFG,
+                COMMON_CFG_OFFSET,
+                COMMON_CFG_LEN,
+                CAP_ISR,
+            ),
+            (
+                CAP_ISR,
+                VIRTIO_PCI_CAP_ISR_CFG,
+                ISR_OFFSET,
+                ISR_LEN,
+                CAP_DEVICE,
+            ),
+            (
+                CAP_DEVICE,
+                VIRTIO_PCI_CAP_DEVICE_CFG,
+                DEVICE_CFG_OFFSET,
+                DEVICE_CFG_LEN,
+                CAP_NOTIFY,
+            ),
+            (
+                CAP_NOTIFY,
+                VIRTIO_PCI_CAP_NOTIFY_CFG,
+                NOTIFY_OFFSET,
+                NOTIFY_LEN,
+                0,
+            ),
         ];
         for (at, cfg_type, offset, len, next) in caps {
             let cap_len = if cfg_type == VIRTIO_PCI_CAP_NOTIFY_CFG {

@@ -66,9 +66,16 @@ impl CheckedChain {
         let mut last: Option<Descriptor> = None;
         for desc in chain {
             let len = desc.len();
-            let access = if desc.is_write_only() { Permissions::Write } else { Permissions::Read };
+            let access = if desc.is_write_only() {
+                Permissions::Write
+            } else {
+                Permissions::Read
+            };
             if !mem.check_range(desc.addr(), len as usize, access) {
-                return Err(ChainError::OutsideMemory { addr: desc.addr().0, len });
+                return Err(ChainError::OutsideMemory {
+                    addr: desc.addr().0,
+                    len,
+                });
             }
             if desc.is_write_only() {
                 writable.push((desc.addr(), len));
@@ -97,7 +104,11 @@ impl CheckedChain {
                 .map_err(|e| ChainError::Memory(e.to_string()))?;
             at = end;
         }
-        Ok(CheckedChain { head, request, writable })
+        Ok(CheckedChain {
+            head,
+            request,
+            writable,
+        })
     }
 
     /// Index of the chain's head descriptor (what the used ring reports).
@@ -117,7 +128,11 @@ impl CheckedChain {
 
     /// Writes `response` into the device-writable buffers, as far as they reach; returns the
     /// number of bytes written (the used-ring length).
-    pub fn write_response<M: GuestMemory>(&self, mem: &M, response: &[u8]) -> Result<u32, ChainError> {
+    pub fn write_response<M: GuestMemory>(
+        &self,
+        mem: &M,
+        response: &[u8],
+    ) -> Result<u32, ChainError> {
         let mut rest = response;
         let mut written = 0u32;
         for &(addr, len) in &self.writable {
@@ -125,7 +140,8 @@ impl CheckedChain {
                 break;
             }
             let n = rest.len().min(len as usize);
-            mem.write_slice(&rest[..n], addr).map_err(|e| ChainError::Memory(e.to_string()))?;
+            mem.write_slice(&rest[..n], addr)
+                .map_err(|e| ChainError::Memory(e.to_string()))?;
             rest = &rest[n..];
             // n <= len, a u32.
             written += n as u32;
@@ -150,7 +166,10 @@ mod tests {
     }
 
     /// Publishes the chain `descs` (addr, len, flags, next) at head 0 and pops it.
-    fn walk(m: &GuestMemoryMmap, descs: &[(u64, u32, u16, u16)]) -> Result<CheckedChain, ChainError> {
+    fn walk(
+        m: &GuestMemoryMmap,
+        descs: &[(u64, u32, u16, u16)],
+    ) -> Result<CheckedChain, ChainError> {
         let vq = MockSplitQueue::new(m, 16);
         for (i, &(addr, len, flags, next)) in descs.iter().enumerate() {
             let d = RawDescriptor::from(SplitDescriptor::new(addr, len, flags, next));
@@ -168,15 +187,27 @@ mod tests {
         let m = mem();
         m.write_slice(&[1, 2, 3, 4], GuestAddress(0x8000)).unwrap();
         m.write_slice(&[5, 6], GuestAddress(0x9000)).unwrap();
-        let c = walk(&m, &[(0x8000, 4, F_NEXT, 1), (0x9000, 2, F_NEXT, 2), (0xa000, 3, F_WRITE | F_NEXT, 3), (0xb000, 8, F_WRITE, 0)])
-            .unwrap();
+        let c = walk(
+            &m,
+            &[
+                (0x8000, 4, F_NEXT, 1),
+                (0x9000, 2, F_NEXT, 2),
+                (0xa000, 3, F_WRITE | F_NEXT, 3),
+                (0xb000, 8, F_WRITE, 0),
+            ],
+        )
+        .unwrap();
         assert_eq!(c.request(), &[1, 2, 3, 4, 5, 6]);
         assert_eq!(c.response_capacity(), 11);
         assert_eq!(c.write_response(&m, &[9; 5]).unwrap(), 5);
         let mut out = [0u8; 3];
         m.read_slice(&mut out, GuestAddress(0xb000)).unwrap();
         assert_eq!(out, [9, 9, 0]);
-        assert_eq!(c.write_response(&m, &[7; 40]).unwrap(), 11, "clipped to the writable buffers");
+        assert_eq!(
+            c.write_response(&m, &[7; 40]).unwrap(),
+            11,
+            "clipped to the writable buffers"
+        );
     }
 
     #[test]
@@ -184,18 +215,36 @@ mod tests {
         let m = mem();
         assert_eq!(
             walk(&m, &[(0x20_0000, 24, 0, 0)]).unwrap_err(),
-            ChainError::OutsideMemory { addr: 0x20_0000, len: 24 }
+            ChainError::OutsideMemory {
+                addr: 0x20_0000,
+                len: 24
+            }
         );
-        assert!(matches!(walk(&m, &[(0xf_fff0, 0x20, 0, 0)]), Err(ChainError::OutsideMemory { .. })));
-        assert!(matches!(walk(&m, &[(u64::MAX - 4, 8, 0, 0)]), Err(ChainError::OutsideMemory { .. })));
+        assert!(matches!(
+            walk(&m, &[(0xf_fff0, 0x20, 0, 0)]),
+            Err(ChainError::OutsideMemory { .. })
+        ));
+        assert!(matches!(
+            walk(&m, &[(u64::MAX - 4, 8, 0, 0)]),
+            Err(ChainError::OutsideMemory { .. })
+        ));
     }
 
     #[test]
     fn refuses_loops_and_bad_next() {
         let m = mem();
-        assert_eq!(walk(&m, &[(0x8000, 4, F_NEXT, 1), (0x8000, 4, F_NEXT, 0)]).unwrap_err(), ChainError::Truncated(0));
-        assert_eq!(walk(&m, &[(0x8000, 4, F_NEXT, 0)]).unwrap_err(), ChainError::Truncated(0));
-        assert_eq!(walk(&m, &[(0x8000, 4, F_NEXT, 999)]).unwrap_err(), ChainError::Truncated(0));
+        assert_eq!(
+            walk(&m, &[(0x8000, 4, F_NEXT, 1), (0x8000, 4, F_NEXT, 0)]).unwrap_err(),
+            ChainError::Truncated(0)
+        );
+        assert_eq!(
+            walk(&m, &[(0x8000, 4, F_NEXT, 0)]).unwrap_err(),
+            ChainError::Truncated(0)
+        );
+        assert_eq!(
+            walk(&m, &[(0x8000, 4, F_NEXT, 999)]).unwrap_err(),
+            ChainError::Truncated(0)
+        );
     }
 
     #[test]
@@ -207,7 +256,11 @@ mod tests {
         );
         let big = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x40_0000)]).unwrap();
         assert_eq!(
-            walk(&big, &[(0x1_0000, 0x8_0000, F_NEXT, 1), (0x10_0000, 0x8_0001, 0, 0)]).unwrap_err(),
+            walk(
+                &big,
+                &[(0x1_0000, 0x8_0000, F_NEXT, 1), (0x10_0000, 0x8_0001, 0, 0)]
+            )
+            .unwrap_err(),
             ChainError::TooLarge
         );
     }

@@ -85,7 +85,9 @@ pub enum AccessError {
         size: u64,
     },
     /// A BAR access that is not 1, 2, 4 or 8 bytes, naturally aligned.
-    #[error("{region:?} access of {len} bytes at {offset:#x}: not a naturally aligned 1/2/4/8-byte access")]
+    #[error(
+        "{region:?} access of {len} bytes at {offset:#x}: not a naturally aligned 1/2/4/8-byte access"
+    )]
     BadWidth {
         /// The region.
         region: Region,
@@ -103,10 +105,19 @@ pub fn check_access(index: u32, offset: u64, len: usize) -> Result<Region, Acces
     let size = region.size();
     let end = offset.checked_add(len as u64);
     if len == 0 || end.is_none_or(|e| e > size) {
-        return Err(AccessError::OutOfRange { region, offset, len, size });
+        return Err(AccessError::OutOfRange {
+            region,
+            offset,
+            len,
+            size,
+        });
     }
     if region != Region::Config && (!matches!(len, 1 | 2 | 4 | 8) || offset % len as u64 != 0) {
-        return Err(AccessError::BadWidth { region, offset, len });
+        return Err(AccessError::BadWidth {
+            region,
+            offset,
+            len,
+        });
     }
     Ok(region)
 }
@@ -121,8 +132,16 @@ pub struct Transport {
 
 impl Transport {
     /// Serves `device`, whose queues `worker` processes.
-    pub fn new(device: Arc<Mutex<Device>>, worker: WorkerHandle, metrics: Arc<DeviceMetrics>) -> Self {
-        Transport { device, worker, metrics }
+    pub fn new(
+        device: Arc<Mutex<Device>>,
+        worker: WorkerHandle,
+        metrics: Arc<DeviceMetrics>,
+    ) -> Self {
+        Transport {
+            device,
+            worker,
+            metrics,
+        }
     }
 
     fn device(&self) -> MutexGuard<'_, Device> {
@@ -158,7 +177,10 @@ impl ServerBackend for Transport {
                 Some(r) => self.device().virtio_read(r, data),
                 None => {
                     data.fill(0);
-                    self.refuse(format_args!("read of {} bytes at virtio BAR offset {offset:#x}", data.len()));
+                    self.refuse(format_args!(
+                        "read of {} bytes at virtio BAR offset {offset:#x}",
+                        data.len()
+                    ));
                 }
             },
         }
@@ -170,25 +192,39 @@ impl ServerBackend for Transport {
         match check_access(index, offset, data.len()) {
             Err(e) => self.refuse(e),
             Ok(Region::Config) => self.device().config_write(offset, data),
-            Ok(Region::Msix) => debug!("write to MSI-X BAR at {offset:#x} ignored (QEMU emulates the table)"),
+            Ok(Region::Msix) => {
+                debug!("write to MSI-X BAR at {offset:#x} ignored (QEMU emulates the table)")
+            }
             Ok(Region::Virtio) => match decode_virtio_bar(offset, data.len()) {
                 Some(VirtioRegion::Notify(q)) => {
                     inc(&self.metrics.notifies);
                     self.worker.kick(q);
                 }
                 Some(r) => self.device().virtio_write(r, data),
-                None => self.refuse(format_args!("write of {} bytes at virtio BAR offset {offset:#x}", data.len())),
+                None => self.refuse(format_args!(
+                    "write of {} bytes at virtio BAR offset {offset:#x}",
+                    data.len()
+                )),
             },
         }
         Ok(())
     }
 
-    fn dma_map(&mut self, flags: DmaMapFlags, offset: u64, address: u64, size: u64, fd: Option<File>) -> io::Result<()> {
+    fn dma_map(
+        &mut self,
+        flags: DmaMapFlags,
+        offset: u64,
+        address: u64,
+        size: u64,
+        fd: Option<File>,
+    ) -> io::Result<()> {
         let writable = flags.contains(DmaMapFlags::READ_WRITE);
-        self.device().dma_map(address, size, fd, offset, writable).map_err(|e| {
-            warn!("DMA_MAP refused: {e}");
-            io::Error::new(io::ErrorKind::InvalidInput, e)
-        })
+        self.device()
+            .dma_map(address, size, fd, offset, writable)
+            .map_err(|e| {
+                warn!("DMA_MAP refused: {e}");
+                io::Error::new(io::ErrorKind::InvalidInput, e)
+            })
     }
 
     fn dma_unmap(&mut self, flags: DmaUnmapFlags, address: u64, size: u64) -> io::Result<()> {
@@ -204,11 +240,21 @@ impl ServerBackend for Transport {
         Ok(())
     }
 
-    fn set_irqs(&mut self, index: u32, flags: u32, start: u32, count: u32, fds: Vec<File>) -> io::Result<()> {
-        let change = self.device().set_irqs(index, flags, start, count, fds).map_err(|e| {
-            warn!("SET_IRQS refused: {e}");
-            io::Error::new(io::ErrorKind::InvalidInput, e)
-        })?;
+    fn set_irqs(
+        &mut self,
+        index: u32,
+        flags: u32,
+        start: u32,
+        count: u32,
+        fds: Vec<File>,
+    ) -> io::Result<()> {
+        let change = self
+            .device()
+            .set_irqs(index, flags, start, count, fds)
+            .map_err(|e| {
+                warn!("SET_IRQS refused: {e}");
+                io::Error::new(io::ErrorKind::InvalidInput, e)
+            })?;
         if change == IrqChange::ResampleChanged {
             self.worker.resample_changed();
         }
@@ -224,15 +270,33 @@ mod tests {
     fn access_validation() {
         assert_eq!(check_access(7, 0, 256), Ok(Region::Config));
         assert_eq!(check_access(7, 255, 1), Ok(Region::Config));
-        assert!(matches!(check_access(7, 255, 2), Err(AccessError::OutOfRange { .. })));
-        assert!(matches!(check_access(7, 0, 0), Err(AccessError::OutOfRange { .. })));
+        assert!(matches!(
+            check_access(7, 255, 2),
+            Err(AccessError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            check_access(7, 0, 0),
+            Err(AccessError::OutOfRange { .. })
+        ));
         assert_eq!(check_access(0, 0, 4), Err(AccessError::UnknownRegion(0)));
         assert_eq!(check_access(99, 0, 4), Err(AccessError::UnknownRegion(99)));
         assert_eq!(check_access(4, 0x3ffc, 4), Ok(Region::Virtio));
-        assert!(matches!(check_access(4, 0x3ffc, 8), Err(AccessError::OutOfRange { .. })));
-        assert!(matches!(check_access(4, u64::MAX, 2), Err(AccessError::OutOfRange { .. })));
-        assert!(matches!(check_access(4, 2, 4), Err(AccessError::BadWidth { .. })));
-        assert!(matches!(check_access(2, 0, 3), Err(AccessError::BadWidth { .. })));
+        assert!(matches!(
+            check_access(4, 0x3ffc, 8),
+            Err(AccessError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            check_access(4, u64::MAX, 2),
+            Err(AccessError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            check_access(4, 2, 4),
+            Err(AccessError::BadWidth { .. })
+        ));
+        assert!(matches!(
+            check_access(2, 0, 3),
+            Err(AccessError::BadWidth { .. })
+        ));
         assert_eq!(check_access(2, 0x808, 8), Ok(Region::Msix));
     }
 }

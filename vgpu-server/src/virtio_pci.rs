@@ -261,7 +261,10 @@ impl VirtioPciTransport {
 
     /// MSI-X vector of queue `q`, or [`NO_VECTOR`].
     pub fn queue_vector(&self, q: u16) -> u16 {
-        self.queue_vectors.get(usize::from(q)).copied().unwrap_or(NO_VECTOR)
+        self.queue_vectors
+            .get(usize::from(q))
+            .copied()
+            .unwrap_or(NO_VECTOR)
     }
 
     /// The queue with index `q`, if it exists.
@@ -271,7 +274,9 @@ impl VirtioPciTransport {
 
     /// Whether queue `q` exists and is enabled.
     pub fn queue_ready(&self, q: u16) -> bool {
-        self.queues.get(usize::from(q)).is_some_and(|queue| queue.ready())
+        self.queues
+            .get(usize::from(q))
+            .is_some_and(|queue| queue.ready())
     }
 
     /// Sets bits in the ISR byte.
@@ -310,7 +315,9 @@ impl VirtioPciTransport {
             Field::ConfigGeneration => self.config_generation.into(),
             Field::QueueSelect => self.queue_select.into(),
             Field::QueueSize => queue.map_or(0, |q| q.size().into()),
-            Field::QueueMsixVector => queue.map_or(NO_VECTOR, |_| self.queue_vector(self.queue_select)).into(),
+            Field::QueueMsixVector => queue
+                .map_or(NO_VECTOR, |_| self.queue_vector(self.queue_select))
+                .into(),
             Field::QueueEnable => queue.map_or(0, |q| q.ready().into()),
             Field::QueueNotifyOff => self.queue_select.into(),
             Field::QueueRing(ring, half) => {
@@ -354,9 +361,17 @@ impl VirtioPciTransport {
                     warn!("driver features written after FEATURES_OK; ignored");
                 } else {
                     match self.driver_feature_select {
-                        0 => self.driver_features = (self.driver_features & !0xffff_ffff) | u64::from(v32),
-                        1 => self.driver_features = (self.driver_features & 0xffff_ffff) | (u64::from(v32) << 32),
-                        sel => debug!("driver feature word {sel} written with {v32:#x}; no such features"),
+                        0 => {
+                            self.driver_features =
+                                (self.driver_features & !0xffff_ffff) | u64::from(v32)
+                        }
+                        1 => {
+                            self.driver_features =
+                                (self.driver_features & 0xffff_ffff) | (u64::from(v32) << 32)
+                        }
+                        sel => debug!(
+                            "driver feature word {sel} written with {v32:#x}; no such features"
+                        ),
                     }
                 }
             }
@@ -376,7 +391,10 @@ impl VirtioPciTransport {
             Field::QueueEnable => {
                 let q = self.idle_queue()?;
                 if v16 != 1 {
-                    return Err(VirtioPciError::BadQueueEnable { queue: q, value: v16 });
+                    return Err(VirtioPciError::BadQueueEnable {
+                        queue: q,
+                        value: v16,
+                    });
                 }
                 let queue = &mut self.queues[usize::from(q)];
                 queue.set_ready(true);
@@ -384,7 +402,11 @@ impl VirtioPciTransport {
                     queue.set_ready(false);
                     return Err(VirtioPciError::QueueOutsideMemory(q));
                 }
-                info!("queue {q} enabled: size {} desc {:#x}", queue.size(), queue.desc_table());
+                info!(
+                    "queue {q} enabled: size {} desc {:#x}",
+                    queue.size(),
+                    queue.desc_table()
+                );
             }
             Field::QueueRing(ring, half) => {
                 let q = self.idle_queue()?;
@@ -406,7 +428,10 @@ impl VirtioPciTransport {
                 };
                 result.map_err(|_| VirtioPciError::BadQueueAddress { queue: q, addr })?;
             }
-            Field::DeviceFeature | Field::NumQueues | Field::ConfigGeneration | Field::QueueNotifyOff => {
+            Field::DeviceFeature
+            | Field::NumQueues
+            | Field::ConfigGeneration
+            | Field::QueueNotifyOff => {
                 debug!("write to read-only common config field {field:?} ignored");
             }
         }
@@ -511,7 +536,12 @@ mod tests {
         w(t, 0x0c, &(features as u32).to_le_bytes()).unwrap();
         w(t, 0x08, &1u32.to_le_bytes()).unwrap();
         w(t, 0x0c, &((features >> 32) as u32).to_le_bytes()).unwrap();
-        w(t, 0x14, &[status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK]).unwrap();
+        w(
+            t,
+            0x14,
+            &[status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK],
+        )
+        .unwrap();
         r(t, 0x14, 1) as u8
     }
 
@@ -531,17 +561,27 @@ mod tests {
         let mut t = VirtioPciTransport::new(0, 3);
         assert_eq!(negotiate(&mut t, 0) & status::FEATURES_OK, 0);
         assert_eq!(
-            w(&mut t, 0x14, &[status::ACKNOWLEDGE | status::DRIVER | status::DRIVER_OK]),
+            w(
+                &mut t,
+                0x14,
+                &[status::ACKNOWLEDGE | status::DRIVER | status::DRIVER_OK]
+            ),
             Err(VirtioPciError::DriverOkWithoutFeatures)
         );
         t.reset();
-        assert_ne!(negotiate(&mut t, VIRTIO_F_VERSION_1) & status::FEATURES_OK, 0);
+        assert_ne!(
+            negotiate(&mut t, VIRTIO_F_VERSION_1) & status::FEATURES_OK,
+            0
+        );
     }
 
     #[test]
     fn unknown_feature_bits_are_refused() {
         let mut t = VirtioPciTransport::new(0, 3);
-        assert_eq!(negotiate(&mut t, VIRTIO_F_VERSION_1 | 1 << 5) & status::FEATURES_OK, 0);
+        assert_eq!(
+            negotiate(&mut t, VIRTIO_F_VERSION_1 | 1 << 5) & status::FEATURES_OK,
+            0
+        );
     }
 
     #[test]
@@ -571,9 +611,16 @@ mod tests {
         assert_eq!(r(&t, 0x28, 8), 0x2000);
         assert_eq!(t.queue_vector(0), 1);
         // Reconfiguring an enabled queue is a violation.
-        assert_eq!(w(&mut t, 0x18, &32u16.to_le_bytes()), Err(VirtioPciError::QueueBusy(0)));
         assert_eq!(
-            w(&mut t, 0x14, &[status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK | status::DRIVER_OK]),
+            w(&mut t, 0x18, &32u16.to_le_bytes()),
+            Err(VirtioPciError::QueueBusy(0))
+        );
+        assert_eq!(
+            w(
+                &mut t,
+                0x14,
+                &[status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK | status::DRIVER_OK]
+            ),
             Ok(Effect::DriverOk)
         );
         assert!(t.is_live());
@@ -582,17 +629,29 @@ mod tests {
     #[test]
     fn bad_queue_parameters_are_violations() {
         let mut t = VirtioPciTransport::new(0, 3);
-        assert_eq!(w(&mut t, 0x18, &100u16.to_le_bytes()), Err(VirtioPciError::BadQueueSize(100)));
-        assert_eq!(w(&mut t, 0x18, &512u16.to_le_bytes()), Err(VirtioPciError::BadQueueSize(512)));
+        assert_eq!(
+            w(&mut t, 0x18, &100u16.to_le_bytes()),
+            Err(VirtioPciError::BadQueueSize(100))
+        );
+        assert_eq!(
+            w(&mut t, 0x18, &512u16.to_le_bytes()),
+            Err(VirtioPciError::BadQueueSize(512))
+        );
         assert!(matches!(
             w(&mut t, 0x20, &0x1001u32.to_le_bytes()),
-            Err(VirtioPciError::BadQueueAddress { queue: 0, addr: 0x1001 })
+            Err(VirtioPciError::BadQueueAddress {
+                queue: 0,
+                addr: 0x1001
+            })
         ));
         // Rings outside the 1 MiB of guest memory.
         w(&mut t, 0x20, &0x4000_0000u32.to_le_bytes()).unwrap();
         w(&mut t, 0x28, &0x2000u32.to_le_bytes()).unwrap();
         w(&mut t, 0x30, &0x3000u32.to_le_bytes()).unwrap();
-        assert_eq!(w(&mut t, 0x1c, &1u16.to_le_bytes()), Err(VirtioPciError::QueueOutsideMemory(0)));
+        assert_eq!(
+            w(&mut t, 0x1c, &1u16.to_le_bytes()),
+            Err(VirtioPciError::QueueOutsideMemory(0))
+        );
         assert!(!t.queue_ready(0));
         assert_eq!(
             w(&mut t, 0x1c, &0u16.to_le_bytes()),
@@ -600,7 +659,10 @@ mod tests {
         );
         w(&mut t, 0x16, &5u16.to_le_bytes()).unwrap();
         assert_eq!(r(&t, 0x18, 2), 0, "absent queue reads size 0");
-        assert_eq!(w(&mut t, 0x18, &8u16.to_le_bytes()), Err(VirtioPciError::NoSuchQueue(5)));
+        assert_eq!(
+            w(&mut t, 0x18, &8u16.to_le_bytes()),
+            Err(VirtioPciError::NoSuchQueue(5))
+        );
     }
 
     #[test]
@@ -635,7 +697,12 @@ mod tests {
         assert!(!t.set_needs_reset());
         assert_ne!(r(&t, 0x15, 1), generation);
         assert_ne!(r(&t, 0x14, 1) as u8 & status::DEVICE_NEEDS_RESET, 0);
-        w(&mut t, 0x14, &[status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK | status::DRIVER_OK]).unwrap();
+        w(
+            &mut t,
+            0x14,
+            &[status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK | status::DRIVER_OK],
+        )
+        .unwrap();
         assert!(!t.is_live(), "NEEDS_RESET survives status writes");
     }
 }

@@ -45,11 +45,13 @@ pub struct WorkerHandle {
 impl WorkerHandle {
     /// Starts the worker thread for `device`.
     pub fn spawn(device: Arc<Mutex<Device>>) -> Result<WorkerHandle, WorkerError> {
-        let new_efd = || EventFd::new(libc::EFD_NONBLOCK).map_err(|e| WorkerError::Setup(e.into()));
-        let kicks = (0..NUM_QUEUES).map(|_| new_efd()).collect::<Result<Vec<_>, _>>()?;
+        let new_efd = || EventFd::new(libc::EFD_NONBLOCK).map_err(WorkerError::Setup);
+        let kicks = (0..NUM_QUEUES)
+            .map(|_| new_efd())
+            .collect::<Result<Vec<_>, _>>()?;
         let control = new_efd()?;
         let stop = Arc::new(AtomicBool::new(false));
-        let clone = |e: &EventFd| e.try_clone().map_err(|e| WorkerError::Setup(e.into()));
+        let clone = |e: &EventFd| e.try_clone().map_err(WorkerError::Setup);
         let worker = Worker {
             device,
             kicks: kicks.iter().map(clone).collect::<Result<_, _>>()?,
@@ -73,7 +75,12 @@ impl WorkerHandle {
                 debug!("worker stopped");
             })
             .map_err(WorkerError::Spawn)?;
-        Ok(WorkerHandle { kicks, control, stop, thread: Some(thread) })
+        Ok(WorkerHandle {
+            kicks,
+            control,
+            stop,
+            thread: Some(thread),
+        })
     }
 
     /// Kicks queue `q` (a doorbell write). Unknown queues are the caller's to filter.
@@ -148,7 +155,11 @@ impl MutEventSubscriber for Worker {
                 error!("watching queue {q} kicks: {e}");
             }
         }
-        if let Err(e) = ops.add(Events::with_data(&self.control, CONTROL_TOKEN, EventSet::IN)) {
+        if let Err(e) = ops.add(Events::with_data(
+            &self.control,
+            CONTROL_TOKEN,
+            EventSet::IN,
+        )) {
             error!("watching the control eventfd: {e}");
         }
     }
@@ -170,7 +181,9 @@ impl MutEventSubscriber for Worker {
             }
             q => {
                 let Ok(q) = u16::try_from(q) else { return };
-                let Some(kick) = self.kicks.get(usize::from(q)) else { return };
+                let Some(kick) = self.kicks.get(usize::from(q)) else {
+                    return;
+                };
                 let _ = kick.read();
                 // Fairness: one queue's worth of chains per round; re-kick if more remain.
                 if self.device().process_queue(q) {

@@ -25,7 +25,10 @@ pub struct DisplayConfig {
 
 impl Default for DisplayConfig {
     fn default() -> Self {
-        DisplayConfig { width: 1024, height: 768 }
+        DisplayConfig {
+            width: 1024,
+            height: 768,
+        }
     }
 }
 
@@ -84,7 +87,11 @@ pub struct GpuDevice {
 impl GpuDevice {
     /// Creates the device with one scanout of the given size.
     pub fn new(display: DisplayConfig) -> Self {
-        GpuDevice { display, events_read: 0, cursor: CursorState::default() }
+        GpuDevice {
+            display,
+            events_read: 0,
+            cursor: CursorState::default(),
+        }
     }
 
     /// Returns to the power-on state (the display configuration is kept).
@@ -116,7 +123,10 @@ impl GpuDevice {
     pub fn execute_cursor(&mut self, cmd: &CursorCommand) {
         trace!("cursor {cmd:?}");
         if cmd.scanout_id != 0 {
-            debug!("cursor command for scanout {} ignored; one scanout", cmd.scanout_id);
+            debug!(
+                "cursor command for scanout {} ignored; one scanout",
+                cmd.scanout_id
+            );
             return;
         }
         self.cursor.x = cmd.x;
@@ -163,7 +173,10 @@ mod tests {
     use crate::gpu::protocol::CtrlHeader;
 
     fn req(cmd: ControlCommand) -> ControlRequest {
-        ControlRequest { hdr: CtrlHeader::default(), cmd }
+        ControlRequest {
+            hdr: CtrlHeader::default(),
+            cmd,
+        }
     }
 
     #[test]
@@ -172,14 +185,30 @@ mod tests {
         let Response::OkDisplayInfo(s) = dev.execute(&req(ControlCommand::GetDisplayInfo)) else {
             panic!("wrong response");
         };
-        assert_eq!(s, vec![DisplayOne { width: 1280, height: 720, enabled: true }]);
-        assert_eq!(dev.execute(&req(ControlCommand::Unimplemented(0x101))), Response::Err(ty::ERR_UNSPEC));
+        assert_eq!(
+            s,
+            vec![DisplayOne {
+                width: 1280,
+                height: 720,
+                enabled: true
+            }]
+        );
+        assert_eq!(
+            dev.execute(&req(ControlCommand::Unimplemented(0x101))),
+            Response::Err(ty::ERR_UNSPEC)
+        );
     }
 
     #[test]
     fn mode_parsing_bounds() {
-        assert_eq!("1024x768".parse::<DisplayConfig>(), Ok(DisplayConfig::default()));
-        assert!(matches!("0x768".parse::<DisplayConfig>(), Err(DeviceError::BadMode(0, 768))));
+        assert_eq!(
+            "1024x768".parse::<DisplayConfig>(),
+            Ok(DisplayConfig::default())
+        );
+        assert!(matches!(
+            "0x768".parse::<DisplayConfig>(),
+            Err(DeviceError::BadMode(0, 768))
+        ));
         assert!("99999x1".parse::<DisplayConfig>().is_err());
         assert!("1024*768".parse::<DisplayConfig>().is_err());
         assert!("x".parse::<DisplayConfig>().is_err());
@@ -200,11 +229,35 @@ mod tests {
     #[test]
     fn cursor_updates_position_and_image() {
         let mut dev = GpuDevice::new(DisplayConfig::default());
-        let cmd = CursorCommand { update: true, scanout_id: 0, x: 3, y: 4, resource_id: 9, hot_x: 0, hot_y: 0 };
+        let cmd = CursorCommand {
+            update: true,
+            scanout_id: 0,
+            x: 3,
+            y: 4,
+            resource_id: 9,
+            hot_x: 0,
+            hot_y: 0,
+        };
         dev.execute_cursor(&cmd);
-        dev.execute_cursor(&CursorCommand { update: false, x: 5, resource_id: 0, ..cmd });
-        assert_eq!(dev.cursor(), CursorState { x: 5, y: 4, resource_id: 9 });
-        dev.execute_cursor(&CursorCommand { scanout_id: 3, x: 100, ..cmd });
+        dev.execute_cursor(&CursorCommand {
+            update: false,
+            x: 5,
+            resource_id: 0,
+            ..cmd
+        });
+        assert_eq!(
+            dev.cursor(),
+            CursorState {
+                x: 5,
+                y: 4,
+                resource_id: 9
+            }
+        );
+        dev.execute_cursor(&CursorCommand {
+            scanout_id: 3,
+            x: 100,
+            ..cmd
+        });
         assert_eq!(dev.cursor().x, 5);
     }
 }

@@ -120,7 +120,11 @@ impl CtrlHeader {
             flags: self.flags & (FLAG_FENCE | FLAG_INFO_RING_IDX),
             fence_id: if self.fenced() { self.fence_id } else { 0 },
             ctx_id: self.ctx_id,
-            ring_idx: if self.flags & FLAG_INFO_RING_IDX != 0 { self.ring_idx } else { 0 },
+            ring_idx: if self.flags & FLAG_INFO_RING_IDX != 0 {
+                self.ring_idx
+            } else {
+                0
+            },
         }
     }
 
@@ -156,7 +160,9 @@ pub fn decode_control(buf: &[u8]) -> Result<ControlRequest, (Option<CtrlHeader>,
     let hdr = CtrlHeader::decode(buf).map_err(|e| (None, e))?;
     let cmd = match hdr.ty {
         ty::GET_DISPLAY_INFO => ControlCommand::GetDisplayInfo,
-        t if (ty::FIRST_2D..=ty::LAST_2D).contains(&t) || (ty::FIRST_3D..=ty::LAST_3D).contains(&t) => {
+        t if (ty::FIRST_2D..=ty::LAST_2D).contains(&t)
+            || (ty::FIRST_3D..=ty::LAST_3D).contains(&t) =>
+        {
             ControlCommand::Unimplemented(t)
         }
         t => return Err((Some(hdr), ProtocolError::UnknownCommand(t))),
@@ -199,7 +205,15 @@ pub fn decode_cursor(buf: &[u8]) -> Result<CursorCommand, ProtocolError> {
     r.skip(CTRL_HDR_SIZE);
     let (scanout_id, x, y) = (r.u32(), r.u32(), r.u32());
     r.skip(4);
-    Ok(CursorCommand { update, scanout_id, x, y, resource_id: r.u32(), hot_x: r.u32(), hot_y: r.u32() })
+    Ok(CursorCommand {
+        update,
+        scanout_id,
+        x,
+        y,
+        resource_id: r.u32(),
+        hot_x: r.u32(),
+        hot_y: r.u32(),
+    })
 }
 
 /// One scanout of a display-info response.
@@ -288,7 +302,14 @@ mod tests {
 
     fn hdr_bytes(ty: u32, flags: u32, fence: u64) -> Vec<u8> {
         let mut v = Vec::new();
-        CtrlHeader { ty, flags, fence_id: fence, ctx_id: 7, ring_idx: 3 }.encode(&mut v);
+        CtrlHeader {
+            ty,
+            flags,
+            fence_id: fence,
+            ctx_id: 7,
+            ring_idx: 3,
+        }
+        .encode(&mut v);
         v
     }
 
@@ -297,7 +318,10 @@ mod tests {
         let b = hdr_bytes(ty::GET_DISPLAY_INFO, FLAG_FENCE, 42);
         assert_eq!(b.len(), CTRL_HDR_SIZE);
         let h = CtrlHeader::decode(&b).unwrap();
-        assert_eq!((h.ty, h.flags, h.fence_id, h.ctx_id, h.ring_idx), (0x100, 1, 42, 7, 3));
+        assert_eq!(
+            (h.ty, h.flags, h.fence_id, h.ctx_id, h.ring_idx),
+            (0x100, 1, 42, 7, 3)
+        );
     }
 
     #[test]
@@ -321,11 +345,18 @@ mod tests {
     #[test]
     fn display_info_response_layout_and_fence_echo() {
         let req = CtrlHeader::decode(&hdr_bytes(ty::GET_DISPLAY_INFO, FLAG_FENCE, 9)).unwrap();
-        let out = Response::OkDisplayInfo(vec![DisplayOne { width: 1024, height: 768, enabled: true }])
-            .encode(&req);
+        let out = Response::OkDisplayInfo(vec![DisplayOne {
+            width: 1024,
+            height: 768,
+            enabled: true,
+        }])
+        .encode(&req);
         assert_eq!(out.len(), DISPLAY_INFO_SIZE);
         let h = CtrlHeader::decode(&out).unwrap();
-        assert_eq!((h.ty, h.flags, h.fence_id), (ty::OK_DISPLAY_INFO, FLAG_FENCE, 9));
+        assert_eq!(
+            (h.ty, h.flags, h.fence_id),
+            (ty::OK_DISPLAY_INFO, FLAG_FENCE, 9)
+        );
         let word = |i: usize| u32::from_le_bytes(out[i..i + 4].try_into().unwrap());
         assert_eq!((word(32), word(36), word(40)), (1024, 768, 1));
         assert_eq!(word(24 + 24 + 16), 0, "scanout 1 disabled");
@@ -345,8 +376,17 @@ mod tests {
             b.extend_from_slice(&v.to_le_bytes());
         }
         let c = decode_cursor(&b).unwrap();
-        assert_eq!((c.update, c.x, c.y, c.resource_id, c.hot_x, c.hot_y), (false, 10, 20, 5, 1, 2));
-        assert!(matches!(decode_cursor(&b[..40]), Err(ProtocolError::ShortCommand { need: 56, .. })));
-        assert_eq!(decode_cursor(&hdr_bytes(ty::GET_DISPLAY_INFO, 0, 0)), Err(ProtocolError::UnknownCommand(0x100)));
+        assert_eq!(
+            (c.update, c.x, c.y, c.resource_id, c.hot_x, c.hot_y),
+            (false, 10, 20, 5, 1, 2)
+        );
+        assert!(matches!(
+            decode_cursor(&b[..40]),
+            Err(ProtocolError::ShortCommand { need: 56, .. })
+        ));
+        assert_eq!(
+            decode_cursor(&hdr_bytes(ty::GET_DISPLAY_INFO, 0, 0)),
+            Err(ProtocolError::UnknownCommand(0x100))
+        );
     }
 }

@@ -1,0 +1,184 @@
+//! Our vfio-user server, run in-process for tests and benchmarks, and a fixture that brings a
+//! qtest QEMU with the vGPU up to DRIVER_OK.
+//!
+//! The server runs on its own thread with exactly the library code the `vgpu-server` binary
+//! runs ([`VgpuServer::bind`] then [`VgpuServer::serve`]), serving a fixed number of
+//! connections so that it exits by itself once its VMs are gone.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use vgpu_guest_drivers::guest_ram::GuestRam;
+use vgpu_guest_drivers::pci::{self, PciAllocator};
+use vgpu_guest_drivers::virtio_gpu::{CONTROL_QUEUE, CURSOR_QUEUE};
+use vgpu_guest_drivers::virtio_pci::{VIRTIO_PCI_VENDOR_ID, VirtioPciDevice};
+use vgpu_server::gpu::DisplayConfig;
+use vgpu_server::metrics::DeviceMetrics;
+use vgpu_server::{ServerConfig, ServerError, VgpuServer};
+
+use crate::{QtestVm, TempDir, VmConfig, vfio_user_pci_device};
+
+/// Device id of virtio-gpu (0x1040 + 16).
+pub const VIRTIO_GPU_DEVICE_ID: u16 = 0x1050;
+/// MSI-X vector the fixture assigns to configuration changes.
+pub const CONFIG_VECTOR: u16 = 0;
+/// MSI-X vector of the control queue.
+pub const CONTROL_VECTOR: u16 = 1;
+/// MSI-X vector of the cursor queue.
+pub const CURSOR_VECTOR: u16 = 2;
+/// Control queue size the fixture uses.
+pub const CONTROL_QUEUE_SIZE: u16 = 64;
+/// Cursor queue size the fixture uses.
+pub const CURSOR_QUEUE_SIZE: u16 = 16;
+
+/// Routes the server's `log` output into the test's captured output, once per process
+/// (`RUST_LOG` overrides the default `info`).
+pub fn init_logging() {
+    let _ = env_logger::Builder::new()
+        .is_test(true)
+        .filter_level(log::LevelFilter::Info)
+        .parse_default_env()
+        .try_init();
+}
+
+/// A `vgpu-server` listening on a socket in its own temporary directory.
+#[derive(Debug)]
+pub struct TestServer {
+    socket: PathBuf,
+    metrics: Arc<DeviceMetrics>,
+    thread: Option<JoinHandle<Result<(), ServerError>>>,
+    _dir: TempDir,
+}
+
+impl TestServer {
+    /// Starts a server with the default 1024x768 scanout that serves `connections` clients.
+    pub fn start(connections: u32) -> TestServer {
+        Self::start_with(DisplayConfig::default(), connections)
+    }
+
+    /// Starts a server reporting `display` that serves `connections` clients.
+    pub fn start_with(display: DisplayConfig, connections: u32) -> TestServer {
+        init_logging();
+        let dir = TempDir::new("vgpu-server").expect("temporary directory");
+        let socket = dir.path().join("vgpu.sock");
+        let config = ServerConfig {
+            socket: socket.clone(),
+            display,
+            max_connections: Some(connections),
+        };
+        let server = VgpuServer::bind(config).expect("server binds its socket");
+        let metrics = server.metrics();
+        let thread = std::thread::Builder::new()
+            .name("vgpu-server".into())
+            .spawn(move || server.serve())
+            .expect("server thread");
+        TestServer {
+            socket,
+            metrics,
+            thread: Some(thread),
+            _dir: dir,
+        }
+    }
+
+    /// The socket QEMU connects to.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// The device's counters.
+    pub fn metrics(&self) -> &DeviceMetrics {
+        &self.metrics
+    }
+
+    /// One counter by name (see [`DeviceMetrics::snapshot`]).
+    pub fn counter(&self, name: &str) -> u64 {
+        self.metrics
+            .snapshot()
+            .into_iter()
+            .find(|(k, _)| *k == name)
+            .map_or_else(|| panic!("no counter {name}"), |(_, v)| v)
+    }
+
+    /// The `-device` argument for a VM using this server.
+    pub fn device_arg(&self) -> String {
+        vfio_user_pci_device(&self.socket)
+    }
+
+    /// Waits until the server thread has served all its connections and returned.
+    pub fn wait(mut self, timeout: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + timeout;
+        let thread = self.thread.take().expect("waited once");
+        while !thread.is_finished() {
+            if Instant::now() > deadline {
+                return Err(format!("server still running after {timeout:?}"));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        match thread.join() {
+            Ok(result) => result.map_err(|e| e.to_string()),
+            Err(_) => Err("server thread panicked".into()),
+        }
+    }
+}
+
+/// A qtest VM with the vGPU at DRIVER_OK: MSI-X on (vector 0 config, 1 control, 2 cursor),
+/// both queues enabled.
+#[derive(Debug)]
+pub struct VgpuGuest {
+    /// The VM (dropped first, so QEMU is gone before the server is waited for).
+    pub vm: QtestVm,
+    /// The virtio-pci driver of the vGPU.
+    pub dev: VirtioPciDevice,
+    /// Guest RAM allocator for rings and buffers.
+    pub ram: GuestRam,
+}
+
+impl VgpuGuest {
+    /// Starts QEMU against `server` and brings the device up.
+    pub fn start(server: &TestServer) -> VgpuGuest {
+        let mut vm =
+            QtestVm::launch(&VmConfig::default().device(server.device_arg())).expect("QEMU starts");
+        let mut ram = vm.guest_ram();
+        let qt = vm.qtest();
+        let pci = pci::find_device(qt, VIRTIO_PCI_VENDOR_ID, VIRTIO_GPU_DEVICE_ID)
+            .expect("vGPU on bus 0");
+        let mut dev =
+            VirtioPciDevice::probe(qt, pci, &mut PciAllocator::new()).expect("virtio-pci probe");
+        dev.enable_msix(qt, &mut ram, 3).expect("MSI-X");
+        let mut guest = VgpuGuest { vm, dev, ram };
+        guest.bring_up();
+        guest
+    }
+
+    /// (Re)negotiates VERSION_1, sets up both queues and sets DRIVER_OK.
+    pub fn bring_up(&mut self) {
+        let qt = self.vm.qtest();
+        let version_1 = 1u64 << virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+        let features = self.dev.negotiate(qt, version_1).expect("negotiation");
+        assert_eq!(features, version_1);
+        self.dev
+            .set_config_vector(qt, Some(CONFIG_VECTOR))
+            .expect("config vector");
+        self.dev
+            .setup_queue(
+                qt,
+                &mut self.ram,
+                CONTROL_QUEUE,
+                CONTROL_QUEUE_SIZE,
+                Some(CONTROL_VECTOR),
+            )
+            .expect("control queue");
+        self.dev
+            .setup_queue(
+                qt,
+                &mut self.ram,
+                CURSOR_QUEUE,
+                CURSOR_QUEUE_SIZE,
+                Some(CURSOR_VECTOR),
+            )
+            .expect("cursor queue");
+        self.dev.driver_ok(qt).expect("DRIVER_OK");
+    }
+}

@@ -1,0 +1,651 @@
+//! qtest integration tests of the vGPU: QEMU 11.1 `vfio-user-pci` against our server, driven by
+//! the guest-side virtio-pci driver through qtest (no guest OS).
+
+use std::time::{Duration, Instant};
+
+use vgpu_guest_drivers::pci::{self, BarKind, CAP_ID_MSIX, CAP_ID_VENDOR, PciAllocator};
+use vgpu_guest_drivers::virtio_gpu::{
+    self, CONFIG_NUM_CAPSETS, CONFIG_NUM_SCANOUTS, CONTROL_QUEUE, CTRL_HDR_SIZE, CURSOR_QUEUE,
+    CtrlHeader, DISPLAY_INFO_SIZE, DisplayInfo, RESP_ERR_UNSPEC, RESP_OK_DISPLAY_INFO,
+};
+use vgpu_guest_drivers::virtio_pci::{
+    CAP_COMMON_CFG, CAP_DEVICE_CFG, CAP_ISR_CFG, CAP_NOTIFY_CFG, Descriptor, MSI_NO_VECTOR,
+    VIRTIO_PCI_VENDOR_ID, VirtioPciDevice, common_cfg,
+};
+use vgpu_tests::server::{
+    CONFIG_VECTOR, CONTROL_QUEUE_SIZE, CONTROL_VECTOR, CURSOR_QUEUE_SIZE, CURSOR_VECTOR,
+    TestServer, VIRTIO_GPU_DEVICE_ID, VgpuGuest,
+};
+use vgpu_tests::{QtestVm, VmConfig, skip_without_qemu};
+use virtio_bindings::virtio_config::{
+    VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK,
+    VIRTIO_CONFIG_S_FEATURES_OK, VIRTIO_CONFIG_S_NEEDS_RESET, VIRTIO_F_VERSION_1,
+};
+use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+
+const TIMEOUT: Duration = Duration::from_secs(5);
+const NEEDS_RESET: u8 = VIRTIO_CONFIG_S_NEEDS_RESET as u8;
+const SERVER_EXIT: Duration = Duration::from_secs(10);
+
+/// Sends GET_DISPLAY_INFO (optionally fenced) and returns the parsed response.
+fn display_info(guest: &mut VgpuGuest, fence: Option<u64>) -> DisplayInfo {
+    let qt = guest.vm.qtest();
+    let request = match fence {
+        Some(id) => CtrlHeader::fenced(virtio_gpu::CMD_GET_DISPLAY_INFO, id),
+        None => CtrlHeader::new(virtio_gpu::CMD_GET_DISPLAY_INFO),
+    }
+    .to_bytes();
+    let done = guest
+        .dev
+        .transact(
+            qt,
+            CONTROL_QUEUE,
+            &[&request],
+            &[DISPLAY_INFO_SIZE as u32],
+            TIMEOUT,
+        )
+        .expect("GET_DISPLAY_INFO completes");
+    assert_eq!(done.used.len, DISPLAY_INFO_SIZE as u32);
+    DisplayInfo::parse(&done.writable.expect("our chain")[0]).expect("display info")
+}
+
+/// Polls the device status until DEVICE_NEEDS_RESET shows (the worker sets it after the kick).
+fn wait_needs_reset(guest: &mut VgpuGuest) -> u8 {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let status = guest.dev.status(guest.vm.qtest()).unwrap();
+        if status & NEEDS_RESET != 0 {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "device never reported NEEDS_RESET (status {status:#x})"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Publishes a hand-made chain on the control queue (descriptors from the top of the table,
+/// which the driver's allocator hands out last) and notifies.
+fn submit_raw(guest: &mut VgpuGuest, chain: &[(u16, Descriptor)]) {
+    let qt = guest.vm.qtest();
+    for (index, desc) in chain {
+        guest
+            .dev
+            .write_descriptor(qt, CONTROL_QUEUE, *index, desc)
+            .unwrap();
+    }
+    guest
+        .dev
+        .publish_avail(qt, CONTROL_QUEUE, chain[0].0)
+        .unwrap();
+    guest.dev.notify(qt, CONTROL_QUEUE).unwrap();
+}
+
+/// After a violation: NEEDS_RESET is set, the config vector fired, nothing was completed, and a
+/// driver reset brings the device back.
+fn assert_faulted_then_recovers(guest: &mut VgpuGuest, server: &TestServer) {
+    wait_needs_reset(guest);
+    let qt = guest.vm.qtest();
+    guest
+        .dev
+        .wait_msix(qt, CONFIG_VECTOR, TIMEOUT)
+        .expect("config-change interrupt");
+    assert_eq!(
+        guest.dev.read_used_idx(qt, CONTROL_QUEUE).unwrap(),
+        0,
+        "no chain completed"
+    );
+    assert!(server.counter("transport_faults") >= 1);
+    guest.bring_up();
+    let info = display_info(guest, None);
+    assert_eq!(info.pmodes[0].enabled, 1);
+}
+
+fn raw(addr: u64, len: u32, flags: u32, next: u16) -> Descriptor {
+    Descriptor {
+        addr,
+        len,
+        flags: flags as u16,
+        next,
+    }
+}
+
+#[test]
+fn enumerates_as_virtio_gpu() {
+    if skip_without_qemu() {
+        return;
+    }
+    let server = TestServer::start(1);
+    let mut vm = QtestVm::launch(&VmConfig::default().device(server.device_arg())).unwrap();
+    let qt = vm.qtest();
+    let found = pci::scan_bus0(qt).unwrap();
+    let gpu = found
+        .iter()
+        .find(|f| f.vendor_id == VIRTIO_PCI_VENDOR_ID && f.device_id == VIRTIO_GPU_DEVICE_ID)
+        .unwrap_or_else(|| panic!("no 1af4:1050 among {found:x?}"));
+    assert_eq!(gpu.address.to_string(), "00:01.0", "first -device slot");
+    let dev = pci::PciDevice::new(gpu.address);
+    assert_eq!(dev.class_code(qt).unwrap(), (0x03, 0x80, 0x00));
+    assert_eq!(
+        dev.read_config_u16(qt, 0x2c).unwrap(),
+        VIRTIO_PCI_VENDOR_ID,
+        "subsystem vendor"
+    );
+
+    let caps: Vec<u8> = dev.capabilities(qt).unwrap().iter().map(|c| c.id).collect();
+    assert_eq!(
+        caps,
+        [
+            CAP_ID_MSIX,
+            CAP_ID_VENDOR,
+            CAP_ID_VENDOR,
+            CAP_ID_VENDOR,
+            CAP_ID_VENDOR
+        ]
+    );
+    let msix = dev.msix_capability(qt).unwrap().expect("MSI-X capability");
+    assert_eq!(msix.table_size, 3, "config + two queues: {msix:?}");
+
+    let mut alloc = PciAllocator::new();
+    let virtio = VirtioPciDevice::probe(qt, dev, &mut alloc).unwrap();
+    let bars: Vec<(u8, BarKind, u64)> = virtio
+        .bars()
+        .iter()
+        .map(|b| (b.index, b.kind, b.size))
+        .collect();
+    assert_eq!(
+        bars,
+        [
+            (
+                2,
+                BarKind::Memory32 {
+                    prefetchable: false
+                },
+                0x1000
+            ),
+            (4, BarKind::Memory64 { prefetchable: true }, 0x4000)
+        ]
+    );
+    let cfg_types: Vec<u8> = virtio.capabilities().iter().map(|c| c.cfg_type).collect();
+    assert_eq!(
+        cfg_types,
+        [CAP_COMMON_CFG, CAP_ISR_CFG, CAP_DEVICE_CFG, CAP_NOTIFY_CFG]
+    );
+    assert_eq!(virtio.notify_off_multiplier(), 4);
+    assert_eq!(virtio.num_queues(qt).unwrap(), 2);
+    assert_eq!(
+        virtio
+            .read_device_config_u32(qt, CONFIG_NUM_SCANOUTS)
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        virtio
+            .read_device_config_u32(qt, CONFIG_NUM_CAPSETS)
+            .unwrap(),
+        0
+    );
+    drop(vm);
+    server.wait(SERVER_EXIT).unwrap();
+}
+
+#[test]
+fn negotiation_requires_version_1() {
+    if skip_without_qemu() {
+        return;
+    }
+    let server = TestServer::start(1);
+    let mut guest = VgpuGuest::start(&server);
+    let qt = guest.vm.qtest();
+    let dev = &mut guest.dev;
+    assert_eq!(
+        dev.device_features(qt).unwrap(),
+        1 << VIRTIO_F_VERSION_1,
+        "only VERSION_1 offered"
+    );
+    // A legacy-style driver that does not accept VERSION_1 is refused.
+    assert!(dev.negotiate(qt, 0).is_err());
+    let status = dev.status(qt).unwrap();
+    assert_eq!(
+        status & VIRTIO_CONFIG_S_FEATURES_OK as u8,
+        0,
+        "status {status:#x}"
+    );
+    // Going on to DRIVER_OK anyway is a violation.
+    dev.add_status(qt, VIRTIO_CONFIG_S_DRIVER_OK as u8).unwrap();
+    assert_ne!(dev.status(qt).unwrap() & NEEDS_RESET, 0);
+    // Unknown feature bits are refused as well.
+    dev.reset(qt).unwrap();
+    dev.add_status(
+        qt,
+        (VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER) as u8,
+    )
+    .unwrap();
+    dev.write_driver_features(qt, 1 << VIRTIO_F_VERSION_1 | 1 << 3)
+        .unwrap();
+    dev.add_status(qt, VIRTIO_CONFIG_S_FEATURES_OK as u8)
+        .unwrap();
+    assert_eq!(
+        dev.status(qt).unwrap() & VIRTIO_CONFIG_S_FEATURES_OK as u8,
+        0
+    );
+    guest.bring_up();
+    assert_eq!(
+        guest.dev.driver_features(guest.vm.qtest()).unwrap(),
+        1 << VIRTIO_F_VERSION_1
+    );
+}
+
+#[test]
+fn queue_setup_reads_back() {
+    if skip_without_qemu() {
+        return;
+    }
+    let server = TestServer::start(1);
+    let mut guest = VgpuGuest::start(&server);
+    let qt = guest.vm.qtest();
+    let dev = &guest.dev;
+    for (q, size, vector) in [
+        (CONTROL_QUEUE, CONTROL_QUEUE_SIZE, CONTROL_VECTOR),
+        (CURSOR_QUEUE, CURSOR_QUEUE_SIZE, CURSOR_VECTOR),
+    ] {
+        let vq = dev.queue(q).unwrap();
+        dev.write_common_u16(qt, common_cfg::QUEUE_SELECT, q)
+            .unwrap();
+        assert_eq!(
+            dev.read_common_u16(qt, common_cfg::QUEUE_SIZE).unwrap(),
+            size
+        );
+        assert_eq!(
+            dev.read_common_u16(qt, common_cfg::QUEUE_ENABLE).unwrap(),
+            1
+        );
+        assert_eq!(
+            dev.read_common_u16(qt, common_cfg::QUEUE_MSIX_VECTOR)
+                .unwrap(),
+            vector
+        );
+        assert_eq!(
+            dev.read_common_u16(qt, common_cfg::QUEUE_NOTIFY_OFF)
+                .unwrap(),
+            q
+        );
+        let desc = u64::from(dev.read_common_u32(qt, common_cfg::QUEUE_DESC).unwrap());
+        assert_eq!(desc, vq.desc_address());
+        let used = u64::from(dev.read_common_u32(qt, common_cfg::QUEUE_DEVICE).unwrap());
+        assert_eq!(used, vq.used_address());
+    }
+    dev.write_common_u16(qt, common_cfg::QUEUE_SELECT, 2)
+        .unwrap();
+    assert_eq!(
+        dev.read_common_u16(qt, common_cfg::QUEUE_SIZE).unwrap(),
+        0,
+        "no third queue"
+    );
+    assert_eq!(dev.status(qt).unwrap() & NEEDS_RESET, 0);
+}
+
+#[test]
+fn get_display_info_round_trip_with_msix() {
+    if skip_without_qemu() {
+        return;
+    }
+    let server = TestServer::start(1);
+    let mut guest = VgpuGuest::start(&server);
+    let qt = guest.vm.qtest();
+    guest.dev.clear_mailbox(qt, CONTROL_VECTOR).unwrap();
+    guest.dev.clear_mailbox(qt, CURSOR_VECTOR).unwrap();
+    let info = display_info(&mut guest, None);
+    assert_eq!(info.header.ctrl_type, RESP_OK_DISPLAY_INFO);
+    let one = info.pmodes[0];
+    assert_eq!(
+        (one.rect.width, one.rect.height, one.enabled),
+        (1024, 768, 1),
+        "{info:?}"
+    );
+    assert!(
+        info.pmodes[1..]
+            .iter()
+            .all(|p| p.enabled == 0 && p.rect.width == 0)
+    );
+    let qt = guest.vm.qtest();
+    guest
+        .dev
+        .wait_msix(qt, CONTROL_VECTOR, TIMEOUT)
+        .expect("MSI-X on the control vector");
+    assert!(
+        !guest.dev.mailbox_signalled(qt, CURSOR_VECTOR).unwrap(),
+        "cursor vector stays quiet"
+    );
+
+    // A fenced request completes with its fence echoed.
+    let fenced = display_info(&mut guest, Some(42));
+    assert!(fenced.header.is_fenced());
+    assert_eq!(fenced.header.fence_id, 42);
+    assert_eq!(server.counter("ctrl_requests"), 2);
+    assert!(server.counter("interrupts") >= 2);
+    drop(guest);
+    server.wait(SERVER_EXIT).unwrap();
+}
+
+#[test]
+fn configured_mode_is_reported() {
+    if skip_without_qemu() {
+        return;
+    }
+    let server = TestServer::start_with("1280x800".parse().unwrap(), 1);
+    let mut guest = VgpuGuest::start(&server);
+    let one = display_info(&mut guest, None).pmodes[0];
+    assert_eq!(
+        (one.rect.width, one.rect.height, one.enabled),
+        (1280, 800, 1)
+    );
+}
+
+#[test]
+fn cursor_queue_completes_without_response() {
+    if skip_without_qemu() {
+        return;
+    }
+    let server = TestServer::start(1);
+    let mut guest = VgpuGuest::start(&server);
+    let qt = guest.vm.qtest();
+    let mut cursor = CtrlHeader::new(virtio_gpu::CMD_MOVE_CURSOR)
+        .to_bytes()
+        .to_vec();
+    cursor.resize(56, 0);
+    guest.dev.clear_mailbox(qt, CURSOR_VECTOR).unwrap();
+    let done = guest
+        .dev
+        .transact(qt, CURSOR_QUEUE, &[&cursor], &[], TIMEOUT)
+        .unwrap();
+    assert_eq!(done.used.len, 0);
+    guest.dev.wait_msix(qt, CURSOR_VECTOR, TIMEOUT).unwrap();
+    assert_eq!(server.counter("cursor_requests"), 1);
+}
+
+#[test]
+fn device_reset_clears_queues_and_features() {
+    if skip_without_qemu() {
+        return;
+    }
+    let server = TestServer::start(1);
+    let mut guest = VgpuGuest::start(&server);
+    display_info(&mut guest, None);
+    let qt = guest.vm.qtest();
+    let dev = &mut guest.dev;
+    dev.reset(qt).unwrap();
+    assert_eq!(dev.status(qt).unwrap(), 0);
+    assert_eq!(dev.driver_features(qt).unwrap(), 0);
+    assert_eq!(
+        dev.read_common_u16(qt, common_cfg::CONFIG_MSIX_VECTOR)
+            .unwrap(),
+        MSI_NO_VECTOR
+    );
+    for q in [CONTROL_QUEUE, CURSOR_QUEUE] {
+        dev.write_common_u16(qt, common_cfg::QUEUE_SELECT, q)
+            .unwrap();
+        assert_eq!(
+            dev.read_common_u16(qt, common_cfg::QUEUE_ENABLE).unwrap(),
+            0
+        );
+        assert_eq!(
+            dev.read_common_u16(qt, common_cfg::QUEUE_SIZE).unwrap(),
+            256,
+            "back to the maximum"
+        );
+        assert_eq!(dev.read_common_u32(qt, common_cfg::QUEUE_DESC).unwrap(), 0);
+        assert_eq!(
+            dev.read_common_u16(qt, common_cfg::QUEUE_MSIX_VECTOR)
+                .unwrap(),
+            MSI_NO_VECTOR
+        );
+    }
+    assert!(
+        server.counter("resets") >= 2,
+        "negotiation reset + this one"
+    );
+    guest.bring_up();
+    display_info(&mut guest, None);
+}
+
+#[test]
+fn serves_a_new_vm_after_qemu_is_killed() {
+    if skip_without_qemu() {
+        return;
+    }
+    let server = TestServer::start(2);
+    let mut first = VgpuGuest::start(&server);
+    // Leave a request in flight and kill QEMU under it.
+    let qt = first.vm.qtest();
+    let request = virtio_gpu::get_display_info();
+    first
+        .dev
+        .request(qt, CONTROL_QUEUE, &[&request], &[DISPLAY_INFO_SIZE as u32])
+        .unwrap();
+    first.vm.kill().unwrap();
+    drop(first);
+
+    let mut second = VgpuGuest::start(&server);
+    let one = display_info(&mut second, None).pmodes[0];
+    assert_eq!((one.rect.width, one.rect.height), (1024, 768));
+    drop(second);
+    server
+        .wait(SERVER_EXIT)
+        .expect("server served two VMs and exited");
+}
+
+// ---- negative tests: each violation resets only the device, never the server ----
+
+#[test]
+fn bar_access_outside_registers_needs_reset() {
+    if skip_without_qemu() {
+        return;
+    }
+    let server = TestServer::start(1);
+    let mut guest = VgpuGuest::start(&server);
+    let qt = guest.vm.qtest();
+    let bar4 = guest.dev.bars().address(4).unwrap();
+    // A hole between the common config and the ISR page reads as zero and is a violation.
+    assert_eq!(qt.readl(bar4 + 0x100).unwrap(), 0);
+    assert_faulted_then_recovers(&mut guest, &server);
+    assert_eq!(server.counter("invalid_accesses"), 1);
+
+    // A register accessed with the wrong width (16-bit write of the 8-bit device_status).
+    let qt = guest.vm.qtest();
+    guest
+        .dev
+        .write_common_u16(qt, common_cfg::DEVICE_STATUS, 0x0f)
+        .unwrap();
+    wait_needs_reset(&mut guest);
+    guest.bring_up();
+    display_info(&mut guest, None);
+}
+
+#[test]
+fn notify_on_disabled_queue_is_ignored() {
+    if skip_without_qemu() {
+        return;
+    }
+    let server = TestServer::start(1);
+    let mut guest = VgpuGuest::start(&server);
+    let qt = guest.vm.qtest();
+    // Bring the device up with the control queue only.
+    guest.dev.negotiate(qt, 1 << VIRTIO_F_VERSION_1).unwrap();
+    guest
+        .dev
+        .setup_queue(qt, &mut guest.ram, CONTROL_QUEUE, 8, Some(CONTROL_VECTOR))
+        .unwrap();
+    guest.dev.driver_ok(qt).unwrap();
+    let cursor_notify = guest.dev.queue(CONTROL_QUEUE).unwrap().notify_address() + 4;
+    let before = server.counter("notifies_ignored");
+    qt.writew(cursor_notify, CURSOR_QUEUE).unwrap();
+    let deadline = Instant::now() + TIMEOUT;
+    while server.counter("notifies_ignored") == before {
+        assert!(Instant::now() < deadline, "notify was not seen");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(
+        guest.dev.status(qt).unwrap() & NEEDS_RESET,
+        0,
+        "not a violation"
+    );
+    display_info(&mut guest, None);
+}
+
+#[test]
+fn descriptor_outside_guest_ram_needs_reset() {
+    if skip_without_qemu() {
+        return;
+    }
+    let server = TestServer::start(1);
+    let mut guest = VgpuGuest::start(&server);
+    let outside = guest.vm.ram_bytes() + 0x10_0000;
+    let top = CONTROL_QUEUE_SIZE - 1;
+    submit_raw(
+        &mut guest,
+        &[(top, raw(outside, CTRL_HDR_SIZE as u32, 0, 0))],
+    );
+    assert_faulted_then_recovers(&mut guest, &server);
+}
+
+#[test]
+fn response_buffer_outside_guest_ram_needs_reset() {
+    if skip_without_qemu() {
+        return;
+    }
+    let server = TestServer::start(1);
+    let mut guest = VgpuGuest::start(&server);
+    let request = guest.ram.alloc(CTRL_HDR_SIZE as u64, 8).unwrap();
+    guest
+        .vm
+        .qtest()
+        .memwrite(request, &virtio_gpu::get_display_info())
+        .unwrap();
+    let top = CONTROL_QUEUE_SIZE - 1;
+    let outside = u64::MAX - 0x100;
+    submit_raw(
+        &mut guest,
+        &[
+            (
+                top,
+                raw(request, CTRL_HDR_SIZE as u32, VRING_DESC_F_NEXT, top - 1),
+            ),
+            (
+                top - 1,
+                raw(outside, DISPLAY_INFO_SIZE as u32, VRING_DESC_F_WRITE, 0),
+            ),
+        ],
+    );
+    assert_faulted_then_recovers(&mut guest, &server);
+}
+
+#[test]
+fn descriptor_loop_needs_reset() {
+    if skip_without_qemu() {
+        return;
+    }
+    let server = TestServer::start(1);
+    let mut guest = VgpuGuest::start(&server);
+    let buf = guest.ram.alloc(64, 8).unwrap();
+    let (a, b) = (CONTROL_QUEUE_SIZE - 1, CONTROL_QUEUE_SIZE - 2);
+    submit_raw(
+        &mut guest,
+        &[
+            (a, raw(buf, 8, VRING_DESC_F_NEXT, b)),
+            (b, raw(buf, 8, VRING_DESC_F_NEXT, a)),
+        ],
+    );
+    assert_faulted_then_recovers(&mut guest, &server);
+}
+
+#[test]
+fn oversized_chain_needs_reset() {
+    if skip_without_qemu() {
+        return;
+    }
+    let server = TestServer::start(1);
+    let mut guest = VgpuGuest::start(&server);
+    // Two 640 KiB readable buffers: 1.25 MiB, above the 1 MiB request limit.
+    let len = 640 * 1024;
+    let buf = guest.ram.alloc(2 * u64::from(len), 4096).unwrap();
+    let (a, b) = (CONTROL_QUEUE_SIZE - 1, CONTROL_QUEUE_SIZE - 2);
+    submit_raw(
+        &mut guest,
+        &[
+            (a, raw(buf, len, VRING_DESC_F_NEXT, b)),
+            (b, raw(buf + u64::from(len), len, 0, 0)),
+        ],
+    );
+    assert_faulted_then_recovers(&mut guest, &server);
+}
+
+#[test]
+fn head_index_past_the_table_needs_reset() {
+    if skip_without_qemu() {
+        return;
+    }
+    let server = TestServer::start(1);
+    let mut guest = VgpuGuest::start(&server);
+    let qt = guest.vm.qtest();
+    guest.dev.publish_avail(qt, CONTROL_QUEUE, 4000).unwrap();
+    guest.dev.notify(qt, CONTROL_QUEUE).unwrap();
+    assert_faulted_then_recovers(&mut guest, &server);
+}
+
+#[test]
+fn unknown_and_short_commands_get_error_responses() {
+    if skip_without_qemu() {
+        return;
+    }
+    let server = TestServer::start(1);
+    let mut guest = VgpuGuest::start(&server);
+    let qt = guest.vm.qtest();
+    for request in [
+        CtrlHeader::fenced(0x0fff, 7).to_bytes().to_vec(),
+        vec![0u8; 8],
+    ] {
+        let done = guest
+            .dev
+            .transact(
+                qt,
+                CONTROL_QUEUE,
+                &[&request],
+                &[CTRL_HDR_SIZE as u32],
+                TIMEOUT,
+            )
+            .unwrap();
+        assert_eq!(done.used.len, CTRL_HDR_SIZE as u32);
+        let header = CtrlHeader::parse(&done.writable.unwrap()[0]).unwrap();
+        assert_eq!(header.ctrl_type, RESP_ERR_UNSPEC, "{header:?}");
+        if request.len() == CTRL_HDR_SIZE {
+            assert_eq!((header.is_fenced(), header.fence_id), (true, 7));
+        }
+    }
+    // A known command this device does not implement yet.
+    let create = CtrlHeader::new(virtio_gpu::CMD_RESOURCE_CREATE_2D).to_bytes();
+    let done = guest
+        .dev
+        .transact(
+            qt,
+            CONTROL_QUEUE,
+            &[&create],
+            &[CTRL_HDR_SIZE as u32],
+            TIMEOUT,
+        )
+        .unwrap();
+    assert_eq!(
+        CtrlHeader::parse(&done.writable.unwrap()[0])
+            .unwrap()
+            .ctrl_type,
+        RESP_ERR_UNSPEC
+    );
+    assert_eq!(
+        guest.dev.status(qt).unwrap() & NEEDS_RESET,
+        0,
+        "command errors are not violations"
+    );
+    assert_eq!(server.counter("ctrl_errors"), 3);
+    display_info(&mut guest, None);
+}
