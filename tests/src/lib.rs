@@ -8,6 +8,7 @@
 
 pub mod server;
 pub mod temp_dir;
+pub mod vfio_user_raw;
 pub mod vm;
 
 use std::path::PathBuf;

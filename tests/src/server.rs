@@ -123,8 +123,8 @@ impl TestServer {
     }
 }
 
-/// A qtest VM with the vGPU at DRIVER_OK: MSI-X on (vector 0 config, 1 control, 2 cursor),
-/// both queues enabled.
+/// A qtest VM with the vGPU at DRIVER_OK and both queues enabled; with MSI-X, vector 0 is
+/// configuration changes, 1 the control queue and 2 the cursor queue.
 #[derive(Debug)]
 pub struct VgpuGuest {
     /// The VM (dropped first, so QEMU is gone before the server is waited for).
@@ -133,11 +133,18 @@ pub struct VgpuGuest {
     pub dev: VirtioPciDevice,
     /// Guest RAM allocator for rings and buffers.
     pub ram: GuestRam,
+    msix: bool,
 }
 
 impl VgpuGuest {
-    /// Starts QEMU against `server` and brings the device up.
+    /// Starts QEMU against `server` and brings the device up with MSI-X.
     pub fn start(server: &TestServer) -> VgpuGuest {
+        Self::start_with(server, true)
+    }
+
+    /// Starts QEMU against `server` and brings the device up, with MSI-X or with INTx only
+    /// (every vector NO_VECTOR).
+    pub fn start_with(server: &TestServer, msix: bool) -> VgpuGuest {
         let mut vm =
             QtestVm::launch(&VmConfig::default().device(server.device_arg())).expect("QEMU starts");
         let mut ram = vm.guest_ram();
@@ -146,8 +153,10 @@ impl VgpuGuest {
             .expect("vGPU on bus 0");
         let mut dev =
             VirtioPciDevice::probe(qt, pci, &mut PciAllocator::new()).expect("virtio-pci probe");
-        dev.enable_msix(qt, &mut ram, 3).expect("MSI-X");
-        let mut guest = VgpuGuest { vm, dev, ram };
+        if msix {
+            dev.enable_msix(qt, &mut ram, 3).expect("MSI-X");
+        }
+        let mut guest = VgpuGuest { vm, dev, ram, msix };
         guest.bring_up();
         guest
     }
@@ -158,8 +167,14 @@ impl VgpuGuest {
         let version_1 = 1u64 << virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
         let features = self.dev.negotiate(qt, version_1).expect("negotiation");
         assert_eq!(features, version_1);
+        let vector = |v| self.msix.then_some(v);
+        let (config, control, cursor) = (
+            vector(CONFIG_VECTOR),
+            vector(CONTROL_VECTOR),
+            vector(CURSOR_VECTOR),
+        );
         self.dev
-            .set_config_vector(qt, Some(CONFIG_VECTOR))
+            .set_config_vector(qt, config)
             .expect("config vector");
         self.dev
             .setup_queue(
@@ -167,17 +182,11 @@ impl VgpuGuest {
                 &mut self.ram,
                 CONTROL_QUEUE,
                 CONTROL_QUEUE_SIZE,
-                Some(CONTROL_VECTOR),
+                control,
             )
             .expect("control queue");
         self.dev
-            .setup_queue(
-                qt,
-                &mut self.ram,
-                CURSOR_QUEUE,
-                CURSOR_QUEUE_SIZE,
-                Some(CURSOR_VECTOR),
-            )
+            .setup_queue(qt, &mut self.ram, CURSOR_QUEUE, CURSOR_QUEUE_SIZE, cursor)
             .expect("cursor queue");
         self.dev.driver_ok(qt).expect("DRIVER_OK");
     }

@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use vgpu_guest_drivers::pci::{self, BarKind, CAP_ID_MSIX, CAP_ID_VENDOR, PciAllocator};
+use vgpu_guest_drivers::qtest::IrqEvent;
 use vgpu_guest_drivers::virtio_gpu::{
     self, CONFIG_NUM_CAPSETS, CONFIG_NUM_SCANOUTS, CONTROL_QUEUE, CTRL_HDR_SIZE, CURSOR_QUEUE,
     CtrlHeader, DISPLAY_INFO_SIZE, DisplayInfo, RESP_ERR_UNSPEC, RESP_OK_DISPLAY_INFO,
@@ -434,6 +435,33 @@ fn serves_a_new_vm_after_qemu_is_killed() {
     server
         .wait(SERVER_EXIT)
         .expect("server served two VMs and exited");
+}
+
+#[test]
+fn intx_when_msix_is_off() {
+    if skip_without_qemu() {
+        return;
+    }
+    let server = TestServer::start(1);
+    let mut guest = VgpuGuest::start_with(&server, false);
+    let qt = guest.vm.qtest();
+    qt.command("irq_intercept_in ioapic").unwrap();
+    let info = display_info(&mut guest, None);
+    assert_eq!(info.pmodes[0].enabled, 1);
+    let qt = guest.vm.qtest();
+    let deadline = Instant::now() + TIMEOUT;
+    let mut raised = Vec::new();
+    while raised.is_empty() {
+        assert!(Instant::now() < deadline, "no INTx raised");
+        qt.command("endianness").unwrap(); // a round trip, so pending IRQ lines are read
+        raised = qt
+            .take_irq_events()
+            .into_iter()
+            .filter(|e| matches!(e, IrqEvent::Raise(_)))
+            .collect();
+    }
+    assert_eq!(guest.dev.read_isr(qt).unwrap() & 1, 1, "ISR queue bit");
+    assert!(server.counter("interrupts") >= 1);
 }
 
 // ---- negative tests: each violation resets only the device, never the server ----

@@ -1,0 +1,201 @@
+//! The server against a hostile vfio-user client (a raw client plays a QEMU that sends what QEMU
+//! never would). Every malformed message is refused, with an error reply where the message
+//! expects one and DEVICE_NEEDS_RESET where it does not; the server then serves the next VM.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use vfio_bindings::bindings::vfio::{
+    VFIO_IRQ_SET_ACTION_MASK, VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_IRQ_SET_DATA_EVENTFD,
+    VFIO_IRQ_SET_DATA_NONE, VFIO_PCI_BAR2_REGION_INDEX, VFIO_PCI_BAR4_REGION_INDEX,
+    VFIO_PCI_CONFIG_REGION_INDEX, VFIO_PCI_MSIX_IRQ_INDEX,
+};
+use vgpu_guest_drivers::virtio_gpu::CONTROL_QUEUE;
+use vgpu_tests::TempDir;
+use vgpu_tests::server::{TestServer, VgpuGuest};
+use vgpu_tests::skip_without_qemu;
+use vgpu_tests::vfio_user_raw::{RawClient, RawError};
+use vmm_sys_util::eventfd::EventFd;
+
+const BAR4: u32 = VFIO_PCI_BAR4_REGION_INDEX;
+const STATUS: u64 = 0x14;
+const NEEDS_RESET: u8 = 0x40;
+
+fn status(client: &mut RawClient) -> u8 {
+    client.region_read(BAR4, STATUS, 1).unwrap()[0]
+}
+
+fn ram_file(dir: &TempDir, size: u64) -> File {
+    let f = File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(dir.path().join("ram"))
+        .unwrap();
+    f.set_len(size).unwrap();
+    f
+}
+
+fn refused(r: Result<impl std::fmt::Debug, RawError>) -> bool {
+    matches!(r, Err(RawError::Refused { .. }))
+}
+
+#[test]
+fn malformed_messages_are_refused() {
+    let server = TestServer::start(1);
+    let mut client = RawClient::connect(server.socket()).expect("client connects");
+
+    let id = client
+        .region_read(VFIO_PCI_CONFIG_REGION_INDEX, 0, 4)
+        .unwrap();
+    assert_eq!(id, 0x1050_1af4u32.to_le_bytes());
+    assert_eq!(status(&mut client), 0);
+
+    // Reads outside a region, of regions without registers, or of bad widths are refused.
+    assert!(refused(client.region_read(
+        VFIO_PCI_CONFIG_REGION_INDEX,
+        254,
+        4
+    )));
+    assert!(refused(client.region_read(BAR4, 0x4000, 4)));
+    assert!(refused(client.region_read(BAR4, u64::MAX - 1, 4)));
+    assert!(
+        refused(client.region_read(0, 0, 4)),
+        "BAR 0 is not implemented"
+    );
+    assert!(refused(client.region_read(BAR4, 0, 3)), "3-byte access");
+    assert!(refused(client.region_read(BAR4, 2, 4)), "unaligned access");
+    assert!(refused(client.region_read(
+        VFIO_PCI_BAR2_REGION_INDEX,
+        0x1000,
+        8
+    )));
+    assert!(refused(client.region_read(42, 0, 4)), "no such region");
+    assert_eq!(
+        server.counter("invalid_accesses"),
+        7,
+        "the crate refuses region 42 itself"
+    );
+    assert_ne!(
+        status(&mut client) & NEEDS_RESET,
+        0,
+        "violations put the device into NEEDS_RESET"
+    );
+
+    // Posted writes are never answered, refused or not; the connection stays in step.
+    client.region_write_posted(BAR4, 0x3ffe, &[0; 4]).unwrap();
+    client.region_write_posted(BAR4, 0x2001, &[0; 2]).unwrap();
+    assert_eq!(status(&mut client) & NEEDS_RESET, NEEDS_RESET);
+    assert_eq!(server.counter("invalid_accesses"), 9);
+    client.reset().unwrap();
+    assert_eq!(status(&mut client), 0, "DEVICE_RESET clears NEEDS_RESET");
+}
+
+#[test]
+fn bad_dma_maps_and_irqs_are_refused() {
+    let server = TestServer::start(1);
+    let mut client = RawClient::connect(server.socket()).unwrap();
+    let dir = TempDir::new("vgpu-dma").unwrap();
+    let ram = ram_file(&dir, 0x10000);
+
+    assert!(
+        refused(client.dma_map(&ram, 0, 0x1000_0000, 0x20000)),
+        "past the end of the file"
+    );
+    assert!(
+        refused(client.dma_map(&ram, 0x8000, 0x1000_0000, 0x10000)),
+        "offset + size past the end"
+    );
+    assert!(
+        refused(client.dma_map(&ram, 0, u64::MAX - 0xfff, 0x2000)),
+        "wrapping range"
+    );
+    assert!(
+        refused(client.dma_map(&ram, 0, 0x1000_0000, 0)),
+        "empty range"
+    );
+    client.dma_map(&ram, 0, 0x1000_0000, 0x10000).unwrap();
+    assert!(
+        refused(client.dma_map(&ram, 0, 0x1000_8000, 0x10000)),
+        "overlap"
+    );
+    assert!(
+        refused(client.dma_unmap(0x1000_0000, 0x8000)),
+        "unmap splitting a region"
+    );
+    client.dma_unmap(0x1000_0000, 0x10000).unwrap();
+    assert_eq!(server.counter("dma_maps"), 1);
+
+    let efd = EventFd::new(0).unwrap();
+    let trigger = VFIO_IRQ_SET_ACTION_TRIGGER | VFIO_IRQ_SET_DATA_EVENTFD;
+    let fd = efd.as_raw_fd();
+    assert!(
+        refused(client.set_irqs(VFIO_PCI_MSIX_IRQ_INDEX, trigger, 3, 1, &[fd])),
+        "vector 3 of 3"
+    );
+    assert!(
+        refused(client.set_irqs(VFIO_PCI_MSIX_IRQ_INDEX, trigger, u32::MAX, 2, &[])),
+        "wrapping range"
+    );
+    assert!(
+        refused(client.set_irqs(VFIO_PCI_MSIX_IRQ_INDEX, trigger, 0, 2, &[fd])),
+        "fd count"
+    );
+    let mask = VFIO_IRQ_SET_ACTION_MASK | VFIO_IRQ_SET_DATA_NONE;
+    assert!(
+        refused(client.set_irqs(VFIO_PCI_MSIX_IRQ_INDEX, mask, 0, 1, &[])),
+        "MSI-X masking is QEMU's"
+    );
+    assert!(
+        refused(client.set_irqs(9, trigger, 0, 1, &[fd])),
+        "no such index"
+    );
+    client
+        .set_irqs(VFIO_PCI_MSIX_IRQ_INDEX, trigger, 0, 1, &[fd])
+        .unwrap();
+    assert_eq!(
+        status(&mut client),
+        0,
+        "refused requests are not device faults"
+    );
+}
+
+#[test]
+fn next_vm_is_served_after_a_hostile_client() {
+    if skip_without_qemu() {
+        return;
+    }
+    let server = TestServer::start(2);
+    let mut client = RawClient::connect(server.socket()).unwrap();
+    let dir = TempDir::new("vgpu-dma").unwrap();
+    client
+        .dma_map(&ram_file(&dir, 0x10000), 0, 0, 0x10000)
+        .unwrap();
+    client.region_write_posted(BAR4, 0x3ffe, &[0; 4]).unwrap();
+    assert_ne!(status(&mut client) & NEEDS_RESET, 0);
+    drop(client);
+
+    let mut guest = VgpuGuest::start(&server);
+    let qt = guest.vm.qtest();
+    assert_eq!(
+        guest.dev.status(qt).unwrap() & NEEDS_RESET,
+        0,
+        "a fresh device per connection"
+    );
+    let request = vgpu_guest_drivers::virtio_gpu::get_display_info();
+    let done = guest
+        .dev
+        .transact(
+            qt,
+            CONTROL_QUEUE,
+            &[&request],
+            &[408],
+            Duration::from_secs(5),
+        )
+        .unwrap();
+    assert_eq!(done.used.len, 408);
+    drop(guest);
+    server.wait(Duration::from_secs(10)).unwrap();
+}
