@@ -6,18 +6,30 @@
 //! is a qtest round trip. Prints a table and writes JSON (default
 //! `target/vgpu-bench/doorbell.json`, or `$VGPU_BENCH_OUT`).
 //!
+//! A second section takes QEMU out: a raw vfio-user client maps a RAM file as guest memory,
+//! programs the device the way QEMU forwards a guest's register writes, and times posted
+//! notify writes and notify-to-MSI-X latency (the eventfd QEMU would get). That is the
+//! server's own cost per doorbell, hops 1 to 8.
+//!
 //! `cargo bench -p vgpu-tests --bench doorbell [-- --quick]`
 
-use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
+use vfio_bindings::bindings::vfio::{
+    VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_IRQ_SET_DATA_EVENTFD, VFIO_PCI_BAR4_REGION_INDEX,
+    VFIO_PCI_CONFIG_REGION_INDEX, VFIO_PCI_MSIX_IRQ_INDEX,
+};
 use vgpu_guest_drivers::virtio_gpu::{
     CONTROL_QUEUE, CTRL_HDR_SIZE, DISPLAY_INFO_SIZE, get_display_info,
 };
 use vgpu_guest_drivers::virtio_pci::Descriptor;
+use vgpu_tests::TempDir;
 use vgpu_tests::server::{TestServer, VgpuGuest};
+use vgpu_tests::vfio_user_raw::RawClient;
 use vgpu_tests::{qemu_version, skip_without_qemu};
 use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryMmap};
+use vmm_sys_util::eventfd::EventFd;
 
 const POLL_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -108,6 +120,179 @@ fn qtest_round_trip_us(guest: &mut VgpuGuest, n: u32) -> f64 {
     start.elapsed().as_secs_f64() * 1e6 / f64::from(n)
 }
 
+/// Guest memory of the raw-client section and the layout of its control queue.
+const RAW_RAM: u64 = 16 << 20;
+const RAW_QUEUE_SIZE: u16 = 64;
+const RAW_DESC: u64 = 0x1000;
+const RAW_AVAIL: u64 = 0x2000;
+const RAW_USED: u64 = 0x3000;
+const RAW_REQUEST: u64 = 0x10000;
+const RAW_RESPONSE: u64 = 0x11000;
+const BAR4: u32 = VFIO_PCI_BAR4_REGION_INDEX;
+
+struct RawResults {
+    rate: f64,
+    latencies: Vec<f64>,
+}
+
+/// The server alone: notify writes/s and notify-to-MSI-X latency (µs) from a raw client.
+fn server_only(notifies: u32, round_trips: u32) -> RawResults {
+    let server = TestServer::start(1);
+    let dir = TempDir::new("vgpu-bench").unwrap();
+    let ram = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(dir.path().join("ram"))
+        .unwrap();
+    ram.set_len(RAW_RAM).unwrap();
+    let mem = GuestMemoryMmap::<()>::from_ranges_with_files([(
+        GuestAddress(0),
+        RAW_RAM as usize,
+        Some(FileOffset::new(ram.try_clone().unwrap(), 0)),
+    )])
+    .unwrap();
+    let mut client = RawClient::connect(server.socket()).unwrap();
+    client.dma_map(&ram, 0, 0, RAW_RAM).unwrap();
+    client
+        .region_write(VFIO_PCI_CONFIG_REGION_INDEX, 4, &0x6u16.to_le_bytes())
+        .unwrap();
+    let irq = EventFd::new(0).unwrap();
+    let trigger = VFIO_IRQ_SET_ACTION_TRIGGER | VFIO_IRQ_SET_DATA_EVENTFD;
+    client
+        .set_irqs(
+            VFIO_PCI_MSIX_IRQ_INDEX,
+            trigger,
+            1,
+            1,
+            &[std::os::fd::AsRawFd::as_raw_fd(&irq)],
+        )
+        .unwrap();
+    // The register writes a guest driver makes, forwarded as QEMU forwards them (posted).
+    let writes: &[(u64, &[u8])] = &[
+        (0x14, &[1]),
+        (0x14, &[3]),
+        (0x08, &1u32.to_le_bytes()),
+        (0x0c, &1u32.to_le_bytes()),
+        (0x14, &[0xb]),
+        (0x16, &0u16.to_le_bytes()),
+        (0x18, &RAW_QUEUE_SIZE.to_le_bytes()),
+        (0x20, &RAW_DESC.to_le_bytes()),
+        (0x28, &RAW_AVAIL.to_le_bytes()),
+        (0x30, &RAW_USED.to_le_bytes()),
+        (0x1a, &1u16.to_le_bytes()),
+        (0x1c, &1u16.to_le_bytes()),
+        (0x14, &[0xf]),
+    ];
+    for (offset, data) in writes {
+        client.region_write_posted(BAR4, *offset, data).unwrap();
+    }
+    assert_eq!(
+        client.region_read(BAR4, 0x14, 1).unwrap(),
+        [0xf],
+        "device live"
+    );
+    let desc = |addr: u64, len: u32, flags: u16, next: u16| {
+        let mut d = [0u8; 16];
+        d[0..8].copy_from_slice(&addr.to_le_bytes());
+        d[8..12].copy_from_slice(&len.to_le_bytes());
+        d[12..14].copy_from_slice(&flags.to_le_bytes());
+        d[14..16].copy_from_slice(&next.to_le_bytes());
+        d
+    };
+    mem.write_slice(
+        &desc(
+            RAW_REQUEST,
+            CTRL_HDR_SIZE as u32,
+            VRING_DESC_F_NEXT as u16,
+            1,
+        ),
+        GuestAddress(RAW_DESC),
+    )
+    .unwrap();
+    mem.write_slice(
+        &desc(
+            RAW_RESPONSE,
+            DISPLAY_INFO_SIZE as u32,
+            VRING_DESC_F_WRITE as u16,
+            0,
+        ),
+        GuestAddress(RAW_DESC + 16),
+    )
+    .unwrap();
+    mem.write_slice(&get_display_info(), GuestAddress(RAW_REQUEST))
+        .unwrap();
+
+    let notify = || [0u8, 0];
+    let start = Instant::now();
+    for _ in 0..notifies {
+        client.region_write_posted(BAR4, 0x3000, &notify()).unwrap();
+    }
+    client.region_read(BAR4, 0x14, 1).unwrap();
+    let rate = f64::from(notifies) / start.elapsed().as_secs_f64();
+
+    let mut latencies = Vec::with_capacity(round_trips as usize);
+    for i in 1..=round_trips {
+        let slot = u64::from((i - 1) as u16 % RAW_QUEUE_SIZE);
+        mem.write_obj(0u16, GuestAddress(RAW_AVAIL + 4 + 2 * slot))
+            .unwrap();
+        mem.store(
+            i as u16,
+            GuestAddress(RAW_AVAIL + 2),
+            std::sync::atomic::Ordering::Release,
+        )
+        .unwrap();
+        let t0 = Instant::now();
+        client.region_write_posted(BAR4, 0x3000, &notify()).unwrap();
+        irq.read().unwrap();
+        latencies.push(t0.elapsed().as_secs_f64() * 1e6);
+        let used: u16 = mem
+            .load(
+                GuestAddress(RAW_USED + 2),
+                std::sync::atomic::Ordering::Acquire,
+            )
+            .unwrap();
+        assert_eq!(used, i as u16, "one completion per request");
+    }
+    assert_eq!(server.counter("transport_faults"), 0);
+    drop(client);
+    server.wait(Duration::from_secs(10)).expect("server exits");
+    RawResults { rate, latencies }
+}
+
+/// Calibration: one thread wakes another through an eventfd and is woken back (µs per round
+/// trip, two wakeups). The server-only path has three wakeups (message loop, worker, client).
+fn wakeup_round_trip_us(n: u32) -> f64 {
+    let (ping, pong) = (EventFd::new(0).unwrap(), EventFd::new(0).unwrap());
+    let (ping2, pong2) = (ping.try_clone().unwrap(), pong.try_clone().unwrap());
+    let echo = std::thread::spawn(move || {
+        for _ in 0..n {
+            ping2.read().unwrap();
+            pong2.write(1).unwrap();
+        }
+    });
+    let start = Instant::now();
+    for _ in 0..n {
+        ping.write(1).unwrap();
+        pong.read().unwrap();
+    }
+    let per = start.elapsed().as_secs_f64() * 1e6 / f64::from(n);
+    echo.join().unwrap();
+    per
+}
+
+fn stats(samples: &mut [f64]) -> (f64, f64, f64, f64) {
+    samples.sort_by(f64::total_cmp);
+    let mean = samples.iter().sum::<f64>() / samples.len() as f64;
+    (
+        percentile(samples, 50.0),
+        percentile(samples, 99.0),
+        mean,
+        samples.last().copied().unwrap_or_default(),
+    )
+}
+
 fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -144,13 +329,14 @@ fn main() {
 
     let floor = qtest_round_trip_us(&mut guest, 2_000);
     let rate = notify_rate(&mut guest, sizes.notifies);
-    let mut lat = round_trips(&mut guest, sizes.round_trips);
-    lat.sort_by(f64::total_cmp);
-    let (p50, p99) = (percentile(&lat, 50.0), percentile(&lat, 99.0));
-    let mean = lat.iter().sum::<f64>() / lat.len() as f64;
-    let max = lat.last().copied().unwrap_or_default();
+    let (p50, p99, mean, max) = stats(&mut round_trips(&mut guest, sizes.round_trips));
     let faults = server.counter("transport_faults");
     assert_eq!(faults, 0, "the benchmark must not trip the device");
+    drop(guest);
+    server.wait(Duration::from_secs(10)).expect("server exits");
+    let mut raw = server_only(sizes.notifies, sizes.round_trips);
+    let (r50, r99, rmean, rmax) = stats(&mut raw.latencies);
+    let wakeup = wakeup_round_trip_us(sizes.round_trips);
 
     let machine = format!(
         "{} CPUs ({}), accelerator qtest",
@@ -158,28 +344,35 @@ fn main() {
         cpu_model()
     );
     let qemu = qemu_version().unwrap_or("unknown");
+    let (n, m) = (sizes.notifies, sizes.round_trips);
     println!("doorbell benchmark: {qemu}; {machine}");
-    println!("| metric | value |");
-    println!("|---|---|");
+    println!("| path | metric | value |");
+    println!("|---|---|---|");
+    println!("| QEMU qtest | notify writes/s ({n} posted writes) | {rate:.0} |");
+    println!("| QEMU qtest | write-to-used p50 / p99 (µs, {m} requests) | {p50:.1} / {p99:.1} |");
+    println!("| QEMU qtest | write-to-used mean / max (µs) | {mean:.1} / {max:.1} |");
+    println!("| QEMU qtest | qtest round trip (µs, floor of the above) | {floor:.1} |");
     println!(
-        "| notify writes/s ({} posted writes) | {rate:.0} |",
-        sizes.notifies
+        "| server only | notify writes/s ({n} posted writes) | {:.0} |",
+        raw.rate
     );
     println!(
-        "| write-to-used p50 (µs, {} requests) | {p50:.1} |",
-        sizes.round_trips
+        "| server only | notify-to-MSI-X p50 / p99 (µs, {m} requests) | {r50:.1} / {r99:.1} |"
     );
-    println!("| write-to-used p99 (µs) | {p99:.1} |");
-    println!("| write-to-used mean / max (µs) | {mean:.1} / {max:.1} |");
-    println!("| qtest round trip (µs, floor of the above) | {floor:.1} |");
+    println!("| server only | notify-to-MSI-X mean / max (µs) | {rmean:.1} / {rmax:.1} |");
+    println!("| calibration | eventfd ping-pong between two threads (µs) | {wakeup:.1} |");
 
-    let mut json = String::new();
-    let _ = write!(
-        json,
-        "{{\"benchmark\":\"doorbell\",\"qemu\":{qemu:?},\"machine\":{machine:?},\"accelerator\":\"qtest\",\
-         \"notifies\":{},\"notify_writes_per_s\":{rate:.0},\"round_trips\":{},\"write_to_used_us\":\
-         {{\"p50\":{p50:.2},\"p99\":{p99:.2},\"mean\":{mean:.2},\"max\":{max:.2}}},\"qtest_round_trip_us\":{floor:.2}}}\n",
-        sizes.notifies, sizes.round_trips
+    let latency = |p50: f64, p99: f64, mean: f64, max: f64| {
+        format!("{{\"p50\":{p50:.2},\"p99\":{p99:.2},\"mean\":{mean:.2},\"max\":{max:.2}}}")
+    };
+    let json = format!(
+        "{{\"benchmark\":\"doorbell\",\"qemu\":{qemu:?},\"machine\":{machine:?},\
+         \"notifies\":{n},\"round_trips\":{m},\
+         \"qtest\":{{\"notify_writes_per_s\":{rate:.0},\"write_to_used_us\":{},\"round_trip_us\":{floor:.2}}},\
+         \"server_only\":{{\"notify_writes_per_s\":{:.0},\"notify_to_msix_us\":{}}},\"eventfd_ping_pong_us\":{wakeup:.2}}}\n",
+        latency(p50, p99, mean, max),
+        raw.rate,
+        latency(r50, r99, rmean, rmax),
     );
     let out = std::env::var_os("VGPU_BENCH_OUT").map_or_else(
         || {
@@ -195,6 +388,4 @@ fn main() {
     }
     std::fs::write(&out, json).expect("writing the JSON result");
     println!("JSON: {}", out.display());
-    drop(guest);
-    server.wait(Duration::from_secs(10)).expect("server exits");
 }

@@ -145,8 +145,14 @@ impl VgpuGuest {
     /// Starts QEMU against `server` and brings the device up, with MSI-X or with INTx only
     /// (every vector NO_VECTOR).
     pub fn start_with(server: &TestServer, msix: bool) -> VgpuGuest {
-        let mut vm =
-            QtestVm::launch(&VmConfig::default().device(server.device_arg())).expect("QEMU starts");
+        Self::attach(server.socket(), msix)
+    }
+
+    /// Starts QEMU against the vfio-user server listening on `socket` (ours, in-process or
+    /// not) and brings the device up.
+    pub fn attach(socket: &Path, msix: bool) -> VgpuGuest {
+        let config = VmConfig::default().device(vfio_user_pci_device(socket));
+        let mut vm = QtestVm::launch(&config).expect("QEMU starts");
         let mut ram = vm.guest_ram();
         let qt = vm.qtest();
         let pci = pci::find_device(qt, VIRTIO_PCI_VENDOR_ID, VIRTIO_GPU_DEVICE_ID)

@@ -1,0 +1,90 @@
+//! `vgpu-probe --socket PATH`: what a guest sees of a running `vgpu-server`. Starts QEMU under
+//! qtest against the server, enumerates PCI bus 0, brings the vGPU up with the qtest
+//! virtio-pci driver, issues GET_DISPLAY_INFO through the control queue and reports the
+//! scanouts and the MSI-X interrupt. Exits non-zero if any step fails.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use vgpu_guest_drivers::pci;
+use vgpu_guest_drivers::virtio_gpu::{
+    CONTROL_QUEUE, DISPLAY_INFO_SIZE, DisplayInfo, get_display_info,
+};
+use vgpu_tests::server::{CONTROL_VECTOR, VIRTIO_GPU_DEVICE_ID, VgpuGuest};
+
+fn main() -> ExitCode {
+    let mut args = std::env::args().skip(1);
+    let socket = match (args.next().as_deref(), args.next()) {
+        (Some("--socket"), Some(path)) => PathBuf::from(path),
+        _ => {
+            eprintln!("usage: vgpu-probe --socket PATH");
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(why) = vgpu_tests::qemu_version() {
+        eprintln!("vgpu-probe: {why}");
+        return ExitCode::FAILURE;
+    }
+    let mut guest = VgpuGuest::attach(&socket, true);
+    let qt = guest.vm.qtest();
+    println!("PCI bus 0 as the guest sees it:");
+    for f in pci::scan_bus0(qt).expect("bus scan") {
+        let class = pci::PciDevice::new(f.address)
+            .class_code(qt)
+            .expect("class");
+        let ours = if f.device_id == VIRTIO_GPU_DEVICE_ID {
+            "  <- vgpu (virtio-gpu over vfio-user)"
+        } else {
+            ""
+        };
+        println!(
+            "  {} vendor {:#06x} device {:#06x} class {:02x}{:02x}{ours}",
+            f.address, f.vendor_id, f.device_id, class.0, class.1
+        );
+    }
+    let features = guest.dev.driver_features(qt).expect("features");
+    let status = guest.dev.status(qt).expect("status");
+    println!("negotiated features {features:#x}, device status {status:#x}");
+    guest
+        .dev
+        .clear_mailbox(qt, CONTROL_VECTOR)
+        .expect("mailbox");
+    let done = guest
+        .dev
+        .transact(
+            qt,
+            CONTROL_QUEUE,
+            &[&get_display_info()],
+            &[DISPLAY_INFO_SIZE as u32],
+            Duration::from_secs(5),
+        )
+        .expect("GET_DISPLAY_INFO completes");
+    let info = DisplayInfo::parse(&done.writable.expect("response")[0]).expect("display info");
+    let msix = guest
+        .dev
+        .wait_msix(qt, CONTROL_VECTOR, Duration::from_secs(5))
+        .is_ok();
+    println!(
+        "GET_DISPLAY_INFO -> response type {:#x}, {} bytes",
+        info.header.ctrl_type, done.used.len
+    );
+    let mut enabled = 0;
+    for (i, p) in info
+        .pmodes
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.enabled != 0)
+    {
+        println!("  scanout {i}: {}x{} enabled", p.rect.width, p.rect.height);
+        enabled += 1;
+    }
+    println!(
+        "MSI-X interrupt on the control queue vector: {}",
+        if msix { "received" } else { "MISSING" }
+    );
+    if enabled == 0 || !msix {
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
