@@ -16,4 +16,10 @@ cargo build --workspace --all-targets --locked
 
 step 3/3 "tests (unit + qtest integration)"
 # QEMU is installed above, so a test that cannot start it must fail, not skip.
-VGPU_REQUIRE_QEMU=1 cargo test --workspace --locked
+log=$(mktemp "${TMPDIR:-/tmp}/vgpu-test.XXXXXX")
+trap 'rm -f "$log"' EXIT
+status=0
+VGPU_REQUIRE_QEMU=1 cargo test --workspace --locked 2>&1 | tee "$log" || status=$?
+# One closing line over all test binaries (cargo prints one "test result" per binary).
+awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "\ntests: %d passed, %d failed, %d skipped\n", p, f, i }' "$log"
+exit "$status"

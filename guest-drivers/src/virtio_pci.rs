@@ -1092,6 +1092,53 @@ impl VirtioPciDevice {
         Ok(qt.memwrite(addr, &descriptor.to_bytes())?)
     }
 
+    /// Raw: writes `buffers` (address, length, device-writable) as one chain into the highest
+    /// descriptor slots, which [`Self::request`] hands out last, linked in order. Does not
+    /// publish it. Returns the head index.
+    pub fn write_raw_chain(
+        &self,
+        qt: &mut Qtest,
+        queue: u16,
+        buffers: &[(u64, u32, bool)],
+    ) -> Result<u16> {
+        let size = self.queue(queue)?.size;
+        if buffers.is_empty() {
+            return Err(VirtioError::EmptyRequest);
+        }
+        let count = u16::try_from(buffers.len()).ok().filter(|&n| n <= size);
+        let count = count.ok_or(VirtioError::OutOfDescriptors {
+            queue,
+            needed: buffers.len(),
+            free: usize::from(size),
+        })?;
+        let head = size - 1;
+        for (i, &(addr, len, writable)) in (0..count).zip(buffers) {
+            let index = head - i;
+            let last = i + 1 == count;
+            let mut flags = if writable {
+                VRING_DESC_F_WRITE as u16
+            } else {
+                0
+            };
+            if !last {
+                flags |= VRING_DESC_F_NEXT as u16;
+            }
+            let next = if last { 0 } else { index - 1 };
+            self.write_descriptor(
+                qt,
+                queue,
+                index,
+                &Descriptor {
+                    addr,
+                    len,
+                    flags,
+                    next,
+                },
+            )?;
+        }
+        Ok(head)
+    }
+
     /// Raw: puts `head` (any value) in the next avail ring slot and increments `avail.idx`.
     /// Does not notify.
     pub fn publish_avail(&mut self, qt: &mut Qtest, queue: u16, head: u16) -> Result<()> {

@@ -22,7 +22,6 @@ use vfio_bindings::bindings::vfio::{
 use vgpu_guest_drivers::virtio_gpu::{
     CONTROL_QUEUE, CTRL_HDR_SIZE, DISPLAY_INFO_SIZE, get_display_info,
 };
-use vgpu_guest_drivers::virtio_pci::Descriptor;
 use vgpu_tests::TempDir;
 use vgpu_tests::server::{TestServer, VgpuGuest};
 use vgpu_tests::vfio_user_raw::RawClient;
@@ -63,34 +62,14 @@ fn round_trips(guest: &mut VgpuGuest, n: u32) -> Vec<f64> {
     let response = guest.ram.alloc(DISPLAY_INFO_SIZE as u64, 8).unwrap();
     let qt = guest.vm.qtest();
     qt.memwrite(request, &get_display_info()).unwrap();
-    let size = guest.dev.queue(CONTROL_QUEUE).unwrap().size();
-    let (head, tail) = (size - 1, size - 2);
-    let chain = [
-        (
-            head,
-            Descriptor {
-                addr: request,
-                len: CTRL_HDR_SIZE as u32,
-                flags: VRING_DESC_F_NEXT as u16,
-                next: tail,
-            },
-        ),
-        (
-            tail,
-            Descriptor {
-                addr: response,
-                len: DISPLAY_INFO_SIZE as u32,
-                flags: VRING_DESC_F_WRITE as u16,
-                next: 0,
-            },
-        ),
+    let buffers = [
+        (request, CTRL_HDR_SIZE as u32, false),
+        (response, DISPLAY_INFO_SIZE as u32, true),
     ];
-    for (index, desc) in &chain {
-        guest
-            .dev
-            .write_descriptor(qt, CONTROL_QUEUE, *index, desc)
-            .unwrap();
-    }
+    let head = guest
+        .dev
+        .write_raw_chain(qt, CONTROL_QUEUE, &buffers)
+        .unwrap();
     let mut used = guest.dev.read_used_idx(qt, CONTROL_QUEUE).unwrap();
     let mut samples = Vec::with_capacity(n as usize);
     for _ in 0..n {
@@ -139,14 +118,7 @@ struct RawResults {
 fn server_only(notifies: u32, round_trips: u32) -> RawResults {
     let server = TestServer::start(1);
     let dir = TempDir::new("vgpu-bench").unwrap();
-    let ram = std::fs::File::options()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(dir.path().join("ram"))
-        .unwrap();
-    ram.set_len(RAW_RAM).unwrap();
+    let ram = dir.file("ram", RAW_RAM).unwrap();
     let mem = GuestMemoryMmap::<()>::from_ranges_with_files([(
         GuestAddress(0),
         RAW_RAM as usize,

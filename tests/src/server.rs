@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use vgpu_guest_drivers::guest_ram::GuestRam;
 use vgpu_guest_drivers::pci::{self, PciAllocator};
-use vgpu_guest_drivers::virtio_gpu::{CONTROL_QUEUE, CURSOR_QUEUE};
+use vgpu_guest_drivers::virtio_gpu::{
+    CMD_GET_DISPLAY_INFO, CONTROL_QUEUE, CURSOR_QUEUE, CtrlHeader, DISPLAY_INFO_SIZE, DisplayInfo,
+};
 use vgpu_guest_drivers::virtio_pci::{VIRTIO_PCI_VENDOR_ID, VirtioPciDevice};
 use vgpu_server::gpu::DisplayConfig;
 use vgpu_server::metrics::DeviceMetrics;
@@ -28,6 +30,8 @@ pub const CONFIG_VECTOR: u16 = 0;
 pub const CONTROL_VECTOR: u16 = 1;
 /// MSI-X vector of the cursor queue.
 pub const CURSOR_VECTOR: u16 = 2;
+/// Longest wait for a request's completion.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Control queue size the fixture uses.
 pub const CONTROL_QUEUE_SIZE: u16 = 64;
 /// Cursor queue size the fixture uses.
@@ -195,5 +199,28 @@ impl VgpuGuest {
             .setup_queue(qt, &mut self.ram, CURSOR_QUEUE, CURSOR_QUEUE_SIZE, cursor)
             .expect("cursor queue");
         self.dev.driver_ok(qt).expect("DRIVER_OK");
+    }
+
+    /// Sends GET_DISPLAY_INFO (fenced with `fence`, if given) on the control queue and
+    /// returns the parsed response.
+    pub fn display_info(&mut self, fence: Option<u64>) -> DisplayInfo {
+        let qt = self.vm.qtest();
+        let request = match fence {
+            Some(id) => CtrlHeader::fenced(CMD_GET_DISPLAY_INFO, id),
+            None => CtrlHeader::new(CMD_GET_DISPLAY_INFO),
+        }
+        .to_bytes();
+        let done = self
+            .dev
+            .transact(
+                qt,
+                CONTROL_QUEUE,
+                &[&request],
+                &[DISPLAY_INFO_SIZE as u32],
+                REQUEST_TIMEOUT,
+            )
+            .expect("GET_DISPLAY_INFO completes");
+        assert_eq!(done.used.len, DISPLAY_INFO_SIZE as u32);
+        DisplayInfo::parse(&done.writable.expect("our chain")[0]).expect("display info")
     }
 }

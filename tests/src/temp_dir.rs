@@ -28,6 +28,19 @@ impl TempDir {
         }
     }
 
+    /// Creates (or truncates) the read-write file `name` of `size` bytes in the directory, e.g.
+    /// a stand-in for guest RAM to DMA-map.
+    pub fn file(&self, name: &str, size: u64) -> io::Result<std::fs::File> {
+        let file = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(self.path.join(name))?;
+        file.set_len(size)?;
+        Ok(file)
+    }
+
     /// The directory.
     pub fn path(&self) -> &Path {
         &self.path

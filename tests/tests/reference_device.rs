@@ -11,13 +11,11 @@ use vgpu_guest_drivers::virtio_gpu::{
     DISPLAY_INFO_SIZE, DisplayInfo, RESP_ERR_UNSPEC,
 };
 use vgpu_guest_drivers::virtio_pci::{
-    CAP_COMMON_CFG, CAP_DEVICE_CFG, CAP_ISR_CFG, CAP_NOTIFY_CFG, CAP_PCI_CFG, Descriptor,
-    VIRTIO_PCI_VENDOR_ID, VirtioPciDevice, common_cfg,
+    CAP_COMMON_CFG, CAP_DEVICE_CFG, CAP_ISR_CFG, CAP_NOTIFY_CFG, CAP_PCI_CFG, VIRTIO_PCI_VENDOR_ID,
+    VirtioPciDevice, common_cfg,
 };
 use vgpu_tests::{QtestVm, VmConfig, skip_without_qemu};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
-use virtio_bindings::virtio_ring::VRING_DESC_F_NEXT;
-use virtio_bindings::virtio_ring::VRING_DESC_F_WRITE;
 
 const VIRTIO_GPU_DEVICE_ID: u16 = 0x1050;
 const TIMEOUT: Duration = Duration::from_secs(5);
@@ -242,33 +240,11 @@ fn raw_descriptor_chain() {
     let response = ram.alloc(DISPLAY_INFO_SIZE as u64, 8).unwrap();
     qt.memwrite(request, &virtio_gpu::get_display_info())
         .unwrap();
-    // Use the highest descriptors, which the high-level allocator hands out last.
-    let size = dev.queue(CONTROL_QUEUE).unwrap().size();
-    let (head, tail) = (size - 1, size - 2);
-    let descriptors = [
-        (
-            head,
-            Descriptor {
-                addr: request,
-                len: CTRL_HDR_SIZE as u32,
-                flags: VRING_DESC_F_NEXT as u16,
-                next: tail,
-            },
-        ),
-        (
-            tail,
-            Descriptor {
-                addr: response,
-                len: DISPLAY_INFO_SIZE as u32,
-                flags: VRING_DESC_F_WRITE as u16,
-                next: 0,
-            },
-        ),
+    let buffers = [
+        (request, CTRL_HDR_SIZE as u32, false),
+        (response, DISPLAY_INFO_SIZE as u32, true),
     ];
-    for (index, descriptor) in &descriptors {
-        dev.write_descriptor(qt, CONTROL_QUEUE, *index, descriptor)
-            .unwrap();
-    }
+    let head = dev.write_raw_chain(qt, CONTROL_QUEUE, &buffers).unwrap();
     dev.publish_avail(qt, CONTROL_QUEUE, head).unwrap();
     dev.notify(qt, CONTROL_QUEUE).unwrap();
 

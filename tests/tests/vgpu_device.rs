@@ -7,7 +7,7 @@ use vgpu_guest_drivers::pci::{self, BarKind, CAP_ID_MSIX, CAP_ID_VENDOR, PciAllo
 use vgpu_guest_drivers::qtest::IrqEvent;
 use vgpu_guest_drivers::virtio_gpu::{
     self, CONFIG_NUM_CAPSETS, CONFIG_NUM_SCANOUTS, CONTROL_QUEUE, CTRL_HDR_SIZE, CURSOR_QUEUE,
-    CtrlHeader, DISPLAY_INFO_SIZE, DisplayInfo, RESP_ERR_UNSPEC, RESP_OK_DISPLAY_INFO,
+    CtrlHeader, DISPLAY_INFO_SIZE, RESP_ERR_UNSPEC, RESP_OK_DISPLAY_INFO,
 };
 use vgpu_guest_drivers::virtio_pci::{
     CAP_COMMON_CFG, CAP_DEVICE_CFG, CAP_ISR_CFG, CAP_NOTIFY_CFG, Descriptor, MSI_NO_VECTOR,
@@ -28,26 +28,15 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 const NEEDS_RESET: u8 = VIRTIO_CONFIG_S_NEEDS_RESET as u8;
 const SERVER_EXIT: Duration = Duration::from_secs(10);
 
-/// Sends GET_DISPLAY_INFO (optionally fenced) and returns the parsed response.
-fn display_info(guest: &mut VgpuGuest, fence: Option<u64>) -> DisplayInfo {
-    let qt = guest.vm.qtest();
-    let request = match fence {
-        Some(id) => CtrlHeader::fenced(virtio_gpu::CMD_GET_DISPLAY_INFO, id),
-        None => CtrlHeader::new(virtio_gpu::CMD_GET_DISPLAY_INFO),
+/// A server for one VM and that VM with the vGPU at DRIVER_OK; `None` (test skipped) without
+/// QEMU.
+fn vgpu_at_driver_ok() -> Option<(TestServer, VgpuGuest)> {
+    if skip_without_qemu() {
+        return None;
     }
-    .to_bytes();
-    let done = guest
-        .dev
-        .transact(
-            qt,
-            CONTROL_QUEUE,
-            &[&request],
-            &[DISPLAY_INFO_SIZE as u32],
-            TIMEOUT,
-        )
-        .expect("GET_DISPLAY_INFO completes");
-    assert_eq!(done.used.len, DISPLAY_INFO_SIZE as u32);
-    DisplayInfo::parse(&done.writable.expect("our chain")[0]).expect("display info")
+    let server = TestServer::start(1);
+    let guest = VgpuGuest::start(&server);
+    Some((server, guest))
 }
 
 /// Polls the device status until DEVICE_NEEDS_RESET shows (the worker sets it after the kick).
@@ -99,7 +88,7 @@ fn assert_faulted_then_recovers(guest: &mut VgpuGuest, server: &TestServer) {
     );
     assert!(server.counter("transport_faults") >= 1);
     guest.bring_up();
-    let info = display_info(guest, None);
+    let info = guest.display_info(None);
     assert_eq!(info.pmodes[0].enabled, 1);
 }
 
@@ -193,11 +182,9 @@ fn enumerates_as_virtio_gpu() {
 
 #[test]
 fn negotiation_requires_version_1() {
-    if skip_without_qemu() {
+    let Some((_server, mut guest)) = vgpu_at_driver_ok() else {
         return;
-    }
-    let server = TestServer::start(1);
-    let mut guest = VgpuGuest::start(&server);
+    };
     let qt = guest.vm.qtest();
     let dev = &mut guest.dev;
     assert_eq!(
@@ -240,11 +227,9 @@ fn negotiation_requires_version_1() {
 
 #[test]
 fn queue_setup_reads_back() {
-    if skip_without_qemu() {
+    let Some((_server, mut guest)) = vgpu_at_driver_ok() else {
         return;
-    }
-    let server = TestServer::start(1);
-    let mut guest = VgpuGuest::start(&server);
+    };
     let qt = guest.vm.qtest();
     let dev = &guest.dev;
     for (q, size, vector) in [
@@ -289,15 +274,13 @@ fn queue_setup_reads_back() {
 
 #[test]
 fn get_display_info_round_trip_with_msix() {
-    if skip_without_qemu() {
+    let Some((server, mut guest)) = vgpu_at_driver_ok() else {
         return;
-    }
-    let server = TestServer::start(1);
-    let mut guest = VgpuGuest::start(&server);
+    };
     let qt = guest.vm.qtest();
     guest.dev.clear_mailbox(qt, CONTROL_VECTOR).unwrap();
     guest.dev.clear_mailbox(qt, CURSOR_VECTOR).unwrap();
-    let info = display_info(&mut guest, None);
+    let info = guest.display_info(None);
     assert_eq!(info.header.ctrl_type, RESP_OK_DISPLAY_INFO);
     let one = info.pmodes[0];
     assert_eq!(
@@ -321,7 +304,7 @@ fn get_display_info_round_trip_with_msix() {
     );
 
     // A fenced request completes with its fence echoed.
-    let fenced = display_info(&mut guest, Some(42));
+    let fenced = guest.display_info(Some(42));
     assert!(fenced.header.is_fenced());
     assert_eq!(fenced.header.fence_id, 42);
     assert_eq!(server.counter("ctrl_requests"), 2);
@@ -337,7 +320,7 @@ fn configured_mode_is_reported() {
     }
     let server = TestServer::start_with("1280x800".parse().unwrap(), 1);
     let mut guest = VgpuGuest::start(&server);
-    let one = display_info(&mut guest, None).pmodes[0];
+    let one = guest.display_info(None).pmodes[0];
     assert_eq!(
         (one.rect.width, one.rect.height, one.enabled),
         (1280, 800, 1)
@@ -346,11 +329,9 @@ fn configured_mode_is_reported() {
 
 #[test]
 fn cursor_queue_completes_without_response() {
-    if skip_without_qemu() {
+    let Some((server, mut guest)) = vgpu_at_driver_ok() else {
         return;
-    }
-    let server = TestServer::start(1);
-    let mut guest = VgpuGuest::start(&server);
+    };
     let qt = guest.vm.qtest();
     let mut cursor = CtrlHeader::new(virtio_gpu::CMD_MOVE_CURSOR)
         .to_bytes()
@@ -368,12 +349,10 @@ fn cursor_queue_completes_without_response() {
 
 #[test]
 fn device_reset_clears_queues_and_features() {
-    if skip_without_qemu() {
+    let Some((server, mut guest)) = vgpu_at_driver_ok() else {
         return;
-    }
-    let server = TestServer::start(1);
-    let mut guest = VgpuGuest::start(&server);
-    display_info(&mut guest, None);
+    };
+    guest.display_info(None);
     let qt = guest.vm.qtest();
     let dev = &mut guest.dev;
     dev.reset(qt).unwrap();
@@ -408,7 +387,7 @@ fn device_reset_clears_queues_and_features() {
         "negotiation reset + this one"
     );
     guest.bring_up();
-    display_info(&mut guest, None);
+    guest.display_info(None);
 }
 
 #[test]
@@ -429,7 +408,7 @@ fn serves_a_new_vm_after_qemu_is_killed() {
     drop(first);
 
     let mut second = VgpuGuest::start(&server);
-    let one = display_info(&mut second, None).pmodes[0];
+    let one = second.display_info(None).pmodes[0];
     assert_eq!((one.rect.width, one.rect.height), (1024, 768));
     drop(second);
     server
@@ -446,7 +425,7 @@ fn intx_when_msix_is_off() {
     let mut guest = VgpuGuest::start_with(&server, false);
     let qt = guest.vm.qtest();
     qt.command("irq_intercept_in ioapic").unwrap();
-    let info = display_info(&mut guest, None);
+    let info = guest.display_info(None);
     assert_eq!(info.pmodes[0].enabled, 1);
     let qt = guest.vm.qtest();
     let deadline = Instant::now() + TIMEOUT;
@@ -468,11 +447,9 @@ fn intx_when_msix_is_off() {
 
 #[test]
 fn bar_access_outside_registers_needs_reset() {
-    if skip_without_qemu() {
+    let Some((server, mut guest)) = vgpu_at_driver_ok() else {
         return;
-    }
-    let server = TestServer::start(1);
-    let mut guest = VgpuGuest::start(&server);
+    };
     let qt = guest.vm.qtest();
     let bar4 = guest.dev.bars().address(4).unwrap();
     // A hole between the common config and the ISR page reads as zero and is a violation.
@@ -488,16 +465,14 @@ fn bar_access_outside_registers_needs_reset() {
         .unwrap();
     wait_needs_reset(&mut guest);
     guest.bring_up();
-    display_info(&mut guest, None);
+    guest.display_info(None);
 }
 
 #[test]
 fn notify_on_disabled_queue_is_ignored() {
-    if skip_without_qemu() {
+    let Some((server, mut guest)) = vgpu_at_driver_ok() else {
         return;
-    }
-    let server = TestServer::start(1);
-    let mut guest = VgpuGuest::start(&server);
+    };
     let qt = guest.vm.qtest();
     // Bring the device up with the control queue only.
     guest.dev.negotiate(qt, 1 << VIRTIO_F_VERSION_1).unwrap();
@@ -519,16 +494,14 @@ fn notify_on_disabled_queue_is_ignored() {
         0,
         "not a violation"
     );
-    display_info(&mut guest, None);
+    guest.display_info(None);
 }
 
 #[test]
 fn descriptor_outside_guest_ram_needs_reset() {
-    if skip_without_qemu() {
+    let Some((server, mut guest)) = vgpu_at_driver_ok() else {
         return;
-    }
-    let server = TestServer::start(1);
-    let mut guest = VgpuGuest::start(&server);
+    };
     let outside = guest.vm.ram_bytes() + 0x10_0000;
     let top = CONTROL_QUEUE_SIZE - 1;
     submit_raw(
@@ -540,11 +513,9 @@ fn descriptor_outside_guest_ram_needs_reset() {
 
 #[test]
 fn response_buffer_outside_guest_ram_needs_reset() {
-    if skip_without_qemu() {
+    let Some((server, mut guest)) = vgpu_at_driver_ok() else {
         return;
-    }
-    let server = TestServer::start(1);
-    let mut guest = VgpuGuest::start(&server);
+    };
     let request = guest.ram.alloc(CTRL_HDR_SIZE as u64, 8).unwrap();
     guest
         .vm
@@ -571,11 +542,9 @@ fn response_buffer_outside_guest_ram_needs_reset() {
 
 #[test]
 fn descriptor_loop_needs_reset() {
-    if skip_without_qemu() {
+    let Some((server, mut guest)) = vgpu_at_driver_ok() else {
         return;
-    }
-    let server = TestServer::start(1);
-    let mut guest = VgpuGuest::start(&server);
+    };
     let buf = guest.ram.alloc(64, 8).unwrap();
     let (a, b) = (CONTROL_QUEUE_SIZE - 1, CONTROL_QUEUE_SIZE - 2);
     submit_raw(
@@ -590,11 +559,9 @@ fn descriptor_loop_needs_reset() {
 
 #[test]
 fn oversized_chain_needs_reset() {
-    if skip_without_qemu() {
+    let Some((server, mut guest)) = vgpu_at_driver_ok() else {
         return;
-    }
-    let server = TestServer::start(1);
-    let mut guest = VgpuGuest::start(&server);
+    };
     // Two 640 KiB readable buffers: 1.25 MiB, above the 1 MiB request limit.
     let len = 640 * 1024;
     let buf = guest.ram.alloc(2 * u64::from(len), 4096).unwrap();
@@ -611,11 +578,9 @@ fn oversized_chain_needs_reset() {
 
 #[test]
 fn head_index_past_the_table_needs_reset() {
-    if skip_without_qemu() {
+    let Some((server, mut guest)) = vgpu_at_driver_ok() else {
         return;
-    }
-    let server = TestServer::start(1);
-    let mut guest = VgpuGuest::start(&server);
+    };
     let qt = guest.vm.qtest();
     guest.dev.publish_avail(qt, CONTROL_QUEUE, 4000).unwrap();
     guest.dev.notify(qt, CONTROL_QUEUE).unwrap();
@@ -624,11 +589,9 @@ fn head_index_past_the_table_needs_reset() {
 
 #[test]
 fn unknown_and_short_commands_get_error_responses() {
-    if skip_without_qemu() {
+    let Some((server, mut guest)) = vgpu_at_driver_ok() else {
         return;
-    }
-    let server = TestServer::start(1);
-    let mut guest = VgpuGuest::start(&server);
+    };
     let qt = guest.vm.qtest();
     for request in [
         CtrlHeader::fenced(0x0fff, 7).to_bytes().to_vec(),
@@ -675,5 +638,5 @@ fn unknown_and_short_commands_get_error_responses() {
         "command errors are not violations"
     );
     assert_eq!(server.counter("ctrl_errors"), 3);
-    display_info(&mut guest, None);
+    guest.display_info(None);
 }

@@ -122,6 +122,17 @@ pub fn check_access(index: u32, offset: u64, len: usize) -> Result<Region, Acces
     Ok(region)
 }
 
+/// Logs a refused DMA or IRQ message and makes the error the crate answers it with (EINVAL).
+fn refusal<E>(message: &'static str) -> impl FnOnce(E) -> io::Error
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    move |e| {
+        warn!("{message} refused: {e}");
+        io::Error::new(io::ErrorKind::InvalidInput, e)
+    }
+}
+
 /// The `vfio-user` server backend of one connection.
 #[derive(Debug)]
 pub struct Transport {
@@ -221,18 +232,14 @@ impl ServerBackend for Transport {
         let writable = flags.contains(DmaMapFlags::READ_WRITE);
         self.device()
             .dma_map(address, size, fd, offset, writable)
-            .map_err(|e| {
-                warn!("DMA_MAP refused: {e}");
-                io::Error::new(io::ErrorKind::InvalidInput, e)
-            })
+            .map_err(refusal("DMA_MAP"))
     }
 
     fn dma_unmap(&mut self, flags: DmaUnmapFlags, address: u64, size: u64) -> io::Result<()> {
         let all = flags.contains(DmaUnmapFlags::UNMAP_ALL);
-        self.device().dma_unmap(address, size, all).map_err(|e| {
-            warn!("DMA_UNMAP refused: {e}");
-            io::Error::new(io::ErrorKind::InvalidInput, e)
-        })
+        self.device()
+            .dma_unmap(address, size, all)
+            .map_err(refusal("DMA_UNMAP"))
     }
 
     fn reset(&mut self) -> io::Result<()> {
@@ -251,10 +258,7 @@ impl ServerBackend for Transport {
         let change = self
             .device()
             .set_irqs(index, flags, start, count, fds)
-            .map_err(|e| {
-                warn!("SET_IRQS refused: {e}");
-                io::Error::new(io::ErrorKind::InvalidInput, e)
-            })?;
+            .map_err(refusal("SET_IRQS"))?;
         if change == IrqChange::ResampleChanged {
             self.worker.resample_changed();
         }

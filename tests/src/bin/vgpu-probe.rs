@@ -8,9 +8,6 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use vgpu_guest_drivers::pci;
-use vgpu_guest_drivers::virtio_gpu::{
-    CONTROL_QUEUE, DISPLAY_INFO_SIZE, DisplayInfo, get_display_info,
-};
 use vgpu_tests::server::{CONTROL_VECTOR, VIRTIO_GPU_DEVICE_ID, VgpuGuest};
 
 fn main() -> ExitCode {
@@ -50,24 +47,15 @@ fn main() -> ExitCode {
         .dev
         .clear_mailbox(qt, CONTROL_VECTOR)
         .expect("mailbox");
-    let done = guest
-        .dev
-        .transact(
-            qt,
-            CONTROL_QUEUE,
-            &[&get_display_info()],
-            &[DISPLAY_INFO_SIZE as u32],
-            Duration::from_secs(5),
-        )
-        .expect("GET_DISPLAY_INFO completes");
-    let info = DisplayInfo::parse(&done.writable.expect("response")[0]).expect("display info");
+    let info = guest.display_info(None);
+    let qt = guest.vm.qtest();
     let msix = guest
         .dev
         .wait_msix(qt, CONTROL_VECTOR, Duration::from_secs(5))
         .is_ok();
     println!(
-        "GET_DISPLAY_INFO -> response type {:#x}, {} bytes",
-        info.header.ctrl_type, done.used.len
+        "GET_DISPLAY_INFO -> response type {:#x}",
+        info.header.ctrl_type
     );
     let mut enabled = 0;
     for (i, p) in info
