@@ -3,18 +3,13 @@
 # prefix, builds, starts `vgpu-server`, lets a QEMU (qtest, no guest OS) enumerate the vGPU and
 # fetch its display info through the control queue, then runs the doorbell benchmark.
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+STEPS=4
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-step() { printf '\n== [%s] %s\n' "$1" "$2"; }
-command -v cargo >/dev/null || { echo "demo.sh: cargo not found; install the Rust toolchain (rustup)" >&2; exit 1; }
-
-step 1/4 "QEMU prefix"
-qemu-scripts/setup-qemu.sh
-
-step 2/4 "build (release)"
+step "build (release)"
 cargo build --release --locked -p vgpu-server -p vgpu-tests --bins
 
-step 3/4 "vgpu-server + a QEMU client"
+step "vgpu-server + a QEMU client"
 run=$(mktemp -d "${TMPDIR:-/tmp}/vgpu-demo.XXXXXX")
 server_pid=
 cleanup() {
@@ -32,5 +27,5 @@ server_pid=
 echo "server log (last lines):"
 tail -n 4 "$run/server.log" | sed 's/^/  /'
 
-step 4/4 "doorbell benchmark (quick)"
+step "doorbell benchmark (quick)"
 cargo bench --locked -p vgpu-tests --bench doorbell -- --quick 2>/dev/null | grep -v '^\[' 
