@@ -10,8 +10,8 @@ use vgpu_guest_drivers::virtio_gpu::{
     CtrlHeader, DISPLAY_INFO_SIZE, RESP_ERR_UNSPEC, RESP_OK_DISPLAY_INFO,
 };
 use vgpu_guest_drivers::virtio_pci::{
-    CAP_COMMON_CFG, CAP_DEVICE_CFG, CAP_ISR_CFG, CAP_NOTIFY_CFG, Descriptor, MSI_NO_VECTOR,
-    VIRTIO_PCI_VENDOR_ID, VirtioPciDevice, common_cfg,
+    CAP_COMMON_CFG, CAP_DEVICE_CFG, CAP_ISR_CFG, CAP_NOTIFY_CFG, CAP_PCI_CFG, Descriptor,
+    MSI_NO_VECTOR, VIRTIO_PCI_VENDOR_ID, VirtioPciDevice, common_cfg,
 };
 use vgpu_tests::server::{
     CONFIG_VECTOR, CONTROL_QUEUE_SIZE, CONTROL_VECTOR, CURSOR_QUEUE_SIZE, CURSOR_VECTOR,
@@ -131,6 +131,7 @@ fn enumerates_as_virtio_gpu() {
             CAP_ID_VENDOR,
             CAP_ID_VENDOR,
             CAP_ID_VENDOR,
+            CAP_ID_VENDOR,
             CAP_ID_VENDOR
         ]
     );
@@ -160,7 +161,13 @@ fn enumerates_as_virtio_gpu() {
     let cfg_types: Vec<u8> = virtio.capabilities().iter().map(|c| c.cfg_type).collect();
     assert_eq!(
         cfg_types,
-        [CAP_COMMON_CFG, CAP_ISR_CFG, CAP_DEVICE_CFG, CAP_NOTIFY_CFG]
+        [
+            CAP_COMMON_CFG,
+            CAP_ISR_CFG,
+            CAP_DEVICE_CFG,
+            CAP_NOTIFY_CFG,
+            CAP_PCI_CFG
+        ]
     );
     assert_eq!(virtio.notify_off_multiplier(), 4);
     assert_eq!(virtio.num_queues(qt).unwrap(), 2);
@@ -270,6 +277,54 @@ fn queue_setup_reads_back() {
         "no third queue"
     );
     assert_eq!(dev.status(qt).unwrap() & NEEDS_RESET, 0);
+}
+
+#[test]
+fn config_window_reaches_the_virtio_registers() {
+    let Some((server, mut guest)) = vgpu_at_driver_ok() else {
+        return;
+    };
+    let qt = guest.vm.qtest();
+    let dev = &guest.dev;
+    let num_queues = u32::from(common_cfg::NUM_QUEUES);
+    assert_eq!(dev.pci_cfg_read(qt, 4, num_queues, 2).unwrap(), 2);
+    assert_eq!(
+        dev.pci_cfg_read(qt, 4, u32::from(common_cfg::DEVICE_STATUS), 1)
+            .unwrap(),
+        0xf
+    );
+    assert_eq!(
+        dev.pci_cfg_read(qt, 4, 0x2000 + CONFIG_NUM_SCANOUTS, 4)
+            .unwrap(),
+        1
+    );
+    // A notification through the window kicks the queue like the notify BAR does.
+    let request = guest.ram.alloc(CTRL_HDR_SIZE as u64, 8).unwrap();
+    let response = guest.ram.alloc(DISPLAY_INFO_SIZE as u64, 8).unwrap();
+    qt.memwrite(request, &virtio_gpu::get_display_info())
+        .unwrap();
+    let buffers = [
+        (request, CTRL_HDR_SIZE as u32, false),
+        (response, DISPLAY_INFO_SIZE as u32, true),
+    ];
+    let head = guest
+        .dev
+        .write_raw_chain(qt, CONTROL_QUEUE, &buffers)
+        .unwrap();
+    guest.dev.publish_avail(qt, CONTROL_QUEUE, head).unwrap();
+    guest
+        .dev
+        .pci_cfg_write(qt, 4, 0x3000, 2, u32::from(CONTROL_QUEUE))
+        .unwrap();
+    let done = guest.dev.wait_used(qt, CONTROL_QUEUE, TIMEOUT).unwrap();
+    assert_eq!(
+        (done.used.id, done.used.len),
+        (u32::from(head), DISPLAY_INFO_SIZE as u32)
+    );
+    // A window naming no register, or another BAR, is a violation.
+    assert_eq!(guest.dev.pci_cfg_read(qt, 2, 0, 4).unwrap(), 0);
+    wait_needs_reset(&mut guest);
+    assert_eq!(server.counter("transport_faults"), 1);
 }
 
 #[test]

@@ -115,13 +115,51 @@ impl Device {
     }
 
     /// Reads configuration space.
-    pub fn config_read(&self, offset: u64, data: &mut [u8]) {
-        self.config.read(offset, data);
+    ///
+    /// A read of the VIRTIO_PCI_CAP_PCI_CFG window reads the virtio register it names.
+    pub fn config_read(&mut self, offset: u64, data: &mut [u8]) {
+        match self.window_target(offset, data.len()) {
+            None => self.config.read(offset, data),
+            Some(target) => {
+                data.fill(0);
+                if let Some((region, length)) = target {
+                    self.virtio_read(region, &mut data[..length]);
+                }
+            }
+        }
     }
 
-    /// Writes configuration space.
-    pub fn config_write(&mut self, offset: u64, data: &[u8]) {
-        self.config.write(offset, data);
+    /// Writes configuration space. A write to the VIRTIO_PCI_CAP_PCI_CFG window writes the
+    /// virtio register it names; for a queue notification the queue to kick is returned.
+    pub fn config_write(&mut self, offset: u64, data: &[u8]) -> Option<u16> {
+        match self.window_target(offset, data.len()) {
+            None => self.config.write(offset, data),
+            Some(Some((VirtioRegion::Notify(q), _))) => return Some(q),
+            Some(Some((region, length))) => self.virtio_write(region, &data[..length]),
+            Some(None) => {}
+        }
+        None
+    }
+
+    /// For a config access to the window: `Some(Some(register, length))`, or `Some(None)` when
+    /// the window names no register (a violation, already recorded). `None` for other accesses.
+    fn window_target(&mut self, offset: u64, len: usize) -> Option<Option<(VirtioRegion, usize)>> {
+        let target = match self.config.pci_cfg_window(offset, len)? {
+            Ok((_, bar_offset, length)) => match decode_virtio_bar(bar_offset, length) {
+                Some(region) => Some((region, length)),
+                None => {
+                    self.fault(format_args!(
+                        "config window names no register at {bar_offset:#x}+{length}"
+                    ));
+                    None
+                }
+            },
+            Err(e) => {
+                self.fault(e);
+                None
+            }
+        };
+        Some(target)
     }
 
     /// Reads a decoded register of the virtio BAR.

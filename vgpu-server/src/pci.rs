@@ -94,6 +94,11 @@ const CAP_COMMON: usize = 0x4c;
 const CAP_ISR: usize = CAP_COMMON + VIRTIO_CAP_LEN;
 const CAP_DEVICE: usize = CAP_ISR + VIRTIO_CAP_LEN;
 const CAP_NOTIFY: usize = CAP_DEVICE + VIRTIO_CAP_LEN;
+const CAP_PCI_CFG: usize = CAP_NOTIFY + VIRTIO_NOTIFY_CAP_LEN;
+/// struct virtio_pci_cfg_cap: the capability plus the 4-byte pci_cfg_data window.
+const VIRTIO_PCI_CFG_CAP_LEN: usize = VIRTIO_CAP_LEN + 4;
+/// Offset of pci_cfg_data in configuration space.
+const PCI_CFG_DATA: usize = CAP_PCI_CFG + VIRTIO_CAP_LEN;
 /// struct virtio_pci_cap is 16 bytes; the notify capability adds a 32-bit multiplier.
 const VIRTIO_CAP_LEN: usize = 16;
 const VIRTIO_NOTIFY_CAP_LEN: usize = VIRTIO_CAP_LEN + 4;
@@ -103,6 +108,23 @@ const VIRTIO_PCI_CAP_COMMON_CFG: u8 = 1;
 const VIRTIO_PCI_CAP_NOTIFY_CFG: u8 = 2;
 const VIRTIO_PCI_CAP_ISR_CFG: u8 = 3;
 const VIRTIO_PCI_CAP_DEVICE_CFG: u8 = 4;
+const VIRTIO_PCI_CAP_PCI_CFG: u8 = 5;
+
+/// An access through the configuration window that does not name a virtio register.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error(
+    "pci_cfg_data access of {access} bytes with window bar {bar} offset {offset:#x} length {length}"
+)]
+pub struct WindowError {
+    /// The BAR programmed.
+    pub bar: u8,
+    /// The offset programmed.
+    pub offset: u64,
+    /// The length programmed.
+    pub length: usize,
+    /// Bytes of the config access.
+    pub access: usize,
+}
 
 /// The configuration space of the function with its write mask.
 #[derive(Debug, Clone)]
@@ -182,7 +204,7 @@ impl ConfigSpace {
                 VIRTIO_PCI_CAP_NOTIFY_CFG,
                 NOTIFY_OFFSET,
                 NOTIFY_LEN,
-                0,
+                CAP_PCI_CFG,
             ),
         ];
         for (at, cfg_type, offset, len, next) in caps {
@@ -200,7 +222,54 @@ impl ConfigSpace {
             cs.put32(at + 12, len as u32);
         }
         cs.put32(CAP_NOTIFY + VIRTIO_CAP_LEN, NOTIFY_OFF_MULTIPLIER);
+
+        // The configuration access window: the driver programs bar, offset and length, then
+        // reads or writes pci_cfg_data (handled by the device, not stored here).
+        cs.bytes[CAP_PCI_CFG] = CAP_ID_VENDOR;
+        cs.bytes[CAP_PCI_CFG + 1] = 0;
+        cs.bytes[CAP_PCI_CFG + 2] = VIRTIO_PCI_CFG_CAP_LEN as u8;
+        cs.bytes[CAP_PCI_CFG + 3] = VIRTIO_PCI_CAP_PCI_CFG;
+        cs.wmask[CAP_PCI_CFG + 4] = 0xff;
+        cs.mask32(CAP_PCI_CFG + 8, u32::MAX);
+        cs.mask32(CAP_PCI_CFG + 12, u32::MAX);
         cs
+    }
+
+    /// If an access of `len` bytes at `offset` is one to pci_cfg_data (it starts there and is at
+    /// most 4 bytes), the BAR access it stands for: (bar, offset in the BAR, length) as the
+    /// driver programmed the window; the access must cover the programmed length. Other
+    /// accesses, such as QEMU reading the whole space, see the data bytes as plain zeros.
+    pub fn pci_cfg_window(
+        &self,
+        offset: u64,
+        len: usize,
+    ) -> Option<Result<(u8, u64, usize), WindowError>> {
+        let data = PCI_CFG_DATA as u64;
+        if offset != data || len > 4 {
+            return None;
+        }
+        let bar = self.bytes[CAP_PCI_CFG + 4];
+        let word = |at: usize| {
+            u32::from_le_bytes([
+                self.bytes[at],
+                self.bytes[at + 1],
+                self.bytes[at + 2],
+                self.bytes[at + 3],
+            ])
+        };
+        let (bar_offset, length) = (
+            u64::from(word(CAP_PCI_CFG + 8)),
+            word(CAP_PCI_CFG + 12) as usize,
+        );
+        if !matches!(length, 1 | 2 | 4) || len < length || u32::from(bar) != VIRTIO_BAR {
+            return Some(Err(WindowError {
+                bar,
+                offset: bar_offset,
+                length,
+                access: len,
+            }));
+        }
+        Some(Ok((bar, bar_offset, length)))
     }
 
     fn put16(&mut self, at: usize, v: u16) {
@@ -293,8 +362,8 @@ mod tests {
         }
         assert_eq!(
             seen,
-            vec![(0x11, 0), (9, 1), (9, 3), (9, 4), (9, 2)],
-            "MSI-X then common, ISR, device, notify"
+            vec![(0x11, 0), (9, 1), (9, 3), (9, 4), (9, 2), (9, 5)],
+            "MSI-X then common, ISR, device, notify, config window"
         );
         assert_eq!(read32(&cs, CAP_NOTIFY as u64 + 16), NOTIFY_OFF_MULTIPLIER);
     }
@@ -320,6 +389,39 @@ mod tests {
         // Command register keeps only implemented bits.
         cs.write(4, &0xffffu16.to_le_bytes());
         assert_eq!(read32(&cs, 4) & 0xffff, COMMAND_WRITABLE as u32);
+    }
+
+    #[test]
+    fn config_window_decodes_the_programmed_access() {
+        let mut cs = ConfigSpace::new();
+        let data = PCI_CFG_DATA as u64;
+        assert_eq!(cs.pci_cfg_window(0, 4), None);
+        assert_eq!(cs.pci_cfg_window(data + 4, 4), None);
+        cs.write(CAP_PCI_CFG as u64 + 4, &[4]);
+        cs.write(CAP_PCI_CFG as u64 + 8, &0x12u32.to_le_bytes());
+        cs.write(CAP_PCI_CFG as u64 + 12, &2u32.to_le_bytes());
+        assert_eq!(cs.pci_cfg_window(data, 2), Some(Ok((4, 0x12, 2))));
+        assert_eq!(
+            cs.pci_cfg_window(data, 4),
+            Some(Ok((4, 0x12, 2))),
+            "wider access, programmed length"
+        );
+        assert!(
+            matches!(cs.pci_cfg_window(data, 1), Some(Err(_))),
+            "narrower than the length"
+        );
+        assert_eq!(cs.pci_cfg_window(data + 2, 2), None, "plain bytes");
+        assert_eq!(cs.pci_cfg_window(0, 256), None, "a whole-space read");
+        cs.write(CAP_PCI_CFG as u64 + 4, &[2]);
+        assert!(
+            matches!(cs.pci_cfg_window(data, 2), Some(Err(_))),
+            "not the virtio BAR"
+        );
+        // The data bytes themselves are never stored.
+        cs.write(data, &[0xff; 4]);
+        let mut b = [0u8; 4];
+        cs.read(data, &mut b);
+        assert_eq!(b, [0; 4]);
     }
 
     #[test]

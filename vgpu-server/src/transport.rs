@@ -202,7 +202,13 @@ impl ServerBackend for Transport {
         inc(&self.metrics.region_writes);
         match check_access(index, offset, data.len()) {
             Err(e) => self.refuse(e),
-            Ok(Region::Config) => self.device().config_write(offset, data),
+            Ok(Region::Config) => {
+                let kick = self.device().config_write(offset, data);
+                if let Some(q) = kick {
+                    inc(&self.metrics.notifies);
+                    self.worker.kick(q);
+                }
+            }
             Ok(Region::Msix) => {
                 debug!("write to MSI-X BAR at {offset:#x} ignored (QEMU emulates the table)")
             }
