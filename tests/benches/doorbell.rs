@@ -15,19 +15,13 @@
 
 use std::time::{Duration, Instant};
 
-use vfio_bindings::bindings::vfio::{
-    VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_IRQ_SET_DATA_EVENTFD, VFIO_PCI_BAR4_REGION_INDEX,
-    VFIO_PCI_CONFIG_REGION_INDEX, VFIO_PCI_MSIX_IRQ_INDEX,
-};
+use vfio_bindings::bindings::vfio::VFIO_PCI_MSIX_IRQ_INDEX;
 use vgpu_guest_drivers::virtio_gpu::{
     CONTROL_QUEUE, CTRL_HDR_SIZE, DISPLAY_INFO_SIZE, get_display_info,
 };
-use vgpu_tests::TempDir;
+use vgpu_tests::raw_guest::RawGuest;
 use vgpu_tests::server::{TestServer, VgpuGuest};
-use vgpu_tests::vfio_user_raw::RawClient;
 use vgpu_tests::{qemu_version, skip_without_qemu};
-use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
-use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 const POLL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -99,16 +93,6 @@ fn qtest_round_trip_us(guest: &mut VgpuGuest, n: u32) -> f64 {
     start.elapsed().as_secs_f64() * 1e6 / f64::from(n)
 }
 
-/// Guest memory of the raw-client section and the layout of its control queue.
-const RAW_RAM: u64 = 16 << 20;
-const RAW_QUEUE_SIZE: u16 = 64;
-const RAW_DESC: u64 = 0x1000;
-const RAW_AVAIL: u64 = 0x2000;
-const RAW_USED: u64 = 0x3000;
-const RAW_REQUEST: u64 = 0x10000;
-const RAW_RESPONSE: u64 = 0x11000;
-const BAR4: u32 = VFIO_PCI_BAR4_REGION_INDEX;
-
 struct RawResults {
     rate: f64,
     latencies: Vec<f64>,
@@ -117,118 +101,33 @@ struct RawResults {
 /// The server alone: notify writes/s and notify-to-MSI-X latency (µs) from a raw client.
 fn server_only(notifies: u32, round_trips: u32) -> RawResults {
     let server = TestServer::start(1);
-    let dir = TempDir::new("vgpu-bench").unwrap();
-    let ram = dir.file("ram", RAW_RAM).unwrap();
-    let mem = GuestMemoryMmap::<()>::from_ranges_with_files([(
-        GuestAddress(0),
-        RAW_RAM as usize,
-        Some(FileOffset::new(ram.try_clone().unwrap(), 0)),
-    )])
-    .unwrap();
-    let mut client = RawClient::connect(server.socket()).unwrap();
-    client.dma_map(&ram, 0, 0, RAW_RAM).unwrap();
-    client
-        .region_write(VFIO_PCI_CONFIG_REGION_INDEX, 4, &0x6u16.to_le_bytes())
-        .unwrap();
+    let mut guest = RawGuest::connect(server.socket(), 1).unwrap();
     let irq = EventFd::new(0).unwrap();
-    let trigger = VFIO_IRQ_SET_ACTION_TRIGGER | VFIO_IRQ_SET_DATA_EVENTFD;
-    client
-        .set_irqs(
-            VFIO_PCI_MSIX_IRQ_INDEX,
-            trigger,
-            1,
-            1,
-            &[std::os::fd::AsRawFd::as_raw_fd(&irq)],
-        )
-        .unwrap();
-    // The register writes a guest driver makes, forwarded as QEMU forwards them (posted).
-    let writes: &[(u64, &[u8])] = &[
-        (0x14, &[1]),
-        (0x14, &[3]),
-        (0x08, &1u32.to_le_bytes()),
-        (0x0c, &1u32.to_le_bytes()),
-        (0x14, &[0xb]),
-        (0x16, &0u16.to_le_bytes()),
-        (0x18, &RAW_QUEUE_SIZE.to_le_bytes()),
-        (0x20, &RAW_DESC.to_le_bytes()),
-        (0x28, &RAW_AVAIL.to_le_bytes()),
-        (0x30, &RAW_USED.to_le_bytes()),
-        (0x1a, &1u16.to_le_bytes()),
-        (0x1c, &1u16.to_le_bytes()),
-        (0x14, &[0xf]),
-    ];
-    for (offset, data) in writes {
-        client.region_write_posted(BAR4, *offset, data).unwrap();
-    }
-    assert_eq!(
-        client.region_read(BAR4, 0x14, 1).unwrap(),
-        [0xf],
-        "device live"
-    );
-    let desc = |addr: u64, len: u32, flags: u16, next: u16| {
-        let mut d = [0u8; 16];
-        d[0..8].copy_from_slice(&addr.to_le_bytes());
-        d[8..12].copy_from_slice(&len.to_le_bytes());
-        d[12..14].copy_from_slice(&flags.to_le_bytes());
-        d[14..16].copy_from_slice(&next.to_le_bytes());
-        d
-    };
-    mem.write_slice(
-        &desc(
-            RAW_REQUEST,
-            CTRL_HDR_SIZE as u32,
-            VRING_DESC_F_NEXT as u16,
-            1,
-        ),
-        GuestAddress(RAW_DESC),
-    )
-    .unwrap();
-    mem.write_slice(
-        &desc(
-            RAW_RESPONSE,
-            DISPLAY_INFO_SIZE as u32,
-            VRING_DESC_F_WRITE as u16,
-            0,
-        ),
-        GuestAddress(RAW_DESC + 16),
-    )
-    .unwrap();
-    mem.write_slice(&get_display_info(), GuestAddress(RAW_REQUEST))
-        .unwrap();
+    guest.set_trigger(VFIO_PCI_MSIX_IRQ_INDEX, 1, &irq).unwrap();
+    assert_eq!(guest.status().unwrap(), 0xf, "device live");
 
-    let notify = || [0u8, 0];
     let start = Instant::now();
     for _ in 0..notifies {
-        client.region_write_posted(BAR4, 0x3000, &notify()).unwrap();
+        guest.notify().unwrap();
     }
-    client.region_read(BAR4, 0x14, 1).unwrap();
+    guest.status().unwrap();
     let rate = f64::from(notifies) / start.elapsed().as_secs_f64();
 
     let mut latencies = Vec::with_capacity(round_trips as usize);
-    for i in 1..=round_trips {
-        let slot = u64::from((i - 1) as u16 % RAW_QUEUE_SIZE);
-        mem.write_obj(0u16, GuestAddress(RAW_AVAIL + 4 + 2 * slot))
-            .unwrap();
-        mem.store(
-            i as u16,
-            GuestAddress(RAW_AVAIL + 2),
-            std::sync::atomic::Ordering::Release,
-        )
-        .unwrap();
+    for _ in 0..round_trips {
+        guest.publish().unwrap();
         let t0 = Instant::now();
-        client.region_write_posted(BAR4, 0x3000, &notify()).unwrap();
+        guest.notify().unwrap();
         irq.read().unwrap();
         latencies.push(t0.elapsed().as_secs_f64() * 1e6);
-        let used: u16 = mem
-            .load(
-                GuestAddress(RAW_USED + 2),
-                std::sync::atomic::Ordering::Acquire,
-            )
-            .unwrap();
-        assert_eq!(used, i as u16, "one completion per request");
+        assert_eq!(
+            guest.used_idx(),
+            guest.submitted(),
+            "one completion per request"
+        );
     }
     assert_eq!(server.counter("transport_faults"), 0);
-    drop(client);
+    drop(guest);
     server.wait(Duration::from_secs(10)).expect("server exits");
     RawResults { rate, latencies }
 }

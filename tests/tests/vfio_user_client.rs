@@ -8,9 +8,10 @@ use std::time::Duration;
 use vfio_bindings::bindings::vfio::{
     VFIO_IRQ_SET_ACTION_MASK, VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_IRQ_SET_DATA_EVENTFD,
     VFIO_IRQ_SET_DATA_NONE, VFIO_PCI_BAR2_REGION_INDEX, VFIO_PCI_BAR4_REGION_INDEX,
-    VFIO_PCI_CONFIG_REGION_INDEX, VFIO_PCI_MSIX_IRQ_INDEX,
+    VFIO_PCI_CONFIG_REGION_INDEX, VFIO_PCI_INTX_IRQ_INDEX, VFIO_PCI_MSIX_IRQ_INDEX,
 };
 use vgpu_tests::TempDir;
+use vgpu_tests::raw_guest::{ISR, RawGuest};
 use vgpu_tests::server::{TestServer, VgpuGuest};
 use vgpu_tests::skip_without_qemu;
 use vgpu_tests::vfio_user_raw::{RawClient, RawError};
@@ -19,6 +20,7 @@ use vmm_sys_util::eventfd::EventFd;
 const BAR4: u32 = VFIO_PCI_BAR4_REGION_INDEX;
 const STATUS: u64 = 0x14;
 const NEEDS_RESET: u8 = 0x40;
+const TIMEOUT: Duration = Duration::from_secs(5);
 
 fn status(client: &mut RawClient) -> u8 {
     client.region_read(BAR4, STATUS, 1).unwrap()[0]
@@ -173,4 +175,68 @@ fn next_vm_is_served_after_a_hostile_client() {
     assert_eq!(guest.display_info(None).pmodes[0].enabled, 1);
     drop(guest);
     server.wait(Duration::from_secs(10)).unwrap();
+}
+
+/// Reads an eventfd's count, waiting up to `timeout` for it to become non-zero; 0 on timeout.
+fn wait_eventfd(fd: &EventFd, timeout: Duration) -> u64 {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        match fd.read() {
+            Ok(n) => return n,
+            Err(_) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(1))
+            }
+            Err(_) => return 0,
+        }
+    }
+}
+
+#[test]
+fn intx_stays_masked_until_the_resample_eventfd() {
+    let server = TestServer::start(1);
+    let mut guest = RawGuest::connect(server.socket(), 0xffff).unwrap();
+    let trigger = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+    let resample = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+    guest
+        .set_trigger(VFIO_PCI_INTX_IRQ_INDEX, 0, &trigger)
+        .unwrap();
+    guest.set_intx_resample(&resample).unwrap();
+
+    guest.publish().unwrap();
+    guest.notify().unwrap();
+    assert_eq!(wait_eventfd(&trigger, TIMEOUT), 1, "INTx asserted");
+
+    // A second completion while the line is masked (no EOI yet) does not fire again.
+    guest.publish().unwrap();
+    guest.notify().unwrap();
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while guest.used_idx() != 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "second request never completed"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(trigger.read().is_err(), "masked until the guest's EOI");
+
+    // The EOI (KVM signals the resample eventfd): the ISR is still pending, so INTx fires again.
+    resample.write(1).unwrap();
+    assert_eq!(
+        wait_eventfd(&trigger, TIMEOUT),
+        1,
+        "re-asserted after the EOI"
+    );
+    // Reading the ISR deasserts the line; after the next EOI nothing is pending.
+    let isr = guest
+        .client
+        .region_read(VFIO_PCI_BAR4_REGION_INDEX, ISR, 1)
+        .unwrap();
+    assert_eq!(isr, [1], "queue interrupt");
+    resample.write(1).unwrap();
+    assert_eq!(
+        wait_eventfd(&trigger, Duration::from_millis(200)),
+        0,
+        "nothing pending"
+    );
+    assert_eq!(guest.status().unwrap(), 0xf);
 }

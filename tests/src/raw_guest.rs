@@ -1,0 +1,161 @@
+//! A guest without QEMU: a raw vfio-user client with a RAM file DMA-mapped as guest memory. It
+//! programs the vGPU with the register writes QEMU forwards for a guest driver (posted, as QEMU
+//! sends MMIO writes) and keeps one GET_DISPLAY_INFO chain ready in the control queue, so a
+//! test or benchmark can submit it and watch the used ring and the interrupt eventfds directly.
+
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+
+use vfio_bindings::bindings::vfio::{
+    VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_IRQ_SET_ACTION_UNMASK, VFIO_IRQ_SET_DATA_EVENTFD,
+    VFIO_PCI_BAR4_REGION_INDEX, VFIO_PCI_CONFIG_REGION_INDEX, VFIO_PCI_INTX_IRQ_INDEX,
+};
+use vgpu_guest_drivers::virtio_gpu::{CTRL_HDR_SIZE, DISPLAY_INFO_SIZE, get_display_info};
+use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryMmap};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::TempDir;
+use crate::vfio_user_raw::{RawClient, Result};
+
+const CONFIG_REGION: u32 = VFIO_PCI_CONFIG_REGION_INDEX;
+const BAR4: u32 = VFIO_PCI_BAR4_REGION_INDEX;
+const TRIGGER_EVENTFD: u32 = VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER;
+const UNMASK_EVENTFD: u32 = VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_UNMASK;
+
+/// Guest memory size.
+pub const RAM: u64 = 16 << 20;
+/// Control queue size.
+pub const QUEUE_SIZE: u16 = 64;
+const DESC: u64 = 0x1000;
+const AVAIL: u64 = 0x2000;
+const USED: u64 = 0x3000;
+const REQUEST: u64 = 0x10000;
+const RESPONSE: u64 = 0x11000;
+/// Offset of the ISR byte in BAR 4.
+pub const ISR: u64 = 0x1000;
+const NOTIFY: u64 = 0x3000;
+const STATUS: u64 = 0x14;
+
+/// A connected raw guest with the vGPU at DRIVER_OK (control queue only).
+#[derive(Debug)]
+pub struct RawGuest {
+    /// The vfio-user connection.
+    pub client: RawClient,
+    mem: GuestMemoryMmap,
+    submitted: u16,
+    _dir: TempDir,
+}
+
+impl RawGuest {
+    /// Connects to `socket`, maps guest RAM, enables memory and bus mastering, and brings the
+    /// device up with VERSION_1 and a control queue whose control-queue vector is `vector`
+    /// (0xffff for none).
+    pub fn connect(socket: &Path, vector: u16) -> Result<RawGuest> {
+        let dir = TempDir::new("vgpu-raw-guest")?;
+        let ram = dir.file("ram", RAM)?;
+        let mem = GuestMemoryMmap::<()>::from_ranges_with_files([(
+            GuestAddress(0),
+            RAM as usize,
+            Some(FileOffset::new(ram.try_clone()?, 0)),
+        )])
+        .map_err(std::io::Error::other)?;
+        let mut client = RawClient::connect(socket)?;
+        client.dma_map(&ram, 0, 0, RAM)?;
+        client.region_write(CONFIG_REGION, 4, &0x6u16.to_le_bytes())?;
+        let writes: &[(u64, &[u8])] = &[
+            (STATUS, &[1]),
+            (STATUS, &[3]),
+            (0x08, &1u32.to_le_bytes()),
+            (0x0c, &1u32.to_le_bytes()), // VIRTIO_F_VERSION_1 (bit 32)
+            (STATUS, &[0xb]),
+            (0x16, &0u16.to_le_bytes()),
+            (0x18, &QUEUE_SIZE.to_le_bytes()),
+            (0x20, &DESC.to_le_bytes()),
+            (0x28, &AVAIL.to_le_bytes()),
+            (0x30, &USED.to_le_bytes()),
+            (0x1a, &vector.to_le_bytes()),
+            (0x1c, &1u16.to_le_bytes()),
+            (STATUS, &[0xf]),
+        ];
+        for (offset, data) in writes {
+            client.region_write_posted(BAR4, *offset, data)?;
+        }
+        let desc = |addr: u64, len: u32, flags: u32, next: u16| {
+            let mut d = [0u8; 16];
+            d[0..8].copy_from_slice(&addr.to_le_bytes());
+            d[8..12].copy_from_slice(&len.to_le_bytes());
+            d[12..14].copy_from_slice(&(flags as u16).to_le_bytes());
+            d[14..16].copy_from_slice(&next.to_le_bytes());
+            d
+        };
+        let chain = [
+            desc(REQUEST, CTRL_HDR_SIZE as u32, VRING_DESC_F_NEXT, 1),
+            desc(RESPONSE, DISPLAY_INFO_SIZE as u32, VRING_DESC_F_WRITE, 0),
+        ]
+        .concat();
+        mem.write_slice(&chain, GuestAddress(DESC))
+            .map_err(std::io::Error::other)?;
+        mem.write_slice(&get_display_info(), GuestAddress(REQUEST))
+            .map_err(std::io::Error::other)?;
+        Ok(RawGuest {
+            client,
+            mem,
+            submitted: 0,
+            _dir: dir,
+        })
+    }
+
+    /// The device status register.
+    pub fn status(&mut self) -> Result<u8> {
+        Ok(self.client.region_read(BAR4, STATUS, 1)?[0])
+    }
+
+    /// Hands `fd` to the device as the trigger eventfd of vector `start` of interrupt `index`.
+    pub fn set_trigger(&mut self, index: u32, start: u32, fd: &EventFd) -> Result<()> {
+        self.client
+            .set_irqs(index, TRIGGER_EVENTFD, start, 1, &[fd.as_raw_fd()])
+    }
+
+    /// Hands `fd` to the device as the INTx resample (unmask) eventfd, as QEMU does under KVM.
+    pub fn set_intx_resample(&mut self, fd: &EventFd) -> Result<()> {
+        self.client.set_irqs(
+            VFIO_PCI_INTX_IRQ_INDEX,
+            UNMASK_EVENTFD,
+            0,
+            1,
+            &[fd.as_raw_fd()],
+        )
+    }
+
+    /// Publishes the GET_DISPLAY_INFO chain once more (without notifying).
+    pub fn publish(&mut self) -> Result<()> {
+        let slot = u64::from(self.submitted % QUEUE_SIZE);
+        self.submitted = self.submitted.wrapping_add(1);
+        self.mem
+            .write_obj(0u16, GuestAddress(AVAIL + 4 + 2 * slot))
+            .map_err(std::io::Error::other)?;
+        self.mem
+            .store(self.submitted, GuestAddress(AVAIL + 2), Ordering::Release)
+            .map_err(std::io::Error::other)?;
+        Ok(())
+    }
+
+    /// Writes the control queue's notify register (a posted write).
+    pub fn notify(&mut self) -> Result<()> {
+        self.client.region_write_posted(BAR4, NOTIFY, &[0, 0])
+    }
+
+    /// Chains published so far.
+    pub fn submitted(&self) -> u16 {
+        self.submitted
+    }
+
+    /// The used ring's index.
+    pub fn used_idx(&self) -> u16 {
+        self.mem
+            .load(GuestAddress(USED + 2), Ordering::Acquire)
+            .unwrap_or(0)
+    }
+}
