@@ -71,9 +71,7 @@ pub struct RawClient {
 impl RawClient {
     /// Connects and negotiates the protocol version.
     pub fn connect(path: &Path) -> Result<RawClient> {
-        let stream = UnixStream::connect(path)?;
-        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-        let mut client = RawClient { stream, next_id: 0 };
+        let mut client = Self::connect_unnegotiated(path)?;
         let mut payload = vec![0, 0, 1, 0]; // major 0, minor 1
         payload.extend_from_slice(
             br#"{"capabilities":{"max_msg_fds":16,"max_data_xfer_size":1048576}}"#,
@@ -81,6 +79,13 @@ impl RawClient {
         payload.push(0);
         client.call(cmd::VERSION, &payload, &[])?;
         Ok(client)
+    }
+
+    /// Connects without negotiating, so a test can send its own VERSION message.
+    pub fn connect_unnegotiated(path: &Path) -> Result<RawClient> {
+        let stream = UnixStream::connect(path)?;
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        Ok(RawClient { stream, next_id: 0 })
     }
 
     fn header(&mut self, command: u16, payload_len: usize, flags: u32) -> Vec<u8> {

@@ -14,7 +14,7 @@ use vgpu_tests::TempDir;
 use vgpu_tests::raw_guest::{ISR, RawGuest};
 use vgpu_tests::server::{TestServer, VgpuGuest};
 use vgpu_tests::skip_without_qemu;
-use vgpu_tests::vfio_user_raw::{RawClient, RawError};
+use vgpu_tests::vfio_user_raw::{RawClient, RawError, cmd};
 use vmm_sys_util::eventfd::EventFd;
 
 const BAR4: u32 = VFIO_PCI_BAR4_REGION_INDEX;
@@ -79,6 +79,23 @@ fn malformed_messages_are_refused() {
     assert_eq!(server.counter("invalid_accesses"), 9);
     client.reset().unwrap();
     assert_eq!(status(&mut client), 0, "DEVICE_RESET clears NEEDS_RESET");
+}
+
+#[test]
+fn malformed_version_message_costs_only_its_connection() {
+    let server = TestServer::start(2);
+    let mut client = RawClient::connect_unnegotiated(server.socket()).unwrap();
+    // Version 0.1 with a capability string lacking its terminating NUL.
+    let reply = client.call(cmd::VERSION, b"\x00\x00\x01\x00{}", &[]);
+    assert!(
+        matches!(reply, Err(RawError::Io(_))),
+        "connection dropped: {reply:?}"
+    );
+    drop(client);
+    let mut next = RawClient::connect(server.socket()).expect("the server still serves");
+    assert_eq!(status(&mut next), 0);
+    drop(next);
+    server.wait(Duration::from_secs(10)).unwrap();
 }
 
 #[test]

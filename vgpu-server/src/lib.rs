@@ -20,7 +20,7 @@ pub mod worker;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use log::{info, warn};
+use log::{error, info, warn};
 use vfio_bindings::bindings::vfio::{
     VFIO_IRQ_INFO_AUTOMASKED, VFIO_IRQ_INFO_EVENTFD, VFIO_IRQ_INFO_MASKABLE,
     VFIO_IRQ_INFO_NORESIZE, VFIO_PCI_INTX_IRQ_INDEX, VFIO_PCI_MSIX_IRQ_INDEX, VFIO_PCI_NUM_IRQS,
@@ -177,7 +177,12 @@ impl VgpuServer {
         let worker = WorkerHandle::spawn(device.clone())?;
         let mut transport = Transport::new(device, worker, self.metrics.clone());
         inc(&self.metrics.connections);
-        let result = self.server.run(&mut transport);
+        // The crate's message loop can panic on a malformed VERSION message (it unwraps the
+        // client's capability string). Contain it to this connection: the device is dropped
+        // with the connection either way, and the next client gets a fresh one.
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.server.run(&mut transport)
+        }));
         transport.shutdown();
         let counters: Vec<String> = self
             .metrics
@@ -186,11 +191,15 @@ impl VgpuServer {
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
         match result {
-            Ok(()) => info!("client disconnected; {}", counters.join(" ")),
-            Err(vfio_user::Error::SocketAccept(e)) => {
+            Err(_) => error!(
+                "client connection dropped after a panic in the vfio-user message loop; {}",
+                counters.join(" ")
+            ),
+            Ok(Ok(())) => info!("client disconnected; {}", counters.join(" ")),
+            Ok(Err(vfio_user::Error::SocketAccept(e))) => {
                 return Err(ServerError::Accept(vfio_user::Error::SocketAccept(e)));
             }
-            Err(e) => warn!("client connection lost: {e}; {}", counters.join(" ")),
+            Ok(Err(e)) => warn!("client connection lost: {e}; {}", counters.join(" ")),
         }
         Ok(())
     }
