@@ -10,11 +10,12 @@ step "build (workspace, all targets)"
 cargo build --workspace --all-targets --locked
 
 step "tests (unit + qtest integration)"
-# QEMU is installed above, so a test that cannot start it must fail, not skip.
+# QEMU and virglrenderer are installed above, so a test that cannot start them must fail, not
+# skip.
 log=$(mktemp "${TMPDIR:-/tmp}/vgpu-test.XXXXXX")
 trap 'rm -f "$log"' EXIT
 status=0
-VGPU_REQUIRE_QEMU=1 cargo test --workspace --locked 2>&1 | tee "$log" || status=$?
+VGPU_REQUIRE_QEMU=1 VGPU_REQUIRE_VIRGL=1 cargo test --workspace --locked 2>&1 | tee "$log" || status=$?
 # One closing line over all test binaries (cargo prints one "test result" per binary).
 awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "\ntests: %d passed, %d failed, %d skipped\n", p, f, i }' "$log"
 exit "$status"

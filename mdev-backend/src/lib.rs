@@ -1,5 +1,7 @@
-//! mdev-backend: executes granted command groups on the physical GPU (virglrenderer, CUDA) or on
-//! the simulated engine, and reports their completion fences (hops 7 and 8 of the data path).
+//! mdev-backend: executes vGPU work on the physical GPU and reports its completion fences
+//! (hops 7 and 8 of the data path, see docs/ARCHITECTURE.md).
 //!
-//! Empty until the virtio-gpu 3D issue: the foundation device answers its control commands
-//! without GPU work.
+//! Today: the virglrenderer binding ([`virgl`]) that the virtio-gpu 3D commands will drive.
+//! Next: its wiring into the device worker, then CUDA remoting and the simulated engine.
+
+pub mod virgl;
