@@ -14,8 +14,23 @@ pub const CMD_RESOURCE_CREATE_2D: u32 =
     bindings::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_RESOURCE_CREATE_2D;
 /// `VIRTIO_GPU_CMD_RESOURCE_UNREF`.
 pub const CMD_RESOURCE_UNREF: u32 = bindings::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_RESOURCE_UNREF;
+/// `VIRTIO_GPU_CMD_SET_SCANOUT`.
+pub const CMD_SET_SCANOUT: u32 = bindings::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_SET_SCANOUT;
+/// `VIRTIO_GPU_CMD_RESOURCE_FLUSH`.
+pub const CMD_RESOURCE_FLUSH: u32 = bindings::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_RESOURCE_FLUSH;
+/// `VIRTIO_GPU_CMD_TRANSFER_TO_HOST_2D`.
+pub const CMD_TRANSFER_TO_HOST_2D: u32 =
+    bindings::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_TRANSFER_TO_HOST_2D;
+/// `VIRTIO_GPU_CMD_RESOURCE_ATTACH_BACKING`.
+pub const CMD_RESOURCE_ATTACH_BACKING: u32 =
+    bindings::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_RESOURCE_ATTACH_BACKING;
+/// `VIRTIO_GPU_CMD_RESOURCE_DETACH_BACKING`.
+pub const CMD_RESOURCE_DETACH_BACKING: u32 =
+    bindings::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_RESOURCE_DETACH_BACKING;
 /// `VIRTIO_GPU_CMD_GET_EDID`.
 pub const CMD_GET_EDID: u32 = bindings::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_GET_EDID;
+/// `VIRTIO_GPU_CMD_CTX_CREATE` (3D).
+pub const CMD_CTX_CREATE: u32 = bindings::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_CTX_CREATE;
 /// `VIRTIO_GPU_CMD_UPDATE_CURSOR` (cursor queue).
 pub const CMD_UPDATE_CURSOR: u32 = bindings::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_UPDATE_CURSOR;
 /// `VIRTIO_GPU_CMD_MOVE_CURSOR` (cursor queue).
@@ -25,6 +40,14 @@ pub const RESP_OK_NODATA: u32 = bindings::virtio_gpu_ctrl_type_VIRTIO_GPU_RESP_O
 /// `VIRTIO_GPU_RESP_OK_DISPLAY_INFO`.
 pub const RESP_OK_DISPLAY_INFO: u32 =
     bindings::virtio_gpu_ctrl_type_VIRTIO_GPU_RESP_OK_DISPLAY_INFO;
+/// `VIRTIO_GPU_RESP_OK_EDID`.
+pub const RESP_OK_EDID: u32 = bindings::virtio_gpu_ctrl_type_VIRTIO_GPU_RESP_OK_EDID;
+/// `VIRTIO_GPU_RESP_ERR_OUT_OF_MEMORY`.
+pub const RESP_ERR_OUT_OF_MEMORY: u32 =
+    bindings::virtio_gpu_ctrl_type_VIRTIO_GPU_RESP_ERR_OUT_OF_MEMORY;
+/// `VIRTIO_GPU_RESP_ERR_INVALID_SCANOUT_ID`.
+pub const RESP_ERR_INVALID_SCANOUT_ID: u32 =
+    bindings::virtio_gpu_ctrl_type_VIRTIO_GPU_RESP_ERR_INVALID_SCANOUT_ID;
 /// `VIRTIO_GPU_RESP_ERR_UNSPEC`.
 pub const RESP_ERR_UNSPEC: u32 = bindings::virtio_gpu_ctrl_type_VIRTIO_GPU_RESP_ERR_UNSPEC;
 /// `VIRTIO_GPU_RESP_ERR_INVALID_RESOURCE_ID`.
@@ -37,6 +60,14 @@ pub const RESP_ERR_INVALID_PARAMETER: u32 =
 pub const FLAG_FENCE: u32 = bindings::VIRTIO_GPU_FLAG_FENCE;
 /// Header flag: `ring_idx` is valid.
 pub const FLAG_INFO_RING_IDX: u32 = bindings::VIRTIO_GPU_FLAG_INFO_RING_IDX;
+/// Feature bit `VIRTIO_GPU_F_EDID`.
+pub const F_EDID: u32 = bindings::VIRTIO_GPU_F_EDID;
+/// `VIRTIO_GPU_FORMAT_B8G8R8X8_UNORM` (DRM XRGB8888, what Linux's fbdev and KMS use).
+pub const FORMAT_B8G8R8X8: u32 = bindings::virtio_gpu_formats_VIRTIO_GPU_FORMAT_B8G8R8X8_UNORM;
+/// `VIRTIO_GPU_FORMAT_B8G8R8A8_UNORM`.
+pub const FORMAT_B8G8R8A8: u32 = bindings::virtio_gpu_formats_VIRTIO_GPU_FORMAT_B8G8R8A8_UNORM;
+/// `VIRTIO_GPU_FORMAT_R8G8B8A8_UNORM`.
+pub const FORMAT_R8G8B8A8: u32 = bindings::virtio_gpu_formats_VIRTIO_GPU_FORMAT_R8G8B8A8_UNORM;
 /// Number of scanouts in a display-info response.
 pub const MAX_SCANOUTS: usize = bindings::VIRTIO_GPU_MAX_SCANOUTS as usize;
 
@@ -60,6 +91,10 @@ pub const CTRL_HDR_SIZE: usize = 24;
 const DISPLAY_ONE_SIZE: usize = 24;
 /// Size of `struct virtio_gpu_resp_display_info`.
 pub const DISPLAY_INFO_SIZE: usize = CTRL_HDR_SIZE + MAX_SCANOUTS * DISPLAY_ONE_SIZE;
+/// Size of `struct virtio_gpu_resp_edid`.
+pub const RESP_EDID_SIZE: usize = CTRL_HDR_SIZE + 8 + 1024;
+/// Size of `struct virtio_gpu_mem_entry`.
+pub const MEM_ENTRY_SIZE: usize = 16;
 
 /// Errors parsing virtio-gpu messages.
 #[derive(Debug, thiserror::Error)]
@@ -165,6 +200,122 @@ pub fn get_display_info() -> [u8; CTRL_HDR_SIZE] {
     CtrlHeader::new(CMD_GET_DISPLAY_INFO).to_bytes()
 }
 
+/// A request: header of type `ctrl_type` followed by little-endian 32-bit words.
+fn request(ctrl_type: u32, words: &[u32]) -> Vec<u8> {
+    let mut bytes = CtrlHeader::new(ctrl_type).to_bytes().to_vec();
+    for w in words {
+        bytes.extend_from_slice(&w.to_le_bytes());
+    }
+    bytes
+}
+
+/// `VIRTIO_GPU_CMD_RESOURCE_CREATE_2D` (`struct virtio_gpu_resource_create_2d`).
+pub fn resource_create_2d(resource_id: u32, format: u32, width: u32, height: u32) -> Vec<u8> {
+    request(
+        CMD_RESOURCE_CREATE_2D,
+        &[resource_id, format, width, height],
+    )
+}
+
+/// `VIRTIO_GPU_CMD_RESOURCE_UNREF`.
+pub fn resource_unref(resource_id: u32) -> Vec<u8> {
+    request(CMD_RESOURCE_UNREF, &[resource_id, 0])
+}
+
+/// `VIRTIO_GPU_CMD_SET_SCANOUT` (resource 0 disables the scanout).
+pub fn set_scanout(scanout_id: u32, resource_id: u32, r: Rect) -> Vec<u8> {
+    request(
+        CMD_SET_SCANOUT,
+        &[r.x, r.y, r.width, r.height, scanout_id, resource_id],
+    )
+}
+
+/// `VIRTIO_GPU_CMD_RESOURCE_FLUSH`.
+pub fn resource_flush(resource_id: u32, r: Rect) -> Vec<u8> {
+    request(
+        CMD_RESOURCE_FLUSH,
+        &[r.x, r.y, r.width, r.height, resource_id, 0],
+    )
+}
+
+/// `VIRTIO_GPU_CMD_TRANSFER_TO_HOST_2D`: `offset` is the backing offset of the rectangle's
+/// first pixel (Linux: `y * stride + x * 4`).
+pub fn transfer_to_host_2d(resource_id: u32, r: Rect, offset: u64) -> Vec<u8> {
+    request(
+        CMD_TRANSFER_TO_HOST_2D,
+        &[
+            r.x,
+            r.y,
+            r.width,
+            r.height,
+            offset as u32,
+            (offset >> 32) as u32,
+            resource_id,
+            0,
+        ],
+    )
+}
+
+/// `VIRTIO_GPU_CMD_RESOURCE_ATTACH_BACKING` with its `struct virtio_gpu_mem_entry` list
+/// (guest-physical address, length), in one buffer.
+pub fn resource_attach_backing(resource_id: u32, entries: &[(u64, u32)]) -> Vec<u8> {
+    let mut bytes = request(
+        CMD_RESOURCE_ATTACH_BACKING,
+        &[resource_id, entries.len() as u32],
+    );
+    for &(addr, length) in entries {
+        bytes.extend_from_slice(&addr.to_le_bytes());
+        bytes.extend_from_slice(&length.to_le_bytes());
+        bytes.extend_from_slice(&[0; 4]);
+    }
+    bytes
+}
+
+/// `VIRTIO_GPU_CMD_RESOURCE_ATTACH_BACKING` announcing `nr_entries` entries but carrying
+/// only `entries` (for negative tests).
+pub fn resource_attach_backing_claiming(
+    resource_id: u32,
+    nr_entries: u32,
+    entries: &[(u64, u32)],
+) -> Vec<u8> {
+    let mut bytes = resource_attach_backing(resource_id, entries);
+    bytes[CTRL_HDR_SIZE + 4..CTRL_HDR_SIZE + 8].copy_from_slice(&nr_entries.to_le_bytes());
+    bytes
+}
+
+/// `VIRTIO_GPU_CMD_RESOURCE_DETACH_BACKING`.
+pub fn resource_detach_backing(resource_id: u32) -> Vec<u8> {
+    request(CMD_RESOURCE_DETACH_BACKING, &[resource_id, 0])
+}
+
+/// `VIRTIO_GPU_CMD_GET_EDID`.
+pub fn get_edid(scanout_id: u32) -> Vec<u8> {
+    request(CMD_GET_EDID, &[scanout_id, 0])
+}
+
+/// `struct virtio_gpu_resp_edid` (`VIRTIO_GPU_RESP_OK_EDID`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EdidResponse {
+    /// Response header.
+    pub header: CtrlHeader,
+    /// The EDID bytes (`size` of them).
+    pub edid: Vec<u8>,
+}
+
+impl EdidResponse {
+    /// Decodes an EDID response; fails on another response type.
+    pub fn parse(bytes: &[u8]) -> Result<Self> {
+        let header = CtrlHeader::parse_expecting(bytes, RESP_OK_EDID)?;
+        let r = Reader::new(bytes, RESP_EDID_SIZE)?;
+        let size = (r.u32(CTRL_HDR_SIZE) as usize).min(1024);
+        let start = CTRL_HDR_SIZE + 8;
+        Ok(Self {
+            header,
+            edid: bytes[start..start + size].to_vec(),
+        })
+    }
+}
+
 /// `struct virtio_gpu_rect`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Rect {
@@ -176,6 +327,18 @@ pub struct Rect {
     pub width: u32,
     /// Height.
     pub height: u32,
+}
+
+impl Rect {
+    /// A rectangle.
+    pub fn new(x: u32, y: u32, width: u32, height: u32) -> Self {
+        Self {
+            x,
+            y,
+            width,
+            height,
+        }
+    }
 }
 
 /// `struct virtio_gpu_display_one`: one scanout of a display-info response.
@@ -302,5 +465,44 @@ mod tests {
             DisplayInfo::parse(&bytes),
             Err(GpuError::UnexpectedType { got: 0x1200, .. })
         ));
+    }
+
+    #[test]
+    fn two_d_request_layouts() {
+        let create = resource_create_2d(7, FORMAT_B8G8R8X8, 64, 32);
+        assert_eq!(create.len(), 40);
+        assert_eq!(
+            &create[24..40],
+            &[7, 0, 0, 0, 2, 0, 0, 0, 64, 0, 0, 0, 32, 0, 0, 0]
+        );
+        assert_eq!(resource_unref(7).len(), 32);
+        assert_eq!(resource_detach_backing(7).len(), 32);
+        assert_eq!(get_edid(0).len(), 32);
+        let r = Rect::new(1, 2, 3, 4);
+        let scanout = set_scanout(0, 7, r);
+        assert_eq!(scanout.len(), 48);
+        assert_eq!(&scanout[40..48], &[0, 0, 0, 0, 7, 0, 0, 0]);
+        assert_eq!(resource_flush(7, r).len(), 48);
+        let t = transfer_to_host_2d(7, r, 0x1_0000_0020);
+        assert_eq!(t.len(), 56);
+        assert_eq!(&t[40..52], &[0x20, 0, 0, 0, 1, 0, 0, 0, 7, 0, 0, 0]);
+        let a = resource_attach_backing(7, &[(0x1000, 4096), (0x3000, 10)]);
+        assert_eq!(a.len(), 32 + 2 * MEM_ENTRY_SIZE);
+        assert_eq!(&a[28..32], &[2, 0, 0, 0]);
+        assert_eq!(&a[48..60], &[0, 0x30, 0, 0, 0, 0, 0, 0, 10, 0, 0, 0]);
+        let claim = resource_attach_backing_claiming(7, 9, &[]);
+        assert_eq!((claim.len(), &claim[28..32]), (32, &[9, 0, 0, 0][..]));
+    }
+
+    #[test]
+    fn edid_response_parse() {
+        let mut bytes = vec![0; RESP_EDID_SIZE];
+        bytes[..CTRL_HDR_SIZE].copy_from_slice(&CtrlHeader::new(RESP_OK_EDID).to_bytes());
+        bytes[24..28].copy_from_slice(&128u32.to_le_bytes());
+        bytes[32] = 0xaa;
+        let e = EdidResponse::parse(&bytes).unwrap();
+        assert_eq!(e.edid.len(), 128);
+        assert_eq!(e.edid[0], 0xaa);
+        assert!(EdidResponse::parse(&bytes[..100]).is_err());
     }
 }

@@ -17,6 +17,7 @@ use vgpu_guest_drivers::virtio_gpu::{
 };
 use vgpu_guest_drivers::virtio_pci::{VIRTIO_PCI_VENDOR_ID, VirtioPciDevice};
 use vgpu_server::gpu::DisplayConfig;
+use vgpu_server::gpu::dump::DumpConfig;
 use vgpu_server::metrics::DeviceMetrics;
 use vgpu_server::{ServerConfig, ServerError, VgpuServer};
 
@@ -64,6 +65,16 @@ impl TestServer {
 
     /// Starts a server reporting `display` that serves `connections` clients.
     pub fn start_with(display: DisplayConfig, connections: u32) -> TestServer {
+        Self::start_dumping(display, connections, None)
+    }
+
+    /// Starts a server reporting `display` that serves `connections` clients and, with
+    /// `dump`, writes its scanout images there.
+    pub fn start_dumping(
+        display: DisplayConfig,
+        connections: u32,
+        dump: Option<DumpConfig>,
+    ) -> TestServer {
         init_logging();
         let dir = TempDir::new("vgpu-server").expect("temporary directory");
         let socket = dir.path().join("vgpu.sock");
@@ -71,6 +82,7 @@ impl TestServer {
             socket: socket.clone(),
             display,
             max_connections: Some(connections),
+            dump,
         };
         let server = VgpuServer::bind(config).expect("server binds its socket");
         let metrics = server.metrics();

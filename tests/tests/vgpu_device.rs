@@ -196,8 +196,8 @@ fn negotiation_requires_version_1() {
     let dev = &mut guest.dev;
     assert_eq!(
         dev.device_features(qt).unwrap(),
-        1 << VIRTIO_F_VERSION_1,
-        "only VERSION_1 offered"
+        1 << VIRTIO_F_VERSION_1 | 1 << virtio_gpu::F_EDID,
+        "VERSION_1 and VIRTIO_GPU_F_EDID offered"
     );
     // A legacy-style driver that does not accept VERSION_1 is refused.
     assert!(dev.negotiate(qt, 0).is_err());
@@ -670,7 +670,7 @@ fn unknown_and_short_commands_get_error_responses() {
         }
     }
     // A known command this device does not implement yet.
-    let create = CtrlHeader::new(virtio_gpu::CMD_RESOURCE_CREATE_2D).to_bytes();
+    let create = CtrlHeader::new(virtio_gpu::CMD_CTX_CREATE).to_bytes();
     let done = guest
         .dev
         .transact(

@@ -14,11 +14,12 @@ use log::{debug, error, info, warn};
 use virtio_queue::{QueueOwnedT, QueueT};
 use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
 
+use crate::gpu::dump::Frame;
 use crate::gpu::protocol::{self, Response};
 use crate::gpu::{DisplayConfig, GpuDevice};
 use crate::irq::{Interrupts, IrqChange, IrqError};
 use crate::memory::{GuestRam, MemoryError};
-use crate::metrics::{DeviceMetrics, inc};
+use crate::metrics::{DeviceMetrics, add, inc};
 use crate::pci::{self, ConfigSpace};
 use crate::queue::CheckedChain;
 use crate::virtio_pci::{
@@ -70,19 +71,54 @@ pub struct Device {
     irqs: Interrupts,
     ram: GuestRam,
     metrics: Arc<DeviceMetrics>,
+    /// Keep the undumped scanout images across a reset, for [`Device::take_frames`].
+    retain_frames: bool,
+    /// Scanout images taken just before a reset, not yet handed out.
+    retained: Vec<Frame>,
 }
 
 impl Device {
     /// A powered-on device with no guest memory and no interrupts yet.
     pub fn new(display: DisplayConfig, metrics: Arc<DeviceMetrics>) -> Self {
+        let gpu = GpuDevice::new(display);
         Device {
             config: ConfigSpace::new(),
-            transport: VirtioPciTransport::new(0, pci::MSIX_VECTORS),
-            gpu: GpuDevice::new(display),
+            transport: VirtioPciTransport::new(gpu.features(), pci::MSIX_VECTORS),
+            gpu,
             irqs: Interrupts::new(pci::MSIX_VECTORS),
             ram: GuestRam::new(),
             metrics,
+            retain_frames: false,
+            retained: Vec::new(),
         }
+    }
+
+    /// Scanout images are being dumped: a reset keeps the images flushed since the last dump
+    /// so that they are still written.
+    pub fn retain_frames_on_reset(&mut self) {
+        self.retain_frames = true;
+    }
+
+    /// The GPU device model (for tests and diagnostics).
+    pub fn gpu(&self) -> &GpuDevice {
+        &self.gpu
+    }
+
+    /// Whether scanout images were flushed since they were last taken.
+    pub fn frames_undumped(&self) -> bool {
+        !self.retained.is_empty() || self.gpu.frames_undumped()
+    }
+
+    /// Takes the scanout images flushed since they were last taken (`all`: every enabled
+    /// scanout's image), including those kept across a reset. Copies only: encode them
+    /// without the device lock.
+    pub fn take_frames(&mut self, all: bool) -> Vec<Frame> {
+        let mut frames = std::mem::take(&mut self.retained);
+        for frame in self.gpu.take_frames(all) {
+            frames.retain(|f| f.scanout != frame.scanout);
+            frames.push(frame);
+        }
+        frames
     }
 
     /// The device status register (for tests and diagnostics).
@@ -109,6 +145,9 @@ impl Device {
     fn virtio_reset(&mut self) {
         inc(&self.metrics.resets);
         self.transport.reset();
+        if self.retain_frames && self.gpu.frames_undumped() {
+            self.retained = self.gpu.take_frames(false);
+        }
         self.gpu.reset();
         self.config.set_interrupt_status(false);
         info!("device reset");
@@ -356,8 +395,9 @@ impl Device {
     /// length.
     fn control_request(&mut self, chain: &CheckedChain, mem: &GuestMemoryMmap) -> u32 {
         inc(&self.metrics.ctrl_requests);
+        let frames_before = self.gpu.frames_flushed();
         let (hdr, response) = match protocol::decode_control(chain.request()) {
-            Ok(req) => (req.hdr, self.gpu.execute(&req)),
+            Ok(req) => (req.hdr, self.gpu.execute(&req, mem)),
             Err((hdr, e)) => {
                 debug!("control request refused: {e}");
                 (hdr.unwrap_or_default(), Response::Err(e.response_code()))
@@ -366,6 +406,10 @@ impl Device {
         if matches!(response, Response::Err(_)) {
             inc(&self.metrics.ctrl_errors);
         }
+        add(
+            &self.metrics.frames_flushed,
+            self.gpu.frames_flushed().saturating_sub(frames_before),
+        );
         let bytes = response.encode(&hdr);
         if (bytes.len() as u64) > chain.response_capacity() {
             debug!(

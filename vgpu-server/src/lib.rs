@@ -30,6 +30,7 @@ use vfio_user::{IrqInfo, Server, ServerRegion};
 
 use crate::device::Device;
 use crate::gpu::DisplayConfig;
+use crate::gpu::dump::DumpConfig;
 use crate::metrics::{DeviceMetrics, inc};
 use crate::transport::{NUM_REGIONS, Region, Transport};
 use crate::worker::{WorkerError, WorkerHandle};
@@ -43,6 +44,8 @@ pub struct ServerConfig {
     pub display: DisplayConfig,
     /// Return after serving this many client connections; `None` serves forever.
     pub max_connections: Option<u32>,
+    /// Write the scanout images as PNG files (headless display); `None` keeps them in memory.
+    pub dump: Option<DumpConfig>,
 }
 
 /// Errors that stop the server.
@@ -63,6 +66,9 @@ pub enum ServerError {
     /// Accepting a connection failed.
     #[error("accepting a client: {0}")]
     Accept(#[source] vfio_user::Error),
+    /// The dump directory is not a directory.
+    #[error("dump directory {0} is not a directory")]
+    DumpDir(PathBuf),
 }
 
 /// A listening vGPU server.
@@ -133,6 +139,11 @@ fn irqs() -> Vec<IrqInfo> {
 impl VgpuServer {
     /// Creates the listening socket. QEMU never retries, so bind before starting it.
     pub fn bind(config: ServerConfig) -> Result<VgpuServer, ServerError> {
+        if let Some(dump) = &config.dump
+            && !dump.dir.is_dir()
+        {
+            return Err(ServerError::DumpDir(dump.dir.clone()));
+        }
         let server = Server::new(&config.socket, true, irqs(), regions()).map_err(|source| {
             ServerError::Listen {
                 path: config.socket.clone(),
@@ -174,7 +185,11 @@ impl VgpuServer {
             self.config.display,
             self.metrics.clone(),
         )));
-        let worker = WorkerHandle::spawn(device.clone())?;
+        let worker = WorkerHandle::spawn(
+            device.clone(),
+            self.config.dump.clone(),
+            self.metrics.clone(),
+        )?;
         let mut transport = Transport::new(device, worker, self.metrics.clone());
         inc(&self.metrics.connections);
         // The crate's message loop can panic on a malformed VERSION message (it unwraps the

@@ -1,14 +1,18 @@
-//! `vgpu-server --socket PATH [--display WxH] [--log-level LEVEL] [--exit-on-disconnect]`
+//! `vgpu-server --socket PATH [--display WxH] [--dump-dir DIR] [--log-level LEVEL]
+//! [--exit-on-disconnect]`
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use vgpu_server::gpu::DisplayConfig;
+use vgpu_server::gpu::dump::DumpConfig;
 use vgpu_server::{ServerConfig, VgpuServer};
 
-const USAGE: &str = "usage: vgpu-server --socket PATH [--display WIDTHxHEIGHT] [--log-level error|warn|info|debug|trace] [--exit-on-disconnect]
+const USAGE: &str = "usage: vgpu-server --socket PATH [--display WIDTHxHEIGHT] [--dump-dir DIR] [--log-level error|warn|info|debug|trace] [--exit-on-disconnect]
 
-Serves one virtio-gpu PCI function over vfio-user on PATH. Start QEMU with
+Serves one virtio-gpu PCI function over vfio-user on PATH. With --dump-dir, what the guest
+shows is written to DIR/scanout0.png (after a flush at most once a second, on SIGUSR1, and
+when the client disconnects). Start QEMU with
   -object memory-backend-memfd,id=mem,size=1G,share=on -machine q35,memory-backend=mem
   -device '{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"PATH\",\"type\":\"unix\"}}'";
 
@@ -22,6 +26,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut display = DisplayConfig::default();
     let mut log_level = "info".to_string();
     let mut max_connections = None;
+    let mut dump = None;
     while let Some(arg) = args.next() {
         let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
         match arg.as_str() {
@@ -32,6 +37,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
                     .map_err(|e| format!("--display: {e}"))?
             }
             "--log-level" => log_level = value("--log-level")?,
+            "--dump-dir" => dump = Some(DumpConfig::new(value("--dump-dir")?)),
             "--exit-on-disconnect" => max_connections = Some(1),
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
@@ -46,9 +52,19 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             socket,
             display,
             max_connections,
+            dump,
         },
         log_level,
     })
+}
+
+/// Creates the dump directory if needed and makes SIGUSR1 request a dump (the signal handler
+/// writes a byte to the dump request socket).
+fn dump_on_sigusr1(dump: DumpConfig) -> std::io::Result<DumpConfig> {
+    std::fs::create_dir_all(&dump.dir)?;
+    let (dump, wake) = dump.with_requests()?;
+    signal_hook::low_level::pipe::register(signal_hook::consts::SIGUSR1, wake)?;
+    Ok(dump)
 }
 
 fn main() -> ExitCode {
@@ -67,7 +83,17 @@ fn main() -> ExitCode {
         .parse_default_env()
         .format_timestamp_micros()
         .init();
-    match VgpuServer::bind(args.config).and_then(VgpuServer::serve) {
+    let mut config = args.config;
+    if let Some(dump) = config.dump.take() {
+        match dump_on_sigusr1(dump) {
+            Ok(dump) => config.dump = Some(dump),
+            Err(e) => {
+                log::error!("setting up SIGUSR1 for --dump-dir: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    match VgpuServer::bind(config).and_then(VgpuServer::serve) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             log::error!("{e}");

@@ -49,11 +49,24 @@ metrics! {
     dma_unmaps,
     /// Device resets (DEVICE_RESET messages and driver status resets).
     resets,
+    /// RESOURCE_FLUSHes that reached a scanout (frames shown), all scanouts together.
+    frames_flushed,
+    /// Scanout images written to the dump directory.
+    scanout_dumps,
+    /// Scanout images that could not be written.
+    dump_errors,
 }
 
 /// Adds one to a counter.
 pub fn inc(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Adds `n` to a counter.
+pub fn add(counter: &AtomicU64, n: u64) {
+    if n != 0 {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
 }
 
 /// Reads a counter.

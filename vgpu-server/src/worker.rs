@@ -2,25 +2,39 @@
 //! per-queue kick eventfds the message loop writes, the INTx resample eventfd and a control
 //! eventfd. The message loop never waits for queue work, so config space, BAR reads and DMA
 //! maps are answered promptly whatever the guest queues.
+//!
+//! With a dump directory, the worker also writes the scanout images (PNG encoding runs here,
+//! outside the device lock): after a RESOURCE_FLUSH at most every `min_interval` (a timer
+//! catches the last flush of a burst), on a byte from the request socket (SIGUSR1), and once
+//! more when it stops at disconnect.
 
 use std::fs::File;
 use std::io::Read;
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use event_manager::{EventManager, EventOps, Events, MutEventSubscriber, SubscriberOps};
-use log::{debug, error, warn};
+use log::{debug, error, info, warn};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::timerfd::TimerFd;
 
 use crate::device::Device;
-use crate::virtio_pci::NUM_QUEUES;
+use crate::gpu::dump::{self, DumpConfig};
+use crate::metrics::{DeviceMetrics, inc};
+use crate::virtio_pci::{CONTROL_QUEUE, NUM_QUEUES};
 
 /// Event data of the control eventfd (queue kicks use the queue index).
 const CONTROL_TOKEN: u32 = 0x100;
 /// Event data of the INTx resample eventfd.
 const RESAMPLE_TOKEN: u32 = 0x101;
+/// Event data of the dump timer.
+const DUMP_TIMER_TOKEN: u32 = 0x102;
+/// Event data of the dump request socket.
+const DUMP_REQUEST_TOKEN: u32 = 0x103;
 
 /// Errors starting the worker.
 #[derive(Debug, thiserror::Error)]
@@ -43,8 +57,12 @@ pub struct WorkerHandle {
 }
 
 impl WorkerHandle {
-    /// Starts the worker thread for `device`.
-    pub fn spawn(device: Arc<Mutex<Device>>) -> Result<WorkerHandle, WorkerError> {
+    /// Starts the worker thread for `device`; with `dump`, it also writes the scanout images.
+    pub fn spawn(
+        device: Arc<Mutex<Device>>,
+        dump: Option<DumpConfig>,
+        metrics: Arc<DeviceMetrics>,
+    ) -> Result<WorkerHandle, WorkerError> {
         let new_efd = || EventFd::new(libc::EFD_NONBLOCK).map_err(WorkerError::Setup);
         let kicks = (0..NUM_QUEUES)
             .map(|_| new_efd())
@@ -52,12 +70,22 @@ impl WorkerHandle {
         let control = new_efd()?;
         let stop = Arc::new(AtomicBool::new(false));
         let clone = |e: &EventFd| e.try_clone().map_err(WorkerError::Setup);
+        let dumper = match dump {
+            Some(config) => {
+                device_lock(&device).retain_frames_on_reset();
+                Some(Dumper::new(config, metrics)?)
+            }
+            None => None,
+        };
+        let final_dump = dumper.as_ref().map(Dumper::for_final_dump);
+        let thread_device = device.clone();
         let worker = Worker {
             device,
             kicks: kicks.iter().map(clone).collect::<Result<_, _>>()?,
             control: clone(&control)?,
             resample: None,
             stop: stop.clone(),
+            dumper,
         };
         let mut manager: EventManager<Worker> =
             EventManager::new().map_err(|e| WorkerError::Setup(std::io::Error::other(e)))?;
@@ -71,6 +99,10 @@ impl WorkerHandle {
                         error!("worker event loop: {e}");
                         break;
                     }
+                }
+                if let Some((config, metrics)) = final_dump {
+                    // The client is gone: write what its scanouts showed last.
+                    write_frames(&thread_device, &config, &metrics, true);
                 }
                 debug!("worker stopped");
             })
@@ -121,17 +153,118 @@ impl Drop for WorkerHandle {
     }
 }
 
+fn device_lock(device: &Mutex<Device>) -> MutexGuard<'_, Device> {
+    device.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Takes the scanout images (all enabled ones, or those flushed since the last take) under
+/// the device lock, then encodes and writes them without it.
+fn write_frames(device: &Mutex<Device>, config: &DumpConfig, metrics: &DeviceMetrics, all: bool) {
+    let frames = device_lock(device).take_frames(all);
+    if frames.is_empty() && all {
+        debug!("no scanout shows anything; nothing to dump");
+    }
+    for frame in frames {
+        match dump::write_frame(&config.dir, &frame) {
+            Ok(path) => {
+                inc(&metrics.scanout_dumps);
+                if all {
+                    info!("scanout {} written to {}", frame.scanout, path.display());
+                }
+            }
+            Err(e) => {
+                inc(&metrics.dump_errors);
+                warn!("scanout dump: {e}");
+            }
+        }
+    }
+}
+
+/// The worker's side of scanout dumps: rate limit, trailing-edge timer, request socket.
+struct Dumper {
+    config: DumpConfig,
+    metrics: Arc<DeviceMetrics>,
+    timer: TimerFd,
+    timer_armed: bool,
+    last: Option<Instant>,
+    requests: Option<UnixStream>,
+}
+
+impl Dumper {
+    fn new(config: DumpConfig, metrics: Arc<DeviceMetrics>) -> Result<Dumper, WorkerError> {
+        let requests = match &config.requests {
+            Some(r) => Some(r.try_clone().map_err(WorkerError::Setup)?),
+            None => None,
+        };
+        Ok(Dumper {
+            timer: TimerFd::new().map_err(|e| WorkerError::Setup(e.into()))?,
+            timer_armed: false,
+            last: None,
+            requests,
+            config,
+            metrics,
+        })
+    }
+
+    fn for_final_dump(&self) -> (DumpConfig, Arc<DeviceMetrics>) {
+        (self.config.clone(), self.metrics.clone())
+    }
+
+    /// After control commands ran: dump flushed scanouts if the interval allows, else arm
+    /// the timer for when it does.
+    fn flushed(&mut self, device: &Mutex<Device>) {
+        if !device_lock(device).frames_undumped() {
+            return;
+        }
+        let since = self.last.map(|t| t.elapsed());
+        match since {
+            Some(since) if since < self.config.min_interval => {
+                if !self.timer_armed {
+                    let wait = (self.config.min_interval - since).max(Duration::from_millis(1));
+                    match self.timer.reset(wait, None) {
+                        Ok(()) => self.timer_armed = true,
+                        Err(e) => warn!("arming the dump timer: {e}"),
+                    }
+                }
+            }
+            _ => self.write(device, false),
+        }
+    }
+
+    fn write(&mut self, device: &Mutex<Device>, all: bool) {
+        self.last = Some(Instant::now());
+        write_frames(device, &self.config, &self.metrics, all);
+    }
+
+    fn timer_fired(&mut self, device: &Mutex<Device>) {
+        let _ = self.timer.wait();
+        self.timer_armed = false;
+        self.flushed(device);
+    }
+
+    /// Bytes on the request socket: one dump of every enabled scanout, however many arrived.
+    fn requested(&mut self, device: &Mutex<Device>) {
+        let mut buf = [0u8; 64];
+        if let Some(mut r) = self.requests.as_ref() {
+            while matches!(r.read(&mut buf), Ok(n) if n > 0) {}
+        }
+        debug!("scanout dump requested");
+        self.write(device, true);
+    }
+}
+
 struct Worker {
     device: Arc<Mutex<Device>>,
     kicks: Vec<EventFd>,
     control: EventFd,
     resample: Option<File>,
     stop: Arc<AtomicBool>,
+    dumper: Option<Dumper>,
 }
 
 impl Worker {
-    fn device(&self) -> std::sync::MutexGuard<'_, Device> {
-        self.device.lock().unwrap_or_else(|p| p.into_inner())
+    fn device(&self) -> MutexGuard<'_, Device> {
+        device_lock(&self.device)
     }
 
     fn swap_resample(&mut self, ops: &mut EventOps) {
@@ -162,6 +295,16 @@ impl MutEventSubscriber for Worker {
         )) {
             error!("watching the control eventfd: {e}");
         }
+        if let Some(d) = &self.dumper {
+            if let Err(e) = ops.add(Events::with_data(&d.timer, DUMP_TIMER_TOKEN, EventSet::IN)) {
+                error!("watching the dump timer: {e}");
+            }
+            if let Some(r) = &d.requests
+                && let Err(e) = ops.add(Events::with_data(r, DUMP_REQUEST_TOKEN, EventSet::IN))
+            {
+                error!("watching the dump request socket: {e}");
+            }
+        }
     }
 
     fn process(&mut self, events: Events, ops: &mut EventOps) {
@@ -179,6 +322,16 @@ impl MutEventSubscriber for Worker {
                 }
                 self.device().intx_unmasked();
             }
+            DUMP_TIMER_TOKEN => {
+                if let Some(d) = &mut self.dumper {
+                    d.timer_fired(&self.device);
+                }
+            }
+            DUMP_REQUEST_TOKEN => {
+                if let Some(d) = &mut self.dumper {
+                    d.requested(&self.device);
+                }
+            }
             q => {
                 let Ok(q) = u16::try_from(q) else { return };
                 let Some(kick) = self.kicks.get(usize::from(q)) else {
@@ -188,6 +341,11 @@ impl MutEventSubscriber for Worker {
                 // Fairness: one queue's worth of chains per round; re-kick if more remain.
                 if self.device().process_queue(q) {
                     let _ = self.kicks[usize::from(q)].write(1);
+                }
+                if q == CONTROL_QUEUE
+                    && let Some(d) = &mut self.dumper
+                {
+                    d.flushed(&self.device);
                 }
             }
         }

@@ -3,10 +3,24 @@
 //!
 //! Control commands that need no GPU run here at once. (GPU-executing commands become command
 //! groups handed to the scheduler and the backend; see docs/ARCHITECTURE.md.)
+//!
+//! The 2D model: a resource is a host-side image (width x height pixels of 4 bytes) plus an
+//! optional list of guest-physical backing ranges. TRANSFER_TO_HOST_2D copies from the backing
+//! into the image; a scanout shows a rectangle of one resource, and RESOURCE_FLUSH marks it as a
+//! new frame. Every command is validated whole before it changes anything, and a failure only
+//! ever concerns the resource or scanout it names.
+
+use std::collections::BTreeMap;
 
 use log::{debug, trace};
+use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
 
-use super::protocol::{ControlCommand, ControlRequest, CursorCommand, DisplayOne, Response, ty};
+use super::dump::Frame;
+use super::edid::{self, EdidError};
+use super::protocol::{
+    ControlCommand, ControlRequest, CursorCommand, DisplayOne, MemEntry, PixelFormat, Rect,
+    Response, ty,
+};
 
 /// Smallest scanout edge accepted by `--display`.
 pub const MIN_SCANOUT_EDGE: u32 = 16;
@@ -32,7 +46,25 @@ impl Default for DisplayConfig {
     }
 }
 
-/// Errors of the device model.
+/// Number of scanouts the device reports (virtio_gpu_config.num_scanouts).
+pub const NUM_SCANOUTS: u32 = 1;
+/// Most resources one device holds at once. Linux creates one per dumb buffer or GEM object; a
+/// desktop session uses tens to hundreds. The bound keeps the resource table and its per-entry
+/// bookkeeping small whatever ids a guest invents.
+pub const MAX_RESOURCES: usize = 16384;
+/// Most host bytes one device holds for resources: their images plus their backing entry
+/// lists. 256 MiB hold a double-buffered 4K desktop (2 x 32 MiB) several times over and match
+/// QEMU's default `max_hostmem`; past it creates fail with ERR_OUT_OF_MEMORY.
+pub const MAX_HOST_BYTES: u64 = 256 << 20;
+/// Largest resource width or height (the 16K texture limit of common GPUs; Linux's virtio-gpu
+/// mode_config max is 8192). Larger edges are an invalid parameter, not an allocation attempt.
+pub const MAX_RESOURCE_EDGE: u32 = 16384;
+/// Host bytes a backing entry costs (the entry and its prefix offset).
+const BACKING_ENTRY_COST: u64 =
+    (std::mem::size_of::<MemEntry>() + std::mem::size_of::<u64>()) as u64;
+
+/// Errors of the device model: bad `--display` values, and refused commands (each maps to the
+/// VIRTIO_GPU_RESP_ERR_* code the guest gets).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum DeviceError {
     /// A display mode outside the supported range.
@@ -41,6 +73,105 @@ pub enum DeviceError {
     /// A display mode string that is not WIDTHxHEIGHT.
     #[error("display mode {0:?} is not WIDTHxHEIGHT")]
     BadModeSyntax(String),
+    /// The command names a resource that does not exist (or resource id 0).
+    #[error("no resource {0}")]
+    UnknownResource(u32),
+    /// RESOURCE_CREATE_2D with an id already in use, or 0.
+    #[error("resource id {0} is 0 or already in use")]
+    ResourceIdTaken(u32),
+    /// The command names a scanout that does not exist.
+    #[error("no scanout {0}")]
+    UnknownScanout(u32),
+    /// GET_EDID for a scanout that does not exist.
+    #[error("GET_EDID for scanout {0}, which does not exist")]
+    EdidScanout(u32),
+    /// The scanout mode has no EDID.
+    #[error(transparent)]
+    Edid(#[from] EdidError),
+    /// A resource size that is zero or larger than [`MAX_RESOURCE_EDGE`].
+    #[error("resource size {0}x{1} outside 1..={MAX_RESOURCE_EDGE} per edge")]
+    BadSize(u32, u32),
+    /// A rectangle that is empty or not inside its resource.
+    #[error("rectangle {rect:?} is empty or outside the {width}x{height} resource")]
+    RectOutside {
+        /// The rectangle.
+        rect: Rect,
+        /// Resource width.
+        width: u32,
+        /// Resource height.
+        height: u32,
+    },
+    /// [`MAX_RESOURCES`] resources exist already.
+    #[error("{MAX_RESOURCES} resources exist already")]
+    TooManyResources,
+    /// The request would take host memory past [`MAX_HOST_BYTES`], or the allocation failed.
+    #[error("{need} more host bytes refused ({used} of {MAX_HOST_BYTES} in use)")]
+    OutOfMemory {
+        /// Bytes requested.
+        need: u64,
+        /// Bytes held before the request.
+        used: u64,
+    },
+    /// The resource has no backing (TRANSFER, DETACH).
+    #[error("resource {0} has no backing")]
+    NoBacking(u32),
+    /// ATTACH_BACKING for a resource that has backing already.
+    #[error("resource {0} has backing already")]
+    BackingAttached(u32),
+    /// ATTACH_BACKING with no entries, a zero-length entry or one that wraps past 2^64.
+    #[error("backing entry {addr:#x}+{length:#x} is empty or wraps (or no entries)")]
+    BadEntry {
+        /// Guest address.
+        addr: u64,
+        /// Length.
+        length: u32,
+    },
+    /// A transfer that reads past the end of the backing.
+    #[error("transfer needs backing bytes up to {end:#x}, the backing has {len:#x}")]
+    PastBacking {
+        /// First backing byte not needed.
+        end: u64,
+        /// Backing length.
+        len: u64,
+    },
+    /// A backing entry a transfer needs is not in guest memory (now).
+    #[error("backing entry {addr:#x}+{length:#x} is not in guest memory")]
+    BackingNotInMemory {
+        /// Guest address.
+        addr: u64,
+        /// Length.
+        length: u32,
+    },
+    /// Reading guest memory failed after validation (a concurrent unmap).
+    #[error("reading backing: {0}")]
+    Memory(String),
+}
+
+impl DeviceError {
+    /// The VIRTIO_GPU_RESP_ERR_* code a command refused with this error gets.
+    pub fn response_code(&self) -> u32 {
+        match self {
+            DeviceError::UnknownResource(_) | DeviceError::ResourceIdTaken(_) => {
+                ty::ERR_INVALID_RESOURCE_ID
+            }
+            DeviceError::UnknownScanout(_) => ty::ERR_INVALID_SCANOUT_ID,
+            DeviceError::BadSize(..)
+            | DeviceError::RectOutside { .. }
+            | DeviceError::BadEntry { .. }
+            | DeviceError::PastBacking { .. }
+            | DeviceError::EdidScanout(_) => ty::ERR_INVALID_PARAMETER,
+            DeviceError::TooManyResources | DeviceError::OutOfMemory { .. } => {
+                ty::ERR_OUT_OF_MEMORY
+            }
+            DeviceError::BadMode(..)
+            | DeviceError::BadModeSyntax(_)
+            | DeviceError::Edid(_)
+            | DeviceError::NoBacking(_)
+            | DeviceError::BackingAttached(_)
+            | DeviceError::BackingNotInMemory { .. }
+            | DeviceError::Memory(_) => ty::ERR_UNSPEC,
+        }
+    }
 }
 
 impl std::str::FromStr for DisplayConfig {
@@ -76,12 +207,184 @@ pub struct CursorState {
     pub resource_id: u32,
 }
 
+/// A resource's guest backing: the entries and where each starts in the backing's bytes.
+#[derive(Debug)]
+struct Backing {
+    entries: Vec<MemEntry>,
+    /// `starts[i]` is the backing offset of `entries[i]`; strictly increasing (no empty entry).
+    starts: Vec<u64>,
+    len: u64,
+}
+
+impl Backing {
+    fn new(resource_id: u32, entries: Vec<MemEntry>) -> Result<Backing, DeviceError> {
+        if entries.is_empty() {
+            debug!("resource {resource_id}: ATTACH_BACKING without entries");
+            return Err(DeviceError::BadEntry { addr: 0, length: 0 });
+        }
+        let mut starts = Vec::with_capacity(entries.len());
+        let mut len = 0u64;
+        for e in &entries {
+            if e.length == 0 || e.addr.checked_add(u64::from(e.length)).is_none() {
+                return Err(DeviceError::BadEntry {
+                    addr: e.addr,
+                    length: e.length,
+                });
+            }
+            starts.push(len);
+            // At most MAX_BACKING_ENTRIES entries of u32 lengths: far from overflowing.
+            len = len
+                .checked_add(u64::from(e.length))
+                .ok_or(DeviceError::BadEntry {
+                    addr: e.addr,
+                    length: e.length,
+                })?;
+        }
+        Ok(Backing {
+            entries,
+            starts,
+            len,
+        })
+    }
+
+    fn host_bytes(&self) -> u64 {
+        self.entries.len() as u64 * BACKING_ENTRY_COST
+    }
+
+    /// Index of the entry holding backing byte `offset` (< `self.len`).
+    fn entry_at(&self, offset: u64) -> usize {
+        // starts[0] == 0 <= offset, so the partition point is at least 1.
+        self.starts
+            .partition_point(|&s| s <= offset)
+            .saturating_sub(1)
+    }
+
+    /// Checks that every entry overlapping backing bytes `start..end` is in guest memory.
+    fn check_in_memory<M: GuestMemory>(
+        &self,
+        mem: &M,
+        start: u64,
+        end: u64,
+    ) -> Result<(), DeviceError> {
+        let (first, last) = (self.entry_at(start), self.entry_at(end.saturating_sub(1)));
+        for e in self.entries.get(first..=last).unwrap_or_default() {
+            if !mem.check_range(GuestAddress(e.addr), e.length as usize, Permissions::Read) {
+                return Err(DeviceError::BackingNotInMemory {
+                    addr: e.addr,
+                    length: e.length,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies backing bytes `offset..offset + out.len()` (inside the backing) into `out`.
+    fn read<M: GuestMemory>(
+        &self,
+        mem: &M,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<(), DeviceError> {
+        let mut offset = offset;
+        let mut out = out;
+        while !out.is_empty() {
+            let i = self.entry_at(offset);
+            let (Some(e), Some(&start)) = (self.entries.get(i), self.starts.get(i)) else {
+                return Err(DeviceError::Memory(format!(
+                    "offset {offset:#x} past the backing"
+                )));
+            };
+            let within = offset - start;
+            let avail = u64::from(e.length).saturating_sub(within);
+            if avail == 0 {
+                return Err(DeviceError::Memory(format!(
+                    "offset {offset:#x} past the backing"
+                )));
+            }
+            let n = usize::try_from(avail).unwrap_or(usize::MAX).min(out.len());
+            let (chunk, rest) = out.split_at_mut(n);
+            // e.addr + e.length does not wrap (checked at attach) and within < e.length.
+            mem.read_slice(chunk, GuestAddress(e.addr + within))
+                .map_err(|err| DeviceError::Memory(err.to_string()))?;
+            out = rest;
+            offset += n as u64;
+        }
+        Ok(())
+    }
+}
+
+/// A 2D resource: its host-side image and its guest backing.
+#[derive(Debug)]
+struct Resource {
+    format: PixelFormat,
+    width: u32,
+    height: u32,
+    /// `width * height * 4` bytes, rows of `width * 4` bytes.
+    image: Vec<u8>,
+    backing: Option<Backing>,
+}
+
+impl Resource {
+    fn host_bytes(&self) -> u64 {
+        self.image.len() as u64 + self.backing.as_ref().map_or(0, Backing::host_bytes)
+    }
+
+    fn stride(&self) -> u64 {
+        u64::from(self.width) * u64::from(PixelFormat::BYTES_PER_PIXEL)
+    }
+
+    fn check_rect(&self, rect: &Rect) -> Result<(), DeviceError> {
+        if rect.is_inside(self.width, self.height) {
+            Ok(())
+        } else {
+            Err(DeviceError::RectOutside {
+                rect: *rect,
+                width: self.width,
+                height: self.height,
+            })
+        }
+    }
+
+    /// A copy of the image bytes of `rect` (inside the resource), rows of `rect.width` pixels.
+    fn copy_rect(&self, rect: &Rect) -> Vec<u8> {
+        let bpp = PixelFormat::BYTES_PER_PIXEL as usize;
+        let (x, row_len) = (rect.x as usize, rect.width as usize * bpp);
+        let mut out = Vec::with_capacity(row_len * rect.height as usize);
+        for row in rect.y..rect.y + rect.height {
+            let start = (row as usize * self.width as usize + x) * bpp;
+            if let Some(line) = self.image.get(start..start + row_len) {
+                out.extend_from_slice(line);
+            }
+        }
+        out
+    }
+}
+
+/// What one scanout shows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScanoutState {
+    /// Resource shown, 0 when disabled.
+    pub resource_id: u32,
+    /// Part of the resource shown.
+    pub rect: Rect,
+    /// RESOURCE_FLUSHes that reached this scanout (cumulative over resets).
+    pub frames: u64,
+    /// The part of the last flush that fell on this scanout (resource coordinates).
+    pub last_flush: Option<Rect>,
+    /// Flushed since its image was last taken for a dump.
+    pub undumped: bool,
+}
+
 /// The virtio-gpu device state of one vGPU.
 #[derive(Debug)]
 pub struct GpuDevice {
     display: DisplayConfig,
     events_read: u32,
     cursor: CursorState,
+    resources: BTreeMap<u32, Resource>,
+    /// Sum of the resources' host bytes.
+    host_bytes: u64,
+    scanouts: [ScanoutState; NUM_SCANOUTS as usize],
 }
 
 impl GpuDevice {
@@ -91,12 +394,31 @@ impl GpuDevice {
             display,
             events_read: 0,
             cursor: CursorState::default(),
+            resources: BTreeMap::new(),
+            host_bytes: 0,
+            scanouts: [ScanoutState::default(); NUM_SCANOUTS as usize],
         }
     }
 
-    /// Returns to the power-on state (the display configuration is kept).
+    /// Returns to the power-on state: every resource is freed and every scanout disabled (the
+    /// display configuration and the frame counters are kept).
     pub fn reset(&mut self) {
+        let frames = self.scanouts.map(|s| s.frames);
         *self = GpuDevice::new(self.display);
+        for (s, frames) in self.scanouts.iter_mut().zip(frames) {
+            s.frames = frames;
+        }
+    }
+
+    /// Device-specific feature bits offered: VIRTIO_GPU_F_EDID when the mode has an EDID.
+    pub fn features(&self) -> u64 {
+        match edid::edid_for_mode(self.display.width, self.display.height) {
+            Ok(_) => 1 << virtio_bindings::virtio_gpu::VIRTIO_GPU_F_EDID,
+            Err(e) => {
+                debug!("VIRTIO_GPU_F_EDID not offered: {e}");
+                0
+            }
+        }
     }
 
     /// Current cursor state.
@@ -104,27 +426,312 @@ impl GpuDevice {
         self.cursor
     }
 
-    /// Executes a control-queue request.
-    pub fn execute(&mut self, req: &ControlRequest) -> Response {
-        match req.cmd {
-            ControlCommand::GetDisplayInfo => Response::OkDisplayInfo(vec![DisplayOne {
+    /// State of scanout `id`.
+    pub fn scanout(&self, id: u32) -> Option<ScanoutState> {
+        self.scanouts.get(id as usize).copied()
+    }
+
+    /// Flushes that reached any scanout, in all.
+    pub fn frames_flushed(&self) -> u64 {
+        self.scanouts.iter().map(|s| s.frames).sum()
+    }
+
+    /// Number of resources.
+    pub fn resource_count(&self) -> usize {
+        self.resources.len()
+    }
+
+    /// Host bytes held for resources.
+    pub fn host_bytes(&self) -> u64 {
+        self.host_bytes
+    }
+
+    /// Whether a scanout was flushed since its image was last taken.
+    pub fn frames_undumped(&self) -> bool {
+        self.scanouts
+            .iter()
+            .any(|s| s.undumped && s.resource_id != 0)
+    }
+
+    /// Copies of the images of the enabled scanouts that were flushed since they were last
+    /// taken (all enabled scanouts with `all`); marks them taken.
+    pub fn take_frames(&mut self, all: bool) -> Vec<Frame> {
+        let mut frames = Vec::new();
+        for (id, s) in (0u32..).zip(self.scanouts.iter_mut()) {
+            if !(all || s.undumped) {
+                continue;
+            }
+            s.undumped = false;
+            if let Some(res) = self.resources.get(&s.resource_id) {
+                frames.push(Frame {
+                    scanout: id,
+                    width: s.rect.width,
+                    height: s.rect.height,
+                    format: res.format,
+                    pixels: res.copy_rect(&s.rect),
+                });
+            }
+        }
+        frames
+    }
+
+    /// Executes a control-queue request; `mem` is the guest memory backing ranges refer to.
+    pub fn execute<M: GuestMemory>(&mut self, req: &ControlRequest, mem: &M) -> Response {
+        trace!("control {:?}", req.cmd);
+        match self.try_execute(&req.cmd, mem) {
+            Ok(response) => response,
+            Err(e) => {
+                debug!("control command {:#x} refused: {e}", req.hdr.ty);
+                Response::Err(e.response_code())
+            }
+        }
+    }
+
+    fn try_execute<M: GuestMemory>(
+        &mut self,
+        cmd: &ControlCommand,
+        mem: &M,
+    ) -> Result<Response, DeviceError> {
+        match *cmd {
+            ControlCommand::GetDisplayInfo => Ok(Response::OkDisplayInfo(vec![DisplayOne {
                 width: self.display.width,
                 height: self.display.height,
                 enabled: true,
-            }]),
+            }])),
+            ControlCommand::GetEdid { scanout_id } => {
+                if scanout_id >= NUM_SCANOUTS {
+                    return Err(DeviceError::EdidScanout(scanout_id));
+                }
+                let block = edid::edid_for_mode(self.display.width, self.display.height)?;
+                Ok(Response::OkEdid(block.to_vec()))
+            }
+            ControlCommand::ResourceCreate2d {
+                resource_id,
+                format,
+                width,
+                height,
+            } => self.create_2d(resource_id, format, width, height),
+            ControlCommand::ResourceUnref { resource_id } => self.unref(resource_id),
+            ControlCommand::SetScanout {
+                scanout_id,
+                resource_id,
+                rect,
+            } => self.set_scanout(scanout_id, resource_id, rect),
+            ControlCommand::ResourceFlush { resource_id, rect } => self.flush(resource_id, rect),
+            ControlCommand::TransferToHost2d {
+                resource_id,
+                rect,
+                offset,
+            } => self.transfer_to_host_2d(resource_id, rect, offset, mem),
+            ControlCommand::AttachBacking {
+                resource_id,
+                ref entries,
+            } => self.attach_backing(resource_id, entries),
+            ControlCommand::DetachBacking { resource_id } => self.detach_backing(resource_id),
             ControlCommand::Unimplemented(t) => {
                 debug!("control command {t:#x} not implemented; ERR_UNSPEC");
-                Response::Err(ty::ERR_UNSPEC)
+                Ok(Response::Err(ty::ERR_UNSPEC))
             }
         }
+    }
+
+    fn resource(&self, id: u32) -> Result<&Resource, DeviceError> {
+        self.resources
+            .get(&id)
+            .ok_or(DeviceError::UnknownResource(id))
+    }
+
+    fn resource_mut(&mut self, id: u32) -> Result<&mut Resource, DeviceError> {
+        self.resources
+            .get_mut(&id)
+            .ok_or(DeviceError::UnknownResource(id))
+    }
+
+    /// Checks that `need` more host bytes fit under [`MAX_HOST_BYTES`].
+    fn check_host_bytes(&self, need: u64) -> Result<(), DeviceError> {
+        match self.host_bytes.checked_add(need) {
+            Some(total) if total <= MAX_HOST_BYTES => Ok(()),
+            _ => Err(DeviceError::OutOfMemory {
+                need,
+                used: self.host_bytes,
+            }),
+        }
+    }
+
+    fn create_2d(
+        &mut self,
+        id: u32,
+        format: PixelFormat,
+        width: u32,
+        height: u32,
+    ) -> Result<Response, DeviceError> {
+        if id == 0 || self.resources.contains_key(&id) {
+            return Err(DeviceError::ResourceIdTaken(id));
+        }
+        let edge = 1..=MAX_RESOURCE_EDGE;
+        if !edge.contains(&width) || !edge.contains(&height) {
+            return Err(DeviceError::BadSize(width, height));
+        }
+        if self.resources.len() >= MAX_RESOURCES {
+            return Err(DeviceError::TooManyResources);
+        }
+        // Both edges <= 2^14: at most 2^30 bytes, no overflow in u64.
+        let bytes = u64::from(width) * u64::from(height) * u64::from(PixelFormat::BYTES_PER_PIXEL);
+        self.check_host_bytes(bytes)?;
+        let oom = || DeviceError::OutOfMemory {
+            need: bytes,
+            used: self.host_bytes,
+        };
+        let len = usize::try_from(bytes).map_err(|_| oom())?;
+        let mut image = Vec::new();
+        image.try_reserve_exact(len).map_err(|_| oom())?;
+        image.resize(len, 0);
+        self.host_bytes += bytes;
+        self.resources.insert(
+            id,
+            Resource {
+                format,
+                width,
+                height,
+                image,
+                backing: None,
+            },
+        );
+        debug!("resource {id}: {width}x{height} {format:?} created");
+        Ok(Response::OkNoData)
+    }
+
+    fn unref(&mut self, id: u32) -> Result<Response, DeviceError> {
+        let res = self
+            .resources
+            .remove(&id)
+            .ok_or(DeviceError::UnknownResource(id))?;
+        self.host_bytes = self.host_bytes.saturating_sub(res.host_bytes());
+        for s in &mut self.scanouts {
+            if s.resource_id == id {
+                debug!("resource {id} unreferenced while shown; scanout disabled");
+                s.resource_id = 0;
+                s.rect = Rect::default();
+            }
+        }
+        debug!("resource {id} unreferenced");
+        Ok(Response::OkNoData)
+    }
+
+    fn set_scanout(
+        &mut self,
+        scanout_id: u32,
+        resource_id: u32,
+        rect: Rect,
+    ) -> Result<Response, DeviceError> {
+        if scanout_id >= NUM_SCANOUTS {
+            return Err(DeviceError::UnknownScanout(scanout_id));
+        }
+        if resource_id != 0 {
+            self.resource(resource_id)?.check_rect(&rect)?;
+        }
+        let s = &mut self.scanouts[scanout_id as usize];
+        s.resource_id = resource_id;
+        s.rect = if resource_id == 0 {
+            Rect::default()
+        } else {
+            rect
+        };
+        s.last_flush = None;
+        debug!("scanout {scanout_id} shows resource {resource_id} {rect:?}");
+        Ok(Response::OkNoData)
+    }
+
+    fn flush(&mut self, id: u32, rect: Rect) -> Result<Response, DeviceError> {
+        self.resource(id)?.check_rect(&rect)?;
+        for (n, s) in self.scanouts.iter_mut().enumerate() {
+            if s.resource_id != id {
+                continue;
+            }
+            if let Some(hit) = rect.intersect(&s.rect) {
+                s.frames = s.frames.saturating_add(1);
+                s.last_flush = Some(hit);
+                s.undumped = true;
+                trace!("scanout {n}: frame {} ({hit:?})", s.frames);
+            }
+        }
+        Ok(Response::OkNoData)
+    }
+
+    fn transfer_to_host_2d<M: GuestMemory>(
+        &mut self,
+        id: u32,
+        rect: Rect,
+        offset: u64,
+        mem: &M,
+    ) -> Result<Response, DeviceError> {
+        let res = self.resource_mut(id)?;
+        res.check_rect(&rect)?;
+        let stride = res.stride();
+        let bpp = u64::from(PixelFormat::BYTES_PER_PIXEL);
+        let backing = res.backing.as_ref().ok_or(DeviceError::NoBacking(id))?;
+        // Row i of the rectangle comes from backing bytes offset + i * stride, width * 4 long.
+        // The rectangle is inside the resource, so rows, widths and strides are at most 2^14
+        // pixels; only the guest's offset can overflow.
+        let row_bytes = u64::from(rect.width) * bpp;
+        let span = u64::from(rect.height - 1) * stride + row_bytes;
+        let end = offset.checked_add(span).ok_or(DeviceError::PastBacking {
+            end: u64::MAX,
+            len: backing.len,
+        })?;
+        if end > backing.len {
+            return Err(DeviceError::PastBacking {
+                end,
+                len: backing.len,
+            });
+        }
+        backing.check_in_memory(mem, offset, end)?;
+        let row_len = row_bytes as usize;
+        for row in 0..u64::from(rect.height) {
+            let dst = ((u64::from(rect.y) + row) * stride + u64::from(rect.x) * bpp) as usize;
+            let Some(line) = res.image.get_mut(dst..dst + row_len) else {
+                return Err(DeviceError::Memory(format!("row {row} outside the image")));
+            };
+            backing.read(mem, offset + row * stride, line)?;
+        }
+        trace!("resource {id}: {rect:?} transferred from backing offset {offset:#x}");
+        Ok(Response::OkNoData)
+    }
+
+    fn attach_backing(&mut self, id: u32, entries: &[MemEntry]) -> Result<Response, DeviceError> {
+        let res = self.resource(id)?;
+        if res.backing.is_some() {
+            return Err(DeviceError::BackingAttached(id));
+        }
+        let backing = Backing::new(id, entries.to_vec())?;
+        self.check_host_bytes(backing.host_bytes())?;
+        self.host_bytes += backing.host_bytes();
+        debug!(
+            "resource {id}: {} backing entries, {:#x} bytes",
+            backing.entries.len(),
+            backing.len
+        );
+        self.resource_mut(id)?.backing = Some(backing);
+        Ok(Response::OkNoData)
+    }
+
+    fn detach_backing(&mut self, id: u32) -> Result<Response, DeviceError> {
+        let backing = self
+            .resource_mut(id)?
+            .backing
+            .take()
+            .ok_or(DeviceError::NoBacking(id))?;
+        self.host_bytes = self.host_bytes.saturating_sub(backing.host_bytes());
+        debug!("resource {id}: backing detached");
+        Ok(Response::OkNoData)
     }
 
     /// Executes a cursor-queue command (cursor commands have no response).
     pub fn execute_cursor(&mut self, cmd: &CursorCommand) {
         trace!("cursor {cmd:?}");
-        if cmd.scanout_id != 0 {
+        if cmd.scanout_id >= NUM_SCANOUTS {
             debug!(
-                "cursor command for scanout {} ignored; one scanout",
+                "cursor command for scanout {} ignored; {NUM_SCANOUTS} scanout(s)",
                 cmd.scanout_id
             );
             return;
@@ -142,7 +749,7 @@ impl GpuDevice {
         let mut bytes = [0u8; CONFIG_SIZE];
         for (at, v) in [
             (CONFIG_EVENTS_READ, self.events_read),
-            (CONFIG_NUM_SCANOUTS, 1),
+            (CONFIG_NUM_SCANOUTS, NUM_SCANOUTS),
             (CONFIG_NUM_CAPSETS, 0),
         ] {
             bytes[at..at + 4].copy_from_slice(&v.to_le_bytes());
@@ -171,6 +778,7 @@ impl GpuDevice {
 mod tests {
     use super::*;
     use crate::gpu::protocol::CtrlHeader;
+    use vm_memory::GuestMemoryMmap;
 
     fn req(cmd: ControlCommand) -> ControlRequest {
         ControlRequest {
@@ -179,10 +787,421 @@ mod tests {
         }
     }
 
+    /// 1 MiB of guest memory at 0.
+    fn mem() -> GuestMemoryMmap {
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap()
+    }
+
+    fn run(dev: &mut GpuDevice, mem: &GuestMemoryMmap, cmd: ControlCommand) -> Response {
+        dev.execute(&req(cmd), mem)
+    }
+
+    fn ok(dev: &mut GpuDevice, mem: &GuestMemoryMmap, cmd: ControlCommand) {
+        let r = run(dev, mem, cmd.clone());
+        assert_eq!(r, Response::OkNoData, "{cmd:?}");
+    }
+
+    fn err(dev: &mut GpuDevice, mem: &GuestMemoryMmap, cmd: ControlCommand) -> u32 {
+        match run(dev, mem, cmd.clone()) {
+            Response::Err(code) => code,
+            r => panic!("{cmd:?} answered {r:?}"),
+        }
+    }
+
+    fn create(id: u32, width: u32, height: u32) -> ControlCommand {
+        ControlCommand::ResourceCreate2d {
+            resource_id: id,
+            format: PixelFormat::B8G8R8X8,
+            width,
+            height,
+        }
+    }
+
+    fn rect(x: u32, y: u32, width: u32, height: u32) -> Rect {
+        Rect {
+            x,
+            y,
+            width,
+            height,
+        }
+    }
+
+    fn attach(id: u32, entries: &[(u64, u32)]) -> ControlCommand {
+        ControlCommand::AttachBacking {
+            resource_id: id,
+            entries: entries
+                .iter()
+                .map(|&(addr, length)| MemEntry { addr, length })
+                .collect(),
+        }
+    }
+
+    fn transfer(id: u32, r: Rect, offset: u64) -> ControlCommand {
+        ControlCommand::TransferToHost2d {
+            resource_id: id,
+            rect: r,
+            offset,
+        }
+    }
+
+    /// A device with resource `id` of `w`x`h` backed by guest memory at `addr`, where pixel
+    /// (x, y) holds bytes [x, y, id, 0xff] (B, G, R, X).
+    fn backed(dev: &mut GpuDevice, m: &GuestMemoryMmap, id: u32, w: u32, h: u32, addr: u64) {
+        ok(dev, m, create(id, w, h));
+        let mut bytes = Vec::new();
+        for y in 0..h {
+            for x in 0..w {
+                bytes.extend_from_slice(&[x as u8, y as u8, id as u8, 0xff]);
+            }
+        }
+        m.write_slice(&bytes, GuestAddress(addr)).unwrap();
+        ok(dev, m, attach(id, &[(addr, bytes.len() as u32)]));
+    }
+
+    fn pixel(dev: &GpuDevice, id: u32, x: u32, y: u32) -> [u8; 4] {
+        let res = &dev.resources[&id];
+        let at = ((y * res.width + x) * 4) as usize;
+        res.image[at..at + 4].try_into().unwrap()
+    }
+
+    #[test]
+    fn transfer_set_scanout_flush_and_frames() {
+        let m = mem();
+        let mut dev = GpuDevice::new(DisplayConfig::default());
+        backed(&mut dev, &m, 1, 64, 64, 0x1_0000);
+        ok(&mut dev, &m, transfer(1, rect(0, 0, 64, 64), 0));
+        assert_eq!(pixel(&dev, 1, 5, 9), [5, 9, 1, 0xff]);
+        ok(
+            &mut dev,
+            &m,
+            ControlCommand::SetScanout {
+                scanout_id: 0,
+                resource_id: 1,
+                rect: rect(0, 0, 64, 64),
+            },
+        );
+        assert!(!dev.frames_undumped(), "nothing flushed yet");
+        ok(
+            &mut dev,
+            &m,
+            ControlCommand::ResourceFlush {
+                resource_id: 1,
+                rect: rect(8, 8, 100, 100).intersect(&rect(0, 0, 64, 64)).unwrap(),
+            },
+        );
+        let s = dev.scanout(0).unwrap();
+        assert_eq!((s.frames, s.last_flush), (1, Some(rect(8, 8, 56, 56))));
+        assert_eq!(dev.frames_flushed(), 1);
+        assert!(dev.frames_undumped());
+        let frames = dev.take_frames(false);
+        assert_eq!(frames.len(), 1);
+        let f = &frames[0];
+        let rgb = f.rgb();
+        assert_eq!((f.width, f.height, rgb.len()), (64, 64, 64 * 64 * 3));
+        // Pixel (5, 9) as RGB: R = id, G = y, B = x.
+        let at = (9 * 64 + 5) * 3;
+        assert_eq!(&rgb[at..at + 3], &[1, 9, 5]);
+        assert!(!dev.frames_undumped());
+        assert!(dev.take_frames(false).is_empty());
+        assert_eq!(dev.take_frames(true).len(), 1, "all: even when not flushed");
+        // A reset frees everything but keeps the frame count.
+        dev.reset();
+        assert_eq!((dev.resource_count(), dev.host_bytes()), (0, 0));
+        assert_eq!(dev.scanout(0).unwrap().frames, 1);
+        assert_eq!(dev.scanout(0).unwrap().resource_id, 0);
+    }
+
+    #[test]
+    fn partial_transfers_use_offset_and_stride() {
+        let m = mem();
+        let mut dev = GpuDevice::new(DisplayConfig::default());
+        backed(&mut dev, &m, 1, 16, 8, 0x1_0000);
+        // The Linux driver's offset for a rect at (3, 2): y * stride + x * 4.
+        let r = rect(3, 2, 4, 5);
+        ok(&mut dev, &m, transfer(1, r, 2 * 64 + 3 * 4));
+        assert_eq!(pixel(&dev, 1, 3, 2), [3, 2, 1, 0xff]);
+        assert_eq!(pixel(&dev, 1, 6, 6), [6, 6, 1, 0xff]);
+        assert_eq!(pixel(&dev, 1, 7, 6), [0; 4], "right of the rect");
+        assert_eq!(pixel(&dev, 1, 3, 7), [0; 4], "below the rect");
+        assert_eq!(pixel(&dev, 1, 2, 2), [0; 4], "left of the rect");
+        // The last pixel of the resource, with the exact backing end.
+        ok(&mut dev, &m, transfer(1, rect(15, 7, 1, 1), 16 * 8 * 4 - 4));
+        assert_eq!(pixel(&dev, 1, 15, 7), [15, 7, 1, 0xff]);
+    }
+
+    #[test]
+    fn transfers_gather_from_scattered_backing() {
+        let m = mem();
+        let mut dev = GpuDevice::new(DisplayConfig::default());
+        ok(&mut dev, &m, create(2, 4, 2));
+        // 32 bytes of image in three pieces, out of order in guest memory.
+        let bytes: Vec<u8> = (0..32).collect();
+        m.write_slice(&bytes[..10], GuestAddress(0x9000)).unwrap();
+        m.write_slice(&bytes[10..11], GuestAddress(0x2000)).unwrap();
+        m.write_slice(&bytes[11..], GuestAddress(0x5003)).unwrap();
+        ok(
+            &mut dev,
+            &m,
+            attach(2, &[(0x9000, 10), (0x2000, 1), (0x5003, 21)]),
+        );
+        ok(&mut dev, &m, transfer(2, rect(0, 0, 4, 2), 0));
+        assert_eq!(dev.resources[&2].image, bytes);
+    }
+
+    #[test]
+    fn transfer_bounds_and_overflow() {
+        let m = mem();
+        let mut dev = GpuDevice::new(DisplayConfig::default());
+        backed(&mut dev, &m, 1, 16, 16, 0x1_0000);
+        let before = dev.resources[&1].image.clone();
+        let p = ty::ERR_INVALID_PARAMETER;
+        for (r, offset) in [
+            (rect(0, 0, 17, 1), 0),                 // wider than the resource
+            (rect(0, 16, 1, 1), 0),                 // below it
+            (rect(15, 0, 2, 1), 0),                 // straddles the right edge
+            (rect(u32::MAX, 0, 2, 1), 0),           // x + width wraps
+            (rect(0, u32::MAX, 1, 2), 0),           // y + height wraps
+            (rect(0, 0, 0, 1), 0),                  // empty
+            (rect(0, 0, 1, 0), 0),                  // empty
+            (rect(0, 0, 16, 16), 4),                // one pixel past the backing
+            (rect(0, 0, 1, 1), 16 * 16 * 4),        // starts at the backing end
+            (rect(0, 0, 1, 1), u64::MAX - 1),       // offset + span wraps
+            (rect(0, 15, 16, 1), u64::MAX - 0x100), // same, on a later row
+        ] {
+            assert_eq!(
+                err(&mut dev, &m, transfer(1, r, offset)),
+                p,
+                "{r:?} at {offset}"
+            );
+        }
+        assert_eq!(dev.resources[&1].image, before, "nothing copied");
+        assert_eq!(
+            err(&mut dev, &m, transfer(9, rect(0, 0, 1, 1), 0)),
+            ty::ERR_INVALID_RESOURCE_ID
+        );
+        ok(&mut dev, &m, create(3, 4, 4));
+        assert_eq!(
+            err(&mut dev, &m, transfer(3, rect(0, 0, 1, 1), 0)),
+            ty::ERR_UNSPEC,
+            "no backing"
+        );
+    }
+
+    #[test]
+    fn backing_outside_guest_memory_fails_at_transfer_time() {
+        let m = mem();
+        let mut dev = GpuDevice::new(DisplayConfig::default());
+        backed(&mut dev, &m, 1, 8, 8, 0x1_0000);
+        ok(&mut dev, &m, create(2, 8, 8));
+        // Half in memory, half past its end: attaching is fine, transferring is not.
+        ok(
+            &mut dev,
+            &m,
+            attach(2, &[(0xf_ff80, 0x80), (0x20_0000, 0x80)]),
+        );
+        assert_eq!(
+            err(&mut dev, &m, transfer(2, rect(0, 0, 8, 8), 0)),
+            ty::ERR_UNSPEC
+        );
+        // The part of the backing that is in memory still works.
+        ok(&mut dev, &m, transfer(2, rect(0, 0, 8, 4), 0));
+        // The neighbour is untouched and still works.
+        ok(&mut dev, &m, transfer(1, rect(0, 0, 8, 8), 0));
+        assert_eq!(pixel(&dev, 1, 7, 7), [7, 7, 1, 0xff]);
+    }
+
+    #[test]
+    fn resource_lifecycle_errors() {
+        let m = mem();
+        let mut dev = GpuDevice::new(DisplayConfig::default());
+        let rid = ty::ERR_INVALID_RESOURCE_ID;
+        ok(&mut dev, &m, create(1, 8, 8));
+        assert_eq!(err(&mut dev, &m, create(1, 8, 8)), rid, "double create");
+        assert_eq!(err(&mut dev, &m, create(0, 8, 8)), rid, "id 0");
+        for (w, h) in [(0, 8), (8, 0), (MAX_RESOURCE_EDGE + 1, 1)] {
+            assert_eq!(
+                err(&mut dev, &m, create(5, w, h)),
+                ty::ERR_INVALID_PARAMETER
+            );
+        }
+        assert_eq!(
+            err(
+                &mut dev,
+                &m,
+                ControlCommand::ResourceUnref { resource_id: 7 }
+            ),
+            rid
+        );
+        assert_eq!(
+            err(
+                &mut dev,
+                &m,
+                ControlCommand::DetachBacking { resource_id: 1 }
+            ),
+            ty::ERR_UNSPEC,
+            "no backing to detach"
+        );
+        assert_eq!(err(&mut dev, &m, attach(7, &[(0, 4)])), rid);
+        assert_eq!(err(&mut dev, &m, attach(1, &[])), ty::ERR_INVALID_PARAMETER);
+        assert_eq!(
+            err(&mut dev, &m, attach(1, &[(0x1000, 0)])),
+            ty::ERR_INVALID_PARAMETER
+        );
+        assert_eq!(
+            err(&mut dev, &m, attach(1, &[(u64::MAX - 2, 4)])),
+            ty::ERR_INVALID_PARAMETER
+        );
+        ok(&mut dev, &m, attach(1, &[(0x1000, 256)]));
+        assert_eq!(
+            err(&mut dev, &m, attach(1, &[(0x1000, 256)])),
+            ty::ERR_UNSPEC,
+            "already backed"
+        );
+        ok(
+            &mut dev,
+            &m,
+            ControlCommand::DetachBacking { resource_id: 1 },
+        );
+        ok(&mut dev, &m, attach(1, &[(0x1000, 256)]));
+        ok(
+            &mut dev,
+            &m,
+            ControlCommand::ResourceUnref { resource_id: 1 },
+        );
+        assert_eq!((dev.resource_count(), dev.host_bytes()), (0, 0));
+        ok(&mut dev, &m, create(1, 8, 8));
+    }
+
+    #[test]
+    fn scanout_and_flush_errors() {
+        let m = mem();
+        let mut dev = GpuDevice::new(DisplayConfig::default());
+        ok(&mut dev, &m, create(1, 32, 32));
+        let set = |scanout_id, resource_id, r| ControlCommand::SetScanout {
+            scanout_id,
+            resource_id,
+            rect: r,
+        };
+        assert_eq!(
+            err(&mut dev, &m, set(1, 1, rect(0, 0, 32, 32))),
+            ty::ERR_INVALID_SCANOUT_ID
+        );
+        assert_eq!(
+            err(&mut dev, &m, set(u32::MAX, 0, rect(0, 0, 0, 0))),
+            ty::ERR_INVALID_SCANOUT_ID
+        );
+        assert_eq!(
+            err(&mut dev, &m, set(0, 2, rect(0, 0, 32, 32))),
+            ty::ERR_INVALID_RESOURCE_ID
+        );
+        assert_eq!(
+            err(&mut dev, &m, set(0, 1, rect(1, 0, 32, 32))),
+            ty::ERR_INVALID_PARAMETER
+        );
+        ok(&mut dev, &m, set(0, 1, rect(8, 8, 16, 16)));
+        let flush = |resource_id, r| ControlCommand::ResourceFlush {
+            resource_id,
+            rect: r,
+        };
+        assert_eq!(
+            err(&mut dev, &m, flush(2, rect(0, 0, 1, 1))),
+            ty::ERR_INVALID_RESOURCE_ID
+        );
+        assert_eq!(
+            err(&mut dev, &m, flush(1, rect(0, 0, 33, 1))),
+            ty::ERR_INVALID_PARAMETER
+        );
+        // A flush outside the shown part is no frame.
+        ok(&mut dev, &m, flush(1, rect(0, 0, 8, 8)));
+        assert_eq!(dev.frames_flushed(), 0);
+        ok(&mut dev, &m, flush(1, rect(0, 0, 9, 9)));
+        assert_eq!(dev.scanout(0).unwrap().last_flush, Some(rect(8, 8, 1, 1)));
+        // Unref of the shown resource disables the scanout; resource 0 disables it too.
+        ok(
+            &mut dev,
+            &m,
+            ControlCommand::ResourceUnref { resource_id: 1 },
+        );
+        assert_eq!(dev.scanout(0).unwrap().resource_id, 0);
+        assert!(dev.take_frames(true).is_empty());
+        ok(&mut dev, &m, set(0, 0, rect(1, 2, 3, 4)));
+        assert_eq!(dev.scanout(0).unwrap().rect, Rect::default());
+    }
+
+    #[test]
+    fn limits_on_resources_and_host_bytes() {
+        let m = mem();
+        let mut dev = GpuDevice::new(DisplayConfig::default());
+        // 8192 x 8192 x 4 = 256 MiB: exactly the budget, so one more byte fails.
+        ok(&mut dev, &m, create(1, 8192, 8192));
+        assert_eq!(dev.host_bytes(), MAX_HOST_BYTES);
+        assert_eq!(err(&mut dev, &m, create(2, 1, 1)), ty::ERR_OUT_OF_MEMORY);
+        assert_eq!(
+            err(&mut dev, &m, attach(1, &[(0x1000, 4)])),
+            ty::ERR_OUT_OF_MEMORY,
+            "backing entries count too"
+        );
+        ok(
+            &mut dev,
+            &m,
+            ControlCommand::ResourceUnref { resource_id: 1 },
+        );
+        assert_eq!(
+            err(
+                &mut dev,
+                &m,
+                create(2, MAX_RESOURCE_EDGE, MAX_RESOURCE_EDGE)
+            ),
+            ty::ERR_OUT_OF_MEMORY
+        );
+        for id in 1..=MAX_RESOURCES as u32 {
+            ok(&mut dev, &m, create(id, 1, 1));
+        }
+        assert_eq!(
+            err(&mut dev, &m, create(MAX_RESOURCES as u32 + 1, 1, 1)),
+            ty::ERR_OUT_OF_MEMORY
+        );
+        ok(
+            &mut dev,
+            &m,
+            ControlCommand::ResourceUnref { resource_id: 5 },
+        );
+        ok(&mut dev, &m, create(MAX_RESOURCES as u32 + 1, 1, 1));
+    }
+
+    #[test]
+    fn edid_for_scanout_0_only() {
+        let m = mem();
+        let mut dev = GpuDevice::new("1280x800".parse().unwrap());
+        assert_eq!(dev.features(), 1 << 1, "VIRTIO_GPU_F_EDID");
+        let Response::OkEdid(e) = run(&mut dev, &m, ControlCommand::GetEdid { scanout_id: 0 })
+        else {
+            panic!("no EDID");
+        };
+        assert_eq!(e.len(), 128);
+        assert_eq!(e.iter().fold(0u8, |s, &b| s.wrapping_add(b)), 0);
+        assert_eq!(
+            err(&mut dev, &m, ControlCommand::GetEdid { scanout_id: 1 }),
+            ty::ERR_INVALID_PARAMETER
+        );
+        let mut big = GpuDevice::new("8192x4096".parse().unwrap());
+        assert_eq!(
+            big.features(),
+            0,
+            "no EDID feature for a mode an EDID cannot carry"
+        );
+        assert_eq!(
+            err(&mut big, &m, ControlCommand::GetEdid { scanout_id: 0 }),
+            ty::ERR_UNSPEC
+        );
+    }
+
     #[test]
     fn display_info_reports_the_configured_mode() {
         let mut dev = GpuDevice::new("1280x720".parse().unwrap());
-        let Response::OkDisplayInfo(s) = dev.execute(&req(ControlCommand::GetDisplayInfo)) else {
+        let m = mem();
+        let Response::OkDisplayInfo(s) = dev.execute(&req(ControlCommand::GetDisplayInfo), &m)
+        else {
             panic!("wrong response");
         };
         assert_eq!(
@@ -194,7 +1213,7 @@ mod tests {
             }]
         );
         assert_eq!(
-            dev.execute(&req(ControlCommand::Unimplemented(0x101))),
+            dev.execute(&req(ControlCommand::Unimplemented(0x20b)), &m),
             Response::Err(ty::ERR_UNSPEC)
         );
     }

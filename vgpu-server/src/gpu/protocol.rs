@@ -15,6 +15,32 @@ pub const MAX_SCANOUTS: usize = vg::VIRTIO_GPU_MAX_SCANOUTS as usize;
 pub const DISPLAY_INFO_SIZE: usize = CTRL_HDR_SIZE + MAX_SCANOUTS * 24;
 /// Size of struct virtio_gpu_update_cursor (used by both cursor commands).
 pub const CURSOR_CMD_SIZE: usize = CTRL_HDR_SIZE + 16 + 16;
+/// Size of struct virtio_gpu_rect.
+pub const RECT_SIZE: usize = 16;
+/// Size of struct virtio_gpu_resource_create_2d.
+pub const RESOURCE_CREATE_2D_SIZE: usize = CTRL_HDR_SIZE + 16;
+/// Size of struct virtio_gpu_resource_unref, _detach_backing and virtio_gpu_get_edid (a header
+/// and two 32-bit fields).
+pub const HDR_PLUS_8_SIZE: usize = CTRL_HDR_SIZE + 8;
+/// Size of struct virtio_gpu_set_scanout.
+pub const SET_SCANOUT_SIZE: usize = CTRL_HDR_SIZE + RECT_SIZE + 8;
+/// Size of struct virtio_gpu_resource_flush.
+pub const RESOURCE_FLUSH_SIZE: usize = CTRL_HDR_SIZE + RECT_SIZE + 8;
+/// Size of struct virtio_gpu_transfer_to_host_2d.
+pub const TRANSFER_TO_HOST_2D_SIZE: usize = CTRL_HDR_SIZE + RECT_SIZE + 16;
+/// Size of struct virtio_gpu_resource_attach_backing, without its entries.
+pub const ATTACH_BACKING_SIZE: usize = CTRL_HDR_SIZE + 8;
+/// Size of struct virtio_gpu_mem_entry.
+pub const MEM_ENTRY_SIZE: usize = 16;
+/// Size of the EDID blob in struct virtio_gpu_resp_edid.
+pub const EDID_BLOB_SIZE: usize = 1024;
+/// Size of struct virtio_gpu_resp_edid.
+pub const RESP_EDID_SIZE: usize = CTRL_HDR_SIZE + 8 + EDID_BLOB_SIZE;
+/// Most backing entries one RESOURCE_ATTACH_BACKING may carry. Linux sends one entry per
+/// scatter-gather segment, at worst one per 4 KiB page: 16384 entries back a 64 MiB resource
+/// (a 4K scanout of 32 MiB needs 8100) even when no two pages are contiguous. The bound keeps a
+/// guest from making the device copy and keep large entry lists (QEMU uses the same bound).
+pub const MAX_BACKING_ENTRIES: u32 = 16384;
 
 /// The request asks for a fence: the response is returned once the work it covers is done.
 pub const FLAG_FENCE: u32 = vg::VIRTIO_GPU_FLAG_FENCE;
@@ -26,6 +52,25 @@ pub mod ty {
     use virtio_bindings::virtio_gpu as vg;
     /// Query the scanouts.
     pub const GET_DISPLAY_INFO: u32 = vg::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_GET_DISPLAY_INFO;
+    /// Create a host-side 2D resource.
+    pub const RESOURCE_CREATE_2D: u32 = vg::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_RESOURCE_CREATE_2D;
+    /// Destroy a resource.
+    pub const RESOURCE_UNREF: u32 = vg::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_RESOURCE_UNREF;
+    /// Show a resource (or nothing) on a scanout.
+    pub const SET_SCANOUT: u32 = vg::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_SET_SCANOUT;
+    /// A rectangle of a resource is ready to be shown.
+    pub const RESOURCE_FLUSH: u32 = vg::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_RESOURCE_FLUSH;
+    /// Copy from guest backing into a 2D resource.
+    pub const TRANSFER_TO_HOST_2D: u32 =
+        vg::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_TRANSFER_TO_HOST_2D;
+    /// Give a resource guest pages as backing.
+    pub const RESOURCE_ATTACH_BACKING: u32 =
+        vg::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_RESOURCE_ATTACH_BACKING;
+    /// Take a resource's guest backing away.
+    pub const RESOURCE_DETACH_BACKING: u32 =
+        vg::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_RESOURCE_DETACH_BACKING;
+    /// Query a scanout's EDID.
+    pub const GET_EDID: u32 = vg::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_GET_EDID;
     /// First 2D command code.
     pub const FIRST_2D: u32 = GET_DISPLAY_INFO;
     /// Last 2D command code defined by the specification.
@@ -42,8 +87,18 @@ pub mod ty {
     pub const OK_NODATA: u32 = vg::virtio_gpu_ctrl_type_VIRTIO_GPU_RESP_OK_NODATA;
     /// Success with struct virtio_gpu_resp_display_info.
     pub const OK_DISPLAY_INFO: u32 = vg::virtio_gpu_ctrl_type_VIRTIO_GPU_RESP_OK_DISPLAY_INFO;
+    /// Success with struct virtio_gpu_resp_edid.
+    pub const OK_EDID: u32 = vg::virtio_gpu_ctrl_type_VIRTIO_GPU_RESP_OK_EDID;
     /// Unspecified error.
     pub const ERR_UNSPEC: u32 = vg::virtio_gpu_ctrl_type_VIRTIO_GPU_RESP_ERR_UNSPEC;
+    /// The host is out of memory (or past a named limit) for the request.
+    pub const ERR_OUT_OF_MEMORY: u32 = vg::virtio_gpu_ctrl_type_VIRTIO_GPU_RESP_ERR_OUT_OF_MEMORY;
+    /// No such scanout.
+    pub const ERR_INVALID_SCANOUT_ID: u32 =
+        vg::virtio_gpu_ctrl_type_VIRTIO_GPU_RESP_ERR_INVALID_SCANOUT_ID;
+    /// No such resource (or the id is taken, for a create).
+    pub const ERR_INVALID_RESOURCE_ID: u32 =
+        vg::virtio_gpu_ctrl_type_VIRTIO_GPU_RESP_ERR_INVALID_RESOURCE_ID;
     /// Invalid parameter.
     pub const ERR_INVALID_PARAMETER: u32 =
         vg::virtio_gpu_ctrl_type_VIRTIO_GPU_RESP_ERR_INVALID_PARAMETER;
@@ -68,6 +123,12 @@ pub enum ProtocolError {
         /// Bytes the command structure needs.
         need: usize,
     },
+    /// RESOURCE_CREATE_2D with a pixel format this device does not support.
+    #[error("unsupported pixel format {0}")]
+    UnsupportedFormat(u32),
+    /// RESOURCE_ATTACH_BACKING with more entries than [`MAX_BACKING_ENTRIES`].
+    #[error("{0} backing entries, at most {MAX_BACKING_ENTRIES}")]
+    TooManyEntries(u32),
 }
 
 impl ProtocolError {
@@ -75,7 +136,9 @@ impl ProtocolError {
     pub fn response_code(&self) -> u32 {
         match self {
             ProtocolError::ShortHeader(_) | ProtocolError::UnknownCommand(_) => ty::ERR_UNSPEC,
-            ProtocolError::ShortCommand { .. } => ty::ERR_INVALID_PARAMETER,
+            ProtocolError::ShortCommand { .. }
+            | ProtocolError::UnsupportedFormat(_)
+            | ProtocolError::TooManyEntries(_) => ty::ERR_INVALID_PARAMETER,
         }
     }
 }
@@ -137,11 +200,172 @@ impl CtrlHeader {
     }
 }
 
+/// struct virtio_gpu_rect.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Rect {
+    /// Left edge.
+    pub x: u32,
+    /// Top edge.
+    pub y: u32,
+    /// Width.
+    pub width: u32,
+    /// Height.
+    pub height: u32,
+}
+
+impl Rect {
+    /// Whether the rectangle is non-empty and lies inside a `width` x `height` image
+    /// (checked arithmetic: an edge past 2^32 is outside).
+    pub fn is_inside(&self, width: u32, height: u32) -> bool {
+        let fits = |start: u32, len: u32, limit: u32| {
+            len != 0 && start.checked_add(len).is_some_and(|end| end <= limit)
+        };
+        fits(self.x, self.width, width) && fits(self.y, self.height, height)
+    }
+
+    /// The overlap of two rectangles, `None` when they do not overlap.
+    pub fn intersect(&self, other: &Rect) -> Option<Rect> {
+        let end = |start: u32, len: u32| u64::from(start) + u64::from(len);
+        let x0 = self.x.max(other.x);
+        let y0 = self.y.max(other.y);
+        let x1 = end(self.x, self.width).min(end(other.x, other.width));
+        let y1 = end(self.y, self.height).min(end(other.y, other.height));
+        let width = u32::try_from(x1.checked_sub(u64::from(x0))?).ok()?;
+        let height = u32::try_from(y1.checked_sub(u64::from(y0))?).ok()?;
+        (width != 0 && height != 0).then_some(Rect {
+            x: x0,
+            y: y0,
+            width,
+            height,
+        })
+    }
+}
+
+/// The 32-bit pixel formats of virtio_gpu_formats that Linux uses for 2D resources. Each name
+/// lists the components in memory byte order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PixelFormat {
+    /// VIRTIO_GPU_FORMAT_B8G8R8A8_UNORM.
+    B8G8R8A8,
+    /// VIRTIO_GPU_FORMAT_B8G8R8X8_UNORM (DRM XRGB8888 on little-endian).
+    B8G8R8X8,
+    /// VIRTIO_GPU_FORMAT_A8R8G8B8_UNORM.
+    A8R8G8B8,
+    /// VIRTIO_GPU_FORMAT_X8R8G8B8_UNORM.
+    X8R8G8B8,
+    /// VIRTIO_GPU_FORMAT_R8G8B8A8_UNORM.
+    R8G8B8A8,
+    /// VIRTIO_GPU_FORMAT_X8B8G8R8_UNORM.
+    X8B8G8R8,
+    /// VIRTIO_GPU_FORMAT_A8B8G8R8_UNORM.
+    A8B8G8R8,
+    /// VIRTIO_GPU_FORMAT_R8G8B8X8_UNORM.
+    R8G8B8X8,
+}
+
+impl PixelFormat {
+    /// Bytes per pixel of every supported format.
+    pub const BYTES_PER_PIXEL: u32 = 4;
+
+    /// The format of a virtio_gpu_formats value, if supported.
+    pub fn from_wire(v: u32) -> Option<PixelFormat> {
+        Some(match v {
+            vg::virtio_gpu_formats_VIRTIO_GPU_FORMAT_B8G8R8A8_UNORM => PixelFormat::B8G8R8A8,
+            vg::virtio_gpu_formats_VIRTIO_GPU_FORMAT_B8G8R8X8_UNORM => PixelFormat::B8G8R8X8,
+            vg::virtio_gpu_formats_VIRTIO_GPU_FORMAT_A8R8G8B8_UNORM => PixelFormat::A8R8G8B8,
+            vg::virtio_gpu_formats_VIRTIO_GPU_FORMAT_X8R8G8B8_UNORM => PixelFormat::X8R8G8B8,
+            vg::virtio_gpu_formats_VIRTIO_GPU_FORMAT_R8G8B8A8_UNORM => PixelFormat::R8G8B8A8,
+            vg::virtio_gpu_formats_VIRTIO_GPU_FORMAT_X8B8G8R8_UNORM => PixelFormat::X8B8G8R8,
+            vg::virtio_gpu_formats_VIRTIO_GPU_FORMAT_A8B8G8R8_UNORM => PixelFormat::A8B8G8R8,
+            vg::virtio_gpu_formats_VIRTIO_GPU_FORMAT_R8G8B8X8_UNORM => PixelFormat::R8G8B8X8,
+            _ => return None,
+        })
+    }
+
+    /// Byte offsets of red, green and blue within one pixel.
+    pub fn rgb_offsets(self) -> [usize; 3] {
+        match self {
+            PixelFormat::B8G8R8A8 | PixelFormat::B8G8R8X8 => [2, 1, 0],
+            PixelFormat::A8R8G8B8 | PixelFormat::X8R8G8B8 => [1, 2, 3],
+            PixelFormat::R8G8B8A8 | PixelFormat::R8G8B8X8 => [0, 1, 2],
+            PixelFormat::X8B8G8R8 | PixelFormat::A8B8G8R8 => [3, 2, 1],
+        }
+    }
+}
+
+/// struct virtio_gpu_mem_entry: one guest-physical range of a resource's backing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemEntry {
+    /// Guest-physical address.
+    pub addr: u64,
+    /// Length in bytes.
+    pub length: u32,
+}
+
 /// A decoded control-queue command.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ControlCommand {
     /// VIRTIO_GPU_CMD_GET_DISPLAY_INFO.
     GetDisplayInfo,
+    /// VIRTIO_GPU_CMD_GET_EDID.
+    GetEdid {
+        /// Scanout whose EDID is asked for.
+        scanout_id: u32,
+    },
+    /// VIRTIO_GPU_CMD_RESOURCE_CREATE_2D.
+    ResourceCreate2d {
+        /// Guest-chosen id (0 is invalid).
+        resource_id: u32,
+        /// Pixel format.
+        format: PixelFormat,
+        /// Width in pixels.
+        width: u32,
+        /// Height in pixels.
+        height: u32,
+    },
+    /// VIRTIO_GPU_CMD_RESOURCE_UNREF.
+    ResourceUnref {
+        /// Resource to destroy.
+        resource_id: u32,
+    },
+    /// VIRTIO_GPU_CMD_SET_SCANOUT.
+    SetScanout {
+        /// Scanout.
+        scanout_id: u32,
+        /// Resource to show; 0 disables the scanout.
+        resource_id: u32,
+        /// Part of the resource shown.
+        rect: Rect,
+    },
+    /// VIRTIO_GPU_CMD_RESOURCE_FLUSH.
+    ResourceFlush {
+        /// Resource.
+        resource_id: u32,
+        /// Part of the resource that changed.
+        rect: Rect,
+    },
+    /// VIRTIO_GPU_CMD_TRANSFER_TO_HOST_2D.
+    TransferToHost2d {
+        /// Resource.
+        resource_id: u32,
+        /// Destination rectangle in the resource.
+        rect: Rect,
+        /// Byte offset of the rectangle's first pixel in the backing; row `i` starts
+        /// `i` strides (resource width times 4 bytes) after it.
+        offset: u64,
+    },
+    /// VIRTIO_GPU_CMD_RESOURCE_ATTACH_BACKING with its entries.
+    AttachBacking {
+        /// Resource.
+        resource_id: u32,
+        /// The guest-physical ranges, in order.
+        entries: Vec<MemEntry>,
+    },
+    /// VIRTIO_GPU_CMD_RESOURCE_DETACH_BACKING.
+    DetachBacking {
+        /// Resource.
+        resource_id: u32,
+    },
     /// A command the specification defines that this device does not implement yet.
     Unimplemented(u32),
 }
@@ -158,16 +382,106 @@ pub struct ControlRequest {
 /// Decodes a control-queue request from the device-readable bytes of a chain.
 pub fn decode_control(buf: &[u8]) -> Result<ControlRequest, (Option<CtrlHeader>, ProtocolError)> {
     let hdr = CtrlHeader::decode(buf).map_err(|e| (None, e))?;
-    let cmd = match hdr.ty {
+    let cmd = decode_command(&hdr, buf).map_err(|e| (Some(hdr), e))?;
+    Ok(ControlRequest { hdr, cmd })
+}
+
+/// Reads the fixed part of command `hdr.ty`, `need` bytes, past its header. Bytes after the
+/// structure are ignored, as the specification's fixed-size commands allow.
+fn body<'a>(hdr: &CtrlHeader, buf: &'a [u8], need: usize) -> Result<Fields<'a>, ProtocolError> {
+    let mut r = Fields::new(buf, need).ok_or(ProtocolError::ShortCommand {
+        ty: hdr.ty,
+        len: buf.len(),
+        need,
+    })?;
+    r.skip(CTRL_HDR_SIZE);
+    Ok(r)
+}
+
+fn decode_command(hdr: &CtrlHeader, buf: &[u8]) -> Result<ControlCommand, ProtocolError> {
+    Ok(match hdr.ty {
         ty::GET_DISPLAY_INFO => ControlCommand::GetDisplayInfo,
+        ty::GET_EDID => ControlCommand::GetEdid {
+            scanout_id: body(hdr, buf, HDR_PLUS_8_SIZE)?.u32(),
+        },
+        ty::RESOURCE_CREATE_2D => {
+            let mut r = body(hdr, buf, RESOURCE_CREATE_2D_SIZE)?;
+            let (resource_id, format) = (r.u32(), r.u32());
+            ControlCommand::ResourceCreate2d {
+                resource_id,
+                format: PixelFormat::from_wire(format)
+                    .ok_or(ProtocolError::UnsupportedFormat(format))?,
+                width: r.u32(),
+                height: r.u32(),
+            }
+        }
+        ty::RESOURCE_UNREF => ControlCommand::ResourceUnref {
+            resource_id: body(hdr, buf, HDR_PLUS_8_SIZE)?.u32(),
+        },
+        ty::RESOURCE_DETACH_BACKING => ControlCommand::DetachBacking {
+            resource_id: body(hdr, buf, HDR_PLUS_8_SIZE)?.u32(),
+        },
+        ty::SET_SCANOUT => {
+            let mut r = body(hdr, buf, SET_SCANOUT_SIZE)?;
+            let rect = r.rect();
+            ControlCommand::SetScanout {
+                rect,
+                scanout_id: r.u32(),
+                resource_id: r.u32(),
+            }
+        }
+        ty::RESOURCE_FLUSH => {
+            let mut r = body(hdr, buf, RESOURCE_FLUSH_SIZE)?;
+            let rect = r.rect();
+            ControlCommand::ResourceFlush {
+                rect,
+                resource_id: r.u32(),
+            }
+        }
+        ty::TRANSFER_TO_HOST_2D => {
+            let mut r = body(hdr, buf, TRANSFER_TO_HOST_2D_SIZE)?;
+            let rect = r.rect();
+            let offset = r.u64();
+            ControlCommand::TransferToHost2d {
+                rect,
+                offset,
+                resource_id: r.u32(),
+            }
+        }
+        ty::RESOURCE_ATTACH_BACKING => decode_attach_backing(hdr, buf)?,
         t if (ty::FIRST_2D..=ty::LAST_2D).contains(&t)
             || (ty::FIRST_3D..=ty::LAST_3D).contains(&t) =>
         {
             ControlCommand::Unimplemented(t)
         }
-        t => return Err((Some(hdr), ProtocolError::UnknownCommand(t))),
-    };
-    Ok(ControlRequest { hdr, cmd })
+        t => return Err(ProtocolError::UnknownCommand(t)),
+    })
+}
+
+/// RESOURCE_ATTACH_BACKING: the entry count is bounded before the entries are read, and the
+/// request must hold all of them.
+fn decode_attach_backing(hdr: &CtrlHeader, buf: &[u8]) -> Result<ControlCommand, ProtocolError> {
+    let mut r = body(hdr, buf, ATTACH_BACKING_SIZE)?;
+    let (resource_id, nr_entries) = (r.u32(), r.u32());
+    if nr_entries > MAX_BACKING_ENTRIES {
+        return Err(ProtocolError::TooManyEntries(nr_entries));
+    }
+    // nr_entries <= MAX_BACKING_ENTRIES, so this cannot overflow.
+    let need = ATTACH_BACKING_SIZE + nr_entries as usize * MEM_ENTRY_SIZE;
+    let mut r = body(hdr, buf, need)?;
+    r.skip(8);
+    let entries = (0..nr_entries)
+        .map(|_| {
+            let addr = r.u64();
+            let length = r.u32();
+            r.skip(4);
+            MemEntry { addr, length }
+        })
+        .collect();
+    Ok(ControlCommand::AttachBacking {
+        resource_id,
+        entries,
+    })
 }
 
 /// A decoded cursor-queue command (struct virtio_gpu_update_cursor).
@@ -234,6 +548,8 @@ pub enum Response {
     OkNoData,
     /// VIRTIO_GPU_RESP_OK_DISPLAY_INFO with up to [`MAX_SCANOUTS`] scanouts.
     OkDisplayInfo(Vec<DisplayOne>),
+    /// VIRTIO_GPU_RESP_OK_EDID with an EDID of at most [`EDID_BLOB_SIZE`] bytes.
+    OkEdid(Vec<u8>),
     /// A VIRTIO_GPU_RESP_ERR_* code.
     Err(u32),
 }
@@ -241,7 +557,7 @@ pub enum Response {
 impl Response {
     /// Encodes the response to the request whose header is `req` (fence fields are echoed).
     pub fn encode(&self, req: &CtrlHeader) -> Vec<u8> {
-        let mut out = Vec::with_capacity(DISPLAY_INFO_SIZE);
+        let mut out = Vec::with_capacity(RESP_EDID_SIZE);
         match self {
             Response::OkNoData => req.response(ty::OK_NODATA).encode(&mut out),
             Response::Err(code) => req.response(*code).encode(&mut out),
@@ -253,6 +569,15 @@ impl Response {
                         out.extend_from_slice(&v.to_le_bytes());
                     }
                 }
+            }
+            Response::OkEdid(edid) => {
+                req.response(ty::OK_EDID).encode(&mut out);
+                let edid = &edid[..edid.len().min(EDID_BLOB_SIZE)];
+                // At most EDID_BLOB_SIZE, a u32.
+                out.extend_from_slice(&(edid.len() as u32).to_le_bytes());
+                out.extend_from_slice(&[0; 4]);
+                out.extend_from_slice(edid);
+                out.resize(RESP_EDID_SIZE, 0);
             }
         }
         out
@@ -293,6 +618,15 @@ impl<'a> Fields<'a> {
 
     fn u64(&mut self) -> u64 {
         u64::from_le_bytes(self.take())
+    }
+
+    fn rect(&mut self) -> Rect {
+        Rect {
+            x: self.u32(),
+            y: self.u32(),
+            width: self.u32(),
+            height: self.u32(),
+        }
     }
 }
 
@@ -388,5 +722,258 @@ mod tests {
             decode_cursor(&hdr_bytes(ty::GET_DISPLAY_INFO, 0, 0)),
             Err(ProtocolError::UnknownCommand(0x100))
         );
+    }
+
+    /// A request of type `ty` with 32-bit body words `words`.
+    fn request(ty: u32, words: &[u32]) -> Vec<u8> {
+        let mut b = hdr_bytes(ty, 0, 0);
+        for w in words {
+            b.extend_from_slice(&w.to_le_bytes());
+        }
+        b
+    }
+
+    fn cmd(buf: &[u8]) -> ControlCommand {
+        decode_control(buf).unwrap().cmd
+    }
+
+    fn refusal(buf: &[u8]) -> (ProtocolError, u32) {
+        let (hdr, e) = decode_control(buf).unwrap_err();
+        assert!(hdr.is_some(), "the header is echoed");
+        let code = e.response_code();
+        (e, code)
+    }
+
+    #[test]
+    fn decodes_the_2d_commands() {
+        assert_eq!(
+            cmd(&request(ty::RESOURCE_CREATE_2D, &[5, 2, 64, 32])),
+            ControlCommand::ResourceCreate2d {
+                resource_id: 5,
+                format: PixelFormat::B8G8R8X8,
+                width: 64,
+                height: 32
+            }
+        );
+        assert_eq!(
+            cmd(&request(ty::RESOURCE_UNREF, &[5, 0])),
+            ControlCommand::ResourceUnref { resource_id: 5 }
+        );
+        let r = Rect {
+            x: 1,
+            y: 2,
+            width: 3,
+            height: 4,
+        };
+        assert_eq!(
+            cmd(&request(ty::SET_SCANOUT, &[1, 2, 3, 4, 0, 5])),
+            ControlCommand::SetScanout {
+                scanout_id: 0,
+                resource_id: 5,
+                rect: r
+            }
+        );
+        assert_eq!(
+            cmd(&request(ty::RESOURCE_FLUSH, &[1, 2, 3, 4, 5, 0])),
+            ControlCommand::ResourceFlush {
+                resource_id: 5,
+                rect: r
+            }
+        );
+        assert_eq!(
+            cmd(&request(
+                ty::TRANSFER_TO_HOST_2D,
+                &[1, 2, 3, 4, 0x10, 0x1, 5, 0]
+            )),
+            ControlCommand::TransferToHost2d {
+                resource_id: 5,
+                rect: r,
+                offset: 0x1_0000_0010
+            }
+        );
+        assert_eq!(
+            cmd(&request(ty::RESOURCE_DETACH_BACKING, &[5, 0])),
+            ControlCommand::DetachBacking { resource_id: 5 }
+        );
+        assert_eq!(
+            cmd(&request(ty::GET_EDID, &[0, 0])),
+            ControlCommand::GetEdid { scanout_id: 0 }
+        );
+        assert_eq!(
+            cmd(&request(
+                ty::RESOURCE_ATTACH_BACKING,
+                &[5, 2, 0x1000, 0, 4096, 0, 0x3000, 0x1, 100, 0]
+            )),
+            ControlCommand::AttachBacking {
+                resource_id: 5,
+                entries: vec![
+                    MemEntry {
+                        addr: 0x1000,
+                        length: 4096
+                    },
+                    MemEntry {
+                        addr: 0x1_0000_3000,
+                        length: 100
+                    }
+                ]
+            }
+        );
+    }
+
+    #[test]
+    fn all_linux_formats_and_nothing_else() {
+        for (wire, rgb) in [
+            (1, [2, 1, 0]),
+            (2, [2, 1, 0]),
+            (3, [1, 2, 3]),
+            (4, [1, 2, 3]),
+            (67, [0, 1, 2]),
+            (68, [3, 2, 1]),
+            (121, [3, 2, 1]),
+            (134, [0, 1, 2]),
+        ] {
+            let f = PixelFormat::from_wire(wire).unwrap();
+            assert_eq!(f.rgb_offsets(), rgb, "{f:?}");
+        }
+        for wire in [0, 5, 66, 100, 0xffff_ffff] {
+            assert_eq!(PixelFormat::from_wire(wire), None);
+            assert_eq!(
+                refusal(&request(ty::RESOURCE_CREATE_2D, &[1, wire, 8, 8])),
+                (
+                    ProtocolError::UnsupportedFormat(wire),
+                    ty::ERR_INVALID_PARAMETER
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn short_requests_are_invalid_parameters() {
+        for (t, full) in [
+            (ty::RESOURCE_CREATE_2D, RESOURCE_CREATE_2D_SIZE),
+            (ty::RESOURCE_UNREF, HDR_PLUS_8_SIZE),
+            (ty::SET_SCANOUT, SET_SCANOUT_SIZE),
+            (ty::RESOURCE_FLUSH, RESOURCE_FLUSH_SIZE),
+            (ty::TRANSFER_TO_HOST_2D, TRANSFER_TO_HOST_2D_SIZE),
+            (ty::RESOURCE_ATTACH_BACKING, ATTACH_BACKING_SIZE),
+            (ty::RESOURCE_DETACH_BACKING, HDR_PLUS_8_SIZE),
+            (ty::GET_EDID, HDR_PLUS_8_SIZE),
+        ] {
+            let mut b = request(t, &[1, 2, 0, 0, 1, 1, 0, 0]);
+            b.resize(full, 0);
+            // Format 2 and one entry where they matter; one byte less is refused.
+            if t == ty::RESOURCE_ATTACH_BACKING {
+                b[28..32].copy_from_slice(&0u32.to_le_bytes());
+            }
+            assert!(decode_control(&b).is_ok(), "{t:#x} at full size");
+            let (e, code) = refusal(&b[..full - 1]);
+            assert_eq!(
+                e,
+                ProtocolError::ShortCommand {
+                    ty: t,
+                    len: full - 1,
+                    need: full
+                }
+            );
+            assert_eq!(code, ty::ERR_INVALID_PARAMETER);
+            // Bytes past the structure are ignored, as for any fixed-size command.
+            b.extend_from_slice(&[0xee; 40]);
+            assert!(decode_control(&b).is_ok(), "{t:#x} with trailing bytes");
+        }
+    }
+
+    #[test]
+    fn attach_backing_entry_counts() {
+        // Two entries announced, one present.
+        let b = request(ty::RESOURCE_ATTACH_BACKING, &[1, 2, 0x1000, 0, 16, 0]);
+        assert_eq!(
+            refusal(&b),
+            (
+                ProtocolError::ShortCommand {
+                    ty: ty::RESOURCE_ATTACH_BACKING,
+                    len: 48,
+                    need: 64
+                },
+                ty::ERR_INVALID_PARAMETER
+            )
+        );
+        // Above the limit: refused before the entries are looked at.
+        for n in [MAX_BACKING_ENTRIES + 1, u32::MAX] {
+            assert_eq!(
+                refusal(&request(ty::RESOURCE_ATTACH_BACKING, &[1, n])),
+                (ProtocolError::TooManyEntries(n), ty::ERR_INVALID_PARAMETER)
+            );
+        }
+        // At the limit it decodes (the request is just under 256 KiB).
+        let mut b = request(ty::RESOURCE_ATTACH_BACKING, &[1, MAX_BACKING_ENTRIES]);
+        b.resize(
+            ATTACH_BACKING_SIZE + MAX_BACKING_ENTRIES as usize * MEM_ENTRY_SIZE,
+            0,
+        );
+        let ControlCommand::AttachBacking { entries, .. } = cmd(&b) else {
+            panic!("not an attach");
+        };
+        assert_eq!(entries.len(), MAX_BACKING_ENTRIES as usize);
+        // Zero entries decode; the device model refuses them.
+        assert!(decode_control(&request(ty::RESOURCE_ATTACH_BACKING, &[1, 0])).is_ok());
+    }
+
+    #[test]
+    fn garbage_never_panics() {
+        // A cheap deterministic generator: every command type, every length up to 96.
+        let mut x = 0x1234_5678u32;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x
+        };
+        for t in ty::FIRST_2D..=ty::LAST_2D + 2 {
+            for len in 0..96 {
+                let mut b: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+                if len >= 4 {
+                    b[..4].copy_from_slice(&t.to_le_bytes());
+                }
+                let _ = decode_control(&b);
+                let _ = decode_cursor(&b);
+            }
+        }
+    }
+
+    #[test]
+    fn rect_math() {
+        let r = |x, y, width, height| Rect {
+            x,
+            y,
+            width,
+            height,
+        };
+        assert!(r(0, 0, 64, 64).is_inside(64, 64));
+        assert!(r(63, 63, 1, 1).is_inside(64, 64));
+        assert!(!r(63, 63, 2, 1).is_inside(64, 64));
+        assert!(!r(0, 0, 0, 1).is_inside(64, 64));
+        assert!(!r(u32::MAX, 0, 1, 1).is_inside(u32::MAX, 1));
+        assert!(!r(1, 0, u32::MAX, 1).is_inside(u32::MAX, 1));
+        assert_eq!(
+            r(0, 0, 10, 10).intersect(&r(5, 5, 10, 10)),
+            Some(r(5, 5, 5, 5))
+        );
+        assert_eq!(r(0, 0, 5, 5).intersect(&r(5, 0, 5, 5)), None, "touching");
+        assert_eq!(
+            r(u32::MAX, u32::MAX, u32::MAX, u32::MAX).intersect(&r(0, 0, u32::MAX, u32::MAX)),
+            None
+        );
+    }
+
+    #[test]
+    fn edid_response_layout() {
+        let req = CtrlHeader::decode(&hdr_bytes(ty::GET_EDID, FLAG_FENCE, 3)).unwrap();
+        let out = Response::OkEdid(vec![0xab; 128]).encode(&req);
+        assert_eq!(out.len(), RESP_EDID_SIZE);
+        let h = CtrlHeader::decode(&out).unwrap();
+        assert_eq!((h.ty, h.fence_id), (ty::OK_EDID, 3));
+        assert_eq!(&out[24..28], &128u32.to_le_bytes());
+        assert_eq!(&out[32..160], &[0xab; 128][..]);
+        assert!(out[160..].iter().all(|&b| b == 0));
     }
 }
