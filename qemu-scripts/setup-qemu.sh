@@ -31,18 +31,8 @@ for tool in apt-get dpkg dpkg-deb; do
     command -v "$tool" >/dev/null || die "'$tool' not found: this script needs a Debian-based host"
 done
 
-host_mirror() {
-    local f
-    for f in /etc/apt/sources.list.d/*.sources; do
-        [[ -f $f ]] || continue
-        awk '/^URIs:/ { for (i = 2; i <= NF; i++) if ($i !~ /security/) { print $i; exit } }' "$f"
-    done | head -n1
-    for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
-        [[ -f $f ]] || continue
-        awk '$1 == "deb" { for (i = 2; i <= NF; i++) if ($i ~ /^https?:/ && $i !~ /security/) { print $i; exit } }' "$f"
-    done | head -n1
-}
-MIRROR=${VGPU_DEBIAN_MIRROR:-$(host_mirror | head -n1)}
+source "$(dirname "${BASH_SOURCE[0]}")/debian-mirror.sh"
+MIRROR=$(debian_mirror)
 [[ -n $MIRROR ]] || die "no Debian mirror found in /etc/apt sources; set VGPU_DEBIAN_MIRROR"
 
 APTDIR=$CACHE/qemu-apt

@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
-# The README's test command: installs what the tests need (the QEMU 11.1 prefix), builds the
-# workspace and runs every test tier (unit tests, qtest integration tests against QEMU).
+# The README's test command: installs what the tests need (the QEMU 11.1 prefix, the Debian guest
+# image), builds the workspace and runs every test tier (unit tests, qtest integration tests
+# against QEMU, guest end-to-end tests booting the image under QEMU).
 # Idempotent; the cache lives in ${VGPU_CACHE:-$HOME/.cache/vgpu}.
 set -euo pipefail
-STEPS=3
+STEPS=4
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+step "guest image (Debian trixie, for the guest end-to-end tests)"
+qemu-scripts/build-guest-image.sh
 
 step "build (workspace, all targets)"
 cargo build --workspace --all-targets --locked
 
-step "tests (unit + qtest integration)"
-# QEMU and virglrenderer are installed above, so a test that cannot start them must fail, not
-# skip.
+step "tests (unit, qtest integration, guest end-to-end)"
+# QEMU, virglrenderer and the guest image are installed above, so a test that cannot start them
+# must fail, not skip.
 log=$(mktemp "${TMPDIR:-/tmp}/vgpu-test.XXXXXX")
 trap 'rm -f "$log"' EXIT
 status=0
-VGPU_REQUIRE_QEMU=1 VGPU_REQUIRE_VIRGL=1 cargo test --workspace --locked 2>&1 | tee "$log" || status=$?
+VGPU_REQUIRE_QEMU=1 VGPU_REQUIRE_VIRGL=1 VGPU_REQUIRE_GUEST=1 cargo test --workspace --locked 2>&1 | tee "$log" || status=$?
 # One closing line over all test binaries (cargo prints one "test result" per binary).
 awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "\ntests: %d passed, %d failed, %d skipped\n", p, f, i }' "$log"
 exit "$status"

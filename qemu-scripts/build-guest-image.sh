@@ -1,0 +1,200 @@
+#!/usr/bin/env bash
+# Builds the Debian trixie test guest from Debian packages only, into
+# ${VGPU_CACHE:-$HOME/.cache/vgpu}/guest:
+#   rootfs.ext4   the root file system (virtio-blk, mounted read-only by the guest)
+#   vmlinuz       the guest kernel (linux-image-amd64, 6.12)
+#   initrd.img    its initramfs (MODULES=list: virtio, ext4, virtio_gpu/DRM, qemu_fw_cfg)
+#   manifest.txt  kernel and Mesa versions, package count, sizes
+# The guest boots with init=/usr/local/sbin/vgpu-init (qemu-scripts/guest/vgpu-init), which runs
+# one job and powers off; see tests/src/guest.rs and qemu-scripts/run-vm.sh.
+#
+# Recipe: debootstrap --variant=minbase, then the GL/KMS test packages with apt-get inside the
+# chroot, docs/locales/unneeded kernel modules pruned, packed with `mkfs.ext4 -d` (no loop mount).
+# Needs root (debootstrap, chroot); installs debootstrap with apt-get if missing.
+#
+# Idempotent: a finished image is recognised by its stamp (layout + a hash of this script and the
+# init) and the script returns at once; change either and the next run rebuilds.
+# Environment: VGPU_CACHE (cache root), VGPU_DEBIAN_MIRROR (archive URL; default: the mirror this
+# host's apt sources use).
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+CACHE=${VGPU_CACHE:-$HOME/.cache/vgpu}
+OUT=$CACHE/guest
+WORK=$CACHE/guest.partial
+ROOT=$WORK/root
+STAMP=$OUT/.vgpu-guest-complete
+INIT_SRC=$HERE/guest/vgpu-init
+SUITE=trixie
+PACKAGES=(
+    linux-image-amd64 initramfs-tools zstd kmod
+    libgl1-mesa-dri libegl-mesa0 libgles2 libgbm1 libegl1 mesa-utils mesa-utils-bin
+    glmark2-es2-drm kmscube pciutils stress-ng
+)
+INITRAMFS_MODULES=(virtio_pci virtio_blk virtio_console virtio_gpu drm drm_kms_helper ext4 qemu_fw_cfg)
+# Kernel module trees no guest of ours needs (real hardware); pruning them halves the image.
+PRUNE_MODULES=(
+    drivers/gpu/drm/amd drivers/gpu/drm/nouveau drivers/gpu/drm/i915 drivers/gpu/drm/xe
+    drivers/gpu/drm/radeon drivers/net/wireless drivers/net/ethernet drivers/media
+    drivers/infiniband drivers/staging drivers/bluetooth drivers/iio drivers/isdn drivers/usb
+    drivers/hid drivers/input/touchscreen drivers/scsi drivers/ata drivers/md drivers/mtd
+    drivers/nfc drivers/platform/x86 drivers/hwmon drivers/thunderbolt sound net/wireless
+    net/bluetooth net/mac80211 fs/btrfs fs/xfs fs/ocfs2 fs/nfs fs/nfsd fs/smb fs/ceph
+)
+# Bump when the layout of the output changes.
+LAYOUT=1
+
+log() { printf '[build-guest-image] %s\n' "$*" >&2; }
+die() { printf '[build-guest-image] error: %s\n' "$*" >&2; exit 1; }
+
+fingerprint() {
+    printf 'layout %s\n' "$LAYOUT"
+    cat "${BASH_SOURCE[0]}" "$INIT_SRC" | sha256sum | cut -d' ' -f1
+}
+
+[[ -f $INIT_SRC ]] || die "guest init $INIT_SRC is missing"
+if [[ -f $STAMP && -f $OUT/rootfs.ext4 && -f $OUT/vmlinuz && -f $OUT/initrd.img &&
+    $(head -n2 "$STAMP") == "$(fingerprint)" ]]; then
+    log "guest image ready: $(sed -n 3p "$STAMP") ($OUT)"
+    exit 0
+fi
+
+[[ $(id -u) == 0 ]] || die "building the guest image needs root (debootstrap, chroot); run it as root or with sudo"
+for tool in apt-get dpkg chroot mountpoint; do
+    command -v "$tool" >/dev/null || die "'$tool' not found: this script needs a Debian-based host"
+done
+
+source "$HERE/debian-mirror.sh"
+MIRROR=$(debian_mirror)
+[[ -n $MIRROR ]] || die "no Debian mirror found in /etc/apt sources; set VGPU_DEBIAN_MIRROR"
+
+started=$SECONDS
+mkdir -p "$CACHE"
+LOG=$CACHE/guest-build.log
+: >"$LOG"
+log "building the $SUITE guest image in $OUT from $MIRROR (log: $LOG)"
+
+# Runs a command with its output in the build log; on failure shows the log's tail and stops.
+run_logged() {
+    local what=$1
+    shift
+    if ! "$@" >>"$LOG" 2>&1; then
+        tail -n 30 "$LOG" | sed 's/^/    /' >&2
+        die "$what failed (full log: $LOG)"
+    fi
+}
+
+# Prints one progress line per phase of debootstrap / apt-get output read on stdin.
+progress() {
+    awk -v logfile="$LOG" '
+        { print >> logfile; fflush(logfile) }
+        /^I: Retrieving / { r++; if (r % 25 == 0) { print "    retrieved " r " packages"; fflush() } next }
+        /^I: .*(\.\.\.|successfully\.?)$/ { if ($2 != last) { print "    " $0; fflush(); last = $2 } next }
+        /^Get:/ { n++; if (n % 25 == 0) { print "    downloaded " n " packages"; fflush() } next }
+        /^Setting up / { s++; if (s % 25 == 0) { print "    configured " s " packages"; fflush() } next }
+        /^(E:|W: Possible missing|update-initramfs:|Fetched )/ { print "    " $0; fflush() }
+    ' >&2
+}
+
+# The chroot's API file systems; only ours, found by path, and unmounted innermost first.
+chroot_mounts() { awk -v root="$ROOT" '$2 == root || index($2, root "/") == 1 { print $2 }' /proc/mounts | sort -r; }
+umount_chroot() {
+    local m
+    for m in $(chroot_mounts); do umount -l "$m" 2>/dev/null || true; done
+}
+trap umount_chroot EXIT
+
+if ! command -v debootstrap >/dev/null; then
+    log "installing debootstrap with apt-get"
+    if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >>"$LOG" 2>&1; then
+        run_logged "apt-get update" apt-get update -q
+        run_logged "installing debootstrap" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap
+    fi
+fi
+command -v mkfs.ext4 >/dev/null || die "mkfs.ext4 not found; install e2fsprogs"
+[[ -e /usr/share/debootstrap/scripts/$SUITE ]] ||
+    die "this debootstrap ($(dpkg-query -W -f '${Version}' debootstrap)) does not know $SUITE; upgrade debootstrap"
+
+umount_chroot
+rm -rf "$WORK"
+mkdir -p "$WORK"
+
+log "step 1/5: debootstrap --variant=minbase $SUITE"
+t=$SECONDS
+debootstrap --variant=minbase --components=main "$SUITE" "$ROOT" "$MIRROR" 2>&1 | progress ||
+    { tail -n 30 "$LOG" | sed 's/^/    /' >&2; die "debootstrap failed (full log: $LOG)"; }
+log "    done in $((SECONDS - t)) s"
+
+log "step 2/5: configuring apt, dpkg path exclusions and initramfs (MODULES=list)"
+cat >"$ROOT/etc/dpkg/dpkg.cfg.d/90-vgpu-nodoc" <<'CFG'
+path-exclude=/usr/share/doc/*
+path-exclude=/usr/share/man/*
+path-exclude=/usr/share/info/*
+path-exclude=/usr/share/locale/*
+path-exclude=/usr/share/lintian/*
+path-exclude=/usr/share/bug/*
+CFG
+cat >"$ROOT/etc/apt/apt.conf.d/90-vgpu" <<'CFG'
+APT::Install-Recommends "false";
+APT::Install-Suggests "false";
+Acquire::Languages "none";
+CFG
+printf '#!/bin/sh\nexit 101\n' >"$ROOT/usr/sbin/policy-rc.d"
+chmod 755 "$ROOT/usr/sbin/policy-rc.d"
+mkdir -p "$ROOT/etc/initramfs-tools/conf.d"
+printf 'MODULES=list\nCOMPRESS=zstd\n' >"$ROOT/etc/initramfs-tools/conf.d/90-vgpu.conf"
+printf '%s\n' "${INITRAMFS_MODULES[@]}" >>"$ROOT/etc/initramfs-tools/modules"
+echo vgpu-guest >"$ROOT/etc/hostname"
+printf '/dev/vda / ext4 ro,noatime 0 1\n' >"$ROOT/etc/fstab"
+
+log "step 3/5: installing ${#PACKAGES[@]} packages and their dependencies in the chroot"
+t=$SECONDS
+mount -t proc proc "$ROOT/proc"
+mount -t sysfs sysfs "$ROOT/sys"
+mount --bind /dev "$ROOT/dev"
+mount --bind /dev/pts "$ROOT/dev/pts"
+chroot_env=(env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive LC_ALL=C.UTF-8 HOME=/root)
+chroot "$ROOT" "${chroot_env[@]}" apt-get -q update 2>&1 | progress
+chroot "$ROOT" "${chroot_env[@]}" apt-get -q -y install "${PACKAGES[@]}" 2>&1 | progress ||
+    { tail -n 30 "$LOG" | sed 's/^/    /' >&2; die "apt-get install in the chroot failed (full log: $LOG)"; }
+kver=$(basename "$(ls -d "$ROOT"/lib/modules/* | sort -V | tail -n1)")
+[[ -f $ROOT/boot/vmlinuz-$kver && -f $ROOT/boot/initrd.img-$kver ]] ||
+    die "the kernel or its initramfs was not installed (kernel $kver; see $LOG)"
+initrd_list=$(chroot "$ROOT" lsinitramfs "/boot/initrd.img-$kver")
+for module in virtio_gpu virtio_blk ext4 qemu_fw_cfg; do
+    # Module files may use - for _ and are compressed (virtio-gpu.ko.xz).
+    grep -Eq "/${module//_/[-_]}\.ko" <<<"$initrd_list" || die "the initramfs lacks $module.ko (see $LOG)"
+done
+mesa=$(chroot "$ROOT" dpkg-query -W -f '${Version}' libgl1-mesa-dri)
+npkgs=$(chroot "$ROOT" dpkg-query -W -f '.\n' | wc -l)
+log "    done in $((SECONDS - t)) s: kernel $kver, Mesa $mesa, $npkgs packages"
+
+log "step 4/5: installing the init, pruning docs, locales, caches and unneeded kernel modules"
+install -m 0755 "$INIT_SRC" "$ROOT/usr/local/sbin/vgpu-init"
+cp "$ROOT/boot/vmlinuz-$kver" "$WORK/vmlinuz"
+cp "$ROOT/boot/initrd.img-$kver" "$WORK/initrd.img"
+rm -f "$ROOT/usr/sbin/policy-rc.d"
+rm -rf "$ROOT"/usr/share/doc/* "$ROOT"/usr/share/man/* "$ROOT"/usr/share/info/* \
+    "$ROOT"/usr/share/locale/* "$ROOT"/usr/share/lintian/* "$ROOT"/var/lib/apt/lists/* \
+    "$ROOT"/var/cache/apt/* "$ROOT"/var/cache/debconf/*-old "$ROOT"/var/log/* "$ROOT"/boot/*
+moddir=$ROOT/lib/modules/$kver/kernel
+for tree in "${PRUNE_MODULES[@]}"; do rm -rf "${moddir:?}/$tree"; done
+rm -rf "$ROOT"/usr/lib/firmware/*
+chroot "$ROOT" depmod -a "$kver"
+umount_chroot
+
+log "step 5/5: packing the root file system with mkfs.ext4 -d"
+used_mib=$(du -sm "$ROOT" | cut -f1)
+size_mib=$((used_mib + used_mib / 4 + 64))
+truncate -s "${size_mib}M" "$WORK/rootfs.ext4"
+run_logged "mkfs.ext4" mkfs.ext4 -q -F -L vgpu-root -m 0 -O ^has_journal -E root_owner=0:0 \
+    -d "$ROOT" "$WORK/rootfs.ext4"
+rm -rf "$ROOT"
+
+summary="kernel $kver, Mesa $mesa, $npkgs packages, rootfs ${used_mib} MiB in a ${size_mib} MiB ext4"
+printf 'suite %s\nkernel %s\nmesa %s\npackages %s\nrootfs_used_mib %s\nrootfs_size_mib %s\n' \
+    "$SUITE" "$kver" "$mesa" "$npkgs" "$used_mib" "$size_mib" >"$WORK/manifest.txt"
+{ fingerprint; echo "$summary"; } >"$WORK/.vgpu-guest-complete"
+rm -rf "$OUT"
+mv "$WORK" "$OUT"
+log "guest image ready in $((SECONDS - started)) s: $summary ($OUT)"

@@ -1,0 +1,188 @@
+//! `vgpu-run-vm`: boots the Debian test guest with a GPU, runs one job in it and exits with the
+//! job's exit code (see `vgpu_tests::guest`; `qemu-scripts/run-vm.sh` builds and runs this).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use vgpu_tests::guest::{
+    Accel, GuestConfig, GuestError, GuestGpu, GuestImage, JobTransport, RunningGuest,
+};
+
+const USAGE: &str = "usage: vgpu-run-vm [options] (--job 'SHELL COMMANDS' | --job-file FILE)
+
+Boots the guest built by qemu-scripts/build-guest-image.sh, runs the job (a bash script, as root,
+in a writable directory) and powers off. Prints the job's output; exits with the job's exit code
+(124: time limit, 125: the launcher failed, 126: the guest printed no exit code).
+
+options:
+  --gpu vgpu|virtio-gpu|none   the GPU: our vgpu-server (default; started with
+                               --exit-on-disconnect), QEMU's virtio-gpu-pci, or none
+  --socket PATH                use a vfio-user server already listening on PATH instead
+  --server PATH                the vgpu-server binary (default: beside this program)
+  --server-arg ARG             pass ARG to vgpu-server (repeatable)
+  --image DIR                  the guest image directory (default: $VGPU_GUEST_DIR or
+                               ${VGPU_CACHE:-$HOME/.cache/vgpu}/guest)
+  --timeout SECONDS            wall-clock limit (default 300)
+  --accel auto|tcg|kvm         accelerator (default auto: KVM unless /dev/kvm is unusable or
+                               kvm_pvm)
+  --fw-cfg | --cmdline         pass the job through fw_cfg or the kernel command line
+                               (default: the command line when it fits)
+  --ram MIB                    guest RAM (default 1024)
+  --append ARGS                more kernel command line (e.g. vgpu.loglevel=7)
+  --allow-reboot               let a guest reboot restart the machine
+  --serial                     print every serial line, not only the job's output
+  --qemu-arg ARG               pass ARG to QEMU (repeatable)";
+
+struct Args {
+    config: GuestConfig,
+    print_serial: bool,
+}
+
+fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
+    let mut image_dir = None;
+    let mut job = None;
+    let mut gpu = GuestGpu::Vgpu;
+    let mut server_bin = None;
+    let mut server_args = Vec::new();
+    let mut timeout = Duration::from_secs(300);
+    let mut accel = None;
+    let mut transport = JobTransport::Auto;
+    let mut ram_mib = 1024;
+    let mut extra_cmdline = String::new();
+    let mut allow_reboot = false;
+    let mut print_serial = false;
+    let mut qemu_args = Vec::new();
+    while let Some(arg) = args.next() {
+        let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
+        match arg.as_str() {
+            "--job" => job = Some(value("--job")?),
+            "--job-file" => {
+                let path = value("--job-file")?;
+                job = Some(std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?);
+            }
+            "--gpu" => {
+                gpu = match value("--gpu")?.as_str() {
+                    "vgpu" => GuestGpu::Vgpu,
+                    "virtio-gpu" => GuestGpu::QemuVirtioGpu,
+                    "none" => GuestGpu::None,
+                    other => return Err(format!("--gpu: unknown GPU {other:?}")),
+                }
+            }
+            "--socket" => gpu = GuestGpu::VfioUser(PathBuf::from(value("--socket")?)),
+            "--server" => server_bin = Some(PathBuf::from(value("--server")?)),
+            "--server-arg" => server_args.push(value("--server-arg")?),
+            "--image" => image_dir = Some(PathBuf::from(value("--image")?)),
+            "--timeout" => {
+                let secs: f64 = value("--timeout")?
+                    .parse()
+                    .map_err(|e| format!("--timeout: {e}"))?;
+                timeout =
+                    Duration::try_from_secs_f64(secs).map_err(|e| format!("--timeout: {e}"))?;
+            }
+            "--accel" => {
+                accel = match value("--accel")?.as_str() {
+                    "auto" => None,
+                    "tcg" => Some(Accel::Tcg),
+                    "kvm" => Some(Accel::Kvm),
+                    other => return Err(format!("--accel: unknown accelerator {other:?}")),
+                }
+            }
+            "--fw-cfg" => transport = JobTransport::FwCfg,
+            "--cmdline" => transport = JobTransport::Cmdline,
+            "--ram" => ram_mib = value("--ram")?.parse().map_err(|e| format!("--ram: {e}"))?,
+            "--append" => extra_cmdline = value("--append")?,
+            "--allow-reboot" => allow_reboot = true,
+            "--serial" => print_serial = true,
+            "--qemu-arg" => qemu_args.push(value("--qemu-arg")?),
+            "-h" | "--help" => return Err(String::new()),
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    let job = job.ok_or("--job or --job-file is required")?;
+    let image = match image_dir {
+        Some(dir) => GuestImage::at(&dir),
+        None => GuestImage::locate(),
+    }
+    .map_err(|e| e.to_string())?;
+    let mut config = GuestConfig::new(image, job).gpu(gpu).timeout(timeout);
+    config.server_bin = server_bin;
+    config.server_args = server_args;
+    config.accel = accel;
+    config.transport = transport;
+    config.ram_mib = ram_mib;
+    config.extra_cmdline = extra_cmdline;
+    config.allow_reboot = allow_reboot;
+    config.extra_qemu_args = qemu_args;
+    Ok(Args {
+        config,
+        print_serial,
+    })
+}
+
+fn main() -> ExitCode {
+    let args = match parse(std::env::args().skip(1)) {
+        Ok(args) => args,
+        Err(msg) => {
+            if !msg.is_empty() {
+                eprintln!("vgpu-run-vm: {msg}");
+            }
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    env_logger::Builder::new()
+        .filter_level(log::LevelFilter::Warn)
+        .parse_default_env()
+        .init();
+    let guest = match RunningGuest::launch(&args.config) {
+        Ok(guest) => guest,
+        Err(e) => {
+            eprintln!("vgpu-run-vm: {e}");
+            return ExitCode::from(125);
+        }
+    };
+    eprintln!(
+        "vgpu-run-vm: booting {} with {:?} under {}",
+        args.config.image.dir.display(),
+        args.config.gpu,
+        guest.accel()
+    );
+    // Print the job's output as it arrives (or every line with --serial).
+    let mut in_job = false;
+    let result = guest.wait(|line| {
+        if line.starts_with("VGPU-BEGIN") {
+            in_job = true;
+        } else if line.starts_with("VGPU-EXIT") {
+            in_job = false;
+        } else if in_job && !args.print_serial {
+            println!("{line}");
+        }
+        if args.print_serial {
+            println!("{line}");
+        }
+    });
+    match result {
+        Ok(run) => {
+            eprintln!("vgpu-run-vm: {}", run.timing());
+            match run.exit_code {
+                Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(255)),
+                None => {
+                    eprintln!(
+                        "vgpu-run-vm: the guest printed no VGPU-EXIT line\n{}",
+                        run.logs()
+                    );
+                    ExitCode::from(126)
+                }
+            }
+        }
+        Err(e @ GuestError::Timeout { .. }) => {
+            eprintln!("vgpu-run-vm: {e}");
+            ExitCode::from(124)
+        }
+        Err(e) => {
+            eprintln!("vgpu-run-vm: {e}");
+            ExitCode::from(125)
+        }
+    }
+}
