@@ -76,6 +76,8 @@ pub struct VgpuServer {
     server: Server,
     config: ServerConfig,
     metrics: Arc<DeviceMetrics>,
+    /// One worker for the life of the server, serving each connection's device in turn.
+    worker: WorkerHandle,
 }
 
 impl std::fmt::Debug for VgpuServer {
@@ -156,10 +158,13 @@ impl VgpuServer {
             config.display.width,
             config.display.height
         );
+        let metrics = Arc::new(DeviceMetrics::default());
+        let worker = WorkerHandle::spawn(config.dump.clone(), metrics.clone())?;
         Ok(VgpuServer {
             server,
             config,
-            metrics: Arc::new(DeviceMetrics::default()),
+            metrics,
+            worker,
         })
     }
 
@@ -185,12 +190,8 @@ impl VgpuServer {
             self.config.display,
             self.metrics.clone(),
         )));
-        let worker = WorkerHandle::spawn(
-            device.clone(),
-            self.config.dump.clone(),
-            self.metrics.clone(),
-        )?;
-        let mut transport = Transport::new(device, worker, self.metrics.clone());
+        self.worker.attach(device.clone());
+        let mut transport = Transport::new(device, &self.worker, self.metrics.clone());
         inc(&self.metrics.connections);
         // The crate's message loop can panic on a malformed VERSION message (it unwraps the
         // client's capability string). Contain it to this connection: the device is dropped
@@ -198,7 +199,10 @@ impl VgpuServer {
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             self.server.run(&mut transport)
         }));
-        transport.shutdown();
+        // The worker writes the final dump and lets go; the device and its guest mappings go
+        // with the last reference, the transport's.
+        self.worker.detach();
+        drop(transport);
         let counters: Vec<String> = self
             .metrics
             .snapshot()

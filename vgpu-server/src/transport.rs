@@ -135,17 +135,18 @@ where
 
 /// The `vfio-user` server backend of one connection.
 #[derive(Debug)]
-pub struct Transport {
+pub struct Transport<'a> {
     device: Arc<Mutex<Device>>,
-    worker: WorkerHandle,
+    worker: &'a WorkerHandle,
     metrics: Arc<DeviceMetrics>,
 }
 
-impl Transport {
-    /// Serves `device`, whose queues `worker` processes.
+impl<'a> Transport<'a> {
+    /// Serves `device` for one connection; `worker` processes its queues (the caller attaches
+    /// and detaches the device).
     pub fn new(
         device: Arc<Mutex<Device>>,
-        worker: WorkerHandle,
+        worker: &'a WorkerHandle,
         metrics: Arc<DeviceMetrics>,
     ) -> Self {
         Transport {
@@ -159,18 +160,13 @@ impl Transport {
         self.device.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Stops the worker; the device (and its guest mappings) goes with the last reference.
-    pub fn shutdown(self) {
-        self.worker.stop();
-    }
-
     fn refuse(&self, e: impl std::fmt::Display) {
         inc(&self.metrics.invalid_accesses);
         self.device().fault(e);
     }
 }
 
-impl ServerBackend for Transport {
+impl ServerBackend for Transport<'_> {
     fn region_read(&mut self, index: u32, offset: u64, data: &mut [u8]) -> io::Result<()> {
         inc(&self.metrics.region_reads);
         let region = match check_access(index, offset, data.len()) {

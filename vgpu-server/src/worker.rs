@@ -3,6 +3,11 @@
 //! eventfd. The message loop never waits for queue work, so config space, BAR reads and DMA
 //! maps are answered promptly whatever the guest queues.
 //!
+//! There is one worker for the life of the process, serving the device of each client
+//! connection in turn (attached when the connection starts, detached when it ends). GPU
+//! backends such as virglrenderer may be initialised once per process and only used from the
+//! thread that initialised them; this thread is where they will live.
+//!
 //! With a dump directory, the worker also writes the scanout images (PNG encoding runs here,
 //! outside the device lock): after a RESOURCE_FLUSH at most every `min_interval` (a timer
 //! catches the last flush of a burst), on a byte from the request socket (SIGUSR1), and once
@@ -12,6 +17,7 @@ use std::fs::File;
 use std::io::Read;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender, SyncSender, TryRecvError};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -47,19 +53,28 @@ pub enum WorkerError {
     Spawn(#[source] std::io::Error),
 }
 
+/// What the message loop asks of the worker besides kicks.
+#[derive(Debug)]
+enum Command {
+    /// Serve this connection's device.
+    Attach(Arc<Mutex<Device>>),
+    /// The connection ended: write the final dump, let go of the device, then acknowledge.
+    Detach(SyncSender<()>),
+}
+
 /// The message loop's side of the worker: kicks and control.
 #[derive(Debug)]
 pub struct WorkerHandle {
     kicks: Vec<EventFd>,
     control: EventFd,
+    commands: Sender<Command>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl WorkerHandle {
-    /// Starts the worker thread for `device`; with `dump`, it also writes the scanout images.
+    /// Starts the worker thread; with `dump`, it also writes the scanout images.
     pub fn spawn(
-        device: Arc<Mutex<Device>>,
         dump: Option<DumpConfig>,
         metrics: Arc<DeviceMetrics>,
     ) -> Result<WorkerHandle, WorkerError> {
@@ -71,18 +86,15 @@ impl WorkerHandle {
         let stop = Arc::new(AtomicBool::new(false));
         let clone = |e: &EventFd| e.try_clone().map_err(WorkerError::Setup);
         let dumper = match dump {
-            Some(config) => {
-                device_lock(&device).retain_frames_on_reset();
-                Some(Dumper::new(config, metrics)?)
-            }
+            Some(config) => Some(Dumper::new(config, metrics)?),
             None => None,
         };
-        let final_dump = dumper.as_ref().map(Dumper::for_final_dump);
-        let thread_device = device.clone();
+        let (commands, received) = std::sync::mpsc::channel();
         let worker = Worker {
-            device,
+            device: None,
             kicks: kicks.iter().map(clone).collect::<Result<_, _>>()?,
             control: clone(&control)?,
+            commands: received,
             resample: None,
             stop: stop.clone(),
             dumper,
@@ -100,19 +112,41 @@ impl WorkerHandle {
                         break;
                     }
                 }
-                if let Some((config, metrics)) = final_dump {
-                    // The client is gone: write what its scanouts showed last.
-                    write_frames(&thread_device, &config, &metrics, true);
-                }
                 debug!("worker stopped");
             })
             .map_err(WorkerError::Spawn)?;
         Ok(WorkerHandle {
             kicks,
             control,
+            commands,
             stop,
             thread: Some(thread),
         })
+    }
+
+    fn send(&self, command: Command) {
+        if self.commands.send(command).is_err() {
+            error!("the worker thread is gone");
+            return;
+        }
+        if let Err(e) = self.control.write(1) {
+            warn!("waking the worker: {e}");
+        }
+    }
+
+    /// Hands the device of a new connection to the worker.
+    pub fn attach(&self, device: Arc<Mutex<Device>>) {
+        self.send(Command::Attach(device));
+    }
+
+    /// Takes the device back at the end of a connection; returns once the worker has written
+    /// the final scanout dump and dropped its reference.
+    pub fn detach(&self) {
+        let (ack, done) = std::sync::mpsc::sync_channel(1);
+        self.send(Command::Detach(ack));
+        if done.recv().is_err() {
+            error!("the worker thread is gone");
+        }
     }
 
     /// Kicks queue `q` (a doorbell write). Unknown queues are the caller's to filter.
@@ -129,11 +163,6 @@ impl WorkerHandle {
         if let Err(e) = self.control.write(1) {
             warn!("waking the worker: {e}");
         }
-    }
-
-    /// Stops the worker and waits for it.
-    pub fn stop(mut self) {
-        self.shutdown();
     }
 
     fn shutdown(&mut self) {
@@ -206,10 +235,6 @@ impl Dumper {
         })
     }
 
-    fn for_final_dump(&self) -> (DumpConfig, Arc<DeviceMetrics>) {
-        (self.config.clone(), self.metrics.clone())
-    }
-
     /// After control commands ran: dump flushed scanouts if the interval allows, else arm
     /// the timer for when it does.
     fn flushed(&mut self, device: &Mutex<Device>) {
@@ -236,42 +261,75 @@ impl Dumper {
         write_frames(device, &self.config, &self.metrics, all);
     }
 
-    fn timer_fired(&mut self, device: &Mutex<Device>) {
+    /// The timer expired (it is read even with no client attached, so it stops firing).
+    fn timer_fired(&mut self, device: Option<&Mutex<Device>>) {
         let _ = self.timer.wait();
         self.timer_armed = false;
-        self.flushed(device);
+        if let Some(device) = device {
+            self.flushed(device);
+        }
     }
 
-    /// Bytes on the request socket: one dump of every enabled scanout, however many arrived.
-    fn requested(&mut self, device: &Mutex<Device>) {
+    /// Bytes on the request socket: one dump of every enabled scanout, however many arrived
+    /// (they are drained even with no client attached, so they stop firing).
+    fn requested(&mut self, device: Option<&Mutex<Device>>) {
         let mut buf = [0u8; 64];
         if let Some(mut r) = self.requests.as_ref() {
             while matches!(r.read(&mut buf), Ok(n) if n > 0) {}
         }
-        debug!("scanout dump requested");
-        self.write(device, true);
+        match device {
+            Some(device) => {
+                debug!("scanout dump requested");
+                self.write(device, true);
+            }
+            None => debug!("scanout dump requested with no client attached"),
+        }
     }
 }
 
 struct Worker {
-    device: Arc<Mutex<Device>>,
+    /// The device of the current connection, if any.
+    device: Option<Arc<Mutex<Device>>>,
     kicks: Vec<EventFd>,
     control: EventFd,
+    commands: Receiver<Command>,
     resample: Option<File>,
     stop: Arc<AtomicBool>,
     dumper: Option<Dumper>,
 }
 
 impl Worker {
-    fn device(&self) -> MutexGuard<'_, Device> {
-        device_lock(&self.device)
+    fn device(&self) -> Option<MutexGuard<'_, Device>> {
+        self.device.as_deref().map(device_lock)
+    }
+
+    fn run_commands(&mut self, ops: &mut EventOps) {
+        loop {
+            match self.commands.try_recv() {
+                Ok(Command::Attach(device)) => {
+                    if self.dumper.is_some() {
+                        device_lock(&device).retain_frames_on_reset();
+                    }
+                    self.device = Some(device);
+                }
+                Ok(Command::Detach(ack)) => {
+                    if let (Some(device), Some(d)) = (self.device.take(), &mut self.dumper) {
+                        // The client is gone: write what its scanouts showed last.
+                        d.write(&device, true);
+                    }
+                    self.swap_resample(ops);
+                    let _ = ack.send(());
+                }
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => return,
+            }
+        }
     }
 
     fn swap_resample(&mut self, ops: &mut EventOps) {
         if let Some(old) = self.resample.take() {
             let _ = ops.remove(Events::with_data(&old, RESAMPLE_TOKEN, EventSet::IN));
         }
-        let fd = self.device().resample_fd();
+        let fd = self.device().and_then(|d| d.resample_fd());
         self.resample = fd;
         if let Some(fd) = &self.resample
             && let Err(e) = ops.add(Events::with_data(fd, RESAMPLE_TOKEN, EventSet::IN))
@@ -311,6 +369,7 @@ impl MutEventSubscriber for Worker {
         match events.data() {
             CONTROL_TOKEN => {
                 let _ = self.control.read();
+                self.run_commands(ops);
                 if !self.stop.load(Ordering::Acquire) {
                     self.swap_resample(ops);
                 }
@@ -320,16 +379,18 @@ impl MutEventSubscriber for Worker {
                     let mut buf = [0u8; 8];
                     let _ = fd.read(&mut buf);
                 }
-                self.device().intx_unmasked();
+                if let Some(mut device) = self.device() {
+                    device.intx_unmasked();
+                }
             }
             DUMP_TIMER_TOKEN => {
                 if let Some(d) = &mut self.dumper {
-                    d.timer_fired(&self.device);
+                    d.timer_fired(self.device.as_deref());
                 }
             }
             DUMP_REQUEST_TOKEN => {
                 if let Some(d) = &mut self.dumper {
-                    d.requested(&self.device);
+                    d.requested(self.device.as_deref());
                 }
             }
             q => {
@@ -338,14 +399,18 @@ impl MutEventSubscriber for Worker {
                     return;
                 };
                 let _ = kick.read();
+                let Some(device) = &self.device else {
+                    debug!("kick for queue {q} with no client attached");
+                    return;
+                };
                 // Fairness: one queue's worth of chains per round; re-kick if more remain.
-                if self.device().process_queue(q) {
+                if device_lock(device).process_queue(q) {
                     let _ = self.kicks[usize::from(q)].write(1);
                 }
                 if q == CONTROL_QUEUE
                     && let Some(d) = &mut self.dumper
                 {
-                    d.flushed(&self.device);
+                    d.flushed(device);
                 }
             }
         }
