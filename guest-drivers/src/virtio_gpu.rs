@@ -1,4 +1,5 @@
-//! Virtio-gpu control messages: the request header and the display-info response.
+//! Virtio-gpu control messages: request builders (2D, cursor and 3D commands) and parsers of
+//! the responses.
 //!
 //! All structures are little-endian and encoded by hand. Command and response type values are
 //! re-exported from `virtio_bindings::virtio_gpu` under short names; the rest of that module's
@@ -29,8 +30,31 @@ pub const CMD_RESOURCE_DETACH_BACKING: u32 =
     bindings::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_RESOURCE_DETACH_BACKING;
 /// `VIRTIO_GPU_CMD_GET_EDID`.
 pub const CMD_GET_EDID: u32 = bindings::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_GET_EDID;
+/// `VIRTIO_GPU_CMD_GET_CAPSET_INFO`.
+pub const CMD_GET_CAPSET_INFO: u32 = bindings::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_GET_CAPSET_INFO;
+/// `VIRTIO_GPU_CMD_GET_CAPSET`.
+pub const CMD_GET_CAPSET: u32 = bindings::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_GET_CAPSET;
 /// `VIRTIO_GPU_CMD_CTX_CREATE` (3D).
 pub const CMD_CTX_CREATE: u32 = bindings::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_CTX_CREATE;
+/// `VIRTIO_GPU_CMD_CTX_DESTROY` (3D).
+pub const CMD_CTX_DESTROY: u32 = bindings::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_CTX_DESTROY;
+/// `VIRTIO_GPU_CMD_CTX_ATTACH_RESOURCE` (3D).
+pub const CMD_CTX_ATTACH_RESOURCE: u32 =
+    bindings::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_CTX_ATTACH_RESOURCE;
+/// `VIRTIO_GPU_CMD_CTX_DETACH_RESOURCE` (3D).
+pub const CMD_CTX_DETACH_RESOURCE: u32 =
+    bindings::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_CTX_DETACH_RESOURCE;
+/// `VIRTIO_GPU_CMD_RESOURCE_CREATE_3D` (3D).
+pub const CMD_RESOURCE_CREATE_3D: u32 =
+    bindings::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_RESOURCE_CREATE_3D;
+/// `VIRTIO_GPU_CMD_TRANSFER_TO_HOST_3D` (3D).
+pub const CMD_TRANSFER_TO_HOST_3D: u32 =
+    bindings::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_TRANSFER_TO_HOST_3D;
+/// `VIRTIO_GPU_CMD_TRANSFER_FROM_HOST_3D` (3D).
+pub const CMD_TRANSFER_FROM_HOST_3D: u32 =
+    bindings::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_TRANSFER_FROM_HOST_3D;
+/// `VIRTIO_GPU_CMD_SUBMIT_3D` (3D).
+pub const CMD_SUBMIT_3D: u32 = bindings::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_SUBMIT_3D;
 /// `VIRTIO_GPU_CMD_UPDATE_CURSOR` (cursor queue).
 pub const CMD_UPDATE_CURSOR: u32 = bindings::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_UPDATE_CURSOR;
 /// `VIRTIO_GPU_CMD_MOVE_CURSOR` (cursor queue).
@@ -42,6 +66,13 @@ pub const RESP_OK_DISPLAY_INFO: u32 =
     bindings::virtio_gpu_ctrl_type_VIRTIO_GPU_RESP_OK_DISPLAY_INFO;
 /// `VIRTIO_GPU_RESP_OK_EDID`.
 pub const RESP_OK_EDID: u32 = bindings::virtio_gpu_ctrl_type_VIRTIO_GPU_RESP_OK_EDID;
+/// `VIRTIO_GPU_RESP_OK_CAPSET_INFO`.
+pub const RESP_OK_CAPSET_INFO: u32 = bindings::virtio_gpu_ctrl_type_VIRTIO_GPU_RESP_OK_CAPSET_INFO;
+/// `VIRTIO_GPU_RESP_OK_CAPSET`.
+pub const RESP_OK_CAPSET: u32 = bindings::virtio_gpu_ctrl_type_VIRTIO_GPU_RESP_OK_CAPSET;
+/// `VIRTIO_GPU_RESP_ERR_INVALID_CONTEXT_ID`.
+pub const RESP_ERR_INVALID_CONTEXT_ID: u32 =
+    bindings::virtio_gpu_ctrl_type_VIRTIO_GPU_RESP_ERR_INVALID_CONTEXT_ID;
 /// `VIRTIO_GPU_RESP_ERR_OUT_OF_MEMORY`.
 pub const RESP_ERR_OUT_OF_MEMORY: u32 =
     bindings::virtio_gpu_ctrl_type_VIRTIO_GPU_RESP_ERR_OUT_OF_MEMORY;
@@ -62,6 +93,14 @@ pub const FLAG_FENCE: u32 = bindings::VIRTIO_GPU_FLAG_FENCE;
 pub const FLAG_INFO_RING_IDX: u32 = bindings::VIRTIO_GPU_FLAG_INFO_RING_IDX;
 /// Feature bit `VIRTIO_GPU_F_EDID`.
 pub const F_EDID: u32 = bindings::VIRTIO_GPU_F_EDID;
+/// Feature bit `VIRTIO_GPU_F_VIRGL` (the 3D commands).
+pub const F_VIRGL: u32 = bindings::VIRTIO_GPU_F_VIRGL;
+/// Feature bit `VIRTIO_GPU_F_CONTEXT_INIT` (`context_init` of CTX_CREATE, fence rings).
+pub const F_CONTEXT_INIT: u32 = bindings::VIRTIO_GPU_F_CONTEXT_INIT;
+/// Capset `VIRTIO_GPU_CAPSET_VIRGL`.
+pub const CAPSET_VIRGL: u32 = bindings::VIRTIO_GPU_CAPSET_VIRGL;
+/// Capset `VIRTIO_GPU_CAPSET_VIRGL2`.
+pub const CAPSET_VIRGL2: u32 = bindings::VIRTIO_GPU_CAPSET_VIRGL2;
 /// `VIRTIO_GPU_FORMAT_B8G8R8X8_UNORM` (DRM XRGB8888, what Linux's fbdev and KMS use).
 pub const FORMAT_B8G8R8X8: u32 = bindings::virtio_gpu_formats_VIRTIO_GPU_FORMAT_B8G8R8X8_UNORM;
 /// `VIRTIO_GPU_FORMAT_B8G8R8A8_UNORM`.
@@ -95,6 +134,14 @@ pub const DISPLAY_INFO_SIZE: usize = CTRL_HDR_SIZE + MAX_SCANOUTS * DISPLAY_ONE_
 pub const RESP_EDID_SIZE: usize = CTRL_HDR_SIZE + 8 + 1024;
 /// Size of `struct virtio_gpu_mem_entry`.
 pub const MEM_ENTRY_SIZE: usize = 16;
+/// Size of the `debug_name` array of `struct virtio_gpu_ctx_create`.
+pub const CTX_DEBUG_NAME_SIZE: usize = 64;
+/// Size of `struct virtio_gpu_cmd_submit` (the command stream follows it).
+pub const SUBMIT_3D_SIZE: usize = CTRL_HDR_SIZE + 8;
+/// Size of `struct virtio_gpu_resp_capset_info`.
+pub const RESP_CAPSET_INFO_SIZE: usize = CTRL_HDR_SIZE + 16;
+/// Gallium's `PIPE_TEXTURE_2D`, the `target` of a plain 2D texture.
+pub const PIPE_TEXTURE_2D: u32 = 2;
 
 /// Errors parsing virtio-gpu messages.
 #[derive(Debug, thiserror::Error)]
@@ -291,6 +338,263 @@ pub fn resource_detach_backing(resource_id: u32) -> Vec<u8> {
 /// `VIRTIO_GPU_CMD_GET_EDID`.
 pub fn get_edid(scanout_id: u32) -> Vec<u8> {
     request(CMD_GET_EDID, &[scanout_id, 0])
+}
+
+/// A request of type `ctrl_type` in 3D context `ctx_id`, followed by little-endian 32-bit
+/// words.
+fn request_in(ctx_id: u32, ctrl_type: u32, words: &[u32]) -> Vec<u8> {
+    let mut bytes = request(ctrl_type, words);
+    bytes[16..20].copy_from_slice(&ctx_id.to_le_bytes());
+    bytes
+}
+
+/// A byte count as the 32-bit field that carries it (saturating: a builder never wraps).
+fn len_u32(len: usize) -> u32 {
+    u32::try_from(len).unwrap_or(u32::MAX)
+}
+
+/// `request` (any request built here) asking for fence `fence_id`: sets `FLAG_FENCE` and the
+/// fence id in its header.
+pub fn with_fence(mut request: Vec<u8>, fence_id: u64) -> Vec<u8> {
+    if let Some(header) = request
+        .get(..CTRL_HDR_SIZE)
+        .and_then(|h| CtrlHeader::parse(h).ok())
+    {
+        let fenced = CtrlHeader {
+            flags: header.flags | FLAG_FENCE,
+            fence_id,
+            ..header
+        };
+        request[..CTRL_HDR_SIZE].copy_from_slice(&fenced.to_bytes());
+    }
+    request
+}
+
+/// `VIRTIO_GPU_CMD_GET_CAPSET_INFO` (`struct virtio_gpu_get_capset_info`).
+pub fn get_capset_info(capset_index: u32) -> Vec<u8> {
+    request(CMD_GET_CAPSET_INFO, &[capset_index, 0])
+}
+
+/// `VIRTIO_GPU_CMD_GET_CAPSET` (`struct virtio_gpu_get_capset`).
+pub fn get_capset(capset_id: u32, capset_version: u32) -> Vec<u8> {
+    request(CMD_GET_CAPSET, &[capset_id, capset_version])
+}
+
+/// `VIRTIO_GPU_CMD_CTX_CREATE` (`struct virtio_gpu_ctx_create`) for context `ctx_id`: `nlen`
+/// is the length of `name`, which is cut to [`CTX_DEBUG_NAME_SIZE`] bytes. Linux sends the
+/// task name (at most 15 bytes) and, with `F_CONTEXT_INIT`, the capset id in the low 8 bits of
+/// `context_init`.
+pub fn ctx_create(ctx_id: u32, context_init: u32, name: &[u8]) -> Vec<u8> {
+    let name = &name[..name.len().min(CTX_DEBUG_NAME_SIZE)];
+    ctx_create_claiming(ctx_id, context_init, len_u32(name.len()), name)
+}
+
+/// `VIRTIO_GPU_CMD_CTX_CREATE` with any `nlen` (for negative tests); `name` is cut to
+/// [`CTX_DEBUG_NAME_SIZE`] bytes.
+pub fn ctx_create_claiming(ctx_id: u32, context_init: u32, nlen: u32, name: &[u8]) -> Vec<u8> {
+    let mut bytes = request_in(ctx_id, CMD_CTX_CREATE, &[nlen, context_init]);
+    let mut debug_name = [0; CTX_DEBUG_NAME_SIZE];
+    let n = name.len().min(CTX_DEBUG_NAME_SIZE);
+    debug_name[..n].copy_from_slice(&name[..n]);
+    bytes.extend_from_slice(&debug_name);
+    bytes
+}
+
+/// `VIRTIO_GPU_CMD_CTX_DESTROY` (`struct virtio_gpu_ctx_destroy`, a header only).
+pub fn ctx_destroy(ctx_id: u32) -> Vec<u8> {
+    request_in(ctx_id, CMD_CTX_DESTROY, &[])
+}
+
+/// `VIRTIO_GPU_CMD_CTX_ATTACH_RESOURCE` (`struct virtio_gpu_ctx_resource`).
+pub fn ctx_attach_resource(ctx_id: u32, resource_id: u32) -> Vec<u8> {
+    request_in(ctx_id, CMD_CTX_ATTACH_RESOURCE, &[resource_id, 0])
+}
+
+/// `VIRTIO_GPU_CMD_CTX_DETACH_RESOURCE` (`struct virtio_gpu_ctx_resource`).
+pub fn ctx_detach_resource(ctx_id: u32, resource_id: u32) -> Vec<u8> {
+    request_in(ctx_id, CMD_CTX_DETACH_RESOURCE, &[resource_id, 0])
+}
+
+/// The fields of `struct virtio_gpu_resource_create_3d` (Gallium values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ResourceCreate3d {
+    /// Resource id (0 is invalid).
+    pub resource_id: u32,
+    /// `pipe_texture_target`.
+    pub target: u32,
+    /// virgl format.
+    pub format: u32,
+    /// `PIPE_BIND_*` bits.
+    pub bind: u32,
+    /// Width.
+    pub width: u32,
+    /// Height.
+    pub height: u32,
+    /// Depth.
+    pub depth: u32,
+    /// Array layers.
+    pub array_size: u32,
+    /// Last mipmap level.
+    pub last_level: u32,
+    /// Samples.
+    pub nr_samples: u32,
+    /// `VIRGL_RESOURCE_*` flags.
+    pub flags: u32,
+}
+
+impl ResourceCreate3d {
+    /// A single-level, single-sample 2D texture.
+    pub fn texture_2d(resource_id: u32, format: u32, bind: u32, width: u32, height: u32) -> Self {
+        Self {
+            resource_id,
+            target: PIPE_TEXTURE_2D,
+            format,
+            bind,
+            width,
+            height,
+            depth: 1,
+            array_size: 1,
+            ..Self::default()
+        }
+    }
+}
+
+/// `VIRTIO_GPU_CMD_RESOURCE_CREATE_3D`.
+pub fn resource_create_3d(c: &ResourceCreate3d) -> Vec<u8> {
+    request(
+        CMD_RESOURCE_CREATE_3D,
+        &[
+            c.resource_id,
+            c.target,
+            c.format,
+            c.bind,
+            c.width,
+            c.height,
+            c.depth,
+            c.array_size,
+            c.last_level,
+            c.nr_samples,
+            c.flags,
+            0,
+        ],
+    )
+}
+
+/// `struct virtio_gpu_box`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Box3d {
+    /// Left edge.
+    pub x: u32,
+    /// Top edge.
+    pub y: u32,
+    /// Front edge or first layer.
+    pub z: u32,
+    /// Width.
+    pub w: u32,
+    /// Height.
+    pub h: u32,
+    /// Depth or layer count.
+    pub d: u32,
+}
+
+/// The fields of `struct virtio_gpu_transfer_host_3d` after the header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Transfer3d {
+    /// Resource.
+    pub resource_id: u32,
+    /// Region of the resource.
+    pub bbox: Box3d,
+    /// Offset in the backing.
+    pub offset: u64,
+    /// Mipmap level.
+    pub level: u32,
+    /// Bytes per row in the backing.
+    pub stride: u32,
+    /// Bytes per layer in the backing.
+    pub layer_stride: u32,
+}
+
+fn transfer_3d(ctrl_type: u32, ctx_id: u32, t: &Transfer3d) -> Vec<u8> {
+    let b = t.bbox;
+    let mut bytes = request_in(ctx_id, ctrl_type, &[b.x, b.y, b.z, b.w, b.h, b.d]);
+    bytes.extend_from_slice(&t.offset.to_le_bytes());
+    for w in [t.resource_id, t.level, t.stride, t.layer_stride] {
+        bytes.extend_from_slice(&w.to_le_bytes());
+    }
+    bytes
+}
+
+/// `VIRTIO_GPU_CMD_TRANSFER_TO_HOST_3D` in context `ctx_id`.
+pub fn transfer_to_host_3d(ctx_id: u32, t: &Transfer3d) -> Vec<u8> {
+    transfer_3d(CMD_TRANSFER_TO_HOST_3D, ctx_id, t)
+}
+
+/// `VIRTIO_GPU_CMD_TRANSFER_FROM_HOST_3D` in context `ctx_id`.
+pub fn transfer_from_host_3d(ctx_id: u32, t: &Transfer3d) -> Vec<u8> {
+    transfer_3d(CMD_TRANSFER_FROM_HOST_3D, ctx_id, t)
+}
+
+/// `VIRTIO_GPU_CMD_SUBMIT_3D` in context `ctx_id` with its command stream, in one buffer
+/// (Linux puts the stream in a second descriptor; the device reads them as one request).
+pub fn submit_3d(ctx_id: u32, commands: &[u32]) -> Vec<u8> {
+    submit_3d_claiming(ctx_id, len_u32(commands.len().saturating_mul(4)), commands)
+}
+
+/// `VIRTIO_GPU_CMD_SUBMIT_3D` announcing `size` bytes but carrying `commands` (for negative
+/// tests).
+pub fn submit_3d_claiming(ctx_id: u32, size: u32, commands: &[u32]) -> Vec<u8> {
+    let mut bytes = request_in(ctx_id, CMD_SUBMIT_3D, &[size, 0]);
+    for w in commands {
+        bytes.extend_from_slice(&w.to_le_bytes());
+    }
+    bytes
+}
+
+/// `struct virtio_gpu_resp_capset_info` (`VIRTIO_GPU_RESP_OK_CAPSET_INFO`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CapsetInfo {
+    /// Response header.
+    pub header: CtrlHeader,
+    /// Capset id.
+    pub capset_id: u32,
+    /// Newest version.
+    pub capset_max_version: u32,
+    /// Largest size in bytes.
+    pub capset_max_size: u32,
+}
+
+impl CapsetInfo {
+    /// Decodes a capset-info response; fails on another response type.
+    pub fn parse(bytes: &[u8]) -> Result<Self> {
+        let header = CtrlHeader::parse_expecting(bytes, RESP_OK_CAPSET_INFO)?;
+        let r = Reader::new(bytes, RESP_CAPSET_INFO_SIZE)?;
+        Ok(Self {
+            header,
+            capset_id: r.u32(CTRL_HDR_SIZE),
+            capset_max_version: r.u32(CTRL_HDR_SIZE + 4),
+            capset_max_size: r.u32(CTRL_HDR_SIZE + 8),
+        })
+    }
+}
+
+/// `struct virtio_gpu_resp_capset` (`VIRTIO_GPU_RESP_OK_CAPSET`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capset {
+    /// Response header.
+    pub header: CtrlHeader,
+    /// Everything after the header (the used length tells how much of it the device wrote).
+    pub data: Vec<u8>,
+}
+
+impl Capset {
+    /// Decodes a capset response; fails on another response type.
+    pub fn parse(bytes: &[u8]) -> Result<Self> {
+        let header = CtrlHeader::parse_expecting(bytes, RESP_OK_CAPSET)?;
+        Ok(Self {
+            header,
+            data: bytes[CTRL_HDR_SIZE..].to_vec(),
+        })
+    }
 }
 
 /// `struct virtio_gpu_resp_edid` (`VIRTIO_GPU_RESP_OK_EDID`).
@@ -504,5 +808,140 @@ mod tests {
         assert_eq!(e.edid.len(), 128);
         assert_eq!(e.edid[0], 0xaa);
         assert!(EdidResponse::parse(&bytes[..100]).is_err());
+    }
+
+    /// Word `i` (32-bit, little-endian) of `bytes`.
+    fn word(bytes: &[u8], i: usize) -> u32 {
+        u32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().unwrap())
+    }
+
+    #[test]
+    fn three_d_request_layouts() {
+        // The header carries the context; GET_CAPSET* are context-less.
+        let c = get_capset_info(1);
+        assert_eq!((c.len(), word(&c, 0), word(&c, 6)), (32, 0x108, 1));
+        let c = get_capset(CAPSET_VIRGL2, 2);
+        assert_eq!(
+            (c.len(), word(&c, 0), word(&c, 6), word(&c, 7)),
+            (32, 0x109, 2, 2)
+        );
+
+        let c = ctx_create(3, CAPSET_VIRGL2, b"kmscube");
+        assert_eq!(c.len(), 96);
+        assert_eq!((word(&c, 0), word(&c, 4)), (CMD_CTX_CREATE, 3));
+        assert_eq!((word(&c, 6), word(&c, 7)), (7, 2));
+        assert_eq!(&c[32..40], b"kmscube\0");
+        assert!(c[40..].iter().all(|&b| b == 0));
+        let long = ctx_create(3, 0, &[b'x'; 100]);
+        assert_eq!((long.len(), word(&long, 6)), (96, 64));
+        let claim = ctx_create_claiming(3, 0, 65, b"x");
+        assert_eq!((claim.len(), word(&claim, 6)), (96, 65));
+
+        let d = ctx_destroy(3);
+        assert_eq!((d.len(), word(&d, 0), word(&d, 4)), (24, 0x201, 3));
+        let a = ctx_attach_resource(3, 9);
+        assert_eq!(
+            (a.len(), word(&a, 0), word(&a, 4), word(&a, 6)),
+            (32, 0x202, 3, 9)
+        );
+        let a = ctx_detach_resource(3, 9);
+        assert_eq!(
+            (a.len(), word(&a, 0), word(&a, 4), word(&a, 6)),
+            (32, 0x203, 3, 9)
+        );
+
+        let r = resource_create_3d(&ResourceCreate3d {
+            last_level: 3,
+            nr_samples: 4,
+            flags: 1,
+            ..ResourceCreate3d::texture_2d(9, 67, 0xa, 640, 480)
+        });
+        assert_eq!((r.len(), word(&r, 0)), (72, 0x204));
+        let fields: Vec<u32> = (6..18).map(|i| word(&r, i)).collect();
+        assert_eq!(fields, [9, 2, 67, 0xa, 640, 480, 1, 1, 3, 4, 1, 0]);
+
+        let t = Transfer3d {
+            resource_id: 9,
+            bbox: Box3d {
+                x: 1,
+                y: 2,
+                z: 3,
+                w: 4,
+                h: 5,
+                d: 6,
+            },
+            offset: 0x2_0000_0040,
+            level: 1,
+            stride: 256,
+            layer_stride: 4096,
+        };
+        for (bytes, ty) in [
+            (transfer_to_host_3d(3, &t), CMD_TRANSFER_TO_HOST_3D),
+            (transfer_from_host_3d(3, &t), CMD_TRANSFER_FROM_HOST_3D),
+        ] {
+            assert_eq!((bytes.len(), word(&bytes, 0), word(&bytes, 4)), (72, ty, 3));
+            let fields: Vec<u32> = (6..18).map(|i| word(&bytes, i)).collect();
+            assert_eq!(fields, [1, 2, 3, 4, 5, 6, 0x40, 2, 9, 1, 256, 4096]);
+        }
+
+        let s = submit_3d(3, &[0xdead_beef, 7]);
+        assert_eq!(s.len(), SUBMIT_3D_SIZE + 8);
+        assert_eq!((word(&s, 0), word(&s, 4), word(&s, 6)), (0x207, 3, 8));
+        assert_eq!((word(&s, 8), word(&s, 9)), (0xdead_beef, 7));
+        let claim = submit_3d_claiming(3, 6, &[1]);
+        assert_eq!((claim.len(), word(&claim, 6)), (SUBMIT_3D_SIZE + 4, 6));
+    }
+
+    #[test]
+    fn fences_are_added_to_any_request() {
+        let s = with_fence(submit_3d(3, &[1]), 0x1_0000_0002);
+        let h = CtrlHeader::parse(&s).unwrap();
+        assert!(h.is_fenced());
+        assert_eq!(
+            (h.fence_id, h.ctx_id, h.ctrl_type),
+            (0x1_0000_0002, 3, CMD_SUBMIT_3D)
+        );
+        assert_eq!(word(&s, 8), 1, "the body is untouched");
+        assert_eq!(
+            with_fence(vec![1, 2, 3], 5),
+            vec![1, 2, 3],
+            "too short to be fenced"
+        );
+    }
+
+    #[test]
+    fn capset_response_parse() {
+        let mut bytes = CtrlHeader::new(RESP_OK_CAPSET_INFO).to_bytes().to_vec();
+        for v in [2u32, 2, 0x300, 0] {
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
+        let info = CapsetInfo::parse(&bytes).unwrap();
+        assert_eq!(
+            (
+                info.capset_id,
+                info.capset_max_version,
+                info.capset_max_size
+            ),
+            (2, 2, 0x300)
+        );
+        assert!(matches!(
+            CapsetInfo::parse(&bytes[..36]),
+            Err(GpuError::TooShort {
+                needed: 40,
+                got: 36
+            })
+        ));
+        assert!(matches!(
+            Capset::parse(&bytes),
+            Err(GpuError::UnexpectedType { .. })
+        ));
+
+        let mut bytes = CtrlHeader::new(RESP_OK_CAPSET).to_bytes().to_vec();
+        bytes.extend_from_slice(&[1, 2, 3]);
+        assert_eq!(Capset::parse(&bytes).unwrap().data, vec![1, 2, 3]);
+        assert!(matches!(
+            Capset::parse(&bytes[..10]),
+            Err(GpuError::TooShort { .. })
+        ));
     }
 }

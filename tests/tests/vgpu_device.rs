@@ -670,13 +670,13 @@ fn unknown_and_short_commands_get_error_responses() {
         }
     }
     // A known command this device does not implement yet.
-    let create = CtrlHeader::new(virtio_gpu::CMD_CTX_CREATE).to_bytes();
+    let create = virtio_gpu::ctx_create(1, 0, b"vgpu-test");
     let done = guest
         .dev
         .transact(
             qt,
             CONTROL_QUEUE,
-            &[&create],
+            &[&create[..]],
             &[CTRL_HDR_SIZE as u32],
             TIMEOUT,
         )

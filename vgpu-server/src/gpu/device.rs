@@ -528,8 +528,18 @@ impl GpuDevice {
                 ref entries,
             } => self.attach_backing(resource_id, entries),
             ControlCommand::DetachBacking { resource_id } => self.detach_backing(resource_id),
-            ControlCommand::Unimplemented(t) => {
-                debug!("control command {t:#x} not implemented; ERR_UNSPEC");
+            ControlCommand::GetCapsetInfo { .. }
+            | ControlCommand::GetCapset { .. }
+            | ControlCommand::CtxCreate(_)
+            | ControlCommand::CtxDestroy { .. }
+            | ControlCommand::CtxAttachResource { .. }
+            | ControlCommand::CtxDetachResource { .. }
+            | ControlCommand::ResourceCreate3d(_)
+            | ControlCommand::TransferToHost3d(_)
+            | ControlCommand::TransferFromHost3d(_)
+            | ControlCommand::Submit3d { .. }
+            | ControlCommand::Unimplemented(_) => {
+                debug!("control command not implemented, ERR_UNSPEC: {cmd:?}");
                 Ok(Response::Err(ty::ERR_UNSPEC))
             }
         }

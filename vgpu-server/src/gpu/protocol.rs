@@ -4,8 +4,16 @@
 //! device-readable bytes of a descriptor chain, and gets back the bytes to write into its
 //! device-writable part. Every decode failure maps to a `VIRTIO_GPU_RESP_ERR_*` code, so a
 //! malformed request still completes with an error response.
+//!
+//! The 3D commands (contexts, 3D resources and transfers, SUBMIT_3D command streams, capsets)
+//! are decoded here too; what a command stream says is the renderer's business, not this
+//! module's.
+
+use std::fmt;
 
 use virtio_bindings::virtio_gpu as vg;
+
+use crate::queue::MAX_REQUEST_BYTES;
 
 /// Size of struct virtio_gpu_ctrl_hdr.
 pub const CTRL_HDR_SIZE: usize = 24;
@@ -19,8 +27,9 @@ pub const CURSOR_CMD_SIZE: usize = CTRL_HDR_SIZE + 16 + 16;
 pub const RECT_SIZE: usize = 16;
 /// Size of struct virtio_gpu_resource_create_2d.
 pub const RESOURCE_CREATE_2D_SIZE: usize = CTRL_HDR_SIZE + 16;
-/// Size of struct virtio_gpu_resource_unref, _detach_backing and virtio_gpu_get_edid (a header
-/// and two 32-bit fields).
+/// Size of struct virtio_gpu_resource_unref, _detach_backing, virtio_gpu_get_edid,
+/// virtio_gpu_get_capset_info, virtio_gpu_get_capset and virtio_gpu_ctx_resource (a header and
+/// two 32-bit fields).
 pub const HDR_PLUS_8_SIZE: usize = CTRL_HDR_SIZE + 8;
 /// Size of struct virtio_gpu_set_scanout.
 pub const SET_SCANOUT_SIZE: usize = CTRL_HDR_SIZE + RECT_SIZE + 8;
@@ -36,6 +45,30 @@ pub const MEM_ENTRY_SIZE: usize = 16;
 pub const EDID_BLOB_SIZE: usize = 1024;
 /// Size of struct virtio_gpu_resp_edid.
 pub const RESP_EDID_SIZE: usize = CTRL_HDR_SIZE + 8 + EDID_BLOB_SIZE;
+/// Size of the debug_name array of struct virtio_gpu_ctx_create.
+pub const CTX_DEBUG_NAME_SIZE: usize = 64;
+/// Size of struct virtio_gpu_ctx_create.
+pub const CTX_CREATE_SIZE: usize = CTRL_HDR_SIZE + 8 + CTX_DEBUG_NAME_SIZE;
+/// Size of struct virtio_gpu_box.
+pub const BOX_SIZE: usize = 24;
+/// Size of struct virtio_gpu_resource_create_3d.
+pub const RESOURCE_CREATE_3D_SIZE: usize = CTRL_HDR_SIZE + 48;
+/// Size of struct virtio_gpu_transfer_host_3d (both 3D transfer directions).
+pub const TRANSFER_HOST_3D_SIZE: usize = CTRL_HDR_SIZE + BOX_SIZE + 8 + 16;
+/// Size of struct virtio_gpu_cmd_submit, without the command stream that follows it.
+pub const SUBMIT_3D_SIZE: usize = CTRL_HDR_SIZE + 8;
+/// Size of struct virtio_gpu_resp_capset_info.
+pub const RESP_CAPSET_INFO_SIZE: usize = CTRL_HDR_SIZE + 16;
+/// The bits of CTX_CREATE's context_init that name the context's capset (with
+/// VIRTIO_GPU_F_CONTEXT_INIT); the other bits are reserved.
+pub const CONTEXT_INIT_CAPSET_ID_MASK: u32 = vg::VIRTIO_GPU_CONTEXT_INIT_CAPSET_ID_MASK;
+/// Command streams are made of 32-bit words.
+const DWORD: usize = 4;
+/// Largest SUBMIT_3D command stream. The stream travels in the same request as its
+/// struct virtio_gpu_cmd_submit, and the queue layer never copies more than
+/// [`MAX_REQUEST_BYTES`] of a request, so a larger size can never be satisfied; refusing it up
+/// front says so instead of reporting a short request. (Mesa's virgl winsys flushes at 256 KiB.)
+pub const MAX_SUBMIT_BYTES: usize = MAX_REQUEST_BYTES - SUBMIT_3D_SIZE;
 /// Most backing entries one RESOURCE_ATTACH_BACKING may carry. Linux sends one entry per
 /// scatter-gather segment, at worst one per 4 KiB page: 16384 entries back a 64 MiB resource
 /// (a 4K scanout of 32 MiB needs 8100) even when no two pages are contiguous. The bound keeps a
@@ -71,6 +104,30 @@ pub mod ty {
         vg::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_RESOURCE_DETACH_BACKING;
     /// Query a scanout's EDID.
     pub const GET_EDID: u32 = vg::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_GET_EDID;
+    /// Query the id and sizes of the capset at an index.
+    pub const GET_CAPSET_INFO: u32 = vg::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_GET_CAPSET_INFO;
+    /// Fetch a capset.
+    pub const GET_CAPSET: u32 = vg::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_GET_CAPSET;
+    /// Create a 3D context.
+    pub const CTX_CREATE: u32 = vg::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_CTX_CREATE;
+    /// Destroy a 3D context.
+    pub const CTX_DESTROY: u32 = vg::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_CTX_DESTROY;
+    /// Let a 3D context use a resource.
+    pub const CTX_ATTACH_RESOURCE: u32 =
+        vg::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_CTX_ATTACH_RESOURCE;
+    /// Take a resource away from a 3D context.
+    pub const CTX_DETACH_RESOURCE: u32 =
+        vg::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_CTX_DETACH_RESOURCE;
+    /// Create a host-side 3D resource.
+    pub const RESOURCE_CREATE_3D: u32 = vg::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_RESOURCE_CREATE_3D;
+    /// Copy from guest backing into a 3D resource.
+    pub const TRANSFER_TO_HOST_3D: u32 =
+        vg::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_TRANSFER_TO_HOST_3D;
+    /// Copy from a 3D resource into its guest backing.
+    pub const TRANSFER_FROM_HOST_3D: u32 =
+        vg::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_TRANSFER_FROM_HOST_3D;
+    /// Run a command stream in a 3D context.
+    pub const SUBMIT_3D: u32 = vg::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_SUBMIT_3D;
     /// First 2D command code.
     pub const FIRST_2D: u32 = GET_DISPLAY_INFO;
     /// Last 2D command code defined by the specification.
@@ -89,6 +146,10 @@ pub mod ty {
     pub const OK_DISPLAY_INFO: u32 = vg::virtio_gpu_ctrl_type_VIRTIO_GPU_RESP_OK_DISPLAY_INFO;
     /// Success with struct virtio_gpu_resp_edid.
     pub const OK_EDID: u32 = vg::virtio_gpu_ctrl_type_VIRTIO_GPU_RESP_OK_EDID;
+    /// Success with struct virtio_gpu_resp_capset_info.
+    pub const OK_CAPSET_INFO: u32 = vg::virtio_gpu_ctrl_type_VIRTIO_GPU_RESP_OK_CAPSET_INFO;
+    /// Success with struct virtio_gpu_resp_capset (header and capset bytes).
+    pub const OK_CAPSET: u32 = vg::virtio_gpu_ctrl_type_VIRTIO_GPU_RESP_OK_CAPSET;
     /// Unspecified error.
     pub const ERR_UNSPEC: u32 = vg::virtio_gpu_ctrl_type_VIRTIO_GPU_RESP_ERR_UNSPEC;
     /// The host is out of memory (or past a named limit) for the request.
@@ -129,6 +190,15 @@ pub enum ProtocolError {
     /// RESOURCE_ATTACH_BACKING with more entries than [`MAX_BACKING_ENTRIES`].
     #[error("{0} backing entries, at most {MAX_BACKING_ENTRIES}")]
     TooManyEntries(u32),
+    /// CTX_CREATE whose nlen is longer than its debug_name array.
+    #[error("context debug name of {0} bytes, at most {CTX_DEBUG_NAME_SIZE}")]
+    DebugNameTooLong(u32),
+    /// SUBMIT_3D announcing more than [`MAX_SUBMIT_BYTES`].
+    #[error("command stream of {0} bytes, at most {MAX_SUBMIT_BYTES}")]
+    SubmitTooLarge(u32),
+    /// SUBMIT_3D whose size is not a whole number of 32-bit words.
+    #[error("command stream of {0} bytes is not a multiple of {DWORD}")]
+    SubmitUnaligned(u32),
 }
 
 impl ProtocolError {
@@ -138,7 +208,10 @@ impl ProtocolError {
             ProtocolError::ShortHeader(_) | ProtocolError::UnknownCommand(_) => ty::ERR_UNSPEC,
             ProtocolError::ShortCommand { .. }
             | ProtocolError::UnsupportedFormat(_)
-            | ProtocolError::TooManyEntries(_) => ty::ERR_INVALID_PARAMETER,
+            | ProtocolError::TooManyEntries(_)
+            | ProtocolError::DebugNameTooLong(_)
+            | ProtocolError::SubmitTooLarge(_)
+            | ProtocolError::SubmitUnaligned(_) => ty::ERR_INVALID_PARAMETER,
         }
     }
 }
@@ -302,6 +375,143 @@ pub struct MemEntry {
     pub length: u32,
 }
 
+/// CTX_CREATE (struct virtio_gpu_ctx_create).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CtxCreate {
+    /// The new context's id (from the header).
+    pub ctx_id: u32,
+    /// The raw context_init field; see [`CtxCreate::capset_id`].
+    pub context_init: u32,
+    /// The first nlen bytes of debug_name (at most [`CTX_DEBUG_NAME_SIZE`]); not necessarily
+    /// UTF-8, not NUL-terminated.
+    pub debug_name: Vec<u8>,
+}
+
+impl CtxCreate {
+    /// The capset (context type) the driver asks for with VIRTIO_GPU_F_CONTEXT_INIT; 0 when it
+    /// leaves the choice to the device (every driver without that feature).
+    pub fn capset_id(&self) -> u32 {
+        self.context_init & CONTEXT_INIT_CAPSET_ID_MASK
+    }
+}
+
+/// RESOURCE_CREATE_3D (struct virtio_gpu_resource_create_3d). The values are Gallium's
+/// (pipe_texture_target, virgl formats, PIPE_BIND_* bits) and are not checked here.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ResourceCreate3d {
+    /// Guest-chosen id (0 is invalid).
+    pub resource_id: u32,
+    /// Texture target (buffer, 2D, 3D, cube, arrays ...).
+    pub target: u32,
+    /// virgl format.
+    pub format: u32,
+    /// PIPE_BIND_* usage bits.
+    pub bind: u32,
+    /// Width in texels (bytes for buffers).
+    pub width: u32,
+    /// Height in texels.
+    pub height: u32,
+    /// Depth in texels.
+    pub depth: u32,
+    /// Number of array layers.
+    pub array_size: u32,
+    /// Index of the last mipmap level.
+    pub last_level: u32,
+    /// Samples per texel.
+    pub nr_samples: u32,
+    /// VIRGL_RESOURCE_* flags.
+    pub flags: u32,
+}
+
+/// struct virtio_gpu_box: a region of a 3D resource.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Box3d {
+    /// Left edge.
+    pub x: u32,
+    /// Top edge.
+    pub y: u32,
+    /// Front edge (or first layer).
+    pub z: u32,
+    /// Width.
+    pub w: u32,
+    /// Height.
+    pub h: u32,
+    /// Depth (or layer count).
+    pub d: u32,
+}
+
+/// TRANSFER_TO_HOST_3D and TRANSFER_FROM_HOST_3D (struct virtio_gpu_transfer_host_3d).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Transfer3d {
+    /// Context the transfer is ordered in (from the header).
+    pub ctx_id: u32,
+    /// Resource.
+    pub resource_id: u32,
+    /// Region of the resource.
+    pub bbox: Box3d,
+    /// Byte offset in the resource's backing.
+    pub offset: u64,
+    /// Mipmap level.
+    pub level: u32,
+    /// Bytes per row in the backing (0: tightly packed).
+    pub stride: u32,
+    /// Bytes per layer or slice in the backing (0: tightly packed).
+    pub layer_stride: u32,
+}
+
+/// The command stream of a SUBMIT_3D, as 32-bit words (little-endian on the wire).
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct CommandStream(Vec<u32>);
+
+impl CommandStream {
+    /// The words.
+    pub fn dwords(&self) -> &[u32] {
+        &self.0
+    }
+
+    /// The words, for a renderer API that takes them mutably.
+    pub fn dwords_mut(&mut self) -> &mut [u32] {
+        &mut self.0
+    }
+
+    /// The words, owned.
+    pub fn into_dwords(self) -> Vec<u32> {
+        self.0
+    }
+
+    /// Length in bytes (the request's size field).
+    pub fn len_bytes(&self) -> usize {
+        self.0.len() * DWORD
+    }
+
+    /// Decodes little-endian words; trailing bytes short of a word are not part of the stream.
+    fn from_le_bytes(bytes: &[u8]) -> CommandStream {
+        CommandStream(
+            bytes
+                .chunks_exact(DWORD)
+                .map(|c| {
+                    let mut w = [0; DWORD];
+                    w.copy_from_slice(c);
+                    u32::from_le_bytes(w)
+                })
+                .collect(),
+        )
+    }
+}
+
+impl From<Vec<u32>> for CommandStream {
+    fn from(dwords: Vec<u32>) -> CommandStream {
+        CommandStream(dwords)
+    }
+}
+
+/// Streams can be 1 MiB: debug output shows their length only.
+impl fmt::Debug for CommandStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CommandStream({} dwords)", self.0.len())
+    }
+}
+
 /// A decoded control-queue command.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ControlCommand {
@@ -365,6 +575,52 @@ pub enum ControlCommand {
     DetachBacking {
         /// Resource.
         resource_id: u32,
+    },
+    /// VIRTIO_GPU_CMD_GET_CAPSET_INFO.
+    GetCapsetInfo {
+        /// Index of the capset, below the configuration's num_capsets.
+        capset_index: u32,
+    },
+    /// VIRTIO_GPU_CMD_GET_CAPSET.
+    GetCapset {
+        /// Capset id (VIRTIO_GPU_CAPSET_*).
+        capset_id: u32,
+        /// Version asked for, at most the capset's max version.
+        capset_version: u32,
+    },
+    /// VIRTIO_GPU_CMD_CTX_CREATE.
+    CtxCreate(CtxCreate),
+    /// VIRTIO_GPU_CMD_CTX_DESTROY.
+    CtxDestroy {
+        /// Context (from the header).
+        ctx_id: u32,
+    },
+    /// VIRTIO_GPU_CMD_CTX_ATTACH_RESOURCE.
+    CtxAttachResource {
+        /// Context (from the header).
+        ctx_id: u32,
+        /// Resource.
+        resource_id: u32,
+    },
+    /// VIRTIO_GPU_CMD_CTX_DETACH_RESOURCE.
+    CtxDetachResource {
+        /// Context (from the header).
+        ctx_id: u32,
+        /// Resource.
+        resource_id: u32,
+    },
+    /// VIRTIO_GPU_CMD_RESOURCE_CREATE_3D.
+    ResourceCreate3d(ResourceCreate3d),
+    /// VIRTIO_GPU_CMD_TRANSFER_TO_HOST_3D.
+    TransferToHost3d(Transfer3d),
+    /// VIRTIO_GPU_CMD_TRANSFER_FROM_HOST_3D.
+    TransferFromHost3d(Transfer3d),
+    /// VIRTIO_GPU_CMD_SUBMIT_3D with its command stream.
+    Submit3d {
+        /// Context (from the header).
+        ctx_id: u32,
+        /// The commands.
+        commands: CommandStream,
     },
     /// A command the specification defines that this device does not implement yet.
     Unimplemented(u32),
@@ -449,6 +705,47 @@ fn decode_command(hdr: &CtrlHeader, buf: &[u8]) -> Result<ControlCommand, Protoc
             }
         }
         ty::RESOURCE_ATTACH_BACKING => decode_attach_backing(hdr, buf)?,
+        ty::GET_CAPSET_INFO => ControlCommand::GetCapsetInfo {
+            capset_index: body(hdr, buf, HDR_PLUS_8_SIZE)?.u32(),
+        },
+        ty::GET_CAPSET => {
+            let mut r = body(hdr, buf, HDR_PLUS_8_SIZE)?;
+            ControlCommand::GetCapset {
+                capset_id: r.u32(),
+                capset_version: r.u32(),
+            }
+        }
+        ty::CTX_CREATE => decode_ctx_create(hdr, buf)?,
+        ty::CTX_DESTROY => ControlCommand::CtxDestroy { ctx_id: hdr.ctx_id },
+        ty::CTX_ATTACH_RESOURCE => ControlCommand::CtxAttachResource {
+            ctx_id: hdr.ctx_id,
+            resource_id: body(hdr, buf, HDR_PLUS_8_SIZE)?.u32(),
+        },
+        ty::CTX_DETACH_RESOURCE => ControlCommand::CtxDetachResource {
+            ctx_id: hdr.ctx_id,
+            resource_id: body(hdr, buf, HDR_PLUS_8_SIZE)?.u32(),
+        },
+        ty::RESOURCE_CREATE_3D => {
+            let mut r = body(hdr, buf, RESOURCE_CREATE_3D_SIZE)?;
+            ControlCommand::ResourceCreate3d(ResourceCreate3d {
+                resource_id: r.u32(),
+                target: r.u32(),
+                format: r.u32(),
+                bind: r.u32(),
+                width: r.u32(),
+                height: r.u32(),
+                depth: r.u32(),
+                array_size: r.u32(),
+                last_level: r.u32(),
+                nr_samples: r.u32(),
+                flags: r.u32(),
+            })
+        }
+        ty::TRANSFER_TO_HOST_3D => ControlCommand::TransferToHost3d(decode_transfer_3d(hdr, buf)?),
+        ty::TRANSFER_FROM_HOST_3D => {
+            ControlCommand::TransferFromHost3d(decode_transfer_3d(hdr, buf)?)
+        }
+        ty::SUBMIT_3D => decode_submit_3d(hdr, buf)?,
         t if (ty::FIRST_2D..=ty::LAST_2D).contains(&t)
             || (ty::FIRST_3D..=ty::LAST_3D).contains(&t) =>
         {
@@ -481,6 +778,72 @@ fn decode_attach_backing(hdr: &CtrlHeader, buf: &[u8]) -> Result<ControlCommand,
     Ok(ControlCommand::AttachBacking {
         resource_id,
         entries,
+    })
+}
+
+/// CTX_CREATE: nlen may not exceed the debug_name array it describes.
+fn decode_ctx_create(hdr: &CtrlHeader, buf: &[u8]) -> Result<ControlCommand, ProtocolError> {
+    let mut r = body(hdr, buf, CTX_CREATE_SIZE)?;
+    let (nlen, context_init) = (r.u32(), r.u32());
+    let name = r.take::<CTX_DEBUG_NAME_SIZE>();
+    let debug_name = usize::try_from(nlen)
+        .ok()
+        .and_then(|n| name.get(..n))
+        .ok_or(ProtocolError::DebugNameTooLong(nlen))?
+        .to_vec();
+    Ok(ControlCommand::CtxCreate(CtxCreate {
+        ctx_id: hdr.ctx_id,
+        context_init,
+        debug_name,
+    }))
+}
+
+/// TRANSFER_TO_HOST_3D and TRANSFER_FROM_HOST_3D share struct virtio_gpu_transfer_host_3d.
+fn decode_transfer_3d(hdr: &CtrlHeader, buf: &[u8]) -> Result<Transfer3d, ProtocolError> {
+    let mut r = body(hdr, buf, TRANSFER_HOST_3D_SIZE)?;
+    let bbox = Box3d {
+        x: r.u32(),
+        y: r.u32(),
+        z: r.u32(),
+        w: r.u32(),
+        h: r.u32(),
+        d: r.u32(),
+    };
+    Ok(Transfer3d {
+        ctx_id: hdr.ctx_id,
+        bbox,
+        offset: r.u64(),
+        resource_id: r.u32(),
+        level: r.u32(),
+        stride: r.u32(),
+        layer_stride: r.u32(),
+    })
+}
+
+/// SUBMIT_3D: the size is bounded and whole words before the stream is looked for, and the
+/// request must hold all of it. Bytes after the stream are ignored, as after any structure.
+fn decode_submit_3d(hdr: &CtrlHeader, buf: &[u8]) -> Result<ControlCommand, ProtocolError> {
+    let size = body(hdr, buf, SUBMIT_3D_SIZE)?.u32();
+    let len = usize::try_from(size)
+        .ok()
+        .filter(|&n| n <= MAX_SUBMIT_BYTES)
+        .ok_or(ProtocolError::SubmitTooLarge(size))?;
+    if len % DWORD != 0 {
+        return Err(ProtocolError::SubmitUnaligned(size));
+    }
+    let need = SUBMIT_3D_SIZE
+        .checked_add(len)
+        .ok_or(ProtocolError::SubmitTooLarge(size))?;
+    let stream = buf
+        .get(SUBMIT_3D_SIZE..need)
+        .ok_or(ProtocolError::ShortCommand {
+            ty: hdr.ty,
+            len: buf.len(),
+            need,
+        })?;
+    Ok(ControlCommand::Submit3d {
+        ctx_id: hdr.ctx_id,
+        commands: CommandStream::from_le_bytes(stream),
     })
 }
 
@@ -550,6 +913,17 @@ pub enum Response {
     OkDisplayInfo(Vec<DisplayOne>),
     /// VIRTIO_GPU_RESP_OK_EDID with an EDID of at most [`EDID_BLOB_SIZE`] bytes.
     OkEdid(Vec<u8>),
+    /// VIRTIO_GPU_RESP_OK_CAPSET_INFO.
+    OkCapsetInfo {
+        /// Capset id (VIRTIO_GPU_CAPSET_*).
+        capset_id: u32,
+        /// Newest version of the capset the device has.
+        capset_max_version: u32,
+        /// Largest size in bytes of any of its versions.
+        capset_max_size: u32,
+    },
+    /// VIRTIO_GPU_RESP_OK_CAPSET: the capset's bytes follow the header.
+    OkCapset(Vec<u8>),
     /// A VIRTIO_GPU_RESP_ERR_* code.
     Err(u32),
 }
@@ -557,7 +931,11 @@ pub enum Response {
 impl Response {
     /// Encodes the response to the request whose header is `req` (fence fields are echoed).
     pub fn encode(&self, req: &CtrlHeader) -> Vec<u8> {
-        let mut out = Vec::with_capacity(RESP_EDID_SIZE);
+        let capacity = match self {
+            Response::OkCapset(data) => CTRL_HDR_SIZE.saturating_add(data.len()),
+            _ => RESP_EDID_SIZE,
+        };
+        let mut out = Vec::with_capacity(capacity);
         match self {
             Response::OkNoData => req.response(ty::OK_NODATA).encode(&mut out),
             Response::Err(code) => req.response(*code).encode(&mut out),
@@ -578,6 +956,20 @@ impl Response {
                 out.extend_from_slice(&[0; 4]);
                 out.extend_from_slice(edid);
                 out.resize(RESP_EDID_SIZE, 0);
+            }
+            Response::OkCapsetInfo {
+                capset_id,
+                capset_max_version,
+                capset_max_size,
+            } => {
+                req.response(ty::OK_CAPSET_INFO).encode(&mut out);
+                for v in [*capset_id, *capset_max_version, *capset_max_size, 0] {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
+            }
+            Response::OkCapset(data) => {
+                req.response(ty::OK_CAPSET).encode(&mut out);
+                out.extend_from_slice(data);
             }
         }
         out
@@ -920,7 +1312,7 @@ mod tests {
 
     #[test]
     fn garbage_never_panics() {
-        // A cheap deterministic generator: every command type, every length up to 96.
+        // A cheap deterministic generator: every command type, every length up to 160.
         let mut x = 0x1234_5678u32;
         let mut next = || {
             x ^= x << 13;
@@ -928,8 +1320,8 @@ mod tests {
             x ^= x << 5;
             x
         };
-        for t in ty::FIRST_2D..=ty::LAST_2D + 2 {
-            for len in 0..96 {
+        for t in (ty::FIRST_2D..=ty::LAST_2D + 2).chain(ty::FIRST_3D..=ty::LAST_3D + 2) {
+            for len in 0..160 {
                 let mut b: Vec<u8> = (0..len).map(|_| next() as u8).collect();
                 if len >= 4 {
                     b[..4].copy_from_slice(&t.to_le_bytes());
@@ -975,5 +1367,296 @@ mod tests {
         assert_eq!(&out[24..28], &128u32.to_le_bytes());
         assert_eq!(&out[32..160], &[0xab; 128][..]);
         assert!(out[160..].iter().all(|&b| b == 0));
+    }
+
+    /// A request of type `ty` with 32-bit body words `words` and then `tail`, as the Linux
+    /// driver lays it out (context 7 in the header).
+    fn request_with(ty: u32, words: &[u32], tail: &[u8]) -> Vec<u8> {
+        let mut b = request(ty, words);
+        b.extend_from_slice(tail);
+        b
+    }
+
+    /// CTX_CREATE as Linux sends it: nlen is strlen of the task name, strscpy'd into
+    /// debug_name.
+    fn ctx_create_bytes(nlen: u32, context_init: u32, name: &[u8]) -> Vec<u8> {
+        let mut debug_name = [0u8; CTX_DEBUG_NAME_SIZE];
+        debug_name[..name.len()].copy_from_slice(name);
+        request_with(ty::CTX_CREATE, &[nlen, context_init], &debug_name)
+    }
+
+    /// SUBMIT_3D as Linux sends it: the struct, then the stream in the next descriptor.
+    fn submit_bytes(size: u32, stream: &[u32]) -> Vec<u8> {
+        let mut b = request(ty::SUBMIT_3D, &[size, 0]);
+        for w in stream {
+            b.extend_from_slice(&w.to_le_bytes());
+        }
+        b
+    }
+
+    /// One well-formed request of every 3D command, with what it decodes to.
+    fn three_d_samples() -> Vec<(Vec<u8>, ControlCommand)> {
+        let transfer = Transfer3d {
+            ctx_id: 7,
+            resource_id: 9,
+            bbox: Box3d {
+                x: 1,
+                y: 2,
+                z: 3,
+                w: 4,
+                h: 5,
+                d: 6,
+            },
+            offset: 0x2_0000_0040,
+            level: 1,
+            stride: 256,
+            layer_stride: 4096,
+        };
+        let transfer_words = [1, 2, 3, 4, 5, 6, 0x40, 2, 9, 1, 256, 4096];
+        vec![
+            (
+                request(ty::GET_CAPSET_INFO, &[1, 0]),
+                ControlCommand::GetCapsetInfo { capset_index: 1 },
+            ),
+            (
+                request(ty::GET_CAPSET, &[2, 1]),
+                ControlCommand::GetCapset {
+                    capset_id: 2,
+                    capset_version: 1,
+                },
+            ),
+            (
+                ctx_create_bytes(7, 2, b"kmscube"),
+                ControlCommand::CtxCreate(CtxCreate {
+                    ctx_id: 7,
+                    context_init: 2,
+                    debug_name: b"kmscube".to_vec(),
+                }),
+            ),
+            (
+                request(ty::CTX_DESTROY, &[]),
+                ControlCommand::CtxDestroy { ctx_id: 7 },
+            ),
+            (
+                request(ty::CTX_ATTACH_RESOURCE, &[9, 0]),
+                ControlCommand::CtxAttachResource {
+                    ctx_id: 7,
+                    resource_id: 9,
+                },
+            ),
+            (
+                request(ty::CTX_DETACH_RESOURCE, &[9, 0]),
+                ControlCommand::CtxDetachResource {
+                    ctx_id: 7,
+                    resource_id: 9,
+                },
+            ),
+            (
+                request(
+                    ty::RESOURCE_CREATE_3D,
+                    &[9, 2, 67, 0x2, 640, 480, 1, 1, 0, 0, 0x1, 0],
+                ),
+                ControlCommand::ResourceCreate3d(ResourceCreate3d {
+                    resource_id: 9,
+                    target: 2,
+                    format: 67,
+                    bind: 0x2,
+                    width: 640,
+                    height: 480,
+                    depth: 1,
+                    array_size: 1,
+                    last_level: 0,
+                    nr_samples: 0,
+                    flags: 0x1,
+                }),
+            ),
+            (
+                request(ty::TRANSFER_TO_HOST_3D, &transfer_words),
+                ControlCommand::TransferToHost3d(transfer),
+            ),
+            (
+                request(ty::TRANSFER_FROM_HOST_3D, &transfer_words),
+                ControlCommand::TransferFromHost3d(transfer),
+            ),
+            (
+                submit_bytes(12, &[0x0001_0203, 0xdead_beef, 0]),
+                ControlCommand::Submit3d {
+                    ctx_id: 7,
+                    commands: vec![0x0001_0203, 0xdead_beef, 0].into(),
+                },
+            ),
+        ]
+    }
+
+    #[test]
+    fn decodes_the_3d_commands() {
+        let sizes = [
+            HDR_PLUS_8_SIZE,
+            HDR_PLUS_8_SIZE,
+            CTX_CREATE_SIZE,
+            CTRL_HDR_SIZE,
+            HDR_PLUS_8_SIZE,
+            HDR_PLUS_8_SIZE,
+            RESOURCE_CREATE_3D_SIZE,
+            TRANSFER_HOST_3D_SIZE,
+            TRANSFER_HOST_3D_SIZE,
+            SUBMIT_3D_SIZE + 12,
+        ];
+        // The sizes of the Linux uapi structures.
+        assert_eq!(
+            (
+                CTX_CREATE_SIZE,
+                RESOURCE_CREATE_3D_SIZE,
+                TRANSFER_HOST_3D_SIZE
+            ),
+            (96, 72, 72)
+        );
+        for ((bytes, want), size) in three_d_samples().into_iter().zip(sizes) {
+            assert_eq!(bytes.len(), size, "{want:?}");
+            let req = decode_control(&bytes).unwrap();
+            assert_eq!(req.cmd, want);
+            assert_eq!(req.hdr.ctx_id, 7);
+            // Bytes past the structure (or past the stream) are ignored.
+            let mut longer = bytes.clone();
+            longer.extend_from_slice(&[0xee; 13]);
+            assert_eq!(cmd(&longer), want, "with trailing bytes");
+        }
+    }
+
+    #[test]
+    fn every_truncation_of_a_3d_command_is_refused() {
+        for (bytes, want) in three_d_samples() {
+            let t = u32::from_le_bytes(bytes[..4].try_into().unwrap());
+            for len in 0..bytes.len() {
+                let (hdr, e) = decode_control(&bytes[..len]).unwrap_err();
+                if len < CTRL_HDR_SIZE {
+                    assert_eq!((hdr, e), (None, ProtocolError::ShortHeader(len)));
+                    continue;
+                }
+                // The fixed part first, then (for SUBMIT_3D) the stream it announces.
+                let need = if t == ty::SUBMIT_3D && len < SUBMIT_3D_SIZE {
+                    SUBMIT_3D_SIZE
+                } else {
+                    bytes.len()
+                };
+                assert_eq!(hdr.map(|h| h.ty), Some(t));
+                assert_eq!(
+                    e,
+                    ProtocolError::ShortCommand { ty: t, len, need },
+                    "{want:?}"
+                );
+                assert_eq!(e.response_code(), ty::ERR_INVALID_PARAMETER);
+            }
+        }
+    }
+
+    #[test]
+    fn ctx_create_name_and_capset() {
+        let name = [b'n'; CTX_DEBUG_NAME_SIZE];
+        // A name filling the whole array, without a NUL, is whole.
+        let ControlCommand::CtxCreate(c) = cmd(&ctx_create_bytes(64, 0, &name)) else {
+            panic!("not a ctx_create");
+        };
+        assert_eq!(c.debug_name, name.to_vec());
+        assert_eq!(c.capset_id(), 0, "no CONTEXT_INIT: the device chooses");
+        // nlen 0, and the capset id is the low 8 bits of context_init.
+        let ControlCommand::CtxCreate(c) = cmd(&ctx_create_bytes(0, 0x0000_0104, b"x")) else {
+            panic!("not a ctx_create");
+        };
+        assert_eq!((c.debug_name.len(), c.capset_id()), (0, 4));
+        for nlen in [65, 0x100, u32::MAX] {
+            assert_eq!(
+                refusal(&ctx_create_bytes(nlen, 0, b"x")),
+                (
+                    ProtocolError::DebugNameTooLong(nlen),
+                    ty::ERR_INVALID_PARAMETER
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn submit_3d_sizes() {
+        // Not whole words.
+        for size in [1, 2, 3, 6, 4097] {
+            assert_eq!(
+                refusal(&submit_bytes(size, &[0; 1100])),
+                (
+                    ProtocolError::SubmitUnaligned(size),
+                    ty::ERR_INVALID_PARAMETER
+                )
+            );
+        }
+        // More than the request carries.
+        assert_eq!(
+            refusal(&submit_bytes(16, &[1, 2])),
+            (
+                ProtocolError::ShortCommand {
+                    ty: ty::SUBMIT_3D,
+                    len: 40,
+                    need: 48
+                },
+                ty::ERR_INVALID_PARAMETER
+            )
+        );
+        // More than any request can carry: refused before the stream is looked for.
+        for size in [MAX_SUBMIT_BYTES as u32 + 4, u32::MAX - 3, u32::MAX] {
+            assert_eq!(
+                refusal(&submit_bytes(size, &[])),
+                (
+                    ProtocolError::SubmitTooLarge(size),
+                    ty::ERR_INVALID_PARAMETER
+                )
+            );
+        }
+        // An empty stream decodes; the renderer decides what it means.
+        assert_eq!(
+            cmd(&submit_bytes(0, &[])),
+            ControlCommand::Submit3d {
+                ctx_id: 7,
+                commands: CommandStream::default()
+            }
+        );
+        // At the limit, the request is exactly MAX_REQUEST_BYTES.
+        let words = MAX_SUBMIT_BYTES / DWORD;
+        let stream: Vec<u32> = (0..words as u32).collect();
+        let b = submit_bytes(MAX_SUBMIT_BYTES as u32, &stream);
+        assert_eq!(b.len(), MAX_REQUEST_BYTES);
+        let ControlCommand::Submit3d { mut commands, .. } = cmd(&b) else {
+            panic!("not a submit");
+        };
+        assert_eq!(commands.len_bytes(), MAX_SUBMIT_BYTES);
+        assert_eq!(commands.dwords(), &stream[..]);
+        commands.dwords_mut()[0] = 5;
+        assert_eq!(
+            format!("{commands:?}"),
+            format!("CommandStream({words} dwords)")
+        );
+        assert_eq!(commands.into_dwords()[..2], [5, 1]);
+    }
+
+    #[test]
+    fn capset_responses_layout() {
+        let req = CtrlHeader::decode(&hdr_bytes(ty::GET_CAPSET_INFO, FLAG_FENCE, 5)).unwrap();
+        let out = Response::OkCapsetInfo {
+            capset_id: 2,
+            capset_max_version: 2,
+            capset_max_size: 0x1234,
+        }
+        .encode(&req);
+        assert_eq!(out.len(), RESP_CAPSET_INFO_SIZE);
+        let h = CtrlHeader::decode(&out).unwrap();
+        assert_eq!((h.ty, h.fence_id), (ty::OK_CAPSET_INFO, 5));
+        assert_eq!(&out[24..32], &[2, 0, 0, 0, 2, 0, 0, 0]);
+        assert_eq!(&out[32..40], &[0x34, 0x12, 0, 0, 0, 0, 0, 0]);
+
+        let req = CtrlHeader::decode(&hdr_bytes(ty::GET_CAPSET, 0, 0)).unwrap();
+        let caps: Vec<u8> = (0..=255).collect();
+        let out = Response::OkCapset(caps.clone()).encode(&req);
+        assert_eq!(out.len(), CTRL_HDR_SIZE + caps.len());
+        assert_eq!(CtrlHeader::decode(&out).unwrap().ty, ty::OK_CAPSET);
+        assert_eq!(&out[CTRL_HDR_SIZE..], &caps[..]);
+        let empty = Response::OkCapset(Vec::new()).encode(&req);
+        assert_eq!(empty.len(), CTRL_HDR_SIZE);
     }
 }
