@@ -68,12 +68,32 @@ impl TestServer {
         Self::start_dumping(display, connections, None)
     }
 
+    /// Starts a server with the virgl renderer (3D), serving one client. virglrenderer may be
+    /// initialised once per process: one such server per test binary.
+    pub fn start_3d() -> TestServer {
+        Self::start_full(
+            DisplayConfig::default(),
+            1,
+            None,
+            Some(mdev_backend::virgl::DEFAULT_LIBRARY.to_string()),
+        )
+    }
+
     /// Starts a server reporting `display` that serves `connections` clients and, with
     /// `dump`, writes its scanout images there.
     pub fn start_dumping(
         display: DisplayConfig,
         connections: u32,
         dump: Option<DumpConfig>,
+    ) -> TestServer {
+        Self::start_full(display, connections, dump, None)
+    }
+
+    fn start_full(
+        display: DisplayConfig,
+        connections: u32,
+        dump: Option<DumpConfig>,
+        renderer: Option<String>,
     ) -> TestServer {
         init_logging();
         let dir = TempDir::new("vgpu-server").expect("temporary directory");
@@ -83,6 +103,7 @@ impl TestServer {
             display,
             max_connections: Some(connections),
             dump,
+            renderer,
         };
         let server = VgpuServer::bind(config).expect("server binds its socket");
         let metrics = server.metrics();
@@ -185,10 +206,15 @@ impl VgpuGuest {
 
     /// (Re)negotiates VERSION_1, sets up both queues and sets DRIVER_OK.
     pub fn bring_up(&mut self) {
+        self.bring_up_with(1u64 << virtio_bindings::virtio_config::VIRTIO_F_VERSION_1)
+    }
+
+    /// (Re)negotiates exactly `features` (which must be offered), sets up both queues and sets
+    /// DRIVER_OK.
+    pub fn bring_up_with(&mut self, wanted: u64) {
         let qt = self.vm.qtest();
-        let version_1 = 1u64 << virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
-        let features = self.dev.negotiate(qt, version_1).expect("negotiation");
-        assert_eq!(features, version_1);
+        let features = self.dev.negotiate(qt, wanted).expect("negotiation");
+        assert_eq!(features, wanted);
         let vector = |v| self.msix.then_some(v);
         let (config, control, cursor) = (
             vector(CONFIG_VECTOR),

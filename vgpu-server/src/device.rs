@@ -6,16 +6,20 @@
 //! ([`crate::transport`]); this module decodes BAR offsets into virtio structures, processes
 //! queues, and turns every protocol violation into DEVICE_NEEDS_RESET.
 
+use std::collections::VecDeque;
 use std::fmt::Display;
 use std::fs::File;
 use std::sync::Arc;
 
 use log::{debug, error, info, warn};
+use mdev_backend::virgl::Virgl;
 use virtio_queue::{QueueOwnedT, QueueT};
 use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
 
 use crate::gpu::dump::Frame;
+use crate::gpu::fence::{FenceState, Parked};
 use crate::gpu::protocol::{self, Response};
+use crate::gpu::three_d::Renderer;
 use crate::gpu::{DisplayConfig, GpuDevice};
 use crate::irq::{Interrupts, IrqChange, IrqError};
 use crate::memory::{GuestRam, MemoryError};
@@ -75,12 +79,17 @@ pub struct Device {
     retain_frames: bool,
     /// Scanout images taken just before a reset, not yet handed out.
     retained: Vec<Frame>,
+    /// Fenced completions waiting for their fence.
+    fences: FenceState,
+    /// Guest fence ids given to the renderer, in order (its fence ids are their low 32 bits).
+    issued: VecDeque<u64>,
 }
 
 impl Device {
-    /// A powered-on device with no guest memory and no interrupts yet.
-    pub fn new(display: DisplayConfig, metrics: Arc<DeviceMetrics>) -> Self {
-        let gpu = GpuDevice::new(display);
+    /// A powered-on device with no guest memory and no interrupts yet; `virgl` offers 3D (the
+    /// worker has a renderer).
+    pub fn new(display: DisplayConfig, metrics: Arc<DeviceMetrics>, virgl: bool) -> Self {
+        let gpu = GpuDevice::new(display, virgl);
         Device {
             config: ConfigSpace::new(),
             transport: VirtioPciTransport::new(gpu.features(), pci::MSIX_VECTORS),
@@ -90,6 +99,8 @@ impl Device {
             metrics,
             retain_frames: false,
             retained: Vec::new(),
+            fences: FenceState::default(),
+            issued: VecDeque::new(),
         }
     }
 
@@ -149,6 +160,8 @@ impl Device {
             self.retained = self.gpu.take_frames(false);
         }
         self.gpu.reset();
+        self.fences.reset();
+        self.issued.clear();
         self.config.set_interrupt_status(false);
         info!("device reset");
     }
@@ -318,20 +331,34 @@ impl Device {
 
     /// Processes the available buffers of queue `q` (the worker calls this on a kick).
     /// At most one queue's worth of chains is handled per call; returns true if more remain.
-    pub fn process_queue(&mut self, q: u16) -> bool {
+    ///
+    /// `virgl` (worker thread only) runs 3D commands and fences: a fenced request's used-ring
+    /// entry is parked until [`Device::fences_signalled`] releases it.
+    pub fn process_queue(&mut self, q: u16, virgl: Option<&Virgl>) -> bool {
         if q >= NUM_QUEUES || !self.transport.is_live() || !self.transport.queue_ready(q) {
             inc(&self.metrics.notifies_ignored);
             debug!("notify for queue {q} ignored: device not live or queue not enabled");
             return false;
         }
-        let mem = self.ram.atomic().memory();
+        let mem: Arc<GuestMemoryMmap> = self.ram.atomic().memory().into_inner();
         let (chains, more, mut violation) = self.pop_chains(q, &mem);
         let mut completed = 0u32;
         for chain in chains {
-            let len = match q {
-                CONTROL_QUEUE => self.control_request(&chain, &mem),
-                _ => self.cursor_request(&chain),
+            let (len, fence) = match q {
+                CONTROL_QUEUE => self.control_request(&chain, &mem, virgl),
+                _ => (self.cursor_request(&chain), None),
             };
+            if let (Some((fence_id, ctx_id)), Some(v)) = (fence, virgl) {
+                let entry = Parked {
+                    fence_id,
+                    queue: q,
+                    head: chain.head(),
+                    len,
+                };
+                if self.park(v, entry, ctx_id) {
+                    continue;
+                }
+            }
             let added = self
                 .transport
                 .queue_mut(q)
@@ -391,13 +418,96 @@ impl Device {
         (chains, more, None)
     }
 
+    /// Parks a fenced completion behind a renderer fence; false if it must complete now
+    /// (its fence already signalled, or the renderer refused the fence).
+    fn park(&mut self, virgl: &Virgl, entry: Parked, ctx_id: u32) -> bool {
+        // The renderer's fence ids are 32-bit; the guest's low 32 bits keep their order
+        // within any 2^32 fences in flight.
+        if let Err(e) = virgl.create_fence(entry.fence_id as u32, ctx_id) {
+            warn!("fence {}: {e}; completing at once", entry.fence_id);
+            return false;
+        }
+        self.issued.push_back(entry.fence_id);
+        match self.fences.park(entry) {
+            Ok(None) => true,
+            Ok(Some(_)) => false,
+            Err(e) => {
+                warn!("fence {}: {e}; completing at once", entry.fence_id);
+                false
+            }
+        }
+    }
+
+    /// The renderer signalled fence `newest` (and every earlier one): the parked completions
+    /// it covers go to their used rings, in order, with an interrupt per queue.
+    pub fn fences_signalled(&mut self, newest: u32) {
+        if !self.issued.iter().any(|&id| id as u32 == newest) {
+            debug!("renderer fence {newest} is not one of ours");
+            return;
+        }
+        let mut guest_id = 0;
+        while let Some(id) = self.issued.pop_front() {
+            guest_id = id;
+            if id as u32 == newest {
+                break;
+            }
+        }
+        let released = self.fences.signal(guest_id);
+        if released.is_empty() {
+            return;
+        }
+        let mem = self.ram.atomic().memory();
+        let mut touched = [false; NUM_QUEUES as usize];
+        for p in released {
+            let Some(queue) = self.transport.queue_mut(p.queue).filter(|q| q.ready()) else {
+                continue;
+            };
+            if let Err(e) = queue.add_used(&*mem, p.head, p.len) {
+                self.fault(format_args!(
+                    "queue {}: completing head {}: {e}",
+                    p.queue, p.head
+                ));
+                return;
+            }
+            touched[usize::from(p.queue)] = true;
+        }
+        for q in (0..NUM_QUEUES).filter(|&q| touched[usize::from(q)]) {
+            let notify = self
+                .transport
+                .queue_mut(q)
+                .map(|queue| queue.needs_notification(&*mem));
+            if let Some(Ok(true)) = notify {
+                self.signal(self.transport.queue_vector(q), ISR_QUEUE);
+            }
+        }
+    }
+
+    /// Destroys the 3D objects a reset left behind (worker thread, before any queue work).
+    pub fn reap_3d(&mut self, virgl: &Virgl) {
+        self.gpu.reap_3d(virgl);
+    }
+
+    /// Destroys every 3D object of this guest (the client went away).
+    pub fn release_3d(&mut self, virgl: &Virgl) {
+        self.gpu.release_3d(virgl);
+    }
+
     /// Decodes and executes one control request and writes its response; returns the used
-    /// length.
-    fn control_request(&mut self, chain: &CheckedChain, mem: &GuestMemoryMmap) -> u32 {
+    /// length and, for a fenced request, its (fence id, context id).
+    fn control_request(
+        &mut self,
+        chain: &CheckedChain,
+        mem: &Arc<GuestMemoryMmap>,
+        virgl: Option<&Virgl>,
+    ) -> (u32, Option<(u64, u32)>) {
         inc(&self.metrics.ctrl_requests);
         let frames_before = self.gpu.frames_flushed();
+        let renderer = virgl.map(|virgl| Renderer { virgl, mem });
         let (hdr, response) = match protocol::decode_control(chain.request()) {
-            Ok(req) => (req.hdr, self.gpu.execute(&req, mem)),
+            Ok(mut req) => {
+                let response = self.gpu.execute(&mut req, &**mem, renderer);
+                (req.hdr, response)
+            }
             Err((hdr, e)) => {
                 debug!("control request refused: {e}");
                 (hdr.unwrap_or_default(), Response::Err(e.response_code()))
@@ -418,10 +528,11 @@ impl Device {
                 chain.response_capacity()
             );
         }
-        chain.write_response(mem, &bytes).unwrap_or_else(|e| {
+        let len = chain.write_response(&**mem, &bytes).unwrap_or_else(|e| {
             error!("writing response: {e}");
             0
-        })
+        });
+        (len, hdr.fenced().then_some((hdr.fence_id, hdr.ctx_id)))
     }
 
     fn cursor_request(&mut self, chain: &CheckedChain) -> u32 {
@@ -461,7 +572,7 @@ mod tests {
     #[test]
     fn violations_set_needs_reset_and_reset_clears_it() {
         let metrics = Arc::new(DeviceMetrics::default());
-        let mut dev = Device::new(DisplayConfig::default(), metrics.clone());
+        let mut dev = Device::new(DisplayConfig::default(), metrics.clone(), false);
         dev.virtio_write(VirtioRegion::Common(0x14), &[1, 2]);
         assert_ne!(
             dev.status() & crate::virtio_pci::status::DEVICE_NEEDS_RESET,
@@ -475,9 +586,9 @@ mod tests {
     #[test]
     fn notify_before_driver_ok_is_ignored() {
         let metrics = Arc::new(DeviceMetrics::default());
-        let mut dev = Device::new(DisplayConfig::default(), metrics.clone());
-        assert!(!dev.process_queue(0));
-        assert!(!dev.process_queue(7));
+        let mut dev = Device::new(DisplayConfig::default(), metrics.clone(), false);
+        assert!(!dev.process_queue(0, None));
+        assert!(!dev.process_queue(7, None));
         assert_eq!(crate::metrics::get(&metrics.notifies_ignored), 2);
     }
 }

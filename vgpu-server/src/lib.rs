@@ -46,6 +46,9 @@ pub struct ServerConfig {
     pub max_connections: Option<u32>,
     /// Write the scanout images as PNG files (headless display); `None` keeps them in memory.
     pub dump: Option<DumpConfig>,
+    /// The virglrenderer library for 3D (VIRTIO_GPU_F_VIRGL); `None`, or a library that does
+    /// not load, serves 2D only. virglrenderer can be initialised once per process.
+    pub renderer: Option<String>,
 }
 
 /// Errors that stop the server.
@@ -159,7 +162,11 @@ impl VgpuServer {
             config.display.height
         );
         let metrics = Arc::new(DeviceMetrics::default());
-        let worker = WorkerHandle::spawn(config.dump.clone(), metrics.clone())?;
+        let worker = WorkerHandle::spawn(
+            config.dump.clone(),
+            metrics.clone(),
+            config.renderer.clone(),
+        )?;
         Ok(VgpuServer {
             server,
             config,
@@ -189,6 +196,7 @@ impl VgpuServer {
         let device = Arc::new(Mutex::new(Device::new(
             self.config.display,
             self.metrics.clone(),
+            self.worker.has_renderer(),
         )));
         self.worker.attach(device.clone());
         let mut transport = Transport::new(device, &self.worker, self.metrics.clone());

@@ -4,13 +4,16 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use mdev_backend::virgl;
 use vgpu_server::gpu::DisplayConfig;
 use vgpu_server::gpu::dump::DumpConfig;
 use vgpu_server::{ServerConfig, VgpuServer};
 
-const USAGE: &str = "usage: vgpu-server --socket PATH [--display WIDTHxHEIGHT] [--dump-dir DIR] [--log-level error|warn|info|debug|trace] [--exit-on-disconnect]
+const USAGE: &str = "usage: vgpu-server --socket PATH [--display WIDTHxHEIGHT] [--dump-dir DIR] [--renderer virgl|none] [--virgl-library NAME] [--log-level error|warn|info|debug|trace] [--exit-on-disconnect]
 
-Serves one virtio-gpu PCI function over vfio-user on PATH. With --dump-dir, what the guest
+Serves one virtio-gpu PCI function over vfio-user on PATH. With the virgl renderer (default;
+libvirglrenderer.so.1, host EGL) guests get OpenGL through virgl; without it, 2D only. With
+--dump-dir, what the guest
 shows is written to DIR/scanout0.png (after a flush at most once a second, on SIGUSR1, and
 when the client disconnects). Start QEMU with
   -object memory-backend-memfd,id=mem,size=1G,share=on -machine q35,memory-backend=mem
@@ -27,6 +30,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut log_level = "info".to_string();
     let mut max_connections = None;
     let mut dump = None;
+    let mut renderer = Some(virgl::DEFAULT_LIBRARY.to_string());
     while let Some(arg) = args.next() {
         let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
         match arg.as_str() {
@@ -39,6 +43,12 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             "--log-level" => log_level = value("--log-level")?,
             "--dump-dir" => dump = Some(DumpConfig::new(value("--dump-dir")?)),
             "--exit-on-disconnect" => max_connections = Some(1),
+            "--renderer" => match value("--renderer")?.as_str() {
+                "virgl" => renderer = Some(virgl::DEFAULT_LIBRARY.to_string()),
+                "none" => renderer = None,
+                other => return Err(format!("--renderer: {other:?} is not virgl or none")),
+            },
+            "--virgl-library" => renderer = Some(value("--virgl-library")?),
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
@@ -53,6 +63,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             display,
             max_connections,
             dump,
+            renderer,
         },
         log_level,
     })

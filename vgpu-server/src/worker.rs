@@ -28,6 +28,8 @@ use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
+use mdev_backend::virgl::Virgl;
+
 use crate::device::Device;
 use crate::gpu::dump::{self, DumpConfig};
 use crate::metrics::{DeviceMetrics, inc};
@@ -37,6 +39,8 @@ use crate::virtio_pci::{CONTROL_QUEUE, NUM_QUEUES};
 const CONTROL_TOKEN: u32 = 0x100;
 /// Event data of the INTx resample eventfd.
 const RESAMPLE_TOKEN: u32 = 0x101;
+/// Event data of virglrenderer's fence poll fd.
+const VIRGL_TOKEN: u32 = 0x104;
 /// Event data of the dump timer.
 const DUMP_TIMER_TOKEN: u32 = 0x102;
 /// Event data of the dump request socket.
@@ -70,13 +74,19 @@ pub struct WorkerHandle {
     commands: Sender<Command>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    has_renderer: bool,
 }
 
 impl WorkerHandle {
     /// Starts the worker thread; with `dump`, it also writes the scanout images.
+    ///
+    /// With `renderer` (a virglrenderer library name), the worker initialises virglrenderer
+    /// on its own thread; if that fails the device serves 2D only (see
+    /// [`WorkerHandle::has_renderer`]).
     pub fn spawn(
         dump: Option<DumpConfig>,
         metrics: Arc<DeviceMetrics>,
+        renderer: Option<String>,
     ) -> Result<WorkerHandle, WorkerError> {
         let new_efd = || EventFd::new(libc::EFD_NONBLOCK).map_err(WorkerError::Setup);
         let kicks = (0..NUM_QUEUES)
@@ -90,22 +100,42 @@ impl WorkerHandle {
             None => None,
         };
         let (commands, received) = std::sync::mpsc::channel();
-        let worker = Worker {
-            device: None,
-            kicks: kicks.iter().map(clone).collect::<Result<_, _>>()?,
-            control: clone(&control)?,
-            commands: received,
-            resample: None,
-            stop: stop.clone(),
-            dumper,
-        };
-        let mut manager: EventManager<Worker> =
-            EventManager::new().map_err(|e| WorkerError::Setup(std::io::Error::other(e)))?;
-        manager.add_subscriber(worker);
+        let worker_kicks = kicks.iter().map(clone).collect::<Result<Vec<_>, _>>()?;
+        let worker_control = clone(&control)?;
+        let worker_stop = stop.clone();
         let stop_loop = stop.clone();
+        let (ready, started) = std::sync::mpsc::sync_channel(1);
         let thread = std::thread::Builder::new()
             .name("vgpu-worker".into())
             .spawn(move || {
+                // virglrenderer is bound to the thread that initialises it: this one.
+                let virgl = renderer.and_then(|library| match Virgl::new(&library) {
+                    Ok(v) => Some(v),
+                    Err(e) => {
+                        warn!("no 3D: {e}; the device offers 2D only");
+                        None
+                    }
+                });
+                let has_renderer = virgl.is_some();
+                let worker = Worker {
+                    virgl,
+                    device: None,
+                    kicks: worker_kicks,
+                    control: worker_control,
+                    commands: received,
+                    resample: None,
+                    stop: worker_stop,
+                    dumper,
+                };
+                let mut manager: EventManager<Worker> = match EventManager::new() {
+                    Ok(m) => m,
+                    Err(e) => {
+                        let _ = ready.send(Err(WorkerError::Setup(std::io::Error::other(e))));
+                        return;
+                    }
+                };
+                manager.add_subscriber(worker);
+                let _ = ready.send(Ok(has_renderer));
                 while !stop_loop.load(Ordering::Acquire) {
                     if let Err(e) = manager.run() {
                         error!("worker event loop: {e}");
@@ -115,13 +145,23 @@ impl WorkerHandle {
                 debug!("worker stopped");
             })
             .map_err(WorkerError::Spawn)?;
+        let has_renderer = match started.recv() {
+            Ok(result) => result?,
+            Err(_) => return Err(WorkerError::Spawn(std::io::Error::other("worker died"))),
+        };
         Ok(WorkerHandle {
             kicks,
             control,
             commands,
             stop,
             thread: Some(thread),
+            has_renderer,
         })
+    }
+
+    /// Whether the worker has a 3D renderer (the device may offer VIRTIO_GPU_F_VIRGL).
+    pub fn has_renderer(&self) -> bool {
+        self.has_renderer
     }
 
     fn send(&self, command: Command) {
@@ -288,6 +328,8 @@ impl Dumper {
 }
 
 struct Worker {
+    /// virglrenderer, created on this thread and used only here.
+    virgl: Option<Virgl>,
     /// The device of the current connection, if any.
     device: Option<Arc<Mutex<Device>>>,
     kicks: Vec<EventFd>,
@@ -313,6 +355,9 @@ impl Worker {
                     self.device = Some(device);
                 }
                 Ok(Command::Detach(ack)) => {
+                    if let (Some(device), Some(v)) = (&self.device, &self.virgl) {
+                        device_lock(device).release_3d(v);
+                    }
                     if let (Some(device), Some(d)) = (self.device.take(), &mut self.dumper) {
                         // The client is gone: write what its scanouts showed last.
                         d.write(&device, true);
@@ -353,6 +398,11 @@ impl MutEventSubscriber for Worker {
         )) {
             error!("watching the control eventfd: {e}");
         }
+        if let Some(fd) = self.virgl.as_ref().and_then(Virgl::poll_fd)
+            && let Err(e) = ops.add(Events::with_data_raw(fd, VIRGL_TOKEN, EventSet::IN))
+        {
+            error!("watching virglrenderer's fence fd: {e}");
+        }
         if let Some(d) = &self.dumper {
             if let Err(e) = ops.add(Events::with_data(&d.timer, DUMP_TIMER_TOKEN, EventSet::IN)) {
                 error!("watching the dump timer: {e}");
@@ -383,6 +433,13 @@ impl MutEventSubscriber for Worker {
                     device.intx_unmasked();
                 }
             }
+            VIRGL_TOKEN => {
+                // Always poll: it runs the fence callbacks and clears the poll fd.
+                let newest = self.virgl.as_ref().and_then(Virgl::poll);
+                if let (Some(n), Some(device)) = (newest, &self.device) {
+                    device_lock(device).fences_signalled(n);
+                }
+            }
             DUMP_TIMER_TOKEN => {
                 if let Some(d) = &mut self.dumper {
                     d.timer_fired(self.device.as_deref());
@@ -403,8 +460,14 @@ impl MutEventSubscriber for Worker {
                     debug!("kick for queue {q} with no client attached");
                     return;
                 };
+                let mut locked = device_lock(device);
+                if let Some(v) = &self.virgl {
+                    locked.reap_3d(v);
+                }
                 // Fairness: one queue's worth of chains per round; re-kick if more remain.
-                if device_lock(device).process_queue(q) {
+                let more = locked.process_queue(q, self.virgl.as_ref());
+                drop(locked);
+                if more {
                     let _ = self.kicks[usize::from(q)].write(1);
                 }
                 if q == CONTROL_QUEUE

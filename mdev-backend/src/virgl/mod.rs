@@ -385,7 +385,9 @@ impl Virgl {
     /// The capset `id` at `version`.
     pub fn capset(&self, id: u32, version: u32) -> Result<Vec<u8>, VirglError> {
         let info = self.capset_info(id)?;
-        if version == 0 || version > info.max_version {
+        // Version 0 is what Mesa asks for (virglrenderer fills the newest); above the maximum
+        // is refused.
+        if version > info.max_version {
             return Err(VirglError::BadCapset {
                 id,
                 version,

@@ -15,12 +15,15 @@ use std::collections::BTreeMap;
 use log::{debug, trace};
 use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
 
+use mdev_backend::virgl::Virgl;
+
 use super::dump::Frame;
 use super::edid::{self, EdidError};
 use super::protocol::{
     ControlCommand, ControlRequest, CursorCommand, DisplayOne, MemEntry, PixelFormat, Rect,
     Response, ty,
 };
+use super::three_d::{CAPSETS, Renderer, ThreeD, ThreeDError};
 
 /// Smallest scanout edge accepted by `--display`.
 pub const MIN_SCANOUT_EDGE: u32 = 16;
@@ -67,6 +70,9 @@ const BACKING_ENTRY_COST: u64 =
 /// VIRTIO_GPU_RESP_ERR_* code the guest gets).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum DeviceError {
+    /// A 3D command failed.
+    #[error(transparent)]
+    ThreeD(#[from] ThreeDError),
     /// A display mode outside the supported range.
     #[error("display mode {0}x{1} outside {MIN_SCANOUT_EDGE}..={MAX_SCANOUT_EDGE} per edge")]
     BadMode(u32, u32),
@@ -170,6 +176,7 @@ impl DeviceError {
             | DeviceError::BackingAttached(_)
             | DeviceError::BackingNotInMemory { .. }
             | DeviceError::Memory(_) => ty::ERR_UNSPEC,
+            DeviceError::ThreeD(e) => e.response_code(),
         }
     }
 }
@@ -379,6 +386,9 @@ pub struct ScanoutState {
 #[derive(Debug)]
 pub struct GpuDevice {
     display: DisplayConfig,
+    /// Whether 3D (virgl) is offered: a renderer is available.
+    virgl: bool,
+    three_d: ThreeD,
     events_read: u32,
     cursor: CursorState,
     resources: BTreeMap<u32, Resource>,
@@ -388,10 +398,13 @@ pub struct GpuDevice {
 }
 
 impl GpuDevice {
-    /// Creates the device with one scanout of the given size.
-    pub fn new(display: DisplayConfig) -> Self {
+    /// Creates the device with one scanout of the given size; `virgl` offers 3D (the caller
+    /// has a renderer for [`GpuDevice::execute`]).
+    pub fn new(display: DisplayConfig, virgl: bool) -> Self {
         GpuDevice {
             display,
+            virgl,
+            three_d: ThreeD::default(),
             events_read: 0,
             cursor: CursorState::default(),
             resources: BTreeMap::new(),
@@ -404,21 +417,41 @@ impl GpuDevice {
     /// display configuration and the frame counters are kept).
     pub fn reset(&mut self) {
         let frames = self.scanouts.map(|s| s.frames);
-        *self = GpuDevice::new(self.display);
+        let mut three_d = std::mem::take(&mut self.three_d);
+        three_d.reset();
+        *self = GpuDevice::new(self.display, self.virgl);
+        self.three_d = three_d;
         for (s, frames) in self.scanouts.iter_mut().zip(frames) {
             s.frames = frames;
         }
     }
 
-    /// Device-specific feature bits offered: VIRTIO_GPU_F_EDID when the mode has an EDID.
+    /// Device-specific feature bits offered: VIRTIO_GPU_F_EDID when the mode has an EDID,
+    /// VIRTIO_GPU_F_VIRGL with a renderer.
     pub fn features(&self) -> u64 {
+        let virgl = if self.virgl {
+            1 << virtio_bindings::virtio_gpu::VIRTIO_GPU_F_VIRGL
+        } else {
+            0
+        };
         match edid::edid_for_mode(self.display.width, self.display.height) {
-            Ok(_) => 1 << virtio_bindings::virtio_gpu::VIRTIO_GPU_F_EDID,
+            Ok(_) => virgl | 1 << virtio_bindings::virtio_gpu::VIRTIO_GPU_F_EDID,
             Err(e) => {
                 debug!("VIRTIO_GPU_F_EDID not offered: {e}");
-                0
+                virgl
             }
         }
+    }
+
+    /// Destroys the 3D objects a reset left behind (worker thread, before anything else).
+    pub fn reap_3d(&mut self, virgl: &Virgl) {
+        self.three_d.reap(virgl);
+    }
+
+    /// Destroys every 3D object of this guest (the client went away).
+    pub fn release_3d(&mut self, virgl: &Virgl) {
+        self.three_d.reset();
+        self.three_d.reap(virgl);
     }
 
     /// Current cursor state.
@@ -475,16 +508,87 @@ impl GpuDevice {
         frames
     }
 
-    /// Executes a control-queue request; `mem` is the guest memory backing ranges refer to.
-    pub fn execute<M: GuestMemory>(&mut self, req: &ControlRequest, mem: &M) -> Response {
+    /// Executes a control-queue request; `mem` is the guest memory backing ranges refer to,
+    /// `renderer` runs the 3D commands (without one they get ERR_UNSPEC).
+    pub fn execute<M: GuestMemory>(
+        &mut self,
+        req: &mut ControlRequest,
+        mem: &M,
+        renderer: Option<Renderer<'_>>,
+    ) -> Response {
         trace!("control {:?}", req.cmd);
-        match self.try_execute(&req.cmd, mem) {
+        let result = match renderer {
+            Some(r) if self.virgl => match self.try_execute_3d(req, r) {
+                Some(result) => result,
+                None => self.try_execute(&req.cmd, mem),
+            },
+            _ => self.try_execute(&req.cmd, mem),
+        };
+        match result {
             Ok(response) => response,
             Err(e) => {
                 debug!("control command {:#x} refused: {e}", req.hdr.ty);
                 Response::Err(e.response_code())
             }
         }
+    }
+
+    /// The 3D commands, and the shared ones when they name a 3D resource; `None` for the rest.
+    fn try_execute_3d(
+        &mut self,
+        req: &mut ControlRequest,
+        r: Renderer<'_>,
+    ) -> Option<Result<Response, DeviceError>> {
+        let t = &mut self.three_d;
+        let is_3d = |id: u32| t.resource(id).is_some();
+        let result = match &mut req.cmd {
+            ControlCommand::GetCapsetInfo { capset_index } => t.capset_info(*capset_index, r),
+            ControlCommand::GetCapset {
+                capset_id,
+                capset_version,
+            } => t.capset(*capset_id, *capset_version, r),
+            ControlCommand::CtxCreate(c) => t.ctx_create(c, r),
+            ControlCommand::CtxDestroy { ctx_id } => t.ctx_destroy(*ctx_id, r),
+            // Linux attaches every buffer of a DRM file to its context, 2D dumb buffers too;
+            // those live here, not in virglrenderer, and need nothing (QEMU ignores them too).
+            ControlCommand::CtxAttachResource { resource_id, .. }
+            | ControlCommand::CtxDetachResource { resource_id, .. }
+                if !is_3d(*resource_id) =>
+            {
+                Ok(Response::OkNoData)
+            }
+            ControlCommand::CtxAttachResource {
+                ctx_id,
+                resource_id,
+            } => t.ctx_resource(*ctx_id, *resource_id, true, r),
+            ControlCommand::CtxDetachResource {
+                ctx_id,
+                resource_id,
+            } => t.ctx_resource(*ctx_id, *resource_id, false, r),
+            ControlCommand::ResourceCreate3d(c) => {
+                let taken = self.resources.contains_key(&c.resource_id);
+                self.three_d.resource_create(c, taken, r)
+            }
+            ControlCommand::TransferToHost3d(x) => t.transfer(x, true, r),
+            ControlCommand::TransferFromHost3d(x) => t.transfer(x, false, r),
+            ControlCommand::Submit3d { ctx_id, commands } => {
+                t.submit(*ctx_id, commands.dwords_mut(), r)
+            }
+            ControlCommand::ResourceUnref { resource_id } if is_3d(*resource_id) => {
+                let id = *resource_id;
+                self.disable_scanouts_of(id);
+                self.three_d.resource_unref(id, r)
+            }
+            ControlCommand::AttachBacking {
+                resource_id,
+                entries,
+            } if is_3d(*resource_id) => t.attach_backing(*resource_id, entries, r),
+            ControlCommand::DetachBacking { resource_id } if is_3d(*resource_id) => {
+                t.detach_backing(*resource_id, r)
+            }
+            _ => return None,
+        };
+        Some(result.map_err(DeviceError::ThreeD))
     }
 
     fn try_execute<M: GuestMemory>(
@@ -575,7 +679,7 @@ impl GpuDevice {
         width: u32,
         height: u32,
     ) -> Result<Response, DeviceError> {
-        if id == 0 || self.resources.contains_key(&id) {
+        if id == 0 || self.resources.contains_key(&id) || self.three_d.resource(id).is_some() {
             return Err(DeviceError::ResourceIdTaken(id));
         }
         let edge = 1..=MAX_RESOURCE_EDGE;
@@ -617,6 +721,12 @@ impl GpuDevice {
             .remove(&id)
             .ok_or(DeviceError::UnknownResource(id))?;
         self.host_bytes = self.host_bytes.saturating_sub(res.host_bytes());
+        self.disable_scanouts_of(id);
+        debug!("resource {id} unreferenced");
+        Ok(Response::OkNoData)
+    }
+
+    fn disable_scanouts_of(&mut self, id: u32) {
         for s in &mut self.scanouts {
             if s.resource_id == id {
                 debug!("resource {id} unreferenced while shown; scanout disabled");
@@ -624,8 +734,19 @@ impl GpuDevice {
                 s.rect = Rect::default();
             }
         }
-        debug!("resource {id} unreferenced");
-        Ok(Response::OkNoData)
+    }
+
+    /// Checks `rect` against resource `id`, 2D or 3D.
+    fn check_rect_of(&self, id: u32, rect: &Rect) -> Result<(), DeviceError> {
+        match self.three_d.resource(id) {
+            Some(size) if rect.is_inside(size.width, size.height) => Ok(()),
+            Some(size) => Err(DeviceError::RectOutside {
+                rect: *rect,
+                width: size.width,
+                height: size.height,
+            }),
+            None => self.resource(id)?.check_rect(rect),
+        }
     }
 
     fn set_scanout(
@@ -638,7 +759,7 @@ impl GpuDevice {
             return Err(DeviceError::UnknownScanout(scanout_id));
         }
         if resource_id != 0 {
-            self.resource(resource_id)?.check_rect(&rect)?;
+            self.check_rect_of(resource_id, &rect)?;
         }
         let s = &mut self.scanouts[scanout_id as usize];
         s.resource_id = resource_id;
@@ -653,7 +774,7 @@ impl GpuDevice {
     }
 
     fn flush(&mut self, id: u32, rect: Rect) -> Result<Response, DeviceError> {
-        self.resource(id)?.check_rect(&rect)?;
+        self.check_rect_of(id, &rect)?;
         for (n, s) in self.scanouts.iter_mut().enumerate() {
             if s.resource_id != id {
                 continue;
@@ -760,7 +881,10 @@ impl GpuDevice {
         for (at, v) in [
             (CONFIG_EVENTS_READ, self.events_read),
             (CONFIG_NUM_SCANOUTS, NUM_SCANOUTS),
-            (CONFIG_NUM_CAPSETS, 0),
+            (
+                CONFIG_NUM_CAPSETS,
+                if self.virgl { CAPSETS.len() as u32 } else { 0 },
+            ),
         ] {
             bytes[at..at + 4].copy_from_slice(&v.to_le_bytes());
         }
@@ -803,7 +927,7 @@ mod tests {
     }
 
     fn run(dev: &mut GpuDevice, mem: &GuestMemoryMmap, cmd: ControlCommand) -> Response {
-        dev.execute(&req(cmd), mem)
+        dev.execute(&mut req(cmd), mem, None)
     }
 
     fn ok(dev: &mut GpuDevice, mem: &GuestMemoryMmap, cmd: ControlCommand) {
@@ -877,7 +1001,7 @@ mod tests {
     #[test]
     fn transfer_set_scanout_flush_and_frames() {
         let m = mem();
-        let mut dev = GpuDevice::new(DisplayConfig::default());
+        let mut dev = GpuDevice::new(DisplayConfig::default(), false);
         backed(&mut dev, &m, 1, 64, 64, 0x1_0000);
         ok(&mut dev, &m, transfer(1, rect(0, 0, 64, 64), 0));
         assert_eq!(pixel(&dev, 1, 5, 9), [5, 9, 1, 0xff]);
@@ -924,7 +1048,7 @@ mod tests {
     #[test]
     fn partial_transfers_use_offset_and_stride() {
         let m = mem();
-        let mut dev = GpuDevice::new(DisplayConfig::default());
+        let mut dev = GpuDevice::new(DisplayConfig::default(), false);
         backed(&mut dev, &m, 1, 16, 8, 0x1_0000);
         // The Linux driver's offset for a rect at (3, 2): y * stride + x * 4.
         let r = rect(3, 2, 4, 5);
@@ -942,7 +1066,7 @@ mod tests {
     #[test]
     fn transfers_gather_from_scattered_backing() {
         let m = mem();
-        let mut dev = GpuDevice::new(DisplayConfig::default());
+        let mut dev = GpuDevice::new(DisplayConfig::default(), false);
         ok(&mut dev, &m, create(2, 4, 2));
         // 32 bytes of image in three pieces, out of order in guest memory.
         let bytes: Vec<u8> = (0..32).collect();
@@ -961,7 +1085,7 @@ mod tests {
     #[test]
     fn transfer_bounds_and_overflow() {
         let m = mem();
-        let mut dev = GpuDevice::new(DisplayConfig::default());
+        let mut dev = GpuDevice::new(DisplayConfig::default(), false);
         backed(&mut dev, &m, 1, 16, 16, 0x1_0000);
         let before = dev.resources[&1].image.clone();
         let p = ty::ERR_INVALID_PARAMETER;
@@ -1000,7 +1124,7 @@ mod tests {
     #[test]
     fn backing_outside_guest_memory_fails_at_transfer_time() {
         let m = mem();
-        let mut dev = GpuDevice::new(DisplayConfig::default());
+        let mut dev = GpuDevice::new(DisplayConfig::default(), false);
         backed(&mut dev, &m, 1, 8, 8, 0x1_0000);
         ok(&mut dev, &m, create(2, 8, 8));
         // Half in memory, half past its end: attaching is fine, transferring is not.
@@ -1023,7 +1147,7 @@ mod tests {
     #[test]
     fn resource_lifecycle_errors() {
         let m = mem();
-        let mut dev = GpuDevice::new(DisplayConfig::default());
+        let mut dev = GpuDevice::new(DisplayConfig::default(), false);
         let rid = ty::ERR_INVALID_RESOURCE_ID;
         ok(&mut dev, &m, create(1, 8, 8));
         assert_eq!(err(&mut dev, &m, create(1, 8, 8)), rid, "double create");
@@ -1085,7 +1209,7 @@ mod tests {
     #[test]
     fn scanout_and_flush_errors() {
         let m = mem();
-        let mut dev = GpuDevice::new(DisplayConfig::default());
+        let mut dev = GpuDevice::new(DisplayConfig::default(), false);
         ok(&mut dev, &m, create(1, 32, 32));
         let set = |scanout_id, resource_id, r| ControlCommand::SetScanout {
             scanout_id,
@@ -1141,7 +1265,7 @@ mod tests {
     #[test]
     fn limits_on_resources_and_host_bytes() {
         let m = mem();
-        let mut dev = GpuDevice::new(DisplayConfig::default());
+        let mut dev = GpuDevice::new(DisplayConfig::default(), false);
         // 8192 x 8192 x 4 = 256 MiB: exactly the budget, so one more byte fails.
         ok(&mut dev, &m, create(1, 8192, 8192));
         assert_eq!(dev.host_bytes(), MAX_HOST_BYTES);
@@ -1182,7 +1306,7 @@ mod tests {
     #[test]
     fn edid_for_scanout_0_only() {
         let m = mem();
-        let mut dev = GpuDevice::new("1280x800".parse().unwrap());
+        let mut dev = GpuDevice::new("1280x800".parse().unwrap(), false);
         assert_eq!(dev.features(), 1 << 1, "VIRTIO_GPU_F_EDID");
         let Response::OkEdid(e) = run(&mut dev, &m, ControlCommand::GetEdid { scanout_id: 0 })
         else {
@@ -1194,7 +1318,7 @@ mod tests {
             err(&mut dev, &m, ControlCommand::GetEdid { scanout_id: 1 }),
             ty::ERR_INVALID_PARAMETER
         );
-        let mut big = GpuDevice::new("8192x4096".parse().unwrap());
+        let mut big = GpuDevice::new("8192x4096".parse().unwrap(), false);
         assert_eq!(
             big.features(),
             0,
@@ -1208,9 +1332,10 @@ mod tests {
 
     #[test]
     fn display_info_reports_the_configured_mode() {
-        let mut dev = GpuDevice::new("1280x720".parse().unwrap());
+        let mut dev = GpuDevice::new("1280x720".parse().unwrap(), false);
         let m = mem();
-        let Response::OkDisplayInfo(s) = dev.execute(&req(ControlCommand::GetDisplayInfo), &m)
+        let Response::OkDisplayInfo(s) =
+            dev.execute(&mut req(ControlCommand::GetDisplayInfo), &m, None)
         else {
             panic!("wrong response");
         };
@@ -1223,7 +1348,7 @@ mod tests {
             }]
         );
         assert_eq!(
-            dev.execute(&req(ControlCommand::Unimplemented(0x20b)), &m),
+            dev.execute(&mut req(ControlCommand::Unimplemented(0x20b)), &m, None),
             Response::Err(ty::ERR_UNSPEC)
         );
     }
@@ -1245,7 +1370,7 @@ mod tests {
 
     #[test]
     fn config_space_reports_one_scanout() {
-        let dev = GpuDevice::new(DisplayConfig::default());
+        let dev = GpuDevice::new(DisplayConfig::default(), false);
         let mut b = [0u8; 4];
         dev.config_read(8, &mut b);
         assert_eq!(u32::from_le_bytes(b), 1);
@@ -1257,7 +1382,7 @@ mod tests {
 
     #[test]
     fn cursor_updates_position_and_image() {
-        let mut dev = GpuDevice::new(DisplayConfig::default());
+        let mut dev = GpuDevice::new(DisplayConfig::default(), false);
         let cmd = CursorCommand {
             update: true,
             scanout_id: 0,

@@ -154,6 +154,9 @@ pub mod ty {
     pub const ERR_UNSPEC: u32 = vg::virtio_gpu_ctrl_type_VIRTIO_GPU_RESP_ERR_UNSPEC;
     /// The host is out of memory (or past a named limit) for the request.
     pub const ERR_OUT_OF_MEMORY: u32 = vg::virtio_gpu_ctrl_type_VIRTIO_GPU_RESP_ERR_OUT_OF_MEMORY;
+    /// No such 3D context.
+    pub const ERR_INVALID_CONTEXT_ID: u32 =
+        vg::virtio_gpu_ctrl_type_VIRTIO_GPU_RESP_ERR_INVALID_CONTEXT_ID;
     /// No such scanout.
     pub const ERR_INVALID_SCANOUT_ID: u32 =
         vg::virtio_gpu_ctrl_type_VIRTIO_GPU_RESP_ERR_INVALID_SCANOUT_ID;

@@ -1,0 +1,437 @@
+//! The 3D half of the virtio-gpu device (hop 5 for GPU-executing commands): virgl contexts,
+//! 3D resources and command streams, executed by virglrenderer on the worker thread.
+//!
+//! The device keeps its own table of what the guest created, so that every id is checked
+//! before virglrenderer sees it (virglrenderer 0.10 silently replaces duplicate ids and
+//! poisons a context on any error) and so that a guest reset can destroy everything. A reset
+//! happens on the message-loop thread, which must never call virglrenderer: it only marks the
+//! objects, and the worker destroys them ([`ThreeD::reap`]) before it runs anything else.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use log::{debug, warn};
+use mdev_backend::virgl::{
+    self, BackingMemory, CAPSET_VIRGL, CAPSET_VIRGL2, Transfer, TransferBox, Virgl, VirglError,
+};
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+
+use super::protocol::{
+    CtxCreate, MAX_BACKING_ENTRIES, MemEntry, ResourceCreate3d, Response, Transfer3d, ty,
+};
+
+/// Capsets offered, in GET_CAPSET_INFO index order (VIRGL, then VIRGL2).
+pub const CAPSETS: [u32; 2] = [CAPSET_VIRGL, CAPSET_VIRGL2];
+/// Most 3D contexts per guest. Mesa opens one per GL context; a desktop session uses a few
+/// dozen at most.
+pub const MAX_CONTEXTS: usize = 256;
+/// Most 3D resources per guest (textures, buffers, render targets of every GL context).
+pub const MAX_RESOURCES_3D: usize = 65536;
+
+/// Errors of 3D execution; each maps to a VIRTIO_GPU_RESP_ERR_* code.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ThreeDError {
+    /// GET_CAPSET_INFO for an index past the offered capsets.
+    #[error("no capset at index {0}")]
+    CapsetIndex(u32),
+    /// A context id that is 0 or already in use.
+    #[error("context id {0} is 0 or taken")]
+    ContextIdTaken(u32),
+    /// A context id the guest never created.
+    #[error("unknown context {0}")]
+    UnknownContext(u32),
+    /// CONTEXT_INIT names a capset that is not virgl's.
+    #[error("context init capset {0} is not offered")]
+    ContextCapset(u32),
+    /// Too many contexts or resources.
+    #[error("limit of {0} reached")]
+    Limit(&'static str),
+    /// A resource id that is 0 or already in use.
+    #[error("resource id {0} is 0 or taken")]
+    ResourceIdTaken(u32),
+    /// A backing entry outside guest memory, or across two memory regions.
+    #[error("backing entry {addr:#x}+{len:#x} is not inside one guest memory region")]
+    BadEntry {
+        /// Entry address.
+        addr: u64,
+        /// Entry length.
+        len: u32,
+    },
+    /// virglrenderer refused the call.
+    #[error("renderer: {0}")]
+    Renderer(String),
+}
+
+impl From<VirglError> for ThreeDError {
+    fn from(e: VirglError) -> Self {
+        ThreeDError::Renderer(e.to_string())
+    }
+}
+
+impl ThreeDError {
+    /// The response code the guest gets.
+    pub fn response_code(&self) -> u32 {
+        match self {
+            ThreeDError::ContextIdTaken(_) | ThreeDError::UnknownContext(_) => {
+                ty::ERR_INVALID_CONTEXT_ID
+            }
+            ThreeDError::ResourceIdTaken(_) => ty::ERR_INVALID_RESOURCE_ID,
+            ThreeDError::CapsetIndex(_)
+            | ThreeDError::ContextCapset(_)
+            | ThreeDError::BadEntry { .. } => ty::ERR_INVALID_PARAMETER,
+            ThreeDError::Limit(_) => ty::ERR_OUT_OF_MEMORY,
+            ThreeDError::Renderer(_) => ty::ERR_UNSPEC,
+        }
+    }
+}
+
+/// Backing memory of a 3D resource: iovecs into guest RAM plus the guest-memory snapshot they
+/// point into.
+struct GuestBacking {
+    /// Keeps every mapping the iovecs point into alive, even after a DMA_UNMAP.
+    _mem: Arc<GuestMemoryMmap>,
+    iovecs: Vec<libc::iovec>,
+}
+
+// SAFETY: each iovec was taken from a region of `_mem` and lies inside that one region
+// (checked in `GuestBacking::new`). The regions are mmaps owned through the `Arc`, which this
+// value holds, so they stay mapped and never move for as long as it lives. Rust code accesses
+// guest memory only through vm-memory's volatile accessors, never through references.
+unsafe impl BackingMemory for GuestBacking {
+    fn iovecs(&self) -> &[libc::iovec] {
+        &self.iovecs
+    }
+}
+
+impl GuestBacking {
+    fn new(mem: Arc<GuestMemoryMmap>, entries: &[MemEntry]) -> Result<GuestBacking, ThreeDError> {
+        let mut iovecs = Vec::with_capacity(entries.len().min(MAX_BACKING_ENTRIES as usize));
+        for e in entries {
+            let bad = || ThreeDError::BadEntry {
+                addr: e.addr,
+                len: e.length,
+            };
+            let region = mem.find_region(GuestAddress(e.addr)).ok_or_else(bad)?;
+            let start = region.start_addr().0;
+            let end = e.addr.checked_add(u64::from(e.length)).ok_or_else(bad)?;
+            if end > start + region.len() {
+                return Err(bad());
+            }
+            let host = mem
+                .get_host_address(GuestAddress(e.addr))
+                .map_err(|_| bad())?;
+            iovecs.push(libc::iovec {
+                iov_base: host.cast(),
+                iov_len: e.length as usize,
+            });
+        }
+        Ok(GuestBacking { _mem: mem, iovecs })
+    }
+}
+
+/// What the renderer needs from the caller for one command: the renderer and the guest
+/// memory snapshot backing entries are resolved against.
+#[derive(Debug, Clone, Copy)]
+pub struct Renderer<'a> {
+    /// virglrenderer, on the thread that owns it.
+    pub virgl: &'a Virgl,
+    /// The guest memory of this command.
+    pub mem: &'a Arc<GuestMemoryMmap>,
+}
+
+/// Size of a 3D resource, for scanout checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Size3d {
+    /// Width.
+    pub width: u32,
+    /// Height.
+    pub height: u32,
+}
+
+/// The 3D objects of one guest.
+#[derive(Debug, Default)]
+pub struct ThreeD {
+    contexts: BTreeSet<u32>,
+    resources: BTreeMap<u32, Size3d>,
+    /// Left behind by a reset, destroyed by the worker in [`ThreeD::reap`].
+    doomed_contexts: Vec<u32>,
+    doomed_resources: Vec<u32>,
+}
+
+impl ThreeD {
+    /// The size of 3D resource `id`, if it exists.
+    pub fn resource(&self, id: u32) -> Option<Size3d> {
+        self.resources.get(&id).copied()
+    }
+
+    /// Guest reset: everything goes, on the worker's next [`ThreeD::reap`].
+    pub fn reset(&mut self) {
+        self.doomed_contexts
+            .extend(std::mem::take(&mut self.contexts));
+        self.doomed_resources
+            .extend(std::mem::take(&mut self.resources).into_keys());
+    }
+
+    /// Destroys what a reset left behind (worker thread only).
+    pub fn reap(&mut self, virgl: &Virgl) {
+        for ctx in self.doomed_contexts.drain(..) {
+            virgl.context_destroy(ctx);
+        }
+        for res in self.doomed_resources.drain(..) {
+            if let Err(e) = virgl.resource_unref(res) {
+                debug!("3D resource {res} at reset: {e}");
+            }
+        }
+    }
+
+    /// GET_CAPSET_INFO.
+    pub fn capset_info(&self, index: u32, r: Renderer<'_>) -> Result<Response, ThreeDError> {
+        let id = *CAPSETS
+            .get(index as usize)
+            .ok_or(ThreeDError::CapsetIndex(index))?;
+        let info = r.virgl.capset_info(id)?;
+        Ok(Response::OkCapsetInfo {
+            capset_id: id,
+            capset_max_version: info.max_version,
+            capset_max_size: info.max_size,
+        })
+    }
+
+    /// GET_CAPSET.
+    pub fn capset(&self, id: u32, version: u32, r: Renderer<'_>) -> Result<Response, ThreeDError> {
+        if !CAPSETS.contains(&id) {
+            return Err(ThreeDError::ContextCapset(id));
+        }
+        Ok(Response::OkCapset(r.virgl.capset(id, version)?))
+    }
+
+    /// CTX_CREATE.
+    pub fn ctx_create(&mut self, c: &CtxCreate, r: Renderer<'_>) -> Result<Response, ThreeDError> {
+        if c.ctx_id == 0 || self.contexts.contains(&c.ctx_id) {
+            return Err(ThreeDError::ContextIdTaken(c.ctx_id));
+        }
+        let capset = c.capset_id();
+        if capset != 0 && !CAPSETS.contains(&capset) {
+            return Err(ThreeDError::ContextCapset(capset));
+        }
+        if self.contexts.len() >= MAX_CONTEXTS {
+            return Err(ThreeDError::Limit("3D contexts"));
+        }
+        let name = String::from_utf8_lossy(&c.debug_name);
+        r.virgl.context_create(c.ctx_id, &name)?;
+        self.contexts.insert(c.ctx_id);
+        debug!("3D context {} ({name}) created", c.ctx_id);
+        Ok(Response::OkNoData)
+    }
+
+    /// CTX_DESTROY.
+    pub fn ctx_destroy(&mut self, ctx: u32, r: Renderer<'_>) -> Result<Response, ThreeDError> {
+        if !self.contexts.remove(&ctx) {
+            return Err(ThreeDError::UnknownContext(ctx));
+        }
+        r.virgl.context_destroy(ctx);
+        Ok(Response::OkNoData)
+    }
+
+    fn context(&self, ctx: u32) -> Result<(), ThreeDError> {
+        if self.contexts.contains(&ctx) {
+            Ok(())
+        } else {
+            Err(ThreeDError::UnknownContext(ctx))
+        }
+    }
+
+    /// CTX_ATTACH_RESOURCE / CTX_DETACH_RESOURCE.
+    pub fn ctx_resource(
+        &mut self,
+        ctx: u32,
+        res: u32,
+        attach: bool,
+        r: Renderer<'_>,
+    ) -> Result<Response, ThreeDError> {
+        self.context(ctx)?;
+        if attach {
+            r.virgl.ctx_attach_resource(ctx, res)?;
+        } else {
+            r.virgl.ctx_detach_resource(ctx, res)?;
+        }
+        Ok(Response::OkNoData)
+    }
+
+    /// RESOURCE_CREATE_3D; `taken` says whether a 2D resource already uses the id.
+    pub fn resource_create(
+        &mut self,
+        c: &ResourceCreate3d,
+        taken: bool,
+        r: Renderer<'_>,
+    ) -> Result<Response, ThreeDError> {
+        let id = c.resource_id;
+        if id == 0 || taken || self.resources.contains_key(&id) {
+            return Err(ThreeDError::ResourceIdTaken(id));
+        }
+        if self.resources.len() >= MAX_RESOURCES_3D {
+            return Err(ThreeDError::Limit("3D resources"));
+        }
+        let args = virgl::ResourceCreate3d {
+            target: c.target,
+            format: c.format,
+            bind: c.bind,
+            width: c.width,
+            height: c.height,
+            depth: c.depth,
+            array_size: c.array_size,
+            last_level: c.last_level,
+            nr_samples: c.nr_samples,
+            flags: c.flags,
+        };
+        r.virgl.resource_create(id, &args)?;
+        self.resources.insert(
+            id,
+            Size3d {
+                width: c.width,
+                height: c.height,
+            },
+        );
+        debug!(
+            "3D resource {id}: {}x{} format {}",
+            c.width, c.height, c.format
+        );
+        Ok(Response::OkNoData)
+    }
+
+    /// RESOURCE_UNREF of a 3D resource.
+    pub fn resource_unref(&mut self, id: u32, r: Renderer<'_>) -> Result<Response, ThreeDError> {
+        self.resources.remove(&id);
+        r.virgl.resource_unref(id)?;
+        Ok(Response::OkNoData)
+    }
+
+    /// RESOURCE_ATTACH_BACKING of a 3D resource.
+    pub fn attach_backing(
+        &mut self,
+        id: u32,
+        entries: &[MemEntry],
+        r: Renderer<'_>,
+    ) -> Result<Response, ThreeDError> {
+        let backing = GuestBacking::new(r.mem.clone(), entries)?;
+        r.virgl.attach_backing(id, Box::new(backing))?;
+        Ok(Response::OkNoData)
+    }
+
+    /// RESOURCE_DETACH_BACKING of a 3D resource.
+    pub fn detach_backing(&mut self, id: u32, r: Renderer<'_>) -> Result<Response, ThreeDError> {
+        drop(r.virgl.detach_backing(id)?);
+        Ok(Response::OkNoData)
+    }
+
+    /// TRANSFER_TO_HOST_3D (`to_host`) or TRANSFER_FROM_HOST_3D through the attached backing.
+    pub fn transfer(
+        &mut self,
+        t: &Transfer3d,
+        to_host: bool,
+        r: Renderer<'_>,
+    ) -> Result<Response, ThreeDError> {
+        if t.ctx_id != 0 {
+            self.context(t.ctx_id)?;
+        }
+        let transfer = Transfer {
+            level: t.level,
+            stride: t.stride,
+            layer_stride: t.layer_stride,
+            region: TransferBox {
+                x: t.bbox.x,
+                y: t.bbox.y,
+                z: t.bbox.z,
+                w: t.bbox.w,
+                h: t.bbox.h,
+                d: t.bbox.d,
+            },
+            offset: t.offset,
+        };
+        if to_host {
+            r.virgl.transfer_write(t.resource_id, t.ctx_id, &transfer)?;
+        } else {
+            r.virgl.transfer_read(t.resource_id, t.ctx_id, &transfer)?;
+        }
+        Ok(Response::OkNoData)
+    }
+
+    /// SUBMIT_3D.
+    pub fn submit(
+        &mut self,
+        ctx: u32,
+        commands: &mut [u32],
+        r: Renderer<'_>,
+    ) -> Result<Response, ThreeDError> {
+        self.context(ctx)?;
+        if let Err(e) = r.virgl.submit(ctx, commands) {
+            warn!("3D context {ctx}: command stream refused ({e}); the context stays in error");
+            return Err(e.into());
+        }
+        Ok(Response::OkNoData)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_codes() {
+        assert_eq!(
+            ThreeDError::UnknownContext(3).response_code(),
+            ty::ERR_INVALID_CONTEXT_ID
+        );
+        assert_eq!(
+            ThreeDError::CapsetIndex(2).response_code(),
+            ty::ERR_INVALID_PARAMETER
+        );
+        assert_eq!(
+            ThreeDError::Limit("x").response_code(),
+            ty::ERR_OUT_OF_MEMORY
+        );
+    }
+
+    #[test]
+    fn backing_entries_must_lie_in_one_region() {
+        let mem = Arc::new(
+            GuestMemoryMmap::from_ranges(&[
+                (GuestAddress(0), 0x10000),
+                (GuestAddress(0x10000), 0x10000),
+            ])
+            .unwrap(),
+        );
+        let ok = GuestBacking::new(
+            mem.clone(),
+            &[MemEntry {
+                addr: 0x1000,
+                length: 0x2000,
+            }],
+        )
+        .unwrap();
+        assert_eq!(ok.iovecs().len(), 1);
+        assert_eq!(ok.iovecs()[0].iov_len, 0x2000);
+        for (addr, length) in [(0xf000, 0x2000), (0x30000, 16), (u64::MAX - 4, 16)] {
+            assert!(matches!(
+                GuestBacking::new(mem.clone(), &[MemEntry { addr, length }]),
+                Err(ThreeDError::BadEntry { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn reset_dooms_everything_for_the_worker() {
+        let mut t = ThreeD::default();
+        t.contexts.insert(1);
+        t.resources.insert(
+            5,
+            Size3d {
+                width: 1,
+                height: 1,
+            },
+        );
+        t.reset();
+        assert!(t.resource(5).is_none());
+        assert_eq!((t.doomed_contexts.len(), t.doomed_resources.len()), (1, 1));
+    }
+}
