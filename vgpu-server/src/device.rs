@@ -123,9 +123,11 @@ impl Device {
     /// Takes the scanout images flushed since they were last taken (`all`: every enabled
     /// scanout's image), including those kept across a reset. Copies only: encode them
     /// without the device lock.
-    pub fn take_frames(&mut self, all: bool) -> Vec<Frame> {
+    ///
+    /// `virgl` (worker thread) reads scanouts of 3D resources back.
+    pub fn take_frames(&mut self, all: bool, virgl: Option<&Virgl>) -> Vec<Frame> {
         let mut frames = std::mem::take(&mut self.retained);
-        for frame in self.gpu.take_frames(all) {
+        for frame in self.gpu.take_frames(all, virgl) {
             frames.retain(|f| f.scanout != frame.scanout);
             frames.push(frame);
         }
@@ -157,7 +159,7 @@ impl Device {
         inc(&self.metrics.resets);
         self.transport.reset();
         if self.retain_frames && self.gpu.frames_undumped() {
-            self.retained = self.gpu.take_frames(false);
+            self.retained = self.gpu.take_frames(false, None);
         }
         self.gpu.reset();
         self.fences.reset();

@@ -228,8 +228,14 @@ fn device_lock(device: &Mutex<Device>) -> MutexGuard<'_, Device> {
 
 /// Takes the scanout images (all enabled ones, or those flushed since the last take) under
 /// the device lock, then encodes and writes them without it.
-fn write_frames(device: &Mutex<Device>, config: &DumpConfig, metrics: &DeviceMetrics, all: bool) {
-    let frames = device_lock(device).take_frames(all);
+fn write_frames(
+    device: &Mutex<Device>,
+    config: &DumpConfig,
+    metrics: &DeviceMetrics,
+    all: bool,
+    virgl: Option<&Virgl>,
+) {
+    let frames = device_lock(device).take_frames(all, virgl);
     if frames.is_empty() && all {
         debug!("no scanout shows anything; nothing to dump");
     }
@@ -277,7 +283,7 @@ impl Dumper {
 
     /// After control commands ran: dump flushed scanouts if the interval allows, else arm
     /// the timer for when it does.
-    fn flushed(&mut self, device: &Mutex<Device>) {
+    fn flushed(&mut self, device: &Mutex<Device>, virgl: Option<&Virgl>) {
         if !device_lock(device).frames_undumped() {
             return;
         }
@@ -292,27 +298,27 @@ impl Dumper {
                     }
                 }
             }
-            _ => self.write(device, false),
+            _ => self.write(device, false, virgl),
         }
     }
 
-    fn write(&mut self, device: &Mutex<Device>, all: bool) {
+    fn write(&mut self, device: &Mutex<Device>, all: bool, virgl: Option<&Virgl>) {
         self.last = Some(Instant::now());
-        write_frames(device, &self.config, &self.metrics, all);
+        write_frames(device, &self.config, &self.metrics, all, virgl);
     }
 
     /// The timer expired (it is read even with no client attached, so it stops firing).
-    fn timer_fired(&mut self, device: Option<&Mutex<Device>>) {
+    fn timer_fired(&mut self, device: Option<&Mutex<Device>>, virgl: Option<&Virgl>) {
         let _ = self.timer.wait();
         self.timer_armed = false;
         if let Some(device) = device {
-            self.flushed(device);
+            self.flushed(device, virgl);
         }
     }
 
     /// Bytes on the request socket: one dump of every enabled scanout, however many arrived
     /// (they are drained even with no client attached, so they stop firing).
-    fn requested(&mut self, device: Option<&Mutex<Device>>) {
+    fn requested(&mut self, device: Option<&Mutex<Device>>, virgl: Option<&Virgl>) {
         let mut buf = [0u8; 64];
         if let Some(mut r) = self.requests.as_ref() {
             while matches!(r.read(&mut buf), Ok(n) if n > 0) {}
@@ -320,7 +326,7 @@ impl Dumper {
         match device {
             Some(device) => {
                 debug!("scanout dump requested");
-                self.write(device, true);
+                self.write(device, true, virgl);
             }
             None => debug!("scanout dump requested with no client attached"),
         }
@@ -355,13 +361,14 @@ impl Worker {
                     self.device = Some(device);
                 }
                 Ok(Command::Detach(ack)) => {
-                    if let (Some(device), Some(v)) = (&self.device, &self.virgl) {
-                        device_lock(device).release_3d(v);
-                    }
-                    if let (Some(device), Some(d)) = (self.device.take(), &mut self.dumper) {
+                    if let (Some(device), Some(d)) = (&self.device, &mut self.dumper) {
                         // The client is gone: write what its scanouts showed last.
-                        d.write(&device, true);
+                        d.write(device, true, self.virgl.as_ref());
                     }
+                    if let (Some(device), Some(v)) = (self.device.take(), &self.virgl) {
+                        device_lock(&device).release_3d(v);
+                    }
+                    self.device = None;
                     self.swap_resample(ops);
                     let _ = ack.send(());
                 }
@@ -442,12 +449,12 @@ impl MutEventSubscriber for Worker {
             }
             DUMP_TIMER_TOKEN => {
                 if let Some(d) = &mut self.dumper {
-                    d.timer_fired(self.device.as_deref());
+                    d.timer_fired(self.device.as_deref(), self.virgl.as_ref());
                 }
             }
             DUMP_REQUEST_TOKEN => {
                 if let Some(d) = &mut self.dumper {
-                    d.requested(self.device.as_deref());
+                    d.requested(self.device.as_deref(), self.virgl.as_ref());
                 }
             }
             q => {
@@ -473,7 +480,7 @@ impl MutEventSubscriber for Worker {
                 if q == CONTROL_QUEUE
                     && let Some(d) = &mut self.dumper
                 {
-                    d.flushed(device);
+                    d.flushed(device, self.virgl.as_ref());
                 }
             }
         }

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use log::{debug, trace};
 use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
 
-use mdev_backend::virgl::Virgl;
+use mdev_backend::virgl::{Transfer, TransferBox, Virgl};
 
 use super::dump::Frame;
 use super::edid::{self, EdidError};
@@ -367,6 +367,34 @@ impl Resource {
     }
 }
 
+/// Reads `rect` of 3D resource `id` back from the renderer (4 bytes per pixel, rows packed).
+fn read_back(
+    virgl: &Virgl,
+    id: u32,
+    rect: &Rect,
+) -> Result<Vec<u8>, mdev_backend::virgl::VirglError> {
+    // The rectangle was checked against the resource (edges <= MAX_RESOURCE_EDGE), so the
+    // size fits in usize and the stride in u32.
+    let stride = rect.width * PixelFormat::BYTES_PER_PIXEL;
+    let mut pixels = vec![0u8; stride as usize * rect.height as usize];
+    let transfer = Transfer {
+        level: 0,
+        stride,
+        layer_stride: 0,
+        region: TransferBox {
+            x: rect.x,
+            y: rect.y,
+            z: 0,
+            w: rect.width,
+            h: rect.height,
+            d: 1,
+        },
+        offset: 0,
+    };
+    virgl.transfer_read_into(id, 0, &transfer, &mut pixels)?;
+    Ok(pixels)
+}
+
 /// What one scanout shows.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ScanoutState {
@@ -487,8 +515,9 @@ impl GpuDevice {
     }
 
     /// Copies of the images of the enabled scanouts that were flushed since they were last
-    /// taken (all enabled scanouts with `all`); marks them taken.
-    pub fn take_frames(&mut self, all: bool) -> Vec<Frame> {
+    /// taken (all enabled scanouts with `all`); marks them taken. A scanout showing a 3D
+    /// resource is read back through `virgl` (worker thread; without it, it is skipped).
+    pub fn take_frames(&mut self, all: bool, virgl: Option<&Virgl>) -> Vec<Frame> {
         let mut frames = Vec::new();
         for (id, s) in (0u32..).zip(self.scanouts.iter_mut()) {
             if !(all || s.undumped) {
@@ -503,6 +532,19 @@ impl GpuDevice {
                     format: res.format,
                     pixels: res.copy_rect(&s.rect),
                 });
+            } else if let (Some(res), Some(virgl)) = (self.three_d.resource(s.resource_id), virgl)
+                && let Some(format) = PixelFormat::from_wire(res.format)
+            {
+                match read_back(virgl, s.resource_id, &s.rect) {
+                    Ok(pixels) => frames.push(Frame {
+                        scanout: id,
+                        width: s.rect.width,
+                        height: s.rect.height,
+                        format,
+                        pixels,
+                    }),
+                    Err(e) => debug!("scanout {id}: reading back resource {}: {e}", s.resource_id),
+                }
             }
         }
         frames
@@ -1027,7 +1069,7 @@ mod tests {
         assert_eq!((s.frames, s.last_flush), (1, Some(rect(8, 8, 56, 56))));
         assert_eq!(dev.frames_flushed(), 1);
         assert!(dev.frames_undumped());
-        let frames = dev.take_frames(false);
+        let frames = dev.take_frames(false, None);
         assert_eq!(frames.len(), 1);
         let f = &frames[0];
         let rgb = f.rgb();
@@ -1036,8 +1078,12 @@ mod tests {
         let at = (9 * 64 + 5) * 3;
         assert_eq!(&rgb[at..at + 3], &[1, 9, 5]);
         assert!(!dev.frames_undumped());
-        assert!(dev.take_frames(false).is_empty());
-        assert_eq!(dev.take_frames(true).len(), 1, "all: even when not flushed");
+        assert!(dev.take_frames(false, None).is_empty());
+        assert_eq!(
+            dev.take_frames(true, None).len(),
+            1,
+            "all: even when not flushed"
+        );
         // A reset frees everything but keeps the frame count.
         dev.reset();
         assert_eq!((dev.resource_count(), dev.host_bytes()), (0, 0));
@@ -1257,7 +1303,7 @@ mod tests {
             ControlCommand::ResourceUnref { resource_id: 1 },
         );
         assert_eq!(dev.scanout(0).unwrap().resource_id, 0);
-        assert!(dev.take_frames(true).is_empty());
+        assert!(dev.take_frames(true, None).is_empty());
         ok(&mut dev, &m, set(0, 0, rect(1, 2, 3, 4)));
         assert_eq!(dev.scanout(0).unwrap().rect, Rect::default());
     }

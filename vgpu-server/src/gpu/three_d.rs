@@ -146,6 +146,8 @@ pub struct Size3d {
     pub width: u32,
     /// Height.
     pub height: u32,
+    /// virgl format (the same numbers as virtio_gpu_formats for the scanout formats).
+    pub format: u32,
 }
 
 /// The 3D objects of one guest.
@@ -290,6 +292,7 @@ impl ThreeD {
             Size3d {
                 width: c.width,
                 height: c.height,
+                format: c.format,
             },
         );
         debug!(
@@ -428,6 +431,7 @@ mod tests {
             Size3d {
                 width: 1,
                 height: 1,
+                format: 1,
             },
         );
         t.reset();
