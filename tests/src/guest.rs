@@ -10,7 +10,7 @@
 
 use std::fmt;
 use std::fs::File;
-use std::io::{self, Read, Seek, SeekFrom};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread;
@@ -29,6 +29,10 @@ pub const REQUIRE_GUEST_ENV: &str = "VGPU_REQUIRE_GUEST";
 pub const SERVER_BIN_ENV: &str = "VGPU_SERVER_BIN";
 /// Environment variable forcing the accelerator: `kvm`, `tcg` or `auto` (the default).
 pub const ACCEL_ENV: &str = "VGPU_ACCEL";
+/// Environment variable naming the host DRM render node QEMU's virgl device renders on
+/// (default: the first `/dev/dri/renderD*`, else `/dev/null`, which makes Mesa fall back to
+/// llvmpipe).
+pub const GL_RENDER_NODE_ENV: &str = "VGPU_GL_RENDER_NODE";
 /// Path of the init inside the image.
 pub const GUEST_INIT: &str = "/usr/local/sbin/vgpu-init";
 /// The guest kernel's command line limit (x86, `COMMAND_LINE_SIZE` minus the terminator).
@@ -264,6 +268,10 @@ pub enum GuestGpu {
     VfioUser(PathBuf),
     /// QEMU's own `virtio-gpu-pci` (the reference device).
     QemuVirtioGpu,
+    /// QEMU's own `virtio-gpu-gl-pci`: virgl in QEMU's process, on an `egl-headless` display
+    /// over [`gl_render_node`] (the 3D reference device; [`qemu_gl_support`] tells whether
+    /// this QEMU can start it).
+    QemuVirtioGpuGl,
     /// No GPU.
     None,
 }
@@ -391,6 +399,111 @@ pub fn server_binary() -> Result<PathBuf> {
                 .collect::<Vec<_>>()
                 .join(", "),
         })
+}
+
+/// The host render node for QEMU's virgl device: `$VGPU_GL_RENDER_NODE`, else the first
+/// `/dev/dri/renderD*`, else `/dev/null` (no DRM render node: Mesa's GBM falls back to
+/// software rendering, llvmpipe).
+pub fn gl_render_node() -> PathBuf {
+    if let Some(node) = std::env::var_os(GL_RENDER_NODE_ENV) {
+        return node.into();
+    }
+    let mut nodes: Vec<PathBuf> = std::fs::read_dir("/dev/dri")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("renderD"))
+        })
+        .collect();
+    nodes.sort();
+    nodes
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| PathBuf::from("/dev/null"))
+}
+
+fn egl_headless_display(render_node: &Path) -> Result<String> {
+    Ok(format!(
+        "egl-headless,rendernode={}",
+        no_comma(render_node)?.display()
+    ))
+}
+
+/// Longest wait for the [`qemu_gl_support`] probe.
+const GL_PROBE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Whether this QEMU can start `virtio-gpu-gl-pci` on an `egl-headless` display over
+/// [`gl_render_node`]: `Ok(description)` or `Err(why not, with QEMU's output)`. It starts QEMU
+/// stopped (`-S`), which initialises the display's EGL and realizes the device, and quits
+/// through the monitor (about 0.3 s). Checked once per process.
+///
+/// The display needs QEMU's EGL stack to be complete and consistent: a prefix with Mesa's
+/// `libgbm1` but without `libegl1`/`libegl-mesa0` of the same Mesa loads the host's libEGL
+/// and crashes (SIGSEGV), and GBM finds its `dri_gbm.so` backend only through
+/// `GBM_BACKENDS_PATH` when the prefix is not installed at `/usr`.
+pub fn qemu_gl_support() -> std::result::Result<&'static str, &'static str> {
+    static CHECK: std::sync::OnceLock<std::result::Result<String, String>> =
+        std::sync::OnceLock::new();
+    CHECK
+        .get_or_init(probe_qemu_gl)
+        .as_ref()
+        .map(String::as_str)
+        .map_err(String::as_str)
+}
+
+fn probe_qemu_gl() -> std::result::Result<String, String> {
+    let node = gl_render_node();
+    let display = egl_headless_display(&node).map_err(|e| e.to_string())?;
+    let dir = TempDir::new("vgpu-gl-probe").map_err(|e| format!("temp dir: {e}"))?;
+    let log_path = dir.path().join("qemu.log");
+    let log = File::create(&log_path).map_err(|e| format!("QEMU log: {e}"))?;
+    let stderr = log.try_clone().map_err(|e| format!("QEMU log: {e}"))?;
+    let mut command = Command::new(qemu_path());
+    command
+        .args(["-machine", "q35", "-accel", "tcg", "-nodefaults", "-S"])
+        .args(["-serial", "none", "-monitor", "stdio", "-display"])
+        .arg(&display)
+        .args(["-device", "virtio-gpu-gl-pci"])
+        .stdin(Stdio::piped())
+        .stdout(log)
+        .stderr(stderr);
+    let child = command
+        .spawn()
+        .map_err(|e| format!("starting {}: {e}", qemu_path().display()))?;
+    let mut qemu = ChildGuard {
+        name: "QEMU (GL probe)",
+        child,
+    };
+    if let Some(mut stdin) = qemu.child.stdin.take() {
+        // QEMU reads the monitor only once it is up; an early exit makes this fail harmlessly.
+        let _ = stdin.write_all(b"quit\n");
+    }
+    let deadline = Instant::now() + GL_PROBE_TIMEOUT;
+    let status = loop {
+        match qemu.child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if Instant::now() >= deadline => {
+                let _ = qemu.kill();
+                return Err(format!(
+                    "QEMU with virtio-gpu-gl-pci and -display {display} did not quit within {GL_PROBE_TIMEOUT:?}:\n{}",
+                    read_lossy(&log_path)
+                ));
+            }
+            Ok(None) => thread::sleep(POLL),
+            Err(e) => return Err(format!("waiting for QEMU: {e}")),
+        }
+    };
+    if status.success() {
+        Ok(format!("virtio-gpu-gl-pci with -display {display}"))
+    } else {
+        Err(format!(
+            "QEMU cannot start virtio-gpu-gl-pci with -display {display} ({status}):\n{}",
+            read_lossy(&log_path).trim_end()
+        ))
+    }
 }
 
 /// A child process killed (SIGKILL, by its handle) and reaped when dropped.
@@ -743,7 +856,7 @@ impl RunningGuest {
             ))
             .arg("-serial")
             .arg(format!("file:{}", no_comma(&serial_path)?.display()))
-            .args(["-display", "none", "-nodefaults", "-monitor", "none"]);
+            .args(["-nodefaults", "-monitor", "none"]);
         if !config.allow_reboot {
             command.arg("-no-reboot");
         }
@@ -762,7 +875,15 @@ impl RunningGuest {
             GuestGpu::QemuVirtioGpu => {
                 command.args(["-device", "virtio-gpu-pci"]);
             }
+            GuestGpu::QemuVirtioGpuGl => {
+                command
+                    .args(["-device", "virtio-gpu-gl-pci", "-display"])
+                    .arg(egl_headless_display(&gl_render_node())?);
+            }
             GuestGpu::None => {}
+        }
+        if config.gpu != GuestGpu::QemuVirtioGpuGl {
+            command.args(["-display", "none"]);
         }
         let log = File::create(&qemu_log_path).map_err(io_context("creating QEMU log"))?;
         let stderr = log.try_clone().map_err(io_context("creating QEMU log"))?;
