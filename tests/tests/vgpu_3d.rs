@@ -195,6 +195,39 @@ fn virgl_contexts_textures_fences_and_errors() {
         response_type(&mut guest, &attach_outside),
         ERR_INVALID_PARAMETER
     );
+    // Transfers naming an unknown resource or a box outside it are refused before
+    // virglrenderer sees them (which would poison the context).
+    let unknown = Transfer3d {
+        resource_id: 99,
+        ..whole
+    };
+    assert_eq!(
+        response_type(&mut guest, &virtio_gpu::transfer_to_host_3d(1, &unknown)),
+        ERR_INVALID_RESOURCE_ID
+    );
+    let outside_box = Transfer3d {
+        bbox: virtio_gpu::Box3d {
+            x: 32,
+            y: 0,
+            z: 0,
+            w: 64,
+            h: 64,
+            d: 1,
+        },
+        ..whole
+    };
+    assert_eq!(
+        response_type(
+            &mut guest,
+            &virtio_gpu::transfer_to_host_3d(1, &outside_box)
+        ),
+        ERR_INVALID_PARAMETER
+    );
+    // Context 1 was not poisoned: it still transfers.
+    assert_eq!(
+        response_type(&mut guest, &virtio_gpu::transfer_from_host_3d(1, &whole)),
+        RESP_OK_NODATA
+    );
     // A destroyed context takes no more work.
     assert_eq!(
         response_type(&mut guest, &virtio_gpu::ctx_destroy(1)),

@@ -49,6 +49,25 @@ pub enum ThreeDError {
     /// A resource id that is 0 or already in use.
     #[error("resource id {0} is 0 or taken")]
     ResourceIdTaken(u32),
+    /// A 3D resource id the guest never created.
+    #[error("unknown 3D resource {0}")]
+    UnknownResource(u32),
+    /// A transfer box outside level 0 of the resource.
+    #[error("transfer box {x},{y} {w}x{h} outside the {width}x{height} resource")]
+    BoxOutside {
+        /// Box origin.
+        x: u32,
+        /// Box origin.
+        y: u32,
+        /// Box width.
+        w: u32,
+        /// Box height.
+        h: u32,
+        /// Resource width.
+        width: u32,
+        /// Resource height.
+        height: u32,
+    },
     /// A backing entry outside guest memory, or across two memory regions.
     #[error("backing entry {addr:#x}+{len:#x} is not inside one guest memory region")]
     BadEntry {
@@ -75,8 +94,11 @@ impl ThreeDError {
             ThreeDError::ContextIdTaken(_) | ThreeDError::UnknownContext(_) => {
                 ty::ERR_INVALID_CONTEXT_ID
             }
-            ThreeDError::ResourceIdTaken(_) => ty::ERR_INVALID_RESOURCE_ID,
-            ThreeDError::CapsetIndex(_)
+            ThreeDError::ResourceIdTaken(_) | ThreeDError::UnknownResource(_) => {
+                ty::ERR_INVALID_RESOURCE_ID
+            }
+            ThreeDError::BoxOutside { .. }
+            | ThreeDError::CapsetIndex(_)
             | ThreeDError::ContextCapset(_)
             | ThreeDError::BadEntry { .. } => ty::ERR_INVALID_PARAMETER,
             ThreeDError::Limit(_) => ty::ERR_OUT_OF_MEMORY,
@@ -336,6 +358,23 @@ impl ThreeD {
     ) -> Result<Response, ThreeDError> {
         if t.ctx_id != 0 {
             self.context(t.ctx_id)?;
+        }
+        let size = self
+            .resource(t.resource_id)
+            .ok_or(ThreeDError::UnknownResource(t.resource_id))?;
+        // Level 0 must hold the box (virglrenderer checks in 32-bit arithmetic and poisons the
+        // context on failure); deeper levels are smaller and left to virglrenderer.
+        let fits = |o: u32, l: u32, limit: u32| o.checked_add(l).is_some_and(|e| e <= limit);
+        let b = t.bbox;
+        if t.level == 0 && !(fits(b.x, b.w, size.width) && fits(b.y, b.h, size.height)) {
+            return Err(ThreeDError::BoxOutside {
+                x: b.x,
+                y: b.y,
+                w: b.w,
+                h: b.h,
+                width: size.width,
+                height: size.height,
+            });
         }
         let transfer = Transfer {
             level: t.level,
