@@ -19,11 +19,11 @@ use std::time::Duration;
 
 use vgpu_tests::TempDir;
 use vgpu_tests::guest::{
-    GuestConfig, GuestGpu, GuestImage, GuestRun, JobTransport, RunningGuest, qemu_gl_support,
-    skip_without_guest,
+    GuestConfig, GuestGpu, GuestImage, GuestRun, JobTransport, RunningGuest, ServerProcess,
+    qemu_gl_support, server_binary, skip_without_guest,
 };
 
-/// Set to 1 to run the tests against our device (once its 3D path is wired).
+/// Set to 1 to run the tests against our device (qemu-scripts/test.sh does).
 const GUEST_GL_ENV: &str = "VGPU_GUEST_GL";
 /// Set to 1 to run the tests against QEMU's virtio-gpu-gl-pci.
 const GUEST_GL_REFERENCE_ENV: &str = "VGPU_GUEST_GL_REFERENCE";
@@ -100,7 +100,7 @@ impl Dut {
         let (env, why) = match self {
             Dut::Vgpu => (
                 GUEST_GL_ENV,
-                "the vgpu-server 3D path (VIRTIO_GPU_F_VIRGL) is not wired yet",
+                "guest GL boots take about two minutes under TCG",
             ),
             Dut::QemuVirgl => (
                 GUEST_GL_REFERENCE_ENV,
@@ -124,10 +124,12 @@ impl Dut {
 }
 
 fn config(image: GuestImage, dut: Dut, job: &str) -> GuestConfig {
+    config_with(image, dut.gpu(), job)
+}
+
+fn config_with(image: GuestImage, gpu: GuestGpu, job: &str) -> GuestConfig {
     init_logging();
-    let mut config = GuestConfig::new(image, job)
-        .gpu(dut.gpu())
-        .timeout(BOOT_TIMEOUT);
+    let mut config = GuestConfig::new(image, job).gpu(gpu).timeout(BOOT_TIMEOUT);
     // The jobs are longer than the kernel command line takes once base64-encoded.
     config.transport = JobTransport::FwCfg;
     config
@@ -495,6 +497,100 @@ fn vgpu_gl_works_after_reboot() {
 #[test]
 fn reference_gl_works_after_reboot() {
     gl_works_after_reboot(Dut::QemuVirgl, "reference_gl_works_after_reboot");
+}
+
+/// Pixel statistics of a dumped scanout: (distinct colours, share of pixels unlike the
+/// top-left one).
+fn png_stats(path: &std::path::Path) -> (usize, f64) {
+    let decoder = png::Decoder::new(std::io::BufReader::new(
+        std::fs::File::open(path).expect("scanout PNG"),
+    ));
+    let mut reader = decoder.read_info().expect("PNG header");
+    let mut buf = vec![0; reader.output_buffer_size().expect("PNG size")];
+    let info = reader.next_frame(&mut buf).expect("PNG frame");
+    let channels = info.color_type.samples();
+    let pixels: Vec<&[u8]> = buf[..info.buffer_size()].chunks(channels).collect();
+    let colours: std::collections::HashSet<&[u8]> = pixels.iter().copied().collect();
+    let background = pixels[0];
+    let different = pixels.iter().filter(|p| **p != background).count();
+    (colours.len(), different as f64 / pixels.len() as f64)
+}
+
+/// kmscube on our device shows up in the dumped scanout (pixel statistics, not a hash); QEMU
+/// killed mid-render leaves the server able to serve the next VM's GL. Needs
+/// `VGPU_GUEST_GL=1`.
+#[test]
+fn vgpu_scanout_shows_kmscube_and_server_survives_qemu_killed_mid_render() {
+    let test = "vgpu_scanout_shows_kmscube_and_server_survives_qemu_killed_mid_render";
+    let Some(image) = Dut::Vgpu.image(test) else {
+        return;
+    };
+    let _lock = boot_lock();
+    let dumps = TempDir::new("vgpu-gl-dump").expect("dump directory");
+    let dump_arg = dumps.path().to_string_lossy().into_owned();
+    let binary = server_binary().unwrap_or_else(|e| panic!("{e}"));
+    let mut server = ServerProcess::start(&binary, false, &["--dump-dir".into(), dump_arg])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let socket = server.socket().to_owned();
+    let job = "(kmscube < <(sleep 600) > /dev/null 2>&1 &)
+echo KMSCUBE-STARTED
+sleep 600
+";
+    let config = config_with(image.clone(), GuestGpu::VfioUser(socket.clone()), job);
+    let mut victim = RunningGuest::launch(&config).unwrap_or_else(|e| panic!("{test}: {e}"));
+    let started = victim
+        .wait_for_serial(|l| l.contains("KMSCUBE-STARTED"), |_| {})
+        .unwrap_or_else(|e| panic!("{test}: {e}"));
+    assert!(
+        started,
+        "the job never started:
+{}",
+        server.log()
+    );
+    // The dump is rewritten at most once a second while kmscube flushes frames; give the
+    // emulated guest time to render, then look at what the scanout shows.
+    let png = dumps.path().join("scanout0.png");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let (colours, share) = loop {
+        std::thread::sleep(Duration::from_secs(2));
+        let stats = png.exists().then(|| png_stats(&png));
+        match stats {
+            Some((colours, share)) if colours > 1000 && share > 0.05 => break (colours, share),
+            _ if std::time::Instant::now() > deadline => {
+                panic!(
+                    "no rendered frame in the dump ({stats:?})
+{}",
+                    server.log()
+                )
+            }
+            _ => {}
+        }
+    };
+    report(
+        test,
+        &format!(
+            "scanout0.png: {colours} colours, {:.1}% of pixels unlike the background",
+            share * 100.0
+        ),
+    );
+    assert!(share < 0.95, "the cube does not fill the screen: {share}");
+    let status = victim.kill().expect("kill QEMU");
+    report(test, &format!("killed QEMU mid-render ({status})"));
+    drop(victim);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        server.try_wait().expect("server state").is_none(),
+        "the server exited after QEMU was killed:\n{}",
+        server.log()
+    );
+    let next = config_with(
+        image,
+        GuestGpu::VfioUser(socket),
+        &format!("{JOB_LIB}\ngl_renderer\n"),
+    );
+    let run = boot(test, &next);
+    RendererReport::parse(&run.output).check(&run);
+    server.kill().expect("kill server");
 }
 
 /// The parsers against output captured from the guest on QEMU's virtio-gpu-gl-pci.
