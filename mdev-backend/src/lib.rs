@@ -1,7 +1,10 @@
 //! mdev-backend: executes vGPU work on the physical GPU and reports its completion fences
 //! (hops 7 and 8 of the data path, see docs/ARCHITECTURE.md).
 //!
-//! Today: the virglrenderer binding ([`virgl`]) that the virtio-gpu 3D commands will drive.
-//! Next: its wiring into the device worker, then CUDA remoting and the simulated engine.
+//! The device drives a [`GpuBackend`]; [`virgl`] (virglrenderer on the host's EGL) is the first
+//! implementation. CUDA remoting and the simulated engine come next.
 
+pub mod backend;
 pub mod virgl;
+
+pub use backend::{BackendError, BackendResult, GpuBackend};

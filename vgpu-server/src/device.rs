@@ -12,7 +12,7 @@ use std::fs::File;
 use std::sync::Arc;
 
 use log::{debug, error, info, warn};
-use mdev_backend::virgl::Virgl;
+use mdev_backend::GpuBackend;
 use virtio_queue::{QueueOwnedT, QueueT};
 use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
 
@@ -125,7 +125,7 @@ impl Device {
     /// without the device lock.
     ///
     /// `virgl` (worker thread) reads scanouts of 3D resources back.
-    pub fn take_frames(&mut self, all: bool, virgl: Option<&Virgl>) -> Vec<Frame> {
+    pub fn take_frames(&mut self, all: bool, virgl: Option<&dyn GpuBackend>) -> Vec<Frame> {
         let mut frames = std::mem::take(&mut self.retained);
         for frame in self.gpu.take_frames(all, virgl) {
             frames.retain(|f| f.scanout != frame.scanout);
@@ -336,7 +336,7 @@ impl Device {
     ///
     /// `virgl` (worker thread only) runs 3D commands and fences: a fenced request's used-ring
     /// entry is parked until [`Device::fences_signalled`] releases it.
-    pub fn process_queue(&mut self, q: u16, virgl: Option<&Virgl>) -> bool {
+    pub fn process_queue(&mut self, q: u16, virgl: Option<&dyn GpuBackend>) -> bool {
         if q >= NUM_QUEUES || !self.transport.is_live() || !self.transport.queue_ready(q) {
             inc(&self.metrics.notifies_ignored);
             debug!("notify for queue {q} ignored: device not live or queue not enabled");
@@ -422,7 +422,7 @@ impl Device {
 
     /// Parks a fenced completion behind a renderer fence; false if it must complete now
     /// (its fence already signalled, or the renderer refused the fence).
-    fn park(&mut self, virgl: &Virgl, entry: Parked, ctx_id: u32) -> bool {
+    fn park(&mut self, virgl: &dyn GpuBackend, entry: Parked, ctx_id: u32) -> bool {
         // The renderer's fence ids are 32-bit; the guest's low 32 bits keep their order
         // within any 2^32 fences in flight.
         if let Err(e) = virgl.create_fence(entry.fence_id as u32, ctx_id) {
@@ -485,12 +485,12 @@ impl Device {
     }
 
     /// Destroys the 3D objects a reset left behind (worker thread, before any queue work).
-    pub fn reap_3d(&mut self, virgl: &Virgl) {
+    pub fn reap_3d(&mut self, virgl: &dyn GpuBackend) {
         self.gpu.reap_3d(virgl);
     }
 
     /// Destroys every 3D object of this guest (the client went away).
-    pub fn release_3d(&mut self, virgl: &Virgl) {
+    pub fn release_3d(&mut self, virgl: &dyn GpuBackend) {
         self.gpu.release_3d(virgl);
     }
 
@@ -500,7 +500,7 @@ impl Device {
         &mut self,
         chain: &CheckedChain,
         mem: &Arc<GuestMemoryMmap>,
-        virgl: Option<&Virgl>,
+        virgl: Option<&dyn GpuBackend>,
     ) -> (u32, Option<(u64, u32)>) {
         inc(&self.metrics.ctrl_requests);
         let frames_before = self.gpu.frames_flushed();

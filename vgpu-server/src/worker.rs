@@ -28,6 +28,7 @@ use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
+use mdev_backend::GpuBackend;
 use mdev_backend::virgl::Virgl;
 
 use crate::device::Device;
@@ -110,7 +111,7 @@ impl WorkerHandle {
             .spawn(move || {
                 // virglrenderer is bound to the thread that initialises it: this one.
                 let virgl = renderer.and_then(|library| match Virgl::new(&library) {
-                    Ok(v) => Some(v),
+                    Ok(v) => Some(Box::new(v) as Box<dyn GpuBackend>),
                     Err(e) => {
                         warn!("no 3D: {e}; the device offers 2D only");
                         None
@@ -233,7 +234,7 @@ fn write_frames(
     config: &DumpConfig,
     metrics: &DeviceMetrics,
     all: bool,
-    virgl: Option<&Virgl>,
+    virgl: Option<&dyn GpuBackend>,
 ) {
     let frames = device_lock(device).take_frames(all, virgl);
     if frames.is_empty() && all {
@@ -283,7 +284,7 @@ impl Dumper {
 
     /// After control commands ran: dump flushed scanouts if the interval allows, else arm
     /// the timer for when it does.
-    fn flushed(&mut self, device: &Mutex<Device>, virgl: Option<&Virgl>) {
+    fn flushed(&mut self, device: &Mutex<Device>, virgl: Option<&dyn GpuBackend>) {
         if !device_lock(device).frames_undumped() {
             return;
         }
@@ -302,13 +303,13 @@ impl Dumper {
         }
     }
 
-    fn write(&mut self, device: &Mutex<Device>, all: bool, virgl: Option<&Virgl>) {
+    fn write(&mut self, device: &Mutex<Device>, all: bool, virgl: Option<&dyn GpuBackend>) {
         self.last = Some(Instant::now());
         write_frames(device, &self.config, &self.metrics, all, virgl);
     }
 
     /// The timer expired (it is read even with no client attached, so it stops firing).
-    fn timer_fired(&mut self, device: Option<&Mutex<Device>>, virgl: Option<&Virgl>) {
+    fn timer_fired(&mut self, device: Option<&Mutex<Device>>, virgl: Option<&dyn GpuBackend>) {
         let _ = self.timer.wait();
         self.timer_armed = false;
         if let Some(device) = device {
@@ -318,7 +319,7 @@ impl Dumper {
 
     /// Bytes on the request socket: one dump of every enabled scanout, however many arrived
     /// (they are drained even with no client attached, so they stop firing).
-    fn requested(&mut self, device: Option<&Mutex<Device>>, virgl: Option<&Virgl>) {
+    fn requested(&mut self, device: Option<&Mutex<Device>>, virgl: Option<&dyn GpuBackend>) {
         let mut buf = [0u8; 64];
         if let Some(mut r) = self.requests.as_ref() {
             while matches!(r.read(&mut buf), Ok(n) if n > 0) {}
@@ -334,8 +335,8 @@ impl Dumper {
 }
 
 struct Worker {
-    /// virglrenderer, created on this thread and used only here.
-    virgl: Option<Virgl>,
+    /// The 3D backend (virglrenderer), created on this thread and used only here.
+    virgl: Option<Box<dyn GpuBackend>>,
     /// The device of the current connection, if any.
     device: Option<Arc<Mutex<Device>>>,
     kicks: Vec<EventFd>,
@@ -363,9 +364,9 @@ impl Worker {
                 Ok(Command::Detach(ack)) => {
                     if let (Some(device), Some(d)) = (&self.device, &mut self.dumper) {
                         // The client is gone: write what its scanouts showed last.
-                        d.write(device, true, self.virgl.as_ref());
+                        d.write(device, true, self.virgl.as_deref());
                     }
-                    if let (Some(device), Some(v)) = (self.device.take(), &self.virgl) {
+                    if let (Some(device), Some(v)) = (self.device.take(), self.virgl.as_deref()) {
                         device_lock(&device).release_3d(v);
                     }
                     self.device = None;
@@ -405,7 +406,7 @@ impl MutEventSubscriber for Worker {
         )) {
             error!("watching the control eventfd: {e}");
         }
-        if let Some(fd) = self.virgl.as_ref().and_then(Virgl::poll_fd)
+        if let Some(fd) = self.virgl.as_deref().and_then(GpuBackend::poll_fd)
             && let Err(e) = ops.add(Events::with_data_raw(fd, VIRGL_TOKEN, EventSet::IN))
         {
             error!("watching virglrenderer's fence fd: {e}");
@@ -442,19 +443,19 @@ impl MutEventSubscriber for Worker {
             }
             VIRGL_TOKEN => {
                 // Always poll: it runs the fence callbacks and clears the poll fd.
-                let newest = self.virgl.as_ref().and_then(Virgl::poll);
+                let newest = self.virgl.as_deref().and_then(GpuBackend::poll);
                 if let (Some(n), Some(device)) = (newest, &self.device) {
                     device_lock(device).fences_signalled(n);
                 }
             }
             DUMP_TIMER_TOKEN => {
                 if let Some(d) = &mut self.dumper {
-                    d.timer_fired(self.device.as_deref(), self.virgl.as_ref());
+                    d.timer_fired(self.device.as_deref(), self.virgl.as_deref());
                 }
             }
             DUMP_REQUEST_TOKEN => {
                 if let Some(d) = &mut self.dumper {
-                    d.requested(self.device.as_deref(), self.virgl.as_ref());
+                    d.requested(self.device.as_deref(), self.virgl.as_deref());
                 }
             }
             q => {
@@ -468,11 +469,11 @@ impl MutEventSubscriber for Worker {
                     return;
                 };
                 let mut locked = device_lock(device);
-                if let Some(v) = &self.virgl {
+                if let Some(v) = self.virgl.as_deref() {
                     locked.reap_3d(v);
                 }
                 // Fairness: one queue's worth of chains per round; re-kick if more remain.
-                let more = locked.process_queue(q, self.virgl.as_ref());
+                let more = locked.process_queue(q, self.virgl.as_deref());
                 drop(locked);
                 if more {
                     let _ = self.kicks[usize::from(q)].write(1);
@@ -480,7 +481,7 @@ impl MutEventSubscriber for Worker {
                 if q == CONTROL_QUEUE
                     && let Some(d) = &mut self.dumper
                 {
-                    d.flushed(device, self.virgl.as_ref());
+                    d.flushed(device, self.virgl.as_deref());
                 }
             }
         }

@@ -15,7 +15,8 @@ use std::collections::BTreeMap;
 use log::{debug, trace};
 use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
 
-use mdev_backend::virgl::{Transfer, TransferBox, Virgl};
+use mdev_backend::GpuBackend;
+use mdev_backend::virgl::{Transfer, TransferBox};
 
 use super::dump::Frame;
 use super::edid::{self, EdidError};
@@ -368,11 +369,7 @@ impl Resource {
 }
 
 /// Reads `rect` of 3D resource `id` back from the renderer (4 bytes per pixel, rows packed).
-fn read_back(
-    virgl: &Virgl,
-    id: u32,
-    rect: &Rect,
-) -> Result<Vec<u8>, mdev_backend::virgl::VirglError> {
+fn read_back(virgl: &dyn GpuBackend, id: u32, rect: &Rect) -> mdev_backend::BackendResult<Vec<u8>> {
     // The rectangle was checked against the resource (edges <= MAX_RESOURCE_EDGE), so the
     // size fits in usize and the stride in u32.
     let stride = rect.width * PixelFormat::BYTES_PER_PIXEL;
@@ -472,12 +469,12 @@ impl GpuDevice {
     }
 
     /// Destroys the 3D objects a reset left behind (worker thread, before anything else).
-    pub fn reap_3d(&mut self, virgl: &Virgl) {
+    pub fn reap_3d(&mut self, virgl: &dyn GpuBackend) {
         self.three_d.reap(virgl);
     }
 
     /// Destroys every 3D object of this guest (the client went away).
-    pub fn release_3d(&mut self, virgl: &Virgl) {
+    pub fn release_3d(&mut self, virgl: &dyn GpuBackend) {
         self.three_d.reset();
         self.three_d.reap(virgl);
     }
@@ -517,7 +514,7 @@ impl GpuDevice {
     /// Copies of the images of the enabled scanouts that were flushed since they were last
     /// taken (all enabled scanouts with `all`); marks them taken. A scanout showing a 3D
     /// resource is read back through `virgl` (worker thread; without it, it is skipped).
-    pub fn take_frames(&mut self, all: bool, virgl: Option<&Virgl>) -> Vec<Frame> {
+    pub fn take_frames(&mut self, all: bool, virgl: Option<&dyn GpuBackend>) -> Vec<Frame> {
         let mut frames = Vec::new();
         for (id, s) in (0u32..).zip(self.scanouts.iter_mut()) {
             if !(all || s.undumped) {

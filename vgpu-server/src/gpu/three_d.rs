@@ -12,8 +12,9 @@ use std::sync::Arc;
 
 use log::{debug, warn};
 use mdev_backend::virgl::{
-    self, BackingMemory, CAPSET_VIRGL, CAPSET_VIRGL2, Transfer, TransferBox, Virgl, VirglError,
+    self, BackingMemory, CAPSET_VIRGL, CAPSET_VIRGL2, Transfer, TransferBox,
 };
+use mdev_backend::{BackendError, GpuBackend};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
 use super::protocol::{
@@ -81,8 +82,8 @@ pub enum ThreeDError {
     Renderer(String),
 }
 
-impl From<VirglError> for ThreeDError {
-    fn from(e: VirglError) -> Self {
+impl From<BackendError> for ThreeDError {
+    fn from(e: BackendError) -> Self {
         ThreeDError::Renderer(e.to_string())
     }
 }
@@ -151,12 +152,12 @@ impl GuestBacking {
     }
 }
 
-/// What the renderer needs from the caller for one command: the renderer and the guest
-/// memory snapshot backing entries are resolved against.
+/// What 3D execution needs for one command: the backend and the guest memory snapshot backing
+/// entries are resolved against.
 #[derive(Debug, Clone, Copy)]
 pub struct Renderer<'a> {
-    /// virglrenderer, on the thread that owns it.
-    pub virgl: &'a Virgl,
+    /// The 3D backend, on the thread that owns it.
+    pub virgl: &'a dyn GpuBackend,
     /// The guest memory of this command.
     pub mem: &'a Arc<GuestMemoryMmap>,
 }
@@ -197,7 +198,7 @@ impl ThreeD {
     }
 
     /// Destroys what a reset left behind (worker thread only).
-    pub fn reap(&mut self, virgl: &Virgl) {
+    pub fn reap(&mut self, virgl: &dyn GpuBackend) {
         for ctx in self.doomed_contexts.drain(..) {
             virgl.context_destroy(ctx);
         }
