@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs QEMU 11.1 (qemu-system-x86 with vfio-user-pci, plus the OpenGL display modules) from
-# Debian trixie-backports as an extracted prefix under ${VGPU_CACHE:-$HOME/.cache/vgpu}/qemu.
+# Installs QEMU 11.1 (qemu-system-x86 with vfio-user-pci, plus the OpenGL display modules and the
+# EGL stack they load) from Debian trixie-backports as an extracted prefix under
+# ${VGPU_CACHE:-$HOME/.cache/vgpu}/qemu.
 #
 # No root needed and the host's apt/dpkg state is never touched: a private APT configuration with
 # an empty dpkg status file resolves the whole dependency closure (trixie's libc included), the
@@ -15,9 +16,13 @@ set -euo pipefail
 CACHE=${VGPU_CACHE:-$HOME/.cache/vgpu}
 PREFIX=$CACHE/qemu
 STAMP=$PREFIX/.vgpu-prefix-complete
-PACKAGES=(qemu-system-x86 qemu-system-modules-opengl)
+# libegl1 (the GLVND loader) and libegl-mesa0 (Mesa's EGL vendor) must come from the same Mesa
+# as the prefix's libgbm1: without them the OpenGL display modules (egl-headless, used by
+# virtio-gpu-gl-pci) load the host's older libEGL, which crashes against the prefix's GBM.
+PACKAGES=(qemu-system-x86 qemu-system-modules-opengl libegl1 libegl-mesa0)
 # Bump when the package set or the layout changes, so older prefixes are rebuilt.
-LAYOUT=1
+# 2: libegl1 and libegl-mesa0 added.
+LAYOUT=2
 
 log() { printf '[setup-qemu] %s\n' "$*" >&2; }
 die() { printf '[setup-qemu] error: %s\n' "$*" >&2; exit 1; }

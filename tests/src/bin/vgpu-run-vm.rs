@@ -16,8 +16,11 @@ in a writable directory) and powers off. Prints the job's output; exits with the
 (124: time limit, 125: the launcher failed, 126: the guest printed no exit code).
 
 options:
-  --gpu vgpu|virtio-gpu|none   the GPU: our vgpu-server (default; started with
-                               --exit-on-disconnect), QEMU's virtio-gpu-pci, or none
+  --gpu vgpu|virtio-gpu|virtio-gpu-gl|none
+                               the GPU: our vgpu-server (default; started with
+                               --exit-on-disconnect), QEMU's virtio-gpu-pci, QEMU's
+                               virtio-gpu-gl-pci (virgl in QEMU, on an egl-headless display),
+                               or none
   --socket PATH                use a vfio-user server already listening on PATH instead
   --server PATH                the vgpu-server binary (default: beside this program)
   --server-arg ARG             pass ARG to vgpu-server (repeatable)
@@ -65,6 +68,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
                 gpu = match value("--gpu")?.as_str() {
                     "vgpu" => GuestGpu::Vgpu,
                     "virtio-gpu" => GuestGpu::QemuVirtioGpu,
+                    "virtio-gpu-gl" => GuestGpu::QemuVirtioGpuGl,
                     "none" => GuestGpu::None,
                     other => return Err(format!("--gpu: unknown GPU {other:?}")),
                 }
