@@ -164,17 +164,6 @@ fn stats(samples: &mut [f64]) -> (f64, f64, f64, f64) {
     )
 }
 
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown".into())
-}
-
 fn main() {
     if skip_without_qemu() {
         return;
@@ -212,7 +201,7 @@ fn main() {
     let machine = format!(
         "{} CPUs ({}), accelerator qtest",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
-        cpu_model()
+        vgpu_tests::cpu_model()
     );
     let qemu = qemu_version().unwrap_or("unknown");
     let (n, m) = (sizes.notifies, sizes.round_trips);

@@ -87,18 +87,6 @@ echo "KMSCUBE-MS $(( $(ms) - t ))"
     )
 }
 
-/// The value after `key` on the first line that starts with it.
-fn value<'a>(output: &'a str, key: &str) -> Option<&'a str> {
-    output
-        .lines()
-        .find_map(|l| l.trim_start().strip_prefix(key))
-        .map(str::trim)
-}
-
-fn number<T: std::str::FromStr>(output: &str, key: &str) -> Option<T> {
-    value(output, key).and_then(|v| v.parse().ok())
-}
-
 /// One boot's results.
 #[derive(Debug, Default)]
 struct RunResult {
@@ -133,10 +121,10 @@ impl RunResult {
                 Some((scene.to_owned(), fps.trim().parse().ok()?, ms.parse().ok()?))
             })
             .collect();
-        self.score = number(output, "glmark2 Score:");
-        self.surface = value(output, "Surface Size:").map(str::to_owned);
-        self.renderer = value(output, "GL_RENDERER:").map(str::to_owned);
-        if let Some(modes) = value(output, "DRM-MODES") {
+        self.score = vgpu_tests::guest::output_number(output, "glmark2 Score:");
+        self.surface = vgpu_tests::guest::output_value(output, "Surface Size:").map(str::to_owned);
+        self.renderer = vgpu_tests::guest::output_value(output, "GL_RENDERER:").map(str::to_owned);
+        if let Some(modes) = vgpu_tests::guest::output_value(output, "DRM-MODES") {
             let modes: Vec<&str> = modes.split_whitespace().skip(1).collect();
             self.preferred_mode = modes.first().map(|m| (*m).to_owned());
             self.largest_mode = modes
@@ -157,12 +145,12 @@ impl RunResult {
             })
             .next_back();
         let mut problems = Vec::new();
-        match number::<i32>(output, "GLMARK2-EXIT") {
+        match vgpu_tests::guest::output_number::<i32>(output, "GLMARK2-EXIT") {
             Some(0) if self.score.is_some() => {}
             Some(0) => problems.push("glmark2 printed no score".to_owned()),
             code => problems.push(format!("glmark2 exit {code:?}")),
         }
-        match number::<i32>(output, "KMSCUBE-EXIT") {
+        match vgpu_tests::guest::output_number::<i32>(output, "KMSCUBE-EXIT") {
             Some(0) if self.kmscube_fps.is_some() => {}
             Some(0) => problems.push("kmscube printed no fps".to_owned()),
             code => problems.push(format!("kmscube exit {code:?}")),
@@ -478,17 +466,6 @@ fn run_json(r: &RunResult) -> String {
     )
 }
 
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown".into())
-}
-
 fn parse_runs() -> Result<usize, String> {
     let mut runs = DEFAULT_RUNS;
     let mut args = std::env::args().skip(1);
@@ -537,7 +514,7 @@ fn main() {
     let machine = format!(
         "{} CPUs ({})",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
-        cpu_model()
+        vgpu_tests::cpu_model()
     );
     let booted = [Device::Vgpu, Device::QemuVirtioGpuGl];
     eprintln!(

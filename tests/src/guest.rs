@@ -1093,6 +1093,34 @@ fn parse_job(lines: &[String]) -> (Option<i32>, String) {
     (None, output.join("\n"))
 }
 
+/// One guest boot at a time in a test process: boots are CPU-bound and each uses two vCPUs.
+static BOOT_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Holds the process's boot lock (poisoning by a failed test is ignored).
+pub fn boot_lock() -> std::sync::MutexGuard<'static, ()> {
+    BOOT_LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Prints `[tag] test: what` to the real stderr, past the test harness's capture, so that
+/// timings and results always show.
+pub fn report(tag: &str, test: &str, what: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "[{tag}] {test}: {what}");
+}
+
+/// The value after `key` on the first line of a job's output that starts with it.
+pub fn output_value<'a>(output: &'a str, key: &str) -> Option<&'a str> {
+    output
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix(key))
+        .map(str::trim)
+}
+
+/// [`output_value`] parsed as a number.
+pub fn output_number<T: std::str::FromStr>(output: &str, key: &str) -> Option<T> {
+    output_value(output, key).and_then(|v| v.parse().ok())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

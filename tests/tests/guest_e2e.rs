@@ -6,14 +6,12 @@
 //! every test prints its timings straight to stderr (visible without `--nocapture`). Skipped
 //! with a message when the image is missing, unless `VGPU_REQUIRE_GUEST` is set (test.sh).
 
-use std::io::Write;
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use vgpu_tests::TempDir;
 use vgpu_tests::guest::{
-    GuestConfig, GuestGpu, GuestImage, GuestRun, JobTransport, RunningGuest, ServerProcess,
-    server_binary, skip_without_guest,
+    self, GuestConfig, GuestGpu, GuestImage, GuestRun, JobTransport, RunningGuest, ServerProcess,
+    boot_lock, server_binary, skip_without_guest,
 };
 
 /// Wall-clock limit of one boot (about 15 s here; CI machines may be slower).
@@ -41,24 +39,9 @@ dmesg | grep -E 'virtio.gpu|\[drm\]' | sed 's/^/DMESG /'
 true
 "#;
 
-/// One guest boot at a time: they are CPU-bound and each uses two vCPUs.
-static BOOT_LOCK: Mutex<()> = Mutex::new(());
-
-fn boot_lock() -> MutexGuard<'static, ()> {
-    BOOT_LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Prints to the real stderr, past the test harness's capture, so that timings always show.
+/// Prints past the test harness's capture, so that timings and results always show.
 fn report(test: &str, what: &str) {
-    let _ = writeln!(std::io::stderr(), "[guest_e2e] {test}: {what}");
-}
-
-fn init_logging() {
-    let _ = env_logger::Builder::new()
-        .is_test(true)
-        .filter_level(log::LevelFilter::Info)
-        .parse_default_env()
-        .try_init();
+    guest::report("guest_e2e", test, what);
 }
 
 /// What [`GPU_REPORT_JOB`] printed.
@@ -173,7 +156,7 @@ fn boot(test: &str, config: &GuestConfig) -> GuestRun {
 }
 
 fn config(image: GuestImage, job: &str) -> GuestConfig {
-    init_logging();
+    vgpu_tests::server::init_logging();
     GuestConfig::new(image, job).timeout(BOOT_TIMEOUT)
 }
 

@@ -13,14 +13,12 @@
 //! of frames and exits 0, glmark2-es2-drm's `build` scene completes with a score, and GL works
 //! again after a guest reboot. Boots run one at a time; timings go to stderr.
 
-use std::io::Write;
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use vgpu_tests::TempDir;
 use vgpu_tests::guest::{
-    GuestConfig, GuestGpu, GuestImage, GuestRun, JobTransport, RunningGuest, ServerProcess,
-    qemu_gl_support, server_binary, skip_without_guest,
+    self, GuestConfig, GuestGpu, GuestImage, GuestRun, JobTransport, RunningGuest, ServerProcess,
+    boot_lock, qemu_gl_support, server_binary, skip_without_guest,
 };
 
 /// Set to 1 to run the tests against our device (qemu-scripts/test.sh does).
@@ -57,24 +55,9 @@ kmscube_run() {
 }
 "#;
 
-/// One guest boot at a time: they are CPU-bound and each uses two vCPUs.
-static BOOT_LOCK: Mutex<()> = Mutex::new(());
-
-fn boot_lock() -> MutexGuard<'static, ()> {
-    BOOT_LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Prints to the real stderr, past the test harness's capture, so that results always show.
+/// Prints past the test harness's capture, so that timings and results always show.
 fn report(test: &str, what: &str) {
-    let _ = writeln!(std::io::stderr(), "[guest_gl] {test}: {what}");
-}
-
-fn init_logging() {
-    let _ = env_logger::Builder::new()
-        .is_test(true)
-        .filter_level(log::LevelFilter::Info)
-        .parse_default_env()
-        .try_init();
+    guest::report("guest_gl", test, what);
 }
 
 /// The device under test.
@@ -128,7 +111,7 @@ fn config(image: GuestImage, dut: Dut, job: &str) -> GuestConfig {
 }
 
 fn config_with(image: GuestImage, gpu: GuestGpu, job: &str) -> GuestConfig {
-    init_logging();
+    vgpu_tests::server::init_logging();
     let mut config = GuestConfig::new(image, job).gpu(gpu).timeout(BOOT_TIMEOUT);
     // The jobs are longer than the kernel command line takes once base64-encoded.
     config.transport = JobTransport::FwCfg;
@@ -146,18 +129,6 @@ fn boot(test: &str, config: &GuestConfig) -> GuestRun {
     );
     assert_eq!(run.exit_code, Some(0), "the job failed\n{}", run.logs());
     run
-}
-
-/// The value after `key` on the first line that starts with it.
-fn value<'a>(output: &'a str, key: &str) -> Option<&'a str> {
-    output
-        .lines()
-        .find_map(|l| l.trim_start().strip_prefix(key))
-        .map(str::trim)
-}
-
-fn number<T: std::str::FromStr>(output: &str, key: &str) -> Option<T> {
-    value(output, key).and_then(|v| v.parse().ok())
 }
 
 /// What `gl_renderer` printed.
@@ -178,8 +149,8 @@ impl RendererReport {
             .collect();
         Self {
             renderers,
-            exit: number(output, "EGLINFO-EXIT"),
-            millis: number(output, "EGLINFO-MS"),
+            exit: guest::output_number(output, "EGLINFO-EXIT"),
+            millis: guest::output_number(output, "EGLINFO-MS"),
         }
     }
 
@@ -234,8 +205,8 @@ impl KmscubeReport {
         Self {
             rendered,
             interrupted: output.contains("user interrupted"),
-            exit: number(output, "KMSCUBE-EXIT"),
-            millis: number(output, "KMSCUBE-MS"),
+            exit: guest::output_number(output, "KMSCUBE-EXIT"),
+            millis: guest::output_number(output, "KMSCUBE-MS"),
         }
     }
 
@@ -285,12 +256,12 @@ impl Glmark2Report {
                 Some((fps.trim().parse().ok()?, ms.parse().ok()?))
             });
         Self {
-            renderer: value(output, "GL_RENDERER:").map(str::to_owned),
-            surface: value(output, "Surface Size:").map(str::to_owned),
+            renderer: guest::output_value(output, "GL_RENDERER:").map(str::to_owned),
+            surface: guest::output_value(output, "Surface Size:").map(str::to_owned),
             build,
-            score: number(output, "glmark2 Score:"),
-            exit: number(output, "GLMARK2-EXIT"),
-            millis: number(output, "GLMARK2-MS"),
+            score: guest::output_number(output, "glmark2 Score:"),
+            exit: guest::output_number(output, "GLMARK2-EXIT"),
+            millis: guest::output_number(output, "GLMARK2-MS"),
         }
     }
 
@@ -332,7 +303,7 @@ fn gl_renderer_is_virgl(dut: Dut, test: &str) {
             renderer.gles().unwrap_or_default(),
             renderer.renderers.len(),
             renderer.millis.unwrap_or_default(),
-            value(&run.output, "DRI-NODES").unwrap_or_default()
+            guest::output_value(&run.output, "DRI-NODES").unwrap_or_default()
         ),
     );
     renderer.check(&run);
@@ -605,7 +576,10 @@ fn parsers_read_guest_output() {
     assert_eq!(r.renderers.len(), 2);
     assert_eq!(r.gles(), Some("virgl (LLVMPIPE (LLVM 19.1.7, 256 bits))"));
     assert_eq!((r.exit, r.millis), (Some(0), Some(2300)));
-    assert_eq!(value(eglinfo, "DRI-NODES"), Some("card0 renderD128"));
+    assert_eq!(
+        guest::output_value(eglinfo, "DRI-NODES"),
+        Some("card0 renderD128")
+    );
 
     let kmscube = "  renderer: \"virgl (LLVMPIPE)\"\n\
         Rendered 236 frames in 2.007059 sec (117.584999 fps)\n\
