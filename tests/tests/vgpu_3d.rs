@@ -223,6 +223,18 @@ fn virgl_contexts_textures_fences_and_errors() {
         ),
         ERR_INVALID_PARAMETER
     );
+    let huge_stride = Transfer3d {
+        stride: 0x8000_0000,
+        ..whole
+    };
+    assert_eq!(
+        response_type(
+            &mut guest,
+            &virtio_gpu::transfer_to_host_3d(1, &huge_stride)
+        ),
+        ERR_INVALID_PARAMETER,
+        "stride x height past 32 bits"
+    );
     // Context 1 was not poisoned: it still transfers.
     assert_eq!(
         response_type(&mut guest, &virtio_gpu::transfer_from_host_3d(1, &whole)),

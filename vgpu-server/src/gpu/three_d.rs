@@ -77,6 +77,18 @@ pub enum ThreeDError {
         /// Entry length.
         len: u32,
     },
+    /// Strides whose products with the box overflow virglrenderer's 32-bit size checks.
+    #[error("transfer strides {stride}/{layer_stride} too large for a {h}-row, {d}-layer box")]
+    StridesTooLarge {
+        /// Row stride.
+        stride: u32,
+        /// Layer stride.
+        layer_stride: u32,
+        /// Box height.
+        h: u32,
+        /// Box depth.
+        d: u32,
+    },
     /// virglrenderer refused the call.
     #[error("renderer: {0}")]
     Renderer(String),
@@ -99,6 +111,7 @@ impl ThreeDError {
                 ty::ERR_INVALID_RESOURCE_ID
             }
             ThreeDError::BoxOutside { .. }
+            | ThreeDError::StridesTooLarge { .. }
             | ThreeDError::CapsetIndex(_)
             | ThreeDError::ContextCapset(_)
             | ThreeDError::BadEntry { .. } => ty::ERR_INVALID_PARAMETER,
@@ -367,6 +380,17 @@ impl ThreeD {
         // context on failure); deeper levels are smaller and left to virglrenderer.
         let fits = |o: u32, l: u32, limit: u32| o.checked_add(l).is_some_and(|e| e <= limit);
         let b = t.bbox;
+        // virglrenderer 0.10 sizes transfers in 32-bit arithmetic: products that would wrap
+        // could pass its bounds check, so they are refused here.
+        let fits_u32 = |a: u32, b: u32| u64::from(a) * u64::from(b) <= u64::from(u32::MAX);
+        if !(fits_u32(t.stride, b.h) && fits_u32(t.layer_stride, b.d)) {
+            return Err(ThreeDError::StridesTooLarge {
+                stride: t.stride,
+                layer_stride: t.layer_stride,
+                h: b.h,
+                d: b.d,
+            });
+        }
         if t.level == 0 && !(fits(b.x, b.w, size.width) && fits(b.y, b.h, size.height)) {
             return Err(ThreeDError::BoxOutside {
                 x: b.x,
