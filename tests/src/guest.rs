@@ -630,6 +630,17 @@ impl ServerProcess {
         read_lossy(&self.log_path)
     }
 
+    /// Asserts that the server is still running a moment after `event` (a grace period for a
+    /// crash to show), printing its log otherwise.
+    pub fn assert_survived(&mut self, event: &str) {
+        thread::sleep(Duration::from_millis(500));
+        assert!(
+            self.try_wait().expect("server state").is_none(),
+            "the server exited after {event}:\n{}",
+            self.log()
+        );
+    }
+
     /// Its exit status if it has exited.
     pub fn try_wait(&mut self) -> Result<Option<ExitStatus>> {
         self.child

@@ -366,10 +366,10 @@ impl Worker {
                         // The client is gone: write what its scanouts showed last.
                         d.write(device, true, self.virgl.as_deref());
                     }
-                    if let (Some(device), Some(v)) = (self.device.take(), self.virgl.as_deref()) {
-                        device_lock(&device).release_3d(v);
+                    let device = self.device.take();
+                    if let (Some(device), Some(v)) = (&device, self.virgl.as_deref()) {
+                        device_lock(device).release_3d(v);
                     }
-                    self.device = None;
                     self.swap_resample(ops);
                     let _ = ack.send(());
                 }

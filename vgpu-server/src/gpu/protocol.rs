@@ -11,6 +11,7 @@
 
 use std::fmt;
 
+use mdev_backend::virgl;
 use virtio_bindings::virtio_gpu as vg;
 
 use crate::queue::MAX_REQUEST_BYTES;
@@ -398,49 +399,15 @@ impl CtxCreate {
     }
 }
 
-/// RESOURCE_CREATE_3D (struct virtio_gpu_resource_create_3d). The values are Gallium's
-/// (pipe_texture_target, virgl formats, PIPE_BIND_* bits) and are not checked here.
+/// RESOURCE_CREATE_3D (struct virtio_gpu_resource_create_3d). The parameters are Gallium's
+/// (pipe_texture_target, virgl formats, PIPE_BIND_* bits), decoded into the backend's own
+/// parameter type and not checked here.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ResourceCreate3d {
     /// Guest-chosen id (0 is invalid).
     pub resource_id: u32,
-    /// Texture target (buffer, 2D, 3D, cube, arrays ...).
-    pub target: u32,
-    /// virgl format.
-    pub format: u32,
-    /// PIPE_BIND_* usage bits.
-    pub bind: u32,
-    /// Width in texels (bytes for buffers).
-    pub width: u32,
-    /// Height in texels.
-    pub height: u32,
-    /// Depth in texels.
-    pub depth: u32,
-    /// Number of array layers.
-    pub array_size: u32,
-    /// Index of the last mipmap level.
-    pub last_level: u32,
-    /// Samples per texel.
-    pub nr_samples: u32,
-    /// VIRGL_RESOURCE_* flags.
-    pub flags: u32,
-}
-
-/// struct virtio_gpu_box: a region of a 3D resource.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Box3d {
-    /// Left edge.
-    pub x: u32,
-    /// Top edge.
-    pub y: u32,
-    /// Front edge (or first layer).
-    pub z: u32,
-    /// Width.
-    pub w: u32,
-    /// Height.
-    pub h: u32,
-    /// Depth (or layer count).
-    pub d: u32,
+    /// Target, format, bind, size, levels, samples, flags.
+    pub args: virgl::ResourceCreate3d,
 }
 
 /// TRANSFER_TO_HOST_3D and TRANSFER_FROM_HOST_3D (struct virtio_gpu_transfer_host_3d).
@@ -450,16 +417,8 @@ pub struct Transfer3d {
     pub ctx_id: u32,
     /// Resource.
     pub resource_id: u32,
-    /// Region of the resource.
-    pub bbox: Box3d,
-    /// Byte offset in the resource's backing.
-    pub offset: u64,
-    /// Mipmap level.
-    pub level: u32,
-    /// Bytes per row in the backing (0: tightly packed).
-    pub stride: u32,
-    /// Bytes per layer or slice in the backing (0: tightly packed).
-    pub layer_stride: u32,
+    /// Box, offset, level and strides, in the backend's own transfer type.
+    pub transfer: virgl::Transfer,
 }
 
 /// The command stream of a SUBMIT_3D, as 32-bit words (little-endian on the wire).
@@ -732,16 +691,18 @@ fn decode_command(hdr: &CtrlHeader, buf: &[u8]) -> Result<ControlCommand, Protoc
             let mut r = body(hdr, buf, RESOURCE_CREATE_3D_SIZE)?;
             ControlCommand::ResourceCreate3d(ResourceCreate3d {
                 resource_id: r.u32(),
-                target: r.u32(),
-                format: r.u32(),
-                bind: r.u32(),
-                width: r.u32(),
-                height: r.u32(),
-                depth: r.u32(),
-                array_size: r.u32(),
-                last_level: r.u32(),
-                nr_samples: r.u32(),
-                flags: r.u32(),
+                args: virgl::ResourceCreate3d {
+                    target: r.u32(),
+                    format: r.u32(),
+                    bind: r.u32(),
+                    width: r.u32(),
+                    height: r.u32(),
+                    depth: r.u32(),
+                    array_size: r.u32(),
+                    last_level: r.u32(),
+                    nr_samples: r.u32(),
+                    flags: r.u32(),
+                },
             })
         }
         ty::TRANSFER_TO_HOST_3D => ControlCommand::TransferToHost3d(decode_transfer_3d(hdr, buf)?),
@@ -804,7 +765,7 @@ fn decode_ctx_create(hdr: &CtrlHeader, buf: &[u8]) -> Result<ControlCommand, Pro
 /// TRANSFER_TO_HOST_3D and TRANSFER_FROM_HOST_3D share struct virtio_gpu_transfer_host_3d.
 fn decode_transfer_3d(hdr: &CtrlHeader, buf: &[u8]) -> Result<Transfer3d, ProtocolError> {
     let mut r = body(hdr, buf, TRANSFER_HOST_3D_SIZE)?;
-    let bbox = Box3d {
+    let region = virgl::TransferBox {
         x: r.u32(),
         y: r.u32(),
         z: r.u32(),
@@ -812,14 +773,18 @@ fn decode_transfer_3d(hdr: &CtrlHeader, buf: &[u8]) -> Result<Transfer3d, Protoc
         h: r.u32(),
         d: r.u32(),
     };
+    let offset = r.u64();
+    let resource_id = r.u32();
     Ok(Transfer3d {
         ctx_id: hdr.ctx_id,
-        bbox,
-        offset: r.u64(),
-        resource_id: r.u32(),
-        level: r.u32(),
-        stride: r.u32(),
-        layer_stride: r.u32(),
+        resource_id,
+        transfer: virgl::Transfer {
+            region,
+            offset,
+            level: r.u32(),
+            stride: r.u32(),
+            layer_stride: r.u32(),
+        },
     })
 }
 
@@ -1402,18 +1367,20 @@ mod tests {
         let transfer = Transfer3d {
             ctx_id: 7,
             resource_id: 9,
-            bbox: Box3d {
-                x: 1,
-                y: 2,
-                z: 3,
-                w: 4,
-                h: 5,
-                d: 6,
+            transfer: virgl::Transfer {
+                region: virgl::TransferBox {
+                    x: 1,
+                    y: 2,
+                    z: 3,
+                    w: 4,
+                    h: 5,
+                    d: 6,
+                },
+                offset: 0x2_0000_0040,
+                level: 1,
+                stride: 256,
+                layer_stride: 4096,
             },
-            offset: 0x2_0000_0040,
-            level: 1,
-            stride: 256,
-            layer_stride: 4096,
         };
         let transfer_words = [1, 2, 3, 4, 5, 6, 0x40, 2, 9, 1, 256, 4096];
         vec![
@@ -1461,16 +1428,18 @@ mod tests {
                 ),
                 ControlCommand::ResourceCreate3d(ResourceCreate3d {
                     resource_id: 9,
-                    target: 2,
-                    format: 67,
-                    bind: 0x2,
-                    width: 640,
-                    height: 480,
-                    depth: 1,
-                    array_size: 1,
-                    last_level: 0,
-                    nr_samples: 0,
-                    flags: 0x1,
+                    args: virgl::ResourceCreate3d {
+                        target: 2,
+                        format: 67,
+                        bind: 0x2,
+                        width: 640,
+                        height: 480,
+                        depth: 1,
+                        array_size: 1,
+                        last_level: 0,
+                        nr_samples: 0,
+                        flags: 0x1,
+                    },
                 }),
             ),
             (

@@ -11,9 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use log::{debug, warn};
-use mdev_backend::virgl::{
-    self, BackingMemory, CAPSET_VIRGL, CAPSET_VIRGL2, Transfer, TransferBox,
-};
+use mdev_backend::virgl::{BackingMemory, CAPSET_VIRGL, CAPSET_VIRGL2};
 use mdev_backend::{BackendError, GpuBackend};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
@@ -310,30 +308,18 @@ impl ThreeD {
         if self.resources.len() >= MAX_RESOURCES_3D {
             return Err(ThreeDError::Limit("3D resources"));
         }
-        let args = virgl::ResourceCreate3d {
-            target: c.target,
-            format: c.format,
-            bind: c.bind,
-            width: c.width,
-            height: c.height,
-            depth: c.depth,
-            array_size: c.array_size,
-            last_level: c.last_level,
-            nr_samples: c.nr_samples,
-            flags: c.flags,
-        };
-        r.virgl.resource_create(id, &args)?;
+        r.virgl.resource_create(id, &c.args)?;
         self.resources.insert(
             id,
             Size3d {
-                width: c.width,
-                height: c.height,
-                format: c.format,
+                width: c.args.width,
+                height: c.args.height,
+                format: c.args.format,
             },
         );
         debug!(
             "3D resource {id}: {}x{} format {}",
-            c.width, c.height, c.format
+            c.args.width, c.args.height, c.args.format
         );
         Ok(Response::OkNoData)
     }
@@ -379,19 +365,20 @@ impl ThreeD {
         // Level 0 must hold the box (virglrenderer checks in 32-bit arithmetic and poisons the
         // context on failure); deeper levels are smaller and left to virglrenderer.
         let fits = |o: u32, l: u32, limit: u32| o.checked_add(l).is_some_and(|e| e <= limit);
-        let b = t.bbox;
+        let b = t.transfer.region;
         // virglrenderer 0.10 sizes transfers in 32-bit arithmetic: products that would wrap
         // could pass its bounds check, so they are refused here.
         let fits_u32 = |a: u32, b: u32| u64::from(a) * u64::from(b) <= u64::from(u32::MAX);
-        if !(fits_u32(t.stride, b.h) && fits_u32(t.layer_stride, b.d)) {
+        let (stride, layer_stride) = (t.transfer.stride, t.transfer.layer_stride);
+        if !(fits_u32(stride, b.h) && fits_u32(layer_stride, b.d)) {
             return Err(ThreeDError::StridesTooLarge {
-                stride: t.stride,
-                layer_stride: t.layer_stride,
+                stride,
+                layer_stride,
                 h: b.h,
                 d: b.d,
             });
         }
-        if t.level == 0 && !(fits(b.x, b.w, size.width) && fits(b.y, b.h, size.height)) {
+        if t.transfer.level == 0 && !(fits(b.x, b.w, size.width) && fits(b.y, b.h, size.height)) {
             return Err(ThreeDError::BoxOutside {
                 x: b.x,
                 y: b.y,
@@ -401,24 +388,12 @@ impl ThreeD {
                 height: size.height,
             });
         }
-        let transfer = Transfer {
-            level: t.level,
-            stride: t.stride,
-            layer_stride: t.layer_stride,
-            region: TransferBox {
-                x: t.bbox.x,
-                y: t.bbox.y,
-                z: t.bbox.z,
-                w: t.bbox.w,
-                h: t.bbox.h,
-                d: t.bbox.d,
-            },
-            offset: t.offset,
-        };
         if to_host {
-            r.virgl.transfer_write(t.resource_id, t.ctx_id, &transfer)?;
+            r.virgl
+                .transfer_write(t.resource_id, t.ctx_id, &t.transfer)?;
         } else {
-            r.virgl.transfer_read(t.resource_id, t.ctx_id, &transfer)?;
+            r.virgl
+                .transfer_read(t.resource_id, t.ctx_id, &t.transfer)?;
         }
         Ok(Response::OkNoData)
     }
