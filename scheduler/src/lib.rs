@@ -11,6 +11,7 @@
 pub mod core;
 pub mod model;
 pub mod policy;
+pub mod sim;
 
 pub use crate::core::{Account, Cx, Online, SchedError, Scheduler, VgpuState};
 pub use crate::model::{

@@ -4,8 +4,12 @@
 //! scheduler core owns the vGPU table, the per-vGPU queues, the GPU-online list and the
 //! accounting, so a policy can be replaced at run time without losing queued work or history.
 
+pub mod fair;
 pub mod fcfs;
+pub mod pegasus;
 pub mod ready;
+pub mod timegraph;
+pub mod vgris;
 
 use serde::{Deserialize, Serialize};
 
@@ -98,6 +102,15 @@ pub trait Policy: std::fmt::Debug + Send {
 pub enum PolicyConfig {
     /// First come, first served: no scheduling.
     None,
+    /// Disengaged fair queuing (NEON / LoGA).
+    Fair(fair::FairConfig),
+    /// TimeGraph: PRT/HT priorities, PE/AE/Shared reserves, history-based prediction.
+    #[serde(rename = "timegraph")]
+    TimeGraph(timegraph::TimeGraphConfig),
+    /// Pegasus: accelerator credits, CPU-coordinated credits and co-scheduling.
+    Pegasus(pegasus::PegasusConfig),
+    /// VGRIS: SLA-aware pacing, proportional share and the hybrid controller.
+    Vgris(vgris::VgrisConfig),
 }
 
 impl PolicyConfig {
@@ -105,6 +118,10 @@ impl PolicyConfig {
     pub fn build(&self) -> Box<dyn Policy> {
         match self {
             PolicyConfig::None => Box::new(fcfs::Fcfs::default()),
+            PolicyConfig::Fair(c) => Box::new(fair::Fair::new(c.clone())),
+            PolicyConfig::TimeGraph(c) => Box::new(timegraph::TimeGraph::new(c)),
+            PolicyConfig::Pegasus(c) => Box::new(pegasus::Pegasus::new(c)),
+            PolicyConfig::Vgris(c) => Box::new(vgris::Vgris::new(c)),
         }
     }
 }
