@@ -9,7 +9,7 @@
 use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use vgpu_scheduler::model::NS_PER_US;
+use vgpu_scheduler::model::{Enforcement, NS_PER_MS, NS_PER_US, Reserve};
 use vgpu_scheduler::{
     CommandGroup, Decision, Event, GroupKind, PolicyConfig, Scheduler, Time, VgpuId, VgpuParams,
 };
@@ -20,7 +20,23 @@ const COST: Time = 500 * NS_PER_US;
 const BACKLOG: u64 = 2;
 
 /// The policies measured, as the scenario files write them.
-const POLICIES: &[(&str, &str)] = &[("none", "policy = \"none\"")];
+const POLICIES: &[(&str, &str)] = &[
+    ("none", "policy = \"none\""),
+    ("timegraph-prt", "policy = \"timegraph\"\nsched = \"prt\""),
+    ("timegraph-ht", "policy = \"timegraph\"\nsched = \"ht\""),
+    ("pegasus-accc", "policy = \"pegasus\"\nmode = \"accc\""),
+    (
+        "pegasus-cosched",
+        "policy = \"pegasus\"\nmode = \"cosched\"",
+    ),
+    ("vgris-sla", "policy = \"vgris\"\nmode = \"sla\""),
+    ("vgris-share", "policy = \"vgris\"\nmode = \"share\""),
+    ("fair-exact", "policy = \"fair\""),
+    (
+        "fair-sampling",
+        "policy = \"fair\"\naccounting = \"sampling\"",
+    ),
+];
 
 struct Bench {
     sched: Scheduler,
@@ -29,8 +45,22 @@ struct Bench {
     out: Vec<Decision>,
 }
 
-fn params(i: usize) -> VgpuParams {
+/// Parameters of vGPU `i` of `n`: mixed priorities and weights, and every other vGPU holds a
+/// TimeGraph reserve (PE or AE) so that budgets, replenishment and prediction are exercised.
+fn params(i: usize, n: usize) -> VgpuParams {
+    let period = 100 * NS_PER_MS;
+    let reserve = |enforcement| Reserve {
+        c: period / (2 * n as u64),
+        t: period,
+        enforcement,
+        shared: None,
+    };
     VgpuParams {
+        reserve: match i % 4 {
+            0 => Some(reserve(Enforcement::Pe)),
+            2 => Some(reserve(Enforcement::Ae)),
+            _ => None,
+        },
         name: format!("vm{i}"),
         priority: (i % 8) as u32,
         weight: 128 << (i % 4),
@@ -46,7 +76,9 @@ impl Bench {
         let mut out = Vec::new();
         let mut next_id = 0;
         for i in 0..vgpus {
-            let v = sched.add_vgpu(0, params(i), &mut out).expect("add vGPU");
+            let v = sched
+                .add_vgpu(0, params(i, vgpus), &mut out)
+                .expect("add vGPU");
             for _ in 0..BACKLOG {
                 let g = CommandGroup::new(next_id, v, GroupKind::Load, 1);
                 next_id += 1;
