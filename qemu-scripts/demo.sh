@@ -9,7 +9,7 @@ STEPS=6
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 step "build (release)"
-cargo build --release --locked -p vgpu-server -p vgpu-tests --bins
+cargo build --release --locked -p vgpu-server -p vgpu-tests -p vgpu-sim --bins
 
 step "vgpu-server + a QEMU client"
 run=$(mktemp -d "${TMPDIR:-/tmp}/vgpu-demo.XXXXXX")
@@ -46,3 +46,7 @@ echo "the guest's screen, as the vGPU scanned it out: $out/scanout0.png"
 
 step "doorbell benchmark (quick)"
 cargo bench --locked -p vgpu-tests --bench doorbell -- --quick 2>/dev/null | grep -v '^\[' 
+
+step "scheduling policies in the simulator (the papers' experiments)"
+target/release/vgpu-sim --all scheduler/scenarios --out "$out/sim"
+echo "tables, JSON, CSV and SVG plots of every experiment: $out/sim/ (docs/SCHEDULING.md explains them)"
