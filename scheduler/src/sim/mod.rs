@@ -104,6 +104,9 @@ fn validate(sc: &Scenario) -> Result<(), SimError> {
     if sc.context_switch_us > MAX_STEP_US {
         return Err(invalid("context_switch_us".into(), "at most 10 s"));
     }
+    if sc.grant_latency_us > MAX_STEP_US {
+        return Err(invalid("grant_latency_us".into(), "at most 10 s"));
+    }
     if sc
         .frame_bound_ms
         .is_some_and(|b| !(b.is_finite() && b > 0.0))
@@ -264,6 +267,12 @@ fn check_run_names(sc: &Scenario, run: &RunSpec) -> Result<(), SimError> {
     if run.context_switch_us.is_some_and(|c| c > MAX_STEP_US) {
         return Err(invalid(
             format!("run.{}.context_switch_us", run.label),
+            "at most 10 s",
+        ));
+    }
+    if run.grant_latency_us.is_some_and(|g| g > MAX_STEP_US) {
+        return Err(invalid(
+            format!("run.{}.grant_latency_us", run.label),
             "at most 10 s",
         ));
     }

@@ -47,6 +47,11 @@ pub struct Scenario {
     /// GPU time added when the engine switches to another (vGPU, context).
     #[serde(default)]
     pub context_switch_us: u64,
+    /// Round trip of an engaged grant: a group the scheduler dispatches from its queue (not
+    /// under a lease) reaches the engine this long after the decision. 0 models a device
+    /// that does not ask the scheduler at all (scheduling off).
+    #[serde(default)]
+    pub grant_latency_us: u64,
     /// Host CPU cores shared by the VMs' vCPUs.
     #[serde(default = "one")]
     pub cpus: u32,
@@ -212,6 +217,9 @@ pub struct RunSpec {
     /// Overrides the scenario's `context_switch_us`.
     #[serde(default)]
     pub context_switch_us: Option<u64>,
+    /// Overrides the scenario's `grant_latency_us`.
+    #[serde(default)]
+    pub grant_latency_us: Option<u64>,
 }
 
 /// The vGPU parameters a run may change; absent fields keep the VM's value.

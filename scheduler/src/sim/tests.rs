@@ -34,6 +34,7 @@ fn fcfs(label: &str) -> RunSpec {
         cpu_writeback: None,
         capacity: None,
         context_switch_us: None,
+        grant_latency_us: None,
     }
 }
 
@@ -45,6 +46,7 @@ fn scenario(duration_ms: u64, vms: Vec<VmSpec>) -> Scenario {
         seed: 7,
         capacity: 1,
         context_switch_us: 0,
+        grant_latency_us: 0,
         cpus: 1,
         cpu_quantum_us: 1_000,
         cpu_writeback: false,
@@ -323,4 +325,45 @@ fn bad_scenarios_are_refused_with_the_field() {
         present_us: 0,
     };
     assert!(run(&sc).is_err());
+}
+
+#[test]
+fn grant_latency_delays_engaged_dispatches() {
+    // Back-to-back 1 ms kernels, one group at a time: each waits for its grant on an idle GPU.
+    let shape = Shape::Throttle {
+        kernel_us: 1_000,
+        sleep_us: 0,
+    };
+    let mut sc = scenario(1_000, vec![vm("t", shape)]);
+    sc.grant_latency_us = 100;
+    let mut off = fcfs("off");
+    off.grant_latency_us = Some(0);
+    sc.run.push(off);
+    let reports = run(&sc).unwrap();
+    let (with, without) = (&reports[0].vms[0], &reports[1].vms[0]);
+    assert!(
+        (with.gpu_util - 1.0 / 1.1).abs() < 0.002,
+        "{}",
+        with.gpu_util
+    );
+    let p50 = with.latency_p50_us;
+    assert!((p50 - 1_100.0).abs() < 1_100.0 * 0.02, "{p50}");
+    assert!(
+        without.latency_p50_us < 1_050.0,
+        "{}",
+        without.latency_p50_us
+    );
+    assert!(without.gpu_util > 0.999, "{}", without.gpu_util);
+    // With two groups online the next grant travels while the current group runs.
+    let mut sc = scenario(1_000, vec![vm("b", bomb(1_000))]);
+    sc.grant_latency_us = 100;
+    sc.capacity = 2;
+    let r = one_run(&sc);
+    assert!(r.gpu_busy_pct > 99.0, "{}", r.gpu_busy_pct);
+    // Out-of-range latencies are refused, at the top level and per run.
+    sc.grant_latency_us = MAX_STEP_US + 1;
+    assert!(matches!(run(&sc), Err(SimError::Invalid { .. })));
+    sc.grant_latency_us = 0;
+    sc.run[0].grant_latency_us = Some(MAX_STEP_US + 1);
+    assert!(matches!(run(&sc), Err(SimError::Invalid { .. })));
 }

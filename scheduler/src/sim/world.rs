@@ -36,6 +36,8 @@ enum Ev {
     CpuTick,
     /// Tell the scheduler the VM's CPU state.
     Hint(usize),
+    /// The oldest grant on its way reaches the engine.
+    Granted,
     /// A scheduler deadline.
     Timer,
     /// End of a time-series interval.
@@ -132,6 +134,11 @@ pub(crate) struct World {
     end: Time,
     sched: Scheduler,
     engine: Engine,
+    /// Round trip of an engaged grant (see `Scenario::grant_latency_us`).
+    grant_latency: Nanos,
+    /// Engaged dispatches on their way to the engine, oldest first. All take the same
+    /// `grant_latency`, so they arrive in this order.
+    granting: VecDeque<Job>,
     cpu: Cpu,
     writeback: bool,
     quantum: Nanos,
@@ -156,6 +163,10 @@ impl World {
     pub(crate) fn new(sc: &Scenario, run: &RunSpec) -> Result<Self, SimError> {
         let capacity = run.capacity.unwrap_or(sc.capacity);
         let switch = run.context_switch_us.unwrap_or(sc.context_switch_us);
+        let grant_latency = run
+            .grant_latency_us
+            .unwrap_or(sc.grant_latency_us)
+            .saturating_mul(NS_PER_US);
         let mut sched = Scheduler::new(run.policy.build(), capacity);
         let mut vms = Vec::new();
         let mut cpu_specs = Vec::new();
@@ -261,6 +272,8 @@ impl World {
             end,
             sched,
             engine: Engine::new(switch.saturating_mul(NS_PER_US)),
+            grant_latency,
+            granting: VecDeque::new(),
             cpu: Cpu::new(sc.cpus, &cpu_specs),
             writeback: run.cpu_writeback.unwrap_or(sc.cpu_writeback),
             quantum: sc.cpu_quantum_us.saturating_mul(NS_PER_US),
@@ -339,6 +352,12 @@ impl World {
                 self.kick(now);
             }
             Ev::Wake(vm) => self.wake(now, vm)?,
+            Ev::Granted => {
+                if let Some(job) = self.granting.pop_front() {
+                    self.engine.push(job);
+                    self.kick(now);
+                }
+            }
             Ev::Present(vm) => {
                 let us = match self.vms[vm].shape {
                     Shape::Frames { present_us, .. } => present_us,
@@ -441,15 +460,22 @@ impl World {
                     _ => q.iter().position(|p| p.id == group.0),
                 };
                 if let Some(p) = pos.and_then(|i| q.remove(i)) {
-                    self.engine.push(Job {
+                    let job = Job {
                         vm,
                         vgpu,
                         group,
                         context: self.vms[vm].context,
                         cost: p.cost,
                         submitted: p.submitted,
-                    });
-                    self.kick(now);
+                    };
+                    // A leased group needs no grant: the device runs it at once.
+                    if leased || self.grant_latency == 0 {
+                        self.engine.push(job);
+                        self.kick(now);
+                    } else {
+                        self.granting.push_back(job);
+                        self.push(now.saturating_add(self.grant_latency), Ev::Granted);
+                    }
                 }
             }
             Decision::Present { vgpu, at } => {
