@@ -488,8 +488,9 @@ impl Scheduler {
         match event {
             Event::Submitted(g) => self.submitted(g, out),
             Event::Dispatched(g) => {
+                // The device already dispatched it: accounted, but no decision to send back.
                 let v = g.vgpu;
-                self.put_online(g, now, true, out);
+                self.put_online(g, now, true);
                 self.policy
                     .dispatched(&mut Self::cx(&mut self.st, out), v, true);
             }
@@ -566,7 +567,12 @@ impl Scheduler {
         s.account.submitted += 1;
         let leased = s.lease.is_some() && !s.suspended && s.queue.is_empty();
         if leased {
-            self.put_online(g, now, true, out);
+            out.push(Decision::Dispatch {
+                vgpu: v,
+                group: g.id,
+                leased: true,
+            });
+            self.put_online(g, now, true);
             self.policy
                 .dispatched(&mut Self::cx(&mut self.st, out), v, true);
             return;
@@ -581,25 +587,14 @@ impl Scheduler {
         self.policy.submitted(&mut Self::cx(&mut self.st, out), v);
     }
 
-    /// Puts a group on the GPU-online list and emits its dispatch decision.
-    fn put_online(
-        &mut self,
-        g: CommandGroup,
-        submitted: Time,
-        leased: bool,
-        out: &mut Vec<Decision>,
-    ) {
+    /// Puts a group on the GPU-online list.
+    fn put_online(&mut self, g: CommandGroup, submitted: Time, leased: bool) {
         let now = self.st.now;
         if let Some(s) = self.st.get_mut(g.vgpu) {
             s.live.insert(g.id);
             s.in_flight += 1;
             s.account.dispatched += 1;
         }
-        out.push(Decision::Dispatch {
-            vgpu: g.vgpu,
-            group: g.id,
-            leased,
-        });
         self.st.online.push(Online {
             group: g,
             submitted,
@@ -675,7 +670,12 @@ impl Scheduler {
                 break;
             }
             let Some(q) = s.queue.pop_front() else { break };
-            self.put_online(q.group, q.submitted, false, out);
+            out.push(Decision::Dispatch {
+                vgpu: v,
+                group: q.group.id,
+                leased: false,
+            });
+            self.put_online(q.group, q.submitted, false);
             self.policy
                 .dispatched(&mut Self::cx(&mut self.st, out), v, false);
         }
@@ -932,6 +932,20 @@ mod tests {
         s.handle(100, Event::Timer, &mut out).unwrap();
         assert_eq!(out.last(), Some(&Decision::Revoke { vgpu: a }));
         assert_eq!(s.next_deadline(), None);
+    }
+
+    #[test]
+    fn device_reported_dispatches_are_accounted_without_a_decision() {
+        let (mut s, v) = sched(1, 1);
+        let mut out = Vec::new();
+        let g = CommandGroup::new(1, v[0], GroupKind::Load, 1);
+        s.handle(5, Event::Dispatched(g), &mut out).unwrap();
+        assert!(out.is_empty());
+        assert_eq!(s.online().len(), 1);
+        assert!(s.online()[0].leased);
+        assert_eq!(s.vgpu(v[0]).unwrap().account().dispatched, 1);
+        assert!(complete(&mut s, 9, v[0], 1, 5).is_empty());
+        assert_eq!(s.vgpu(v[0]).unwrap().account().gpu_time, 4);
     }
 
     #[test]
