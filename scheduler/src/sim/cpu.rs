@@ -2,7 +2,7 @@
 //! weights, CFS-like. Every quantum the runnable VMs with the least weighted CPU time
 //! (virtual runtime) get the cores, up to their vCPU count each; a VM that becomes runnable
 //! between quanta takes a core that is idle. A VM is runnable while its workload is in a CPU
-//! phase; the phase progresses only while the VM holds cores.
+//! phase or spins waiting for the GPU; a phase progresses only while the VM holds cores.
 
 use crate::model::{CpuHint, Nanos, Time};
 
@@ -121,16 +121,50 @@ impl Cpu {
             .saturating_add(u128::from(used) * NICE0_WEIGHT / u128::from(v.weight));
     }
 
-    /// The VM starts a CPU phase of `work`; it takes idle cores at once.
+    /// The VM starts a CPU phase of `work`; it takes idle cores at once. A VM that is still
+    /// runnable (it spun while it waited) keeps its cores and its virtual runtime.
     pub(crate) fn start_phase(&mut self, vm: usize, work: Nanos, now: Time) {
         let floor = self.min_vruntime(vm);
+        let Some(runnable) = self.vms.get(vm).map(|v| v.runnable) else {
+            return;
+        };
+        if runnable {
+            self.settle(vm, now);
+        }
         let Some(v) = self.vms.get_mut(vm) else {
             return;
         };
-        v.runnable = true;
         v.remaining = work;
-        // A VM that slept does not bank CPU time (CFS places wakers at the minimum).
-        v.vruntime = v.vruntime.max(floor);
+        if runnable {
+            // The old phase's completion event is stale now.
+            v.epoch = v.epoch.wrapping_add(1);
+        } else {
+            v.runnable = true;
+            // A VM that slept does not bank CPU time (CFS places wakers at the minimum).
+            v.vruntime = v.vruntime.max(floor);
+        }
+        self.fill(now);
+    }
+
+    /// The VM spins until [`Cpu::stop`] or the next [`Cpu::start_phase`]: runnable, using
+    /// the cores it gets, with no end of its own.
+    pub(crate) fn spin(&mut self, vm: usize, now: Time) {
+        self.start_phase(vm, Nanos::MAX, now);
+    }
+
+    /// The VM stops being runnable: it releases its cores and idle cores go to waiting VMs.
+    pub(crate) fn stop(&mut self, vm: usize, now: Time) {
+        if self.vms.get(vm).is_none_or(|v| !v.runnable) {
+            return;
+        }
+        self.settle(vm, now);
+        let Some(v) = self.vms.get_mut(vm) else {
+            return;
+        };
+        v.runnable = false;
+        self.free = self.free.saturating_add(v.cores).min(self.cores);
+        v.cores = 0;
+        v.epoch = v.epoch.wrapping_add(1);
         self.fill(now);
     }
 
@@ -143,9 +177,10 @@ impl Cpu {
         others.map(|(_, v)| v.vruntime).min().unwrap_or(0)
     }
 
-    /// The VM's CPU phase ended (its completion event fired): it releases its cores and
-    /// idle cores go to waiting VMs. Returns false for a stale event.
-    pub(crate) fn phase_done(&mut self, vm: usize, epoch: u64, now: Time) -> bool {
+    /// Whether the VM's CPU phase has ended (its completion event fired and is not stale).
+    /// The VM stays runnable and keeps its cores: the caller stops it or starts its next
+    /// phase (a spinning wait).
+    pub(crate) fn phase_ended(&mut self, vm: usize, epoch: u64, now: Time) -> bool {
         if self
             .vms
             .get(vm)
@@ -154,18 +189,7 @@ impl Cpu {
             return false;
         }
         self.settle(vm, now);
-        let Some(v) = self.vms.get_mut(vm) else {
-            return false;
-        };
-        if v.remaining > 0 {
-            return false;
-        }
-        v.runnable = false;
-        self.free = self.free.saturating_add(v.cores).min(self.cores);
-        v.cores = 0;
-        v.epoch = v.epoch.wrapping_add(1);
-        self.fill(now);
-        true
+        self.vms.get(vm).is_some_and(|v| v.remaining == 0)
     }
 
     /// A quantum boundary: all cores are handed out afresh by virtual runtime.
@@ -282,11 +306,42 @@ mod tests {
         let mut ends = Vec::new();
         cpu.endings(0, 1_000_000, &mut ends);
         assert_eq!(ends, vec![(0, ends[0].1, 300_000)]);
-        assert!(!cpu.phase_done(0, ends[0].1.wrapping_add(1), 300_000));
-        assert!(cpu.phase_done(0, ends[0].1, 300_000));
+        assert!(!cpu.phase_ended(0, ends[0].1.wrapping_add(1), 300_000));
+        assert!(cpu.phase_ended(0, ends[0].1, 300_000));
+        cpu.stop(0, 300_000);
         assert!(cpu.hint(1, 300_000).running);
         cpu.endings(300_000, 1_000_000, &mut ends);
         assert_eq!(ends[0].2, 600_000);
         assert_eq!(cpu.usage(0, 900_000), 300_000);
+    }
+
+    #[test]
+    fn a_spinning_vm_keeps_its_core_and_stays_runnable_until_stopped() {
+        let mut cpu = Cpu::new(1, &[(1, 100), (1, 100)]);
+        cpu.start_phase(0, 300_000, 0);
+        let mut ends = Vec::new();
+        cpu.endings(0, 1_000_000, &mut ends);
+        assert!(cpu.phase_ended(0, ends[0].1, 300_000));
+        // It spins: the other VM, waking now, finds no idle core.
+        cpu.spin(0, 300_000);
+        cpu.start_phase(1, 300_000, 400_000);
+        let h = cpu.hint(0, 400_000);
+        assert!(h.running && h.runnable && h.usage == 400_000);
+        assert!(!cpu.hint(1, 400_000).running && cpu.hint(1, 400_000).runnable);
+        // A spin never ends by itself.
+        cpu.endings(400_000, 1_000_000_000_000, &mut ends);
+        assert!(ends.is_empty());
+        // Its next phase starts on the core it holds.
+        cpu.start_phase(0, 100_000, 500_000);
+        cpu.endings(500_000, 1_000_000, &mut ends);
+        assert_eq!(
+            ends.iter().map(|e| (e.0, e.2)).collect::<Vec<_>>(),
+            [(0, 600_000)]
+        );
+        // Stopped, it frees the core for the waiting VM.
+        cpu.stop(0, 550_000);
+        assert!(!cpu.hint(0, 550_000).runnable);
+        assert!(cpu.hint(1, 550_000).running);
+        assert_eq!(cpu.usage(0, 900_000), 550_000);
     }
 }

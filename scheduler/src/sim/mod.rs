@@ -14,7 +14,7 @@ mod scenario;
 mod world;
 
 pub use report::{DecisionCounts, RunReport, Series, VmReport, VmSeries};
-pub use scenario::{CpuSpec, ParamsOverride, RunSpec, Scenario, Shape, VmSpec, Workload};
+pub use scenario::{CpuSpec, ParamsOverride, RunSpec, Scenario, Shape, VmSpec, Wait, Workload};
 
 use crate::core::SchedError;
 use crate::model::Time;
@@ -209,7 +209,9 @@ fn validate_vm(vm: &VmSpec) -> Result<(), SimError> {
             }
             &[("kernel_us", *kernel_us), ("sleep_us", *sleep_us)]
         }
-        Shape::Coupled { cpu_us, cost_us } => {
+        Shape::Coupled {
+            cpu_us, cost_us, ..
+        } => {
             if *cpu_us == 0 && *cost_us == 0 {
                 return Err(invalid(field("workload"), "cpu_us + cost_us must be > 0"));
             }
@@ -274,6 +276,12 @@ fn check_run_names(sc: &Scenario, run: &RunSpec) -> Result<(), SimError> {
         return Err(invalid(
             format!("run.{}.grant_latency_us", run.label),
             "at most 10 s",
+        ));
+    }
+    if run.cpus.is_some_and(|c| !(1..=MAX_CPUS).contains(&c)) {
+        return Err(invalid(
+            format!("run.{}.cpus", run.label),
+            "must be 1..=1024",
         ));
     }
     Ok(())

@@ -185,7 +185,22 @@ pub enum Shape {
         cpu_us: u64,
         /// GPU cost per iteration.
         cost_us: u64,
+        /// How the guest waits for its GPU call.
+        #[serde(default)]
+        wait: Wait,
     },
+}
+
+/// How a guest waits for a blocking GPU call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Wait {
+    /// It sleeps: its vCPU is not runnable until the call returns.
+    #[default]
+    Block,
+    /// It polls (CUDA's default spin-wait): its vCPU stays runnable, uses CPU time and
+    /// competes for the host cores until the call returns.
+    Spin,
 }
 
 /// One run: the policy and the per-run changes to the scenario's VMs.
@@ -220,6 +235,12 @@ pub struct RunSpec {
     /// Overrides the scenario's `grant_latency_us`.
     #[serde(default)]
     pub grant_latency_us: Option<u64>,
+    /// Overrides the scenario's `cpus`.
+    #[serde(default)]
+    pub cpus: Option<u32>,
+    /// Overrides how every `coupled` workload waits for its GPU calls.
+    #[serde(default)]
+    pub wait: Option<Wait>,
 }
 
 /// The vGPU parameters a run may change; absent fields keep the VM's value.

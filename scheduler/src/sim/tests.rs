@@ -35,6 +35,8 @@ fn fcfs(label: &str) -> RunSpec {
         capacity: None,
         context_switch_us: None,
         grant_latency_us: None,
+        cpus: None,
+        wait: None,
     }
 }
 
@@ -196,6 +198,7 @@ fn cpu_weights_share_the_host_among_coupled_vms() {
     let coupled = Shape::Coupled {
         cpu_us: 20_000,
         cost_us: 10,
+        wait: Wait::Block,
     };
     let mut a = vm("a", coupled.clone());
     a.cpu.weight = 100;
@@ -210,12 +213,76 @@ fn cpu_weights_share_the_host_among_coupled_vms() {
     sc.cpus = 2;
     let r = one_run(&sc);
     assert!((r.vms[0].cpu_time_ns as f64 / r.vms[1].cpu_time_ns as f64 - 1.0).abs() < 0.01);
-    // A run may change the weights.
+    // So they do with a run that overrides the core count.
     sc.cpus = 1;
+    sc.run[0].cpus = Some(2);
+    let r = one_run(&sc);
+    assert!((r.vms[0].cpu_time_ns as f64 / r.vms[1].cpu_time_ns as f64 - 1.0).abs() < 0.01);
+    // A run may change the weights.
+    sc.run[0].cpus = None;
     sc.run[0].cpu_weight.insert("a".into(), 300);
     let r = one_run(&sc);
     let ratio = r.vms[1].cpu_time_ns as f64 / r.vms[0].cpu_time_ns as f64;
     assert!((ratio - 1.0).abs() < 0.05, "{ratio}");
+}
+
+fn coupled(cpu_us: u64, cost_us: u64, wait: Wait) -> Shape {
+    Shape::Coupled {
+        cpu_us,
+        cost_us,
+        wait,
+    }
+}
+
+#[test]
+fn a_spinning_coupled_loop_uses_the_cpu_while_it_waits_for_the_gpu() {
+    // 1 ms of CPU, then a 3 ms GPU call: blocking, the vCPU is busy a quarter of the time;
+    // spinning, all the time. The loop runs at the same 250 iterations/s either way.
+    let ms = 1_000_000.0;
+    for (wait, want_ms) in [(Wait::Block, 250.0), (Wait::Spin, 1_000.0)] {
+        let r = one_run(&scenario(1_000, vec![vm("a", coupled(1_000, 3_000, wait))]));
+        let cpu_ms = r.vms[0].cpu_time_ns as f64 / ms;
+        assert!((cpu_ms - want_ms).abs() <= 5.0, "{wait:?}: {cpu_ms} ms");
+        assert!((r.vms[0].work_per_sec - 250.0).abs() <= 1.0, "{wait:?}");
+    }
+    // A run may switch the wait.
+    let mut sc = scenario(1_000, vec![vm("a", coupled(1_000, 3_000, Wait::Block))]);
+    sc.run[0].wait = Some(Wait::Spin);
+    let cpu_ms = one_run(&sc).vms[0].cpu_time_ns as f64 / ms;
+    assert!((cpu_ms - 1_000.0).abs() <= 5.0, "{cpu_ms} ms");
+    // It stops polling when the workload stops.
+    let mut a = vm("a", coupled(1_000, 3_000, Wait::Spin));
+    a.workload.stop_ms = Some(500);
+    let r = one_run(&scenario(1_000, vec![a]));
+    let cpu_ms = r.vms[0].cpu_time_ns as f64 / ms;
+    assert!((cpu_ms - 500.0).abs() <= 5.0, "{cpu_ms} ms");
+}
+
+#[test]
+fn a_spinning_vm_takes_the_core_from_a_cpu_bound_neighbour() {
+    // A CPU-bound loop (20 ms of CPU per 10 µs GPU call) beside a loop that mostly waits
+    // for 5 ms GPU calls: a sleeping waiter leaves it most of the core (it loses only the time
+    // its short calls queue behind the long ones on the GPU), a spinning one takes half of it
+    // (equal CPU weights) and slows it down accordingly.
+    let mut got = Vec::new();
+    for wait in [Wait::Block, Wait::Spin] {
+        let sc = scenario(
+            2_000,
+            vec![
+                vm("cpu", coupled(20_000, 10, Wait::Block)),
+                vm("gpu", coupled(100, 5_000, wait)),
+            ],
+        );
+        let r = one_run(&sc);
+        let share = r.vms[0].cpu_time_ns as f64 / 2e9;
+        got.push((share, r.vms[0].work_per_sec, r.vms[1].work_per_sec));
+    }
+    let (block, spin) = (got[0], got[1]);
+    assert!(block.0 > 0.8, "{block:?}");
+    assert!((spin.0 - 0.5).abs() < 0.03, "{spin:?}");
+    assert!(spin.1 < 0.6 * block.1, "{block:?} {spin:?}");
+    // The waiter's own loop runs at about the same rate either way.
+    assert!(spin.2 > 0.8 * block.2, "{block:?} {spin:?}");
 }
 
 #[test]

@@ -9,7 +9,7 @@ use rand_chacha::ChaCha8Rng;
 use super::cpu::Cpu;
 use super::engine::{Engine, Job};
 use super::report::{DecisionCounts, Histogram, RunReport, Series, VmReport, VmSeries};
-use super::scenario::{RunSpec, Scenario, Shape};
+use super::scenario::{RunSpec, Scenario, Shape, Wait};
 use super::{MAX_EVENTS_PER_INSTANT, MAX_SAMPLES, SimError};
 use crate::core::Scheduler;
 use crate::model::{
@@ -115,6 +115,17 @@ impl Vm {
             Shape::Throttle { .. } => "throttle",
             Shape::Coupled { .. } => "coupled",
         }
+    }
+
+    /// Whether the VM polls (stays runnable) while it waits for its GPU call.
+    fn spins(&self) -> bool {
+        matches!(
+            self.shape,
+            Shape::Coupled {
+                wait: Wait::Spin,
+                ..
+            }
+        )
     }
 
     /// `us` microseconds varied by the jitter.
@@ -230,10 +241,14 @@ impl World {
                 let mut rng = ChaCha8Rng::seed_from_u64(sc.seed);
                 rng.set_stream(index as u64);
                 let w = &spec.workload;
+                let mut shape = w.shape.clone();
+                if let (Shape::Coupled { wait, .. }, Some(w)) = (&mut shape, run.wait) {
+                    *wait = w;
+                }
                 vms.push(Vm {
                     name,
                     vgpu,
-                    shape: w.shape.clone(),
+                    shape,
                     context: spec.context,
                     start: w.start_ms.saturating_mul(NS_PER_MS),
                     stop: w.stop_ms.map_or(Time::MAX, |s| s.saturating_mul(NS_PER_MS)),
@@ -274,7 +289,7 @@ impl World {
             engine: Engine::new(switch.saturating_mul(NS_PER_US)),
             grant_latency,
             granting: VecDeque::new(),
-            cpu: Cpu::new(sc.cpus, &cpu_specs),
+            cpu: Cpu::new(run.cpus.unwrap_or(sc.cpus), &cpu_specs),
             writeback: run.cpu_writeback.unwrap_or(sc.cpu_writeback),
             quantum: sc.cpu_quantum_us.saturating_mul(NS_PER_US),
             interval,
@@ -369,8 +384,7 @@ impl World {
                 }
             }
             Ev::CpuDone(vm, epoch) => {
-                if self.cpu.phase_done(vm, epoch, now) {
-                    self.cpu_changed(now);
+                if self.cpu.phase_ended(vm, epoch, now) {
                     self.cpu_phase_over(now, vm)?;
                 }
             }
@@ -635,8 +649,17 @@ impl World {
         Ok(())
     }
 
+    /// The VM's CPU phase is over: it submits its GPU work and sleeps or (a spinning coupled
+    /// loop) keeps its vCPU busy polling.
     fn cpu_phase_over(&mut self, now: Time, vm: usize) -> Result<(), SimError> {
-        if !self.vms[vm].active(now) {
+        let active = self.vms[vm].active(now);
+        if active && self.vms[vm].spins() {
+            self.cpu.spin(vm, now);
+        } else {
+            self.cpu.stop(vm, now);
+        }
+        self.cpu_changed(now);
+        if !active {
             self.vms[vm].phase = Phase::Idle;
             return Ok(());
         }
@@ -721,6 +744,9 @@ impl World {
                     self.cpu_phase(now, vm, cpu_us)?;
                 } else {
                     v.phase = Phase::Idle;
+                    // A spinning loop stops polling.
+                    self.cpu.stop(vm, now);
+                    self.cpu_changed(now);
                 }
             }
         }
