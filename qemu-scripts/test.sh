@@ -19,7 +19,7 @@ step "tests (unit, qtest integration, guest end-to-end)"
 log=$(mktemp "${TMPDIR:-/tmp}/vgpu-test.XXXXXX")
 trap 'rm -f "$log"' EXIT
 status=0
-VGPU_REQUIRE_QEMU=1 VGPU_REQUIRE_VIRGL=1 VGPU_REQUIRE_GUEST=1 VGPU_GUEST_GL=1 cargo test --workspace --locked 2>&1 | tee "$log" || status=$?
+VGPU_REQUIRE_QEMU=1 VGPU_REQUIRE_VIRGL=1 VGPU_REQUIRE_GUEST=1 VGPU_REQUIRE_CGROUP=1 VGPU_GUEST_GL=1 cargo test --workspace --locked 2>&1 | tee "$log" || status=$?
 # One closing line over all test binaries (cargo prints one "test result" per binary).
 awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "\ntests: %d passed, %d failed, %d skipped\n", p, f, i }' "$log"
 exit "$status"

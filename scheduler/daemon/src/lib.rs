@@ -2,4 +2,5 @@
 //! a command group (DESIGN §2), the wire protocol between them, and the host CPU coordination
 //! through cgroups.
 
+pub mod cgroup;
 pub mod proto;
