@@ -8,7 +8,10 @@
 //!   flush before the sleep, which keeps the present cost small and predictable).
 //! - Proportional share: TimeGraph's Posterior Enforcement with period `t` and budget `s_i * t`,
 //!   `e_i = min(t s_i, e_i + t s_i)` every period; a vGPU dispatches only while `e_i > 0` and is
-//!   debited by the actual GPU time of its groups.
+//!   debited by the actual GPU time of its groups. Replenishment is lazy: a vGPU's budget is
+//!   brought up to date from the number of period boundaries passed whenever it is touched, and
+//!   only a vGPU with queued work and no budget waits for a timer (at the boundary that makes its
+//!   budget positive), so no event costs O(n) however many vGPUs share the GPU.
 //! - Hybrid: a controller every interval switches to SLA-aware when some VM's FPS stayed below
 //!   `fps_thres` for `time`, and back to proportional share with `s_i = u_i + (1 - Σu)/n` when
 //!   the total GPU usage stayed below `gpu_thres` for `time`.
@@ -148,8 +151,13 @@ struct Slot {
     share: f64,
     /// Budget per period `t * s_i`, at least 1 ns.
     cap: i64,
-    /// Budget left `e_i`; negative after an overrun.
+    /// Budget left `e_i` after the first `applied` period boundaries; negative after an overrun.
     budget: i64,
+    /// Share-period boundaries (at `0, t, 2t, ...`) already applied to `budget`.
+    applied: u64,
+    /// The vGPU had a group on the GPU at its last update: the boundaries since then refill it
+    /// without the cap (see [`Vgris::settle`]).
+    running: bool,
     /// The last present costs, oldest first.
     costs: VecDeque<Nanos>,
     /// Their sum.
@@ -178,12 +186,14 @@ struct Slot {
 }
 
 impl Slot {
-    fn new(now: Time, gpu_time: Nanos) -> Self {
+    fn new(now: Time, gpu_time: Nanos, applied: u64, running: bool) -> Self {
         Slot {
             share: 0.0,
             cap: 1,
             // Cut to the cap by the first rebalance: a newcomer starts with a full budget.
             budget: i64::MAX,
+            applied,
+            running,
             costs: VecDeque::new(),
             cost_sum: 0,
             frame_start: None,
@@ -231,10 +241,11 @@ pub struct Vgris {
     slots: Vec<Option<Slot>>,
     /// vGPUs with queued work that may dispatch now, keyed by [`Vgris::key`].
     ready: ReadySet<(bool, u64)>,
-    /// The next share-period boundary (multiples of the period).
-    next_refill: Time,
-    /// Some budget is below its cap, so the next boundary has work to do.
-    refill_pending: bool,
+    /// Proportional share: vGPUs with queued work and no budget, keyed by the period boundary
+    /// at which their budget turns positive.
+    waiting: ReadySet<Time>,
+    /// The latest time seen: budgets are evaluated at it.
+    now: Time,
     /// When the hybrid controller last looked (None before the first callback).
     control_at: Option<Time>,
     /// When the hybrid controller looks next.
@@ -259,8 +270,8 @@ impl Vgris {
             weighted: true,
             slots: Vec::new(),
             ready: ReadySet::default(),
-            next_refill: 0,
-            refill_pending: false,
+            waiting: ReadySet::default(),
+            now: 0,
             control_at: None,
             next_control: 0,
             low_gpu: 0,
@@ -300,21 +311,99 @@ impl Vgris {
         (!flushed, seq)
     }
 
-    /// Puts `v` in the ready set if it has queued work and may dispatch, else takes it out.
+    /// How many share-period boundaries (at `0, t, 2t, ...`) lie at or before `now`.
+    fn boundaries(&self, now: Time) -> u64 {
+        (now / self.cfg.share_period).saturating_add(1)
+    }
+
+    /// The budget of `s` at `now` and the boundaries it then includes: the replenishments of
+    /// the boundaries passed since its last update applied at once, `e = min(ts, e + k ts)`,
+    /// the closed form of applying `e = min(ts, e + ts)` `k` times. Budgets are replenished
+    /// only under proportional share (the controller settles every budget before it switches).
+    ///
+    /// A vGPU with a group on the GPU is debited only when the group completes, so its budget
+    /// is not capped meanwhile: the cap applies at completion, after the debit ([`Policy::
+    /// completed`]). Capping it while running would throw away every refill of a group longer
+    /// than a period and hold the vGPU to `s / (1 + s)` of the GPU instead of `s`. Whether it
+    /// runs changes only in `dispatched` and `completed`, which update the vGPU first.
+    fn settled(&self, s: &Slot, now: Time) -> (i64, u64) {
+        let due = self.boundaries(now);
+        if due <= s.applied {
+            return (s.budget, s.applied);
+        }
+        if self.algo != Algo::PropShare {
+            return (s.budget, due);
+        }
+        let k = i64::try_from(due - s.applied).unwrap_or(i64::MAX);
+        let refilled = s.budget.saturating_add(s.cap.saturating_mul(k));
+        let budget = if s.running {
+            refilled
+        } else {
+            s.cap.min(refilled)
+        };
+        (budget, due)
+    }
+
+    /// Brings the budget of `v` up to the latest time seen.
+    fn settle(&mut self, v: VgpuId) {
+        let now = self.now;
+        let Some(s) = self.slot(v) else {
+            return;
+        };
+        let (budget, applied) = self.settled(s, now);
+        if let Some(s) = self.slot_mut(v) {
+            s.budget = budget;
+            s.applied = applied;
+        }
+    }
+
+    /// Brings every budget up to the latest time seen (O(n): membership changes, controller).
+    fn settle_all(&mut self) {
+        for i in 0..self.slots.len() {
+            self.settle(VgpuId(i as u32));
+        }
+    }
+
+    /// When the budget of `s` (up to date, not positive) turns positive: at the `k`-th
+    /// boundary still to apply, `k = ⌊-e / ts⌋ + 1`, running or not (the cap only bounds the
+    /// budget from above).
+    fn eligible_at(&self, s: &Slot) -> Time {
+        let need = s.budget.unsigned_abs() / s.cap.unsigned_abs().max(1);
+        s.applied
+            .saturating_add(need)
+            .saturating_mul(self.cfg.share_period)
+    }
+
+    /// Brings `v` up to date, records whether it has a group on the GPU, and files it: in the
+    /// ready set if it has queued work and may dispatch, in the waiting set (keyed by when it
+    /// may) if it has queued work and no budget, else in neither.
     fn index(&mut self, cx: &Cx<'_>, v: VgpuId) {
-        let eligible = self
-            .slot(v)
-            .is_some_and(|s| self.algo == Algo::SlaAware || s.budget > 0);
+        self.settle(v);
+        let running = cx.vgpu(v).is_some_and(|st| st.in_flight() > 0);
         let head = cx
             .vgpu(v)
             .and_then(|s| Some((s.head()?.kind, s.head_seq()?)));
+        let Some(s) = self.slot_mut(v) else {
+            self.ready.remove(v);
+            self.waiting.remove(v);
+            return;
+        };
+        s.running = running;
+        let budget = s.budget;
         match head {
-            Some((kind, seq)) if eligible => {
+            Some((kind, seq)) if self.algo == Algo::SlaAware || budget > 0 => {
                 let key = self.key(kind, seq);
                 self.ready.insert(v, key);
+                self.waiting.remove(v);
             }
-            _ => {
+            Some(_) => {
+                let at = self.slot(v).map_or(Time::MAX, |s| self.eligible_at(s));
                 self.ready.remove(v);
+                self.waiting.insert(v, at);
+            }
+            None => {
+                self.ready.remove(v);
+                self.waiting.remove(v);
             }
         }
     }
@@ -330,11 +419,14 @@ impl Vgris {
     /// Recomputes every share after a change of members or weights. Weighted shares are
     /// `w_i / Σw`; shares set by the hybrid formula are renormalised to sum to one, a newcomer
     /// starting at `1/n`. Budgets above a shrunken cap are cut to it.
+    /// Every budget is brought up to date first (under the old caps), and every vGPU is filed
+    /// again after (the time a waiting vGPU may dispatch depends on its cap).
     fn rebalance(&mut self, cx: &Cx<'_>, newcomer: Option<VgpuId>) {
         let n = self.slots.iter().flatten().count();
         if n == 0 {
             return;
         }
+        self.settle_all();
         if self.weighted {
             let weight = |i: usize| {
                 cx.vgpu(VgpuId(i as u32))
@@ -364,11 +456,9 @@ impl Vgris {
             if let Some(s) = &mut self.slots[i] {
                 s.cap = cap;
                 s.budget = s.budget.min(cap);
-                if s.budget < cap {
-                    self.refill_pending = true;
-                }
             }
         }
+        self.index_all(cx);
     }
 
     /// Scales the shares to sum to one (each at least [`MIN_SHARE`] before scaling).
@@ -385,50 +475,25 @@ impl Vgris {
         }
     }
 
-    /// Periodic work due at or before now: share replenishment and the hybrid controller. Each
-    /// runs at most once per call whatever the number of boundaries passed.
+    /// Work due at or before now: the vGPUs whose budget turned positive are filed again
+    /// (each was put in the waiting set by an earlier event, so this is O(log n) amortised),
+    /// then the hybrid controller.
     fn tick(&mut self, cx: &Cx<'_>) {
-        let now = cx.now();
-        if now >= self.next_refill {
-            let t = self.cfg.share_period;
-            let periods = (now - self.next_refill) / t + 1;
-            self.next_refill = self.next_refill.saturating_add(periods.saturating_mul(t));
-            if self.algo == Algo::PropShare && self.refill_pending {
-                self.refill(cx, periods);
+        let now = cx.now().max(self.now);
+        self.now = now;
+        // Bounded by the set's size: every vGPU leaves it or moves to a key after now.
+        for _ in 0..self.waiting.len() {
+            match self.waiting.first() {
+                Some((at, v)) if at <= now => {
+                    self.waiting.remove(v);
+                    self.index(cx, v);
+                }
+                _ => break,
             }
         }
         if self.cfg.mode == VgrisMode::Hybrid {
             self.control(cx);
         }
-    }
-
-    /// `periods` replenishments at once: `e = min(ts, e + periods * ts)`, the closed form of
-    /// applying `e = min(ts, e + ts)` that many times.
-    ///
-    /// A vGPU with a group on the GPU is debited only when the group completes, so its budget
-    /// is not capped meanwhile: the cap applies at completion, after the debit ([`Policy::
-    /// completed`]). Capping it while running would throw away every refill of a group longer
-    /// than a period and hold the vGPU to `s / (1 + s)` of the GPU instead of `s`.
-    fn refill(&mut self, cx: &Cx<'_>, periods: u64) {
-        let k = i64::try_from(periods).unwrap_or(i64::MAX);
-        let mut pending = false;
-        for (i, slot) in self.slots.iter_mut().enumerate() {
-            let Some(s) = slot else {
-                continue;
-            };
-            let refilled = s.budget.saturating_add(s.cap.saturating_mul(k));
-            let running = cx
-                .vgpu(VgpuId(i as u32))
-                .is_some_and(|st| st.in_flight() > 0);
-            s.budget = if running {
-                refilled
-            } else {
-                s.cap.min(refilled)
-            };
-            pending |= running || s.budget < s.cap;
-        }
-        self.refill_pending = pending;
-        self.index_all(cx);
     }
 
     /// Algorithm 1, run once per controller interval.
@@ -485,6 +550,8 @@ impl Vgris {
         }
         match self.algo {
             Algo::PropShare if starving => {
+                // The budgets as proportional share left them (shown, kept for no use).
+                self.settle_all();
                 self.algo = Algo::SlaAware;
                 self.reset_counters();
                 self.index_all(cx);
@@ -526,7 +593,11 @@ impl Vgris {
                 s.budget = cap;
             }
         }
-        self.refill_pending = false;
+        // Full budgets from now on: the boundaries passed give nothing more.
+        let applied = self.boundaries(self.now);
+        for s in self.slots.iter_mut().flatten() {
+            s.applied = applied;
+        }
     }
 }
 
@@ -541,10 +612,13 @@ impl Policy for Vgris {
         if self.slots.len() <= i {
             self.slots.resize(i + 1, None);
         }
-        let gpu_time = cx.vgpu(v).map_or(0, |s| s.account().gpu_time);
-        self.slots[i] = Some(Slot::new(cx.now(), gpu_time));
+        let state = cx.vgpu(v);
+        let gpu_time = state.map_or(0, |s| s.account().gpu_time);
+        let running = state.is_some_and(|s| s.in_flight() > 0);
+        let applied = self.boundaries(self.now);
+        self.slots[i] = Some(Slot::new(self.now, gpu_time, applied, running));
+        // Files every vGPU, this one included.
         self.rebalance(cx, Some(v));
-        self.index(cx, v);
     }
 
     fn detach(&mut self, cx: &mut Cx<'_>, v: VgpuId) {
@@ -553,32 +627,36 @@ impl Policy for Vgris {
             *slot = None;
         }
         self.ready.remove(v);
+        self.waiting.remove(v);
         self.rebalance(cx, None);
     }
 
-    fn params_changed(&mut self, cx: &mut Cx<'_>, v: VgpuId) {
+    fn params_changed(&mut self, cx: &mut Cx<'_>, _v: VgpuId) {
         // Keep the predictor and the budget; only the weights may have changed the shares.
+        // Files every vGPU, this one included.
         self.tick(cx);
         self.rebalance(cx, None);
-        self.index(cx, v);
     }
 
     fn submitted(&mut self, cx: &mut Cx<'_>, v: VgpuId) {
         self.tick(cx);
-        if !self.ready.contains(v) {
+        // A queued vGPU keeps its place: its head and its budget are unchanged.
+        if !self.ready.contains(v) && !self.waiting.contains(v) {
             self.index(cx, v);
         }
     }
 
     fn dispatched(&mut self, cx: &mut Cx<'_>, v: VgpuId, _leased: bool) {
         self.tick(cx);
-        // The refills while the group runs count (see `refill`).
-        self.refill_pending |= self.algo == Algo::PropShare;
+        // Settles the boundaries before the dispatch as not running, the later ones as running
+        // (see `settled`).
         self.index(cx, v);
     }
 
     fn completed(&mut self, cx: &mut Cx<'_>, done: &Completion) {
         self.tick(cx);
+        // The boundaries while the group ran refill it uncapped.
+        self.settle(done.vgpu);
         let history = self.cfg.history;
         let debit = self.algo == Algo::PropShare;
         let Some(s) = self.slot_mut(done.vgpu) else {
@@ -588,7 +666,6 @@ impl Policy for Vgris {
             let cost = i64::try_from(done.cost()).unwrap_or(i64::MAX);
             s.budget = s.budget.saturating_sub(cost).min(s.cap);
         }
-        let pending = s.budget < s.cap;
         if done.kind == GroupKind::Present {
             // What the VM waits for: from the present's submission to its fence, queueing under
             // contention included (the paper's Present time rises with contention).
@@ -597,7 +674,6 @@ impl Policy for Vgris {
                 s.frame_start = Some(done.finish);
             }
         }
-        self.refill_pending |= pending;
         self.index(cx, done.vgpu);
     }
 
@@ -642,8 +718,7 @@ impl Policy for Vgris {
     }
 
     fn next_deadline(&self) -> Option<Time> {
-        let refill =
-            (self.algo == Algo::PropShare && self.refill_pending).then_some(self.next_refill);
+        let refill = self.waiting.first().map(|(at, _)| at);
         let control = (self.cfg.mode == VgrisMode::Hybrid && self.control_at.is_some())
             .then_some(self.next_control);
         earliest([refill, control])
@@ -661,7 +736,7 @@ impl Policy for Vgris {
         vec![
             ("sla_aware", sla),
             ("share", s.share),
-            ("budget_ns", s.budget as f64),
+            ("budget_ns", self.settled(s, self.now).0 as f64),
             ("fps", s.fps),
             ("delay_ns", s.delay as f64),
             ("present_ns", s.predicted_present() as f64),
@@ -977,8 +1052,9 @@ mod tests {
         s.handle(700 * US, done, &mut out).unwrap();
         assert!(out.is_empty());
         assert_eq!(figure(&s, a, "budget_ns"), -350_000.0);
-        // Period boundary at 1 ms: min(250, -350 + 250) = -100 µs, still waiting.
-        assert_eq!(s.next_deadline(), Some(MS));
+        // Period boundary at 1 ms: min(250, -350 + 250) = -100 µs, still waiting. Refills are
+        // lazy: the only timer asked for is the boundary that makes the budget positive.
+        assert_eq!(s.next_deadline(), Some(2 * MS));
         s.handle(MS, Event::Timer, &mut out).unwrap();
         assert!(out.is_empty());
         assert_eq!(figure(&s, a, "budget_ns"), -100_000.0);
@@ -1040,6 +1116,58 @@ mod tests {
             };
             assert!(out.contains(&want), "{mode:?}: {out:?}");
         }
+    }
+
+    #[test]
+    fn only_a_vgpu_without_budget_and_with_queued_work_asks_for_a_timer() {
+        let mut s = Scheduler::new(PolicyConfig::Vgris(config(VgrisMode::Share)).build(), 1);
+        let mut out = Vec::new();
+        let a = s.add_vgpu(0, vm("a", 1, None), &mut out).unwrap();
+        let b = s.add_vgpu(0, vm("b", 3, None), &mut out).unwrap();
+        let run = |s: &mut Scheduler, v, id, from: Time, to: Time| {
+            let mut out = Vec::new();
+            let done = Event::Completed {
+                vgpu: v,
+                group: GroupId(id),
+                start: from,
+                finish: to,
+            };
+            s.handle(to, done, &mut out).unwrap();
+            out
+        };
+        let submit = |s: &mut Scheduler, v, id, now| {
+            let mut out = Vec::new();
+            let g = CommandGroup::new(id, v, GroupKind::Render, 1);
+            s.handle(now, Event::Submitted(g), &mut out).unwrap();
+            out
+        };
+        let dispatch = |vgpu, id| Decision::Dispatch {
+            vgpu,
+            group: GroupId(id),
+            leased: false,
+        };
+        assert_eq!(submit(&mut s, a, 1, 0), vec![dispatch(a, 1)]);
+        // a overran (250 - 900 = -650 µs) but has nothing queued: no timer.
+        assert!(run(&mut s, a, 1, 0, 900 * US).is_empty());
+        assert_eq!(figure(&s, a, "budget_ns"), -650_000.0);
+        assert_eq!(s.next_deadline(), None);
+        // b runs with budget: no timer either.
+        assert_eq!(submit(&mut s, b, 2, MS), vec![dispatch(b, 2)]);
+        assert_eq!(s.next_deadline(), None);
+        // a queues at 1.1 ms with -400 µs: it waits for the boundary that makes it positive,
+        // 3 ms (-150 µs at 2 ms, +100 µs at 3 ms), and only that one.
+        assert!(submit(&mut s, a, 3, MS + 100 * US).is_empty());
+        assert_eq!(figure(&s, a, "budget_ns"), -400_000.0);
+        assert_eq!(s.next_deadline(), Some(3 * MS));
+        assert!(run(&mut s, b, 2, MS, MS + 500 * US).is_empty());
+        out.clear();
+        s.handle(2 * MS, Event::Timer, &mut out).unwrap();
+        assert!(out.is_empty());
+        assert_eq!(figure(&s, a, "budget_ns"), -150_000.0);
+        s.handle(3 * MS, Event::Timer, &mut out).unwrap();
+        assert_eq!(out, vec![dispatch(a, 3)]);
+        assert_eq!(figure(&s, a, "budget_ns"), 100_000.0);
+        assert_eq!(s.next_deadline(), None);
     }
 
     #[test]
