@@ -286,7 +286,9 @@ pub struct Scheduler {
     policy: Box<dyn Policy>,
 }
 
-fn check_params(p: &VgpuParams) -> Result<(), SchedError> {
+/// Checks parameters the way [`Scheduler::add_vgpu`] and a parameter change do, so a control
+/// interface can refuse them before anything changes.
+pub fn check_params(p: &VgpuParams) -> Result<(), SchedError> {
     if p.weight == 0 {
         return Err(SchedError::BadParams("weight must be at least 1"));
     }

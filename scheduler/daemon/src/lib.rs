@@ -3,4 +3,5 @@
 //! through cgroups.
 
 pub mod cgroup;
+pub mod daemon;
 pub mod proto;

@@ -1,6 +1,9 @@
 //! The simulated GPU: one non-preemptive engine that runs dispatched groups one at a time in
 //! dispatch order, each for its cost, plus a context-switch cost when the next group belongs
 //! to another (vGPU, context) than the previous one.
+//!
+//! Public so that the scheduler daemon runs the synthetic load groups of its devices on the same
+//! engine model as the simulator.
 
 use std::collections::VecDeque;
 
@@ -8,9 +11,10 @@ use crate::model::{GroupId, Nanos, Time, VgpuId};
 
 /// A dispatched group waiting for or running on the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Job {
-    /// The VM (index into the run's VMs).
-    pub vm: usize,
+pub struct Job {
+    /// The caller's tag for the job's owner, handed back when it finishes: the simulator uses
+    /// the VM's index, the daemon its connection id.
+    pub owner: u64,
     /// Its vGPU.
     pub vgpu: VgpuId,
     /// The group.
@@ -25,7 +29,7 @@ pub(crate) struct Job {
 
 /// The engine's state.
 #[derive(Debug, Clone)]
-pub(crate) struct Engine {
+pub struct Engine {
     switch_cost: Nanos,
     fifo: VecDeque<Job>,
     running: Option<(Job, Time, Time)>,
@@ -38,7 +42,7 @@ pub(crate) struct Engine {
 
 impl Engine {
     /// An idle engine that charges `switch_cost` per context switch.
-    pub(crate) fn new(switch_cost: Nanos) -> Self {
+    pub fn new(switch_cost: Nanos) -> Self {
         Engine {
             switch_cost,
             fifo: VecDeque::new(),
@@ -50,12 +54,12 @@ impl Engine {
     }
 
     /// Queues a dispatched group behind those already dispatched.
-    pub(crate) fn push(&mut self, job: Job) {
+    pub fn push(&mut self, job: Job) {
         self.fifo.push_back(job);
     }
 
     /// Starts the next job if the engine is idle; returns when it will finish.
-    pub(crate) fn kick(&mut self, now: Time) -> Option<Time> {
+    pub fn kick(&mut self, now: Time) -> Option<Time> {
         if self.running.is_some() {
             return None;
         }
@@ -73,14 +77,23 @@ impl Engine {
     }
 
     /// The running job finished: returns it with its start and finish times.
-    pub(crate) fn finish(&mut self) -> Option<(Job, Time, Time)> {
+    pub fn finish(&mut self) -> Option<(Job, Time, Time)> {
         let done = self.running.take()?;
         self.busy = self.busy.saturating_add(done.2.saturating_sub(done.1));
         Some(done)
     }
 
+    /// Drops the jobs of `owner` that wait behind the running one (its owner went away); a
+    /// running job is left to finish, since the engine is non-preemptive. Returns how many were
+    /// dropped.
+    pub fn discard_queued(&mut self, owner: u64) -> usize {
+        let before = self.fifo.len();
+        self.fifo.retain(|j| j.owner != owner);
+        before.saturating_sub(self.fifo.len())
+    }
+
     /// Busy time up to `end`, counting the part of a running job before it.
-    pub(crate) fn busy_until(&self, end: Time) -> Nanos {
+    pub fn busy_until(&self, end: Time) -> Nanos {
         let partial = self
             .running
             .map_or(0, |(_, start, _)| end.saturating_sub(start));
@@ -92,10 +105,10 @@ impl Engine {
 mod tests {
     use super::*;
 
-    fn job(vm: usize, id: u64, cost: Nanos) -> Job {
+    fn job(vm: u32, id: u64, cost: Nanos) -> Job {
         Job {
-            vm,
-            vgpu: VgpuId(vm as u32),
+            owner: u64::from(vm),
+            vgpu: VgpuId(vm),
             group: GroupId(id),
             context: 0,
             cost,
@@ -120,5 +133,19 @@ mod tests {
         assert_eq!((j.group, start, finish), (GroupId(3), 200, 350));
         assert_eq!((e.switches, e.busy), (1, 350));
         assert_eq!(e.kick(400), None);
+    }
+
+    #[test]
+    fn discarding_drops_only_the_owners_waiting_jobs() {
+        let mut e = Engine::new(0);
+        e.push(job(0, 1, 100));
+        e.push(job(0, 2, 100));
+        e.push(job(1, 3, 100));
+        assert_eq!(e.kick(0), Some(100));
+        assert_eq!(e.discard_queued(0), 1, "the running job stays");
+        assert_eq!(e.finish().map(|d| d.0.group), Some(GroupId(1)));
+        e.kick(100);
+        assert_eq!(e.finish().map(|d| d.0.group), Some(GroupId(3)));
+        assert_eq!(e.discard_queued(7), 0);
     }
 }

@@ -8,7 +8,7 @@
 //! files and writes the reports.
 
 mod cpu;
-mod engine;
+pub mod engine;
 mod report;
 mod scenario;
 mod world;

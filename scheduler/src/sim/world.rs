@@ -63,6 +63,12 @@ enum Phase {
     Sleep,
 }
 
+/// The VM index an engine job's owner tag stands for: the world tags jobs with the index, so the
+/// tag always fits (`usize::MAX`, an index no VM has, otherwise).
+fn vm_index(owner: u64) -> usize {
+    usize::try_from(owner).unwrap_or(usize::MAX)
+}
+
 /// A group the workload submitted that is not on the engine yet.
 #[derive(Debug, Clone, Copy)]
 struct Pending {
@@ -361,7 +367,7 @@ impl World {
                         start,
                         finish,
                     };
-                    self.feed(now, job.vm, done)?;
+                    self.feed(now, vm_index(job.owner), done)?;
                     self.completed(now, job, finish.saturating_sub(start))?;
                 }
                 self.kick(now);
@@ -475,7 +481,7 @@ impl World {
                 };
                 if let Some(p) = pos.and_then(|i| q.remove(i)) {
                     let job = Job {
-                        vm,
+                        owner: vm as u64,
                         vgpu,
                         group,
                         context: self.vms[vm].context,
@@ -691,7 +697,7 @@ impl World {
 
     /// A group of the VM finished on the engine.
     fn completed(&mut self, now: Time, job: Job, cost: Nanos) -> Result<(), SimError> {
-        let vm = job.vm;
+        let vm = vm_index(job.owner);
         let active = self.vms[vm].active(now);
         let v = &mut self.vms[vm];
         v.outstanding = v.outstanding.saturating_sub(1);

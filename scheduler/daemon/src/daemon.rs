@@ -1,0 +1,1363 @@
+//! The daemon core: the state machine between device connections, the [`Scheduler`], the
+//! simulated GPU engine and the control interface (DESIGN §2, issue 5).
+//!
+//! Pure like the scheduler library: no I/O, no clock, no unsafe. The I/O layer accepts
+//! connections and calls [`Daemon::connect`], hands every received packet to
+//! [`Daemon::receive`], calls [`Daemon::timer`] at [`Daemon::next_deadline`], and after each
+//! call drains the [`Outbox`]: messages to send, connections to close (after sending their
+//! `Refused`) and CPU weight hints to write to cgroups.
+//!
+//! Every device is untrusted: anything it sends that does not decode, breaks the session rules
+//! or that the scheduler refuses gets a `Refused` and closes that connection only; its vGPU is
+//! removed and the other VMs go on.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt;
+
+use log::{debug, info, warn};
+use serde::Serialize;
+use thiserror::Error;
+use vgpu_scheduler::core::MAX_GROUPS_PER_VGPU;
+use vgpu_scheduler::policy::timegraph::ConfigError;
+use vgpu_scheduler::sim::ParamsOverride;
+use vgpu_scheduler::sim::engine::{Engine, Job};
+use vgpu_scheduler::{
+    CommandGroup, CostSignature, CpuHint, Decision, Event, GroupId, GroupKind, Nanos, PolicyConfig,
+    SchedError, Scheduler, Time, VgpuId, VgpuParams,
+};
+
+use crate::proto::{
+    self, Detail, Exec, Msg, PROTOCOL_VERSION, ProtoError, RefuseCode, Session, VmName,
+};
+
+/// Most device connections at once, greeted or not: far above one host's VMs, and it bounds
+/// the connection table against a local process that opens sockets in a loop.
+pub const MAX_CONNECTIONS: usize = 1024;
+/// Most VM names whose parameters the daemon stores (set by the control interface, kept while
+/// the VM is away): bounds the table a control client can grow.
+pub const MAX_STORED_VMS: usize = 4096;
+/// Largest cost of one `Simulated` group: the load capset's largest OCCUPY (1 s), so one group
+/// cannot hold the shared engine for longer.
+pub const MAX_SIMULATED_COST_NS: Nanos = 1_000_000_000;
+/// Interval between two statistics snapshots.
+pub const STATS_INTERVAL_NS: Nanos = 1_000_000_000;
+/// Snapshots kept per VM: rates are taken over the last this-many intervals (a 5 s window).
+pub const STATS_WINDOW_SNAPSHOTS: usize = 5;
+/// Most timer steps (engine completions, scheduler timers, snapshots) one [`Daemon::timer`]
+/// call handles. A call that is late by a lot stops here and leaves the rest to the next call
+/// (its deadline is then already due) instead of running without bound.
+pub const MAX_TIMER_STEPS: usize = 1 << 20;
+/// Largest GPU context switch cost of the simulated engine: 10 ms, far above any real GPU's.
+pub const MAX_SWITCH_COST_NS: Nanos = 10_000_000;
+
+/// Latency values below this many µs have a histogram bucket each.
+const HIST_LINEAR: u64 = 16;
+/// Sub-buckets per power of two above [`HIST_LINEAR`] (3 bits: at most 12.5 % error).
+const HIST_SUB_BITS: u32 = 3;
+/// Buckets of the latency histogram: the linear ones, then 8 per power of two from 2^4 to 2^63.
+const HIST_BUCKETS: usize = 16 + (64 - 4) * 8;
+
+/// Errors of the daemon core: a device's message that is refused, or a control request that
+/// cannot be carried out.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum DaemonError {
+    /// The packet did not decode or broke the session rules.
+    #[error(transparent)]
+    Proto(#[from] ProtoError),
+    /// The scheduler refused the event.
+    #[error(transparent)]
+    Sched(#[from] SchedError),
+    /// Another live connection uses this VM name.
+    #[error("VM name {0:?} is in use by another connection")]
+    NameInUse(String),
+    /// `Hello` names another process than the peer's credentials.
+    #[error("Hello says device pid {said}, the socket's peer is pid {peer}")]
+    PidMismatch {
+        /// The pid in `Hello`.
+        said: u32,
+        /// The pid from the socket's credentials.
+        peer: u32,
+    },
+    /// [`MAX_CONNECTIONS`] connections are open.
+    #[error("too many connections (at most {MAX_CONNECTIONS})")]
+    TooManyConnections,
+    /// The group id is already queued or in flight for this device.
+    #[error("group {0:?} is already queued or in flight")]
+    DuplicateGroup(GroupId),
+    /// The device has [`MAX_GROUPS_PER_VGPU`] groups queued or in flight.
+    #[error("too many groups queued or in flight (at most {MAX_GROUPS_PER_VGPU})")]
+    QueueFull,
+    /// No group with this id is queued or in flight for this device.
+    #[error("group {0:?} is not queued or in flight")]
+    UnknownGroup(GroupId),
+    /// `Completed` for a group that was submitted but not granted yet.
+    #[error("group {0:?} completed before it was granted")]
+    NotGranted(GroupId),
+    /// `Completed` for a group the daemon's engine runs.
+    #[error("group {0:?} is simulated: the daemon completes it")]
+    NotDeviceGroup(GroupId),
+    /// A completion that finished after the daemon received it.
+    #[error("group {group:?} finished at {finish}, in the future of {now}")]
+    FinishInFuture {
+        /// The group.
+        group: GroupId,
+        /// Its claimed finish.
+        finish: Time,
+        /// The daemon's time.
+        now: Time,
+    },
+    /// A `Simulated` group's cost is 0 or above [`MAX_SIMULATED_COST_NS`].
+    #[error("simulated cost {0} ns is outside 1..={MAX_SIMULATED_COST_NS}")]
+    BadCost(Nanos),
+    /// A control request names a VM that is not connected.
+    #[error("no VM {0:?} is connected")]
+    UnknownVm(String),
+    /// A control request names a VM by an invalid name.
+    #[error("invalid VM name: {0}")]
+    BadName(ProtoError),
+    /// [`MAX_STORED_VMS`] VMs have stored parameters.
+    #[error("too many VMs with stored parameters (at most {MAX_STORED_VMS})")]
+    TooManyVms,
+    /// A TimeGraph configuration that does not validate.
+    #[error("invalid TimeGraph configuration: {0}")]
+    BadPolicy(ConfigError),
+}
+
+impl DaemonError {
+    /// The code a device is refused with for this error.
+    pub fn refuse_code(&self) -> RefuseCode {
+        match self {
+            DaemonError::Proto(e) => e.refuse_code(),
+            DaemonError::Sched(e) => match e {
+                SchedError::DuplicateGroup(_) => RefuseCode::DuplicateGroup,
+                SchedError::UnknownGroup(_) => RefuseCode::UnknownGroup,
+                SchedError::QueueFull(_) => RefuseCode::QueueFull,
+                SchedError::TooManyVgpus => RefuseCode::TooManyVgpus,
+                SchedError::BadTimes(_) => RefuseCode::BadMessage,
+                SchedError::UnknownVgpu(_)
+                | SchedError::TimeWentBackwards { .. }
+                | SchedError::BadParams(_) => RefuseCode::Internal,
+            },
+            DaemonError::NameInUse(_) => RefuseCode::NameInUse,
+            DaemonError::TooManyConnections => RefuseCode::TooManyVgpus,
+            DaemonError::DuplicateGroup(_) => RefuseCode::DuplicateGroup,
+            DaemonError::QueueFull => RefuseCode::QueueFull,
+            DaemonError::UnknownGroup(_) => RefuseCode::UnknownGroup,
+            DaemonError::NotGranted(_) => RefuseCode::OutOfOrder,
+            DaemonError::PidMismatch { .. }
+            | DaemonError::NotDeviceGroup(_)
+            | DaemonError::FinishInFuture { .. }
+            | DaemonError::BadCost(_)
+            | DaemonError::BadName(_) => RefuseCode::BadMessage,
+            DaemonError::UnknownVm(_) | DaemonError::TooManyVms | DaemonError::BadPolicy(_) => {
+                RefuseCode::Internal
+            }
+        }
+    }
+}
+
+/// A device connection, numbered by the daemon; never reused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct ConnId(pub u64);
+
+impl fmt::Display for ConnId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "conn{}", self.0)
+    }
+}
+
+/// The credentials of a connection's peer (`SO_PEERCRED`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Peer {
+    /// The peer's process id; 0 when unknown (then `Hello`'s pid is not checked against it).
+    pub pid: u32,
+    /// The peer's user id.
+    pub uid: u32,
+}
+
+/// The daemon's configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DaemonConfig {
+    /// The policy to start with.
+    pub policy: PolicyConfig,
+    /// Groups the GPU-online list holds (1 = exclusive).
+    pub capacity: usize,
+    /// The simulated engine's context switch cost (clamped to [`MAX_SWITCH_COST_NS`]).
+    pub switch_cost_ns: Nanos,
+    /// Whether the scheduler's CPU weight hints go to the outbox (to be written to cgroups).
+    pub cpu_writeback: bool,
+}
+
+impl Default for DaemonConfig {
+    fn default() -> Self {
+        DaemonConfig {
+            policy: PolicyConfig::None,
+            capacity: 1,
+            switch_cost_ns: 0,
+            cpu_writeback: false,
+        }
+    }
+}
+
+/// A CPU weight to write to a VM's cgroup.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct WeightHint {
+    /// The VM.
+    pub vm: String,
+    /// Its QEMU process (0 when its device did not say).
+    pub qemu_pid: u32,
+    /// The weight, cgroup v2 scale.
+    pub weight: u32,
+}
+
+/// What the I/O layer must carry out after a call.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Outbox {
+    /// Messages to send, in order.
+    pub messages: Vec<(ConnId, Msg)>,
+    /// Connections to close once their messages above are sent.
+    pub drops: Vec<ConnId>,
+    /// CPU weights to write (only with write-back enabled).
+    pub weights: Vec<WeightHint>,
+}
+
+/// Where a device's group stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// Submitted, waiting for a dispatch.
+    Queued,
+    /// Dispatched: on the device's GPU or on the daemon's engine.
+    InFlight,
+}
+
+/// A group the daemon tracks for its device.
+#[derive(Debug, Clone, Copy)]
+struct Group {
+    exec: Exec,
+    stage: Stage,
+    context: u32,
+    cost: Nanos,
+    submitted: Time,
+}
+
+/// Counters at one statistics snapshot.
+#[derive(Debug, Clone, Copy, Default)]
+struct Snapshot {
+    at: Time,
+    completed: u64,
+    gpu_time: Nanos,
+    frames: u64,
+}
+
+/// A fixed-size log-linear histogram of latencies in µs.
+#[derive(Debug, Clone)]
+struct Histogram {
+    buckets: Box<[u64; HIST_BUCKETS]>,
+    count: u64,
+}
+
+impl Histogram {
+    fn new() -> Self {
+        Histogram {
+            buckets: Box::new([0; HIST_BUCKETS]),
+            count: 0,
+        }
+    }
+
+    fn index(us: u64) -> usize {
+        if us < HIST_LINEAR {
+            return usize::try_from(us).unwrap_or(0);
+        }
+        let exp = 63 - us.leading_zeros();
+        let sub = (us >> (exp - HIST_SUB_BITS)) & ((1 << HIST_SUB_BITS) - 1);
+        let i = HIST_LINEAR + u64::from(exp - 4) * (1 << HIST_SUB_BITS) + sub;
+        usize::try_from(i).map_or(HIST_BUCKETS - 1, |i| i.min(HIST_BUCKETS - 1))
+    }
+
+    /// The smallest value that falls in bucket `i`.
+    fn lower(i: usize) -> u64 {
+        let i = i as u64;
+        if i < HIST_LINEAR {
+            return i;
+        }
+        let k = i - HIST_LINEAR;
+        let exp = k / (1 << HIST_SUB_BITS) + 4;
+        let sub = k % (1 << HIST_SUB_BITS);
+        (1u64 << exp) | (sub << (exp - u64::from(HIST_SUB_BITS)))
+    }
+
+    fn record(&mut self, us: u64) {
+        if let Some(b) = self.buckets.get_mut(Self::index(us)) {
+            *b = b.saturating_add(1);
+        }
+        self.count = self.count.saturating_add(1);
+    }
+
+    /// The `q` quantile (0..=1), as its bucket's lower bound; 0 when empty.
+    fn quantile(&self, q: f64) -> u64 {
+        if self.count == 0 {
+            return 0;
+        }
+        let rank = ((self.count as f64) * q).ceil().max(1.0) as u64;
+        let mut seen = 0u64;
+        for (i, &n) in self.buckets.iter().enumerate() {
+            seen = seen.saturating_add(n);
+            if seen >= rank {
+                return Self::lower(i);
+            }
+        }
+        Self::lower(HIST_BUCKETS - 1)
+    }
+}
+
+/// A greeted device: its VM and vGPU.
+#[derive(Debug, Clone)]
+struct Attached {
+    name: String,
+    vgpu: VgpuId,
+    device_pid: u32,
+    qemu_pid: u32,
+    groups: BTreeMap<GroupId, Group>,
+    snapshots: VecDeque<Snapshot>,
+    latency: Histogram,
+}
+
+/// One device connection.
+#[derive(Debug, Clone)]
+struct Conn {
+    peer: Peer,
+    session: Session,
+    vm: Option<Attached>,
+}
+
+/// A VM as the control interface lists it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct VmInfo {
+    /// Its name.
+    pub name: String,
+    /// Whether a device is connected for it.
+    pub connected: bool,
+    /// Its vGPU while connected.
+    pub vgpu: Option<VgpuId>,
+    /// Its connection while connected.
+    pub conn: Option<ConnId>,
+    /// The device process's pid while connected.
+    pub device_pid: Option<u32>,
+    /// The QEMU pid its device announced (0 = unknown) while connected.
+    pub qemu_pid: Option<u32>,
+    /// The device process's user id while connected.
+    pub uid: Option<u32>,
+    /// Its parameters (stored ones while away).
+    pub params: VgpuParams,
+}
+
+/// Live statistics of one VM.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct VmStats {
+    /// Its name.
+    pub name: String,
+    /// Its vGPU while connected.
+    pub vgpu: Option<VgpuId>,
+    /// Whether a device is connected for it.
+    pub connected: bool,
+    /// Fraction of GPU time its completed groups used over the window.
+    pub gpu_share: f64,
+    /// Groups completed per second over the window.
+    pub groups_per_sec: f64,
+    /// Frames per second over the window.
+    pub fps: f64,
+    /// Groups waiting in its queue.
+    pub queue_depth: usize,
+    /// Groups dispatched and not completed.
+    pub in_flight: usize,
+    /// Median submit-to-finish latency since it connected, µs (bucket lower bound).
+    pub latency_p50_us: u64,
+    /// 99th percentile submit-to-finish latency since it connected, µs (bucket lower bound).
+    pub latency_p99_us: u64,
+    /// Groups submitted since it connected (asked for a grant).
+    pub submitted: u64,
+    /// Groups dispatched since it connected (granted or leased).
+    pub dispatched: u64,
+    /// Groups completed since it connected.
+    pub completed: u64,
+    /// GPU time of its completed groups since it connected, ns.
+    pub gpu_time_ns: Nanos,
+    /// Frames since it connected.
+    pub frames: u64,
+    /// The policy's figures for its vGPU.
+    pub figures: BTreeMap<&'static str, f64>,
+}
+
+/// Live statistics of the daemon.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Stats {
+    /// When they were taken.
+    pub now: Time,
+    /// The running policy's name.
+    pub policy: &'static str,
+    /// Fraction of time the simulated engine was busy, since the daemon started.
+    pub engine_busy: f64,
+    /// Context switches of the simulated engine.
+    pub engine_switches: u64,
+    /// Per VM, by name.
+    pub vms: Vec<VmStats>,
+}
+
+/// The daemon core. See the module documentation.
+#[derive(Debug)]
+pub struct Daemon {
+    config: DaemonConfig,
+    sched: Scheduler,
+    policy: PolicyConfig,
+    started: Time,
+    now: Time,
+    next_conn: u64,
+    conns: BTreeMap<ConnId, Conn>,
+    by_vgpu: BTreeMap<VgpuId, ConnId>,
+    stored: BTreeMap<String, VgpuParams>,
+    engine: Engine,
+    engine_due: Option<Time>,
+    next_snapshot: Time,
+    out: Outbox,
+}
+
+fn check_policy(policy: &PolicyConfig) -> Result<(), DaemonError> {
+    if let PolicyConfig::TimeGraph(c) = policy {
+        c.validate().map_err(DaemonError::BadPolicy)?;
+    }
+    Ok(())
+}
+
+impl Daemon {
+    /// A daemon started at `now` with no devices.
+    pub fn new(now: Time, config: DaemonConfig) -> Result<Daemon, DaemonError> {
+        check_policy(&config.policy)?;
+        let sched = Scheduler::new(config.policy.build(), config.capacity);
+        Ok(Daemon {
+            engine: Engine::new(config.switch_cost_ns.min(MAX_SWITCH_COST_NS)),
+            policy: config.policy.clone(),
+            config,
+            sched,
+            started: now,
+            now,
+            next_conn: 0,
+            conns: BTreeMap::new(),
+            by_vgpu: BTreeMap::new(),
+            stored: BTreeMap::new(),
+            engine_due: None,
+            next_snapshot: now.saturating_add(STATS_INTERVAL_NS),
+            out: Outbox::default(),
+        })
+    }
+
+    /// Takes what the I/O layer must carry out.
+    pub fn drain(&mut self) -> Outbox {
+        std::mem::take(&mut self.out)
+    }
+
+    /// The daemon's time: `now`, but never before a time already handled.
+    fn clock(&mut self, now: Time) -> Time {
+        self.now = self.now.max(now).max(self.sched.now());
+        self.now
+    }
+
+    /// Moves to `now`, first handling what fell due before it (engine completions, timers), so
+    /// an input is never handled before something that happened earlier.
+    fn advance(&mut self, now: Time) -> Time {
+        self.timer(now);
+        self.now
+    }
+
+    /// A device connected. Returns its id; beyond [`MAX_CONNECTIONS`] it is refused at once
+    /// (the outbox says so).
+    pub fn connect(&mut self, now: Time, peer: Peer) -> ConnId {
+        self.advance(now);
+        let id = ConnId(self.next_conn);
+        self.next_conn = self.next_conn.saturating_add(1);
+        if self.conns.len() >= MAX_CONNECTIONS {
+            warn!(
+                "{id} from pid {}: {}",
+                peer.pid,
+                DaemonError::TooManyConnections
+            );
+            self.refuse(id, &DaemonError::TooManyConnections);
+            self.out.drops.push(id);
+            return id;
+        }
+        debug!("{id} from pid {} uid {}", peer.pid, peer.uid);
+        self.conns.insert(
+            id,
+            Conn {
+                peer,
+                session: Session::new(),
+                vm: None,
+            },
+        );
+        id
+    }
+
+    /// A device's connection closed (or its process died): its vGPU is removed, its queued
+    /// work dropped; its groups on the engine are discarded. Unknown ids are ignored.
+    pub fn disconnect(&mut self, now: Time, conn: ConnId) {
+        let now = self.advance(now);
+        if self.conns.contains_key(&conn) {
+            info!("{conn} disconnected");
+            self.teardown(now, conn);
+        }
+    }
+
+    /// One packet from a device.
+    pub fn receive(&mut self, now: Time, conn: ConnId, packet: &[u8]) {
+        let now = self.advance(now);
+        if !self.conns.contains_key(&conn) {
+            debug!("{conn}: packet after close ignored");
+            return;
+        }
+        let result = proto::decode(packet)
+            .map_err(DaemonError::from)
+            .and_then(|msg| self.message(now, conn, msg));
+        if let Err(e) = result {
+            warn!("{conn}: refused: {e}");
+            self.refuse(conn, &e);
+            self.teardown(now, conn);
+        }
+    }
+
+    fn refuse(&mut self, conn: ConnId, e: &DaemonError) {
+        let msg = Msg::Refused {
+            code: e.refuse_code(),
+            detail: Detail::lossy(&e.to_string()),
+        };
+        self.out.messages.push((conn, msg));
+    }
+
+    /// Removes a connection and its vGPU and closes it.
+    fn teardown(&mut self, now: Time, conn: ConnId) {
+        let Some(c) = self.conns.remove(&conn) else {
+            return;
+        };
+        self.out.drops.push(conn);
+        let Some(vm) = c.vm else { return };
+        self.by_vgpu.remove(&vm.vgpu);
+        let dropped = self.engine.discard_queued(conn.0);
+        let mut out = Vec::new();
+        match self.sched.remove_vgpu(now, vm.vgpu, &mut out) {
+            Ok(_) => info!(
+                "VM {} ({conn}) removed from {:?}; {dropped} engine jobs dropped",
+                vm.name, vm.vgpu
+            ),
+            Err(e) => warn!("VM {} ({conn}): removing {:?}: {e}", vm.name, vm.vgpu),
+        }
+        self.carry_out(now, out);
+    }
+
+    fn attached(&mut self, conn: ConnId) -> Option<&mut Attached> {
+        self.conns.get_mut(&conn).and_then(|c| c.vm.as_mut())
+    }
+
+    fn message(&mut self, now: Time, conn: ConnId, msg: Msg) -> Result<(), DaemonError> {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return Ok(());
+        };
+        c.session.receive(&msg)?;
+        let peer = c.peer;
+        match msg {
+            Msg::Hello {
+                vm_name,
+                device_pid,
+                qemu_pid,
+                ..
+            } => self.hello(now, conn, peer, vm_name, device_pid, qemu_pid),
+            Msg::Submit {
+                group,
+                context,
+                kind,
+                signature,
+                cost_ns,
+                exec,
+            } => self.submit(now, conn, group, context, kind, signature, cost_ns, exec),
+            Msg::Dispatched {
+                group,
+                context,
+                kind,
+                signature,
+            } => self.dispatched(now, conn, group, context, kind, signature),
+            Msg::Completed {
+                group,
+                start,
+                finish,
+            } => self.completed(now, conn, group, start, finish),
+            Msg::Frame => {
+                let v = self.vgpu_of(conn)?;
+                self.feed(now, Event::Frame(v))
+            }
+            Msg::Bye => {
+                info!("{conn} said Bye");
+                self.teardown(now, conn);
+                Ok(())
+            }
+            // The session refuses daemon-to-device messages before this point.
+            other => Err(ProtoError::WrongDirection(other.kind()).into()),
+        }
+    }
+
+    fn vgpu_of(&self, conn: ConnId) -> Result<VgpuId, DaemonError> {
+        self.conns
+            .get(&conn)
+            .and_then(|c| c.vm.as_ref())
+            .map(|vm| vm.vgpu)
+            .ok_or(ProtoError::HelloRequired(proto::Kind::Frame).into())
+    }
+
+    fn hello(
+        &mut self,
+        now: Time,
+        conn: ConnId,
+        peer: Peer,
+        name: VmName,
+        device_pid: u32,
+        qemu_pid: u32,
+    ) -> Result<(), DaemonError> {
+        if peer.pid != 0 && peer.pid != device_pid {
+            return Err(DaemonError::PidMismatch {
+                said: device_pid,
+                peer: peer.pid,
+            });
+        }
+        let name = name.as_str().to_owned();
+        if self.live_conn(&name).is_some() {
+            return Err(DaemonError::NameInUse(name));
+        }
+        let mut params = self
+            .stored
+            .get(&name)
+            .cloned()
+            .unwrap_or_else(|| VgpuParams::named(&name));
+        params.name.clone_from(&name);
+        let mut out = Vec::new();
+        let vgpu = self.sched.add_vgpu(now, params, &mut out)?;
+        info!("VM {name} ({conn}, pid {device_pid}, qemu {qemu_pid}) is {vgpu:?}");
+        let start = Snapshot {
+            at: now,
+            ..Snapshot::default()
+        };
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.vm = Some(Attached {
+                name,
+                vgpu,
+                device_pid,
+                qemu_pid,
+                groups: BTreeMap::new(),
+                snapshots: VecDeque::from([start]),
+                latency: Histogram::new(),
+            });
+        }
+        self.by_vgpu.insert(vgpu, conn);
+        self.out.messages.push((
+            conn,
+            Msg::Welcome {
+                version: PROTOCOL_VERSION,
+                vgpu,
+            },
+        ));
+        self.carry_out(now, out);
+        Ok(())
+    }
+
+    /// Checks that a new group may be tracked for the device and returns its vGPU.
+    fn new_group(&mut self, conn: ConnId, group: GroupId) -> Result<VgpuId, DaemonError> {
+        let vm = self
+            .attached(conn)
+            .ok_or(ProtoError::HelloRequired(proto::Kind::Submit))?;
+        if vm.groups.contains_key(&group) {
+            return Err(DaemonError::DuplicateGroup(group));
+        }
+        if vm.groups.len() >= MAX_GROUPS_PER_VGPU {
+            return Err(DaemonError::QueueFull);
+        }
+        Ok(vm.vgpu)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn submit(
+        &mut self,
+        now: Time,
+        conn: ConnId,
+        group: GroupId,
+        context: u32,
+        kind: GroupKind,
+        signature: CostSignature,
+        cost: Nanos,
+        exec: Exec,
+    ) -> Result<(), DaemonError> {
+        let vgpu = self.new_group(conn, group)?;
+        if exec == Exec::Simulated && !(1..=MAX_SIMULATED_COST_NS).contains(&cost) {
+            return Err(DaemonError::BadCost(cost));
+        }
+        if let Some(vm) = self.attached(conn) {
+            vm.groups.insert(
+                group,
+                Group {
+                    exec,
+                    stage: Stage::Queued,
+                    context,
+                    cost,
+                    submitted: now,
+                },
+            );
+        }
+        let g = CommandGroup {
+            id: group,
+            vgpu,
+            context,
+            kind,
+            signature,
+        };
+        self.feed(now, Event::Submitted(g))
+    }
+
+    fn dispatched(
+        &mut self,
+        now: Time,
+        conn: ConnId,
+        group: GroupId,
+        context: u32,
+        kind: GroupKind,
+        signature: CostSignature,
+    ) -> Result<(), DaemonError> {
+        let vgpu = self.new_group(conn, group)?;
+        if let Some(vm) = self.attached(conn) {
+            vm.groups.insert(
+                group,
+                Group {
+                    exec: Exec::Device,
+                    stage: Stage::InFlight,
+                    context,
+                    cost: 0,
+                    submitted: now,
+                },
+            );
+        }
+        let g = CommandGroup {
+            id: group,
+            vgpu,
+            context,
+            kind,
+            signature,
+        };
+        self.feed(now, Event::Dispatched(g))
+    }
+
+    fn completed(
+        &mut self,
+        now: Time,
+        conn: ConnId,
+        group: GroupId,
+        start: Time,
+        finish: Time,
+    ) -> Result<(), DaemonError> {
+        let vm = self
+            .attached(conn)
+            .ok_or(ProtoError::HelloRequired(proto::Kind::Completed))?;
+        let g = *vm
+            .groups
+            .get(&group)
+            .ok_or(DaemonError::UnknownGroup(group))?;
+        if g.exec != Exec::Device {
+            return Err(DaemonError::NotDeviceGroup(group));
+        }
+        if g.stage != Stage::InFlight {
+            return Err(DaemonError::NotGranted(group));
+        }
+        if finish > now {
+            return Err(DaemonError::FinishInFuture { group, finish, now });
+        }
+        let vgpu = vm.vgpu;
+        vm.groups.remove(&group);
+        vm.latency
+            .record(finish.saturating_sub(g.submitted) / vgpu_scheduler::model::NS_PER_US);
+        self.feed(
+            now,
+            Event::Completed {
+                vgpu,
+                group,
+                start,
+                finish,
+            },
+        )
+    }
+
+    /// Feeds one event to the scheduler and carries out its decisions.
+    fn feed(&mut self, now: Time, event: Event) -> Result<(), DaemonError> {
+        let mut out = Vec::new();
+        self.sched.handle(now, event, &mut out)?;
+        self.carry_out(now, out);
+        Ok(())
+    }
+
+    /// Carries out the scheduler's decisions: messages to devices, engine jobs, weight hints.
+    fn carry_out(&mut self, now: Time, decisions: Vec<Decision>) {
+        for d in decisions {
+            let vgpu = match d {
+                Decision::Dispatch { vgpu, .. }
+                | Decision::Lease { vgpu, .. }
+                | Decision::Revoke { vgpu }
+                | Decision::Suspend { vgpu }
+                | Decision::Resume { vgpu }
+                | Decision::Present { vgpu, .. }
+                | Decision::CpuWeight { vgpu, .. } => vgpu,
+            };
+            let Some(&conn) = self.by_vgpu.get(&vgpu) else {
+                debug!("{d:?} for a vGPU without a connection dropped");
+                continue;
+            };
+            match d {
+                Decision::Dispatch { group, .. } => self.dispatch(now, conn, vgpu, group),
+                Decision::CpuWeight { weight, .. } => {
+                    if self.config.cpu_writeback
+                        && let Some(vm) = self.attached(conn)
+                    {
+                        let hint = WeightHint {
+                            vm: vm.name.clone(),
+                            qemu_pid: vm.qemu_pid,
+                            weight,
+                        };
+                        self.out.weights.push(hint);
+                    }
+                }
+                _ => {
+                    if let Some((_, msg)) = Msg::from_decision(&d) {
+                        self.out.messages.push((conn, msg));
+                    }
+                }
+            }
+        }
+    }
+
+    /// A dispatch: a device group is granted, a simulated one goes onto the engine.
+    fn dispatch(&mut self, now: Time, conn: ConnId, vgpu: VgpuId, group: GroupId) {
+        let Some(vm) = self.attached(conn) else {
+            return;
+        };
+        let Some(g) = vm.groups.get_mut(&group) else {
+            warn!("{conn}: dispatch of untracked {group:?}");
+            return;
+        };
+        g.stage = Stage::InFlight;
+        let g = *g;
+        match g.exec {
+            Exec::Device => self.out.messages.push((conn, Msg::Grant { group })),
+            Exec::Simulated => {
+                self.engine.push(Job {
+                    owner: conn.0,
+                    vgpu,
+                    group,
+                    context: g.context,
+                    cost: g.cost,
+                    submitted: g.submitted,
+                });
+                self.kick(now);
+            }
+        }
+    }
+
+    fn kick(&mut self, now: Time) {
+        if let Some(finish) = self.engine.kick(now) {
+            self.engine_due = Some(finish);
+        }
+    }
+
+    /// When [`Daemon::timer`] must be called next.
+    pub fn next_deadline(&self) -> Option<Time> {
+        [
+            self.engine_due,
+            self.sched.next_deadline(),
+            Some(self.next_snapshot),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// Time passed: engine jobs finish, scheduler timers fire, statistics are snapshotted, in
+    /// time order, up to `now`.
+    pub fn timer(&mut self, now: Time) {
+        let now = self.clock(now);
+        for _ in 0..MAX_TIMER_STEPS {
+            let Some(due) = self.next_deadline().filter(|&t| t <= now) else {
+                return;
+            };
+            let at = due.max(self.sched.now());
+            if self.engine_due == Some(due) {
+                self.engine_done(at);
+            } else if self.next_snapshot == due {
+                self.snapshot(at);
+            } else if let Err(e) = self.feed(at, Event::Timer) {
+                warn!("scheduler timer at {at}: {e}");
+                return;
+            }
+        }
+        warn!("timer: {MAX_TIMER_STEPS} steps at {now}; the rest is left to the next call");
+    }
+
+    /// The engine's running job finished at `at`.
+    fn engine_done(&mut self, at: Time) {
+        self.engine_due = None;
+        if let Some((job, start, finish)) = self.engine.finish() {
+            let conn = ConnId(job.owner);
+            let live = self
+                .attached(conn)
+                .and_then(|vm| vm.groups.remove(&job.group).map(|g| (vm, g)));
+            match live {
+                Some((vm, g)) => {
+                    vm.latency.record(
+                        finish.saturating_sub(g.submitted) / vgpu_scheduler::model::NS_PER_US,
+                    );
+                    let group = job.group;
+                    self.out.messages.push((
+                        conn,
+                        Msg::Done {
+                            group,
+                            start,
+                            finish,
+                        },
+                    ));
+                    let done = Event::Completed {
+                        vgpu: job.vgpu,
+                        group,
+                        start,
+                        finish,
+                    };
+                    if let Err(e) = self.feed(at, done) {
+                        warn!("{conn}: engine completion of {group:?}: {e}");
+                    }
+                }
+                None => debug!(
+                    "{conn}: engine job {:?} of a closed device dropped",
+                    job.group
+                ),
+            }
+        }
+        self.kick(at);
+    }
+
+    fn snapshot(&mut self, at: Time) {
+        self.next_snapshot = at.saturating_add(STATS_INTERVAL_NS);
+        for c in self.conns.values_mut() {
+            let Some(vm) = c.vm.as_mut() else { continue };
+            let Some(a) = self.sched.vgpu(vm.vgpu).map(|s| s.account()) else {
+                continue;
+            };
+            vm.snapshots.push_back(Snapshot {
+                at,
+                completed: a.completed,
+                gpu_time: a.gpu_time,
+                frames: a.frames,
+            });
+            while vm.snapshots.len() > STATS_WINDOW_SNAPSHOTS {
+                vm.snapshots.pop_front();
+            }
+        }
+    }
+
+    /// The live connection of VM `name`, if any.
+    fn live_conn(&self, name: &str) -> Option<ConnId> {
+        self.conns
+            .iter()
+            .find(|(_, c)| c.vm.as_ref().is_some_and(|vm| vm.name == name))
+            .map(|(&id, _)| id)
+    }
+
+    fn live_vgpu(&self, name: &str) -> Result<VgpuId, DaemonError> {
+        self.live_conn(name)
+            .and_then(|id| self.conns.get(&id))
+            .and_then(|c| c.vm.as_ref())
+            .map(|vm| vm.vgpu)
+            .ok_or_else(|| DaemonError::UnknownVm(name.to_owned()))
+    }
+
+    /// A CPU sample for VM `name` from the I/O layer's cgroup probe.
+    pub fn cpu_hint(&mut self, now: Time, name: &str, hint: CpuHint) -> Result<(), DaemonError> {
+        let now = self.advance(now);
+        let v = self.live_vgpu(name)?;
+        self.feed(now, Event::CpuHint(v, hint))
+    }
+
+    /// Every VM that is connected or has stored parameters, by name.
+    pub fn list(&self) -> Vec<VmInfo> {
+        let mut vms: BTreeMap<String, VmInfo> = self
+            .stored
+            .iter()
+            .map(|(name, p)| {
+                let info = VmInfo {
+                    name: name.clone(),
+                    connected: false,
+                    vgpu: None,
+                    conn: None,
+                    device_pid: None,
+                    qemu_pid: None,
+                    uid: None,
+                    params: p.clone(),
+                };
+                (name.clone(), info)
+            })
+            .collect();
+        for (&id, c) in &self.conns {
+            let Some(vm) = &c.vm else { continue };
+            let params = self
+                .sched
+                .vgpu(vm.vgpu)
+                .map(|s| s.params().clone())
+                .unwrap_or_else(|| VgpuParams::named(&vm.name));
+            let info = VmInfo {
+                name: vm.name.clone(),
+                connected: true,
+                vgpu: Some(vm.vgpu),
+                conn: Some(id),
+                device_pid: Some(vm.device_pid),
+                qemu_pid: Some(vm.qemu_pid),
+                uid: Some(c.peer.uid),
+                params,
+            };
+            vms.insert(vm.name.clone(), info);
+        }
+        vms.into_values().collect()
+    }
+
+    /// Live statistics at `now` (rates over the last [`STATS_WINDOW_SNAPSHOTS`] intervals).
+    pub fn stats(&self, now: Time) -> Stats {
+        let now = now.max(self.now);
+        let mut vms: BTreeMap<String, VmStats> = self
+            .stored
+            .keys()
+            .map(|name| (name.clone(), idle_stats(name)))
+            .collect();
+        for c in self.conns.values() {
+            let Some(vm) = &c.vm else { continue };
+            let Some(s) = self.sched.vgpu(vm.vgpu) else {
+                continue;
+            };
+            let a = s.account();
+            let base = vm.snapshots.front().copied().unwrap_or_default();
+            let span = now.saturating_sub(base.at) as f64 / 1e9;
+            let rate = |d: f64| if span > 0.0 { d / span } else { 0.0 };
+            let stats = VmStats {
+                name: vm.name.clone(),
+                vgpu: Some(vm.vgpu),
+                connected: true,
+                gpu_share: rate(a.gpu_time.saturating_sub(base.gpu_time) as f64 / 1e9),
+                groups_per_sec: rate(a.completed.saturating_sub(base.completed) as f64),
+                fps: rate(a.frames.saturating_sub(base.frames) as f64),
+                queue_depth: s.queued(),
+                in_flight: s.in_flight(),
+                latency_p50_us: vm.latency.quantile(0.5),
+                latency_p99_us: vm.latency.quantile(0.99),
+                submitted: a.submitted,
+                dispatched: a.dispatched,
+                completed: a.completed,
+                gpu_time_ns: a.gpu_time,
+                frames: a.frames,
+                figures: self.sched.figures(vm.vgpu).into_iter().collect(),
+            };
+            vms.insert(vm.name.clone(), stats);
+        }
+        let elapsed = now.saturating_sub(self.started);
+        Stats {
+            now,
+            policy: self.sched.policy_name(),
+            engine_busy: if elapsed == 0 {
+                0.0
+            } else {
+                self.engine.busy_until(now).min(elapsed) as f64 / elapsed as f64
+            },
+            engine_switches: self.engine.switches,
+            vms: vms.into_values().collect(),
+        }
+    }
+
+    /// The running policy's configuration.
+    pub fn policy(&self) -> &PolicyConfig {
+        &self.policy
+    }
+
+    /// Installs another policy; queued groups, groups in flight and accounting are kept.
+    pub fn set_policy(&mut self, now: Time, policy: PolicyConfig) -> Result<(), DaemonError> {
+        check_policy(&policy)?;
+        let now = self.advance(now);
+        let mut out = Vec::new();
+        self.sched.set_policy(now, policy.build(), &mut out);
+        info!("policy is now {}", self.sched.policy_name());
+        self.policy = policy;
+        self.carry_out(now, out);
+        Ok(())
+    }
+
+    /// Changes VM `name`'s parameters (the fields `change` sets); they are stored for the name
+    /// and apply at once when it is connected, or when it connects. Returns the new parameters.
+    pub fn set_params(
+        &mut self,
+        now: Time,
+        name: &str,
+        change: &ParamsOverride,
+    ) -> Result<VgpuParams, DaemonError> {
+        let name = VmName::new(name).map_err(DaemonError::BadName)?;
+        let name = name.as_str();
+        let now = self.advance(now);
+        let live = self.live_vgpu(name).ok();
+        let mut params = match live.and_then(|v| self.sched.vgpu(v)) {
+            Some(s) => s.params().clone(),
+            None => self
+                .stored
+                .get(name)
+                .cloned()
+                .unwrap_or_else(|| VgpuParams::named(name)),
+        };
+        change.apply(&mut params);
+        vgpu_scheduler::core::check_params(&params)?;
+        if !self.stored.contains_key(name) && self.stored.len() >= MAX_STORED_VMS {
+            return Err(DaemonError::TooManyVms);
+        }
+        if let Some(v) = live {
+            let event = Event::Config(vgpu_scheduler::ConfigChange::Params(v, params.clone()));
+            self.feed(now, event)?;
+        }
+        self.stored.insert(name.to_owned(), params.clone());
+        Ok(params)
+    }
+
+    /// The user looks at VM `name`'s console.
+    pub fn focus(&mut self, now: Time, name: &str) -> Result<(), DaemonError> {
+        let now = self.advance(now);
+        let v = self.live_vgpu(name)?;
+        self.feed(now, Event::Config(vgpu_scheduler::ConfigChange::Focus(v)))
+    }
+}
+
+fn idle_stats(name: &str) -> VmStats {
+    VmStats {
+        name: name.to_owned(),
+        vgpu: None,
+        connected: false,
+        gpu_share: 0.0,
+        groups_per_sec: 0.0,
+        fps: 0.0,
+        queue_depth: 0,
+        in_flight: 0,
+        latency_p50_us: 0,
+        latency_p99_us: 0,
+        submitted: 0,
+        dispatched: 0,
+        completed: 0,
+        gpu_time_ns: 0,
+        frames: 0,
+        figures: BTreeMap::new(),
+    }
+}
+
+/// A label value escaped for the Prometheus text format: `\`, `"` and newlines.
+fn escape_label(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for ch in value.chars() {
+        match ch {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A sample value in the Prometheus text format.
+fn prom_value(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".to_owned()
+    } else if v == f64::INFINITY {
+        "+Inf".to_owned()
+    } else if v == f64::NEG_INFINITY {
+        "-Inf".to_owned()
+    } else {
+        format!("{v}")
+    }
+}
+
+/// Renders statistics in the Prometheus text exposition format (version 0.0.4): one family per
+/// figure, one sample per VM labelled `vm`.
+pub fn render_metrics(stats: &Stats) -> String {
+    type Get = fn(&VmStats) -> f64;
+    let families: [(&str, &str, &str, Get); 14] = [
+        (
+            "vgpu_connected",
+            "gauge",
+            "1 while a device is connected",
+            |s| f64::from(u8::from(s.connected)),
+        ),
+        (
+            "vgpu_groups_submitted_total",
+            "counter",
+            "Groups submitted for a grant",
+            |s| s.submitted as f64,
+        ),
+        (
+            "vgpu_groups_dispatched_total",
+            "counter",
+            "Groups dispatched",
+            |s| s.dispatched as f64,
+        ),
+        (
+            "vgpu_groups_completed_total",
+            "counter",
+            "Groups completed",
+            |s| s.completed as f64,
+        ),
+        (
+            "vgpu_gpu_seconds_total",
+            "counter",
+            "GPU time of completed groups",
+            |s| s.gpu_time_ns as f64 / 1e9,
+        ),
+        ("vgpu_frames_total", "counter", "Frames presented", |s| {
+            s.frames as f64
+        }),
+        (
+            "vgpu_gpu_share",
+            "gauge",
+            "GPU share over the window",
+            |s| s.gpu_share,
+        ),
+        (
+            "vgpu_groups_per_second",
+            "gauge",
+            "Completions per second over the window",
+            |s| s.groups_per_sec,
+        ),
+        (
+            "vgpu_frames_per_second",
+            "gauge",
+            "Frames per second over the window",
+            |s| s.fps,
+        ),
+        (
+            "vgpu_queue_depth",
+            "gauge",
+            "Groups waiting in the queue",
+            |s| s.queue_depth as f64,
+        ),
+        (
+            "vgpu_in_flight",
+            "gauge",
+            "Groups dispatched and not completed",
+            |s| s.in_flight as f64,
+        ),
+        (
+            "vgpu_latency_p50_microseconds",
+            "gauge",
+            "Median submit-to-finish latency",
+            |s| s.latency_p50_us as f64,
+        ),
+        (
+            "vgpu_latency_p99_microseconds",
+            "gauge",
+            "99th percentile submit-to-finish latency",
+            |s| s.latency_p99_us as f64,
+        ),
+        (
+            "vgpu_vgpu_id",
+            "gauge",
+            "The vGPU id while connected",
+            |s| s.vgpu.map_or(f64::NAN, |v| f64::from(v.0)),
+        ),
+    ];
+    let mut out = String::new();
+    for (name, kind, help, get) in &families {
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+        for s in &stats.vms {
+            let vm = escape_label(&s.name);
+            out.push_str(&format!("{name}{{vm=\"{vm}\"}} {}\n", prom_value(get(s))));
+        }
+    }
+    out.push_str("# HELP vgpu_policy_figure Policy-specific figures per vGPU\n");
+    out.push_str("# TYPE vgpu_policy_figure gauge\n");
+    for s in &stats.vms {
+        let vm = escape_label(&s.name);
+        for (figure, v) in &s.figures {
+            let figure = escape_label(figure);
+            out.push_str(&format!(
+                "vgpu_policy_figure{{vm=\"{vm}\",figure=\"{figure}\"}} {}\n",
+                prom_value(*v)
+            ));
+        }
+    }
+    out.push_str("# HELP vgpu_engine_busy_ratio Busy fraction of the simulated engine\n");
+    out.push_str("# TYPE vgpu_engine_busy_ratio gauge\n");
+    out.push_str(&format!(
+        "vgpu_engine_busy_ratio {}\n",
+        prom_value(stats.engine_busy)
+    ));
+    out.push_str(
+        "# HELP vgpu_engine_context_switches_total Context switches of the simulated engine\n",
+    );
+    out.push_str("# TYPE vgpu_engine_context_switches_total counter\n");
+    out.push_str(&format!(
+        "vgpu_engine_context_switches_total {}\n",
+        stats.engine_switches
+    ));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_ordered_and_quantiles_bounded() {
+        let mut prev = 0;
+        for i in 1..HIST_BUCKETS {
+            let lo = Histogram::lower(i);
+            assert!(lo > prev, "bucket {i}");
+            assert_eq!(Histogram::index(lo), i);
+            assert_eq!(Histogram::index(lo - 1), i - 1);
+            prev = lo;
+        }
+        assert_eq!(Histogram::index(u64::MAX), HIST_BUCKETS - 1);
+        let mut h = Histogram::new();
+        assert_eq!(h.quantile(0.5), 0);
+        for us in 1..=1000 {
+            h.record(us);
+        }
+        h.record(u64::MAX);
+        let p50 = h.quantile(0.5);
+        assert!((440..=500).contains(&p50), "{p50}");
+        assert!(h.quantile(1.0) >= 1 << 63);
+    }
+
+    #[test]
+    fn prometheus_values_and_labels_are_well_formed() {
+        assert_eq!(prom_value(f64::NAN), "NaN");
+        assert_eq!(prom_value(f64::INFINITY), "+Inf");
+        assert_eq!(prom_value(f64::NEG_INFINITY), "-Inf");
+        assert_eq!(prom_value(0.25), "0.25");
+        assert_eq!(escape_label("a\\\"\n"), "a\\\\\\\"\\n");
+    }
+
+    #[test]
+    fn refuse_codes_follow_the_error() {
+        let g = GroupId(1);
+        assert_eq!(
+            DaemonError::from(SchedError::QueueFull(VgpuId(0))).refuse_code(),
+            RefuseCode::QueueFull
+        );
+        assert_eq!(
+            DaemonError::NotGranted(g).refuse_code(),
+            RefuseCode::OutOfOrder
+        );
+        assert_eq!(
+            DaemonError::NameInUse("a".into()).refuse_code(),
+            RefuseCode::NameInUse
+        );
+        assert_eq!(
+            DaemonError::BadCost(0).refuse_code(),
+            RefuseCode::BadMessage
+        );
+    }
+}

@@ -1,0 +1,613 @@
+//! The daemon core driven by fake devices that exchange encoded packets with it, over
+//! simulated time.
+
+use vgpu_schedd::daemon::{
+    ConnId, Daemon, DaemonConfig, MAX_CONNECTIONS, MAX_SIMULATED_COST_NS, Outbox, Peer,
+    render_metrics,
+};
+use vgpu_schedd::proto::{
+    self, Exec, HEADER_BYTES, MAX_MESSAGE_BYTES, Msg, PROTOCOL_VERSION, RefuseCode, VmName,
+};
+use vgpu_scheduler::core::MAX_GROUPS_PER_VGPU;
+use vgpu_scheduler::model::{NS_PER_MS, NS_PER_SEC, PrioPolicy};
+use vgpu_scheduler::policy::fair::FairConfig;
+use vgpu_scheduler::policy::pegasus::PegasusConfig;
+use vgpu_scheduler::policy::timegraph::TimeGraphConfig;
+use vgpu_scheduler::policy::vgris::VgrisConfig;
+use vgpu_scheduler::sim::ParamsOverride;
+use vgpu_scheduler::{CostSignature, GroupId, GroupKind, PolicyConfig, Time, VgpuId};
+
+const PID: u32 = 1000;
+
+fn daemon(policy: PolicyConfig) -> Daemon {
+    let config = DaemonConfig {
+        policy,
+        ..DaemonConfig::default()
+    };
+    Daemon::new(0, config).unwrap()
+}
+
+fn bytes(msg: &Msg) -> Vec<u8> {
+    let mut b = Vec::new();
+    proto::encode(msg, &mut b);
+    b
+}
+
+fn send(d: &mut Daemon, now: Time, conn: ConnId, msg: &Msg) -> Outbox {
+    d.receive(now, conn, &bytes(msg));
+    d.drain()
+}
+
+fn hello(name: &str, pid: u32) -> Msg {
+    Msg::Hello {
+        version: PROTOCOL_VERSION,
+        vm_name: VmName::new(name).unwrap(),
+        device_pid: pid,
+        qemu_pid: pid + 1,
+    }
+}
+
+/// Connects a device for `name` and returns its connection and vGPU.
+fn attach(d: &mut Daemon, now: Time, name: &str, pid: u32) -> (ConnId, VgpuId) {
+    let c = d.connect(now, Peer { pid, uid: 0 });
+    let out = send(d, now, c, &hello(name, pid));
+    match out.messages.first() {
+        Some((to, Msg::Welcome { version, vgpu })) if *to == c => {
+            assert_eq!(*version, PROTOCOL_VERSION);
+            (c, *vgpu)
+        }
+        other => panic!("no Welcome: {other:?}"),
+    }
+}
+
+fn submit(id: u64, exec: Exec, cost_ns: u64) -> Msg {
+    Msg::Submit {
+        group: GroupId(id),
+        context: 0,
+        kind: GroupKind::Load,
+        signature: CostSignature(id % 4),
+        cost_ns,
+        exec,
+    }
+}
+
+fn device(id: u64) -> Msg {
+    submit(id, Exec::Device, 0)
+}
+
+fn completed(id: u64, start: Time, finish: Time) -> Msg {
+    Msg::Completed {
+        group: GroupId(id),
+        start,
+        finish,
+    }
+}
+
+fn grants(out: &Outbox, conn: ConnId) -> Vec<u64> {
+    let it = out.messages.iter().filter(|(c, _)| *c == conn);
+    it.filter_map(|(_, m)| match m {
+        Msg::Grant { group } => Some(group.0),
+        _ => None,
+    })
+    .collect()
+}
+
+fn refused(out: &Outbox, conn: ConnId) -> Option<RefuseCode> {
+    out.messages.iter().find_map(|(c, m)| match m {
+        Msg::Refused { code, .. } if *c == conn => Some(*code),
+        _ => None,
+    })
+}
+
+/// Runs the daemon's timers up to `end`, answering `Done`s with `respond`.
+fn run_until(
+    d: &mut Daemon,
+    end: Time,
+    mut respond: impl FnMut(&mut Daemon, Time, ConnId, &Msg),
+) -> Vec<(Time, ConnId, Msg)> {
+    let mut seen = Vec::new();
+    while let Some(t) = d.next_deadline().filter(|&t| t <= end) {
+        d.timer(t);
+        let out = d.drain();
+        for (c, m) in out.messages {
+            respond(d, t, c, &m);
+            seen.push((t, c, m));
+        }
+    }
+    seen
+}
+
+#[test]
+fn timegraph_prt_grants_by_priority() {
+    let tg = TimeGraphConfig {
+        sched: PrioPolicy::Prt,
+        ..TimeGraphConfig::default()
+    };
+    let mut d = daemon(PolicyConfig::TimeGraph(tg));
+    for (name, priority) in [("lo", 1), ("hi", 10)] {
+        let change = ParamsOverride {
+            priority: Some(priority),
+            ..ParamsOverride::default()
+        };
+        d.set_params(0, name, &change).unwrap();
+    }
+    let (lo, _) = attach(&mut d, 0, "lo", PID);
+    let (hi, _) = attach(&mut d, 0, "hi", PID + 10);
+    // lo's first group finds the GPU idle.
+    assert_eq!(grants(&send(&mut d, 10, lo, &device(1)), lo), [1]);
+    // While it runs, lo and then hi queue more.
+    assert!(send(&mut d, 20, lo, &device(2)).messages.is_empty());
+    assert!(send(&mut d, 30, hi, &device(7)).messages.is_empty());
+    // PRT: on completion the highest priority waiter goes next, then lo.
+    let out = send(&mut d, 100, lo, &completed(1, 10, 100));
+    assert_eq!((grants(&out, hi), grants(&out, lo)), (vec![7], vec![]));
+    let out = send(&mut d, 200, hi, &completed(7, 100, 200));
+    assert_eq!(grants(&out, lo), [2]);
+    let stats = d.stats(300);
+    let hi_stats = stats.vms.iter().find(|v| v.name == "hi").unwrap();
+    assert_eq!((hi_stats.completed, hi_stats.submitted), (1, 1));
+    assert_eq!(stats.policy, "timegraph");
+}
+
+/// Two devices keep `depth` simulated groups of `cost` each outstanding for `secs` seconds;
+/// returns their GPU shares.
+fn simulated_shares(mut d: Daemon, depth: u64, cost: u64, secs: u64) -> (f64, f64) {
+    let (a, _) = attach(&mut d, 0, "a", PID);
+    let (b, _) = attach(&mut d, 0, "b", PID + 10);
+    let mut next = [0u64; 2];
+    for (i, c) in [a, b].into_iter().enumerate() {
+        for _ in 0..depth {
+            next[i] += 1;
+            let out = send(&mut d, 0, c, &submit(next[i], Exec::Simulated, cost));
+            assert_eq!(refused(&out, c), None);
+        }
+    }
+    let end = secs * NS_PER_SEC;
+    let mut done = [0u64; 2];
+    run_until(&mut d, end, |d, t, c, m| {
+        if let Msg::Done { .. } = m {
+            let i = usize::from(c != a);
+            done[i] += 1;
+            next[i] += 1;
+            let out = send(d, t, c, &submit(next[i], Exec::Simulated, cost));
+            assert_eq!(refused(&out, c), None, "{out:?}");
+        }
+    });
+    let total = (done[0] + done[1]) as f64;
+    assert!(total * cost as f64 > 0.95 * end as f64, "GPU kept busy");
+    let s = d.stats(end);
+    assert!(s.engine_busy > 0.95);
+    let share = |n: &str| s.vms.iter().find(|v| v.name == n).unwrap().gpu_share;
+    (share("a"), share("b"))
+}
+
+#[test]
+fn pegasus_shares_the_simulated_engine_equally() {
+    let d = daemon(PolicyConfig::Pegasus(PegasusConfig::default()));
+    let (a, b) = simulated_shares(d, 4, NS_PER_MS, 3);
+    assert!((a - 0.5).abs() < 0.05 && (b - 0.5).abs() < 0.05, "{a} {b}");
+}
+
+#[test]
+fn fair_queuing_shares_follow_weights_and_runs_under_leases() {
+    let mut d = daemon(PolicyConfig::Fair(FairConfig::default()));
+    let heavy = ParamsOverride {
+        weight: Some(512),
+        ..ParamsOverride::default()
+    };
+    d.set_params(0, "a", &heavy).unwrap();
+    let (a, b) = simulated_shares(d, 4, NS_PER_MS, 3);
+    assert!(
+        (a - 2.0 / 3.0).abs() < 0.05 && (b - 1.0 / 3.0).abs() < 0.05,
+        "{a} {b}"
+    );
+}
+
+#[test]
+fn fair_leases_let_devices_dispatch_without_asking() {
+    let mut d = daemon(PolicyConfig::Fair(FairConfig::default()));
+    let c = d.connect(0, Peer { pid: PID, uid: 0 });
+    let out = send(&mut d, 0, c, &hello("vm", PID));
+    assert!(matches!(out.messages[0].1, Msg::Welcome { .. }));
+    assert_eq!(
+        out.messages[1..],
+        [(
+            c,
+            Msg::Lease {
+                budget_ns: 0,
+                until: 0
+            }
+        )]
+    );
+    // Under the lease the device dispatches itself and reports it; no grant comes back.
+    let dispatched = Msg::Dispatched {
+        group: GroupId(1),
+        context: 0,
+        kind: GroupKind::Render,
+        signature: CostSignature(1),
+    };
+    assert_eq!(send(&mut d, 10, c, &dispatched), Outbox::default());
+    let out = send(&mut d, 50, c, &completed(1, 10, 50));
+    assert_eq!(refused(&out, c), None);
+    // A Submit under a lease is granted at once.
+    assert_eq!(grants(&send(&mut d, 60, c, &device(2)), c), [2]);
+    let s = d.stats(100);
+    assert_eq!(
+        (s.vms[0].completed, s.vms[0].dispatched, s.vms[0].in_flight),
+        (1, 2, 1)
+    );
+}
+
+#[test]
+fn vgris_paces_presents_to_the_target_frame_rate() {
+    let mut d = daemon(PolicyConfig::Vgris(VgrisConfig::default()));
+    let fps = ParamsOverride {
+        target_fps: Some(50.0),
+        ..ParamsOverride::default()
+    };
+    d.set_params(0, "game", &fps).unwrap();
+    let (c, _) = attach(&mut d, 0, "game", PID);
+    let t0 = NS_PER_MS;
+    assert_eq!(
+        send(&mut d, t0, c, &Msg::Frame).messages,
+        [(c, Msg::Present { at: t0 })]
+    );
+    // The next frame is ready after 5 ms of work: its present waits for the 20 ms period.
+    let out = send(&mut d, t0 + 5 * NS_PER_MS, c, &Msg::Frame);
+    assert_eq!(
+        out.messages,
+        [(
+            c,
+            Msg::Present {
+                at: t0 + 20 * NS_PER_MS
+            }
+        )]
+    );
+}
+
+#[test]
+fn a_device_dying_mid_flight_leaves_the_others_running() {
+    let mut d = daemon(PolicyConfig::None);
+    let (a, _) = attach(&mut d, 0, "a", PID);
+    let (b, _) = attach(&mut d, 0, "b", PID + 10);
+    // a's group runs on the engine; b's waits in its queue; a has more queued behind.
+    for (c, id) in [(a, 1), (b, 2), (a, 3)] {
+        let out = send(&mut d, 0, c, &submit(id, Exec::Simulated, 10 * NS_PER_MS));
+        assert_eq!(refused(&out, c), None);
+    }
+    assert_eq!(d.next_deadline(), Some(10 * NS_PER_MS));
+    d.disconnect(NS_PER_MS, a);
+    let out = d.drain();
+    assert_eq!(out.drops, [a]);
+    // a's running job finishes at 10 ms and is dropped; b's runs next and finishes at 20 ms.
+    let seen = run_until(&mut d, 30 * NS_PER_MS, |_, _, _, _| {});
+    assert!(seen.iter().all(|(_, c, _)| *c == b), "{seen:?}");
+    let done: Vec<_> = seen
+        .iter()
+        .filter_map(|(_, _, m)| match m {
+            Msg::Done {
+                group,
+                start,
+                finish,
+            } => Some((group.0, *start, *finish)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(done, [(2, 10 * NS_PER_MS, 20 * NS_PER_MS)]);
+    // Packets from the dead connection are ignored; b goes on.
+    d.receive(31 * NS_PER_MS, a, &bytes(&device(9)));
+    assert_eq!(d.drain(), Outbox::default());
+    assert_eq!(grants(&send(&mut d, 32 * NS_PER_MS, b, &device(4)), b), [4]);
+    assert_eq!(d.list().len(), 1);
+}
+
+#[test]
+fn a_device_dying_with_a_granted_group_frees_the_gpu() {
+    let mut d = daemon(PolicyConfig::None);
+    let (a, _) = attach(&mut d, 0, "a", PID);
+    let (b, _) = attach(&mut d, 0, "b", PID + 10);
+    assert_eq!(grants(&send(&mut d, 1, a, &device(1)), a), [1]);
+    assert!(grants(&send(&mut d, 2, b, &device(1)), b).is_empty());
+    d.disconnect(3, a);
+    assert_eq!(grants(&d.drain(), b), [1]);
+}
+
+#[test]
+fn reconnecting_with_the_same_name_keeps_parameters() {
+    let mut d = daemon(PolicyConfig::None);
+    let w = |weight| ParamsOverride {
+        weight: Some(weight),
+        ..ParamsOverride::default()
+    };
+    d.set_params(0, "vm", &w(77)).unwrap();
+    let (c, v) = attach(&mut d, 0, "vm", PID);
+    assert_eq!(d.list()[0].params.weight, 77);
+    assert_eq!(d.list()[0].qemu_pid, Some(PID + 1));
+    // Changed while connected: applies now and is stored.
+    d.set_params(1, "vm", &w(99)).unwrap();
+    assert_eq!(d.list()[0].params.weight, 99);
+    let out = send(&mut d, 2, c, &Msg::Bye);
+    assert_eq!(out.drops, [c]);
+    assert_eq!(refused(&out, c), None);
+    assert!(!d.list()[0].connected);
+    let (c2, v2) = attach(&mut d, 3, "vm", PID + 5);
+    assert_ne!(c, c2, "connection ids are not reused");
+    assert_eq!(v, v2, "the freed vGPU slot is reused");
+    let info = &d.list()[0];
+    assert_eq!((info.params.weight, info.params.name.as_str()), (99, "vm"));
+    // Invalid parameters and names are refused and change nothing.
+    assert!(d.set_params(4, "vm", &w(0)).is_err());
+    assert!(d.set_params(4, "a:b", &w(1)).is_err());
+    assert_eq!(d.list()[0].params.weight, 99);
+    assert!(d.focus(5, "ghost").is_err());
+    assert!(d.focus(5, "vm").is_ok());
+}
+
+#[test]
+fn set_policy_swaps_live_and_keeps_queues() {
+    let mut d = daemon(PolicyConfig::None);
+    let (a, _) = attach(&mut d, 0, "a", PID);
+    let (b, _) = attach(&mut d, 0, "b", PID + 10);
+    assert_eq!(grants(&send(&mut d, 1, a, &device(1)), a), [1]);
+    assert!(send(&mut d, 2, b, &device(2)).messages.is_empty());
+    let tg = TimeGraphConfig {
+        sched: PrioPolicy::Prt,
+        ..TimeGraphConfig::default()
+    };
+    d.set_policy(3, PolicyConfig::TimeGraph(tg)).unwrap();
+    assert_eq!(
+        d.policy(),
+        &PolicyConfig::TimeGraph(TimeGraphConfig {
+            sched: PrioPolicy::Prt,
+            ..TimeGraphConfig::default()
+        })
+    );
+    assert_eq!(grants(&send(&mut d, 4, a, &completed(1, 1, 4)), b), [2]);
+    let bad = TimeGraphConfig {
+        admission_limit: f64::NAN,
+        ..TimeGraphConfig::default()
+    };
+    assert!(d.set_policy(5, PolicyConfig::TimeGraph(bad)).is_err());
+    assert_eq!(d.stats(5).policy, "timegraph");
+}
+
+#[test]
+fn cpu_hints_reach_the_scheduler_and_weights_are_written_back_when_enabled() {
+    let config = DaemonConfig {
+        policy: PolicyConfig::Pegasus(PegasusConfig::default()),
+        cpu_writeback: true,
+        ..DaemonConfig::default()
+    };
+    let mut d = Daemon::new(0, config).unwrap();
+    attach(&mut d, 0, "vm", PID);
+    let hint = vgpu_scheduler::CpuHint {
+        weight: 100,
+        running: true,
+        runnable: true,
+        usage: 5,
+    };
+    assert!(d.cpu_hint(1, "vm", hint).is_ok());
+    assert!(d.cpu_hint(1, "ghost", hint).is_err());
+    // Whatever weights the policy suggests name the VM and its QEMU pid.
+    run_until(&mut d, NS_PER_SEC, |_, _, _, _| {});
+    for w in d.drain().weights {
+        assert_eq!((w.vm.as_str(), w.qemu_pid), ("vm", PID + 1));
+    }
+}
+
+/// A packet `f` makes from a valid one.
+fn mangled(msg: &Msg, f: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+    let mut b = bytes(msg);
+    f(&mut b);
+    b
+}
+
+/// Greets the victim device of the bad-input cases.
+fn greet(d: &mut Daemon, c: ConnId) {
+    let out = send(d, 1, c, &hello("victim", PID + 100));
+    assert!(matches!(out.messages[0].1, Msg::Welcome { .. }));
+}
+
+/// Each bad input refuses and drops only its sender; the bystander keeps working.
+#[test]
+fn bad_input_refuses_and_drops_only_its_connection() {
+    type Setup = fn(&mut Daemon, ConnId) -> Vec<u8>;
+    let cases: Vec<(&str, RefuseCode, Setup)> = vec![
+        ("truncated", RefuseCode::BadMessage, |_, _| {
+            mangled(&hello("victim", PID + 100), |b| {
+                b.truncate(b.len() - 1);
+            })
+        }),
+        ("oversized", RefuseCode::BadMessage, |_, _| {
+            vec![0; MAX_MESSAGE_BYTES + 1]
+        }),
+        ("unknown kind", RefuseCode::BadMessage, |_, _| {
+            mangled(&Msg::Bye, |b| {
+                b[4..6].copy_from_slice(&0x77u16.to_le_bytes())
+            })
+        }),
+        ("bad flags", RefuseCode::BadMessage, |_, _| {
+            mangled(&Msg::Bye, |b| b[6] = 1)
+        }),
+        ("short header", RefuseCode::BadMessage, |_, _| {
+            bytes(&Msg::Bye)[..HEADER_BYTES - 1].to_vec()
+        }),
+        ("daemon message", RefuseCode::BadMessage, |_, _| {
+            bytes(&Msg::Grant { group: GroupId(1) })
+        }),
+        ("before Hello", RefuseCode::OutOfOrder, |_, _| {
+            bytes(&device(1))
+        }),
+        ("second Hello", RefuseCode::OutOfOrder, |d, c| {
+            greet(d, c);
+            bytes(&hello("victim", PID + 100))
+        }),
+        ("name in use", RefuseCode::NameInUse, |_, _| {
+            bytes(&hello("bystander", PID + 100))
+        }),
+        ("pid mismatch", RefuseCode::BadMessage, |_, _| {
+            bytes(&hello("victim", PID + 101))
+        }),
+        ("version", RefuseCode::VersionMismatch, |_, _| {
+            let mut h = hello("victim", PID + 100);
+            if let Msg::Hello { version, .. } = &mut h {
+                *version = PROTOCOL_VERSION + 1;
+            }
+            bytes(&h)
+        }),
+        ("completed before grant", RefuseCode::OutOfOrder, |d, c| {
+            greet(d, c);
+            // With the bystander's group, this device's first fills the GPU; the second waits.
+            assert_eq!(grants(&send(d, 2, c, &device(5)), c), [5]);
+            assert!(send(d, 2, c, &device(6)).messages.is_empty());
+            bytes(&completed(6, 2, 3))
+        }),
+        ("unknown group", RefuseCode::UnknownGroup, |d, c| {
+            greet(d, c);
+            bytes(&completed(42, 2, 3))
+        }),
+        ("duplicate group", RefuseCode::DuplicateGroup, |d, c| {
+            greet(d, c);
+            assert_eq!(grants(&send(d, 2, c, &device(5)), c), [5]);
+            bytes(&device(5))
+        }),
+        ("queue full", RefuseCode::QueueFull, |d, c| {
+            greet(d, c);
+            for id in 0..MAX_GROUPS_PER_VGPU as u64 {
+                let out = send(d, 2, c, &device(id));
+                assert_eq!(refused(&out, c), None);
+            }
+            bytes(&device(u64::MAX))
+        }),
+        ("simulated cost 0", RefuseCode::BadMessage, |d, c| {
+            greet(d, c);
+            bytes(&submit(1, Exec::Simulated, 0))
+        }),
+        ("simulated cost too big", RefuseCode::BadMessage, |d, c| {
+            greet(d, c);
+            bytes(&submit(1, Exec::Simulated, MAX_SIMULATED_COST_NS + 1))
+        }),
+        (
+            "completed for a simulated group",
+            RefuseCode::BadMessage,
+            |d, c| {
+                greet(d, c);
+                let out = send(d, 2, c, &submit(1, Exec::Simulated, NS_PER_MS));
+                assert_eq!(refused(&out, c), None);
+                bytes(&completed(1, 2, 3))
+            },
+        ),
+        ("finish in the future", RefuseCode::BadMessage, |d, c| {
+            greet(d, c);
+            assert_eq!(grants(&send(d, 3, c, &device(5)), c), [5]);
+            bytes(&completed(5, 3, 1_000))
+        }),
+    ];
+    for (what, code, setup) in cases {
+        // Room for one group of each device on the GPU.
+        let config = DaemonConfig {
+            capacity: 2,
+            ..DaemonConfig::default()
+        };
+        let mut d = Daemon::new(0, config).unwrap();
+        let (by, _) = attach(&mut d, 0, "bystander", PID);
+        assert_eq!(grants(&send(&mut d, 0, by, &device(1)), by), [1], "{what}");
+        let c = d.connect(
+            1,
+            Peer {
+                pid: PID + 100,
+                uid: 0,
+            },
+        );
+        let packet = setup(&mut d, c);
+        d.drain();
+        d.receive(10, c, &packet);
+        let out = d.drain();
+        assert_eq!(refused(&out, c), Some(code), "{what}: {out:?}");
+        assert!(out.drops.contains(&c), "{what}");
+        assert!(!out.drops.contains(&by), "{what}");
+        assert!(out.messages.iter().all(|(to, _)| *to == c || *to == by));
+        // The refused device's state is gone and the bystander goes on.
+        assert!(
+            d.list().iter().all(|v| v.name != "victim" || !v.connected),
+            "{what}"
+        );
+        let out = send(&mut d, 20, by, &completed(1, 0, 20));
+        assert_eq!(refused(&out, by), None, "{what}: {out:?}");
+        assert_eq!(grants(&send(&mut d, 21, by, &device(2)), by), [2], "{what}");
+        // The victim's name is free again.
+        let again = d.connect(22, Peer { pid: 7, uid: 0 });
+        let out = send(&mut d, 22, again, &hello("victim", 7));
+        assert!(matches!(out.messages[0].1, Msg::Welcome { .. }), "{what}");
+    }
+}
+
+#[test]
+fn connections_beyond_the_limit_are_refused() {
+    let mut d = daemon(PolicyConfig::None);
+    for _ in 0..MAX_CONNECTIONS {
+        d.connect(0, Peer { pid: 0, uid: 0 });
+    }
+    let extra = d.connect(0, Peer { pid: 0, uid: 0 });
+    let out = d.drain();
+    assert_eq!(refused(&out, extra), Some(RefuseCode::TooManyVgpus));
+    assert_eq!(out.drops, [extra]);
+    // A peer pid of 0 (unknown) is not checked against Hello's.
+    d.disconnect(1, ConnId(0));
+    d.drain();
+    let c = d.connect(2, Peer { pid: 0, uid: 0 });
+    let out = send(&mut d, 2, c, &hello("vm", 4242));
+    assert!(matches!(out.messages[0].1, Msg::Welcome { .. }));
+}
+
+#[test]
+fn stats_rates_and_prometheus_rendering() {
+    let mut d = daemon(PolicyConfig::None);
+    d.set_params(0, "away", &ParamsOverride::default()).unwrap();
+    let (c, _) = attach(&mut d, 0, "vm", PID);
+    // One 100 ms group and one frame per 200 ms for 5 s.
+    let mut t = 0;
+    for id in 0..25 {
+        assert_eq!(grants(&send(&mut d, t, c, &device(id)), c), [id]);
+        let out = send(
+            &mut d,
+            t + 100 * NS_PER_MS,
+            c,
+            &completed(id, t, t + 100 * NS_PER_MS),
+        );
+        assert_eq!(refused(&out, c), None);
+        send(&mut d, t + 100 * NS_PER_MS, c, &Msg::Frame);
+        t += 200 * NS_PER_MS;
+        run_until(&mut d, t, |_, _, _, _| {});
+    }
+    let s = d.stats(t);
+    let vm = s.vms.iter().find(|v| v.name == "vm").unwrap();
+    assert!((vm.gpu_share - 0.5).abs() < 0.05, "{vm:?}");
+    assert!((vm.groups_per_sec - 5.0).abs() < 0.5, "{vm:?}");
+    assert!((vm.fps - 5.0).abs() < 0.5, "{vm:?}");
+    // 100 ms = 100_000 µs, within the histogram's 12.5 % bucket width.
+    assert!((87_500..=100_000).contains(&vm.latency_p50_us), "{vm:?}");
+    assert_eq!(vm.latency_p50_us, vm.latency_p99_us);
+    let away = s.vms.iter().find(|v| v.name == "away").unwrap();
+    assert!(!away.connected);
+    let json = serde_json::to_string(&s).unwrap();
+    assert!(json.contains("\"gpu_share\""));
+    serde_json::to_string(&d.list()).unwrap();
+
+    let text = render_metrics(&s);
+    assert!(text.contains("# TYPE vgpu_groups_completed_total counter\n"));
+    assert!(
+        text.contains("vgpu_groups_completed_total{vm=\"vm\"} 25\n"),
+        "{text}"
+    );
+    assert!(text.contains("vgpu_connected{vm=\"away\"} 0\n"));
+    assert!(text.contains("# TYPE vgpu_queue_depth gauge\n"));
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let (_, value) = line.rsplit_once(' ').unwrap();
+        assert!(value == "NaN" || value.parse::<f64>().is_ok(), "{line}");
+    }
+    // Label values are escaped.
+    let mut odd = s.clone();
+    odd.vms[0].name = "a\"b\\c\nd".into();
+    assert!(render_metrics(&odd).contains("vm=\"a\\\"b\\\\c\\nd\""));
+}
