@@ -4,7 +4,9 @@
 #   rootfs.ext4   the root file system (virtio-blk, mounted read-only by the guest)
 #   vmlinuz       the guest kernel (linux-image-amd64, 6.12)
 #   initrd.img    its initramfs (MODULES=list: virtio, ext4, virtio_gpu/DRM, qemu_fw_cfg)
-#   manifest.txt  kernel and Mesa versions, package count, sizes
+#   manifest.txt  kernel and Mesa versions, package count, sizes, vgpu-load's hash
+# The image also holds /usr/local/bin/vgpu-load, the guest load tool (guest-drivers/src/bin/vgpu-load/),
+# built here as a static binary with cargo (target dir: $CACHE/vgpu-load-target).
 # The guest boots with init=/usr/local/sbin/vgpu-init (qemu-scripts/guest/vgpu-init), which runs
 # one job and powers off; see tests/src/guest.rs and qemu-scripts/run-vm.sh.
 #
@@ -12,19 +14,25 @@
 # chroot, docs/locales/unneeded kernel modules pruned, packed with `mkfs.ext4 -d` (no loop mount).
 # Needs root (debootstrap, chroot); installs debootstrap with apt-get if missing.
 #
-# Idempotent: a finished image is recognised by its stamp (layout + a hash of this script and the
-# init) and the script returns at once; change either and the next run rebuilds.
+# Idempotent: a finished image is recognised by its stamp (layout + a hash of this script, the init
+# and vgpu-load's sources) and the script returns at once; change any of them and the next run
+# rebuilds.
 # Environment: VGPU_CACHE (cache root), VGPU_DEBIAN_MIRROR (archive URL; default: the mirror this
 # host's apt sources use).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
 CACHE=${VGPU_CACHE:-$HOME/.cache/vgpu}
 OUT=$CACHE/guest
 WORK=$CACHE/guest.partial
 ROOT=$WORK/root
 STAMP=$OUT/.vgpu-guest-complete
 INIT_SRC=$HERE/guest/vgpu-init
+# vgpu-load's sources: the image is rebuilt when they change (not for other crates' changes).
+LOAD_SRC=("$REPO/guest-drivers/Cargo.toml" "$REPO/guest-drivers/src/bin/vgpu-load")
+LOAD_TARGET_DIR=$CACHE/vgpu-load-target
+LOAD_TRIPLE=x86_64-unknown-linux-gnu
 SUITE=trixie
 PACKAGES=(
     linux-image-amd64 initramfs-tools zstd kmod
@@ -49,10 +57,18 @@ die() { printf '[build-guest-image] error: %s\n' "$*" >&2; exit 1; }
 
 fingerprint() {
     printf 'layout %s\n' "$LAYOUT"
-    cat "${BASH_SOURCE[0]}" "$INIT_SRC" | sha256sum | cut -d' ' -f1
+    {
+        cat "${BASH_SOURCE[0]}" "$INIT_SRC"
+        # Names and contents, so a renamed file changes the hash too.
+        find "${LOAD_SRC[@]}" -type f -print | LC_ALL=C sort | while read -r f; do
+            printf '%s\n' "${f#"$REPO"/}"
+            cat "$f"
+        done
+    } | sha256sum | cut -d' ' -f1
 }
 
 [[ -f $INIT_SRC ]] || die "guest init $INIT_SRC is missing"
+for src in "${LOAD_SRC[@]}"; do [[ -e $src ]] || die "vgpu-load source $src is missing"; done
 if [[ -f $STAMP && -f $OUT/rootfs.ext4 && -f $OUT/vmlinuz && -f $OUT/initrd.img &&
     $(head -n2 "$STAMP") == "$(fingerprint)" ]]; then
     log "guest image ready: $(sed -n 3p "$STAMP") ($OUT)"
@@ -63,6 +79,8 @@ fi
 for tool in apt-get dpkg chroot mountpoint; do
     command -v "$tool" >/dev/null || die "'$tool' not found: this script needs a Debian-based host"
 done
+command -v cargo >/dev/null ||
+    die "cargo not found (needed to build vgpu-load); with sudo, keep your PATH: sudo env PATH=\"\$PATH\" $0"
 
 source "$HERE/debian-mirror.sh"
 MIRROR=$(debian_mirror)
@@ -119,13 +137,26 @@ umount_chroot
 rm -rf "$WORK"
 mkdir -p "$WORK"
 
-log "step 1/5: debootstrap --variant=minbase $SUITE"
+log "step 1/6: building vgpu-load (static, $LOAD_TRIPLE) into $LOAD_TARGET_DIR"
+t=$SECONDS
+run_logged "building vgpu-load" env RUSTFLAGS="-C target-feature=+crt-static" \
+    CARGO_TARGET_DIR="$LOAD_TARGET_DIR" cargo build --manifest-path "$REPO/Cargo.toml" --release \
+    --locked --target "$LOAD_TRIPLE" -p vgpu-guest-drivers --bin vgpu-load
+load_bin=$LOAD_TARGET_DIR/$LOAD_TRIPLE/release/vgpu-load
+# A static binary has no program interpreter (checked where binutils is installed).
+if command -v readelf >/dev/null && LC_ALL=C readelf -l "$load_bin" | grep -q 'program interpreter'; then
+    die "$load_bin is dynamically linked; it must be static for the guest"
+fi
+load_sha=$(sha256sum "$load_bin" | cut -d' ' -f1)
+log "    done in $((SECONDS - t)) s: $(du -k "$load_bin" | cut -f1) KiB, sha256 ${load_sha:0:16}"
+
+log "step 2/6: debootstrap --variant=minbase $SUITE"
 t=$SECONDS
 debootstrap --variant=minbase --components=main "$SUITE" "$ROOT" "$MIRROR" 2>&1 | progress ||
     { tail -n 30 "$LOG" | sed 's/^/    /' >&2; die "debootstrap failed (full log: $LOG)"; }
 log "    done in $((SECONDS - t)) s"
 
-log "step 2/5: configuring apt, dpkg path exclusions and initramfs (MODULES=list)"
+log "step 3/6: configuring apt, dpkg path exclusions and initramfs (MODULES=list)"
 cat >"$ROOT/etc/dpkg/dpkg.cfg.d/90-vgpu-nodoc" <<'CFG'
 path-exclude=/usr/share/doc/*
 path-exclude=/usr/share/man/*
@@ -147,7 +178,7 @@ printf '%s\n' "${INITRAMFS_MODULES[@]}" >>"$ROOT/etc/initramfs-tools/modules"
 echo vgpu-guest >"$ROOT/etc/hostname"
 printf '/dev/vda / ext4 ro,noatime 0 1\n' >"$ROOT/etc/fstab"
 
-log "step 3/5: installing ${#PACKAGES[@]} packages and their dependencies in the chroot"
+log "step 4/6: installing ${#PACKAGES[@]} packages and their dependencies in the chroot"
 t=$SECONDS
 mount -t proc proc "$ROOT/proc"
 mount -t sysfs sysfs "$ROOT/sys"
@@ -169,8 +200,9 @@ mesa=$(chroot "$ROOT" dpkg-query -W -f '${Version}' libgl1-mesa-dri)
 npkgs=$(chroot "$ROOT" dpkg-query -W -f '.\n' | wc -l)
 log "    done in $((SECONDS - t)) s: kernel $kver, Mesa $mesa, $npkgs packages"
 
-log "step 4/5: installing the init, pruning docs, locales, caches and unneeded kernel modules"
+log "step 5/6: installing the init and vgpu-load, pruning docs, locales, caches and unneeded kernel modules"
 install -m 0755 "$INIT_SRC" "$ROOT/usr/local/sbin/vgpu-init"
+install -m 0755 "$load_bin" "$ROOT/usr/local/bin/vgpu-load"
 cp "$ROOT/boot/vmlinuz-$kver" "$WORK/vmlinuz"
 cp "$ROOT/boot/initrd.img-$kver" "$WORK/initrd.img"
 rm -f "$ROOT/usr/sbin/policy-rc.d"
@@ -183,7 +215,7 @@ rm -rf "$ROOT"/usr/lib/firmware/*
 chroot "$ROOT" depmod -a "$kver"
 umount_chroot
 
-log "step 5/5: packing the root file system with mkfs.ext4 -d"
+log "step 6/6: packing the root file system with mkfs.ext4 -d"
 used_mib=$(du -sm "$ROOT" | cut -f1)
 size_mib=$((used_mib + used_mib / 4 + 64))
 truncate -s "${size_mib}M" "$WORK/rootfs.ext4"
@@ -192,8 +224,8 @@ run_logged "mkfs.ext4" mkfs.ext4 -q -F -L vgpu-root -m 0 -O ^has_journal -E root
 rm -rf "$ROOT"
 
 summary="kernel $kver, Mesa $mesa, $npkgs packages, rootfs ${used_mib} MiB in a ${size_mib} MiB ext4"
-printf 'suite %s\nkernel %s\nmesa %s\npackages %s\nrootfs_used_mib %s\nrootfs_size_mib %s\n' \
-    "$SUITE" "$kver" "$mesa" "$npkgs" "$used_mib" "$size_mib" >"$WORK/manifest.txt"
+printf 'suite %s\nkernel %s\nmesa %s\npackages %s\nrootfs_used_mib %s\nrootfs_size_mib %s\nvgpu_load_sha256 %s\n' \
+    "$SUITE" "$kver" "$mesa" "$npkgs" "$used_mib" "$size_mib" "$load_sha" >"$WORK/manifest.txt"
 { fingerprint; echo "$summary"; } >"$WORK/.vgpu-guest-complete"
 rm -rf "$OUT"
 mv "$WORK" "$OUT"

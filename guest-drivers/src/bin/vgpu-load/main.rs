@@ -1,0 +1,53 @@
+//! `vgpu-load`: the guest's GPU load generator. It runs inside the Debian test guest (installed as
+//! `/usr/local/bin/vgpu-load` by `qemu-scripts/build-guest-image.sh`, statically linked) and
+//! drives the vgpu device's private load capset (capset 20) through the stock `virtio_gpu`
+//! kernel driver's DRM ioctls: each OCCUPY is one command group of a chosen cost, each
+//! END_FRAME a frame whose fence is released at the paced present. It measures every group's
+//! latency from submit to fence and prints JSON lines or a text summary. See `--help`.
+
+mod args;
+mod drm;
+mod run;
+mod stats;
+mod wire;
+
+use std::process::ExitCode;
+
+use args::{Parsed, USAGE};
+use run::LoadContext;
+
+/// Exit code for usage and device errors.
+const EXIT_ERROR: u8 = 2;
+
+fn main() -> ExitCode {
+    let config = match args::parse(std::env::args().skip(1)) {
+        Ok(Parsed::Help) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Ok(Parsed::Run(config)) => config,
+        Err(e) => {
+            eprintln!("vgpu-load: {e}\n(see vgpu-load --help)");
+            return ExitCode::from(EXIT_ERROR);
+        }
+    };
+    let result = LoadContext::open(&config.device).and_then(|ctx| {
+        let limits = ctx.limits();
+        eprintln!(
+            "vgpu-load: {} for {} s on {} (load capset: {} commands per submit, occupy up to {} us)",
+            config.mode.name(),
+            config.duration.as_secs(),
+            config.device.display(),
+            limits.max_commands,
+            limits.max_occupy_us,
+        );
+        run::run(&ctx, &config, std::io::stdout().lock())
+    });
+    match result {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vgpu-load: {e}");
+            ExitCode::from(EXIT_ERROR)
+        }
+    }
+}
