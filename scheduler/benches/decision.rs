@@ -29,6 +29,8 @@ const POLICIES: &[(&str, &str)] = &[
         "pegasus-cosched",
         "policy = \"pegasus\"\nmode = \"cosched\"",
     ),
+    ("pegasus-slaf", "policy = \"pegasus\"\nmode = \"slaf\""),
+    ("pegasus-augc", "policy = \"pegasus\"\nmode = \"augc\""),
     ("vgris-sla", "policy = \"vgris\"\nmode = \"sla\""),
     ("vgris-share", "policy = \"vgris\"\nmode = \"share\""),
     ("fair-exact", "policy = \"fair\""),

@@ -29,7 +29,8 @@
 //! paper) is the `none` policy. [`select_accelerator`] is the paper's accelerator selection for
 //! placing a new vGPU when several GPUs exist.
 
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -43,7 +44,8 @@ use crate::policy::{Completion, Policy};
 pub const MIN_TICK: Nanos = 100 * NS_PER_US;
 /// Longest tick accepted: one second already makes the GPU unresponsive to other VMs.
 pub const MAX_TICK: Nanos = NS_PER_SEC;
-/// Shortest credit period accepted: the period does O(n) work, so it must not run per group.
+/// Shortest credit period accepted: the period work is proportional to the vGPUs touched in
+/// the period (all of them under SLAF), so it must not run per group.
 pub const MIN_PERIOD: Nanos = NS_PER_MS;
 /// Longest credit period accepted: credits must be refilled often enough to track demand.
 pub const MAX_PERIOD: Nanos = 10 * NS_PER_SEC;
@@ -55,6 +57,10 @@ pub const MAX_COMPENSATION_TICKS: u32 = 16;
 /// A credit balance stays within this many credit periods of GPU time either way, so one huge
 /// group (or a long idle spell) cannot lock a vGPU out or give it a burst for ever.
 pub const MAX_CREDIT_PERIODS: i64 = 64;
+/// Fractional bits of the global refill accumulator (credit per unit of `X`): a refill of `r` ns
+/// among vGPUs whose credits sum to `Xa` advances it by `r · 2^32 / Xa`, so each vGPU's share
+/// `X · ΔG / 2^32` is exact to within 1 ns while `r · 2^32` (at most 2^96) fits in a u128.
+const CREDIT_SHIFT: u32 = 32;
 
 /// The Pegasus scheduling method.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -182,8 +188,19 @@ pub fn select_accelerator(loads: &[AcceleratorLoad], weight: u32) -> Option<usiz
 /// The run-queue key: (class, round, rank); smaller goes first, ties to the lower id.
 ///
 /// Credit modes: class 0 = AugC boost, 1 = UNDER (positive credit), 2 = OVER; rank = −X.
-/// RR: class 0, rank 0. CoSched: class 0 = vCPUs on a CPU, 1 = not; round 0; rank = −credit.
+/// RR: class 0, rank 0. CoSched: class 0 = vCPUs on a CPU, 1 = not; round 0, rank 0 (the
+/// order within a class is kept in [`CoGroups`]).
 type Key = (u8, u64, i64);
+
+/// A CoSched group: the waiting vGPUs of one class that share a refill rule (accruing with the
+/// same `X`, or not accruing: `X` = 0).
+type CoGroup = (u8, u32);
+
+/// CoSched's order within a class: per group, the vGPUs by decreasing normalised balance
+/// `credit · 2^CREDIT_SHIFT − X · G_seen` (ties to the lower id). A refill through `G` adds
+/// `X · ΔG` to every member of a group alike, so it never reorders a group; the head of the
+/// class is the best of the group heads.
+type CoGroups = BTreeMap<CoGroup, BTreeSet<(Reverse<i128>, VgpuId)>>;
 
 /// The Pegasus state of one vGPU (domain).
 #[derive(Debug, Clone, Default)]
@@ -204,6 +221,22 @@ struct Domain {
     used: Nanos,
     /// CPU usage at the last period boundary (from its CPU hints), once a hint arrived.
     cpu_mark: Option<Nanos>,
+    /// It was backlogged at the last boundary it was processed at, so it takes its share of
+    /// every refill until touched: `credit` lags by `X · (G − g_seen) / 2^CREDIT_SHIFT`.
+    accruing: bool,
+    /// The global accumulator `G` when `credit` was last brought up to date.
+    g_seen: u128,
+    /// The `G` at which its (non-positive) balance turns positive, while it waits in the run
+    /// queue in a mode whose class depends on the balance.
+    positive_at: Option<u128>,
+    /// It is in the list of vGPUs the next period boundary processes.
+    dirty: bool,
+    /// CoSched: its group and normalised balance while it waits.
+    co_key: Option<(CoGroup, i128)>,
+    /// CPU time used since the last boundary per its latest hint (its part of `cpu_total`).
+    cpu_delta: Nanos,
+    /// The CPU weight of its latest hint (its part of `cpu_weights`).
+    cpu_weight: u32,
 }
 
 /// The slice the GPU is given to.
@@ -232,6 +265,29 @@ pub struct Pegasus {
     next_period: Option<Time>,
     /// GPU time debited from credit balances in this period: the next refill hands it out.
     debited: Nanos,
+    /// Global refill accumulator: credit per unit of `X` handed to every backlogged vGPU so
+    /// far, with [`CREDIT_SHIFT`] fractional bits (saturating; it would take some 2^32 periods
+    /// of 2^64 ns refills to get there).
+    g: u128,
+    /// The sum of `X` over the accruing vGPUs.
+    x_accruing: u64,
+    /// vGPUs touched in this period (each once): only they need per-vGPU work at the boundary.
+    dirty: Vec<VgpuId>,
+    /// Queued accruing vGPUs with a non-positive balance, by the `G` at which it turns positive.
+    positive_at: BTreeSet<(u128, VgpuId)>,
+    /// `X` was added since the last boundary: idle vGPUs' caps may have shrunk, so the next
+    /// boundary processes every vGPU.
+    caps_stale: bool,
+    /// CPU time all attached vGPUs used since the last boundary, per their hints.
+    cpu_total: u64,
+    /// The sum of the attached vGPUs' CPU weights, per their hints.
+    cpu_weights: u64,
+    /// vGPUs whose hint says their vCPUs run (with a CPU weight): AugC boosts only them.
+    on_cpu: BTreeSet<VgpuId>,
+    /// vGPUs given an AugC boost at the last boundary: the next one takes it back.
+    boosted: Vec<VgpuId>,
+    /// CoSched: the waiting vGPUs in order of balance, per class.
+    co: CoGroups,
 }
 
 /// Counts a GPU time as credit, saturating.
@@ -262,6 +318,16 @@ impl Pegasus {
             period_start: 0,
             next_period: None,
             debited: 0,
+            g: 0,
+            x_accruing: 0,
+            dirty: Vec::new(),
+            positive_at: BTreeSet::new(),
+            caps_stale: false,
+            cpu_total: 0,
+            cpu_weights: 0,
+            on_cpu: BTreeSet::new(),
+            boosted: Vec::new(),
+            co: BTreeMap::new(),
         }
     }
 
@@ -289,6 +355,7 @@ impl Pegasus {
     }
 
     fn add_x(&mut self, x: u32) {
+        self.caps_stale = true;
         *self.xs.entry(x).or_insert(0) += 1;
         self.x_sum = self.x_sum.saturating_add(u64::from(x));
     }
@@ -306,16 +373,159 @@ impl Pegasus {
     /// Re-reads the vGPU's `X` (its weight, or its CPU weight under XC).
     fn refresh_x(&mut self, cx: &Cx<'_>, v: VgpuId) {
         let x = self.credits_of(cx, v);
-        let Some(old) = self.domain(v).map(|d| d.x) else {
+        let Some((old, accruing)) = self.domain(v).map(|d| (d.x, d.accruing)) else {
             return;
         };
         if old != x {
+            // The refills so far were earned with the old X.
+            self.settle(v);
             self.remove_x(old);
             self.add_x(x);
+            if accruing {
+                self.x_accruing = self
+                    .x_accruing
+                    .saturating_sub(u64::from(old))
+                    .saturating_add(u64::from(x));
+            }
             if let Some(d) = self.domain_mut(v) {
                 d.x = x;
             }
         }
+    }
+
+    /// The refills `d` has earned since its balance was last brought up to date, in ns.
+    fn pending(&self, d: &Domain) -> i64 {
+        if !d.accruing {
+            return 0;
+        }
+        let diff = self.g.saturating_sub(d.g_seen);
+        let grant = u128::from(d.x)
+            .checked_mul(diff)
+            .map_or(u128::MAX, |p| p >> CREDIT_SHIFT);
+        i64::try_from(grant).unwrap_or(i64::MAX)
+    }
+
+    /// The credit balance of `d` now, refills included. Refills are never negative, so
+    /// clamping once equals clamping after each of them.
+    fn credit_now(&self, d: &Domain) -> i64 {
+        d.credit
+            .saturating_add(self.pending(d))
+            .min(self.credit_limit())
+    }
+
+    /// Brings the vGPU's stored balance up to date with the refills so far.
+    fn settle(&mut self, v: VgpuId) {
+        let g = self.g;
+        let Some(credit) = self.domain(v).map(|d| self.credit_now(d)) else {
+            return;
+        };
+        if let Some(d) = self.domain_mut(v) {
+            d.credit = credit;
+            d.g_seen = g;
+        }
+    }
+
+    /// Adds the vGPU to the list the next period boundary processes.
+    fn touch(&mut self, v: VgpuId) {
+        if let Some(d) = self.domain_mut(v)
+            && !d.dirty
+        {
+            d.dirty = true;
+            self.dirty.push(v);
+        }
+    }
+
+    /// Takes the vGPU's CPU hint into the CPU sums and the on-CPU set (`attached`: false when
+    /// it leaves them).
+    fn note_hint(&mut self, cx: &Cx<'_>, v: VgpuId, attached: bool) {
+        let hint = cx.vgpu(v).map(|s| *s.cpu()).unwrap_or_default();
+        let Some(d) = self.domain_mut(v) else { return };
+        let (old_delta, old_weight) = (d.cpu_delta, d.cpu_weight);
+        if attached {
+            d.cpu_delta = match d.cpu_mark {
+                Some(mark) if hint.weight > 0 => hint.usage.saturating_sub(mark),
+                _ => 0,
+            };
+            d.cpu_weight = hint.weight;
+        } else {
+            d.cpu_delta = 0;
+            d.cpu_weight = 0;
+        }
+        let (delta, weight) = (d.cpu_delta, d.cpu_weight);
+        self.cpu_total = self
+            .cpu_total
+            .saturating_sub(old_delta)
+            .saturating_add(delta);
+        self.cpu_weights = self
+            .cpu_weights
+            .saturating_sub(u64::from(old_weight))
+            .saturating_add(u64::from(weight));
+        if attached && hint.running && weight > 0 {
+            self.on_cpu.insert(v);
+        } else {
+            self.on_cpu.remove(&v);
+        }
+    }
+
+    /// Stops the vGPU accruing refills (its balance must be settled).
+    fn stop_accruing(&mut self, v: VgpuId) {
+        let Some(d) = self.domain_mut(v) else { return };
+        let x = d.x;
+        if std::mem::take(&mut d.accruing) {
+            self.x_accruing = self.x_accruing.saturating_sub(u64::from(x));
+        }
+    }
+
+    /// The `G` at which the settled balance of queued `d` turns positive, if the run-queue
+    /// class depends on it and it is not positive yet.
+    fn turns_positive(&self, d: &Domain) -> Option<u128> {
+        let classes = matches!(
+            self.cfg.mode,
+            PegasusMode::Accc | PegasusMode::Xc | PegasusMode::Slaf | PegasusMode::Augc
+        );
+        if !classes || !d.accruing || d.credit > 0 {
+            return None;
+        }
+        // The least D with floor(X · D / 2^S) >= 1 - credit.
+        let missing = u128::try_from(1i128.saturating_sub(i128::from(d.credit))).ok()?;
+        let steps = (missing << CREDIT_SHIFT).div_ceil(u128::from(d.x.max(1)));
+        Some(d.g_seen.saturating_add(steps))
+    }
+
+    /// Takes the vGPU out of the run queue (and of the turn-positive index).
+    fn unready(&mut self, v: VgpuId) {
+        self.ready.remove(v);
+        if let Some(t) = self.domain_mut(v).and_then(|d| d.positive_at.take()) {
+            self.positive_at.remove(&(t, v));
+        }
+        if let Some((group, b)) = self.domain_mut(v).and_then(|d| d.co_key.take())
+            && let Some(set) = self.co.get_mut(&group)
+        {
+            set.remove(&(Reverse(b), v));
+            if set.is_empty() {
+                self.co.remove(&group);
+            }
+        }
+    }
+
+    /// CoSched: the group and normalised balance of settled `d` waiting in `class`.
+    fn co_key(d: &Domain, class: u8) -> (CoGroup, i128) {
+        let x = if d.accruing { d.x } else { 0 };
+        let scaled = i128::from(d.credit).saturating_mul(1 << CREDIT_SHIFT);
+        let seen = i128::try_from(d.g_seen).unwrap_or(i128::MAX);
+        let b = scaled.saturating_sub(i128::from(x).saturating_mul(seen));
+        ((class, x), b)
+    }
+
+    /// CoSched: the waiting vGPU of `class` with the highest balance now (ties to the lower
+    /// id): the best of the group heads, O(groups · log n).
+    fn co_first(&self, class: u8) -> Option<VgpuId> {
+        self.co
+            .range((class, 0)..=(class, u32::MAX))
+            .filter_map(|(_, set)| set.first().map(|&(_, v)| v))
+            .filter_map(|v| self.domain(v).map(|d| (self.credit_now(d), v)))
+            .max_by(|(ca, va), (cb, vb)| ca.cmp(cb).then(vb.cmp(va)))
+            .map(|(_, v)| v)
     }
 
     fn xmin(&self) -> u32 {
@@ -349,7 +559,7 @@ impl Pegasus {
             PegasusMode::Rr => (0, d.round, 0),
             PegasusMode::Cosched => {
                 let on_cpu = cx.vgpu(v).is_some_and(|s| s.cpu().running);
-                (u8::from(!on_cpu), 0, d.credit.saturating_neg())
+                (u8::from(!on_cpu), 0, 0)
             }
             mode => {
                 let class = if mode == PegasusMode::Augc && d.aug > 0 {
@@ -367,15 +577,27 @@ impl Pegasus {
     /// Puts the vGPU in the run queue under its current key if it has queued work and does not
     /// hold the slice; takes it out otherwise.
     fn index(&mut self, cx: &Cx<'_>, v: VgpuId) {
+        self.settle(v);
+        self.unready(v);
         let holds = self.current.is_some_and(|c| c.vgpu == v);
         let queued = cx.vgpu(v).is_some_and(|s| s.queued() > 0);
-        match self.domain(v) {
-            Some(d) if queued && !holds => {
-                let key = self.key(cx, v, d);
-                self.ready.insert(v, key);
+        let Some(d) = self.domain(v) else { return };
+        if queued && !holds {
+            let key = self.key(cx, v, d);
+            let turn = self.turns_positive(d);
+            let co = (self.cfg.mode == PegasusMode::Cosched).then(|| Self::co_key(d, key.0));
+            self.ready.insert(v, key);
+            if let Some((group, b)) = co {
+                self.co.entry(group).or_default().insert((Reverse(b), v));
+                if let Some(d) = self.domain_mut(v) {
+                    d.co_key = Some((group, b));
+                }
             }
-            _ => {
-                self.ready.remove(v);
+            if let Some(t) = turn {
+                self.positive_at.insert((t, v));
+                if let Some(d) = self.domain_mut(v) {
+                    d.positive_at = Some(t);
+                }
             }
         }
     }
@@ -405,14 +627,22 @@ impl Pegasus {
         if let Some(d) = self.domain_mut(cur.vgpu) {
             d.round = d.round.max(round).saturating_add(1);
         }
+        self.touch(cur.vgpu);
         self.index(cx, cur.vgpu);
     }
 
     /// The credit-period work for the period that ended `elapsed` ns after it began: AugC
     /// boosts, SLAF violations and compensation, the refill, ContextEstablished expiry.
+    ///
+    /// Only the vGPUs touched in the period are processed one by one (under AugC also those
+    /// on a CPU or boosted; every vGPU under SLAF, whose violations involve all of them, and
+    /// after `X` grew). An untouched vGPU is in the same state as at the last boundary: if it was
+    /// backlogged it takes its share of the refill through the accumulator `G`; if it was idle
+    /// the boundary changes nothing for it.
     fn end_period(&mut self, cx: &Cx<'_>, elapsed: Nanos) {
         struct Row {
             v: VgpuId,
+            x: u32,
             active: bool,
             backlogged: bool,
             cpu_delta: Nanos,
@@ -426,12 +656,34 @@ impl Pegasus {
             .tick
             .saturating_mul(u64::from(self.cfg.slaf_compensation));
         let holder = self.current.map(|c| c.vgpu);
+        if mode == PegasusMode::Augc {
+            // Only vGPUs running now get a boost, and only those boosted lose one.
+            let running: Vec<VgpuId> = self.on_cpu.iter().copied().collect();
+            for v in running.into_iter().chain(std::mem::take(&mut self.boosted)) {
+                self.touch(v);
+            }
+        }
+        // AugC: the remaining CPU credit of a VM is its CPU-weight share of the CPU time all
+        // VMs used in the period, less what it used itself (what Xen's credit scheduler would
+        // still owe it). Only hints change the sums, and hinted vGPUs are processed below.
+        let cpu_total = std::mem::take(&mut self.cpu_total);
+        let cpu_weights = self.cpu_weights;
+        let full = std::mem::take(&mut self.caps_stale) || mode == PegasusMode::Slaf;
+        let touched = std::mem::take(&mut self.dirty);
+        let eager = if full { cx.vgpu_ids() } else { touched };
         let mut rows = Vec::new();
-        for v in cx.vgpu_ids() {
+        for v in eager {
             let Some(s) = cx.vgpu(v) else { continue };
+            if !self.domain(v).is_some_and(|d| d.dirty || full) {
+                // Listed twice (detached and attached again): already processed.
+                continue;
+            }
+            self.settle(v);
+            self.stop_accruing(v);
             let Some(d) = self.domain_mut(v) else {
                 continue;
             };
+            d.dirty = false;
             let hint = *s.cpu();
             let backlogged = s.queued() > 0 || s.in_flight() > 0 || holder == Some(v);
             let active = backlogged || d.used > 0;
@@ -443,6 +695,7 @@ impl Pegasus {
                 cpu_delta = hint.usage.saturating_sub(mark);
                 d.cpu_mark = Some(hint.usage);
             }
+            d.cpu_delta = 0;
             // SLAF: the SLO is GPU time per second; a vGPU that wanted the GPU and got less
             // than its SLO for this period is violated.
             let expected = s
@@ -457,6 +710,7 @@ impl Pegasus {
             };
             rows.push(Row {
                 v,
+                x: d.x,
                 active,
                 backlogged,
                 cpu_delta,
@@ -466,20 +720,15 @@ impl Pegasus {
             });
         }
 
-        // AugC: the remaining CPU credit of a VM is its CPU-weight share of the CPU time all
-        // VMs used in the period, less what it used itself (what Xen's credit scheduler would
-        // still owe it).
-        let cpu_total: u64 = rows.iter().fold(0, |a, r| a.saturating_add(r.cpu_delta));
-        let cpu_weights: u64 = rows.iter().map(|r| u64::from(r.cpu_weight)).sum();
         // The refill: SLAF compensation first (scaled down if it exceeds what there is), the
-        // rest in proportion to X among the active vGPUs.
+        // rest in proportion to X among the active vGPUs: the untouched accruing ones and the
+        // active processed ones. It advances G by the credit per unit of X.
         let pool = std::mem::take(&mut self.debited);
         let want_total: u64 = rows.iter().fold(0, |a, r| a.saturating_add(r.want));
-        let x_active: u64 = rows
+        let x_active = rows
             .iter()
             .filter(|r| r.active)
-            .filter_map(|r| self.domain(r.v).map(|d| u64::from(d.x)))
-            .sum();
+            .fold(self.x_accruing, |a, r| a.saturating_add(u64::from(r.x)));
         let bonus_of = |want: Nanos| {
             if want_total <= pool {
                 want
@@ -489,14 +738,24 @@ impl Pegasus {
         };
         let bonus_total: u64 = rows.iter().map(|r| bonus_of(r.want)).sum();
         let rest = pool.saturating_sub(bonus_total);
+        let dg = if x_active == 0 {
+            0
+        } else {
+            (u128::from(rest) << CREDIT_SHIFT) / u128::from(x_active)
+        };
+        self.g = self.g.saturating_add(dg);
         let limit = self.credit_limit();
-        let (period, x_sum) = (self.cfg.period, self.x_sum);
+        let (period, x_sum, g) = (self.cfg.period, self.x_sum, self.g);
+        let mut carried = Vec::new();
         for r in &rows {
             let Some(d) = self.domain_mut(r.v) else {
                 continue;
             };
             let share = if r.active {
-                mul_div(rest, u64::from(d.x), x_active)
+                let grant = u128::from(d.x)
+                    .checked_mul(dg)
+                    .map_or(u128::MAX, |p| p >> CREDIT_SHIFT);
+                u64::try_from(grant).unwrap_or(u64::MAX)
             } else {
                 0
             };
@@ -516,9 +775,33 @@ impl Pegasus {
             };
             d.established &= r.active;
             d.used = 0;
+            d.g_seen = g;
+            d.accruing = r.backlogged;
+            if d.aug > 0 {
+                self.boosted.push(r.v);
+            }
+            if r.backlogged {
+                self.x_accruing = self.x_accruing.saturating_add(u64::from(r.x));
+            } else if r.active {
+                // It goes inactive at the next boundary (its context expires there).
+                carried.push(r.v);
+            }
         }
         for r in &rows {
             self.index(cx, r.v);
+        }
+        for v in carried {
+            self.touch(v);
+        }
+        // Queued vGPUs whose balance the refill made positive move from OVER to UNDER.
+        let due: Vec<VgpuId> = self
+            .positive_at
+            .iter()
+            .take_while(|&&(t, _)| t <= g)
+            .map(|&(_, v)| v)
+            .collect();
+        for v in due {
+            self.index(cx, v);
         }
     }
 }
@@ -533,6 +816,11 @@ impl Policy for Pegasus {
         if self.domains.len() <= i {
             self.domains.resize(i + 1, None);
         }
+        if self.domains[i].is_some() {
+            self.unready(v);
+            self.stop_accruing(v);
+            self.note_hint(cx, v, false);
+        }
         if let Some(old) = self.domains[i].take() {
             self.remove_x(old.x);
         }
@@ -543,8 +831,11 @@ impl Policy for Pegasus {
             x,
             round: self.round,
             cpu_mark: (hint.weight > 0).then_some(hint.usage),
+            g_seen: self.g,
             ..Domain::default()
         });
+        self.touch(v);
+        self.note_hint(cx, v, true);
         if self.next_period.is_none() {
             self.period_start = cx.now();
             self.next_period = Some(cx.now().saturating_add(self.cfg.period));
@@ -552,8 +843,10 @@ impl Policy for Pegasus {
         self.index(cx, v);
     }
 
-    fn detach(&mut self, _cx: &mut Cx<'_>, v: VgpuId) {
-        self.ready.remove(v);
+    fn detach(&mut self, cx: &mut Cx<'_>, v: VgpuId) {
+        self.unready(v);
+        self.stop_accruing(v);
+        self.note_hint(cx, v, false);
         if self.current.is_some_and(|c| c.vgpu == v) {
             self.current = None;
         }
@@ -568,10 +861,12 @@ impl Policy for Pegasus {
     fn params_changed(&mut self, cx: &mut Cx<'_>, v: VgpuId) {
         // Keep the balance and the context state; only X (and the SLO, read each period) change.
         self.refresh_x(cx, v);
+        self.touch(v);
         self.index(cx, v);
     }
 
     fn submitted(&mut self, cx: &mut Cx<'_>, v: VgpuId) {
+        self.touch(v);
         if self.ready.contains(v) || self.current.is_some_and(|c| c.vgpu == v) {
             return;
         }
@@ -588,6 +883,8 @@ impl Policy for Pegasus {
         let cost = done.cost();
         let credits = self.cfg.mode != PegasusMode::Rr;
         let limit = self.credit_limit();
+        self.touch(v);
+        self.settle(v);
         let Some(d) = self.domain_mut(v) else { return };
         d.used = d.used.saturating_add(cost);
         d.established = true;
@@ -631,6 +928,9 @@ impl Policy for Pegasus {
         {
             d.cpu_mark = Some(hint.usage);
         }
+        // Its CPU mark moves at the next boundary.
+        self.touch(v);
+        self.note_hint(cx, v, true);
         self.refresh_x(cx, v);
         self.index(cx, v);
     }
@@ -642,8 +942,14 @@ impl Policy for Pegasus {
             }
             self.end_slice(cx);
         }
-        let ((_, round, _), v) = self.ready.first()?;
-        self.ready.remove(v);
+        let ((class, round, _), first) = self.ready.first()?;
+        let v = if self.cfg.mode == PegasusMode::Cosched {
+            self.co_first(class).unwrap_or(first)
+        } else {
+            first
+        };
+        self.unready(v);
+        self.touch(v);
         self.round = self.round.max(round);
         let len = self.domain(v).map_or(self.cfg.tick, |d| self.slice_len(d));
         self.current = Some(Slice {
@@ -666,7 +972,7 @@ impl Policy for Pegasus {
         let ticks = self.slice_len(d) as f64 / self.cfg.tick as f64;
         vec![
             ("credits_x", f64::from(d.x)),
-            ("credit_ns", d.credit as f64),
+            ("credit_ns", self.credit_now(d) as f64),
             ("aug_credit_ns", d.aug as f64),
             ("slice_ticks", ticks),
             ("context_established", f64::from(u8::from(d.established))),
@@ -969,6 +1275,53 @@ mod tests {
     }
 
     #[test]
+    fn untouched_waiting_vgpus_take_their_refill_lazily() {
+        // One long tick: v2 holds the GPU across boundaries while v0 waits untouched.
+        let cfg = PegasusConfig {
+            tick: 100 * MS,
+            ..config(PegasusMode::Accc)
+        };
+        let (mut s, v) = sched(cfg, 1, &[weighted(256), weighted(768)]);
+        let (v0, v2) = (v[0], v[1]);
+        assert_eq!(submit(&mut s, 0, v0, 1), vec![dispatch(v0, 1)]);
+        assert!(complete(&mut s, 10 * MS, v0, 1, 0).is_empty());
+        assert_eq!(submit(&mut s, 10 * MS, v2, 2), vec![dispatch(v2, 2)]);
+        assert!(submit(&mut s, 11 * MS, v0, 3).is_empty());
+        submit(&mut s, 11 * MS, v2, 4);
+        assert_eq!(
+            complete(&mut s, 20 * MS, v2, 2, 10 * MS),
+            vec![dispatch(v2, 4)]
+        );
+        submit(&mut s, 20 * MS, v2, 5);
+        // 20 ms debited, handed back 1:3.
+        timer(&mut s, 30 * MS);
+        assert_eq!(figure(&s, v0, "credit_ns"), -5e6);
+        assert_eq!(figure(&s, v2, "credit_ns"), 5e6);
+        assert_eq!(
+            complete(&mut s, 40 * MS, v2, 4, 20 * MS),
+            vec![dispatch(v2, 5)]
+        );
+        submit(&mut s, 40 * MS, v2, 6);
+        assert_eq!(
+            complete(&mut s, 55 * MS, v2, 5, 40 * MS),
+            vec![dispatch(v2, 6)]
+        );
+        // v0 saw no event in this period, yet takes a quarter of the 35 ms and turns UNDER.
+        timer(&mut s, 60 * MS);
+        assert_eq!(figure(&s, v0, "credit_ns"), 3.75e6);
+        assert_eq!(figure(&s, v2, "credit_ns"), -3.75e6);
+        timer(&mut s, 90 * MS);
+        assert_eq!(figure(&s, v0, "credit_ns"), 3.75e6);
+        // The slice ends: the UNDER v0 goes before the OVER holder.
+        submit(&mut s, 100 * MS, v2, 7);
+        assert_eq!(
+            complete(&mut s, 110 * MS, v2, 6, 55 * MS),
+            vec![dispatch(v0, 3)]
+        );
+        assert_eq!(figure(&s, v2, "credit_ns"), -58.75e6);
+    }
+
+    #[test]
     fn rr_takes_turns_one_tick_each_regardless_of_weight() {
         let params = [weighted(1024), weighted(256), weighted(256)];
         let (s, v) = sched(config(PegasusMode::Rr), 1, &params);
@@ -1103,6 +1456,47 @@ mod tests {
         assert_eq!(
             complete(&mut s, 9 * MS, v[0], 2, 7 * MS),
             vec![dispatch(v[2], 4)]
+        );
+    }
+
+    #[test]
+    fn cosched_orders_untouched_waiting_vgpus_by_their_refilled_balance() {
+        // One long tick: v2 holds the GPU while v0 and v1 wait untouched; v1's larger X makes
+        // its balance overtake v0's through the refills alone.
+        let cfg = PegasusConfig {
+            tick: 100 * MS,
+            ..config(PegasusMode::Cosched)
+        };
+        let params = [weighted(256), weighted(768), weighted(256)];
+        let (mut s, v) = sched(cfg, 1, &params);
+        assert_eq!(submit(&mut s, 0, v[0], 1), vec![dispatch(v[0], 1)]);
+        assert!(complete(&mut s, 2 * MS, v[0], 1, 0).is_empty());
+        assert_eq!(submit(&mut s, 2 * MS, v[1], 2), vec![dispatch(v[1], 2)]);
+        assert!(complete(&mut s, 16 * MS, v[1], 2, 2 * MS).is_empty());
+        assert_eq!(submit(&mut s, 16 * MS, v[2], 3), vec![dispatch(v[2], 3)]);
+        for (w, id) in [(v[0], 4), (v[1], 5), (v[2], 6)] {
+            assert!(submit(&mut s, 17 * MS, w, id).is_empty());
+        }
+        assert_eq!(
+            complete(&mut s, 28 * MS, v[2], 3, 16 * MS),
+            vec![dispatch(v[2], 6)]
+        );
+        submit(&mut s, 28 * MS, v[2], 7);
+        // 28 ms handed back 1:3:1: v0 is ahead of v1.
+        timer(&mut s, 30 * MS);
+        assert_eq!(figure(&s, v[0], "credit_ns"), 3.6e6);
+        assert_eq!(figure(&s, v[1], "credit_ns"), 2.8e6);
+        assert_eq!(
+            complete(&mut s, 48 * MS, v[2], 6, 28 * MS),
+            vec![dispatch(v[2], 7)]
+        );
+        // 20 ms handed back 1:3:1: v1 overtakes v0 without an event of its own.
+        timer(&mut s, 60 * MS);
+        assert_eq!(figure(&s, v[0], "credit_ns"), 7.6e6);
+        assert_eq!(figure(&s, v[1], "credit_ns"), 14.8e6);
+        assert_eq!(
+            complete(&mut s, 70 * MS, v[2], 7, 48 * MS),
+            vec![dispatch(v[1], 5)]
         );
     }
 
