@@ -101,6 +101,13 @@ pub const F_CONTEXT_INIT: u32 = bindings::VIRTIO_GPU_F_CONTEXT_INIT;
 pub const CAPSET_VIRGL: u32 = bindings::VIRTIO_GPU_CAPSET_VIRGL;
 /// Capset `VIRTIO_GPU_CAPSET_VIRGL2`.
 pub const CAPSET_VIRGL2: u32 = bindings::VIRTIO_GPU_CAPSET_VIRGL2;
+/// vgpu's private load capset (`VGPU_LOAD_CAPSET_ID`): contexts that occupy the GPU for given
+/// times.
+pub const CAPSET_LOAD: u32 = 20;
+/// Load command op: occupy the GPU for `arg` µs.
+pub const LOAD_OP_OCCUPY: u32 = 1;
+/// Load command op: end of a frame (`arg` 0).
+pub const LOAD_OP_END_FRAME: u32 = 2;
 /// `VIRTIO_GPU_FORMAT_B8G8R8X8_UNORM` (DRM XRGB8888, what Linux's fbdev and KMS use).
 pub const FORMAT_B8G8R8X8: u32 = bindings::virtio_gpu_formats_VIRTIO_GPU_FORMAT_B8G8R8X8_UNORM;
 /// `VIRTIO_GPU_FORMAT_B8G8R8A8_UNORM`.
@@ -540,6 +547,16 @@ pub fn submit_3d(ctx_id: u32, commands: &[u32]) -> Vec<u8> {
     submit_3d_claiming(ctx_id, len_u32(commands.len().saturating_mul(4)), commands)
 }
 
+/// `VIRTIO_GPU_CMD_SUBMIT_3D` on a load-capset context: each command `(op, flags, arg)` is
+/// 16 little-endian bytes `{op u32, flags u32, arg u64}`.
+pub fn load_submit(ctx_id: u32, commands: &[(u32, u32, u64)]) -> Vec<u8> {
+    let dwords: Vec<u32> = commands
+        .iter()
+        .flat_map(|&(op, flags, arg)| [op, flags, arg as u32, (arg >> 32) as u32])
+        .collect();
+    submit_3d(ctx_id, &dwords)
+}
+
 /// `VIRTIO_GPU_CMD_SUBMIT_3D` announcing `size` bytes but carrying `commands` (for negative
 /// tests).
 pub fn submit_3d_claiming(ctx_id: u32, size: u32, commands: &[u32]) -> Vec<u8> {
@@ -894,6 +911,13 @@ mod tests {
 
     #[test]
     fn fences_are_added_to_any_request() {
+        let l = load_submit(4, &[(LOAD_OP_OCCUPY, 0, 0x1_0000_0002)]);
+        assert_eq!(l.len(), SUBMIT_3D_SIZE + 16);
+        assert_eq!(&l[24..28], &16u32.to_le_bytes(), "size");
+        assert_eq!(
+            &l[32..48],
+            &[1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0]
+        );
         let s = with_fence(submit_3d(3, &[1]), 0x1_0000_0002);
         let h = CtrlHeader::parse(&s).unwrap();
         assert!(h.is_fenced());

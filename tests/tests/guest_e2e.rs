@@ -219,6 +219,8 @@ else
     echo FIRST-BOOT
     printf again | dd of=/dev/vdb conv=notrunc,fsync status=none
     echo REBOOTING
+    # Let the console drain: sysrq b resets at once and drops what is still queued.
+    sleep 1
     echo b > /proc/sysrq-trigger
     sleep 30
 fi

@@ -59,7 +59,8 @@ fn virgl_contexts_textures_fences_and_errors() {
             .dev
             .read_device_config_u32(qt, virtio_gpu::CONFIG_NUM_CAPSETS)
             .unwrap(),
-        2
+        3,
+        "VIRGL, VIRGL2 and the load capset"
     );
     // Bring the device up again with VIRGL negotiated, as a 3D guest driver would.
     guest.bring_up_with(features);
@@ -141,9 +142,9 @@ fn virgl_contexts_textures_fences_and_errors() {
     // Bad 3D commands get their error codes; the device stays live.
     let bad: Vec<(Vec<u8>, u32, &str)> = vec![
         (
-            virtio_gpu::get_capset_info(2),
+            virtio_gpu::get_capset_info(3),
             ERR_INVALID_PARAMETER,
-            "capset index 2",
+            "capset index 3",
         ),
         (
             virtio_gpu::get_capset(7, 0),

@@ -10,6 +10,7 @@ use std::collections::VecDeque;
 use std::fmt::Display;
 use std::fs::File;
 use std::sync::Arc;
+use std::time::Instant;
 
 use log::{debug, error, info, warn};
 use mdev_backend::GpuBackend;
@@ -17,8 +18,9 @@ use virtio_queue::{QueueOwnedT, QueueT};
 use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
 
 use crate::gpu::dump::Frame;
-use crate::gpu::fence::{FenceState, Parked};
-use crate::gpu::protocol::{self, Response};
+use crate::gpu::fence::{FenceState, Parked, Wait};
+use crate::gpu::load::{self, LoadRunner, LoadToken};
+use crate::gpu::protocol::{self, ControlCommand, ControlRequest, CtrlHeader, Response};
 use crate::gpu::three_d::Renderer;
 use crate::gpu::{DisplayConfig, GpuDevice};
 use crate::irq::{Interrupts, IrqChange, IrqError};
@@ -83,6 +85,19 @@ pub struct Device {
     fences: FenceState,
     /// Guest fence ids given to the renderer, in order (its fence ids are their low 32 bits).
     issued: VecDeque<u64>,
+    /// The local engine running load-capset groups.
+    load: LoadRunner,
+    /// Origin of the load engine's time (ns since then).
+    epoch: Instant,
+}
+
+/// What a fenced request's completion waits for, besides the earlier ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FenceWait {
+    /// A renderer fence created in this context after the request's work.
+    Renderer(u32),
+    /// A load submit's groups (`None`: it had none, so only the earlier completions).
+    Load(Option<LoadToken>),
 }
 
 impl Device {
@@ -101,6 +116,8 @@ impl Device {
             retained: Vec::new(),
             fences: FenceState::default(),
             issued: VecDeque::new(),
+            load: LoadRunner::default(),
+            epoch: Instant::now(),
         }
     }
 
@@ -164,6 +181,7 @@ impl Device {
         self.gpu.reset();
         self.fences.reset();
         self.issued.clear();
+        self.load.reset();
         self.config.set_interrupt_status(false);
         info!("device reset");
     }
@@ -350,14 +368,19 @@ impl Device {
                 CONTROL_QUEUE => self.control_request(&chain, &mem, virgl),
                 _ => (self.cursor_request(&chain), None),
             };
-            if let (Some((fence_id, ctx_id)), Some(v)) = (fence, virgl) {
+            if let (Some((fence_id, wait)), Some(v)) = (fence, virgl) {
                 let entry = Parked {
                     fence_id,
                     queue: q,
                     head: chain.head(),
                     len,
+                    wait: Wait::Renderer,
                 };
-                if self.park(v, entry, ctx_id) {
+                let parked = match wait {
+                    FenceWait::Renderer(ctx_id) => self.park(v, entry, ctx_id),
+                    FenceWait::Load(token) => self.park_load(entry, token),
+                };
+                if parked {
                     continue;
                 }
             }
@@ -440,6 +463,43 @@ impl Device {
         }
     }
 
+    /// Parks a fenced load submit behind its groups (`None`: none) and every earlier
+    /// completion; false if it must complete now.
+    fn park_load(&mut self, entry: Parked, token: Option<LoadToken>) -> bool {
+        let wait = token.map_or(Wait::Nothing, Wait::Load);
+        match self.fences.park(Parked { wait, ..entry }) {
+            Ok(None) => true,
+            Ok(Some(_)) => false,
+            Err(e) => {
+                warn!("fence {}: {e}; completing at once", entry.fence_id);
+                false
+            }
+        }
+    }
+
+    /// Nanoseconds on the load engine's clock.
+    fn now(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// When the load engine's running group finishes, as a delay from now (`None`: idle).
+    pub fn load_deadline(&self) -> Option<std::time::Duration> {
+        let deadline = self.load.deadline()?;
+        Some(std::time::Duration::from_nanos(
+            deadline.saturating_sub(self.now()),
+        ))
+    }
+
+    /// Runs the load engine up to now: the fenced submits whose groups have all finished
+    /// complete, in order.
+    pub fn load_tick(&mut self) {
+        let now = self.now();
+        for token in self.load.advance(now) {
+            let released = self.fences.load_done(token);
+            self.complete_parked(released);
+        }
+    }
+
     /// The renderer signalled fence `newest` (and every earlier one): the parked completions
     /// it covers go to their used rings, in order, with an interrupt per queue.
     pub fn fences_signalled(&mut self, newest: u32) {
@@ -455,6 +515,11 @@ impl Device {
             }
         }
         let released = self.fences.signal(guest_id);
+        self.complete_parked(released);
+    }
+
+    /// Puts released completions on their used rings, in order, with an interrupt per queue.
+    fn complete_parked(&mut self, released: Vec<Parked>) {
         if released.is_empty() {
             return;
         }
@@ -495,17 +560,33 @@ impl Device {
     }
 
     /// Decodes and executes one control request and writes its response; returns the used
-    /// length and, for a fenced request, its (fence id, context id).
+    /// length and, for a fenced request, its fence id and what it waits for.
     fn control_request(
         &mut self,
         chain: &CheckedChain,
         mem: &Arc<GuestMemoryMmap>,
         virgl: Option<&dyn GpuBackend>,
-    ) -> (u32, Option<(u64, u32)>) {
+    ) -> (u32, Option<(u64, FenceWait)>) {
         inc(&self.metrics.ctrl_requests);
         let frames_before = self.gpu.frames_flushed();
         let renderer = virgl.map(|virgl| Renderer { virgl, mem });
+        let mut wait = None;
         let (hdr, response) = match protocol::decode_control(chain.request()) {
+            Ok(ControlRequest {
+                hdr,
+                cmd: ControlCommand::Submit3d { ctx_id, commands },
+            }) if self.gpu.is_load_context(ctx_id) => {
+                match self.load_submit(&hdr, commands.dwords()) {
+                    Ok(token) => {
+                        wait = Some(FenceWait::Load(token));
+                        (hdr, Response::OkNoData)
+                    }
+                    Err(e) => {
+                        wait = Some(FenceWait::Load(None));
+                        (hdr, Response::Err(e.response_code()))
+                    }
+                }
+            }
             Ok(mut req) => {
                 let response = self.gpu.execute(&mut req, &**mem, renderer);
                 (req.hdr, response)
@@ -534,7 +615,22 @@ impl Device {
             error!("writing response: {e}");
             0
         });
-        (len, hdr.fenced().then_some((hdr.fence_id, hdr.ctx_id)))
+        let wait = wait.unwrap_or(FenceWait::Renderer(hdr.ctx_id));
+        (len, hdr.fenced().then_some((hdr.fence_id, wait)))
+    }
+
+    /// A SUBMIT_3D on a load context: decoded whole, then its groups queued on the local
+    /// engine. Returns the submit's token (`None`: no group to wait for).
+    fn load_submit(
+        &mut self,
+        hdr: &CtrlHeader,
+        dwords: &[u32],
+    ) -> Result<Option<LoadToken>, load::LoadError> {
+        let commands = load::decode_submit(dwords).inspect_err(|e| {
+            debug!("load submit on context {} refused: {e}", hdr.ctx_id);
+        })?;
+        let now = self.now();
+        self.load.submit(hdr.ctx_id, &commands, now)
     }
 
     fn cursor_request(&mut self, chain: &CheckedChain) -> u32 {

@@ -46,6 +46,10 @@ const VIRGL_TOKEN: u32 = 0x104;
 const DUMP_TIMER_TOKEN: u32 = 0x102;
 /// Event data of the dump request socket.
 const DUMP_REQUEST_TOKEN: u32 = 0x103;
+/// Event data of the load engine's timer.
+const LOAD_TIMER_TOKEN: u32 = 0x105;
+/// Shortest load timer: a zero interval would disarm a timerfd instead of firing it.
+const MIN_LOAD_TIMER: Duration = Duration::from_micros(1);
 
 /// Errors starting the worker.
 #[derive(Debug, thiserror::Error)]
@@ -118,7 +122,15 @@ impl WorkerHandle {
                     }
                 });
                 let has_renderer = virgl.is_some();
+                let load_timer = match TimerFd::new() {
+                    Ok(t) => t,
+                    Err(e) => {
+                        let _ = ready.send(Err(WorkerError::Setup(e.into())));
+                        return;
+                    }
+                };
                 let worker = Worker {
+                    load_timer,
                     virgl,
                     device: None,
                     kicks: worker_kicks,
@@ -345,9 +357,27 @@ struct Worker {
     resample: Option<File>,
     stop: Arc<AtomicBool>,
     dumper: Option<Dumper>,
+    /// Fires when the load engine's running group finishes.
+    load_timer: TimerFd,
 }
 
 impl Worker {
+    /// Runs the device's load engine up to now and arms the timer for its next finish.
+    fn run_load(&mut self) {
+        let Some(device) = &self.device else {
+            return;
+        };
+        let mut locked = device_lock(device);
+        locked.load_tick();
+        let next = locked.load_deadline();
+        drop(locked);
+        if let Some(wait) = next
+            && let Err(e) = self.load_timer.reset(wait.max(MIN_LOAD_TIMER), None)
+        {
+            error!("arming the load timer: {e}");
+        }
+    }
+
     fn device(&self) -> Option<MutexGuard<'_, Device>> {
         self.device.as_deref().map(device_lock)
     }
@@ -406,6 +436,13 @@ impl MutEventSubscriber for Worker {
         )) {
             error!("watching the control eventfd: {e}");
         }
+        if let Err(e) = ops.add(Events::with_data(
+            &self.load_timer,
+            LOAD_TIMER_TOKEN,
+            EventSet::IN,
+        )) {
+            error!("watching the load timer: {e}");
+        }
         if let Some(fd) = self.virgl.as_deref().and_then(GpuBackend::poll_fd)
             && let Err(e) = ops.add(Events::with_data_raw(fd, VIRGL_TOKEN, EventSet::IN))
         {
@@ -453,6 +490,14 @@ impl MutEventSubscriber for Worker {
                     d.timer_fired(self.device.as_deref(), self.virgl.as_deref());
                 }
             }
+            LOAD_TIMER_TOKEN => {
+                // Read even with no client attached, so that it stops firing; a timer re-armed
+                // since it fired is not readable any more, and the blocking read is skipped.
+                if !self.load_timer.is_armed().unwrap_or(true) {
+                    let _ = self.load_timer.wait();
+                }
+                self.run_load();
+            }
             DUMP_REQUEST_TOKEN => {
                 if let Some(d) = &mut self.dumper {
                     d.requested(self.device.as_deref(), self.virgl.as_deref());
@@ -478,10 +523,11 @@ impl MutEventSubscriber for Worker {
                 if more {
                     let _ = self.kicks[usize::from(q)].write(1);
                 }
-                if q == CONTROL_QUEUE
-                    && let Some(d) = &mut self.dumper
-                {
-                    d.flushed(device, self.virgl.as_deref());
+                if q == CONTROL_QUEUE {
+                    if let Some(d) = &mut self.dumper {
+                        d.flushed(device, self.virgl.as_deref());
+                    }
+                    self.run_load();
                 }
             }
         }

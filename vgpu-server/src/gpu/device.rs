@@ -438,6 +438,11 @@ impl GpuDevice {
         }
     }
 
+    /// Whether `ctx` is a load-capset context (its submits are the device's own work).
+    pub fn is_load_context(&self, ctx: u32) -> bool {
+        self.virgl && self.three_d.is_load_context(ctx)
+    }
+
     /// Returns to the power-on state: every resource is freed and every scanout disabled (the
     /// display configuration and the frame counters are kept).
     pub fn reset(&mut self) {
@@ -452,10 +457,11 @@ impl GpuDevice {
     }
 
     /// Device-specific feature bits offered: VIRTIO_GPU_F_EDID when the mode has an EDID,
-    /// VIRTIO_GPU_F_VIRGL with a renderer.
+    /// VIRTIO_GPU_F_VIRGL and VIRTIO_GPU_F_CONTEXT_INIT (for the load capset) with a renderer.
     pub fn features(&self) -> u64 {
         let virgl = if self.virgl {
             1 << virtio_bindings::virtio_gpu::VIRTIO_GPU_F_VIRGL
+                | 1 << virtio_bindings::virtio_gpu::VIRTIO_GPU_F_CONTEXT_INIT
         } else {
             0
         };

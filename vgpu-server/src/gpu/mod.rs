@@ -1,11 +1,12 @@
 //! The virtio-gpu device: wire protocol (decoding, hop 4), device model (execution, hop 5; 3D
 //! commands in `three_d` through virglrenderer), fenced completions, the EDID it reports and
-//! the headless scanout dumps.
+//! the headless scanout dumps; the private load capset (`load`).
 
 pub mod device;
 pub mod dump;
 pub mod edid;
 pub mod fence;
+pub mod load;
 pub mod protocol;
 pub mod three_d;
 

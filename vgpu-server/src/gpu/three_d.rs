@@ -15,12 +15,14 @@ use mdev_backend::virgl::{BackingMemory, CAPSET_VIRGL, CAPSET_VIRGL2};
 use mdev_backend::{BackendError, GpuBackend};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
+use super::load::{self, LOAD_CAPSET_SIZE, LOAD_CAPSET_VERSION, VGPU_LOAD_CAPSET_ID};
 use super::protocol::{
     CtxCreate, MAX_BACKING_ENTRIES, MemEntry, ResourceCreate3d, Response, Transfer3d, ty,
 };
 
-/// Capsets offered, in GET_CAPSET_INFO index order (VIRGL, then VIRGL2).
-pub const CAPSETS: [u32; 2] = [CAPSET_VIRGL, CAPSET_VIRGL2];
+/// Capsets offered, in GET_CAPSET_INFO index order (VIRGL, VIRGL2, then the private load
+/// capset, which the device serves itself).
+pub const CAPSETS: [u32; 3] = [CAPSET_VIRGL, CAPSET_VIRGL2, VGPU_LOAD_CAPSET_ID];
 /// Most 3D contexts per guest. Mesa opens one per GL context; a desktop session uses a few
 /// dozen at most.
 pub const MAX_CONTEXTS: usize = 256;
@@ -39,9 +41,12 @@ pub enum ThreeDError {
     /// A context id the guest never created.
     #[error("unknown context {0}")]
     UnknownContext(u32),
-    /// CONTEXT_INIT names a capset that is not virgl's.
+    /// CONTEXT_INIT names a capset that is not offered.
     #[error("context init capset {0} is not offered")]
     ContextCapset(u32),
+    /// GET_CAPSET of the load capset with a version it does not have.
+    #[error("load capset version {0} is not offered")]
+    CapsetVersion(u32),
     /// Too many contexts or resources.
     #[error("limit of {0} reached")]
     Limit(&'static str),
@@ -112,6 +117,7 @@ impl ThreeDError {
             | ThreeDError::StridesTooLarge { .. }
             | ThreeDError::CapsetIndex(_)
             | ThreeDError::ContextCapset(_)
+            | ThreeDError::CapsetVersion(_)
             | ThreeDError::BadEntry { .. } => ty::ERR_INVALID_PARAMETER,
             ThreeDError::Limit(_) => ty::ERR_OUT_OF_MEMORY,
             ThreeDError::Renderer(_) => ty::ERR_UNSPEC,
@@ -187,7 +193,10 @@ pub struct Size3d {
 /// The 3D objects of one guest.
 #[derive(Debug, Default)]
 pub struct ThreeD {
+    /// virgl contexts.
     contexts: BTreeSet<u32>,
+    /// Load-capset contexts (the device's own; virglrenderer never sees them).
+    load_contexts: BTreeSet<u32>,
     resources: BTreeMap<u32, Size3d>,
     /// Left behind by a reset, destroyed by the worker in [`ThreeD::reap`].
     doomed_contexts: Vec<u32>,
@@ -200,8 +209,14 @@ impl ThreeD {
         self.resources.get(&id).copied()
     }
 
+    /// Whether `ctx` is a load-capset context.
+    pub fn is_load_context(&self, ctx: u32) -> bool {
+        self.load_contexts.contains(&ctx)
+    }
+
     /// Guest reset: everything goes, on the worker's next [`ThreeD::reap`].
     pub fn reset(&mut self) {
+        self.load_contexts.clear();
         self.doomed_contexts
             .extend(std::mem::take(&mut self.contexts));
         self.doomed_resources
@@ -225,6 +240,13 @@ impl ThreeD {
         let id = *CAPSETS
             .get(index as usize)
             .ok_or(ThreeDError::CapsetIndex(index))?;
+        if id == VGPU_LOAD_CAPSET_ID {
+            return Ok(Response::OkCapsetInfo {
+                capset_id: id,
+                capset_max_version: LOAD_CAPSET_VERSION,
+                capset_max_size: LOAD_CAPSET_SIZE,
+            });
+        }
         let info = r.virgl.capset_info(id)?;
         Ok(Response::OkCapsetInfo {
             capset_id: id,
@@ -238,22 +260,36 @@ impl ThreeD {
         if !CAPSETS.contains(&id) {
             return Err(ThreeDError::ContextCapset(id));
         }
+        if id == VGPU_LOAD_CAPSET_ID {
+            if version > LOAD_CAPSET_VERSION {
+                return Err(ThreeDError::CapsetVersion(version));
+            }
+            return Ok(Response::OkCapset(load::capset_blob()));
+        }
         Ok(Response::OkCapset(r.virgl.capset(id, version)?))
     }
 
-    /// CTX_CREATE.
+    /// CTX_CREATE. context_init capset 20 makes a load context, kept here; 0 (no
+    /// CONTEXT_INIT), 1 (VIRGL) and 2 (VIRGL2) make a virgl context. virglrenderer's
+    /// `virgl_renderer_context_create` makes the same vrend context that
+    /// `..._create_with_flags` makes for capsets 1 and 2, so the plain call serves all three.
     pub fn ctx_create(&mut self, c: &CtxCreate, r: Renderer<'_>) -> Result<Response, ThreeDError> {
-        if c.ctx_id == 0 || self.contexts.contains(&c.ctx_id) {
+        if c.ctx_id == 0 || self.contexts.contains(&c.ctx_id) || self.is_load_context(c.ctx_id) {
             return Err(ThreeDError::ContextIdTaken(c.ctx_id));
         }
         let capset = c.capset_id();
         if capset != 0 && !CAPSETS.contains(&capset) {
             return Err(ThreeDError::ContextCapset(capset));
         }
-        if self.contexts.len() >= MAX_CONTEXTS {
+        if self.contexts.len().saturating_add(self.load_contexts.len()) >= MAX_CONTEXTS {
             return Err(ThreeDError::Limit("3D contexts"));
         }
         let name = String::from_utf8_lossy(&c.debug_name);
+        if capset == VGPU_LOAD_CAPSET_ID {
+            self.load_contexts.insert(c.ctx_id);
+            debug!("load context {} ({name}) created", c.ctx_id);
+            return Ok(Response::OkNoData);
+        }
         r.virgl.context_create(c.ctx_id, &name)?;
         self.contexts.insert(c.ctx_id);
         debug!("3D context {} ({name}) created", c.ctx_id);
@@ -262,6 +298,10 @@ impl ThreeD {
 
     /// CTX_DESTROY.
     pub fn ctx_destroy(&mut self, ctx: u32, r: Renderer<'_>) -> Result<Response, ThreeDError> {
+        if self.load_contexts.remove(&ctx) {
+            // Its groups already queued still run; their fences complete as usual.
+            return Ok(Response::OkNoData);
+        }
         if !self.contexts.remove(&ctx) {
             return Err(ThreeDError::UnknownContext(ctx));
         }
@@ -285,6 +325,11 @@ impl ThreeD {
         attach: bool,
         r: Renderer<'_>,
     ) -> Result<Response, ThreeDError> {
+        if self.is_load_context(ctx) {
+            // Linux attaches every buffer of a DRM file to its context; a load context has
+            // no use for them and keeps nothing.
+            return Ok(Response::OkNoData);
+        }
         self.context(ctx)?;
         if attach {
             r.virgl.ctx_attach_resource(ctx, res)?;
