@@ -45,7 +45,7 @@ pub const MIN_TICK: Nanos = 100 * NS_PER_US;
 /// Longest tick accepted: one second already makes the GPU unresponsive to other VMs.
 pub const MAX_TICK: Nanos = NS_PER_SEC;
 /// Shortest credit period accepted: the period work is proportional to the vGPUs touched in
-/// the period (all of them under SLAF), so it must not run per group.
+/// the period, so it must not run per group.
 pub const MIN_PERIOD: Nanos = NS_PER_MS;
 /// Longest credit period accepted: credits must be refilled often enough to track demand.
 pub const MAX_PERIOD: Nanos = 10 * NS_PER_SEC;
@@ -202,6 +202,12 @@ type CoGroup = (u8, u32);
 /// class is the best of the group heads.
 type CoGroups = BTreeMap<CoGroup, BTreeSet<(Reverse<i128>, VgpuId)>>;
 
+/// SLAF: a group of queued OVER vGPUs that accrue the same refill and compensation per period
+/// (`X`, want), each with its normalised balance `credit · 2^CREDIT_SHIFT − X · G_seen −
+/// want · F_seen`. Refills through `G` and `F` never reorder a group, so the members turn
+/// positive in order of decreasing normalised balance.
+type OverGroups = BTreeMap<(u32, Nanos), BTreeSet<(Reverse<i128>, VgpuId)>>;
+
 /// The Pegasus state of one vGPU (domain).
 #[derive(Debug, Clone, Default)]
 struct Domain {
@@ -222,10 +228,22 @@ struct Domain {
     /// CPU usage at the last period boundary (from its CPU hints), once a hint arrived.
     cpu_mark: Option<Nanos>,
     /// It was backlogged at the last boundary it was processed at, so it takes its share of
-    /// every refill until touched: `credit` lags by `X · (G − g_seen) / 2^CREDIT_SHIFT`.
+    /// every refill until touched: `credit` lags by
+    /// `(X · (G − g_seen) + want · (F − f_seen)) / 2^CREDIT_SHIFT`, where want is its SLAF
+    /// compensation per period (see [`Pegasus::want`]).
     accruing: bool,
     /// The global accumulator `G` when `credit` was last brought up to date.
     g_seen: u128,
+    /// The global compensation accumulator `F` when `credit` was last brought up to date.
+    f_seen: u128,
+    /// SLAF: the GPU time its SLO asks for in one regular period, as of the last boundary it
+    /// was processed at (the SLO only changes with a touch); 0 in the other modes.
+    slo_expected: Nanos,
+    /// The number of the last boundary it was processed at: an accruing vGPU not processed at
+    /// later ones had no GPU time in them, so under SLAF its SLO counts as violated there.
+    epoch: u64,
+    /// SLAF: its group and normalised balance while it waits OVER with compensation to accrue.
+    over_key: Option<((u32, Nanos), i128)>,
     /// The `G` at which its (non-positive) balance turns positive, while it waits in the run
     /// queue in a mode whose class depends on the balance.
     positive_at: Option<u128>,
@@ -237,6 +255,15 @@ struct Domain {
     cpu_delta: Nanos,
     /// The CPU weight of its latest hint (its part of `cpu_weights`).
     cpu_weight: u32,
+}
+
+/// Where a queued OVER vGPU waits for its balance to turn positive.
+#[derive(Debug, Clone, Copy)]
+enum TurnsPositive {
+    /// At this value of `G` (it accrues no compensation).
+    AtG(u128),
+    /// In this SLAF group, with this normalised balance (see [`OverGroups`]).
+    Over((u32, Nanos), i128),
 }
 
 /// The slice the GPU is given to.
@@ -271,6 +298,17 @@ pub struct Pegasus {
     g: u128,
     /// The sum of `X` over the accruing vGPUs.
     x_accruing: u64,
+    /// SLAF's global compensation accumulator: the compensation per unit of want handed to
+    /// every accruing vGPU so far (2^CREDIT_SHIFT per period while the pool covers all wants;
+    /// saturating like `G`).
+    f: u128,
+    /// The sum of want over the accruing vGPUs.
+    want_accruing: u64,
+    /// The number of period boundaries processed so far.
+    epoch: u64,
+    /// SLAF: queued accruing OVER vGPUs with compensation to accrue (the others with a
+    /// non-positive balance are in `positive_at`).
+    over: OverGroups,
     /// vGPUs touched in this period (each once): only they need per-vGPU work at the boundary.
     dirty: Vec<VgpuId>,
     /// Queued accruing vGPUs with a non-positive balance, by the `G` at which it turns positive.
@@ -320,6 +358,10 @@ impl Pegasus {
             debited: 0,
             g: 0,
             x_accruing: 0,
+            f: 0,
+            want_accruing: 0,
+            epoch: 0,
+            over: BTreeMap::new(),
             dirty: Vec::new(),
             positive_at: BTreeSet::new(),
             caps_stale: false,
@@ -393,14 +435,41 @@ impl Pegasus {
         }
     }
 
-    /// The refills `d` has earned since its balance was last brought up to date, in ns.
+    /// The SLAF compensation per period an untouched accruing `d` takes: its SLO's shortfall
+    /// with no GPU time at all, at most the compensation ticks (0 when it does not accrue).
+    fn want(&self, d: &Domain) -> Nanos {
+        if !d.accruing {
+            return 0;
+        }
+        let comp = self
+            .cfg
+            .tick
+            .saturating_mul(u64::from(self.cfg.slaf_compensation));
+        d.slo_expected.min(comp)
+    }
+
+    /// Whether the SLO of `d` was violated in the last period: as processed at its last
+    /// boundary, or, if it was accruing and not processed at later ones, whether it has an SLO
+    /// to miss (it had no GPU time in the last period).
+    fn violated_now(&self, d: &Domain) -> bool {
+        if self.cfg.mode == PegasusMode::Slaf && d.accruing && d.epoch < self.epoch {
+            d.slo_expected > 0
+        } else {
+            d.violated
+        }
+    }
+
+    /// The refills and compensation `d` has earned since its balance was last brought up to
+    /// date, in ns.
     fn pending(&self, d: &Domain) -> i64 {
         if !d.accruing {
             return 0;
         }
-        let diff = self.g.saturating_sub(d.g_seen);
-        let grant = u128::from(d.x)
-            .checked_mul(diff)
+        let refill = u128::from(d.x).checked_mul(self.g.saturating_sub(d.g_seen));
+        let comp = u128::from(self.want(d)).checked_mul(self.f.saturating_sub(d.f_seen));
+        let grant = refill
+            .zip(comp)
+            .and_then(|(a, b)| a.checked_add(b))
             .map_or(u128::MAX, |p| p >> CREDIT_SHIFT);
         i64::try_from(grant).unwrap_or(i64::MAX)
     }
@@ -415,13 +484,14 @@ impl Pegasus {
 
     /// Brings the vGPU's stored balance up to date with the refills so far.
     fn settle(&mut self, v: VgpuId) {
-        let g = self.g;
+        let (g, f) = (self.g, self.f);
         let Some(credit) = self.domain(v).map(|d| self.credit_now(d)) else {
             return;
         };
         if let Some(d) = self.domain_mut(v) {
             d.credit = credit;
             d.g_seen = g;
+            d.f_seen = f;
         }
     }
 
@@ -469,16 +539,20 @@ impl Pegasus {
 
     /// Stops the vGPU accruing refills (its balance must be settled).
     fn stop_accruing(&mut self, v: VgpuId) {
+        let Some(want) = self.domain(v).map(|d| self.want(d)) else {
+            return;
+        };
         let Some(d) = self.domain_mut(v) else { return };
         let x = d.x;
         if std::mem::take(&mut d.accruing) {
             self.x_accruing = self.x_accruing.saturating_sub(u64::from(x));
+            self.want_accruing = self.want_accruing.saturating_sub(want);
         }
     }
 
-    /// The `G` at which the settled balance of queued `d` turns positive, if the run-queue
-    /// class depends on it and it is not positive yet.
-    fn turns_positive(&self, d: &Domain) -> Option<u128> {
+    /// Where the settled balance of queued `d` is watched until it turns positive, if the
+    /// run-queue class depends on it and it is not positive yet.
+    fn turns_positive(&self, d: &Domain) -> Option<TurnsPositive> {
         let classes = matches!(
             self.cfg.mode,
             PegasusMode::Accc | PegasusMode::Xc | PegasusMode::Slaf | PegasusMode::Augc
@@ -486,17 +560,35 @@ impl Pegasus {
         if !classes || !d.accruing || d.credit > 0 {
             return None;
         }
+        let want = self.want(d);
+        if want > 0 {
+            let scaled = i128::from(d.credit).saturating_mul(1 << CREDIT_SHIFT);
+            let g_seen = i128::try_from(d.g_seen).unwrap_or(i128::MAX);
+            let f_seen = i128::try_from(d.f_seen).unwrap_or(i128::MAX);
+            let b = scaled
+                .saturating_sub(i128::from(d.x).saturating_mul(g_seen))
+                .saturating_sub(i128::from(want).saturating_mul(f_seen));
+            return Some(TurnsPositive::Over((d.x, want), b));
+        }
         // The least D with floor(X · D / 2^S) >= 1 - credit.
         let missing = u128::try_from(1i128.saturating_sub(i128::from(d.credit))).ok()?;
         let steps = (missing << CREDIT_SHIFT).div_ceil(u128::from(d.x.max(1)));
-        Some(d.g_seen.saturating_add(steps))
+        Some(TurnsPositive::AtG(d.g_seen.saturating_add(steps)))
     }
 
-    /// Takes the vGPU out of the run queue (and of the turn-positive index).
+    /// Takes the vGPU out of the run queue (and of the turn-positive indexes).
     fn unready(&mut self, v: VgpuId) {
         self.ready.remove(v);
         if let Some(t) = self.domain_mut(v).and_then(|d| d.positive_at.take()) {
             self.positive_at.remove(&(t, v));
+        }
+        if let Some((group, b)) = self.domain_mut(v).and_then(|d| d.over_key.take())
+            && let Some(set) = self.over.get_mut(&group)
+        {
+            set.remove(&(Reverse(b), v));
+            if set.is_empty() {
+                self.over.remove(&group);
+            }
         }
         if let Some((group, b)) = self.domain_mut(v).and_then(|d| d.co_key.take())
             && let Some(set) = self.co.get_mut(&group)
@@ -546,7 +638,7 @@ impl Pegasus {
                 tm.clamp(tick, cap)
             }
         };
-        let comp = if d.violated && self.cfg.mode == PegasusMode::Slaf {
+        let comp = if self.cfg.mode == PegasusMode::Slaf && self.violated_now(d) {
             tick.saturating_mul(u64::from(self.cfg.slaf_compensation))
         } else {
             0
@@ -593,11 +685,20 @@ impl Pegasus {
                     d.co_key = Some((group, b));
                 }
             }
-            if let Some(t) = turn {
-                self.positive_at.insert((t, v));
-                if let Some(d) = self.domain_mut(v) {
-                    d.positive_at = Some(t);
+            match turn {
+                Some(TurnsPositive::AtG(t)) => {
+                    self.positive_at.insert((t, v));
+                    if let Some(d) = self.domain_mut(v) {
+                        d.positive_at = Some(t);
+                    }
                 }
+                Some(TurnsPositive::Over(group, b)) => {
+                    self.over.entry(group).or_default().insert((Reverse(b), v));
+                    if let Some(d) = self.domain_mut(v) {
+                        d.over_key = Some((group, b));
+                    }
+                }
+                None => {}
             }
         }
     }
@@ -635,10 +736,12 @@ impl Pegasus {
     /// boosts, SLAF violations and compensation, the refill, ContextEstablished expiry.
     ///
     /// Only the vGPUs touched in the period are processed one by one (under AugC also those
-    /// on a CPU or boosted; every vGPU under SLAF, whose violations involve all of them, and
-    /// after `X` grew). An untouched vGPU is in the same state as at the last boundary: if it was
-    /// backlogged it takes its share of the refill through the accumulator `G`; if it was idle
-    /// the boundary changes nothing for it.
+    /// on a CPU or boosted; every vGPU after `X` grew, and under SLAF when boundaries were
+    /// skipped, as the SLOs then ask for more than one period's worth). An untouched vGPU is in
+    /// the same state as at the last boundary: if it was backlogged it had no GPU time, so under
+    /// SLAF it misses its SLO (if any) and wants the same compensation as in every such period;
+    /// it takes that through the accumulator `F` and its share of the refill through `G`. If it
+    /// was idle the boundary changes nothing for it.
     fn end_period(&mut self, cx: &Cx<'_>, elapsed: Nanos) {
         struct Row {
             v: VgpuId,
@@ -656,6 +759,8 @@ impl Pegasus {
             .tick
             .saturating_mul(u64::from(self.cfg.slaf_compensation));
         let holder = self.current.map(|c| c.vgpu);
+        self.epoch = self.epoch.saturating_add(1);
+        let epoch = self.epoch;
         if mode == PegasusMode::Augc {
             // Only vGPUs running now get a boost, and only those boosted lose one.
             let running: Vec<VgpuId> = self.on_cpu.iter().copied().collect();
@@ -668,7 +773,9 @@ impl Pegasus {
         // still owe it). Only hints change the sums, and hinted vGPUs are processed below.
         let cpu_total = std::mem::take(&mut self.cpu_total);
         let cpu_weights = self.cpu_weights;
-        let full = std::mem::take(&mut self.caps_stale) || mode == PegasusMode::Slaf;
+        let period = self.cfg.period;
+        let skipped = mode == PegasusMode::Slaf && elapsed != period;
+        let full = std::mem::take(&mut self.caps_stale) || skipped;
         let touched = std::mem::take(&mut self.dirty);
         let eager = if full { cx.vgpu_ids() } else { touched };
         let mut rows = Vec::new();
@@ -708,6 +815,10 @@ impl Pegasus {
             } else {
                 0
             };
+            d.slo_expected = match s.params().slo {
+                Some(slo) if mode == PegasusMode::Slaf => mul_div(slo, period, NS_PER_SEC),
+                _ => 0,
+            };
             rows.push(Row {
                 v,
                 x: d.x,
@@ -722,9 +833,19 @@ impl Pegasus {
 
         // The refill: SLAF compensation first (scaled down if it exceeds what there is), the
         // rest in proportion to X among the active vGPUs: the untouched accruing ones and the
-        // active processed ones. It advances G by the credit per unit of X.
+        // active processed ones. The untouched ones take their compensation through F (the
+        // compensation per unit of want) and their share through G (the credit per unit of X).
         let pool = std::mem::take(&mut self.debited);
-        let want_total: u64 = rows.iter().fold(0, |a, r| a.saturating_add(r.want));
+        let want_lazy = self.want_accruing;
+        let want_total: u64 = rows.iter().fold(want_lazy, |a, r| a.saturating_add(r.want));
+        let df = if want_total <= pool {
+            1 << CREDIT_SHIFT
+        } else {
+            (u128::from(pool) << CREDIT_SHIFT) / u128::from(want_total)
+        };
+        let bonus_lazy = u128::from(want_lazy).checked_mul(df).map_or(u64::MAX, |p| {
+            u64::try_from(p >> CREDIT_SHIFT).unwrap_or(u64::MAX)
+        });
         let x_active = rows
             .iter()
             .filter(|r| r.active)
@@ -736,7 +857,9 @@ impl Pegasus {
                 mul_div(want, pool, want_total)
             }
         };
-        let bonus_total: u64 = rows.iter().map(|r| bonus_of(r.want)).sum();
+        let bonus_total: u64 = rows
+            .iter()
+            .fold(bonus_lazy, |a, r| a.saturating_add(bonus_of(r.want)));
         let rest = pool.saturating_sub(bonus_total);
         let dg = if x_active == 0 {
             0
@@ -744,8 +867,9 @@ impl Pegasus {
             (u128::from(rest) << CREDIT_SHIFT) / u128::from(x_active)
         };
         self.g = self.g.saturating_add(dg);
+        self.f = self.f.saturating_add(df);
         let limit = self.credit_limit();
-        let (period, x_sum, g) = (self.cfg.period, self.x_sum, self.g);
+        let (x_sum, g, f) = (self.x_sum, self.g, self.f);
         let mut carried = Vec::new();
         for r in &rows {
             let Some(d) = self.domain_mut(r.v) else {
@@ -776,12 +900,16 @@ impl Pegasus {
             d.established &= r.active;
             d.used = 0;
             d.g_seen = g;
+            d.f_seen = f;
+            d.epoch = epoch;
             d.accruing = r.backlogged;
             if d.aug > 0 {
                 self.boosted.push(r.v);
             }
             if r.backlogged {
+                let want = self.domain(r.v).map_or(0, |d| self.want(d));
                 self.x_accruing = self.x_accruing.saturating_add(u64::from(r.x));
+                self.want_accruing = self.want_accruing.saturating_add(want);
             } else if r.active {
                 // It goes inactive at the next boundary (its context expires there).
                 carried.push(r.v);
@@ -793,13 +921,22 @@ impl Pegasus {
         for v in carried {
             self.touch(v);
         }
-        // Queued vGPUs whose balance the refill made positive move from OVER to UNDER.
-        let due: Vec<VgpuId> = self
+        // Queued vGPUs whose balance the refill made positive move from OVER to UNDER: those
+        // without compensation by the G at which they turn positive, the others group by group
+        // from the head (the highest normalised balance).
+        let mut due: Vec<VgpuId> = self
             .positive_at
             .iter()
             .take_while(|&&(t, _)| t <= g)
             .map(|&(_, v)| v)
             .collect();
+        for set in self.over.values() {
+            due.extend(
+                set.iter()
+                    .map(|&(_, v)| v)
+                    .take_while(|&v| self.domain(v).is_some_and(|d| self.credit_now(d) > 0)),
+            );
+        }
         for v in due {
             self.index(cx, v);
         }
@@ -832,6 +969,8 @@ impl Policy for Pegasus {
             round: self.round,
             cpu_mark: (hint.weight > 0).then_some(hint.usage),
             g_seen: self.g,
+            f_seen: self.f,
+            epoch: self.epoch,
             ..Domain::default()
         });
         self.touch(v);
@@ -976,7 +1115,7 @@ impl Policy for Pegasus {
             ("aug_credit_ns", d.aug as f64),
             ("slice_ticks", ticks),
             ("context_established", f64::from(u8::from(d.established))),
-            ("slo_violated", f64::from(u8::from(d.violated))),
+            ("slo_violated", f64::from(u8::from(self.violated_now(d)))),
         ]
     }
 }
@@ -1391,6 +1530,61 @@ mod tests {
         assert_eq!(figure(&gpu.s, v[0], "slo_violated"), 1.0);
         assert_eq!(figure(&gpu.s, v[0], "slice_ticks"), 2.0);
         assert_eq!(figure(&gpu.s, v[1], "slice_ticks"), 1.0);
+    }
+
+    #[test]
+    fn slaf_compensates_untouched_waiting_vgpus_lazily() {
+        // v0 (SLO 500 ms/s: 15 ms a period) waits untouched while v1 holds a long slice.
+        let cfg = PegasusConfig {
+            tick: 100 * MS,
+            ..config(PegasusMode::Slaf)
+        };
+        let slo = VgpuParams {
+            slo: Some(500 * MS),
+            ..weighted(256)
+        };
+        let (mut s, v) = sched(cfg, 1, &[slo, weighted(768)]);
+        let (v0, v1) = (v[0], v[1]);
+        assert_eq!(submit(&mut s, 0, v0, 1), vec![dispatch(v0, 1)]);
+        assert!(complete(&mut s, 10 * MS, v0, 1, 0).is_empty());
+        assert_eq!(submit(&mut s, 10 * MS, v1, 2), vec![dispatch(v1, 2)]);
+        assert!(submit(&mut s, 11 * MS, v0, 3).is_empty());
+        submit(&mut s, 11 * MS, v1, 4);
+        assert_eq!(
+            complete(&mut s, 20 * MS, v1, 2, 10 * MS),
+            vec![dispatch(v1, 4)]
+        );
+        submit(&mut s, 20 * MS, v1, 5);
+        // 20 ms debited: v0 missed its SLO by 5 ms and gets them first, the rest goes 1:3.
+        timer(&mut s, 30 * MS);
+        assert_eq!(figure(&s, v0, "credit_ns"), -1.25e6);
+        assert_eq!(figure(&s, v1, "credit_ns"), 1.25e6);
+        assert_eq!(
+            complete(&mut s, 40 * MS, v1, 4, 20 * MS),
+            vec![dispatch(v1, 5)]
+        );
+        submit(&mut s, 40 * MS, v1, 6);
+        assert_eq!(
+            complete(&mut s, 55 * MS, v1, 5, 40 * MS),
+            vec![dispatch(v1, 6)]
+        );
+        // v0 saw no event and had no GPU time: it misses its whole 15 ms, takes them out of the
+        // 35 ms and a quarter of the other 20 ms, and turns UNDER with a compensation tick.
+        timer(&mut s, 60 * MS);
+        assert_eq!(figure(&s, v0, "credit_ns"), 18.75e6);
+        assert_eq!(figure(&s, v0, "slo_violated"), 1.0);
+        assert_eq!(figure(&s, v0, "slice_ticks"), 2.0);
+        assert_eq!(figure(&s, v1, "credit_ns"), -18.75e6);
+        // Nothing was debited: no compensation to hand out.
+        timer(&mut s, 90 * MS);
+        assert_eq!(figure(&s, v0, "credit_ns"), 18.75e6);
+        // The slice ends: the UNDER v0 goes before the OVER holder.
+        submit(&mut s, 100 * MS, v1, 7);
+        assert_eq!(
+            complete(&mut s, 110 * MS, v1, 6, 55 * MS),
+            vec![dispatch(v0, 3)]
+        );
+        assert_eq!(figure(&s, v1, "credit_ns"), -73.75e6);
     }
 
     #[test]
