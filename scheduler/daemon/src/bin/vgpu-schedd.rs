@@ -1,0 +1,159 @@
+//! `vgpu-schedd --socket PATH --control PATH [--metrics 127.0.0.1:PORT] [--policy FILE.toml]
+//! [--capacity N] [--switch-cost-us N] [--cpu-writeback] [--server-bin PATH]
+//! [--log-level LEVEL]`: the host-wide scheduler daemon.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use vgpu_schedd::cgroup::CgroupFs;
+use vgpu_schedd::daemon::{DaemonConfig, MAX_SWITCH_COST_NS};
+use vgpu_schedd::server::{Server, ServerConfig};
+use vgpu_scheduler::PolicyConfig;
+use vgpu_scheduler::core::MAX_VGPUS;
+
+const USAGE: &str = "usage: vgpu-schedd --socket PATH --control PATH [--metrics 127.0.0.1:PORT] [--policy FILE.toml] [--capacity N] [--switch-cost-us N] [--cpu-writeback] [--server-bin PATH] [--log-level error|warn|info|debug|trace]
+
+Schedules the GPU command groups of every vgpu-server that connects to the SOCK_SEQPACKET
+socket --socket. --control is the JSON-lines control socket vgpuctl talks to; --metrics serves
+Prometheus text at http://ADDR/metrics (loopback only). --policy starts with the policy of a TOML
+file (policy = \"timegraph\" | \"fair\" | \"pegasus\" | \"vgris\" | \"none\", with its family's
+fields; default none). --capacity is how many groups the GPU runs at once (default 1);
+--switch-cost-us the simulated engine's context switch cost. --cpu-writeback writes the policy's
+CPU weights to the VMs' cgroups. vgpuctl create runs --server-bin (default: vgpu-server next to
+this binary). SIGTERM or SIGINT stops the daemon, its children and removes its sockets.";
+
+/// Largest `--capacity`: every vGPU running at once.
+const MAX_CAPACITY: usize = MAX_VGPUS;
+/// Largest policy file read.
+const MAX_POLICY_FILE_BYTES: u64 = 1024 * 1024;
+
+struct Args {
+    config: ServerConfig,
+    log_level: String,
+}
+
+fn number<T: std::str::FromStr>(name: &str, text: &str) -> Result<T, String> {
+    text.parse()
+        .map_err(|_| format!("{name}: {text:?} is not a valid number"))
+}
+
+/// Reads a TOML policy file.
+fn read_policy(path: &str) -> Result<PolicyConfig, String> {
+    let meta = std::fs::metadata(path).map_err(|e| format!("--policy {path}: {e}"))?;
+    if meta.len() > MAX_POLICY_FILE_BYTES {
+        return Err(format!(
+            "--policy {path}: larger than {MAX_POLICY_FILE_BYTES} bytes"
+        ));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| format!("--policy {path}: {e}"))?;
+    toml::from_str(&text).map_err(|e| format!("--policy {path}: {e}"))
+}
+
+fn default_server_bin() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join("vgpu-server")))
+        .unwrap_or_else(|| PathBuf::from("vgpu-server"))
+}
+
+fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
+    let mut socket = None;
+    let mut control = None;
+    let mut metrics = None;
+    let mut daemon = DaemonConfig::default();
+    let mut server_bin = None;
+    let mut log_level = "info".to_string();
+    while let Some(arg) = args.next() {
+        let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
+        match arg.as_str() {
+            "--socket" => socket = Some(PathBuf::from(value("--socket")?)),
+            "--control" => control = Some(PathBuf::from(value("--control")?)),
+            "--metrics" => {
+                let addr: SocketAddr = value("--metrics")?
+                    .parse()
+                    .map_err(|e| format!("--metrics: {e}"))?;
+                if !addr.ip().is_loopback() {
+                    return Err(format!("--metrics: {addr} is not a loopback address"));
+                }
+                metrics = Some(addr);
+            }
+            "--policy" => daemon.policy = read_policy(&value("--policy")?)?,
+            "--capacity" => {
+                let n: usize = number("--capacity", &value("--capacity")?)?;
+                if !(1..=MAX_CAPACITY).contains(&n) {
+                    return Err(format!("--capacity: {n} is outside 1..={MAX_CAPACITY}"));
+                }
+                daemon.capacity = n;
+            }
+            "--switch-cost-us" => {
+                let us: u64 = number("--switch-cost-us", &value("--switch-cost-us")?)?;
+                let ns = us.checked_mul(1_000).filter(|&ns| ns <= MAX_SWITCH_COST_NS);
+                daemon.switch_cost_ns = ns.ok_or(format!(
+                    "--switch-cost-us: {us} is above {} µs",
+                    MAX_SWITCH_COST_NS / 1_000
+                ))?;
+            }
+            "--cpu-writeback" => daemon.cpu_writeback = true,
+            "--server-bin" => server_bin = Some(PathBuf::from(value("--server-bin")?)),
+            "--log-level" => log_level = value("--log-level")?,
+            "-h" | "--help" => return Err(String::new()),
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    if log_level.parse::<log::LevelFilter>().is_err() {
+        return Err(format!("--log-level: unknown level {log_level:?}"));
+    }
+    Ok(Args {
+        config: ServerConfig {
+            socket: socket.ok_or("--socket is required")?,
+            control: control.ok_or("--control is required")?,
+            metrics,
+            daemon,
+            server_bin: server_bin.unwrap_or_else(default_server_bin),
+            cgroups: CgroupFs::default(),
+        },
+        log_level,
+    })
+}
+
+fn main() -> ExitCode {
+    let args = match parse(std::env::args().skip(1)) {
+        Ok(args) => args,
+        Err(msg) => {
+            if !msg.is_empty() {
+                eprintln!("vgpu-schedd: {msg}");
+            }
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    env_logger::Builder::new()
+        .parse_filters(&args.log_level)
+        .parse_default_env()
+        .format_timestamp_micros()
+        .init();
+    let server = match Server::bind(args.config) {
+        Ok(s) => s,
+        Err(e) => {
+            log::error!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        let registered = server
+            .stop_handle()
+            .and_then(|w| signal_hook::low_level::pipe::register(signal, w));
+        if let Err(e) = registered {
+            log::error!("installing the handler of signal {signal}: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    match server.run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            log::error!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}

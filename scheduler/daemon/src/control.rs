@@ -1,0 +1,366 @@
+//! The daemon's control protocol (`vgpuctl` and any other local client): JSON lines over a
+//! `SOCK_STREAM` Unix socket. Each request is one JSON object on one line, tagged by `cmd`;
+//! each answer is one line, `{"ok": RESULT}` or `{"error": "why"}`.
+//!
+//! | request | result |
+//! |---|---|
+//! | `{"cmd":"list"}` | `{"policy": PolicyConfig, "vms": [VmInfo], "children": [Child]}` |
+//! | `{"cmd":"stats"}` | `Stats` |
+//! | `{"cmd":"set-policy","policy":{"policy":"fair",...}}` | `{"policy": name}` |
+//! | `{"cmd":"set-params","vm":"a","params":{"priority":3}}` | the VM's `VgpuParams` |
+//! | `{"cmd":"focus","vm":"a"}` | `null` |
+//! | `{"cmd":"create","name":"a","socket":"/run/a.sock","args":[...]}` | `Child` |
+//! | `{"cmd":"destroy","name":"a"}` | `{"name": "a", "status": "..."}` |
+//!
+//! A line that is not valid JSON, names an unknown command or has unknown fields gets an
+//! error answer and the connection stays usable. A line longer than [`MAX_REQUEST_BYTES`]
+//! gets an error answer and the connection is closed (there is no telling where the next
+//! request starts without reading the rest).
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use thiserror::Error;
+use vgpu_scheduler::PolicyConfig;
+use vgpu_scheduler::sim::ParamsOverride;
+
+/// Longest request line: a policy configuration with its spec lines and shared reserves fits
+/// many times over; it bounds what one client makes the daemon buffer.
+pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
+/// Most extra arguments of a `create`.
+pub const MAX_EXTRA_ARGS: usize = 64;
+/// Longest extra argument of a `create`.
+pub const MAX_ARG_BYTES: usize = 4096;
+/// Where `vgpuctl` looks for the control socket when not told.
+pub const DEFAULT_CONTROL_PATH: &str = "/run/vgpu-schedd/control.sock";
+
+/// Errors of the control protocol.
+#[derive(Debug, Error)]
+pub enum ControlError {
+    /// The line is not a valid request.
+    #[error("bad request: {0}")]
+    BadRequest(#[from] serde_json::Error),
+    /// The line is longer than [`MAX_REQUEST_BYTES`].
+    #[error("request longer than {MAX_REQUEST_BYTES} bytes")]
+    TooLong,
+    /// A `create` with too many or too long extra arguments, or a bad socket path.
+    #[error("bad create: {0}")]
+    BadCreate(&'static str),
+    /// A `vgpuctl set` assignment that does not parse.
+    #[error("bad assignment {0:?}: {1}")]
+    BadAssignment(String, &'static str),
+}
+
+/// One control request.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(tag = "cmd", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Request {
+    /// The policy, the VMs and the children the daemon spawned.
+    List {},
+    /// Live statistics.
+    Stats {},
+    /// Installs another policy.
+    SetPolicy {
+        /// The policy and its family's parameters.
+        policy: PolicyConfig,
+    },
+    /// Changes a VM's parameters.
+    SetParams {
+        /// The VM.
+        vm: String,
+        /// The fields to change.
+        params: ParamsOverride,
+    },
+    /// The user looks at this VM's console.
+    Focus {
+        /// The VM.
+        vm: String,
+    },
+    /// Spawns a device process for a VM.
+    Create {
+        /// The VM's name.
+        name: String,
+        /// The vfio-user socket the device serves.
+        socket: PathBuf,
+        /// Extra arguments for the device process.
+        #[serde(default)]
+        args: Vec<String>,
+    },
+    /// Stops a device process the daemon spawned.
+    Destroy {
+        /// The VM's name.
+        name: String,
+    },
+}
+
+impl Request {
+    /// Parses one request line (without its newline) and checks the bounds JSON cannot say.
+    pub fn parse(line: &[u8]) -> Result<Request, ControlError> {
+        if line.len() > MAX_REQUEST_BYTES {
+            return Err(ControlError::TooLong);
+        }
+        let req: Request = serde_json::from_slice(line)?;
+        if let Request::Create { socket, args, .. } = &req {
+            if args.len() > MAX_EXTRA_ARGS {
+                return Err(ControlError::BadCreate("too many extra arguments"));
+            }
+            if args
+                .iter()
+                .any(|a| a.len() > MAX_ARG_BYTES || a.contains('\0'))
+            {
+                return Err(ControlError::BadCreate(
+                    "extra argument too long or with NUL",
+                ));
+            }
+            if !socket.is_absolute() || !crate::seqpacket::valid_path(socket.as_os_str()) {
+                return Err(ControlError::BadCreate(
+                    "socket must be an absolute path that fits a Unix socket address",
+                ));
+            }
+        }
+        Ok(req)
+    }
+}
+
+/// One answer line.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Response {
+    /// The request was carried out; its result.
+    Ok(Value),
+    /// It was not; why.
+    Error(String),
+}
+
+impl Response {
+    /// The answer as one line, newline included.
+    pub fn to_line(&self) -> Vec<u8> {
+        // Serialising a Value or a String cannot fail; fall back to a fixed error line.
+        let mut line = serde_json::to_vec(self)
+            .unwrap_or_else(|_| br#"{"error":"unserialisable result"}"#.to_vec());
+        line.push(b'\n');
+        line
+    }
+}
+
+/// A device process the daemon spawned, as `list` and `create` report it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChildInfo {
+    /// The VM's name.
+    pub name: String,
+    /// Its process id.
+    pub pid: u32,
+    /// The vfio-user socket it serves.
+    pub socket: PathBuf,
+}
+
+/// Splits a byte stream into request lines, never holding more than [`MAX_REQUEST_BYTES`] of
+/// an unfinished line.
+#[derive(Debug, Default)]
+pub struct LineBuffer {
+    buf: Vec<u8>,
+}
+
+impl LineBuffer {
+    /// Appends received bytes.
+    pub fn push(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// The next complete line (without `\n`, and without a `\r` before it), `Ok(None)` when
+    /// none is complete yet, [`ControlError::TooLong`] when the line is over the limit.
+    pub fn next_line(&mut self) -> Result<Option<Vec<u8>>, ControlError> {
+        match self.buf.iter().position(|&b| b == b'\n') {
+            Some(end) if end > MAX_REQUEST_BYTES => Err(ControlError::TooLong),
+            Some(end) => {
+                let mut line: Vec<u8> = self.buf.drain(..=end).collect();
+                line.pop();
+                if line.last() == Some(&b'\r') {
+                    line.pop();
+                }
+                Ok(Some(line))
+            }
+            None if self.buf.len() > MAX_REQUEST_BYTES => Err(ControlError::TooLong),
+            None => Ok(None),
+        }
+    }
+}
+
+/// Parses a `vgpuctl set` assignment `key=value` into the field of a `set-params` request:
+/// `priority`, `weight` (integers), `sched` (`prt`/`ht`), `target_fps` (a positive number),
+/// `slo` (GPU µs per second), `reserve=C_us/T_us/pe|ae`.
+pub fn parse_assignment(text: &str) -> Result<(&'static str, Value), ControlError> {
+    let bad = |why| ControlError::BadAssignment(text.to_owned(), why);
+    let (key, value) = text
+        .split_once('=')
+        .ok_or_else(|| bad("expected key=value"))?;
+    let int = |v: &str| v.parse::<u64>().map_err(|_| bad("expected an integer"));
+    let us = |v: &str| {
+        int(v)?
+            .checked_mul(1_000)
+            .ok_or_else(|| bad("microseconds out of range"))
+    };
+    Ok(match key {
+        "priority" | "weight" => {
+            let n = u32::try_from(int(value)?).map_err(|_| bad("out of range"))?;
+            (
+                if key == "priority" {
+                    "priority"
+                } else {
+                    "weight"
+                },
+                n.into(),
+            )
+        }
+        "sched" => match value {
+            "prt" | "ht" => ("sched", value.into()),
+            _ => return Err(bad("sched is prt or ht")),
+        },
+        "target_fps" => {
+            let fps: f64 = value.parse().map_err(|_| bad("expected a number"))?;
+            if !(fps.is_finite() && fps > 0.0) {
+                return Err(bad("target_fps must be positive"));
+            }
+            ("target_fps", fps.into())
+        }
+        "slo" => ("slo", us(value)?.into()),
+        "reserve" => {
+            let mut parts = value.split('/');
+            let (Some(c), Some(t), Some(e), None) =
+                (parts.next(), parts.next(), parts.next(), parts.next())
+            else {
+                return Err(bad("reserve is C_us/T_us/pe|ae"));
+            };
+            if e != "pe" && e != "ae" {
+                return Err(bad("enforcement is pe or ae"));
+            }
+            let reserve = serde_json::json!({"c": us(c)?, "t": us(t)?, "enforcement": e});
+            ("reserve", reserve)
+        }
+        _ => return Err(bad("unknown key")),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_parse() {
+        assert_eq!(
+            Request::parse(br#"{"cmd":"list"}"#).unwrap(),
+            Request::List {}
+        );
+        let r = Request::parse(br#"{"cmd":"set-policy","policy":{"policy":"fair"}}"#).unwrap();
+        assert!(matches!(
+            r,
+            Request::SetPolicy {
+                policy: PolicyConfig::Fair(_)
+            }
+        ));
+        let r =
+            Request::parse(br#"{"cmd":"set-params","vm":"a","params":{"priority":3}}"#).unwrap();
+        let Request::SetParams { vm, params } = r else {
+            panic!()
+        };
+        assert_eq!((vm.as_str(), params.priority), ("a", Some(3)));
+        let r = Request::parse(br#"{"cmd":"create","name":"a","socket":"/tmp/a"}"#).unwrap();
+        assert!(matches!(r, Request::Create { args, .. } if args.is_empty()));
+    }
+
+    #[test]
+    fn bad_requests_refused() {
+        for bad in [
+            &b"not json"[..],
+            br#"{"cmd":"reboot"}"#,
+            br#"{"cmd":"list","extra":1}"#,
+            br#"{"cmd":"set-params","vm":"a","params":{"colour":1}}"#,
+            br#"{"cmd":"set-policy","policy":{"policy":"lottery"}}"#,
+            br#"{"cmd":"focus"}"#,
+            br#"[1,2]"#,
+            br#"{"cmd":"create","name":"a","socket":"relative"}"#,
+            b"\xff\xfe",
+        ] {
+            assert!(
+                Request::parse(bad).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        let many: Vec<String> = (0..=MAX_EXTRA_ARGS).map(|i| i.to_string()).collect();
+        let line = serde_json::json!({"cmd":"create","name":"a","socket":"/a","args":many});
+        assert!(Request::parse(line.to_string().as_bytes()).is_err());
+        let long = format!("/{}", "x".repeat(200));
+        let line = serde_json::json!({"cmd":"create","name":"a","socket":long});
+        assert!(Request::parse(line.to_string().as_bytes()).is_err());
+        let huge = vec![b' '; MAX_REQUEST_BYTES + 1];
+        assert!(matches!(Request::parse(&huge), Err(ControlError::TooLong)));
+    }
+
+    #[test]
+    fn lines_split_and_bounded() {
+        let mut b = LineBuffer::default();
+        b.push(b"{\"a\":1}\r\n{\"b\"");
+        assert_eq!(b.next_line().unwrap().unwrap(), b"{\"a\":1}");
+        assert_eq!(b.next_line().unwrap(), None);
+        b.push(b":2}\n");
+        assert_eq!(b.next_line().unwrap().unwrap(), b"{\"b\":2}");
+        b.push(&vec![b'x'; MAX_REQUEST_BYTES + 1]);
+        assert!(matches!(b.next_line(), Err(ControlError::TooLong)));
+        let mut b = LineBuffer::default();
+        let mut long = vec![b'x'; MAX_REQUEST_BYTES + 1];
+        long.push(b'\n');
+        b.push(&long);
+        assert!(matches!(b.next_line(), Err(ControlError::TooLong)));
+    }
+
+    #[test]
+    fn responses_are_lines() {
+        let ok = Response::Ok(serde_json::json!({"x": 1})).to_line();
+        assert_eq!(ok, b"{\"ok\":{\"x\":1}}\n");
+        let err = Response::Error("no".into()).to_line();
+        assert_eq!(err, b"{\"error\":\"no\"}\n");
+        let back: Response = serde_json::from_slice(&err).unwrap();
+        assert_eq!(back, Response::Error("no".into()));
+    }
+
+    #[test]
+    fn assignments_parse_and_refuse() {
+        assert_eq!(
+            parse_assignment("priority=7").unwrap(),
+            ("priority", 7.into())
+        );
+        assert_eq!(
+            parse_assignment("weight=512").unwrap(),
+            ("weight", 512.into())
+        );
+        assert_eq!(
+            parse_assignment("sched=prt").unwrap(),
+            ("sched", "prt".into())
+        );
+        assert_eq!(parse_assignment("slo=250000").unwrap().1, 250_000_000u64);
+        assert_eq!(parse_assignment("target_fps=30").unwrap().1, 30.0);
+        let (k, v) = parse_assignment("reserve=2000/10000/ae").unwrap();
+        assert_eq!(k, "reserve");
+        assert_eq!(
+            v,
+            serde_json::json!({"c": 2_000_000u64, "t": 10_000_000u64, "enforcement": "ae"})
+        );
+        for bad in [
+            "priority",
+            "priority=-1",
+            "priority=4294967296",
+            "sched=rr",
+            "target_fps=0",
+            "target_fps=nan",
+            "slo=18446744073709551615",
+            "reserve=1/2",
+            "reserve=1/2/xe",
+            "reserve=1/2/pe/4",
+            "colour=red",
+        ] {
+            assert!(parse_assignment(bad).is_err(), "{bad}");
+        }
+    }
+}

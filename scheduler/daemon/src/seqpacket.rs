@@ -1,0 +1,525 @@
+//! Unix `SOCK_SEQPACKET` sockets (one message per packet, boundaries kept, connection
+//! oriented) for the daemon and the device processes' client, and the two system calls their
+//! users need beside them: the `CLOCK_MONOTONIC` time the protocol carries and `SIGTERM` to a
+//! child. This is the crate's only module with `unsafe` code; every block says why it is sound.
+//!
+//! Sockets are created close-on-exec. A listener and the streams it accepts are non-blocking;
+//! a stream from [`SeqStream::connect`] blocks until [`SeqStream::set_nonblocking`] says
+//! otherwise. Sends never raise `SIGPIPE` (`MSG_NOSIGNAL`): a closed peer is an error.
+
+use std::ffi::OsStr;
+use std::io;
+use std::mem::size_of;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use thiserror::Error;
+
+/// Connections a listener's backlog holds before `accept`: more than the devices of one host
+/// start at once.
+pub const LISTEN_BACKLOG: i32 = 128;
+
+/// Errors of the socket layer.
+#[derive(Debug, Error)]
+pub enum SeqError {
+    /// A system call failed.
+    #[error("{call}: {source}")]
+    Sys {
+        /// The call.
+        call: &'static str,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The path does not fit a `sockaddr_un` (or contains a NUL byte).
+    #[error("socket path {0:?} is empty, too long or contains a NUL byte")]
+    BadPath(PathBuf),
+    /// A live listener serves the path already.
+    #[error("socket path {0:?} is in use by a live listener")]
+    InUse(PathBuf),
+    /// Something that is not a socket is at the path; it is left alone.
+    #[error("{0:?} exists and is not a socket")]
+    NotASocket(PathBuf),
+    /// A received packet was longer than the buffer; its real length.
+    #[error("packet of {0} bytes is longer than the receive buffer")]
+    Truncated(usize),
+    /// A send took only part of the packet.
+    #[error("sent {sent} of {len} bytes")]
+    ShortSend {
+        /// Bytes sent.
+        sent: usize,
+        /// Bytes of the packet.
+        len: usize,
+    },
+    /// A send or receive found no room or no data on a non-blocking socket (or timed out).
+    #[error("operation would block")]
+    WouldBlock,
+}
+
+impl SeqError {
+    fn last(call: &'static str) -> SeqError {
+        let source = io::Error::last_os_error();
+        if source.kind() == io::ErrorKind::WouldBlock {
+            SeqError::WouldBlock
+        } else {
+            SeqError::Sys { call, source }
+        }
+    }
+}
+
+/// Result of the socket layer.
+pub type Result<T> = std::result::Result<T, SeqError>;
+
+/// The credentials of a socket's peer (`SO_PEERCRED`): those of the process that connected
+/// or listened, taken at that time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerCred {
+    /// Process id; 0 when the kernel reports none.
+    pub pid: u32,
+    /// User id.
+    pub uid: u32,
+    /// Group id.
+    pub gid: u32,
+}
+
+/// `sockaddr_un` for `path` and its length.
+fn sockaddr(path: &Path) -> Result<(libc::sockaddr_un, libc::socklen_t)> {
+    let bytes = path.as_os_str().as_bytes();
+    let mut addr = libc::sockaddr_un {
+        sun_family: libc::AF_UNIX as libc::sa_family_t,
+        sun_path: [0; 108],
+    };
+    // Room for the terminating NUL.
+    if bytes.is_empty() || bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
+        return Err(SeqError::BadPath(path.to_path_buf()));
+    }
+    for (dst, &src) in addr.sun_path.iter_mut().zip(bytes) {
+        *dst = src as libc::c_char;
+    }
+    let len = size_of::<libc::sa_family_t>() + bytes.len() + 1;
+    let len = libc::socklen_t::try_from(len).map_err(|_| SeqError::BadPath(path.to_path_buf()))?;
+    Ok((addr, len))
+}
+
+/// A new `SOCK_SEQPACKET` socket with `flags` (`SOCK_CLOEXEC`, `SOCK_NONBLOCK`).
+fn new_socket(flags: libc::c_int) -> Result<OwnedFd> {
+    // SAFETY: socket(2) takes no pointers; the result is checked before use.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | flags, 0) };
+    if fd < 0 {
+        return Err(SeqError::last("socket"));
+    }
+    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A listening `SOCK_SEQPACKET` socket bound to a path.
+#[derive(Debug)]
+pub struct SeqListener {
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+impl SeqListener {
+    /// Listens at `path`. A socket file left by a listener that is gone (nothing accepts on
+    /// it) is removed first; a live listener ([`SeqError::InUse`]) or a file that is not a
+    /// socket ([`SeqError::NotASocket`]) is left alone and refused.
+    pub fn bind(path: &Path) -> Result<SeqListener> {
+        let (addr, len) = sockaddr(path)?;
+        remove_stale(path, |p| match SeqStream::connect(p) {
+            Ok(_) => Ok(true),
+            Err(SeqError::Sys { source, .. })
+                if source.raw_os_error() == Some(libc::ECONNREFUSED) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        })?;
+        let fd = new_socket(libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK)?;
+        // SAFETY: `addr` is a valid sockaddr_un and `len` does not exceed its size.
+        let rc = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&raw const addr).cast::<libc::sockaddr>(),
+                len,
+            )
+        };
+        if rc != 0 {
+            return Err(SeqError::last("bind"));
+        }
+        // SAFETY: listen(2) takes no pointers.
+        if unsafe { libc::listen(fd.as_raw_fd(), LISTEN_BACKLOG) } != 0 {
+            return Err(SeqError::last("listen"));
+        }
+        Ok(SeqListener {
+            fd,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The path it listens at.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Accepts one pending connection (non-blocking, close-on-exec) with its peer's
+    /// credentials; `None` when none is pending.
+    pub fn accept(&self) -> Result<Option<(SeqStream, PeerCred)>> {
+        // SAFETY: null address pointers are allowed (the peer address is not wanted).
+        let fd = unsafe {
+            libc::accept4(
+                self.fd.as_raw_fd(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            )
+        };
+        if fd < 0 {
+            return match SeqError::last("accept4") {
+                SeqError::WouldBlock => Ok(None),
+                e => Err(e),
+            };
+        }
+        // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let stream = SeqStream { fd };
+        let cred = stream.peer_cred()?;
+        Ok(Some((stream, cred)))
+    }
+}
+
+impl AsRawFd for SeqListener {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+impl AsFd for SeqListener {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// Before binding `path`: Ok when nothing is there or a stale socket file was removed.
+/// `live` says whether a listener answers at the path.
+pub fn remove_stale(path: &Path, live: impl FnOnce(&Path) -> Result<bool>) -> Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => {
+            return Err(SeqError::Sys {
+                call: "stat",
+                source,
+            });
+        }
+    };
+    if !meta.file_type().is_socket() {
+        return Err(SeqError::NotASocket(path.to_path_buf()));
+    }
+    if live(path)? {
+        return Err(SeqError::InUse(path.to_path_buf()));
+    }
+    log::info!("removing stale socket {}", path.display());
+    std::fs::remove_file(path).map_err(|source| SeqError::Sys {
+        call: "unlink",
+        source,
+    })
+}
+
+/// A connected `SOCK_SEQPACKET` socket.
+#[derive(Debug)]
+pub struct SeqStream {
+    fd: OwnedFd,
+}
+
+impl SeqStream {
+    /// Connects to the listener at `path` (blocking, close-on-exec).
+    pub fn connect(path: &Path) -> Result<SeqStream> {
+        let (addr, len) = sockaddr(path)?;
+        let fd = new_socket(libc::SOCK_CLOEXEC)?;
+        // SAFETY: `addr` is a valid sockaddr_un and `len` does not exceed its size.
+        let rc = unsafe {
+            libc::connect(
+                fd.as_raw_fd(),
+                (&raw const addr).cast::<libc::sockaddr>(),
+                len,
+            )
+        };
+        if rc != 0 {
+            return Err(SeqError::last("connect"));
+        }
+        Ok(SeqStream { fd })
+    }
+
+    /// Sends `packet` as one message. [`SeqError::WouldBlock`] when the peer's queue is full
+    /// on a non-blocking socket.
+    pub fn send(&self, packet: &[u8]) -> Result<()> {
+        // SAFETY: the pointer and length describe `packet`, which outlives the call.
+        let n = unsafe {
+            libc::send(
+                self.fd.as_raw_fd(),
+                packet.as_ptr().cast(),
+                packet.len(),
+                libc::MSG_NOSIGNAL,
+            )
+        };
+        let sent = usize::try_from(n).map_err(|_| SeqError::last("send"))?;
+        if sent != packet.len() {
+            return Err(SeqError::ShortSend {
+                sent,
+                len: packet.len(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Receives one message into `buf`: `Some(n)` with its length, `Some(0)` at end of stream
+    /// (the peer closed; an empty packet reads the same and is taken as closing), `None` when
+    /// nothing is there on a non-blocking socket or a read timeout passed.
+    /// [`SeqError::Truncated`] when the packet was longer than `buf` (its tail is lost): use a
+    /// buffer one byte longer than the largest valid message.
+    pub fn recv(&self, buf: &mut [u8]) -> Result<Option<usize>> {
+        // SAFETY: the pointer and length describe `buf`, which outlives the call; with
+        // MSG_TRUNC the kernel still writes at most `buf.len()` bytes.
+        let n = unsafe {
+            libc::recv(
+                self.fd.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_TRUNC,
+            )
+        };
+        let Ok(n) = usize::try_from(n) else {
+            return match SeqError::last("recv") {
+                SeqError::WouldBlock => Ok(None),
+                e => Err(e),
+            };
+        };
+        if n > buf.len() {
+            return Err(SeqError::Truncated(n));
+        }
+        Ok(Some(n))
+    }
+
+    /// The credentials of the peer.
+    pub fn peer_cred(&self) -> Result<PeerCred> {
+        let mut cred = libc::ucred {
+            pid: 0,
+            uid: 0,
+            gid: 0,
+        };
+        let mut len = size_of::<libc::ucred>() as libc::socklen_t;
+        // SAFETY: `cred` and `len` are valid for writes and `len` is `cred`'s size.
+        let rc = unsafe {
+            libc::getsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERCRED,
+                (&raw mut cred).cast(),
+                &mut len,
+            )
+        };
+        if rc != 0 {
+            return Err(SeqError::last("getsockopt(SO_PEERCRED)"));
+        }
+        Ok(PeerCred {
+            pid: u32::try_from(cred.pid).unwrap_or(0),
+            uid: cred.uid,
+            gid: cred.gid,
+        })
+    }
+
+    /// Makes the socket non-blocking (or blocking again).
+    pub fn set_nonblocking(&self, on: bool) -> Result<()> {
+        // SAFETY: fcntl(F_GETFL) takes no pointers.
+        let flags = unsafe { libc::fcntl(self.fd.as_raw_fd(), libc::F_GETFL) };
+        if flags < 0 {
+            return Err(SeqError::last("fcntl(F_GETFL)"));
+        }
+        let flags = if on {
+            flags | libc::O_NONBLOCK
+        } else {
+            flags & !libc::O_NONBLOCK
+        };
+        // SAFETY: fcntl(F_SETFL) takes an int argument, no pointers.
+        if unsafe { libc::fcntl(self.fd.as_raw_fd(), libc::F_SETFL, flags) } != 0 {
+            return Err(SeqError::last("fcntl(F_SETFL)"));
+        }
+        Ok(())
+    }
+
+    /// Bounds how long a blocking [`SeqStream::recv`] waits (`None`: forever); after it,
+    /// `recv` returns `None`.
+    pub fn set_read_timeout(&self, timeout: Option<Duration>) -> Result<()> {
+        let t = timeout.unwrap_or(Duration::ZERO);
+        let tv = libc::timeval {
+            tv_sec: libc::time_t::try_from(t.as_secs()).unwrap_or(libc::time_t::MAX),
+            // Below 1_000_000: fits every suseconds_t.
+            tv_usec: t.subsec_micros() as libc::suseconds_t,
+        };
+        // A zero timeval means "no timeout" to the kernel; a tiny request must still time out.
+        let tv = if timeout.is_some() && tv.tv_sec == 0 && tv.tv_usec == 0 {
+            libc::timeval {
+                tv_sec: 0,
+                tv_usec: 1,
+            }
+        } else {
+            tv
+        };
+        // SAFETY: `tv` is a valid timeval and the length is its size.
+        let rc = unsafe {
+            libc::setsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&raw const tv).cast(),
+                size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(SeqError::last("setsockopt(SO_RCVTIMEO)"));
+        }
+        Ok(())
+    }
+}
+
+impl AsRawFd for SeqStream {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+impl AsFd for SeqStream {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the time base of the wire protocol.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is valid for writes; CLOCK_MONOTONIC always exists on Linux.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    let secs = u64::try_from(ts.tv_sec).unwrap_or(0);
+    let nanos = u64::try_from(ts.tv_nsec).unwrap_or(0);
+    secs.saturating_mul(1_000_000_000).saturating_add(nanos)
+}
+
+/// Sends `SIGTERM` to process `pid` (a child the caller spawned and has not reaped, so the
+/// pid cannot have been reused). Pids outside 1..=i32::MAX are refused.
+pub fn terminate(pid: u32) -> Result<()> {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return Err(SeqError::Sys {
+            call: "kill",
+            source: io::Error::from_raw_os_error(libc::ESRCH),
+        });
+    };
+    if pid <= 0 {
+        return Err(SeqError::Sys {
+            call: "kill",
+            source: io::Error::from_raw_os_error(libc::ESRCH),
+        });
+    }
+    // SAFETY: kill(2) takes no pointers; `pid` is positive, so it names one process.
+    if unsafe { libc::kill(pid, libc::SIGTERM) } != 0 {
+        return Err(SeqError::last("kill"));
+    }
+    Ok(())
+}
+
+/// Whether `path` is usable as a socket path (fits a `sockaddr_un`).
+pub fn valid_path(path: &OsStr) -> bool {
+    sockaddr(Path::new(path)).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packets_keep_boundaries_and_truncation_is_seen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s");
+        let l = SeqListener::bind(&path).unwrap();
+        assert!(l.accept().unwrap().is_none());
+        let c = SeqStream::connect(&path).unwrap();
+        let (s, cred) = l.accept().unwrap().unwrap();
+        assert_eq!(cred.pid, std::process::id());
+        c.send(b"one").unwrap();
+        c.send(b"two!").unwrap();
+        c.send(&[7; 10]).unwrap();
+        let mut buf = [0u8; 8];
+        assert_eq!(s.recv(&mut buf).unwrap(), Some(3));
+        assert_eq!(s.recv(&mut buf).unwrap(), Some(4));
+        assert_eq!(&buf[..4], b"two!");
+        assert!(matches!(s.recv(&mut buf), Err(SeqError::Truncated(10))));
+        assert_eq!(s.recv(&mut buf).unwrap(), None);
+        drop(c);
+        assert_eq!(s.recv(&mut buf).unwrap(), Some(0));
+        assert!(s.send(b"x").is_err());
+    }
+
+    #[test]
+    fn read_timeout_returns_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s");
+        let l = SeqListener::bind(&path).unwrap();
+        let c = SeqStream::connect(&path).unwrap();
+        c.set_read_timeout(Some(Duration::from_millis(10))).unwrap();
+        assert_eq!(c.recv(&mut [0; 4]).unwrap(), None);
+        c.set_nonblocking(true).unwrap();
+        assert_eq!(c.recv(&mut [0; 4]).unwrap(), None);
+        drop(l);
+    }
+
+    #[test]
+    fn live_listener_refused_stale_socket_replaced_other_files_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s");
+        let l = SeqListener::bind(&path).unwrap();
+        assert!(matches!(SeqListener::bind(&path), Err(SeqError::InUse(_))));
+        drop(l);
+        // The file stays; nobody listens.
+        assert!(path.exists());
+        let l = SeqListener::bind(&path).unwrap();
+        assert_eq!(l.path(), path);
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"keep").unwrap();
+        assert!(matches!(
+            SeqListener::bind(&file),
+            Err(SeqError::NotASocket(_))
+        ));
+        assert_eq!(std::fs::read(&file).unwrap(), b"keep");
+    }
+
+    #[test]
+    fn bad_paths_refused() {
+        let long = PathBuf::from("/".repeat(200));
+        assert!(matches!(
+            SeqListener::bind(&long),
+            Err(SeqError::BadPath(_))
+        ));
+        assert!(matches!(
+            SeqStream::connect(Path::new("")),
+            Err(SeqError::BadPath(_))
+        ));
+        assert!(!valid_path(OsStr::new("a\0b")));
+        assert!(SeqStream::connect(Path::new("/nonexistent/x")).is_err());
+    }
+
+    #[test]
+    fn clock_moves_and_terminate_checks_pid() {
+        let a = monotonic_ns();
+        let b = monotonic_ns();
+        assert!(a > 0 && b >= a);
+        assert!(terminate(0).is_err());
+        assert!(terminate(u32::MAX).is_err());
+    }
+}

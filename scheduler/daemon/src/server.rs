@@ -1,0 +1,1169 @@
+//! The daemon's I/O layer: one `event-manager` loop on one thread around the pure
+//! [`Daemon`] core.
+//!
+//! It watches the device listener (`SOCK_SEQPACKET`) and every device connection, the control
+//! listener (JSON lines, [`crate::control`]) and its clients, an optional loopback-only HTTP
+//! listener serving Prometheus text at `GET /metrics`, the scheduler timer (a timerfd armed at
+//! [`Daemon::next_deadline`] after every event), a periodic tick (every [`TICK`]: cgroup CPU
+//! samples of each VM whose QEMU pid is known, children started or stopped by `create` and
+//! `destroy`, idle HTTP clients) and a stop pipe (written by the binary's signal handlers).
+//!
+//! Every peer is untrusted: a device that sends what the core refuses is refused and dropped,
+//! a device that does not read its messages (its socket queue stays full) is dropped, control
+//! and HTTP clients are bounded in number, request size and buffered output.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use event_manager::{
+    EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberId, SubscriberOps,
+};
+use log::{debug, error, info, warn};
+use serde_json::json;
+use thiserror::Error;
+use vmm_sys_util::timerfd::TimerFd;
+
+use crate::cgroup::{CgroupFs, CpuProbe};
+use crate::control::{ChildInfo, LineBuffer, Request, Response};
+use crate::daemon::{ConnId, Daemon, DaemonConfig, DaemonError, Peer, render_metrics};
+use crate::proto::{MAX_MESSAGE_BYTES, VmName};
+use crate::seqpacket::{self, SeqError, SeqListener, SeqStream, monotonic_ns};
+
+/// Period of the tick: cgroup sampling, children, client timeouts.
+pub const TICK: Duration = Duration::from_millis(100);
+/// Most connections accepted per wake-up of one listener, so a flood cannot starve the rest.
+pub const MAX_ACCEPTS_PER_WAKE: usize = 64;
+/// Most packets read from one device per wake-up (the fd is level-triggered: the rest wakes
+/// the loop again after the others had their turn).
+pub const MAX_PACKETS_PER_WAKE: usize = 64;
+/// Most bytes read from one control or HTTP client per wake-up.
+pub const MAX_READ_PER_WAKE: usize = 256 * 1024;
+/// Most control clients at once; more are closed on accept.
+pub const MAX_CONTROL_CLIENTS: usize = 64;
+/// Most HTTP clients at once; more are closed on accept.
+pub const MAX_HTTP_CLIENTS: usize = 16;
+/// Largest HTTP request head; a scraper's GET is far smaller.
+pub const MAX_HTTP_REQUEST_BYTES: usize = 8 * 1024;
+/// How long an HTTP client may take to send its request and read the answer.
+pub const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most answer bytes buffered for a client that does not read them; past it the client is
+/// closed.
+pub const MAX_CLIENT_OUTPUT_BYTES: usize = 16 * 1024 * 1024;
+/// Most device processes the daemon spawns.
+pub const MAX_CHILDREN: usize = 256;
+/// How long `create` waits for the child's socket to appear before it kills the child.
+pub const CREATE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long `destroy` (and shutdown) waits after `SIGTERM` before `SIGKILL`.
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+/// Lines of a child's stderr kept to report a failed start.
+pub const STDERR_TAIL_LINES: usize = 20;
+/// Rounds of outbox handling per event: sending can fail and drop a device, whose teardown
+/// fills the outbox again; each round drops at least one device, so this is only a backstop.
+const MAX_OUTBOX_ROUNDS: usize = 64;
+
+const DEVICE_LISTENER: u32 = 0;
+const CONTROL_LISTENER: u32 = 1;
+const METRICS_LISTENER: u32 = 2;
+const SCHED_TIMER: u32 = 3;
+const TICK_TIMER: u32 = 4;
+const STOP_PIPE: u32 = 5;
+/// First event token of a connection.
+const FIRST_CONN_TOKEN: u32 = 16;
+
+/// Errors that keep the daemon from starting or running.
+#[derive(Debug, Error)]
+pub enum ServerError {
+    /// A device socket operation failed.
+    #[error("device socket: {0}")]
+    Socket(#[from] SeqError),
+    /// Another I/O operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The configuration is refused by the core.
+    #[error(transparent)]
+    Daemon(#[from] DaemonError),
+    /// The metrics address is not a loopback address.
+    #[error("metrics address {0} is not loopback")]
+    MetricsNotLoopback(SocketAddr),
+    /// The event loop failed.
+    #[error("event loop: {0}")]
+    EventLoop(event_manager::Error),
+}
+
+fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> ServerError {
+    move |source| ServerError::Io { what, source }
+}
+
+/// What the daemon serves and how.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The device socket.
+    pub socket: PathBuf,
+    /// The control socket.
+    pub control: PathBuf,
+    /// The loopback address of the metrics HTTP listener, if any.
+    pub metrics: Option<SocketAddr>,
+    /// The core's configuration.
+    pub daemon: DaemonConfig,
+    /// The `vgpu-server` binary `create` runs.
+    pub server_bin: PathBuf,
+    /// Where the cgroup and proc file systems are.
+    pub cgroups: CgroupFs,
+}
+
+/// The running daemon: its sockets and event loop.
+#[derive(Debug)]
+pub struct Server {
+    manager: EventManager<Loop>,
+    id: SubscriberId,
+    stop_writer: UnixStream,
+}
+
+impl Server {
+    /// Binds every socket (refusing paths a live listener serves, replacing stale socket
+    /// files) and sets up the loop.
+    pub fn bind(config: ServerConfig) -> Result<Server, ServerError> {
+        if let Some(addr) = config.metrics
+            && !addr.ip().is_loopback()
+        {
+            return Err(ServerError::MetricsNotLoopback(addr));
+        }
+        let daemon = Daemon::new(monotonic_ns(), config.daemon.clone())?;
+        let devices = SeqListener::bind(&config.socket)?;
+        seqpacket::remove_stale(&config.control, |p| match UnixStream::connect(p) {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => Ok(false),
+            Err(source) => Err(SeqError::Sys {
+                call: "connect",
+                source,
+            }),
+        })?;
+        let control = UnixListener::bind(&config.control).map_err(io_err("control socket"))?;
+        control
+            .set_nonblocking(true)
+            .map_err(io_err("control socket"))?;
+        let metrics = match config.metrics {
+            Some(addr) => {
+                let l = TcpListener::bind(addr).map_err(io_err("metrics listener"))?;
+                l.set_nonblocking(true)
+                    .map_err(io_err("metrics listener"))?;
+                info!(
+                    "metrics at http://{}/metrics",
+                    l.local_addr().unwrap_or(addr)
+                );
+                Some(l)
+            }
+            None => None,
+        };
+        let (stop_reader, stop_writer) = UnixStream::pair().map_err(io_err("stop pipe"))?;
+        stop_reader
+            .set_nonblocking(true)
+            .map_err(io_err("stop pipe"))?;
+        let mut tick = TimerFd::new().map_err(|e| ServerError::Io {
+            what: "tick timer",
+            source: e.into(),
+        })?;
+        tick.reset(TICK, Some(TICK)).map_err(|e| ServerError::Io {
+            what: "tick timer",
+            source: e.into(),
+        })?;
+        let timer = TimerFd::new().map_err(|e| ServerError::Io {
+            what: "scheduler timer",
+            source: e.into(),
+        })?;
+        let mut manager = EventManager::new().map_err(ServerError::EventLoop)?;
+        let state = Loop {
+            cpu_writeback: config.daemon.cpu_writeback,
+            daemon,
+            devices,
+            control,
+            metrics,
+            timer,
+            tick,
+            stop: stop_reader,
+            stopped: false,
+            next_token: FIRST_CONN_TOKEN,
+            sources: BTreeMap::new(),
+            device_tokens: BTreeMap::new(),
+            probes: BTreeMap::new(),
+            cgroup_failed: BTreeSet::new(),
+            children: BTreeMap::new(),
+            config,
+        };
+        let id = manager.add_subscriber(state);
+        info!("listening for devices and control requests");
+        Ok(Server {
+            manager,
+            id,
+            stop_writer,
+        })
+    }
+
+    /// A socket whose writing of one byte stops the loop (give it to
+    /// `signal_hook::low_level::pipe::register`).
+    pub fn stop_handle(&self) -> io::Result<UnixStream> {
+        self.stop_writer.try_clone()
+    }
+
+    /// The metrics listener's address (useful with port 0).
+    pub fn metrics_addr(&mut self) -> Option<SocketAddr> {
+        let state = self.manager.subscriber_mut(self.id).ok()?;
+        state.metrics.as_ref()?.local_addr().ok()
+    }
+
+    /// Runs until stopped, then stops the children it spawned and removes its sockets.
+    pub fn run(mut self) -> Result<(), ServerError> {
+        loop {
+            let result = self.manager.run();
+            let state = self
+                .manager
+                .subscriber_mut(self.id)
+                .map_err(ServerError::EventLoop)?;
+            if let Err(e) = result {
+                error!("event loop: {e}");
+                state.shutdown();
+                return Err(ServerError::EventLoop(e));
+            }
+            if state.stopped {
+                state.shutdown();
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// A control or HTTP client: its input, its unsent output.
+#[derive(Debug)]
+struct Client<S> {
+    stream: S,
+    lines: LineBuffer,
+    head: Vec<u8>,
+    out: Vec<u8>,
+    /// Close once `out` is sent.
+    closing: bool,
+    /// Whether the loop watches it for writability.
+    watching_out: bool,
+    since: Instant,
+}
+
+impl<S> Client<S> {
+    fn new(stream: S) -> Self {
+        Client {
+            stream,
+            lines: LineBuffer::default(),
+            head: Vec::new(),
+            out: Vec::new(),
+            closing: false,
+            watching_out: false,
+            since: Instant::now(),
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Source {
+    Device { conn: ConnId, stream: SeqStream },
+    Control(Client<UnixStream>),
+    Http(Client<TcpStream>),
+}
+
+/// A cgroup probe of one VM's QEMU.
+#[derive(Debug)]
+struct Probe {
+    pid: u32,
+    probe: CpuProbe,
+}
+
+/// What a child is waiting for.
+#[derive(Debug)]
+enum Waiting {
+    /// Nothing: it runs.
+    Running,
+    /// Its socket to appear; answer the control client `token`.
+    Start { token: u32, deadline: Instant },
+    /// Its exit after SIGTERM; answer `token` if any.
+    Stop {
+        token: Option<u32>,
+        deadline: Instant,
+    },
+}
+
+#[derive(Debug)]
+struct ChildProc {
+    child: Child,
+    socket: PathBuf,
+    tail: Arc<Mutex<VecDeque<String>>>,
+    waiting: Waiting,
+}
+
+impl ChildProc {
+    fn info(&self, name: &str) -> ChildInfo {
+        ChildInfo {
+            name: name.to_owned(),
+            pid: self.child.id(),
+            socket: self.socket.clone(),
+        }
+    }
+
+    fn tail(&self) -> String {
+        match self.tail.lock() {
+            Ok(t) => t.iter().cloned().collect::<Vec<_>>().join("\n"),
+            Err(_) => String::new(),
+        }
+    }
+}
+
+/// The event loop's state (the one subscriber).
+#[derive(Debug)]
+struct Loop {
+    config: ServerConfig,
+    cpu_writeback: bool,
+    daemon: Daemon,
+    devices: SeqListener,
+    control: UnixListener,
+    metrics: Option<TcpListener>,
+    timer: TimerFd,
+    tick: TimerFd,
+    stop: UnixStream,
+    stopped: bool,
+    next_token: u32,
+    sources: BTreeMap<u32, Source>,
+    device_tokens: BTreeMap<ConnId, u32>,
+    probes: BTreeMap<String, Probe>,
+    cgroup_failed: BTreeSet<String>,
+    children: BTreeMap<String, ChildProc>,
+}
+
+impl MutEventSubscriber for Loop {
+    fn init(&mut self, ops: &mut EventOps) {
+        let fixed: [(&dyn AsRawFd, u32); 5] = [
+            (&self.devices, DEVICE_LISTENER),
+            (&self.control, CONTROL_LISTENER),
+            (&self.timer, SCHED_TIMER),
+            (&self.tick, TICK_TIMER),
+            (&self.stop, STOP_PIPE),
+        ];
+        for (fd, token) in fixed {
+            if let Err(e) = ops.add(Events::with_data_raw(fd.as_raw_fd(), token, EventSet::IN)) {
+                error!("watching source {token}: {e}");
+            }
+        }
+        if let Some(m) = &self.metrics
+            && let Err(e) = ops.add(Events::with_data(m, METRICS_LISTENER, EventSet::IN))
+        {
+            error!("watching the metrics listener: {e}");
+        }
+        self.arm_timer();
+    }
+
+    fn process(&mut self, events: Events, ops: &mut EventOps) {
+        let now = monotonic_ns();
+        match events.data() {
+            DEVICE_LISTENER => self.accept_devices(now, ops),
+            CONTROL_LISTENER => self.accept_control(ops),
+            METRICS_LISTENER => self.accept_http(ops),
+            SCHED_TIMER => {
+                self.daemon.timer(now);
+                self.carry_out(now, ops);
+            }
+            TICK_TIMER => {
+                let _ = self.tick.wait();
+                self.on_tick(now, ops);
+            }
+            STOP_PIPE => {
+                let mut byte = [0u8; 16];
+                let _ = self.stop.read(&mut byte);
+                info!("stop requested");
+                self.stopped = true;
+            }
+            token => self.serve(now, token, ops),
+        }
+        self.arm_timer();
+    }
+}
+
+impl Loop {
+    /// Arms the scheduler timer at the core's next deadline (re-arming also clears an expiry
+    /// not read yet, so the timer fd is never read).
+    fn arm_timer(&mut self) {
+        let Some(deadline) = self.daemon.next_deadline() else {
+            let _ = self.timer.clear();
+            return;
+        };
+        let wait = deadline.saturating_sub(monotonic_ns()).max(1);
+        if let Err(e) = self.timer.reset(Duration::from_nanos(wait), None) {
+            error!("arming the scheduler timer: {e}");
+        }
+    }
+
+    fn token(&mut self) -> u32 {
+        loop {
+            let t = self.next_token;
+            self.next_token = t.checked_add(1).unwrap_or(FIRST_CONN_TOKEN);
+            if !self.sources.contains_key(&t) {
+                return t;
+            }
+        }
+    }
+
+    fn watch(&mut self, fd: &dyn AsRawFd, source: Source, ops: &mut EventOps) -> Option<u32> {
+        let token = self.token();
+        match ops.add(Events::with_data_raw(fd.as_raw_fd(), token, EventSet::IN)) {
+            Ok(()) => {
+                self.sources.insert(token, source);
+                Some(token)
+            }
+            Err(e) => {
+                warn!("watching a connection: {e}");
+                None
+            }
+        }
+    }
+
+    /// Stops watching `token` and closes it; a device is disconnected from the core.
+    fn close(&mut self, now: u64, token: u32, ops: &mut EventOps) {
+        let Some(source) = self.sources.remove(&token) else {
+            return;
+        };
+        let fd = match &source {
+            Source::Device { stream, .. } => stream.as_raw_fd(),
+            Source::Control(c) => c.stream.as_raw_fd(),
+            Source::Http(c) => c.stream.as_raw_fd(),
+        };
+        let _ = ops.remove(Events::empty_raw(fd));
+        if let Source::Device { conn, .. } = source {
+            self.device_tokens.remove(&conn);
+            self.daemon.disconnect(now, conn);
+        }
+    }
+
+    fn accept_devices(&mut self, now: u64, ops: &mut EventOps) {
+        for _ in 0..MAX_ACCEPTS_PER_WAKE {
+            let (stream, cred) = match self.devices.accept() {
+                Ok(Some(s)) => s,
+                Ok(None) => break,
+                Err(e) => {
+                    warn!("accepting a device: {e}");
+                    break;
+                }
+            };
+            let peer = Peer {
+                pid: cred.pid,
+                uid: cred.uid,
+            };
+            let conn = self.daemon.connect(now, peer);
+            let fd = stream.as_raw_fd();
+            if let Some(token) = self.watch(&fd, Source::Device { conn, stream }, ops) {
+                self.device_tokens.insert(conn, token);
+            } else {
+                self.daemon.disconnect(now, conn);
+            }
+            self.carry_out(now, ops);
+        }
+    }
+
+    fn accept_control(&mut self, ops: &mut EventOps) {
+        for _ in 0..MAX_ACCEPTS_PER_WAKE {
+            let stream = match self.control.accept() {
+                Ok((s, _)) => s,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    warn!("accepting a control client: {e}");
+                    break;
+                }
+            };
+            let count = self
+                .sources
+                .values()
+                .filter(|s| matches!(s, Source::Control(_)))
+                .count();
+            if count >= MAX_CONTROL_CLIENTS {
+                warn!("control client refused: {MAX_CONTROL_CLIENTS} connected");
+                continue;
+            }
+            if let Err(e) = stream.set_nonblocking(true) {
+                warn!("control client: {e}");
+                continue;
+            }
+            let fd = stream.as_raw_fd();
+            self.watch(&fd, Source::Control(Client::new(stream)), ops);
+        }
+    }
+
+    fn accept_http(&mut self, ops: &mut EventOps) {
+        for _ in 0..MAX_ACCEPTS_PER_WAKE {
+            let Some(listener) = &self.metrics else {
+                return;
+            };
+            let stream = match listener.accept() {
+                Ok((s, _)) => s,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    warn!("accepting a metrics client: {e}");
+                    break;
+                }
+            };
+            let count = self
+                .sources
+                .values()
+                .filter(|s| matches!(s, Source::Http(_)))
+                .count();
+            if count >= MAX_HTTP_CLIENTS || stream.set_nonblocking(true).is_err() {
+                debug!("metrics client refused");
+                continue;
+            }
+            let fd = stream.as_raw_fd();
+            self.watch(&fd, Source::Http(Client::new(stream)), ops);
+        }
+    }
+
+    /// Sends what the core produced, closes the connections it dropped, writes CPU weights.
+    fn carry_out(&mut self, now: u64, ops: &mut EventOps) {
+        let mut packet = Vec::with_capacity(MAX_MESSAGE_BYTES);
+        for _ in 0..MAX_OUTBOX_ROUNDS {
+            let out = self.daemon.drain();
+            if out.messages.is_empty() && out.drops.is_empty() && out.weights.is_empty() {
+                return;
+            }
+            let mut failed = Vec::new();
+            for (conn, msg) in &out.messages {
+                let Some(Source::Device { stream, .. }) = self
+                    .device_tokens
+                    .get(conn)
+                    .and_then(|t| self.sources.get(t))
+                else {
+                    continue;
+                };
+                packet.clear();
+                crate::proto::encode(msg, &mut packet);
+                if let Err(e) = stream.send(&packet) {
+                    warn!("{conn}: send failed, dropping it: {e}");
+                    failed.push(*conn);
+                }
+            }
+            for conn in out.drops.iter().chain(&failed) {
+                if let Some(token) = self.device_tokens.get(conn).copied() {
+                    self.close(now, token, ops);
+                }
+            }
+            for w in &out.weights {
+                self.write_weight(&w.vm, w.qemu_pid, w.weight);
+            }
+        }
+        warn!("outbox still full after {MAX_OUTBOX_ROUNDS} rounds");
+    }
+
+    fn write_weight(&mut self, vm: &str, qemu_pid: u32, weight: u32) {
+        if !self.cpu_writeback || qemu_pid == 0 {
+            return;
+        }
+        let result = self
+            .config
+            .cgroups
+            .locate(qemu_pid)
+            .and_then(|cg| cg.set_weight(weight));
+        match result {
+            Ok(()) => debug!("{vm}: CPU weight {weight}"),
+            Err(e) => warn!("{vm}: writing CPU weight {weight}: {e}"),
+        }
+    }
+
+    fn serve(&mut self, now: u64, token: u32, ops: &mut EventOps) {
+        match self.sources.get(&token) {
+            Some(Source::Device { .. }) => self.serve_device(token, ops),
+            Some(Source::Control(_)) => self.serve_control(now, token, ops),
+            Some(Source::Http(_)) => self.serve_http(now, token, ops),
+            None => debug!("event for closed source {token}"),
+        }
+    }
+
+    fn serve_device(&mut self, token: u32, ops: &mut EventOps) {
+        let mut buf = vec![0u8; MAX_MESSAGE_BYTES + 1];
+        for _ in 0..MAX_PACKETS_PER_WAKE {
+            let Some(Source::Device { conn, stream }) = self.sources.get(&token) else {
+                return;
+            };
+            let conn = *conn;
+            let received = stream.recv(&mut buf);
+            // Read the clock after the packet: a completion's finish time is never after it.
+            let now = monotonic_ns();
+            match received {
+                Ok(None) => return,
+                Ok(Some(0)) => {
+                    self.close(now, token, ops);
+                    self.carry_out(now, ops);
+                    return;
+                }
+                Ok(Some(n)) => self.daemon.receive(now, conn, buf.get(..n).unwrap_or(&buf)),
+                // The whole buffer is one byte over the limit: the core refuses it as too long.
+                Err(SeqError::Truncated(n)) => {
+                    debug!("{conn}: {n}-byte packet");
+                    self.daemon.receive(now, conn, &buf);
+                }
+                Err(e) => {
+                    debug!("{conn}: {e}");
+                    self.close(now, token, ops);
+                }
+            }
+            self.carry_out(now, ops);
+        }
+    }
+
+    /// Reads what a client sent (up to [`MAX_READ_PER_WAKE`]); `Ok(true)` at end of stream.
+    fn read_client<S: Read>(stream: &mut S, sink: &mut dyn FnMut(&[u8])) -> io::Result<bool> {
+        let mut buf = [0u8; 16 * 1024];
+        let mut total = 0usize;
+        while total < MAX_READ_PER_WAKE {
+            match stream.read(&mut buf) {
+                Ok(0) => return Ok(true),
+                Ok(n) => {
+                    total = total.saturating_add(n);
+                    sink(buf.get(..n).unwrap_or(&[]));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(false)
+    }
+
+    fn serve_control(&mut self, now: u64, token: u32, ops: &mut EventOps) {
+        let Some(Source::Control(mut client)) = self.sources.remove(&token) else {
+            return;
+        };
+        let eof = if client.closing {
+            false
+        } else {
+            let mut got = Vec::new();
+            let r = Self::read_client(&mut client.stream, &mut |b| got.extend_from_slice(b));
+            client.lines.push(&got);
+            r.unwrap_or(true)
+        };
+        while !client.closing {
+            match client.lines.next_line() {
+                Ok(Some(line)) => {
+                    if line.iter().all(u8::is_ascii_whitespace) {
+                        continue;
+                    }
+                    if let Some(resp) = self.request(now, token, &line, ops) {
+                        client.out.extend_from_slice(&resp.to_line());
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    client
+                        .out
+                        .extend_from_slice(&Response::Error(e.to_string()).to_line());
+                    client.closing = true;
+                }
+            }
+        }
+        // At end of input, answers already due are still sent before the close.
+        client.closing |= eof;
+        self.sources.insert(token, Source::Control(client));
+        self.flush(now, token, ops);
+    }
+
+    fn serve_http(&mut self, now: u64, token: u32, ops: &mut EventOps) {
+        let Some(Source::Http(mut client)) = self.sources.remove(&token) else {
+            return;
+        };
+        let mut eof = false;
+        if !client.closing {
+            let mut got = Vec::new();
+            let r = Self::read_client(&mut client.stream, &mut |b| got.extend_from_slice(b));
+            let room = MAX_HTTP_REQUEST_BYTES.saturating_sub(client.head.len());
+            let overflow = got.len() > room;
+            client.head.extend(got.into_iter().take(room));
+            let end = find(&client.head, b"\r\n\r\n").or_else(|| find(&client.head, b"\n\n"));
+            if let Some(end) = end {
+                let head = client.head.get(..end).unwrap_or(&[]).to_vec();
+                client.out = self.http_answer(now, &head);
+                client.closing = true;
+            } else if overflow || client.head.len() >= MAX_HTTP_REQUEST_BYTES {
+                client.out = http_response("431 Request Header Fields Too Large", "text/plain", "");
+                client.closing = true;
+            } else {
+                eof = r.unwrap_or(true);
+            }
+        }
+        self.sources.insert(token, Source::Http(client));
+        if eof {
+            self.close(now, token, ops);
+        } else {
+            self.flush(now, token, ops);
+        }
+    }
+
+    fn http_answer(&self, now: u64, head: &[u8]) -> Vec<u8> {
+        let line = head.split(|&b| b == b'\n').next().unwrap_or(&[]);
+        let line = String::from_utf8_lossy(line);
+        let mut parts = line.split_whitespace();
+        let (method, target, version) = (parts.next(), parts.next(), parts.next());
+        if !version.is_some_and(|v| v.starts_with("HTTP/1.")) {
+            return http_response("400 Bad Request", "text/plain", "bad request\n");
+        }
+        match (method, target) {
+            (Some("GET"), Some("/metrics")) => http_response(
+                "200 OK",
+                "text/plain; version=0.0.4; charset=utf-8",
+                &render_metrics(&self.daemon.stats(now)),
+            ),
+            (Some("GET"), _) => http_response("404 Not Found", "text/plain", "not found\n"),
+            _ => http_response(
+                "405 Method Not Allowed",
+                "text/plain",
+                "method not allowed\n",
+            ),
+        }
+    }
+
+    /// Writes what `token` has pending; closes it when done and closing, or when it holds
+    /// too much unsent output or the write fails.
+    fn flush(&mut self, now: u64, token: u32, ops: &mut EventOps) {
+        let Some(source) = self.sources.get_mut(&token) else {
+            return;
+        };
+        let (result, client_out, closing, watching, fd) = match source {
+            Source::Device { .. } => return,
+            Source::Control(c) => {
+                let r = write_some(&mut c.stream, &mut c.out);
+                (
+                    r,
+                    c.out.len(),
+                    c.closing,
+                    &mut c.watching_out,
+                    c.stream.as_raw_fd(),
+                )
+            }
+            Source::Http(c) => {
+                let r = write_some(&mut c.stream, &mut c.out);
+                (
+                    r,
+                    c.out.len(),
+                    c.closing,
+                    &mut c.watching_out,
+                    c.stream.as_raw_fd(),
+                )
+            }
+        };
+        let done = client_out == 0;
+        if result.is_err() || (done && closing) || client_out > MAX_CLIENT_OUTPUT_BYTES {
+            self.close(now, token, ops);
+            return;
+        }
+        if *watching == done {
+            *watching = !done;
+            let set = if done {
+                EventSet::IN
+            } else {
+                EventSet::IN | EventSet::OUT
+            };
+            if let Err(e) = ops.modify(Events::with_data_raw(fd, token, set)) {
+                warn!("watching client {token}: {e}");
+                self.close(now, token, ops);
+            }
+        }
+    }
+
+    /// Carries out one control request line; `None` when the answer comes later.
+    fn request(
+        &mut self,
+        now: u64,
+        token: u32,
+        line: &[u8],
+        ops: &mut EventOps,
+    ) -> Option<Response> {
+        let req = match Request::parse(line) {
+            Ok(r) => r,
+            Err(e) => return Some(Response::Error(e.to_string())),
+        };
+        debug!("control: {req:?}");
+        let result = match req {
+            Request::List {} => Ok(json!({
+                "policy": self.daemon.policy(),
+                "vms": self.daemon.list(),
+                "children": self
+                    .children
+                    .iter()
+                    .map(|(n, c)| c.info(n))
+                    .collect::<Vec<_>>(),
+            })),
+            Request::Stats {} => {
+                serde_json::to_value(self.daemon.stats(now)).map_err(|e| e.to_string())
+            }
+            Request::SetPolicy { policy } => self
+                .daemon
+                .set_policy(now, policy)
+                .map(|()| json!({"policy": self.daemon.stats(now).policy}))
+                .map_err(|e| e.to_string()),
+            Request::SetParams { vm, params } => self
+                .daemon
+                .set_params(now, &vm, &params)
+                .map_err(|e| e.to_string())
+                .and_then(|p| serde_json::to_value(p).map_err(|e| e.to_string())),
+            Request::Focus { vm } => self
+                .daemon
+                .focus(now, &vm)
+                .map(|()| serde_json::Value::Null)
+                .map_err(|e| e.to_string()),
+            Request::Create { name, socket, args } => {
+                return self.create(token, &name, socket, &args).err();
+            }
+            Request::Destroy { name } => return self.destroy(token, &name).err(),
+        };
+        self.carry_out(now, ops);
+        Some(match result {
+            Ok(v) => Response::Ok(v),
+            Err(e) => Response::Error(e),
+        })
+    }
+
+    /// Spawns a device process; the answer comes from [`Loop::on_tick`] (`Err` answers now).
+    fn create(
+        &mut self,
+        token: u32,
+        name: &str,
+        socket: PathBuf,
+        args: &[String],
+    ) -> Result<(), Response> {
+        let fail = |why: String| Err(Response::Error(why));
+        if let Err(e) = VmName::new(name) {
+            return fail(format!("invalid VM name: {e}"));
+        }
+        if self.children.contains_key(name) {
+            return fail(format!("{name} already has a device process"));
+        }
+        if self.children.len() >= MAX_CHILDREN {
+            return fail(format!(
+                "too many device processes (at most {MAX_CHILDREN})"
+            ));
+        }
+        if std::fs::symlink_metadata(&socket).is_ok() {
+            return fail(format!("{} already exists", socket.display()));
+        }
+        let spawned = Command::new(&self.config.server_bin)
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--scheduler")
+            .arg(&self.config.socket)
+            .arg("--vm-name")
+            .arg(name)
+            .args(args)
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn();
+        let mut child = match spawned {
+            Ok(c) => c,
+            Err(e) => {
+                return fail(format!(
+                    "starting {}: {e}",
+                    self.config.server_bin.display()
+                ));
+            }
+        };
+        let tail = Arc::new(Mutex::new(VecDeque::new()));
+        if let Some(stderr) = child.stderr.take() {
+            let (tail, vm) = (Arc::clone(&tail), name.to_owned());
+            let forward = std::thread::Builder::new()
+                .name(format!("stderr-{vm}"))
+                .spawn(move || forward_stderr(&vm, stderr, &tail));
+            if let Err(e) = forward {
+                warn!("{}: no stderr forwarding: {e}", name);
+            }
+        }
+        info!("{name}: started device process {}", child.id());
+        self.children.insert(
+            name.to_owned(),
+            ChildProc {
+                child,
+                socket,
+                tail,
+                waiting: Waiting::Start {
+                    token,
+                    deadline: Instant::now() + CREATE_TIMEOUT,
+                },
+            },
+        );
+        Ok(())
+    }
+
+    /// Sends SIGTERM to a device process; the answer comes from [`Loop::on_tick`].
+    fn destroy(&mut self, token: u32, name: &str) -> Result<(), Response> {
+        let Some(c) = self.children.get_mut(name) else {
+            return Err(Response::Error(format!("no device process for {name:?}")));
+        };
+        if matches!(c.waiting, Waiting::Stop { .. }) {
+            return Err(Response::Error(format!("{name} is already stopping")));
+        }
+        if let Err(e) = seqpacket::terminate(c.child.id()) {
+            warn!("{name}: SIGTERM: {e}");
+        }
+        c.waiting = Waiting::Stop {
+            token: Some(token),
+            deadline: Instant::now() + STOP_TIMEOUT,
+        };
+        Ok(())
+    }
+
+    /// Queues a late answer for control client `token` (dropped if it has gone).
+    fn answer(&mut self, now: u64, token: Option<u32>, resp: Response, ops: &mut EventOps) {
+        let Some(token) = token else { return };
+        if let Some(Source::Control(c)) = self.sources.get_mut(&token) {
+            c.out.extend_from_slice(&resp.to_line());
+            self.flush(now, token, ops);
+        }
+    }
+
+    fn on_tick(&mut self, now: u64, ops: &mut EventOps) {
+        self.sample_cpu(now);
+        self.carry_out(now, ops);
+        self.check_children(now, ops);
+        let stale: Vec<u32> = self
+            .sources
+            .iter()
+            .filter(|(_, s)| matches!(s, Source::Http(c) if c.since.elapsed() > HTTP_TIMEOUT))
+            .map(|(&t, _)| t)
+            .collect();
+        for token in stale {
+            debug!("metrics client {token} timed out");
+            self.close(now, token, ops);
+        }
+    }
+
+    /// Feeds a CPU sample of each connected VM whose QEMU pid is known to the core.
+    fn sample_cpu(&mut self, now: u64) {
+        let live: BTreeMap<String, u32> = self
+            .daemon
+            .list()
+            .into_iter()
+            .filter_map(|vm| Some((vm.name, vm.qemu_pid.filter(|&p| p != 0)?)))
+            .collect();
+        self.probes.retain(|name, p| live.get(name) == Some(&p.pid));
+        self.cgroup_failed.retain(|name| live.contains_key(name));
+        for (name, pid) in live {
+            if !self.probes.contains_key(&name) {
+                match CpuProbe::new(self.config.cgroups.clone(), pid) {
+                    Ok(probe) => {
+                        self.probes.insert(name.clone(), Probe { pid, probe });
+                    }
+                    Err(e) => {
+                        if self.cgroup_failed.insert(name.clone()) {
+                            debug!("{name}: no cgroup probe for QEMU pid {pid}: {e}");
+                        }
+                        continue;
+                    }
+                }
+            }
+            let Some(p) = self.probes.get_mut(&name) else {
+                continue;
+            };
+            match p.probe.sample() {
+                Ok(hint) => {
+                    if let Err(e) = self.daemon.cpu_hint(now, &name, hint) {
+                        debug!("{name}: CPU hint: {e}");
+                    }
+                }
+                Err(e) => {
+                    if self.cgroup_failed.insert(name.clone()) {
+                        debug!("{name}: CPU sample: {e}");
+                    }
+                }
+            }
+        }
+    }
+
+    fn check_children(&mut self, now: u64, ops: &mut EventOps) {
+        let names: Vec<String> = self.children.keys().cloned().collect();
+        for name in names {
+            let Some(c) = self.children.get_mut(&name) else {
+                continue;
+            };
+            let exited = match c.child.try_wait() {
+                Ok(s) => s,
+                Err(e) => {
+                    warn!("{name}: waiting for the device process: {e}");
+                    None
+                }
+            };
+            let late = match c.waiting {
+                Waiting::Start { deadline, .. } | Waiting::Stop { deadline, .. } => {
+                    Instant::now() > deadline
+                }
+                Waiting::Running => false,
+            };
+            let answer = match (&c.waiting, exited) {
+                (Waiting::Running, None) => continue,
+                (Waiting::Running, Some(status)) => {
+                    warn!("{name}: device process exited: {status}");
+                    None
+                }
+                (&Waiting::Start { token, .. }, None) => {
+                    if c.socket.exists() {
+                        let info = c.info(&name);
+                        c.waiting = Waiting::Running;
+                        let v = serde_json::to_value(info).unwrap_or_default();
+                        self.answer(now, Some(token), Response::Ok(v), ops);
+                        continue;
+                    }
+                    if !late {
+                        continue;
+                    }
+                    let _ = c.child.kill();
+                    let _ = c.child.wait();
+                    Some((
+                        Some(token),
+                        Response::Error(format!(
+                            "{name}: socket did not appear within {CREATE_TIMEOUT:?}; stderr:\n{}",
+                            c.tail()
+                        )),
+                    ))
+                }
+                (&Waiting::Start { token, .. }, Some(status)) => Some((
+                    Some(token),
+                    Response::Error(format!(
+                        "{name}: device process exited ({status}); stderr:\n{}",
+                        c.tail()
+                    )),
+                )),
+                (&Waiting::Stop { token, .. }, None) => {
+                    if !late {
+                        continue;
+                    }
+                    warn!("{name}: still running {STOP_TIMEOUT:?} after SIGTERM; killing it");
+                    let _ = c.child.kill();
+                    let status = c.child.wait().map(|s| s.to_string()).unwrap_or_default();
+                    Some((token, Response::Ok(json!({"name": name, "status": status}))))
+                }
+                (&Waiting::Stop { token, .. }, Some(status)) => Some((
+                    token,
+                    Response::Ok(json!({"name": name, "status": status.to_string()})),
+                )),
+            };
+            self.children.remove(&name);
+            if let Some((token, resp)) = answer {
+                self.answer(now, token, resp, ops);
+            }
+        }
+    }
+
+    /// At exit: stops the children (SIGTERM, then SIGKILL after [`STOP_TIMEOUT`]), reaps
+    /// them and removes the sockets.
+    fn shutdown(&mut self) {
+        for (name, c) in &mut self.children {
+            info!("{name}: stopping device process {}", c.child.id());
+            if let Err(e) = seqpacket::terminate(c.child.id()) {
+                warn!("{name}: SIGTERM: {e}");
+            }
+        }
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        while !self.children.is_empty() {
+            self.children
+                .retain(|_, c| matches!(c.child.try_wait(), Ok(None)));
+            if Instant::now() > deadline {
+                for (name, c) in &mut self.children {
+                    warn!("{name}: killing device process {}", c.child.id());
+                    let _ = c.child.kill();
+                    let _ = c.child.wait();
+                }
+                self.children.clear();
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        for path in [self.devices.path(), self.config.control.as_path()] {
+            remove_socket(path);
+        }
+    }
+}
+
+fn remove_socket(path: &Path) {
+    if let Err(e) = std::fs::remove_file(path)
+        && e.kind() != io::ErrorKind::NotFound
+    {
+        warn!("removing {}: {e}", path.display());
+    }
+}
+
+/// Forwards a child's stderr to the log, keeping its last [`STDERR_TAIL_LINES`] lines.
+fn forward_stderr(name: &str, stderr: impl Read, tail: &Mutex<VecDeque<String>>) {
+    let reader = BufReader::new(stderr);
+    for line in reader.split(b'\n') {
+        let Ok(line) = line else { return };
+        let line = String::from_utf8_lossy(&line).into_owned();
+        info!("[{name}] {line}");
+        if let Ok(mut t) = tail.lock() {
+            t.push_back(line);
+            while t.len() > STDERR_TAIL_LINES {
+                t.pop_front();
+            }
+        }
+    }
+}
+
+/// Writes as much of `out` as the socket takes; removes what was written.
+fn write_some<S: Write>(stream: &mut S, out: &mut Vec<u8>) -> io::Result<()> {
+    let mut written = 0usize;
+    let result = loop {
+        let Some(rest) = out.get(written..).filter(|r| !r.is_empty()) else {
+            break Ok(());
+        };
+        match stream.write(rest) {
+            Ok(0) => break Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => written = written.saturating_add(n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => break Err(e),
+        }
+    };
+    out.drain(..written.min(out.len()));
+    result
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+fn http_response(status: &str, content_type: &str, body: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_some_keeps_the_rest() {
+        let mut sink = Vec::new();
+        let mut out = b"hello".to_vec();
+        write_some(&mut sink, &mut out).unwrap();
+        assert!(out.is_empty());
+        assert_eq!(sink, b"hello");
+    }
+
+    #[test]
+    fn http_heads_found_and_answered() {
+        assert_eq!(find(b"GET / HTTP/1.1\r\n\r\n", b"\r\n\r\n"), Some(14));
+        assert_eq!(find(b"GET", b"\r\n\r\n"), None);
+        let r = String::from_utf8(http_response("200 OK", "text/plain", "x\n")).unwrap();
+        assert!(r.starts_with("HTTP/1.1 200 OK\r\n") && r.contains("Content-Length: 2\r\n"));
+        assert!(r.ends_with("\r\n\r\nx\n"));
+    }
+}

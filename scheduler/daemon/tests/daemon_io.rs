@@ -1,0 +1,637 @@
+//! The `vgpu-schedd` and `vgpuctl` binaries end to end: fake devices over SOCK_SEQPACKET,
+//! the control socket, metrics over HTTP, signals, restarts and bad command lines.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tempfile::TempDir;
+use vgpu_schedd::proto::{self, Exec, MAX_MESSAGE_BYTES, Msg, PROTOCOL_VERSION, VmName};
+use vgpu_schedd::seqpacket::{SeqStream, monotonic_ns, terminate};
+use vgpu_scheduler::{CostSignature, GroupId, GroupKind};
+
+const SCHEDD: &str = env!("CARGO_BIN_EXE_vgpu-schedd");
+const VGPUCTL: &str = env!("CARGO_BIN_EXE_vgpuctl");
+const WAIT: Duration = Duration::from_secs(10);
+
+/// A daemon child: killed by pid and reaped on drop; its stderr printed when a test fails.
+struct Schedd {
+    child: Option<Child>,
+    dir: PathBuf,
+    log: PathBuf,
+}
+
+impl Schedd {
+    fn start(dir: &Path, extra: &[&str]) -> Schedd {
+        let log = dir.join(format!("schedd-{}.log", monotonic_ns()));
+        let child = Command::new(SCHEDD)
+            .arg("--socket")
+            .arg(dir.join("sched.sock"))
+            .arg("--control")
+            .arg(dir.join("control.sock"))
+            .args(["--log-level", "debug"])
+            .args(extra)
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let d = Schedd {
+            child: Some(child),
+            dir: dir.to_path_buf(),
+            log,
+        };
+        d.wait_ready();
+        d
+    }
+
+    fn wait_ready(&self) {
+        let start = Instant::now();
+        while UnixStream::connect(self.control()).is_err() {
+            assert!(start.elapsed() < WAIT, "daemon did not start");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn sock(&self) -> PathBuf {
+        self.dir.join("sched.sock")
+    }
+
+    fn control(&self) -> PathBuf {
+        self.dir.join("control.sock")
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// Waits for the daemon to exit and returns its status code.
+    fn wait_exit(&mut self) -> Option<i32> {
+        let mut child = self.child.take().unwrap();
+        let start = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status.code();
+            }
+            assert!(start.elapsed() < WAIT, "daemon did not exit");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Sends one control request and returns the answer.
+    fn call(&self, request: Value) -> Value {
+        let mut s = UnixStream::connect(self.control()).unwrap();
+        s.write_all(format!("{request}\n").as_bytes()).unwrap();
+        let mut line = String::new();
+        BufReader::new(s).read_line(&mut line).unwrap();
+        serde_json::from_str(&line).unwrap()
+    }
+
+    fn vm_stats(&self, name: &str) -> Value {
+        let stats = self.call(json!({"cmd": "stats"}));
+        let vms = stats["ok"]["vms"].as_array().unwrap().clone();
+        vms.into_iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or(Value::Null)
+    }
+
+    fn ctl(&self, args: &[&str]) -> Output {
+        let control = self.control();
+        let mut all = vec!["--control", control.to_str().unwrap()];
+        all.extend_from_slice(args);
+        ctl(&all)
+    }
+}
+
+impl Drop for Schedd {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            eprintln!("--- vgpu-schedd stderr ---\n{log}");
+        }
+    }
+}
+
+fn ctl(args: &[&str]) -> Output {
+    Command::new(VGPUCTL).args(args).output().unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < WAIT, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A fake device process.
+struct Device {
+    s: SeqStream,
+}
+
+impl Device {
+    fn connect(path: &Path, name: &str) -> Device {
+        let s = SeqStream::connect(path).unwrap();
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        let d = Device { s };
+        d.send(&Msg::Hello {
+            version: PROTOCOL_VERSION,
+            vm_name: VmName::new(name).unwrap(),
+            device_pid: std::process::id(),
+            qemu_pid: 0,
+        });
+        match d.recv() {
+            Some(Msg::Welcome { .. }) => d,
+            other => panic!("no Welcome: {other:?}"),
+        }
+    }
+
+    fn send(&self, m: &Msg) {
+        let mut b = Vec::new();
+        proto::encode(m, &mut b);
+        self.s.send(&b).unwrap();
+    }
+
+    /// The next message; `None` at end of stream.
+    fn recv(&self) -> Option<Msg> {
+        let mut buf = vec![0u8; MAX_MESSAGE_BYTES + 1];
+        let n = self.s.recv(&mut buf).unwrap().expect("timed out");
+        (n > 0).then(|| proto::decode(&buf[..n]).unwrap())
+    }
+
+    fn submit(&self, id: u64) {
+        self.send(&Msg::Submit {
+            group: GroupId(id),
+            context: 0,
+            kind: GroupKind::Render,
+            signature: CostSignature(1),
+            cost_ns: 0,
+            exec: Exec::Device,
+        });
+    }
+
+    fn complete(&self, id: u64) {
+        let finish = monotonic_ns();
+        self.send(&Msg::Completed {
+            group: GroupId(id),
+            start: finish.saturating_sub(1_000),
+            finish,
+        });
+    }
+
+    fn expect_grant(&self, id: u64) {
+        match self.recv() {
+            Some(Msg::Grant { group }) => assert_eq!(group, GroupId(id)),
+            other => panic!("expected Grant {id}, got {other:?}"),
+        }
+    }
+
+    fn nothing_pending(&self) {
+        self.s
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        assert_eq!(self.s.recv(&mut [0; 64]).unwrap(), None);
+        self.s.set_read_timeout(Some(WAIT)).unwrap();
+    }
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn prt_grants_by_priority_and_vgpuctl_shows_them() {
+    let dir = TempDir::new().unwrap();
+    let policy = write(
+        dir.path(),
+        "prt.toml",
+        "policy = \"timegraph\"\nsched = \"prt\"\n",
+    );
+    let d = Schedd::start(dir.path(), &["--policy", policy.to_str().unwrap()]);
+    for (vm, prio) in [("lo", "priority=1"), ("hi", "priority=10")] {
+        let o = d.ctl(&["set", vm, prio]);
+        assert!(o.status.success(), "{o:?}");
+    }
+    let lo = Device::connect(&d.sock(), "lo");
+    let hi = Device::connect(&d.sock(), "hi");
+    lo.submit(1);
+    lo.expect_grant(1);
+    lo.submit(2);
+    hi.submit(7);
+    wait_until("both queued", || {
+        d.vm_stats("lo")["queue_depth"] == 1 && d.vm_stats("hi")["queue_depth"] == 1
+    });
+    lo.complete(1);
+    hi.expect_grant(7);
+    lo.nothing_pending();
+    hi.complete(7);
+    lo.expect_grant(2);
+
+    let o = d.ctl(&["--json", "list"]);
+    assert!(o.status.success());
+    let list: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(list["policy"]["policy"], "timegraph");
+    let vms = list["vms"].as_array().unwrap();
+    assert_eq!(vms.len(), 2);
+    let hi_info = vms.iter().find(|v| v["name"] == "hi").unwrap();
+    assert_eq!(
+        (&hi_info["connected"], &hi_info["params"]["priority"]),
+        (&json!(true), &json!(10))
+    );
+    let o = d.ctl(&["--json", "show"]);
+    let stats: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let hi_stats = stats["vms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "hi")
+        .unwrap();
+    assert_eq!(
+        (&hi_stats["completed"], &hi_stats["submitted"]),
+        (&json!(1), &json!(1))
+    );
+    let table = stdout(&d.ctl(&["list"]));
+    assert!(table.contains("policy: timegraph") && table.lines().any(|l| l.starts_with("hi ")));
+    let o = d.ctl(&["show", "--watch", "0.05", "--count", "2"]);
+    assert!(o.status.success());
+    assert_eq!(stdout(&o).matches("share %").count(), 2, "{}", stdout(&o));
+    let o = d.ctl(&["--json", "show", "--watch", "0.01", "--count", "3"]);
+    assert_eq!(stdout(&o).lines().count(), 3);
+}
+
+#[test]
+fn live_policy_change_params_and_focus() {
+    let dir = TempDir::new().unwrap();
+    let d = Schedd::start(dir.path(), &[]);
+    let dev = Device::connect(&d.sock(), "vm");
+    dev.submit(1);
+    dev.expect_grant(1);
+    let fair = write(dir.path(), "fair.toml", "policy = \"fair\"\n");
+    let o = d.ctl(&["set-policy", fair.to_str().unwrap()]);
+    assert!(o.status.success(), "{o:?}");
+    assert!(stdout(&o).contains("fair"));
+    let start = Instant::now();
+    loop {
+        match dev.recv() {
+            Some(Msg::Lease { .. }) => break,
+            Some(_) => assert!(start.elapsed() < WAIT),
+            None => panic!("daemon closed the device"),
+        }
+    }
+    let o = d.ctl(&["--json", "set", "vm", "weight=512", "priority=3"]);
+    assert!(o.status.success(), "{o:?}");
+    let params: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(
+        (&params["weight"], &params["priority"]),
+        (&json!(512), &json!(3))
+    );
+    assert!(d.ctl(&["focus", "vm"]).status.success());
+    // Daemon errors exit 1; usage errors exit 2.
+    assert_eq!(d.ctl(&["focus", "nobody"]).status.code(), Some(1));
+    assert_eq!(d.ctl(&["set", "vm", "weight=0"]).status.code(), Some(1));
+    assert_eq!(d.ctl(&["set", "vm", "colour=red"]).status.code(), Some(2));
+    assert_eq!(d.ctl(&["set", "vm"]).status.code(), Some(2));
+    let bad = write(dir.path(), "bad.toml", "policy = \"lottery\"\n");
+    assert_eq!(
+        d.ctl(&["set-policy", bad.to_str().unwrap()]).status.code(),
+        Some(2)
+    );
+    let tg = write(
+        dir.path(),
+        "tg.toml",
+        "policy = \"timegraph\"\nadmission_limit = 1.0\nspecs = [\"a:b:c\"]\n",
+    );
+    let o = d.ctl(&["set-policy", tg.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+}
+
+#[test]
+fn control_survives_garbage_and_bounds_requests() {
+    let dir = TempDir::new().unwrap();
+    let d = Schedd::start(dir.path(), &[]);
+    let s = UnixStream::connect(d.control()).unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let mut w = s;
+    for bad in [
+        "not json",
+        "{\"cmd\":\"reboot\"}",
+        "{\"cmd\":\"list\",\"x\":1}",
+        "[]",
+    ] {
+        w.write_all(format!("{bad}\n").as_bytes()).unwrap();
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        let v: Value = serde_json::from_str(&line).unwrap();
+        assert!(v["error"].is_string(), "{bad}: {line}");
+    }
+    w.write_all(b"{\"cmd\":\"list\"}\n").unwrap();
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    assert!(serde_json::from_str::<Value>(&line).unwrap()["ok"].is_object());
+    // An endless line: an error, then the connection closes.
+    let _ = w.write_all(&vec![b'x'; 200 * 1024]);
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    assert!(line.contains("error"), "{line}");
+    let mut rest = String::new();
+    assert_eq!(r.read_to_string(&mut rest).unwrap_or(0), 0);
+    assert!(d.call(json!({"cmd": "stats"}))["ok"].is_object());
+    // A client that closes its sending side still gets its answer.
+    let mut s = UnixStream::connect(d.control()).unwrap();
+    s.write_all(b"{\"cmd\":\"list\"}\n").unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("{\"ok\""), "{answer}");
+}
+
+#[test]
+fn garbage_device_dropped_while_another_is_served() {
+    let dir = TempDir::new().unwrap();
+    let d = Schedd::start(dir.path(), &[]);
+    let good = Device::connect(&d.sock(), "good");
+    for packet in [b"garbage!".to_vec(), vec![0u8; MAX_MESSAGE_BYTES + 100]] {
+        let bad = SeqStream::connect(&d.sock()).unwrap();
+        bad.set_read_timeout(Some(WAIT)).unwrap();
+        bad.send(&packet).unwrap();
+        let mut buf = vec![0u8; MAX_MESSAGE_BYTES + 1];
+        let n = bad.recv(&mut buf).unwrap().unwrap();
+        assert!(matches!(proto::decode(&buf[..n]), Ok(Msg::Refused { .. })));
+        assert_eq!(bad.recv(&mut buf).unwrap(), Some(0), "closed after Refused");
+    }
+    // A second Hello for a live name is refused too.
+    let dup = SeqStream::connect(&d.sock()).unwrap();
+    let mut b = Vec::new();
+    proto::encode(
+        &Msg::Hello {
+            version: PROTOCOL_VERSION,
+            vm_name: VmName::new("good").unwrap(),
+            device_pid: std::process::id(),
+            qemu_pid: 0,
+        },
+        &mut b,
+    );
+    dup.send(&b).unwrap();
+    dup.set_read_timeout(Some(WAIT)).unwrap();
+    let mut buf = vec![0u8; MAX_MESSAGE_BYTES + 1];
+    let n = dup.recv(&mut buf).unwrap().unwrap();
+    assert!(matches!(proto::decode(&buf[..n]), Ok(Msg::Refused { .. })));
+    good.submit(1);
+    good.expect_grant(1);
+    good.complete(1);
+    good.submit(2);
+    good.expect_grant(2);
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn http(port: u16, request: &[u8]) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    s.write_all(request).unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    answer
+}
+
+#[test]
+fn metrics_over_http() {
+    let dir = TempDir::new().unwrap();
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let d = Schedd::start(dir.path(), &["--metrics", &addr]);
+    let dev = Device::connect(&d.sock(), "m1");
+    dev.submit(1);
+    dev.expect_grant(1);
+    dev.complete(1);
+    wait_until("completion", || d.vm_stats("m1")["completed"] == 1);
+    let answer = http(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+    assert!(answer.contains("vm=\"m1\""), "{answer}");
+    assert!(http(port, b"GET /other HTTP/1.0\r\n\r\n").starts_with("HTTP/1.1 404"));
+    assert!(http(port, b"POST /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 405"));
+    assert!(http(port, b"hello\r\n\r\n").starts_with("HTTP/1.1 400"));
+    assert!(http(port, &vec![b'G'; 20_000]).starts_with("HTTP/1.1 431"));
+    // A silent client does not block the others.
+    let _silent = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    assert!(http(port, b"GET /metrics HTTP/1.1\r\n\r\n").contains("vm=\"m1\""));
+}
+
+#[test]
+fn restart_after_sigkill_serves_a_reconnecting_device() {
+    let dir = TempDir::new().unwrap();
+    let mut d = Schedd::start(dir.path(), &[]);
+    let dev = Device::connect(&d.sock(), "vm");
+    d.child.as_mut().unwrap().kill().unwrap();
+    d.wait_exit();
+    assert_eq!(dev.recv(), None, "the device sees the daemon go");
+    assert!(d.sock().exists(), "SIGKILL leaves the socket file");
+    drop(d);
+    let d = Schedd::start(dir.path(), &[]);
+    let dev = Device::connect(&d.sock(), "vm");
+    dev.submit(1);
+    dev.expect_grant(1);
+}
+
+#[test]
+fn sigterm_removes_sockets_and_a_live_daemon_is_not_replaced() {
+    let dir = TempDir::new().unwrap();
+    let mut d = Schedd::start(dir.path(), &[]);
+    // A second daemon on the same paths refuses to start and leaves the first alone.
+    let o = Command::new(SCHEDD)
+        .arg("--socket")
+        .arg(d.sock())
+        .arg("--control")
+        .arg(d.control())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("in use"));
+    let _dev = Device::connect(&d.sock(), "vm");
+    terminate(d.pid()).unwrap();
+    assert_eq!(d.wait_exit(), Some(0));
+    assert!(!d.sock().exists() && !d.control().exists());
+}
+
+#[test]
+fn bad_command_lines_exit_2() {
+    let dir = TempDir::new().unwrap();
+    let sock = dir.path().join("s").to_str().unwrap().to_owned();
+    let ctl_path = dir.path().join("c").to_str().unwrap().to_owned();
+    for args in [
+        vec!["--bogus"],
+        vec!["--socket", &sock],
+        vec!["--control", &ctl_path],
+        vec![
+            "--socket",
+            &sock,
+            "--control",
+            &ctl_path,
+            "--metrics",
+            "10.1.2.3:9000",
+        ],
+        vec![
+            "--socket",
+            &sock,
+            "--control",
+            &ctl_path,
+            "--metrics",
+            "nonsense",
+        ],
+        vec!["--socket", &sock, "--control", &ctl_path, "--capacity", "0"],
+        vec![
+            "--socket",
+            &sock,
+            "--control",
+            &ctl_path,
+            "--switch-cost-us",
+            "x",
+        ],
+        vec![
+            "--socket",
+            &sock,
+            "--control",
+            &ctl_path,
+            "--switch-cost-us",
+            "99999999",
+        ],
+        vec![
+            "--socket",
+            &sock,
+            "--control",
+            &ctl_path,
+            "--policy",
+            "/nonexistent.toml",
+        ],
+        vec![
+            "--socket",
+            &sock,
+            "--control",
+            &ctl_path,
+            "--log-level",
+            "loud",
+        ],
+        vec!["--socket"],
+    ] {
+        let o = Command::new(SCHEDD)
+            .args(&args)
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+    }
+    for args in [
+        vec![],
+        vec!["--frobnicate", "list"],
+        vec!["list", "extra"],
+        vec!["show", "--watch", "-1"],
+        vec!["show", "--count", "2"],
+        vec!["create", "x"],
+        vec!["--control", &ctl_path, "list"],
+    ] {
+        assert_eq!(ctl(&args).status.code(), Some(2), "{args:?}");
+    }
+}
+
+/// A stand-in for vgpu-server: records its arguments, creates its socket file, runs until
+/// SIGTERM.
+const FAKE_SERVER: &str = r#"#!/bin/sh
+echo "$@" > "$0.args"
+while [ $# -gt 0 ]; do
+  case "$1" in --socket) sock="$2"; shift;; esac
+  shift
+done
+case "$sock" in *fail*) echo "boom: cannot start" >&2; exit 3;; esac
+trap 'rm -f "$sock"; exit 0' TERM
+touch "$sock"
+sleep 1000 &
+wait
+"#;
+
+#[test]
+fn create_and_destroy_device_processes() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TempDir::new().unwrap();
+    let bin = write(dir.path(), "fake-server", FAKE_SERVER);
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut d = Schedd::start(dir.path(), &["--server-bin", bin.to_str().unwrap()]);
+    let s1 = dir.path().join("vm1.sock");
+    let o = d.ctl(&[
+        "--json",
+        "create",
+        "vm1",
+        "--socket",
+        s1.to_str().unwrap(),
+        "--",
+        "--display",
+        "640x480",
+    ]);
+    assert!(o.status.success(), "{o:?}");
+    let child: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let pid = child["pid"].as_u64().unwrap();
+    let args = std::fs::read_to_string(dir.path().join("fake-server.args")).unwrap();
+    let want = format!(
+        "--socket {} --scheduler {} --vm-name vm1 --display 640x480",
+        s1.display(),
+        d.sock().display()
+    );
+    assert_eq!(args.trim(), want);
+    let list: Value = serde_json::from_str(&stdout(&d.ctl(&["--json", "list"]))).unwrap();
+    assert_eq!(list["children"][0]["name"], "vm1");
+    // Refused: the same name again, an existing socket path, a bad name, a failing start.
+    let s2 = dir.path().join("vm2.sock");
+    assert_eq!(
+        d.ctl(&["create", "vm1", "--socket", s2.to_str().unwrap()])
+            .status
+            .code(),
+        Some(1)
+    );
+    assert_eq!(
+        d.ctl(&["create", "vm2", "--socket", s1.to_str().unwrap()])
+            .status
+            .code(),
+        Some(1)
+    );
+    assert_eq!(
+        d.ctl(&["create", "a:b", "--socket", s2.to_str().unwrap()])
+            .status
+            .code(),
+        Some(1)
+    );
+    let bad = dir.path().join("fail.sock");
+    let o = d.ctl(&["create", "vm3", "--socket", bad.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("boom"), "{o:?}");
+    assert_eq!(d.ctl(&["destroy", "nobody"]).status.code(), Some(1));
+    let o = d.ctl(&["destroy", "vm1"]);
+    assert!(o.status.success(), "{o:?}");
+    assert!(!Path::new(&format!("/proc/{pid}")).exists(), "reaped");
+    let list: Value = serde_json::from_str(&stdout(&d.ctl(&["--json", "list"]))).unwrap();
+    assert_eq!(list["children"], json!([]));
+    // Children still running at SIGTERM are stopped and reaped.
+    let o = d.ctl(&["--json", "create", "vm2", "--socket", s2.to_str().unwrap()]);
+    assert!(o.status.success(), "{o:?}");
+    let pid: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let pid = pid["pid"].as_u64().unwrap();
+    terminate(d.pid()).unwrap();
+    assert_eq!(d.wait_exit(), Some(0));
+    assert!(!Path::new(&format!("/proc/{pid}")).exists());
+}
