@@ -19,6 +19,7 @@ use vgpu_guest_drivers::virtio_pci::{VIRTIO_PCI_VENDOR_ID, VirtioPciDevice};
 use vgpu_server::gpu::DisplayConfig;
 use vgpu_server::gpu::dump::DumpConfig;
 use vgpu_server::metrics::DeviceMetrics;
+use vgpu_server::sched_client::SchedConfig;
 use vgpu_server::{ServerConfig, ServerError, VgpuServer};
 
 use crate::{QtestVm, TempDir, VmConfig, vfio_user_pci_device};
@@ -76,6 +77,20 @@ impl TestServer {
             1,
             None,
             Some(mdev_backend::virgl::DEFAULT_LIBRARY.to_string()),
+            None,
+        )
+    }
+
+    /// Starts a server with the virgl renderer that asks the scheduler daemon of `scheduler`
+    /// before GPU work runs, serving one client (one such server per test binary, as with
+    /// [`TestServer::start_3d`]).
+    pub fn start_3d_scheduled(scheduler: SchedConfig) -> TestServer {
+        Self::start_full(
+            DisplayConfig::default(),
+            1,
+            None,
+            Some(mdev_backend::virgl::DEFAULT_LIBRARY.to_string()),
+            Some(scheduler),
         )
     }
 
@@ -86,7 +101,7 @@ impl TestServer {
         connections: u32,
         dump: Option<DumpConfig>,
     ) -> TestServer {
-        Self::start_full(display, connections, dump, None)
+        Self::start_full(display, connections, dump, None, None)
     }
 
     fn start_full(
@@ -94,6 +109,7 @@ impl TestServer {
         connections: u32,
         dump: Option<DumpConfig>,
         renderer: Option<String>,
+        scheduler: Option<SchedConfig>,
     ) -> TestServer {
         init_logging();
         let dir = TempDir::new("vgpu-server").expect("temporary directory");
@@ -104,6 +120,7 @@ impl TestServer {
             max_connections: Some(connections),
             dump,
             renderer,
+            scheduler,
         };
         let server = VgpuServer::bind(config).expect("server binds its socket");
         let metrics = server.metrics();

@@ -14,6 +14,9 @@ use std::time::Instant;
 
 use log::{debug, error, info, warn};
 use mdev_backend::GpuBackend;
+use vgpu_schedd::proto::Msg;
+use vgpu_schedd::seqpacket::monotonic_ns;
+use vgpu_scheduler::{CostSignature, GroupId, GroupKind};
 use virtio_queue::{QueueOwnedT, QueueT};
 use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
 
@@ -28,6 +31,7 @@ use crate::memory::{GuestRam, MemoryError};
 use crate::metrics::{DeviceMetrics, add, inc};
 use crate::pci::{self, ConfigSpace};
 use crate::queue::CheckedChain;
+use crate::sched_client::{Gate, SchedError, Scheduling};
 use crate::virtio_pci::{
     CONTROL_QUEUE, Effect, ISR_CONFIG, ISR_QUEUE, NO_VECTOR, NUM_QUEUES, VirtioPciTransport,
 };
@@ -83,12 +87,58 @@ pub struct Device {
     retained: Vec<Frame>,
     /// Fenced completions waiting for their fence.
     fences: FenceState,
-    /// Guest fence ids given to the renderer, in order (its fence ids are their low 32 bits).
-    issued: VecDeque<u64>,
+    /// Renderer fences created, in order, with what each one signals.
+    issued: VecDeque<(u32, Issued)>,
+    /// The last renderer fence id given out.
+    last_fence: u32,
+    /// Control-queue chains popped but not processed: held behind a group waiting for the
+    /// scheduler daemon (at most one queue's worth: nothing is popped while any wait).
+    backlog: VecDeque<CheckedChain>,
+    /// The device's side of the scheduler daemon protocol.
+    sched: Scheduling,
     /// The local engine running load-capset groups.
     load: LoadRunner,
     /// Origin of the load engine's time (ns since then).
     epoch: Instant,
+}
+
+/// [`Gate`] with the context of a scheduled group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GateFor {
+    Run(Option<(GroupId, u32)>),
+    Hold,
+}
+
+/// What a renderer fence signals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Issued {
+    /// The guest's fence with this id.
+    Guest(u64),
+    /// A scheduled group of scheduler session `session` finished; it started at `start`.
+    Group {
+        group: GroupId,
+        session: u64,
+        start: u64,
+    },
+}
+
+/// Most virgl command headers a cost signature covers: the rest of a long stream adds nothing
+/// (the signature is a prediction key; bounding it bounds the work per submit).
+const MAX_SIGNATURE_COMMANDS: usize = 1024;
+
+/// The cost signature of a virgl command stream: its commands and their lengths.
+fn virgl_signature(dwords: &[u32]) -> CostSignature {
+    let mut methods = Vec::new();
+    let mut at = 0usize;
+    while let Some(&header) = dwords.get(at) {
+        if methods.len() >= MAX_SIGNATURE_COMMANDS {
+            break;
+        }
+        let len = header >> 16;
+        methods.push((header & 0xff, len));
+        at = at.saturating_add(1).saturating_add(len as usize);
+    }
+    CostSignature::from_methods(&mut methods)
 }
 
 /// What a fenced request's completion waits for, besides the earlier ones.
@@ -116,6 +166,9 @@ impl Device {
             retained: Vec::new(),
             fences: FenceState::default(),
             issued: VecDeque::new(),
+            last_fence: 0,
+            backlog: VecDeque::new(),
+            sched: Scheduling::default(),
             load: LoadRunner::default(),
             epoch: Instant::now(),
         }
@@ -181,6 +234,8 @@ impl Device {
         self.gpu.reset();
         self.fences.reset();
         self.issued.clear();
+        self.backlog.clear();
+        self.sched.reset();
         self.load.reset();
         self.config.set_interrupt_status(false);
         info!("device reset");
@@ -361,11 +416,34 @@ impl Device {
             return false;
         }
         let mem: Arc<GuestMemoryMmap> = self.ram.atomic().memory().into_inner();
-        let (chains, more, mut violation) = self.pop_chains(q, &mem);
+        // The control queue goes on where a group waiting for the scheduler stopped it; new
+        // chains are popped only once that backlog is gone.
+        let resumed = q == CONTROL_QUEUE && !self.backlog.is_empty();
+        let (mut work, mut more, mut violation) = if resumed {
+            (std::mem::take(&mut self.backlog), true, None)
+        } else {
+            let (chains, more, violation) = self.pop_chains(q, &mem);
+            (VecDeque::from(chains), more, violation)
+        };
         let mut completed = 0u32;
-        for chain in chains {
+        while let Some(chain) = work.pop_front() {
             let (len, fence) = match q {
-                CONTROL_QUEUE => self.control_request(&chain, &mem, virgl),
+                CONTROL_QUEUE => {
+                    let group = match self.gate(&chain, virgl.is_some()) {
+                        GateFor::Hold => {
+                            work.push_front(chain);
+                            more = false;
+                            break;
+                        }
+                        GateFor::Run(group) => group,
+                    };
+                    let start = monotonic_ns();
+                    let result = self.control_request(&chain, &mem, virgl);
+                    if let (Some((group, ctx_id)), Some(v)) = (group, virgl) {
+                        self.group_fence(v, group, ctx_id, start);
+                    }
+                    result
+                }
                 _ => (self.cursor_request(&chain), None),
             };
             if let (Some((fence_id, wait)), Some(v)) = (fence, virgl) {
@@ -393,6 +471,9 @@ impl Device {
                 break;
             }
             completed += 1;
+        }
+        if q == CONTROL_QUEUE {
+            self.backlog = work;
         }
         if let Some(v) = violation {
             self.fault(v);
@@ -446,13 +527,10 @@ impl Device {
     /// Parks a fenced completion behind a renderer fence; false if it must complete now
     /// (its fence already signalled, or the renderer refused the fence).
     fn park(&mut self, virgl: &dyn GpuBackend, entry: Parked, ctx_id: u32) -> bool {
-        // The renderer's fence ids are 32-bit; the guest's low 32 bits keep their order
-        // within any 2^32 fences in flight.
-        if let Err(e) = virgl.create_fence(entry.fence_id as u32, ctx_id) {
+        if let Err(e) = self.renderer_fence(virgl, ctx_id, Issued::Guest(entry.fence_id)) {
             warn!("fence {}: {e}; completing at once", entry.fence_id);
             return false;
         }
-        self.issued.push_back(entry.fence_id);
         match self.fences.park(entry) {
             Ok(None) => true,
             Ok(Some(_)) => false,
@@ -460,6 +538,72 @@ impl Device {
                 warn!("fence {}: {e}; completing at once", entry.fence_id);
                 false
             }
+        }
+    }
+
+    /// Creates the next renderer fence in context `ctx_id`, signalling `what`. The renderer's
+    /// fence ids are 32-bit and ours count up, so their order holds within any 2^32 fences in
+    /// flight.
+    fn renderer_fence(
+        &mut self,
+        virgl: &dyn GpuBackend,
+        ctx_id: u32,
+        what: Issued,
+    ) -> mdev_backend::BackendResult<()> {
+        let id = self.last_fence.wrapping_add(1).max(1);
+        virgl.create_fence(id, ctx_id)?;
+        self.last_fence = id;
+        self.issued.push_back((id, what));
+        Ok(())
+    }
+
+    /// After a scheduled group ran: a renderer fence whose signal reports its completion.
+    fn group_fence(&mut self, virgl: &dyn GpuBackend, group: GroupId, ctx_id: u32, start: u64) {
+        let session = self.sched.session();
+        let what = Issued::Group {
+            group,
+            session,
+            start,
+        };
+        if let Err(e) = self.renderer_fence(virgl, ctx_id, what) {
+            warn!("group {}: fence: {e}; reported complete now", group.0);
+            self.sched.completed(group, session, start, monotonic_ns());
+        }
+    }
+
+    /// Whether the control request `chain` may run now: GPU-executing commands (SUBMIT_3D on
+    /// a virgl context, TRANSFER_*_3D) ask the scheduler daemon while one is connected.
+    /// `Run(Some((group, ctx)))` for a scheduled group.
+    fn gate(&mut self, chain: &CheckedChain, renderer: bool) -> GateFor {
+        if !renderer || !self.sched.connected() {
+            return GateFor::Run(None);
+        }
+        let (ctx, kind, signature) = match protocol::decode_control(chain.request()) {
+            Ok(ControlRequest {
+                cmd: ControlCommand::Submit3d { ctx_id, commands },
+                ..
+            }) if !self.gpu.is_load_context(ctx_id) => (
+                ctx_id,
+                GroupKind::Render,
+                virgl_signature(commands.dwords()),
+            ),
+            Ok(ControlRequest {
+                hdr,
+                cmd: ControlCommand::TransferToHost3d(t) | ControlCommand::TransferFromHost3d(t),
+            }) => {
+                let r = &t.transfer.region;
+                let size = r.w.saturating_mul(r.h).saturating_mul(r.d);
+                (
+                    t.ctx_id,
+                    GroupKind::Transfer,
+                    CostSignature::from_methods(&mut [(hdr.ty, size)]),
+                )
+            }
+            _ => return GateFor::Run(None),
+        };
+        match self.sched.gate(ctx, kind, signature, monotonic_ns()) {
+            Gate::Hold => GateFor::Hold,
+            Gate::Run(group) => GateFor::Run(group.map(|g| (g, ctx))),
         }
     }
 
@@ -483,39 +627,100 @@ impl Device {
     }
 
     /// When the load engine's running group finishes, as a delay from now (`None`: idle).
+    /// Scheduled presents count too.
     pub fn load_deadline(&self) -> Option<std::time::Duration> {
-        let deadline = self.load.deadline()?;
-        Some(std::time::Duration::from_nanos(
-            deadline.saturating_sub(self.now()),
-        ))
+        let engine = self.load.deadline().map(|d| d.saturating_sub(self.now()));
+        let present = self
+            .sched
+            .next_present()
+            .map(|at| at.saturating_sub(monotonic_ns()));
+        let wait = match (engine, present) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b)?,
+        };
+        Some(std::time::Duration::from_nanos(wait))
     }
 
     /// Runs the load engine up to now: the fenced submits whose groups have all finished
     /// complete, in order.
+    /// Presents due by now are released too.
     pub fn load_tick(&mut self) {
         let now = self.now();
-        for token in self.load.advance(now) {
+        let done = self.load.advance(now);
+        self.loads_done(done);
+        let presented = self.sched.presents_due(monotonic_ns());
+        self.loads_done(presented);
+    }
+
+    /// Load submits whose work is all done: their completions go out, in order.
+    fn loads_done(&mut self, tokens: Vec<LoadToken>) {
+        for token in tokens {
             let released = self.fences.load_done(token);
             self.complete_parked(released);
         }
     }
 
+    /// The scheduler daemon link came up (`Hello` sent): groups ask it from now on.
+    pub fn sched_connected(&mut self) {
+        self.sched.connect();
+    }
+
+    /// A message from the scheduler daemon; true when the control queue should be processed
+    /// again (a held group may go on).
+    pub fn sched_message(&mut self, msg: Msg) -> bool {
+        let handled = self.sched.handle(msg, monotonic_ns());
+        self.loads_done(handled.done);
+        handled.resume_queue
+    }
+
+    /// The scheduler daemon is gone: everything waiting for it goes on as if granted, load
+    /// groups it was running run on the local engine.
+    pub fn sched_gone(&mut self) {
+        let (back, released) = self.sched.disconnect();
+        let now = self.now();
+        let mut lost = Vec::new();
+        for (token, ctx, cost) in back {
+            if let Err(e) = self.load.run(token, ctx, &[cost], now) {
+                warn!("load group back from the scheduler daemon: {e}; completed now");
+                lost.push(token);
+            }
+        }
+        self.loads_done(released);
+        self.loads_done(lost);
+    }
+
+    /// The messages for the scheduler daemon, oldest first.
+    pub fn sched_outbox(&mut self) -> Result<Vec<Msg>, SchedError> {
+        self.sched.take_outbox()
+    }
+
     /// The renderer signalled fence `newest` (and every earlier one): the parked completions
     /// it covers go to their used rings, in order, with an interrupt per queue.
+    /// Scheduled groups it covers are reported complete.
     pub fn fences_signalled(&mut self, newest: u32) {
-        if !self.issued.iter().any(|&id| id as u32 == newest) {
+        if !self.issued.iter().any(|&(id, _)| id == newest) {
             debug!("renderer fence {newest} is not one of ours");
             return;
         }
-        let mut guest_id = 0;
-        while let Some(id) = self.issued.pop_front() {
-            guest_id = id;
-            if id as u32 == newest {
+        let now = monotonic_ns();
+        let mut guest_id = None;
+        while let Some((id, what)) = self.issued.pop_front() {
+            match what {
+                Issued::Guest(g) => guest_id = Some(g),
+                Issued::Group {
+                    group,
+                    session,
+                    start,
+                } => self.sched.completed(group, session, start, now),
+            }
+            if id == newest {
                 break;
             }
         }
-        let released = self.fences.signal(guest_id);
-        self.complete_parked(released);
+        if let Some(guest_id) = guest_id {
+            let released = self.fences.signal(guest_id);
+            self.complete_parked(released);
+        }
     }
 
     /// Puts released completions on their used rings, in order, with an interrupt per queue.
@@ -629,6 +834,11 @@ impl Device {
         let commands = load::decode_submit(dwords).inspect_err(|e| {
             debug!("load submit on context {} refused: {e}", hdr.ctx_id);
         })?;
+        if self.sched.connected() {
+            let token = self.load.token();
+            self.sched.submit_load(token, hdr.ctx_id, &commands)?;
+            return Ok(Some(token));
+        }
         let now = self.now();
         self.load.submit(hdr.ctx_id, &commands, now)
     }

@@ -13,6 +13,7 @@ pub mod memory;
 pub mod metrics;
 pub mod pci;
 pub mod queue;
+pub mod sched_client;
 pub mod transport;
 pub mod virtio_pci;
 pub mod worker;
@@ -49,6 +50,9 @@ pub struct ServerConfig {
     /// The virglrenderer library for 3D (VIRTIO_GPU_F_VIRGL); `None`, or a library that does
     /// not load, serves 2D only. virglrenderer can be initialised once per process.
     pub renderer: Option<String>,
+    /// The scheduler daemon to ask before GPU work runs (`--scheduler`, `--vm-name`); `None`
+    /// runs everything at once.
+    pub scheduler: Option<crate::sched_client::SchedConfig>,
 }
 
 /// Errors that stop the server.
@@ -166,6 +170,7 @@ impl VgpuServer {
             config.dump.clone(),
             metrics.clone(),
             config.renderer.clone(),
+            config.scheduler.clone(),
         )?;
         Ok(VgpuServer {
             server,

@@ -1,21 +1,24 @@
 //! `vgpu-server --socket PATH [--display WxH] [--dump-dir DIR] [--log-level LEVEL]
-//! [--exit-on-disconnect]`
+//! [--exit-on-disconnect] [--scheduler SOCKET --vm-name NAME]`
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use mdev_backend::virgl;
+use vgpu_schedd::proto::VmName;
 use vgpu_server::gpu::DisplayConfig;
 use vgpu_server::gpu::dump::DumpConfig;
+use vgpu_server::sched_client::SchedConfig;
 use vgpu_server::{ServerConfig, VgpuServer};
 
-const USAGE: &str = "usage: vgpu-server --socket PATH [--display WIDTHxHEIGHT] [--dump-dir DIR] [--renderer virgl|none] [--virgl-library NAME] [--log-level error|warn|info|debug|trace] [--exit-on-disconnect]
+const USAGE: &str = "usage: vgpu-server --socket PATH [--display WIDTHxHEIGHT] [--dump-dir DIR] [--renderer virgl|none] [--virgl-library NAME] [--log-level error|warn|info|debug|trace] [--exit-on-disconnect] [--scheduler SOCKET --vm-name NAME]
 
 Serves one virtio-gpu PCI function over vfio-user on PATH. With the virgl renderer (default;
 libvirglrenderer.so.1, host EGL) guests get OpenGL through virgl; without it, 2D only. With
 --dump-dir, what the guest
 shows is written to DIR/scanout0.png (after a flush at most once a second, on SIGUSR1, and
-when the client disconnects). Start QEMU with
+when the client disconnects). With --scheduler, GPU work waits for the vgpu-schedd daemon at
+SOCKET (as VM NAME); while it is unreachable the VM runs unscheduled. Start QEMU with
   -object memory-backend-memfd,id=mem,size=1G,share=on -machine q35,memory-backend=mem
   -device '{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"PATH\",\"type\":\"unix\"}}'";
 
@@ -31,6 +34,8 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut max_connections = None;
     let mut dump = None;
     let mut renderer = Some(virgl::DEFAULT_LIBRARY.to_string());
+    let mut scheduler = None;
+    let mut vm_name = None;
     while let Some(arg) = args.next() {
         let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
         match arg.as_str() {
@@ -48,6 +53,11 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
                 "none" => renderer = None,
                 other => return Err(format!("--renderer: {other:?} is not virgl or none")),
             },
+            "--scheduler" => scheduler = Some(PathBuf::from(value("--scheduler")?)),
+            "--vm-name" => {
+                let name = value("--vm-name")?;
+                vm_name = Some(VmName::new(&name).map_err(|e| format!("--vm-name: {e}"))?);
+            }
             "--virgl-library" => renderer = Some(value("--virgl-library")?),
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
@@ -57,6 +67,11 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         return Err(format!("--log-level: unknown level {log_level:?}"));
     }
     let socket = socket.ok_or("--socket is required")?;
+    let scheduler = match (scheduler, vm_name) {
+        (Some(socket), Some(vm_name)) => Some(SchedConfig { socket, vm_name }),
+        (None, None) => None,
+        _ => return Err("--scheduler and --vm-name go together".to_string()),
+    };
     Ok(Args {
         config: ServerConfig {
             socket,
@@ -64,6 +79,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             max_connections,
             dump,
             renderer,
+            scheduler,
         },
         log_level,
     })

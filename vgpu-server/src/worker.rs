@@ -34,6 +34,7 @@ use mdev_backend::virgl::Virgl;
 use crate::device::Device;
 use crate::gpu::dump::{self, DumpConfig};
 use crate::metrics::{DeviceMetrics, inc};
+use crate::sched_client::{MAX_MESSAGES_PER_WAKE, SchedConfig, SchedError, SchedLink};
 use crate::virtio_pci::{CONTROL_QUEUE, NUM_QUEUES};
 
 /// Event data of the control eventfd (queue kicks use the queue index).
@@ -50,6 +51,12 @@ const DUMP_REQUEST_TOKEN: u32 = 0x103;
 const LOAD_TIMER_TOKEN: u32 = 0x105;
 /// Shortest load timer: a zero interval would disarm a timerfd instead of firing it.
 const MIN_LOAD_TIMER: Duration = Duration::from_micros(1);
+/// Event data of the scheduler daemon socket.
+const SCHED_TOKEN: u32 = 0x106;
+/// Event data of the scheduler daemon reconnect timer.
+const SCHED_RETRY_TOKEN: u32 = 0x107;
+/// How often a device retries connecting to a scheduler daemon that is not there.
+pub const SCHED_RETRY: Duration = Duration::from_secs(1);
 
 /// Errors starting the worker.
 #[derive(Debug, thiserror::Error)]
@@ -87,11 +94,13 @@ impl WorkerHandle {
     ///
     /// With `renderer` (a virglrenderer library name), the worker initialises virglrenderer
     /// on its own thread; if that fails the device serves 2D only (see
-    /// [`WorkerHandle::has_renderer`]).
+    /// [`WorkerHandle::has_renderer`]). With `scheduler`, each attached device connects to
+    /// that scheduler daemon (see [`crate::sched_client`]).
     pub fn spawn(
         dump: Option<DumpConfig>,
         metrics: Arc<DeviceMetrics>,
         renderer: Option<String>,
+        scheduler: Option<SchedConfig>,
     ) -> Result<WorkerHandle, WorkerError> {
         let new_efd = || EventFd::new(libc::EFD_NONBLOCK).map_err(WorkerError::Setup);
         let kicks = (0..NUM_QUEUES)
@@ -122,15 +131,21 @@ impl WorkerHandle {
                     }
                 });
                 let has_renderer = virgl.is_some();
-                let load_timer = match TimerFd::new() {
-                    Ok(t) => t,
-                    Err(e) => {
+                let (load_timer, retry_timer) = match (TimerFd::new(), TimerFd::new()) {
+                    (Ok(a), Ok(b)) => (a, b),
+                    (Err(e), _) | (_, Err(e)) => {
                         let _ = ready.send(Err(WorkerError::Setup(e.into())));
                         return;
                     }
                 };
                 let worker = Worker {
                     load_timer,
+                    sched: scheduler.map(|config| Sched {
+                        link: SchedLink::new(config),
+                        retry_timer,
+                        watched: None,
+                        warned: false,
+                    }),
                     virgl,
                     device: None,
                     kicks: worker_kicks,
@@ -357,11 +372,139 @@ struct Worker {
     resample: Option<File>,
     stop: Arc<AtomicBool>,
     dumper: Option<Dumper>,
-    /// Fires when the load engine's running group finishes.
+    /// Fires when the load engine's running group finishes (or a present is due).
     load_timer: TimerFd,
+    /// The scheduler daemon link, with `--scheduler`.
+    sched: Option<Sched>,
+}
+
+/// The worker's side of the scheduler daemon link.
+struct Sched {
+    link: SchedLink,
+    /// Fires every [`SCHED_RETRY`] while the daemon is unreachable.
+    retry_timer: TimerFd,
+    /// The socket fd in the poll set.
+    watched: Option<std::os::fd::RawFd>,
+    /// A warning about the daemon being unreachable was logged (until it is back).
+    warned: bool,
 }
 
 impl Worker {
+    /// Connects to the scheduler daemon for the attached device; on failure, retries every
+    /// [`SCHED_RETRY`].
+    fn sched_connect(&mut self, ops: &mut EventOps) {
+        let (Some(s), Some(device)) = (&mut self.sched, &self.device) else {
+            return;
+        };
+        // The vfio-user crate accepts the QEMU connection internally, so its peer
+        // credentials are not available: QEMU's pid is sent as unknown (0).
+        match s.link.connect(0) {
+            Ok(()) => {
+                if let Some(fd) = s.link.fd() {
+                    match ops.add(Events::with_data_raw(fd, SCHED_TOKEN, EventSet::IN)) {
+                        Ok(()) => s.watched = Some(fd),
+                        Err(e) => error!("watching the scheduler daemon socket: {e}"),
+                    }
+                }
+                info!(
+                    "connected to the scheduler daemon at {}",
+                    s.link.path().display()
+                );
+                s.warned = false;
+                let _ = s.retry_timer.reset(Duration::ZERO, None);
+                device_lock(device).sched_connected();
+            }
+            Err(e) => {
+                if !s.warned {
+                    warn!("{e}; running unscheduled, retrying every second");
+                    s.warned = true;
+                } else {
+                    debug!("{e}");
+                }
+                if let Err(e) = s.retry_timer.reset(SCHED_RETRY, None) {
+                    error!("arming the scheduler reconnect timer: {e}");
+                }
+            }
+        }
+    }
+
+    /// Stops watching the daemon socket and closes it (`bye`: say goodbye first).
+    fn sched_close(s: &mut Sched, ops: &mut EventOps, bye: bool) {
+        if let Some(fd) = s.watched.take() {
+            let _ = ops.remove(Events::with_data_raw(fd, SCHED_TOKEN, EventSet::IN));
+        }
+        if bye {
+            s.link.close();
+        } else {
+            s.link.drop_connection();
+        }
+    }
+
+    /// The daemon link failed: scheduling off for the attached device, retry later.
+    fn sched_gone(&mut self, why: &SchedError, ops: &mut EventOps) {
+        let Some(s) = &mut self.sched else { return };
+        Self::sched_close(s, ops, false);
+        match why {
+            SchedError::Refused { .. } => error!("{why}; running unscheduled"),
+            _ => warn!("{why}; running unscheduled, retrying every second"),
+        }
+        s.warned = true;
+        if let Err(e) = s.retry_timer.reset(SCHED_RETRY, None) {
+            error!("arming the scheduler reconnect timer: {e}");
+        }
+        if let Some(device) = &self.device {
+            device_lock(device).sched_gone();
+        }
+        self.kick_control();
+        self.run_load();
+    }
+
+    /// Sends what the device queued for the daemon.
+    fn sched_flush(&mut self, ops: &mut EventOps) {
+        let (Some(s), Some(device)) = (&self.sched, &self.device) else {
+            return;
+        };
+        let result = device_lock(device)
+            .sched_outbox()
+            .and_then(|msgs| msgs.iter().try_for_each(|m| s.link.send(m)));
+        if let Err(e) = result {
+            self.sched_gone(&e, ops);
+        }
+    }
+
+    /// The daemon socket is readable: handle what arrived (a bounded number per round).
+    fn sched_readable(&mut self, ops: &mut EventOps) {
+        let mut resume = false;
+        for _ in 0..MAX_MESSAGES_PER_WAKE {
+            let Some(s) = &mut self.sched else { return };
+            match s.link.recv() {
+                Ok(Some(msg)) => {
+                    if let Some(device) = &self.device {
+                        resume |= device_lock(device).sched_message(msg);
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    self.sched_gone(&e, ops);
+                    return;
+                }
+            }
+        }
+        if resume {
+            self.kick_control();
+        }
+        self.run_load();
+    }
+
+    /// Has the control queue processed again (a held group may go on).
+    fn kick_control(&self) {
+        if let Some(kick) = self.kicks.get(usize::from(CONTROL_QUEUE))
+            && let Err(e) = kick.write(1)
+        {
+            warn!("kicking the control queue: {e}");
+        }
+    }
+
     /// Runs the device's load engine up to now and arms the timer for its next finish.
     fn run_load(&mut self) {
         let Some(device) = &self.device else {
@@ -390,11 +533,16 @@ impl Worker {
                         device_lock(&device).retain_frames_on_reset();
                     }
                     self.device = Some(device);
+                    self.sched_connect(ops);
                 }
                 Ok(Command::Detach(ack)) => {
                     if let (Some(device), Some(d)) = (&self.device, &mut self.dumper) {
                         // The client is gone: write what its scanouts showed last.
                         d.write(device, true, self.virgl.as_deref());
+                    }
+                    if let Some(s) = &mut self.sched {
+                        Self::sched_close(s, ops, true);
+                        let _ = s.retry_timer.reset(Duration::ZERO, None);
                     }
                     let device = self.device.take();
                     if let (Some(device), Some(v)) = (&device, self.virgl.as_deref()) {
@@ -443,6 +591,15 @@ impl MutEventSubscriber for Worker {
         )) {
             error!("watching the load timer: {e}");
         }
+        if let Some(s) = &self.sched
+            && let Err(e) = ops.add(Events::with_data(
+                &s.retry_timer,
+                SCHED_RETRY_TOKEN,
+                EventSet::IN,
+            ))
+        {
+            error!("watching the scheduler reconnect timer: {e}");
+        }
         if let Some(fd) = self.virgl.as_deref().and_then(GpuBackend::poll_fd)
             && let Err(e) = ops.add(Events::with_data_raw(fd, VIRGL_TOKEN, EventSet::IN))
         {
@@ -483,6 +640,18 @@ impl MutEventSubscriber for Worker {
                 let newest = self.virgl.as_deref().and_then(GpuBackend::poll);
                 if let (Some(n), Some(device)) = (newest, &self.device) {
                     device_lock(device).fences_signalled(n);
+                }
+                self.sched_flush(ops);
+            }
+            SCHED_TOKEN => self.sched_readable(ops),
+            SCHED_RETRY_TOKEN => {
+                if let Some(s) = &mut self.sched
+                    && !s.retry_timer.is_armed().unwrap_or(true)
+                {
+                    let _ = s.retry_timer.wait();
+                }
+                if self.sched.as_ref().is_some_and(|s| s.watched.is_none()) {
+                    self.sched_connect(ops);
                 }
             }
             DUMP_TIMER_TOKEN => {
@@ -527,6 +696,7 @@ impl MutEventSubscriber for Worker {
                     if let Some(d) = &mut self.dumper {
                         d.flushed(device, self.virgl.as_deref());
                     }
+                    self.sched_flush(ops);
                     self.run_load();
                 }
             }

@@ -51,6 +51,16 @@ pub enum LoadCommand {
     EndFrame,
 }
 
+impl LoadCommand {
+    /// The GPU time an OCCUPY asks for, in ns (`None` for a frame boundary).
+    pub fn cost_ns(&self) -> Option<u64> {
+        match *self {
+            LoadCommand::Occupy { us } => Some(us.saturating_mul(1000)),
+            LoadCommand::EndFrame => None,
+        }
+    }
+}
+
 /// Errors of load submits.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum LoadError {
@@ -191,23 +201,41 @@ impl LoadRunner {
         commands: &[LoadCommand],
         now: Time,
     ) -> Result<Option<LoadToken>, LoadError> {
-        let costs: Vec<u64> = commands
-            .iter()
-            .filter_map(|c| match *c {
-                LoadCommand::Occupy { us } => Some(us.saturating_mul(1000)),
-                LoadCommand::EndFrame => None,
-            })
-            .collect();
+        let costs: Vec<u64> = commands.iter().filter_map(|c| c.cost_ns()).collect();
         if costs.is_empty() {
             return Ok(None);
+        }
+        let token = self.token();
+        self.run(token, ctx, &costs, now)?;
+        Ok(Some(token))
+    }
+
+    /// A new submit token (for groups that may run elsewhere, such as on a scheduler
+    /// daemon's engine, and come back here with [`LoadRunner::run`]).
+    pub fn token(&mut self) -> LoadToken {
+        let token = LoadToken(self.next_token);
+        self.next_token = self.next_token.wrapping_add(1);
+        token
+    }
+
+    /// Queues groups of `costs` ns for submit `token` (added to the ones it has here);
+    /// [`LoadRunner::advance`] reports it once all of them have finished.
+    pub fn run(
+        &mut self,
+        token: LoadToken,
+        ctx: u32,
+        costs: &[u64],
+        now: Time,
+    ) -> Result<(), LoadError> {
+        if costs.is_empty() {
+            return Ok(());
         }
         if self.groups.len().saturating_add(costs.len()) > MAX_PENDING_GROUPS {
             return Err(LoadError::Full);
         }
-        let token = LoadToken(self.next_token);
-        self.next_token = self.next_token.wrapping_add(1);
-        self.remaining.insert(token, costs.len());
-        for cost in costs {
+        let left = self.remaining.entry(token).or_insert(0);
+        *left = left.saturating_add(costs.len());
+        for &cost in costs {
             let group = self.next_group;
             self.next_group = self.next_group.wrapping_add(1);
             self.groups.insert(group, token);
@@ -223,7 +251,7 @@ impl LoadRunner {
         if self.deadline.is_none() {
             self.deadline = self.engine.kick(now);
         }
-        Ok(Some(token))
+        Ok(())
     }
 
     /// Finishes every group due by `now` (the next one starts when the previous finished) and

@@ -1,0 +1,297 @@
+//! qtest tests of the device's scheduler daemon client (`--scheduler`) through the real
+//! vfio-user path, against a fake daemon in the test (a SOCK_SEQPACKET listener speaking
+//! `vgpu_schedd::proto`): Hello, load groups run by the daemon (Submit/Done), frames paced by
+//! Present, virgl groups waiting for Grant and reported with Completed, leases, garbage from
+//! the daemon, and the daemon going away and coming back. virglrenderer may be initialised
+//! once per process, so everything runs in one test.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use vgpu_guest_drivers::virtio_gpu::{
+    self, CAPSET_LOAD, CONTROL_QUEUE, CTRL_HDR_SIZE, LOAD_OP_END_FRAME, LOAD_OP_OCCUPY,
+};
+use vgpu_schedd::proto::{self, Exec, Msg, PROTOCOL_VERSION, VmName};
+use vgpu_schedd::seqpacket::{SeqListener, SeqStream, monotonic_ns};
+use vgpu_server::sched_client::SchedConfig;
+use vgpu_tests::server::{TestServer, VgpuGuest};
+use vgpu_tests::skip_without_qemu;
+use vgpu_tests::temp_dir::TempDir;
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a held request is watched to make sure it does not complete.
+const HELD: Duration = Duration::from_millis(300);
+const RESP_OK_NODATA: u32 = 0x1100;
+const LOAD_CTX: u32 = 7;
+const GL_CTX: u32 = 1;
+const VM: &str = "vm-sched-test";
+
+/// Waits for the device to connect.
+fn accept(listener: &SeqListener) -> SeqStream {
+    let start = Instant::now();
+    loop {
+        if let Some((stream, _)) = listener.accept().expect("accept") {
+            stream.set_nonblocking(false).unwrap();
+            stream.set_read_timeout(Some(TIMEOUT)).unwrap();
+            return stream;
+        }
+        assert!(start.elapsed() < TIMEOUT, "the device did not connect");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn recv(stream: &SeqStream) -> Msg {
+    let mut buf = vec![0; proto::MAX_MESSAGE_BYTES + 1];
+    let n = stream
+        .recv(&mut buf)
+        .expect("recv")
+        .expect("a message in time");
+    proto::decode(&buf[..n]).expect("a valid message")
+}
+
+fn send(stream: &SeqStream, msg: &Msg) {
+    let mut packet = Vec::new();
+    proto::encode(msg, &mut packet);
+    stream.send(&packet).expect("send");
+}
+
+/// Expects `Hello` from the device and welcomes it.
+fn hello(stream: &SeqStream) {
+    match recv(stream) {
+        Msg::Hello {
+            version,
+            vm_name,
+            device_pid,
+            qemu_pid,
+        } => {
+            assert_eq!(version, PROTOCOL_VERSION);
+            assert_eq!(vm_name.as_str(), VM);
+            assert_eq!(device_pid, std::process::id(), "the server runs in-process");
+            assert!(qemu_pid <= proto::MAX_PID);
+        }
+        other => panic!("expected Hello, got {other:?}"),
+    }
+    send(
+        stream,
+        &Msg::Welcome {
+            version: PROTOCOL_VERSION,
+            vgpu: vgpu_scheduler::VgpuId(0),
+        },
+    );
+}
+
+/// Queues one request without waiting; returns its head.
+fn start(guest: &mut VgpuGuest, request: &[u8]) -> u16 {
+    let qt = guest.vm.qtest();
+    guest
+        .dev
+        .request(qt, CONTROL_QUEUE, &[request], &[CTRL_HDR_SIZE as u32])
+        .expect("request queued")
+}
+
+/// Waits for the next completion, which must be `head`'s.
+fn finished(guest: &mut VgpuGuest, head: u16) {
+    let qt = guest.vm.qtest();
+    let done = guest
+        .dev
+        .wait_used(qt, CONTROL_QUEUE, TIMEOUT)
+        .expect("request completes");
+    assert_eq!(done.used.id, u32::from(head));
+    let reply = done.writable.expect("our chain").remove(0);
+    let hdr = virtio_gpu::CtrlHeader::parse(&reply).unwrap();
+    assert_eq!(hdr.ctrl_type, RESP_OK_NODATA);
+}
+
+/// Checks that nothing completes for a while.
+fn still_held(guest: &mut VgpuGuest) {
+    let qt = guest.vm.qtest();
+    assert!(
+        guest.dev.wait_used(qt, CONTROL_QUEUE, HELD).is_err(),
+        "completed without the daemon's answer"
+    );
+}
+
+fn call(guest: &mut VgpuGuest, request: &[u8]) {
+    let head = start(guest, request);
+    finished(guest, head);
+}
+
+/// Expects `Submit` with `exec`; returns its group and cost.
+fn submitted(stream: &SeqStream, exec: Exec) -> (vgpu_scheduler::GroupId, u64) {
+    match recv(stream) {
+        Msg::Submit {
+            group,
+            exec: e,
+            cost_ns,
+            ..
+        } if e == exec => (group, cost_ns),
+        other => panic!("expected Submit {exec:?}, got {other:?}"),
+    }
+}
+
+fn occupy(us: u64) -> (u32, u32, u64) {
+    (LOAD_OP_OCCUPY, 0, us)
+}
+
+fn load(fence: u64, commands: &[(u32, u32, u64)]) -> Vec<u8> {
+    virtio_gpu::with_fence(virtio_gpu::load_submit(LOAD_CTX, commands), fence)
+}
+
+fn gl_submit(fence: u64) -> Vec<u8> {
+    virtio_gpu::with_fence(virtio_gpu::submit_3d(GL_CTX, &[0]), fence)
+}
+
+#[test]
+fn scheduled_device_asks_the_daemon() {
+    if skip_without_qemu() {
+        return;
+    }
+    let dir = TempDir::new("vgpu-sched").expect("temporary directory");
+    let path = dir.path().join("schedd.sock");
+    let listener = SeqListener::bind(&path).expect("fake daemon listens");
+    let server = TestServer::start_3d_scheduled(SchedConfig {
+        socket: path.clone(),
+        vm_name: VmName::new(VM).unwrap(),
+    });
+    let mut guest = VgpuGuest::start(&server);
+    let daemon = accept(&listener);
+    hello(&daemon);
+
+    let qt = guest.vm.qtest();
+    let features = guest.dev.device_features(qt).unwrap();
+    if features & 1 << virtio_gpu::F_VIRGL == 0 {
+        assert!(
+            std::env::var_os("VGPU_REQUIRE_VIRGL").is_none(),
+            "VIRTIO_GPU_F_VIRGL not offered: the server found no virglrenderer"
+        );
+        eprintln!("SKIPPED: no virglrenderer on this host");
+        return;
+    }
+    guest.bring_up_with(features);
+    call(
+        &mut guest,
+        &virtio_gpu::ctx_create(LOAD_CTX, CAPSET_LOAD, b"load"),
+    );
+    call(&mut guest, &virtio_gpu::ctx_create(GL_CTX, 1, b"gl"));
+
+    // A load OCCUPY runs on the daemon's engine: its fence waits for Done.
+    let head = start(&mut guest, &load(1, &[occupy(2000)]));
+    let (group, cost) = submitted(&daemon, Exec::Simulated);
+    assert_eq!(cost, 2_000_000);
+    still_held(&mut guest);
+    let now = monotonic_ns();
+    send(
+        &daemon,
+        &Msg::Done {
+            group,
+            start: now,
+            finish: now,
+        },
+    );
+    finished(&mut guest, head);
+
+    // A Done for a group the device never submitted is ignored.
+    send(
+        &daemon,
+        &Msg::Done {
+            group: vgpu_scheduler::GroupId(u64::MAX),
+            start: 0,
+            finish: 0,
+        },
+    );
+
+    // END_FRAME: Frame, and the fence completes at the Present time.
+    let head = start(&mut guest, &load(2, &[(LOAD_OP_END_FRAME, 0, 0)]));
+    assert_eq!(recv(&daemon), Msg::Frame);
+    still_held(&mut guest);
+    let at = monotonic_ns() + 50_000_000;
+    send(&daemon, &Msg::Present { at });
+    finished(&mut guest, head);
+    assert!(monotonic_ns() >= at, "presented before its time");
+
+    // A virgl SUBMIT_3D waits for its Grant, then Completed reports it.
+    let head = start(&mut guest, &gl_submit(3));
+    let (group, _) = submitted(&daemon, Exec::Device);
+    still_held(&mut guest);
+    send(&daemon, &Msg::Grant { group });
+    finished(&mut guest, head);
+    match recv(&daemon) {
+        Msg::Completed {
+            group: g,
+            start,
+            finish,
+        } => {
+            assert_eq!(g, group);
+            assert!(start <= finish);
+        }
+        other => panic!("expected Completed, got {other:?}"),
+    }
+
+    // Under a lease the device dispatches at once and says so.
+    send(
+        &daemon,
+        &Msg::Lease {
+            budget_ns: 0,
+            until: 0,
+        },
+    );
+    std::thread::sleep(Duration::from_millis(50));
+    call(&mut guest, &gl_submit(4));
+    let group = match recv(&daemon) {
+        Msg::Dispatched { group, .. } => group,
+        other => panic!("expected Dispatched, got {other:?}"),
+    };
+    assert!(matches!(recv(&daemon), Msg::Completed { group: g, .. } if g == group));
+    send(&daemon, &Msg::Revoke);
+
+    // Garbage and a grant for an unknown group: the device keeps serving.
+    daemon.send(b"not a message").unwrap();
+    send(
+        &daemon,
+        &Msg::Grant {
+            group: vgpu_scheduler::GroupId(77_777),
+        },
+    );
+    let head = start(&mut guest, &load(5, &[occupy(100)]));
+    let (group, _) = submitted(&daemon, Exec::Simulated);
+    let now = monotonic_ns();
+    send(
+        &daemon,
+        &Msg::Done {
+            group,
+            start: now,
+            finish: now,
+        },
+    );
+    finished(&mut guest, head);
+
+    // The daemon goes away with a load group and a virgl group waiting: both complete
+    // (scheduling off; the load group runs on the local engine).
+    let first = start(&mut guest, &load(6, &[occupy(3000)]));
+    submitted(&daemon, Exec::Simulated);
+    let second = start(&mut guest, &gl_submit(7));
+    submitted(&daemon, Exec::Device);
+    drop(daemon);
+    drop(listener);
+    finished(&mut guest, first);
+    finished(&mut guest, second);
+    // Unscheduled, the device keeps serving.
+    call(&mut guest, &load(8, &[occupy(1000)]));
+    call(&mut guest, &gl_submit(9));
+
+    // The daemon is back: the device says Hello again and asks again.
+    let listener = SeqListener::bind(&path).expect("fake daemon listens again");
+    let daemon = accept(&listener);
+    hello(&daemon);
+    let head = start(&mut guest, &gl_submit(10));
+    let (group, _) = submitted(&daemon, Exec::Device);
+    send(&daemon, &Msg::Grant { group });
+    finished(&mut guest, head);
+    cleanup(guest, server, &path);
+}
+
+fn cleanup(guest: VgpuGuest, server: TestServer, path: &Path) {
+    drop(guest);
+    server.wait(TIMEOUT).expect("server exits");
+    let _ = std::fs::remove_file(path);
+}

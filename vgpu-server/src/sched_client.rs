@@ -1,0 +1,810 @@
+//! The scheduler daemon client (`--scheduler SOCKET --vm-name NAME`): every GPU-executing
+//! command group asks `vgpu-schedd` before it runs.
+//!
+//! Two halves. [`SchedLink`] is the socket (SOCK_SEQPACKET, `vgpu_schedd::proto` messages),
+//! owned by the worker thread, whose epoll watches it. [`Scheduling`] is the device's side of
+//! the protocol, pure and kept under the device lock: it decides whether a group may run now
+//! ([`Scheduling::gate`]), tracks the load groups the daemon's engine runs and the frames
+//! waiting for their present, and queues the messages to send ([`Scheduling::take_outbox`]).
+//!
+//! While the daemon is unreachable (never connected, gone, or it refused us) scheduling is
+//! off: every group runs at once and load groups run on the device's local engine, as without
+//! `--scheduler`. Daemon messages are untrusted: a grant or completion for a group the device
+//! did not ask about, or a present nobody waits for, is logged and ignored.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::os::fd::{AsRawFd, RawFd};
+use std::path::PathBuf;
+
+use log::warn;
+use vgpu_schedd::proto::{self, Exec, Msg, PROTOCOL_VERSION, ProtoError, RefuseCode, VmName};
+use vgpu_schedd::seqpacket::{SeqError, SeqStream};
+use vgpu_scheduler::{CostSignature, GroupId, GroupKind, Time};
+
+use crate::gpu::load::{LoadCommand, LoadToken, MAX_PENDING_GROUPS};
+
+/// Most daemon messages handled per wake-up of the worker: the socket is level-triggered, so
+/// the rest wait for the next round and a flooding daemon cannot starve the guest's queues.
+pub const MAX_MESSAGES_PER_WAKE: usize = 256;
+/// Most messages the device queues for the daemon between two flushes. Each guest request
+/// adds a bounded number (a load submit at most [`crate::gpu::load::MAX_COMMANDS`]) and the
+/// worker flushes after every round, so a larger count means a bug: the link is dropped.
+pub const MAX_OUTBOX: usize = 2 * MAX_PENDING_GROUPS;
+/// Most frames waiting for their present at once; past it a frame is not announced (its
+/// submit completes without waiting for a present).
+pub const MAX_PENDING_FRAMES: usize = 1024;
+/// Receive buffer: one byte over the largest valid message, so that a longer one is detected.
+const RECV_BYTES: usize = proto::MAX_MESSAGE_BYTES + 1;
+
+/// Errors of the daemon link.
+#[derive(Debug, thiserror::Error)]
+pub enum SchedError {
+    /// Connecting failed.
+    #[error("connecting to the scheduler daemon at {path}: {source}")]
+    Connect {
+        /// The daemon's socket.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: SeqError,
+    },
+    /// Sending or receiving failed.
+    #[error("scheduler daemon link: {0}")]
+    Io(#[source] SeqError),
+    /// The daemon closed the connection.
+    #[error("the scheduler daemon closed the connection")]
+    Closed,
+    /// The daemon refused a message.
+    #[error("the scheduler daemon refused us ({code:?}): {detail}")]
+    Refused {
+        /// Its code.
+        code: RefuseCode,
+        /// Its explanation.
+        detail: String,
+    },
+    /// The device queued more than [`MAX_OUTBOX`] messages.
+    #[error("more than {MAX_OUTBOX} messages queued for the scheduler daemon")]
+    Backlog,
+    /// Not connected.
+    #[error("not connected to the scheduler daemon")]
+    NotConnected,
+}
+
+/// Where the daemon listens and who we are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchedConfig {
+    /// The daemon's socket.
+    pub socket: PathBuf,
+    /// This VM's name (sent in `Hello`).
+    pub vm_name: VmName,
+}
+
+/// The connection to the daemon (worker thread).
+#[derive(Debug)]
+pub struct SchedLink {
+    config: SchedConfig,
+    stream: Option<SeqStream>,
+    buf: Vec<u8>,
+}
+
+impl SchedLink {
+    /// A link that is not connected yet.
+    pub fn new(config: SchedConfig) -> SchedLink {
+        SchedLink {
+            config,
+            stream: None,
+            buf: vec![0; RECV_BYTES],
+        }
+    }
+
+    /// The daemon's socket path.
+    pub fn path(&self) -> &std::path::Path {
+        &self.config.socket
+    }
+
+    /// Connects and sends `Hello` with our pid and QEMU's (`qemu_pid`, 0 when unknown).
+    pub fn connect(&mut self, qemu_pid: u32) -> Result<(), SchedError> {
+        self.stream = None;
+        let connect_error = |source| SchedError::Connect {
+            path: self.config.socket.clone(),
+            source,
+        };
+        let stream = SeqStream::connect(&self.config.socket).map_err(connect_error)?;
+        stream.set_nonblocking(true).map_err(connect_error)?;
+        let hello = Msg::Hello {
+            version: PROTOCOL_VERSION,
+            vm_name: self.config.vm_name.clone(),
+            device_pid: std::process::id().clamp(1, proto::MAX_PID),
+            qemu_pid: qemu_pid.min(proto::MAX_PID),
+        };
+        send_on(&stream, &hello)?;
+        self.stream = Some(stream);
+        Ok(())
+    }
+
+    /// The socket to watch, while connected.
+    pub fn fd(&self) -> Option<RawFd> {
+        self.stream.as_ref().map(AsRawFd::as_raw_fd)
+    }
+
+    /// Sends one message.
+    pub fn send(&self, msg: &Msg) -> Result<(), SchedError> {
+        let stream = self.stream.as_ref().ok_or(SchedError::NotConnected)?;
+        send_on(stream, msg)
+    }
+
+    /// Receives one message: `None` when nothing is waiting. A packet that does not decode,
+    /// or one meant for the daemon, is logged and skipped; end of stream is
+    /// [`SchedError::Closed`] and a `Refused` is [`SchedError::Refused`].
+    pub fn recv(&mut self) -> Result<Option<Msg>, SchedError> {
+        let stream = self.stream.as_ref().ok_or(SchedError::NotConnected)?;
+        loop {
+            let n = match stream.recv(&mut self.buf) {
+                Ok(None) => return Ok(None),
+                Ok(Some(0)) => return Err(SchedError::Closed),
+                Ok(Some(n)) => n,
+                Err(SeqError::Truncated(n)) => {
+                    warn!("scheduler daemon sent a {n}-byte packet; ignored");
+                    continue;
+                }
+                Err(e) => return Err(SchedError::Io(e)),
+            };
+            match decode_from_daemon(self.buf.get(..n).unwrap_or_default()) {
+                Ok(Msg::Refused { code, detail }) => {
+                    return Err(SchedError::Refused {
+                        code,
+                        detail: detail.as_str().to_string(),
+                    });
+                }
+                Ok(msg) => return Ok(Some(msg)),
+                Err(e) => warn!("scheduler daemon sent a bad message ({e}); ignored"),
+            }
+        }
+    }
+
+    /// Says `Bye` (best effort) and closes the connection.
+    pub fn close(&mut self) {
+        if let Some(stream) = self.stream.take() {
+            let _ = send_on(&stream, &Msg::Bye);
+        }
+    }
+
+    /// Drops the connection without a word (it failed).
+    pub fn drop_connection(&mut self) {
+        self.stream = None;
+    }
+}
+
+fn send_on(stream: &SeqStream, msg: &Msg) -> Result<(), SchedError> {
+    let mut packet = Vec::with_capacity(64);
+    proto::encode(msg, &mut packet);
+    stream.send(&packet).map_err(SchedError::Io)
+}
+
+/// Decodes a packet from the daemon; messages for the other direction are refused.
+fn decode_from_daemon(packet: &[u8]) -> Result<Msg, ProtoError> {
+    let msg = proto::decode(packet)?;
+    if !msg.kind().to_device() {
+        return Err(ProtoError::WrongDirection(msg.kind()));
+    }
+    Ok(msg)
+}
+
+/// What [`Scheduling::gate`] says about a device-executed group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// Run it now; `Some` with the group id the daemon knows it by (its completion is
+    /// reported with [`Scheduling::completed`]).
+    Run(Option<GroupId>),
+    /// Hold it (and everything behind it on its queue) until the daemon lets it go.
+    Hold,
+}
+
+/// A lease: dispatch without asking until it ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Lease {
+    /// GPU time left; `None` when unbounded.
+    budget_ns: Option<u64>,
+    /// When it ends; `None` when it does not.
+    until: Option<Time>,
+}
+
+/// A load group the daemon's engine runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RemoteGroup {
+    token: LoadToken,
+    ctx: u32,
+    cost_ns: u64,
+}
+
+/// The device's side of the daemon protocol (under the device lock). Times are
+/// `CLOCK_MONOTONIC` ns.
+#[derive(Debug, Default)]
+pub struct Scheduling {
+    connected: bool,
+    /// Connections so far: a completion of a group from an earlier one is not reported.
+    session: u64,
+    suspended: bool,
+    lease: Option<Lease>,
+    next_group: u64,
+    /// The held group asked for this grant.
+    asked: Option<GroupId>,
+    /// The held group's grant arrived.
+    granted: Option<GroupId>,
+    /// Load groups on the daemon's engine.
+    remote: BTreeMap<GroupId, RemoteGroup>,
+    /// Per load submit: its remote groups and frames not yet done.
+    waiting: BTreeMap<LoadToken, usize>,
+    /// Frames announced, oldest first, waiting for their `Present`.
+    frames: VecDeque<LoadToken>,
+    /// Presents received: (when, submit), waiting for their time.
+    presents: Vec<(Time, LoadToken)>,
+    outbox: Vec<Msg>,
+}
+
+/// What a daemon message changed, for the worker.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Handled {
+    /// The held group may go on (grant, resume, lease): process the control queue.
+    pub resume_queue: bool,
+    /// Load submits whose groups and frames are all done.
+    pub done: Vec<LoadToken>,
+    /// A present was scheduled: re-arm the timer.
+    pub timer: bool,
+}
+
+impl Scheduling {
+    /// Whether a daemon connection is up (scheduling on).
+    pub fn connected(&self) -> bool {
+        self.connected
+    }
+
+    /// The link came up (`Hello` sent).
+    pub fn connect(&mut self) {
+        self.connected = true;
+        self.session = self.session.wrapping_add(1);
+        self.suspended = false;
+        self.lease = None;
+    }
+
+    /// The current session, to tag groups with for [`Scheduling::completed`].
+    pub fn session(&self) -> u64 {
+        self.session
+    }
+
+    fn new_group(&mut self) -> GroupId {
+        let g = GroupId(self.next_group);
+        self.next_group = self.next_group.wrapping_add(1);
+        g
+    }
+
+    fn lease_valid(&mut self, now: Time) -> bool {
+        let valid = self
+            .lease
+            .is_some_and(|l| l.budget_ns != Some(0) && l.until.is_none_or(|u| now < u));
+        if !valid {
+            self.lease = None;
+        }
+        valid
+    }
+
+    /// Whether the device-executed group at the front of the control queue may run now.
+    /// Asks the daemon (`Submit`) the first time it is held, reports `Dispatched` under a
+    /// lease; while not connected everything runs.
+    pub fn gate(
+        &mut self,
+        context: u32,
+        kind: GroupKind,
+        signature: CostSignature,
+        now: Time,
+    ) -> Gate {
+        if let Some(g) = self.granted.take() {
+            return Gate::Run(Some(g));
+        }
+        if !self.connected {
+            return Gate::Run(None);
+        }
+        if self.asked.is_some() || self.suspended {
+            return Gate::Hold;
+        }
+        let group = self.new_group();
+        if self.lease_valid(now) {
+            self.outbox.push(Msg::Dispatched {
+                group,
+                context,
+                kind,
+                signature,
+            });
+            return Gate::Run(Some(group));
+        }
+        self.outbox.push(Msg::Submit {
+            group,
+            context,
+            kind,
+            signature,
+            cost_ns: 0,
+            exec: Exec::Device,
+        });
+        self.asked = Some(group);
+        Gate::Hold
+    }
+
+    /// A device-executed group of session `session` ran on the GPU from `start` to `finish`.
+    pub fn completed(&mut self, group: GroupId, session: u64, start: Time, finish: Time) {
+        if !self.connected || session != self.session {
+            return;
+        }
+        let finish = finish.max(start);
+        if let Some(Lease {
+            budget_ns: Some(b), ..
+        }) = &mut self.lease
+        {
+            *b = b.saturating_sub(finish - start);
+        }
+        self.outbox.push(Msg::Completed {
+            group,
+            start,
+            finish,
+        });
+    }
+
+    /// Sends a load submit's groups (`Submit{Simulated}`) and frames (`Frame`) to the daemon.
+    /// `Ok(false)` when not connected (the caller runs them locally).
+    pub fn submit_load(
+        &mut self,
+        token: LoadToken,
+        context: u32,
+        commands: &[LoadCommand],
+    ) -> Result<bool, crate::gpu::load::LoadError> {
+        if !self.connected {
+            return Ok(false);
+        }
+        let groups = commands.iter().filter(|c| c.cost_ns().is_some()).count();
+        if self.remote.len().saturating_add(groups) > MAX_PENDING_GROUPS {
+            return Err(crate::gpu::load::LoadError::Full);
+        }
+        let mut count = 0usize;
+        for command in commands {
+            match command.cost_ns() {
+                Some(cost_ns) => {
+                    let group = self.new_group();
+                    let us = u32::try_from(cost_ns / 1000).unwrap_or(u32::MAX);
+                    let mut methods = [(crate::gpu::load::OP_OCCUPY, us)];
+                    self.outbox.push(Msg::Submit {
+                        group,
+                        context,
+                        kind: GroupKind::Load,
+                        signature: CostSignature::from_methods(&mut methods),
+                        cost_ns,
+                        exec: Exec::Simulated,
+                    });
+                    self.remote.insert(
+                        group,
+                        RemoteGroup {
+                            token,
+                            ctx: context,
+                            cost_ns,
+                        },
+                    );
+                    count += 1;
+                }
+                None if self.frames.len() < MAX_PENDING_FRAMES => {
+                    self.outbox.push(Msg::Frame);
+                    self.frames.push_back(token);
+                    count += 1;
+                }
+                None => warn!("{MAX_PENDING_FRAMES} frames wait for presents; frame not paced"),
+            }
+        }
+        if count > 0 {
+            *self.waiting.entry(token).or_insert(0) += count;
+        }
+        Ok(true)
+    }
+
+    /// One item of `token` is done; true when it was the last.
+    fn item_done(&mut self, token: LoadToken) -> bool {
+        match self.waiting.get_mut(&token) {
+            Some(left) if *left > 1 => {
+                *left -= 1;
+                false
+            }
+            Some(_) => {
+                self.waiting.remove(&token);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Handles one message from the daemon at `now`.
+    pub fn handle(&mut self, msg: Msg, now: Time) -> Handled {
+        let mut out = Handled::default();
+        match msg {
+            Msg::Welcome { version, vgpu } => {
+                log::info!(
+                    "scheduler daemon: welcome (protocol {version}, vGPU {})",
+                    vgpu.0
+                );
+            }
+            Msg::Grant { group } if self.asked == Some(group) => {
+                self.asked = None;
+                self.granted = Some(group);
+                out.resume_queue = true;
+            }
+            Msg::Grant { group } => warn!("scheduler daemon granted unknown group {}", group.0),
+            Msg::Done { group, .. } => match self.remote.remove(&group) {
+                Some(r) => {
+                    if self.item_done(r.token) {
+                        out.done.push(r.token);
+                    }
+                }
+                None => warn!("scheduler daemon finished unknown group {}", group.0),
+            },
+            Msg::Lease { budget_ns, until } => {
+                self.lease = Some(Lease {
+                    budget_ns: (budget_ns != 0).then_some(budget_ns),
+                    until: (until != 0).then_some(until),
+                });
+                out.resume_queue = true;
+            }
+            Msg::Revoke => self.lease = None,
+            Msg::Suspend => self.suspended = true,
+            Msg::Resume => {
+                self.suspended = false;
+                out.resume_queue = true;
+            }
+            Msg::Present { at } => match self.frames.pop_front() {
+                Some(token) => {
+                    self.presents.push((at, token));
+                    out.timer = true;
+                    out.done = self.presents_due(now);
+                }
+                None => warn!("scheduler daemon sent a present with no frame waiting"),
+            },
+            other => warn!("unexpected {} from the scheduler daemon", other.kind()),
+        }
+        out
+    }
+
+    /// The presents due by `now`: returns the load submits this completes.
+    pub fn presents_due(&mut self, now: Time) -> Vec<LoadToken> {
+        let mut due = Vec::new();
+        self.presents.retain(|&(at, token)| {
+            if at <= now {
+                due.push(token);
+                false
+            } else {
+                true
+            }
+        });
+        due.into_iter().filter(|&t| self.item_done(t)).collect()
+    }
+
+    /// When the next present is due.
+    pub fn next_present(&self) -> Option<Time> {
+        self.presents.iter().map(|&(at, _)| at).min()
+    }
+
+    /// The daemon is gone: scheduling is off. The held group runs, presents are released,
+    /// and the remote load groups come back as `(token, ctx, cost_ns)` for the local engine;
+    /// also returns the submits that nothing else waits for any more.
+    pub fn disconnect(&mut self) -> (Vec<(LoadToken, u32, u64)>, Vec<LoadToken>) {
+        self.connected = false;
+        self.suspended = false;
+        self.lease = None;
+        self.asked = None;
+        self.granted = None;
+        self.outbox.clear();
+        self.frames.clear();
+        self.presents.clear();
+        let back: Vec<_> = std::mem::take(&mut self.remote)
+            .into_values()
+            .map(|r| (r.token, r.ctx, r.cost_ns))
+            .collect();
+        // Submits with groups coming back complete on the local engine; the others (only
+        // frames were left) complete now.
+        let released = std::mem::take(&mut self.waiting)
+            .into_keys()
+            .filter(|t| !back.iter().any(|&(b, _, _)| b == *t))
+            .collect();
+        (back, released)
+    }
+
+    /// Forgets every group and frame (device reset); the connection stays.
+    pub fn reset(&mut self) {
+        self.asked = None;
+        self.granted = None;
+        self.remote.clear();
+        self.waiting.clear();
+        self.frames.clear();
+        self.presents.clear();
+    }
+
+    /// The messages to send, oldest first; [`SchedError::Backlog`] past [`MAX_OUTBOX`].
+    pub fn take_outbox(&mut self) -> Result<Vec<Msg>, SchedError> {
+        if self.outbox.len() > MAX_OUTBOX {
+            self.outbox.clear();
+            return Err(SchedError::Backlog);
+        }
+        Ok(std::mem::take(&mut self.outbox))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::load::LoadRunner;
+    use vgpu_schedd::proto::Detail;
+    use vgpu_schedd::seqpacket::SeqListener;
+
+    const SIG: CostSignature = CostSignature(1);
+
+    fn connected() -> Scheduling {
+        let mut s = Scheduling::default();
+        s.connect();
+        s
+    }
+
+    #[test]
+    fn unconnected_everything_runs_and_nothing_is_sent() {
+        let mut s = Scheduling::default();
+        assert_eq!(s.gate(1, GroupKind::Render, SIG, 0), Gate::Run(None));
+        let token = LoadRunner::default().token();
+        assert_eq!(
+            s.submit_load(token, 1, &[LoadCommand::Occupy { us: 1 }]),
+            Ok(false)
+        );
+        assert!(s.take_outbox().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_group_waits_for_its_own_grant() {
+        let mut s = connected();
+        assert_eq!(s.gate(3, GroupKind::Render, SIG, 0), Gate::Hold);
+        let out = s.take_outbox().unwrap();
+        let [Msg::Submit { group, exec, .. }] = out.as_slice() else {
+            panic!("{out:?}")
+        };
+        assert_eq!(*exec, Exec::Device);
+        assert_eq!(
+            s.gate(3, GroupKind::Render, SIG, 0),
+            Gate::Hold,
+            "asked once"
+        );
+        assert!(s.take_outbox().unwrap().is_empty());
+        let wrong = Msg::Grant {
+            group: GroupId(group.0 + 1),
+        };
+        assert!(!s.handle(wrong, 0).resume_queue, "unknown grant ignored");
+        assert_eq!(s.gate(3, GroupKind::Render, SIG, 0), Gate::Hold);
+        assert!(s.handle(Msg::Grant { group: *group }, 0).resume_queue);
+        assert_eq!(
+            s.gate(3, GroupKind::Render, SIG, 0),
+            Gate::Run(Some(*group))
+        );
+        s.completed(*group, s.session(), 10, 5);
+        assert_eq!(
+            s.take_outbox().unwrap(),
+            [Msg::Completed {
+                group: *group,
+                start: 10,
+                finish: 10
+            }],
+            "finish never before start"
+        );
+        s.completed(*group, s.session() + 1, 1, 2);
+        assert!(
+            s.take_outbox().unwrap().is_empty(),
+            "other session: not reported"
+        );
+    }
+
+    #[test]
+    fn leases_suspend_and_resume() {
+        let mut s = connected();
+        s.handle(
+            Msg::Lease {
+                budget_ns: 100,
+                until: 1_000,
+            },
+            0,
+        );
+        let Gate::Run(Some(g)) = s.gate(1, GroupKind::Transfer, SIG, 10) else {
+            panic!("leased groups run")
+        };
+        assert!(matches!(
+            s.take_outbox().unwrap()[..],
+            [Msg::Dispatched { .. }]
+        ));
+        s.completed(g, s.session(), 0, 100);
+        s.take_outbox().unwrap();
+        assert_eq!(
+            s.gate(1, GroupKind::Render, SIG, 20),
+            Gate::Hold,
+            "budget used"
+        );
+        let mut s = connected();
+        s.handle(
+            Msg::Lease {
+                budget_ns: 0,
+                until: 1_000,
+            },
+            0,
+        );
+        assert_eq!(
+            s.gate(1, GroupKind::Render, SIG, 1_000),
+            Gate::Hold,
+            "expired"
+        );
+        let mut s = connected();
+        s.handle(Msg::Suspend, 0);
+        assert_eq!(s.gate(1, GroupKind::Render, SIG, 0), Gate::Hold);
+        assert!(
+            s.take_outbox().unwrap().is_empty(),
+            "suspended: not even asked"
+        );
+        assert!(s.handle(Msg::Resume, 0).resume_queue);
+        assert_eq!(s.gate(1, GroupKind::Render, SIG, 0), Gate::Hold);
+        assert_eq!(s.take_outbox().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn load_submits_complete_on_done_and_present() {
+        let mut runner = LoadRunner::default();
+        let mut s = connected();
+        let t = runner.token();
+        let cmds = [
+            LoadCommand::Occupy { us: 5 },
+            LoadCommand::EndFrame,
+            LoadCommand::Occupy { us: 7 },
+        ];
+        assert_eq!(s.submit_load(t, 2, &cmds), Ok(true));
+        let out = s.take_outbox().unwrap();
+        let groups: Vec<GroupId> = out
+            .iter()
+            .filter_map(|m| match m {
+                Msg::Submit {
+                    group,
+                    cost_ns,
+                    exec: Exec::Simulated,
+                    kind: GroupKind::Load,
+                    ..
+                } => Some((*group, *cost_ns)),
+                _ => None,
+            })
+            .map(|(g, c)| {
+                assert!(c == 5_000 || c == 7_000);
+                g
+            })
+            .collect();
+        assert_eq!(groups.len(), 2);
+        assert!(out.contains(&Msg::Frame));
+        let done = |g| Msg::Done {
+            group: g,
+            start: 0,
+            finish: 0,
+        };
+        assert!(s.handle(done(groups[0]), 0).done.is_empty());
+        assert!(
+            s.handle(done(groups[0]), 0).done.is_empty(),
+            "twice: unknown"
+        );
+        assert!(s.handle(done(groups[1]), 0).done.is_empty(), "frame left");
+        let h = s.handle(Msg::Present { at: 100 }, 50);
+        assert!(h.timer && h.done.is_empty());
+        assert_eq!(s.next_present(), Some(100));
+        assert!(s.presents_due(99).is_empty());
+        assert_eq!(s.presents_due(100), [t]);
+        assert!(
+            s.handle(Msg::Present { at: 0 }, 0).done.is_empty(),
+            "no frame waits"
+        );
+    }
+
+    #[test]
+    fn disconnect_gives_back_what_waited() {
+        let mut runner = LoadRunner::default();
+        let mut s = connected();
+        let (a, b) = (runner.token(), runner.token());
+        s.submit_load(a, 1, &[LoadCommand::Occupy { us: 3 }])
+            .unwrap();
+        s.submit_load(b, 1, &[LoadCommand::EndFrame]).unwrap();
+        assert_eq!(s.gate(1, GroupKind::Render, SIG, 0), Gate::Hold);
+        let (back, released) = s.disconnect();
+        assert_eq!(back, [(a, 1, 3_000)]);
+        assert_eq!(released, [b]);
+        assert!(!s.connected());
+        assert_eq!(s.gate(1, GroupKind::Render, SIG, 0), Gate::Run(None));
+        assert!(s.take_outbox().unwrap().is_empty());
+    }
+
+    #[test]
+    fn daemon_side_messages_and_bounds() {
+        let mut s = connected();
+        for m in [
+            Msg::Frame,
+            Msg::Bye,
+            Msg::Refused {
+                code: RefuseCode::Internal,
+                detail: Detail::lossy("x"),
+            },
+        ] {
+            assert_eq!(s.handle(m, 0), Handled::default());
+        }
+        let mut runner = LoadRunner::default();
+        let full = vec![LoadCommand::Occupy { us: 1 }; 64];
+        for _ in 0..MAX_PENDING_GROUPS / 64 {
+            s.submit_load(runner.token(), 1, &full).unwrap();
+        }
+        assert_eq!(
+            s.submit_load(runner.token(), 1, &full[..1]),
+            Err(crate::gpu::load::LoadError::Full)
+        );
+        assert!(s.take_outbox().is_ok());
+        assert!(matches!(
+            decode_from_daemon(&{
+                let mut p = Vec::new();
+                proto::encode(&Msg::Frame, &mut p);
+                p
+            }),
+            Err(ProtoError::WrongDirection(_))
+        ));
+    }
+
+    #[test]
+    fn link_hello_garbage_refusal_and_close() {
+        let dir = std::env::temp_dir().join(format!("vgpu-sched-link-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("d.sock");
+        let mut link = SchedLink::new(SchedConfig {
+            socket: path.clone(),
+            vm_name: VmName::new("vm").unwrap(),
+        });
+        assert!(matches!(link.connect(5), Err(SchedError::Connect { .. })));
+        assert!(matches!(
+            link.send(&Msg::Frame),
+            Err(SchedError::NotConnected)
+        ));
+        let listener = SeqListener::bind(&path).unwrap();
+        link.connect(5).unwrap();
+        let (peer, _) = listener.accept().unwrap().unwrap();
+        peer.set_nonblocking(false).unwrap();
+        let mut buf = vec![0; RECV_BYTES];
+        let n = peer.recv(&mut buf).unwrap().unwrap();
+        assert!(matches!(
+            proto::decode(&buf[..n]),
+            Ok(Msg::Hello { qemu_pid: 5, .. })
+        ));
+        assert!(link.recv().unwrap().is_none(), "nothing yet");
+        let mut p = Vec::new();
+        proto::encode(&Msg::Grant { group: GroupId(4) }, &mut p);
+        peer.send(b"garbage").unwrap();
+        peer.send(&vec![0; RECV_BYTES + 10]).unwrap();
+        peer.send(&p).unwrap();
+        assert_eq!(link.recv().unwrap(), Some(Msg::Grant { group: GroupId(4) }));
+        let mut r = Vec::new();
+        proto::encode(
+            &Msg::Refused {
+                code: RefuseCode::NameInUse,
+                detail: Detail::lossy("taken"),
+            },
+            &mut r,
+        );
+        peer.send(&r).unwrap();
+        assert!(matches!(link.recv(), Err(SchedError::Refused { .. })));
+        link.close();
+        let n = peer.recv(&mut buf).unwrap().unwrap();
+        assert_eq!(proto::decode(&buf[..n]), Ok(Msg::Bye));
+        assert_eq!(peer.recv(&mut buf).unwrap(), Some(0), "closed");
+        link.connect(0).unwrap();
+        let (peer, _) = listener.accept().unwrap().unwrap();
+        drop(peer);
+        // Closed with our Hello unread: a reset or end of stream, the daemon is gone either way.
+        assert!(matches!(
+            link.recv(),
+            Err(SchedError::Closed | SchedError::Io(_))
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
