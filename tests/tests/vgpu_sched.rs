@@ -55,8 +55,8 @@ fn send(stream: &SeqStream, msg: &Msg) {
     stream.send(&packet).expect("send");
 }
 
-/// Expects `Hello` from the device and welcomes it.
-fn hello(stream: &SeqStream) {
+/// Expects `Hello` from the device, naming QEMU's pid `qemu`, and welcomes it.
+fn hello(stream: &SeqStream, qemu: u32) {
     match recv(stream) {
         Msg::Hello {
             version,
@@ -67,7 +67,10 @@ fn hello(stream: &SeqStream) {
             assert_eq!(version, PROTOCOL_VERSION);
             assert_eq!(vm_name.as_str(), VM);
             assert_eq!(device_pid, std::process::id(), "the server runs in-process");
-            assert!(qemu_pid <= proto::MAX_PID);
+            assert_eq!(
+                qemu_pid, qemu,
+                "QEMU's pid from the accepted vfio-user connection"
+            );
         }
         other => panic!("expected Hello, got {other:?}"),
     }
@@ -155,7 +158,7 @@ fn scheduled_device_asks_the_daemon() {
     });
     let mut guest = VgpuGuest::start(&server);
     let daemon = accept(&listener);
-    hello(&daemon);
+    hello(&daemon, guest.vm.pid());
 
     let qt = guest.vm.qtest();
     let features = guest.dev.device_features(qt).unwrap();
@@ -282,7 +285,7 @@ fn scheduled_device_asks_the_daemon() {
     // The daemon is back: the device says Hello again and asks again.
     let listener = SeqListener::bind(&path).expect("fake daemon listens again");
     let daemon = accept(&listener);
-    hello(&daemon);
+    hello(&daemon, guest.vm.pid());
     let head = start(&mut guest, &gl_submit(10));
     let (group, _) = submitted(&daemon, Exec::Device);
     send(&daemon, &Msg::Grant { group });

@@ -171,6 +171,7 @@ impl VgpuServer {
             metrics.clone(),
             config.renderer.clone(),
             config.scheduler.clone(),
+            config.socket.clone(),
         )?;
         Ok(VgpuServer {
             server,

@@ -16,6 +16,7 @@
 use std::fs::File;
 use std::io::Read;
 use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, SyncSender, TryRecvError};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -57,6 +58,8 @@ const SCHED_TOKEN: u32 = 0x106;
 const SCHED_RETRY_TOKEN: u32 = 0x107;
 /// How often a device retries connecting to a scheduler daemon that is not there.
 pub const SCHED_RETRY: Duration = Duration::from_secs(1);
+/// How often the worker looks for QEMU's connection before it says `Hello` to the daemon.
+const QEMU_POLL: Duration = Duration::from_millis(20);
 
 /// Errors starting the worker.
 #[derive(Debug, thiserror::Error)]
@@ -101,6 +104,7 @@ impl WorkerHandle {
         metrics: Arc<DeviceMetrics>,
         renderer: Option<String>,
         scheduler: Option<SchedConfig>,
+        vfio_socket: PathBuf,
     ) -> Result<WorkerHandle, WorkerError> {
         let new_efd = || EventFd::new(libc::EFD_NONBLOCK).map_err(WorkerError::Setup);
         let kicks = (0..NUM_QUEUES)
@@ -142,6 +146,7 @@ impl WorkerHandle {
                     load_timer,
                     sched: scheduler.map(|config| Sched {
                         link: SchedLink::new(config),
+                        vfio_socket,
                         retry_timer,
                         watched: None,
                         warned: false,
@@ -381,6 +386,8 @@ struct Worker {
 /// The worker's side of the scheduler daemon link.
 struct Sched {
     link: SchedLink,
+    /// The vfio-user socket QEMU connects to: its accepted connection gives QEMU's pid.
+    vfio_socket: PathBuf,
     /// Fires every [`SCHED_RETRY`] while the daemon is unreachable.
     retry_timer: TimerFd,
     /// The socket fd in the poll set.
@@ -396,9 +403,16 @@ impl Worker {
         let (Some(s), Some(device)) = (&mut self.sched, &self.device) else {
             return;
         };
-        // The vfio-user crate accepts the QEMU connection internally, so its peer
-        // credentials are not available: QEMU's pid is sent as unknown (0).
-        match s.link.connect(0) {
+        // The vfio-user crate accepts QEMU's connection internally: find it among our own
+        // descriptors by the listener's address. The worker attaches before that accept, so
+        // until QEMU is there, look again shortly: the daemon learns of the VM when it exists.
+        let Some(qemu) = vgpu_schedd::seqpacket::accepted_peer(&s.vfio_socket) else {
+            if let Err(e) = s.retry_timer.reset(QEMU_POLL, None) {
+                error!("arming the scheduler reconnect timer: {e}");
+            }
+            return;
+        };
+        match s.link.connect(qemu.pid) {
             Ok(()) => {
                 if let Some(fd) = s.link.fd() {
                     match ops.add(Events::with_data_raw(fd, SCHED_TOKEN, EventSet::IN)) {

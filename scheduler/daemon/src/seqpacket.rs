@@ -83,6 +83,94 @@ pub struct PeerCred {
     pub gid: u32,
 }
 
+/// The credentials of the peer of socket `fd`.
+fn peer_cred_of(fd: RawFd) -> Result<PeerCred> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for writes and `len` is `cred`'s size; on a descriptor
+    // that is not a socket (or no longer open) the call fails without touching memory.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut cred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(SeqError::last("getsockopt(SO_PEERCRED)"));
+    }
+    Ok(PeerCred {
+        pid: u32::try_from(cred.pid).unwrap_or(0),
+        uid: cred.uid,
+        gid: cred.gid,
+    })
+}
+
+/// Most descriptors [`accepted_peer`] looks at: far above what a device process holds, and it
+/// bounds the scan.
+pub const MAX_SCANNED_FDS: usize = 4096;
+
+/// True if `fd` is a connected (not listening) Unix socket whose local address is `path`: a
+/// connection accepted on the listener bound there.
+fn accepted_on(fd: RawFd, path: &Path) -> bool {
+    let mut listening: libc::c_int = 0;
+    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `listening` and `len` are valid for writes and `len` is its size; a descriptor
+    // that is not a socket makes the call fail without touching memory.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ACCEPTCONN,
+            (&raw mut listening).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 || listening != 0 {
+        return false;
+    }
+    let mut addr = libc::sockaddr_un {
+        sun_family: 0,
+        sun_path: [0; 108],
+    };
+    let mut len = size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    // SAFETY: `addr` is a writable sockaddr_un and `len` its size; the kernel writes at most
+    // `len` bytes and reports the address's real length back in `len`.
+    let rc = unsafe { libc::getsockname(fd, (&raw mut addr).cast(), &mut len) };
+    if rc != 0 || addr.sun_family != libc::AF_UNIX as libc::sa_family_t {
+        return false;
+    }
+    let name: Vec<u8> = addr
+        .sun_path
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    name == path.as_os_str().as_bytes()
+}
+
+/// The credentials of the process connected to this process through the Unix socket it
+/// listens on at `path`, found among its own descriptors (`/proc/self/fd`).
+///
+/// The vfio-user crate accepts QEMU's connection inside its own loop and does not hand the
+/// stream out; an accepted socket keeps the listener's address, so this finds it without
+/// forking the crate, and SO_PEERCRED then gives QEMU's pid (DESIGN §5). `None` if no such
+/// connection is open.
+pub fn accepted_peer(path: &Path) -> Option<PeerCred> {
+    let entries = std::fs::read_dir("/proc/self/fd").ok()?;
+    entries
+        .take(MAX_SCANNED_FDS)
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<RawFd>().ok())
+        .filter(|&fd| fd > 2 && accepted_on(fd, path))
+        .find_map(|fd| peer_cred_of(fd).ok().filter(|c| c.pid != 0))
+}
+
 /// `sockaddr_un` for `path` and its length.
 fn sockaddr(path: &Path) -> Result<(libc::sockaddr_un, libc::socklen_t)> {
     let bytes = path.as_os_str().as_bytes();
@@ -304,30 +392,7 @@ impl SeqStream {
 
     /// The credentials of the peer.
     pub fn peer_cred(&self) -> Result<PeerCred> {
-        let mut cred = libc::ucred {
-            pid: 0,
-            uid: 0,
-            gid: 0,
-        };
-        let mut len = size_of::<libc::ucred>() as libc::socklen_t;
-        // SAFETY: `cred` and `len` are valid for writes and `len` is `cred`'s size.
-        let rc = unsafe {
-            libc::getsockopt(
-                self.fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_PEERCRED,
-                (&raw mut cred).cast(),
-                &mut len,
-            )
-        };
-        if rc != 0 {
-            return Err(SeqError::last("getsockopt(SO_PEERCRED)"));
-        }
-        Ok(PeerCred {
-            pid: u32::try_from(cred.pid).unwrap_or(0),
-            uid: cred.uid,
-            gid: cred.gid,
-        })
+        peer_cred_of(self.fd.as_raw_fd())
     }
 
     /// Makes the socket non-blocking (or blocking again).
@@ -442,6 +507,21 @@ pub fn valid_path(path: &OsStr) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_peer_of_an_accepted_stream_is_found_by_the_listeners_address() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("vfio.sock");
+        let other = dir.path().join("other.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let _unrelated = std::os::unix::net::UnixListener::bind(&other).unwrap();
+        assert_eq!(accepted_peer(&path), None, "a listener alone is no connection");
+        let _client = std::os::unix::net::UnixStream::connect(&path).unwrap();
+        let (_accepted, _) = listener.accept().unwrap();
+        let peer = accepted_peer(&path).expect("the accepted connection is found");
+        assert_eq!(peer.pid, std::process::id());
+        assert_eq!(accepted_peer(&other), None);
+    }
 
     #[test]
     fn packets_keep_boundaries_and_truncation_is_seen() {
