@@ -515,7 +515,11 @@ mod tests {
         let other = dir.path().join("other.sock");
         let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
         let _unrelated = std::os::unix::net::UnixListener::bind(&other).unwrap();
-        assert_eq!(accepted_peer(&path), None, "a listener alone is no connection");
+        assert_eq!(
+            accepted_peer(&path),
+            None,
+            "a listener alone is no connection"
+        );
         let _client = std::os::unix::net::UnixStream::connect(&path).unwrap();
         let (_accepted, _) = listener.accept().unwrap();
         let peer = accepted_peer(&path).expect("the accepted connection is found");

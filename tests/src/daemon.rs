@@ -1,0 +1,296 @@
+//! A real `vgpu-schedd` for multi-guest tests: started from the workspace's target directory
+//! on a socket in a temporary directory, driven with `vgpuctl --json`, killed by pid and
+//! restarted on the same socket, its stderr printed when a test fails while it runs.
+
+use std::fs::File;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use thiserror::Error;
+
+use crate::TempDir;
+
+/// Longest wait for the daemon's control socket to accept connections after a start.
+pub const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest a `vgpuctl` call may take before the test calls the daemon stuck.
+pub const CTL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Interval between two checks while waiting.
+const POLL: Duration = Duration::from_millis(10);
+
+/// Errors of the daemon fixture.
+#[derive(Debug, Error)]
+pub enum DaemonError {
+    /// A system call on the fixture's files or children failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A workspace binary is missing and could not be built.
+    #[error("{0} not found and `cargo build` did not produce it")]
+    Missing(String),
+    /// The daemon exited or did not listen in time.
+    #[error("vgpu-schedd did not start ({why}); its stderr:\n{log}")]
+    Start {
+        /// Why the start is considered failed.
+        why: String,
+        /// The daemon's stderr.
+        log: String,
+    },
+    /// `vgpuctl` failed or printed something that is not JSON.
+    #[error("vgpuctl {args:?}: {why}")]
+    Ctl {
+        /// Its arguments.
+        args: Vec<String>,
+        /// What went wrong (exit status and stderr, or the parse error).
+        why: String,
+    },
+}
+
+type Result<T> = std::result::Result<T, DaemonError>;
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DaemonError {
+    let what = what.into();
+    move |source| DaemonError::Io { what, source }
+}
+
+/// The workspace binary `name`: the one beside the running test executable (same cargo
+/// profile: `target/<profile>/`, also from `deps/`), else `target/debug` or `target/release`
+/// of the workspace; when none exists, `cargo build -p vgpu-schedd -p vgpu-server --bins` is run
+/// once into the test executable's target directory.
+pub fn workspace_binary(name: &str) -> Result<PathBuf> {
+    let mut candidates = Vec::new();
+    let exe = std::env::current_exe().ok();
+    if let Some(exe) = &exe {
+        candidates.extend(exe.ancestors().skip(1).take(2).map(|d| d.join(name)));
+    }
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for profile in ["debug", "release"] {
+        candidates.push(workspace.join("target").join(profile).join(name));
+    }
+    if let Some(found) = candidates.iter().find(|p| p.is_file()) {
+        return Ok(found.clone());
+    }
+    static BUILT: OnceLock<bool> = OnceLock::new();
+    let built = *BUILT.get_or_init(|| {
+        // target/<profile>/deps/<test>-HASH -> target
+        let target = exe
+            .as_deref()
+            .and_then(|e| e.ancestors().nth(3))
+            .map_or_else(|| workspace.join("target"), Path::to_path_buf);
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        Command::new(cargo)
+            .args(["build", "-p", "vgpu-schedd", "-p", "vgpu-server", "--bins"])
+            .env("CARGO_TARGET_DIR", target)
+            .current_dir(&workspace)
+            .status()
+            .is_ok_and(|s| s.success())
+    });
+    candidates
+        .into_iter()
+        .find(|p| built && p.is_file())
+        .ok_or_else(|| DaemonError::Missing(name.to_string()))
+}
+
+/// A running `vgpu-schedd`: killed (SIGKILL, by pid) and reaped on drop, its stderr printed
+/// if the test is panicking.
+#[derive(Debug)]
+pub struct Schedd {
+    child: Option<Child>,
+    dir: TempDir,
+    policy: Option<PathBuf>,
+    starts: u32,
+}
+
+impl Schedd {
+    /// Starts the daemon with the policy in the TOML file `policy` (the daemon's default,
+    /// `none`, without one) on fresh sockets, with its simulated engine.
+    pub fn start(policy: Option<&str>) -> Result<Schedd> {
+        let dir = TempDir::new("vgpu-schedd").map_err(io("creating temp dir"))?;
+        let policy = match policy {
+            Some(text) => Some(write_file(dir.path(), "policy.toml", text)?),
+            None => None,
+        };
+        let mut daemon = Schedd {
+            child: None,
+            dir,
+            policy,
+            starts: 0,
+        };
+        daemon.spawn()?;
+        Ok(daemon)
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join(format!("schedd-{}.log", self.starts))
+    }
+
+    fn spawn(&mut self) -> Result<()> {
+        self.starts = self.starts.saturating_add(1);
+        let log = File::create(self.log_path()).map_err(io("creating daemon log"))?;
+        let mut command = Command::new(workspace_binary("vgpu-schedd")?);
+        command
+            .arg("--socket")
+            .arg(self.socket())
+            .arg("--control")
+            .arg(self.control())
+            .args(["--log-level", "debug"]);
+        if let Some(policy) = &self.policy {
+            command.arg("--policy").arg(policy);
+        }
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        log::info!("starting {command:?}");
+        self.child = Some(command.spawn().map_err(io("starting vgpu-schedd"))?);
+        let start = Instant::now();
+        while UnixStream::connect(self.control()).is_err() {
+            let exited = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
+            let why = match exited {
+                Some(status) => format!("it exited ({status})"),
+                None if start.elapsed() > START_TIMEOUT => {
+                    format!("no control socket after {START_TIMEOUT:?}")
+                }
+                None => {
+                    std::thread::sleep(POLL);
+                    continue;
+                }
+            };
+            self.kill();
+            return Err(DaemonError::Start {
+                why,
+                log: self.log(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The socket device processes connect to (`vgpu-server --scheduler`).
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("sched.sock")
+    }
+
+    /// The control socket (`vgpuctl --control`).
+    pub fn control(&self) -> PathBuf {
+        self.dir.path().join("control.sock")
+    }
+
+    /// The running daemon's pid.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// The current daemon's stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read(self.log_path())
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
+    }
+
+    /// Kills the daemon with SIGKILL (sockets stay behind, as after a crash) and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGKILLs the daemon and starts a new one on the same sockets and policy file.
+    pub fn restart(&mut self) -> Result<()> {
+        self.kill();
+        self.spawn()
+    }
+
+    /// Writes `text` into the daemon's directory as `name` and returns its path (for
+    /// `vgpuctl set-policy`).
+    pub fn write(&self, name: &str, text: &str) -> Result<PathBuf> {
+        write_file(self.dir.path(), name, text)
+    }
+
+    /// Runs `vgpuctl --control SOCK --json ARGS` and parses its output; a non-zero exit is an
+    /// error carrying its stderr.
+    pub fn ctl(&self, args: &[&str]) -> Result<Value> {
+        let err = |why: String| DaemonError::Ctl {
+            args: args.iter().map(|s| (*s).to_string()).collect(),
+            why,
+        };
+        let mut child = Command::new(workspace_binary("vgpuctl")?)
+            .arg("--control")
+            .arg(self.control())
+            .arg("--json")
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(io("starting vgpuctl"))?;
+        let start = Instant::now();
+        while child
+            .try_wait()
+            .map_err(io("waiting for vgpuctl"))?
+            .is_none()
+        {
+            if start.elapsed() > CTL_TIMEOUT {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(err(format!("no answer in {CTL_TIMEOUT:?}")));
+            }
+            std::thread::sleep(POLL);
+        }
+        let out = child
+            .wait_with_output()
+            .map_err(io("reading vgpuctl output"))?;
+        if !out.status.success() {
+            return Err(err(format!(
+                "{}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        serde_json::from_slice(&out.stdout).map_err(|e| err(e.to_string()))
+    }
+
+    /// The entry of VM `name` in `vgpuctl --json list` (`Value::Null` if absent).
+    pub fn vm_info(&self, name: &str) -> Result<Value> {
+        Ok(find_vm(&self.ctl(&["list"])?, name))
+    }
+
+    /// The entry of VM `name` in `vgpuctl --json show` (`Value::Null` if absent).
+    pub fn vm_stats(&self, name: &str) -> Result<Value> {
+        Ok(find_vm(&self.ctl(&["show"])?, name))
+    }
+}
+
+impl Drop for Schedd {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            eprintln!("---- vgpu-schedd stderr ----\n{}", self.log());
+        }
+    }
+}
+
+fn find_vm(answer: &Value, name: &str) -> Value {
+    answer["vms"]
+        .as_array()
+        .and_then(|vms| vms.iter().find(|v| v["name"] == name))
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+fn write_file(dir: &Path, name: &str, text: &str) -> Result<PathBuf> {
+    let path = dir.join(name);
+    std::fs::write(&path, text).map_err(io(format!("writing {}", path.display())))?;
+    Ok(path)
+}

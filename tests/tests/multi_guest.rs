@@ -1,0 +1,374 @@
+//! Several qtest guests, each with its own `vgpu-server` process, scheduled by one real
+//! `vgpu-schedd` (simulated engine): every guest creates a load context (capset 20) and
+//! submits fenced OCCUPY groups through the real vfio-user path. Each policy family is shown
+//! to act, measured from fence completions (wall time) and the daemon's statistics, always
+//! with tolerances: TimeGraph PRT order and a live policy change, a TimeGraph PE reserve's cap,
+//! Pegasus weights, VGRIS frame pacing, and a guest and the daemon going away.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use vgpu_guest_drivers::virtio_gpu::{
+    self, CAPSET_LOAD, CONTROL_QUEUE, CTRL_HDR_SIZE, CtrlHeader, LOAD_OP_END_FRAME, LOAD_OP_OCCUPY,
+};
+use vgpu_tests::daemon::Schedd;
+use vgpu_tests::guest::{ServerProcess, server_binary};
+use vgpu_tests::server::VgpuGuest;
+use vgpu_tests::skip_without_qemu;
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+const RESP_OK_NODATA: u32 = 0x1100;
+const LOAD_CTX: u32 = 3;
+
+/// One guest: its device process (connected to the daemon) and its qtest QEMU.
+struct LoadVm {
+    name: &'static str,
+    /// Dropped first: QEMU goes before its device process.
+    guest: VgpuGuest,
+    server: ServerProcess,
+    next_fence: u64,
+    pending: VecDeque<u16>,
+}
+
+impl LoadVm {
+    /// Starts a device process for `name` on the daemon's socket and a guest that creates a
+    /// load context. `None` when virglrenderer (hence CONTEXT_INIT) is missing and not required.
+    fn start(daemon: &Schedd, name: &'static str) -> Option<LoadVm> {
+        let socket = daemon.socket();
+        let args = [
+            "--scheduler".to_string(),
+            socket.display().to_string(),
+            "--vm-name".to_string(),
+            name.to_string(),
+        ];
+        let binary = server_binary().expect("vgpu-server binary");
+        let server = ServerProcess::start(&binary, true, &args).expect("vgpu-server starts");
+        let mut guest = VgpuGuest::attach(server.socket(), true);
+        let qt = guest.vm.qtest();
+        let features = guest.dev.device_features(qt).unwrap();
+        if features & 1 << virtio_gpu::F_CONTEXT_INIT == 0 {
+            assert!(
+                std::env::var_os("VGPU_REQUIRE_VIRGL").is_none(),
+                "CONTEXT_INIT not offered: the server found no virglrenderer:\n{}",
+                server.log()
+            );
+            eprintln!("SKIPPED: no virglrenderer on this host");
+            return None;
+        }
+        guest.bring_up_with(features);
+        let mut vm = LoadVm {
+            name,
+            guest,
+            server,
+            next_fence: 1,
+            pending: VecDeque::new(),
+        };
+        vm.submit_raw(&virtio_gpu::ctx_create(LOAD_CTX, CAPSET_LOAD, b"load"));
+        vm.wait_one(TIMEOUT).expect("CTX_CREATE completes");
+        Some(vm)
+    }
+
+    fn submit_raw(&mut self, request: &[u8]) {
+        let qt = self.guest.vm.qtest();
+        let head = self
+            .guest
+            .dev
+            .request(qt, CONTROL_QUEUE, &[request], &[CTRL_HDR_SIZE as u32])
+            .expect("request queued");
+        self.pending.push_back(head);
+    }
+
+    /// Queues one fenced load submit of `commands`.
+    fn submit(&mut self, commands: &[(u32, u32, u64)]) {
+        let fence = self.next_fence;
+        self.next_fence += 1;
+        let request = virtio_gpu::with_fence(virtio_gpu::load_submit(LOAD_CTX, commands), fence);
+        self.submit_raw(&request);
+    }
+
+    /// Queues one fenced OCCUPY of `us` µs.
+    fn occupy(&mut self, us: u64) {
+        self.submit(&[(LOAD_OP_OCCUPY, 0, us)]);
+    }
+
+    /// Waits up to `timeout` for the oldest pending request; `None` if it is not done.
+    fn wait_one(&mut self, timeout: Duration) -> Option<Instant> {
+        let qt = self.guest.vm.qtest();
+        let done = self.guest.dev.wait_used(qt, CONTROL_QUEUE, timeout).ok()?;
+        let at = Instant::now();
+        let head = self.pending.pop_front().expect("a pending request");
+        assert_eq!(done.used.id, u32::from(head), "{}: in order", self.name);
+        let reply = done.writable.expect("our chain").remove(0);
+        let hdr = CtrlHeader::parse(&reply).unwrap();
+        assert_eq!(
+            hdr.ctrl_type, RESP_OK_NODATA,
+            "{}: request refused",
+            self.name
+        );
+        Some(at)
+    }
+
+    /// Waits for every pending request.
+    fn drain(&mut self) -> Vec<Instant> {
+        let mut times = Vec::new();
+        while !self.pending.is_empty() {
+            let at = self.wait_one(TIMEOUT);
+            times.push(at.unwrap_or_else(|| {
+                panic!("{}: fence not completed:\n{}", self.name, self.server.log())
+            }));
+        }
+        times
+    }
+
+    /// How many pending requests have completed by now (without waiting).
+    fn count_done(&mut self) -> usize {
+        let mut n = 0;
+        while !self.pending.is_empty() && self.wait_one(Duration::ZERO).is_some() {
+            n += 1;
+        }
+        n
+    }
+}
+
+/// Keeps `depth` OCCUPY groups of `us` µs queued on `vm` for `time`, then drains; on a thread.
+fn backlog(
+    mut vm: LoadVm,
+    us: u64,
+    depth: usize,
+    time: Duration,
+) -> std::thread::JoinHandle<LoadVm> {
+    std::thread::spawn(move || {
+        let start = Instant::now();
+        while start.elapsed() < time {
+            while vm.pending.len() < depth {
+                vm.occupy(us);
+            }
+            if vm.wait_one(TIMEOUT).is_none() {
+                panic!("{}: stalled:\n{}", vm.name, vm.server.log());
+            }
+        }
+        vm.drain();
+        vm
+    })
+}
+
+fn start_vms(daemon: &Schedd, names: &[&'static str]) -> Option<Vec<LoadVm>> {
+    let vms: Option<Vec<_>> = names.iter().map(|n| LoadVm::start(daemon, n)).collect();
+    let vms = vms?;
+    for vm in &vms {
+        wait_until(daemon, &format!("{} connected", vm.name), |d| {
+            d.vm_info(vm.name).unwrap()["connected"] == true
+        });
+    }
+    Some(vms)
+}
+
+fn wait_until(daemon: &Schedd, what: &str, mut cond: impl FnMut(&Schedd) -> bool) {
+    let start = Instant::now();
+    while !cond(daemon) {
+        assert!(start.elapsed() < TIMEOUT, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn set(daemon: &Schedd, vm: &str, assignment: &str) {
+    daemon.ctl(&["set", vm, assignment]).expect("vgpuctl set");
+}
+
+fn gpu_time(stats: &Value, name: &str) -> u64 {
+    stats["vms"]
+        .as_array()
+        .and_then(|vms| vms.iter().find(|v| v["name"] == name))
+        .and_then(|v| v["gpu_time_ns"].as_u64())
+        .unwrap_or_else(|| panic!("no gpu_time_ns for {name} in {stats}"))
+}
+
+/// Low queues `LOW_GROUPS` 30 ms groups (the daemon sees them queued), then high submits one:
+/// returns how many of low's groups had completed when high's did.
+fn low_done_before_high(daemon: &Schedd, lo: &mut LoadVm, hi: &mut LoadVm) -> usize {
+    const LOW_GROUPS: usize = 8;
+    for _ in 0..LOW_GROUPS {
+        lo.occupy(30_000);
+    }
+    wait_until(daemon, "low's backlog queued", |d| {
+        d.vm_stats("lo").unwrap()["queue_depth"].as_u64() >= Some(5)
+    });
+    hi.occupy(30_000);
+    hi.wait_one(TIMEOUT).expect("high's group completes");
+    let before = lo.count_done();
+    lo.drain();
+    before
+}
+
+#[test]
+fn timegraph_prt_orders_by_priority_and_live_policy_change() {
+    if skip_without_qemu() {
+        return;
+    }
+    let daemon = Schedd::start(None).expect("daemon");
+    set(&daemon, "lo", "priority=1");
+    set(&daemon, "hi", "priority=10");
+    let Some(mut vms) = start_vms(&daemon, &["lo", "hi"]) else {
+        return;
+    };
+    let (lo, hi) = vms.split_at_mut(1);
+    let (lo, hi) = (&mut lo[0], &mut hi[0]);
+    // FCFS: high waits behind low's whole backlog.
+    let fcfs = low_done_before_high(&daemon, lo, hi);
+    assert!(fcfs >= 6, "none: only {fcfs} of low's groups ran first");
+    let tg = daemon
+        .write("tg.toml", "policy = \"timegraph\"\nsched = \"prt\"\n")
+        .unwrap();
+    daemon
+        .ctl(&["set-policy", tg.to_str().unwrap()])
+        .expect("set-policy");
+    // PRT: high overtakes the queued low groups (the running one and at most two more first).
+    let prt = low_done_before_high(&daemon, lo, hi);
+    assert!(prt <= 3, "timegraph prt: {prt} of low's groups ran first");
+}
+
+/// Runs `a` and `b` backlogged for 3 s and returns a's GPU time, b's GPU time and the wall
+/// time of the measured window (after a 1 s warm-up), all in ns.
+fn shares(daemon: &Schedd, a: LoadVm, b: LoadVm, us: u64) -> (f64, f64, f64) {
+    let run = Duration::from_secs(3);
+    let ta = backlog(a, us, 4, run);
+    let tb = backlog(b, us, 4, run);
+    std::thread::sleep(Duration::from_secs(1));
+    let s0 = daemon.ctl(&["show"]).unwrap();
+    let w0 = Instant::now();
+    std::thread::sleep(Duration::from_millis(1500));
+    let s1 = daemon.ctl(&["show"]).unwrap();
+    let wall = w0.elapsed().as_nanos() as f64;
+    ta.join().expect("a's thread");
+    tb.join().expect("b's thread");
+    let da = gpu_time(&s1, "a").saturating_sub(gpu_time(&s0, "a")) as f64;
+    let db = gpu_time(&s1, "b").saturating_sub(gpu_time(&s0, "b")) as f64;
+    (da, db, wall)
+}
+
+#[test]
+fn timegraph_pe_reserve_caps_a_backlogged_vm() {
+    if skip_without_qemu() {
+        return;
+    }
+    let daemon = Schedd::start(Some("policy = \"timegraph\"\n")).expect("daemon");
+    set(&daemon, "a", "reserve=2000/20000/pe");
+    let Some(mut vms) = start_vms(&daemon, &["a", "b"]) else {
+        return;
+    };
+    let b = vms.pop().unwrap();
+    let a = vms.pop().unwrap();
+    let (da, db, wall) = shares(&daemon, a, b, 1000);
+    let share = da / wall;
+    assert!(
+        (0.05..=0.15).contains(&share),
+        "reserved VM's share {share:.3} (b {:.3})",
+        db / wall
+    );
+    assert!(db / wall > 0.5, "b got only {:.3}", db / wall);
+}
+
+#[test]
+fn pegasus_weights_split_the_gpu() {
+    if skip_without_qemu() {
+        return;
+    }
+    let daemon = Schedd::start(Some("policy = \"pegasus\"\nmode = \"accc\"\n")).expect("daemon");
+    set(&daemon, "a", "weight=256");
+    set(&daemon, "b", "weight=768");
+    let Some(mut vms) = start_vms(&daemon, &["a", "b"]) else {
+        return;
+    };
+    let b = vms.pop().unwrap();
+    let a = vms.pop().unwrap();
+    let (da, db, _) = shares(&daemon, a, b, 2000);
+    let share = da / (da + db);
+    assert!(
+        (0.10..=0.40).contains(&share),
+        "weight 1:3 gave a {share:.3} of the GPU"
+    );
+}
+
+#[test]
+fn vgris_sla_paces_presents() {
+    if skip_without_qemu() {
+        return;
+    }
+    let daemon = Schedd::start(Some("policy = \"vgris\"\nmode = \"sla\"\n")).expect("daemon");
+    set(&daemon, "game", "target_fps=50");
+    let Some(mut vms) = start_vms(&daemon, &["game", "other"]) else {
+        return;
+    };
+    let other = backlog(vms.pop().unwrap(), 2000, 2, Duration::from_millis(600));
+    let game = &mut vms[0];
+    let mut times = Vec::new();
+    for _ in 0..20 {
+        game.submit(&[(LOAD_OP_OCCUPY, 0, 2000), (LOAD_OP_END_FRAME, 0, 0)]);
+        times.extend(game.drain());
+    }
+    other.join().expect("other's thread");
+    // Skip the first frames (the predictor learns); the rest are ~20 ms apart.
+    let mut gaps: Vec<f64> = times[5..]
+        .windows(2)
+        .map(|w| (w[1] - w[0]).as_secs_f64() * 1e3)
+        .collect();
+    gaps.sort_by(f64::total_cmp);
+    let median = gaps[gaps.len() / 2];
+    assert!(
+        (16.0..=24.0).contains(&median),
+        "median present interval {median:.1} ms: {gaps:?}"
+    );
+}
+
+#[test]
+fn a_guest_and_the_daemon_going_away() {
+    if skip_without_qemu() {
+        return;
+    }
+    let mut daemon = Schedd::start(Some("policy = \"fair\"\n")).expect("daemon");
+    let Some(mut vms) = start_vms(&daemon, &["gone", "stays"]) else {
+        return;
+    };
+    let mut stays = vms.pop().unwrap();
+    let mut gone = vms.pop().unwrap();
+    for vm in [&mut gone, &mut stays] {
+        for _ in 0..3 {
+            vm.occupy(1000);
+        }
+        vm.drain();
+    }
+    // QEMU dies: the device process exits (--exit-on-disconnect); the daemon frees the vGPU.
+    gone.guest.vm.kill().expect("QEMU killed");
+    if gone
+        .server
+        .wait_exit(TIMEOUT)
+        .expect("server state")
+        .is_none()
+    {
+        gone.server.kill().expect("server killed");
+    }
+    wait_until(&daemon, "the vGPU freed", |d| {
+        let info = d.vm_info("gone").unwrap();
+        info.is_null() || info["connected"] == false
+    });
+    for _ in 0..5 {
+        stays.occupy(1000);
+    }
+    stays.drain();
+    let completed = daemon.vm_stats("stays").unwrap()["completed"].as_u64();
+    assert!(completed >= Some(8), "stays completed {completed:?}");
+
+    // The daemon crashes and comes back on the same socket: the device says Hello again.
+    daemon.restart().expect("daemon restarts");
+    wait_until(&daemon, "stays reconnected", |d| {
+        d.vm_info("stays").unwrap()["connected"] == true
+    });
+    for _ in 0..5 {
+        stays.occupy(1000);
+    }
+    stays.drain();
+    wait_until(&daemon, "groups seen by the new daemon", |d| {
+        d.vm_stats("stays").unwrap()["completed"].as_u64() >= Some(5)
+    });
+}
