@@ -3,13 +3,15 @@
 # installs the QEMU prefix and the guest image, builds, starts `vgpu-server`, lets a QEMU
 # (qtest, no guest OS) enumerate the vGPU and fetch its display info, boots a stock Debian guest
 # that renders OpenGL (kmscube) through the vGPU and writes what its screen shows to a PNG, then
-# runs the doorbell benchmark.
+# shares the vGPU between two guests under the vgpu-schedd daemon, switching its policy live
+# from none to TimeGraph (qemu-scripts/demo-sched.sh), runs the doorbell benchmark and the
+# simulator's scheduling experiments.
 set -euo pipefail
-STEPS=6
+STEPS=8
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 step "build (release)"
-cargo build --release --locked -p vgpu-server -p vgpu-tests -p vgpu-sim --bins
+cargo build --release --locked -p vgpu-server -p vgpu-tests -p vgpu-sim -p vgpu-schedd --bins
 
 step "vgpu-server + a QEMU client"
 run=$(mktemp -d "${TMPDIR:-/tmp}/vgpu-demo.XXXXXX")
@@ -43,6 +45,9 @@ eglinfo -B -p gbm 2>/dev/null | grep -m1 "OpenGL ES profile renderer"
 sleep 10
 echo "kmscube running for 10 s"'
 echo "the guest's screen, as the vGPU scanned it out: $out/scanout0.png"
+
+step "two guests share the vGPU under vgpu-schedd: policy none, then TimeGraph live (about 2 minutes)"
+qemu-scripts/demo-sched.sh
 
 step "doorbell benchmark (quick)"
 cargo bench --locked -p vgpu-tests --bench doorbell -- --quick 2>/dev/null | grep -v '^\[' 

@@ -16,6 +16,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use vgpu_schedd::cgroup::{CgroupError, CgroupFs, VmCgroup};
+
 use crate::temp_dir::TempDir;
 use crate::{qemu_path, skip_without_qemu};
 
@@ -103,6 +105,9 @@ pub enum GuestError {
     /// A bad value for the accelerator override.
     #[error("{ACCEL_ENV}={0:?}: expected kvm, tcg or auto")]
     BadAccel(String),
+    /// QEMU's cgroup ([`GuestConfig::cgroup`]) could not be created or joined.
+    #[error("QEMU's cgroup: {0}")]
+    Cgroup(#[from] CgroupError),
 }
 
 /// Result type of the launcher.
@@ -315,6 +320,11 @@ pub struct GuestConfig {
     pub extra_cmdline: String,
     /// Further QEMU arguments, appended last.
     pub extra_qemu_args: Vec<String>,
+    /// Puts QEMU into a new CPU cgroup of this name (under the cpu controller's root, v1 or
+    /// v2: [`CgroupFs::create_vm_cgroup`]) while it runs, so that `vgpu-schedd` samples and
+    /// weights the VM alone; the cgroup is removed when QEMU has exited. `None`: QEMU stays in
+    /// the launcher's cgroup.
+    pub cgroup: Option<String>,
 }
 
 impl GuestConfig {
@@ -333,6 +343,7 @@ impl GuestConfig {
             server_args: Vec::new(),
             extra_cmdline: String::new(),
             extra_qemu_args: Vec::new(),
+            cgroup: None,
         }
     }
 
@@ -527,6 +538,41 @@ impl Drop for ChildGuard {
     fn drop(&mut self) {
         if let Err(e) = self.kill() {
             log::warn!("cannot kill {} (pid {}): {e}", self.name, self.child.id());
+        }
+    }
+}
+
+/// QEMU's own cgroup: created for it and removed once it has exited (the guard drops after the
+/// QEMU guard, which reaps it).
+#[derive(Debug)]
+struct CgroupGuard(Option<VmCgroup>);
+
+impl CgroupGuard {
+    /// Creates the cgroup `name` under the cpu controller's root and moves `pid` into it; the
+    /// cgroup is removed again if the move fails.
+    fn join(name: &str, pid: u32) -> Result<Self> {
+        let cgroup = CgroupFs::default().create_vm_cgroup("", name)?;
+        if let Err(e) = cgroup.add_pid(pid) {
+            if let Err(undo) = cgroup.remove() {
+                log::warn!("cannot remove the cgroup {name}: {undo}");
+            }
+            return Err(e.into());
+        }
+        log::info!(
+            "QEMU (pid {pid}) runs in cgroup {}",
+            cgroup.path().display()
+        );
+        Ok(Self(Some(cgroup)))
+    }
+}
+
+impl Drop for CgroupGuard {
+    fn drop(&mut self) {
+        if let Some(cgroup) = self.0.take() {
+            let path = cgroup.path();
+            if let Err(e) = cgroup.remove() {
+                log::warn!("cannot remove cgroup {}: {e}", path.display());
+            }
         }
     }
 }
@@ -786,8 +832,9 @@ impl GuestRun {
 /// the thread is panicking) and removes its temporary directory.
 #[derive(Debug)]
 pub struct RunningGuest {
-    // Field order is drop order: QEMU first, then the server, then the directory.
+    // Field order is drop order: QEMU first, then its cgroup, the server, the directory.
     qemu: ChildGuard,
+    cgroup: CgroupGuard,
     server: Option<ServerProcess>,
     accel: Accel,
     accel_reason: String,
@@ -908,11 +955,18 @@ impl RunningGuest {
         let child = command
             .spawn()
             .map_err(io_context(format!("starting {}", qemu_path().display())))?;
+        let qemu = ChildGuard {
+            name: "QEMU",
+            child,
+        };
+        let cgroup = match &config.cgroup {
+            // QEMU is killed (its guard dropped) if this fails.
+            Some(name) => CgroupGuard::join(name, qemu.child.id())?,
+            None => CgroupGuard(None),
+        };
         Ok(Self {
-            qemu: ChildGuard {
-                name: "QEMU",
-                child,
-            },
+            qemu,
+            cgroup,
             server,
             accel,
             accel_reason,
@@ -944,6 +998,11 @@ impl RunningGuest {
     /// QEMU's process ID.
     pub fn qemu_pid(&self) -> u32 {
         self.qemu.child.id()
+    }
+
+    /// The directory of QEMU's own cgroup ([`GuestConfig::cgroup`]), if it has one.
+    pub fn cgroup_path(&self) -> Option<PathBuf> {
+        self.cgroup.0.as_ref().map(VmCgroup::path)
     }
 
     /// The guest's temporary directory (serial and QEMU logs, job file).

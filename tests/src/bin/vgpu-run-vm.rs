@@ -24,6 +24,11 @@ options:
   --socket PATH                use a vfio-user server already listening on PATH instead
   --server PATH                the vgpu-server binary (default: beside this program)
   --server-arg ARG             pass ARG to vgpu-server (repeatable)
+  --scheduler SOCKET           vgpu-server asks the vgpu-schedd daemon listening on SOCKET
+                               before it runs GPU work (needs --vm-name)
+  --vm-name NAME               the VM's name for the daemon (vgpuctl addresses it by NAME)
+  --cgroup NAME                run QEMU in a new CPU cgroup NAME (cgroup v2 where the root
+                               delegates cpu, else the v1 cpu hierarchy), removed at exit
   --image DIR                  the guest image directory (default: $VGPU_GUEST_DIR or
                                ${VGPU_CACHE:-$HOME/.cache/vgpu}/guest)
   --timeout SECONDS            wall-clock limit (default 300)
@@ -56,6 +61,9 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut allow_reboot = false;
     let mut print_serial = false;
     let mut qemu_args = Vec::new();
+    let mut scheduler = None;
+    let mut vm_name = None;
+    let mut cgroup = None;
     while let Some(arg) = args.next() {
         let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
         match arg.as_str() {
@@ -76,6 +84,9 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             "--socket" => gpu = GuestGpu::VfioUser(PathBuf::from(value("--socket")?)),
             "--server" => server_bin = Some(PathBuf::from(value("--server")?)),
             "--server-arg" => server_args.push(value("--server-arg")?),
+            "--scheduler" => scheduler = Some(value("--scheduler")?),
+            "--vm-name" => vm_name = Some(value("--vm-name")?),
+            "--cgroup" => cgroup = Some(value("--cgroup")?),
             "--image" => image_dir = Some(PathBuf::from(value("--image")?)),
             "--timeout" => {
                 let secs: f64 = value("--timeout")?
@@ -104,6 +115,16 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         }
     }
     let job = job.ok_or("--job or --job-file is required")?;
+    match (scheduler, vm_name) {
+        (Some(socket), Some(name)) => {
+            if gpu != GuestGpu::Vgpu {
+                return Err("--scheduler needs --gpu vgpu".into());
+            }
+            server_args.extend(["--scheduler".into(), socket, "--vm-name".into(), name]);
+        }
+        (None, None) => {}
+        _ => return Err("--scheduler and --vm-name go together".into()),
+    }
     let image = match image_dir {
         Some(dir) => GuestImage::at(&dir),
         None => GuestImage::locate(),
@@ -118,6 +139,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     config.extra_cmdline = extra_cmdline;
     config.allow_reboot = allow_reboot;
     config.extra_qemu_args = qemu_args;
+    config.cgroup = cgroup;
     Ok(Args {
         config,
         print_serial,
@@ -152,6 +174,9 @@ fn main() -> ExitCode {
         args.config.gpu,
         guest.accel()
     );
+    if let Some(path) = guest.cgroup_path() {
+        eprintln!("vgpu-run-vm: QEMU runs in cgroup {}", path.display());
+    }
     // Print the job's output as it arrives (or every line with --serial).
     let mut in_job = false;
     let result = guest.wait(|line| {

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# The scheduled part of the demo (qemu-scripts/demo.sh runs it; it also runs alone once the
+# release binaries and the guest image are built). No GPU needed: the daemon's simulated engine
+# runs the load capset's command groups.
+#
+# vgpu-schedd starts with policy none. Two guests share it, each QEMU in its own CPU cgroup:
+# "bomb" keeps a GPU command bomb in flight (vgpu-load bomb), "game" renders frames
+# (vgpu-load frames) in two phases. Between them, vgpuctl installs TimeGraph live
+# (qemu-scripts/demo-timegraph.toml: the game HT at a high priority, the bomb PRT with a PE
+# reserve). A vgpuctl table shows the VMs' frame rates and GPU shares meanwhile; the summary
+# compares the game's frame rate (from its vgpu-load summary lines) in both phases.
+# VGPU_DEMO_PHASE_S sets the length of each game phase in seconds (default 25).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+bin=${CARGO_TARGET_DIR:-target}/release
+phase_s=${VGPU_DEMO_PHASE_S:-25}
+# The bomb outlasts both game phases, the game's boot and the pause between the phases.
+bomb_s=$((2 * phase_s + 40))
+# One vgpuctl row every 5 s from the game's start to its end.
+rows=$(((2 * phase_s + 15) / 5))
+policy=qemu-scripts/demo-timegraph.toml
+
+run=$(mktemp -d "${TMPDIR:-/tmp}/vgpu-sched-demo.XXXXXX")
+pids=()
+cleanup() {
+    local pid
+    for pid in "${pids[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    wait 2>/dev/null || true
+    rm -rf "$run"
+}
+trap cleanup EXIT
+
+ctl() {
+    echo "\$ vgpuctl $*"
+    "$bin/vgpuctl" --control "$run/control.sock" "$@" | sed 's/^/  /'
+}
+
+"$bin/vgpu-schedd" --socket "$run/sched.sock" --control "$run/control.sock" \
+    --log-level info 2> "$run/schedd.log" &
+schedd_pid=$!
+pids+=("$schedd_pid")
+for _ in $(seq 100); do [[ -S $run/control.sock ]] && break; sleep 0.05; done
+[[ -S $run/control.sock ]] || { cat "$run/schedd.log"; exit 1; }
+echo "vgpu-schedd is up (policy none); its device socket: $run/sched.sock"
+
+declare -A vm_pid
+# Boots one VM against the daemon; its job's output goes to $run/NAME.out.
+start_vm() {
+    local name=$1 job=$2
+    "$bin/vgpu-run-vm" --timeout $((bomb_s + 180)) --scheduler "$run/sched.sock" \
+        --vm-name "$name" --cgroup "vgpu-demo-$name-$$" --job "$job" \
+        > "$run/$name.out" 2> "$run/$name.err" &
+    pids+=($!)
+    vm_pid[$name]=$!
+}
+wait_for() {
+    local file=$1 text=$2 limit=$3
+    for _ in $(seq $((limit * 5))); do
+        grep -q "$text" "$file" 2>/dev/null && return 0
+        sleep 0.2
+    done
+    echo "timed out waiting for \"$text\" in $file:" >&2
+    cat "$file" "${file%.out}.err" >&2 || true
+    return 1
+}
+
+echo "booting bomb (vgpu-load bomb: 8 groups of 4 ms in flight for ${bomb_s} s)"
+start_vm bomb "echo bomb starts; vgpu-load bomb --cost-us 4000 --depth 8 --duration-s $bomb_s --json | grep '\"summary\"'"
+wait_for "$run/bomb.out" "bomb starts" 240
+echo "booting game (vgpu-load frames: 1 ms CPU + 4 groups of 2 ms per frame, two ${phase_s}-s phases)"
+start_vm game "
+sleep 2
+for phase in 1 2; do
+    echo \"game phase \$phase starts\"
+    vgpu-load frames --groups 4 --cost-us 2000 --cpu-us 1000 --fps-target 60 \
+        --duration-s $phase_s --json | grep '\"summary\"' | sed \"s/^/PHASE\$phase /\"
+    [ \$phase = 1 ] && echo 'game phase 1 done' && sleep 3
+done
+true"
+wait_for "$run/game.out" "game phase 1 starts" 240
+sed -n 's/^vgpu-run-vm: //p' "$run/bomb.err" "$run/game.err" | grep cgroup | sed 's/^/  /'
+ctl list
+
+# Half-way: TimeGraph replaces policy none while both VMs keep running.
+(
+    wait_for "$run/game.out" "game phase 1 done" $((phase_s + 60))
+    echo "---- the game's first phase is over: switching the policy live ----"
+    ctl set-policy "$policy"
+    ctl list
+) > "$run/switch.log" 2>&1 &
+switcher=$!
+pids+=("$switcher")
+# The table (every 5 s) interleaved with the switch's transcript once it happens.
+(tail -n +1 -F "$run/switch.log" 2>/dev/null &
+    tail_pid=$!
+    "$bin/vgpuctl" --control "$run/control.sock" show --watch 5 --count "$rows"
+    kill "$tail_pid")
+wait "$switcher"
+for vm in game bomb; do
+    wait "${vm_pid[$vm]}" || {
+        echo "the $vm VM failed:"
+        tail -n 20 "$run/$vm.out" "$run/$vm.err"
+        exit 1
+    }
+done
+# Only the daemon is left to stop (the trap sends it SIGTERM).
+pids=("$schedd_pid")
+
+field() { sed -n "s/.*\"$2\":\([0-9.]*\).*/\1/p" <<< "$1"; }
+one=$(grep -m1 '^PHASE1 ' "$run/game.out")
+two=$(grep -m1 '^PHASE2 ' "$run/game.out")
+bomb=$(grep -m1 '"summary"' "$run/bomb.out" || true)
+echo
+echo "game, policy none, bomb running:    $(field "$one" fps) fps," \
+    "group latency p50 $(field "$one" latency_p50_us) us, p99 $(field "$one" latency_p99_us) us"
+echo "game, TimeGraph (live), bomb running: $(field "$two" fps) fps," \
+    "group latency p50 $(field "$two" latency_p50_us) us, p99 $(field "$two" latency_p99_us) us"
+[[ -n $bomb ]] && echo "bomb over the whole run: $(field "$bomb" groups) groups"
+awk -v a="$(field "$one" fps)" -v b="$(field "$two" fps)" \
+    'BEGIN { if (a > 0) printf "TimeGraph gives the game %.1fx the frame rate it had without scheduling\n", b / a }'
