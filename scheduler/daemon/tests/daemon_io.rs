@@ -560,9 +560,12 @@ while [ $# -gt 0 ]; do
   shift
 done
 case "$sock" in *fail*) echo "boom: cannot start" >&2; exit 3;; esac
-trap 'rm -f "$sock"; exit 0' TERM
+# The sleeper must not outlive us: it would hold the test's output pipe open.
+sleeper=
+trap '[ -n "$sleeper" ] && kill "$sleeper"; rm -f "$sock"; exit 0' TERM
 touch "$sock"
-sleep 1000 &
+sleep 60 >/dev/null 2>&1 </dev/null &
+sleeper=$!
 wait
 "#;
 
