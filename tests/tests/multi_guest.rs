@@ -271,10 +271,21 @@ fn timegraph_pe_reserve_caps_a_backlogged_vm() {
 
 #[test]
 fn pegasus_weights_split_the_gpu() {
+    weights_split_the_gpu("policy = \"pegasus\"\nmode = \"accc\"\n");
+}
+
+#[test]
+fn fair_queuing_weights_split_the_gpu() {
+    weights_split_the_gpu("policy = \"fair\"\n");
+}
+
+/// Two backlogged VMs with weights 1:3 under `policy` get about a quarter and three quarters
+/// of the GPU.
+fn weights_split_the_gpu(policy: &str) {
     if skip_without_qemu() {
         return;
     }
-    let daemon = Schedd::start(Some("policy = \"pegasus\"\nmode = \"accc\"\n")).expect("daemon");
+    let daemon = Schedd::start(Some(policy)).expect("daemon");
     set(&daemon, "a", "weight=256");
     set(&daemon, "b", "weight=768");
     let Some(mut vms) = start_vms(&daemon, &["a", "b"]) else {
@@ -286,7 +297,7 @@ fn pegasus_weights_split_the_gpu() {
     let share = da / (da + db);
     assert!(
         (0.10..=0.40).contains(&share),
-        "weight 1:3 gave a {share:.3} of the GPU"
+        "{policy}: weight 1:3 gave a {share:.3} of the GPU"
     );
 }
 
