@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use vgpu_guest_drivers::guest_ram::GuestRam;
 use vgpu_guest_drivers::pci::{self, PciAllocator};
 use vgpu_guest_drivers::virtio_gpu::{
-    CMD_GET_DISPLAY_INFO, CONTROL_QUEUE, CURSOR_QUEUE, CtrlHeader, DISPLAY_INFO_SIZE, DisplayInfo,
+    CMD_GET_DISPLAY_INFO, CONTROL_QUEUE, CTRL_HDR_SIZE, CURSOR_QUEUE, CtrlHeader,
+    DISPLAY_INFO_SIZE, DisplayInfo,
 };
 use vgpu_guest_drivers::virtio_pci::{VIRTIO_PCI_VENDOR_ID, VirtioPciDevice};
 use vgpu_server::gpu::DisplayConfig;
@@ -254,6 +255,22 @@ impl VgpuGuest {
             .setup_queue(qt, &mut self.ram, CURSOR_QUEUE, CURSOR_QUEUE_SIZE, cursor)
             .expect("cursor queue");
         self.dev.driver_ok(qt).expect("DRIVER_OK");
+    }
+
+    /// Sends one request on the control queue and returns the response bytes (`reply`
+    /// bytes writable).
+    pub fn control(&mut self, request: &[u8], reply: u32) -> Vec<u8> {
+        let qt = self.vm.qtest();
+        let done = self
+            .dev
+            .transact(qt, CONTROL_QUEUE, &[request], &[reply], REQUEST_TIMEOUT)
+            .expect("request completes");
+        done.writable.expect("our chain").remove(0)
+    }
+
+    /// Sends one request on the control queue and returns its response header.
+    pub fn control_header(&mut self, request: &[u8]) -> CtrlHeader {
+        CtrlHeader::parse(&self.control(request, CTRL_HDR_SIZE as u32)).expect("response header")
     }
 
     /// Sends GET_DISPLAY_INFO (fenced with `fence`, if given) on the control queue and

@@ -6,13 +6,11 @@
 use std::time::Duration;
 
 use vgpu_guest_drivers::virtio_gpu::{
-    self, CONTROL_QUEUE, CTRL_HDR_SIZE, Capset, CapsetInfo, CtrlHeader, ResourceCreate3d,
-    Transfer3d,
+    self, CTRL_HDR_SIZE, Capset, CapsetInfo, ResourceCreate3d, Transfer3d,
 };
 use vgpu_tests::server::{TestServer, VgpuGuest};
 use vgpu_tests::skip_without_qemu;
 
-const TIMEOUT: Duration = Duration::from_secs(10);
 /// VIRGL_FORMAT_B8G8R8A8_UNORM, PIPE_TEXTURE_2D, bind render target | sampler view.
 const BGRA: u32 = 1;
 const BIND: u32 = 0x2 | 0x8;
@@ -21,20 +19,8 @@ const ERR_INVALID_CONTEXT_ID: u32 = 0x1204;
 const ERR_INVALID_PARAMETER: u32 = 0x1205;
 const ERR_INVALID_RESOURCE_ID: u32 = 0x1203;
 
-/// Sends one request; returns the response bytes (`reply` bytes writable).
-fn call(guest: &mut VgpuGuest, request: &[u8], reply: u32) -> Vec<u8> {
-    let qt = guest.vm.qtest();
-    let done = guest
-        .dev
-        .transact(qt, CONTROL_QUEUE, &[request], &[reply], TIMEOUT)
-        .expect("request completes");
-    done.writable.expect("our chain").remove(0)
-}
-
 fn response_type(guest: &mut VgpuGuest, request: &[u8]) -> u32 {
-    CtrlHeader::parse(&call(guest, request, CTRL_HDR_SIZE as u32))
-        .unwrap()
-        .ctrl_type
+    guest.control_header(request).ctrl_type
 }
 
 #[test]
@@ -66,7 +52,7 @@ fn virgl_contexts_textures_fences_and_errors() {
     guest.bring_up_with(features);
 
     // Capsets 1 (VIRGL) and 2 (VIRGL2) pass through from virglrenderer.
-    let info = CapsetInfo::parse(&call(&mut guest, &virtio_gpu::get_capset_info(0), 40)).unwrap();
+    let info = CapsetInfo::parse(&guest.control(&virtio_gpu::get_capset_info(0), 40)).unwrap();
     assert_eq!(
         (
             info.capset_id,
@@ -75,10 +61,9 @@ fn virgl_contexts_textures_fences_and_errors() {
         ),
         (1, 1, 308)
     );
-    let info2 = CapsetInfo::parse(&call(&mut guest, &virtio_gpu::get_capset_info(1), 40)).unwrap();
+    let info2 = CapsetInfo::parse(&guest.control(&virtio_gpu::get_capset_info(1), 40)).unwrap();
     assert_eq!(info2.capset_id, 2);
-    let caps = Capset::parse(&call(
-        &mut guest,
+    let caps = Capset::parse(&guest.control(
         &virtio_gpu::get_capset(2, 0),
         CTRL_HDR_SIZE as u32 + info2.capset_max_size,
     ))
@@ -123,7 +108,7 @@ fn virgl_contexts_textures_fences_and_errors() {
     assert_eq!(response_type(&mut guest, &upload), RESP_OK_NODATA);
     guest.vm.qtest().memset(backing, len as usize, 0).unwrap();
     let download = virtio_gpu::with_fence(virtio_gpu::transfer_from_host_3d(1, &whole), 2);
-    let reply = CtrlHeader::parse(&call(&mut guest, &download, CTRL_HDR_SIZE as u32)).unwrap();
+    let reply = guest.control_header(&download);
     assert_eq!(
         (reply.ctrl_type, reply.fence_id),
         (RESP_OK_NODATA, 2),

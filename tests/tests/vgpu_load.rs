@@ -20,18 +20,8 @@ const ERR_INVALID_PARAMETER: u32 = 0x1205;
 /// The load context of these tests.
 const LOAD_CTX: u32 = 7;
 
-/// Sends one request; returns the response bytes (`reply` bytes writable).
-fn call(guest: &mut VgpuGuest, request: &[u8], reply: u32) -> Vec<u8> {
-    let qt = guest.vm.qtest();
-    let done = guest
-        .dev
-        .transact(qt, CONTROL_QUEUE, &[request], &[reply], TIMEOUT)
-        .expect("request completes");
-    done.writable.expect("our chain").remove(0)
-}
-
 fn response(guest: &mut VgpuGuest, request: &[u8]) -> CtrlHeader {
-    CtrlHeader::parse(&call(guest, request, CTRL_HDR_SIZE as u32)).unwrap()
+    guest.control_header(request)
 }
 
 fn response_type(guest: &mut VgpuGuest, request: &[u8]) -> u32 {
@@ -74,7 +64,7 @@ fn load_capset_contexts_occupy_and_errors() {
     guest.bring_up_with(features);
 
     // The capset: index 2, id 20, version 1, a 16-byte blob.
-    let info = CapsetInfo::parse(&call(&mut guest, &virtio_gpu::get_capset_info(2), 40)).unwrap();
+    let info = CapsetInfo::parse(&guest.control(&virtio_gpu::get_capset_info(2), 40)).unwrap();
     assert_eq!(
         (
             info.capset_id,
@@ -83,8 +73,7 @@ fn load_capset_contexts_occupy_and_errors() {
         ),
         (CAPSET_LOAD, 1, 16)
     );
-    let caps = Capset::parse(&call(
-        &mut guest,
+    let caps = Capset::parse(&guest.control(
         &virtio_gpu::get_capset(CAPSET_LOAD, 1),
         CTRL_HDR_SIZE as u32 + 16,
     ))
