@@ -2,8 +2,8 @@
 //! in-process server, the `vgpu-server` library code) and a load context (capset 20) that
 //! submits back-to-back OCCUPY groups of [`OCCUPY_US`] µs, one in flight at a time, for
 //! [`DURATION`]. Modes: no daemon (the device's local engine), and a real `vgpu-schedd`
-//! process (found next to this bench in `target/<profile>/`; build it first with
-//! `cargo build --release -p vgpu-schedd`) under policy none, timegraph PRT and timegraph HT.
+//! process (started by the test harness's `vgpu_tests::daemon::Schedd`, which finds or builds
+//! the binary) under policy none, timegraph PRT and timegraph HT.
 //! Reports groups/s, p50/p99 submit-to-fence latency and the overhead of each mode against
 //! no daemon (medians of [`RUNS`] runs); JSON to `target/vgpu-bench/sched_overhead.json`.
 //!
@@ -12,19 +12,18 @@
 //!
 //! `cargo bench -p vgpu-tests --bench sched_overhead`
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use vgpu_guest_drivers::virtio_gpu::{
     self, CAPSET_LOAD, CONTROL_QUEUE, CTRL_HDR_SIZE, LOAD_OP_OCCUPY,
 };
 use vgpu_schedd::proto::VmName;
-use vgpu_schedd::seqpacket::SeqStream;
 use vgpu_server::sched_client::SchedConfig;
+use vgpu_tests::daemon::Schedd;
 use vgpu_tests::server::{TestServer, VgpuGuest};
 use vgpu_tests::skip_without_qemu;
-use vgpu_tests::temp_dir::TempDir;
 
 /// Environment variable that makes this binary run one measurement (`MODE`) and print it.
 const CHILD_ENV: &str = "VGPU_SCHED_OVERHEAD_CHILD";
@@ -61,55 +60,6 @@ struct Run {
     p99_us: f64,
 }
 
-/// A daemon child, killed and reaped on drop.
-struct Schedd(Child);
-
-impl Drop for Schedd {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn schedd_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("own path");
-    // target/<profile>/deps/sched_overhead-HASH -> target/<profile>/vgpu-schedd
-    let profile = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>");
-    profile.join("vgpu-schedd")
-}
-
-fn start_schedd(dir: &Path, policy: &str) -> Schedd {
-    let bin = schedd_binary();
-    assert!(
-        bin.exists(),
-        "{} missing: cargo build --release -p vgpu-schedd",
-        bin.display()
-    );
-    let file = dir.join("policy.toml");
-    std::fs::write(&file, policy).expect("policy file");
-    let socket = dir.join("sched.sock");
-    let child = Command::new(bin)
-        .arg("--socket")
-        .arg(&socket)
-        .arg("--control")
-        .arg(dir.join("control.sock"))
-        .arg("--policy")
-        .arg(&file)
-        .args(["--log-level", "warn"])
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("vgpu-schedd starts");
-    let start = Instant::now();
-    while SeqStream::connect(&socket).is_err() {
-        assert!(start.elapsed() < TIMEOUT, "vgpu-schedd did not start");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    Schedd(child)
-}
-
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     let rank = ((p / 100.0) * (sorted.len().saturating_sub(1)) as f64).round() as usize;
     sorted
@@ -141,12 +91,11 @@ fn call(guest: &mut VgpuGuest, request: &[u8]) -> f64 {
 
 /// One measurement in this process; `None` when this host has no virglrenderer.
 fn child(policy: Option<&str>) -> Option<Run> {
-    let dir = TempDir::new("vgpu-overhead").expect("temporary directory");
-    let _schedd = policy.map(|p| start_schedd(dir.path(), p));
-    let server = match policy {
+    let schedd = policy.map(|p| Schedd::start_logging(Some(p), "warn").expect("vgpu-schedd"));
+    let server = match &schedd {
         None => TestServer::start_3d(),
-        Some(_) => TestServer::start_3d_scheduled(SchedConfig {
-            socket: dir.path().join("sched.sock"),
+        Some(daemon) => TestServer::start_3d_scheduled(SchedConfig {
+            socket: daemon.socket(),
             vm_name: VmName::new(VM).expect("name"),
         }),
     };
@@ -254,11 +203,10 @@ fn main() {
             each.join(", ")
         ));
     }
-    let target = schedd_binary()
-        .parent()
-        .and_then(Path::parent)
-        .map_or_else(|| PathBuf::from("target"), Path::to_path_buf);
-    let out = target.join("vgpu-bench/sched_overhead.json");
+    let out = PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../target/vgpu-bench/sched_overhead.json"
+    ));
     let doc = format!(
         "{{\n  \"bench\": \"sched_overhead\",\n  \"occupy_us\": {OCCUPY_US},\n  \"duration_s\": {},\n  \"modes\": [\n{}\n  ]\n}}\n",
         DURATION.as_secs_f64(),

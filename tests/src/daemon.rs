@@ -106,6 +106,7 @@ pub struct Schedd {
     child: Option<Child>,
     dir: TempDir,
     policy: Option<PathBuf>,
+    log_level: &'static str,
     starts: u32,
 }
 
@@ -113,6 +114,12 @@ impl Schedd {
     /// Starts the daemon with the policy in the TOML file `policy` (the daemon's default,
     /// `none`, without one) on fresh sockets, with its simulated engine.
     pub fn start(policy: Option<&str>) -> Result<Schedd> {
+        Schedd::start_logging(policy, "debug")
+    }
+
+    /// [`Schedd::start`] with the daemon's `--log-level` (benchmarks: `warn`, so logging does
+    /// not weigh on what they measure).
+    pub fn start_logging(policy: Option<&str>, log_level: &'static str) -> Result<Schedd> {
         let dir = TempDir::new("vgpu-schedd").map_err(io("creating temp dir"))?;
         let policy = match policy {
             Some(text) => Some(write_file(dir.path(), "policy.toml", text)?),
@@ -122,6 +129,7 @@ impl Schedd {
             child: None,
             dir,
             policy,
+            log_level,
             starts: 0,
         };
         daemon.spawn()?;
@@ -141,7 +149,7 @@ impl Schedd {
             .arg(self.socket())
             .arg("--control")
             .arg(self.control())
-            .args(["--log-level", "debug"]);
+            .args(["--log-level", self.log_level]);
         if let Some(policy) = &self.policy {
             command.arg("--policy").arg(policy);
         }
