@@ -689,6 +689,7 @@ mod tests {
     use super::*;
     use crate::model::{CostSignature, Enforcement, GroupKind, Reserve};
     use crate::policy::fcfs::Fcfs;
+    use crate::testkit::{complete, submit};
 
     fn sched(capacity: usize, n: usize) -> (Scheduler, Vec<VgpuId>) {
         let mut s = Scheduler::new(Box::new(Fcfs::default()), capacity);
@@ -701,25 +702,6 @@ mod tests {
             .collect();
         assert!(out.is_empty());
         (s, ids)
-    }
-
-    fn submit(s: &mut Scheduler, now: Time, v: VgpuId, id: u64) -> Vec<Decision> {
-        let mut out = Vec::new();
-        let g = CommandGroup::new(id, v, GroupKind::Load, 1);
-        s.handle(now, Event::Submitted(g), &mut out).unwrap();
-        out
-    }
-
-    fn complete(s: &mut Scheduler, now: Time, v: VgpuId, id: u64, start: Time) -> Vec<Decision> {
-        let mut out = Vec::new();
-        let ev = Event::Completed {
-            vgpu: v,
-            group: GroupId(id),
-            start,
-            finish: now,
-        };
-        s.handle(now, ev, &mut out).unwrap();
-        out
     }
 
     fn dispatch(v: VgpuId, id: u64) -> Decision {

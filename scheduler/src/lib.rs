@@ -12,6 +12,8 @@ pub mod core;
 pub mod model;
 pub mod policy;
 pub mod sim;
+#[cfg(test)]
+mod testkit;
 
 pub use crate::core::{Account, Cx, Online, SchedError, Scheduler, VgpuState};
 pub use crate::model::{

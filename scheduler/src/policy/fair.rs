@@ -588,6 +588,7 @@ mod tests {
     use crate::core::Scheduler;
     use crate::model::{CommandGroup, Decision, Event, GroupId, GroupKind, VgpuParams};
     use crate::policy::PolicyConfig;
+    use crate::testkit::{self, submit};
 
     const MS: Nanos = NS_PER_MS;
 
@@ -616,29 +617,13 @@ mod tests {
         (s, ids, out)
     }
 
-    fn submit(s: &mut Scheduler, now: Time, v: VgpuId, id: u64) -> Vec<Decision> {
-        let mut out = Vec::new();
-        let g = CommandGroup::new(id, v, GroupKind::Load, 1);
-        s.handle(now, Event::Submitted(g), &mut out).unwrap();
-        out
-    }
-
+    /// Completes group `id` of `v` that ran from `start` to `finish` (handled at `finish`).
     fn complete(s: &mut Scheduler, v: VgpuId, id: u64, start: Time, finish: Time) -> Vec<Decision> {
-        let mut out = Vec::new();
-        let ev = Event::Completed {
-            vgpu: v,
-            group: GroupId(id),
-            start,
-            finish,
-        };
-        s.handle(finish, ev, &mut out).unwrap();
-        out
+        testkit::complete(s, finish, v, id, start)
     }
 
     fn timer(s: &mut Scheduler, now: Time) -> Vec<Decision> {
-        let mut out = Vec::new();
-        s.handle(now, Event::Timer, &mut out).unwrap();
-        out
+        testkit::event(s, now, Event::Timer)
     }
 
     fn figure(s: &Scheduler, v: VgpuId, name: &str) -> f64 {

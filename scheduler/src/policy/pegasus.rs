@@ -1126,6 +1126,7 @@ mod tests {
     use crate::core::Scheduler;
     use crate::model::{CommandGroup, CpuHint, Decision, Event, GroupId, GroupKind, VgpuParams};
     use crate::policy::PolicyConfig;
+    use crate::testkit::{complete, submit};
 
     const MS: Nanos = NS_PER_MS;
 
@@ -1340,25 +1341,6 @@ mod tests {
             gpu.run_until(60 * NS_PER_SEC);
             assert_proportional(&shares(&gpu, &v), &ratio, 0.02);
         }
-    }
-
-    fn submit(s: &mut Scheduler, now: Time, v: VgpuId, id: u64) -> Vec<Decision> {
-        let mut out = Vec::new();
-        let g = CommandGroup::new(id, v, GroupKind::Load, 1);
-        s.handle(now, Event::Submitted(g), &mut out).unwrap();
-        out
-    }
-
-    fn complete(s: &mut Scheduler, now: Time, v: VgpuId, id: u64, start: Time) -> Vec<Decision> {
-        let mut out = Vec::new();
-        let ev = Event::Completed {
-            vgpu: v,
-            group: GroupId(id),
-            start,
-            finish: now,
-        };
-        s.handle(now, ev, &mut out).unwrap();
-        out
     }
 
     fn timer(s: &mut Scheduler, now: Time) {

@@ -670,6 +670,7 @@ mod tests {
     };
     use crate::policy::PolicyConfig;
     use crate::policy::fcfs::Fcfs;
+    use crate::testkit::{complete, event, submit};
 
     fn sched(config: TimeGraphConfig, capacity: usize) -> Scheduler {
         Scheduler::new(PolicyConfig::TimeGraph(config).build(), capacity)
@@ -710,28 +711,6 @@ mod tests {
         let mut out = Vec::new();
         let g = CommandGroup::new(id, v, GroupKind::Render, sig);
         s.handle(now, Event::Submitted(g), &mut out).unwrap();
-        out
-    }
-
-    fn submit(s: &mut Scheduler, now: Time, v: VgpuId, id: u64) -> Vec<Decision> {
-        submit_sig(s, now, v, id, 1)
-    }
-
-    fn complete(s: &mut Scheduler, now: Time, v: VgpuId, id: u64, start: Time) -> Vec<Decision> {
-        let mut out = Vec::new();
-        let ev = Event::Completed {
-            vgpu: v,
-            group: GroupId(id),
-            start,
-            finish: now,
-        };
-        s.handle(now, ev, &mut out).unwrap();
-        out
-    }
-
-    fn event(s: &mut Scheduler, now: Time, ev: Event) -> Vec<Decision> {
-        let mut out = Vec::new();
-        s.handle(now, ev, &mut out).unwrap();
         out
     }
 

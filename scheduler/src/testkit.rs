@@ -1,0 +1,35 @@
+//! Helpers shared by the crate's unit tests: drive a [`Scheduler`] one event at a time and
+//! return the decisions it made.
+
+use crate::core::Scheduler;
+use crate::model::{CommandGroup, Decision, Event, GroupId, GroupKind, Time, VgpuId};
+
+/// Handles `ev` at `now` (it must be accepted); returns the decisions.
+pub(crate) fn event(s: &mut Scheduler, now: Time, ev: Event) -> Vec<Decision> {
+    let mut out = Vec::new();
+    s.handle(now, ev, &mut out).unwrap();
+    out
+}
+
+/// Submits load group `id` of `v` (signature 1) at `now`.
+pub(crate) fn submit(s: &mut Scheduler, now: Time, v: VgpuId, id: u64) -> Vec<Decision> {
+    let g = CommandGroup::new(id, v, GroupKind::Load, 1);
+    event(s, now, Event::Submitted(g))
+}
+
+/// Completes group `id` of `v`: it ran from `start` to `now`.
+pub(crate) fn complete(
+    s: &mut Scheduler,
+    now: Time,
+    v: VgpuId,
+    id: u64,
+    start: Time,
+) -> Vec<Decision> {
+    let ev = Event::Completed {
+        vgpu: v,
+        group: GroupId(id),
+        start,
+        finish: now,
+    };
+    event(s, now, ev)
+}
