@@ -107,6 +107,7 @@ pub struct Schedd {
     dir: TempDir,
     policy: Option<PathBuf>,
     log_level: &'static str,
+    args: Vec<String>,
     starts: u32,
 }
 
@@ -120,6 +121,16 @@ impl Schedd {
     /// [`Schedd::start`] with the daemon's `--log-level` (benchmarks: `warn`, so logging does
     /// not weigh on what they measure).
     pub fn start_logging(policy: Option<&str>, log_level: &'static str) -> Result<Schedd> {
+        Schedd::start_with(policy, log_level, &[])
+    }
+
+    /// [`Schedd::start_logging`] with further daemon arguments (e.g. `--cpu-writeback`), kept
+    /// for restarts.
+    pub fn start_with(
+        policy: Option<&str>,
+        log_level: &'static str,
+        args: &[&str],
+    ) -> Result<Schedd> {
         let dir = TempDir::new("vgpu-schedd").map_err(io("creating temp dir"))?;
         let policy = match policy {
             Some(text) => Some(write_file(dir.path(), "policy.toml", text)?),
@@ -130,6 +141,7 @@ impl Schedd {
             dir,
             policy,
             log_level,
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
             starts: 0,
         };
         daemon.spawn()?;
@@ -153,6 +165,7 @@ impl Schedd {
         if let Some(policy) = &self.policy {
             command.arg("--policy").arg(policy);
         }
+        command.args(&self.args);
         command
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -211,6 +224,30 @@ impl Schedd {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
+        }
+    }
+
+    /// Stops the daemon with SIGTERM (its clean shutdown) and waits up to `timeout` for it to
+    /// exit; SIGKILLs it if it does not. Returns whether it exited successfully in time.
+    pub fn terminate(&mut self, timeout: Duration) -> Result<bool> {
+        let Some(mut child) = self.child.take() else {
+            return Ok(false);
+        };
+        let pid = child.id();
+        if let Err(e) = vgpu_schedd::seqpacket::terminate(pid) {
+            log::warn!("SIGTERM to vgpu-schedd (pid {pid}): {e}");
+        }
+        let start = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().map_err(io("waiting for vgpu-schedd"))? {
+                return Ok(status.success());
+            }
+            if start.elapsed() > timeout {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Ok(false);
+            }
+            std::thread::sleep(POLL);
         }
     }
 

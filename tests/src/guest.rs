@@ -16,9 +16,10 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use vgpu_schedd::cgroup::{CgroupError, CgroupFs, VmCgroup};
+use vgpu_schedd::cgroup::CgroupError;
 
 use crate::temp_dir::TempDir;
+use crate::vm::CgroupGuard;
 use crate::{qemu_path, skip_without_qemu};
 
 /// Environment variable naming the guest image directory (default
@@ -321,7 +322,7 @@ pub struct GuestConfig {
     /// Further QEMU arguments, appended last.
     pub extra_qemu_args: Vec<String>,
     /// Puts QEMU into a new CPU cgroup of this name (under the cpu controller's root, v1 or
-    /// v2: [`CgroupFs::create_vm_cgroup`]) while it runs, so that `vgpu-schedd` samples and
+    /// v2: [`vgpu_schedd::cgroup::CgroupFs::create_vm_cgroup`]) while it runs, so that `vgpu-schedd` samples and
     /// weights the VM alone; the cgroup is removed when QEMU has exited. `None`: QEMU stays in
     /// the launcher's cgroup.
     pub cgroup: Option<String>,
@@ -538,41 +539,6 @@ impl Drop for ChildGuard {
     fn drop(&mut self) {
         if let Err(e) = self.kill() {
             log::warn!("cannot kill {} (pid {}): {e}", self.name, self.child.id());
-        }
-    }
-}
-
-/// QEMU's own cgroup: created for it and removed once it has exited (the guard drops after the
-/// QEMU guard, which reaps it).
-#[derive(Debug)]
-struct CgroupGuard(Option<VmCgroup>);
-
-impl CgroupGuard {
-    /// Creates the cgroup `name` under the cpu controller's root and moves `pid` into it; the
-    /// cgroup is removed again if the move fails.
-    fn join(name: &str, pid: u32) -> Result<Self> {
-        let cgroup = CgroupFs::default().create_vm_cgroup("", name)?;
-        if let Err(e) = cgroup.add_pid(pid) {
-            if let Err(undo) = cgroup.remove() {
-                log::warn!("cannot remove the cgroup {name}: {undo}");
-            }
-            return Err(e.into());
-        }
-        log::info!(
-            "QEMU (pid {pid}) runs in cgroup {}",
-            cgroup.path().display()
-        );
-        Ok(Self(Some(cgroup)))
-    }
-}
-
-impl Drop for CgroupGuard {
-    fn drop(&mut self) {
-        if let Some(cgroup) = self.0.take() {
-            let path = cgroup.path();
-            if let Err(e) = cgroup.remove() {
-                log::warn!("cannot remove cgroup {}: {e}", path.display());
-            }
         }
     }
 }
@@ -962,7 +928,7 @@ impl RunningGuest {
         let cgroup = match &config.cgroup {
             // QEMU is killed (its guard dropped) if this fails.
             Some(name) => CgroupGuard::join(name, qemu.child.id())?,
-            None => CgroupGuard(None),
+            None => CgroupGuard::none(),
         };
         Ok(Self {
             qemu,
@@ -1002,7 +968,7 @@ impl RunningGuest {
 
     /// The directory of QEMU's own cgroup ([`GuestConfig::cgroup`]), if it has one.
     pub fn cgroup_path(&self) -> Option<PathBuf> {
-        self.cgroup.0.as_ref().map(VmCgroup::path)
+        self.cgroup.path()
     }
 
     /// The guest's temporary directory (serial and QEMU logs, job file).

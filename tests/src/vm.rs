@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use vgpu_guest_drivers::guest_ram::GuestRam;
 use vgpu_guest_drivers::qtest::{Qtest, QtestError};
+use vgpu_schedd::cgroup::{CgroupError, CgroupFs, VmCgroup};
 
 use crate::qemu_path;
 use crate::temp_dir::TempDir;
@@ -55,6 +56,9 @@ pub enum HarnessError {
     /// QEMU did not exit in time.
     #[error("QEMU did not exit within {0:?}")]
     ExitTimeout(Duration),
+    /// QEMU's cgroup ([`VmConfig::cgroup`]) could not be created or joined.
+    #[error("QEMU's cgroup: {0}")]
+    Cgroup(#[from] CgroupError),
 }
 
 /// Result type of the harness.
@@ -82,6 +86,11 @@ pub struct VmConfig {
     /// Record the qtest traffic (`-qtest-log`) in the VM's directory; its tail is printed when
     /// a test fails.
     pub qtest_log: bool,
+    /// Puts QEMU into a new CPU cgroup of this name (under the cpu controller's root, v1 or
+    /// v2: [`CgroupFs::create_vm_cgroup`]) right after it starts, before it connects to any
+    /// vfio-user server, so that `vgpu-schedd` samples and weights the VM alone; the cgroup is
+    /// removed when QEMU has exited. `None`: QEMU stays in the launcher's cgroup.
+    pub cgroup: Option<String>,
 }
 
 impl Default for VmConfig {
@@ -93,6 +102,7 @@ impl Default for VmConfig {
             qtest_timeout: Duration::from_secs(10),
             start_timeout: Duration::from_secs(30),
             qtest_log: false,
+            cgroup: None,
         }
     }
 }
@@ -101,6 +111,12 @@ impl VmConfig {
     /// Adds a `-device` argument.
     pub fn device(mut self, device: impl Into<String>) -> Self {
         self.devices.push(device.into());
+        self
+    }
+
+    /// Runs QEMU in a new CPU cgroup `name` ([`VmConfig::cgroup`]).
+    pub fn cgroup(mut self, name: impl Into<String>) -> Self {
+        self.cgroup = Some(name.into());
         self
     }
 
@@ -144,6 +160,51 @@ impl Drop for ChildGuard {
     fn drop(&mut self) {
         if let Err(e) = kill_and_reap(&mut self.0) {
             log::warn!("cannot kill QEMU (pid {}): {e}", self.0.id());
+        }
+    }
+}
+
+/// QEMU's own cgroup: created for it and removed once it has exited (the guard drops after the
+/// QEMU guard, which reaps it).
+#[derive(Debug)]
+pub(crate) struct CgroupGuard(Option<VmCgroup>);
+
+impl CgroupGuard {
+    /// Creates the cgroup `name` under the cpu controller's root and moves `pid` into it; the
+    /// cgroup is removed again if the move fails.
+    pub(crate) fn join(name: &str, pid: u32) -> std::result::Result<Self, CgroupError> {
+        let cgroup = CgroupFs::default().create_vm_cgroup("", name)?;
+        if let Err(e) = cgroup.add_pid(pid) {
+            if let Err(undo) = cgroup.remove() {
+                log::warn!("cannot remove the cgroup {name}: {undo}");
+            }
+            return Err(e);
+        }
+        log::info!(
+            "QEMU (pid {pid}) runs in cgroup {}",
+            cgroup.path().display()
+        );
+        Ok(Self(Some(cgroup)))
+    }
+
+    /// No cgroup of its own: QEMU stays where it was started.
+    pub(crate) fn none() -> Self {
+        Self(None)
+    }
+
+    /// The cgroup's directory, if QEMU has one.
+    pub(crate) fn path(&self) -> Option<PathBuf> {
+        self.0.as_ref().map(VmCgroup::path)
+    }
+}
+
+impl Drop for CgroupGuard {
+    fn drop(&mut self) {
+        if let Some(cgroup) = self.0.take() {
+            let path = cgroup.path();
+            if let Err(e) = cgroup.remove() {
+                log::warn!("cannot remove cgroup {}: {e}", path.display());
+            }
         }
     }
 }
@@ -214,9 +275,11 @@ fn start(listener: &UnixListener, child: &mut Child, config: &VmConfig) -> Resul
 /// its temporary directory.
 #[derive(Debug)]
 pub struct QtestVm {
-    // Field order is drop order: close the socket, kill QEMU, then remove its directory.
+    // Field order is drop order: close the socket, kill QEMU, remove its cgroup, then its
+    // directory.
     qtest: Qtest,
     child: ChildGuard,
+    cgroup: CgroupGuard,
     ram_bytes: u64,
     log_path: PathBuf,
     qtest_log_path: Option<PathBuf>,
@@ -276,6 +339,12 @@ impl QtestVm {
                 .spawn()
                 .map_err(io_context(format!("starting {}", qemu_path().display())))?,
         );
+        // QEMU connects to vfio-user servers only after it has connected to qtest, which waits
+        // for our accept below: it is in its cgroup before any device learns its pid.
+        let cgroup = match &config.cgroup {
+            Some(name) => CgroupGuard::join(name, child.0.id())?,
+            None => CgroupGuard::none(),
+        };
 
         match start(&listener, &mut child.0, config)? {
             Startup::Ready(qtest) => {
@@ -283,6 +352,7 @@ impl QtestVm {
                 Ok(Self {
                     qtest,
                     child,
+                    cgroup,
                     ram_bytes,
                     log_path,
                     qtest_log_path,
@@ -322,6 +392,11 @@ impl QtestVm {
     /// The VM's temporary directory (holds the qtest socket and logs; removed on drop).
     pub fn dir(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// The directory of QEMU's own cgroup ([`VmConfig::cgroup`]), if it has one.
+    pub fn cgroup_path(&self) -> Option<PathBuf> {
+        self.cgroup.path()
     }
 
     /// QEMU's process ID.

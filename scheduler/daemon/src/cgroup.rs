@@ -119,6 +119,9 @@ pub enum CgroupError {
     /// The process has more than [`MAX_THREADS`] threads.
     #[error("pid {0}: more than {MAX_THREADS} threads")]
     TooManyThreads(u32),
+    /// A saved weight of one hierarchy was to be put back into a cgroup of the other.
+    #[error("{0}: a saved weight of the other cgroup hierarchy")]
+    WrongHierarchy(PathBuf),
 }
 
 /// Shorthand for this module's results.
@@ -193,6 +196,17 @@ pub enum Hierarchy {
     V2,
     /// cgroup v1: `cpu.shares`, usage from `cpuacct.usage`.
     V1,
+}
+
+/// A cgroup's weight file exactly as read (`cpu.weight` on v2, `cpu.shares` on v1), so that it
+/// can be put back unchanged: v1 shares do not survive a round trip through the v2 scale (1000
+/// shares are weight 97, which is 993 shares).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawWeight {
+    /// The hierarchy the value belongs to.
+    pub hierarchy: Hierarchy,
+    /// `cpu.weight` (v2, 1–10000) or `cpu.shares` (v1, 2–262144).
+    pub value: u64,
 }
 
 /// A directory inside one hierarchy: its mount point and its path below it.
@@ -273,6 +287,43 @@ impl VmCgroup {
         match self.hierarchy {
             Hierarchy::V2 => write_value(&self.cpu.file("cpu.weight"), weight),
             Hierarchy::V1 => write_value(&self.cpu.file("cpu.shares"), weight_to_shares(weight)),
+        }
+    }
+
+    /// The weight file's value as it is ([`RawWeight`]), checked against the hierarchy's range.
+    pub fn raw_weight(&self) -> Result<RawWeight> {
+        let (name, range) = self.raw_file();
+        let path = self.cpu.file(name);
+        let value: u64 = parse_number(&path, &read_bounded(&path)?)?;
+        if !range.contains(&value) {
+            return Err(malformed(&path, "weight outside the hierarchy's range"));
+        }
+        Ok(RawWeight {
+            hierarchy: self.hierarchy,
+            value,
+        })
+    }
+
+    /// Puts back a value read with [`VmCgroup::raw_weight`] (from a cgroup of the same
+    /// hierarchy), e.g. the weight a VM's launcher set before the daemon wrote its hints.
+    pub fn set_raw_weight(&self, raw: RawWeight) -> Result<()> {
+        if raw.hierarchy != self.hierarchy {
+            return Err(CgroupError::WrongHierarchy(self.path()));
+        }
+        let (name, range) = self.raw_file();
+        if !range.contains(&raw.value) {
+            return Err(CgroupError::InvalidWeight(
+                u32::try_from(raw.value).unwrap_or(u32::MAX),
+            ));
+        }
+        write_value(&self.cpu.file(name), raw.value)
+    }
+
+    /// The hierarchy's weight file and the range of its values.
+    fn raw_file(&self) -> (&'static str, std::ops::RangeInclusive<u64>) {
+        match self.hierarchy {
+            Hierarchy::V2 => ("cpu.weight", u64::from(WEIGHT_MIN)..=u64::from(WEIGHT_MAX)),
+            Hierarchy::V1 => ("cpu.shares", SHARES_MIN..=SHARES_MAX),
         }
     }
 
@@ -515,7 +566,7 @@ pub struct ThreadSample {
     pub tid: u32,
     /// The thread's name (`comm`), lossily decoded.
     pub comm: String,
-    /// QEMU names its vCPU threads `CPU n/KVM` or `CPU n/TCG`.
+    /// QEMU names its vCPU threads `CPU n/ACCEL`: `CPU n/KVM`, `CPU n/TCG`, `CPU n/DUMMY` (qtest).
     pub vcpu: bool,
     /// The state letter of `stat` is `R`: running or waiting for a CPU.
     pub runnable: bool,
@@ -531,6 +582,7 @@ pub struct CpuProbe {
     pid: u32,
     cgroup: VmCgroup,
     last: HashMap<u32, SchedStat>,
+    vcpu_threads: usize,
 }
 
 impl CpuProbe {
@@ -543,12 +595,19 @@ impl CpuProbe {
             pid,
             cgroup,
             last: HashMap::new(),
+            vcpu_threads: 0,
         })
     }
 
     /// The VM's cgroup.
     pub fn cgroup(&self) -> &VmCgroup {
         &self.cgroup
+    }
+
+    /// How many threads named like QEMU's vCPU threads the latest [`CpuProbe::sample`] found
+    /// (0 before the first sample, and when it fell back to all threads).
+    pub fn vcpu_threads(&self) -> usize {
+        self.vcpu_threads
     }
 
     /// Reads the VM's weight, usage and vCPU run state.
@@ -563,7 +622,8 @@ impl CpuProbe {
         let weight = self.cgroup.weight()?;
         let usage = self.cgroup.usage()?;
         let threads = self.fs.threads(self.pid)?;
-        let any_vcpu = threads.iter().any(|t| t.vcpu);
+        let vcpus = threads.iter().filter(|t| t.vcpu).count();
+        let any_vcpu = vcpus > 0;
         let mut hint = CpuHint {
             weight,
             running: false,
@@ -588,6 +648,7 @@ impl CpuProbe {
             }
         }
         self.last = seen;
+        self.vcpu_threads = vcpus;
         Ok(hint)
     }
 }
@@ -717,8 +778,8 @@ fn parse_schedstat(text: &str) -> std::result::Result<SchedStat, &'static str> {
     }
 }
 
-/// QEMU's vCPU thread names: `CPU <n>/KVM` or `CPU <n>/TCG` (other accelerators use other
-/// suffixes after the slash; any non-empty one is accepted).
+/// QEMU's vCPU thread names: `CPU <n>/KVM`, `CPU <n>/TCG`, `CPU <n>/DUMMY` under qtest (other
+/// accelerators use other suffixes after the slash; any non-empty one is accepted).
 fn is_vcpu_comm(comm: &str) -> bool {
     let Some(rest) = comm.strip_prefix("CPU ") else {
         return false;
@@ -1205,7 +1266,7 @@ mod tests {
         for bad in ["", "1 2", "1 2 x", "1 2 3 4", "-1 2 3"] {
             assert!(parse_schedstat(bad).is_err(), "{bad:?}");
         }
-        for good in ["CPU 0/KVM", "CPU 17/TCG", "CPU 3/HVF"] {
+        for good in ["CPU 0/KVM", "CPU 17/TCG", "CPU 3/HVF", "CPU 0/DUMMY"] {
             assert!(is_vcpu_comm(good), "{good}");
         }
         for other in [
@@ -1442,5 +1503,67 @@ mod tests {
         let cg = fake.fs.locate(500).unwrap();
         assert!(matches!(cg.move_out(500), Err(CgroupError::IsRoot(_))));
         assert!(matches!(cg.remove(), Err(CgroupError::IsRoot(_))));
+    }
+    #[test]
+    fn raw_weights_are_put_back_exactly() {
+        let fake = Fake::new();
+        fake.v1_vm();
+        fake.write("cpu/vm/cpu.shares", "1000\n");
+        let v1 = fake.fs.locate(200).unwrap();
+        let saved = v1.raw_weight().unwrap();
+        assert_eq!(
+            saved,
+            RawWeight {
+                hierarchy: Hierarchy::V1,
+                value: 1000
+            }
+        );
+        v1.set_weight(v1.weight().unwrap()).unwrap();
+        assert_eq!(
+            fake.read("cpu/vm/cpu.shares"),
+            "993\n",
+            "the lossy round trip"
+        );
+        v1.set_raw_weight(saved).unwrap();
+        assert_eq!(fake.read("cpu/vm/cpu.shares"), "1000\n");
+
+        fake.v2_vm();
+        let v2 = fake.fs.locate(100).unwrap();
+        assert_eq!(v2.raw_weight().unwrap().value, 250);
+        assert!(matches!(
+            v2.set_raw_weight(saved),
+            Err(CgroupError::WrongHierarchy(_))
+        ));
+        for value in [0, 10_001] {
+            let raw = RawWeight {
+                hierarchy: Hierarchy::V2,
+                value,
+            };
+            assert!(matches!(
+                v2.set_raw_weight(raw),
+                Err(CgroupError::InvalidWeight(_))
+            ));
+        }
+        assert_eq!(fake.read("unified/vms/a/cpu.weight"), "250\n");
+        for bad in ["1\n", "262145\n", "x\n"] {
+            fake.write("cpu/vm/cpu.shares", bad);
+            assert!(is_malformed(v1.raw_weight()), "cpu.shares {bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_probe_counts_vcpu_threads() {
+        let fake = Fake::new();
+        fake.v2_vm();
+        fake.thread(100, 100, "ld-linux-x86-64", 'S', None);
+        fake.thread(100, 101, "call_rcu", 'S', None);
+        fake.thread(100, 102, "CPU 0/DUMMY", 'S', None);
+        let mut probe = CpuProbe::new(fake.fs.clone(), 100).unwrap();
+        assert_eq!(probe.vcpu_threads(), 0, "before the first sample");
+        probe.sample().unwrap();
+        assert_eq!(probe.vcpu_threads(), 1);
+        fake.thread(100, 103, "CPU 1/DUMMY", 'S', None);
+        probe.sample().unwrap();
+        assert_eq!(probe.vcpu_threads(), 2);
     }
 }

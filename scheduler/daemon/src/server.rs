@@ -8,6 +8,11 @@
 //! samples of each VM whose QEMU pid is known, children started or stopped by `create` and
 //! `destroy`, idle HTTP clients) and a stop pipe (written by the binary's signal handlers).
 //!
+//! With CPU weight write-back on, the first write to a VM's cgroup saves the weight file's
+//! value (its launcher's setting); it is put back when the VM's device disconnects (or a new
+//! QEMU takes the VM's name) and when the daemon stops, unless someone else changed the file
+//! since the daemon's latest write. A daemon killed with SIGKILL cannot put it back.
+//!
 //! Every peer is untrusted: a device that sends what the core refuses is refused and dropped,
 //! a device that does not read its messages (its socket queue stays full) is dropped, control
 //! and HTTP clients are bounded in number, request size and buffered output.
@@ -30,7 +35,9 @@ use serde_json::json;
 use thiserror::Error;
 use vmm_sys_util::timerfd::TimerFd;
 
-use crate::cgroup::{CgroupFs, CpuProbe};
+use vgpu_scheduler::model::CpuHint;
+
+use crate::cgroup::{CgroupError, CgroupFs, CpuProbe, Hierarchy, RawWeight, VmCgroup};
 use crate::control::{ChildInfo, LineBuffer, Request, Response};
 use crate::daemon::{ConnId, Daemon, DaemonConfig, DaemonError, Peer, render_metrics};
 use crate::proto::{MAX_MESSAGE_BYTES, VmName};
@@ -198,6 +205,7 @@ impl Server {
             sources: BTreeMap::new(),
             device_tokens: BTreeMap::new(),
             probes: BTreeMap::new(),
+            written: BTreeMap::new(),
             cgroup_failed: BTreeSet::new(),
             children: BTreeMap::new(),
             config,
@@ -284,6 +292,20 @@ enum Source {
 struct Probe {
     pid: u32,
     probe: CpuProbe,
+    /// Its latest sample.
+    last: Option<CpuHint>,
+}
+
+/// A cgroup whose weight the daemon wrote: what to put back when its VM goes.
+#[derive(Debug)]
+struct Written {
+    /// The QEMU the weight was written for.
+    pid: u32,
+    cgroup: VmCgroup,
+    /// The weight file before the daemon's first write (the launcher's setting).
+    original: RawWeight,
+    /// The weight file after the daemon's latest write.
+    latest: RawWeight,
 }
 
 /// What a child is waiting for.
@@ -342,6 +364,8 @@ struct Loop {
     sources: BTreeMap<u32, Source>,
     device_tokens: BTreeMap<ConnId, u32>,
     probes: BTreeMap<String, Probe>,
+    /// Per VM name, the cgroup weight the daemon changed (write-back only).
+    written: BTreeMap<String, Written>,
     cgroup_failed: BTreeSet<String>,
     children: BTreeMap<String, ChildProc>,
 }
@@ -446,6 +470,7 @@ impl Loop {
         if let Source::Device { conn, .. } = source {
             self.device_tokens.remove(&conn);
             self.daemon.disconnect(now, conn);
+            self.restore_gone(&live_qemus(&self.daemon));
         }
     }
 
@@ -553,31 +578,136 @@ impl Loop {
                     failed.push(*conn);
                 }
             }
+            // Weights before drops: a weight for a VM dropped now is put back with the drop.
+            for w in &out.weights {
+                self.write_weight(&w.vm, w.qemu_pid, w.weight);
+            }
             for conn in out.drops.iter().chain(&failed) {
                 if let Some(token) = self.device_tokens.get(conn).copied() {
                     self.close(now, token, ops);
                 }
             }
-            for w in &out.weights {
-                self.write_weight(&w.vm, w.qemu_pid, w.weight);
-            }
         }
         warn!("outbox still full after {MAX_OUTBOX_ROUNDS} rounds");
     }
 
+    /// Writes a weight hint to the cgroup of `vm`'s QEMU, saving the cgroup's own value first.
     fn write_weight(&mut self, vm: &str, qemu_pid: u32, weight: u32) {
         if !self.cpu_writeback || qemu_pid == 0 {
             return;
         }
-        let result = self
-            .config
-            .cgroups
-            .locate(qemu_pid)
-            .and_then(|cg| cg.set_weight(weight));
-        match result {
-            Ok(()) => debug!("{vm}: CPU weight {weight}"),
+        let cgroup = match self.config.cgroups.locate(qemu_pid) {
+            Ok(cg) => cg,
+            Err(e) => {
+                warn!("{vm}: writing CPU weight {weight}: {e}");
+                return;
+            }
+        };
+        // A new QEMU under the VM's name, or its QEMU moved: the old cgroup gets its value back.
+        if self
+            .written
+            .get(vm)
+            .is_some_and(|w| w.pid != qemu_pid || w.cgroup != cgroup)
+        {
+            self.restore(vm);
+        }
+        let saved = self.written.get(vm).map(|w| w.original);
+        match write_saving(&cgroup, weight, saved) {
+            Ok((original, latest)) => {
+                debug!(
+                    "{vm}: CPU weight {weight} written to {} (was {})",
+                    cgroup.path().display(),
+                    original.value
+                );
+                let w = Written {
+                    pid: qemu_pid,
+                    cgroup,
+                    original,
+                    latest,
+                };
+                self.written.insert(vm.to_owned(), w);
+            }
             Err(e) => warn!("{vm}: writing CPU weight {weight}: {e}"),
         }
+    }
+
+    /// Puts back the weight the daemon changed for `vm`, unless someone else changed it since.
+    fn restore(&mut self, vm: &str) {
+        let Some(w) = self.written.remove(vm) else {
+            return;
+        };
+        let path = w.cgroup.path();
+        match put_back(&w) {
+            Ok(None) => info!(
+                "{vm}: CPU weight of {} restored to {}",
+                path.display(),
+                w.original.value
+            ),
+            Ok(Some(now)) => info!(
+                "{vm}: CPU weight of {} is {}, not the {} written: changed by someone else, left",
+                path.display(),
+                now.value,
+                w.latest.value
+            ),
+            // Typically the cgroup went with its VM.
+            Err(e @ CgroupError::Io { .. }) => {
+                debug!("{vm}: not restoring the CPU weight: {e}")
+            }
+            Err(e) => warn!("{vm}: restoring the CPU weight of {}: {e}", path.display()),
+        }
+    }
+
+    /// Puts back the weights of VMs that no longer run with the QEMU they were written for.
+    fn restore_gone(&mut self, live: &BTreeMap<String, u32>) {
+        let gone: Vec<String> = self
+            .written
+            .iter()
+            .filter(|(name, w)| live.get(*name) != Some(&w.pid))
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in gone {
+            self.restore(&name);
+        }
+    }
+
+    /// The core's VM list, each VM with what the daemon knows of its QEMU's cgroup.
+    fn vm_list(&self) -> Vec<serde_json::Value> {
+        self.daemon
+            .list()
+            .into_iter()
+            .map(|vm| {
+                let cgroup = self.cgroup_info(&vm.name);
+                let mut v = serde_json::to_value(vm).unwrap_or_default();
+                if let Some(obj) = v.as_object_mut() {
+                    obj.insert("cgroup".to_owned(), cgroup);
+                }
+                v
+            })
+            .collect()
+    }
+
+    /// The cgroup probed for `vm`'s QEMU: path, hierarchy, vCPU threads found, latest sample
+    /// and the weight saved before a write-back; `null` while there is no probe.
+    fn cgroup_info(&self, vm: &str) -> serde_json::Value {
+        let Some(p) = self.probes.get(vm) else {
+            return serde_json::Value::Null;
+        };
+        let cgroup = p.probe.cgroup();
+        let saved = self
+            .written
+            .get(vm)
+            .filter(|w| w.pid == p.pid)
+            .map(|w| w.original.value);
+        json!({
+            "path": cgroup.path(),
+            "hierarchy": match cgroup.hierarchy() {
+                Hierarchy::V1 => "v1",
+                Hierarchy::V2 => "v2",
+            },
+            "vcpu_threads": p.probe.vcpu_threads(),
+            "sample": p.last,
+            "saved_weight": saved,
+        })
     }
 
     fn serve(&mut self, now: u64, token: u32, ops: &mut EventOps) {
@@ -795,7 +925,7 @@ impl Loop {
         let result = match req {
             Request::List {} => Ok(json!({
                 "policy": self.daemon.policy(),
-                "vms": self.daemon.list(),
+                "vms": self.vm_list(),
                 "children": self
                     .children
                     .iter()
@@ -946,19 +1076,20 @@ impl Loop {
 
     /// Feeds a CPU sample of each connected VM whose QEMU pid is known to the core.
     fn sample_cpu(&mut self, now: u64) {
-        let live: BTreeMap<String, u32> = self
-            .daemon
-            .list()
-            .into_iter()
-            .filter_map(|vm| Some((vm.name, vm.qemu_pid.filter(|&p| p != 0)?)))
-            .collect();
+        let live = live_qemus(&self.daemon);
+        self.restore_gone(&live);
         self.probes.retain(|name, p| live.get(name) == Some(&p.pid));
         self.cgroup_failed.retain(|name| live.contains_key(name));
         for (name, pid) in live {
             if !self.probes.contains_key(&name) {
                 match CpuProbe::new(self.config.cgroups.clone(), pid) {
                     Ok(probe) => {
-                        self.probes.insert(name.clone(), Probe { pid, probe });
+                        let p = Probe {
+                            pid,
+                            probe,
+                            last: None,
+                        };
+                        self.probes.insert(name.clone(), p);
                     }
                     Err(e) => {
                         if self.cgroup_failed.insert(name.clone()) {
@@ -973,6 +1104,14 @@ impl Loop {
             };
             match p.probe.sample() {
                 Ok(hint) => {
+                    if p.last.is_none() {
+                        debug!(
+                            "{name}: QEMU pid {pid} in {}, {} vCPU threads",
+                            p.probe.cgroup().path().display(),
+                            p.probe.vcpu_threads()
+                        );
+                    }
+                    p.last = Some(hint);
                     if let Err(e) = self.daemon.cpu_hint(now, &name, hint) {
                         debug!("{name}: CPU hint: {e}");
                     }
@@ -1063,6 +1202,10 @@ impl Loop {
     /// At exit: stops the children (SIGTERM, then SIGKILL after [`STOP_TIMEOUT`]), reaps
     /// them and removes the sockets.
     fn shutdown(&mut self) {
+        let written: Vec<String> = self.written.keys().cloned().collect();
+        for name in written {
+            self.restore(&name);
+        }
         for (name, c) in &mut self.children {
             info!("{name}: stopping device process {}", c.child.id());
             if let Err(e) = seqpacket::terminate(c.child.id()) {
@@ -1087,6 +1230,41 @@ impl Loop {
             remove_socket(path);
         }
     }
+}
+
+/// The QEMU pid of every connected VM that announced one, by VM name.
+fn live_qemus(daemon: &Daemon) -> BTreeMap<String, u32> {
+    daemon
+        .list()
+        .into_iter()
+        .filter_map(|vm| Some((vm.name, vm.qemu_pid.filter(|&p| p != 0)?)))
+        .collect()
+}
+
+/// Writes `weight` to `cgroup`; returns the value to put back later (`saved`, else the file's
+/// value before the write) and the file's value after it.
+fn write_saving(
+    cgroup: &VmCgroup,
+    weight: u32,
+    saved: Option<RawWeight>,
+) -> Result<(RawWeight, RawWeight), CgroupError> {
+    let original = match saved {
+        Some(raw) => raw,
+        None => cgroup.raw_weight()?,
+    };
+    cgroup.set_weight(weight)?;
+    Ok((original, cgroup.raw_weight()?))
+}
+
+/// Puts `w.original` back unless the file no longer holds the daemon's latest write: `Ok(None)`
+/// when put back, `Ok(Some(value))` with the foreign value left in place.
+fn put_back(w: &Written) -> Result<Option<RawWeight>, CgroupError> {
+    let now = w.cgroup.raw_weight()?;
+    if now != w.latest {
+        return Ok(Some(now));
+    }
+    w.cgroup.set_raw_weight(w.original)?;
+    Ok(None)
 }
 
 fn remove_socket(path: &Path) {
@@ -1148,6 +1326,64 @@ fn http_response(status: &str, content_type: &str, body: &str) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A fake cgroup v2 tree with pid 100 in `vm`, whose `cpu.weight` is `weight`.
+    fn fake_v2(weight: &str) -> (tempfile::TempDir, CgroupFs, VmCgroup) {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let write = |rel: &str, text: &str| {
+            let path = root.join(rel);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        };
+        write("proc/100/cgroup", "0::/vm\n");
+        write("unified/vm/cgroup.controllers", "cpu\n");
+        write("unified/vm/cpu.weight", weight);
+        let fs = CgroupFs {
+            v1_cpu_root: root.join("cpu"),
+            v1_cpuacct_root: root.join("cpuacct"),
+            v2_root: root.join("unified"),
+            proc_root: root.join("proc"),
+        };
+        let cgroup = fs.locate(100).unwrap();
+        (dir, fs, cgroup)
+    }
+
+    #[test]
+    fn written_weights_are_put_back_unless_changed_since() {
+        let (dir, _fs, cgroup) = fake_v2("77\n");
+        let file = dir.path().join("unified/vm/cpu.weight");
+        let read = || std::fs::read_to_string(&file).unwrap();
+        let (original, latest) = write_saving(&cgroup, 200, None).unwrap();
+        assert_eq!((original.value, latest.value), (77, 200));
+        // A second write keeps the first saved value.
+        let (original, latest) = write_saving(&cgroup, 300, Some(original)).unwrap();
+        assert_eq!((original.value, latest.value), (77, 300));
+        assert_eq!(read(), "300\n");
+        let w = Written {
+            pid: 100,
+            cgroup: cgroup.clone(),
+            original,
+            latest,
+        };
+        assert_eq!(put_back(&w).unwrap(), None);
+        assert_eq!(read(), "77\n");
+
+        // The operator changed it after the daemon's write: left alone.
+        write_saving(&cgroup, 300, None).unwrap();
+        std::fs::write(&file, "500\n").unwrap();
+        assert_eq!(put_back(&w).unwrap().map(|r| r.value), Some(500));
+        assert_eq!(read(), "500\n");
+
+        // The cgroup went with its VM: an error, nothing created.
+        std::fs::remove_file(&file).unwrap();
+        assert!(matches!(put_back(&w), Err(CgroupError::Io { .. })));
+        assert!(!file.exists());
+        // A weight outside the v2 range is refused before anything is written.
+        std::fs::write(&file, "77\n").unwrap();
+        assert!(write_saving(&cgroup, 0, None).is_err());
+        assert_eq!(read(), "77\n");
+    }
 
     #[test]
     fn write_some_keeps_the_rest() {

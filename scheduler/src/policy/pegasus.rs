@@ -35,7 +35,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use crate::core::Cx;
-use crate::model::{NS_PER_MS, NS_PER_SEC, NS_PER_US, Nanos, Time, VgpuId};
+use crate::model::{DEFAULT_WEIGHT, NS_PER_MS, NS_PER_SEC, NS_PER_US, Nanos, Time, VgpuId};
 use crate::policy::ready::ReadySet;
 use crate::policy::{Completion, Policy};
 
@@ -61,6 +61,25 @@ pub const MAX_CREDIT_PERIODS: i64 = 64;
 /// among vGPUs whose credits sum to `Xa` advances it by `r · 2^32 / Xa`, so each vGPU's share
 /// `X · ΔG / 2^32` is exact to within 1 ns while `r · 2^32` (at most 2^96) fits in a u128.
 const CREDIT_SHIFT: u32 = 32;
+
+/// The host CPU weight (cgroup v2 `cpu.weight` scale) hinted for a vGPU holding the default
+/// credits [`DEFAULT_WEIGHT`]: cgroup v2's default, so a VM with default credits keeps the
+/// CPU share it would have without the hint.
+pub const CPU_WEIGHT_DEFAULT: u32 = 100;
+/// Smallest host CPU weight hinted (cgroup v2's `cpu.weight` minimum).
+pub const CPU_WEIGHT_MIN: u32 = 1;
+/// Largest host CPU weight hinted (cgroup v2's `cpu.weight` maximum).
+pub const CPU_WEIGHT_MAX: u32 = 10_000;
+
+/// The host CPU weight the credit modes (all but `rr` and `xc`) hint for a vGPU with credits
+/// `x`: proportional to `x`, with [`DEFAULT_WEIGHT`] credits mapped to [`CPU_WEIGHT_DEFAULT`]
+/// (`x * 100 / 256`, truncated), clamped to [`CPU_WEIGHT_MIN`]..=[`CPU_WEIGHT_MAX`]. The VM
+/// whose GPU work gets the larger share so also gets the CPU time to feed it (DESIGN §5).
+pub fn cpu_weight_for(x: u32) -> u32 {
+    let w = u64::from(x).saturating_mul(u64::from(CPU_WEIGHT_DEFAULT)) / u64::from(DEFAULT_WEIGHT);
+    let clamped = w.clamp(u64::from(CPU_WEIGHT_MIN), u64::from(CPU_WEIGHT_MAX));
+    u32::try_from(clamped).unwrap_or(CPU_WEIGHT_MAX)
+}
 
 /// The Pegasus scheduling method.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -394,6 +413,14 @@ impl Pegasus {
             _ => s.params().weight,
         };
         x.max(1)
+    }
+
+    /// Hints the host CPU weight for `v`'s credits `x` ([`cpu_weight_for`]) in the modes whose
+    /// credits are GPU credits: not `rr` (no credits) nor `xc` (its credits are the CPU weight).
+    fn hint_cpu_weight(&self, cx: &mut Cx<'_>, v: VgpuId, x: u32) {
+        if !matches!(self.cfg.mode, PegasusMode::Rr | PegasusMode::Xc) {
+            cx.cpu_weight(v, cpu_weight_for(x));
+        }
     }
 
     fn add_x(&mut self, x: u32) {
@@ -975,6 +1002,7 @@ impl Policy for Pegasus {
         });
         self.touch(v);
         self.note_hint(cx, v, true);
+        self.hint_cpu_weight(cx, v, x);
         if self.next_period.is_none() {
             self.period_start = cx.now();
             self.next_period = Some(cx.now().saturating_add(self.cfg.period));
@@ -999,7 +1027,13 @@ impl Policy for Pegasus {
 
     fn params_changed(&mut self, cx: &mut Cx<'_>, v: VgpuId) {
         // Keep the balance and the context state; only X (and the SLO, read each period) change.
+        let old = self.domain(v).map(|d| d.x);
         self.refresh_x(cx, v);
+        if let Some(x) = self.domain(v).map(|d| d.x)
+            && old != Some(x)
+        {
+            self.hint_cpu_weight(cx, v, x);
+        }
         self.touch(v);
         self.index(cx, v);
     }
@@ -1124,7 +1158,9 @@ impl Policy for Pegasus {
 mod tests {
     use super::*;
     use crate::core::Scheduler;
-    use crate::model::{CommandGroup, CpuHint, Decision, Event, GroupId, GroupKind, VgpuParams};
+    use crate::model::{
+        CommandGroup, ConfigChange, CpuHint, Decision, Event, GroupId, GroupKind, VgpuParams,
+    };
     use crate::policy::PolicyConfig;
     use crate::testkit::{complete, submit};
 
@@ -1743,5 +1779,45 @@ mod tests {
         assert!(
             figure(&s, v[0], "slice_ticks") <= f64::from(MAX_SLICE_TICKS + MAX_COMPENSATION_TICKS)
         );
+    }
+
+    #[test]
+    fn credit_modes_hint_a_cpu_weight_proportional_to_credits() {
+        assert_eq!(cpu_weight_for(DEFAULT_WEIGHT), CPU_WEIGHT_DEFAULT);
+        assert_eq!(cpu_weight_for(512), 200);
+        assert_eq!(cpu_weight_for(300), 117, "300 * 100 / 256 truncated");
+        assert_eq!(cpu_weight_for(1), CPU_WEIGHT_MIN);
+        assert_eq!(cpu_weight_for(u32::MAX), CPU_WEIGHT_MAX);
+        let hints = |out: &[Decision]| -> Vec<(VgpuId, u32)> {
+            out.iter()
+                .filter_map(|d| match *d {
+                    Decision::CpuWeight { vgpu, weight } => Some((vgpu, weight)),
+                    _ => None,
+                })
+                .collect()
+        };
+        for mode in [
+            PegasusMode::Rr,
+            PegasusMode::Accc,
+            PegasusMode::Xc,
+            PegasusMode::Slaf,
+            PegasusMode::Augc,
+            PegasusMode::Cosched,
+        ] {
+            let mut s = Scheduler::new(PolicyConfig::Pegasus(config(mode)).build(), 1);
+            let mut out = Vec::new();
+            let a = s.add_vgpu(0, weighted(512), &mut out).unwrap();
+            let silent = matches!(mode, PegasusMode::Rr | PegasusMode::Xc);
+            let want = if silent { vec![] } else { vec![(a, 200)] };
+            assert_eq!(hints(&out), want, "{mode:?}: on attach");
+            // A new weight is hinted again; an unchanged one is not.
+            for (weight, want) in [(1024, vec![(a, 400)]), (1024, vec![])] {
+                let mut out = Vec::new();
+                let ev = Event::Config(ConfigChange::Params(a, weighted(weight)));
+                s.handle(1, ev, &mut out).unwrap();
+                let want = if silent { vec![] } else { want };
+                assert_eq!(hints(&out), want, "{mode:?}: weight {weight}");
+            }
+        }
     }
 }
