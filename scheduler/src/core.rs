@@ -6,7 +6,8 @@ use std::collections::{BTreeSet, VecDeque};
 use serde::Serialize;
 
 use crate::model::{
-    CommandGroup, ConfigChange, CpuHint, Decision, Event, GroupId, Nanos, Time, VgpuId, VgpuParams,
+    Budget, CommandGroup, ConfigChange, CpuHint, Decision, Event, GroupId, Nanos, Time, VgpuId,
+    VgpuParams,
 };
 use crate::policy::{Completion, Policy};
 
@@ -100,6 +101,8 @@ pub struct Account {
 pub struct Lease {
     /// GPU time left, if bounded.
     pub budget: Option<Nanos>,
+    /// The GPU time it was granted with, if bounded: `budget` counts down from it.
+    pub granted: Option<Nanos>,
     /// When it ends, if bounded.
     pub until: Option<Time>,
 }
@@ -247,7 +250,11 @@ impl Cx<'_> {
         if s.suspended {
             return;
         }
-        let new = Lease { budget, until };
+        let new = Lease {
+            budget,
+            granted: budget,
+            until,
+        };
         if s.lease == Some(new) {
             return;
         }
@@ -347,6 +354,23 @@ impl Scheduler {
     /// Policy-specific figures for a vGPU.
     pub fn figures(&self, v: VgpuId) -> Vec<(&'static str, f64)> {
         self.policy.figures(v)
+    }
+
+    /// What vGPU `v` may still use of the GPU at `now` (a time before the latest event handled
+    /// counts as that event's): the policy's budget for it, else what is left of a bounded
+    /// lease it holds. `None` for an unknown vGPU and one that nothing budgets. Changes nothing
+    /// and allocates nothing; O(log n) at most in every policy.
+    pub fn budget(&self, v: VgpuId, now: Time) -> Option<Budget> {
+        let s = self.st.get(v)?;
+        let now = now.max(self.st.now);
+        self.policy.budget(v, s, now).or_else(|| {
+            let lease = s.lease?;
+            Some(Budget {
+                remaining_ns: i64::try_from(lease.budget?).unwrap_or(i64::MAX),
+                capacity_ns: lease.granted?,
+                period_ns: None,
+            })
+        })
     }
 
     /// When the caller must deliver [`Event::Timer`] next.
@@ -726,6 +750,9 @@ mod tests {
             (2, 2, 1, 4)
         );
         assert_eq!(s.vgpu(v[0]).unwrap().account().wait_time, 3);
+        // No scheduling, no budget; no vGPU, no budget.
+        assert_eq!(s.budget(v[0], 9), None);
+        assert_eq!(s.budget(VgpuId(7), 9), None);
     }
 
     #[test]
@@ -899,15 +926,24 @@ mod tests {
             group: GroupId(id),
             leased: true,
         };
+        // The lease's budget is the vGPU's budget: the policy has none of its own.
+        let budget = |left| Budget {
+            remaining_ns: left,
+            capacity_ns: 10,
+            period_ns: None,
+        };
+        assert_eq!(s.budget(a, 0), Some(budget(10)));
         assert_eq!(submit(&mut s, 1, a, 1), vec![leased(1)]);
         assert_eq!(submit(&mut s, 2, a, 2), vec![leased(2)]);
         assert_eq!(s.online().len(), 2);
         // 6 + 4 ns of GPU time spend the budget of 10: the lease is revoked.
         assert!(complete(&mut s, 7, a, 1, 1).is_empty());
+        assert_eq!(s.budget(a, 7), Some(budget(4)));
         assert_eq!(
             complete(&mut s, 11, a, 2, 7),
             vec![Decision::Revoke { vgpu: a }]
         );
+        assert_eq!(s.budget(a, 11), None);
         assert_eq!(submit(&mut s, 12, a, 3), vec![dispatch(a, 3)]);
         // A lease that expires by time.
         out.clear();

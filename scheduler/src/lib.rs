@@ -17,7 +17,7 @@ mod testkit;
 
 pub use crate::core::{Account, Cx, Online, SchedError, Scheduler, VgpuState};
 pub use crate::model::{
-    CommandGroup, ConfigChange, CostSignature, CpuHint, Decision, Event, GroupId, GroupKind, Nanos,
-    Time, VgpuId, VgpuParams,
+    Budget, CommandGroup, ConfigChange, CostSignature, CpuHint, Decision, Event, GroupId,
+    GroupKind, Nanos, Time, VgpuId, VgpuParams,
 };
 pub use crate::policy::{Policy, PolicyConfig};

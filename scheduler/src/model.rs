@@ -138,6 +138,23 @@ pub struct Reserve {
     pub shared: Option<String>,
 }
 
+/// What a vGPU may still use of the GPU under the running policy: TimeGraph's reserve budget,
+/// Pegasus's credit balance, VGRIS's proportional-share budget, fair queuing's lead over the
+/// system virtual time, or a bounded lease. For the control interface; no decision reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Budget {
+    /// GPU time the vGPU may still use before the policy holds it back (or, for Pegasus, before
+    /// it falls behind the vGPUs with credit left). Negative after an overrun: posterior
+    /// enforcement charges a group's whole cost when it completes.
+    pub remaining_ns: i64,
+    /// The full budget: what a refill brings it up to (a reserve's C, a share's `t * s`, the
+    /// vGPU's part of a Pegasus period, the fair-queuing threshold, a lease's grant).
+    pub capacity_ns: Nanos,
+    /// How often it is refilled; `None` when it refills continuously (fair queuing, as the others
+    /// catch up) or never (a lease).
+    pub period_ns: Option<Nanos>,
+}
+
 /// Per-vGPU parameters. One struct serves every policy so that parameters survive a policy
 /// change; each policy reads the fields it understands.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -22,8 +22,8 @@ use vgpu_scheduler::policy::timegraph::ConfigError;
 use vgpu_scheduler::sim::ParamsOverride;
 use vgpu_scheduler::sim::engine::{Engine, Job};
 use vgpu_scheduler::{
-    CommandGroup, CostSignature, CpuHint, Decision, Event, GroupId, GroupKind, Nanos, PolicyConfig,
-    SchedError, Scheduler, Time, VgpuId, VgpuParams,
+    Budget, CommandGroup, CostSignature, CpuHint, Decision, Event, GroupId, GroupKind, Nanos,
+    PolicyConfig, SchedError, Scheduler, Time, VgpuId, VgpuParams,
 };
 
 use crate::proto::{
@@ -384,6 +384,9 @@ pub struct VmStats {
     pub gpu_time_ns: Nanos,
     /// Frames since it connected.
     pub frames: u64,
+    /// What it may still use of the GPU under the policy (see [`Budget`]); `None` while away
+    /// and where the policy budgets nothing for it.
+    pub budget: Option<Budget>,
     /// The policy's figures for its vGPU.
     pub figures: BTreeMap<&'static str, f64>,
 }
@@ -1057,6 +1060,7 @@ impl Daemon {
                 completed: a.completed,
                 gpu_time_ns: a.gpu_time,
                 frames: a.frames,
+                budget: self.sched.budget(vm.vgpu, now),
                 figures: self.sched.figures(vm.vgpu).into_iter().collect(),
             };
             vms.insert(vm.name.clone(), stats);
@@ -1150,6 +1154,7 @@ fn idle_stats(name: &str) -> VmStats {
         completed: 0,
         gpu_time_ns: 0,
         frames: 0,
+        budget: None,
         figures: BTreeMap::new(),
     }
 }
@@ -1182,7 +1187,8 @@ fn prom_value(v: f64) -> String {
 }
 
 /// Renders statistics in the Prometheus text exposition format (version 0.0.4): one family per
-/// figure, one sample per VM labelled `vm`.
+/// figure, one sample per VM labelled `vm` (`vgpu_budget_remaining_seconds` only for VMs that
+/// have a budget).
 pub fn render_metrics(stats: &Stats) -> String {
     type Get = fn(&VmStats) -> f64;
     let families: [(&str, &str, &str, Get); 14] = [
@@ -1274,6 +1280,20 @@ pub fn render_metrics(stats: &Stats) -> String {
         for s in &stats.vms {
             let vm = escape_label(&s.name);
             out.push_str(&format!("{name}{{vm=\"{vm}\"}} {}\n", prom_value(get(s))));
+        }
+    }
+    out.push_str(
+        "# HELP vgpu_budget_remaining_seconds GPU time the VM may still use under the policy\n",
+    );
+    out.push_str("# TYPE vgpu_budget_remaining_seconds gauge\n");
+    for s in &stats.vms {
+        if let Some(b) = &s.budget {
+            let vm = escape_label(&s.name);
+            let seconds = b.remaining_ns as f64 / 1e9;
+            out.push_str(&format!(
+                "vgpu_budget_remaining_seconds{{vm=\"{vm}\"}} {}\n",
+                prom_value(seconds)
+            ));
         }
     }
     out.push_str("# HELP vgpu_policy_figure Policy-specific figures per vGPU\n");

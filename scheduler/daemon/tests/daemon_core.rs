@@ -9,7 +9,7 @@ use vgpu_schedd::proto::{
     self, Exec, HEADER_BYTES, MAX_MESSAGE_BYTES, Msg, PROTOCOL_VERSION, RefuseCode, VmName,
 };
 use vgpu_scheduler::core::MAX_GROUPS_PER_VGPU;
-use vgpu_scheduler::model::{NS_PER_MS, NS_PER_SEC, PrioPolicy};
+use vgpu_scheduler::model::{Enforcement, NS_PER_MS, NS_PER_SEC, PrioPolicy, Reserve};
 use vgpu_scheduler::policy::fair::FairConfig;
 use vgpu_scheduler::policy::pegasus::PegasusConfig;
 use vgpu_scheduler::policy::timegraph::TimeGraphConfig;
@@ -610,4 +610,54 @@ fn stats_rates_and_prometheus_rendering() {
     let mut odd = s.clone();
     odd.vms[0].name = "a\"b\\c\nd".into();
     assert!(render_metrics(&odd).contains("vm=\"a\\\"b\\\\c\\nd\""));
+}
+
+#[test]
+fn stats_and_metrics_carry_the_budget_of_vms_that_have_one() {
+    let mut d = daemon(PolicyConfig::TimeGraph(TimeGraphConfig::default()));
+    let reserve = ParamsOverride {
+        reserve: Some(Reserve {
+            c: 5 * NS_PER_MS,
+            t: 25 * NS_PER_MS,
+            enforcement: Enforcement::Pe,
+            shared: None,
+        }),
+        ..ParamsOverride::default()
+    };
+    d.set_params(0, "rt", &reserve).unwrap();
+    d.set_params(0, "away", &reserve).unwrap();
+    let (rt, _) = attach(&mut d, 0, "rt", PID);
+    attach(&mut d, 0, "bg", PID + 10);
+    let budget = |d: &Daemon, now: Time| {
+        let s = d.stats(now);
+        let get = |name: &str| s.vms.iter().find(|v| v.name == name).unwrap().budget;
+        assert_eq!((get("bg"), get("away")), (None, None));
+        get("rt").map(|b| (b.remaining_ns, b.capacity_ns, b.period_ns))
+    };
+    let full = Some((5_000_000, 5 * NS_PER_MS, Some(25 * NS_PER_MS)));
+    assert_eq!(budget(&d, 0), full);
+    assert_eq!(grants(&send(&mut d, 0, rt, &device(1)), rt), [1]);
+    let out = send(&mut d, 2 * NS_PER_MS, rt, &completed(1, 0, 2 * NS_PER_MS));
+    assert_eq!(refused(&out, rt), None);
+    let left = Some((3_000_000, 5 * NS_PER_MS, Some(25 * NS_PER_MS)));
+    assert_eq!(budget(&d, 2 * NS_PER_MS), left);
+
+    let s = d.stats(2 * NS_PER_MS);
+    let json: serde_json::Value = serde_json::to_value(&s).unwrap();
+    let vms = json["vms"].as_array().unwrap();
+    let field = |name: &str| &vms.iter().find(|v| v["name"] == name).unwrap()["budget"];
+    assert_eq!(field("rt")["remaining_ns"], 3_000_000);
+    assert_eq!(field("rt")["period_ns"], 25 * NS_PER_MS);
+    assert!(field("bg").is_null());
+    let text = render_metrics(&s);
+    assert!(text.contains("# TYPE vgpu_budget_remaining_seconds gauge\n"));
+    let samples: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("vgpu_budget_remaining_seconds"))
+        .collect();
+    assert_eq!(samples, ["vgpu_budget_remaining_seconds{vm=\"rt\"} 0.003"]);
+
+    // The period's replenishment refills it.
+    run_until(&mut d, 25 * NS_PER_MS, |_, _, _, _| {});
+    assert_eq!(budget(&d, 25 * NS_PER_MS), full);
 }

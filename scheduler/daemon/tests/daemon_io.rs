@@ -224,6 +224,9 @@ fn prt_grants_by_priority_and_vgpuctl_shows_them() {
         let o = d.ctl(&["set", vm, prio]);
         assert!(o.status.success(), "{o:?}");
     }
+    // A reserve of 1 s every second: hi has a budget to show, lo none.
+    let o = d.ctl(&["set", "hi", "reserve=1000000/1000000/pe"]);
+    assert!(o.status.success(), "{o:?}");
     let lo = Device::connect(&d.sock(), "lo");
     let hi = Device::connect(&d.sock(), "hi");
     lo.submit(1);
@@ -261,6 +264,25 @@ fn prt_grants_by_priority_and_vgpuctl_shows_them() {
     assert_eq!(
         (&hi_stats["completed"], &hi_stats["submitted"]),
         (&json!(1), &json!(1))
+    );
+    assert_eq!(hi_stats["budget"]["capacity_ns"], json!(1_000_000_000));
+    let vms = stats["vms"].as_array().unwrap();
+    let lo_stats = vms.iter().find(|v| v["name"] == "lo").unwrap();
+    assert!(lo_stats["budget"].is_null(), "{lo_stats}");
+    let table = stdout(&d.ctl(&["show"]));
+    let row = |vm: &str| {
+        let prefix = format!("{vm} ");
+        let line = table.lines().find(|l| l.starts_with(&prefix));
+        line.unwrap_or_default().to_owned()
+    };
+    assert!(
+        table.lines().nth(1).unwrap().contains("  budget  "),
+        "{table}"
+    );
+    assert!(row("hi").contains("/1000.0 ms"), "{table}");
+    assert!(
+        !row("lo").contains(" ms") && !row("lo").is_empty(),
+        "{table}"
     );
     let table = stdout(&d.ctl(&["list"]));
     assert!(table.contains("policy: timegraph") && table.lines().any(|l| l.starts_with("hi ")));

@@ -18,8 +18,8 @@ use std::collections::{BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use crate::core::Cx;
-use crate::model::{DEFAULT_WEIGHT, NS_PER_MS, NS_PER_US, Nanos, Time, VgpuId};
+use crate::core::{Cx, VgpuState};
+use crate::model::{Budget, DEFAULT_WEIGHT, NS_PER_MS, NS_PER_US, Nanos, Time, VgpuId};
 use crate::policy::ready::ReadySet;
 use crate::policy::{Completion, Policy, earliest};
 
@@ -562,6 +562,26 @@ impl Policy for Fair {
         earliest([self.grace.first().map(|&(t, _)| t), phase])
     }
 
+    /// The GPU time the vGPU may still use before it runs more than `threshold_ns` ahead of
+    /// `t_sys` and is suspended, and the threshold itself, both in real GPU time at its weight
+    /// (`virtual * weight / 256`). It grows back as the others catch up, not by period. An
+    /// inactive vGPU counts from `t_sys`, where activation puts it.
+    fn budget(&self, v: VgpuId, state: &VgpuState, _now: Time) -> Option<Budget> {
+        let slot = self.slot(v)?;
+        let weight = i128::from(state.params().weight.max(1));
+        let real = |virtual_ns: i128| virtual_ns * weight / i128::from(DEFAULT_WEIGHT);
+        let lead = i128::from(slot.vtime.max(self.t_sys) - self.t_sys);
+        let threshold = i128::from(self.config.threshold_ns);
+        let left = real(threshold - lead);
+        let remaining_ns =
+            i64::try_from(left).unwrap_or(if left < 0 { i64::MIN } else { i64::MAX });
+        Some(Budget {
+            remaining_ns,
+            capacity_ns: u64::try_from(real(threshold)).unwrap_or(u64::MAX),
+            period_ns: None,
+        })
+    }
+
     fn figures(&self, v: VgpuId) -> Vec<(&'static str, f64)> {
         let Some(slot) = self.slot(v) else {
             return Vec::new();
@@ -713,6 +733,38 @@ mod tests {
                 dispatch(v[0], 4, false)
             ]
         );
+    }
+
+    #[test]
+    fn the_budget_query_is_the_lead_left_before_suspension_at_the_vgpus_weight() {
+        let (mut s, v, _) = sched(config(2 * MS, 0), &[512, 256, 256]);
+        // Weight 512: the 2 ms virtual threshold is 4 ms of real GPU time.
+        let budget = |s: &Scheduler, vg, left| {
+            let capacity_ns = if vg == v[0] { 4 * MS } else { 2 * MS };
+            let want = Budget {
+                remaining_ns: left,
+                capacity_ns,
+                period_ns: None,
+            };
+            assert_eq!(s.budget(vg, s.now()), Some(want));
+        };
+        budget(&s, v[0], 4_000_000);
+        submit(&mut s, 0, v[0], 1);
+        submit(&mut s, 0, v[1], 2);
+        submit(&mut s, 0, v[1], 3);
+        complete(&mut s, v[0], 1, 0, 3 * MS);
+        budget(&s, v[0], 1_000_000);
+        submit(&mut s, 3 * MS, v[0], 4);
+        complete(&mut s, v[0], 4, 3 * MS, 6 * MS);
+        assert_eq!(figure(&s, v[0], "over"), 1.0);
+        budget(&s, v[0], -2_000_000);
+        // vm1 catches up by 1.5 ms virtual: vm0 gets 3 ms of its lead back and resumes.
+        complete(&mut s, v[1], 2, 6 * MS, 7 * MS + MS / 2);
+        budget(&s, v[0], 1_000_000);
+        budget(&s, v[1], 2_000_000);
+        // vm2 never ran: it would start at t_sys with the whole threshold.
+        budget(&s, v[2], 2_000_000);
+        assert_eq!(s.budget(VgpuId(9), s.now()), None);
     }
 
     #[test]

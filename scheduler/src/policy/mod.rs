@@ -13,8 +13,8 @@ pub mod vgris;
 
 use serde::{Deserialize, Serialize};
 
-use crate::core::Cx;
-use crate::model::{GroupKind, Nanos, Time, VgpuId};
+use crate::core::{Cx, VgpuState};
+use crate::model::{Budget, GroupKind, Nanos, Time, VgpuId};
 
 /// A completed group as the policy sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,6 +92,13 @@ pub trait Policy: std::fmt::Debug + Send {
     /// the control interface and the simulator's reports.
     fn figures(&self, _vgpu: VgpuId) -> Vec<(&'static str, f64)> {
         Vec::new()
+    }
+    /// What `vgpu` may still use of the GPU at `now` (not before the latest event handled),
+    /// `None` where the policy budgets nothing for it. `state` is the vGPU's state in the core.
+    /// Must not change anything and should cost O(log n) at most: the control interface asks
+    /// for every vGPU at every statistics request.
+    fn budget(&self, _vgpu: VgpuId, _state: &VgpuState, _now: Time) -> Option<Budget> {
+        None
     }
 }
 

@@ -34,8 +34,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::core::Cx;
-use crate::model::{DEFAULT_WEIGHT, NS_PER_MS, NS_PER_SEC, NS_PER_US, Nanos, Time, VgpuId};
+use crate::core::{Cx, VgpuState};
+use crate::model::{Budget, DEFAULT_WEIGHT, NS_PER_MS, NS_PER_SEC, NS_PER_US, Nanos, Time, VgpuId};
 use crate::policy::ready::ReadySet;
 use crate::policy::{Completion, Policy};
 
@@ -1138,6 +1138,22 @@ impl Policy for Pegasus {
         self.next_period
     }
 
+    /// The credit balance in GPU ns (the refills handed out so far included) plus an unspent
+    /// AugC boost, and the vGPU's part `X / ΣX` of one credit period. The balance is not a cap:
+    /// a vGPU without credit still runs when no one with credit waits. Round robin ignores
+    /// credits, so then there is none.
+    fn budget(&self, v: VgpuId, _state: &VgpuState, _now: Time) -> Option<Budget> {
+        if self.cfg.mode == PegasusMode::Rr {
+            return None;
+        }
+        let d = self.domain(v)?;
+        Some(Budget {
+            remaining_ns: self.credit_now(d).saturating_add(as_credit(d.aug)),
+            capacity_ns: mul_div(self.cfg.period, u64::from(d.x), self.x_sum),
+            period_ns: Some(self.cfg.period),
+        })
+    }
+
     fn figures(&self, v: VgpuId) -> Vec<(&'static str, f64)> {
         let Some(d) = self.domain(v) else {
             return Vec::new();
@@ -1432,6 +1448,38 @@ mod tests {
     }
 
     #[test]
+    fn the_budget_query_is_the_credit_balance_against_a_share_of_the_period() {
+        let (mut s, v) = sched(
+            config(PegasusMode::Accc),
+            1,
+            &[weighted(256), weighted(768)],
+        );
+        let budget = |s: &Scheduler, vg: VgpuId, left: i64| {
+            let capacity_ns = if vg == v[0] { 7_500_000 } else { 22_500_000 };
+            let want = Budget {
+                remaining_ns: left,
+                capacity_ns,
+                period_ns: Some(30 * MS),
+            };
+            assert_eq!(s.budget(vg, s.now()), Some(want));
+        };
+        budget(&s, v[0], 0);
+        submit(&mut s, 0, v[0], 1);
+        submit(&mut s, 1, v[1], 2);
+        complete(&mut s, 8 * MS, v[0], 1, 0);
+        budget(&s, v[0], -8_000_000);
+        complete(&mut s, 20 * MS, v[1], 2, 8 * MS);
+        budget(&s, v[1], -12_000_000);
+        // The period's refill hands the 20 ms back 1:3.
+        timer(&mut s, 30 * MS);
+        budget(&s, v[0], -3_000_000);
+        budget(&s, v[1], 3_000_000);
+        // Round robin has no credits to show.
+        let (rr, w) = sched(config(PegasusMode::Rr), 1, &[weighted(256)]);
+        assert_eq!(rr.budget(w[0], 0), None);
+    }
+
+    #[test]
     fn untouched_waiting_vgpus_take_their_refill_lazily() {
         // One long tick: v2 holds the GPU across boundaries while v0 waits untouched.
         let cfg = PegasusConfig {
@@ -1706,6 +1754,8 @@ mod tests {
         timer(&mut s, 60 * MS);
         assert_eq!(figure(&s, v[0], "credit_ns"), 7.6e6);
         assert_eq!(figure(&s, v[1], "credit_ns"), 14.8e6);
+        let left = s.budget(v[1], 60 * MS).map(|b| b.remaining_ns);
+        assert_eq!(left, Some(14_800_000));
         assert_eq!(
             complete(&mut s, 70 * MS, v[2], 7, 48 * MS),
             vec![dispatch(v[1], 5)]

@@ -20,8 +20,8 @@ use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
-use crate::core::{Cx, MAX_TARGET_FPS};
-use crate::model::{GroupKind, NS_PER_MS, NS_PER_SEC, NS_PER_US, Nanos, Time, VgpuId};
+use crate::core::{Cx, MAX_TARGET_FPS, VgpuState};
+use crate::model::{Budget, GroupKind, NS_PER_MS, NS_PER_SEC, NS_PER_US, Nanos, Time, VgpuId};
 use crate::policy::ready::ReadySet;
 use crate::policy::{Completion, Policy, earliest};
 
@@ -724,6 +724,22 @@ impl Policy for Vgris {
         earliest([refill, control])
     }
 
+    /// Under proportional share: the budget `e_i` left, with the refills of the period
+    /// boundaries up to `now` (they are applied lazily), `t * s_i` and `t`. SLA-aware
+    /// scheduling budgets no GPU time (it paces presents), so then there is none.
+    fn budget(&self, v: VgpuId, _state: &VgpuState, now: Time) -> Option<Budget> {
+        if self.algo != Algo::PropShare {
+            return None;
+        }
+        let s = self.slot(v)?;
+        let (remaining_ns, _) = self.settled(s, now.max(self.now));
+        Some(Budget {
+            remaining_ns,
+            capacity_ns: s.cap.unsigned_abs(),
+            period_ns: Some(self.cfg.share_period),
+        })
+    }
+
     fn figures(&self, v: VgpuId) -> Vec<(&'static str, f64)> {
         let Some(s) = self.slot(v) else {
             return Vec::new();
@@ -1015,6 +1031,44 @@ mod tests {
             t += 3 * MS;
         }
         assert_eq!(figure(&s, v, "delay_ns"), 0.0);
+    }
+
+    #[test]
+    fn the_budget_query_shows_the_share_left_with_its_lazy_refills() {
+        let mut s = Scheduler::new(PolicyConfig::Vgris(config(VgrisMode::Share)).build(), 1);
+        let mut out = Vec::new();
+        let a = s.add_vgpu(0, vm("a", 1, None), &mut out).unwrap();
+        s.add_vgpu(0, vm("b", 3, None), &mut out).unwrap();
+        let budget = |s: &Scheduler, now, left| {
+            let want = Budget {
+                remaining_ns: left,
+                capacity_ns: 250 * US,
+                period_ns: Some(MS),
+            };
+            assert_eq!(s.budget(a, now), Some(want), "at {now}");
+        };
+        budget(&s, 0, 250_000);
+        let g = CommandGroup::new(1, a, GroupKind::Render, 1);
+        s.handle(100 * US, Event::Submitted(g), &mut out).unwrap();
+        let done = Event::Completed {
+            vgpu: a,
+            group: GroupId(1),
+            start: 100 * US,
+            finish: 700 * US,
+        };
+        s.handle(700 * US, done, &mut out).unwrap();
+        budget(&s, 700 * US, -350_000);
+        // No event since: the boundaries at 1 and 2 ms refill it all the same.
+        budget(&s, MS + 500 * US, -100_000);
+        budget(&s, 2 * MS + 500 * US, 150_000);
+        budget(&s, 9 * MS, 250_000);
+        // SLA-aware scheduling budgets nothing.
+        s.set_policy(
+            10 * MS,
+            PolicyConfig::Vgris(config(VgrisMode::Sla)).build(),
+            &mut out,
+        );
+        assert_eq!(s.budget(a, 10 * MS), None);
     }
 
     #[test]

@@ -217,6 +217,21 @@ fn print_list(v: &Value) {
     }
 }
 
+/// A VM's budget as `remaining/capacity unit` ("3.2/5.0 ms", in µs below a 1 ms capacity), or
+/// `-` where it has none.
+fn budget_cell(budget: Option<&Value>) -> String {
+    let field = |k| budget.and_then(|b| b.get(k)).and_then(Value::as_f64);
+    let (Some(left), Some(capacity)) = (field("remaining_ns"), field("capacity_ns")) else {
+        return "-".to_owned();
+    };
+    let (per_unit, unit) = if capacity >= 1e6 {
+        (1e6, "ms")
+    } else {
+        (1e3, "µs")
+    };
+    format!("{:.1}/{:.1} {unit}", left / per_unit, capacity / per_unit)
+}
+
 fn print_stats(v: &Value) {
     println!(
         "policy: {}  engine busy: {:.1} %",
@@ -250,6 +265,7 @@ fn print_stats(v: &Value) {
                 cell(vm.get("fps")),
                 cell(vm.get("latency_p50_us")),
                 cell(vm.get("latency_p99_us")),
+                budget_cell(vm.get("budget")),
                 figures,
             ]
         })
@@ -266,6 +282,7 @@ fn print_stats(v: &Value) {
             "fps",
             "p50 µs",
             "p99 µs",
+            "budget",
             "policy figures",
         ],
         &rows,

@@ -16,8 +16,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::core::Cx;
-use crate::model::{Enforcement, Nanos, PrioPolicy, Reserve, Time, VgpuId};
+use crate::core::{Cx, VgpuState};
+use crate::model::{Budget, Enforcement, Nanos, PrioPolicy, Reserve, Time, VgpuId};
 use crate::policy::ready::ReadySet;
 use crate::policy::{Completion, Policy};
 
@@ -639,6 +639,31 @@ impl Policy for TimeGraph {
         self.deadlines.first().map(|&(t, _)| t)
     }
 
+    /// The budget left of the vGPU's admitted reserve (a Shared reserve's pool is its
+    /// members' together), with C and T. At or after the replenishment the timer will carry
+    /// out, the refill is included: `min(C, e + kC)`, or the budget left if it is larger (an
+    /// AE refill by a larger predicted cost). Background vGPUs have none.
+    fn budget(&self, v: VgpuId, _state: &VgpuState, now: Time) -> Option<Budget> {
+        let r = self
+            .member(v)?
+            .reserve
+            .and_then(|slot| self.reserve(slot))?;
+        let c = i128::from(r.c);
+        let mut left = r.budget;
+        if now >= r.next {
+            let periods = ((now - r.next) / r.t.max(1)).saturating_add(1);
+            let grown = left.saturating_add(c.saturating_mul(i128::from(periods)));
+            left = grown.min(c.max(left));
+        }
+        let remaining_ns =
+            i64::try_from(left).unwrap_or(if left < 0 { i64::MIN } else { i64::MAX });
+        Some(Budget {
+            remaining_ns,
+            capacity_ns: r.c,
+            period_ns: Some(r.t),
+        })
+    }
+
     fn figures(&self, v: VgpuId) -> Vec<(&'static str, f64)> {
         let Some(m) = self.member(v) else {
             return Vec::new();
@@ -839,6 +864,39 @@ mod tests {
         }
         assert_eq!(event(&mut s, 500, Event::Timer), d(a, 4));
         assert_eq!(fig(&s, a, "budget_ns"), Some(35.0));
+    }
+
+    #[test]
+    fn the_budget_query_follows_the_reserve_down_by_cost_and_up_each_period() {
+        let mut s = sched(prt(), 1);
+        let a = add(&mut s, reserved("a", 0, 10, 100, Enforcement::Pe));
+        let bg = add(&mut s, vm("bg", 0));
+        let budget = |s: &Scheduler, now, left| {
+            let want = Budget {
+                remaining_ns: left,
+                capacity_ns: 10,
+                period_ns: Some(100),
+            };
+            assert_eq!(s.budget(a, now), Some(want), "at {now}");
+        };
+        budget(&s, 0, 10);
+        assert_eq!(s.budget(bg, 0), None);
+        assert_eq!(submit(&mut s, 0, a, 1), d(a, 1));
+        complete(&mut s, 4, a, 1, 0);
+        budget(&s, 4, 6);
+        assert_eq!(submit(&mut s, 5, a, 2), d(a, 2));
+        complete(&mut s, 15, a, 2, 5);
+        budget(&s, 15, -4);
+        // Due but not yet delivered: the refill the timer will make is shown already.
+        budget(&s, 99, -4);
+        budget(&s, 100, 6);
+        budget(&s, 200, 10);
+        event(&mut s, 100, Event::Timer);
+        budget(&s, 100, 6);
+        // Leaving the reserve (parameters without one) leaves no budget.
+        let ev = Event::Config(ConfigChange::Params(a, vm("a", 0)));
+        event(&mut s, 101, ev);
+        assert_eq!(s.budget(a, 101), None);
     }
 
     #[test]
