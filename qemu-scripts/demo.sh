@@ -5,8 +5,15 @@
 # that renders OpenGL (kmscube) through the vGPU and writes what its screen shows to a PNG, then
 # shares the vGPU between two guests under the vgpu-schedd daemon, switching its policy live
 # from none to TimeGraph (qemu-scripts/demo-sched.sh), runs the doorbell benchmark and the
-# simulator's scheduling experiments.
+# simulator's scheduling experiments. With --gl the scheduled game is glmark2 on virgl instead
+# of the simulated frame workload (demo-sched.sh --gl).
 set -euo pipefail
+sched_args=()
+case ${1:-} in
+    --gl) sched_args=(--gl) ;;
+    "") ;;
+    *) echo "usage: $0 [--gl]" >&2; exit 2 ;;
+esac
 STEPS=8
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
@@ -47,7 +54,7 @@ echo "kmscube running for 10 s"'
 echo "the guest's screen, as the vGPU scanned it out: $out/scanout0.png"
 
 step "two guests share the vGPU under vgpu-schedd: policy none, then TimeGraph live (about 2 minutes)"
-qemu-scripts/demo-sched.sh
+qemu-scripts/demo-sched.sh "${sched_args[@]}"
 
 step "doorbell benchmark (quick)"
 cargo bench --locked -p vgpu-tests --bench doorbell -- --quick 2>/dev/null | grep -v '^\[' 

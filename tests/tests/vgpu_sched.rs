@@ -1,7 +1,8 @@
 //! qtest tests of the device's scheduler daemon client (`--scheduler`) through the real
 //! vfio-user path, against a fake daemon in the test (a SOCK_SEQPACKET listener speaking
 //! `vgpu_schedd::proto`): Hello, load groups run by the daemon (Submit/Done), frames paced by
-//! Present, virgl groups waiting for Grant and reported with Completed, leases, garbage from
+//! Present, scanout flushes as presented frames (Frame, held until Present), virgl groups
+//! waiting for Grant and reported with Completed, leases, garbage from
 //! the daemon, and the daemon going away and coming back. virglrenderer may be initialised
 //! once per process, so everything runs in one test.
 
@@ -10,10 +11,11 @@ use std::time::{Duration, Instant};
 
 use vgpu_guest_drivers::virtio_gpu::{
     self, CAPSET_LOAD, CONTROL_QUEUE, CTRL_HDR_SIZE, LOAD_OP_END_FRAME, LOAD_OP_OCCUPY,
+    ResourceCreate3d,
 };
 use vgpu_schedd::proto::{self, Exec, Msg, PROTOCOL_VERSION, VmName};
 use vgpu_schedd::seqpacket::{SeqListener, SeqStream, monotonic_ns};
-use vgpu_server::sched_client::SchedConfig;
+use vgpu_server::sched_client::{MAX_PENDING_FRAMES, SchedConfig};
 use vgpu_tests::server::{TestServer, VgpuGuest};
 use vgpu_tests::skip_without_qemu;
 use vgpu_tests::temp_dir::TempDir;
@@ -25,6 +27,16 @@ const RESP_OK_NODATA: u32 = 0x1100;
 const LOAD_CTX: u32 = 7;
 const GL_CTX: u32 = 1;
 const VM: &str = "vm-sched-test";
+/// The 3D resource the scanout shows, and one it does not.
+const SHOWN: u32 = 30;
+const HIDDEN: u32 = 31;
+/// A 2D resource.
+const CONSOLE: u32 = 32;
+/// VIRGL_FORMAT_B8G8R8A8_UNORM, bind render target | sampler view.
+const BGRA: u32 = 1;
+const BIND: u32 = 0x2 | 0x8;
+/// Commands in one load submit (the load capset's maximum).
+const LOAD_MAX_COMMANDS: usize = vgpu_server::gpu::load::MAX_COMMANDS;
 
 /// Waits for the device to connect.
 fn accept(listener: &SeqListener) -> SeqStream {
@@ -268,6 +280,8 @@ fn scheduled_device_asks_the_daemon() {
     );
     finished(&mut guest, head);
 
+    presented_frames(&mut guest, &daemon);
+
     // The daemon goes away with a load group and a virgl group waiting: both complete
     // (scheduling off; the load group runs on the local engine).
     let first = start(&mut guest, &load(6, &[occupy(3000)]));
@@ -291,6 +305,80 @@ fn scheduled_device_asks_the_daemon() {
     send(&daemon, &Msg::Grant { group });
     finished(&mut guest, head);
     cleanup(guest, server, &path);
+}
+
+/// A flush of the 3D resource a scanout shows is one presented frame: `Frame`, and its
+/// completion (fenced or not) waits for the `Present`. A flush of a resource no scanout shows,
+/// or of a 2D one, sends nothing; past `MAX_PENDING_FRAMES` frames waiting, a flush completes
+/// at once.
+fn presented_frames(guest: &mut VgpuGuest, daemon: &SeqStream) {
+    let edge = 64;
+    let whole = virtio_gpu::Rect::new(0, 0, edge, edge);
+    for id in [SHOWN, HIDDEN] {
+        let tex = ResourceCreate3d::texture_2d(id, BGRA, BIND, edge, edge);
+        call(guest, &virtio_gpu::resource_create_3d(&tex));
+    }
+    call(guest, &virtio_gpu::set_scanout(0, SHOWN, whole));
+
+    // Fenced: held until the Present's time.
+    let head = start(guest, &virtio_gpu::with_fence(flush(SHOWN), 20));
+    assert_eq!(recv(daemon), Msg::Frame);
+    still_held(guest);
+    let at = monotonic_ns() + 50_000_000;
+    send(daemon, &Msg::Present { at });
+    finished(guest, head);
+    assert!(monotonic_ns() >= at, "presented before its time");
+    // Unfenced: held all the same.
+    let head = start(guest, &flush(SHOWN));
+    assert_eq!(recv(daemon), Msg::Frame);
+    still_held(guest);
+    send(daemon, &Msg::Present { at: 0 });
+    finished(guest, head);
+
+    // A resource no scanout shows, and a 2D resource (a console's dumb buffer) that one does:
+    // not frames. They complete at once, and the next message is the Submit of the group
+    // after them, not a Frame.
+    call(guest, &flush(HIDDEN));
+    call(
+        guest,
+        &virtio_gpu::resource_create_2d(CONSOLE, virtio_gpu::FORMAT_B8G8R8X8, edge, edge),
+    );
+    call(guest, &virtio_gpu::set_scanout(0, CONSOLE, whole));
+    call(guest, &flush(CONSOLE));
+    call(guest, &virtio_gpu::set_scanout(0, SHOWN, whole));
+    let head = start(guest, &gl_submit(21));
+    let (group, _) = submitted(daemon, Exec::Device);
+    send(daemon, &Msg::Grant { group });
+    finished(guest, head);
+    assert!(matches!(recv(daemon), Msg::Completed { .. }));
+
+    // Fill the frames waiting for a present with unfenced END_FRAME submits (these complete
+    // at once); then a flush is neither announced nor held.
+    let frames = [(LOAD_OP_END_FRAME, 0, 0); LOAD_MAX_COMMANDS];
+    for _ in 0..MAX_PENDING_FRAMES / LOAD_MAX_COMMANDS {
+        call(guest, &virtio_gpu::load_submit(LOAD_CTX, &frames));
+        for _ in 0..LOAD_MAX_COMMANDS {
+            assert_eq!(recv(daemon), Msg::Frame);
+        }
+    }
+    call(guest, &virtio_gpu::with_fence(flush(SHOWN), 22));
+    let head = start(guest, &gl_submit(23));
+    let (group, _) = submitted(daemon, Exec::Device);
+    send(daemon, &Msg::Grant { group });
+    finished(guest, head);
+    assert!(matches!(recv(daemon), Msg::Completed { .. }));
+    // Presents for the waiting frames release them; flushes are held again after.
+    for _ in 0..MAX_PENDING_FRAMES {
+        send(daemon, &Msg::Present { at: 0 });
+    }
+    let head = start(guest, &flush(SHOWN));
+    assert_eq!(recv(daemon), Msg::Frame);
+    send(daemon, &Msg::Present { at: 0 });
+    finished(guest, head);
+}
+
+fn flush(resource: u32) -> Vec<u8> {
+    virtio_gpu::resource_flush(resource, virtio_gpu::Rect::new(0, 0, 64, 64))
 }
 
 fn cleanup(guest: VgpuGuest, server: TestServer, path: &Path) {

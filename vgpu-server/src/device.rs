@@ -141,13 +141,16 @@ fn virgl_signature(dwords: &[u32]) -> CostSignature {
     CostSignature::from_methods(&mut methods)
 }
 
-/// What a fenced request's completion waits for, besides the earlier ones.
+/// What a held request's completion waits for, besides the earlier fenced ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum FenceWait {
     /// A renderer fence created in this context after the request's work.
     Renderer(u32),
     /// A load submit's groups (`None`: it had none, so only the earlier completions).
     Load(Option<LoadToken>),
+    /// The scheduler daemon's `Present` for a frame (a RESOURCE_FLUSH of a 3D resource that
+    /// reached a scanout, announced with `Frame`); held whether the request is fenced or not.
+    Present(LoadToken),
 }
 
 impl Device {
@@ -446,7 +449,7 @@ impl Device {
                 }
                 _ => (self.cursor_request(&chain), None),
             };
-            if let (Some((fence_id, wait)), Some(v)) = (fence, virgl) {
+            if let Some((fence_id, wait)) = fence {
                 let entry = Parked {
                     fence_id,
                     queue: q,
@@ -454,9 +457,12 @@ impl Device {
                     len,
                     wait: Wait::Renderer,
                 };
-                let parked = match wait {
-                    FenceWait::Renderer(ctx_id) => self.park(v, entry, ctx_id),
-                    FenceWait::Load(token) => self.park_load(entry, token),
+                let parked = match (wait, virgl) {
+                    (FenceWait::Renderer(ctx_id), Some(v)) => self.park(v, entry, ctx_id),
+                    // Without a renderer, fenced 2D work is done when it returns.
+                    (FenceWait::Renderer(_), None) => false,
+                    (FenceWait::Load(token), _) => self.park_load(entry, token),
+                    (FenceWait::Present(token), _) => self.park_load(entry, Some(token)),
                 };
                 if parked {
                     continue;
@@ -607,8 +613,8 @@ impl Device {
         }
     }
 
-    /// Parks a fenced load submit behind its groups (`None`: none) and every earlier
-    /// completion; false if it must complete now.
+    /// Parks a fenced load submit behind its groups (`None`: none), or a flush behind its
+    /// frame's present, and every earlier completion; false if it must complete now.
     fn park_load(&mut self, entry: Parked, token: Option<LoadToken>) -> bool {
         let wait = token.map_or(Wait::Nothing, Wait::Load);
         match self.fences.park(Parked { wait, ..entry }) {
@@ -765,7 +771,8 @@ impl Device {
     }
 
     /// Decodes and executes one control request and writes its response; returns the used
-    /// length and, for a fenced request, its fence id and what it waits for.
+    /// length and, for a fenced request or a flush held for its present, its fence id and
+    /// what it waits for.
     fn control_request(
         &mut self,
         chain: &CheckedChain,
@@ -776,6 +783,7 @@ impl Device {
         let frames_before = self.gpu.frames_flushed();
         let renderer = virgl.map(|virgl| Renderer { virgl, mem });
         let mut wait = None;
+        let mut flushed_3d = false;
         let (hdr, response) = match protocol::decode_control(chain.request()) {
             Ok(ControlRequest {
                 hdr,
@@ -793,6 +801,9 @@ impl Device {
                 }
             }
             Ok(mut req) => {
+                if let ControlCommand::ResourceFlush { resource_id, .. } = req.cmd {
+                    flushed_3d = self.gpu.is_3d_resource(resource_id);
+                }
                 let response = self.gpu.execute(&mut req, &**mem, renderer);
                 (req.hdr, response)
             }
@@ -804,10 +815,14 @@ impl Device {
         if matches!(response, Response::Err(_)) {
             inc(&self.metrics.ctrl_errors);
         }
-        add(
-            &self.metrics.frames_flushed,
-            self.gpu.frames_flushed().saturating_sub(frames_before),
-        );
+        let presented = self.gpu.frames_flushed().saturating_sub(frames_before);
+        add(&self.metrics.frames_flushed, presented);
+        if presented > 0
+            && flushed_3d
+            && let Some(token) = self.present_frame()
+        {
+            wait = Some(FenceWait::Present(token));
+        }
         let bytes = response.encode(&hdr);
         if (bytes.len() as u64) > chain.response_capacity() {
             debug!(
@@ -820,8 +835,23 @@ impl Device {
             error!("writing response: {e}");
             0
         });
+        let held = matches!(wait, Some(FenceWait::Present(_))) || hdr.fenced();
         let wait = wait.unwrap_or(FenceWait::Renderer(hdr.ctx_id));
-        (len, hdr.fenced().then_some((hdr.fence_id, wait)))
+        (len, held.then_some((hdr.fence_id, wait)))
+    }
+
+    /// A flush of a 3D (virgl) resource reached a scanout: with a scheduler daemon connected,
+    /// it is one presented frame of the guest's GL output (`Frame`), and its completion waits
+    /// for the daemon's `Present` (the token returned). 2D flushes (the console's dumb buffers)
+    /// are not frames.
+    /// `None`: complete it as usual (unscheduled, or [`crate::sched_client::MAX_PENDING_FRAMES`]
+    /// frames already wait).
+    fn present_frame(&mut self) -> Option<LoadToken> {
+        if !self.sched.connected() {
+            return None;
+        }
+        let token = self.load.token();
+        self.sched.present_frame(token).then_some(token)
     }
 
     /// A SUBMIT_3D on a load context: decoded whole, then its groups queued on the local

@@ -237,6 +237,8 @@ pub struct Scheduling {
     waiting: BTreeMap<LoadToken, usize>,
     /// Frames announced, oldest first, waiting for their `Present`.
     frames: VecDeque<LoadToken>,
+    /// The last frame found [`MAX_PENDING_FRAMES`] waiting (warned once until one goes).
+    frames_full: bool,
     /// Presents received: (when, submit), waiting for their time.
     presents: Vec<(Time, LoadToken)>,
     outbox: Vec<Msg>,
@@ -388,18 +390,47 @@ impl Scheduling {
                     );
                     count += 1;
                 }
-                None if self.frames.len() < MAX_PENDING_FRAMES => {
-                    self.outbox.push(Msg::Frame);
-                    self.frames.push_back(token);
-                    count += 1;
+                None => {
+                    if self.announce_frame(token) {
+                        count += 1;
+                    }
                 }
-                None => warn!("{MAX_PENDING_FRAMES} frames wait for presents; frame not paced"),
             }
         }
         if count > 0 {
-            *self.waiting.entry(token).or_insert(0) += count;
+            let left = self.waiting.entry(token).or_insert(0);
+            *left = left.saturating_add(count);
         }
         Ok(true)
+    }
+
+    /// Sends `Frame` and queues `token` for its present; false (nothing sent) past
+    /// [`MAX_PENDING_FRAMES`].
+    fn announce_frame(&mut self, token: LoadToken) -> bool {
+        if self.frames.len() >= MAX_PENDING_FRAMES {
+            if !self.frames_full {
+                warn!("{MAX_PENDING_FRAMES} frames wait for presents; frames not paced");
+            }
+            self.frames_full = true;
+            return false;
+        }
+        self.frames_full = false;
+        self.outbox.push(Msg::Frame);
+        self.frames.push_back(token);
+        true
+    }
+
+    /// A presented frame of the guest's display (a RESOURCE_FLUSH that reached a scanout):
+    /// sends `Frame`, and `token` is reported done once the daemon's `Present` for it is due.
+    /// False when nothing was sent (not connected, or [`MAX_PENDING_FRAMES`] already wait):
+    /// the caller completes the flush at once.
+    pub fn present_frame(&mut self, token: LoadToken) -> bool {
+        if !self.connected || !self.announce_frame(token) {
+            return false;
+        }
+        let left = self.waiting.entry(token).or_insert(0);
+        *left = left.saturating_add(1);
+        true
     }
 
     /// One item of `token` is done; true when it was the last.
@@ -699,6 +730,37 @@ mod tests {
         assert!(
             s.handle(Msg::Present { at: 0 }, 0).done.is_empty(),
             "no frame waits"
+        );
+    }
+
+    #[test]
+    fn flushed_frames_wait_for_their_present_within_the_bound() {
+        let mut runner = LoadRunner::default();
+        let mut s = Scheduling::default();
+        assert!(!s.present_frame(runner.token()), "unconnected: at once");
+        s.connect();
+        let first = runner.token();
+        assert!(s.present_frame(first));
+        assert_eq!(s.take_outbox().unwrap(), [Msg::Frame]);
+        let h = s.handle(Msg::Present { at: 10 }, 5);
+        assert!(h.timer && h.done.is_empty(), "not due yet");
+        assert_eq!(s.presents_due(10), [first]);
+        for _ in 0..MAX_PENDING_FRAMES {
+            assert!(s.present_frame(runner.token()));
+        }
+        assert_eq!(s.take_outbox().unwrap().len(), MAX_PENDING_FRAMES);
+        let over = runner.token();
+        assert!(!s.present_frame(over), "past the bound: at once");
+        assert!(s.take_outbox().unwrap().is_empty(), "and not announced");
+        let h = s.handle(Msg::Present { at: 0 }, 0);
+        assert_eq!(h.done.len(), 1, "the oldest frame goes");
+        assert!(s.present_frame(over), "room again");
+        let (back, released) = s.disconnect();
+        assert!(back.is_empty());
+        assert_eq!(
+            released.len(),
+            MAX_PENDING_FRAMES,
+            "the daemon left: all released"
         );
     }
 

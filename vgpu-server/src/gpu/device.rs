@@ -438,6 +438,11 @@ impl GpuDevice {
         }
     }
 
+    /// Whether resource `id` is a 3D (virgl) resource.
+    pub fn is_3d_resource(&self, id: u32) -> bool {
+        self.three_d.resource(id).is_some()
+    }
+
     /// Whether `ctx` is a load-capset context (its submits are the device's own work).
     pub fn is_load_context(&self, ctx: u32) -> bool {
         self.virgl && self.three_d.is_load_context(ctx)

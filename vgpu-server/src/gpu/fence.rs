@@ -17,7 +17,7 @@ use super::load::LoadToken;
 pub enum Wait {
     /// The renderer fence with the entry's guest fence id.
     Renderer,
-    /// Every group of a load submit.
+    /// Every group of a load submit, or the present of a flushed frame.
     Load(LoadToken),
     /// Nothing of its own (a load submit without groups, or refused): only its turn.
     Nothing,

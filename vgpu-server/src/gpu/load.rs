@@ -158,7 +158,9 @@ pub fn decode_submit(dwords: &[u32]) -> Result<Vec<LoadCommand>, LoadError> {
         .collect()
 }
 
-/// A submit's groups on the local engine; released as a whole when its last group finishes.
+/// A submit's groups on the local engine, released as a whole when its last group finishes;
+/// under a scheduler daemon also what a load submit or a flush waits for there (its groups'
+/// `Done`s and its frames' `Present`s).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct LoadToken(u64);
 
