@@ -13,6 +13,8 @@ use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -109,6 +111,12 @@ pub enum GuestError {
     /// QEMU's cgroup ([`GuestConfig::cgroup`]) could not be created or joined.
     #[error("QEMU's cgroup: {0}")]
     Cgroup(#[from] CgroupError),
+    /// The caller's stop flag ([`GuestConfig::stop`]) was raised; QEMU was killed.
+    #[error("stopped before the guest finished\n{logs}")]
+    Stopped {
+        /// Serial, QEMU and server logs.
+        logs: String,
+    },
 }
 
 /// Result type of the launcher.
@@ -326,6 +334,10 @@ pub struct GuestConfig {
     /// weights the VM alone; the cgroup is removed when QEMU has exited. `None`: QEMU stays in
     /// the launcher's cgroup.
     pub cgroup: Option<String>,
+    /// Raised from elsewhere (e.g. a signal handler) to end the run early: the waits kill QEMU
+    /// and return [`GuestError::Stopped`], and dropping the guest stops the server and
+    /// removes the cgroup. `None`: only the guest or the time limit ends it.
+    pub stop: Option<Arc<AtomicBool>>,
 }
 
 impl GuestConfig {
@@ -345,6 +357,7 @@ impl GuestConfig {
             extra_cmdline: String::new(),
             extra_qemu_args: Vec::new(),
             cgroup: None,
+            stop: None,
         }
     }
 
@@ -805,6 +818,7 @@ pub struct RunningGuest {
     accel: Accel,
     accel_reason: String,
     timeout: Duration,
+    stop: Option<Arc<AtomicBool>>,
     started: Instant,
     serial: LineFollower,
     serial_lines: Vec<String>,
@@ -937,6 +951,7 @@ impl RunningGuest {
             accel,
             accel_reason,
             timeout: config.timeout,
+            stop: config.stop.clone(),
             started,
             serial: LineFollower::new(serial_path),
             serial_lines: Vec::new(),
@@ -1026,16 +1041,26 @@ impl RunningGuest {
             .map_err(io_context("waiting for QEMU"))
     }
 
+    /// Ends the run with an error once the time limit has passed or the stop flag is raised.
     fn check_deadline(&mut self) -> Result<()> {
-        if self.started.elapsed() < self.timeout {
+        let stopped = self
+            .stop
+            .as_ref()
+            .is_some_and(|s| s.load(Ordering::Relaxed));
+        if !stopped && self.started.elapsed() < self.timeout {
             return Ok(());
         }
         // The logs are only complete once QEMU is gone.
         let status = self.kill()?;
         self.pump(&mut |_| {})?;
-        Err(GuestError::Timeout {
-            limit: self.timeout,
-            logs: self.snapshot(status).logs(),
+        let logs = self.snapshot(status).logs();
+        Err(if stopped {
+            GuestError::Stopped { logs }
+        } else {
+            GuestError::Timeout {
+                limit: self.timeout,
+                logs,
+            }
         })
     }
 

@@ -6,7 +6,10 @@
 //! every test prints its timings straight to stderr (visible without `--nocapture`). Skipped
 //! with a message when the image is missing, unless `VGPU_REQUIRE_GUEST` is set (test.sh).
 
+use std::path::Path;
 use std::time::{Duration, Instant};
+
+use vgpu_schedd::cgroup::CgroupFs;
 
 use vgpu_tests::TempDir;
 use vgpu_tests::guest::{
@@ -309,4 +312,114 @@ fn server_serves_a_new_vm_after_qemu_is_killed_mid_boot() {
         "the server exited:\n{log}"
     );
     server.kill().expect("kill server");
+}
+
+/// The pids of `pid`'s children (every thread's `children` list).
+fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|s| {
+            s.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
+}
+
+/// `vgpu-run-vm` stopped with SIGTERM while its guest boots (as the demo's cleanup and an
+/// operator's Ctrl-C do) exits with 143 after stopping QEMU and vgpu-server and removing the
+/// cgroup it made: nothing of the VM is left behind.
+#[test]
+fn launcher_stopped_by_sigterm_leaves_nothing_behind() {
+    let test = "launcher_stopped_by_sigterm_leaves_nothing_behind";
+    let Some(image) = skip_without_guest() else {
+        return;
+    };
+    let _boot = boot_lock();
+    let server = server_binary().unwrap_or_else(|e| panic!("{e}"));
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_vgpu-run-vm"));
+    command
+        .arg("--image")
+        .arg(&image.dir)
+        .arg("--server")
+        .arg(&server)
+        .args(["--timeout", "240", "--job", "sleep 600"]);
+    // The cgroup part needs a process that may create cgroups (root here and in CI).
+    let cgroup_name = format!("vgpu-test-sigterm-{}", std::process::id());
+    let may_create = CgroupFs::default()
+        .create_vm_cgroup("", &cgroup_name)
+        .and_then(|c| c.remove())
+        .is_ok();
+    if may_create {
+        command.args(["--cgroup", &cgroup_name]);
+    }
+    let mut launcher = command
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("start vgpu-run-vm");
+    // Kills the launcher if an assertion fails before it exits.
+    struct Reap(std::process::Child);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let stderr = launcher.stderr.take().expect("piped stderr");
+    let mut launcher = Reap(launcher);
+    let pid = launcher.0.id();
+    let lines = std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+            .collect::<Vec<String>>()
+    });
+    // Booting: QEMU and vgpu-server are the launcher's children.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut children = Vec::new();
+    while children.len() < 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        children = children_of(pid);
+    }
+    assert!(children.len() >= 2, "QEMU and vgpu-server: {children:?}");
+    // QEMU is the child in the new cgroup.
+    let cgroup_dir = children
+        .iter()
+        .filter_map(|&child| CgroupFs::default().locate(child).ok())
+        .map(|c| c.path())
+        .find(|dir| dir.ends_with(&cgroup_name));
+    assert_eq!(cgroup_dir.is_some(), may_create, "QEMU's cgroup");
+    // This process started the launcher: the signal goes to exactly that pid.
+    let rc = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(rc.success());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = launcher.0.try_wait().expect("launcher state") {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "vgpu-run-vm ignored SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stderr = lines.join().expect("stderr reader").join("\n");
+    report(test, &format!("vgpu-run-vm exited with {status}"));
+    assert_eq!(status.code(), Some(143), "{stderr}");
+    assert!(stderr.contains("stopped by a signal"), "{stderr}");
+    for child in children {
+        assert!(
+            !Path::new(&format!("/proc/{child}")).exists(),
+            "child {child} of the launcher outlived it"
+        );
+    }
+    if let Some(dir) = cgroup_dir {
+        assert!(!dir.exists(), "{} was left behind", dir.display());
+    }
 }

@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use vgpu_tests::guest::{
@@ -13,7 +15,8 @@ const USAGE: &str = "usage: vgpu-run-vm [options] (--job 'SHELL COMMANDS' | --jo
 
 Boots the guest built by qemu-scripts/build-guest-image.sh, runs the job (a bash script, as root,
 in a writable directory) and powers off. Prints the job's output; exits with the job's exit code
-(124: time limit, 125: the launcher failed, 126: the guest printed no exit code).
+(124: time limit, 125: the launcher failed, 126: the guest printed no exit code, 143: stopped
+by SIGTERM, SIGINT or SIGHUP; QEMU and vgpu-server are stopped and the cgroup removed first).
 
 options:
   --gpu vgpu|virtio-gpu|virtio-gpu-gl|none
@@ -161,7 +164,22 @@ fn main() -> ExitCode {
         .filter_level(log::LevelFilter::Warn)
         .parse_default_env()
         .init();
-    let guest = match RunningGuest::launch(&args.config) {
+    // A signal ends the run through the guest's waits, so that QEMU, the server and the
+    // cgroup are cleaned up as at a normal exit.
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGHUP,
+    ] {
+        if let Err(e) = signal_hook::flag::register(signal, Arc::clone(&stop)) {
+            eprintln!("vgpu-run-vm: installing the handler of signal {signal}: {e}");
+            return ExitCode::from(125);
+        }
+    }
+    let mut config = args.config;
+    config.stop = Some(stop);
+    let guest = match RunningGuest::launch(&config) {
         Ok(guest) => guest,
         Err(e) => {
             eprintln!("vgpu-run-vm: {e}");
@@ -170,8 +188,8 @@ fn main() -> ExitCode {
     };
     eprintln!(
         "vgpu-run-vm: booting {} with {:?} under {}",
-        args.config.image.dir.display(),
-        args.config.gpu,
+        config.image.dir.display(),
+        config.gpu,
         guest.accel()
     );
     if let Some(path) = guest.cgroup_path() {
@@ -208,6 +226,10 @@ fn main() -> ExitCode {
         Err(e @ GuestError::Timeout { .. }) => {
             eprintln!("vgpu-run-vm: {e}");
             ExitCode::from(124)
+        }
+        Err(GuestError::Stopped { .. }) => {
+            eprintln!("vgpu-run-vm: stopped by a signal; QEMU and its GPU server are gone");
+            ExitCode::from(143)
         }
         Err(e) => {
             eprintln!("vgpu-run-vm: {e}");
