@@ -373,6 +373,13 @@ impl Scheduler {
         })
     }
 
+    /// The parameters the policy applies to vGPU `v` now: its own, except where the policy
+    /// overrides them (TimeGraph's spec lines and focus). `None` for an unknown vGPU.
+    pub fn effective_params(&self, v: VgpuId) -> Option<VgpuParams> {
+        let s = self.st.get(v)?;
+        Some(self.policy.effective_params(v, s))
+    }
+
     /// When the caller must deliver [`Event::Timer`] next.
     pub fn next_deadline(&self) -> Option<Time> {
         let lease = self.st.lease_ends.first().map(|&(t, _)| t);
@@ -753,6 +760,9 @@ mod tests {
         // No scheduling, no budget; no vGPU, no budget.
         assert_eq!(s.budget(v[0], 9), None);
         assert_eq!(s.budget(VgpuId(7), 9), None);
+        // A policy that only reads parameters applies the vGPU's own.
+        assert_eq!(s.effective_params(v[1]), Some(VgpuParams::named("vm1")));
+        assert_eq!(s.effective_params(VgpuId(7)), None);
     }
 
     #[test]

@@ -347,8 +347,11 @@ pub struct VmInfo {
     pub qemu_pid: Option<u32>,
     /// The device process's user id while connected.
     pub uid: Option<u32>,
-    /// Its parameters (stored ones while away).
+    /// Its parameters as the operator set them (stored ones while away).
     pub params: VgpuParams,
+    /// The parameters the policy applies to it, which differ from `params` where the policy
+    /// overrides them (TimeGraph's spec lines and focus); absent while away.
+    pub effective: Option<VgpuParams>,
 }
 
 /// Live statistics of one VM.
@@ -1001,6 +1004,7 @@ impl Daemon {
                     qemu_pid: None,
                     uid: None,
                     params: p.clone(),
+                    effective: None,
                 };
                 (name.clone(), info)
             })
@@ -1021,6 +1025,7 @@ impl Daemon {
                 qemu_pid: Some(vm.qemu_pid),
                 uid: Some(c.peer.uid),
                 params,
+                effective: self.sched.effective_params(vm.vgpu),
             };
             vms.insert(vm.name.clone(), info);
         }

@@ -344,6 +344,57 @@ fn reconnecting_with_the_same_name_keeps_parameters() {
 }
 
 #[test]
+fn list_shows_the_parameters_the_policy_applies_next_to_the_operators() {
+    let mut d = daemon(PolicyConfig::None);
+    let own = ParamsOverride {
+        priority: Some(2),
+        weight: Some(300),
+        ..ParamsOverride::default()
+    };
+    d.set_params(0, "game", &own).unwrap();
+    d.set_params(0, "away", &own).unwrap();
+    attach(&mut d, 0, "game", PID);
+    attach(&mut d, 0, "other", PID + 10);
+    let find = |d: &Daemon, name: &str| d.list().into_iter().find(|v| v.name == name).unwrap();
+    // No scheduling: what was set is what applies; a VM away has nothing in force.
+    let game = find(&d, "game");
+    assert_eq!(game.effective.as_ref(), Some(&game.params));
+    assert_eq!(find(&d, "away").effective, None);
+    let tg = TimeGraphConfig {
+        wildcard_priority: 1,
+        specs: vec![
+            "<game:ht:none:10:1:1>".into(),
+            "<other:prt:pe:*:100:1000>".into(),
+        ],
+        ..TimeGraphConfig::default()
+    };
+    d.set_policy(1, PolicyConfig::TimeGraph(tg)).unwrap();
+    let game = find(&d, "game");
+    assert_eq!((game.params.priority, game.params.sched), (2, None));
+    let eff = game.effective.unwrap();
+    assert_eq!((eff.priority, eff.sched), (10, Some(PrioPolicy::Ht)));
+    assert_eq!((eff.weight, eff.reserve), (300, None));
+    let other = find(&d, "other").effective.unwrap();
+    let reserve = Reserve {
+        c: 100_000,
+        t: 1_000_000,
+        enforcement: Enforcement::Pe,
+        shared: None,
+    };
+    assert_eq!((other.priority, other.reserve), (1, Some(reserve)));
+    d.focus(2, "other").unwrap();
+    assert_eq!(find(&d, "other").effective.unwrap().priority, u32::MAX);
+    // Both go out on the control interface.
+    let json = serde_json::to_value(d.list()).unwrap();
+    assert_eq!(json[1]["params"]["priority"], 2);
+    assert_eq!(json[1]["effective"]["priority"], 10);
+    assert_eq!(json[0]["effective"], serde_json::Value::Null);
+    d.set_policy(3, PolicyConfig::None).unwrap();
+    let game = find(&d, "game");
+    assert_eq!(game.effective.as_ref(), Some(&game.params));
+}
+
+#[test]
 fn set_policy_swaps_live_and_keeps_queues() {
     let mut d = daemon(PolicyConfig::None);
     let (a, _) = attach(&mut d, 0, "a", PID);

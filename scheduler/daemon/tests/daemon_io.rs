@@ -340,6 +340,70 @@ fn live_policy_change_params_and_focus() {
 }
 
 #[test]
+fn vgpuctl_list_shows_and_marks_what_the_policy_applies() {
+    let dir = TempDir::new().unwrap();
+    let d = Schedd::start(dir.path(), &[]);
+    for (vm, set) in [
+        ("game", "priority=0"),
+        ("plain", "sched=prt"),
+        ("away", "weight=9"),
+    ] {
+        let o = d.ctl(&["set", vm, set]);
+        assert!(o.status.success(), "{o:?}");
+    }
+    let _game = Device::connect(&d.sock(), "game");
+    let _video = Device::connect(&d.sock(), "video");
+    let _plain = Device::connect(&d.sock(), "plain");
+    let policy = write(
+        dir.path(),
+        "tg.toml",
+        "policy = \"timegraph\"\nwildcard_priority = 2\nspecs = [\"<game:ht:none:10:1:1>\", \
+         \"<video:prt:pe:*:250:1000>\"]\n",
+    );
+    let o = d.ctl(&["set-policy", policy.to_str().unwrap()]);
+    assert!(o.status.success(), "{o:?}");
+    assert!(d.ctl(&["focus", "video"]).status.success());
+    let table = stdout(&d.ctl(&["list"]));
+    let row = |vm: &str| -> Vec<String> {
+        let prefix = format!("{vm} ");
+        let line = table.lines().find(|l| l.starts_with(&prefix));
+        let line = line.unwrap_or_else(|| panic!("no {vm} row in {table}"));
+        line.split_whitespace().map(str::to_owned).collect()
+    };
+    // VM vGPU connected pid qemu priority weight sched reserve fps.
+    assert_eq!(row("game")[5..], ["10*", "256", "ht*", "-", "-"], "{table}");
+    // The focused wildcard line's priority is the highest there is.
+    assert_eq!(
+        row("video")[5..],
+        ["max*", "256", "prt*", "250/1000/pe*", "-"],
+        "{table}"
+    );
+    assert_eq!(row("plain")[5..], ["0", "256", "prt", "-", "-"], "{table}");
+    assert_eq!(row("away")[5..], ["0", "9", "-", "-", "-"], "{table}");
+    assert!(
+        table.lines().any(|l| l.starts_with("* set by the policy")),
+        "{table}"
+    );
+    let list: Value = serde_json::from_str(&stdout(&d.ctl(&["--json", "list"]))).unwrap();
+    let vm = |name: &str| {
+        let vms = list["vms"].as_array().unwrap();
+        vms.iter().find(|v| v["name"] == name).unwrap().clone()
+    };
+    assert_eq!(vm("game")["params"]["priority"], json!(0));
+    assert_eq!(vm("game")["effective"]["priority"], json!(10));
+    assert_eq!(vm("away")["effective"], Value::Null);
+    // Without the spec lines nothing is marked.
+    let none = write(dir.path(), "none.toml", "policy = \"none\"\n");
+    assert!(
+        d.ctl(&["set-policy", none.to_str().unwrap()])
+            .status
+            .success()
+    );
+    let table = stdout(&d.ctl(&["list"]));
+    assert!(!table.contains('*'), "{table}");
+}
+
+#[test]
 fn control_survives_garbage_and_bounds_requests() {
     let dir = TempDir::new().unwrap();
     let d = Schedd::start(dir.path(), &[]);

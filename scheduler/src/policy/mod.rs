@@ -14,7 +14,7 @@ pub mod vgris;
 use serde::{Deserialize, Serialize};
 
 use crate::core::{Cx, VgpuState};
-use crate::model::{Budget, GroupKind, Nanos, Time, VgpuId};
+use crate::model::{Budget, GroupKind, Nanos, Time, VgpuId, VgpuParams};
 
 /// A completed group as the policy sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,6 +99,13 @@ pub trait Policy: std::fmt::Debug + Send {
     /// for every vGPU at every statistics request.
     fn budget(&self, _vgpu: VgpuId, _state: &VgpuState, _now: Time) -> Option<Budget> {
         None
+    }
+    /// The parameters the policy applies to `vgpu` now, for the control interface: by default
+    /// the vGPU's own (`state.params()`), which is right for policies that only read them. A
+    /// policy that overrides some from its own configuration (TimeGraph's spec lines) reports
+    /// what is in force instead. Must not change anything.
+    fn effective_params(&self, _vgpu: VgpuId, state: &VgpuState) -> VgpuParams {
+        state.params().clone()
     }
 }
 

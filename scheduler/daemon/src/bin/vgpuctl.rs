@@ -13,7 +13,8 @@ use vgpu_scheduler::PolicyConfig;
 
 const USAGE: &str = "usage: vgpuctl [--control PATH] [--json] COMMAND
 commands:
-  list                               VMs, their vGPUs and parameters, the policy
+  list                               VMs, their vGPUs, the parameters in force (* where
+                                     the policy overrides the VM's own), the policy
   show [--watch SECONDS] [--count N] live statistics (repeated with --watch)
   set-policy FILE.toml               install a policy (policy = \"fair\", ...)
   set VM key=value...                priority, weight, sched=prt|ht, target_fps, slo=µs/s,
@@ -150,38 +151,77 @@ fn table(header: &[&str], rows: &[Vec<String>]) {
     }
 }
 
+/// Appended to a `list` value that the policy applies in place of the VM's own.
+const POLICY_MARK: char = '*';
+/// What [`POLICY_MARK`] means, printed under the `list` table when a value carries it.
+const POLICY_LEGEND: &str =
+    "* set by the policy (spec lines, focus, its defaults, admission control), not by `set`";
+
+/// A reserve as `C_us/T_us/enforcement`, with `@name` for a Shared reserve; `-` for none.
+fn reserve_cell(r: Option<&Value>) -> String {
+    let text = r.and_then(|r| {
+        let mut text = format!(
+            "{}/{}/{}",
+            r.get("c")?.as_u64()? / 1_000,
+            r.get("t")?.as_u64()? / 1_000,
+            r.get("enforcement")?.as_str()?
+        );
+        if let Some(name) = r.get("shared").and_then(Value::as_str) {
+            text.push('@');
+            text.push_str(name);
+        }
+        Some(text)
+    });
+    text.unwrap_or_else(|| "-".into())
+}
+
+/// A priority; `max` for the highest (a focused wildcard spec line's).
+fn priority_cell(p: Option<&Value>) -> String {
+    match p.and_then(Value::as_u64) {
+        Some(p) if p == u64::from(u32::MAX) => "max".into(),
+        _ => cell(p),
+    }
+}
+
 fn print_list(v: &Value) {
     let policy = v.get("policy").and_then(|p| p.get("policy"));
     println!("policy: {}", cell(policy));
     let empty = Vec::new();
     let vms = v.get("vms").and_then(Value::as_array).unwrap_or(&empty);
-    let rows: Vec<Vec<String>> = vms
-        .iter()
-        .map(|vm| {
-            let p = vm.get("params");
-            let field = |k: &str| cell(p.and_then(|p| p.get(k)));
-            let reserve = p.and_then(|p| p.get("reserve")).and_then(|r| {
-                Some(format!(
-                    "{}/{}/{}",
-                    r.get("c")?.as_u64()? / 1_000,
-                    r.get("t")?.as_u64()? / 1_000,
-                    r.get("enforcement")?.as_str()?
-                ))
-            });
-            vec![
-                cell(vm.get("name")),
-                cell(vm.get("vgpu")),
-                cell(vm.get("connected")),
-                cell(vm.get("device_pid")),
-                cell(vm.get("qemu_pid")),
-                field("priority"),
-                field("weight"),
-                field("sched"),
-                reserve.unwrap_or_else(|| "-".into()),
-                field("target_fps"),
-            ]
-        })
-        .collect();
+    let mut marked = false;
+    let mut rows: Vec<Vec<String>> = Vec::with_capacity(vms.len());
+    for vm in vms {
+        // What the policy applies; a VM that is away has only its own parameters.
+        let own = vm.get("params");
+        let applied = vm.get("effective").filter(|e| !e.is_null()).or(own);
+        let mut show = |key: &str, text: String| {
+            if applied.and_then(|a| a.get(key)) == own.and_then(|p| p.get(key)) {
+                text
+            } else {
+                marked = true;
+                format!("{text}{POLICY_MARK}")
+            }
+        };
+        let field = |k: &str| cell(applied.and_then(|p| p.get(k)));
+        rows.push(vec![
+            cell(vm.get("name")),
+            cell(vm.get("vgpu")),
+            cell(vm.get("connected")),
+            cell(vm.get("device_pid")),
+            cell(vm.get("qemu_pid")),
+            show(
+                "priority",
+                priority_cell(applied.and_then(|p| p.get("priority"))),
+            ),
+            show("weight", field("weight")),
+            show("sched", field("sched")),
+            show(
+                "reserve",
+                reserve_cell(applied.and_then(|p| p.get("reserve"))),
+            ),
+            show("target_fps", field("target_fps")),
+        ]);
+    }
     table(
         &[
             "VM",
@@ -197,6 +237,9 @@ fn print_list(v: &Value) {
         ],
         &rows,
     );
+    if marked {
+        println!("{POLICY_LEGEND}");
+    }
     let children = v
         .get("children")
         .and_then(Value::as_array)

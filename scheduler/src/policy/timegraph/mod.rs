@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use crate::core::{Cx, VgpuState};
-use crate::model::{Budget, Enforcement, Nanos, PrioPolicy, Reserve, Time, VgpuId};
+use crate::model::{Budget, Enforcement, Nanos, PrioPolicy, Reserve, Time, VgpuId, VgpuParams};
 use crate::policy::ready::ReadySet;
 use crate::policy::{Completion, Policy};
 
@@ -664,6 +664,35 @@ impl Policy for TimeGraph {
         })
     }
 
+    /// What TimeGraph applies, spec line or not: the effective priority (`u32::MAX` for the
+    /// focused vGPU of a `*` line), the priority policy it runs under (the policy's default
+    /// where neither a spec line nor the vGPU names one; PRT for every admitted reserve, §5)
+    /// and the reserve in force (a Shared reserve's C, T and enforcement are the pool's; none
+    /// for the Background, which includes a reserve admission control refused). The other
+    /// fields are the vGPU's own.
+    fn effective_params(&self, v: VgpuId, state: &VgpuState) -> VgpuParams {
+        let mut params = state.params().clone();
+        let Some(m) = self.member(v) else {
+            return params;
+        };
+        params.priority = self.effective_priority(v, m);
+        params.sched = Some(if m.ht && m.reserve.is_none() {
+            PrioPolicy::Ht
+        } else {
+            PrioPolicy::Prt
+        });
+        params.reserve = m
+            .reserve
+            .and_then(|slot| self.reserve(slot))
+            .map(|r| Reserve {
+                c: r.c,
+                t: r.t,
+                enforcement: r.enforcement,
+                shared: r.name.clone(),
+            });
+        params
+    }
+
     fn figures(&self, v: VgpuId) -> Vec<(&'static str, f64)> {
         let Some(m) = self.member(v) else {
             return Vec::new();
@@ -691,7 +720,7 @@ mod tests {
     use super::*;
     use crate::core::Scheduler;
     use crate::model::{
-        CommandGroup, ConfigChange, Decision, Event, GroupId, GroupKind, NS_PER_US, VgpuParams,
+        CommandGroup, ConfigChange, Decision, Event, GroupId, GroupKind, NS_PER_US,
     };
     use crate::policy::PolicyConfig;
     use crate::policy::fcfs::Fcfs;
@@ -1068,6 +1097,75 @@ mod tests {
         let other = add(&mut s, reserved("broken", 4, 5, 10, Enforcement::Pe));
         assert_eq!(fig(&s, other, "capacity_ns"), Some(5.0));
         assert_eq!(fig(&s, other, "priority"), Some(4.0));
+    }
+
+    #[test]
+    fn effective_params_show_what_spec_lines_focus_and_admission_apply() {
+        let config = TimeGraphConfig {
+            wildcard_priority: 3,
+            admission_limit: 0.85,
+            specs: vec![
+                "<game:ht:none:10:1:1>".into(),
+                "<video:prt:none:*:0:0>".into(),
+                "<bomb:ht:pe:1:10:100>".into(),
+                "<b2:prt:pool:0:20:100>".into(),
+            ],
+            ..TimeGraphConfig::default()
+        };
+        let mut s = sched(config, 1);
+        let own = |name: &str| VgpuParams {
+            sched: Some(PrioPolicy::Prt),
+            weight: 512,
+            target_fps: Some(30.0),
+            ..reserved(name, 4, 5, 10, Enforcement::Ae)
+        };
+        let game = add(&mut s, own("game"));
+        let video = add(&mut s, own("video"));
+        let bomb = add(&mut s, own("bomb"));
+        let b2 = add(&mut s, vm("b2", 9));
+        let plain = add(&mut s, own("plain"));
+        let refused = add(&mut s, reserved("refused", 1, 50, 100, Enforcement::Pe));
+        let eff = |s: &Scheduler, v| s.effective_params(v).unwrap();
+        // The spec line replaces priority, sched and reserve; the rest stays the VM's.
+        let want = VgpuParams {
+            priority: 10,
+            sched: Some(PrioPolicy::Ht),
+            reserve: None,
+            ..own("game")
+        };
+        assert_eq!(eff(&s, game), want);
+        assert_eq!(s.vgpu(game).unwrap().params(), &own("game"));
+        // A wildcard line: the default priority, the highest while focused.
+        assert_eq!(eff(&s, video).priority, 3);
+        event(&mut s, 1, Event::Config(ConfigChange::Focus(video)));
+        assert_eq!(eff(&s, video).priority, u32::MAX);
+        event(&mut s, 2, Event::Config(ConfigChange::Focus(game)));
+        assert_eq!(eff(&s, video).priority, 3);
+        // A private reserve from the line, in µs; reserved vGPUs run PRT whatever they ask.
+        let want = Reserve {
+            c: 10 * NS_PER_US,
+            t: 100 * NS_PER_US,
+            enforcement: Enforcement::Pe,
+            shared: None,
+        };
+        assert_eq!(eff(&s, bomb).reserve, Some(want));
+        assert_eq!(eff(&s, bomb).sched, Some(PrioPolicy::Prt));
+        assert_eq!(eff(&s, b2).reserve.unwrap().shared.as_deref(), Some("pool"));
+        assert_eq!(eff(&s, b2).priority, 0);
+        // No line: its own parameters are in force.
+        assert_eq!(eff(&s, plain), own("plain"));
+        // Refused by admission control (0.8 of 0.85 is taken): Background, its default sched.
+        let e = eff(&s, refused);
+        assert_eq!(
+            (e.reserve, e.sched, e.priority),
+            (None, Some(PrioPolicy::Ht), 1)
+        );
+        assert_eq!(s.effective_params(VgpuId(99)), None);
+        // Back to no scheduling: the VMs' own parameters again.
+        let mut out = Vec::new();
+        s.set_policy(3, PolicyConfig::None.build(), &mut out);
+        assert_eq!(eff(&s, game), own("game"));
+        assert_eq!(eff(&s, b2), vm("b2", 9));
     }
 
     #[test]
