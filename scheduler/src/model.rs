@@ -208,7 +208,10 @@ impl VgpuParams {
 pub struct CpuHint {
     /// The VM's CPU weight (cgroup v2 `cpu.weight` scale, 1–10000): Pegasus's CPU credits.
     pub weight: u32,
-    /// At least one of the VM's vCPU threads is on a CPU now.
+    /// At least one of the VM's vCPU threads is scheduled now: the vCPU the host CPU scheduler
+    /// runs at this moment. A sampler that cannot see the instant (vgpu-schedd reads
+    /// /proc every 100 ms) reports a runnable vCPU that was busy, on a CPU or waiting for one,
+    /// for most of the last interval, so that host contention does not hide a busy VM.
     pub running: bool,
     /// At least one of the VM's vCPU threads is runnable (running or waiting for a CPU).
     pub runnable: bool,

@@ -43,6 +43,14 @@ pub const MAX_PARENT_DEPTH: usize = 16;
 /// exist, so it is refused before it names any file.
 pub const MAX_PID: u32 = 4_194_304;
 
+/// A runnable vCPU thread counts as running ([`CpuProbe::sample`]) when it was on a CPU or
+/// waiting for one for at least this percentage of the time since the previous sample. A vCPU
+/// executing guest code is busy all of that time however contended the host is (contention
+/// only turns run time into wait time), while one that halts, e.g. until a GPU fence signals,
+/// sleeps most of it. Comparing run time with wait time instead called a spinning vCPU idle as
+/// soon as more threads than cores wanted the CPU (measured with TCG guests on two cores).
+pub const MIN_BUSY_PERCENT: u64 = 50;
+
 /// Smallest cgroup v2 `cpu.weight` (systemd's `CGROUP_WEIGHT_MIN`).
 pub const WEIGHT_MIN: u32 = 1;
 /// Default cgroup v2 `cpu.weight` (systemd's `CGROUP_WEIGHT_DEFAULT`).
@@ -582,6 +590,8 @@ pub struct CpuProbe {
     pid: u32,
     cgroup: VmCgroup,
     last: HashMap<u32, SchedStat>,
+    /// When `last` was read (the caller's clock, ns).
+    last_at: Option<Nanos>,
     vcpu_threads: usize,
 }
 
@@ -595,6 +605,7 @@ impl CpuProbe {
             pid,
             cgroup,
             last: HashMap::new(),
+            last_at: None,
             vcpu_threads: 0,
         })
     }
@@ -610,20 +621,24 @@ impl CpuProbe {
         self.vcpu_threads
     }
 
-    /// Reads the VM's weight, usage and vCPU run state.
+    /// Reads the VM's weight, usage and vCPU run state at `now` (ns on a monotonic clock, the
+    /// same for every call).
     ///
     /// The vCPU threads are those QEMU names `CPU n/KVM` or `CPU n/TCG`; when there are none,
-    /// all threads count. A thread is runnable when its state is `R`. The kernel reports the
-    /// same `R` for a thread on a CPU and one waiting on a run queue, so a runnable thread
-    /// counts as running unless its schedstat shows it waited longer than it ran since the
-    /// previous sample; without a previous sample or schedstat every runnable thread counts as
-    /// running.
-    pub fn sample(&mut self) -> Result<CpuHint> {
+    /// all threads count. A thread is runnable when its state is `R`. A runnable thread counts
+    /// as running when its schedstat shows it busy (on a CPU or waiting for one) for at least
+    /// [`MIN_BUSY_PERCENT`] of the time since the previous sample; without a previous sample,
+    /// schedstat or a later `now`, every runnable thread counts as running.
+    pub fn sample(&mut self, now: Nanos) -> Result<CpuHint> {
         let weight = self.cgroup.weight()?;
         let usage = self.cgroup.usage()?;
         let threads = self.fs.threads(self.pid)?;
         let vcpus = threads.iter().filter(|t| t.vcpu).count();
         let any_vcpu = vcpus > 0;
+        let elapsed = self
+            .last_at
+            .and_then(|at| now.checked_sub(at))
+            .filter(|&dt| dt > 0);
         let mut hint = CpuHint {
             weight,
             running: false,
@@ -634,11 +649,8 @@ impl CpuProbe {
         for thread in threads.iter().filter(|t| t.vcpu || !any_vcpu) {
             if thread.runnable {
                 hint.runnable = true;
-                let on_cpu = match (thread.sched, self.last.get(&thread.tid)) {
-                    (Some(now), Some(before)) => {
-                        now.run_ns.saturating_sub(before.run_ns)
-                            >= now.wait_ns.saturating_sub(before.wait_ns)
-                    }
+                let on_cpu = match (thread.sched, self.last.get(&thread.tid), elapsed) {
+                    (Some(now), Some(before), Some(dt)) => busy_for_long(before, &now, dt),
                     _ => true,
                 };
                 hint.running |= on_cpu;
@@ -648,9 +660,20 @@ impl CpuProbe {
             }
         }
         self.last = seen;
+        self.last_at = Some(now);
         self.vcpu_threads = vcpus;
         Ok(hint)
     }
+}
+
+/// Whether a thread whose schedstat went from `before` to `now` in `dt` ns was on a CPU or
+/// waiting for one for at least [`MIN_BUSY_PERCENT`] of that time.
+fn busy_for_long(before: &SchedStat, now: &SchedStat, dt: Nanos) -> bool {
+    let busy = now
+        .run_ns
+        .saturating_sub(before.run_ns)
+        .saturating_add(now.wait_ns.saturating_sub(before.wait_ns));
+    busy.saturating_mul(100) >= dt.saturating_mul(MIN_BUSY_PERCENT)
 }
 
 /// A process's cgroup paths from `/proc/PID/cgroup`, relative to their hierarchy roots.
@@ -1290,7 +1313,7 @@ mod tests {
         fake.thread(100, 102, "CPU 1/KVM", 'S', None);
         fake.thread(100, 103, "worker (x) R", 'S', None);
         let mut probe = CpuProbe::new(fake.fs.clone(), 100).unwrap();
-        let hint = probe.sample().unwrap();
+        let hint = probe.sample(0).unwrap();
         assert_eq!(
             hint,
             CpuHint {
@@ -1302,7 +1325,7 @@ mod tests {
             "a runnable I/O thread is not a running vCPU"
         );
         fake.thread(100, 102, "CPU 1/KVM", 'R', None);
-        let hint = probe.sample().unwrap();
+        let hint = probe.sample(100_000_000).unwrap();
         assert!(hint.running && hint.runnable);
     }
 
@@ -1323,28 +1346,46 @@ mod tests {
         assert_eq!(threads[1].comm, "busy one");
         let hint = CpuProbe::new(fake.fs.clone(), 100)
             .unwrap()
-            .sample()
+            .sample(0)
             .unwrap();
         assert!(hint.running && hint.runnable);
     }
 
     #[test]
-    fn schedstat_history_tells_waiting_from_running() {
+    fn schedstat_history_tells_a_busy_vcpu_from_a_halting_one() {
+        const MS: Nanos = 1_000_000;
         let fake = Fake::new();
         fake.v2_vm();
         fake.thread(100, 101, "CPU 0/KVM", 'R', Some("1000 0 1\n"));
         let mut probe = CpuProbe::new(fake.fs.clone(), 100).unwrap();
         assert!(
-            probe.sample().unwrap().running,
+            probe.sample(100 * MS).unwrap().running,
             "no history: R counts as running"
         );
-        // Since then it waited 5000 ns and ran 100 ns: runnable, not running.
-        fake.thread(100, 101, "CPU 0/KVM", 'R', Some("1100 5000 2\n"));
-        let hint = probe.sample().unwrap();
-        assert!(hint.runnable && !hint.running);
-        // Then it ran more than it waited.
-        fake.thread(100, 101, "CPU 0/KVM", 'R', Some("9100 5100 3\n"));
-        assert!(probe.sample().unwrap().running);
+        // In the next 100 ms it ran 10 ms and waited 30: it mostly slept (a halting vCPU
+        // woken by interrupts), so runnable now but not running.
+        fake.thread(100, 101, "CPU 0/KVM", 'R', Some("10001000 30000000 2\n"));
+        let hint = probe.sample(200 * MS).unwrap();
+        assert!(hint.runnable && !hint.running, "{hint:?}");
+        // Then it ran 30 ms and waited 70 ms of 100: a spinning vCPU on an oversubscribed
+        // host, which waits longer than it runs, is still running.
+        fake.thread(100, 101, "CPU 0/KVM", 'R', Some("40001000 100000000 3\n"));
+        assert!(probe.sample(300 * MS).unwrap().running);
+        // Exactly half of the time busy is enough; a little less is not.
+        fake.thread(100, 101, "CPU 0/KVM", 'R', Some("65001000 125000000 4\n"));
+        assert!(probe.sample(400 * MS).unwrap().running);
+        fake.thread(100, 101, "CPU 0/KVM", 'R', Some("90001000 149999999 5\n"));
+        assert!(!probe.sample(500 * MS).unwrap().running);
+        // A sleeping thread is never running, however busy it was.
+        fake.thread(100, 101, "CPU 0/KVM", 'S', Some("190001000 149999999 6\n"));
+        assert!(!probe.sample(600 * MS).unwrap().running);
+        // A clock that did not advance (or went back) gives no rate: R counts as running.
+        fake.thread(100, 101, "CPU 0/KVM", 'R', Some("190001001 149999999 7\n"));
+        assert!(probe.sample(600 * MS).unwrap().running);
+        assert!(probe.sample(500 * MS).unwrap().running);
+        // Counters that went backwards (a new thread with a reused tid) count as idle time.
+        fake.thread(100, 101, "CPU 0/KVM", 'R', Some("5 5 1\n"));
+        assert!(!probe.sample(700 * MS).unwrap().running);
     }
 
     #[test]
@@ -1560,10 +1601,10 @@ mod tests {
         fake.thread(100, 102, "CPU 0/DUMMY", 'S', None);
         let mut probe = CpuProbe::new(fake.fs.clone(), 100).unwrap();
         assert_eq!(probe.vcpu_threads(), 0, "before the first sample");
-        probe.sample().unwrap();
+        probe.sample(0).unwrap();
         assert_eq!(probe.vcpu_threads(), 1);
         fake.thread(100, 103, "CPU 1/DUMMY", 'S', None);
-        probe.sample().unwrap();
+        probe.sample(1).unwrap();
         assert_eq!(probe.vcpu_threads(), 2);
     }
 }

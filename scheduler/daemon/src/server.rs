@@ -1102,7 +1102,7 @@ impl Loop {
             let Some(p) = self.probes.get_mut(&name) else {
                 continue;
             };
-            match p.probe.sample() {
+            match p.probe.sample(now) {
                 Ok(hint) => {
                     if p.last.is_none() {
                         debug!(

@@ -111,10 +111,12 @@ fn real_v1_cpu_hierarchy() {
     let sleeper = guard.children[0].id();
     cgroup.add_pid(sleeper).unwrap();
     assert_eq!(cgroup.pids().unwrap(), vec![sleeper]);
+    let clock = Instant::now();
+    let now = || u64::try_from(clock.elapsed().as_nanos()).unwrap();
     let mut probe = CpuProbe::new(fs.clone(), sleeper).unwrap();
     assert_eq!(probe.cgroup().path(), cgroup.path());
     thread::sleep(Duration::from_millis(50));
-    let before = probe.sample().unwrap();
+    let before = probe.sample(now()).unwrap();
     assert_eq!(before.weight, 300);
     assert!(!before.runnable, "sleep(1) is asleep: {before:?}");
 
@@ -126,15 +128,21 @@ fn real_v1_cpu_hierarchy() {
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut seen_runnable = false;
     while Instant::now() < deadline && !seen_runnable {
-        seen_runnable = busy_probe.sample().unwrap().runnable;
+        seen_runnable = busy_probe.sample(now()).unwrap().runnable;
         thread::sleep(Duration::from_millis(10));
     }
     assert!(seen_runnable, "the busy loop was never seen runnable");
     thread::sleep(Duration::from_millis(300));
+    // It was busy all that time (on a CPU or waiting for one): running, not only runnable.
+    let spinning = busy_probe.sample(now()).unwrap();
+    assert!(
+        spinning.running || !spinning.runnable,
+        "a spinning loop is not running: {spinning:?}"
+    );
     let mut busy_child = guard.children.remove(1);
     busy_child.kill().unwrap();
     busy_child.wait().unwrap();
-    let after = probe.sample().unwrap();
+    let after = probe.sample(now()).unwrap();
     assert!(
         after.usage >= before.usage.saturating_add(100_000_000),
         "usage grew by only {} ns",
