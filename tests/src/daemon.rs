@@ -1,8 +1,10 @@
 //! A real `vgpu-schedd` for multi-guest tests: started from the workspace's target directory
 //! on a socket in a temporary directory, driven with `vgpuctl --json`, killed by pid and
-//! restarted on the same socket, its stderr printed when a test fails while it runs.
+//! restarted on the same socket, its stderr printed when a test fails while it runs; and the
+//! [`GuestConfig`] of a real guest whose device process it schedules.
 
 use std::fs::File;
+use std::io::Write as _;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -13,6 +15,7 @@ use serde_json::Value;
 use thiserror::Error;
 
 use crate::TempDir;
+use crate::guest::{self, GuestConfig, GuestImage};
 
 /// Longest wait for the daemon's control socket to accept connections after a start.
 pub const START_TIMEOUT: Duration = Duration::from_secs(10);
@@ -266,14 +269,29 @@ impl Schedd {
     /// Runs `vgpuctl --control SOCK --json ARGS` and parses its output; a non-zero exit is an
     /// error carrying its stderr.
     pub fn ctl(&self, args: &[&str]) -> Result<Value> {
-        let err = |why: String| DaemonError::Ctl {
-            args: args.iter().map(|s| (*s).to_string()).collect(),
-            why,
-        };
-        let mut child = Command::new(workspace_binary("vgpuctl")?)
-            .arg("--control")
-            .arg(self.control())
-            .arg("--json")
+        let out = self.run_vgpuctl(args, true)?;
+        serde_json::from_slice(&out).map_err(|e| ctl_error(args, e.to_string()))
+    }
+
+    /// Runs `vgpuctl --control SOCK ARGS` (its human-readable output), prints the command and
+    /// its output straight to stderr, past the test harness's capture, so that the transcript
+    /// always shows, and returns the output; a non-zero exit is an error carrying its stderr.
+    pub fn transcript(&self, args: &[&str]) -> Result<String> {
+        let out = self.run_vgpuctl(args, false)?;
+        let text = String::from_utf8_lossy(&out).into_owned();
+        let _ = writeln!(std::io::stderr(), "$ vgpuctl {}\n{text}", args.join(" "));
+        Ok(text)
+    }
+
+    /// Runs `vgpuctl` on the control socket (with `--json` if `json`) and returns its stdout;
+    /// kills it after [`CTL_TIMEOUT`].
+    fn run_vgpuctl(&self, args: &[&str], json: bool) -> Result<Vec<u8>> {
+        let mut command = Command::new(workspace_binary("vgpuctl")?);
+        command.arg("--control").arg(self.control());
+        if json {
+            command.arg("--json");
+        }
+        let mut child = command
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -289,7 +307,7 @@ impl Schedd {
             if start.elapsed() > CTL_TIMEOUT {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(err(format!("no answer in {CTL_TIMEOUT:?}")));
+                return Err(ctl_error(args, format!("no answer in {CTL_TIMEOUT:?}")));
             }
             std::thread::sleep(POLL);
         }
@@ -297,13 +315,37 @@ impl Schedd {
             .wait_with_output()
             .map_err(io("reading vgpuctl output"))?;
         if !out.status.success() {
-            return Err(err(format!(
-                "{}: {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            )));
+            return Err(ctl_error(
+                args,
+                format!(
+                    "{}: {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            ));
         }
-        serde_json::from_slice(&out.stdout).map_err(|e| err(e.to_string()))
+        Ok(out.stdout)
+    }
+
+    /// A real guest booting `image` to run `job` as VM `vm` of this daemon: its `vgpu-server`
+    /// connects to [`Schedd::socket`] under that name, and QEMU runs in a CPU cgroup of its own
+    /// ([`guest::test_cgroup`]) where this process may create one, so that the daemon samples
+    /// the VM's vCPUs alone. The time limit is [`GuestConfig::new`]'s unless set.
+    pub fn guest_config(
+        &self,
+        image: &GuestImage,
+        vm: &str,
+        job: impl Into<String>,
+    ) -> GuestConfig {
+        let mut config = GuestConfig::new(image.clone(), job);
+        config.server_args = vec![
+            "--scheduler".into(),
+            self.socket().display().to_string(),
+            "--vm-name".into(),
+            vm.into(),
+        ];
+        config.cgroup = guest::test_cgroup(vm);
+        config
     }
 
     /// The entry of VM `name` in `vgpuctl --json list` (`Value::Null` if absent).
@@ -323,6 +365,13 @@ impl Drop for Schedd {
         if std::thread::panicking() {
             eprintln!("---- vgpu-schedd stderr ----\n{}", self.log());
         }
+    }
+}
+
+fn ctl_error(args: &[&str], why: String) -> DaemonError {
+    DaemonError::Ctl {
+        args: args.iter().map(|s| (*s).to_string()).collect(),
+        why,
     }
 }
 

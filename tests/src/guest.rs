@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use vgpu_schedd::cgroup::CgroupError;
+use vgpu_schedd::cgroup::{CgroupError, CgroupFs};
 
 use crate::temp_dir::TempDir;
 use crate::vm::CgroupGuard;
@@ -1152,6 +1152,26 @@ fn parse_job(lines: &[String]) -> (Option<i32>, String) {
         output.push(line.as_str());
     }
     (None, output.join("\n"))
+}
+
+/// A name for a CPU cgroup of the test VM `vm` ([`GuestConfig::cgroup`]):
+/// `vgpu-test-<vm>-<pid>`, unique per test process, when this process may create cgroups
+/// under the cpu controller's root (probed by creating and removing `vgpu-test-probe-<pid>`);
+/// `None` otherwise (not root, no writable cpu controller), and the VM then stays in the
+/// test's cgroup.
+pub fn test_cgroup(vm: &str) -> Option<String> {
+    let pid = std::process::id();
+    let probe = format!("vgpu-test-probe-{pid}");
+    match CgroupFs::default()
+        .create_vm_cgroup("", &probe)
+        .and_then(|cgroup| cgroup.remove())
+    {
+        Ok(()) => Some(format!("vgpu-test-{vm}-{pid}")),
+        Err(e) => {
+            log::info!("no cgroup for {vm}: this process may not create one ({e})");
+            None
+        }
+    }
 }
 
 /// One guest boot at a time in a test process: boots are CPU-bound and each uses two vCPUs.

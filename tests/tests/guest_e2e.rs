@@ -349,13 +349,9 @@ fn launcher_stopped_by_sigterm_leaves_nothing_behind() {
         .arg(&server)
         .args(["--timeout", "240", "--job", "sleep 600"]);
     // The cgroup part needs a process that may create cgroups (root here and in CI).
-    let cgroup_name = format!("vgpu-test-sigterm-{}", std::process::id());
-    let may_create = CgroupFs::default()
-        .create_vm_cgroup("", &cgroup_name)
-        .and_then(|c| c.remove())
-        .is_ok();
-    if may_create {
-        command.args(["--cgroup", &cgroup_name]);
+    let cgroup_name = guest::test_cgroup("sigterm");
+    if let Some(name) = &cgroup_name {
+        command.args(["--cgroup", name]);
     }
     let mut launcher = command
         .stderr(std::process::Stdio::piped())
@@ -393,8 +389,8 @@ fn launcher_stopped_by_sigterm_leaves_nothing_behind() {
         .iter()
         .filter_map(|&child| CgroupFs::default().locate(child).ok())
         .map(|c| c.path())
-        .find(|dir| dir.ends_with(&cgroup_name));
-    assert_eq!(cgroup_dir.is_some(), may_create, "QEMU's cgroup");
+        .find(|dir| cgroup_name.as_ref().is_some_and(|name| dir.ends_with(name)));
+    assert_eq!(cgroup_dir.is_some(), cgroup_name.is_some(), "QEMU's cgroup");
     // This process started the launcher: the signal goes to exactly that pid.
     let rc = std::process::Command::new("kill")
         .args(["-TERM", &pid.to_string()])

@@ -8,22 +8,13 @@
 //! Skipped with a message when the guest image is missing, unless `VGPU_REQUIRE_GUEST` is set
 //! (test.sh). Each QEMU runs in its own CPU cgroup where this process may create one.
 
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use vgpu_schedd::cgroup::CgroupFs;
-use vgpu_tests::TempDir;
-use vgpu_tests::guest::{
-    self, GuestConfig, GuestImage, REQUIRE_GUEST_ENV, RunningGuest, boot_lock, server_binary,
-    skip_without_guest,
-};
+use vgpu_tests::daemon::Schedd;
+use vgpu_tests::guest::{self, RunningGuest, boot_lock, skip_without_guest};
 
 /// Wall-clock limit of each guest: two TCG guests boot side by side, then run their loads.
 const GUEST_TIMEOUT: Duration = Duration::from_secs(240);
-/// How long the daemon may take to open its control socket.
-const DAEMON_START: Duration = Duration::from_secs(10);
 /// Seconds of each game phase (policy none, then TimeGraph).
 const PHASE_S: u32 = 15;
 /// The bomb's run: the game's boot under TCG (up to a minute beside the bomb), both phases and
@@ -37,71 +28,6 @@ const MIN_FPS_GAIN: f64 = 1.3;
 
 fn report(test: &str, what: &str) {
     guest::report("guest_sched", test, what);
-}
-
-/// The daemon: killed and reaped on drop, its log printed when the test fails.
-struct Schedd {
-    child: std::process::Child,
-    dir: PathBuf,
-}
-
-impl Schedd {
-    fn start(bin: &Path, dir: &Path) -> Schedd {
-        let log = std::fs::File::create(dir.join("schedd.log")).unwrap();
-        let child = Command::new(bin)
-            .arg("--socket")
-            .arg(dir.join("sched.sock"))
-            .arg("--control")
-            .arg(dir.join("control.sock"))
-            .args(["--log-level", "info"])
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let schedd = Schedd {
-            child,
-            dir: dir.to_path_buf(),
-        };
-        let start = Instant::now();
-        while !schedd.dir.join("control.sock").exists() {
-            assert!(start.elapsed() < DAEMON_START, "vgpu-schedd did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        schedd
-    }
-
-    fn sock(&self) -> String {
-        self.dir.join("sched.sock").display().to_string()
-    }
-}
-
-impl Drop for Schedd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            let log = std::fs::read_to_string(self.dir.join("schedd.log")).unwrap_or_default();
-            eprintln!("---- vgpu-schedd log ----\n{log}");
-        }
-    }
-}
-
-/// Runs vgpuctl, prints the command and its output (the transcript) and returns the output.
-fn vgpuctl(bin: &Path, dir: &Path, args: &[&str]) -> String {
-    let out = Command::new(bin)
-        .arg("--control")
-        .arg(dir.join("control.sock"))
-        .args(args)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    // Straight to stderr, past the harness's capture: the transcript always shows.
-    let _ = writeln!(std::io::stderr(), "$ vgpuctl {}\n{text}", args.join(" "));
-    assert!(
-        out.status.success(),
-        "vgpuctl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
 }
 
 /// A number field of a vgpu-load JSON summary line.
@@ -122,64 +48,26 @@ fn summary<'a>(output: &'a str, tag: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no {tag} line in the game's output:\n{output}"))
 }
 
-/// The daemon's binaries, built beside vgpu-server; `None` (skip) unless the guest tests are
-/// required.
-fn daemon_binaries() -> Option<(PathBuf, PathBuf)> {
-    let dir = server_binary().ok()?.parent()?.to_path_buf();
-    let (schedd, ctl) = (dir.join("vgpu-schedd"), dir.join("vgpuctl"));
-    if schedd.is_file() && ctl.is_file() {
-        return Some((schedd, ctl));
-    }
-    let why = format!(
-        "no vgpu-schedd/vgpuctl in {}: build them with `cargo build -p vgpu-schedd --bins`",
-        dir.display()
-    );
-    assert!(std::env::var_os(REQUIRE_GUEST_ENV).is_none(), "{why}");
-    eprintln!("SKIPPED: {why}");
-    None
-}
-
-/// A cgroup name for `vm` when this process may create cgroups (probed by creating and removing
-/// one), else `None`: the VMs then stay in the test's cgroup.
-fn cgroup_for(vm: &str) -> Option<String> {
-    let probe = format!("vgpu-test-probe-{}", std::process::id());
-    let cgroup = CgroupFs::default().create_vm_cgroup("", &probe).ok()?;
-    cgroup.remove().ok()?;
-    Some(format!("vgpu-test-{vm}-{}", std::process::id()))
-}
-
-fn config(image: &GuestImage, schedd: &Schedd, vm: &str, job: String) -> GuestConfig {
-    let mut config = GuestConfig::new(image.clone(), job).timeout(GUEST_TIMEOUT);
-    config.server_args = vec![
-        "--scheduler".into(),
-        schedd.sock(),
-        "--vm-name".into(),
-        vm.into(),
-    ];
-    config.cgroup = cgroup_for(vm);
-    config
-}
-
 #[test]
 fn live_timegraph_prioritises_the_game_over_a_bomb() {
     const TEST: &str = "live_timegraph_prioritises_the_game_over_a_bomb";
     let Some(image) = skip_without_guest() else {
         return;
     };
-    let Some((schedd_bin, ctl_bin)) = daemon_binaries() else {
-        return;
-    };
     let _lock = boot_lock();
     let started = Instant::now();
-    let dir = TempDir::new("vgpu-guest-sched").unwrap();
-    let schedd = Schedd::start(&schedd_bin, dir.path());
-    let policy = dir.path().join("timegraph.toml");
-    std::fs::write(&policy, TIMEGRAPH).unwrap();
+    let schedd = Schedd::start_logging(None, "info").unwrap();
+    let policy = schedd.write("timegraph.toml", TIMEGRAPH).unwrap();
 
     let bomb_job = format!(
         "echo BOMB-RUNNING\nvgpu-load bomb --cost-us 4000 --depth 8 --duration-s {BOMB_S} --json | grep '\"summary\"'"
     );
-    let mut bomb = RunningGuest::launch(&config(&image, &schedd, "bomb", bomb_job)).unwrap();
+    let mut bomb = RunningGuest::launch(
+        &schedd
+            .guest_config(&image, "bomb", bomb_job)
+            .timeout(GUEST_TIMEOUT),
+    )
+    .unwrap();
     assert!(
         bomb.wait_for_serial(|l| l.starts_with("BOMB-RUNNING"), |_| {})
             .unwrap(),
@@ -194,7 +82,12 @@ fn live_timegraph_prioritises_the_game_over_a_bomb() {
 done
 true"
     );
-    let mut game = RunningGuest::launch(&config(&image, &schedd, "game", game_job)).unwrap();
+    let mut game = RunningGuest::launch(
+        &schedd
+            .guest_config(&image, "game", game_job)
+            .timeout(GUEST_TIMEOUT),
+    )
+    .unwrap();
     if let Some(path) = game.cgroup_path() {
         report(TEST, &format!("game's QEMU in {}", path.display()));
     }
@@ -207,17 +100,15 @@ true"
         TEST,
         &format!("game phase 1 done after {:?}", started.elapsed()),
     );
-    vgpuctl(&ctl_bin, dir.path(), &["list"]);
-    vgpuctl(&ctl_bin, dir.path(), &["show"]);
-    let answer = vgpuctl(
-        &ctl_bin,
-        dir.path(),
-        &["set-policy", policy.to_str().unwrap()],
-    );
+    schedd.transcript(&["list"]).unwrap();
+    schedd.transcript(&["show"]).unwrap();
+    let answer = schedd
+        .transcript(&["set-policy", policy.to_str().unwrap()])
+        .unwrap();
     assert!(answer.contains("timegraph"), "{answer}");
     let run = game.wait(|_| {}).unwrap();
     assert_eq!(run.exit_code, Some(0), "{}", run.logs());
-    vgpuctl(&ctl_bin, dir.path(), &["show"]);
+    schedd.transcript(&["show"]).unwrap();
     // The bomb has served its purpose if its load is still running now, after both phases.
     let bomb_serial = std::fs::read_to_string(bomb.dir().join("serial.log")).unwrap();
     assert!(
