@@ -5,7 +5,7 @@
 //! cost, delivers due timers, and checks an invariant after every scheduler call.
 
 use proptest::prelude::*;
-use vgpu_scheduler::model::{Enforcement, NS_PER_MS, NS_PER_US, Reserve};
+use vgpu_scheduler::model::{CpuHint, Enforcement, NS_PER_MS, NS_PER_US, Reserve};
 use vgpu_scheduler::{
     CommandGroup, Decision, Event, GroupKind, PolicyConfig, Scheduler, Time, VgpuId, VgpuParams,
 };
@@ -18,6 +18,8 @@ struct Tenant {
     /// A backlogged tenant instead: (groups kept outstanding, cost of each). It submits the
     /// next group when one completes, as a guest with a bounded command queue does.
     closed_loop: Option<(usize, Time)>,
+    /// CPU hints as (time, vCPUs running), in time order; none: the tenant never sends one.
+    hints: Vec<(Time, bool)>,
 }
 
 /// What the driver saw: every dispatch with the scheduler's state just before it.
@@ -33,6 +35,10 @@ struct Trace {
     runs: Vec<Vec<(Time, Time)>>,
     /// Times at which the GPU sat idle while a runnable vGPU had queued work.
     idle_with_work: Vec<Time>,
+    /// When each group id was submitted.
+    submitted_at: std::collections::BTreeMap<u64, Time>,
+    /// Per dispatched group: (vGPU, how long it waited in its queue).
+    waits: Vec<(VgpuId, Time)>,
 }
 
 /// Runs `tenants` under `config` until every group completed or `limit` passed.
@@ -69,6 +75,14 @@ fn drive(config: &PolicyConfig, tenants: &[Tenant], limit: Time) -> (Scheduler, 
         .map(|t| t.closed_loop.map_or(0, |(depth, _)| depth))
         .collect();
     let mut next_arrival = 0;
+    // CPU hints in time order: (time, tenant, running).
+    let mut hints: Vec<(Time, usize, bool)> = tenants
+        .iter()
+        .enumerate()
+        .flat_map(|(t, ten)| ten.hints.iter().map(move |&(at, running)| (at, t, running)))
+        .collect();
+    hints.sort();
+    let mut next_hint = 0;
     let mut costs = std::collections::BTreeMap::new();
     let mut gpu_free_at: Time = 0;
     let mut running: Option<(u64, VgpuId, Time, Time)> = None;
@@ -87,8 +101,9 @@ fn drive(config: &PolicyConfig, tenants: &[Tenant], limit: Time) -> (Scheduler, 
         }
         let finish = running.map(|r| r.3);
         let arrival = arrivals.get(next_arrival).map(|a| a.0);
+        let hint = hints.get(next_hint).map(|h| h.0);
         let timer = s.next_deadline();
-        let Some(t) = [finish, arrival, timer].into_iter().flatten().min() else {
+        let Some(t) = [finish, arrival, hint, timer].into_iter().flatten().min() else {
             break;
         };
         if t > limit {
@@ -121,7 +136,24 @@ fn drive(config: &PolicyConfig, tenants: &[Tenant], limit: Time) -> (Scheduler, 
             costs.insert(id, cost);
             let g = CommandGroup::new(id, ids[ten], GroupKind::Load, cost / NS_PER_US);
             trace.submitted.push(id);
+            trace.submitted_at.insert(id, now);
             record(&mut s, now, Event::Submitted(g), &mut out, &mut trace);
+        } else if hint == Some(t) {
+            let (_, ten, running) = hints[next_hint];
+            next_hint += 1;
+            let h = CpuHint {
+                weight: 100,
+                running,
+                runnable: running,
+                usage: 0,
+            };
+            record(
+                &mut s,
+                now,
+                Event::CpuHint(ids[ten], h),
+                &mut out,
+                &mut trace,
+            );
         } else {
             record(&mut s, now, Event::Timer, &mut out, &mut trace);
         }
@@ -146,6 +178,8 @@ fn record(s: &mut Scheduler, now: Time, ev: Event, out: &mut Vec<Decision>, trac
         if let Decision::Dispatch { vgpu, group, .. } = d {
             trace.dispatches.push((now, *vgpu, waiting.clone()));
             trace.dispatched.push(group.0);
+            let submitted = trace.submitted_at.get(&group.0).copied().unwrap_or(now);
+            trace.waits.push((*vgpu, now - submitted));
         }
     }
 }
@@ -167,6 +201,7 @@ fn tenants(max_vgpus: usize, max_groups: usize) -> impl Strategy<Value = Vec<Ten
                 .map(|(at_ms, cost_us)| (at_ms * NS_PER_MS, cost_us * NS_PER_US))
                 .collect(),
             closed_loop: None,
+            hints: Vec::new(),
         });
     prop::collection::vec(tenant, 1..max_vgpus)
 }
@@ -221,8 +256,36 @@ fn backlogged(weights: &[u32], costs_us: &[u64], depth: usize) -> Vec<Tenant> {
             },
             groups: Vec::new(),
             closed_loop: Some((depth, cost * NS_PER_US)),
+            hints: Vec::new(),
         })
         .collect()
+}
+
+/// Closed-loop tenants for the bounded wait: 2 to 5 of them, each keeping 1 to 3 groups of
+/// 50 µs to 2 ms outstanding (at most 30 ms in all, one credit period), with CPU hints that
+/// flip at random times in the first two seconds; a tenant whose flips are all `false` never
+/// runs.
+fn cpu_tenants() -> impl Strategy<Value = Vec<Tenant>> {
+    let tenant = (
+        1usize..=3,
+        50u64..=2_000,
+        any::<bool>(),
+        prop::collection::vec((0u64..2_000, any::<bool>()), 0..20),
+    )
+        .prop_map(|(depth, cost_us, never, flips)| {
+            let mut hints: Vec<(Time, bool)> = flips
+                .into_iter()
+                .map(|(at_ms, running)| (at_ms * NS_PER_MS, running && !never))
+                .collect();
+            hints.sort();
+            Tenant {
+                params: VgpuParams::default(),
+                groups: Vec::new(),
+                closed_loop: Some((depth, cost_us * NS_PER_US)),
+                hints,
+            }
+        });
+    prop::collection::vec(tenant, 2..=5)
 }
 
 /// GPU time shares of the tenants at the end of a run.
@@ -253,6 +316,24 @@ proptest! {
                 prop_assert_eq!(completed(&s, i), t.groups.len() as u64, "{}: vGPU {}", text, i);
             }
         }
+    }
+
+    #[test]
+    fn pegasus_cosched_bounds_every_wait(ts in cpu_tenants(), always in 0usize..5) {
+        // One tenant is on a CPU from the start and never leaves it.
+        let mut ts = ts;
+        let n = ts.len();
+        ts[always % n].hints = vec![(0, true)];
+        let limit_ms = 50;
+        let text = format!("policy = \"pegasus\"\nmode = \"cosched\"\nmax_wait = {}", limit_ms * NS_PER_MS);
+        let (_, trace) = drive(&config(&text), &ts, 3_000 * NS_PER_MS);
+        // The limit, plus the group on the GPU when it expires, plus a period (30 ms, the most
+        // work all tenants have outstanding: the older overdue groups that go first).
+        let bound = (limit_ms + 30) * NS_PER_MS + 2 * NS_PER_MS;
+        for &(v, wait) in &trace.waits {
+            prop_assert!(wait <= bound, "{v:?} waited {wait} ns > {bound}");
+        }
+        prop_assert!(trace.waits.len() > 100);
     }
 
     #[test]

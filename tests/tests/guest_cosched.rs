@@ -4,7 +4,8 @@
 //! daemon samples each QEMU's vCPU threads (`CPU n/TCG`) every tick and feeds the run state to
 //! the policy as `CpuHint::running`. Under Pegasus `accc` with equal credits both VMs get about
 //! half of the GPU; `vgpuctl set-policy` then switches live to `cosched`, which dispatches only
-//! VMs whose vCPUs are on a CPU, and the busy VM's share must rise well above half. Last comes
+//! VMs whose vCPUs are on a CPU, and the busy VM's share must rise well above half, while the
+//! bounded wait (`max_wait`) still gives the calm VM a group at least once per limit. Last comes
 //! `augc`, which adds a running VM's remaining CPU credit (its CPU-weight share of the CPU time
 //! both VMs used, less its own) to its GPU credit for one period: the busy VM uses most of that
 //! CPU time, so it is never boosted and the split stays AccC's.
@@ -15,6 +16,8 @@
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use vgpu_scheduler::model::NS_PER_MS;
+use vgpu_scheduler::policy::pegasus::DEFAULT_MAX_WAIT;
 use vgpu_tests::daemon::Schedd;
 use vgpu_tests::guest::{self, RunningGuest, boot_lock, skip_without_guest};
 
@@ -37,10 +40,22 @@ const BOMB: &str = "vgpu-load bomb --cost-us 2000 --depth 16";
 const ACCC_SHARE: (f64, f64) = (0.35, 0.65);
 /// The least GPU share CoSched must give the busy VM. It dispatches the calm VM only when the
 /// busy VM has no group queued (the busy guest's bomb competes with stress-ng for its own
-/// vCPUs, so it resubmits late now and then) or when a CPU sample misses its vCPUs running, so
-/// the busy VM gets most of the GPU (0.92–1.00 measured; 0.70–0.84 with 8 groups in flight); 0.65,
-/// the top of the AccC range, is what the CPU samples must add over credits alone.
+/// vCPUs, so it resubmits late now and then), when a CPU sample misses its vCPUs running, or
+/// when a calm group has waited out the bounded wait: then the calm VM's queued groups, all
+/// about as old, go one after the other, about 16 groups (32 ms) per 150 ms window. So the busy
+/// VM gets most of the GPU (0.77–0.78 measured; 0.92–1.00 before the bounded wait, which
+/// starved the calm VM); 0.65, the top of the AccC range, is what the CPU samples must add over
+/// credits alone.
 const MIN_COSCHED_SHARE: f64 = 0.65;
+/// The GPU time of one of the bombs' groups, ns.
+const GROUP_NS: f64 = 2.0 * NS_PER_MS as f64;
+/// The least GPU time CoSched must give the calm VM in a phase: one group per window of the
+/// bounded wait (`max_wait`, the default) plus the group running when it expires plus a credit
+/// period (30 ms) of margin. Its groups are queued all along, so each waits at most that.
+/// Without the bound it got 0–82 ms.
+const MIN_CALM_GPU_NS: f64 = PHASE_S as f64 * 1e9
+    / (DEFAULT_MAX_WAIT as f64 + GROUP_NS + 30.0 * NS_PER_MS as f64)
+    * GROUP_NS;
 /// The most snapshots (of about 55 per phase) that may find the busy VM holding an AugC boost.
 /// It has no remaining CPU credit while it uses more than half of the VMs' CPU time (0.77–0.83
 /// measured, 1.4 host cores), so none was seen; a boost computed without subtracting its own use
@@ -119,6 +134,8 @@ fn busy_part(before: Pair, after: Pair, what: &str) -> f64 {
 struct Phase {
     /// The busy VM's part of the GPU time the two VMs used.
     busy_share: f64,
+    /// The GPU time the calm VM used, ns.
+    calm_gpu_ns: f64,
     /// The busy VM's part of the CPU time the two VMs' cgroups used.
     busy_cpu: f64,
     /// The CPU time each VM's cgroup used, ns.
@@ -152,6 +169,7 @@ fn phase(schedd: &Schedd, name: &str) -> Phase {
     let last = last.expect("a phase takes at least one snapshot");
     let phase = Phase {
         busy_share: busy_part(first.gpu_ns, last.gpu_ns, "GPU time"),
+        calm_gpu_ns: last.gpu_ns.1 - first.gpu_ns.1,
         busy_cpu: busy_part(first.cpu_ns, last.cpu_ns, "CPU time"),
         cpu_ns: (
             last.cpu_ns.0 - first.cpu_ns.0,
@@ -289,7 +307,14 @@ fn cosched_follows_the_vcpus() {
             p.busy_share
         );
     }
-    // CoSched hands the GPU to the VM whose vCPUs run whenever that VM has a group queued.
+    // CoSched hands the GPU to the VM whose vCPUs run whenever that VM has a group queued,
+    // except to a group that has waited out the bounded wait.
+    assert!(
+        co.calm_gpu_ns >= MIN_CALM_GPU_NS,
+        "CoSched starved the calm VM: {:.0} ms of GPU in {PHASE_S} s (at least {:.0} ms)",
+        co.calm_gpu_ns / 1e6,
+        MIN_CALM_GPU_NS / 1e6
+    );
     assert!(
         co.busy_share > MIN_COSCHED_SHARE,
         "CoSched should favour the VM whose vCPUs run: busy share {:.3} (AccC {:.3})",

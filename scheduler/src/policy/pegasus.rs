@@ -21,6 +21,14 @@
 //! CoSched picks the on-CPU vGPU with the highest credit balance (Algorithm 2's "highest X";
 //! the balance carries `X` through the refills) and holds the GPU one tick at a time.
 //!
+//! Pegasus's hypervisor saw the exact vCPU schedule; we see the vCPUs only through sampled CPU
+//! hints. A VM whose vCPUs halt while they wait on GPU fences runs only briefly after each
+//! fence, which a sampler misses, and gets no fences while it gets no GPU: strict
+//! co-scheduling would starve it for as long as an on-CPU VM has work. So CoSched and AugC (whose
+//! boost class an on-CPU VM can hold for a whole period, every period) bound the wait: a vGPU
+//! whose oldest queued group has waited [`PegasusConfig::max_wait`] goes next, oldest first
+//! (CoSched also ends the holder's tick for it; AugC lets the slice run out).
+//!
 //! Modes ([`PegasusMode`]): `rr` (plain round robin, one tick each), `accc` (credits from
 //! [`crate::model::VgpuParams::weight`]), `xc` (credits are the VM's CPU weight from its
 //! [`crate::model::CpuHint`]), `slaf` (AccC plus compensation for SLO violations), `augc` (AccC
@@ -57,6 +65,17 @@ pub const MAX_COMPENSATION_TICKS: u32 = 16;
 /// A credit balance stays within this many credit periods of GPU time either way, so one huge
 /// group (or a long idle spell) cannot lock a vGPU out or give it a burst for ever.
 pub const MAX_CREDIT_PERIODS: i64 = 64;
+/// Shortest bounded wait accepted ([`PegasusConfig::max_wait`]): below a millisecond nearly
+/// every group would be overdue and CoSched and AugC would degenerate to first come, first served.
+pub const MIN_MAX_WAIT: Nanos = NS_PER_MS;
+/// Longest bounded wait accepted: a guest whose GPU work waits longer shows a frozen display,
+/// and its driver's fence timeouts fire (the Linux DRM scheduler's default is 10 s).
+pub const MAX_MAX_WAIT: Nanos = 10 * NS_PER_SEC;
+/// The default bounded wait: five default credit periods (150 ms). It is longer than the
+/// daemon's 100 ms CPU sample interval, so the co-scheduling order, which changes only with a
+/// sample, still decides most dispatches, and short enough that a halted VM's GPU work still
+/// completes several times a second next to a VM that is always on a CPU.
+pub const DEFAULT_MAX_WAIT: Nanos = 150 * NS_PER_MS;
 /// Fractional bits of the global refill accumulator (credit per unit of `X`): a refill of `r` ns
 /// among vGPUs whose credits sum to `Xa` advances it by `r · 2^32 / Xa`, so each vGPU's share
 /// `X · ΔG / 2^32` is exact to within 1 ns while `r · 2^32` (at most 2^96) fits in a u128.
@@ -136,6 +155,11 @@ pub struct PegasusConfig {
     /// most compensation credit it gets per period in ticks' worth of GPU time (default 1, at
     /// most [`MAX_COMPENSATION_TICKS`]).
     pub slaf_compensation: u32,
+    /// CoSched and AugC: the longest a vGPU's oldest queued group waits before the vGPU goes
+    /// next as if co-scheduled (oldest first), in nanoseconds (default [`DEFAULT_MAX_WAIT`]).
+    /// Bounds the starvation of a VM whose vCPUs the CPU samples miss. Clamped to
+    /// [`MIN_MAX_WAIT`]..=[`MAX_MAX_WAIT`].
+    pub max_wait: Nanos,
 }
 
 impl Default for PegasusConfig {
@@ -146,6 +170,7 @@ impl Default for PegasusConfig {
             tick: 10 * NS_PER_MS,
             max_slice_ticks: 16,
             slaf_compensation: 1,
+            max_wait: DEFAULT_MAX_WAIT,
         }
     }
 }
@@ -159,6 +184,7 @@ impl PegasusConfig {
             tick: self.tick.clamp(MIN_TICK, MAX_TICK),
             max_slice_ticks: self.max_slice_ticks.clamp(1, MAX_SLICE_TICKS),
             slaf_compensation: self.slaf_compensation.min(MAX_COMPENSATION_TICKS),
+            max_wait: self.max_wait.clamp(MIN_MAX_WAIT, MAX_MAX_WAIT),
         }
     }
 }
@@ -345,6 +371,10 @@ pub struct Pegasus {
     boosted: Vec<VgpuId>,
     /// CoSched: the waiting vGPUs in order of balance, per class.
     co: CoGroups,
+    /// CoSched and AugC: the vGPUs in `ready` by the arrival order of their oldest queued group
+    /// (its `head_seq`), for the bounded wait. A waiting vGPU's head only changes when it is
+    /// dispatched, and it leaves `ready` for that.
+    waiting: ReadySet<u64>,
 }
 
 /// Counts a GPU time as credit, saturating.
@@ -389,6 +419,7 @@ impl Pegasus {
             on_cpu: BTreeSet::new(),
             boosted: Vec::new(),
             co: BTreeMap::new(),
+            waiting: ReadySet::default(),
         }
     }
 
@@ -606,6 +637,7 @@ impl Pegasus {
     /// Takes the vGPU out of the run queue (and of the turn-positive indexes).
     fn unready(&mut self, v: VgpuId) {
         self.ready.remove(v);
+        self.waiting.remove(v);
         if let Some(t) = self.domain_mut(v).and_then(|d| d.positive_at.take()) {
             self.positive_at.remove(&(t, v));
         }
@@ -645,6 +677,20 @@ impl Pegasus {
             .filter_map(|v| self.domain(v).map(|d| (self.credit_now(d), v)))
             .max_by(|(ca, va), (cb, vb)| ca.cmp(cb).then(vb.cmp(va)))
             .map(|(_, v)| v)
+    }
+
+    /// Whether the mode bounds the wait ([`PegasusConfig::max_wait`]): the modes that order
+    /// by the sampled vCPU state.
+    fn bounds_wait(&self) -> bool {
+        matches!(self.cfg.mode, PegasusMode::Cosched | PegasusMode::Augc)
+    }
+
+    /// The waiting vGPU whose oldest queued group arrived first, if that group has waited
+    /// [`PegasusConfig::max_wait`] or longer: O(log n).
+    fn overdue(&self, cx: &Cx<'_>) -> Option<VgpuId> {
+        let (_, v) = self.waiting.first()?;
+        let since = cx.vgpu(v)?.head_submitted()?;
+        (cx.now().saturating_sub(since) >= self.cfg.max_wait).then_some(v)
     }
 
     fn xmin(&self) -> u32 {
@@ -706,6 +752,11 @@ impl Pegasus {
             let turn = self.turns_positive(d);
             let co = (self.cfg.mode == PegasusMode::Cosched).then(|| Self::co_key(d, key.0));
             self.ready.insert(v, key);
+            if self.bounds_wait()
+                && let Some(seq) = cx.vgpu(v).and_then(VgpuState::head_seq)
+            {
+                self.waiting.insert(v, seq);
+            }
             if let Some((group, b)) = co {
                 self.co.entry(group).or_default().insert((Reverse(b), v));
                 if let Some(d) = self.domain_mut(v) {
@@ -731,7 +782,7 @@ impl Pegasus {
     }
 
     /// Whether the slice holder goes on: its slice has time left, it has queued work and (under
-    /// CoSched) its vCPUs are on a CPU or no waiting vGPU's are.
+    /// CoSched) no waiting vGPU is overdue and its vCPUs are on a CPU or no waiting vGPU's are.
     fn keeps_slice(&self, cx: &Cx<'_>, cur: Slice) -> bool {
         let Some(s) = cx.vgpu(cur.vgpu) else {
             return false;
@@ -739,11 +790,17 @@ impl Pegasus {
         if cx.now() >= cur.end || s.queued() == 0 {
             return false;
         }
+        if self.cfg.mode != PegasusMode::Cosched {
+            return true;
+        }
+        if self.overdue(cx).is_some() {
+            return false;
+        }
         let on_cpu_waiting = self
             .ready
             .first()
             .is_some_and(|((class, _, _), _)| class == 0);
-        !(self.cfg.mode == PegasusMode::Cosched && !s.cpu().running && on_cpu_waiting)
+        s.cpu().running || !on_cpu_waiting
     }
 
     /// Ends the current slice: the holder goes back into the queue one round later.
@@ -1115,12 +1172,18 @@ impl Policy for Pegasus {
             }
             self.end_slice(cx);
         }
-        let ((class, round, _), first) = self.ready.first()?;
-        let v = if self.cfg.mode == PegasusMode::Cosched {
-            self.co_first(class).unwrap_or(first)
-        } else {
-            first
+        let ((class, _, _), first) = self.ready.first()?;
+        // The bounded wait: an overdue vGPU goes first under CoSched, and ahead of AugC's boost
+        // class (without boosts AugC is AccC, whose credits let no one starve).
+        let v = match self.cfg.mode {
+            PegasusMode::Cosched => self
+                .overdue(cx)
+                .or_else(|| self.co_first(class))
+                .unwrap_or(first),
+            PegasusMode::Augc if class == 0 => self.overdue(cx).unwrap_or(first),
+            _ => first,
         };
+        let round = self.ready.key(v).map_or(self.round, |(_, round, _)| round);
         self.unready(v);
         self.touch(v);
         self.round = self.round.max(round);
@@ -1133,8 +1196,10 @@ impl Policy for Pegasus {
     }
 
     fn next_deadline(&self) -> Option<Time> {
-        // Slices need no timer: a slice only matters when the core asks for a pick, and it
-        // does so at every completion and submission.
+        // Slices and the bounded wait need no timer: they only matter when the core asks for a
+        // pick, and it does so at every completion and submission. `pick` always picks when a
+        // vGPU has queued work, so while a group waits one is on the GPU, and its completion
+        // asks for the next pick.
         self.next_period
     }
 
@@ -1239,6 +1304,8 @@ mod tests {
         running: Vec<(Time, VgpuId, GroupId, Time)>,
         next_id: u64,
         dispatched: Vec<VgpuId>,
+        /// When each of `dispatched` was dispatched.
+        at: Vec<Time>,
     }
 
     impl Gpu {
@@ -1250,6 +1317,7 @@ mod tests {
                 running: Vec::new(),
                 next_id: 0,
                 dispatched: Vec::new(),
+                at: Vec::new(),
             }
         }
 
@@ -1266,6 +1334,7 @@ mod tests {
                 if let Decision::Dispatch { vgpu, group, .. } = d {
                     self.running.push((now + self.cost, vgpu, group, now));
                     self.dispatched.push(vgpu);
+                    self.at.push(now);
                     if self.backlog > 0 {
                         self.submit(now, vgpu);
                     }
@@ -1762,6 +1831,106 @@ mod tests {
         );
     }
 
+    /// When `v` was dispatched, in order.
+    fn dispatch_times(gpu: &Gpu, v: VgpuId) -> Vec<Time> {
+        gpu.dispatched
+            .iter()
+            .zip(&gpu.at)
+            .filter(|&(&w, _)| w == v)
+            .map(|(_, &t)| t)
+            .collect()
+    }
+
+    #[test]
+    fn cosched_bounds_the_wait_of_a_vgpu_whose_vcpus_halt() {
+        assert_eq!(PegasusConfig::default().max_wait, DEFAULT_MAX_WAIT);
+        let parsed: PegasusConfig = toml::from_str("max_wait = 50_000_000").unwrap();
+        assert_eq!(parsed.max_wait, 50 * MS);
+        for limit in [DEFAULT_MAX_WAIT, 50 * MS] {
+            let cfg = PegasusConfig {
+                max_wait: limit,
+                ..config(PegasusMode::Cosched)
+            };
+            let (mut s, v) = sched(cfg, 1, &vec![VgpuParams::default(); 2]);
+            let (busy, halted) = (v[0], v[1]);
+            hint(&mut s, 0, halted, 100, false, 0);
+            // An idle GPU with only a waiter whose vCPUs halt still runs its work.
+            assert_eq!(
+                submit(&mut s, 0, halted, 1_000),
+                vec![dispatch(halted, 1_000)]
+            );
+            assert!(complete(&mut s, MS, halted, 1_000, 0).is_empty());
+            hint(&mut s, MS, busy, 100, true, 0);
+            // 2 ms groups, one queued behind each dispatch: the busy VM always has work, and
+            // each of the halted VM's groups is submitted when the one before is dispatched.
+            let mut gpu = Gpu::new(s, 2 * MS, 1);
+            gpu.submit(MS, busy);
+            gpu.submit(MS, halted);
+            gpu.run_until(NS_PER_SEC + MS);
+            let times = dispatch_times(&gpu, halted);
+            let waits: Vec<Nanos> = std::iter::once(MS)
+                .chain(times.iter().copied())
+                .zip(&times)
+                .map(|(submitted, &dispatched)| dispatched - submitted)
+                .collect();
+            // Each group waits out the limit, then goes at the next completion.
+            assert!(
+                waits.iter().all(|&w| (limit..=limit + 2 * MS).contains(&w)),
+                "limit {limit}: waits {waits:?}"
+            );
+            let windows = NS_PER_SEC / (limit + 2 * MS);
+            assert!(
+                times.len() as u64 >= windows,
+                "limit {limit}: {} groups",
+                times.len()
+            );
+            assert!(gpu.gpu_time(busy) > 8 * gpu.gpu_time(halted));
+        }
+    }
+
+    #[test]
+    fn augc_bounds_the_wait_behind_a_vgpu_boosted_every_period() {
+        // v0's vCPUs are on a CPU at every boundary and use no CPU time while v2 uses three
+        // cores: v0's remaining CPU credit covers every whole period, so its boost outlasts the
+        // GPU time it can use, and v1 (halted, equal credits) never got a turn without the
+        // bounded wait.
+        let cfg = PegasusConfig {
+            max_wait: 100 * MS,
+            ..config(PegasusMode::Augc)
+        };
+        let (mut s, v) = sched(cfg.clone(), 1, &vec![VgpuParams::default(); 3]);
+        hint(&mut s, 0, v[0], 100, true, 0);
+        hint(&mut s, 0, v[1], 100, false, 0);
+        hint(&mut s, 0, v[2], 100, false, 0);
+        // 7 ms groups: the boost never runs out at a boundary.
+        let cost = 7 * MS;
+        let mut gpu = Gpu::new(s, cost, 1);
+        gpu.submit(0, v[0]);
+        gpu.submit(0, v[1]);
+        let period = cfg.period;
+        let mut end = 0;
+        for n in 1..=20 {
+            end = n * period;
+            gpu.run_until(end - 1);
+            hint(&mut gpu.s, end - 1, v[2], 100, false, 3 * end);
+        }
+        gpu.run_until(end);
+        assert!(figure(&gpu.s, v[0], "aug_credit_ns") > 0.0);
+        let times = dispatch_times(&gpu, v[1]);
+        // Later groups wait out the limit, plus the rest of a boosted slice (equal credits: one
+        // tick) and the group on the GPU at most; without the bound v1 went once in 7 periods,
+        // when five completions fell into one period and used up the boost.
+        let slice = cfg.tick;
+        for pair in times.windows(2) {
+            let wait = pair[1] - pair[0];
+            assert!(
+                wait <= cfg.max_wait + slice + cost,
+                "waited {wait} ns: {times:?}"
+            );
+        }
+        assert!(times.len() >= 4, "{times:?}");
+    }
+
     #[test]
     fn accelerator_selection_prefers_capability_per_credit() {
         let acc = |capability, credits, domains| AcceleratorLoad {
@@ -1813,7 +1982,14 @@ mod tests {
             tick: u64::MAX,
             max_slice_ticks: u32::MAX,
             slaf_compensation: u32::MAX,
+            max_wait: 0,
         };
+        assert_eq!(Pegasus::new(&cfg).cfg.max_wait, MIN_MAX_WAIT);
+        let long = PegasusConfig {
+            max_wait: u64::MAX,
+            ..cfg.clone()
+        };
+        assert_eq!(Pegasus::new(&long).cfg.max_wait, MAX_MAX_WAIT);
         let p = VgpuParams {
             weight: u32::MAX,
             slo: Some(u64::MAX),
