@@ -111,6 +111,13 @@ pub enum GuestError {
     /// QEMU's cgroup ([`GuestConfig::cgroup`]) could not be created or joined.
     #[error("QEMU's cgroup: {0}")]
     Cgroup(#[from] CgroupError),
+    /// The guest exited before its serial console printed the awaited line
+    /// ([`RunningGuest::launch_until`]).
+    #[error("the guest exited before it printed a line starting with {marker:?}")]
+    EndedEarly {
+        /// The awaited line's start.
+        marker: String,
+    },
     /// The caller's stop flag ([`GuestConfig::stop`]) was raised; QEMU was killed.
     #[error("stopped before the guest finished\n{logs}")]
     Stopped {
@@ -1010,6 +1017,20 @@ impl RunningGuest {
             self.serial_lines.push(line);
         }
         Ok(())
+    }
+
+    /// Starts a guest ([`RunningGuest::launch`]) and waits until its serial console prints a
+    /// line starting with `marker` (typically the job's first output), so that what the caller
+    /// measures next happens while the job runs.
+    pub fn launch_until(config: &GuestConfig, marker: &str) -> Result<Self> {
+        let mut guest = Self::launch(config)?;
+        if guest.wait_for_serial(|l| l.starts_with(marker), |_| {})? {
+            Ok(guest)
+        } else {
+            Err(GuestError::EndedEarly {
+                marker: marker.to_owned(),
+            })
+        }
     }
 
     /// Waits (within the wall-clock limit) until `predicate` holds for a serial line, passing

@@ -215,33 +215,17 @@ fn cosched_follows_the_vcpus() {
     let augc = schedd.write("augc.toml", AUGC).unwrap();
 
     let calm_job = format!("echo LOAD-RUNNING\n{BOMB} --duration-s {LOAD_S} --json | grep summary");
-    let mut calm = RunningGuest::launch(
-        &schedd
-            .guest_config(&image, "calm", calm_job)
-            .timeout(GUEST_TIMEOUT),
-    )
-    .unwrap();
-    assert!(
-        calm.wait_for_serial(|l| l.starts_with("LOAD-RUNNING"), |_| {})
-            .unwrap(),
-        "the calm guest exited before its job started"
-    );
+    let config = schedd.guest_config(&image, "calm", calm_job);
+    let mut calm =
+        RunningGuest::launch_until(&config.timeout(GUEST_TIMEOUT), "LOAD-RUNNING").unwrap();
     report(&format!("calm running after {:?}", started.elapsed()));
     let busy_job = format!(
         "stress-ng --cpu 2 --timeout {LOAD_S} >/dev/null 2>&1 &\necho LOAD-RUNNING\n\
          {BOMB} --duration-s {LOAD_S} --json | grep summary"
     );
-    let mut busy = RunningGuest::launch(
-        &schedd
-            .guest_config(&image, "busy", busy_job)
-            .timeout(GUEST_TIMEOUT),
-    )
-    .unwrap();
-    assert!(
-        busy.wait_for_serial(|l| l.starts_with("LOAD-RUNNING"), |_| {})
-            .unwrap(),
-        "the busy guest exited before its job started"
-    );
+    let config = schedd.guest_config(&image, "busy", busy_job);
+    let mut busy =
+        RunningGuest::launch_until(&config.timeout(GUEST_TIMEOUT), "LOAD-RUNNING").unwrap();
     report(&format!("busy running after {:?}", started.elapsed()));
     std::thread::sleep(SETTLE);
     eprintln!("{}", schedd.ctl(&["list"]).unwrap());

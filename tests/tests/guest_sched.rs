@@ -62,17 +62,9 @@ fn live_timegraph_prioritises_the_game_over_a_bomb() {
     let bomb_job = format!(
         "echo BOMB-RUNNING\nvgpu-load bomb --cost-us 4000 --depth 8 --duration-s {BOMB_S} --json | grep '\"summary\"'"
     );
-    let mut bomb = RunningGuest::launch(
-        &schedd
-            .guest_config(&image, "bomb", bomb_job)
-            .timeout(GUEST_TIMEOUT),
-    )
-    .unwrap();
-    assert!(
-        bomb.wait_for_serial(|l| l.starts_with("BOMB-RUNNING"), |_| {})
-            .unwrap(),
-        "the bomb's guest exited before its job started"
-    );
+    let config = schedd.guest_config(&image, "bomb", bomb_job);
+    let mut bomb =
+        RunningGuest::launch_until(&config.timeout(GUEST_TIMEOUT), "BOMB-RUNNING").unwrap();
     report(TEST, &format!("bomb running after {:?}", started.elapsed()));
     let game_job = format!(
         "for phase in 1 2; do
