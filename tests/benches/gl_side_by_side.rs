@@ -3,8 +3,8 @@
 //!
 //! Devices:
 //! - **vgpu**: our `vgpu-server` over vfio-user ([`GuestGpu::Vgpu`]). The server binary is
-//!   `$VGPU_SERVER_BIN`, else the release build beside this benchmark (built with
-//!   `cargo build --release -p vgpu-server` when it is missing there).
+//!   `$VGPU_SERVER_BIN`, else the workspace's, built fresh with this benchmark's (release)
+//!   profile ([`server_binary`]).
 //! - **qemu-virtio-gpu-gl**: QEMU's `virtio-gpu-gl-pci` with virgl in QEMU's process, on an
 //!   `egl-headless` display ([`GuestGpu::QemuVirtioGpuGl`]), its preferred mode set to
 //!   1024x768 like ours.
@@ -23,13 +23,13 @@
 //! `cargo bench -p vgpu-tests --bench gl_side_by_side [-- --runs N]`
 
 use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus};
+use std::path::PathBuf;
+use std::process::ExitStatus;
 use std::time::Duration;
 
 use vgpu_tests::guest::{
     Accel, GuestConfig, GuestError, GuestGpu, GuestImage, JobTransport, RunningGuest,
-    SERVER_BIN_ENV, gl_render_node, qemu_gl_support,
+    gl_render_node, qemu_gl_support, server_binary,
 };
 use vgpu_tests::{qemu_version, skip_without_qemu};
 
@@ -209,44 +209,6 @@ fn vhost_user_gpu_binary() -> Option<PathBuf> {
         .iter()
         .map(|p| prefix.join(p))
         .find(|p| p.is_file())
-}
-
-/// `$VGPU_SERVER_BIN`, else the release `vgpu-server` beside this benchmark, built if missing.
-fn release_server() -> Result<PathBuf, String> {
-    if let Some(path) = std::env::var_os(SERVER_BIN_ENV) {
-        return Ok(path.into());
-    }
-    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
-    // target/<profile>/deps/gl_side_by_side-HASH
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .ok_or("cannot place the benchmark executable")?;
-    let server = profile_dir.join("vgpu-server");
-    if server.is_file() {
-        return Ok(server);
-    }
-    let target_dir = profile_dir
-        .parent()
-        .ok_or("cannot place the target directory")?;
-    eprintln!(
-        "building the release vgpu-server into {}",
-        target_dir.display()
-    );
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let status = Command::new(cargo)
-        .args(["build", "--release", "-p", "vgpu-server"])
-        .env("CARGO_TARGET_DIR", target_dir)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()
-        .map_err(|e| format!("running cargo: {e}"))?;
-    if status.success() && server.is_file() {
-        Ok(server)
-    } else {
-        Err(format!(
-            "cargo build --release -p vgpu-server failed ({status}); set {SERVER_BIN_ENV}"
-        ))
-    }
 }
 
 fn run_once(
@@ -508,7 +470,7 @@ fn main() {
         }
     };
     let (accel, accel_reason) = Accel::detect().expect("accelerator");
-    let server = release_server();
+    let server = server_binary().map_err(|e| e.to_string());
     let vhost = vhost_user_gpu_binary();
     let qemu = qemu_version().unwrap_or("unknown");
     let machine = format!(

@@ -64,42 +64,52 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DaemonError {
     move |source| DaemonError::Io { what, source }
 }
 
-/// The workspace binary `name`: the one beside the running test executable (same cargo
-/// profile: `target/<profile>/`, also from `deps/`), else `target/debug` or `target/release`
-/// of the workspace; when none exists, `cargo build -p vgpu-schedd -p vgpu-server --bins` is run
-/// once into the test executable's target directory.
+/// The workspace binary `name` (`vgpu-server`, `vgpu-schedd`, `vgpuctl`), fresh: the first call
+/// in a process runs `cargo build --locked -p vgpu-schedd -p vgpu-server --bins` with the running
+/// test executable's profile into its target directory (a second or so when nothing changed), so
+/// a test never runs a binary older than the library code it was built with, as it would after
+/// `cargo test -p vgpu-tests` alone. Outside cargo (no `CARGO` in the environment) the binaries
+/// beside the executable are taken as they are.
 pub fn workspace_binary(name: &str) -> Result<PathBuf> {
-    let mut candidates = Vec::new();
-    let exe = std::env::current_exe().ok();
-    if let Some(exe) = &exe {
-        candidates.extend(exe.ancestors().skip(1).take(2).map(|d| d.join(name)));
-    }
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    for profile in ["debug", "release"] {
-        candidates.push(workspace.join("target").join(profile).join(name));
-    }
-    if let Some(found) = candidates.iter().find(|p| p.is_file()) {
-        return Ok(found.clone());
-    }
+    let exe = std::env::current_exe().map_err(io("locating the test executable"))?;
+    // target/<profile>/deps/<test>-HASH or target/<profile>/<bin>
+    let profile_dir = exe
+        .ancestors()
+        .skip(1)
+        .take(2)
+        .find(|d| d.file_name().is_some_and(|n| n != "deps"))
+        .ok_or_else(|| DaemonError::Missing(name.to_string()))?;
     static BUILT: OnceLock<bool> = OnceLock::new();
-    let built = *BUILT.get_or_init(|| {
-        // target/<profile>/deps/<test>-HASH -> target
-        let target = exe
-            .as_deref()
-            .and_then(|e| e.ancestors().nth(3))
-            .map_or_else(|| workspace.join("target"), Path::to_path_buf);
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        Command::new(cargo)
-            .args(["build", "-p", "vgpu-schedd", "-p", "vgpu-server", "--bins"])
-            .env("CARGO_TARGET_DIR", target)
-            .current_dir(&workspace)
-            .status()
-            .is_ok_and(|s| s.success())
-    });
-    candidates
-        .into_iter()
-        .find(|p| built && p.is_file())
-        .ok_or_else(|| DaemonError::Missing(name.to_string()))
+    let built = *BUILT.get_or_init(|| build_binaries(profile_dir));
+    let path = profile_dir.join(name);
+    if path.is_file() && (built || std::env::var_os("CARGO").is_none()) {
+        Ok(path)
+    } else {
+        Err(DaemonError::Missing(name.to_string()))
+    }
+}
+
+/// Builds the workspace's binaries into `profile_dir` (`<target>/<profile>`); false when cargo
+/// failed. Without `CARGO` (a test executable started by hand) nothing is built.
+fn build_binaries(profile_dir: &Path) -> bool {
+    let Some(cargo) = std::env::var_os("CARGO") else {
+        return false;
+    };
+    let (Some(target), Some(profile)) = (
+        profile_dir.parent(),
+        profile_dir.file_name().and_then(|p| p.to_str()),
+    ) else {
+        return false;
+    };
+    let profile = if profile == "debug" { "dev" } else { profile };
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    Command::new(cargo)
+        .args(["build", "--locked", "--quiet", "--profile", profile])
+        .args(["-p", "vgpu-schedd", "-p", "vgpu-server", "--bins"])
+        .env("CARGO_TARGET_DIR", target)
+        .current_dir(&workspace)
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// A running `vgpu-schedd`: killed (SIGKILL, by pid) and reaped on drop, its stderr printed

@@ -71,10 +71,10 @@ pub enum GuestError {
     },
     /// No `vgpu-server` binary was found.
     #[error(
-        "no vgpu-server binary (looked at: {looked}); build it with `cargo build -p vgpu-server` or set {SERVER_BIN_ENV}"
+        "no vgpu-server binary ({looked}); build it with `cargo build -p vgpu-server` or set {SERVER_BIN_ENV}"
     )]
     ServerMissing {
-        /// The paths tried.
+        /// Why it is missing.
         looked: String,
     },
     /// A file or process operation failed.
@@ -403,34 +403,15 @@ pub fn base64(data: &[u8]) -> String {
     out
 }
 
-/// The `vgpu-server` binary: `$VGPU_SERVER_BIN`, else the one beside the running executable
-/// (the same cargo profile: `target/<profile>/`, also from `deps/`), else the workspace's
-/// `target/release` or `target/debug`.
+/// The `vgpu-server` binary: `$VGPU_SERVER_BIN`, else the workspace's, freshly built with the
+/// running executable's profile ([`crate::daemon::workspace_binary`]).
 pub fn server_binary() -> Result<PathBuf> {
     if let Some(path) = std::env::var_os(SERVER_BIN_ENV) {
         return Ok(path.into());
     }
-    let mut candidates = Vec::new();
-    if let Ok(exe) = std::env::current_exe() {
-        for dir in exe.ancestors().skip(1).take(2) {
-            candidates.push(dir.join("vgpu-server"));
-        }
-    }
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    for profile in ["release", "debug"] {
-        candidates.push(workspace.join("target").join(profile).join("vgpu-server"));
-    }
-    candidates
-        .iter()
-        .find(|p| p.is_file())
-        .cloned()
-        .ok_or_else(|| GuestError::ServerMissing {
-            looked: candidates
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
-        })
+    crate::daemon::workspace_binary("vgpu-server").map_err(|e| GuestError::ServerMissing {
+        looked: e.to_string(),
+    })
 }
 
 /// The host render node for QEMU's virgl device: `$VGPU_GL_RENDER_NODE`, else the first
