@@ -316,6 +316,10 @@ enum TurnsPositive {
 struct Slice {
     vgpu: VgpuId,
     end: Time,
+    /// Given under CoSched because the holder was overdue ([`PegasusConfig::max_wait`]): it
+    /// lasts one tick and is not cut short, so that a GPU on which everyone is overdue changes
+    /// holder once per tick, not after every group.
+    overdue: bool,
 }
 
 /// The Pegasus policy in one of its modes.
@@ -793,6 +797,10 @@ impl Pegasus {
         if self.cfg.mode != PegasusMode::Cosched {
             return true;
         }
+        // An overdue holder's tick is not cut short, by overdue or on-CPU vGPUs alike.
+        if cur.overdue {
+            return true;
+        }
         if self.overdue(cx).is_some() {
             return false;
         }
@@ -1175,22 +1183,29 @@ impl Policy for Pegasus {
         let ((class, _, _), first) = self.ready.first()?;
         // The bounded wait: an overdue vGPU goes first under CoSched, and ahead of AugC's boost
         // class (without boosts AugC is AccC, whose credits let no one starve).
+        let overdue = match self.cfg.mode {
+            PegasusMode::Cosched => self.overdue(cx),
+            PegasusMode::Augc if class == 0 => self.overdue(cx),
+            _ => None,
+        };
         let v = match self.cfg.mode {
-            PegasusMode::Cosched => self
-                .overdue(cx)
-                .or_else(|| self.co_first(class))
-                .unwrap_or(first),
-            PegasusMode::Augc if class == 0 => self.overdue(cx).unwrap_or(first),
+            PegasusMode::Cosched => overdue.or_else(|| self.co_first(class)).unwrap_or(first),
+            PegasusMode::Augc => overdue.unwrap_or(first),
             _ => first,
         };
+        let overdue = self.cfg.mode == PegasusMode::Cosched && overdue.is_some();
         let round = self.ready.key(v).map_or(self.round, |(_, round, _)| round);
         self.unready(v);
         self.touch(v);
         self.round = self.round.max(round);
-        let len = self.domain(v).map_or(self.cfg.tick, |d| self.slice_len(d));
+        let len = match self.domain(v) {
+            Some(d) if !overdue => self.slice_len(d),
+            _ => self.cfg.tick,
+        };
         self.current = Some(Slice {
             vgpu: v,
             end: cx.now().saturating_add(len),
+            overdue,
         });
         Some(v)
     }
@@ -1873,18 +1888,31 @@ mod tests {
                 .zip(&times)
                 .map(|(submitted, &dispatched)| dispatched - submitted)
                 .collect();
-            // Each group waits out the limit, then goes at the next completion.
+            // The first group waits out the limit and goes at the next completion; the VM
+            // then holds the GPU for one tick (its groups submitted meanwhile wait one group),
+            // and its next group waits out the limit again.
             assert!(
-                waits.iter().all(|&w| (limit..=limit + 2 * MS).contains(&w)),
+                waits.iter().all(|&w| w <= limit + 2 * MS),
                 "limit {limit}: waits {waits:?}"
             );
+            assert!(waits[0] >= limit, "limit {limit}: waits {waits:?}");
+            let per_tick = (PegasusConfig::default().tick / (2 * MS)) as usize;
+            for burst in waits.split(|&w| w >= limit).skip(1) {
+                assert!(burst.len() < per_tick, "limit {limit}: waits {waits:?}");
+            }
             let windows = NS_PER_SEC / (limit + 2 * MS);
             assert!(
                 times.len() as u64 >= windows,
                 "limit {limit}: {} groups",
                 times.len()
             );
-            assert!(gpu.gpu_time(busy) > 8 * gpu.gpu_time(halted));
+            // The halted VM gets at most about a tick per limit: the busy VM keeps the rest.
+            let (b, h) = (gpu.gpu_time(busy), gpu.gpu_time(halted));
+            let tick = PegasusConfig::default().tick;
+            assert!(
+                u128::from(h) * u128::from(limit) <= u128::from(tick + 2 * MS) * u128::from(b + h),
+                "limit {limit}: busy {b} ns, halted {h} ns"
+            );
         }
     }
 
