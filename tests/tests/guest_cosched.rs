@@ -41,11 +41,11 @@ const ACCC_SHARE: (f64, f64) = (0.35, 0.65);
 /// The least GPU share CoSched must give the busy VM. It dispatches the calm VM only when the
 /// busy VM has no group queued (the busy guest's bomb competes with stress-ng for its own
 /// vCPUs, so it resubmits late now and then), when a CPU sample misses its vCPUs running, or
-/// when a calm group has waited out the bounded wait: then the calm VM's queued groups, all
-/// about as old, go one after the other, about 16 groups (32 ms) per 150 ms window. So the busy
-/// VM gets most of the GPU (0.77–0.78 measured; 0.92–1.00 before the bounded wait, which
-/// starved the calm VM); 0.65, the top of the AccC range, is what the CPU samples must add over
-/// credits alone.
+/// when a calm group has waited out the bounded wait: then the calm VM holds the GPU a tick
+/// (10 ms) at a time while its oldest group is overdue, and its queued groups, all about as
+/// old, drain. So the busy VM gets most of the GPU (0.746 measured; 0.92–1.00 before the
+/// bounded wait, which starved the calm VM); 0.65, the top of the AccC range, is what the CPU
+/// samples must add over credits alone.
 const MIN_COSCHED_SHARE: f64 = 0.65;
 /// The GPU time of one of the bombs' groups, ns.
 const GROUP_NS: f64 = 2.0 * NS_PER_MS as f64;
