@@ -1195,110 +1195,105 @@ fn prom_value(v: f64) -> String {
 /// figure, one sample per VM labelled `vm` (`vgpu_budget_remaining_seconds` only for VMs that
 /// have a budget).
 pub fn render_metrics(stats: &Stats) -> String {
-    type Get = fn(&VmStats) -> f64;
-    let families: [(&str, &str, &str, Get); 14] = [
+    // A VM without the value (`None`) has no sample in that family.
+    type Get = fn(&VmStats) -> Option<f64>;
+    let families: [(&str, &str, &str, Get); 15] = [
         (
             "vgpu_connected",
             "gauge",
             "1 while a device is connected",
-            |s| f64::from(u8::from(s.connected)),
+            |s| Some(f64::from(u8::from(s.connected))),
         ),
         (
             "vgpu_groups_submitted_total",
             "counter",
             "Groups submitted for a grant",
-            |s| s.submitted as f64,
+            |s| Some(s.submitted as f64),
         ),
         (
             "vgpu_groups_dispatched_total",
             "counter",
             "Groups dispatched",
-            |s| s.dispatched as f64,
+            |s| Some(s.dispatched as f64),
         ),
         (
             "vgpu_groups_completed_total",
             "counter",
             "Groups completed",
-            |s| s.completed as f64,
+            |s| Some(s.completed as f64),
         ),
         (
             "vgpu_gpu_seconds_total",
             "counter",
             "GPU time of completed groups",
-            |s| s.gpu_time_ns as f64 / 1e9,
+            |s| Some(s.gpu_time_ns as f64 / 1e9),
         ),
         ("vgpu_frames_total", "counter", "Frames presented", |s| {
-            s.frames as f64
+            Some(s.frames as f64)
         }),
         (
             "vgpu_gpu_share",
             "gauge",
             "GPU share over the window",
-            |s| s.gpu_share,
+            |s| Some(s.gpu_share),
         ),
         (
             "vgpu_groups_per_second",
             "gauge",
             "Completions per second over the window",
-            |s| s.groups_per_sec,
+            |s| Some(s.groups_per_sec),
         ),
         (
             "vgpu_frames_per_second",
             "gauge",
             "Frames per second over the window",
-            |s| s.fps,
+            |s| Some(s.fps),
         ),
         (
             "vgpu_queue_depth",
             "gauge",
             "Groups waiting in the queue",
-            |s| s.queue_depth as f64,
+            |s| Some(s.queue_depth as f64),
         ),
         (
             "vgpu_in_flight",
             "gauge",
             "Groups dispatched and not completed",
-            |s| s.in_flight as f64,
+            |s| Some(s.in_flight as f64),
         ),
         (
             "vgpu_latency_p50_microseconds",
             "gauge",
             "Median submit-to-finish latency",
-            |s| s.latency_p50_us as f64,
+            |s| Some(s.latency_p50_us as f64),
         ),
         (
             "vgpu_latency_p99_microseconds",
             "gauge",
             "99th percentile submit-to-finish latency",
-            |s| s.latency_p99_us as f64,
+            |s| Some(s.latency_p99_us as f64),
         ),
         (
             "vgpu_vgpu_id",
             "gauge",
             "The vGPU id while connected",
-            |s| s.vgpu.map_or(f64::NAN, |v| f64::from(v.0)),
+            |s| Some(s.vgpu.map_or(f64::NAN, |v| f64::from(v.0))),
+        ),
+        (
+            "vgpu_budget_remaining_seconds",
+            "gauge",
+            "GPU time the VM may still use under the policy",
+            |s| s.budget.map(|b| b.remaining_ns as f64 / 1e9),
         ),
     ];
     let mut out = String::new();
     for (name, kind, help, get) in &families {
         out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
         for s in &stats.vms {
-            let vm = escape_label(&s.name);
-            out.push_str(&format!("{name}{{vm=\"{vm}\"}} {}\n", prom_value(get(s))));
-        }
-    }
-    out.push_str(
-        "# HELP vgpu_budget_remaining_seconds GPU time the VM may still use under the policy\n",
-    );
-    out.push_str("# TYPE vgpu_budget_remaining_seconds gauge\n");
-    for s in &stats.vms {
-        if let Some(b) = &s.budget {
-            let vm = escape_label(&s.name);
-            let seconds = b.remaining_ns as f64 / 1e9;
-            out.push_str(&format!(
-                "vgpu_budget_remaining_seconds{{vm=\"{vm}\"}} {}\n",
-                prom_value(seconds)
-            ));
+            if let Some(value) = get(s) {
+                let vm = escape_label(&s.name);
+                out.push_str(&format!("{name}{{vm=\"{vm}\"}} {}\n", prom_value(value)));
+            }
         }
     }
     out.push_str("# HELP vgpu_policy_figure Policy-specific figures per vGPU\n");
