@@ -100,11 +100,7 @@ fn child(policy: Option<&str>) -> Option<Run> {
         }),
     };
     let mut guest = VgpuGuest::start(&server);
-    let qt = guest.vm.qtest();
-    let features = guest.dev.device_features(qt).expect("features");
-    if features & 1 << virtio_gpu::F_VIRGL == 0 {
-        return None;
-    }
+    let features = guest.virgl_features()?;
     guest.bring_up_with(features);
     call(
         &mut guest,

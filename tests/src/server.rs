@@ -222,6 +222,23 @@ impl VgpuGuest {
         guest
     }
 
+    /// The device's features when it offers VIRTIO_GPU_F_VIRGL (the server found
+    /// virglrenderer); `None` after printing a skip message otherwise, or a panic when
+    /// `VGPU_REQUIRE_VIRGL` is set (test.sh).
+    pub fn virgl_features(&mut self) -> Option<u64> {
+        let qt = self.vm.qtest();
+        let features = self.dev.device_features(qt).expect("device features");
+        if features & 1 << vgpu_guest_drivers::virtio_gpu::F_VIRGL != 0 {
+            return Some(features);
+        }
+        assert!(
+            std::env::var_os("VGPU_REQUIRE_VIRGL").is_none(),
+            "VIRTIO_GPU_F_VIRGL not offered: the server found no virglrenderer"
+        );
+        eprintln!("SKIPPED: no virglrenderer on this host");
+        None
+    }
+
     /// (Re)negotiates VERSION_1, sets up both queues and sets DRIVER_OK.
     pub fn bring_up(&mut self) {
         self.bring_up_with(1u64 << virtio_bindings::virtio_config::VIRTIO_F_VERSION_1)
