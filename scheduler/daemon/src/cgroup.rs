@@ -268,21 +268,12 @@ impl VmCgroup {
     /// The CPU weight on the cgroup v2 scale (1–10000); v1 shares are converted with
     /// [`shares_to_weight`].
     pub fn weight(&self) -> Result<u32> {
-        match self.hierarchy {
-            Hierarchy::V2 => {
-                let path = self.cpu.file("cpu.weight");
-                let weight: u32 = parse_number(&path, &read_bounded(&path)?)?;
-                if !(WEIGHT_MIN..=WEIGHT_MAX).contains(&weight) {
-                    return Err(malformed(&path, "cpu.weight outside 1..=10000"));
-                }
-                Ok(weight)
-            }
-            Hierarchy::V1 => {
-                let path = self.cpu.file("cpu.shares");
-                let shares: u64 = parse_number(&path, &read_bounded(&path)?)?;
-                Ok(shares_to_weight(shares))
-            }
-        }
+        let raw = self.raw_weight()?;
+        Ok(match raw.hierarchy {
+            // In 1..=10000: checked by `raw_weight`.
+            Hierarchy::V2 => u32::try_from(raw.value).unwrap_or(WEIGHT_MAX),
+            Hierarchy::V1 => shares_to_weight(raw.value),
+        })
     }
 
     /// Writes a CPU weight (cgroup v2 scale): `cpu.weight` on v2, `cpu.shares` converted with
@@ -292,10 +283,14 @@ impl VmCgroup {
         if !(WEIGHT_MIN..=WEIGHT_MAX).contains(&weight) {
             return Err(CgroupError::InvalidWeight(weight));
         }
-        match self.hierarchy {
-            Hierarchy::V2 => write_value(&self.cpu.file("cpu.weight"), weight),
-            Hierarchy::V1 => write_value(&self.cpu.file("cpu.shares"), weight_to_shares(weight)),
-        }
+        let value = match self.hierarchy {
+            Hierarchy::V2 => u64::from(weight),
+            Hierarchy::V1 => weight_to_shares(weight),
+        };
+        self.set_raw_weight(RawWeight {
+            hierarchy: self.hierarchy,
+            value,
+        })
     }
 
     /// The weight file's value as it is ([`RawWeight`]), checked against the hierarchy's range.
