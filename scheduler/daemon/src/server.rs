@@ -1077,7 +1077,6 @@ impl Loop {
     /// Feeds a CPU sample of each connected VM whose QEMU pid is known to the core.
     fn sample_cpu(&mut self, now: u64) {
         let live = live_qemus(&self.daemon);
-        self.restore_gone(&live);
         self.probes.retain(|name, p| live.get(name) == Some(&p.pid));
         self.cgroup_failed.retain(|name| live.contains_key(name));
         for (name, pid) in live {
