@@ -36,7 +36,7 @@ use vgpu_scheduler::{CostSignature, Decision, GroupId, GroupKind, Nanos, Time, V
 pub const MAGIC: u32 = 0x3153_4756;
 
 /// The protocol version a device announces in `Hello` and the daemon confirms in `Welcome`.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// The size of the message header in bytes.
 pub const HEADER_BYTES: usize = 12;
@@ -55,6 +55,14 @@ pub const MAX_DETAIL_BYTES: usize = 200;
 /// The largest process id accepted: ids are handed to `libc` as `pid_t` (an `i32`), where a
 /// negative value would name a process group instead of a process.
 pub const MAX_PID: u32 = i32::MAX as u32;
+
+/// The most groups one device may have queued or in flight at the daemon (submitted or
+/// dispatched and not yet completed, done or cancelled). Both sides use it: a device refuses
+/// guest work beyond it (the guest sees an error response, the VM stays scheduled), so the daemon,
+/// which refuses a device that goes past it, never has to. A device's queues hold far fewer
+/// groups than this in normal operation (one control queue of 256 descriptors, load submits of at
+/// most a few hundred groups); the daemon's own per-vGPU limit is above it.
+pub const MAX_GROUPS_PER_DEVICE: usize = 1024;
 
 /// Bit set in the kind of every message sent by the daemon to a device.
 const TO_DEVICE: u16 = 0x8000;
@@ -168,6 +176,8 @@ pub enum Kind {
     Frame = 0x0005,
     /// [`Msg::Bye`].
     Bye = 0x0006,
+    /// [`Msg::Cancel`].
+    Cancel = 0x0007,
     /// [`Msg::Welcome`].
     Welcome = TO_DEVICE | 0x0001,
     /// [`Msg::Grant`].
@@ -190,13 +200,14 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, for lookups and tests.
-    const ALL: [Kind; 15] = [
+    const ALL: [Kind; 16] = [
         Kind::Hello,
         Kind::Submit,
         Kind::Dispatched,
         Kind::Completed,
         Kind::Frame,
         Kind::Bye,
+        Kind::Cancel,
         Kind::Welcome,
         Kind::Grant,
         Kind::Done,
@@ -453,6 +464,13 @@ pub enum Msg {
     Frame,
     /// Device to daemon, last in a session: the device disconnects.
     Bye,
+    /// Device to daemon: a submitted, granted or leased group will not complete (the guest
+    /// reset the device or went away before it ran or while it ran). The daemon forgets it: a
+    /// queued group leaves its queue, a group on the GPU leaves the GPU-online list at once.
+    Cancel {
+        /// The group.
+        group: GroupId,
+    },
     /// Daemon to device: the answer to `Hello`.
     Welcome {
         /// The daemon's protocol version.
@@ -512,6 +530,7 @@ impl Msg {
             Msg::Completed { .. } => Kind::Completed,
             Msg::Frame => Kind::Frame,
             Msg::Bye => Kind::Bye,
+            Msg::Cancel { .. } => Kind::Cancel,
             Msg::Welcome { .. } => Kind::Welcome,
             Msg::Grant { .. } => Kind::Grant,
             Msg::Done { .. } => Kind::Done,
@@ -638,7 +657,9 @@ pub fn encode(msg: &Msg, out: &mut Vec<u8>) {
             out.extend_from_slice(&version.to_le_bytes());
             out.extend_from_slice(&vgpu.0.to_le_bytes());
         }
-        Msg::Grant { group } => out.extend_from_slice(&group.0.to_le_bytes()),
+        Msg::Grant { group } | Msg::Cancel { group } => {
+            out.extend_from_slice(&group.0.to_le_bytes())
+        }
         Msg::Lease { budget_ns, until } => {
             out.extend_from_slice(&budget_ns.to_le_bytes());
             out.extend_from_slice(&until.to_le_bytes());
@@ -840,6 +861,9 @@ pub fn decode(packet: &[u8]) -> Result<Msg, ProtoError> {
         }
         Kind::Frame => Msg::Frame,
         Kind::Bye => Msg::Bye,
+        Kind::Cancel => Msg::Cancel {
+            group: GroupId(r.u64()?),
+        },
         Kind::Welcome => Msg::Welcome {
             version: r.u32()?,
             vgpu: VgpuId(r.u32()?),
@@ -986,6 +1010,9 @@ mod tests {
             },
             Msg::Frame,
             Msg::Bye,
+            Msg::Cancel {
+                group: GroupId(u64::MAX - 1),
+            },
             Msg::Welcome {
                 version: PROTOCOL_VERSION,
                 vgpu: VgpuId(5),
@@ -1098,7 +1125,7 @@ mod tests {
 
     #[test]
     fn unknown_kinds_are_rejected() {
-        for raw in [0u16, 7, 0x8000, 0x800a, 0x0101, u16::MAX] {
+        for raw in [0u16, 8, 0x8000, 0x800a, 0x0101, u16::MAX] {
             assert_eq!(decode(&packet(raw, &[])), Err(ProtoError::UnknownKind(raw)));
         }
     }
