@@ -16,14 +16,23 @@
 //! error answer and the connection stays usable. A line longer than [`MAX_REQUEST_BYTES`]
 //! gets an error answer and the connection is closed (there is no telling where the next
 //! request starts without reading the rest).
+//!
+//! Control clients are local users the daemon does not trust beyond what [`ControlAccess`]
+//! allows, and whatever they send runs as the daemon's user: a `create` names only the options
+//! of [`ServerOptions`] (no library paths, no directories) and a socket path that passes
+//! [`check_socket_path`].
 
-use std::path::PathBuf;
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use thiserror::Error;
 use vgpu_scheduler::PolicyConfig;
 use vgpu_scheduler::sim::ParamsOverride;
+
+use crate::seqpacket::PeerCred;
 
 /// Longest request line: a policy configuration with its spec lines and shared reserves fits
 /// many times over; it bounds what one client makes the daemon buffer.
@@ -44,9 +53,10 @@ pub enum ControlError {
     /// The line is longer than [`MAX_REQUEST_BYTES`].
     #[error("request longer than {MAX_REQUEST_BYTES} bytes")]
     TooLong,
-    /// A `create` with too many or too long extra arguments, or a bad socket path.
+    /// A `create` with an option outside [`ServerOptions`], too many or too long extra
+    /// arguments, or a bad socket path.
     #[error("bad create: {0}")]
-    BadCreate(&'static str),
+    BadCreate(String),
     /// A `vgpuctl set` assignment that does not parse.
     #[error("bad assignment {0:?}: {1}")]
     BadAssignment(String, &'static str),
@@ -83,9 +93,9 @@ pub enum Request {
         name: String,
         /// The vfio-user socket the device serves.
         socket: PathBuf,
-        /// Extra arguments for the device process.
-        #[serde(default)]
-        args: Vec<String>,
+        /// Options for the device process, sent as its command-line arguments.
+        #[serde(default, rename = "args")]
+        options: ServerOptions,
     },
     /// Stops a device process the daemon spawned.
     Destroy {
@@ -101,23 +111,8 @@ impl Request {
             return Err(ControlError::TooLong);
         }
         let req: Request = serde_json::from_slice(line)?;
-        if let Request::Create { socket, args, .. } = &req {
-            if args.len() > MAX_EXTRA_ARGS {
-                return Err(ControlError::BadCreate("too many extra arguments"));
-            }
-            if args
-                .iter()
-                .any(|a| a.len() > MAX_ARG_BYTES || a.contains('\0'))
-            {
-                return Err(ControlError::BadCreate(
-                    "extra argument too long or with NUL",
-                ));
-            }
-            if !socket.is_absolute() || !crate::seqpacket::valid_path(socket.as_os_str()) {
-                return Err(ControlError::BadCreate(
-                    "socket must be an absolute path that fits a Unix socket address",
-                ));
-            }
+        if let Request::Create { socket, .. } = &req {
+            check_socket_path(socket)?;
         }
         Ok(req)
     }
@@ -153,6 +148,198 @@ pub struct ChildInfo {
     pub pid: u32,
     /// The vfio-user socket it serves.
     pub socket: PathBuf,
+    /// Where it writes its scanout dumps (`--dump`), a directory the daemon made for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dump_dir: Option<PathBuf>,
+}
+
+/// The renderer of a device process (`--renderer`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renderer {
+    /// virglrenderer, the library the device process loads by default.
+    Virgl,
+    /// None: 2D only.
+    None,
+}
+
+/// The options a control client may give a device process it creates: an allow-list, because
+/// the process runs as the daemon's user. Library paths (`--virgl-library`) and directories
+/// (`--dump-dir`) are never taken from a client: `--dump` asks for dumps into a directory the
+/// daemon makes for the VM under its state directory. The socket, scheduler and VM name are the
+/// daemon's to set. Each option may appear once.
+///
+/// | option | meaning |
+/// |---|---|
+/// | `--display WxH` | the scanout mode (the device process checks the range) |
+/// | `--renderer virgl\|none` | with or without virgl |
+/// | `--log-level off\|error\|warn\|info\|debug\|trace` | its log level |
+/// | `--dump` | scanout PNGs into the VM's dump directory |
+/// | `--exit-on-disconnect` | exit when QEMU disconnects |
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "Vec<String>")]
+pub struct ServerOptions {
+    /// `--display WxH`.
+    pub display: Option<(u32, u32)>,
+    /// `--renderer`.
+    pub renderer: Option<Renderer>,
+    /// `--log-level`.
+    pub log_level: Option<log::LevelFilter>,
+    /// `--dump`.
+    pub dump: bool,
+    /// `--exit-on-disconnect`.
+    pub exit_on_disconnect: bool,
+}
+
+/// The allowed options, as error messages list them.
+const ALLOWED_OPTIONS: &str = "--display WxH, --renderer virgl|none, --log-level LEVEL, --dump, \
+                               --exit-on-disconnect";
+
+impl TryFrom<Vec<String>> for ServerOptions {
+    type Error = ControlError;
+
+    fn try_from(args: Vec<String>) -> Result<ServerOptions, ControlError> {
+        let bad = |why: String| Err(ControlError::BadCreate(why));
+        if args.len() > MAX_EXTRA_ARGS {
+            return bad(format!("more than {MAX_EXTRA_ARGS} arguments"));
+        }
+        let mut opts = ServerOptions::default();
+        let mut it = args.iter();
+        while let Some(arg) = it.next() {
+            if arg.len() > MAX_ARG_BYTES {
+                return bad(format!("argument longer than {MAX_ARG_BYTES} bytes"));
+            }
+            let mut value = || {
+                it.next()
+                    .map(String::as_str)
+                    .ok_or_else(|| ControlError::BadCreate(format!("{arg} needs a value")))
+            };
+            let seen = match arg.as_str() {
+                "--display" => {
+                    let v = value()?;
+                    let mode = v
+                        .split_once('x')
+                        .and_then(|(w, h)| Some((w.parse().ok()?, h.parse().ok()?)));
+                    let Some(mode) = mode else {
+                        return bad(format!("--display {v:?} is not WIDTHxHEIGHT"));
+                    };
+                    opts.display.replace(mode).is_some()
+                }
+                "--renderer" => {
+                    let r = match value()? {
+                        "virgl" => Renderer::Virgl,
+                        "none" => Renderer::None,
+                        v => return bad(format!("--renderer {v:?} is not virgl or none")),
+                    };
+                    opts.renderer.replace(r).is_some()
+                }
+                "--log-level" => {
+                    let v = value()?;
+                    let Ok(level) = v.parse::<log::LevelFilter>() else {
+                        return bad(format!("--log-level {v:?} is not a level"));
+                    };
+                    opts.log_level.replace(level).is_some()
+                }
+                "--dump" => std::mem::replace(&mut opts.dump, true),
+                "--exit-on-disconnect" => std::mem::replace(&mut opts.exit_on_disconnect, true),
+                other => {
+                    let shown: String = other.chars().take(64).collect();
+                    return bad(format!(
+                        "option {shown:?} is not allowed (allowed: {ALLOWED_OPTIONS})"
+                    ));
+                }
+            };
+            if seen {
+                return bad(format!("{arg} given twice"));
+            }
+        }
+        Ok(opts)
+    }
+}
+
+impl ServerOptions {
+    /// The device process's arguments for these options; `dump_dir` is the directory the
+    /// daemon made for `--dump`.
+    pub fn to_args(&self, dump_dir: Option<&Path>) -> Vec<OsString> {
+        let mut args: Vec<OsString> = Vec::new();
+        if let Some((w, h)) = self.display {
+            args.extend(["--display".into(), format!("{w}x{h}").into()]);
+        }
+        if let Some(r) = self.renderer {
+            let name = match r {
+                Renderer::Virgl => "virgl",
+                Renderer::None => "none",
+            };
+            args.extend(["--renderer".into(), name.into()]);
+        }
+        if let Some(level) = self.log_level {
+            let level = level.as_str().to_ascii_lowercase();
+            args.extend(["--log-level".into(), level.into()]);
+        }
+        if let Some(dir) = dump_dir {
+            args.extend(["--dump-dir".into(), dir.into()]);
+        }
+        if self.exit_on_disconnect {
+            args.push("--exit-on-disconnect".into());
+        }
+        args
+    }
+}
+
+/// The rule for the socket path of a `create`: absolute, without `.` or `..` components (the
+/// path says where the socket lands, with no detours), and fitting a Unix socket address. The
+/// daemon then also refuses a path where anything exists already (it never replaces or removes
+/// a file at a client's word, stale sockets included) and one whose parent is not a directory.
+pub fn check_socket_path(path: &Path) -> Result<(), ControlError> {
+    let bytes = path.as_os_str().as_bytes();
+    if !path.is_absolute() {
+        return Err(ControlError::BadCreate(
+            "socket must be an absolute path".into(),
+        ));
+    }
+    if bytes.split(|&b| b == b'/').any(|c| c == b"." || c == b"..") {
+        return Err(ControlError::BadCreate(
+            "socket path may not have . or .. components".into(),
+        ));
+    }
+    if !crate::seqpacket::valid_path(path.as_os_str()) {
+        return Err(ControlError::BadCreate(
+            "socket path does not fit a Unix socket address".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Who may use the control socket: the daemon's own user, root, and with a control group
+/// every process whose group or supplementary groups include it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ControlAccess {
+    /// The daemon's (effective) user id.
+    pub uid: u32,
+    /// The control group, if any.
+    pub group: Option<u32>,
+}
+
+impl ControlAccess {
+    /// Whether a peer with credentials `peer` may talk to the daemon; `groups` gives its
+    /// supplementary groups, asked for only when the answer depends on them.
+    pub fn allows(&self, peer: &PeerCred, groups: impl FnOnce() -> Vec<u32>) -> bool {
+        if peer.uid == 0 || peer.uid == self.uid {
+            return true;
+        }
+        match self.group {
+            Some(g) => peer.gid == g || groups().contains(&g),
+            None => false,
+        }
+    }
+}
+
+/// The id of group `name` in a group file (`/etc/group`: `name:password:gid:members` lines).
+pub fn lookup_group(group_file: &str, name: &str) -> Option<u32> {
+    group_file.lines().find_map(|line| {
+        let mut fields = line.split(':');
+        let (n, _password, gid) = (fields.next()?, fields.next()?, fields.next()?);
+        (n == name).then(|| gid.parse().ok()).flatten()
+    })
 }
 
 /// Splits a byte stream into request lines, never holding more than [`MAX_REQUEST_BYTES`] of
@@ -266,7 +453,119 @@ mod tests {
         };
         assert_eq!((vm.as_str(), params.priority), ("a", Some(3)));
         let r = Request::parse(br#"{"cmd":"create","name":"a","socket":"/tmp/a"}"#).unwrap();
-        assert!(matches!(r, Request::Create { args, .. } if args.is_empty()));
+        assert!(
+            matches!(r, Request::Create { options, .. } if options == ServerOptions::default())
+        );
+    }
+
+    #[test]
+    fn create_takes_only_allowed_options() {
+        let parse = |args: &[&str]| {
+            let line = serde_json::json!({"cmd":"create","name":"a","socket":"/run/a","args":args});
+            Request::parse(line.to_string().as_bytes())
+        };
+        let r = parse(&[
+            "--display",
+            "640x480",
+            "--renderer",
+            "none",
+            "--log-level",
+            "Debug",
+            "--dump",
+            "--exit-on-disconnect",
+        ])
+        .unwrap();
+        let Request::Create { options, .. } = r else {
+            panic!()
+        };
+        let dir = Path::new("/state/dump/a");
+        let args: Vec<String> = options
+            .to_args(Some(dir))
+            .into_iter()
+            .map(|a| a.into_string().unwrap())
+            .collect();
+        assert_eq!(
+            args,
+            [
+                "--display",
+                "640x480",
+                "--renderer",
+                "none",
+                "--log-level",
+                "debug",
+                "--dump-dir",
+                "/state/dump/a",
+                "--exit-on-disconnect"
+            ]
+        );
+        for bad in [
+            &["--virgl-library", "/tmp/evil.so"][..],
+            &["--dump-dir", "/etc"],
+            &["--socket", "/tmp/b"],
+            &["--scheduler", "/tmp/s"],
+            &["--vm-name", "b"],
+            &["--frobnicate"],
+            &["--display"],
+            &["--display", "big"],
+            &["--display", "1x2", "--display", "3x4"],
+            &["--renderer", "vulkan"],
+            &["--log-level", "loud"],
+            &["--dump", "--dump"],
+            &["--display=640x480"],
+            &["640x480"],
+        ] {
+            let e = parse(bad).expect_err(&format!("{bad:?}"));
+            assert!(e.to_string().contains("bad create"), "{bad:?}: {e}");
+        }
+        let e = parse(&["--virgl-library", "x"]).unwrap_err().to_string();
+        assert!(e.contains("not allowed") && e.contains("--dump"), "{e}");
+    }
+
+    #[test]
+    fn socket_paths_are_absolute_and_direct() {
+        assert!(check_socket_path(Path::new("/run/vgpu/vm1.sock")).is_ok());
+        for bad in [
+            "vm1.sock",
+            "./vm1.sock",
+            "/run/../etc/x",
+            "/run/vgpu/..",
+            "/run/./x",
+            "",
+        ] {
+            assert!(check_socket_path(Path::new(bad)).is_err(), "{bad}");
+        }
+        assert!(check_socket_path(&PathBuf::from(format!("/{}", "x".repeat(200)))).is_err());
+    }
+
+    #[test]
+    fn control_access_by_user_and_group() {
+        let peer = |uid, gid| PeerCred { pid: 1, uid, gid };
+        let no_groups = || -> Vec<u32> { panic!("groups not needed") };
+        let private = ControlAccess {
+            uid: 1000,
+            group: None,
+        };
+        assert!(private.allows(&peer(1000, 5), no_groups));
+        assert!(private.allows(&peer(0, 5), no_groups));
+        assert!(!private.allows(&peer(1001, 5), || vec![5, 1000]));
+        let shared = ControlAccess {
+            uid: 0,
+            group: Some(42),
+        };
+        assert!(shared.allows(&peer(1001, 42), no_groups));
+        assert!(shared.allows(&peer(1001, 5), || vec![7, 42]));
+        assert!(!shared.allows(&peer(1001, 5), || vec![7, 43]));
+        assert!(!shared.allows(&peer(42, 5), Vec::new));
+    }
+
+    #[test]
+    fn groups_found_by_name() {
+        let file = "root:x:0:\nvgpu:x:977:alice,bob\nbroken\nodd:x:notanumber:\n";
+        assert_eq!(lookup_group(file, "vgpu"), Some(977));
+        assert_eq!(lookup_group(file, "root"), Some(0));
+        assert_eq!(lookup_group(file, "odd"), None);
+        assert_eq!(lookup_group(file, "vgp"), None);
+        assert_eq!(lookup_group(file, "broken"), None);
     }
 
     #[test]

@@ -504,6 +504,75 @@ pub fn valid_path(path: &OsStr) -> bool {
     sockaddr(Path::new(path)).is_ok()
 }
 
+/// The credentials of the peer of any connected Unix socket (a control client's stream, say).
+pub fn peer_cred(socket: BorrowedFd<'_>) -> Result<PeerCred> {
+    peer_cred_of(socket.as_raw_fd())
+}
+
+/// Most supplementary groups [`peer_groups`] takes: the kernel's `NGROUPS_MAX`.
+pub const MAX_PEER_GROUPS: usize = 65536;
+
+/// The supplementary groups of the peer of a connected Unix socket (`SO_PEERGROUPS`), as the
+/// kernel recorded them when the peer connected. Unlike `/proc/PID/status` they cannot belong
+/// to another process that reused the peer's pid since.
+pub fn peer_groups(socket: BorrowedFd<'_>) -> Result<Vec<u32>> {
+    let gid_size = size_of::<libc::gid_t>();
+    let mut groups: Vec<libc::gid_t> = vec![0; 64];
+    loop {
+        let bytes = groups.len().saturating_mul(gid_size);
+        let mut len = libc::socklen_t::try_from(bytes).unwrap_or(libc::socklen_t::MAX);
+        // SAFETY: `groups` is valid for writes of `len` bytes (its length times the size of
+        // a gid_t); the kernel writes at most `len` bytes and stores the length it needs or
+        // wrote in `len`.
+        let rc = unsafe {
+            libc::getsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERGROUPS,
+                groups.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        let needed = usize::try_from(len).unwrap_or(usize::MAX) / gid_size;
+        if rc == 0 {
+            groups.truncate(needed);
+            return Ok(groups);
+        }
+        let source = io::Error::last_os_error();
+        // Too small a buffer: the kernel said how many there are; grow once and ask again.
+        if source.raw_os_error() == Some(libc::ERANGE)
+            && needed > groups.len()
+            && needed <= MAX_PEER_GROUPS
+        {
+            groups.resize(needed, 0);
+            continue;
+        }
+        return Err(SeqError::Sys {
+            call: "getsockopt(SO_PEERGROUPS)",
+            source,
+        });
+    }
+}
+
+/// The process's effective user id.
+pub fn effective_uid() -> u32 {
+    // SAFETY: geteuid(2) takes no arguments and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Runs `f` with the process's file mode creation mask set to `mask`, then puts the previous
+/// mask back: a socket `f` binds is created with `0o777 & !mask` from the start, with no
+/// window in which it is wider. The mask is process-wide: call this while no other thread
+/// creates files (the daemon binds its sockets before it starts any thread).
+pub fn with_umask<T>(mask: u32, f: impl FnOnce() -> T) -> T {
+    // SAFETY: umask(2) takes no pointers and cannot fail.
+    let old = unsafe { libc::umask(mask) };
+    let result = f();
+    // SAFETY: as above.
+    unsafe { libc::umask(old) };
+    result
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,11 +16,21 @@
 //! Every peer is untrusted: a device that sends what the core refuses is refused and dropped,
 //! a device that does not read its messages (its socket queue stays full) is dropped, control
 //! and HTTP clients are bounded in number, request size and buffered output.
+//!
+//! The control socket is created with mode 0600 (0660 and the control group as its group
+//! with [`ServerConfig::control_group`]) whatever the umask: the mode is set through the umask
+//! around `bind`, so the socket never exists with a wider one. Every control connection is
+//! then checked with `SO_PEERCRED` ([`ControlAccess`]) and closed at once, with a warning, when
+//! its peer is neither the daemon's user, nor root, nor in the control group. `create` runs
+//! the device process with the allowed [`ServerOptions`] only; its scanout dumps go to a
+//! directory the daemon makes for the VM under [`ServerConfig::state_dir`].
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fs::{DirBuilder, OpenOptions, Permissions};
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -38,7 +48,7 @@ use vmm_sys_util::timerfd::TimerFd;
 use vgpu_scheduler::model::CpuHint;
 
 use crate::cgroup::{CgroupError, CgroupFs, CpuProbe, Hierarchy, RawWeight, VmCgroup};
-use crate::control::{ChildInfo, LineBuffer, Request, Response};
+use crate::control::{ChildInfo, ControlAccess, LineBuffer, Request, Response, ServerOptions};
 use crate::daemon::{ConnId, Daemon, DaemonConfig, DaemonError, Peer, render_metrics};
 use crate::proto::{MAX_MESSAGE_BYTES, VmName};
 use crate::seqpacket::{self, SeqError, SeqListener, SeqStream, monotonic_ns};
@@ -71,6 +81,17 @@ pub const CREATE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Lines of a child's stderr kept to report a failed start.
 pub const STDERR_TAIL_LINES: usize = 20;
+/// Umask around the control socket's `bind`: mode 0600.
+const CONTROL_UMASK: u32 = 0o177;
+/// Umask around the control socket's `bind` with a control group: mode 0660 (the group is
+/// set right after; until then it is the daemon's own group, and the peer check still
+/// applies).
+const CONTROL_GROUP_UMASK: u32 = 0o117;
+/// Refused control peers logged per [`REFUSAL_LOG_PERIOD`]; the rest are counted and summed up
+/// in one line, so a local user connecting in a loop cannot flood the log.
+const MAX_REFUSALS_LOGGED: u32 = 10;
+/// See [`MAX_REFUSALS_LOGGED`].
+const REFUSAL_LOG_PERIOD: Duration = Duration::from_secs(60);
 /// Rounds of outbox handling per event: sending can fail and drop a device, whose teardown
 /// fills the outbox again; each round drops at least one device, so this is only a backstop.
 const MAX_OUTBOX_ROUNDS: usize = 64;
@@ -120,6 +141,12 @@ pub struct ServerConfig {
     pub socket: PathBuf,
     /// The control socket.
     pub control: PathBuf,
+    /// The group whose members may use the control socket besides the daemon's user and root
+    /// (the socket is then 0660 with this group, else 0600).
+    pub control_group: Option<u32>,
+    /// The daemon's own directory (made 0700 when first needed): `dump/VM/` holds the scanout
+    /// dumps of the device processes it creates with `--dump`.
+    pub state_dir: PathBuf,
     /// The loopback address of the metrics HTTP listener, if any.
     pub metrics: Option<SocketAddr>,
     /// The core's configuration.
@@ -140,7 +167,8 @@ pub struct Server {
 
 impl Server {
     /// Binds every socket (refusing paths a live listener serves, replacing stale socket
-    /// files) and sets up the loop.
+    /// files) and sets up the loop. It sets the process's umask around the control socket's
+    /// `bind` ([`seqpacket::with_umask`]): call it before starting threads that create files.
     pub fn bind(config: ServerConfig) -> Result<Server, ServerError> {
         if let Some(addr) = config.metrics
             && !addr.ip().is_loopback()
@@ -149,18 +177,7 @@ impl Server {
         }
         let daemon = Daemon::new(monotonic_ns(), config.daemon.clone())?;
         let devices = SeqListener::bind(&config.socket)?;
-        seqpacket::remove_stale(&config.control, |p| match UnixStream::connect(p) {
-            Ok(_) => Ok(true),
-            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => Ok(false),
-            Err(source) => Err(SeqError::Sys {
-                call: "connect",
-                source,
-            }),
-        })?;
-        let control = UnixListener::bind(&config.control).map_err(io_err("control socket"))?;
-        control
-            .set_nonblocking(true)
-            .map_err(io_err("control socket"))?;
+        let control = bind_control(&config.control, config.control_group)?;
         let metrics = match config.metrics {
             Some(addr) => {
                 let l = TcpListener::bind(addr).map_err(io_err("metrics listener"))?;
@@ -193,6 +210,11 @@ impl Server {
         let mut manager = EventManager::new().map_err(ServerError::EventLoop)?;
         let state = Loop {
             cpu_writeback: config.daemon.cpu_writeback,
+            access: ControlAccess {
+                uid: seqpacket::effective_uid(),
+                group: config.control_group,
+            },
+            refusals: LogBudget::default(),
             daemon,
             devices,
             control,
@@ -326,6 +348,7 @@ enum Waiting {
 struct ChildProc {
     child: Child,
     socket: PathBuf,
+    dump_dir: Option<PathBuf>,
     tail: Arc<Mutex<VecDeque<String>>>,
     waiting: Waiting,
 }
@@ -336,6 +359,7 @@ impl ChildProc {
             name: name.to_owned(),
             pid: self.child.id(),
             socket: self.socket.clone(),
+            dump_dir: self.dump_dir.clone(),
         }
     }
 
@@ -347,11 +371,56 @@ impl ChildProc {
     }
 }
 
+/// A log line budget: at most [`MAX_REFUSALS_LOGGED`] lines per [`REFUSAL_LOG_PERIOD`].
+#[derive(Debug, Default)]
+struct LogBudget {
+    /// Start of the current period.
+    since: Option<Instant>,
+    logged: u32,
+    /// Lines not logged in the current period.
+    suppressed: u64,
+}
+
+impl LogBudget {
+    /// Whether to log one more line now; when a period ends with lines suppressed, their
+    /// count is logged first.
+    fn allow(&mut self, what: &str) -> bool {
+        let now = Instant::now();
+        if self
+            .since
+            .is_none_or(|s| now.saturating_duration_since(s) >= REFUSAL_LOG_PERIOD)
+        {
+            if self.suppressed > 0 {
+                warn!(
+                    "{} more {what} in the last {REFUSAL_LOG_PERIOD:?}",
+                    self.suppressed
+                );
+            }
+            *self = LogBudget {
+                since: Some(now),
+                logged: 0,
+                suppressed: 0,
+            };
+        }
+        if self.logged < MAX_REFUSALS_LOGGED {
+            self.logged = self.logged.saturating_add(1);
+            true
+        } else {
+            self.suppressed = self.suppressed.saturating_add(1);
+            false
+        }
+    }
+}
+
 /// The event loop's state (the one subscriber).
 #[derive(Debug)]
 struct Loop {
     config: ServerConfig,
     cpu_writeback: bool,
+    /// Who may use the control socket.
+    access: ControlAccess,
+    /// Warnings about refused control peers.
+    refusals: LogBudget,
     daemon: Daemon,
     devices: SeqListener,
     control: UnixListener,
@@ -517,6 +586,30 @@ impl Loop {
             if count >= MAX_CONTROL_CLIENTS {
                 warn!("control client refused: {MAX_CONTROL_CLIENTS} connected");
                 continue;
+            }
+            match seqpacket::peer_cred(stream.as_fd()) {
+                Ok(peer) => {
+                    let groups = || {
+                        seqpacket::peer_groups(stream.as_fd()).unwrap_or_else(|e| {
+                            debug!("control client pid {}: {e}", peer.pid);
+                            Vec::new()
+                        })
+                    };
+                    if !self.access.allows(&peer, groups) {
+                        if self.refusals.allow("control clients refused") {
+                            warn!(
+                                "control client refused: pid {} uid {} gid {} is not the \
+                                 daemon's user, root or in the control group",
+                                peer.pid, peer.uid, peer.gid
+                            );
+                        }
+                        continue;
+                    }
+                }
+                Err(e) => {
+                    warn!("control client refused: no peer credentials: {e}");
+                    continue;
+                }
             }
             if let Err(e) = stream.set_nonblocking(true) {
                 warn!("control client: {e}");
@@ -950,8 +1043,12 @@ impl Loop {
                 .focus(now, &vm)
                 .map(|()| serde_json::Value::Null)
                 .map_err(|e| e.to_string()),
-            Request::Create { name, socket, args } => {
-                return self.create(token, &name, socket, &args).err();
+            Request::Create {
+                name,
+                socket,
+                options,
+            } => {
+                return self.create(token, &name, socket, &options).err();
             }
             Request::Destroy { name } => return self.destroy(token, &name).err(),
         };
@@ -968,7 +1065,7 @@ impl Loop {
         token: u32,
         name: &str,
         socket: PathBuf,
-        args: &[String],
+        options: &ServerOptions,
     ) -> Result<(), Response> {
         let fail = |why: String| Err(Response::Error(why));
         if let Err(e) = VmName::new(name) {
@@ -982,9 +1079,25 @@ impl Loop {
                 "too many device processes (at most {MAX_CHILDREN})"
             ));
         }
-        if std::fs::symlink_metadata(&socket).is_ok() {
-            return fail(format!("{} already exists", socket.display()));
+        match std::fs::symlink_metadata(&socket) {
+            Ok(_) => return fail(format!("{} already exists", socket.display())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return fail(format!("{}: {e}", socket.display())),
         }
+        if !socket.parent().is_some_and(Path::is_dir) {
+            return fail(format!(
+                "the directory of {} does not exist",
+                socket.display()
+            ));
+        }
+        let dump_dir = if options.dump {
+            let dir = self
+                .make_dump_dir(name)
+                .map_err(|e| Response::Error(format!("{name}: making its dump directory: {e}")))?;
+            Some(dir)
+        } else {
+            None
+        };
         let spawned = Command::new(&self.config.server_bin)
             .arg("--socket")
             .arg(&socket)
@@ -992,7 +1105,7 @@ impl Loop {
             .arg(&self.config.socket)
             .arg("--vm-name")
             .arg(name)
-            .args(args)
+            .args(options.to_args(dump_dir.as_deref()))
             .stdin(Stdio::null())
             .stderr(Stdio::piped())
             .spawn();
@@ -1021,6 +1134,7 @@ impl Loop {
             ChildProc {
                 child,
                 socket,
+                dump_dir,
                 tail,
                 waiting: Waiting::Start {
                     token,
@@ -1029,6 +1143,22 @@ impl Loop {
             },
         );
         Ok(())
+    }
+
+    /// The dump directory of VM `name`, `STATE/dump/NAME` (the name encoded by [`dir_name`]),
+    /// made 0700 with its parents when missing. The dumps stay after the VM's device process
+    /// is gone.
+    fn make_dump_dir(&self, name: &str) -> io::Result<PathBuf> {
+        let state = &self.config.state_dir;
+        if let Some(parent) = state.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        let dumps = state.join("dump");
+        let dir = dumps.join(dir_name(name));
+        for d in [state, &dumps, &dir] {
+            private_dir(d)?;
+        }
+        Ok(dir)
     }
 
     /// Sends SIGTERM to a device process; the answer comes from [`Loop::on_tick`].
@@ -1231,6 +1361,82 @@ impl Loop {
     }
 }
 
+/// Binds the control socket at `path` with mode 0600, or 0660 and group `group`, through the
+/// umask (no window with a wider mode), after removing a stale socket file there.
+fn bind_control(path: &Path, group: Option<u32>) -> Result<UnixListener, ServerError> {
+    seqpacket::remove_stale(path, |p| match UnixStream::connect(p) {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => Ok(false),
+        Err(source) => Err(SeqError::Sys {
+            call: "connect",
+            source,
+        }),
+    })?;
+    let mask = match group {
+        Some(_) => CONTROL_GROUP_UMASK,
+        None => CONTROL_UMASK,
+    };
+    let listener = seqpacket::with_umask(mask, || UnixListener::bind(path))
+        .map_err(io_err("control socket"))?;
+    let set_up = || {
+        if let Some(gid) = group {
+            // lchown: never follows a link someone put in the socket's place.
+            std::os::unix::fs::lchown(path, None, Some(gid))?;
+        }
+        listener.set_nonblocking(true)
+    };
+    if let Err(source) = set_up() {
+        remove_socket(path);
+        return Err(ServerError::Io {
+            what: "control socket owner",
+            source,
+        });
+    }
+    Ok(listener)
+}
+
+/// Makes directory `dir` with mode 0700, or checks the one there: a directory (not a link to
+/// one) owned by the daemon's user, made 0700 if it was wider.
+fn private_dir(dir: &Path) -> io::Result<()> {
+    match DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    // Through the opened directory, so the checks and the chmod are about the same inode.
+    let d = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(dir)?;
+    let meta = d.metadata()?;
+    if meta.uid() != seqpacket::effective_uid() {
+        return Err(io::Error::other(format!(
+            "{} is owned by uid {}, not the daemon's user",
+            dir.display(),
+            meta.uid()
+        )));
+    }
+    if meta.mode() & 0o7777 != 0o700 {
+        d.set_permissions(Permissions::from_mode(0o700))?;
+    }
+    Ok(())
+}
+
+/// A VM name as one directory name: ASCII letters, digits, `_`, `-` and (not first) `.` stay,
+/// every other byte becomes `%XX`. Injective (a `%` is encoded too), never `.`, `..` or a
+/// path with `/`, and at most 3 bytes per name byte (192 for the longest name).
+fn dir_name(vm: &str) -> String {
+    let mut out = String::with_capacity(vm.len());
+    for (i, b) in vm.bytes().enumerate() {
+        if b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || (b == b'.' && i > 0) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 /// The QEMU pid of every connected VM that announced one, by VM name.
 fn live_qemus(daemon: &Daemon) -> BTreeMap<String, u32> {
     daemon
@@ -1382,6 +1588,35 @@ mod tests {
         std::fs::write(&file, "77\n").unwrap();
         assert!(write_saving(&cgroup, 0, None).is_err());
         assert_eq!(read(), "77\n");
+    }
+
+    #[test]
+    fn vm_names_become_one_plain_directory_name() {
+        assert_eq!(dir_name("vm1.test_a-b"), "vm1.test_a-b");
+        assert_eq!(dir_name(".."), "%2E.");
+        assert_eq!(dir_name("a/../b"), "a%2F..%2Fb");
+        assert_eq!(dir_name("50% é"), "50%25%20%C3%A9");
+        assert_ne!(dir_name("%2E"), dir_name("."));
+    }
+
+    #[test]
+    fn private_dirs_are_made_0700_and_checked() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("d");
+        private_dir(&dir).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(&dir), 0o700);
+        std::fs::set_permissions(&dir, Permissions::from_mode(0o755)).unwrap();
+        private_dir(&dir).unwrap();
+        assert_eq!(mode(&dir), 0o700);
+        // A link is not followed, a file is not a directory.
+        let link = root.path().join("link");
+        std::os::unix::fs::symlink(&dir, &link).unwrap();
+        assert!(private_dir(&link).is_err());
+        let file = root.path().join("f");
+        std::fs::write(&file, "").unwrap();
+        assert!(private_dir(&file).is_err());
     }
 
     #[test]

@@ -27,8 +27,17 @@ struct Schedd {
 
 impl Schedd {
     fn start(dir: &Path, extra: &[&str]) -> Schedd {
+        Schedd::start_with_umask(dir, extra, 0o022)
+    }
+
+    /// Starts the daemon with file mode creation mask `umask` (through `sh`, which then
+    /// becomes the daemon).
+    fn start_with_umask(dir: &Path, extra: &[&str], umask: u32) -> Schedd {
         let log = dir.join(format!("schedd-{}.log", monotonic_ns()));
-        let child = Command::new(SCHEDD)
+        let child = Command::new("/bin/sh")
+            .arg("-c")
+            .arg(format!("umask {umask:03o} && exec \"$0\" \"$@\""))
+            .arg(SCHEDD)
             .arg("--socket")
             .arg(dir.join("sched.sock"))
             .arg("--control")
@@ -443,6 +452,185 @@ fn control_survives_garbage_and_bounds_requests() {
     assert!(answer.starts_with("{\"ok\""), "{answer}");
 }
 
+/// The mode bits of a file.
+fn mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
+}
+
+#[test]
+fn control_socket_is_private_whatever_the_umask() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = TempDir::new().unwrap();
+    let d = Schedd::start_with_umask(dir.path(), &[], 0);
+    assert_eq!(mode(&d.control()), 0o600);
+    assert!(d.call(json!({"cmd": "list"}))["ok"].is_object());
+    drop(d);
+    let dir = TempDir::new().unwrap();
+    let d = Schedd::start_with_umask(dir.path(), &["--control-group", "4242"], 0);
+    assert_eq!(mode(&d.control()), 0o660);
+    assert_eq!(std::fs::metadata(d.control()).unwrap().gid(), 4242);
+    assert!(d.call(json!({"cmd": "list"}))["ok"].is_object());
+}
+
+/// What a control client of another identity got.
+#[derive(Debug, PartialEq, Eq)]
+enum PeerOutcome {
+    /// An answer.
+    Answered,
+    /// The daemon closed the connection without one.
+    Closed,
+    /// `connect` failed with this errno.
+    NoConnect(i32),
+}
+
+/// Sends `list` to the control socket from a forked child running as user `uid`, group `gid`
+/// and supplementary `groups` (needs root). The child makes only async-signal-safe system
+/// calls on memory prepared before the fork, gives up by itself (receive timeout, alarm) and
+/// reports through its exit status: 0 answered, 1 closed, 2 no answer in time, 3 identity
+/// not taken, 10 + errno connect failed.
+fn list_as(control: &Path, uid: u32, gid: u32, groups: &[u32]) -> PeerOutcome {
+    use std::mem::size_of;
+    use std::os::unix::ffi::OsStrExt;
+    let mut addr = libc::sockaddr_un {
+        sun_family: libc::AF_UNIX as libc::sa_family_t,
+        sun_path: [0; 108],
+    };
+    let path = control.as_os_str().as_bytes();
+    assert!(path.len() < addr.sun_path.len());
+    for (d, &b) in addr.sun_path.iter_mut().zip(path) {
+        *d = b as libc::c_char;
+    }
+    let request = b"{\"cmd\":\"list\"}\n";
+    let timeout = libc::timeval {
+        tv_sec: 5,
+        tv_usec: 0,
+    };
+    // SAFETY: fork(2) takes no pointers; the child below only makes async-signal-safe calls.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        // SAFETY: every pointer passed points to memory prepared before the fork, alive until
+        // _exit; all calls are async-signal-safe system calls.
+        unsafe {
+            libc::alarm(10);
+            if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                || libc::setgid(gid) != 0
+                || libc::setuid(uid) != 0
+            {
+                libc::_exit(3);
+            }
+            let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&raw const timeout).cast(),
+                size_of::<libc::timeval>() as libc::socklen_t,
+            );
+            let len = size_of::<libc::sockaddr_un>() as libc::socklen_t;
+            if libc::connect(fd, (&raw const addr).cast(), len) != 0 {
+                libc::_exit(10 + (*libc::__errno_location()).min(200));
+            }
+            libc::send(
+                fd,
+                request.as_ptr().cast(),
+                request.len(),
+                libc::MSG_NOSIGNAL,
+            );
+            let mut answer = [0u8; 64];
+            let n = libc::read(fd, answer.as_mut_ptr().cast(), answer.len());
+            let errno = *libc::__errno_location();
+            libc::_exit(match n {
+                1.. => 0,
+                0 => 1,
+                _ if errno == libc::ECONNRESET => 1,
+                _ => 2,
+            });
+        }
+    }
+    let start = Instant::now();
+    let mut status = 0;
+    loop {
+        // SAFETY: `status` is valid for writes; `pid` is our own child.
+        let rc = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if rc == pid {
+            break;
+        }
+        if start.elapsed() > WAIT * 2 {
+            // SAFETY: kill and waitpid on our own child, not reaped yet.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            panic!("client child did not exit");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(libc::WIFEXITED(status), "client child status {status:#x}");
+    match libc::WEXITSTATUS(status) {
+        0 => PeerOutcome::Answered,
+        1 => PeerOutcome::Closed,
+        code @ 10.. => PeerOutcome::NoConnect(code - 10),
+        code => panic!("client child exit {code}"),
+    }
+}
+
+/// True when the tests run as root (and can take other identities).
+fn root() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").unwrap().uid() == 0
+}
+
+#[test]
+fn control_peers_of_other_users_are_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    if !root() {
+        eprintln!("skipped: needs root to connect as other users");
+        return;
+    }
+    const NOBODY: u32 = 65534;
+    const GROUP: u32 = 4242;
+    let dir = TempDir::new().unwrap();
+    // The directory must let the other users reach the socket.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let d = Schedd::start(dir.path(), &[]);
+    let c = d.control();
+    assert_eq!(list_as(&c, 0, 0, &[]), PeerOutcome::Answered);
+    // The mode keeps others out...
+    assert_eq!(
+        list_as(&c, NOBODY, NOBODY, &[]),
+        PeerOutcome::NoConnect(libc::EACCES)
+    );
+    // ...and where it does not (an operator's chmod), the peer check does.
+    std::fs::set_permissions(&c, std::fs::Permissions::from_mode(0o666)).unwrap();
+    assert_eq!(list_as(&c, NOBODY, NOBODY, &[]), PeerOutcome::Closed);
+    assert_eq!(list_as(&c, NOBODY, GROUP, &[GROUP]), PeerOutcome::Closed);
+    assert_eq!(list_as(&c, 0, 0, &[]), PeerOutcome::Answered);
+    let log = std::fs::read_to_string(&d.log).unwrap();
+    assert!(
+        log.contains("control client refused: pid") && log.contains("uid 65534"),
+        "{log}"
+    );
+    drop(d);
+
+    // With a control group, its members get in through their group or a supplementary one.
+    let d = Schedd::start(dir.path(), &["--control-group", &GROUP.to_string()]);
+    let c = d.control();
+    assert_eq!(list_as(&c, NOBODY, GROUP, &[]), PeerOutcome::Answered);
+    assert_eq!(
+        list_as(&c, NOBODY, NOBODY, &[7, GROUP]),
+        PeerOutcome::Answered
+    );
+    assert_eq!(
+        list_as(&c, NOBODY, NOBODY, &[7]),
+        PeerOutcome::NoConnect(libc::EACCES)
+    );
+    std::fs::set_permissions(&c, std::fs::Permissions::from_mode(0o666)).unwrap();
+    assert_eq!(list_as(&c, NOBODY, NOBODY, &[7]), PeerOutcome::Closed);
+    assert_eq!(list_as(&c, NOBODY, NOBODY, &[GROUP]), PeerOutcome::Answered);
+}
+
 #[test]
 fn garbage_device_dropped_while_another_is_served() {
     let dir = TempDir::new().unwrap();
@@ -615,6 +803,22 @@ fn bad_command_lines_exit_2() {
             "--log-level",
             "loud",
         ],
+        vec![
+            "--socket",
+            &sock,
+            "--control",
+            &ctl_path,
+            "--control-group",
+            "no-such-group-here",
+        ],
+        vec![
+            "--socket",
+            &sock,
+            "--control",
+            &ctl_path,
+            "--state-dir",
+            "rel",
+        ],
         vec!["--socket"],
     ] {
         let o = Command::new(SCHEDD)
@@ -723,4 +927,94 @@ fn create_and_destroy_device_processes() {
     terminate(d.pid()).unwrap();
     assert_eq!(d.wait_exit(), Some(0));
     assert!(!Path::new(&format!("/proc/{pid}")).exists());
+}
+
+#[test]
+fn create_takes_allowed_options_and_plain_socket_paths_only() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let dir = TempDir::new().unwrap();
+    let bin = write(dir.path(), "fake-server", FAKE_SERVER);
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let state = dir.path().join("run/state");
+    let mut d = Schedd::start(
+        dir.path(),
+        &[
+            "--server-bin",
+            bin.to_str().unwrap(),
+            "--state-dir",
+            state.to_str().unwrap(),
+        ],
+    );
+    let spawned = dir.path().join("fake-server.args");
+    let sock = dir.path().join("vm.sock");
+    let create = |name: &str, socket: &Path, args: &[&str]| {
+        d.call(json!({"cmd": "create", "name": name, "socket": socket, "args": args}))
+    };
+    let refused = |answer: Value, why: &str| {
+        let e = answer["error"].as_str().unwrap_or_default().to_owned();
+        assert!(e.contains(why), "expected {why:?}, got {answer}");
+    };
+    for args in [
+        &["--virgl-library", "/tmp/evil.so"][..],
+        &["--dump-dir", "/etc"],
+        &["--socket", "/tmp/other.sock"],
+        &["--scheduler", "/tmp/s"],
+        &["--frobnicate"],
+        &["--display", "640x480", "--display", "800x600"],
+    ] {
+        refused(create("vm", &sock, args), "bad create");
+    }
+    let file = write(dir.path(), "file", "keep");
+    let _live = std::os::unix::net::UnixListener::bind(dir.path().join("live.sock")).unwrap();
+    for (socket, why) in [
+        (file.clone(), "already exists"),
+        (dir.path().join("live.sock"), "already exists"),
+        (dir.path().join("nodir/vm.sock"), "does not exist"),
+        (dir.path().join("run/../vm.sock"), ". or .."),
+        (PathBuf::from("vm.sock"), "absolute"),
+    ] {
+        refused(create("vm", &socket, &[]), why);
+    }
+    assert!(!spawned.exists(), "nothing was started");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep");
+    // vgpuctl refuses them before asking (a usage error).
+    let o = d.ctl(&[
+        "create",
+        "vm",
+        "--socket",
+        sock.to_str().unwrap(),
+        "--",
+        "--virgl-library",
+        "x",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+
+    // --dump: a directory the daemon makes for the VM, 0700 and its own.
+    let answer = create("vm", &sock, &["--dump", "--log-level", "DEBUG"]);
+    let dump = state.join("dump/vm");
+    assert_eq!(answer["ok"]["dump_dir"], json!(dump), "{answer}");
+    let args = std::fs::read_to_string(&spawned).unwrap();
+    let want = format!(
+        "--socket {} --scheduler {} --vm-name vm --log-level debug --dump-dir {}",
+        sock.display(),
+        d.sock().display(),
+        dump.display()
+    );
+    assert_eq!(args.trim(), want);
+    let me = std::fs::metadata("/proc/self").unwrap().uid();
+    for p in [&state, &state.join("dump"), &dump] {
+        assert_eq!(mode(p), 0o700, "{}", p.display());
+        assert_eq!(std::fs::metadata(p).unwrap().uid(), me);
+    }
+    // A name that is no plain file name still gets one directory under dump/.
+    let sock2 = dir.path().join("vm2.sock");
+    let answer = create("../x/.", &sock2, &["--dump"]);
+    assert_eq!(
+        answer["ok"]["dump_dir"],
+        json!(state.join("dump/%2E.%2Fx%2F.")),
+        "{answer}"
+    );
+    // The children go with the daemon.
+    terminate(d.pid()).unwrap();
+    assert_eq!(d.wait_exit(), Some(0));
 }

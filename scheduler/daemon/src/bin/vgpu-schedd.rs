@@ -1,21 +1,27 @@
-//! `vgpu-schedd --socket PATH --control PATH [--metrics 127.0.0.1:PORT] [--policy FILE.toml]
-//! [--capacity N] [--switch-cost-us N] [--cpu-writeback] [--server-bin PATH]
-//! [--log-level LEVEL]`: the host-wide scheduler daemon.
+//! `vgpu-schedd --socket PATH --control PATH [--control-group NAME|GID] [--state-dir DIR]
+//! [--metrics 127.0.0.1:PORT] [--policy FILE.toml] [--capacity N] [--switch-cost-us N]
+//! [--cpu-writeback] [--server-bin PATH] [--log-level LEVEL]`: the host-wide scheduler daemon.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use vgpu_schedd::cgroup::CgroupFs;
+use vgpu_schedd::control::lookup_group;
 use vgpu_schedd::daemon::{DaemonConfig, MAX_SWITCH_COST_NS};
 use vgpu_schedd::server::{Server, ServerConfig};
 use vgpu_scheduler::PolicyConfig;
 use vgpu_scheduler::core::MAX_VGPUS;
 
-const USAGE: &str = "usage: vgpu-schedd --socket PATH --control PATH [--metrics 127.0.0.1:PORT] [--policy FILE.toml] [--capacity N] [--switch-cost-us N] [--cpu-writeback] [--server-bin PATH] [--log-level error|warn|info|debug|trace]
+const USAGE: &str = "usage: vgpu-schedd --socket PATH --control PATH [--control-group NAME|GID] [--state-dir DIR] [--metrics 127.0.0.1:PORT] [--policy FILE.toml] [--capacity N] [--switch-cost-us N] [--cpu-writeback] [--server-bin PATH] [--log-level error|warn|info|debug|trace]
 
 Schedules the GPU command groups of every vgpu-server that connects to the SOCK_SEQPACKET
-socket --socket. --control is the JSON-lines control socket vgpuctl talks to; --metrics serves
+socket --socket. --control is the JSON-lines control socket vgpuctl talks to: mode 0600, only
+the daemon's user and root may use it; with --control-group (a name from /etc/group or a
+number) it is 0660 with that group and the group's members may use it too. --state-dir is the
+daemon's own directory (0700; default $XDG_RUNTIME_DIR/vgpu-schedd, else
+/run/vgpu-schedd/state): vgpuctl create -- --dump writes a VM's scanouts to DIR/dump/NAME/.
+--metrics serves
 Prometheus text at http://ADDR/metrics (loopback only). --policy starts with the policy of a TOML
 file (policy = \"timegraph\" | \"fair\" | \"pegasus\" | \"vgris\" | \"none\", with its family's
 fields; default none). --capacity is how many groups the GPU runs at once (default 1);
@@ -27,6 +33,10 @@ this binary). SIGTERM or SIGINT stops the daemon, its children and removes its s
 const MAX_CAPACITY: usize = MAX_VGPUS;
 /// Largest policy file read.
 const MAX_POLICY_FILE_BYTES: u64 = 1024 * 1024;
+/// Where `--control-group NAME` is looked up (groups of other sources need a number).
+const GROUP_FILE: &str = "/etc/group";
+/// Largest group file read.
+const MAX_GROUP_FILE_BYTES: u64 = 16 * 1024 * 1024;
 
 struct Args {
     config: ServerConfig,
@@ -50,6 +60,31 @@ fn read_policy(path: &str) -> Result<PolicyConfig, String> {
     toml::from_str(&text).map_err(|e| format!("--policy {path}: {e}"))
 }
 
+/// The group id of `--control-group`: a number, or a name in [`GROUP_FILE`].
+fn group_id(text: &str) -> Result<u32, String> {
+    if let Ok(gid) = text.parse() {
+        return Ok(gid);
+    }
+    let fail = |e: String| format!("--control-group {text}: {e}");
+    let meta = std::fs::metadata(GROUP_FILE).map_err(|e| fail(format!("{GROUP_FILE}: {e}")))?;
+    if meta.len() > MAX_GROUP_FILE_BYTES {
+        return Err(fail(format!("{GROUP_FILE} is too large")));
+    }
+    let groups =
+        std::fs::read_to_string(GROUP_FILE).map_err(|e| fail(format!("{GROUP_FILE}: {e}")))?;
+    lookup_group(&groups, text).ok_or_else(|| fail(format!("no such group in {GROUP_FILE}")))
+}
+
+/// `$XDG_RUNTIME_DIR/vgpu-schedd` when that is set to an absolute path, else
+/// `/run/vgpu-schedd/state`.
+fn default_state_dir() -> PathBuf {
+    std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .map(|p| p.join("vgpu-schedd"))
+        .unwrap_or_else(|| PathBuf::from("/run/vgpu-schedd/state"))
+}
+
 fn default_server_bin() -> PathBuf {
     std::env::current_exe()
         .ok()
@@ -60,6 +95,8 @@ fn default_server_bin() -> PathBuf {
 fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut socket = None;
     let mut control = None;
+    let mut control_group = None;
+    let mut state_dir = None;
     let mut metrics = None;
     let mut daemon = DaemonConfig::default();
     let mut server_bin = None;
@@ -69,6 +106,14 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         match arg.as_str() {
             "--socket" => socket = Some(PathBuf::from(value("--socket")?)),
             "--control" => control = Some(PathBuf::from(value("--control")?)),
+            "--control-group" => control_group = Some(group_id(&value("--control-group")?)?),
+            "--state-dir" => {
+                let dir = PathBuf::from(value("--state-dir")?);
+                if !dir.is_absolute() {
+                    return Err(format!("--state-dir: {} is not absolute", dir.display()));
+                }
+                state_dir = Some(dir);
+            }
             "--metrics" => {
                 let addr: SocketAddr = value("--metrics")?
                     .parse()
@@ -108,6 +153,8 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         config: ServerConfig {
             socket: socket.ok_or("--socket is required")?,
             control: control.ok_or("--control is required")?,
+            control_group,
+            state_dir: state_dir.unwrap_or_else(default_state_dir),
             metrics,
             daemon,
             server_bin: server_bin.unwrap_or_else(default_server_bin),

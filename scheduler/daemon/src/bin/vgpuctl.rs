@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use serde_json::{Map, Value, json};
-use vgpu_schedd::control::{DEFAULT_CONTROL_PATH, MAX_EXTRA_ARGS, parse_assignment};
+use vgpu_schedd::control::{DEFAULT_CONTROL_PATH, ServerOptions, parse_assignment};
 use vgpu_scheduler::PolicyConfig;
 
 const USAGE: &str = "usage: vgpuctl [--control PATH] [--json] COMMAND
@@ -20,7 +20,10 @@ commands:
   set VM key=value...                priority, weight, sched=prt|ht, target_fps, slo=µs/s,
                                      reserve=C_us/T_us/pe|ae
   focus VM                           the user looks at VM
-  create NAME --socket PATH [-- ARGS] start a vgpu-server for NAME
+  create NAME --socket PATH [-- OPTIONS]
+                                     start a vgpu-server for NAME; OPTIONS: --display WxH,
+                                     --renderer virgl|none, --log-level LEVEL, --exit-on-disconnect,
+                                     --dump (scanouts into the daemon's STATE_DIR/dump/NAME/)
   destroy NAME                       stop the vgpu-server started for NAME
 exit codes: 0 ok, 1 daemon error, 2 usage or connection error";
 
@@ -371,20 +374,28 @@ fn run(cli: Cli) -> Result<(), Failure> {
         ["create", name, "--socket", socket, rest @ ..] => {
             let extra = match rest {
                 [] => &[][..],
-                ["--", extra @ ..] if extra.len() <= MAX_EXTRA_ARGS => extra,
-                _ => return usage("create NAME --socket PATH [-- ARGS]"),
+                ["--", extra @ ..] => extra,
+                _ => return usage("create NAME --socket PATH [-- OPTIONS]"),
             };
+            let owned: Vec<String> = extra.iter().map(|a| a.to_string()).collect();
+            if let Err(e) = ServerOptions::try_from(owned) {
+                return usage(&e.to_string());
+            }
             let socket = std::path::absolute(socket)
                 .map_err(|e| Failure::Usage(format!("--socket: {e}")))?;
             (
                 json!({"cmd": "create", "name": name, "socket": socket, "args": extra}),
                 |v| {
-                    println!(
+                    print!(
                         "{} pid {} at {}",
                         cell(v.get("name")),
                         cell(v.get("pid")),
                         cell(v.get("socket"))
-                    )
+                    );
+                    match v.get("dump_dir") {
+                        Some(dir) if !dir.is_null() => println!(", dumps in {}", cell(Some(dir))),
+                        _ => println!(),
+                    }
                 },
             )
         }
