@@ -64,10 +64,14 @@ pub const MAX_PACKETS_PER_WAKE: usize = 64;
 pub const MAX_READ_PER_WAKE: usize = 256 * 1024;
 /// Most control clients at once; more are closed on accept.
 pub const MAX_CONTROL_CLIENTS: usize = 64;
-/// Most HTTP clients at once; more are closed on accept.
+/// Most HTTP clients at once. A new one past it closes the oldest client still sending its
+/// request (else the oldest), so idle connections can never lock a scraper out.
 pub const MAX_HTTP_CLIENTS: usize = 16;
 /// Largest HTTP request head; a scraper's GET is far smaller.
 pub const MAX_HTTP_REQUEST_BYTES: usize = 8 * 1024;
+/// How long an HTTP client may take to send its request head: a scraper sends it with the
+/// connection, so this only bounds how long a silent or trickling one holds a slot.
+pub const HTTP_HEAD_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long an HTTP client may take to send its request and read the answer.
 pub const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Most answer bytes buffered for a client that does not read them; past it the client is
@@ -466,7 +470,7 @@ impl MutEventSubscriber for Loop {
         match events.data() {
             DEVICE_LISTENER => self.accept_devices(now, ops),
             CONTROL_LISTENER => self.accept_control(ops),
-            METRICS_LISTENER => self.accept_http(ops),
+            METRICS_LISTENER => self.accept_http(now, ops),
             SCHED_TIMER => {
                 self.daemon.timer(now);
                 self.carry_out(now, ops);
@@ -620,7 +624,7 @@ impl Loop {
         }
     }
 
-    fn accept_http(&mut self, ops: &mut EventOps) {
+    fn accept_http(&mut self, now: u64, ops: &mut EventOps) {
         for _ in 0..MAX_ACCEPTS_PER_WAKE {
             let Some(listener) = &self.metrics else {
                 return;
@@ -633,18 +637,42 @@ impl Loop {
                     break;
                 }
             };
+            if let Err(e) = stream.set_nonblocking(true) {
+                debug!("metrics client refused: {e}");
+                continue;
+            }
             let count = self
                 .sources
                 .values()
                 .filter(|s| matches!(s, Source::Http(_)))
                 .count();
-            if count >= MAX_HTTP_CLIENTS || stream.set_nonblocking(true).is_err() {
-                debug!("metrics client refused");
-                continue;
+            if count >= MAX_HTTP_CLIENTS
+                && let Some(oldest) = self.http_to_evict()
+            {
+                debug!("metrics client {oldest} closed to admit a new one");
+                self.close(now, oldest, ops);
             }
             let fd = stream.as_raw_fd();
-            self.watch(&fd, Source::Http(Client::new(stream)), ops);
+            if let Some(token) = self.watch(&fd, Source::Http(Client::new(stream)), ops) {
+                // A scraper sends its request with the connection: answer it at once if it is
+                // there, so it never waits behind (or is evicted by) a burst of new ones.
+                self.serve_http(now, token, ops);
+            }
         }
+    }
+
+    /// The HTTP client to close for a new one: the oldest still sending its request head,
+    /// else the oldest.
+    fn http_to_evict(&self) -> Option<u32> {
+        let http = self.sources.iter().filter_map(|(&t, s)| match s {
+            Source::Http(c) => Some((t, c)),
+            _ => None,
+        });
+        let sending = http.clone().filter(|(_, c)| !c.closing);
+        sending
+            .min_by_key(|(_, c)| c.since)
+            .or_else(|| http.min_by_key(|(_, c)| c.since))
+            .map(|(t, _)| t)
     }
 
     /// Sends what the core produced, closes the connections it dropped, writes CPU weights.
@@ -906,11 +934,16 @@ impl Loop {
         };
         let mut eof = false;
         if !client.closing {
-            let mut got = Vec::new();
-            let r = Self::read_client(&mut client.stream, &mut |b| got.extend_from_slice(b));
-            let room = MAX_HTTP_REQUEST_BYTES.saturating_sub(client.head.len());
-            let overflow = got.len() > room;
-            client.head.extend(got.into_iter().take(room));
+            // What does not fit the head is read (so the close after the 431 is no reset)
+            // but not kept.
+            let mut overflow = false;
+            let head = &mut client.head;
+            let r = Self::read_client(&mut client.stream, &mut |b| {
+                let room = MAX_HTTP_REQUEST_BYTES.saturating_sub(head.len());
+                let kept = b.get(..room).unwrap_or(b);
+                overflow |= kept.len() < b.len();
+                head.extend_from_slice(kept);
+            });
             let end = find(&client.head, b"\r\n\r\n").or_else(|| find(&client.head, b"\n\n"));
             if let Some(end) = end {
                 let head = client.head.get(..end).unwrap_or(&[]).to_vec();
@@ -1195,7 +1228,7 @@ impl Loop {
         let stale: Vec<u32> = self
             .sources
             .iter()
-            .filter(|(_, s)| matches!(s, Source::Http(c) if c.since.elapsed() > HTTP_TIMEOUT))
+            .filter(|(_, s)| matches!(s, Source::Http(c) if http_expired(c)))
             .map(|(&t, _)| t)
             .collect();
         for token in stale {
@@ -1513,6 +1546,13 @@ fn write_some<S: Write>(stream: &mut S, out: &mut Vec<u8>) -> io::Result<()> {
     };
     out.drain(..written.min(out.len()));
     result
+}
+
+/// Whether an HTTP client has had its time: [`HTTP_HEAD_TIMEOUT`] to send its request head,
+/// [`HTTP_TIMEOUT`] in all.
+fn http_expired(c: &Client<TcpStream>) -> bool {
+    let age = c.since.elapsed();
+    age > HTTP_TIMEOUT || (!c.closing && age > HTTP_HEAD_TIMEOUT)
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {

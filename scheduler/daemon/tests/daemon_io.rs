@@ -710,6 +710,42 @@ fn metrics_over_http() {
 }
 
 #[test]
+fn idle_metrics_connections_never_lock_out_a_scraper() {
+    use vgpu_schedd::server::{HTTP_HEAD_TIMEOUT, MAX_HTTP_CLIENTS};
+    let dir = TempDir::new().unwrap();
+    let port = free_port();
+    let d = Schedd::start(dir.path(), &["--metrics", &format!("127.0.0.1:{port}")]);
+    let _dev = Device::connect(&d.sock(), "m1");
+    // More silent connections than the daemon serves at once, all before the scrape.
+    let idle: Vec<TcpStream> = (0..MAX_HTTP_CLIENTS + 4)
+        .map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap())
+        .collect();
+    let answer = http(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer:?}");
+    assert!(answer.contains("vm=\"m1\""), "{answer}");
+    drop(idle);
+
+    // A client trickling its head is closed once its time to send it is up.
+    let mut slow = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let start = Instant::now();
+    slow.write_all(b"GET /metr").unwrap();
+    slow.set_read_timeout(Some(HTTP_HEAD_TIMEOUT + Duration::from_secs(2)))
+        .unwrap();
+    let mut buf = [0u8; 64];
+    let closed = match slow.read(&mut buf) {
+        Ok(n) => n == 0,
+        Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+    };
+    assert!(closed, "still open after {:?}", start.elapsed());
+    assert!(
+        start.elapsed() >= HTTP_HEAD_TIMEOUT,
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(http(port, b"GET /metrics HTTP/1.0\r\n\r\n").starts_with("HTTP/1.1 200"));
+}
+
+#[test]
 fn restart_after_sigkill_serves_a_reconnecting_device() {
     let dir = TempDir::new().unwrap();
     let mut d = Schedd::start(dir.path(), &[]);
