@@ -343,32 +343,48 @@ pub fn lookup_group(group_file: &str, name: &str) -> Option<u32> {
 }
 
 /// Splits a byte stream into request lines, never holding more than [`MAX_REQUEST_BYTES`] of
-/// an unfinished line.
+/// an unfinished line. Lines are taken from the front without moving the rest; the space of
+/// taken lines is reclaimed on the next push.
 #[derive(Debug, Default)]
 pub struct LineBuffer {
     buf: Vec<u8>,
+    /// Where the lines not taken yet start.
+    start: usize,
 }
 
 impl LineBuffer {
     /// Appends received bytes.
     pub fn push(&mut self, bytes: &[u8]) {
+        self.buf.drain(..self.start.min(self.buf.len()));
+        self.start = 0;
         self.buf.extend_from_slice(bytes);
+    }
+
+    fn rest(&self) -> &[u8] {
+        self.buf.get(self.start..).unwrap_or_default()
+    }
+
+    /// Whether a complete line is waiting.
+    pub fn has_line(&self) -> bool {
+        self.rest().contains(&b'\n')
     }
 
     /// The next complete line (without `\n`, and without a `\r` before it), `Ok(None)` when
     /// none is complete yet, [`ControlError::TooLong`] when the line is over the limit.
     pub fn next_line(&mut self) -> Result<Option<Vec<u8>>, ControlError> {
-        match self.buf.iter().position(|&b| b == b'\n') {
+        let rest = self.rest();
+        match rest.iter().position(|&b| b == b'\n') {
             Some(end) if end > MAX_REQUEST_BYTES => Err(ControlError::TooLong),
             Some(end) => {
-                let mut line: Vec<u8> = self.buf.drain(..=end).collect();
-                line.pop();
-                if line.last() == Some(&b'\r') {
-                    line.pop();
+                let mut line = rest.get(..end).unwrap_or_default();
+                if let Some(l) = line.strip_suffix(b"\r") {
+                    line = l;
                 }
+                let line = line.to_vec();
+                self.start = self.start.saturating_add(end).saturating_add(1);
                 Ok(Some(line))
             }
-            None if self.buf.len() > MAX_REQUEST_BYTES => Err(ControlError::TooLong),
+            None if rest.len() > MAX_REQUEST_BYTES => Err(ControlError::TooLong),
             None => Ok(None),
         }
     }
@@ -603,8 +619,14 @@ mod tests {
         b.push(b"{\"a\":1}\r\n{\"b\"");
         assert_eq!(b.next_line().unwrap().unwrap(), b"{\"a\":1}");
         assert_eq!(b.next_line().unwrap(), None);
-        b.push(b":2}\n");
+        assert!(!b.has_line());
+        b.push(b":2}\n\n{}\n");
+        assert!(b.has_line());
         assert_eq!(b.next_line().unwrap().unwrap(), b"{\"b\":2}");
+        assert_eq!(b.next_line().unwrap().unwrap(), b"");
+        assert_eq!(b.next_line().unwrap().unwrap(), b"{}");
+        assert!(!b.has_line());
+        assert_eq!(b.next_line().unwrap(), None);
         b.push(&vec![b'x'; MAX_REQUEST_BYTES + 1]);
         assert!(matches!(b.next_line(), Err(ControlError::TooLong)));
         let mut b = LineBuffer::default();

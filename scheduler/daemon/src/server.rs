@@ -29,7 +29,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fs::{DirBuilder, OpenOptions, Permissions};
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -43,6 +43,7 @@ use event_manager::{
 use log::{debug, error, info, warn};
 use serde_json::json;
 use thiserror::Error;
+use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 use vmm_sys_util::timerfd::TimerFd;
 
 use vgpu_scheduler::model::CpuHint;
@@ -62,6 +63,11 @@ pub const MAX_ACCEPTS_PER_WAKE: usize = 64;
 pub const MAX_PACKETS_PER_WAKE: usize = 64;
 /// Most bytes read from one control or HTTP client per wake-up.
 pub const MAX_READ_PER_WAKE: usize = 256 * 1024;
+/// Most request lines of one control client handled per turn. A client with more waiting is
+/// served again after every other ready source has had its turn (round-robin through a wake-up
+/// event), and its socket is not read meanwhile, so a batch of thousands of requests delays
+/// another client by at most one turn.
+pub const MAX_REQUESTS_PER_WAKE: usize = 16;
 /// Most control clients at once; more are closed on accept.
 pub const MAX_CONTROL_CLIENTS: usize = 64;
 /// Most HTTP clients at once. A new one past it closes the oldest client still sending its
@@ -106,6 +112,8 @@ const METRICS_LISTENER: u32 = 2;
 const SCHED_TIMER: u32 = 3;
 const TICK_TIMER: u32 = 4;
 const STOP_PIPE: u32 = 5;
+/// Control clients with requests left over from their turn.
+const DEFERRED_WAKE: u32 = 6;
 /// First event token of a connection.
 const FIRST_CONN_TOKEN: u32 = 16;
 
@@ -226,6 +234,8 @@ impl Server {
             timer,
             tick,
             stop: stop_reader,
+            wake: EventFd::new(EFD_NONBLOCK).map_err(io_err("wake-up event"))?,
+            deferred: BTreeSet::new(),
             stopped: false,
             next_token: FIRST_CONN_TOKEN,
             sources: BTreeMap::new(),
@@ -287,12 +297,24 @@ struct Client<S> {
     out: Vec<u8>,
     /// Close once `out` is sent.
     closing: bool,
-    /// Whether the loop watches it for writability.
-    watching_out: bool,
+    /// Its input has ended.
+    eof: bool,
+    /// What the loop watches it for.
+    interest: EventSet,
     since: Instant,
 }
 
-impl<S> Client<S> {
+/// What a client needs after a write.
+enum Flushed {
+    /// To be closed: done, failed, or too much unsent output.
+    Close,
+    /// Nothing more.
+    Keep,
+    /// To be watched for other events.
+    Watch(RawFd, EventSet),
+}
+
+impl<S: Write + AsRawFd> Client<S> {
     fn new(stream: S) -> Self {
         Client {
             stream,
@@ -300,9 +322,38 @@ impl<S> Client<S> {
             head: Vec::new(),
             out: Vec::new(),
             closing: false,
-            watching_out: false,
+            eof: false,
+            interest: EventSet::IN,
             since: Instant::now(),
         }
+    }
+
+    /// Input while it may send requests and none it sent waits unanswered (those wait in
+    /// its socket), output while some is unsent.
+    fn wanted(&self) -> EventSet {
+        let mut set = EventSet::empty();
+        if !self.closing && !self.eof && !self.lines.has_line() {
+            set |= EventSet::IN;
+        }
+        if !self.out.is_empty() {
+            set |= EventSet::OUT;
+        }
+        set
+    }
+
+    /// Writes what the socket takes of `out`.
+    fn flush(&mut self) -> Flushed {
+        let result = write_some(&mut self.stream, &mut self.out);
+        let done = self.out.is_empty();
+        if result.is_err() || (done && self.closing) || self.out.len() > MAX_CLIENT_OUTPUT_BYTES {
+            return Flushed::Close;
+        }
+        let want = self.wanted();
+        if want == self.interest {
+            return Flushed::Keep;
+        }
+        self.interest = want;
+        Flushed::Watch(self.stream.as_raw_fd(), want)
     }
 }
 
@@ -432,6 +483,10 @@ struct Loop {
     timer: TimerFd,
     tick: TimerFd,
     stop: UnixStream,
+    /// Readable while `deferred` is not empty.
+    wake: EventFd,
+    /// Control clients with requests left over from their turn.
+    deferred: BTreeSet<u32>,
     stopped: bool,
     next_token: u32,
     sources: BTreeMap<u32, Source>,
@@ -445,12 +500,13 @@ struct Loop {
 
 impl MutEventSubscriber for Loop {
     fn init(&mut self, ops: &mut EventOps) {
-        let fixed: [(&dyn AsRawFd, u32); 5] = [
+        let fixed: [(&dyn AsRawFd, u32); 6] = [
             (&self.devices, DEVICE_LISTENER),
             (&self.control, CONTROL_LISTENER),
             (&self.timer, SCHED_TIMER),
             (&self.tick, TICK_TIMER),
             (&self.stop, STOP_PIPE),
+            (&self.wake, DEFERRED_WAKE),
         ];
         for (fd, token) in fixed {
             if let Err(e) = ops.add(Events::with_data_raw(fd.as_raw_fd(), token, EventSet::IN)) {
@@ -478,6 +534,14 @@ impl MutEventSubscriber for Loop {
             TICK_TIMER => {
                 let _ = self.tick.wait();
                 self.on_tick(now, ops);
+            }
+            DEFERRED_WAKE => {
+                let _ = self.wake.read();
+                for token in std::mem::take(&mut self.deferred) {
+                    if matches!(self.sources.get(&token), Some(Source::Control(_))) {
+                        self.serve_control(now, token, ops);
+                    }
+                }
             }
             STOP_PIPE => {
                 let mut byte = [0u8; 16];
@@ -534,6 +598,7 @@ impl Loop {
         let Some(source) = self.sources.remove(&token) else {
             return;
         };
+        self.deferred.remove(&token);
         let fd = match &source {
             Source::Device { stream, .. } => stream.as_raw_fd(),
             Source::Control(c) => c.stream.as_raw_fd(),
@@ -891,21 +956,23 @@ impl Loop {
         Ok(false)
     }
 
+    /// Reads a control client's requests (only when it has none waiting) and answers at most
+    /// [`MAX_REQUESTS_PER_WAKE`] of them; one with more waiting is deferred to the next turn.
     fn serve_control(&mut self, now: u64, token: u32, ops: &mut EventOps) {
         let Some(Source::Control(mut client)) = self.sources.remove(&token) else {
             return;
         };
-        let eof = if client.closing {
-            false
-        } else {
+        if !client.closing && !client.eof && !client.lines.has_line() {
             let mut got = Vec::new();
             let r = Self::read_client(&mut client.stream, &mut |b| got.extend_from_slice(b));
             client.lines.push(&got);
-            r.unwrap_or(true)
-        };
-        while !client.closing {
+            client.eof = r.unwrap_or(true);
+        }
+        let mut handled = 0usize;
+        while !client.closing && handled < MAX_REQUESTS_PER_WAKE {
             match client.lines.next_line() {
                 Ok(Some(line)) => {
+                    handled = handled.saturating_add(1);
                     if line.iter().all(u8::is_ascii_whitespace) {
                         continue;
                     }
@@ -922,9 +989,16 @@ impl Loop {
                 }
             }
         }
+        let more = !client.closing && client.lines.has_line();
         // At end of input, answers already due are still sent before the close.
-        client.closing |= eof;
+        client.closing |= client.eof && !more;
         self.sources.insert(token, Source::Control(client));
+        if more {
+            self.deferred.insert(token);
+            if let Err(e) = self.wake.write(1) {
+                error!("waking the loop for deferred requests: {e}");
+            }
+        }
         self.flush(now, token, ops);
     }
 
@@ -988,49 +1062,21 @@ impl Loop {
     }
 
     /// Writes what `token` has pending; closes it when done and closing, or when it holds
-    /// too much unsent output or the write fails.
+    /// too much unsent output or the write fails; watches it for what it waits for next.
     fn flush(&mut self, now: u64, token: u32, ops: &mut EventOps) {
-        let Some(source) = self.sources.get_mut(&token) else {
-            return;
+        let flushed = match self.sources.get_mut(&token) {
+            Some(Source::Control(c)) => c.flush(),
+            Some(Source::Http(c)) => c.flush(),
+            Some(Source::Device { .. }) | None => return,
         };
-        let (result, client_out, closing, watching, fd) = match source {
-            Source::Device { .. } => return,
-            Source::Control(c) => {
-                let r = write_some(&mut c.stream, &mut c.out);
-                (
-                    r,
-                    c.out.len(),
-                    c.closing,
-                    &mut c.watching_out,
-                    c.stream.as_raw_fd(),
-                )
-            }
-            Source::Http(c) => {
-                let r = write_some(&mut c.stream, &mut c.out);
-                (
-                    r,
-                    c.out.len(),
-                    c.closing,
-                    &mut c.watching_out,
-                    c.stream.as_raw_fd(),
-                )
-            }
-        };
-        let done = client_out == 0;
-        if result.is_err() || (done && closing) || client_out > MAX_CLIENT_OUTPUT_BYTES {
-            self.close(now, token, ops);
-            return;
-        }
-        if *watching == done {
-            *watching = !done;
-            let set = if done {
-                EventSet::IN
-            } else {
-                EventSet::IN | EventSet::OUT
-            };
-            if let Err(e) = ops.modify(Events::with_data_raw(fd, token, set)) {
-                warn!("watching client {token}: {e}");
-                self.close(now, token, ops);
+        match flushed {
+            Flushed::Keep => {}
+            Flushed::Close => self.close(now, token, ops),
+            Flushed::Watch(fd, set) => {
+                if let Err(e) = ops.modify(Events::with_data_raw(fd, token, set)) {
+                    warn!("watching client {token}: {e}");
+                    self.close(now, token, ops);
+                }
             }
         }
     }

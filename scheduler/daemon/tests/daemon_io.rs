@@ -452,6 +452,94 @@ fn control_survives_garbage_and_bounds_requests() {
     assert!(answer.starts_with("{\"ok\""), "{answer}");
 }
 
+/// Stops (SIGSTOP) or continues (SIGCONT) the daemon; a stop returns once it is stopped.
+fn pause(d: &Schedd, stop: bool) {
+    let pid = libc::pid_t::try_from(d.pid()).unwrap();
+    let signal = if stop { libc::SIGSTOP } else { libc::SIGCONT };
+    // SAFETY: kill(2) takes no pointers; the pid is our own child, not reaped.
+    assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+    if stop {
+        wait_until("the daemon to stop", || {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+            let state = stat.rsplit_once(')').unwrap().1.split_whitespace().next();
+            state == Some("T")
+        });
+    }
+}
+
+#[test]
+fn a_batch_of_requests_does_not_hold_up_another_client() {
+    const BATCH: usize = 2000;
+    let dir = TempDir::new().unwrap();
+    let d = Schedd::start(dir.path(), &[]);
+    let batch = UnixStream::connect(d.control()).unwrap();
+    batch.set_read_timeout(Some(WAIT)).unwrap();
+    let mut batch_answers = BufReader::new(batch.try_clone().unwrap());
+    let mut batch = batch;
+    // Accepted before the daemon is stopped.
+    batch.write_all(b"{\"cmd\":\"list\"}\n").unwrap();
+    let mut line = String::new();
+    batch_answers.read_line(&mut line).unwrap();
+    // While it is stopped, the batch and then the other client's request are both waiting.
+    pause(&d, true);
+    batch
+        .write_all("{\"cmd\":\"list\"}\n".repeat(BATCH).as_bytes())
+        .unwrap();
+    let mut other = UnixStream::connect(d.control()).unwrap();
+    other.set_read_timeout(Some(WAIT)).unwrap();
+    let set = json!({"cmd": "set-params", "vm": "probe", "params": {"priority": 7}});
+    other.write_all(format!("{set}\n").as_bytes()).unwrap();
+    pause(&d, false);
+    let mut answer = String::new();
+    BufReader::new(other).read_line(&mut answer).unwrap();
+    assert!(answer.starts_with("{\"ok\""), "{answer}");
+    // The batch's answers tell when the other request was carried out: the probe VM shows in
+    // every list after it.
+    let mut first_with_probe = None;
+    for i in 0..BATCH {
+        line.clear();
+        batch_answers.read_line(&mut line).unwrap();
+        let v: Value = serde_json::from_str(&line).unwrap();
+        let vms = v["ok"]["vms"].as_array().unwrap();
+        let probe = vms.iter().any(|vm| vm["name"] == "probe");
+        match first_with_probe {
+            None if probe => first_with_probe = Some(i),
+            Some(_) => assert!(probe, "answer {i}"),
+            None => {}
+        }
+    }
+    let first = first_with_probe.expect("the other request waited for the whole batch");
+    eprintln!("the other request came after {first} of the batch's {BATCH}");
+    assert!(first < BATCH / 2, "{first}");
+}
+
+#[test]
+fn a_client_that_never_reads_its_answers_is_dropped() {
+    let dir = TempDir::new().unwrap();
+    let d = Schedd::start(dir.path(), &[]);
+    let mut greedy = UnixStream::connect(d.control()).unwrap();
+    greedy.set_write_timeout(Some(WAIT)).unwrap();
+    let writer = std::thread::spawn(move || {
+        let batch = "{\"cmd\":\"stats\"}\n".repeat(1000);
+        let start = Instant::now();
+        loop {
+            if let Err(e) = greedy.write_all(batch.as_bytes()) {
+                return (e.kind(), start.elapsed());
+            }
+        }
+    });
+    assert!(d.call(json!({"cmd": "list"}))["ok"].is_object());
+    let (error, took) = writer.join().unwrap();
+    assert!(
+        matches!(
+            error,
+            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+        ),
+        "{error:?} after {took:?}"
+    );
+    assert!(d.call(json!({"cmd": "list"}))["ok"].is_object());
+}
+
 /// The mode bits of a file.
 fn mode(path: &Path) -> u32 {
     use std::os::unix::fs::PermissionsExt;
