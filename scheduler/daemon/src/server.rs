@@ -20,10 +20,11 @@
 //! The control socket is created with mode 0600 (0660 and the control group as its group
 //! with [`ServerConfig::control_group`]) whatever the umask: the mode is set through the umask
 //! around `bind`, so the socket never exists with a wider one. Every control connection is
-//! then checked with `SO_PEERCRED` ([`ControlAccess`]) and closed at once, with a warning, when
-//! its peer is neither the daemon's user, nor root, nor in the control group. `create` runs
-//! the device process with the allowed [`ServerOptions`] only; its scanout dumps go to a
-//! directory the daemon makes for the VM under [`ServerConfig::state_dir`].
+//! then checked with `SO_PEERCRED` and `SO_PEERGROUPS` ([`ControlAccess`]) and closed at once,
+//! with a rate-limited warning, when its peer is neither the daemon's user, nor root, nor in
+//! the control group. `create` runs the device process with the allowed [`ServerOptions`]
+//! only; its scanout dumps go to a directory the daemon makes for the VM under
+//! [`ServerConfig::state_dir`].
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fs::{DirBuilder, OpenOptions, Permissions};
@@ -1703,6 +1704,18 @@ mod tests {
         let file = root.path().join("f");
         std::fs::write(&file, "").unwrap();
         assert!(private_dir(&file).is_err());
+    }
+
+    #[test]
+    fn refusal_warnings_are_bounded_per_period() {
+        let mut budget = LogBudget::default();
+        let logged = (0..100).filter(|_| budget.allow("refusals")).count();
+        assert_eq!(logged, MAX_REFUSALS_LOGGED as usize);
+        assert_eq!(budget.suppressed, 90);
+        // A new period starts over (its first line also sums up the last one).
+        budget.since = Instant::now().checked_sub(REFUSAL_LOG_PERIOD);
+        assert!(budget.allow("refusals"));
+        assert_eq!((budget.logged, budget.suppressed), (1, 0));
     }
 
     #[test]
