@@ -18,7 +18,7 @@ use vgpu_schedd::proto::Msg;
 use vgpu_schedd::seqpacket::monotonic_ns;
 use vgpu_scheduler::{CostSignature, GroupId, GroupKind};
 use virtio_queue::{QueueOwnedT, QueueT};
-use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
+use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryMmap};
 
 use crate::gpu::dump::Frame;
 use crate::gpu::fence::{FenceState, Parked, Wait};
@@ -30,11 +30,42 @@ use crate::irq::{Interrupts, IrqChange, IrqError};
 use crate::memory::{GuestRam, MemoryError};
 use crate::metrics::{DeviceMetrics, add, inc};
 use crate::pci::{self, ConfigSpace};
-use crate::queue::CheckedChain;
+use crate::queue::{CheckedChain, DescTable};
 use crate::sched_client::{Gate, SchedError, Scheduling};
 use crate::virtio_pci::{
     CONTROL_QUEUE, Effect, ISR_CONFIG, ISR_QUEUE, NO_VECTOR, NUM_QUEUES, VirtioPciTransport,
 };
+
+/// Most chains one queue notification processes before the worker turns to its other work
+/// (the other queue, the scheduler daemon's socket, QEMU's messages waiting for the device
+/// lock); the rest is processed on the next turn. A Linux guest keeps at most a queue's worth
+/// (256) in flight; 64 keeps a turn well under a millisecond for the small commands that make
+/// up almost all traffic.
+pub const MAX_CHAINS_PER_KICK: u32 = 64;
+/// Most request bytes one queue notification copies out of guest memory before the worker
+/// turns to its other work: four of the largest requests ([`crate::queue::MAX_REQUEST_BYTES`]),
+/// or sixteen of Mesa's 256 KiB command buffers. A chain is always processed whole, so a turn
+/// copies less than this plus one request.
+pub const MAX_BYTES_PER_KICK: usize = 4 << 20;
+
+/// What one queue notification has used of its [`MAX_CHAINS_PER_KICK`] and
+/// [`MAX_BYTES_PER_KICK`].
+#[derive(Debug, Default)]
+struct KickBudget {
+    chains: u32,
+    bytes: usize,
+}
+
+impl KickBudget {
+    fn charge(&mut self, request_bytes: usize) {
+        self.chains = self.chains.saturating_add(1);
+        self.bytes = self.bytes.saturating_add(request_bytes);
+    }
+
+    fn spent(&self) -> bool {
+        self.chains >= MAX_CHAINS_PER_KICK || self.bytes >= MAX_BYTES_PER_KICK
+    }
+}
 
 /// Which structure of the virtio BAR an offset falls in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,9 +122,9 @@ pub struct Device {
     issued: VecDeque<(u32, Issued)>,
     /// The last renderer fence id given out.
     last_fence: u32,
-    /// Control-queue chains popped but not processed: held behind a group waiting for the
-    /// scheduler daemon (at most one queue's worth: nothing is popped while any wait).
-    backlog: VecDeque<CheckedChain>,
+    /// The control-queue chain popped but not processed: a group waiting for the scheduler
+    /// daemon (nothing more is popped while it waits).
+    backlog: Option<CheckedChain>,
     /// The device's side of the scheduler daemon protocol.
     sched: Scheduling,
     /// The local engine running load-capset groups.
@@ -170,7 +201,7 @@ impl Device {
             fences: FenceState::default(),
             issued: VecDeque::new(),
             last_fence: 0,
-            backlog: VecDeque::new(),
+            backlog: None,
             sched: Scheduling::default(),
             load: LoadRunner::default(),
             epoch: Instant::now(),
@@ -237,7 +268,7 @@ impl Device {
         self.gpu.reset();
         self.fences.reset();
         self.issued.clear();
-        self.backlog.clear();
+        self.backlog = None;
         self.sched.reset();
         self.load.reset();
         self.config.set_interrupt_status(false);
@@ -407,8 +438,11 @@ impl Device {
         self.signal(self.transport.config_vector(), ISR_CONFIG);
     }
 
-    /// Processes the available buffers of queue `q` (the worker calls this on a kick).
-    /// At most one queue's worth of chains is handled per call; returns true if more remain.
+    /// Processes the available buffers of queue `q` (the worker calls this on a kick), one
+    /// chain at a time: each is popped, validated, copied and executed before the next is
+    /// popped. At most [`MAX_CHAINS_PER_KICK`] chains and [`MAX_BYTES_PER_KICK`] request bytes
+    /// are handled per call; returns true if more remain (the worker kicks the queue again, so
+    /// the other queue, the scheduler socket and QEMU's messages are served in between).
     ///
     /// `virgl` (worker thread only) runs 3D commands and fences: a fenced request's used-ring
     /// entry is parked until [`Device::fences_signalled`] releases it.
@@ -419,24 +453,34 @@ impl Device {
             return false;
         }
         let mem: Arc<GuestMemoryMmap> = self.ram.atomic().memory().into_inner();
-        // The control queue goes on where a group waiting for the scheduler stopped it; new
-        // chains are popped only once that backlog is gone.
-        let resumed = q == CONTROL_QUEUE && !self.backlog.is_empty();
-        let (mut work, mut more, mut violation) = if resumed {
-            (std::mem::take(&mut self.backlog), true, None)
-        } else {
-            let (chains, more, violation) = self.pop_chains(q, &mem);
-            (VecDeque::from(chains), more, violation)
-        };
         let mut completed = 0u32;
-        while let Some(chain) = work.pop_front() {
+        let mut budget = KickBudget::default();
+        let mut violation = None;
+        let more = loop {
+            if budget.spent() {
+                break self.chains_available(q, &mem);
+            }
+            // The control queue goes on where a group waiting for the scheduler stopped it.
+            let held = if q == CONTROL_QUEUE {
+                self.backlog.take()
+            } else {
+                None
+            };
+            let chain = match held.map_or_else(|| self.pop_chain(q, &mem), |c| Ok(Some(c))) {
+                Ok(Some(chain)) => chain,
+                Ok(None) => break false,
+                Err(e) => {
+                    violation = Some(e);
+                    break false;
+                }
+            };
+            budget.charge(chain.request().len());
             let (len, fence) = match q {
                 CONTROL_QUEUE => {
                     let group = match self.gate(&chain, virgl.is_some()) {
                         GateFor::Hold => {
-                            work.push_front(chain);
-                            more = false;
-                            break;
+                            self.backlog = Some(chain);
+                            break false;
                         }
                         GateFor::Run(group) => group,
                     };
@@ -474,13 +518,10 @@ impl Device {
                 .map(|queue| queue.add_used(&*mem, chain.head(), len));
             if let Some(Err(e)) = added {
                 violation = Some(format!("queue {q}: completing head {}: {e}", chain.head()));
-                break;
+                break false;
             }
             completed += 1;
-        }
-        if q == CONTROL_QUEUE {
-            self.backlog = work;
-        }
+        };
         if let Some(v) = violation {
             self.fault(v);
         }
@@ -498,36 +539,36 @@ impl Device {
         more && self.transport.is_live()
     }
 
-    /// Pops and validates up to one queue's worth of chains. Returns them, whether more are
-    /// available, and the violation that stopped the walk, if any.
-    fn pop_chains(
-        &mut self,
-        q: u16,
-        mem: &GuestMemoryMmap,
-    ) -> (Vec<CheckedChain>, bool, Option<String>) {
+    /// Pops and validates the next available chain of queue `q` (`None`: the ring is empty);
+    /// the error is the violation that stopped the walk.
+    fn pop_chain(&mut self, q: u16, mem: &GuestMemoryMmap) -> Result<Option<CheckedChain>, String> {
         let Some(queue) = self.transport.queue_mut(q) else {
-            return (Vec::new(), false, None);
+            return Ok(None);
         };
-        let budget = queue.size();
-        let mut iter = match queue.iter(mem) {
-            Ok(iter) => iter,
-            Err(e) => return (Vec::new(), false, Some(format!("queue {q}: {e}"))),
+        let table = DescTable {
+            addr: GuestAddress(queue.desc_table()),
+            size: queue.size(),
         };
-        let mut chains = Vec::new();
-        for _ in 0..budget {
-            let Some(chain) = iter.next() else {
-                return (chains, false, None);
-            };
-            match CheckedChain::new(chain, mem) {
-                Ok(chain) => chains.push(chain),
-                Err(e) => return (chains, false, Some(format!("queue {q}: {e}"))),
-            }
+        let head = match queue.iter(mem) {
+            Ok(mut iter) => iter.next().map(|chain| chain.head_index()),
+            Err(e) => return Err(format!("queue {q}: {e}")),
+        };
+        head.map(|head| CheckedChain::new(mem, table, head))
+            .transpose()
+            .map_err(|e| format!("queue {q}: {e}"))
+    }
+
+    /// Whether queue `q` has chains the device has not popped yet (a read of the available
+    /// index; a bad one is found again, and refused, by the next pop).
+    fn chains_available(&mut self, q: u16, mem: &GuestMemoryMmap) -> bool {
+        if q == CONTROL_QUEUE && self.backlog.is_some() {
+            return true;
         }
-        let more = iter.next().is_some();
-        if more {
-            iter.go_to_previous_position();
-        }
-        (chains, more, None)
+        self.transport.queue_mut(q).is_some_and(|queue| {
+            queue
+                .avail_idx(mem, std::sync::atomic::Ordering::Acquire)
+                .is_ok_and(|idx| idx.0 != queue.next_avail())
+        })
     }
 
     /// Parks a fenced completion behind a renderer fence; false if it must complete now
@@ -919,6 +960,197 @@ mod tests {
         assert_eq!(crate::metrics::get(&metrics.transport_faults), 1);
         dev.virtio_write(VirtioRegion::Common(0x14), &[0]);
         assert_eq!(dev.status(), 0);
+    }
+
+    use crate::virtio_pci::{VIRTIO_F_VERSION_1, status};
+    use virtio_queue::desc::split::Descriptor;
+    use vm_memory::{Bytes, GuestMemory};
+
+    /// Guest-physical layout of [`live_device`]: the control queue's rings, then room for
+    /// request and response buffers.
+    const DESC: u64 = 0x1000;
+    const AVAIL: u64 = 0x2000;
+    const USED: u64 = 0x3000;
+    const QUEUE_SIZE: u16 = 256;
+    const GUEST_BYTES: u64 = 8 << 20;
+    const F_NEXT: u16 = 1;
+    const F_WRITE: u16 = 2;
+    const F_INDIRECT: u16 = 4;
+
+    /// A device at DRIVER_OK with 8 MiB of guest RAM from a real file and its control queue
+    /// enabled at [`DESC`]/[`AVAIL`]/[`USED`]: the guest driver's side of negotiation.
+    fn live_device() -> (Device, Arc<DeviceMetrics>) {
+        let metrics = Arc::new(DeviceMetrics::default());
+        let mut dev = Device::new(DisplayConfig::default(), metrics.clone(), false);
+        let file = vmm_sys_util::tempfile::TempFile::new().unwrap().into_file();
+        file.set_len(GUEST_BYTES).unwrap();
+        dev.dma_map(0, GUEST_BYTES, Some(file), 0, true).unwrap();
+        let mut w = |off: u64, data: &[u8]| dev.virtio_write(VirtioRegion::Common(off), data);
+        w(0x14, &[status::ACKNOWLEDGE | status::DRIVER]);
+        w(0x08, &1u32.to_le_bytes());
+        w(0x0c, &((VIRTIO_F_VERSION_1 >> 32) as u32).to_le_bytes());
+        w(
+            0x14,
+            &[status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK],
+        );
+        w(0x16, &CONTROL_QUEUE.to_le_bytes());
+        w(0x18, &QUEUE_SIZE.to_le_bytes());
+        w(0x20, &DESC.to_le_bytes());
+        w(0x28, &AVAIL.to_le_bytes());
+        w(0x30, &USED.to_le_bytes());
+        w(0x1c, &1u16.to_le_bytes());
+        w(
+            0x14,
+            &[status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK | status::DRIVER_OK],
+        );
+        assert_eq!(dev.status() & status::DRIVER_OK, status::DRIVER_OK);
+        (dev, metrics)
+    }
+
+    fn guest(dev: &Device) -> Arc<GuestMemoryMmap> {
+        dev.ram.atomic().memory().into_inner()
+    }
+
+    /// Stores descriptor `i` of the control queue.
+    fn put_desc(mem: &GuestMemoryMmap, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
+        let d = Descriptor::new(addr, len, flags, next);
+        mem.write_obj(d, GuestAddress(DESC + u64::from(i) * 16))
+            .unwrap();
+    }
+
+    /// Makes `heads` available, in order, after `already` earlier ones.
+    fn publish(mem: &GuestMemoryMmap, already: u16, heads: &[u16]) {
+        for (n, &head) in heads.iter().enumerate() {
+            let slot = (usize::from(already) + n) % usize::from(QUEUE_SIZE);
+            mem.write_obj(head, GuestAddress(AVAIL + 4 + 2 * slot as u64))
+                .unwrap();
+        }
+        let idx = already.wrapping_add(heads.len() as u16);
+        mem.write_obj(idx, GuestAddress(AVAIL + 2)).unwrap();
+    }
+
+    fn used_idx(mem: &GuestMemoryMmap) -> u16 {
+        mem.read_obj(GuestAddress(USED + 2)).unwrap()
+    }
+
+    /// A GET_DISPLAY_INFO header at `addr`.
+    fn display_info_request(mem: &GuestMemoryMmap, addr: u64) {
+        let ty = crate::gpu::protocol::ty::GET_DISPLAY_INFO;
+        mem.write_slice(&ty.to_le_bytes(), GuestAddress(addr))
+            .unwrap();
+    }
+
+    #[test]
+    fn a_kick_processes_a_bounded_budget_one_chain_at_a_time() {
+        let (mut dev, _metrics) = live_device();
+        let mem = guest(&dev);
+        // 256 chains, each one device-readable descriptor naming the same 1 MiB buffer.
+        let buf = 0x10_0000;
+        display_info_request(&mem, buf);
+        for i in 0..QUEUE_SIZE {
+            put_desc(&mem, i, buf, crate::queue::MAX_REQUEST_BYTES as u32, 0, 0);
+        }
+        publish(&mem, 0, &(0..QUEUE_SIZE).collect::<Vec<_>>());
+        crate::queue::held::reset_peak();
+        let per_turn = (MAX_BYTES_PER_KICK / crate::queue::MAX_REQUEST_BYTES) as u16;
+        let mut turns = 0;
+        let mut done = 0u16;
+        loop {
+            turns += 1;
+            let more = dev.process_queue(CONTROL_QUEUE, None);
+            let now = used_idx(&mem);
+            assert!(
+                now - done <= per_turn,
+                "turn {turns}: {} chains",
+                now - done
+            );
+            done = now;
+            if !more {
+                break;
+            }
+        }
+        assert_eq!(done, QUEUE_SIZE, "every chain completed");
+        assert_eq!(turns, usize::from(QUEUE_SIZE / per_turn));
+        assert_eq!(
+            crate::queue::held::peak(),
+            crate::queue::MAX_REQUEST_BYTES,
+            "one request copy held at a time"
+        );
+        assert!(dev.transport.is_live());
+    }
+
+    #[test]
+    fn small_chains_stop_at_the_chain_budget_and_resume() {
+        let (mut dev, _metrics) = live_device();
+        let mem = guest(&dev);
+        for i in 0..QUEUE_SIZE {
+            let req = 0x10_0000 + u64::from(i) * 64;
+            display_info_request(&mem, req);
+            put_desc(&mem, i, req, 24, 0, 0);
+        }
+        publish(&mem, 0, &(0..QUEUE_SIZE).collect::<Vec<_>>());
+        assert!(dev.process_queue(CONTROL_QUEUE, None), "more remain");
+        assert_eq!(u32::from(used_idx(&mem)), MAX_CHAINS_PER_KICK);
+        while dev.process_queue(CONTROL_QUEUE, None) {}
+        assert_eq!(used_idx(&mem), QUEUE_SIZE);
+        assert!(!dev.process_queue(CONTROL_QUEUE, None), "nothing left");
+    }
+
+    #[test]
+    fn an_indirect_chain_needs_reset_and_costs_one_chain() {
+        let (mut dev, metrics) = live_device();
+        let mem = guest(&dev);
+        // A full 65535-entry indirect table of valid requests, named by 256 heads.
+        let table = 0x10_0000u64;
+        display_info_request(&mem, 0x8000);
+        for i in 0..0xffffu64 {
+            let d = Descriptor::new(0x8000, 24, 0, 0);
+            mem.write_obj(d, GuestAddress(table + i * 16)).unwrap();
+        }
+        for i in 0..QUEUE_SIZE {
+            put_desc(&mem, i, table, 0xffff * 16, F_INDIRECT, 0);
+        }
+        publish(&mem, 0, &(0..QUEUE_SIZE).collect::<Vec<_>>());
+        crate::queue::held::reset_peak();
+        assert!(!dev.process_queue(CONTROL_QUEUE, None));
+        assert_ne!(dev.status() & status::DEVICE_NEEDS_RESET, 0);
+        assert_eq!(crate::metrics::get(&metrics.transport_faults), 1);
+        assert_eq!(
+            crate::metrics::get(&metrics.ctrl_requests),
+            0,
+            "nothing executed"
+        );
+        assert_eq!(used_idx(&mem), 0);
+        assert_eq!(crate::queue::held::peak(), 0, "nothing copied");
+        assert!(
+            !dev.process_queue(CONTROL_QUEUE, None),
+            "ignored until reset"
+        );
+    }
+
+    #[test]
+    fn chains_before_a_bad_one_complete() {
+        let (mut dev, _metrics) = live_device();
+        let mem = guest(&dev);
+        display_info_request(&mem, 0x8000);
+        put_desc(&mem, 0, 0x8000, 24, F_NEXT, 1);
+        put_desc(&mem, 1, 0x9000, 64, F_WRITE, 0);
+        put_desc(&mem, 2, 0x8000, 24, F_NEXT, 3);
+        put_desc(&mem, 3, 0x9000, 64, F_WRITE | F_INDIRECT, 0);
+        publish(&mem, 0, &[0, 2]);
+        assert!(!dev.process_queue(CONTROL_QUEUE, None));
+        assert_eq!(
+            used_idx(&mem),
+            1,
+            "the good chain completed before the fault"
+        );
+        let mut ty = [0u8; 4];
+        mem.read_slice(&mut ty, GuestAddress(0x9000)).unwrap();
+        assert_eq!(
+            u32::from_le_bytes(ty),
+            crate::gpu::protocol::ty::OK_DISPLAY_INFO
+        );
+        assert_ne!(dev.status() & status::DEVICE_NEEDS_RESET, 0);
     }
 
     #[test]

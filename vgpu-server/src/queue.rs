@@ -2,19 +2,27 @@
 //! acts on it (hop 3 of the data path).
 //!
 //! A [`CheckedChain`] has every descriptor inside guest memory, device-readable descriptors
-//! before device-writable ones, a bounded request size, and no loop (virtio-queue's TTL stops a
-//! walk after as many descriptors as the queue has; a chain still pointing onwards then is
-//! refused). Only then is the request copied out.
+//! before device-writable ones, a bounded request size, no INDIRECT descriptor, and no loop (the
+//! walk stops after as many descriptors as the queue has; a chain still pointing onwards then
+//! is refused). Only then is the request copied out, into a buffer of the size just validated.
+//!
+//! The descriptor table is walked here rather than through virtio-queue's `DescriptorChain`
+//! iterator, because that iterator follows VIRTQ_DESC_F_INDIRECT transparently (up to a
+//! 65535-entry table per descriptor) and this device never offers VIRTIO_F_INDIRECT_DESC: a
+//! driver that sets the flag anyway breaks the specification (virtio 1.2, 2.7.5.3.1), and the
+//! walk refuses it before reading the table it names.
 
-use virtio_queue::DescriptorChain;
 use virtio_queue::desc::split::Descriptor;
-use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, Permissions};
 
 /// Largest device-readable part of one request. The largest virtio-gpu requests are SUBMIT_3D
 /// command streams (Mesa's virgl winsys flushes its command buffer at 256 KiB) and
 /// ATTACH_BACKING entry lists (16 bytes per page); 1 MiB covers both with room to spare and
 /// bounds the copy a guest can make us do per chain.
 pub const MAX_REQUEST_BYTES: usize = 1 << 20;
+
+/// Size of one split-ring descriptor in the descriptor table.
+const DESCRIPTOR_SIZE: u64 = std::mem::size_of::<Descriptor>() as u64;
 
 /// Why a chain is refused: each is a driver bug or an attack, and resets the device.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -36,12 +44,24 @@ pub enum ChainError {
     /// A device-readable descriptor follows a device-writable one.
     #[error("chain at head {0} has a readable descriptor after a writable one")]
     ReadableAfterWritable(u16),
+    /// A descriptor has VIRTQ_DESC_F_INDIRECT, which the device does not offer.
+    #[error("chain at head {0} has an INDIRECT descriptor (VIRTIO_F_INDIRECT_DESC not offered)")]
+    Indirect(u16),
     /// The readable part exceeds [`MAX_REQUEST_BYTES`].
     #[error("request of more than {MAX_REQUEST_BYTES} bytes")]
     TooLarge,
     /// Guest memory failed between validation and access (a concurrent unmap).
     #[error("guest memory access failed: {0}")]
     Memory(String),
+}
+
+/// Where a queue's descriptor table is: what a chain walk needs besides the head index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DescTable {
+    /// Guest address of the table.
+    pub addr: GuestAddress,
+    /// Entries in the table (the queue size).
+    pub size: u16,
 }
 
 /// A validated descriptor chain: the request bytes and where the response goes.
@@ -53,18 +73,37 @@ pub struct CheckedChain {
 }
 
 impl CheckedChain {
-    /// Validates `chain` against `mem` and copies its device-readable part.
-    pub fn new<M, D>(chain: DescriptorChain<D>, mem: &M) -> Result<CheckedChain, ChainError>
-    where
-        M: GuestMemory,
-        D: std::ops::Deref<Target = M>,
-    {
-        let head = chain.head_index();
+    /// Validates the chain starting at `head` of `table` against `mem` and copies its
+    /// device-readable part. Reads at most `table.size` descriptors.
+    pub fn new<M: GuestMemory>(
+        mem: &M,
+        table: DescTable,
+        head: u16,
+    ) -> Result<CheckedChain, ChainError> {
         let mut readable: Vec<Descriptor> = Vec::new();
         let mut writable = Vec::new();
         let mut request_len = 0usize;
-        let mut last: Option<Descriptor> = None;
-        for desc in chain {
+        let mut index = head;
+        let mut ended = false;
+        for walked in 0..table.size {
+            let broken = || {
+                if walked == 0 {
+                    ChainError::Empty(head)
+                } else {
+                    ChainError::Truncated(head)
+                }
+            };
+            if index >= table.size {
+                return Err(broken());
+            }
+            let desc: Descriptor = table
+                .addr
+                .checked_add(u64::from(index) * DESCRIPTOR_SIZE)
+                .and_then(|at| mem.read_obj(at).ok())
+                .ok_or_else(broken)?;
+            if desc.refers_to_indirect_table() {
+                return Err(ChainError::Indirect(head));
+            }
             let len = desc.len();
             let access = if desc.is_write_only() {
                 Permissions::Write
@@ -89,12 +128,18 @@ impl CheckedChain {
                     .ok_or(ChainError::TooLarge)?;
                 readable.push(desc);
             }
-            last = Some(desc);
+            if !desc.has_next() {
+                ended = true;
+                break;
+            }
+            index = desc.next();
         }
-        match last {
-            None => return Err(ChainError::Empty(head)),
-            Some(d) if d.has_next() => return Err(ChainError::Truncated(head)),
-            Some(_) => {}
+        if !ended {
+            return Err(if table.size == 0 {
+                ChainError::Empty(head)
+            } else {
+                ChainError::Truncated(head)
+            });
         }
         let mut request = vec![0u8; request_len];
         let mut at = 0;
@@ -104,6 +149,8 @@ impl CheckedChain {
                 .map_err(|e| ChainError::Memory(e.to_string()))?;
             at = end;
         }
+        #[cfg(test)]
+        held::add(request.len());
         Ok(CheckedChain {
             head,
             request,
@@ -151,15 +198,55 @@ impl CheckedChain {
 }
 
 #[cfg(test)]
+impl Drop for CheckedChain {
+    fn drop(&mut self) {
+        held::sub(self.request.len());
+    }
+}
+
+/// Request bytes held in [`CheckedChain`]s on this thread, and their peak: what a test
+/// measures to show how many copies the device holds at once.
+#[cfg(test)]
+pub(crate) mod held {
+    use std::cell::Cell;
+
+    thread_local! {
+        static NOW: Cell<usize> = const { Cell::new(0) };
+        static PEAK: Cell<usize> = const { Cell::new(0) };
+    }
+
+    pub(super) fn add(n: usize) {
+        let now = NOW.get() + n;
+        NOW.set(now);
+        PEAK.set(PEAK.get().max(now));
+    }
+
+    pub(super) fn sub(n: usize) {
+        NOW.set(NOW.get() - n);
+    }
+
+    /// The most request bytes held at once on this thread since the last [`reset_peak`].
+    pub(crate) fn peak() -> usize {
+        PEAK.get()
+    }
+
+    /// Starts a new peak measurement from what is held now.
+    pub(crate) fn reset_peak() {
+        PEAK.set(NOW.get());
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use virtio_queue::desc::{RawDescriptor, split::Descriptor as SplitDescriptor};
     use virtio_queue::mock::MockSplitQueue;
-    use virtio_queue::{Queue, QueueOwnedT};
+    use virtio_queue::{Queue, QueueOwnedT, QueueT};
     use vm_memory::GuestMemoryMmap;
 
     const F_NEXT: u16 = 1;
     const F_WRITE: u16 = 2;
+    const F_INDIRECT: u16 = 4;
 
     fn mem() -> GuestMemoryMmap {
         GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap()
@@ -178,8 +265,12 @@ mod tests {
         vq.avail().ring().ref_at(0).unwrap().store(0);
         vq.avail().idx().store(1);
         let mut q: Queue = vq.create_queue().unwrap();
-        let chain = q.iter(m).unwrap().next().unwrap();
-        CheckedChain::new(chain, m)
+        let head = q.iter(m).unwrap().next().unwrap().head_index();
+        let table = DescTable {
+            addr: GuestAddress(q.desc_table()),
+            size: q.size(),
+        };
+        CheckedChain::new(m, table, head)
     }
 
     #[test]
@@ -263,5 +354,46 @@ mod tests {
             .unwrap_err(),
             ChainError::TooLarge
         );
+    }
+
+    #[test]
+    fn refuses_indirect_descriptors_without_reading_their_table() {
+        let m = mem();
+        // A 65535-entry indirect table of valid one-descriptor requests: virtio-queue's own
+        // iterator would walk into it; the device never offered VIRTIO_F_INDIRECT_DESC.
+        for i in 0..4u64 {
+            let d = SplitDescriptor::new(0x8000, 4, 0, 0);
+            m.write_obj(d, GuestAddress(0x1_0000 + i * 16)).unwrap();
+        }
+        let table_len = 0xffff * 16;
+        assert_eq!(
+            walk(&m, &[(0x1_0000, table_len, F_INDIRECT, 0)]).unwrap_err(),
+            ChainError::Indirect(0)
+        );
+        assert_eq!(
+            walk(
+                &m,
+                &[
+                    (0x8000, 4, F_NEXT, 1),
+                    (0x1_0000, 64, F_INDIRECT | F_NEXT, 2)
+                ]
+            )
+            .unwrap_err(),
+            ChainError::Indirect(0),
+            "an INDIRECT descriptor after the head"
+        );
+    }
+
+    #[test]
+    fn copies_only_after_validation() {
+        let m = mem();
+        held::reset_peak();
+        let before = held::peak();
+        // A request whose last descriptor points past the table: refused before any copy.
+        assert!(walk(&m, &[(0x8000, 16, F_NEXT, 1), (0x8000, 16, F_NEXT, 999)]).is_err());
+        assert_eq!(held::peak(), before, "nothing copied for a refused chain");
+        let c = walk(&m, &[(0x8000, 16, 0, 0)]).unwrap();
+        assert_eq!(held::peak(), before + 16);
+        drop(c);
     }
 }
