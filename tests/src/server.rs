@@ -122,6 +122,7 @@ impl TestServer {
             dump,
             renderer,
             scheduler,
+            resource_memory: vgpu_server::gpu::device::DEFAULT_RESOURCE_MEMORY_MB << 20,
         };
         let server = VgpuServer::bind(config).expect("server binds its socket");
         let metrics = server.metrics();

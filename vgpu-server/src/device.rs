@@ -208,6 +208,12 @@ impl Device {
         }
     }
 
+    /// Sets the host-memory budget of the guest's 2D and 3D resources, in bytes
+    /// (`--resource-memory-mb`).
+    pub fn set_resource_budget(&mut self, bytes: u64) {
+        self.gpu.set_resource_budget(bytes);
+    }
+
     /// Scanout images are being dumped: a reset keeps the images flushed since the last dump
     /// so that they are still written.
     pub fn retain_frames_on_reset(&mut self) {
@@ -964,7 +970,7 @@ mod tests {
 
     use crate::virtio_pci::{VIRTIO_F_VERSION_1, status};
     use virtio_queue::desc::split::Descriptor;
-    use vm_memory::{Bytes, GuestMemory};
+    use vm_memory::Bytes;
 
     /// Guest-physical layout of [`live_device`]: the control queue's rings, then room for
     /// request and response buffers.

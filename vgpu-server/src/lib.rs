@@ -53,6 +53,9 @@ pub struct ServerConfig {
     /// The scheduler daemon to ask before GPU work runs (`--scheduler`, `--vm-name`); `None`
     /// runs everything at once.
     pub scheduler: Option<crate::sched_client::SchedConfig>,
+    /// Host-memory budget of the guest's 2D and 3D resources, in bytes
+    /// (`--resource-memory-mb`; [`gpu::device::DEFAULT_RESOURCE_MEMORY_MB`] MiB by default).
+    pub resource_memory: u64,
 }
 
 /// Errors that stop the server.
@@ -199,11 +202,13 @@ impl VgpuServer {
     }
 
     fn serve_one(&self) -> Result<(), ServerError> {
-        let device = Arc::new(Mutex::new(Device::new(
+        let mut device = Device::new(
             self.config.display,
             self.metrics.clone(),
             self.worker.has_renderer(),
-        )));
+        );
+        device.set_resource_budget(self.config.resource_memory);
+        let device = Arc::new(Mutex::new(device));
         self.worker.attach(device.clone());
         let mut transport = Transport::new(device, &self.worker, self.metrics.clone());
         inc(&self.metrics.connections);

@@ -1,5 +1,5 @@
 //! `vgpu-server --socket PATH [--display WxH] [--dump-dir DIR] [--log-level LEVEL]
-//! [--exit-on-disconnect] [--scheduler SOCKET --vm-name NAME]`
+//! [--exit-on-disconnect] [--scheduler SOCKET --vm-name NAME] [--resource-memory-mb N]`
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -7,18 +7,21 @@ use std::process::ExitCode;
 use mdev_backend::virgl;
 use vgpu_schedd::proto::VmName;
 use vgpu_server::gpu::DisplayConfig;
+use vgpu_server::gpu::device::{DEFAULT_RESOURCE_MEMORY_MB, MAX_RESOURCE_MEMORY_MB};
 use vgpu_server::gpu::dump::DumpConfig;
 use vgpu_server::sched_client::SchedConfig;
 use vgpu_server::{ServerConfig, VgpuServer};
 
-const USAGE: &str = "usage: vgpu-server --socket PATH [--display WIDTHxHEIGHT] [--dump-dir DIR] [--renderer virgl|none] [--virgl-library NAME] [--log-level error|warn|info|debug|trace] [--exit-on-disconnect] [--scheduler SOCKET --vm-name NAME]
+const USAGE: &str = "usage: vgpu-server --socket PATH [--display WIDTHxHEIGHT] [--dump-dir DIR] [--renderer virgl|none] [--virgl-library NAME] [--log-level error|warn|info|debug|trace] [--exit-on-disconnect] [--scheduler SOCKET --vm-name NAME] [--resource-memory-mb N]
 
 Serves one virtio-gpu PCI function over vfio-user on PATH. With the virgl renderer (default;
 libvirglrenderer.so.1, host EGL) guests get OpenGL through virgl; without it, 2D only. With
 --dump-dir, what the guest
 shows is written to DIR/scanout0.png (after a flush at most once a second, on SIGUSR1, and
 when the client disconnects). With --scheduler, GPU work waits for the vgpu-schedd daemon at
-SOCKET (as VM NAME); while it is unreachable the VM runs unscheduled. Start QEMU with
+SOCKET (as VM NAME); while it is unreachable the VM runs unscheduled. The guest's 2D and 3D
+resources may take N MiB of host memory (default 1024); past it creates fail with
+ERR_OUT_OF_MEMORY. Start QEMU with
   -object memory-backend-memfd,id=mem,size=1G,share=on -machine q35,memory-backend=mem
   -device '{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"PATH\",\"type\":\"unix\"}}'";
 
@@ -36,6 +39,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut renderer = Some(virgl::DEFAULT_LIBRARY.to_string());
     let mut scheduler = None;
     let mut vm_name = None;
+    let mut resource_memory_mb = DEFAULT_RESOURCE_MEMORY_MB;
     while let Some(arg) = args.next() {
         let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
         match arg.as_str() {
@@ -57,6 +61,15 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             "--vm-name" => {
                 let name = value("--vm-name")?;
                 vm_name = Some(VmName::new(&name).map_err(|e| format!("--vm-name: {e}"))?);
+            }
+            "--resource-memory-mb" => {
+                resource_memory_mb = value("--resource-memory-mb")?
+                    .parse()
+                    .ok()
+                    .filter(|mb| (1..=MAX_RESOURCE_MEMORY_MB).contains(mb))
+                    .ok_or(format!(
+                        "--resource-memory-mb: a number of MiB in 1..={MAX_RESOURCE_MEMORY_MB}"
+                    ))?
             }
             "--virgl-library" => renderer = Some(value("--virgl-library")?),
             "-h" | "--help" => return Err(String::new()),
@@ -80,6 +93,8 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             dump,
             renderer,
             scheduler,
+            // At most MAX_RESOURCE_MEMORY_MB (2^20) MiB: 2^40 bytes.
+            resource_memory: resource_memory_mb << 20,
         },
         log_level,
     })

@@ -56,13 +56,25 @@ pub const NUM_SCANOUTS: u32 = 1;
 /// desktop session uses tens to hundreds. The bound keeps the resource table and its per-entry
 /// bookkeeping small whatever ids a guest invents.
 pub const MAX_RESOURCES: usize = 16384;
-/// Most host bytes one device holds for resources: their images plus their backing entry
-/// lists. 256 MiB hold a double-buffered 4K desktop (2 x 32 MiB) several times over and match
-/// QEMU's default `max_hostmem`; past it creates fail with ERR_OUT_OF_MEMORY.
-pub const MAX_HOST_BYTES: u64 = 256 << 20;
+/// Default host-memory budget of one guest's resources (`--resource-memory-mb`), in MiB: the 2D
+/// images and backing entry lists the device holds, and what 3D resources are charged
+/// ([`super::three_d::resource_bytes`]: every level, layer and sample). QEMU's virtio-gpu
+/// holds 256 MiB of 2D images (`max_hostmem`); a GL desktop adds its textures and render
+/// targets (a 4K compositor's buffers alone are over 100 MiB, and unknown formats are charged
+/// at the widest pixel), so 1 GiB keeps real sessions clear of the limit while a guest can
+/// make its device process hold no more than that. Past it creates fail with
+/// ERR_OUT_OF_MEMORY.
+pub const DEFAULT_RESOURCE_MEMORY_MB: u64 = 1024;
+/// Largest `--resource-memory-mb`: 1 TiB, far above any host; keeps the byte count in range.
+pub const MAX_RESOURCE_MEMORY_MB: u64 = 1 << 20;
 /// Largest resource width or height (the 16K texture limit of common GPUs; Linux's virtio-gpu
 /// mode_config max is 8192). Larger edges are an invalid parameter, not an allocation attempt.
 pub const MAX_RESOURCE_EDGE: u32 = 16384;
+/// Largest scanout image read back from a 3D resource: a [`MAX_RESOURCE_EDGE`] square of
+/// 4-byte pixels. A 3D buffer resource can be wider than any image; reading one back as a
+/// scanout is refused rather than sized by the guest.
+const MAX_READBACK_BYTES: u64 =
+    MAX_RESOURCE_EDGE as u64 * MAX_RESOURCE_EDGE as u64 * PixelFormat::BYTES_PER_PIXEL as u64;
 /// Host bytes a backing entry costs (the entry and its prefix offset).
 const BACKING_ENTRY_COST: u64 =
     (std::mem::size_of::<MemEntry>() + std::mem::size_of::<u64>()) as u64;
@@ -111,14 +123,27 @@ pub enum DeviceError {
     /// [`MAX_RESOURCES`] resources exist already.
     #[error("{MAX_RESOURCES} resources exist already")]
     TooManyResources,
-    /// The request would take host memory past [`MAX_HOST_BYTES`], or the allocation failed.
-    #[error("{need} more host bytes refused ({used} of {MAX_HOST_BYTES} in use)")]
+    /// The request would take host memory past the resource budget, or the allocation failed.
+    #[error("{need} more host bytes refused ({used} of {budget} in use)")]
     OutOfMemory {
         /// Bytes requested.
         need: u64,
         /// Bytes held before the request.
         used: u64,
+        /// The budget.
+        budget: u64,
     },
+    /// A scanout read-back of a rectangle larger than [`MAX_READBACK_BYTES`].
+    #[error("read-back of {width}x{height} pixels is larger than any scanout image")]
+    ReadBackTooLarge {
+        /// Width.
+        width: u32,
+        /// Height.
+        height: u32,
+    },
+    /// The renderer failed.
+    #[error("renderer: {0}")]
+    Renderer(String),
     /// The resource has no backing (TRANSFER, DETACH).
     #[error("resource {0} has no backing")]
     NoBacking(u32),
@@ -176,6 +201,8 @@ impl DeviceError {
             | DeviceError::NoBacking(_)
             | DeviceError::BackingAttached(_)
             | DeviceError::BackingNotInMemory { .. }
+            | DeviceError::ReadBackTooLarge { .. }
+            | DeviceError::Renderer(_)
             | DeviceError::Memory(_) => ty::ERR_UNSPEC,
             DeviceError::ThreeD(e) => e.response_code(),
         }
@@ -369,11 +396,25 @@ impl Resource {
 }
 
 /// Reads `rect` of 3D resource `id` back from the renderer (4 bytes per pixel, rows packed).
-fn read_back(virgl: &dyn GpuBackend, id: u32, rect: &Rect) -> mdev_backend::BackendResult<Vec<u8>> {
-    // The rectangle was checked against the resource (edges <= MAX_RESOURCE_EDGE), so the
-    // size fits in usize and the stride in u32.
-    let stride = rect.width * PixelFormat::BYTES_PER_PIXEL;
-    let mut pixels = vec![0u8; stride as usize * rect.height as usize];
+/// The size is computed with checked arithmetic and bounded by [`MAX_READBACK_BYTES`] before
+/// anything is allocated.
+fn read_back(virgl: &dyn GpuBackend, id: u32, rect: &Rect) -> Result<Vec<u8>, DeviceError> {
+    let too_large = || DeviceError::ReadBackTooLarge {
+        width: rect.width,
+        height: rect.height,
+    };
+    let stride = rect
+        .width
+        .checked_mul(PixelFormat::BYTES_PER_PIXEL)
+        .ok_or_else(too_large)?;
+    let len = u64::from(stride)
+        .checked_mul(u64::from(rect.height))
+        .filter(|&n| n <= MAX_READBACK_BYTES)
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or_else(too_large)?;
+    let mut pixels = Vec::new();
+    pixels.try_reserve_exact(len).map_err(|_| too_large())?;
+    pixels.resize(len, 0);
     let transfer = Transfer {
         level: 0,
         stride,
@@ -388,7 +429,9 @@ fn read_back(virgl: &dyn GpuBackend, id: u32, rect: &Rect) -> mdev_backend::Back
         },
         offset: 0,
     };
-    virgl.transfer_read_into(id, 0, &transfer, &mut pixels)?;
+    virgl
+        .transfer_read_into(id, 0, &transfer, &mut pixels)
+        .map_err(|e| DeviceError::Renderer(e.to_string()))?;
     Ok(pixels)
 }
 
@@ -417,8 +460,10 @@ pub struct GpuDevice {
     events_read: u32,
     cursor: CursorState,
     resources: BTreeMap<u32, Resource>,
-    /// Sum of the resources' host bytes.
+    /// Sum of the resources' host bytes (2D images and entry lists, 3D resources' charges).
     host_bytes: u64,
+    /// Most host bytes the resources may take (`--resource-memory-mb`).
+    budget: u64,
     scanouts: [ScanoutState; NUM_SCANOUTS as usize],
 }
 
@@ -434,8 +479,15 @@ impl GpuDevice {
             cursor: CursorState::default(),
             resources: BTreeMap::new(),
             host_bytes: 0,
+            budget: DEFAULT_RESOURCE_MEMORY_MB << 20,
             scanouts: [ScanoutState::default(); NUM_SCANOUTS as usize],
         }
+    }
+
+    /// Sets the host-memory budget of the resources, in bytes (default
+    /// [`DEFAULT_RESOURCE_MEMORY_MB`] MiB).
+    pub fn set_resource_budget(&mut self, bytes: u64) {
+        self.budget = bytes;
     }
 
     /// Whether resource `id` is a 3D (virgl) resource.
@@ -454,8 +506,10 @@ impl GpuDevice {
         let frames = self.scanouts.map(|s| s.frames);
         let mut three_d = std::mem::take(&mut self.three_d);
         three_d.reset();
+        let budget = self.budget;
         *self = GpuDevice::new(self.display, self.virgl);
         self.three_d = three_d;
+        self.budget = budget;
         for (s, frames) in self.scanouts.iter_mut().zip(frames) {
             s.frames = frames;
         }
@@ -617,7 +671,13 @@ impl GpuDevice {
             } => t.ctx_resource(*ctx_id, *resource_id, false, r),
             ControlCommand::ResourceCreate3d(c) => {
                 let taken = self.resources.contains_key(&c.resource_id);
-                self.three_d.resource_create(c, taken, r)
+                let room = self.budget.saturating_sub(self.host_bytes);
+                self.three_d
+                    .resource_create(c, taken, room, r)
+                    .map(|bytes| {
+                        self.host_bytes = self.host_bytes.saturating_add(bytes);
+                        Response::OkNoData
+                    })
             }
             ControlCommand::TransferToHost3d(x) => t.transfer(x, true, r),
             ControlCommand::TransferFromHost3d(x) => t.transfer(x, false, r),
@@ -627,6 +687,8 @@ impl GpuDevice {
             ControlCommand::ResourceUnref { resource_id } if is_3d(*resource_id) => {
                 let id = *resource_id;
                 self.disable_scanouts_of(id);
+                let freed = self.three_d.resource(id).map_or(0, |size| size.bytes);
+                self.host_bytes = self.host_bytes.saturating_sub(freed);
                 self.three_d.resource_unref(id, r)
             }
             ControlCommand::AttachBacking {
@@ -711,14 +773,19 @@ impl GpuDevice {
             .ok_or(DeviceError::UnknownResource(id))
     }
 
-    /// Checks that `need` more host bytes fit under [`MAX_HOST_BYTES`].
+    /// Checks that `need` more host bytes fit in the budget.
     fn check_host_bytes(&self, need: u64) -> Result<(), DeviceError> {
         match self.host_bytes.checked_add(need) {
-            Some(total) if total <= MAX_HOST_BYTES => Ok(()),
-            _ => Err(DeviceError::OutOfMemory {
-                need,
-                used: self.host_bytes,
-            }),
+            Some(total) if total <= self.budget => Ok(()),
+            _ => Err(self.out_of_memory(need)),
+        }
+    }
+
+    fn out_of_memory(&self, need: u64) -> DeviceError {
+        DeviceError::OutOfMemory {
+            need,
+            used: self.host_bytes,
+            budget: self.budget,
         }
     }
 
@@ -742,10 +809,7 @@ impl GpuDevice {
         // Both edges <= 2^14: at most 2^30 bytes, no overflow in u64.
         let bytes = u64::from(width) * u64::from(height) * u64::from(PixelFormat::BYTES_PER_PIXEL);
         self.check_host_bytes(bytes)?;
-        let oom = || DeviceError::OutOfMemory {
-            need: bytes,
-            used: self.host_bytes,
-        };
+        let oom = || self.out_of_memory(bytes);
         let len = usize::try_from(bytes).map_err(|_| oom())?;
         let mut image = Vec::new();
         image.try_reserve_exact(len).map_err(|_| oom())?;
@@ -1320,9 +1384,10 @@ mod tests {
     fn limits_on_resources_and_host_bytes() {
         let m = mem();
         let mut dev = GpuDevice::new(DisplayConfig::default(), false);
+        dev.set_resource_budget(256 << 20);
         // 8192 x 8192 x 4 = 256 MiB: exactly the budget, so one more byte fails.
         ok(&mut dev, &m, create(1, 8192, 8192));
-        assert_eq!(dev.host_bytes(), MAX_HOST_BYTES);
+        assert_eq!(dev.host_bytes(), 256 << 20);
         assert_eq!(err(&mut dev, &m, create(2, 1, 1)), ty::ERR_OUT_OF_MEMORY);
         assert_eq!(
             err(&mut dev, &m, attach(1, &[(0x1000, 4)])),
@@ -1355,6 +1420,168 @@ mod tests {
             ControlCommand::ResourceUnref { resource_id: 5 },
         );
         ok(&mut dev, &m, create(MAX_RESOURCES as u32 + 1, 1, 1));
+    }
+
+    use crate::gpu::fake_backend::FakeBackend;
+    use crate::gpu::protocol::ResourceCreate3d;
+    use mdev_backend::virgl::{self as virgl, TARGET_BUFFER, TARGET_TEXTURE_2D};
+    use std::sync::Arc;
+
+    /// RESOURCE_CREATE_3D of a `width`x`height` B8G8R8A8 2D texture with `layers` layers.
+    fn create_3d(id: u32, width: u32, height: u32, layers: u32) -> ControlCommand {
+        ControlCommand::ResourceCreate3d(ResourceCreate3d {
+            resource_id: id,
+            args: virgl::ResourceCreate3d {
+                target: TARGET_TEXTURE_2D,
+                format: virgl::FORMAT_B8G8R8A8_UNORM,
+                width,
+                height,
+                depth: 1,
+                array_size: layers,
+                ..Default::default()
+            },
+        })
+    }
+
+    /// Runs `cmd` with `fake` as the renderer.
+    fn run_3d(
+        dev: &mut GpuDevice,
+        m: &Arc<GuestMemoryMmap>,
+        fake: &FakeBackend,
+        cmd: ControlCommand,
+    ) -> Response {
+        let renderer = Renderer {
+            virgl: fake,
+            mem: m,
+        };
+        dev.execute(&mut req(cmd), &**m, Some(renderer))
+    }
+
+    #[test]
+    fn oversized_3d_resources_are_refused_before_the_renderer() {
+        let m = Arc::new(mem());
+        let fake = FakeBackend::default();
+        let mut dev = GpuDevice::new(DisplayConfig::default(), true);
+        // 16384 x 16384 x 4 bytes x 2048 layers: 2 TiB.
+        let huge = create_3d(1, MAX_RESOURCE_EDGE, MAX_RESOURCE_EDGE, 2048);
+        assert_eq!(
+            run_3d(&mut dev, &m, &fake, huge),
+            Response::Err(ty::ERR_OUT_OF_MEMORY)
+        );
+        for bad in [
+            create_3d(1, MAX_RESOURCE_EDGE + 1, 1, 1),
+            create_3d(1, 1, u32::MAX, 1),
+            create_3d(1, 1, 1, 2049),
+        ] {
+            assert_eq!(
+                run_3d(&mut dev, &m, &fake, bad),
+                Response::Err(ty::ERR_INVALID_PARAMETER)
+            );
+        }
+        assert_eq!(fake.created.get(), 0, "the renderer allocated nothing");
+        assert_eq!(dev.host_bytes(), 0);
+        // A full mip chain is charged: 64x64 + 32x32 + ... + 1x1 texels of 4 bytes.
+        let mut mipmapped = create_3d(2, 64, 64, 1);
+        if let ControlCommand::ResourceCreate3d(c) = &mut mipmapped {
+            c.args.last_level = 6;
+        }
+        assert_eq!(run_3d(&mut dev, &m, &fake, mipmapped), Response::OkNoData);
+        let texels: u64 = (0..=6).map(|l| (64u64 >> l) * (64 >> l)).sum();
+        assert_eq!(dev.host_bytes(), texels * 4);
+    }
+
+    #[test]
+    fn resource_creates_stop_at_the_budget_and_unref_returns_it() {
+        let m = Arc::new(mem());
+        let fake = FakeBackend::default();
+        let mut dev = GpuDevice::new(DisplayConfig::default(), true);
+        dev.set_resource_budget(16 << 20);
+        // 65536 creates of 256 KiB textures: 64 fit in 16 MiB.
+        let mut created = 0;
+        for id in 1..=65536 {
+            match run_3d(&mut dev, &m, &fake, create_3d(id, 256, 256, 1)) {
+                Response::OkNoData => created += 1,
+                r => assert_eq!(r, Response::Err(ty::ERR_OUT_OF_MEMORY), "create {id}"),
+            }
+        }
+        assert_eq!((created, fake.created.get()), (64, 64));
+        assert_eq!(dev.host_bytes(), 16 << 20);
+        // 2D resources share the budget.
+        assert_eq!(
+            run_3d(&mut dev, &m, &fake, create(70_000, 1, 1)),
+            Response::Err(ty::ERR_OUT_OF_MEMORY)
+        );
+        let unref = ControlCommand::ResourceUnref { resource_id: 3 };
+        assert_eq!(run_3d(&mut dev, &m, &fake, unref), Response::OkNoData);
+        assert_eq!(dev.host_bytes(), 15 << 20 | 3 << 18);
+        assert_eq!(
+            run_3d(&mut dev, &m, &fake, create(70_000, 256, 256)),
+            Response::OkNoData,
+            "the unreferenced texture's bytes serve a 2D resource"
+        );
+        dev.reset();
+        assert_eq!(dev.host_bytes(), 0, "a reset returns everything");
+        assert_eq!(
+            run_3d(&mut dev, &m, &fake, create_3d(1, 2048, 2048, 1)),
+            Response::OkNoData,
+            "16 MiB again after the reset, the budget kept"
+        );
+        assert_eq!(
+            run_3d(&mut dev, &m, &fake, create_3d(2, 1, 1, 1)),
+            Response::Err(ty::ERR_OUT_OF_MEMORY)
+        );
+    }
+
+    #[test]
+    fn read_back_with_overflowing_dimensions_is_refused() {
+        let m = Arc::new(mem());
+        let fake = FakeBackend::default();
+        for (width, height) in [(0x4000_0000, 1), (MAX_RESOURCE_EDGE, MAX_RESOURCE_EDGE + 1)] {
+            assert_eq!(
+                read_back(&fake, 1, &rect(0, 0, width, height)),
+                Err(DeviceError::ReadBackTooLarge { width, height })
+            );
+        }
+        assert_eq!(fake.read_backs.get(), 0);
+        // A scanout of a 3D buffer wider than any image: the dump's read-back is refused.
+        let mut dev = GpuDevice::new(DisplayConfig::default(), true);
+        dev.set_resource_budget(4 << 30);
+        let width = 0x4000_0001;
+        let buffer = ControlCommand::ResourceCreate3d(ResourceCreate3d {
+            resource_id: 9,
+            args: virgl::ResourceCreate3d {
+                target: TARGET_BUFFER,
+                format: virgl::FORMAT_B8G8R8A8_UNORM,
+                width,
+                height: 1,
+                depth: 1,
+                array_size: 1,
+                ..Default::default()
+            },
+        });
+        assert_eq!(run_3d(&mut dev, &m, &fake, buffer), Response::OkNoData);
+        let show = ControlCommand::SetScanout {
+            scanout_id: 0,
+            resource_id: 9,
+            rect: rect(0, 0, width, 1),
+        };
+        assert_eq!(run_3d(&mut dev, &m, &fake, show), Response::OkNoData);
+        assert!(dev.take_frames(true, Some(&fake)).is_empty());
+        assert_eq!(fake.read_backs.get(), 0);
+        // An ordinary scanout is still read back.
+        assert_eq!(
+            run_3d(&mut dev, &m, &fake, create_3d(10, 64, 32, 1)),
+            Response::OkNoData
+        );
+        let show = ControlCommand::SetScanout {
+            scanout_id: 0,
+            resource_id: 10,
+            rect: rect(0, 0, 64, 32),
+        };
+        assert_eq!(run_3d(&mut dev, &m, &fake, show), Response::OkNoData);
+        let frames = dev.take_frames(true, Some(&fake));
+        assert_eq!(frames.len(), 1);
+        assert_eq!(frames[0].pixels.len(), 64 * 32 * 4);
     }
 
     #[test]

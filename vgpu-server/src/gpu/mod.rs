@@ -5,6 +5,8 @@
 pub mod device;
 pub mod dump;
 pub mod edid;
+#[cfg(test)]
+pub(crate) mod fake_backend;
 pub mod fence;
 pub mod load;
 pub mod protocol;

@@ -11,10 +11,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use log::{debug, warn};
-use mdev_backend::virgl::{BackingMemory, CAPSET_VIRGL, CAPSET_VIRGL2};
+use mdev_backend::virgl::{
+    self as virgl, BackingMemory, CAPSET_VIRGL, CAPSET_VIRGL2, TARGET_BUFFER, TARGET_TEXTURE_3D,
+};
 use mdev_backend::{BackendError, GpuBackend};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
+use super::device::MAX_RESOURCE_EDGE;
 use super::load::{self, LOAD_CAPSET_SIZE, LOAD_CAPSET_VERSION, VGPU_LOAD_CAPSET_ID};
 use super::protocol::{
     CtxCreate, MAX_BACKING_ENTRIES, MemEntry, ResourceCreate3d, Response, Transfer3d, ty,
@@ -28,6 +31,19 @@ pub const CAPSETS: [u32; 3] = [CAPSET_VIRGL, CAPSET_VIRGL2, VGPU_LOAD_CAPSET_ID]
 pub const MAX_CONTEXTS: usize = 256;
 /// Most 3D resources per guest (textures, buffers, render targets of every GL context).
 pub const MAX_RESOURCES_3D: usize = 65536;
+/// Largest depth of a 3D texture and array size of an array texture (GL_MAX_3D_TEXTURE_SIZE
+/// and GL_MAX_ARRAY_TEXTURE_LAYERS of common GPUs and llvmpipe are 2048).
+pub const MAX_TEXTURE_LAYERS: u32 = 2048;
+/// Highest mipmap level: a full chain of a [`MAX_RESOURCE_EDGE`] texture has levels 0..=14.
+pub const MAX_MIP_LEVEL: u32 = 14;
+/// Most samples per pixel of a multisampled resource (GL_MAX_SAMPLES is 8 or 16 on common GPUs
+/// and llvmpipe).
+pub const MAX_SAMPLES: u32 = 16;
+/// Bytes per pixel charged for a format not in [`bytes_per_pixel`]'s table: the widest pixel
+/// of any virgl format (R64G64B64A64, 32 bytes); compressed formats take less.
+const WIDEST_PIXEL: u64 = 32;
+/// VIRGL_FORMAT_R8_UNORM (virgl_hw.h): one byte per pixel, the format of Mesa's buffers.
+const FORMAT_R8_UNORM: u32 = 64;
 
 /// Errors of 3D execution; each maps to a VIRTIO_GPU_RESP_ERR_* code.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -92,6 +108,33 @@ pub enum ThreeDError {
         /// Box depth.
         d: u32,
     },
+    /// A 3D resource whose size or layout is outside the named limits.
+    #[error(
+        "3D resource {width}x{height}x{depth}, {array_size} layers, levels 0..={last_level}, \
+         {samples} samples is outside the limits"
+    )]
+    BadSize {
+        /// Width.
+        width: u32,
+        /// Height.
+        height: u32,
+        /// Depth.
+        depth: u32,
+        /// Array size.
+        array_size: u32,
+        /// Last mipmap level.
+        last_level: u32,
+        /// Samples.
+        samples: u32,
+    },
+    /// The resource would take the guest's resources past its host-memory budget.
+    #[error("3D resource of {need} bytes refused: {room} bytes left in the budget")]
+    OutOfMemory {
+        /// Bytes the resource is charged.
+        need: u64,
+        /// Bytes left in the budget.
+        room: u64,
+    },
     /// virglrenderer refused the call.
     #[error("renderer: {0}")]
     Renderer(String),
@@ -118,8 +161,9 @@ impl ThreeDError {
             | ThreeDError::CapsetIndex(_)
             | ThreeDError::ContextCapset(_)
             | ThreeDError::CapsetVersion(_)
-            | ThreeDError::BadEntry { .. } => ty::ERR_INVALID_PARAMETER,
-            ThreeDError::Limit(_) => ty::ERR_OUT_OF_MEMORY,
+            | ThreeDError::BadEntry { .. }
+            | ThreeDError::BadSize { .. } => ty::ERR_INVALID_PARAMETER,
+            ThreeDError::Limit(_) | ThreeDError::OutOfMemory { .. } => ty::ERR_OUT_OF_MEMORY,
             ThreeDError::Renderer(_) => ty::ERR_UNSPEC,
         }
     }
@@ -179,7 +223,7 @@ pub struct Renderer<'a> {
     pub mem: &'a Arc<GuestMemoryMmap>,
 }
 
-/// Size of a 3D resource, for scanout checks.
+/// Size of a 3D resource, for scanout checks, and what it is charged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Size3d {
     /// Width.
@@ -188,6 +232,78 @@ pub struct Size3d {
     pub height: u32,
     /// virgl format (the same numbers as virtio_gpu_formats for the scanout formats).
     pub format: u32,
+    /// Host bytes charged to the guest's resource budget ([`resource_bytes`]).
+    pub bytes: u64,
+}
+
+/// Bytes per pixel of virgl format `format`, or an upper bound ([`WIDEST_PIXEL`]) for formats
+/// not in this table of the common ones.
+fn bytes_per_pixel(format: u32) -> u64 {
+    match format {
+        FORMAT_R8_UNORM => 1,
+        virgl::FORMAT_B8G8R8A8_UNORM
+        | virgl::FORMAT_B8G8R8X8_UNORM
+        | virgl::FORMAT_R8G8B8A8_UNORM => 4,
+        f if super::protocol::PixelFormat::from_wire(f).is_some() => 4,
+        _ => WIDEST_PIXEL,
+    }
+}
+
+/// The host bytes a 3D resource may take: every mipmap level of every layer and sample, at its
+/// format's bytes per pixel (an upper bound for unknown formats); a buffer is `width` bytes.
+/// Sizes outside the named limits are refused; the arithmetic is checked throughout.
+pub fn resource_bytes(args: &virgl::ResourceCreate3d) -> Result<u64, ThreeDError> {
+    let bad = || ThreeDError::BadSize {
+        width: args.width,
+        height: args.height,
+        depth: args.depth,
+        array_size: args.array_size,
+        last_level: args.last_level,
+        samples: args.nr_samples,
+    };
+    // Mesa sends 1 for unused dimensions; 0 is charged as 1.
+    let (height, depth, layers) = (
+        args.height.max(1),
+        args.depth.max(1),
+        args.array_size.max(1),
+    );
+    let samples = args.nr_samples.max(1);
+    if args.target == TARGET_BUFFER {
+        if height != 1 || depth != 1 || layers != 1 || args.last_level != 0 || samples != 1 {
+            return Err(bad());
+        }
+        return Ok(u64::from(args.width.max(1)));
+    }
+    let edge = 1..=MAX_RESOURCE_EDGE;
+    if !edge.contains(&args.width)
+        || !edge.contains(&height)
+        || depth > MAX_TEXTURE_LAYERS
+        || layers > MAX_TEXTURE_LAYERS
+        || args.last_level > MAX_MIP_LEVEL
+        || samples > MAX_SAMPLES
+    {
+        return Err(bad());
+    }
+    let per_texel = bytes_per_pixel(args.format)
+        .checked_mul(u64::from(layers))
+        .and_then(|b| b.checked_mul(u64::from(samples)))
+        .ok_or_else(bad)?;
+    let mut total = 0u64;
+    for level in 0..=args.last_level {
+        let shrink = |n: u32| u64::from((n >> level).max(1));
+        let level_depth = if args.target == TARGET_TEXTURE_3D {
+            shrink(depth)
+        } else {
+            u64::from(depth)
+        };
+        total = shrink(args.width)
+            .checked_mul(shrink(height))
+            .and_then(|t| t.checked_mul(level_depth))
+            .and_then(|t| t.checked_mul(per_texel))
+            .and_then(|t| t.checked_add(total))
+            .ok_or_else(bad)?;
+    }
+    Ok(total)
 }
 
 /// The 3D objects of one guest.
@@ -339,19 +455,26 @@ impl ThreeD {
         Ok(Response::OkNoData)
     }
 
-    /// RESOURCE_CREATE_3D; `taken` says whether a 2D resource already uses the id.
+    /// RESOURCE_CREATE_3D; `taken` says whether a 2D resource already uses the id, `room` how
+    /// many bytes are left in the guest's resource budget. Returns the bytes charged
+    /// ([`resource_bytes`]); nothing reaches the renderer unless they fit.
     pub fn resource_create(
         &mut self,
         c: &ResourceCreate3d,
         taken: bool,
+        room: u64,
         r: Renderer<'_>,
-    ) -> Result<Response, ThreeDError> {
+    ) -> Result<u64, ThreeDError> {
         let id = c.resource_id;
         if id == 0 || taken || self.resources.contains_key(&id) {
             return Err(ThreeDError::ResourceIdTaken(id));
         }
         if self.resources.len() >= MAX_RESOURCES_3D {
             return Err(ThreeDError::Limit("3D resources"));
+        }
+        let bytes = resource_bytes(&c.args)?;
+        if bytes > room {
+            return Err(ThreeDError::OutOfMemory { need: bytes, room });
         }
         r.virgl.resource_create(id, &c.args)?;
         self.resources.insert(
@@ -360,13 +483,14 @@ impl ThreeD {
                 width: c.args.width,
                 height: c.args.height,
                 format: c.args.format,
+                bytes,
             },
         );
         debug!(
-            "3D resource {id}: {}x{} format {}",
+            "3D resource {id}: {}x{} format {}, {bytes} bytes charged",
             c.args.width, c.args.height, c.args.format
         );
-        Ok(Response::OkNoData)
+        Ok(bytes)
     }
 
     /// RESOURCE_UNREF of a 3D resource.
@@ -516,6 +640,7 @@ mod tests {
                 width: 1,
                 height: 1,
                 format: 1,
+                bytes: 4,
             },
         );
         t.reset();
