@@ -1,24 +1,29 @@
 //! vgpu-server: a vfio-user server presenting a virtio-gpu PCI function to a QEMU guest
 //! (`-device vfio-user-pci`). One process serves one vGPU.
 //!
-//! Data path (see docs/ARCHITECTURE.md): [`transport`] validates every vfio-user message and
-//! turns doorbell writes into worker kicks; [`device`] holds the function state; [`worker`]
+//! Data path (see docs/ARCHITECTURE.md): [`relay`] frames every vfio-user message from QEMU
+//! and has [`frame`] check it before the `vfio-user` crate's message loop sees it;
+//! [`transport`] validates each access again and turns doorbell writes into worker kicks; [`device`] holds the function state; [`worker`]
 //! walks the virtqueues ([`queue`]) over guest memory ([`memory`]); [`gpu`] decodes and executes
 //! virtio-gpu commands; [`irq`] delivers MSI-X or INTx interrupts.
 
 pub mod device;
+pub mod frame;
 pub mod gpu;
 pub mod irq;
 pub mod memory;
 pub mod metrics;
 pub mod pci;
 pub mod queue;
+pub mod relay;
 pub mod sched_client;
 pub mod transport;
 pub mod virtio_pci;
 pub mod worker;
 
-use std::path::PathBuf;
+use std::io;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use log::{error, info, warn};
@@ -30,9 +35,11 @@ use vfio_bindings::bindings::vfio::{
 use vfio_user::{IrqInfo, Server, ServerRegion};
 
 use crate::device::Device;
+use crate::frame::Limits;
 use crate::gpu::DisplayConfig;
 use crate::gpu::dump::DumpConfig;
 use crate::metrics::{DeviceMetrics, inc};
+use crate::relay::{Ended, RelayError};
 use crate::transport::{NUM_REGIONS, Region, Transport};
 use crate::worker::{WorkerError, WorkerHandle};
 
@@ -61,21 +68,27 @@ pub struct ServerConfig {
 /// Errors that stop the server.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    /// The socket could not be created.
+    /// The socket could not be created (it must not exist).
     #[error("listening on {path}: {source}")]
     Listen {
         /// Socket path.
         path: PathBuf,
-        /// The crate's error.
+        /// What failed.
         #[source]
-        source: vfio_user::Error,
+        source: io::Error,
     },
     /// The device worker could not start.
     #[error(transparent)]
     Worker(#[from] WorkerError),
     /// Accepting a connection failed.
     #[error("accepting a client: {0}")]
-    Accept(#[source] vfio_user::Error),
+    Accept(#[source] io::Error),
+    /// The private link between the relay and the message loop could not be made.
+    #[error(transparent)]
+    Link(RelayError),
+    /// The message loop's thread could not be started.
+    #[error("starting the message loop thread: {0}")]
+    Thread(#[source] io::Error),
     /// The dump directory is not a directory.
     #[error("dump directory {0} is not a directory")]
     DumpDir(PathBuf),
@@ -83,7 +96,10 @@ pub enum ServerError {
 
 /// A listening vGPU server.
 pub struct VgpuServer {
-    server: Server,
+    /// QEMU's socket; each connection is relayed to a `vfio-user` crate server of its own.
+    listener: UnixListener,
+    /// The region and interrupt tables the relay checks messages against.
+    limits: Limits,
     config: ServerConfig,
     metrics: Arc<DeviceMetrics>,
     /// One worker for the life of the server, serving each connection's device in turn.
@@ -156,12 +172,15 @@ impl VgpuServer {
         {
             return Err(ServerError::DumpDir(dump.dir.clone()));
         }
-        let server = Server::new(&config.socket, true, irqs(), regions()).map_err(|source| {
-            ServerError::Listen {
+        let listener =
+            UnixListener::bind(&config.socket).map_err(|source| ServerError::Listen {
                 path: config.socket.clone(),
                 source,
-            }
-        })?;
+            })?;
+        let limits = Limits::new(
+            regions().iter().map(|r| r.region_info.size).collect(),
+            irqs().iter().map(|irq| irq.count).collect(),
+        );
         info!(
             "listening on {} ({}x{} scanout)",
             config.socket.display(),
@@ -177,7 +196,8 @@ impl VgpuServer {
             config.socket.clone(),
         )?;
         Ok(VgpuServer {
-            server,
+            listener,
+            limits,
             config,
             metrics,
             worker,
@@ -202,6 +222,13 @@ impl VgpuServer {
     }
 
     fn serve_one(&self) -> Result<(), ServerError> {
+        let (client, _) = self.listener.accept().map_err(ServerError::Accept)?;
+        let dir = match self.config.socket.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir,
+            _ => Path::new("."),
+        };
+        let (loop_listener, loop_end) = relay::loop_link(dir).map_err(ServerError::Link)?;
+        let server = Server::from_owned_fd(loop_listener.into(), true, irqs(), regions());
         let mut device = Device::new(
             self.config.display,
             self.metrics.clone(),
@@ -212,33 +239,49 @@ impl VgpuServer {
         self.worker.attach(device.clone());
         let mut transport = Transport::new(device, &self.worker, self.metrics.clone());
         inc(&self.metrics.connections);
-        // The crate's message loop can panic on a malformed VERSION message (it unwraps the
-        // client's capability string). Contain it to this connection: the device is dropped
-        // with the connection either way, and the next client gets a fresh one.
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.server.run(&mut transport)
-        }));
+        // The crate's message loop runs on its own thread, fed only by the relay on this one.
+        // A panic in it ends the loop, and so the connection: the device is dropped with the
+        // connection either way, and the next client gets a fresh one.
+        let outcome = std::thread::scope(|scope| {
+            let message_loop = std::thread::Builder::new()
+                .name("vfio-user".into())
+                .spawn_scoped(scope, || server.run(&mut transport))
+                .map_err(ServerError::Thread)?;
+            let relayed = relay::relay(client, loop_end, &self.limits, &self.metrics);
+            Ok::<_, ServerError>((relayed, message_loop.join()))
+        });
         // The worker writes the final dump and lets go; the device and its guest mappings go
         // with the last reference, the transport's.
         self.worker.detach();
         drop(transport);
+        let (relayed, looped) = outcome?;
         let counters: Vec<String> = self
             .metrics
             .snapshot()
             .iter()
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
-        match result {
-            Err(_) => error!(
-                "client connection dropped after a panic in the vfio-user message loop; {}",
-                counters.join(" ")
+        let counters = counters.join(" ");
+        match (relayed, looped) {
+            (_, Err(_)) => error!(
+                "client connection dropped after a panic in the vfio-user message loop; {counters}"
             ),
-            Ok(Ok(())) => info!("client disconnected; {}", counters.join(" ")),
-            Ok(Err(vfio_user::Error::SocketAccept(e))) => {
-                return Err(ServerError::Accept(vfio_user::Error::SocketAccept(e)));
+            (_, Ok(Err(e))) => warn!("client connection lost: {e}; {counters}"),
+            (Err(e), Ok(Ok(()))) => warn!("client connection lost: {e}; {counters}"),
+            (Ok(Ended::Refused(e)), Ok(Ok(()))) => {
+                warn!("client connection closed after a refused message ({e}); {counters}")
             }
-            Ok(Err(e)) => warn!("client connection lost: {e}; {}", counters.join(" ")),
+            (Ok(_), Ok(Ok(()))) => info!("client disconnected; {counters}"),
         }
         Ok(())
+    }
+}
+
+impl Drop for VgpuServer {
+    fn drop(&mut self) {
+        // The socket is ours (bind fails on an existing path): remove it with the listener.
+        if let Err(e) = std::fs::remove_file(&self.config.socket) {
+            warn!("removing {}: {e}", self.config.socket.display());
+        }
     }
 }

@@ -17,6 +17,7 @@ use vfio_bindings::bindings::vfio::{
 use vfio_user::{DmaMapFlags, DmaUnmapFlags, ServerBackend};
 
 use crate::device::{Device, VirtioRegion, decode_virtio_bar};
+use crate::frame;
 use crate::irq::IrqChange;
 use crate::metrics::{DeviceMetrics, inc};
 use crate::pci;
@@ -103,8 +104,7 @@ pub enum AccessError {
 pub fn check_access(index: u32, offset: u64, len: usize) -> Result<Region, AccessError> {
     let region = Region::from_index(index).ok_or(AccessError::UnknownRegion(index))?;
     let size = region.size();
-    let end = offset.checked_add(len as u64);
-    if len == 0 || end.is_none_or(|e| e > size) {
+    if !frame::access_within(size, offset, len as u64) {
         return Err(AccessError::OutOfRange {
             region,
             offset,

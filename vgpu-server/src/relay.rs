@@ -1,0 +1,429 @@
+//! The validating frame relay between QEMU and the `vfio-user` crate's message loop (hop 2).
+//!
+//! The device accepts QEMU's connection itself. The crate's [`vfio_user::Server`] is built on a
+//! private listener ([`loop_link`]) whose only connection is the relay's, and the crate's
+//! `Server::run` serves that connection on its own thread. [`relay`] reads each message from
+//! QEMU, header first with its SCM_RIGHTS descriptors, has [`crate::frame`] check the header
+//! before reading a byte of payload and the payload before passing it on, and forwards
+//! header, payload and descriptors to the message loop. The loop's replies are framed by their
+//! headers and passed back whole.
+//!
+//! A refused message is counted (`refused_messages`) and logged. A request that expects a
+//! reply gets an EINVAL error reply and the connection goes on; a posted message or one that
+//! leaves the stream out of step closes the connection once the loop has handled everything
+//! before it, as a disconnect does.
+//!
+//! One thread (the caller's) relays both directions, through `poll`: QEMU's socket is read
+//! only while no message waits to go to the loop, and the loop's side is non-blocking, so the
+//! relay never sits in a write to the loop while the loop sits in a write of its replies.
+//! A QEMU that stops reading, or stops in the middle of a message, stalls only its own
+//! connection; its hang-up ends it.
+
+use std::fs::DirBuilder;
+use std::hash::{BuildHasher, RandomState};
+use std::io::{self, Read, Write};
+use std::net::Shutdown;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+
+use log::warn;
+use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+
+use crate::frame::{self, EINVAL, FrameError, HEADER_SIZE, Header, Limits, MAX_FRAME_BYTES};
+use crate::metrics::{DeviceMetrics, inc};
+
+/// Descriptors the kernel passes in one SCM_RIGHTS message at most (`SCM_MAX_FD`). Receiving
+/// with room for that many means a receive is never truncated: every descriptor QEMU attaches
+/// is counted against its command's limit, then closed or passed on.
+const SCM_MAX_FD: usize = 253;
+
+/// Bytes taken from the message loop's socket per read. Replies are framed from a buffer, so
+/// this only sets the number of reads; it holds a REGION_READ reply of the largest region.
+const REPLY_CHUNK: usize = 64 << 10;
+
+/// Bytes of a refused message's payload read per call while skipping it.
+const DISCARD_CHUNK: usize = 4096;
+
+/// Tries at a unique name for the private directory of [`loop_link`] before giving up.
+const LINK_ATTEMPTS: u32 = 16;
+
+/// Why relaying stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    /// The private link to the message loop could not be made.
+    #[error("linking the message loop in {dir}: {source}")]
+    Link {
+        /// The directory the link's socket was made in.
+        dir: PathBuf,
+        /// What failed.
+        #[source]
+        source: io::Error,
+    },
+    /// Reading from the client failed.
+    #[error("reading from the client: {0}")]
+    ClientRead(#[source] io::Error),
+    /// The client hung up in the middle of a message.
+    #[error("the client hung up in the middle of a message")]
+    ClientTruncated,
+    /// The message loop's socket failed.
+    #[error("message loop socket: {0}")]
+    Loop(#[source] io::Error),
+    /// The message loop sent something that is not a reply frame.
+    #[error("the message loop sent a reply of {0} bytes")]
+    BadReply(u32),
+    /// Waiting for either socket failed.
+    #[error("poll: {0}")]
+    Poll(#[source] io::Error),
+}
+
+/// How a relayed connection ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// The client hung up; everything it sent was handled.
+    ClientClosed,
+    /// The relay closed the connection on a message that could not be answered (posted, or
+    /// not framed); everything before it was handled.
+    Refused(FrameError),
+    /// The message loop ended first (its own error, or a panic).
+    LoopClosed,
+}
+
+/// A listener for the crate's `Server` with the relay's connection already queued on it.
+///
+/// The listener is bound in a new directory of mode 0700 next to the device's own socket
+/// (`dir`), connected to, and its name and directory removed at once: from then on nothing
+/// can reach it, and during those microseconds only this user could (who can ptrace the
+/// process anyway). An abstract-namespace name would need no directory but is listed in
+/// `/proc/net/unix` for every local user to see and connect to first; a socketpair cannot
+/// be accepted.
+pub fn loop_link(dir: &Path) -> Result<(UnixListener, UnixStream), RelayError> {
+    let link_error = |source| RelayError::Link {
+        dir: dir.to_path_buf(),
+        source,
+    };
+    let mut attempt = 0;
+    let private = loop {
+        // std's RandomState is seeded from the OS; mkdir fails on an existing name, so a
+        // name taken by someone else is never used, only retried.
+        let salt = RandomState::new().hash_one(attempt);
+        let path = dir.join(format!(".vgpu-loop-{}-{salt:016x}", std::process::id()));
+        match DirBuilder::new().mode(0o700).create(&path) {
+            Ok(()) => break path,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && attempt < LINK_ATTEMPTS => {
+                attempt += 1;
+            }
+            Err(e) => return Err(link_error(e)),
+        }
+    };
+    let socket = private.join("loop.sock");
+    let linked = UnixListener::bind(&socket)
+        .and_then(|listener| Ok((UnixStream::connect(&socket)?, listener)));
+    let removed = std::fs::remove_file(&socket)
+        .or_else(|e| match e.kind() {
+            io::ErrorKind::NotFound => Ok(()),
+            _ => Err(e),
+        })
+        .and_then(|()| std::fs::remove_dir(&private));
+    let (stream, listener) = linked.map_err(link_error)?;
+    removed.map_err(link_error)?;
+    Ok((listener, stream))
+}
+
+/// One message read from the client.
+enum Incoming {
+    /// The client hung up between messages.
+    Eof,
+    /// A valid message, to go to the loop.
+    Forward(Outgoing),
+    /// Refused; answered with an error reply.
+    Answer(FrameError, Header),
+    /// Refused; the connection closes.
+    Close(FrameError),
+}
+
+/// A message on its way to the loop.
+struct Outgoing {
+    bytes: Vec<u8>,
+    sent: usize,
+    /// Sent with the first bytes.
+    fds: Vec<OwnedFd>,
+}
+
+/// Receives into `buf`, with any descriptors attached.
+fn recv_with_fds(stream: &UnixStream, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+    let mut raw = [-1 as RawFd; SCM_MAX_FD];
+    let mut iov = [libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    }];
+    loop {
+        // SAFETY: the iovec describes `buf`, which is valid for writes of its length and
+        // borrowed mutably for the call.
+        let received = unsafe { stream.recv_with_fds(&mut iov, &mut raw) };
+        match received.map_err(io::Error::from) {
+            Ok((n, count)) => {
+                let fds = raw[..count]
+                    .iter()
+                    // SAFETY: the kernel installed these descriptors for this receive; nothing
+                    // else owns them.
+                    .map(|&fd| unsafe { OwnedFd::from_raw_fd(fd) })
+                    .collect();
+                return Ok((n, fds));
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Reads exactly `buf.len()` bytes of a message from the client.
+fn read_rest(client: &UnixStream, buf: &mut [u8]) -> Result<(), RelayError> {
+    let mut client = client;
+    client.read_exact(buf).map_err(|e| match e.kind() {
+        io::ErrorKind::UnexpectedEof => RelayError::ClientTruncated,
+        _ => RelayError::ClientRead(e),
+    })
+}
+
+/// Reads and drops `len` bytes of a refused message.
+fn discard(client: &UnixStream, mut len: usize) -> Result<(), RelayError> {
+    let mut scratch = [0u8; DISCARD_CHUNK];
+    while len > 0 {
+        let n = len.min(DISCARD_CHUNK);
+        read_rest(client, &mut scratch[..n])?;
+        len -= n;
+    }
+    Ok(())
+}
+
+/// Reads one message from the client, checking its header before its payload.
+fn read_message(client: &UnixStream, limits: &Limits) -> Result<Incoming, RelayError> {
+    let mut head = [0u8; HEADER_SIZE];
+    let mut got = 0;
+    let mut fds = Vec::new();
+    while got < HEADER_SIZE {
+        let (n, more) = recv_with_fds(client, &mut head[got..]).map_err(RelayError::ClientRead)?;
+        fds.extend(more);
+        if n == 0 {
+            return match got {
+                0 => Ok(Incoming::Eof),
+                _ => Err(RelayError::ClientTruncated),
+            };
+        }
+        got += n;
+    }
+    let header = Header::parse(&head);
+    let refused = |e: FrameError| {
+        if e.unframeable() || header.posted() {
+            Incoming::Close(e)
+        } else {
+            Incoming::Answer(e, header)
+        }
+    };
+    if let Err(e) = frame::check_header(&header, fds.len(), limits) {
+        drop(fds);
+        let incoming = refused(e);
+        if let (Incoming::Answer(..), Some(len)) = (&incoming, header.payload_len()) {
+            discard(client, len)?;
+        }
+        return Ok(incoming);
+    }
+    let mut bytes = vec![0u8; header.size as usize];
+    bytes[..HEADER_SIZE].copy_from_slice(&head);
+    read_rest(client, &mut bytes[HEADER_SIZE..])?;
+    match frame::check_payload(&header, &bytes[HEADER_SIZE..], fds.len(), limits) {
+        Ok(()) => Ok(Incoming::Forward(Outgoing {
+            bytes,
+            sent: 0,
+            fds,
+        })),
+        Err(e) => Ok(refused(e)),
+    }
+}
+
+/// Sends as much of `out` to the loop as its socket takes now; true once all of it went.
+fn send(loop_end: &UnixStream, out: &mut Outgoing) -> Result<bool, RelayError> {
+    while out.sent < out.bytes.len() {
+        let rest = &out.bytes[out.sent..];
+        let sent = if out.fds.is_empty() {
+            let mut loop_end = loop_end;
+            loop_end.write(rest)
+        } else {
+            let raw: Vec<RawFd> = out.fds.iter().map(AsRawFd::as_raw_fd).collect();
+            loop_end
+                .send_with_fds(&[rest], &raw)
+                .map_err(io::Error::from)
+        };
+        match sent {
+            Ok(0) => return Err(RelayError::Loop(io::ErrorKind::WriteZero.into())),
+            Ok(n) => {
+                // The descriptors went with the first byte; the loop owns copies now.
+                out.fds.clear();
+                out.sent += n;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(RelayError::Loop(e)),
+        }
+    }
+    Ok(true)
+}
+
+/// The loop's side of the relay: replies read as they come, passed on whole.
+struct Replies {
+    buf: Vec<u8>,
+    chunk: Box<[u8]>,
+    /// Writing to the client failed: it hung up; replies are dropped.
+    client_gone: bool,
+}
+
+impl Replies {
+    /// Reads what the loop has sent and passes every complete reply to the client. False once
+    /// the loop has closed its end.
+    fn pump(&mut self, loop_end: &UnixStream, client: &UnixStream) -> Result<bool, RelayError> {
+        let mut open = true;
+        loop {
+            let mut reader = loop_end;
+            match reader.read(&mut self.chunk) {
+                Ok(0) => {
+                    open = false;
+                    break;
+                }
+                Ok(n) => self.buf.extend_from_slice(&self.chunk[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(RelayError::Loop(e)),
+            }
+        }
+        let mut end = 0;
+        while let Some(head) = self.buf.get(end..end + HEADER_SIZE) {
+            let head: &[u8; HEADER_SIZE] = head.try_into().expect("header-sized slice");
+            let size = Header::parse(head).size;
+            if (size as usize) < HEADER_SIZE || size > MAX_FRAME_BYTES {
+                return Err(RelayError::BadReply(size));
+            }
+            if self.buf.len() - end < size as usize {
+                break;
+            }
+            end += size as usize;
+        }
+        self.pass_on(client, end);
+        Ok(open)
+    }
+
+    /// Writes the first `len` bytes of the buffer (whole replies) to the client.
+    fn pass_on(&mut self, client: &UnixStream, len: usize) {
+        if len == 0 {
+            return;
+        }
+        if !self.client_gone {
+            let mut client = client;
+            if let Err(e) = client.write_all(&self.buf[..len]) {
+                log::info!("client gone, dropping replies: {e}");
+                self.client_gone = true;
+            }
+        }
+        self.buf.drain(..len);
+    }
+}
+
+/// Waits until one of `fds` is ready.
+fn poll(fds: &mut [libc::pollfd]) -> Result<(), RelayError> {
+    loop {
+        // SAFETY: `fds` is a valid, exclusively borrowed array of pollfd of the given length.
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+        if rc >= 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(RelayError::Poll(e));
+        }
+    }
+}
+
+/// Relays one client connection to the message loop on `loop_end` until both are done:
+/// the client hung up or was refused, and the loop has handled everything before that.
+pub fn relay(
+    client: UnixStream,
+    loop_end: UnixStream,
+    limits: &Limits,
+    metrics: &DeviceMetrics,
+) -> Result<Ended, RelayError> {
+    loop_end.set_nonblocking(true).map_err(RelayError::Loop)?;
+    let mut replies = Replies {
+        buf: Vec::new(),
+        chunk: vec![0u8; REPLY_CHUNK].into_boxed_slice(),
+        client_gone: false,
+    };
+    let mut pending: Option<Outgoing> = None;
+    let mut ended: Option<Ended> = None;
+    let mut shut = false;
+    loop {
+        if ended.is_some() && pending.is_none() && !shut {
+            // Everything the client sent is with the loop: let it finish and close.
+            loop_end
+                .shutdown(Shutdown::Write)
+                .map_err(RelayError::Loop)?;
+            shut = true;
+        }
+        let read_client = ended.is_none() && pending.is_none();
+        let mut fds = [
+            libc::pollfd {
+                fd: loop_end.as_raw_fd(),
+                events: libc::POLLIN | if pending.is_some() { libc::POLLOUT } else { 0 },
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: if read_client { client.as_raw_fd() } else { -1 },
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        poll(&mut fds)?;
+        if fds[0].revents != 0 {
+            if !replies.pump(&loop_end, &client)? {
+                return Ok(ended.unwrap_or(Ended::LoopClosed));
+            }
+            if let Some(out) = pending.as_mut()
+                && send(&loop_end, out)?
+            {
+                pending = None;
+            }
+        }
+        if fds[1].revents != 0 {
+            match read_message(&client, limits) {
+                Ok(Incoming::Eof) => ended = Some(Ended::ClientClosed),
+                Ok(Incoming::Forward(mut out)) => {
+                    if !send(&loop_end, &mut out)? {
+                        pending = Some(out);
+                    }
+                }
+                Ok(Incoming::Answer(e, header)) => {
+                    refuse(metrics, &e, "answered with EINVAL");
+                    let mut writer = &client;
+                    if let Err(e) = writer.write_all(&frame::error_reply(&header, EINVAL)) {
+                        log::info!("client gone: {e}");
+                        ended = Some(Ended::ClientClosed);
+                    }
+                }
+                Ok(Incoming::Close(e)) => {
+                    refuse(metrics, &e, "closing the connection");
+                    ended = Some(Ended::Refused(e));
+                }
+                Err(e) => {
+                    warn!("{e}; closing the connection");
+                    ended = Some(Ended::ClientClosed);
+                }
+            }
+        }
+    }
+}
+
+/// Counts and logs a refused message.
+fn refuse(metrics: &DeviceMetrics, e: &FrameError, outcome: &str) {
+    inc(&metrics.refused_messages);
+    warn!("vfio-user message refused ({e}); {outcome}");
+}
