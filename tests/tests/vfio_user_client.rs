@@ -13,10 +13,11 @@ use vfio_bindings::bindings::vfio::{
     VFIO_PCI_CONFIG_REGION_INDEX, VFIO_PCI_INTX_IRQ_INDEX, VFIO_PCI_MSIX_IRQ_INDEX,
 };
 use vgpu_tests::TempDir;
+use vgpu_tests::guest::{ServerProcess, server_binary};
 use vgpu_tests::raw_guest::{ISR, RawGuest};
 use vgpu_tests::server::{TestServer, VgpuGuest};
 use vgpu_tests::skip_without_qemu;
-use vgpu_tests::vfio_user_raw::{RawClient, RawError, cmd};
+use vgpu_tests::vfio_user_raw::{FLAG_NO_REPLY, RawClient, RawError, cmd};
 use vmm_sys_util::eventfd::EventFd;
 
 const BAR4: u32 = VFIO_PCI_BAR4_REGION_INDEX;
@@ -341,4 +342,71 @@ fn intx_stays_masked_until_the_resample_eventfd() {
         "nothing pending"
     );
     assert_eq!(guest.status().unwrap(), 0xf);
+}
+
+/// Resident memory of process `pid` in KiB (`VmRSS` of /proc/PID/status).
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("process status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS line")
+}
+
+/// Data streamed behind the huge REGION_WRITE below: what a server that believed its count
+/// would take into memory.
+const STREAMED: usize = 128 << 20;
+/// RSS growth that counts as "none": connection threads and buffers, far below `STREAMED`.
+const RSS_SLACK_KIB: u64 = 32 << 10;
+
+#[test]
+fn hostile_frames_cost_the_server_process_nothing() {
+    let binary = server_binary().expect("vgpu-server binary");
+    let args = ["--renderer".to_string(), "none".to_string()];
+    let server = ServerProcess::start(&binary, false, &args).expect("server starts");
+
+    // A malformed VERSION gets an error reply; the connection goes on to negotiate.
+    let mut client = RawClient::connect_unnegotiated(server.socket()).unwrap();
+    assert_eq!(
+        errno(client.call(cmd::VERSION, b"\x00\x00\x01\x00{}", &[])),
+        EINVAL
+    );
+    assert_eq!(errno(client.call(cmd::VERSION, &[], &[])), EINVAL);
+    client
+        .call(cmd::VERSION, &RawClient::version_payload(), &[])
+        .unwrap();
+    // A REGION_WRITE claiming 0xffff_ff00 bytes, expecting a reply: refused, still in step.
+    let huge = RawClient::access(BAR4, 0, 0xffff_ff00);
+    assert_eq!(errno(client.call(cmd::REGION_WRITE, &huge, &[])), EINVAL);
+    assert_eq!(status(&mut client), 0);
+
+    // The same write posted (as QEMU posts MMIO writes; its message size wraps to 32), with
+    // 128 MiB of "data" behind it: the connection closes before any of it is read.
+    let before = rss_kib(server.pid());
+    let mut writer = client.stream().try_clone().unwrap();
+    client
+        .send_frame(cmd::REGION_WRITE, 32, FLAG_NO_REPLY, &huge, &[])
+        .unwrap();
+    let streamer = std::thread::spawn(move || {
+        let chunk = vec![0x5au8; 1 << 20];
+        (0..STREAMED / chunk.len()).try_for_each(|_| std::io::Write::write_all(&mut writer, &chunk))
+    });
+    let streamed = streamer.join().unwrap();
+    let after = rss_kib(server.pid());
+    println!("server RSS {before} KiB before the write, {after} KiB after");
+    assert!(
+        after < before + RSS_SLACK_KIB,
+        "server RSS grew from {before} KiB to {after} KiB"
+    );
+    assert!(streamed.is_err(), "the server stopped reading");
+    drop(client);
+
+    // The next client is served by a fresh device.
+    let mut next = RawClient::connect(server.socket()).expect("the server still serves");
+    assert_eq!(status(&mut next), 0);
+    drop(next);
+    let log = server.log();
+    assert!(!log.contains("panic"), "no panic:\n{log}");
+    assert!(log.contains("refused"), "refusals logged:\n{log}");
 }
