@@ -291,7 +291,13 @@ impl Replies {
                     open = false;
                     break;
                 }
-                Ok(n) => self.buf.extend_from_slice(&self.chunk[..n]),
+                Ok(n) => {
+                    self.buf.extend_from_slice(&self.chunk[..n]);
+                    if n < self.chunk.len() {
+                        // A stream read returns all there is: nothing more to read now.
+                        break;
+                    }
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(RelayError::Loop(e)),
