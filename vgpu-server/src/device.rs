@@ -31,6 +31,7 @@ use crate::memory::{GuestRam, MemoryError};
 use crate::metrics::{DeviceMetrics, add, inc};
 use crate::pci::{self, ConfigSpace};
 use crate::queue::{CheckedChain, DescTable};
+use crate::ratelimit::guest_fault;
 use crate::sched_client::{Gate, SchedError, Scheduling};
 use crate::virtio_pci::{
     CONTROL_QUEUE, Effect, ISR_CONFIG, ISR_QUEUE, NO_VECTOR, NUM_QUEUES, VirtioPciTransport,
@@ -252,7 +253,7 @@ impl Device {
     /// Records a protocol violation and puts the device into DEVICE_NEEDS_RESET.
     pub fn fault(&mut self, what: impl Display) {
         inc(&self.metrics.transport_faults);
-        warn!("device needs reset: {what}");
+        guest_fault!("device needs reset: {what}");
         if self.transport.set_needs_reset() {
             self.signal_config_change();
         }
@@ -581,14 +582,14 @@ impl Device {
     /// (its fence already signalled, or the renderer refused the fence).
     fn park(&mut self, virgl: &dyn GpuBackend, entry: Parked, ctx_id: u32) -> bool {
         if let Err(e) = self.renderer_fence(virgl, ctx_id, Issued::Guest(entry.fence_id)) {
-            warn!("fence {}: {e}; completing at once", entry.fence_id);
+            guest_fault!("fence {}: {e}; completing at once", entry.fence_id);
             return false;
         }
         match self.fences.park(entry) {
             Ok(None) => true,
             Ok(Some(_)) => false,
             Err(e) => {
-                warn!("fence {}: {e}; completing at once", entry.fence_id);
+                guest_fault!("fence {}: {e}; completing at once", entry.fence_id);
                 false
             }
         }
@@ -619,7 +620,7 @@ impl Device {
             start,
         };
         if let Err(e) = self.renderer_fence(virgl, ctx_id, what) {
-            warn!("group {}: fence: {e}; reported complete now", group.0);
+            guest_fault!("group {}: fence: {e}; reported complete now", group.0);
             self.sched.completed(group, session, start, monotonic_ns());
         }
     }
@@ -668,7 +669,7 @@ impl Device {
             Ok(None) => true,
             Ok(Some(_)) => false,
             Err(e) => {
-                warn!("fence {}: {e}; completing at once", entry.fence_id);
+                guest_fault!("fence {}: {e}; completing at once", entry.fence_id);
                 false
             }
         }
