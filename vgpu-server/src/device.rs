@@ -465,7 +465,11 @@ impl Device {
         let mut violation = None;
         let more = loop {
             if budget.spent() {
-                break self.chains_available(q, &mem);
+                let left = self.chains_available(q, &mem);
+                if left {
+                    inc(&self.metrics.kicks_deferred);
+                }
+                break left;
             }
             // The control queue goes on where a group waiting for the scheduler stopped it.
             let held = if q == CONTROL_QUEUE {
@@ -1049,7 +1053,7 @@ mod tests {
 
     #[test]
     fn a_kick_processes_a_bounded_budget_one_chain_at_a_time() {
-        let (mut dev, _metrics) = live_device();
+        let (mut dev, metrics) = live_device();
         let mem = guest(&dev);
         // 256 chains, each one device-readable descriptor naming the same 1 MiB buffer.
         let buf = 0x10_0000;
@@ -1078,6 +1082,10 @@ mod tests {
         }
         assert_eq!(done, QUEUE_SIZE, "every chain completed");
         assert_eq!(turns, usize::from(QUEUE_SIZE / per_turn));
+        assert_eq!(
+            crate::metrics::get(&metrics.kicks_deferred),
+            u64::from(QUEUE_SIZE / per_turn - 1)
+        );
         assert_eq!(
             crate::queue::held::peak(),
             crate::queue::MAX_REQUEST_BYTES,
