@@ -687,16 +687,17 @@ fn a_ring_of_large_requests_is_processed_over_several_turns() {
     let Some((server, mut guest)) = vgpu_at_driver_ok() else {
         return;
     };
-    // Every descriptor of the ring names the same 1 MiB request (GET_DISPLAY_INFO padded):
-    // the device copies each in turn, at most 4 MiB per turn, instead of the whole ring.
+    // Every descriptor of the ring names the same 1 MiB request, a SUBMIT_3D whose stream
+    // fills it (copied whole; a 2D device answers ERR_UNSPEC): the device copies one at a
+    // time, at most 4 MiB per turn, instead of the whole ring at once.
     let len = 1 << 20;
     let request = guest.ram.alloc(len, 4096).unwrap();
     let qt = guest.vm.qtest();
-    qt.memwrite(
-        request,
-        &CtrlHeader::new(virtio_gpu::CMD_GET_DISPLAY_INFO).to_bytes(),
-    )
-    .unwrap();
+    let mut submit = CtrlHeader::new(virtio_gpu::CMD_SUBMIT_3D)
+        .to_bytes()
+        .to_vec();
+    submit.extend_from_slice(&(len as u32 - 32).to_le_bytes());
+    qt.memwrite(request, &submit).unwrap();
     for index in 0..CONTROL_QUEUE_SIZE {
         guest
             .dev

@@ -564,7 +564,11 @@ impl Device {
             Ok(mut iter) => iter.next().map(|chain| chain.head_index()),
             Err(e) => return Err(format!("queue {q}: {e}")),
         };
-        head.map(|head| CheckedChain::new(mem, table, head))
+        let bound = match q {
+            CONTROL_QUEUE => protocol::control_copy_bound,
+            _ => protocol::cursor_copy_bound,
+        };
+        head.map(|head| CheckedChain::new(mem, table, head, bound))
             .transpose()
             .map_err(|e| format!("queue {q}: {e}"))
     }
@@ -1051,13 +1055,24 @@ mod tests {
             .unwrap();
     }
 
+    /// A SUBMIT_3D whose command stream fills a `len`-byte request at `addr`: a request the
+    /// device copies whole.
+    fn whole_submit_request(mem: &GuestMemoryMmap, addr: u64, len: u32) {
+        let ty = crate::gpu::protocol::ty::SUBMIT_3D;
+        mem.write_slice(&ty.to_le_bytes(), GuestAddress(addr))
+            .unwrap();
+        let stream = len - crate::gpu::protocol::SUBMIT_3D_SIZE as u32;
+        mem.write_slice(&stream.to_le_bytes(), GuestAddress(addr + 24))
+            .unwrap();
+    }
+
     #[test]
     fn a_kick_processes_a_bounded_budget_one_chain_at_a_time() {
         let (mut dev, metrics) = live_device();
         let mem = guest(&dev);
-        // 256 chains, each one device-readable descriptor naming the same 1 MiB buffer.
+        // 256 chains, each one device-readable descriptor naming the same 1 MiB request.
         let buf = 0x10_0000;
-        display_info_request(&mem, buf);
+        whole_submit_request(&mem, buf, crate::queue::MAX_REQUEST_BYTES as u32);
         for i in 0..QUEUE_SIZE {
             put_desc(&mem, i, buf, crate::queue::MAX_REQUEST_BYTES as u32, 0, 0);
         }
@@ -1092,6 +1107,26 @@ mod tests {
             "one request copy held at a time"
         );
         assert!(dev.transport.is_live());
+    }
+
+    #[test]
+    fn a_request_is_copied_only_as_far_as_its_command_reaches() {
+        let (mut dev, _metrics) = live_device();
+        let mem = guest(&dev);
+        // GET_DISPLAY_INFO padded to 1 MiB, 256 times: a fixed-size command, so only the
+        // largest fixed command's bytes of each are copied.
+        let buf = 0x10_0000;
+        display_info_request(&mem, buf);
+        put_desc(&mem, 0, buf, crate::queue::MAX_REQUEST_BYTES as u32, 0, 0);
+        crate::queue::held::reset_peak();
+        publish(&mem, 0, &[0]);
+        assert!(!dev.process_queue(CONTROL_QUEUE, None));
+        assert_eq!(used_idx(&mem), 1);
+        assert_eq!(
+            crate::queue::held::peak(),
+            crate::gpu::protocol::control_copy_bound(crate::gpu::protocol::ty::GET_DISPLAY_INFO)
+        );
+        assert!(crate::queue::held::peak() < 128);
     }
 
     #[test]
