@@ -700,7 +700,8 @@ impl MutEventSubscriber for Worker {
                 if let Some(v) = self.virgl.as_deref() {
                     locked.reap_3d(v);
                 }
-                // Fairness: one queue's worth of chains per round; re-kick if more remain.
+                // Fairness: at most MAX_CHAINS_PER_KICK chains and MAX_BYTES_PER_KICK bytes per
+                // round; re-kick if more remain, so the other events are served in between.
                 let more = locked.process_queue(q, self.virgl.as_deref());
                 drop(locked);
                 if more {
