@@ -31,6 +31,7 @@ use vmm_sys_util::timerfd::TimerFd;
 
 use mdev_backend::GpuBackend;
 use mdev_backend::virgl::Virgl;
+use vgpu_schedd::proto::Msg;
 
 use crate::device::Device;
 use crate::gpu::dump::{self, DumpConfig};
@@ -493,6 +494,9 @@ impl Worker {
             let Some(s) = &mut self.sched else { return };
             match s.link.recv() {
                 Ok(Some(msg)) => {
+                    if matches!(msg, Msg::Grant { .. } | Msg::Done { .. }) {
+                        crate::sandbox::selftest_point();
+                    }
                     if let Some(device) = &self.device {
                         resume |= device_lock(device).sched_message(msg);
                     }
