@@ -376,6 +376,12 @@ fn hostile_frames_cost_the_server_process_nothing() {
     client
         .call(cmd::VERSION, &RawClient::version_payload(), &[])
         .unwrap();
+    // Descriptors pass through the relay to the message loop (sendmsg, inside the sandbox).
+    let efd = EventFd::new(0).unwrap();
+    let trigger = VFIO_IRQ_SET_ACTION_TRIGGER | VFIO_IRQ_SET_DATA_EVENTFD;
+    client
+        .set_irqs(VFIO_PCI_MSIX_IRQ_INDEX, trigger, 0, 1, &[efd.as_raw_fd()])
+        .expect("an eventfd through the relay");
     // A REGION_WRITE claiming 0xffff_ff00 bytes, expecting a reply: refused, still in step.
     let huge = RawClient::access(BAR4, 0, 0xffff_ff00);
     assert_eq!(errno(client.call(cmd::REGION_WRITE, &huge, &[])), EINVAL);

@@ -122,6 +122,14 @@ impl Header {
         self.flags & FLAG_NO_REPLY != 0
     }
 
+    /// The same message as a request that expects a reply (the no-reply flag cleared).
+    pub fn as_request(&self) -> Header {
+        Header {
+            flags: self.flags & !FLAG_NO_REPLY,
+            ..*self
+        }
+    }
+
     /// Bytes after the header, or `None` when `size` is below the header's own.
     pub fn payload_len(&self) -> Option<usize> {
         usize::try_from(self.size).ok()?.checked_sub(HEADER_SIZE)
@@ -572,6 +580,8 @@ mod tests {
         );
         assert_eq!(reply.flags, FLAG_REPLY | FLAG_ERROR);
         assert_eq!(header(1, 15, 0).payload_len(), None);
+        assert!(!h.as_request().posted());
+        assert_eq!(h.as_request().encode()[8..12], [0; 4]);
         assert_eq!(header(1, 20, 0).payload_len(), Some(4));
     }
 

@@ -41,8 +41,8 @@ use crate::frame::Limits;
 use crate::gpu::DisplayConfig;
 use crate::gpu::dump::DumpConfig;
 use crate::metrics::{DeviceMetrics, inc};
-use crate::relay::{Ended, RelayError};
-use crate::transport::{NUM_REGIONS, Region, Transport};
+use crate::relay::{Ended, Relay, RelayError};
+use crate::transport::{DeviceSlot, NUM_REGIONS, Region, Transport};
 use crate::worker::{WorkerError, WorkerHandle};
 
 /// What one server process serves.
@@ -85,9 +85,9 @@ pub enum ServerError {
     /// Accepting a connection failed.
     #[error("accepting a client: {0}")]
     Accept(#[source] io::Error),
-    /// The private link between the relay and the message loop could not be made.
+    /// The relay failed: the message loop cannot be reached.
     #[error(transparent)]
-    Link(RelayError),
+    Relay(#[from] RelayError),
     /// The message loop's thread could not be started.
     #[error("starting the message loop thread: {0}")]
     Thread(#[source] io::Error),
@@ -98,20 +98,43 @@ pub enum ServerError {
 
 /// A listening vGPU server.
 pub struct VgpuServer {
-    /// QEMU's socket; each connection is relayed to a `vfio-user` crate server of its own.
-    listener: UnixListener,
-    /// The region and interrupt tables the relay checks messages against.
-    limits: Limits,
+    /// The `vfio-user` crate's server on the private listener of [`relay::loop_link`], with
+    /// the relay's connection queued on it.
+    message_loop: Server,
+    /// The relay's end of that connection.
+    relay: Relay,
+    core: Core,
+}
+
+/// What serving a connection takes besides the relay and the message loop.
+struct Core {
+    /// QEMU's socket.
+    listening: Listening,
     config: ServerConfig,
     metrics: Arc<DeviceMetrics>,
     /// One worker for the life of the server, serving each connection's device in turn.
     worker: WorkerHandle,
 }
 
+/// The socket QEMU connects to, removed with the listener (bind fails on an existing path,
+/// so it is ours).
+struct Listening {
+    listener: UnixListener,
+    path: PathBuf,
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_file(&self.path) {
+            warn!("removing {}: {e}", self.path.display());
+        }
+    }
+}
+
 impl std::fmt::Debug for VgpuServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("VgpuServer")
-            .field("config", &self.config)
+            .field("config", &self.core.config)
             .finish_non_exhaustive()
     }
 }
@@ -179,6 +202,16 @@ impl VgpuServer {
                 path: config.socket.clone(),
                 source,
             })?;
+        let listening = Listening {
+            listener,
+            path: config.socket.clone(),
+        };
+        let dir = match config.socket.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir,
+            _ => Path::new("."),
+        };
+        let (loop_listener, loop_end) = relay::loop_link(dir)?;
+        let message_loop = Server::from_owned_fd(loop_listener.into(), true, irqs(), regions());
         let limits = Limits::new(
             regions().iter().map(|r| r.region_info.size).collect(),
             irqs().iter().map(|irq| irq.count).collect(),
@@ -190,6 +223,7 @@ impl VgpuServer {
             config.display.height
         );
         let metrics = Arc::new(DeviceMetrics::default());
+        let relay = Relay::new(loop_end, limits, metrics.clone())?;
         let worker = WorkerHandle::spawn(
             config.dump.clone(),
             metrics.clone(),
@@ -198,39 +232,70 @@ impl VgpuServer {
             config.socket.clone(),
         )?;
         Ok(VgpuServer {
-            listener,
-            limits,
-            config,
-            metrics,
-            worker,
+            message_loop,
+            relay,
+            core: Core {
+                listening,
+                config,
+                metrics,
+                worker,
+            },
         })
     }
 
     /// The device's counters.
     pub fn metrics(&self) -> Arc<DeviceMetrics> {
-        self.metrics.clone()
+        self.core.metrics.clone()
     }
 
     /// Serves clients one after another: each connection gets a fresh device; when it ends
     /// (QEMU quit or was killed) all guest mappings are dropped. Returns after
-    /// `max_connections` connections, if set.
+    /// `max_connections` connections, if set, or when the message loop fails.
     pub fn serve(self) -> Result<(), ServerError> {
-        let mut served = 0u32;
-        while self.config.max_connections.is_none_or(|max| served < max) {
-            self.serve_one()?;
-            served = served.saturating_add(1);
-        }
-        Ok(())
+        let VgpuServer {
+            message_loop,
+            mut relay,
+            core,
+        } = self;
+        let slot = Arc::new(DeviceSlot::default());
+        let mut transport = Transport::new(slot.clone(), &core.worker, core.metrics.clone());
+        let transport = &mut transport;
+        // The crate's message loop runs on its own thread for the life of the server, fed
+        // only by the relay on this one.
+        std::thread::scope(|scope| {
+            let looping = std::thread::Builder::new()
+                .name("vfio-user".into())
+                .spawn_scoped(scope, move || message_loop.run(transport))
+                .map_err(ServerError::Thread)?;
+            let mut served = 0u32;
+            let mut result = Ok(());
+            while core.config.max_connections.is_none_or(|max| served < max) {
+                result = core.serve_one(&mut relay, &slot);
+                if result.is_err() {
+                    break;
+                }
+                served = served.saturating_add(1);
+            }
+            // Closing the relay's end ends the message loop.
+            drop(relay);
+            match looping.join() {
+                Err(_) => error!("the vfio-user message loop panicked"),
+                Ok(Err(e)) => error!("the vfio-user message loop failed: {e}"),
+                Ok(Ok(())) => {}
+            }
+            result
+        })
     }
+}
 
-    fn serve_one(&self) -> Result<(), ServerError> {
-        let (client, _) = self.listener.accept().map_err(ServerError::Accept)?;
-        let dir = match self.config.socket.parent() {
-            Some(dir) if !dir.as_os_str().is_empty() => dir,
-            _ => Path::new("."),
-        };
-        let (loop_listener, loop_end) = relay::loop_link(dir).map_err(ServerError::Link)?;
-        let server = Server::from_owned_fd(loop_listener.into(), true, irqs(), regions());
+impl Core {
+    /// Serves one QEMU connection with a fresh device in `slot`.
+    fn serve_one(&self, relay: &mut Relay, slot: &DeviceSlot) -> Result<(), ServerError> {
+        let (client, _) = self
+            .listening
+            .listener
+            .accept()
+            .map_err(ServerError::Accept)?;
         let mut device = Device::new(
             self.config.display,
             self.metrics.clone(),
@@ -239,24 +304,13 @@ impl VgpuServer {
         device.set_resource_budget(self.config.resource_memory);
         let device = Arc::new(Mutex::new(device));
         self.worker.attach(device.clone());
-        let mut transport = Transport::new(device, &self.worker, self.metrics.clone());
+        slot.set(Some(device));
         inc(&self.metrics.connections);
-        // The crate's message loop runs on its own thread, fed only by the relay on this one.
-        // A panic in it ends the loop, and so the connection: the device is dropped with the
-        // connection either way, and the next client gets a fresh one.
-        let outcome = std::thread::scope(|scope| {
-            let message_loop = std::thread::Builder::new()
-                .name("vfio-user".into())
-                .spawn_scoped(scope, || server.run(&mut transport))
-                .map_err(ServerError::Thread)?;
-            let relayed = relay::relay(client, loop_end, &self.limits, &self.metrics);
-            Ok::<_, ServerError>((relayed, message_loop.join()))
-        });
-        // The worker writes the final dump and lets go; the device and its guest mappings go
-        // with the last reference, the transport's.
+        let relayed = relay.serve(client);
+        // Every message of the connection has been handled. The worker writes the final dump
+        // and lets go; the device and its guest mappings go with the slot's reference.
         self.worker.detach();
-        drop(transport);
-        let (relayed, looped) = outcome?;
+        slot.set(None);
         let counters: Vec<String> = self
             .metrics
             .snapshot()
@@ -264,26 +318,12 @@ impl VgpuServer {
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
         let counters = counters.join(" ");
-        match (relayed, looped) {
-            (_, Err(_)) => error!(
-                "client connection dropped after a panic in the vfio-user message loop; {counters}"
-            ),
-            (_, Ok(Err(e))) => warn!("client connection lost: {e}; {counters}"),
-            (Err(e), Ok(Ok(()))) => warn!("client connection lost: {e}; {counters}"),
-            (Ok(Ended::Refused(e)), Ok(Ok(()))) => {
+        match relayed? {
+            Ended::Refused(e) => {
                 warn!("client connection closed after a refused message ({e}); {counters}")
             }
-            (Ok(_), Ok(Ok(()))) => info!("client disconnected; {counters}"),
+            Ended::ClientClosed => info!("client disconnected; {counters}"),
         }
         Ok(())
-    }
-}
-
-impl Drop for VgpuServer {
-    fn drop(&mut self) {
-        // The socket is ours (bind fails on an existing path): remove it with the listener.
-        if let Err(e) = std::fs::remove_file(&self.config.socket) {
-            warn!("removing {}: {e}", self.config.socket.display());
-        }
     }
 }

@@ -1,38 +1,48 @@
 //! The validating frame relay between QEMU and the `vfio-user` crate's message loop (hop 2).
 //!
-//! The device accepts QEMU's connection itself. The crate's [`vfio_user::Server`] is built on a
-//! private listener ([`loop_link`]) whose only connection is the relay's, and the crate's
-//! `Server::run` serves that connection on its own thread. [`relay`] reads each message from
-//! QEMU, header first with its SCM_RIGHTS descriptors, has [`crate::frame`] check the header
-//! before reading a byte of payload and the payload before passing it on, and forwards
-//! header, payload and descriptors to the message loop. The loop's replies are framed by their
-//! headers and passed back whole.
+//! The device accepts QEMU's connections itself. The crate's [`vfio_user::Server`] is built
+//! on a private listener ([`loop_link`], made once at start-up, before the sandbox) whose
+//! only connection is the relay's, and the crate's `Server::run` serves that one connection
+//! on its own thread for the life of the process. For each QEMU connection,
+//! [`Relay::serve`] reads every message, header first with its SCM_RIGHTS descriptors, has
+//! [`crate::frame`] check the header before reading a byte of payload and the payload before
+//! passing it on, and forwards header, payload and descriptors to the message loop. The
+//! loop's replies are framed by their headers and passed back whole.
+//!
+//! Every message goes to the loop as a request (a posted message's no-reply flag is
+//! cleared), so each one gets exactly one reply, in order. The relay keeps what to do with
+//! each ([`MAX_IN_FLIGHT`] at most): a reply to QEMU's request goes to QEMU, the reply to a
+//! posted message is dropped (QEMU expects none, not even an error). When QEMU's connection
+//! ends, the relay waits for the replies still owed, so the next connection's device never
+//! sees a message of the previous one and QEMU never a reply to another's request.
 //!
 //! A refused message is counted (`refused_messages`) and logged. A request that expects a
-//! reply gets an EINVAL error reply and the connection goes on; a posted message or one that
-//! leaves the stream out of step closes the connection once the loop has handled everything
+//! reply gets an EINVAL error reply and the connection goes on; a posted message, or one that
+//! leaves the stream out of step, closes the connection once the loop has handled everything
 //! before it, as a disconnect does.
 //!
-//! One thread (the caller's) relays both directions, through `poll`: QEMU's socket is read
-//! only while no message waits to go to the loop, and the loop's side is non-blocking, so the
-//! relay never sits in a write to the loop while the loop sits in a write of its replies.
-//! A QEMU that stops reading, or stops in the middle of a message, stalls only its own
-//! connection; its hang-up ends it.
+//! One thread (the server's) relays both directions through `poll`: QEMU's socket is read only
+//! while no message waits to go to the loop, and the loop's side is non-blocking, so the relay
+//! never sits in a write to the loop while the loop sits in a write of its replies. A QEMU
+//! that stops reading, or stops in the middle of a message, stalls only its own connection;
+//! its hang-up ends it.
 
+use std::collections::VecDeque;
 use std::fs::DirBuilder;
 use std::hash::{BuildHasher, RandomState};
 use std::io::{self, Read, Write};
-use std::net::Shutdown;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use log::warn;
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
 use crate::frame::{self, EINVAL, FrameError, HEADER_SIZE, Header, Limits, MAX_FRAME_BYTES};
 use crate::metrics::{DeviceMetrics, inc};
+use crate::ratelimit::guest_fault;
 
 /// Descriptors the kernel passes in one SCM_RIGHTS message at most (`SCM_MAX_FD`). Receiving
 /// with room for that many means a receive is never truncated: every descriptor QEMU attaches
@@ -48,6 +58,12 @@ const DISCARD_CHUNK: usize = 4096;
 
 /// Tries at a unique name for the private directory of [`loop_link`] before giving up.
 const LINK_ATTEMPTS: u32 = 16;
+
+/// Messages passed to the message loop whose replies have not come back yet, at most. The
+/// relay stops reading QEMU at this many until replies drain: it bounds the relay's
+/// bookkeeping, and is well above what QEMU keeps in flight (it waits for each reply but its
+/// batched DMA maps, one per memory region).
+pub const MAX_IN_FLIGHT: usize = 1024;
 
 /// Why relaying stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -73,21 +89,25 @@ pub enum RelayError {
     /// The message loop sent something that is not a reply frame.
     #[error("the message loop sent a reply of {0} bytes")]
     BadReply(u32),
+    /// The message loop sent a reply to no message.
+    #[error("the message loop sent a reply to no message")]
+    UnexpectedReply,
+    /// The message loop closed its end (its thread ended).
+    #[error("the message loop ended")]
+    LoopClosed,
     /// Waiting for either socket failed.
     #[error("poll: {0}")]
     Poll(#[source] io::Error),
 }
 
-/// How a relayed connection ended.
+/// How a relayed connection ended; in every case everything before the end was handled.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Ended {
-    /// The client hung up; everything it sent was handled.
+    /// The client hung up (or could no longer be read or written).
     ClientClosed,
     /// The relay closed the connection on a message that could not be answered (posted, or
-    /// not framed); everything before it was handled.
+    /// not framed).
     Refused(FrameError),
-    /// The message loop ended first (its own error, or a panic).
-    LoopClosed,
 }
 
 /// A listener for the crate's `Server` with the relay's connection already queued on it.
@@ -97,7 +117,8 @@ pub enum Ended {
 /// can reach it, and during those microseconds only this user could (who can ptrace the
 /// process anyway). An abstract-namespace name would need no directory but is listed in
 /// `/proc/net/unix` for every local user to see and connect to first; a socketpair cannot
-/// be accepted.
+/// be accepted. Made once, before the sandbox: the device process needs neither `bind` nor
+/// `mkdir` after start-up.
 pub fn loop_link(dir: &Path) -> Result<(UnixListener, UnixStream), RelayError> {
     let link_error = |source| RelayError::Link {
         dir: dir.to_path_buf(),
@@ -149,6 +170,8 @@ struct Outgoing {
     sent: usize,
     /// Sent with the first bytes.
     fds: Vec<OwnedFd>,
+    /// Who gets the reply.
+    owed: Owed,
 }
 
 /// Receives into `buf`, with any descriptors attached.
@@ -231,13 +254,19 @@ fn read_message(client: &UnixStream, limits: &Limits) -> Result<Incoming, RelayE
         return Ok(incoming);
     }
     let mut bytes = vec![0u8; header.size as usize];
-    bytes[..HEADER_SIZE].copy_from_slice(&head);
+    // Every message goes to the loop as a request, so that each has exactly one reply.
+    bytes[..HEADER_SIZE].copy_from_slice(&header.as_request().encode());
     read_rest(client, &mut bytes[HEADER_SIZE..])?;
     match frame::check_payload(&header, &bytes[HEADER_SIZE..], fds.len(), limits) {
         Ok(()) => Ok(Incoming::Forward(Outgoing {
             bytes,
             sent: 0,
             fds,
+            owed: if header.posted() {
+                Owed::Posted
+            } else {
+                Owed::Client
+            },
         })),
         Err(e) => Ok(refused(e)),
     }
@@ -271,70 +300,6 @@ fn send(loop_end: &UnixStream, out: &mut Outgoing) -> Result<bool, RelayError> {
     Ok(true)
 }
 
-/// The loop's side of the relay: replies read as they come, passed on whole.
-struct Replies {
-    buf: Vec<u8>,
-    chunk: Box<[u8]>,
-    /// Writing to the client failed: it hung up; replies are dropped.
-    client_gone: bool,
-}
-
-impl Replies {
-    /// Reads what the loop has sent and passes every complete reply to the client. False once
-    /// the loop has closed its end.
-    fn pump(&mut self, loop_end: &UnixStream, client: &UnixStream) -> Result<bool, RelayError> {
-        let mut open = true;
-        loop {
-            let mut reader = loop_end;
-            match reader.read(&mut self.chunk) {
-                Ok(0) => {
-                    open = false;
-                    break;
-                }
-                Ok(n) => {
-                    self.buf.extend_from_slice(&self.chunk[..n]);
-                    if n < self.chunk.len() {
-                        // A stream read returns all there is: nothing more to read now.
-                        break;
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(RelayError::Loop(e)),
-            }
-        }
-        let mut end = 0;
-        while let Some(head) = self.buf.get(end..end + HEADER_SIZE) {
-            let head: &[u8; HEADER_SIZE] = head.try_into().expect("header-sized slice");
-            let size = Header::parse(head).size;
-            if (size as usize) < HEADER_SIZE || size > MAX_FRAME_BYTES {
-                return Err(RelayError::BadReply(size));
-            }
-            if self.buf.len() - end < size as usize {
-                break;
-            }
-            end += size as usize;
-        }
-        self.pass_on(client, end);
-        Ok(open)
-    }
-
-    /// Writes the first `len` bytes of the buffer (whole replies) to the client.
-    fn pass_on(&mut self, client: &UnixStream, len: usize) {
-        if len == 0 {
-            return;
-        }
-        if !self.client_gone {
-            let mut client = client;
-            if let Err(e) = client.write_all(&self.buf[..len]) {
-                log::info!("client gone, dropping replies: {e}");
-                self.client_gone = true;
-            }
-        }
-        self.buf.drain(..len);
-    }
-}
-
 /// Waits until one of `fds` is ready.
 fn poll(fds: &mut [libc::pollfd]) -> Result<(), RelayError> {
     loop {
@@ -350,80 +315,175 @@ fn poll(fds: &mut [libc::pollfd]) -> Result<(), RelayError> {
     }
 }
 
-/// Relays one client connection to the message loop on `loop_end` until both are done:
-/// the client hung up or was refused, and the loop has handled everything before that.
-pub fn relay(
-    client: UnixStream,
+/// What to do with the reply to a message passed to the loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Owed {
+    /// Pass it to the client: it asked.
+    Client,
+    /// Drop it: the client posted the message.
+    Posted,
+}
+
+/// The relay: the server's end of the message loop's connection, for the life of the process.
+#[derive(Debug)]
+pub struct Relay {
     loop_end: UnixStream,
-    limits: &Limits,
-    metrics: &DeviceMetrics,
-) -> Result<Ended, RelayError> {
-    loop_end.set_nonblocking(true).map_err(RelayError::Loop)?;
-    let mut replies = Replies {
-        buf: Vec::new(),
-        chunk: vec![0u8; REPLY_CHUNK].into_boxed_slice(),
-        client_gone: false,
-    };
-    let mut pending: Option<Outgoing> = None;
-    let mut ended: Option<Ended> = None;
-    let mut shut = false;
-    loop {
-        if ended.is_some() && pending.is_none() && !shut {
-            // Everything the client sent is with the loop: let it finish and close.
-            loop_end
-                .shutdown(Shutdown::Write)
-                .map_err(RelayError::Loop)?;
-            shut = true;
-        }
-        let read_client = ended.is_none() && pending.is_none();
-        let mut fds = [
-            libc::pollfd {
-                fd: loop_end.as_raw_fd(),
-                events: libc::POLLIN | if pending.is_some() { libc::POLLOUT } else { 0 },
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: if read_client { client.as_raw_fd() } else { -1 },
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        poll(&mut fds)?;
-        if fds[0].revents != 0 {
-            if !replies.pump(&loop_end, &client)? {
-                return Ok(ended.unwrap_or(Ended::LoopClosed));
-            }
-            if let Some(out) = pending.as_mut()
-                && send(&loop_end, out)?
-            {
-                pending = None;
-            }
-        }
-        if fds[1].revents != 0 {
-            match read_message(&client, limits) {
-                Ok(Incoming::Eof) => ended = Some(Ended::ClientClosed),
-                Ok(Incoming::Forward(mut out)) => {
-                    if !send(&loop_end, &mut out)? {
-                        pending = Some(out);
-                    }
+    limits: Limits,
+    metrics: Arc<DeviceMetrics>,
+    /// Replies owed by the loop, oldest first.
+    owed: VecDeque<Owed>,
+    /// Bytes read from the loop, not yet a whole reply.
+    replies: Vec<u8>,
+    chunk: Box<[u8]>,
+}
+
+impl Relay {
+    /// A relay to the message loop at the other end of `loop_end` (see [`loop_link`]),
+    /// checking messages against `limits`.
+    pub fn new(
+        loop_end: UnixStream,
+        limits: Limits,
+        metrics: Arc<DeviceMetrics>,
+    ) -> Result<Relay, RelayError> {
+        loop_end.set_nonblocking(true).map_err(RelayError::Loop)?;
+        Ok(Relay {
+            loop_end,
+            limits,
+            metrics,
+            owed: VecDeque::new(),
+            replies: Vec::new(),
+            chunk: vec![0u8; REPLY_CHUNK].into_boxed_slice(),
+        })
+    }
+
+    /// Relays one client connection until it ends and every reply the loop owes for it has
+    /// come back. An error means the message loop can no longer be reached.
+    pub fn serve(&mut self, client: UnixStream) -> Result<Ended, RelayError> {
+        let mut conn = Connection {
+            client,
+            gone: false,
+        };
+        let mut pending: Option<Outgoing> = None;
+        let mut ended: Option<Ended> = None;
+        loop {
+            if pending.is_none() && self.owed.is_empty() {
+                if let Some(ended) = ended.take() {
+                    return Ok(ended);
                 }
-                Ok(Incoming::Answer(e, header)) => {
-                    refuse(metrics, &e, "answered with EINVAL");
-                    let mut writer = &client;
-                    if let Err(e) = writer.write_all(&frame::error_reply(&header, EINVAL)) {
-                        log::info!("client gone: {e}");
+            }
+            let read_client =
+                ended.is_none() && pending.is_none() && self.owed.len() < MAX_IN_FLIGHT;
+            let mut fds = [
+                libc::pollfd {
+                    fd: self.loop_end.as_raw_fd(),
+                    events: libc::POLLIN | if pending.is_some() { libc::POLLOUT } else { 0 },
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: if read_client {
+                        conn.client.as_raw_fd()
+                    } else {
+                        -1
+                    },
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            poll(&mut fds)?;
+            if fds[0].revents != 0 {
+                self.pump(&mut conn)?;
+                if let Some(out) = pending.as_mut()
+                    && send(&self.loop_end, out)?
+                {
+                    pending = None;
+                }
+            }
+            if fds[1].revents != 0 {
+                match read_message(&conn.client, &self.limits) {
+                    Ok(Incoming::Eof) => ended = Some(Ended::ClientClosed),
+                    Ok(Incoming::Forward(mut out)) => {
+                        self.owed.push_back(out.owed);
+                        if !send(&self.loop_end, &mut out)? {
+                            pending = Some(out);
+                        }
+                    }
+                    Ok(Incoming::Answer(e, header)) => {
+                        refuse(&self.metrics, &e, "answered with EINVAL");
+                        conn.write(&frame::error_reply(&header, EINVAL));
+                    }
+                    Ok(Incoming::Close(e)) => {
+                        refuse(&self.metrics, &e, "closing the connection");
+                        ended = Some(Ended::Refused(e));
+                    }
+                    Err(e) => {
+                        warn!("{e}; closing the connection");
                         ended = Some(Ended::ClientClosed);
                     }
                 }
-                Ok(Incoming::Close(e)) => {
-                    refuse(metrics, &e, "closing the connection");
-                    ended = Some(Ended::Refused(e));
-                }
-                Err(e) => {
-                    warn!("{e}; closing the connection");
+                if conn.gone && ended.is_none() {
                     ended = Some(Ended::ClientClosed);
                 }
             }
+        }
+    }
+
+    /// Reads what the loop has sent and hands every whole reply to its owner.
+    fn pump(&mut self, conn: &mut Connection) -> Result<(), RelayError> {
+        loop {
+            let mut reader = &self.loop_end;
+            match reader.read(&mut self.chunk) {
+                Ok(0) => return Err(RelayError::LoopClosed),
+                Ok(n) => {
+                    self.replies.extend_from_slice(&self.chunk[..n]);
+                    if n < self.chunk.len() {
+                        // A stream read returns all there is: nothing more to read now.
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(RelayError::Loop(e)),
+            }
+        }
+        let mut start = 0;
+        while let Some(head) = self.replies.get(start..start + HEADER_SIZE) {
+            let head: &[u8; HEADER_SIZE] = head.try_into().expect("header-sized slice");
+            let size = Header::parse(head).size;
+            if (size as usize) < HEADER_SIZE || size > MAX_FRAME_BYTES {
+                return Err(RelayError::BadReply(size));
+            }
+            let end = start + size as usize;
+            let Some(reply) = self.replies.get(start..end) else {
+                break;
+            };
+            match self.owed.pop_front() {
+                Some(Owed::Client) => conn.write(reply),
+                Some(Owed::Posted) => {}
+                None => return Err(RelayError::UnexpectedReply),
+            }
+            start = end;
+        }
+        self.replies.drain(..start);
+        Ok(())
+    }
+}
+
+/// One client connection.
+struct Connection {
+    client: UnixStream,
+    /// Writing to it failed: it hung up; what is left for it is dropped.
+    gone: bool,
+}
+
+impl Connection {
+    fn write(&mut self, bytes: &[u8]) {
+        if self.gone {
+            return;
+        }
+        let mut client = &self.client;
+        if let Err(e) = client.write_all(bytes) {
+            log::info!("client gone, dropping its replies: {e}");
+            self.gone = true;
         }
     }
 }
@@ -431,5 +491,5 @@ pub fn relay(
 /// Counts and logs a refused message.
 fn refuse(metrics: &DeviceMetrics, e: &FrameError, outcome: &str) {
     inc(&metrics.refused_messages);
-    warn!("vfio-user message refused ({e}); {outcome}");
+    guest_fault!("vfio-user message refused ({e}); {outcome}");
 }
