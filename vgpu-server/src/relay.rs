@@ -493,3 +493,244 @@ fn refuse(metrics: &DeviceMetrics, e: &FrameError, outcome: &str) {
     inc(&metrics.refused_messages);
     guest_fault!("vfio-user message refused ({e}); {outcome}");
 }
+
+#[cfg(test)]
+mod tests {
+    use std::thread;
+
+    use super::*;
+
+    const REGION_READ: u16 = 9;
+    const REGION_WRITE: u16 = 10;
+    const DMA_MAP: u16 = 2;
+    const NO_REPLY: u32 = 1 << 4;
+
+    /// Config space 256 bytes (index 7 of 9), BAR 4 16 KiB; INTx 1, MSI-X 3.
+    fn limits() -> Limits {
+        let mut regions = vec![0u64; 9];
+        regions[4] = 0x4000;
+        regions[7] = 256;
+        Limits::new(regions, vec![1, 0, 3, 0, 0])
+    }
+
+    fn message(id: u16, command: u16, flags: u32, payload: &[u8]) -> Vec<u8> {
+        let header = Header {
+            id,
+            command,
+            size: (HEADER_SIZE + payload.len()) as u32,
+            flags,
+            error: 0,
+        };
+        let mut bytes = header.encode().to_vec();
+        bytes.extend_from_slice(payload);
+        bytes
+    }
+
+    fn access(region: u32, offset: u64, count: u32) -> Vec<u8> {
+        let mut p = offset.to_le_bytes().to_vec();
+        p.extend_from_slice(&region.to_le_bytes());
+        p.extend_from_slice(&count.to_le_bytes());
+        p
+    }
+
+    fn read_header(stream: &UnixStream) -> Option<(Header, Vec<OwnedFd>)> {
+        let mut head = [0u8; HEADER_SIZE];
+        let (n, fds) = recv_with_fds(stream, &mut head).unwrap();
+        if n == 0 {
+            return None;
+        }
+        assert_eq!(n, HEADER_SIZE, "whole headers");
+        Some((Header::parse(&head), fds))
+    }
+
+    /// A message loop that answers every message with an empty reply and reports what it
+    /// got: (header, descriptors received).
+    fn fake_loop(stream: UnixStream) -> thread::JoinHandle<Vec<(Header, usize)>> {
+        thread::spawn(move || {
+            let mut seen = Vec::new();
+            while let Some((header, fds)) = read_header(&stream) {
+                let mut payload = vec![0u8; header.payload_len().unwrap()];
+                (&stream).read_exact(&mut payload).unwrap();
+                seen.push((header, fds.len()));
+                let reply = Header {
+                    size: HEADER_SIZE as u32,
+                    flags: 1,
+                    ..header
+                };
+                (&stream).write_all(&reply.encode()).unwrap();
+            }
+            seen
+        })
+    }
+
+    /// Runs `client` against a relay and a fake loop; returns how the connection ended and
+    /// what the loop saw.
+    fn run(
+        client: impl FnOnce(UnixStream) + Send + 'static,
+    ) -> (Ended, Vec<(Header, usize)>, Arc<DeviceMetrics>) {
+        let (loop_end, loop_peer) = UnixStream::pair().unwrap();
+        let (qemu, server_side) = UnixStream::pair().unwrap();
+        let metrics = Arc::new(DeviceMetrics::default());
+        let mut relay = Relay::new(loop_end, limits(), metrics.clone()).unwrap();
+        let fake = fake_loop(loop_peer);
+        let client = thread::spawn(move || client(qemu));
+        let ended = relay.serve(server_side).unwrap();
+        client.join().unwrap();
+        drop(relay);
+        (ended, fake.join().unwrap(), metrics)
+    }
+
+    /// The relay closed the connection (a reset when bytes were left unread).
+    fn closed(stream: &UnixStream) -> bool {
+        let mut byte = [0u8; 1];
+        let mut stream = stream;
+        match stream.read(&mut byte) {
+            Ok(n) => n == 0,
+            Err(e) => e.kind() == io::ErrorKind::ConnectionReset,
+        }
+    }
+
+    fn reply(stream: &UnixStream) -> Header {
+        read_header(stream).expect("a reply").0
+    }
+
+    #[test]
+    fn posted_messages_go_as_requests_and_their_replies_are_dropped() {
+        let (ended, seen, metrics) = run(|qemu| {
+            let mut write = access(4, 0x14, 1);
+            write.push(0);
+            (&qemu)
+                .write_all(&message(1, REGION_WRITE, NO_REPLY, &write))
+                .unwrap();
+            (&qemu)
+                .write_all(&message(2, REGION_READ, 0, &access(4, 0x14, 1)))
+                .unwrap();
+            let r = reply(&qemu);
+            assert_eq!((r.id, r.command), (2, REGION_READ), "only the read's reply");
+        });
+        assert_eq!(ended, Ended::ClientClosed);
+        assert_eq!(seen.len(), 2);
+        assert!(seen.iter().all(|(h, _)| !h.posted()), "no-reply cleared");
+        assert_eq!(get_refused(&metrics), 0);
+    }
+
+    fn get_refused(metrics: &DeviceMetrics) -> u64 {
+        crate::metrics::get(&metrics.refused_messages)
+    }
+
+    #[test]
+    fn refused_requests_are_answered_by_the_relay_alone() {
+        let (ended, seen, metrics) = run(|qemu| {
+            // A read of 0xffff_ff00 bytes, then a VERSION without its NUL: EINVAL for both,
+            // and the stream stays in step for the read after them.
+            (&qemu)
+                .write_all(&message(1, REGION_READ, 0, &access(4, 0, 0xffff_ff00)))
+                .unwrap();
+            (&qemu)
+                .write_all(&message(2, 1, 0, b"\x00\x00\x01\x00{}"))
+                .unwrap();
+            (&qemu)
+                .write_all(&message(3, REGION_READ, 0, &access(7, 0, 4)))
+                .unwrap();
+            for id in [1, 2] {
+                let r = reply(&qemu);
+                assert_eq!((r.id, r.flags, r.error), (id, 1 | 1 << 5, EINVAL));
+            }
+            assert_eq!(reply(&qemu).id, 3);
+        });
+        assert_eq!(ended, Ended::ClientClosed);
+        assert_eq!(seen.len(), 1, "the loop saw only the valid read");
+        assert_eq!(get_refused(&metrics), 2);
+    }
+
+    #[test]
+    fn descriptors_are_counted_and_passed_on() {
+        let (ended, seen, metrics) = run(|qemu| {
+            let file = std::fs::File::open("/dev/null").unwrap();
+            let fd = file.as_raw_fd();
+            let mut map = Vec::new();
+            for v in [32u32, 3] {
+                map.extend_from_slice(&v.to_le_bytes());
+            }
+            for v in [0u64, 0x1000, 0x1000] {
+                map.extend_from_slice(&v.to_le_bytes());
+            }
+            let two = message(1, DMA_MAP, 0, &map);
+            qemu.send_with_fds(&[&two[..]], &[fd, fd]).unwrap();
+            assert_eq!(reply(&qemu).error, EINVAL, "two descriptors");
+            let one = message(2, DMA_MAP, 0, &map);
+            qemu.send_with_fds(&[&one[..]], &[fd]).unwrap();
+            assert_eq!(reply(&qemu).id, 2);
+        });
+        assert_eq!(ended, Ended::ClientClosed);
+        assert_eq!(seen.len(), 1);
+        assert_eq!(
+            (seen[0].0.id, seen[0].1),
+            (2, 1),
+            "the descriptor went along"
+        );
+        assert_eq!(get_refused(&metrics), 1);
+    }
+
+    #[test]
+    fn a_refused_posted_message_closes_after_what_came_before() {
+        let (ended, seen, _) = run(|qemu| {
+            (&qemu)
+                .write_all(&message(1, REGION_READ, 0, &access(7, 0, 4)))
+                .unwrap();
+            (&qemu)
+                .write_all(&message(2, REGION_WRITE, NO_REPLY, &access(4, 0x3ffe, 4)))
+                .unwrap();
+            assert_eq!(reply(&qemu).id, 1, "the read before is answered");
+            assert!(closed(&qemu), "then the connection closes");
+        });
+        assert!(matches!(ended, Ended::Refused(FrameError::Region { .. })));
+        assert_eq!(seen.len(), 1);
+    }
+
+    #[test]
+    fn a_huge_message_size_closes_without_reading() {
+        let (ended, seen, _) = run(|qemu| {
+            let mut m = message(1, REGION_WRITE, 0, &access(4, 0, 0xffff_ff00));
+            m[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+            (&qemu).write_all(&m).unwrap();
+            assert!(closed(&qemu));
+        });
+        assert_eq!(ended, Ended::Refused(FrameError::TooLarge(u32::MAX)));
+        assert!(seen.is_empty());
+    }
+
+    #[test]
+    fn a_loop_gone_is_an_error() {
+        let (loop_end, loop_peer) = UnixStream::pair().unwrap();
+        let (qemu, server_side) = UnixStream::pair().unwrap();
+        let mut relay = Relay::new(loop_end, limits(), Arc::new(DeviceMetrics::default())).unwrap();
+        drop(loop_peer);
+        (&qemu)
+            .write_all(&message(1, REGION_READ, 0, &access(7, 0, 4)))
+            .unwrap();
+        assert!(matches!(
+            relay.serve(server_side),
+            Err(RelayError::LoopClosed | RelayError::Loop(_))
+        ));
+    }
+
+    #[test]
+    fn the_loop_link_leaves_no_name() {
+        let dir = std::env::temp_dir().join(format!("vgpu-relay-test-{}", std::process::id()));
+        std::fs::create_dir(&dir).unwrap();
+        let (listener, relay_end) = loop_link(&dir).unwrap();
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+        std::fs::remove_dir(&dir).unwrap();
+        assert!(left.is_empty(), "nothing left in the directory: {left:?}");
+        let (accepted, _) = listener.accept().unwrap();
+        (&relay_end).write_all(b"ping").unwrap();
+        let mut buf = [0u8; 4];
+        (&accepted).read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"ping");
+        assert!(matches!(
+            loop_link(&dir.join("missing")),
+            Err(RelayError::Link { .. })
+        ));
+    }
+}
