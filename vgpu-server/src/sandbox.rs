@@ -229,11 +229,7 @@ fn drop_user(run_as: RunAs) -> Result<(), SandboxError> {
 
 /// `ioctl` requests: FIONBIO and FIOCLEX (the standard library's `set_nonblocking` and
 /// close-on-exec on Linux) and TCGETS (terminal probing of stderr by loggers).
-const IOCTLS: &[u64] = &[
-    libc::FIONBIO as u64,
-    libc::FIOCLEX as u64,
-    libc::TCGETS as u64,
-];
+const IOCTLS: &[u64] = &[libc::FIONBIO, libc::FIOCLEX, libc::TCGETS];
 
 /// `prctl` options: thread names (llvmpipe names its threads, created after the filter) and
 /// setting no_new_privs again (seccompiler does before each filter it installs; it can only
@@ -398,7 +394,7 @@ const REFUSED: &[libc::c_long] = &[
 fn filters() -> Result<[BpfProgram; 2], SandboxError> {
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = ALLOWED
         .iter()
-        .flat_map(|(_, calls)| calls.iter().map(|&nr| (i64::from(nr), Vec::new())))
+        .flat_map(|(_, calls)| calls.iter().map(|&nr| (nr, Vec::new())))
         .collect();
     rules.insert(libc::SYS_ioctl, arg_in(1, IOCTLS)?);
     rules.insert(libc::SYS_prctl, arg_in(0, PRCTLS)?);
