@@ -215,3 +215,19 @@ fn created_device_runs_as_its_own_user_and_reaches_the_daemon() {
     drop(guest);
     daemon.ctl(&["destroy", "vm1"]).expect("destroy");
 }
+
+/// A SIGUSR1 dump request (signal delivery, the signal-hook pipe, the worker reading it) is
+/// inside the filter.
+#[test]
+fn a_dump_request_survives_the_filter() {
+    let dir = vgpu_tests::TempDir::new("vgpu-sandbox").expect("temp dir");
+    let dump = dir.path().join("dump");
+    let mut server = start(&["--dump-dir", dump.to_str().unwrap()]);
+    let pid = libc::pid_t::try_from(server.pid()).unwrap();
+    for _ in 0..3 {
+        // SAFETY: kill(2) takes no pointers; `pid` is our live child.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGUSR1) }, 0);
+    }
+    server.assert_survived("SIGUSR1");
+    server.kill().expect("killed");
+}
