@@ -41,6 +41,22 @@ fn status(pid: u32, field: &str) -> Vec<String> {
     line.split_whitespace().map(str::to_string).collect()
 }
 
+/// Kills a device process the daemon created if the test fails before `destroy` (the daemon
+/// itself is killed without stopping its children).
+struct KillOnDrop(u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Ok(pid) = libc::pid_t::try_from(self.0)
+            && std::thread::panicking()
+        {
+            // SAFETY: kill(2) takes no pointers; the pid is the daemon's child, not yet
+            // reaped while the daemon lives (it is dropped after this guard).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
 fn is_root() -> bool {
     // SAFETY: geteuid takes no arguments and cannot fail.
     unsafe { libc::geteuid() == 0 }
@@ -193,6 +209,7 @@ fn created_device_runs_as_its_own_user_and_reaches_the_daemon() {
         .ctl(&["create", "vm1", "--socket", socket.to_str().unwrap()])
         .expect("create");
     let pid = u32::try_from(child["pid"].as_u64().expect("pid")).unwrap();
+    let _reaper = KillOnDrop(pid);
     // Its socket is there before it enters the sandbox.
     let start = std::time::Instant::now();
     while status(pid, "Seccomp") != ["2"] {

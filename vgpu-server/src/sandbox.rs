@@ -300,8 +300,9 @@ pub const ALLOWED: &[(&str, &[libc::c_long])] = &[
     ),
     (
         // Files: /proc/self/fd to find QEMU's connection, Mesa's driver configuration and
-        // shader cache at a new GL context, the PNG dumps (write a temporary, sync, rename),
-        // the socket file removed at exit.
+        // shader cache at a new GL context (new cache entries make their directories: mkdir
+        // below), libraries libepoxy loads at the first GL context, the PNG dumps (write a
+        // temporary, sync, rename), the socket file removed at exit.
         "files",
         &[
             libc::SYS_openat,
@@ -313,9 +314,11 @@ pub const ALLOWED: &[(&str, &[libc::c_long])] = &[
         ],
     ),
     (
-        // Identity and randomness queries (Mesa's cache paths, hash seeds).
+        // Identity, randomness and memory size queries (Mesa's cache paths, hash seeds,
+        // and its total-memory query at a new GL context).
         "queries",
         &[
+            libc::SYS_sysinfo,
             libc::SYS_getuid,
             libc::SYS_geteuid,
             libc::SYS_getgid,
@@ -332,6 +335,7 @@ pub const ALLOWED: &[(&str, &[libc::c_long])] = &[
             libc::SYS_readlink,
             libc::SYS_rename,
             libc::SYS_unlink,
+            libc::SYS_mkdir,
         ],
     ),
     #[cfg(not(target_arch = "x86_64"))]
@@ -343,6 +347,7 @@ pub const ALLOWED: &[(&str, &[libc::c_long])] = &[
             libc::SYS_readlinkat,
             libc::SYS_renameat,
             libc::SYS_unlinkat,
+            libc::SYS_mkdirat,
         ],
     ),
     (
