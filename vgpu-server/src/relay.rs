@@ -253,6 +253,8 @@ fn read_message(client: &UnixStream, limits: &Limits) -> Result<Incoming, RelayE
         }
         return Ok(incoming);
     }
+    // check_header bounded the size by the command's maximum. Descriptors attached to the
+    // payload rather than the header are not received: the kernel closes them on a plain read.
     let mut bytes = vec![0u8; header.size as usize];
     // Every message goes to the loop as a request, so that each has exactly one reply.
     bytes[..HEADER_SIZE].copy_from_slice(&header.as_request().encode());
