@@ -104,7 +104,7 @@ impl std::str::FromStr for RunAs {
 }
 
 /// What the sandbox is asked to do.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct SandboxConfig {
     /// Install the seccomp filter (`false` with `--no-sandbox`, for debugging).
     pub filter: bool,
