@@ -302,11 +302,15 @@ pub const ALLOWED: &[(&str, &[libc::c_long])] = &[
     (
         // Files: /proc/self/fd to find QEMU's connection, Mesa's driver configuration and
         // shader cache at a new GL context (new cache entries make their directories: mkdir
-        // below), libraries libepoxy loads at the first GL context, the PNG dumps (write a
-        // temporary, sync, rename), the socket file removed at exit.
+        // below), libraries libepoxy loads at the first GL context, the PNG dumps (relative to
+        // a directory descriptor: unlink a stale temporary, create, sync, rename), the socket
+        // file removed at exit, fstat and seals of DMA files, /proc/self/fd links of
+        // interrupt descriptors (readlink).
         "files",
         &[
             libc::SYS_openat,
+            libc::SYS_unlinkat,
+            libc::SYS_renameat,
             libc::SYS_newfstatat,
             libc::SYS_statx,
             libc::SYS_getdents64,
@@ -347,8 +351,6 @@ pub const ALLOWED: &[(&str, &[libc::c_long])] = &[
         &[
             libc::SYS_epoll_pwait,
             libc::SYS_readlinkat,
-            libc::SYS_renameat,
-            libc::SYS_unlinkat,
             libc::SYS_mkdirat,
         ],
     ),
