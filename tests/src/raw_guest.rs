@@ -44,6 +44,7 @@ pub struct RawGuest {
     /// The vfio-user connection.
     pub client: RawClient,
     mem: GuestMemoryMmap,
+    ram: std::fs::File,
     submitted: u16,
     _dir: TempDir,
 }
@@ -102,6 +103,7 @@ impl RawGuest {
         Ok(RawGuest {
             client,
             mem,
+            ram,
             submitted: 0,
             _dir: dir,
         })
@@ -140,6 +142,12 @@ impl RawGuest {
             .store(self.submitted, GuestAddress(AVAIL + 2), Ordering::Release)
             .map_err(std::io::Error::other)?;
         Ok(())
+    }
+
+    /// Truncates the RAM file the device mapped to `len` bytes, as a hostile QEMU could. The
+    /// guest's own view of memory past `len` faults too: publish first.
+    pub fn truncate_ram(&self, len: u64) -> Result<()> {
+        Ok(self.ram.set_len(len)?)
     }
 
     /// Writes the control queue's notify register (a posted write).

@@ -8,6 +8,7 @@
 //! virtio-gpu commands; [`irq`] delivers MSI-X or INTx interrupts.
 
 pub mod device;
+pub mod fds;
 pub mod frame;
 pub mod gpu;
 pub mod irq;
