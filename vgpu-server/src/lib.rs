@@ -198,7 +198,9 @@ impl VgpuServer {
         Ok(())
     }
 
-    fn serve_one(&self) -> Result<(), ServerError> {
+    /// Serves one client connection with a fresh device (what [`VgpuServer::serve`] does for
+    /// each); public so the fuzz target `vfio_user_stream` can feed it connections one by one.
+    pub fn serve_one(&self) -> Result<(), ServerError> {
         let device = Arc::new(Mutex::new(Device::new(
             self.config.display,
             self.metrics.clone(),
