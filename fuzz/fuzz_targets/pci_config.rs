@@ -26,10 +26,10 @@ fuzz_target!(|data: &[u8]| {
         let mut buf = [0u8; 8];
         match op % 6 {
             0 => {
-                if let Ok(Region::Config) = check_access(Region::Config.index(), offset, len) {
-                    if let Some(q) = dev.device.config_write(offset, &value[..len]) {
-                        let _ = dev.device.process_queue(q, None);
-                    }
+                if let Ok(Region::Config) = check_access(Region::Config.index(), offset, len)
+                    && let Some(q) = dev.device.config_write(offset, &value[..len])
+                {
+                    let _ = dev.device.process_queue(q, None);
                 }
             }
             1 => {
