@@ -9,10 +9,14 @@ use std::io::{Read, Write};
 use std::net::Shutdown;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use libfuzzer_sys::fuzz_target;
 use vgpu_server::gpu::DisplayConfig;
 use vgpu_server::{ServerConfig, VgpuServer};
+
+/// Whether a panic inside the vfio-user crate was seen (and reported) yet.
+static CONTAINED: AtomicBool = AtomicBool::new(false);
 
 struct Listening {
     server: VgpuServer,
@@ -39,6 +43,8 @@ fn listen() -> Listening {
             .is_some_and(|l| l.file().contains("vfio_user"));
         if !in_crate {
             fuzzer_hook(info);
+        } else if !CONTAINED.swap(true, Ordering::Relaxed) {
+            eprintln!("contained panic in the vfio-user crate (reported once): {info}");
         }
     }));
     let socket = std::env::temp_dir().join(format!("vgpu-fuzz-{}.sock", std::process::id()));
