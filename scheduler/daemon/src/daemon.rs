@@ -383,6 +383,8 @@ pub struct VmStats {
     pub dispatched: u64,
     /// Groups completed since it connected.
     pub completed: u64,
+    /// Groups its device cancelled since it connected (queued or in flight).
+    pub cancelled: u64,
     /// GPU time of its completed groups since it connected, ns.
     pub gpu_time_ns: Nanos,
     /// Frames since it connected.
@@ -593,6 +595,7 @@ impl Daemon {
                 start,
                 finish,
             } => self.completed(now, conn, group, start, finish),
+            Msg::Cancel { group } => self.cancel(now, conn, group),
             Msg::Frame => {
                 let v = self.vgpu_of(conn)?;
                 self.feed(now, Event::Frame(v))
@@ -791,6 +794,22 @@ impl Daemon {
                 finish,
             },
         )
+    }
+
+    /// The device withdrew a group (its guest reset the device): it leaves the queue or the
+    /// GPU-online list. A cancel of a group the daemon no longer tracks crossed its `Done` or
+    /// the device's own `Completed` on the way and is ignored.
+    fn cancel(&mut self, now: Time, conn: ConnId, group: GroupId) -> Result<(), DaemonError> {
+        let vm = self
+            .attached(conn)
+            .ok_or(ProtoError::HelloRequired(proto::Kind::Cancel))?;
+        let vgpu = vm.vgpu;
+        if vm.groups.remove(&group).is_none() {
+            debug!("{conn}: cancel of {group:?}, which is no longer tracked, ignored");
+            return Ok(());
+        }
+        debug!("{conn}: {group:?} cancelled");
+        self.feed(now, Event::Cancelled { vgpu, group })
     }
 
     /// Feeds one event to the scheduler and carries out its decisions.
@@ -1063,6 +1082,7 @@ impl Daemon {
                 submitted: a.submitted,
                 dispatched: a.dispatched,
                 completed: a.completed,
+                cancelled: a.cancelled,
                 gpu_time_ns: a.gpu_time,
                 frames: a.frames,
                 budget: self.sched.budget(vm.vgpu, now),
@@ -1157,6 +1177,7 @@ fn idle_stats(name: &str) -> VmStats {
         submitted: 0,
         dispatched: 0,
         completed: 0,
+        cancelled: 0,
         gpu_time_ns: 0,
         frames: 0,
         budget: None,
@@ -1197,7 +1218,7 @@ fn prom_value(v: f64) -> String {
 pub fn render_metrics(stats: &Stats) -> String {
     // A VM without the value (`None`) has no sample in that family.
     type Get = fn(&VmStats) -> Option<f64>;
-    let families: [(&str, &str, &str, Get); 15] = [
+    let families: [(&str, &str, &str, Get); 16] = [
         (
             "vgpu_connected",
             "gauge",
@@ -1221,6 +1242,12 @@ pub fn render_metrics(stats: &Stats) -> String {
             "counter",
             "Groups completed",
             |s| Some(s.completed as f64),
+        ),
+        (
+            "vgpu_groups_cancelled_total",
+            "counter",
+            "Groups cancelled by their device",
+            |s| Some(s.cancelled as f64),
         ),
         (
             "vgpu_gpu_seconds_total",
