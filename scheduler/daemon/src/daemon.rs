@@ -11,7 +11,7 @@
 //! or that the scheduler refuses gets a `Refused` and closes that connection only; its vGPU is
 //! removed and the other VMs go on.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 
 use log::{debug, info, warn};
@@ -49,6 +49,19 @@ pub const STATS_WINDOW_SNAPSHOTS: usize = 5;
 pub const MAX_TIMER_STEPS: usize = 1 << 20;
 /// Largest GPU context switch cost of the simulated engine: 10 ms, far above any real GPU's.
 pub const MAX_SWITCH_COST_NS: Nanos = 10_000_000;
+/// How long a group granted to a device (or dispatched by it under a lease) may stay
+/// unfinished before the daemon stops trusting the device: 2 s. The longest legitimate group is
+/// bounded by what a guest's own display stack tolerates: Windows WDDM's Timeout Detection and
+/// Recovery treats a GPU job that runs longer than its default `TdrDelay` of 2 seconds as a
+/// hung GPU and resets it ("Timeout Detection and Recovery (TDR)", Windows driver
+/// documentation), and Linux DRM drivers use timeouts of the same order. A device whose group
+/// is not done by then is broken, hung or hostile: it is dropped (its connection closed, its
+/// groups written off, its place on the GPU-online list freed) so that the other VMs keep
+/// getting grants.
+pub const DEFAULT_GROUP_TIMEOUT_NS: Nanos = 2 * vgpu_scheduler::model::NS_PER_SEC;
+/// Longest group timeout accepted: 10 minutes, for debugging a device under a debugger; beyond
+/// it a hung device would stall every VM for longer than any operator waits.
+pub const MAX_GROUP_TIMEOUT_NS: Nanos = 600 * vgpu_scheduler::model::NS_PER_SEC;
 
 /// Latency values below this many µs have a histogram bucket each.
 const HIST_LINEAR: u64 = 16;
@@ -115,6 +128,14 @@ pub enum DaemonError {
     /// A control request names a VM by an invalid name.
     #[error("invalid VM name: {0}")]
     BadName(ProtoError),
+    /// A group granted to the device, or dispatched by it, did not complete in time.
+    #[error("group {group:?} not completed within {timeout_ms} ms of its dispatch")]
+    GroupTimeout {
+        /// The oldest group in flight.
+        group: GroupId,
+        /// The group timeout.
+        timeout_ms: u64,
+    },
     /// [`MAX_STORED_VMS`] VMs have stored parameters.
     #[error("too many VMs with stored parameters (at most {MAX_STORED_VMS})")]
     TooManyVms,
@@ -144,6 +165,7 @@ impl DaemonError {
             DaemonError::QueueFull => RefuseCode::QueueFull,
             DaemonError::UnknownGroup(_) => RefuseCode::UnknownGroup,
             DaemonError::NotGranted(_) => RefuseCode::OutOfOrder,
+            DaemonError::GroupTimeout { .. } => RefuseCode::Timeout,
             DaemonError::PidMismatch { .. }
             | DaemonError::NotDeviceGroup(_)
             | DaemonError::FinishInFuture { .. }
@@ -186,6 +208,10 @@ pub struct DaemonConfig {
     pub switch_cost_ns: Nanos,
     /// Whether the scheduler's CPU weight hints go to the outbox (to be written to cgroups).
     pub cpu_writeback: bool,
+    /// How long a device group may stay granted (or dispatched under a lease) without
+    /// completing before its device is dropped; [`DEFAULT_GROUP_TIMEOUT_NS`] by default,
+    /// clamped to 1 ns..=[`MAX_GROUP_TIMEOUT_NS`].
+    pub group_timeout_ns: Nanos,
 }
 
 impl Default for DaemonConfig {
@@ -195,6 +221,7 @@ impl Default for DaemonConfig {
             capacity: 1,
             switch_cost_ns: 0,
             cpu_writeback: false,
+            group_timeout_ns: DEFAULT_GROUP_TIMEOUT_NS,
         }
     }
 }
@@ -238,6 +265,8 @@ struct Group {
     context: u32,
     cost: Nanos,
     submitted: Time,
+    /// While granted to its device (or dispatched by it): when it times out.
+    deadline: Option<Time>,
 }
 
 /// Counters at one statistics snapshot.
@@ -426,6 +455,9 @@ pub struct Daemon {
     engine: Engine,
     engine_due: Option<Time>,
     next_snapshot: Time,
+    /// Device groups in flight by deadline: the first one is the oldest group in flight of any
+    /// device, so a device that completes newer groups does not keep an old one alive.
+    expiry: BTreeSet<(Time, ConnId, GroupId)>,
     out: Outbox,
 }
 
@@ -454,6 +486,7 @@ impl Daemon {
             stored: BTreeMap::new(),
             engine_due: None,
             next_snapshot: now.saturating_add(STATS_INTERVAL_NS),
+            expiry: BTreeSet::new(),
             out: Outbox::default(),
         })
     }
@@ -546,6 +579,11 @@ impl Daemon {
         };
         self.out.drops.push(conn);
         let Some(vm) = c.vm else { return };
+        for (&id, g) in &vm.groups {
+            if let Some(t) = g.deadline {
+                self.expiry.remove(&(t, conn, id));
+            }
+        }
         self.by_vgpu.remove(&vm.vgpu);
         let dropped = self.engine.discard_queued(conn.0);
         let mut out = Vec::new();
@@ -712,6 +750,7 @@ impl Daemon {
                     context,
                     cost,
                     submitted: now,
+                    deadline: None,
                 },
             );
         }
@@ -735,6 +774,7 @@ impl Daemon {
         signature: CostSignature,
     ) -> Result<(), DaemonError> {
         let vgpu = self.new_group(conn, group)?;
+        let deadline = now.saturating_add(self.group_timeout());
         if let Some(vm) = self.attached(conn) {
             vm.groups.insert(
                 group,
@@ -744,9 +784,11 @@ impl Daemon {
                     context,
                     cost: 0,
                     submitted: now,
+                    deadline: Some(deadline),
                 },
             );
         }
+        self.expiry.insert((deadline, conn, group));
         let g = CommandGroup {
             id: group,
             vgpu,
@@ -783,6 +825,12 @@ impl Daemon {
         }
         let vgpu = vm.vgpu;
         vm.groups.remove(&group);
+        if let Some(t) = g.deadline {
+            self.expiry.remove(&(t, conn, group));
+        }
+        let Some(vm) = self.attached(conn) else {
+            return Ok(());
+        };
         vm.latency
             .record(finish.saturating_sub(g.submitted) / vgpu_scheduler::model::NS_PER_US);
         self.feed(
@@ -804,9 +852,12 @@ impl Daemon {
             .attached(conn)
             .ok_or(ProtoError::HelloRequired(proto::Kind::Cancel))?;
         let vgpu = vm.vgpu;
-        if vm.groups.remove(&group).is_none() {
+        let Some(g) = vm.groups.remove(&group) else {
             debug!("{conn}: cancel of {group:?}, which is no longer tracked, ignored");
             return Ok(());
+        };
+        if let Some(t) = g.deadline {
+            self.expiry.remove(&(t, conn, group));
         }
         debug!("{conn}: {group:?} cancelled");
         self.feed(now, Event::Cancelled { vgpu, group })
@@ -861,6 +912,7 @@ impl Daemon {
 
     /// A dispatch: a device group is granted, a simulated one goes onto the engine.
     fn dispatch(&mut self, now: Time, conn: ConnId, vgpu: VgpuId, group: GroupId) {
+        let deadline = now.saturating_add(self.group_timeout());
         let Some(vm) = self.attached(conn) else {
             return;
         };
@@ -869,9 +921,17 @@ impl Daemon {
             return;
         };
         g.stage = Stage::InFlight;
+        if g.exec == Exec::Device {
+            g.deadline = Some(deadline);
+        }
         let g = *g;
         match g.exec {
-            Exec::Device => self.out.messages.push((conn, Msg::Grant { group })),
+            Exec::Device => {
+                if let Some(t) = g.deadline {
+                    self.expiry.insert((t, conn, group));
+                }
+                self.out.messages.push((conn, Msg::Grant { group }));
+            }
             Exec::Simulated => {
                 self.engine.push(Job {
                     owner: conn.0,
@@ -898,6 +958,7 @@ impl Daemon {
             self.engine_due,
             self.sched.next_deadline(),
             Some(self.next_snapshot),
+            self.expiry.first().map(|&(t, _, _)| t),
         ]
         .into_iter()
         .flatten()
@@ -917,12 +978,38 @@ impl Daemon {
                 self.engine_done(at);
             } else if self.next_snapshot == due {
                 self.snapshot(at);
+            } else if let Some(&(t, conn, group)) = self.expiry.first()
+                && t == due
+            {
+                self.time_out(at, (t, conn, group));
             } else if let Err(e) = self.feed(at, Event::Timer) {
                 warn!("scheduler timer at {at}: {e}");
                 return;
             }
         }
         warn!("timer: {MAX_TIMER_STEPS} steps at {now}; the rest is left to the next call");
+    }
+
+    /// The device's oldest group in flight timed out at `at`: the device is dropped.
+    fn time_out(&mut self, at: Time, entry: (Time, ConnId, GroupId)) {
+        let (_, conn, group) = entry;
+        let e = DaemonError::GroupTimeout {
+            group,
+            timeout_ms: self.group_timeout() / vgpu_scheduler::model::NS_PER_MS,
+        };
+        let name = self
+            .attached(conn)
+            .map_or_else(String::new, |vm| vm.name.clone());
+        warn!("VM {name} ({conn}): {e}: device dropped, its groups written off");
+        self.refuse(conn, &e);
+        // Teardown removes every expiry entry of the connection, this one included.
+        self.teardown(at, conn);
+        self.expiry.remove(&entry);
+    }
+
+    /// The group timeout in force.
+    fn group_timeout(&self) -> Nanos {
+        self.config.group_timeout_ns.clamp(1, MAX_GROUP_TIMEOUT_NS)
     }
 
     /// The engine's running job finished at `at`.

@@ -2,8 +2,8 @@
 //! simulated time.
 
 use vgpu_schedd::daemon::{
-    ConnId, Daemon, DaemonConfig, MAX_CONNECTIONS, MAX_SIMULATED_COST_NS, Outbox, Peer,
-    render_metrics,
+    ConnId, DEFAULT_GROUP_TIMEOUT_NS, Daemon, DaemonConfig, MAX_CONNECTIONS, MAX_SIMULATED_COST_NS,
+    Outbox, Peer, render_metrics,
 };
 use vgpu_schedd::proto::{
     self, Exec, HEADER_BYTES, MAX_MESSAGE_BYTES, Msg, PROTOCOL_VERSION, RefuseCode, VmName,
@@ -803,4 +803,68 @@ fn a_cancelled_grant_frees_the_gpu_under_every_policy() {
         assert!(vm("a").connected, "{name}");
         assert!(render_metrics(&stats).contains("vgpu_groups_cancelled_total{vm=\"a\"} 2"));
     }
+}
+
+#[test]
+fn a_device_that_never_completes_is_dropped_and_the_others_get_grants() {
+    let mut d = daemon(PolicyConfig::None);
+    let (a, _) = attach(&mut d, 0, "a", PID);
+    let (b, _) = attach(&mut d, 0, "b", PID + 10);
+    assert_eq!(grants(&send(&mut d, 10, a, &device(1)), a), [1]);
+    assert!(grants(&send(&mut d, 20, b, &device(5)), b).is_empty());
+    // Nothing happens before the timeout (2 s after the grant).
+    d.timer(10 + DEFAULT_GROUP_TIMEOUT_NS - 1);
+    let out = d.drain();
+    assert!(
+        out.drops.is_empty() && grants(&out, b).is_empty(),
+        "{out:?}"
+    );
+    d.timer(10 + DEFAULT_GROUP_TIMEOUT_NS);
+    let out = d.drain();
+    assert_eq!(refused(&out, a), Some(RefuseCode::Timeout));
+    assert_eq!(out.drops, [a]);
+    assert_eq!(grants(&out, b), [5]);
+    let a_info = d.list().into_iter().find(|v| v.name == "a");
+    assert!(a_info.is_none_or(|v| !v.connected));
+    // b keeps getting grants.
+    let t = 10 + DEFAULT_GROUP_TIMEOUT_NS + 100;
+    assert_eq!(
+        refused(&send(&mut d, t, b, &completed(5, t - 50, t)), b),
+        None
+    );
+    let counts = serve_closed_loop(&mut d, 3 * NS_PER_SEC, &[b], 50);
+    assert!(counts[0] >= 40, "{counts:?}");
+}
+
+#[test]
+fn the_oldest_group_in_flight_cannot_be_kept_alive_by_newer_ones() {
+    let config = DaemonConfig {
+        capacity: 2,
+        group_timeout_ns: 500 * NS_PER_MS,
+        ..DaemonConfig::default()
+    };
+    let mut d = Daemon::new(0, config).unwrap();
+    let (a, _) = attach(&mut d, 0, "a", PID);
+    assert_eq!(grants(&send(&mut d, 0, a, &device(1)), a), [1]);
+    assert_eq!(grants(&send(&mut d, 0, a, &device(2)), a), [2]);
+    // a completes every newer group within 10 ms and submits the next, but never group 1.
+    let mut newest = 2;
+    let mut now = 0;
+    let mut dropped_at = None;
+    while now < NS_PER_SEC {
+        now += 10 * NS_PER_MS;
+        d.timer(now);
+        let out = d.drain();
+        if out.drops.contains(&a) {
+            assert_eq!(refused(&out, a), Some(RefuseCode::Timeout));
+            dropped_at = Some(now);
+            break;
+        }
+        let out = send(&mut d, now, a, &completed(newest, now - NS_PER_MS, now));
+        assert_eq!(refused(&out, a), None);
+        newest += 1;
+        let out = send(&mut d, now, a, &device(newest));
+        assert_eq!(grants(&out, a), [newest]);
+    }
+    assert_eq!(dropped_at, Some(500 * NS_PER_MS));
 }
