@@ -1282,7 +1282,7 @@ mod tests {
                 value: 0xff
             })
         );
-        for code in [0u32, 10, u32::MAX] {
+        for code in [0u32, 13, u32::MAX] {
             let mut p = code.to_le_bytes().to_vec();
             p.extend_from_slice(&0u16.to_le_bytes());
             assert_eq!(
