@@ -59,6 +59,13 @@ pub const MAX_SWITCH_COST_NS: Nanos = 10_000_000;
 /// groups written off, its place on the GPU-online list freed) so that the other VMs keep
 /// getting grants.
 pub const DEFAULT_GROUP_TIMEOUT_NS: Nanos = 2 * vgpu_scheduler::model::NS_PER_SEC;
+/// How long after a Revoke the daemon still accepts `Dispatched` from the device: 250 ms. A
+/// device that dispatched under its lease sends `Dispatched` at once, but the Revoke and that
+/// message may cross in the sockets, and the device's worker may be busy in a long submit when the
+/// Revoke arrives; 250 ms covers both with room on a loaded host (scheduling latency of tens of
+/// ms), while keeping what a device may still put on the GPU after a Revoke small. A
+/// `Dispatched` outside a lease and this grace is a protocol violation.
+pub const DISPATCH_GRACE_NS: Nanos = 250 * vgpu_scheduler::model::NS_PER_MS;
 /// Longest group timeout accepted: 10 minutes, for debugging a device under a debugger; beyond
 /// it a hung device would stall every VM for longer than any operator waits.
 pub const MAX_GROUP_TIMEOUT_NS: Nanos = 600 * vgpu_scheduler::model::NS_PER_SEC;
@@ -136,6 +143,10 @@ pub enum DaemonError {
         /// The group timeout.
         timeout_ms: u64,
     },
+    /// `Dispatched` while the device holds no lease and its last one ended more than
+    /// [`DISPATCH_GRACE_NS`] ago.
+    #[error("group {0:?} dispatched without a lease")]
+    NotLeased(GroupId),
     /// [`MAX_STORED_VMS`] VMs have stored parameters.
     #[error("too many VMs with stored parameters (at most {MAX_STORED_VMS})")]
     TooManyVms,
@@ -166,6 +177,7 @@ impl DaemonError {
             DaemonError::UnknownGroup(_) => RefuseCode::UnknownGroup,
             DaemonError::NotGranted(_) => RefuseCode::OutOfOrder,
             DaemonError::GroupTimeout { .. } => RefuseCode::Timeout,
+            DaemonError::NotLeased(_) => RefuseCode::NotLeased,
             DaemonError::PidMismatch { .. }
             | DaemonError::NotDeviceGroup(_)
             | DaemonError::FinishInFuture { .. }
@@ -346,6 +358,8 @@ struct Attached {
     vgpu: VgpuId,
     device_pid: u32,
     qemu_pid: u32,
+    /// When its last lease was revoked, for [`DISPATCH_GRACE_NS`].
+    revoked_at: Option<Time>,
     groups: BTreeMap<GroupId, Group>,
     snapshots: VecDeque<Snapshot>,
     latency: Histogram,
@@ -694,6 +708,7 @@ impl Daemon {
                 vgpu,
                 device_pid,
                 qemu_pid,
+                revoked_at: None,
                 groups: BTreeMap::new(),
                 snapshots: VecDeque::from([start]),
                 latency: Histogram::new(),
@@ -774,6 +789,12 @@ impl Daemon {
         signature: CostSignature,
     ) -> Result<(), DaemonError> {
         let vgpu = self.new_group(conn, group)?;
+        let leased = self.sched.vgpu(vgpu).is_some_and(|s| s.lease().is_some());
+        let revoked_at = self.attached(conn).and_then(|vm| vm.revoked_at);
+        let in_grace = revoked_at.is_some_and(|t| now <= t.saturating_add(DISPATCH_GRACE_NS));
+        if !leased && !in_grace {
+            return Err(DaemonError::NotLeased(group));
+        }
         let deadline = now.saturating_add(self.group_timeout());
         if let Some(vm) = self.attached(conn) {
             vm.groups.insert(
@@ -902,6 +923,11 @@ impl Daemon {
                     }
                 }
                 _ => {
+                    if let Decision::Revoke { .. } = d
+                        && let Some(vm) = self.attached(conn)
+                    {
+                        vm.revoked_at = Some(now);
+                    }
                     if let Some((_, msg)) = Msg::from_decision(&d) {
                         self.out.messages.push((conn, msg));
                     }

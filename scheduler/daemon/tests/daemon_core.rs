@@ -2,8 +2,8 @@
 //! simulated time.
 
 use vgpu_schedd::daemon::{
-    ConnId, DEFAULT_GROUP_TIMEOUT_NS, Daemon, DaemonConfig, MAX_CONNECTIONS, MAX_SIMULATED_COST_NS,
-    Outbox, Peer, render_metrics,
+    ConnId, DEFAULT_GROUP_TIMEOUT_NS, DISPATCH_GRACE_NS, Daemon, DaemonConfig, MAX_CONNECTIONS,
+    MAX_SIMULATED_COST_NS, Outbox, Peer, render_metrics,
 };
 use vgpu_schedd::proto::{
     self, Exec, HEADER_BYTES, MAX_MESSAGE_BYTES, Msg, PROTOCOL_VERSION, RefuseCode, VmName,
@@ -867,4 +867,42 @@ fn the_oldest_group_in_flight_cannot_be_kept_alive_by_newer_ones() {
         assert_eq!(grants(&out, a), [newest]);
     }
     assert_eq!(dropped_at, Some(500 * NS_PER_MS));
+}
+
+fn dispatched_msg(id: u64) -> Msg {
+    Msg::Dispatched {
+        group: GroupId(id),
+        context: 0,
+        kind: GroupKind::Render,
+        signature: CostSignature(1),
+    }
+}
+
+#[test]
+fn dispatched_without_a_lease_is_refused() {
+    let mut d = daemon(PolicyConfig::None);
+    let (a, _) = attach(&mut d, 0, "a", PID);
+    let out = send(&mut d, 10, a, &dispatched_msg(1));
+    assert_eq!(refused(&out, a), Some(RefuseCode::NotLeased));
+    assert_eq!(out.drops, [a]);
+    assert!(d.stats(20).vms.iter().all(|v| !v.connected));
+}
+
+#[test]
+fn dispatched_is_accepted_within_the_grace_after_a_revoke_only() {
+    let mut d = daemon(PolicyConfig::Fair(FairConfig::default()));
+    let (a, _) = attach(&mut d, 0, "a", PID);
+    assert_eq!(send(&mut d, 10, a, &dispatched_msg(1)), Outbox::default());
+    // The operator swaps the policy: the lease is revoked.
+    d.set_policy(100, PolicyConfig::None).unwrap();
+    let out = d.drain();
+    assert!(out.messages.contains(&(a, Msg::Revoke)), "{out:?}");
+    // A Dispatched that crossed the Revoke is accepted within the grace.
+    let t = 100 + DISPATCH_GRACE_NS;
+    let out = send(&mut d, t, a, &dispatched_msg(2));
+    assert_eq!((refused(&out, a), out.drops.len()), (None, 0));
+    // Past it, it is a protocol violation.
+    let out = send(&mut d, t + 1, a, &dispatched_msg(3));
+    assert_eq!(refused(&out, a), Some(RefuseCode::NotLeased));
+    assert_eq!(out.drops, [a]);
 }
