@@ -17,7 +17,7 @@ use std::fmt;
 use log::{debug, info, warn};
 use serde::Serialize;
 use thiserror::Error;
-use vgpu_scheduler::core::MAX_GROUPS_PER_VGPU;
+use vgpu_scheduler::core::{MAX_GROUPS_PER_VGPU, MAX_VGPUS};
 use vgpu_scheduler::policy::timegraph::ConfigError;
 use vgpu_scheduler::sim::ParamsOverride;
 use vgpu_scheduler::sim::engine::{Engine, Job};
@@ -27,8 +27,15 @@ use vgpu_scheduler::{
 };
 
 use crate::proto::{
-    self, Detail, Exec, Msg, PROTOCOL_VERSION, ProtoError, RefuseCode, Session, VmName,
+    self, Detail, Exec, MAX_GROUPS_PER_DEVICE, Msg, PROTOCOL_VERSION, ProtoError, RefuseCode,
+    Session, VmName,
 };
+
+// The per-device bound the device and the daemon agree on is what the daemon enforces; the
+// scheduler core's per-vGPU bound stays above it, so the core never refuses a device the daemon
+// accepted, and the core's total (every vGPU at its bound) stays finite.
+const _: () = assert!(MAX_GROUPS_PER_DEVICE <= MAX_GROUPS_PER_VGPU);
+const _: () = assert!(MAX_CONNECTIONS <= MAX_VGPUS);
 
 /// Most device connections at once, greeted or not: far above one host's VMs, and it bounds
 /// the connection table against a local process that opens sockets in a loop.
@@ -104,8 +111,8 @@ pub enum DaemonError {
     /// The group id is already queued or in flight for this device.
     #[error("group {0:?} is already queued or in flight")]
     DuplicateGroup(GroupId),
-    /// The device has [`MAX_GROUPS_PER_VGPU`] groups queued or in flight.
-    #[error("too many groups queued or in flight (at most {MAX_GROUPS_PER_VGPU})")]
+    /// The device has [`MAX_GROUPS_PER_DEVICE`] groups queued or in flight.
+    #[error("too many groups queued or in flight (at most {MAX_GROUPS_PER_DEVICE})")]
     QueueFull,
     /// No group with this id is queued or in flight for this device.
     #[error("group {0:?} is not queued or in flight")]
@@ -734,7 +741,7 @@ impl Daemon {
         if vm.groups.contains_key(&group) {
             return Err(DaemonError::DuplicateGroup(group));
         }
-        if vm.groups.len() >= MAX_GROUPS_PER_VGPU {
+        if vm.groups.len() >= MAX_GROUPS_PER_DEVICE {
             return Err(DaemonError::QueueFull);
         }
         Ok(vm.vgpu)

@@ -6,9 +6,9 @@ use vgpu_schedd::daemon::{
     MAX_SIMULATED_COST_NS, Outbox, Peer, render_metrics,
 };
 use vgpu_schedd::proto::{
-    self, Exec, HEADER_BYTES, MAX_MESSAGE_BYTES, Msg, PROTOCOL_VERSION, RefuseCode, VmName,
+    self, Exec, HEADER_BYTES, MAX_GROUPS_PER_DEVICE, MAX_MESSAGE_BYTES, Msg, PROTOCOL_VERSION,
+    RefuseCode, VmName,
 };
-use vgpu_scheduler::core::MAX_GROUPS_PER_VGPU;
 use vgpu_scheduler::model::{Enforcement, NS_PER_MS, NS_PER_SEC, PrioPolicy, Reserve};
 use vgpu_scheduler::policy::fair::FairConfig;
 use vgpu_scheduler::policy::pegasus::PegasusConfig;
@@ -524,7 +524,7 @@ fn bad_input_refuses_and_drops_only_its_connection() {
         }),
         ("queue full", RefuseCode::QueueFull, |d, c| {
             greet(d, c);
-            for id in 0..MAX_GROUPS_PER_VGPU as u64 {
+            for id in 0..MAX_GROUPS_PER_DEVICE as u64 {
                 let out = send(d, 2, c, &device(id));
                 assert_eq!(refused(&out, c), None);
             }
@@ -905,4 +905,22 @@ fn dispatched_is_accepted_within_the_grace_after_a_revoke_only() {
     let out = send(&mut d, t + 1, a, &dispatched_msg(3));
     assert_eq!(refused(&out, a), Some(RefuseCode::NotLeased));
     assert_eq!(out.drops, [a]);
+}
+
+#[test]
+fn a_device_past_its_group_bound_is_refused_and_the_others_are_not() {
+    let mut d = daemon(PolicyConfig::None);
+    let (a, _) = attach(&mut d, 0, "a", PID);
+    let (b, _) = attach(&mut d, 0, "b", PID + 10);
+    // One group granted, the rest queued: together they count.
+    for id in 0..MAX_GROUPS_PER_DEVICE as u64 {
+        assert_eq!(refused(&send(&mut d, 1, a, &device(id)), a), None);
+    }
+    let out = send(&mut d, 2, b, &device(1));
+    assert_eq!(refused(&out, b), None);
+    let out = send(&mut d, 3, a, &device(u64::MAX));
+    assert_eq!(refused(&out, a), Some(RefuseCode::QueueFull));
+    assert_eq!(out.drops, [a]);
+    // b, queued behind a's grant, is granted once a is gone.
+    assert_eq!(grants(&out, b), [1]);
 }
