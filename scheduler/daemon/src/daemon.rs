@@ -43,6 +43,10 @@ pub const MAX_CONNECTIONS: usize = 1024;
 /// Most VM names whose parameters the daemon stores (set by the control interface, kept while
 /// the VM is away): bounds the table a control client can grow.
 pub const MAX_STORED_VMS: usize = 4096;
+/// Most VM names bound to the user of the device that first used them: the same bound as the
+/// stored parameters. When full, a binding of a name with no live device is dropped for a new
+/// one, so the table cannot lock out new names.
+pub const MAX_BOUND_NAMES: usize = MAX_STORED_VMS;
 /// Largest cost of one `Simulated` group: the load capset's largest OCCUPY (1 s), so one group
 /// cannot hold the shared engine for longer.
 pub const MAX_SIMULATED_COST_NS: Nanos = 1_000_000_000;
@@ -105,6 +109,10 @@ pub enum DaemonError {
         /// The pid from the socket's credentials.
         peer: u32,
     },
+    /// The VM name is bound to another user, or reserved for a device process the daemon
+    /// created.
+    #[error("VM name {0:?} belongs to another user or process")]
+    NameForbidden(String),
     /// [`MAX_CONNECTIONS`] connections are open.
     #[error("too many connections (at most {MAX_CONNECTIONS})")]
     TooManyConnections,
@@ -178,6 +186,7 @@ impl DaemonError {
                 | SchedError::BadParams(_) => RefuseCode::Internal,
             },
             DaemonError::NameInUse(_) => RefuseCode::NameInUse,
+            DaemonError::NameForbidden(_) => RefuseCode::Forbidden,
             DaemonError::TooManyConnections => RefuseCode::TooManyVgpus,
             DaemonError::DuplicateGroup(_) => RefuseCode::DuplicateGroup,
             DaemonError::QueueFull => RefuseCode::QueueFull,
@@ -473,6 +482,10 @@ pub struct Daemon {
     conns: BTreeMap<ConnId, Conn>,
     by_vgpu: BTreeMap<VgpuId, ConnId>,
     stored: BTreeMap<String, VgpuParams>,
+    /// VM name → the uid of the first device connection that used it.
+    owners: BTreeMap<String, u32>,
+    /// VM name → the pid of the device process the daemon created for it.
+    reserved: BTreeMap<String, u32>,
     engine: Engine,
     engine_due: Option<Time>,
     next_snapshot: Time,
@@ -505,6 +518,8 @@ impl Daemon {
             conns: BTreeMap::new(),
             by_vgpu: BTreeMap::new(),
             stored: BTreeMap::new(),
+            owners: BTreeMap::new(),
+            reserved: BTreeMap::new(),
             engine_due: None,
             next_snapshot: now.saturating_add(STATS_INTERVAL_NS),
             expiry: BTreeSet::new(),
@@ -693,9 +708,18 @@ impl Daemon {
             });
         }
         let name = name.as_str().to_owned();
+        if self
+            .reserved
+            .get(&name)
+            .is_some_and(|&pid| pid != peer.pid || peer.pid == 0)
+            || self.owners.get(&name).is_some_and(|&uid| uid != peer.uid)
+        {
+            return Err(DaemonError::NameForbidden(name));
+        }
         if self.live_conn(&name).is_some() {
             return Err(DaemonError::NameInUse(name));
         }
+        self.bind_name(&name, peer.uid);
         let mut params = self
             .stored
             .get(&name)
@@ -731,6 +755,41 @@ impl Daemon {
         ));
         self.carry_out(now, out);
         Ok(())
+    }
+
+    /// Binds `name` to `uid` if it is not bound yet (see [`MAX_BOUND_NAMES`]).
+    fn bind_name(&mut self, name: &str, uid: u32) {
+        if self.owners.contains_key(name) {
+            return;
+        }
+        if self.owners.len() >= MAX_BOUND_NAMES {
+            let idle = self
+                .owners
+                .keys()
+                .find(|n| self.live_conn(n).is_none())
+                .cloned();
+            match idle {
+                Some(n) => {
+                    self.owners.remove(&n);
+                }
+                None => return,
+            }
+        }
+        self.owners.insert(name.to_owned(), uid);
+    }
+
+    /// Reserves VM `name` for the device process `pid` the daemon created: until
+    /// [`Daemon::release_name`], a `Hello` for it from another process is refused.
+    pub fn reserve_name(&mut self, name: &str, pid: u32) {
+        self.reserved.insert(name.to_owned(), pid);
+    }
+
+    /// Ends the reservation of `name` for `pid` (its process exited); another reservation of
+    /// the name is kept.
+    pub fn release_name(&mut self, name: &str, pid: u32) {
+        if self.reserved.get(name) == Some(&pid) {
+            self.reserved.remove(name);
+        }
     }
 
     /// Checks that a new group may be tracked for the device and returns its vGPU.

@@ -924,3 +924,88 @@ fn a_device_past_its_group_bound_is_refused_and_the_others_are_not() {
     // b, queued behind a's grant, is granted once a is gone.
     assert_eq!(grants(&out, b), [1]);
 }
+
+/// Connects as `peer` and sends Hello for `name`; returns the connection and the outbox.
+fn hello_as(d: &mut Daemon, now: Time, name: &str, peer: Peer) -> (ConnId, Outbox) {
+    let c = d.connect(now, peer);
+    let out = send(d, now, c, &hello(name, peer.pid));
+    (c, out)
+}
+
+#[test]
+fn a_vm_name_is_bound_to_the_user_that_first_used_it() {
+    let mut d = daemon(PolicyConfig::None);
+    let (c, out) = hello_as(
+        &mut d,
+        0,
+        "vm",
+        Peer {
+            pid: PID,
+            uid: 1000,
+        },
+    );
+    assert!(matches!(out.messages[0].1, Msg::Welcome { .. }));
+    d.disconnect(1, c);
+    d.drain();
+    // Another user cannot take the name, even while its owner is away.
+    let (s, out) = hello_as(
+        &mut d,
+        2,
+        "vm",
+        Peer {
+            pid: 2000,
+            uid: 1001,
+        },
+    );
+    assert_eq!(refused(&out, s), Some(RefuseCode::Forbidden));
+    assert_eq!(out.drops, [s]);
+    // Its owner can, and so can anyone with a name of their own.
+    let (c, out) = hello_as(
+        &mut d,
+        3,
+        "vm",
+        Peer {
+            pid: PID,
+            uid: 1000,
+        },
+    );
+    assert_eq!(refused(&out, c), None);
+    let (o, out) = hello_as(
+        &mut d,
+        4,
+        "other",
+        Peer {
+            pid: 2000,
+            uid: 1001,
+        },
+    );
+    assert_eq!(refused(&out, o), None);
+}
+
+#[test]
+fn a_created_vms_name_is_reserved_for_the_process_the_daemon_spawned() {
+    let mut d = daemon(PolicyConfig::None);
+    d.reserve_name("vm", 4242);
+    // A squatter of the same user is refused.
+    let (s, out) = hello_as(&mut d, 0, "vm", Peer { pid: PID, uid: 0 });
+    assert_eq!(refused(&out, s), Some(RefuseCode::Forbidden));
+    // The created process is welcome.
+    let (c, out) = hello_as(&mut d, 1, "vm", Peer { pid: 4242, uid: 0 });
+    assert!(matches!(out.messages[0].1, Msg::Welcome { .. }), "{out:?}");
+    d.disconnect(2, c);
+    // Released when it exits (a stale release for another pid changes nothing first).
+    d.release_name("vm", 1);
+    let (s, out) = hello_as(&mut d, 3, "vm", Peer { pid: PID, uid: 0 });
+    assert_eq!(refused(&out, s), Some(RefuseCode::Forbidden));
+    d.release_name("vm", 4242);
+    let (c, out) = hello_as(
+        &mut d,
+        4,
+        "vm",
+        Peer {
+            pid: PID + 1,
+            uid: 0,
+        },
+    );
+    assert_eq!(refused(&out, c), None, "{out:?}");
+}
