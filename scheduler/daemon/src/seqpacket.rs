@@ -189,9 +189,13 @@ const FD_BYTES: u32 = size_of::<RawFd>() as u32;
 /// sending a few extra has them received and closed rather than silently truncated.
 const MAX_RECEIVED_FDS: u32 = 4;
 
+/// 64-bit words of the control buffer: room for [`MAX_RECEIVED_FDS`] descriptors' header and
+/// data (checked at compile time).
+const FD_CONTROL_WORDS: usize = 8;
+
 /// A control-message buffer for `SCM_RIGHTS`, aligned for `cmsghdr`.
 struct FdControl {
-    buf: [u64; 8],
+    buf: [u64; FD_CONTROL_WORDS],
 }
 
 impl FdControl {
@@ -199,9 +203,11 @@ impl FdControl {
         const _: () = assert!(
             // SAFETY: CMSG_SPACE only computes a size.
             unsafe { libc::CMSG_SPACE(FD_BYTES * MAX_RECEIVED_FDS) } as usize
-                <= 8 * size_of::<u64>()
+                <= size_of::<[u64; FD_CONTROL_WORDS]>()
         );
-        FdControl { buf: [0; 8] }
+        FdControl {
+            buf: [0; FD_CONTROL_WORDS],
+        }
     }
 
     /// The control length for `n` descriptors.
@@ -744,8 +750,8 @@ mod tests {
             )
         };
         assert_eq!(rc, 0);
-        // SAFETY: both descriptors were just created and are owned by nothing else.
         let own = |fd| SeqStream {
+            // SAFETY: both descriptors were just created and are owned by nothing else.
             fd: unsafe { OwnedFd::from_raw_fd(fd) },
         };
         (own(fds[0]), own(fds[1]))
