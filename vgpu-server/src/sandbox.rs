@@ -276,7 +276,8 @@ pub const ALLOWED: &[(&str, &[libc::c_long])] = &[
         // Sockets and events: vfio-user messages with SCM_RIGHTS (recvmsg, sendto, writev;
         // sendmsg where the relay passes QEMU's descriptors on to the message loop), a later
         // QEMU's connection (accept4), the scheduler daemon's SOCK_SEQPACKET
-        // (connect, getsockname/getsockopt for SO_PEERCRED), eventfd kicks and interrupts,
+        // (connect, getsockname/getsockopt for SO_PEERCRED, sendmsg for the Hello that carries
+        // QEMU's connection as proof of its pid), eventfd kicks and interrupts,
         // timerfds (load engine, dump and reconnect timers), the worker's epoll.
         "io",
         &[

@@ -13,7 +13,7 @@
 //! did not ask about, or a present nobody waits for, is logged and ignored.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::path::PathBuf;
 
 use log::warn;
@@ -102,8 +102,14 @@ impl SchedLink {
         &self.config.socket
     }
 
-    /// Connects and sends `Hello` with our pid and QEMU's (`qemu_pid`, 0 when unknown).
-    pub fn connect(&mut self, qemu_pid: u32) -> Result<(), SchedError> {
+    /// Connects and sends `Hello` with our pid and QEMU's (`qemu_pid`, 0 when unknown). With
+    /// `qemu_conn`, QEMU's vfio-user connection, the Hello carries it as proof of the pid: the
+    /// daemon uses a QEMU pid only when the descriptor's peer has it.
+    pub fn connect(
+        &mut self,
+        qemu_pid: u32,
+        qemu_conn: Option<BorrowedFd<'_>>,
+    ) -> Result<(), SchedError> {
         self.stream = None;
         let connect_error = |source| SchedError::Connect {
             path: self.config.socket.clone(),
@@ -117,7 +123,14 @@ impl SchedLink {
             device_pid: std::process::id().clamp(1, proto::MAX_PID),
             qemu_pid: qemu_pid.min(proto::MAX_PID),
         };
-        send_on(&stream, &hello)?;
+        match qemu_conn {
+            Some(fd) => {
+                let mut packet = Vec::with_capacity(64);
+                proto::encode(&hello, &mut packet);
+                stream.send_with_fd(&packet, fd).map_err(SchedError::Io)?;
+            }
+            None => send_on(&stream, &hello)?,
+        }
         self.stream = Some(stream);
         Ok(())
     }
@@ -823,13 +836,16 @@ mod tests {
             socket: path.clone(),
             vm_name: VmName::new("vm").unwrap(),
         });
-        assert!(matches!(link.connect(5), Err(SchedError::Connect { .. })));
+        assert!(matches!(
+            link.connect(5, None),
+            Err(SchedError::Connect { .. })
+        ));
         assert!(matches!(
             link.send(&Msg::Frame),
             Err(SchedError::NotConnected)
         ));
         let listener = SeqListener::bind(&path).unwrap();
-        link.connect(5).unwrap();
+        link.connect(5, None).unwrap();
         let (peer, _) = listener.accept().unwrap().unwrap();
         peer.set_nonblocking(false).unwrap();
         let mut buf = vec![0; RECV_BYTES];
@@ -859,7 +875,7 @@ mod tests {
         let n = peer.recv(&mut buf).unwrap().unwrap();
         assert_eq!(proto::decode(&buf[..n]), Ok(Msg::Bye));
         assert_eq!(peer.recv(&mut buf).unwrap(), Some(0), "closed");
-        link.connect(0).unwrap();
+        link.connect(0, None).unwrap();
         let (peer, _) = listener.accept().unwrap().unwrap();
         drop(peer);
         // Closed with our Hello unread: a reset or end of stream, the daemon is gone either way.

@@ -419,13 +419,17 @@ impl Worker {
         // The vfio-user crate accepts QEMU's connection internally: find it among our own
         // descriptors by the listener's address. The worker attaches before that accept, so
         // until QEMU is there, look again shortly: the daemon learns of the VM when it exists.
-        let Some(qemu) = vgpu_schedd::seqpacket::accepted_peer(&s.vfio_socket) else {
+        let Some((qemu_fd, qemu)) = vgpu_schedd::seqpacket::accepted_peer(&s.vfio_socket) else {
             if let Err(e) = s.retry_timer.reset(QEMU_POLL, None) {
                 error!("arming the scheduler reconnect timer: {e}");
             }
             return;
         };
-        match s.link.connect(qemu.pid) {
+        // The Hello carries (a duplicate of) QEMU's connection as proof of its pid.
+        match s
+            .link
+            .connect(qemu.pid, Some(std::os::fd::AsFd::as_fd(&qemu_fd)))
+        {
             Ok(()) => {
                 if let Some(fd) = s.link.fd() {
                     match ops.add(Events::with_data_raw(fd, SCHED_TOKEN, EventSet::IN)) {

@@ -583,8 +583,23 @@ impl Daemon {
         }
     }
 
-    /// One packet from a device.
+    /// One packet from a device, without a descriptor.
     pub fn receive(&mut self, now: Time, conn: ConnId, packet: &[u8]) {
+        self.receive_proven(now, conn, packet, None);
+    }
+
+    /// One packet from a device; `qemu_peer` is the pid of the peer of the descriptor that came
+    /// with it, if any. A `Hello`'s QEMU pid is used (cgroup probing and weight write-back)
+    /// only when its device proves it this way, by handing over QEMU's vfio-user connection;
+    /// an unproven one is replaced by 0 (unknown) and the VM still runs, scheduled but without
+    /// CPU coordination.
+    pub fn receive_proven(
+        &mut self,
+        now: Time,
+        conn: ConnId,
+        packet: &[u8],
+        qemu_peer: Option<u32>,
+    ) {
         let now = self.advance(now);
         if !self.conns.contains_key(&conn) {
             debug!("{conn}: packet after close ignored");
@@ -592,7 +607,7 @@ impl Daemon {
         }
         let result = proto::decode(packet)
             .map_err(DaemonError::from)
-            .and_then(|msg| self.message(now, conn, msg));
+            .and_then(|msg| self.message(now, conn, msg, qemu_peer));
         if let Err(e) = result {
             warn!("{conn}: refused: {e}");
             self.refuse(conn, &e);
@@ -637,7 +652,13 @@ impl Daemon {
         self.conns.get_mut(&conn).and_then(|c| c.vm.as_mut())
     }
 
-    fn message(&mut self, now: Time, conn: ConnId, msg: Msg) -> Result<(), DaemonError> {
+    fn message(
+        &mut self,
+        now: Time,
+        conn: ConnId,
+        msg: Msg,
+        qemu_peer: Option<u32>,
+    ) -> Result<(), DaemonError> {
         let Some(c) = self.conns.get_mut(&conn) else {
             return Ok(());
         };
@@ -649,7 +670,18 @@ impl Daemon {
                 device_pid,
                 qemu_pid,
                 ..
-            } => self.hello(now, conn, peer, vm_name, device_pid, qemu_pid),
+            } => {
+                let proven = if qemu_pid != 0 && qemu_peer != Some(qemu_pid) {
+                    warn!(
+                        "{conn}: Hello's QEMU pid {qemu_pid} is not proven (descriptor peer \
+                         {qemu_peer:?}): not used"
+                    );
+                    0
+                } else {
+                    qemu_pid
+                };
+                self.hello(now, conn, peer, vm_name, device_pid, proven)
+            }
             Msg::Submit {
                 group,
                 context,

@@ -160,15 +160,74 @@ fn accepted_on(fd: RawFd, path: &Path) -> bool {
 ///
 /// The vfio-user crate accepts QEMU's connection inside its own loop and does not hand the
 /// stream out; an accepted socket keeps the listener's address, so this finds it without
-/// forking the crate, and SO_PEERCRED then gives QEMU's pid (DESIGN §5). `None` if no such
-/// connection is open.
-pub fn accepted_peer(path: &Path) -> Option<PeerCred> {
+/// forking the crate, and SO_PEERCRED then gives QEMU's pid (DESIGN §5). Returns a duplicate of
+/// the connection (the crate's own descriptor may be closed by its thread at any time; the
+/// duplicate, checked again, is ours) with its peer's credentials, so that it can be handed to
+/// the daemon as proof of the pid; `None` if no such connection is open.
+pub fn accepted_peer(path: &Path) -> Option<(OwnedFd, PeerCred)> {
     let entries = std::fs::read_dir("/proc/self/fd").ok()?;
     entries
         .take(MAX_SCANNED_FDS)
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<RawFd>().ok())
         .filter(|&fd| fd > 2 && accepted_on(fd, path))
-        .find_map(|fd| peer_cred_of(fd).ok().filter(|c| c.pid != 0))
+        .find_map(|fd| {
+            // SAFETY: F_DUPFD_CLOEXEC takes no pointers; on success the new descriptor is ours.
+            let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+            if dup < 0 {
+                return None;
+            }
+            // SAFETY: `dup` was just created and nothing else owns it.
+            let dup = unsafe { OwnedFd::from_raw_fd(dup) };
+            let cred = peer_cred_of(dup.as_raw_fd()).ok().filter(|c| c.pid != 0)?;
+            accepted_on(dup.as_raw_fd(), path).then_some((dup, cred))
+        })
+}
+
+/// Bytes of one descriptor in `SCM_RIGHTS` data.
+const FD_BYTES: u32 = size_of::<RawFd>() as u32;
+/// Descriptors the receive buffer has room for: more than the one accepted, so that a peer
+/// sending a few extra has them received and closed rather than silently truncated.
+const MAX_RECEIVED_FDS: u32 = 4;
+
+/// 64-bit words of the control buffer: room for [`MAX_RECEIVED_FDS`] descriptors' header and
+/// data (checked at compile time).
+const FD_CONTROL_WORDS: usize = 8;
+
+/// A control-message buffer for `SCM_RIGHTS`, aligned for `cmsghdr`.
+struct FdControl {
+    buf: [u64; FD_CONTROL_WORDS],
+}
+
+impl FdControl {
+    fn new() -> Self {
+        const _: () = assert!(
+            // SAFETY: CMSG_SPACE only computes a size.
+            unsafe { libc::CMSG_SPACE(FD_BYTES * MAX_RECEIVED_FDS) } as usize
+                <= size_of::<[u64; FD_CONTROL_WORDS]>()
+        );
+        FdControl {
+            buf: [0; FD_CONTROL_WORDS],
+        }
+    }
+
+    /// The control length for `n` descriptors.
+    fn len_for(&self, n: u32) -> usize {
+        // SAFETY: CMSG_SPACE only computes a size.
+        unsafe { libc::CMSG_SPACE(FD_BYTES * n) as usize }
+    }
+
+    /// A `msghdr` with one data buffer and this control buffer, with room for
+    /// [`MAX_RECEIVED_FDS`] descriptors.
+    fn msghdr(&mut self, iov: &mut libc::iovec) -> libc::msghdr {
+        let len = self.len_for(MAX_RECEIVED_FDS);
+        // SAFETY: msghdr is plain data, valid all zero.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = self.buf.as_mut_ptr().cast();
+        msg.msg_controllen = len as _;
+        msg
+    }
 }
 
 /// `sockaddr_un` for `path` and its length.
@@ -390,6 +449,108 @@ impl SeqStream {
         Ok(Some(n))
     }
 
+    /// Sends `packet` as one message carrying one descriptor, `fd`, as `SCM_RIGHTS` ancillary
+    /// data: the receiver gets its own copy of the descriptor with the packet.
+    pub fn send_with_fd(&self, packet: &[u8], fd: BorrowedFd<'_>) -> Result<()> {
+        self.send_fds(packet, &[fd])
+    }
+
+    /// Sends `packet` with `fds` (at most [`MAX_RECEIVED_FDS`]; the rest are not sent) in one
+    /// `SCM_RIGHTS` header.
+    fn send_fds(&self, packet: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
+        let fds = fds.get(..MAX_RECEIVED_FDS as usize).unwrap_or(fds);
+        let count = u32::try_from(fds.len()).unwrap_or(MAX_RECEIVED_FDS);
+        let mut control = FdControl::new();
+        let mut iov = libc::iovec {
+            iov_base: packet.as_ptr().cast_mut().cast(),
+            iov_len: packet.len(),
+        };
+        let mut msg = control.msghdr(&mut iov);
+        // SAFETY: `msg` points at `control`, whose buffer has room for the header and data of
+        // MAX_RECEIVED_FDS descriptors (CMSG_SPACE), so CMSG_FIRSTHDR is non-null and the
+        // `count` descriptors after CMSG_DATA are in the buffer; written unaligned, as they may be.
+        unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(FD_BYTES * count) as _;
+            let data = libc::CMSG_DATA(cmsg).cast::<RawFd>();
+            for (i, fd) in fds.iter().enumerate() {
+                std::ptr::write_unaligned(data.add(i), fd.as_raw_fd());
+            }
+        }
+        msg.msg_controllen = control.len_for(count);
+        // SAFETY: `msg` describes `packet` (read only by the kernel) and `control`, both of
+        // which outlive the call.
+        let n = unsafe { libc::sendmsg(self.fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        let sent = usize::try_from(n).map_err(|_| SeqError::last("sendmsg"))?;
+        if sent != packet.len() {
+            return Err(SeqError::ShortSend {
+                sent,
+                len: packet.len(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Receives one message into `buf` like [`SeqStream::recv`], with the descriptor it
+    /// carries, if exactly one came with it. Descriptors beyond the first, and all of them when
+    /// the kernel had to drop some (`MSG_CTRUNC`) or they came in more than one header, are
+    /// closed and none is returned: a peer gets one descriptor through, or none.
+    pub fn recv_with_fd(&self, buf: &mut [u8]) -> Result<Option<(usize, Option<OwnedFd>)>> {
+        let mut control = FdControl::new();
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        let mut msg = control.msghdr(&mut iov);
+        // SAFETY: `msg` describes `buf` and `control`, both of which outlive the call; the
+        // kernel writes at most their lengths.
+        let n = unsafe {
+            libc::recvmsg(
+                self.fd.as_raw_fd(),
+                &mut msg,
+                libc::MSG_TRUNC | libc::MSG_CMSG_CLOEXEC,
+            )
+        };
+        let Ok(n) = usize::try_from(n) else {
+            return match SeqError::last("recvmsg") {
+                SeqError::WouldBlock => Ok(None),
+                e => Err(e),
+            };
+        };
+        let mut fds = Vec::new();
+        // SAFETY: the kernel filled `control` up to `msg.msg_controllen`; CMSG_FIRSTHDR and
+        // CMSG_NXTHDR stay within it, and each SCM_RIGHTS header's data holds
+        // (cmsg_len - CMSG_LEN(0)) / 4 descriptors that are now ours, read unaligned.
+        unsafe {
+            let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+            while !cmsg.is_null() {
+                if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                    let bytes =
+                        ((*cmsg).cmsg_len as usize).saturating_sub(libc::CMSG_LEN(0) as usize);
+                    let data = libc::CMSG_DATA(cmsg).cast::<RawFd>();
+                    for i in 0..bytes / size_of::<RawFd>() {
+                        let raw = std::ptr::read_unaligned(data.add(i));
+                        fds.push(OwnedFd::from_raw_fd(raw));
+                    }
+                }
+                cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+            }
+        }
+        if n > buf.len() {
+            return Err(SeqError::Truncated(n));
+        }
+        let whole = msg.msg_flags & libc::MSG_CTRUNC == 0;
+        // Every descriptor but a single one is closed here, as `fds` drops.
+        let fd = if whole && fds.len() == 1 {
+            fds.pop()
+        } else {
+            None
+        };
+        Ok(Some((n, fd)))
+    }
+
     /// The credentials of the peer.
     pub fn peer_cred(&self) -> Result<PeerCred> {
         peer_cred_of(self.fd.as_raw_fd())
@@ -575,6 +736,57 @@ pub fn with_umask<T>(mask: u32, f: impl FnOnce() -> T) -> T {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::net::UnixStream;
+
+    fn pair() -> (SeqStream, SeqStream) {
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors socketpair writes.
+        let rc = unsafe {
+            libc::socketpair(
+                libc::AF_UNIX,
+                libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+                0,
+                fds.as_mut_ptr(),
+            )
+        };
+        assert_eq!(rc, 0);
+        let own = |fd| SeqStream {
+            // SAFETY: both descriptors were just created and are owned by nothing else.
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+        };
+        (own(fds[0]), own(fds[1]))
+    }
+
+    /// True while `fd` is an open descriptor of this process.
+    fn open(fd: RawFd) -> bool {
+        // SAFETY: F_GETFD takes no pointers.
+        unsafe { libc::fcntl(fd, libc::F_GETFD) >= 0 }
+    }
+
+    #[test]
+    fn one_descriptor_goes_through_with_its_packet_and_extra_ones_are_closed() {
+        let (a, b) = pair();
+        let (x, _y) = UnixStream::pair().unwrap();
+        let mut buf = [0u8; 16];
+        // One descriptor: received, and it is the same socket (its peer is this process).
+        a.send_with_fd(b"hello", x.as_fd()).unwrap();
+        let (n, fd) = b.recv_with_fd(&mut buf).unwrap().unwrap();
+        assert_eq!(&buf[..n], b"hello");
+        let fd = fd.expect("one descriptor");
+        assert_eq!(peer_cred(fd.as_fd()).unwrap().pid, std::process::id());
+        // None: a plain packet.
+        a.send(b"plain").unwrap();
+        let (n, fd) = b.recv_with_fd(&mut buf).unwrap().unwrap();
+        assert_eq!((&buf[..n], fd.is_none()), (&b"plain"[..], true));
+        // Two: neither is returned, and both received copies are closed.
+        let before: Vec<RawFd> = (3..256).filter(|&fd| open(fd)).collect();
+        a.send_fds(b"two", &[x.as_fd(), x.as_fd()]).unwrap();
+        let (n, fd) = b.recv_with_fd(&mut buf).unwrap().unwrap();
+        assert_eq!((&buf[..n], fd.is_none()), (&b"two"[..], true));
+        let after: Vec<RawFd> = (3..256).filter(|&fd| open(fd)).collect();
+        assert_eq!(before, after, "no descriptor leaked");
+    }
+
     use super::*;
 
     #[test]
@@ -584,16 +796,16 @@ mod tests {
         let other = dir.path().join("other.sock");
         let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
         let _unrelated = std::os::unix::net::UnixListener::bind(&other).unwrap();
-        assert_eq!(
-            accepted_peer(&path),
-            None,
+        assert!(
+            accepted_peer(&path).is_none(),
             "a listener alone is no connection"
         );
         let _client = std::os::unix::net::UnixStream::connect(&path).unwrap();
         let (_accepted, _) = listener.accept().unwrap();
-        let peer = accepted_peer(&path).expect("the accepted connection is found");
+        let (dup, peer) = accepted_peer(&path).expect("the accepted connection is found");
         assert_eq!(peer.pid, std::process::id());
-        assert_eq!(accepted_peer(&other), None);
+        assert_eq!(peer_cred(dup.as_fd()).unwrap().pid, std::process::id());
+        assert!(accepted_peer(&other).is_none());
     }
 
     #[test]

@@ -957,17 +957,24 @@ impl Loop {
                 return;
             };
             let conn = *conn;
-            let received = stream.recv(&mut buf);
+            let received = stream.recv_with_fd(&mut buf);
             // Read the clock after the packet: a completion's finish time is never after it.
             let now = monotonic_ns();
             match received {
                 Ok(None) => return,
-                Ok(Some(0)) => {
+                Ok(Some((0, _))) => {
                     self.close(now, token, ops);
                     self.carry_out(now, ops);
                     return;
                 }
-                Ok(Some(n)) => self.daemon.receive(now, conn, buf.get(..n).unwrap_or(&buf)),
+                Ok(Some((n, fd))) => {
+                    // A descriptor proves the QEMU pid of a Hello: the pid of its peer. It is
+                    // closed right after.
+                    let proof = fd.and_then(|fd| seqpacket::peer_cred(fd.as_fd()).ok());
+                    let packet = buf.get(..n).unwrap_or(&buf);
+                    self.daemon
+                        .receive_proven(now, conn, packet, proof.map(|c| c.pid));
+                }
                 // The whole buffer is one byte over the limit: the core refuses it as too long.
                 Err(SeqError::Truncated(n)) => {
                     debug!("{conn}: {n}-byte packet");

@@ -50,7 +50,9 @@ fn hello(name: &str, pid: u32) -> Msg {
 /// Connects a device for `name` and returns its connection and vGPU.
 fn attach(d: &mut Daemon, now: Time, name: &str, pid: u32) -> (ConnId, VgpuId) {
     let c = d.connect(now, Peer { pid, uid: 0 });
-    let out = send(d, now, c, &hello(name, pid));
+    // The device proves QEMU's pid with QEMU's connection, whose peer it is.
+    d.receive_proven(now, c, &bytes(&hello(name, pid)), Some(pid + 1));
+    let out = d.drain();
     match out.messages.first() {
         Some((to, Msg::Welcome { version, vgpu })) if *to == c => {
             assert_eq!(*version, PROTOCOL_VERSION);
@@ -1008,4 +1010,17 @@ fn a_created_vms_name_is_reserved_for_the_process_the_daemon_spawned() {
         },
     );
     assert_eq!(refused(&out, c), None, "{out:?}");
+}
+
+#[test]
+fn an_unproven_qemu_pid_is_not_used() {
+    let mut d = daemon(PolicyConfig::None);
+    for (name, proof) in [("lie", Some(PID + 7)), ("bare", None)] {
+        let c = d.connect(0, Peer { pid: PID, uid: 0 });
+        d.receive_proven(0, c, &bytes(&hello(name, PID)), proof);
+        let out = d.drain();
+        assert!(matches!(out.messages[0].1, Msg::Welcome { .. }));
+        let vm = d.list().into_iter().find(|v| v.name == name).unwrap();
+        assert_eq!(vm.qemu_pid, Some(0), "{name}");
+    }
 }

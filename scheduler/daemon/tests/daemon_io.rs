@@ -900,6 +900,22 @@ fn bad_command_lines_exit_2() {
             &sock,
             "--control",
             &ctl_path,
+            "--group-timeout-ms",
+            "0",
+        ],
+        vec![
+            "--socket",
+            &sock,
+            "--control",
+            &ctl_path,
+            "--group-timeout-ms",
+            "600001",
+        ],
+        vec![
+            "--socket",
+            &sock,
+            "--control",
+            &ctl_path,
             "--switch-cost-us",
             "x",
         ],
@@ -1221,4 +1237,49 @@ fn device_ids_need_both_flags_and_no_root() {
         assert_eq!(out.status.code(), Some(2), "{extra:?}: {out:?}");
         assert!(String::from_utf8_lossy(&out.stderr).contains("--device-"));
     }
+}
+
+/// Greets as VM `name` announcing QEMU pid `qemu_pid`, with `proof` attached to the Hello.
+fn hello_with(sock: &Path, name: &str, qemu_pid: u32, proof: Option<&UnixStream>) -> Device {
+    let s = SeqStream::connect(sock).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    let mut b = Vec::new();
+    let hello = Msg::Hello {
+        version: PROTOCOL_VERSION,
+        vm_name: VmName::new(name).unwrap(),
+        device_pid: std::process::id(),
+        qemu_pid,
+    };
+    proto::encode(&hello, &mut b);
+    match proof {
+        Some(fd) => s.send_with_fd(&b, std::os::fd::AsFd::as_fd(fd)).unwrap(),
+        None => s.send(&b).unwrap(),
+    }
+    let d = Device { s };
+    match d.recv() {
+        Some(Msg::Welcome { .. }) => d,
+        other => panic!("no Welcome: {other:?}"),
+    }
+}
+
+#[test]
+fn hello_qemu_pid_is_used_only_when_proven_by_the_qemu_connection() {
+    let dir = TempDir::new().unwrap();
+    let d = Schedd::start(dir.path(), &[]);
+    // The "QEMU connection": a socket pair whose peer is this process.
+    let (ours, _theirs) = UnixStream::pair().unwrap();
+    let me = std::process::id();
+    let _proven = hello_with(&d.sock(), "proven", me, Some(&ours));
+    // A lie: the descriptor's peer is not pid 1.
+    let _lie = hello_with(&d.sock(), "lie", 1, Some(&ours));
+    // No proof at all.
+    let _bare = hello_with(&d.sock(), "bare", me, None);
+    let list: Value = serde_json::from_str(&stdout(&d.ctl(&["--json", "list"]))).unwrap();
+    let qemu = |n: &str| {
+        let vms = list["vms"].as_array().unwrap();
+        vms.iter().find(|v| v["name"] == n).unwrap()["qemu_pid"].clone()
+    };
+    assert_eq!(qemu("proven"), json!(me));
+    assert_eq!(qemu("lie"), json!(0));
+    assert_eq!(qemu("bare"), json!(0));
 }
