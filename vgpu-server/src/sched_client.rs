@@ -476,7 +476,20 @@ impl Scheduling {
                 self.granted = Some(group);
                 out.resume_queue = true;
             }
-            Msg::Grant { group } => warn!("scheduler daemon granted unknown group {}", group.0),
+            Msg::Grant { group }
+                if self.granted == Some(group) || self.remote.contains_key(&group) =>
+            {
+                warn!("scheduler daemon granted group {} twice", group.0);
+            }
+            Msg::Grant { group } => {
+                // A grant crossing a reset or cancel: the group is gone here, so the
+                // daemon must free the GPU it reserved for it.
+                warn!(
+                    "scheduler daemon granted unknown group {}: cancelled",
+                    group.0
+                );
+                self.outbox.push(Msg::Cancel { group });
+            }
             Msg::Done { group, .. } => match self.remote.remove(&group) {
                 Some(r) => {
                     if self.item_done(r.token) {
@@ -555,10 +568,16 @@ impl Scheduling {
         (back, released)
     }
 
-    /// Forgets every group and frame (device reset); the connection stays.
+    /// Forgets every group and frame (device reset); the connection stays, and every
+    /// group the daemon holds for this device (asked, granted or on its engine) is
+    /// cancelled there so its queue slot and GPU time are given back.
     pub fn reset(&mut self) {
-        self.asked = None;
-        self.granted = None;
+        let held = self.asked.take().into_iter().chain(self.granted.take());
+        let at_daemon: Vec<GroupId> = held.chain(self.remote.keys().copied()).collect();
+        if self.connected {
+            self.outbox
+                .extend(at_daemon.into_iter().map(|group| Msg::Cancel { group }));
+        }
         self.remote.clear();
         self.waiting.clear();
         self.frames.clear();
@@ -620,7 +639,18 @@ mod tests {
         let wrong = Msg::Grant {
             group: GroupId(group.0 + 1),
         };
-        assert!(!s.handle(wrong, 0).resume_queue, "unknown grant ignored");
+        assert!(
+            !s.handle(wrong.clone(), 0).resume_queue,
+            "unknown grant ignored"
+        );
+        let Msg::Grant { group: late } = wrong else {
+            unreachable!()
+        };
+        assert_eq!(
+            s.take_outbox().unwrap(),
+            [Msg::Cancel { group: late }],
+            "an unknown grant is given back"
+        );
         assert_eq!(s.gate(3, GroupKind::Render, SIG, 0), Gate::Hold);
         assert!(s.handle(Msg::Grant { group: *group }, 0).resume_queue);
         assert_eq!(
@@ -792,6 +822,58 @@ mod tests {
         assert!(!s.connected());
         assert_eq!(s.gate(1, GroupKind::Render, SIG, 0), Gate::Run(None));
         assert!(s.take_outbox().unwrap().is_empty());
+    }
+
+    #[test]
+    fn reset_cancels_every_group_at_the_daemon() {
+        let mut runner = LoadRunner::default();
+        let mut s = connected();
+        let a = runner.token();
+        s.submit_load(a, 1, &[LoadCommand::Occupy { us: 3 }])
+            .unwrap();
+        assert_eq!(s.gate(1, GroupKind::Render, SIG, 0), Gate::Hold);
+        let mut at_daemon: Vec<GroupId> = s
+            .take_outbox()
+            .unwrap()
+            .into_iter()
+            .filter_map(|m| match m {
+                Msg::Submit { group, .. } => Some(group),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(at_daemon.len(), 2, "one load group and the held group");
+        s.reset();
+        let mut cancelled: Vec<GroupId> = s
+            .take_outbox()
+            .unwrap()
+            .into_iter()
+            .map(|m| match m {
+                Msg::Cancel { group } => group,
+                other => panic!("only cancels after a reset: {other:?}"),
+            })
+            .collect();
+        at_daemon.sort();
+        cancelled.sort();
+        assert_eq!(cancelled, at_daemon);
+        let late = s.handle(
+            Msg::Grant {
+                group: at_daemon[0],
+            },
+            0,
+        );
+        assert!(!late.resume_queue);
+        assert_eq!(
+            s.take_outbox().unwrap(),
+            [Msg::Cancel {
+                group: at_daemon[0]
+            }],
+            "a grant crossing the reset is given back"
+        );
+        s.reset();
+        assert!(
+            s.take_outbox().unwrap().is_empty(),
+            "nothing left to cancel"
+        );
     }
 
     #[test]
