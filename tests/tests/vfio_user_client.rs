@@ -128,6 +128,36 @@ fn malformed_version_messages_are_answered() {
     server.wait(Duration::from_secs(10)).unwrap();
 }
 
+/// Found by the `vfio_user_stream` fuzz target (docs/FUZZING.md): a VERSION message whose
+/// header declares fewer bytes than the VERSION struct makes the `vfio-user` crate subtract with
+/// overflow (`message_size - size_of::<Version>()`; in a build without overflow checks a
+/// capacity overflow instead). `serve_one` must contain it to that connection.
+#[test]
+fn version_message_shorter_than_its_header_costs_only_its_connection() {
+    use std::io::{Read, Write};
+    let server = TestServer::start(2);
+    let mut stream = std::os::unix::net::UnixStream::connect(server.socket()).unwrap();
+    stream.set_read_timeout(Some(TIMEOUT)).unwrap();
+    let mut message = Vec::new();
+    message.extend_from_slice(&0u16.to_le_bytes()); // message id
+    message.extend_from_slice(&cmd::VERSION.to_le_bytes());
+    message.extend_from_slice(&16u32.to_le_bytes()); // the header alone, no version fields
+    message.extend_from_slice(&[0; 8]); // flags, error
+    message.extend_from_slice(&[0, 0, 1, 0]); // major 0, minor 1, read as the struct's tail
+    stream.write_all(&message).unwrap();
+    let mut rest = Vec::new();
+    let closed = stream.read_to_end(&mut rest);
+    assert!(
+        matches!(closed, Ok(0)) || closed.is_err(),
+        "connection dropped: {closed:?} {rest:?}"
+    );
+    drop(stream);
+    let mut next = RawClient::connect(server.socket()).expect("the server still serves");
+    assert_eq!(status(&mut next), 0);
+    drop(next);
+    server.wait(Duration::from_secs(10)).unwrap();
+}
+
 #[test]
 fn posted_write_outside_a_region_closes_the_connection() {
     let server = TestServer::start(2);
