@@ -44,6 +44,7 @@ pub struct RawGuest {
     /// The vfio-user connection.
     pub client: RawClient,
     mem: GuestMemoryMmap,
+    ram: std::fs::File,
     submitted: u16,
     _dir: TempDir,
 }
@@ -102,6 +103,7 @@ impl RawGuest {
         Ok(RawGuest {
             client,
             mem,
+            ram,
             submitted: 0,
             _dir: dir,
         })
@@ -145,6 +147,17 @@ impl RawGuest {
     /// Writes the control queue's notify register (a posted write).
     pub fn notify(&mut self) -> Result<()> {
         self.client.region_write_posted(BAR4, NOTIFY, &[0, 0])
+    }
+
+    /// Takes all of guest RAM, rings included, away from the device (DMA_UNMAP), as a hostile
+    /// VMM may while chains wait.
+    pub fn unmap_ram(&mut self) -> Result<()> {
+        self.client.dma_unmap(0, RAM)
+    }
+
+    /// Hands guest RAM back to the device (DMA_MAP of the same file at the same address).
+    pub fn map_ram(&mut self) -> Result<()> {
+        self.client.dma_map(&self.ram, 0, 0, RAM)
     }
 
     /// Chains published so far.
