@@ -7,13 +7,13 @@
 //! |------|------------------|
 //! | `reset_during_submit` | queues virgl groups and resets the device before they can be granted |
 //! | `reset_after_grant` | resets once the daemon counts its virgl group dispatched |
-//! | `reset_during_fence` | resets while its fenced load group runs on the daemon's engine |
+//! | `reset_during_fence` | resets 0 to 3 ms after queuing a fenced virgl group (between grant and fence) |
 //! | `reset_storm` | [`STORM_RESETS`] resets and re-initialisations back to back |
 //! | `load_flood` | 4096 unfenced load groups, then a fenced virgl group, again and again |
 //! | `indirect_chains` | INDIRECT descriptors (never negotiated) naming a 65535-entry table |
 //! | `ring_amplification` | 256 chains naming one 1 MiB buffer, kicked again and again |
 //! | `oversized_3d` | 16384² textures and many small ones, unreferenced and created again |
-//! | `dma_unmap` | a raw vfio-user client unmapping all guest RAM (rings included) while chains wait |
+//! | `dma_unmap` | a raw vfio-user client unmapping all guest RAM (rings included) while chains wait, re-initialising after NEEDS_RESET |
 //! | `never_completes` | a fake device on the daemon's socket that never completes its grants |
 //! | `squatter_after` | a fake device of another uid claiming the VM's name while it is connected |
 //! | `squatter_before` | the same, before the VM's device connects |
@@ -71,9 +71,9 @@ const DEPTH: usize = 4;
 /// The well-behaved VM's load groups: 5 ms of engine time each, which makes its rate bound by
 /// the scheduled engine rather than by the CPU time its qtest driver needs per request.
 const GOOD_OCCUPY_US: u64 = 5000;
-/// The hostile VM's fenced load group in `reset_during_fence`: long enough that the reset
-/// lands while it runs, short enough that its engine time stays a small share.
-const FENCE_OCCUPY_US: u64 = 20_000;
+/// Delays of `reset_during_fence` after its submit, in ms: 0 up to this, exclusive; the
+/// grant and the fence of an empty virgl group come within a few ms.
+const FENCE_DELAY_STEPS: u64 = 4;
 /// Resets in `reset_storm` (fewer if the window ends first).
 const STORM_RESETS: u32 = 300;
 /// Load groups per round of `load_flood`.
@@ -433,11 +433,18 @@ impl FakeDevice {
             command.uid(uid).gid(uid);
         }
         let child = command.spawn().expect("vgpu-fake-device starts");
-        FakeDevice {
+        let device = FakeDevice {
             child,
             out,
             _dir: dir,
+        };
+        // Its first answer from the daemon: it is running (and its RSS is its own, not the
+        // test's from before the exec).
+        let start = Instant::now();
+        while device.events().is_empty() && start.elapsed() < NAME_WAIT {
+            std::thread::sleep(Duration::from_millis(10));
         }
+        device
     }
 
     fn events(&self) -> String {
@@ -540,22 +547,22 @@ mod attack {
         Ok(format!("{resets} resets, {granted} after the grant"))
     }
 
-    /// Resets while a fenced load group runs on the daemon's engine.
-    pub fn reset_during_fence(
-        vm: &mut HostileVm,
-        daemon: &Schedd,
-        stop: &AtomicBool,
-    ) -> Result<String, String> {
-        let (mut resets, mut running) = (0, 0);
+    /// Resets at a varying delay (0 to [`FENCE_DELAY_STEPS`] − 1 ms, in turn) after queuing
+    /// a fenced virgl group, so that over hundreds of resets some land between its grant and
+    /// its fence.
+    pub fn reset_during_fence(vm: &mut HostileVm, stop: &AtomicBool) -> Result<String, String> {
+        let mut resets = 0;
         while !stop.load(Ordering::Relaxed) {
-            let before = dispatched(daemon, HOSTILE);
             let f = vm.fence();
-            vm.queue(&occupy(FENCE_OCCUPY_US, Some(f)))?;
-            running += u32::from(wait_dispatched(daemon, HOSTILE, before));
+            vm.queue(&gl_submit(f))?;
+            std::thread::sleep(Duration::from_millis(resets % FENCE_DELAY_STEPS));
             vm.reset()?;
             resets += 1;
         }
-        Ok(format!("{resets} resets, {running} with the fence pending"))
+        Ok(format!(
+            "{resets} resets 0-{} ms after a fenced virgl group",
+            FENCE_DELAY_STEPS - 1
+        ))
     }
 
     /// Resets and re-initialises back to back.
@@ -717,28 +724,27 @@ mod attack {
 
     /// Publishes chains and takes guest RAM (rings included) away while they wait, then
     /// hands it back; reconnects when the device needs a reset.
-    pub fn dma_unmap(
-        guest: &mut Box<RawGuest>,
-        socket: &Path,
-        stop: &AtomicBool,
-    ) -> Result<String, String> {
-        let (mut unmaps, mut reconnects) = (0, 0);
+    pub fn dma_unmap(guest: &mut RawGuest, stop: &AtomicBool) -> Result<String, String> {
+        let (mut unmaps, mut resets) = (0, 0);
         while !stop.load(Ordering::Relaxed) {
             for _ in 0..8 {
-                guest.publish().map_err(|e| e.to_string())?;
+                guest.publish().map_err(|e| format!("publishing: {e}"))?;
             }
-            guest.notify().map_err(|e| e.to_string())?;
-            guest.unmap_ram().map_err(|e| e.to_string())?;
+            guest.notify().map_err(|e| format!("notify: {e}"))?;
+            guest.unmap_ram().map_err(|e| format!("DMA_UNMAP: {e}"))?;
             std::thread::sleep(Duration::from_millis(2));
-            guest.map_ram().map_err(|e| e.to_string())?;
+            guest.map_ram().map_err(|e| format!("DMA_MAP: {e}"))?;
             unmaps += 1;
-            if unmaps % 20 == 0 && guest.status().map_err(|e| e.to_string())? & NEEDS_RESET != 0 {
-                **guest = RawGuest::connect(socket, 0xffff).map_err(|e| e.to_string())?;
-                reconnects += 1;
+            let status = guest.status().map_err(|e| format!("status read: {e}"))?;
+            if status & NEEDS_RESET != 0 {
+                guest
+                    .bring_up()
+                    .map_err(|e| format!("re-initialising: {e}"))?;
+                resets += 1;
             }
         }
         Ok(format!(
-            "{unmaps} unmaps of all guest RAM with 8 chains published, {reconnects} reconnects"
+            "{unmaps} unmaps of all guest RAM with 8 chains published, {resets} resets after NEEDS_RESET"
         ))
     }
 }
@@ -805,7 +811,7 @@ fn run_attack(
         Hostile::Vm(vm) => match kind {
             Kind::ResetDuringSubmit => attack::reset_during_submit(vm, stop),
             Kind::ResetAfterGrant => attack::reset_after_grant(vm, daemon, stop),
-            Kind::ResetDuringFence => attack::reset_during_fence(vm, daemon, stop),
+            Kind::ResetDuringFence => attack::reset_during_fence(vm, stop),
             Kind::ResetStorm => attack::reset_storm(vm, stop),
             Kind::LoadFlood => attack::load_flood(vm, stop),
             Kind::IndirectChains => attack::indirect_chains(vm, stop),
@@ -813,10 +819,7 @@ fn run_attack(
             Kind::Oversized3d => attack::oversized_3d(vm, stop),
             other => Err(format!("{other:?} is not a VM attack")),
         },
-        Hostile::Raw { guest, server } => {
-            let socket = server.socket().to_owned();
-            attack::dma_unmap(guest, &socket, stop)
-        }
+        Hostile::Raw { guest, .. } => attack::dma_unmap(guest, stop),
         // The peer misbehaves by itself; this side only waits.
         Hostile::Peer(_) => {
             while !stop.load(Ordering::Relaxed) {
@@ -909,7 +912,15 @@ fn run_case(case: &'static str, kind: Kind) -> Option<Row> {
     let mut failures = Vec::new();
     let mut what = match attack {
         Ok(what) => what,
-        Err(e) => format!("the hostile driver gave up: {e}"),
+        Err(e) => {
+            // Its own device stopped answering it (or refused to come back up): a device
+            // process that hangs is as dead as one that crashed.
+            failures.push(format!(
+                "the hostile device stopped serving its guest ({e}):\n{}",
+                tail(&hostile.log())
+            ));
+            format!("gave up: {e}")
+        }
     };
     if let Hostile::Peer(peer) = &hostile {
         what = format!(
@@ -1003,18 +1014,20 @@ fn run_case(case: &'static str, kind: Kind) -> Option<Row> {
     Some(finish(row, &daemon, &good))
 }
 
+/// The last lines of a log.
+fn tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(30)..].join("\n")
+}
+
 /// Prints a failing case's logs, then hands the row back.
 fn finish(row: Row, daemon: &Schedd, good: &GoodVm) -> Row {
     if !row.failures.is_empty() {
-        let tail = |log: String| {
-            let lines: Vec<&str> = log.lines().collect();
-            lines[lines.len().saturating_sub(30)..].join("\n")
-        };
         eprintln!(
             "---- {}: daemon log tail ----\n{}\n---- well-behaved device log tail ----\n{}",
             row.case,
-            tail(daemon.log()),
-            tail(good.server.log())
+            tail(&daemon.log()),
+            tail(&good.server.log())
         );
     }
     row
