@@ -578,6 +578,16 @@ impl ServerProcess {
     /// Starts `binary --socket <dir>/vgpu.sock --log-level info [--exit-on-disconnect] args..`
     /// and waits for its socket.
     pub fn start(binary: &Path, exit_on_disconnect: bool, args: &[String]) -> Result<Self> {
+        Self::start_env(binary, exit_on_disconnect, args, &[])
+    }
+
+    /// [`ServerProcess::start`] with `env` added to its environment.
+    pub fn start_env(
+        binary: &Path,
+        exit_on_disconnect: bool,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> Result<Self> {
         let dir = TempDir::new("vgpu-guest-server").map_err(io_context("creating temp dir"))?;
         let socket = dir.path().join("vgpu.sock");
         let log_path = dir.path().join("server.log");
@@ -592,6 +602,7 @@ impl ServerProcess {
         }
         command
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);

@@ -3,7 +3,8 @@
 //! submits fenced OCCUPY groups through the real vfio-user path. Each policy family is shown
 //! to act, measured from fence completions (wall time) and the daemon's statistics, always
 //! with tolerances: TimeGraph PRT order and a live policy change, a TimeGraph PE reserve's cap,
-//! Pegasus weights, VGRIS frame pacing, and a guest and the daemon going away.
+//! Pegasus weights, VGRIS frame pacing, a guest and the daemon going away, and a device
+//! process killed by its seccomp filter.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -35,6 +36,11 @@ impl LoadVm {
     /// Starts a device process for `name` on the daemon's socket and a guest that creates a
     /// load context. `None` when virglrenderer (hence CONTEXT_INIT) is missing and not required.
     fn start(daemon: &Schedd, name: &'static str) -> Option<LoadVm> {
+        Self::start_env(daemon, name, &[])
+    }
+
+    /// [`LoadVm::start`] with `env` added to the device process's environment.
+    fn start_env(daemon: &Schedd, name: &'static str, env: &[(&str, &str)]) -> Option<LoadVm> {
         let socket = daemon.socket();
         let args = [
             "--scheduler".to_string(),
@@ -43,7 +49,8 @@ impl LoadVm {
             name.to_string(),
         ];
         let binary = server_binary().expect("vgpu-server binary");
-        let server = ServerProcess::start(&binary, true, &args).expect("vgpu-server starts");
+        let server =
+            ServerProcess::start_env(&binary, true, &args, env).expect("vgpu-server starts");
         let mut guest = VgpuGuest::attach(server.socket(), true);
         let qt = guest.vm.qtest();
         let features = guest.dev.device_features(qt).unwrap();
@@ -382,4 +389,69 @@ fn a_guest_and_the_daemon_going_away() {
     wait_until(&daemon, "groups seen by the new daemon", |d| {
         d.vm_stats("stays").unwrap()["completed"].as_u64() >= Some(5)
     });
+}
+
+/// A device process that makes a syscall its seccomp filter forbids (`VGPU_SANDBOX_SELFTEST`:
+/// `ptrace` when the daemon first gives it GPU time) dies of SIGSYS, alone: the daemon frees
+/// its vGPU and the other VM's groups keep completing.
+#[test]
+fn a_forbidden_syscall_kills_only_that_device_process() {
+    use std::os::unix::process::ExitStatusExt;
+
+    if skip_without_qemu() {
+        return;
+    }
+    let daemon = Schedd::start(Some("policy = \"fair\"\n")).expect("daemon");
+    let Some(mut doomed) = LoadVm::start_env(
+        &daemon,
+        "doomed",
+        &[(vgpu_server::sandbox::SELFTEST_ENV, "1")],
+    ) else {
+        return;
+    };
+    let Some(mut stays) = LoadVm::start(&daemon, "stays") else {
+        return;
+    };
+    for vm in [&doomed, &stays] {
+        wait_until(&daemon, &format!("{} connected", vm.name), |d| {
+            d.vm_info(vm.name).unwrap()["connected"] == true
+        });
+        assert!(
+            vm.server.log().contains("seccomp filter installed"),
+            "{}: not sandboxed:\n{}",
+            vm.name,
+            vm.server.log()
+        );
+    }
+    for _ in 0..3 {
+        stays.occupy(1000);
+    }
+    stays.drain();
+
+    doomed.occupy(1000);
+    let status = doomed
+        .server
+        .wait_exit(TIMEOUT)
+        .expect("server state")
+        .unwrap_or_else(|| panic!("still running:\n{}", doomed.server.log()));
+    assert_eq!(
+        status.signal(),
+        Some(libc::SIGSYS),
+        "{status}:\n{}",
+        doomed.server.log()
+    );
+    assert!(doomed.server.log().contains("issuing a forbidden syscall"));
+    wait_until(&daemon, "the vGPU freed", |d| {
+        let info = d.vm_info("doomed").unwrap();
+        info.is_null() || info["connected"] == false
+    });
+    stays
+        .server
+        .assert_survived("the other device process was killed");
+    for _ in 0..5 {
+        stays.occupy(1000);
+    }
+    stays.drain();
+    let completed = daemon.vm_stats("stays").unwrap()["completed"].as_u64();
+    assert!(completed >= Some(8), "stays completed {completed:?}");
 }

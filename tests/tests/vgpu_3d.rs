@@ -18,6 +18,7 @@ const RESP_OK_NODATA: u32 = 0x1100;
 const ERR_INVALID_CONTEXT_ID: u32 = 0x1204;
 const ERR_INVALID_PARAMETER: u32 = 0x1205;
 const ERR_INVALID_RESOURCE_ID: u32 = 0x1203;
+const ERR_OUT_OF_MEMORY: u32 = 0x1201;
 
 fn response_type(guest: &mut VgpuGuest, request: &[u8]) -> u32 {
     guest.control_header(request).ctrl_type
@@ -159,6 +160,22 @@ fn virgl_contexts_textures_fences_and_errors() {
             virtio_gpu::resource_attach_backing(10, &[(backing, 16)]),
             virtio_gpu::RESP_ERR_UNSPEC,
             "second backing",
+        ),
+        (
+            // 16384 x 16384 x 4 bytes x 2048 layers: 2 TiB, past the 1 GiB default budget.
+            virtio_gpu::resource_create_3d(&ResourceCreate3d {
+                array_size: 2048,
+                ..ResourceCreate3d::texture_2d(12, BGRA, BIND, 16384, 16384)
+            }),
+            ERR_OUT_OF_MEMORY,
+            "2 TiB texture array",
+        ),
+        (
+            virtio_gpu::resource_create_3d(&ResourceCreate3d::texture_2d(
+                12, BGRA, BIND, 16385, 16,
+            )),
+            ERR_INVALID_PARAMETER,
+            "texture wider than 16384",
         ),
     ];
     for (request, code, what) in bad {

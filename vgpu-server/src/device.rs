@@ -31,6 +31,7 @@ use crate::memory::{GuestRam, MemoryError};
 use crate::metrics::{DeviceMetrics, add, inc};
 use crate::pci::{self, ConfigSpace};
 use crate::queue::{CheckedChain, DescTable};
+use crate::ratelimit::guest_fault;
 use crate::sched_client::{Gate, SchedError, Scheduling};
 use crate::virtio_pci::{
     CONTROL_QUEUE, Effect, ISR_CONFIG, ISR_QUEUE, NO_VECTOR, NUM_QUEUES, VirtioPciTransport,
@@ -252,7 +253,7 @@ impl Device {
     /// Records a protocol violation and puts the device into DEVICE_NEEDS_RESET.
     pub fn fault(&mut self, what: impl Display) {
         inc(&self.metrics.transport_faults);
-        warn!("device needs reset: {what}");
+        guest_fault!("device needs reset: {what}");
         if self.transport.set_needs_reset() {
             self.signal_config_change();
         }
@@ -464,7 +465,11 @@ impl Device {
         let mut violation = None;
         let more = loop {
             if budget.spent() {
-                break self.chains_available(q, &mem);
+                let left = self.chains_available(q, &mem);
+                if left {
+                    inc(&self.metrics.kicks_deferred);
+                }
+                break left;
             }
             // The control queue goes on where a group waiting for the scheduler stopped it.
             let held = if q == CONTROL_QUEUE {
@@ -559,7 +564,11 @@ impl Device {
             Ok(mut iter) => iter.next().map(|chain| chain.head_index()),
             Err(e) => return Err(format!("queue {q}: {e}")),
         };
-        head.map(|head| CheckedChain::new(mem, table, head))
+        let bound = match q {
+            CONTROL_QUEUE => protocol::control_copy_bound,
+            _ => protocol::cursor_copy_bound,
+        };
+        head.map(|head| CheckedChain::new(mem, table, head, bound))
             .transpose()
             .map_err(|e| format!("queue {q}: {e}"))
     }
@@ -581,14 +590,14 @@ impl Device {
     /// (its fence already signalled, or the renderer refused the fence).
     fn park(&mut self, virgl: &dyn GpuBackend, entry: Parked, ctx_id: u32) -> bool {
         if let Err(e) = self.renderer_fence(virgl, ctx_id, Issued::Guest(entry.fence_id)) {
-            warn!("fence {}: {e}; completing at once", entry.fence_id);
+            guest_fault!("fence {}: {e}; completing at once", entry.fence_id);
             return false;
         }
         match self.fences.park(entry) {
             Ok(None) => true,
             Ok(Some(_)) => false,
             Err(e) => {
-                warn!("fence {}: {e}; completing at once", entry.fence_id);
+                guest_fault!("fence {}: {e}; completing at once", entry.fence_id);
                 false
             }
         }
@@ -619,7 +628,7 @@ impl Device {
             start,
         };
         if let Err(e) = self.renderer_fence(virgl, ctx_id, what) {
-            warn!("group {}: fence: {e}; reported complete now", group.0);
+            guest_fault!("group {}: fence: {e}; reported complete now", group.0);
             self.sched.completed(group, session, start, monotonic_ns());
         }
     }
@@ -668,7 +677,7 @@ impl Device {
             Ok(None) => true,
             Ok(Some(_)) => false,
             Err(e) => {
-                warn!("fence {}: {e}; completing at once", entry.fence_id);
+                guest_fault!("fence {}: {e}; completing at once", entry.fence_id);
                 false
             }
         }
@@ -1046,13 +1055,24 @@ mod tests {
             .unwrap();
     }
 
+    /// A SUBMIT_3D whose command stream fills a `len`-byte request at `addr`: a request the
+    /// device copies whole.
+    fn whole_submit_request(mem: &GuestMemoryMmap, addr: u64, len: u32) {
+        let ty = crate::gpu::protocol::ty::SUBMIT_3D;
+        mem.write_slice(&ty.to_le_bytes(), GuestAddress(addr))
+            .unwrap();
+        let stream = len - crate::gpu::protocol::SUBMIT_3D_SIZE as u32;
+        mem.write_slice(&stream.to_le_bytes(), GuestAddress(addr + 24))
+            .unwrap();
+    }
+
     #[test]
     fn a_kick_processes_a_bounded_budget_one_chain_at_a_time() {
-        let (mut dev, _metrics) = live_device();
+        let (mut dev, metrics) = live_device();
         let mem = guest(&dev);
-        // 256 chains, each one device-readable descriptor naming the same 1 MiB buffer.
+        // 256 chains, each one device-readable descriptor naming the same 1 MiB request.
         let buf = 0x10_0000;
-        display_info_request(&mem, buf);
+        whole_submit_request(&mem, buf, crate::queue::MAX_REQUEST_BYTES as u32);
         for i in 0..QUEUE_SIZE {
             put_desc(&mem, i, buf, crate::queue::MAX_REQUEST_BYTES as u32, 0, 0);
         }
@@ -1078,11 +1098,35 @@ mod tests {
         assert_eq!(done, QUEUE_SIZE, "every chain completed");
         assert_eq!(turns, usize::from(QUEUE_SIZE / per_turn));
         assert_eq!(
+            crate::metrics::get(&metrics.kicks_deferred),
+            u64::from(QUEUE_SIZE / per_turn - 1)
+        );
+        assert_eq!(
             crate::queue::held::peak(),
             crate::queue::MAX_REQUEST_BYTES,
             "one request copy held at a time"
         );
         assert!(dev.transport.is_live());
+    }
+
+    #[test]
+    fn a_request_is_copied_only_as_far_as_its_command_reaches() {
+        let (mut dev, _metrics) = live_device();
+        let mem = guest(&dev);
+        // GET_DISPLAY_INFO padded to 1 MiB, 256 times: a fixed-size command, so only the
+        // largest fixed command's bytes of each are copied.
+        let buf = 0x10_0000;
+        display_info_request(&mem, buf);
+        put_desc(&mem, 0, buf, crate::queue::MAX_REQUEST_BYTES as u32, 0, 0);
+        crate::queue::held::reset_peak();
+        publish(&mem, 0, &[0]);
+        assert!(!dev.process_queue(CONTROL_QUEUE, None));
+        assert_eq!(used_idx(&mem), 1);
+        assert_eq!(
+            crate::queue::held::peak(),
+            crate::gpu::protocol::control_copy_bound(crate::gpu::protocol::ty::GET_DISPLAY_INFO)
+        );
+        assert!(crate::queue::held::peak() < 128);
     }
 
     #[test]

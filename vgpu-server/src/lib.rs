@@ -13,6 +13,8 @@ pub mod memory;
 pub mod metrics;
 pub mod pci;
 pub mod queue;
+pub mod ratelimit;
+pub mod sandbox;
 pub mod sched_client;
 pub mod transport;
 pub mod virtio_pci;

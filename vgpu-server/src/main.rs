@@ -1,5 +1,6 @@
 //! `vgpu-server --socket PATH [--display WxH] [--dump-dir DIR] [--log-level LEVEL]
-//! [--exit-on-disconnect] [--scheduler SOCKET --vm-name NAME] [--resource-memory-mb N]`
+//! [--exit-on-disconnect] [--scheduler SOCKET --vm-name NAME] [--resource-memory-mb N]
+//! [--run-as UID:GID] [--no-sandbox]`
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -9,10 +10,11 @@ use vgpu_schedd::proto::VmName;
 use vgpu_server::gpu::DisplayConfig;
 use vgpu_server::gpu::device::{DEFAULT_RESOURCE_MEMORY_MB, MAX_RESOURCE_MEMORY_MB};
 use vgpu_server::gpu::dump::DumpConfig;
+use vgpu_server::sandbox::{self, SandboxConfig};
 use vgpu_server::sched_client::SchedConfig;
 use vgpu_server::{ServerConfig, VgpuServer};
 
-const USAGE: &str = "usage: vgpu-server --socket PATH [--display WIDTHxHEIGHT] [--dump-dir DIR] [--renderer virgl|none] [--virgl-library NAME] [--log-level error|warn|info|debug|trace] [--exit-on-disconnect] [--scheduler SOCKET --vm-name NAME] [--resource-memory-mb N]
+const USAGE: &str = "usage: vgpu-server --socket PATH [--display WIDTHxHEIGHT] [--dump-dir DIR] [--renderer virgl|none] [--virgl-library NAME] [--log-level error|warn|info|debug|trace] [--exit-on-disconnect] [--scheduler SOCKET --vm-name NAME] [--resource-memory-mb N] [--run-as UID:GID] [--no-sandbox]
 
 Serves one virtio-gpu PCI function over vfio-user on PATH. With the virgl renderer (default;
 libvirglrenderer.so.1, host EGL) guests get OpenGL through virgl; without it, 2D only. With
@@ -23,11 +25,15 @@ SOCKET (as VM NAME); while it is unreachable the VM runs unscheduled. The guest'
 resources may take N MiB of host memory (default 1024); past it creates fail with
 ERR_OUT_OF_MEMORY. Start QEMU with
   -object memory-backend-memfd,id=mem,size=1G,share=on -machine q35,memory-backend=mem
-  -device '{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"PATH\",\"type\":\"unix\"}}'";
+  -device '{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"PATH\",\"type\":\"unix\"}}'
+Once started (socket bound, renderer ready) the process closes inherited descriptors, sets
+no_new_privs, drops to --run-as UID:GID when run as root, and installs a seccomp filter that
+kills it on any syscall outside its measured list (--no-sandbox: no filter, for debugging).";
 
 struct Args {
     config: ServerConfig,
     log_level: String,
+    sandbox: SandboxConfig,
 }
 
 fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
@@ -40,6 +46,10 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut scheduler = None;
     let mut vm_name = None;
     let mut resource_memory_mb = DEFAULT_RESOURCE_MEMORY_MB;
+    let mut sandbox = SandboxConfig {
+        filter: true,
+        run_as: None,
+    };
     while let Some(arg) = args.next() {
         let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
         match arg.as_str() {
@@ -72,6 +82,14 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
                     ))?
             }
             "--virgl-library" => renderer = Some(value("--virgl-library")?),
+            "--run-as" => {
+                sandbox.run_as = Some(
+                    value("--run-as")?
+                        .parse()
+                        .map_err(|e: sandbox::SandboxError| e.to_string())?,
+                )
+            }
+            "--no-sandbox" => sandbox.filter = false,
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
@@ -97,6 +115,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             resource_memory: resource_memory_mb << 20,
         },
         log_level,
+        sandbox,
     })
 }
 
@@ -110,6 +129,8 @@ fn dump_on_sigusr1(dump: DumpConfig) -> std::io::Result<DumpConfig> {
 }
 
 fn main() -> ExitCode {
+    // First, before anything here opens a descriptor: none of another VM's may stay open.
+    let closed = sandbox::close_inherited_fds();
     let args = match parse(std::env::args().skip(1)) {
         Ok(args) => args,
         Err(msg) => {
@@ -125,6 +146,13 @@ fn main() -> ExitCode {
         .parse_default_env()
         .format_timestamp_micros()
         .init();
+    let fds_closed = match closed {
+        Ok(n) => n,
+        Err(e) => {
+            log::error!("closing inherited descriptors: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let mut config = args.config;
     if let Some(dump) = config.dump.take() {
         match dump_on_sigusr1(dump) {
@@ -135,7 +163,21 @@ fn main() -> ExitCode {
             }
         }
     }
-    match VgpuServer::bind(config).and_then(VgpuServer::serve) {
+    let server = match VgpuServer::bind(config) {
+        Ok(server) => server,
+        Err(e) => {
+            log::error!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match sandbox::enter(args.sandbox) {
+        Ok(state) => sandbox::log_state(state, fds_closed),
+        Err(e) => {
+            log::error!("entering the sandbox: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    match server.serve() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             log::error!("{e}");

@@ -41,6 +41,9 @@ metrics! {
     ctrl_errors,
     /// Cursor-queue requests completed.
     cursor_requests,
+    /// Queue turns that spent their chain or byte budget with chains left (the worker kicked
+    /// the queue again).
+    kicks_deferred,
     /// Interrupts delivered (MSI-X or INTx).
     interrupts,
     /// DMA_MAP messages accepted.

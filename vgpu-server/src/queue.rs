@@ -64,6 +64,27 @@ pub struct DescTable {
     pub size: u16,
 }
 
+/// Fills `out` from the device-readable descriptors `readable`, in order (they hold at least
+/// `out.len()` bytes).
+fn gather<M: GuestMemory>(
+    mem: &M,
+    readable: &[Descriptor],
+    out: &mut [u8],
+) -> Result<(), ChainError> {
+    let mut rest = out;
+    for desc in readable {
+        if rest.is_empty() {
+            break;
+        }
+        let n = rest.len().min(desc.len() as usize);
+        let (chunk, tail) = rest.split_at_mut(n);
+        mem.read_slice(chunk, desc.addr())
+            .map_err(|e| ChainError::Memory(e.to_string()))?;
+        rest = tail;
+    }
+    Ok(())
+}
+
 /// A validated descriptor chain: the request bytes and where the response goes.
 #[derive(Debug)]
 pub struct CheckedChain {
@@ -74,11 +95,14 @@ pub struct CheckedChain {
 
 impl CheckedChain {
     /// Validates the chain starting at `head` of `table` against `mem` and copies its
-    /// device-readable part. Reads at most `table.size` descriptors.
+    /// device-readable part, at most `bound(ty)` bytes of it, where `ty` is the request's first
+    /// 32-bit word (its command type): what the command can use. Reads at most `table.size`
+    /// descriptors.
     pub fn new<M: GuestMemory>(
         mem: &M,
         table: DescTable,
         head: u16,
+        bound: impl FnOnce(u32) -> usize,
     ) -> Result<CheckedChain, ChainError> {
         let mut readable: Vec<Descriptor> = Vec::new();
         let mut writable = Vec::new();
@@ -141,14 +165,12 @@ impl CheckedChain {
                 ChainError::Truncated(head)
             });
         }
-        let mut request = vec![0u8; request_len];
-        let mut at = 0;
-        for desc in readable {
-            let end = at + desc.len() as usize;
-            mem.read_slice(&mut request[at..end], desc.addr())
-                .map_err(|e| ChainError::Memory(e.to_string()))?;
-            at = end;
-        }
+        let mut ty = [0u8; 4];
+        let ty_len = ty.len().min(request_len);
+        gather(mem, &readable, &mut ty[..ty_len])?;
+        let copy_len = request_len.min(bound(u32::from_le_bytes(ty)));
+        let mut request = vec![0u8; copy_len];
+        gather(mem, &readable, &mut request)?;
         #[cfg(test)]
         held::add(request.len());
         Ok(CheckedChain {
@@ -270,7 +292,7 @@ mod tests {
             addr: GuestAddress(q.desc_table()),
             size: q.size(),
         };
-        CheckedChain::new(m, table, head)
+        CheckedChain::new(m, table, head, |_| usize::MAX)
     }
 
     #[test]
@@ -381,6 +403,40 @@ mod tests {
             .unwrap_err(),
             ChainError::Indirect(0),
             "an INDIRECT descriptor after the head"
+        );
+    }
+
+    #[test]
+    fn copies_at_most_the_bound_of_the_command_type() {
+        let m = mem();
+        let request: Vec<u8> = (0..64u8).collect();
+        m.write_slice(&request[..3], GuestAddress(0x8000)).unwrap();
+        m.write_slice(&request[3..], GuestAddress(0x9000)).unwrap();
+        let table = DescTable {
+            addr: GuestAddress(0x1_0000),
+            size: 4,
+        };
+        m.write_obj(SplitDescriptor::new(0x8000, 3, F_NEXT, 1), table.addr)
+            .unwrap();
+        m.write_obj(
+            SplitDescriptor::new(0x9000, 61, 0, 0),
+            table.addr.unchecked_add(16),
+        )
+        .unwrap();
+        // The type word spans both descriptors.
+        let mut seen = None;
+        let c = CheckedChain::new(&m, table, 0, |ty| {
+            seen = Some(ty);
+            10
+        })
+        .unwrap();
+        assert_eq!(seen, Some(u32::from_le_bytes([0, 1, 2, 3])));
+        assert_eq!(c.request(), &request[..10]);
+        let c = CheckedChain::new(&m, table, 0, |_| 1000).unwrap();
+        assert_eq!(
+            c.request(),
+            &request[..],
+            "a bound past the request copies it whole"
         );
     }
 

@@ -6,9 +6,11 @@
 //! (§4.1.4.3), and the caller learns what to do next from [`Effect`]. Any access that violates the
 //! specification returns a [`VirtioPciError`]; the caller turns it into DEVICE_NEEDS_RESET.
 
-use log::{debug, info, warn};
+use log::{debug, info};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddress, GuestMemory};
+
+use crate::ratelimit::guest_fault;
 
 /// Number of virtqueues of virtio-gpu: control and cursor.
 pub const NUM_QUEUES: u16 = 2;
@@ -358,7 +360,7 @@ impl VirtioPciTransport {
             Field::DriverFeatureSelect => self.driver_feature_select = v32,
             Field::DriverFeature => {
                 if self.status & status::FEATURES_OK != 0 {
-                    warn!("driver features written after FEATURES_OK; ignored");
+                    guest_fault!("driver features written after FEATURES_OK; ignored");
                 } else {
                     match self.driver_feature_select {
                         0 => {
@@ -480,9 +482,10 @@ impl VirtioPciTransport {
         if added & status::FEATURES_OK != 0 {
             let unknown = self.driver_features & !self.device_features;
             if unknown != 0 || self.driver_features & VIRTIO_F_VERSION_1 == 0 {
-                warn!(
+                guest_fault!(
                     "feature negotiation refused: driver features {:#x} (offered {:#x}; VIRTIO_F_VERSION_1 required)",
-                    self.driver_features, self.device_features
+                    self.driver_features,
+                    self.device_features
                 );
                 accepted &= !status::FEATURES_OK;
             } else {

@@ -31,6 +31,7 @@ use vmm_sys_util::timerfd::TimerFd;
 
 use mdev_backend::GpuBackend;
 use mdev_backend::virgl::Virgl;
+use vgpu_schedd::proto::Msg;
 
 use crate::device::Device;
 use crate::gpu::dump::{self, DumpConfig};
@@ -493,6 +494,9 @@ impl Worker {
             let Some(s) = &mut self.sched else { return };
             match s.link.recv() {
                 Ok(Some(msg)) => {
+                    if matches!(msg, Msg::Grant { .. } | Msg::Done { .. }) {
+                        crate::sandbox::selftest_point();
+                    }
                     if let Some(device) = &self.device {
                         resume |= device_lock(device).sched_message(msg);
                     }
@@ -700,7 +704,8 @@ impl MutEventSubscriber for Worker {
                 if let Some(v) = self.virgl.as_deref() {
                     locked.reap_3d(v);
                 }
-                // Fairness: one queue's worth of chains per round; re-kick if more remain.
+                // Fairness: at most MAX_CHAINS_PER_KICK chains and MAX_BYTES_PER_KICK bytes per
+                // round; re-kick if more remain, so the other events are served in between.
                 let more = locked.process_queue(q, self.virgl.as_deref());
                 drop(locked);
                 if more {

@@ -76,6 +76,49 @@ pub const MAX_SUBMIT_BYTES: usize = MAX_REQUEST_BYTES - SUBMIT_3D_SIZE;
 /// guest from making the device copy and keep large entry lists (QEMU uses the same bound).
 pub const MAX_BACKING_ENTRIES: u32 = 16384;
 
+/// The largest fixed-size control command (CTX_CREATE with its debug name); every other
+/// command but SUBMIT_3D and RESOURCE_ATTACH_BACKING fits in it.
+const LARGEST_FIXED_COMMAND: usize = {
+    let sizes = [
+        HDR_PLUS_8_SIZE,
+        RESOURCE_CREATE_2D_SIZE,
+        SET_SCANOUT_SIZE,
+        RESOURCE_FLUSH_SIZE,
+        TRANSFER_TO_HOST_2D_SIZE,
+        CTX_CREATE_SIZE,
+        RESOURCE_CREATE_3D_SIZE,
+        TRANSFER_HOST_3D_SIZE,
+    ];
+    let mut largest = 0;
+    let mut i = 0;
+    while i < sizes.len() {
+        if sizes[i] > largest {
+            largest = sizes[i];
+        }
+        i += 1;
+    }
+    largest
+};
+
+/// The most bytes of a control request of type `ty` that decoding can use: what the queue
+/// layer copies out of guest memory at most (the rest of a longer request is never read).
+/// SUBMIT_3D: its struct and [`MAX_SUBMIT_BYTES`] of stream; ATTACH_BACKING: its struct and
+/// [`MAX_BACKING_ENTRIES`] entries; any other command: [`LARGEST_FIXED_COMMAND`] bytes.
+pub fn control_copy_bound(ty: u32) -> usize {
+    match ty {
+        ty::SUBMIT_3D => SUBMIT_3D_SIZE + MAX_SUBMIT_BYTES,
+        ty::RESOURCE_ATTACH_BACKING => {
+            ATTACH_BACKING_SIZE + MAX_BACKING_ENTRIES as usize * MEM_ENTRY_SIZE
+        }
+        _ => LARGEST_FIXED_COMMAND,
+    }
+}
+
+/// The most bytes of a cursor request that decoding can use (all are one fixed size).
+pub fn cursor_copy_bound(_ty: u32) -> usize {
+    CURSOR_CMD_SIZE
+}
+
 /// The request asks for a fence: the response is returned once the work it covers is done.
 pub const FLAG_FENCE: u32 = vg::VIRTIO_GPU_FLAG_FENCE;
 /// The request's ring_idx field is valid (context-init rings).

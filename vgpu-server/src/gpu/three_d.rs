@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use log::{debug, warn};
+use log::debug;
 use mdev_backend::virgl::{
     self as virgl, BackingMemory, CAPSET_VIRGL, CAPSET_VIRGL2, TARGET_BUFFER, TARGET_TEXTURE_3D,
 };
@@ -22,6 +22,7 @@ use super::load::{self, LOAD_CAPSET_SIZE, LOAD_CAPSET_VERSION, VGPU_LOAD_CAPSET_
 use super::protocol::{
     CtxCreate, MAX_BACKING_ENTRIES, MemEntry, ResourceCreate3d, Response, Transfer3d, ty,
 };
+use crate::ratelimit::guest_fault;
 
 /// Capsets offered, in GET_CAPSET_INFO index order (VIRGL, VIRGL2, then the private load
 /// capset, which the device serves itself).
@@ -576,7 +577,9 @@ impl ThreeD {
     ) -> Result<Response, ThreeDError> {
         self.context(ctx)?;
         if let Err(e) = r.virgl.submit(ctx, commands) {
-            warn!("3D context {ctx}: command stream refused ({e}); the context stays in error");
+            guest_fault!(
+                "3D context {ctx}: command stream refused ({e}); the context stays in error"
+            );
             return Err(e.into());
         }
         Ok(Response::OkNoData)
