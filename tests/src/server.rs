@@ -263,9 +263,7 @@ impl VgpuGuest {
         let qt = self.vm.qtest();
         let features = self.dev.negotiate(qt, wanted)?;
         if features != wanted {
-            return Err(vgpu_guest_drivers::virtio_pci::VirtioError::FeaturesRejected(
-                features,
-            ));
+            return Err(vgpu_guest_drivers::virtio_pci::VirtioError::FeaturesRejected(features));
         }
         let vector = |v| self.msix.then_some(v);
         let (config, control, cursor) = (

@@ -38,8 +38,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use vgpu_guest_drivers::guest_ram::GuestRam;
 use vgpu_guest_drivers::virtio_gpu::{
-    self, CAPSET_LOAD, CONTROL_QUEUE, CTRL_HDR_SIZE, CtrlHeader, LOAD_OP_OCCUPY,
-    RESP_OK_NODATA, ResourceCreate3d,
+    self, CAPSET_LOAD, CONTROL_QUEUE, CTRL_HDR_SIZE, CtrlHeader, LOAD_OP_OCCUPY, RESP_OK_NODATA,
+    ResourceCreate3d,
 };
 use vgpu_guest_drivers::virtio_pci::Descriptor;
 use vgpu_tests::daemon::Schedd;
@@ -145,7 +145,13 @@ fn call(guest: &mut VgpuGuest, request: &[u8], timeout: Duration) -> Result<u32,
     let qt = guest.vm.qtest();
     let done = guest
         .dev
-        .transact(qt, CONTROL_QUEUE, &[request], &[CTRL_HDR_SIZE as u32], timeout)
+        .transact(
+            qt,
+            CONTROL_QUEUE,
+            &[request],
+            &[CTRL_HDR_SIZE as u32],
+            timeout,
+        )
         .map_err(|e| e.to_string())?;
     let reply = done.writable.ok_or("not our chain")?.remove(0);
     CtrlHeader::parse(&reply)
@@ -417,7 +423,13 @@ impl FakeDevice {
         command
             .arg("--socket")
             .arg(daemon.socket())
-            .args(["--name", name, "--submit", &submit.to_string(), "--reconnect"])
+            .args([
+                "--name",
+                name,
+                "--submit",
+                &submit.to_string(),
+                "--reconnect",
+            ])
             .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(Stdio::null());
@@ -1051,9 +1063,10 @@ fn a_hostile_neighbour_cannot_starve_a_well_behaved_vm() {
             None => return,
         }
     }
-    let mut table = format!(
-        "| case | standalone /s | with hostile /s | ratio | hostile RSS MiB before → after | daemon RSS MiB before → after | hostile side did |\n\
-         |------|---:|---:|---:|---|---|---|\n"
+    let mut table = String::from(
+        "| case | standalone /s | with hostile /s | ratio | hostile RSS MiB before → after \
+         | daemon RSS MiB before → after | hostile side did |\n\
+         |------|---:|---:|---:|---|---|---|\n",
     );
     for r in &rows {
         table.push_str(&format!(
@@ -1077,8 +1090,11 @@ fn a_hostile_neighbour_cannot_starve_a_well_behaved_vm() {
         "cases": rows.iter().map(Row::json).collect::<Vec<_>>(),
     });
     let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("hostile.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&report).unwrap_or_default())
-        .expect("writing hostile.json");
+    std::fs::write(
+        &path,
+        serde_json::to_string_pretty(&report).unwrap_or_default(),
+    )
+    .expect("writing hostile.json");
     eprintln!("written to {}", path.display());
     let failed: Vec<String> = rows
         .iter()
