@@ -38,8 +38,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use vgpu_guest_drivers::guest_ram::GuestRam;
 use vgpu_guest_drivers::virtio_gpu::{
-    self, CAPSET_LOAD, CONTROL_QUEUE, CTRL_HDR_SIZE, CtrlHeader, LOAD_OP_OCCUPY, RESP_OK_NODATA,
-    ResourceCreate3d,
+    self, CAPSET_LOAD, CONTROL_QUEUE, CTRL_HDR_SIZE, CtrlHeader, LOAD_OP_END_FRAME, LOAD_OP_OCCUPY,
+    RESP_OK_NODATA, ResourceCreate3d,
 };
 use vgpu_guest_drivers::virtio_pci::Descriptor;
 use vgpu_tests::daemon::Schedd;
@@ -177,20 +177,13 @@ fn gl_submit(fence: u64) -> Vec<u8> {
     virtio_gpu::with_fence(virtio_gpu::submit_3d(GL_CTX, &[0]), fence)
 }
 
-fn occupy(us: u64, fence: Option<u64>) -> Vec<u8> {
-    let request = virtio_gpu::load_submit(LOAD_CTX, &[(LOAD_OP_OCCUPY, 0, us)]);
-    match fence {
-        Some(f) => virtio_gpu::with_fence(request, f),
-        None => request,
-    }
-}
-
 /// The well-behaved VM.
 struct GoodVm {
     /// Dropped first: QEMU goes before its device process.
     guest: VgpuGuest,
     server: ServerProcess,
-    pending: VecDeque<u16>,
+    /// Queued requests: head, and whether it is a frame.
+    pending: VecDeque<(u16, bool)>,
     next_fence: u64,
     /// Requests answered with an error (none are expected).
     refused: u64,
@@ -213,14 +206,21 @@ impl GoodVm {
         })
     }
 
-    /// Queues the next request: load OCCUPY and virgl SUBMIT_3D in turn, each fenced.
+    /// Queues the next request, each fenced: in turn a frame (a load OCCUPY ending with
+    /// END_FRAME, so that its fence also waits for the daemon's Present) and a virgl
+    /// SUBMIT_3D (which waits for a Grant).
     fn submit(&mut self) {
         let fence = self.next_fence;
         self.next_fence += 1;
-        let request = if fence % 2 == 0 {
-            gl_submit(fence)
+        let frame = fence % 2 == 1;
+        let request = if frame {
+            let commands = [
+                (LOAD_OP_OCCUPY, 0, GOOD_OCCUPY_US),
+                (LOAD_OP_END_FRAME, 0, 0),
+            ];
+            virtio_gpu::with_fence(virtio_gpu::load_submit(LOAD_CTX, &commands), fence)
         } else {
-            occupy(GOOD_OCCUPY_US, Some(fence))
+            gl_submit(fence)
         };
         let qt = self.guest.vm.qtest();
         let head = self
@@ -228,49 +228,71 @@ impl GoodVm {
             .dev
             .request(qt, CONTROL_QUEUE, &[&request], &[CTRL_HDR_SIZE as u32])
             .expect("request queued");
-        self.pending.push_back(head);
+        self.pending.push_back((head, frame));
     }
 
-    /// Waits up to `timeout` for the oldest pending request; false if it is not done.
-    fn wait_one(&mut self, timeout: Duration) -> bool {
+    /// Waits up to `timeout` for the oldest pending request: `None` if it is not done, else
+    /// whether it was a frame.
+    fn wait_one(&mut self, timeout: Duration) -> Option<bool> {
         let qt = self.guest.vm.qtest();
-        let Ok(done) = self.guest.dev.wait_used(qt, CONTROL_QUEUE, timeout) else {
-            return false;
-        };
-        let head = self.pending.pop_front().expect("a pending request");
+        let done = self.guest.dev.wait_used(qt, CONTROL_QUEUE, timeout).ok()?;
+        let (head, frame) = self.pending.pop_front().expect("a pending request");
         assert_eq!(done.used.id, u32::from(head), "completions in order");
         let reply = done.writable.expect("our chain").remove(0);
         if CtrlHeader::parse(&reply).map(|h| h.ctrl_type).ok() != Some(RESP_OK_NODATA) {
             self.refused += 1;
         }
-        true
+        Some(frame)
     }
 
-    /// Completed requests per second over `window`, keeping [`DEPTH`] queued; then drains.
-    fn measure(&mut self, window: Duration) -> f64 {
+    /// Completed groups and frames per second over `window`, keeping [`DEPTH`] requests
+    /// queued; then drains.
+    fn measure(&mut self, window: Duration) -> Rate {
         if self.stalled {
-            return 0.0;
+            return Rate::default();
         }
         let start = Instant::now();
-        let mut done = 0u32;
+        let (mut groups, mut frames) = (0u32, 0u32);
         while let Some(left) = window.checked_sub(start.elapsed()) {
             while self.pending.len() < DEPTH {
                 self.submit();
             }
-            if self.wait_one(left) {
-                done += 1;
+            if let Some(frame) = self.wait_one(left) {
+                groups += 1;
+                frames += u32::from(frame);
             }
         }
-        let rate = f64::from(done) / start.elapsed().as_secs_f64();
+        let secs = start.elapsed().as_secs_f64();
+        let rate = Rate {
+            groups: f64::from(groups) / secs,
+            frames: f64::from(frames) / secs,
+        };
         let deadline = Instant::now() + DRAIN_TIMEOUT;
         while !self.pending.is_empty() {
             let left = deadline.saturating_duration_since(Instant::now());
-            if !self.wait_one(left) {
+            if self.wait_one(left).is_none() {
                 self.stalled = true;
                 break;
             }
         }
         rate
+    }
+}
+
+/// The well-behaved VM's rates.
+#[derive(Clone, Copy, Debug, Default)]
+struct Rate {
+    /// Completed groups (load and virgl) per second.
+    groups: f64,
+    /// Presented frames per second.
+    frames: f64,
+}
+
+impl Rate {
+    /// The lower of the two ratios of `self` to `base` (0 where `base` has none).
+    fn ratio(self, base: Rate) -> f64 {
+        let part = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+        part(self.groups, base.groups).min(part(self.frames, base.frames))
     }
 }
 
@@ -845,8 +867,8 @@ fn run_attack(
 /// One row of the table.
 struct Row {
     case: &'static str,
-    standalone: f64,
-    neighbour: f64,
+    standalone: Rate,
+    neighbour: Rate,
     hostile_rss: (Option<u64>, Option<u64>),
     daemon_rss: (Option<u64>, Option<u64>),
     what: String,
@@ -855,18 +877,16 @@ struct Row {
 
 impl Row {
     fn ratio(&self) -> f64 {
-        if self.standalone > 0.0 {
-            self.neighbour / self.standalone
-        } else {
-            0.0
-        }
+        self.neighbour.ratio(self.standalone)
     }
 
     fn json(&self) -> Value {
         json!({
             "case": self.case,
-            "standalone_per_s": self.standalone,
-            "with_hostile_per_s": self.neighbour,
+            "standalone_groups_per_s": self.standalone.groups,
+            "standalone_frames_per_s": self.standalone.frames,
+            "with_hostile_groups_per_s": self.neighbour.groups,
+            "with_hostile_frames_per_s": self.neighbour.frames,
             "ratio": self.ratio(),
             "hostile_rss_kib": [self.hostile_rss.0, self.hostile_rss.1],
             "daemon_rss_kib": [self.daemon_rss.0, self.daemon_rss.1],
@@ -898,7 +918,7 @@ fn run_case(case: &'static str, kind: Kind) -> Option<Row> {
     };
     let mut good = GoodVm::start(&daemon)?;
     let mut standalone = if before_good {
-        0.0
+        Rate::default()
     } else {
         good.measure(WINDOW)
     };
@@ -1004,11 +1024,7 @@ fn run_case(case: &'static str, kind: Kind) -> Option<Row> {
             growth(daemon_rss)
         ));
     }
-    let ratio = if standalone > 0.0 {
-        neighbour / standalone
-    } else {
-        0.0
-    };
+    let ratio = neighbour.ratio(standalone);
     if ratio < MIN_RATIO {
         failures.push(format!(
             "the neighbour kept {ratio:.2} of its standalone rate (at least {MIN_RATIO})"
@@ -1064,16 +1080,18 @@ fn a_hostile_neighbour_cannot_starve_a_well_behaved_vm() {
         }
     }
     let mut table = String::from(
-        "| case | standalone /s | with hostile /s | ratio | hostile RSS MiB before → after \
+        "| case | standalone groups/s (frames/s) | with hostile groups/s (frames/s) | ratio | hostile RSS MiB before → after \
          | daemon RSS MiB before → after | hostile side did |\n\
          |------|---:|---:|---:|---|---|---|\n",
     );
     for r in &rows {
         table.push_str(&format!(
-            "| {} | {:.1} | {:.1} | {:.2} | {} → {} | {} → {} | {} |\n",
+            "| {} | {:.1} ({:.1}) | {:.1} ({:.1}) | {:.2} | {} → {} | {} → {} | {} |\n",
             r.case,
-            r.standalone,
-            r.neighbour,
+            r.standalone.groups,
+            r.standalone.frames,
+            r.neighbour.groups,
+            r.neighbour.frames,
             r.ratio(),
             kib(r.hostile_rss.0),
             kib(r.hostile_rss.1),
