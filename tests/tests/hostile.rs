@@ -24,7 +24,8 @@
 //! squatter cases hold, and the neighbour kept at least [`MIN_RATIO`] of its standalone rate.
 //! Every case runs (one test, in sequence, so that the rates are not measured against the
 //! suite's other cases) and the table is printed and written to `hostile.json` in cargo's test
-//! temporary directory before the verdict. `VGPU_HOSTILE_CASES=a,b` runs only the cases named.
+//! temporary directory before the verdict. `VGPU_HOSTILE_CASES=a,b` runs only the cases named;
+//! `VGPU_HOSTILE_POLICY=none` (or another policy family) replaces the default fair queuing.
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -101,6 +102,9 @@ const NOBODY: u32 = 65534;
 /// How long the squatter cases give the real device to hold its name.
 const NAME_WAIT: Duration = Duration::from_secs(5);
 
+/// The daemon's policy unless `VGPU_HOSTILE_POLICY` names another: fair queuing, the one
+/// meant to isolate VMs from each other (disengaged: every vGPU holds a lease).
+const DEFAULT_POLICY: &str = "fair";
 const GOOD: &str = "good";
 const HOSTILE: &str = "hostile";
 const LOAD_CTX: u32 = 3;
@@ -900,9 +904,15 @@ fn kib(v: Option<u64>) -> String {
     v.map_or_else(|| "-".into(), |k| format!("{:.1}", k as f64 / 1024.0))
 }
 
+/// The daemon's policy: `VGPU_HOSTILE_POLICY`, or [`DEFAULT_POLICY`].
+fn policy() -> String {
+    std::env::var("VGPU_HOSTILE_POLICY").unwrap_or_else(|_| DEFAULT_POLICY.into())
+}
+
 /// Runs one case; `None` when skipped for want of virglrenderer.
 fn run_case(case: &'static str, kind: Kind) -> Option<Row> {
-    let daemon = Schedd::start_logging(Some("policy = \"fair\"\n"), "info").expect("daemon");
+    let daemon = Schedd::start_logging(Some(&format!("policy = \"{}\"\n", policy())), "info")
+        .expect("daemon");
     let daemon_pid = daemon.pid().expect("daemon pid");
     let before_good = kind == Kind::SquatterBefore;
     let mut early = if before_good {
@@ -1104,6 +1114,7 @@ fn a_hostile_neighbour_cannot_starve_a_well_behaved_vm() {
     let report = json!({
         "min_ratio": MIN_RATIO,
         "window_s": WINDOW.as_secs_f64(),
+        "policy": policy(),
         "cpu": vgpu_tests::cpu_model(),
         "cases": rows.iter().map(Row::json).collect::<Vec<_>>(),
     });
