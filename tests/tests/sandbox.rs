@@ -6,6 +6,7 @@
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::time::Duration;
 
+use vgpu_tests::daemon::Schedd;
 use vgpu_tests::guest::{ServerProcess, server_binary};
 use vgpu_tests::server::VgpuGuest;
 use vgpu_tests::skip_without_qemu;
@@ -38,6 +39,22 @@ fn status(pid: u32, field: &str) -> Vec<String> {
         .find_map(|l| l.strip_prefix(&format!("{field}:")))
         .unwrap_or_else(|| panic!("no {field} in\n{text}"));
     line.split_whitespace().map(str::to_string).collect()
+}
+
+/// Kills a device process the daemon created if the test fails before `destroy` (the daemon
+/// itself is killed without stopping its children).
+struct KillOnDrop(u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Ok(pid) = libc::pid_t::try_from(self.0)
+            && std::thread::panicking()
+        {
+            // SAFETY: kill(2) takes no pointers; the pid is the daemon's child, not yet
+            // reaped while the daemon lives (it is dropped after this guard).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
 }
 
 fn is_root() -> bool {
@@ -161,4 +178,73 @@ fn run_as_another_user_without_root_is_an_error() {
         .expect("runs");
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("needs root"));
+}
+
+/// A device process the daemon creates with `--device-uid-base`/`--device-gid` runs as its
+/// own user, serves its guest and still reaches the daemon (QEMU's connection found among its
+/// own descriptors, Hello accepted).
+#[test]
+fn created_device_runs_as_its_own_user_and_reaches_the_daemon() {
+    use std::os::unix::fs::PermissionsExt;
+
+    if !is_root() {
+        eprintln!("SKIPPED: running device processes as other users needs root");
+        return;
+    }
+    if skip_without_qemu() {
+        return;
+    }
+    let daemon = Schedd::start_with(
+        None,
+        "debug",
+        &["--device-uid-base", "70000", "--device-gid", "70100"],
+    )
+    .expect("daemon");
+    // The device user must be able to reach the daemon's socket by its path.
+    let sched_dir = daemon.socket().parent().expect("socket dir").to_owned();
+    std::fs::set_permissions(&sched_dir, std::fs::Permissions::from_mode(0o711)).unwrap();
+    let dir = vgpu_tests::TempDir::new("vgpu-sandbox").expect("temp dir");
+    let socket = dir.path().join("vm1.sock");
+    let child = daemon
+        .ctl(&["create", "vm1", "--socket", socket.to_str().unwrap()])
+        .expect("create");
+    let pid = u32::try_from(child["pid"].as_u64().expect("pid")).unwrap();
+    let _reaper = KillOnDrop(pid);
+    // Its socket is there before it enters the sandbox.
+    let start = std::time::Instant::now();
+    while status(pid, "Seccomp") != ["2"] {
+        assert!(start.elapsed() < TIMEOUT, "no sandbox:\n{}", daemon.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(status(pid, "Uid"), ["70000"; 4]);
+    assert_eq!(status(pid, "Gid"), ["70100"; 4]);
+    let mut guest = VgpuGuest::attach(&socket, true);
+    guest.bring_up();
+    let start = std::time::Instant::now();
+    while daemon.vm_info("vm1").unwrap()["connected"] != true {
+        assert!(
+            start.elapsed() < TIMEOUT,
+            "vm1 never connected to the daemon:\n{}",
+            daemon.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(guest);
+    daemon.ctl(&["destroy", "vm1"]).expect("destroy");
+}
+
+/// A SIGUSR1 dump request (signal delivery, the signal-hook pipe, the worker reading it) is
+/// inside the filter.
+#[test]
+fn a_dump_request_survives_the_filter() {
+    let dir = vgpu_tests::TempDir::new("vgpu-sandbox").expect("temp dir");
+    let dump = dir.path().join("dump");
+    let mut server = start(&["--dump-dir", dump.to_str().unwrap()]);
+    let pid = libc::pid_t::try_from(server.pid()).unwrap();
+    for _ in 0..3 {
+        // SAFETY: kill(2) takes no pointers; `pid` is our live child.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGUSR1) }, 0);
+    }
+    server.assert_survived("SIGUSR1");
+    server.kill().expect("killed");
 }

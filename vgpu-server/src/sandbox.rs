@@ -229,11 +229,7 @@ fn drop_user(run_as: RunAs) -> Result<(), SandboxError> {
 
 /// `ioctl` requests: FIONBIO and FIOCLEX (the standard library's `set_nonblocking` and
 /// close-on-exec on Linux) and TCGETS (terminal probing of stderr by loggers).
-const IOCTLS: &[u64] = &[
-    libc::FIONBIO as u64,
-    libc::FIOCLEX as u64,
-    libc::TCGETS as u64,
-];
+const IOCTLS: &[u64] = &[libc::FIONBIO, libc::FIOCLEX, libc::TCGETS];
 
 /// `prctl` options: thread names (llvmpipe names its threads, created after the filter) and
 /// setting no_new_privs again (seccompiler does before each filter it installs; it can only
@@ -304,8 +300,9 @@ pub const ALLOWED: &[(&str, &[libc::c_long])] = &[
     ),
     (
         // Files: /proc/self/fd to find QEMU's connection, Mesa's driver configuration and
-        // shader cache at a new GL context, the PNG dumps (write a temporary, sync, rename),
-        // the socket file removed at exit.
+        // shader cache at a new GL context (new cache entries make their directories: mkdir
+        // below), libraries libepoxy loads at the first GL context, the PNG dumps (write a
+        // temporary, sync, rename), the socket file removed at exit.
         "files",
         &[
             libc::SYS_openat,
@@ -317,9 +314,11 @@ pub const ALLOWED: &[(&str, &[libc::c_long])] = &[
         ],
     ),
     (
-        // Identity and randomness queries (Mesa's cache paths, hash seeds).
+        // Identity, randomness and memory size queries (Mesa's cache paths, hash seeds,
+        // and its total-memory query at a new GL context).
         "queries",
         &[
+            libc::SYS_sysinfo,
             libc::SYS_getuid,
             libc::SYS_geteuid,
             libc::SYS_getgid,
@@ -336,6 +335,7 @@ pub const ALLOWED: &[(&str, &[libc::c_long])] = &[
             libc::SYS_readlink,
             libc::SYS_rename,
             libc::SYS_unlink,
+            libc::SYS_mkdir,
         ],
     ),
     #[cfg(not(target_arch = "x86_64"))]
@@ -347,6 +347,7 @@ pub const ALLOWED: &[(&str, &[libc::c_long])] = &[
             libc::SYS_readlinkat,
             libc::SYS_renameat,
             libc::SYS_unlinkat,
+            libc::SYS_mkdirat,
         ],
     ),
     (
@@ -398,7 +399,7 @@ const REFUSED: &[libc::c_long] = &[
 fn filters() -> Result<[BpfProgram; 2], SandboxError> {
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = ALLOWED
         .iter()
-        .flat_map(|(_, calls)| calls.iter().map(|&nr| (i64::from(nr), Vec::new())))
+        .flat_map(|(_, calls)| calls.iter().map(|&nr| (nr, Vec::new())))
         .collect();
     rules.insert(libc::SYS_ioctl, arg_in(1, IOCTLS)?);
     rules.insert(libc::SYS_prctl, arg_in(0, PRCTLS)?);

@@ -166,8 +166,36 @@ pub struct ServerConfig {
     pub daemon: DaemonConfig,
     /// The `vgpu-server` binary `create` runs.
     pub server_bin: PathBuf,
+    /// The users and group the device processes `create` starts run as; `None`: the
+    /// daemon's user.
+    pub device_ids: Option<DeviceIds>,
     /// Where the cgroup and proc file systems are.
     pub cgroups: CgroupFs,
+}
+
+/// Who created device processes run as (`--device-uid-base`, `--device-gid`): the k-th live
+/// one (k below [`MAX_CHILDREN`], the lowest free) gets its own user `uid_base + k`, so no
+/// device process can signal, trace or read another's files; all share group `gid`, the
+/// group of the device socket (then 0660), so they can reach the daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceIds {
+    /// The first device user.
+    pub uid_base: u32,
+    /// The device processes' group.
+    pub gid: u32,
+}
+
+impl DeviceIds {
+    /// The user of slot `k`, if the range does not overflow.
+    fn uid(self, k: usize) -> Option<u32> {
+        self.uid_base.checked_add(u32::try_from(k).ok()?)
+    }
+
+    /// Whether `uid` is one of the device users.
+    fn owns(self, uid: u32) -> bool {
+        uid.checked_sub(self.uid_base)
+            .is_some_and(|k| usize::try_from(k).is_ok_and(|k| k < MAX_CHILDREN))
+    }
 }
 
 /// The running daemon: its sockets and event loop.
@@ -190,6 +218,20 @@ impl Server {
         }
         let daemon = Daemon::new(monotonic_ns(), config.daemon.clone())?;
         let devices = SeqListener::bind(&config.socket)?;
+        if let Some(ids) = config.device_ids {
+            // Bound with the umask's (narrower) mode, then opened to the device group only.
+            let open_to_devices = || {
+                std::os::unix::fs::lchown(&config.socket, None, Some(ids.gid))?;
+                std::fs::set_permissions(&config.socket, Permissions::from_mode(0o660))
+            };
+            if let Err(source) = open_to_devices() {
+                remove_socket(&config.socket);
+                return Err(ServerError::Io {
+                    what: "device socket owner",
+                    source,
+                });
+            }
+        }
         let control = bind_control(&config.control, config.control_group)?;
         let metrics = match config.metrics {
             Some(addr) => {
@@ -403,6 +445,8 @@ enum Waiting {
 #[derive(Debug)]
 struct ChildProc {
     child: Child,
+    /// Its slot in [`ServerConfig::device_ids`], if it runs as a device user.
+    slot: Option<usize>,
     socket: PathBuf,
     dump_dir: Option<PathBuf>,
     tail: Arc<Mutex<VecDeque<String>>>,
@@ -1170,9 +1214,20 @@ impl Loop {
                 socket.display()
             ));
         }
+        let run_as = match self.config.device_ids {
+            Some(ids) => {
+                let slot =
+                    (0..MAX_CHILDREN).find(|&k| !self.children.values().any(|c| c.slot == Some(k)));
+                match slot.and_then(|k| Some((k, ids.uid(k)?, ids.gid))) {
+                    Some(ids) => Some(ids),
+                    None => return fail("no device user left in --device-uid-base".into()),
+                }
+            }
+            None => None,
+        };
         let dump_dir = if options.dump {
             let dir = self
-                .make_dump_dir(name)
+                .make_dump_dir(name, run_as.map(|(_, uid, gid)| (uid, gid)))
                 .map_err(|e| Response::Error(format!("{name}: making its dump directory: {e}")))?;
             Some(dir)
         } else {
@@ -1186,6 +1241,11 @@ impl Loop {
             .arg("--vm-name")
             .arg(name)
             .args(options.to_args(dump_dir.as_deref()))
+            .args(
+                run_as
+                    .iter()
+                    .flat_map(|(_, uid, gid)| ["--run-as".to_string(), format!("{uid}:{gid}")]),
+            )
             .stdin(Stdio::null())
             .stderr(Stdio::piped())
             .spawn();
@@ -1213,6 +1273,7 @@ impl Loop {
             name.to_owned(),
             ChildProc {
                 child,
+                slot: run_as.map(|(k, _, _)| k),
                 socket,
                 dump_dir,
                 tail,
@@ -1228,15 +1289,29 @@ impl Loop {
     /// The dump directory of VM `name`, `STATE/dump/NAME` (the name encoded by [`dir_name`]),
     /// made 0700 with its parents when missing. The dumps stay after the VM's device process
     /// is gone.
-    fn make_dump_dir(&self, name: &str) -> io::Result<PathBuf> {
+    /// With `owner` (a device user and group), the VM's directory is handed to it.
+    fn make_dump_dir(&self, name: &str, owner: Option<(u32, u32)>) -> io::Result<PathBuf> {
         let state = &self.config.state_dir;
         if let Some(parent) = state.parent() {
             std::fs::create_dir_all(parent)?;
         }
         let dumps = state.join("dump");
         let dir = dumps.join(dir_name(name));
-        for d in [state, &dumps, &dir] {
+        for d in [state, &dumps] {
             private_dir(d)?;
+        }
+        // A directory handed to an earlier device process of this VM comes back first (its
+        // parent is the daemon's 0700 directory: no one else can have replaced it).
+        if let Some(ids) = self.config.device_ids
+            && let Ok(meta) = std::fs::symlink_metadata(&dir)
+            && meta.is_dir()
+            && ids.owns(meta.uid())
+        {
+            std::os::unix::fs::lchown(&dir, Some(seqpacket::effective_uid()), None)?;
+        }
+        private_dir(&dir)?;
+        if let Some((uid, gid)) = owner {
+            std::os::unix::fs::lchown(&dir, Some(uid), Some(gid))?;
         }
         Ok(dir)
     }

@@ -1142,3 +1142,83 @@ fn create_takes_allowed_options_and_plain_socket_paths_only() {
     terminate(d.pid()).unwrap();
     assert_eq!(d.wait_exit(), Some(0));
 }
+
+/// With `--device-uid-base` and `--device-gid`, every live created device process gets its own
+/// user (the lowest free slot), the shared group reaches the device socket (0660), and a VM's
+/// dump directory belongs to its current device user.
+#[test]
+fn created_device_processes_get_their_own_users() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    // SAFETY: geteuid takes no arguments and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED: running device processes as other users needs root");
+        return;
+    }
+    let dir = TempDir::new().unwrap();
+    let bin = write(dir.path(), "fake-server", FAKE_SERVER);
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let state = dir.path().join("state");
+    let d = Schedd::start(
+        dir.path(),
+        &[
+            "--server-bin",
+            bin.to_str().unwrap(),
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--device-uid-base",
+            "70000",
+            "--device-gid",
+            "70100",
+        ],
+    );
+    let sock = std::fs::symlink_metadata(d.sock()).unwrap();
+    assert_eq!(sock.mode() & 0o777, 0o660);
+    assert_eq!(sock.gid(), 70100);
+    let spawned = dir.path().join("fake-server.args");
+    let create = |name: &str, args: &[&str]| {
+        let socket = dir.path().join(format!("{name}.sock"));
+        let answer = d.call(json!({"cmd": "create", "name": name, "socket": socket, "args": args}));
+        assert!(answer["ok"].is_object(), "{answer}");
+        let args = std::fs::read_to_string(&spawned).unwrap();
+        let (_, run_as) = args.split_once("--run-as ").expect("--run-as passed");
+        run_as.trim().to_owned()
+    };
+    let destroy = |name: &str| {
+        let answer = d.call(json!({"cmd": "destroy", "name": name}));
+        assert!(answer.get("error").is_none(), "{answer}");
+    };
+    let owner = |p: &Path| {
+        let m = std::fs::symlink_metadata(p).unwrap();
+        (m.uid(), m.gid(), m.mode() & 0o777)
+    };
+    assert_eq!(create("a", &["--dump"]), "70000:70100");
+    let dump = state.join("dump/a");
+    assert_eq!(owner(&dump), (70000, 70100, 0o700));
+    assert_eq!(create("b", &[]), "70001:70100");
+    destroy("a");
+    destroy("b");
+    // The lowest free slot is taken again; "a" comes back as another user and its dump
+    // directory is handed over.
+    assert_eq!(create("x", &[]), "70000:70100");
+    assert_eq!(create("a", &["--dump"]), "70001:70100");
+    assert_eq!(owner(&dump), (70001, 70100, 0o700));
+}
+
+#[test]
+fn device_ids_need_both_flags_and_no_root() {
+    for extra in [
+        &["--device-uid-base", "70000"][..],
+        &["--device-gid", "70000"],
+        &["--device-uid-base", "0", "--device-gid", "70000"],
+        &["--device-uid-base", "70000", "--device-gid", "0"],
+        &["--device-uid-base", "x", "--device-gid", "70000"],
+    ] {
+        let out = Command::new(SCHEDD)
+            .args(["--socket", "/nonexistent/s", "--control", "/nonexistent/c"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {out:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--device-"));
+    }
+}

@@ -9,11 +9,11 @@ use std::process::ExitCode;
 use vgpu_schedd::cgroup::CgroupFs;
 use vgpu_schedd::control::lookup_group;
 use vgpu_schedd::daemon::{DaemonConfig, MAX_SWITCH_COST_NS};
-use vgpu_schedd::server::{Server, ServerConfig};
+use vgpu_schedd::server::{DeviceIds, Server, ServerConfig};
 use vgpu_scheduler::PolicyConfig;
 use vgpu_scheduler::core::MAX_VGPUS;
 
-const USAGE: &str = "usage: vgpu-schedd --socket PATH --control PATH [--control-group NAME|GID] [--state-dir DIR] [--metrics 127.0.0.1:PORT] [--policy FILE.toml] [--capacity N] [--switch-cost-us N] [--cpu-writeback] [--server-bin PATH] [--log-level error|warn|info|debug|trace]
+const USAGE: &str = "usage: vgpu-schedd --socket PATH --control PATH [--control-group NAME|GID] [--state-dir DIR] [--metrics 127.0.0.1:PORT] [--policy FILE.toml] [--capacity N] [--switch-cost-us N] [--cpu-writeback] [--server-bin PATH] [--device-uid-base UID --device-gid GID] [--log-level error|warn|info|debug|trace]
 
 Schedules the GPU command groups of every vgpu-server that connects to the SOCK_SEQPACKET
 socket --socket. --control is the JSON-lines control socket vgpuctl talks to: mode 0600, only
@@ -27,7 +27,8 @@ file (policy = \"timegraph\" | \"fair\" | \"pegasus\" | \"vgris\" | \"none\", wi
 fields; default none). --capacity is how many groups the GPU runs at once (default 1);
 --switch-cost-us the simulated engine's context switch cost. --cpu-writeback writes the policy's
 CPU weights to the VMs' cgroups. vgpuctl create runs --server-bin (default: vgpu-server next to
-this binary). SIGTERM or SIGINT stops the daemon, its children and removes its sockets.";
+this binary); with --device-uid-base and --device-gid (numbers, not 0) the k-th of them runs as
+user UID+k and group GID (the daemon must be root), and --socket is 0660 with group GID. SIGTERM or SIGINT stops the daemon, its children and removes its sockets.";
 
 /// Largest `--capacity`: every vGPU running at once.
 const MAX_CAPACITY: usize = MAX_VGPUS;
@@ -100,6 +101,8 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut metrics = None;
     let mut daemon = DaemonConfig::default();
     let mut server_bin = None;
+    let mut uid_base = None;
+    let mut device_gid = None;
     let mut log_level = "info".to_string();
     while let Some(arg) = args.next() {
         let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
@@ -141,6 +144,10 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             }
             "--cpu-writeback" => daemon.cpu_writeback = true,
             "--server-bin" => server_bin = Some(PathBuf::from(value("--server-bin")?)),
+            "--device-uid-base" => {
+                uid_base = Some(number("--device-uid-base", &value("--device-uid-base")?)?)
+            }
+            "--device-gid" => device_gid = Some(number("--device-gid", &value("--device-gid")?)?),
             "--log-level" => log_level = value("--log-level")?,
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
@@ -149,6 +156,14 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     if log_level.parse::<log::LevelFilter>().is_err() {
         return Err(format!("--log-level: unknown level {log_level:?}"));
     }
+    let device_ids = match (uid_base, device_gid) {
+        (None, None) => None,
+        (Some(0), _) | (_, Some(0)) => {
+            return Err("--device-uid-base and --device-gid must not be 0 (root)".to_string());
+        }
+        (Some(uid_base), Some(gid)) => Some(DeviceIds { uid_base, gid }),
+        _ => return Err("--device-uid-base and --device-gid go together".to_string()),
+    };
     Ok(Args {
         config: ServerConfig {
             socket: socket.ok_or("--socket is required")?,
@@ -158,6 +173,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             metrics,
             daemon,
             server_bin: server_bin.unwrap_or_else(default_server_bin),
+            device_ids,
             cgroups: CgroupFs::default(),
         },
         log_level,
