@@ -70,7 +70,9 @@ const HOSTILE_RSS_GROWTH_MAX_KIB: u64 = (HOSTILE_RESOURCE_MB + 128) << 10;
 /// How long the well-behaved VM runs before its first window, unmeasured: the first frames
 /// pay for virglrenderer's and the daemon's warm-up.
 const WARM_UP: Duration = Duration::from_secs(1);
-/// Longest wait for one request of the well-behaved VM, or for the set-up requests of either.
+/// Longest wait for one request of the well-behaved VM, or for a request of the hostile one
+/// that its device must answer (a device silent for this long counts as hung; the hostile side
+/// runs at nice 19 on a loaded machine, so this is far from a request's usual time).
 const TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest wait for the well-behaved VM's requests still queued after a window; past it the
 /// VM is stalled.
@@ -101,7 +103,7 @@ const HUGE_EDGE: u32 = 16384;
 const HUGE_PER_ROUND: u32 = 16;
 /// Small textures asked for per round of `oversized_3d`.
 const SMALL_PER_ROUND: u32 = 64;
-/// How long the hostile side waits for one of its own requests before moving on.
+/// How long the hostile side waits for the used ring of a ring it abuses before moving on.
 const HOSTILE_WAIT: Duration = Duration::from_millis(500);
 /// How long a reset case waits for the daemon to count its group dispatched.
 const DISPATCH_WAIT: Duration = Duration::from_secs(1);
@@ -371,7 +373,7 @@ impl HostileVm {
         self.guest
             .try_bring_up_with(self.features, HOSTILE_QUEUE_SIZE)
             .map_err(|e| e.to_string())?;
-        contexts(&mut self.guest, HOSTILE_WAIT)
+        contexts(&mut self.guest, TIMEOUT)
     }
 
     fn status(&mut self) -> u8 {
@@ -761,7 +763,7 @@ mod attack {
                 let answer = call(
                     &mut vm.guest,
                     &virtio_gpu::load_submit(LOAD_CTX, &commands),
-                    HOSTILE_WAIT,
+                    TIMEOUT,
                 )?;
                 refused += u32::from(answer != RESP_OK_NODATA);
                 if !gate.attacking() {
@@ -769,8 +771,8 @@ mod attack {
                 }
             }
             let f = vm.fence();
-            // The virgl group may wait behind the flood; it is not waited for long.
-            let _ = call(&mut vm.guest, &gl_submit(f), HOSTILE_WAIT);
+            // The virgl group waits behind the flood; its answer does not matter.
+            let _ = call(&mut vm.guest, &gl_submit(f), TIMEOUT);
             if vm.status() & NEEDS_RESET != 0 {
                 vm.reset()?;
             }
@@ -875,7 +877,7 @@ mod attack {
                 let answer = call(
                     &mut vm.guest,
                     &virtio_gpu::resource_create_3d(&tex),
-                    HOSTILE_WAIT,
+                    TIMEOUT,
                 )?;
                 if answer == RESP_OK_NODATA {
                     created += 1;
@@ -885,7 +887,7 @@ mod attack {
                 }
             }
             for id in ids {
-                call(&mut vm.guest, &virtio_gpu::resource_unref(id), HOSTILE_WAIT)?;
+                call(&mut vm.guest, &virtio_gpu::resource_unref(id), TIMEOUT)?;
             }
             rounds += 1;
         }
