@@ -166,6 +166,12 @@ impl RawGuest {
         Ok(())
     }
 
+    /// Truncates the RAM file the device mapped to `len` bytes, as a hostile QEMU could. The
+    /// guest's own view of memory past `len` faults too: publish first.
+    pub fn truncate_ram(&self, len: u64) -> Result<()> {
+        Ok(self.ram.set_len(len)?)
+    }
+
     /// Writes the control queue's notify register (a posted write).
     pub fn notify(&mut self) -> Result<()> {
         self.client.region_write_posted(BAR4, NOTIFY, &[0, 0])

@@ -131,6 +131,12 @@ fn bad_dma_maps_and_irqs_are_refused() {
         "unmap splitting a region"
     );
     client.dma_unmap(0x1000_0000, 0x10000).unwrap();
+    let (sock, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
+    let sock = std::fs::File::from(std::os::fd::OwnedFd::from(sock));
+    assert!(
+        refused(client.dma_map(&sock, 0, 0x2000_0000, 0x1000)),
+        "not a regular file"
+    );
     assert_eq!(server.counter("dma_maps"), 1);
 
     let efd = EventFd::new(0).unwrap();
@@ -157,6 +163,11 @@ fn bad_dma_maps_and_irqs_are_refused() {
         refused(client.set_irqs(9, trigger, 0, 1, &[fd])),
         "no such index"
     );
+    let (pipe, _writer) = std::io::pipe().unwrap();
+    assert!(
+        refused(client.set_irqs(VFIO_PCI_MSIX_IRQ_INDEX, trigger, 0, 1, &[pipe.as_raw_fd()])),
+        "a pipe is not an eventfd: a write to a full one would block the device"
+    );
     client
         .set_irqs(VFIO_PCI_MSIX_IRQ_INDEX, trigger, 0, 1, &[fd])
         .unwrap();
@@ -165,6 +176,26 @@ fn bad_dma_maps_and_irqs_are_refused() {
         0,
         "refused requests are not device faults"
     );
+}
+
+#[test]
+fn a_ram_file_truncated_after_dma_map_faults_the_device() {
+    let server = TestServer::start(1);
+    let mut guest = RawGuest::connect(server.socket(), 0xffff).unwrap();
+    guest.publish().unwrap();
+    // The RAM file is not sealed: shrink it below the rings and the request.
+    guest.truncate_ram(0x2000).unwrap();
+    guest.notify().unwrap();
+    // The worker walks the queue after the kick; the message loop answers meanwhile.
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while guest.status().unwrap() & NEEDS_RESET == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no DEVICE_NEEDS_RESET after the RAM file shrank"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(server.counter("transport_faults") >= 1);
 }
 
 #[test]

@@ -459,6 +459,10 @@ impl Device {
             debug!("notify for queue {q} ignored: device not live or queue not enabled");
             return false;
         }
+        if let Err(e) = self.ram.check_backing() {
+            self.fault(e);
+            return false;
+        }
         let mem: Arc<GuestMemoryMmap> = self.ram.atomic().memory().into_inner();
         let mut completed = 0u32;
         let mut budget = KickBudget::default();
@@ -788,6 +792,10 @@ impl Device {
     /// Puts released completions on their used rings, in order, with an interrupt per queue.
     fn complete_parked(&mut self, released: Vec<Parked>) {
         if released.is_empty() {
+            return;
+        }
+        if let Err(e) = self.ram.check_backing() {
+            self.fault(e);
             return;
         }
         let mem = self.ram.atomic().memory();

@@ -9,6 +9,8 @@ use std::fs::File;
 use std::io::Write;
 
 use log::{debug, warn};
+
+use crate::fds;
 use vfio_bindings::bindings::vfio::{
     VFIO_IRQ_SET_ACTION_MASK, VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_IRQ_SET_ACTION_TYPE_MASK,
     VFIO_IRQ_SET_ACTION_UNMASK, VFIO_IRQ_SET_DATA_EVENTFD, VFIO_IRQ_SET_DATA_NONE,
@@ -43,6 +45,15 @@ pub enum IrqError {
         count: u32,
         /// Fds received.
         fds: usize,
+    },
+    /// A descriptor handed over as an interrupt eventfd is something else (a pipe or socket
+    /// could block the device's write), or could not be made non-blocking.
+    #[error("interrupt index {index}: descriptor {position} is not a usable eventfd")]
+    NotEventfd {
+        /// Interrupt index.
+        index: u32,
+        /// Its position among the message's descriptors.
+        position: usize,
     },
     /// A data/action combination this device does not implement.
     #[error("interrupt index {index}: unsupported SET_IRQS flags {flags:#x}")]
@@ -139,6 +150,12 @@ impl Interrupts {
                 fds: fds.len(),
             });
         }
+        // Only eventfds, and never a blocking one: the device signals under its lock.
+        for (position, fd) in fds.iter().enumerate() {
+            if !fds::is_eventfd(fd) || fds::set_nonblocking(fd).is_err() {
+                return Err(IrqError::NotEventfd { index, position });
+            }
+        }
         match (index, action, data) {
             (_, VFIO_IRQ_SET_ACTION_TRIGGER, _) if disable_all => {
                 debug!("interrupt index {index}: all vectors disabled");
@@ -233,9 +250,12 @@ impl Interrupts {
     }
 }
 
+/// Adds one to an interrupt eventfd. A full counter (EAGAIN: the fd is non-blocking) already
+/// reads as pending, so it counts as signalled.
 fn signal(mut fd: &File) -> bool {
     match fd.write_all(&1u64.to_ne_bytes()) {
         Ok(()) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => true,
         Err(e) => {
             warn!("interrupt eventfd write failed: {e}");
             false
@@ -251,17 +271,21 @@ mod tests {
 
     const TRIGGER_FD: u32 = VFIO_IRQ_SET_ACTION_TRIGGER | VFIO_IRQ_SET_DATA_EVENTFD;
 
-    /// A stand-in for an eventfd: the device writes one side, the test counts 8-byte writes on
-    /// the other.
-    fn efd() -> (File, UnixStream) {
-        let (tx, rx) = UnixStream::pair().unwrap();
-        rx.set_nonblocking(true).unwrap();
-        (File::from(std::os::fd::OwnedFd::from(tx)), rx)
+    /// An eventfd for the device and a second handle on it to read what the device signalled.
+    fn efd() -> (File, File) {
+        let e =
+            File::from(rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap());
+        let observer = e.try_clone().unwrap();
+        (e, observer)
     }
 
-    fn count(mut rx: &UnixStream) -> usize {
-        let mut b = [0u8; 64];
-        rx.read(&mut b).map(|n| n / 8).unwrap_or(0)
+    /// The eventfd's counter (0 when nothing was signalled); reading resets it.
+    fn count(mut rx: &File) -> usize {
+        let mut b = [0u8; 8];
+        match rx.read(&mut b) {
+            Ok(8) => u64::from_ne_bytes(b) as usize,
+            _ => 0,
+        }
     }
 
     #[test]
@@ -349,5 +373,38 @@ mod tests {
             ),
             Err(IrqError::Unsupported { .. })
         ));
+    }
+
+    #[test]
+    fn only_eventfds_are_accepted() {
+        let mut irqs = Interrupts::new(3);
+        let (sock, _peer) = UnixStream::pair().unwrap();
+        let (pipe, _w) = std::io::pipe().unwrap();
+        for fd in [
+            File::from(std::os::fd::OwnedFd::from(sock)),
+            File::from(std::os::fd::OwnedFd::from(pipe)),
+        ] {
+            assert_eq!(
+                irqs.set_irqs(VFIO_PCI_MSIX_IRQ_INDEX, TRIGGER_FD, 0, 2, vec![efd().0, fd]),
+                Err(IrqError::NotEventfd {
+                    index: VFIO_PCI_MSIX_IRQ_INDEX,
+                    position: 1
+                })
+            );
+            // Nothing of a refused request is kept.
+            assert!(!irqs.msix_enabled());
+        }
+    }
+
+    #[test]
+    fn a_full_eventfd_never_blocks_the_signal() {
+        let mut irqs = Interrupts::new(1);
+        let (e, obs) = efd();
+        irqs.set_irqs(VFIO_PCI_MSIX_IRQ_INDEX, TRIGGER_FD, 0, 1, vec![e])
+            .unwrap();
+        // QEMU (or whoever holds the other end) filled the counter and stopped reading.
+        (&obs).write_all(&(u64::MAX - 1).to_ne_bytes()).unwrap();
+        assert!(irqs.trigger_msix(0), "a full counter is already pending");
+        assert_eq!(count(&obs), (u64::MAX - 1) as usize);
     }
 }

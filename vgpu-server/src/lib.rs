@@ -7,6 +7,7 @@
 //! virtio-gpu commands; [`irq`] delivers MSI-X or INTx interrupts.
 
 pub mod device;
+pub mod fds;
 pub mod gpu;
 pub mod irq;
 pub mod memory;

@@ -9,6 +9,8 @@ use std::fs::File;
 use std::sync::Arc;
 
 use log::debug;
+
+use crate::fds;
 use vm_memory::mmap::MmapRegion;
 use vm_memory::{
     FileOffset, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend,
@@ -64,6 +66,23 @@ pub enum MemoryError {
         #[source]
         source: std::io::Error,
     },
+    /// The descriptor is not a regular file (QEMU's RAM is a memfd, shared memory or a file).
+    #[error("DMA map at {addr:#x}: the descriptor is not a regular file")]
+    NotAFile {
+        /// Guest address.
+        addr: u64,
+    },
+    /// A file without a shrink seal became shorter than a region mapped from it: touching the
+    /// region would raise SIGBUS.
+    #[error("the file behind DMA region {addr:#x} shrank to {file_size:#x} bytes, below {end:#x}")]
+    Shrunk {
+        /// Guest address of the region.
+        addr: u64,
+        /// The file's size now.
+        file_size: u64,
+        /// The file offset the region ends at.
+        end: u64,
+    },
     /// The new region overlaps an existing one.
     #[error("DMA region {addr:#x}+{size:#x} overlaps a mapped region")]
     Overlap {
@@ -82,12 +101,25 @@ pub enum MemoryError {
     },
 }
 
+/// A mapped region whose file carries no shrink seal, so its size is checked before use.
+#[derive(Debug)]
+struct Unsealed {
+    /// Guest address of the region.
+    addr: u64,
+    /// The file (the mapping holds its own reference as well).
+    file: File,
+    /// The file offset the region ends at.
+    end: u64,
+}
+
 /// Guest memory of one client connection.
 #[derive(Debug)]
 pub struct GuestRam {
     mem: GuestMemoryAtomic<GuestMemoryMmap>,
     /// Ranges mapped without a usable fd (ROM, PAM, read-only): known, but not accessible.
     unbacked: Vec<(u64, u64)>,
+    /// Regions from files that could shrink under the mapping.
+    unsealed: Vec<Unsealed>,
     mapped_bytes: u64,
 }
 
@@ -103,8 +135,35 @@ impl GuestRam {
         GuestRam {
             mem: GuestMemoryAtomic::new(GuestMemoryMmap::new()),
             unbacked: Vec::new(),
+            unsealed: Vec::new(),
             mapped_bytes: 0,
         }
+    }
+
+    /// Checks that no file behind a mapped region has shrunk below it; called before the
+    /// device touches guest memory (a queue walk, a completion), so a client that truncates its
+    /// RAM file gets a device needing reset instead of a SIGBUS. Files sealed against
+    /// shrinking (QEMU's memfd default) need no check. A truncation between this check and the
+    /// access still raises SIGBUS, which ends only this VM's device process.
+    pub fn check_backing(&self) -> Result<(), MemoryError> {
+        for u in &self.unsealed {
+            let file_size = u
+                .file
+                .metadata()
+                .map_err(|source| MemoryError::Map {
+                    addr: u.addr,
+                    source,
+                })?
+                .len();
+            if file_size < u.end {
+                return Err(MemoryError::Shrunk {
+                    addr: u.addr,
+                    file_size,
+                    end: u.end,
+                });
+            }
+        }
+        Ok(())
     }
 
     /// A handle to the published memory, for the worker thread.
@@ -152,17 +211,28 @@ impl GuestRam {
             self.unbacked.push((addr, size));
             return Ok(());
         };
-        let file_size = file
+        let meta = file
             .metadata()
-            .map_err(|source| MemoryError::Map { addr, source })?
-            .len();
-        if offset.checked_add(size).is_none_or(|e| e > file_size) {
+            .map_err(|source| MemoryError::Map { addr, source })?;
+        if !meta.file_type().is_file() {
+            return Err(MemoryError::NotAFile { addr });
+        }
+        let file_size = meta.len();
+        let Some(end) = offset.checked_add(size).filter(|&e| e <= file_size) else {
             return Err(MemoryError::PastEof {
                 offset,
                 size,
                 file_size,
             });
-        }
+        };
+        let unsealed = if fds::cannot_shrink(&file) {
+            None
+        } else {
+            let file = file
+                .try_clone()
+                .map_err(|source| MemoryError::Map { addr, source })?;
+            Some(Unsealed { addr, file, end })
+        };
         let len = usize::try_from(size).map_err(|_| MemoryError::BadRange { addr, size })?;
         let mapping = MmapRegion::from_file(FileOffset::new(file, offset), len).map_err(|e| {
             MemoryError::Map {
@@ -180,6 +250,7 @@ impl GuestRam {
             .map_err(|_| MemoryError::Overlap { addr, size })?;
         guard.replace(next);
         self.mapped_bytes += size;
+        self.unsealed.extend(unsealed);
         debug!("DMA map {addr:#x}+{size:#x} (file offset {offset:#x})");
         Ok(())
     }
@@ -206,6 +277,7 @@ impl GuestRam {
             return Err(MemoryError::PartialUnmap { addr, size });
         }
         self.unbacked.retain(|&(a, s)| !inside(a, s));
+        self.unsealed.retain(|u| !inside(u.addr, 1));
         let mut current: GuestMemoryMmap = (*self.mem.memory()).clone();
         for (a, s) in backed.into_iter().filter(|&(a, s)| inside(a, s)) {
             if let Ok((next, _)) = current.remove_region(GuestAddress(a), s) {
@@ -224,6 +296,7 @@ impl GuestRam {
         let guard = self.mem.lock().unwrap_or_else(|p| p.into_inner());
         guard.replace(GuestMemoryMmap::new());
         self.unbacked.clear();
+        self.unsealed.clear();
         self.mapped_bytes = 0;
     }
 }
@@ -319,5 +392,56 @@ mod tests {
         ));
         ram.clear();
         assert_eq!(ram.region_count(), 0);
+    }
+
+    #[test]
+    fn only_regular_files_are_mapped() {
+        let mut ram = GuestRam::new();
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let sock = File::from(std::os::fd::OwnedFd::from(a));
+        assert!(matches!(
+            ram.map(0, 0x1000, Some(sock), 0, true),
+            Err(MemoryError::NotAFile { addr: 0 })
+        ));
+        assert_eq!(ram.region_count(), 0);
+    }
+
+    #[test]
+    fn a_shrunk_unsealed_file_is_detected() {
+        let mut ram = GuestRam::new();
+        let f = file(0x4000);
+        ram.map(
+            0x10_0000,
+            0x2000,
+            Some(f.try_clone().unwrap()),
+            0x2000,
+            true,
+        )
+        .unwrap();
+        ram.check_backing().unwrap();
+        f.set_len(0x3000).unwrap();
+        assert!(matches!(
+            ram.check_backing(),
+            Err(MemoryError::Shrunk {
+                addr: 0x10_0000,
+                file_size: 0x3000,
+                end: 0x4000
+            })
+        ));
+        // Unmapped, the region no longer matters.
+        ram.unmap(0x10_0000, 0x2000).unwrap();
+        ram.check_backing().unwrap();
+    }
+
+    #[test]
+    fn sealed_files_need_no_check() {
+        let mut ram = GuestRam::new();
+        let memfd = File::from(
+            rustix::fs::memfd_create("ram", rustix::fs::MemfdFlags::ALLOW_SEALING).unwrap(),
+        );
+        memfd.set_len(0x2000).unwrap();
+        rustix::fs::fcntl_add_seals(&memfd, rustix::fs::SealFlags::SHRINK).unwrap();
+        ram.map(0, 0x2000, Some(memfd), 0, true).unwrap();
+        assert!(ram.unsealed.is_empty());
     }
 }

@@ -15,6 +15,7 @@
 
 use std::fs::File;
 use std::io::Read;
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -136,10 +137,10 @@ impl WorkerHandle {
                     }
                 });
                 let has_renderer = virgl.is_some();
-                let (load_timer, retry_timer) = match (TimerFd::new(), TimerFd::new()) {
+                let (load_timer, retry_timer) = match (new_timer(), new_timer()) {
                     (Ok(a), Ok(b)) => (a, b),
                     (Err(e), _) | (_, Err(e)) => {
-                        let _ = ready.send(Err(WorkerError::Setup(e.into())));
+                        let _ = ready.send(Err(WorkerError::Setup(e)));
                         return;
                     }
                 };
@@ -289,6 +290,17 @@ fn write_frames(
     }
 }
 
+/// A timerfd the worker can read whenever epoll reported it: non-blocking, so a timer that
+/// was disarmed or re-armed after its expiry was reported (a client detaching in the same
+/// epoll batch) reads as nothing due instead of blocking the worker for good.
+fn new_timer() -> std::io::Result<TimerFd> {
+    let timer = TimerFd::new().map_err(std::io::Error::from)?;
+    // SAFETY: the descriptor belongs to `timer`, which outlives this borrow.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(timer.as_raw_fd()) };
+    crate::fds::set_nonblocking(fd)?;
+    Ok(timer)
+}
+
 /// The worker's side of scanout dumps: rate limit, trailing-edge timer, request socket.
 struct Dumper {
     config: DumpConfig,
@@ -306,7 +318,7 @@ impl Dumper {
             None => None,
         };
         Ok(Dumper {
-            timer: TimerFd::new().map_err(|e| WorkerError::Setup(e.into()))?,
+            timer: new_timer().map_err(WorkerError::Setup)?,
             timer_armed: false,
             last: None,
             requests,
@@ -663,9 +675,8 @@ impl MutEventSubscriber for Worker {
             }
             SCHED_TOKEN => self.sched_readable(ops),
             SCHED_RETRY_TOKEN => {
-                if let Some(s) = &mut self.sched
-                    && !s.retry_timer.is_armed().unwrap_or(true)
-                {
+                // Non-blocking: a timer disarmed since it fired reads as nothing due.
+                if let Some(s) = &mut self.sched {
                     let _ = s.retry_timer.wait();
                 }
                 if self.sched.as_ref().is_some_and(|s| s.watched.is_none()) {
@@ -679,10 +690,8 @@ impl MutEventSubscriber for Worker {
             }
             LOAD_TIMER_TOKEN => {
                 // Read even with no client attached, so that it stops firing; a timer re-armed
-                // since it fired is not readable any more, and the blocking read is skipped.
-                if !self.load_timer.is_armed().unwrap_or(true) {
-                    let _ = self.load_timer.wait();
-                }
+                // or disarmed since it fired reads as nothing due (it is non-blocking).
+                let _ = self.load_timer.wait();
                 self.run_load();
             }
             DUMP_REQUEST_TOKEN => {
@@ -720,5 +729,28 @@ impl MutEventSubscriber for Worker {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_timer_disarmed_after_expiry_reads_as_nothing_due() {
+        let mut timer = new_timer().unwrap();
+        timer.reset(Duration::from_millis(1), None).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        // Expired (epoll would report it), then disarmed before the worker got to it: the
+        // kernel drops the pending expiry, so a blocking read would never return.
+        timer.clear().unwrap();
+        let (done, waited) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = done.send(timer.wait().map_err(|e| e.errno()));
+        });
+        let result = waited
+            .recv_timeout(Duration::from_secs(10))
+            .expect("reading a disarmed timer blocked");
+        assert_eq!(result, Err(libc::EAGAIN));
     }
 }

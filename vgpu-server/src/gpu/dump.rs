@@ -13,6 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use log::debug;
+use rustix::fs::{AtFlags, CWD, Mode, OFlags, openat, renameat, unlinkat};
+use rustix::io::Errno;
 
 use super::protocol::PixelFormat;
 
@@ -123,15 +125,38 @@ pub fn encode_png<W: Write>(frame: &Frame, out: W) -> Result<(), png::EncodingEr
 
 /// Writes `frame` to `dir/scanoutN.png` (through a temporary file and a rename); returns the
 /// path.
+///
+/// Everything happens relative to one descriptor of `dir`, and no name in it is followed: a
+/// stale temporary (or a link planted at its name) is unlinked, the new one is created with
+/// `O_CREAT | O_EXCL | O_NOFOLLOW`, and `renameat` replaces whatever sits at the final name
+/// without following it. Whoever can write in `dir` cannot redirect the write elsewhere.
 pub fn write_frame(dir: &Path, frame: &Frame) -> Result<PathBuf, DumpError> {
-    let path = dir.join(file_name(frame.scanout));
-    let tmp = dir.join(format!(".{}.tmp", file_name(frame.scanout)));
-    let io = |source| DumpError::Io {
+    let name = file_name(frame.scanout);
+    let path = dir.join(&name);
+    let tmp = format!(".{name}.tmp");
+    let io = |source: std::io::Error| DumpError::Io {
         path: path.clone(),
         source,
     };
-    let file = File::create(&tmp).map_err(io)?;
-    let mut out = BufWriter::new(file);
+    let dirfd = openat(
+        CWD,
+        dir,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| io(e.into()))?;
+    match unlinkat(&dirfd, tmp.as_str(), AtFlags::empty()) {
+        Ok(()) | Err(Errno::NOENT) => {}
+        Err(e) => return Err(io(e.into())),
+    }
+    let file = openat(
+        &dirfd,
+        tmp.as_str(),
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::RUSR | Mode::WUSR,
+    )
+    .map_err(|e| io(e.into()))?;
+    let mut out = BufWriter::new(File::from(file));
     encode_png(frame, &mut out).map_err(|source| DumpError::Encode {
         path: path.clone(),
         source,
@@ -140,7 +165,7 @@ pub fn write_frame(dir: &Path, frame: &Frame) -> Result<PathBuf, DumpError> {
         .map_err(|e| io(e.into_error()))?
         .sync_data()
         .map_err(io)?;
-    std::fs::rename(&tmp, &path).map_err(io)?;
+    renameat(&dirfd, tmp.as_str(), &dirfd, name.as_str()).map_err(|e| io(e.into()))?;
     debug!(
         "scanout {} ({}x{}) written to {}",
         frame.scanout,
@@ -203,5 +228,36 @@ mod tests {
             .collect();
         assert_eq!(names, ["scanout0.png"], "no temporary file left");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn write_frame_never_follows_links_in_the_directory() {
+        let base = vmm_sys_util::tempdir::TempDir::new_with_prefix(
+            std::env::temp_dir().join("vgpu-dump-links"),
+        )
+        .unwrap();
+        let dir = base.as_path().join("dump");
+        let outside = base.as_path().join("outside");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(&outside, b"precious").unwrap();
+        // Links planted at the temporary name and at the final name, both pointing outside.
+        std::os::unix::fs::symlink(&outside, dir.join(".scanout0.png.tmp")).unwrap();
+        std::os::unix::fs::symlink(&outside, dir.join("scanout0.png")).unwrap();
+        let frame = Frame {
+            scanout: 0,
+            width: 1,
+            height: 1,
+            format: PixelFormat::B8G8R8X8,
+            pixels: vec![1, 2, 3, 0],
+        };
+        let path = write_frame(&dir, &frame).unwrap();
+        assert_eq!(std::fs::read(&outside).unwrap(), b"precious");
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        assert!(
+            meta.file_type().is_file(),
+            "the link was replaced by the image"
+        );
+        assert!(std::fs::read(&path).unwrap().starts_with(b"\x89PNG"));
+        assert!(!dir.join(".scanout0.png.tmp").exists());
     }
 }
