@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The README's test command: installs what the tests need (the QEMU 11.1 prefix, the Debian guest
-# image), builds the workspace and runs every test tier (unit tests, qtest integration tests
-# against QEMU, guest end-to-end tests booting the image under QEMU).
+# image), builds the workspace, runs every fuzz target briefly and runs every test tier (unit
+# tests, qtest integration tests against QEMU, guest end-to-end tests booting the image under QEMU).
 # Idempotent; the cache lives in ${VGPU_CACHE:-$HOME/.cache/vgpu}.
 set -euo pipefail
-STEPS=4
+STEPS=5
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 step "guest image (Debian trixie, for the guest end-to-end tests)"
@@ -12,6 +12,9 @@ qemu-scripts/build-guest-image.sh
 
 step "build (workspace, all targets)"
 cargo build --workspace --all-targets --locked
+
+step "fuzz smoke run (every fuzz target for a few seconds; docs/FUZZING.md)"
+qemu-scripts/fuzz.sh --smoke
 
 step "tests (unit, qtest integration, guest end-to-end)"
 # QEMU, virglrenderer and the guest image are installed above, so a test that cannot start them

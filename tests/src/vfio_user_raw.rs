@@ -34,7 +34,8 @@ pub mod cmd {
 
 const HEADER_SIZE: usize = 16;
 const FLAG_REPLY: u32 = 1;
-const FLAG_NO_REPLY: u32 = 1 << 4;
+/// Header flag of a posted message (no reply expected).
+pub const FLAG_NO_REPLY: u32 = 1 << 4;
 const FLAG_ERROR: u32 = 1 << 5;
 /// Largest reply payload accepted (the server's 1 MiB transfer limit plus headers).
 const MAX_REPLY: usize = (1 << 20) + 4096;
@@ -72,13 +73,23 @@ impl RawClient {
     /// Connects and negotiates the protocol version.
     pub fn connect(path: &Path) -> Result<RawClient> {
         let mut client = Self::connect_unnegotiated(path)?;
+        client.call(cmd::VERSION, &Self::version_payload(), &[])?;
+        Ok(client)
+    }
+
+    /// The payload of a well-formed VERSION message: 0.1 with QEMU-like capabilities.
+    pub fn version_payload() -> Vec<u8> {
         let mut payload = vec![0, 0, 1, 0]; // major 0, minor 1
         payload.extend_from_slice(
             br#"{"capabilities":{"max_msg_fds":16,"max_data_xfer_size":1048576}}"#,
         );
         payload.push(0);
-        client.call(cmd::VERSION, &payload, &[])?;
-        Ok(client)
+        payload
+    }
+
+    /// The connected socket, for tests that stream raw bytes.
+    pub fn stream(&self) -> &UnixStream {
+        &self.stream
     }
 
     /// Connects without negotiating, so a test can send its own VERSION message.
@@ -88,19 +99,27 @@ impl RawClient {
         Ok(RawClient { stream, next_id: 0 })
     }
 
-    fn header(&mut self, command: u16, payload_len: usize, flags: u32) -> Vec<u8> {
-        let mut msg = Vec::with_capacity(HEADER_SIZE + payload_len);
+    fn send(&mut self, command: u16, payload: &[u8], fds: &[RawFd], flags: u32) -> Result<()> {
+        let size = (HEADER_SIZE + payload.len()) as u32;
+        self.send_frame(command, size, flags, payload, fds)
+    }
+
+    /// Sends a message whose header claims `size` bytes, whatever `payload` holds.
+    pub fn send_frame(
+        &mut self,
+        command: u16,
+        size: u32,
+        flags: u32,
+        payload: &[u8],
+        fds: &[RawFd],
+    ) -> Result<()> {
+        let mut msg = Vec::with_capacity(HEADER_SIZE + payload.len());
         msg.extend_from_slice(&self.next_id.to_le_bytes());
         msg.extend_from_slice(&command.to_le_bytes());
-        msg.extend_from_slice(&((HEADER_SIZE + payload_len) as u32).to_le_bytes());
+        msg.extend_from_slice(&size.to_le_bytes());
         msg.extend_from_slice(&flags.to_le_bytes());
         msg.extend_from_slice(&0u32.to_le_bytes());
         self.next_id = self.next_id.wrapping_add(1);
-        msg
-    }
-
-    fn send(&mut self, command: u16, payload: &[u8], fds: &[RawFd], flags: u32) -> Result<()> {
-        let mut msg = self.header(command, payload.len(), flags);
         msg.extend_from_slice(payload);
         if fds.is_empty() {
             self.stream.write_all(&msg)?;
@@ -117,6 +136,11 @@ impl RawClient {
     /// Sends a command and returns the reply's payload, or the server's refusal.
     pub fn call(&mut self, command: u16, payload: &[u8], fds: &[RawFd]) -> Result<Vec<u8>> {
         self.send(command, payload, fds, 0)?;
+        self.reply(command)
+    }
+
+    /// Reads the reply to `command`: its payload, or the server's refusal.
+    pub fn reply(&mut self, command: u16) -> Result<Vec<u8>> {
         let mut header = [0u8; HEADER_SIZE];
         self.stream.read_exact(&mut header)?;
         let word = |i: usize| u32::from_le_bytes(header[i..i + 4].try_into().expect("4 bytes"));
@@ -137,7 +161,8 @@ impl RawClient {
         Ok(payload)
     }
 
-    fn access(region: u32, offset: u64, count: u32) -> Vec<u8> {
+    /// The payload of a region access: offset, region, count.
+    pub fn access(region: u32, offset: u64, count: u32) -> Vec<u8> {
         let mut p = Vec::with_capacity(16);
         p.extend_from_slice(&offset.to_le_bytes());
         p.extend_from_slice(&region.to_le_bytes());

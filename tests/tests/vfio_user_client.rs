@@ -1,6 +1,8 @@
 //! The server against a hostile vfio-user client (a raw client plays a QEMU that sends what QEMU
-//! never would). Every malformed message is refused, with an error reply where the message
-//! expects one and DEVICE_NEEDS_RESET where it does not; the server then serves the next VM.
+//! never would). The relay refuses malformed frames before the message loop sees them: an
+//! EINVAL reply where the message expects one, the connection closed where it does not; bad
+//! register widths inside a region reach the device, which needs a reset. The server then
+//! serves the next VM.
 
 use std::os::fd::AsRawFd;
 use std::time::Duration;
@@ -11,16 +13,18 @@ use vfio_bindings::bindings::vfio::{
     VFIO_PCI_CONFIG_REGION_INDEX, VFIO_PCI_INTX_IRQ_INDEX, VFIO_PCI_MSIX_IRQ_INDEX,
 };
 use vgpu_tests::TempDir;
+use vgpu_tests::guest::{ServerProcess, server_binary};
 use vgpu_tests::raw_guest::{ISR, RawGuest};
 use vgpu_tests::server::{TestServer, VgpuGuest};
 use vgpu_tests::skip_without_qemu;
-use vgpu_tests::vfio_user_raw::{RawClient, RawError, cmd};
+use vgpu_tests::vfio_user_raw::{FLAG_NO_REPLY, RawClient, RawError, cmd};
 use vmm_sys_util::eventfd::EventFd;
 
 const BAR4: u32 = VFIO_PCI_BAR4_REGION_INDEX;
 const STATUS: u64 = 0x14;
 const NEEDS_RESET: u8 = 0x40;
 const TIMEOUT: Duration = Duration::from_secs(5);
+const EINVAL: u32 = libc::EINVAL as u32;
 
 fn status(client: &mut RawClient) -> u8 {
     client.region_read(BAR4, STATUS, 1).unwrap()[0]
@@ -62,9 +66,14 @@ fn malformed_messages_are_refused() {
     )));
     assert!(refused(client.region_read(42, 0, 4)), "no such region");
     assert_eq!(
+        server.counter("refused_messages"),
+        6,
+        "accesses outside the region table stop at the relay"
+    );
+    assert_eq!(
         server.counter("invalid_accesses"),
-        7,
-        "the crate refuses region 42 itself"
+        2,
+        "bad widths inside a region reach the device"
     );
     assert_ne!(
         status(&mut client) & NEEDS_RESET,
@@ -72,30 +81,90 @@ fn malformed_messages_are_refused() {
         "violations put the device into NEEDS_RESET"
     );
 
-    // Posted writes are never answered, refused or not; the connection stays in step.
-    client.region_write_posted(BAR4, 0x3ffe, &[0; 4]).unwrap();
+    // Posted writes are never answered; a bad width inside the region keeps the connection.
     client.region_write_posted(BAR4, 0x2001, &[0; 2]).unwrap();
     assert_eq!(status(&mut client) & NEEDS_RESET, NEEDS_RESET);
-    assert_eq!(server.counter("invalid_accesses"), 9);
+    assert_eq!(server.counter("invalid_accesses"), 3);
     client.reset().unwrap();
     assert_eq!(status(&mut client), 0, "DEVICE_RESET clears NEEDS_RESET");
 }
 
+/// The errno of a refusal, or a panic naming what came back instead.
+fn errno(r: Result<impl std::fmt::Debug, RawError>) -> u32 {
+    match r {
+        Err(RawError::Refused { errno, .. }) => errno,
+        other => panic!("expected an error reply, got {other:?}"),
+    }
+}
+
 #[test]
-fn malformed_version_message_costs_only_its_connection() {
+fn malformed_version_messages_are_answered() {
     let server = TestServer::start(2);
     let mut client = RawClient::connect_unnegotiated(server.socket()).unwrap();
-    // Version 0.1 with a capability string lacking its terminating NUL.
-    let reply = client.call(cmd::VERSION, b"\x00\x00\x01\x00{}", &[]);
-    assert!(
-        matches!(reply, Err(RawError::Io(_))),
-        "connection dropped: {reply:?}"
-    );
+    // Version 0.1 with a capability string lacking its terminating NUL, with two NULs, none
+    // at all, and a header alone (the crate would read the next message as its version).
+    for caps in [&b"{}"[..], b"{}\0{}\0", b""] {
+        let mut payload = vec![0, 0, 1, 0];
+        payload.extend_from_slice(caps);
+        assert_eq!(errno(client.call(cmd::VERSION, &payload, &[])), EINVAL);
+    }
+    assert_eq!(errno(client.call(cmd::VERSION, &[], &[])), EINVAL);
+    // Bigger than MAX_VERSION_BYTES: skipped unread, answered, still in step.
+    let mut huge = vec![0, 0, 1, 0];
+    huge.extend(std::iter::repeat_n(b' ', 8192));
+    huge.push(0);
+    assert_eq!(errno(client.call(cmd::VERSION, &huge, &[])), EINVAL);
+    assert_eq!(server.counter("refused_messages"), 5);
+
+    // The same connection negotiates and is served: nothing panicked, nothing was dropped.
+    client
+        .call(cmd::VERSION, &RawClient::version_payload(), &[])
+        .expect("a well-formed VERSION after the bad ones");
+    assert_eq!(status(&mut client), 0);
     drop(client);
     let mut next = RawClient::connect(server.socket()).expect("the server still serves");
     assert_eq!(status(&mut next), 0);
     drop(next);
     server.wait(Duration::from_secs(10)).unwrap();
+}
+
+#[test]
+fn posted_write_outside_a_region_closes_the_connection() {
+    let server = TestServer::start(2);
+    let mut client = RawClient::connect(server.socket()).unwrap();
+    // QEMU bounds MMIO writes by the BAR size it was given: only a broken or hostile QEMU
+    // sends this, and a posted message cannot be answered.
+    client.region_write_posted(BAR4, 0x3ffe, &[0; 4]).unwrap();
+    assert!(
+        matches!(client.region_read(BAR4, STATUS, 1), Err(RawError::Io(_))),
+        "connection closed"
+    );
+    assert_eq!(server.counter("refused_messages"), 1);
+    assert_eq!(server.counter("invalid_accesses"), 0);
+    drop(client);
+    let mut next = RawClient::connect(server.socket()).expect("the server still serves");
+    assert_eq!(status(&mut next), 0, "a fresh device");
+    drop(next);
+    server.wait(Duration::from_secs(10)).unwrap();
+}
+
+#[test]
+fn unframeable_messages_close_the_connection() {
+    // A header shorter than itself, a message past the frame limit, a reply from the client.
+    for (size, flags) in [(8, 0), (u32::MAX, 0), (16, 1)] {
+        let server = TestServer::start(1);
+        let mut client = RawClient::connect(server.socket()).unwrap();
+        client
+            .send_frame(cmd::DEVICE_RESET, size, flags, &[], &[])
+            .unwrap();
+        assert!(
+            matches!(client.reply(cmd::DEVICE_RESET), Err(RawError::Io(_))),
+            "size {size} flags {flags}: connection closed"
+        );
+        assert_eq!(server.counter("refused_messages"), 1);
+        drop(client);
+        server.wait(Duration::from_secs(10)).unwrap();
+    }
 }
 
 #[test]
@@ -171,6 +240,23 @@ fn bad_dma_maps_and_irqs_are_refused() {
     client
         .set_irqs(VFIO_PCI_MSIX_IRQ_INDEX, trigger, 0, 1, &[fd])
         .unwrap();
+
+    // More descriptors than the command carries: refused, every one closed, still in step.
+    let mut map = Vec::new();
+    for v in [32u32, 3] {
+        map.extend_from_slice(&v.to_le_bytes());
+    }
+    for v in [0u64, 0x2000_0000, 0x10000] {
+        map.extend_from_slice(&v.to_le_bytes());
+    }
+    let two = [ram.as_raw_fd(), ram.as_raw_fd()];
+    assert_eq!(errno(client.call(cmd::DMA_MAP, &map, &two)), EINVAL);
+    assert_eq!(
+        errno(client.call(cmd::REGION_READ, &RawClient::access(BAR4, 0, 4), &[fd])),
+        EINVAL,
+        "a descriptor on a region read"
+    );
+    assert_eq!(server.counter("dma_maps"), 1);
     assert_eq!(
         status(&mut client),
         0,
@@ -209,7 +295,7 @@ fn next_vm_is_served_after_a_hostile_client() {
     client
         .dma_map(&dir.file("ram", 0x10000).unwrap(), 0, 0, 0x10000)
         .unwrap();
-    client.region_write_posted(BAR4, 0x3ffe, &[0; 4]).unwrap();
+    client.region_write_posted(BAR4, 0x2001, &[0; 2]).unwrap();
     assert_ne!(status(&mut client) & NEEDS_RESET, 0);
     drop(client);
 
@@ -287,4 +373,77 @@ fn intx_stays_masked_until_the_resample_eventfd() {
         "nothing pending"
     );
     assert_eq!(guest.status().unwrap(), 0xf);
+}
+
+/// Resident memory of process `pid` in KiB (`VmRSS` of /proc/PID/status).
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("process status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS line")
+}
+
+/// Data streamed behind the huge REGION_WRITE below: what a server that believed its count
+/// would take into memory.
+const STREAMED: usize = 128 << 20;
+/// RSS growth that counts as "none": connection threads and buffers, far below `STREAMED`.
+const RSS_SLACK_KIB: u64 = 32 << 10;
+
+#[test]
+fn hostile_frames_cost_the_server_process_nothing() {
+    let binary = server_binary().expect("vgpu-server binary");
+    let args = ["--renderer".to_string(), "none".to_string()];
+    let server = ServerProcess::start(&binary, false, &args).expect("server starts");
+
+    // A malformed VERSION gets an error reply; the connection goes on to negotiate.
+    let mut client = RawClient::connect_unnegotiated(server.socket()).unwrap();
+    assert_eq!(
+        errno(client.call(cmd::VERSION, b"\x00\x00\x01\x00{}", &[])),
+        EINVAL
+    );
+    assert_eq!(errno(client.call(cmd::VERSION, &[], &[])), EINVAL);
+    client
+        .call(cmd::VERSION, &RawClient::version_payload(), &[])
+        .unwrap();
+    // Descriptors pass through the relay to the message loop (sendmsg, inside the sandbox).
+    let efd = EventFd::new(0).unwrap();
+    let trigger = VFIO_IRQ_SET_ACTION_TRIGGER | VFIO_IRQ_SET_DATA_EVENTFD;
+    client
+        .set_irqs(VFIO_PCI_MSIX_IRQ_INDEX, trigger, 0, 1, &[efd.as_raw_fd()])
+        .expect("an eventfd through the relay");
+    // A REGION_WRITE claiming 0xffff_ff00 bytes, expecting a reply: refused, still in step.
+    let huge = RawClient::access(BAR4, 0, 0xffff_ff00);
+    assert_eq!(errno(client.call(cmd::REGION_WRITE, &huge, &[])), EINVAL);
+    assert_eq!(status(&mut client), 0);
+
+    // The same write posted (as QEMU posts MMIO writes; its message size wraps to 32), with
+    // 128 MiB of "data" behind it: the connection closes before any of it is read.
+    let before = rss_kib(server.pid());
+    let mut writer = client.stream().try_clone().unwrap();
+    client
+        .send_frame(cmd::REGION_WRITE, 32, FLAG_NO_REPLY, &huge, &[])
+        .unwrap();
+    let streamer = std::thread::spawn(move || {
+        let chunk = vec![0x5au8; 1 << 20];
+        (0..STREAMED / chunk.len()).try_for_each(|_| std::io::Write::write_all(&mut writer, &chunk))
+    });
+    let streamed = streamer.join().unwrap();
+    let after = rss_kib(server.pid());
+    println!("server RSS {before} KiB before the write, {after} KiB after");
+    assert!(
+        after < before + RSS_SLACK_KIB,
+        "server RSS grew from {before} KiB to {after} KiB"
+    );
+    assert!(streamed.is_err(), "the server stopped reading");
+    drop(client);
+
+    // The next client is served by a fresh device.
+    let mut next = RawClient::connect(server.socket()).expect("the server still serves");
+    assert_eq!(status(&mut next), 0);
+    drop(next);
+    let log = server.log();
+    assert!(!log.contains("panic"), "no panic:\n{log}");
+    assert!(log.contains("refused"), "refusals logged:\n{log}");
 }

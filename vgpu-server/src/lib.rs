@@ -1,13 +1,15 @@
 //! vgpu-server: a vfio-user server presenting a virtio-gpu PCI function to a QEMU guest
 //! (`-device vfio-user-pci`). One process serves one vGPU.
 //!
-//! Data path (see docs/ARCHITECTURE.md): [`transport`] validates every vfio-user message and
-//! turns doorbell writes into worker kicks; [`device`] holds the function state; [`worker`]
+//! Data path (see docs/ARCHITECTURE.md): [`relay`] frames every vfio-user message from QEMU
+//! and has [`frame`] check it before the `vfio-user` crate's message loop sees it;
+//! [`transport`] validates each access again and turns doorbell writes into worker kicks; [`device`] holds the function state; [`worker`]
 //! walks the virtqueues ([`queue`]) over guest memory ([`memory`]); [`gpu`] decodes and executes
 //! virtio-gpu commands; [`irq`] delivers MSI-X or INTx interrupts.
 
 pub mod device;
 pub mod fds;
+pub mod frame;
 pub mod gpu;
 pub mod irq;
 pub mod memory;
@@ -15,13 +17,16 @@ pub mod metrics;
 pub mod pci;
 pub mod queue;
 pub mod ratelimit;
+pub mod relay;
 pub mod sandbox;
 pub mod sched_client;
 pub mod transport;
 pub mod virtio_pci;
 pub mod worker;
 
-use std::path::PathBuf;
+use std::io;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use log::{error, info, warn};
@@ -33,10 +38,12 @@ use vfio_bindings::bindings::vfio::{
 use vfio_user::{IrqInfo, Server, ServerRegion};
 
 use crate::device::Device;
+use crate::frame::Limits;
 use crate::gpu::DisplayConfig;
 use crate::gpu::dump::DumpConfig;
 use crate::metrics::{DeviceMetrics, inc};
-use crate::transport::{NUM_REGIONS, Region, Transport};
+use crate::relay::{Ended, Relay, RelayError};
+use crate::transport::{DeviceSlot, NUM_REGIONS, Region, Transport};
 use crate::worker::{WorkerError, WorkerHandle};
 
 /// What one server process serves.
@@ -64,21 +71,27 @@ pub struct ServerConfig {
 /// Errors that stop the server.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    /// The socket could not be created.
+    /// The socket could not be created (it must not exist).
     #[error("listening on {path}: {source}")]
     Listen {
         /// Socket path.
         path: PathBuf,
-        /// The crate's error.
+        /// What failed.
         #[source]
-        source: vfio_user::Error,
+        source: io::Error,
     },
     /// The device worker could not start.
     #[error(transparent)]
     Worker(#[from] WorkerError),
     /// Accepting a connection failed.
     #[error("accepting a client: {0}")]
-    Accept(#[source] vfio_user::Error),
+    Accept(#[source] io::Error),
+    /// The relay failed: the message loop cannot be reached.
+    #[error(transparent)]
+    Relay(#[from] RelayError),
+    /// The message loop's thread could not be started.
+    #[error("starting the message loop thread: {0}")]
+    Thread(#[source] io::Error),
     /// The dump directory is not a directory.
     #[error("dump directory {0} is not a directory")]
     DumpDir(PathBuf),
@@ -86,17 +99,43 @@ pub enum ServerError {
 
 /// A listening vGPU server.
 pub struct VgpuServer {
-    server: Server,
+    /// The `vfio-user` crate's server on the private listener of [`relay::loop_link`], with
+    /// the relay's connection queued on it.
+    message_loop: Server,
+    /// The relay's end of that connection.
+    relay: Relay,
+    core: Core,
+}
+
+/// What serving a connection takes besides the relay and the message loop.
+struct Core {
+    /// QEMU's socket.
+    listening: Listening,
     config: ServerConfig,
     metrics: Arc<DeviceMetrics>,
     /// One worker for the life of the server, serving each connection's device in turn.
     worker: WorkerHandle,
 }
 
+/// The socket QEMU connects to, removed with the listener (bind fails on an existing path,
+/// so it is ours).
+struct Listening {
+    listener: UnixListener,
+    path: PathBuf,
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_file(&self.path) {
+            warn!("removing {}: {e}", self.path.display());
+        }
+    }
+}
+
 impl std::fmt::Debug for VgpuServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("VgpuServer")
-            .field("config", &self.config)
+            .field("config", &self.core.config)
             .finish_non_exhaustive()
     }
 }
@@ -159,12 +198,25 @@ impl VgpuServer {
         {
             return Err(ServerError::DumpDir(dump.dir.clone()));
         }
-        let server = Server::new(&config.socket, true, irqs(), regions()).map_err(|source| {
-            ServerError::Listen {
+        let listener =
+            UnixListener::bind(&config.socket).map_err(|source| ServerError::Listen {
                 path: config.socket.clone(),
                 source,
-            }
-        })?;
+            })?;
+        let listening = Listening {
+            listener,
+            path: config.socket.clone(),
+        };
+        let dir = match config.socket.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir,
+            _ => Path::new("."),
+        };
+        let (loop_listener, loop_end) = relay::loop_link(dir)?;
+        let message_loop = Server::from_owned_fd(loop_listener.into(), true, irqs(), regions());
+        let limits = Limits::new(
+            regions().iter().map(|r| r.region_info.size).collect(),
+            irqs().iter().map(|irq| irq.count).collect(),
+        );
         info!(
             "listening on {} ({}x{} scanout)",
             config.socket.display(),
@@ -172,6 +224,7 @@ impl VgpuServer {
             config.display.height
         );
         let metrics = Arc::new(DeviceMetrics::default());
+        let relay = Relay::new(loop_end, limits, metrics.clone())?;
         let worker = WorkerHandle::spawn(
             config.dump.clone(),
             metrics.clone(),
@@ -180,31 +233,70 @@ impl VgpuServer {
             config.socket.clone(),
         )?;
         Ok(VgpuServer {
-            server,
-            config,
-            metrics,
-            worker,
+            message_loop,
+            relay,
+            core: Core {
+                listening,
+                config,
+                metrics,
+                worker,
+            },
         })
     }
 
     /// The device's counters.
     pub fn metrics(&self) -> Arc<DeviceMetrics> {
-        self.metrics.clone()
+        self.core.metrics.clone()
     }
 
     /// Serves clients one after another: each connection gets a fresh device; when it ends
     /// (QEMU quit or was killed) all guest mappings are dropped. Returns after
-    /// `max_connections` connections, if set.
+    /// `max_connections` connections, if set, or when the message loop fails.
     pub fn serve(self) -> Result<(), ServerError> {
-        let mut served = 0u32;
-        while self.config.max_connections.is_none_or(|max| served < max) {
-            self.serve_one()?;
-            served = served.saturating_add(1);
-        }
-        Ok(())
+        let VgpuServer {
+            message_loop,
+            mut relay,
+            core,
+        } = self;
+        let slot = Arc::new(DeviceSlot::default());
+        let mut transport = Transport::new(slot.clone(), &core.worker, core.metrics.clone());
+        let transport = &mut transport;
+        // The crate's message loop runs on its own thread for the life of the server, fed
+        // only by the relay on this one.
+        std::thread::scope(|scope| {
+            let looping = std::thread::Builder::new()
+                .name("vfio-user".into())
+                .spawn_scoped(scope, move || message_loop.run(transport))
+                .map_err(ServerError::Thread)?;
+            let mut served = 0u32;
+            let mut result = Ok(());
+            while core.config.max_connections.is_none_or(|max| served < max) {
+                result = core.serve_one(&mut relay, &slot);
+                if result.is_err() {
+                    break;
+                }
+                served = served.saturating_add(1);
+            }
+            // Closing the relay's end ends the message loop.
+            drop(relay);
+            match looping.join() {
+                Err(_) => error!("the vfio-user message loop panicked"),
+                Ok(Err(e)) => error!("the vfio-user message loop failed: {e}"),
+                Ok(Ok(())) => {}
+            }
+            result
+        })
     }
+}
 
-    fn serve_one(&self) -> Result<(), ServerError> {
+impl Core {
+    /// Serves one QEMU connection with a fresh device in `slot`.
+    fn serve_one(&self, relay: &mut Relay, slot: &DeviceSlot) -> Result<(), ServerError> {
+        let (client, _) = self
+            .listening
+            .listener
+            .accept()
+            .map_err(ServerError::Accept)?;
         let mut device = Device::new(
             self.config.display,
             self.metrics.clone(),
@@ -213,34 +305,25 @@ impl VgpuServer {
         device.set_resource_budget(self.config.resource_memory);
         let device = Arc::new(Mutex::new(device));
         self.worker.attach(device.clone());
-        let mut transport = Transport::new(device, &self.worker, self.metrics.clone());
+        slot.set(Some(device));
         inc(&self.metrics.connections);
-        // The crate's message loop can panic on a malformed VERSION message (it unwraps the
-        // client's capability string). Contain it to this connection: the device is dropped
-        // with the connection either way, and the next client gets a fresh one.
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.server.run(&mut transport)
-        }));
-        // The worker writes the final dump and lets go; the device and its guest mappings go
-        // with the last reference, the transport's.
+        let relayed = relay.serve(client);
+        // Every message of the connection has been handled. The worker writes the final dump
+        // and lets go; the device and its guest mappings go with the slot's reference.
         self.worker.detach();
-        drop(transport);
+        slot.set(None);
         let counters: Vec<String> = self
             .metrics
             .snapshot()
             .iter()
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
-        match result {
-            Err(_) => error!(
-                "client connection dropped after a panic in the vfio-user message loop; {}",
-                counters.join(" ")
-            ),
-            Ok(Ok(())) => info!("client disconnected; {}", counters.join(" ")),
-            Ok(Err(vfio_user::Error::SocketAccept(e))) => {
-                return Err(ServerError::Accept(vfio_user::Error::SocketAccept(e)));
+        let counters = counters.join(" ");
+        match relayed? {
+            Ended::Refused(e) => {
+                warn!("client connection closed after a refused message ({e}); {counters}")
             }
-            Ok(Err(e)) => warn!("client connection lost: {e}; {}", counters.join(" ")),
+            Ended::ClientClosed => info!("client disconnected; {counters}"),
         }
         Ok(())
     }

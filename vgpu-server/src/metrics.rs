@@ -33,6 +33,9 @@ metrics! {
     notifies_ignored,
     /// Region accesses refused by validation (bad region, range or width).
     invalid_accesses,
+    /// vfio-user messages the relay refused before the message loop saw them (bad header,
+    /// size, region range, interrupt range or descriptors; see `relay.rs`).
+    refused_messages,
     /// Protocol violations that put the device into DEVICE_NEEDS_RESET.
     transport_faults,
     /// Control-queue requests completed.

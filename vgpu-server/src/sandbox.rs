@@ -273,8 +273,9 @@ pub const ALLOWED: &[(&str, &[libc::c_long])] = &[
         ],
     ),
     (
-        // Sockets and events: vfio-user messages with SCM_RIGHTS (recvmsg, sendto, writev),
-        // a later QEMU's connection (accept4), the scheduler daemon's SOCK_SEQPACKET
+        // Sockets and events: vfio-user messages with SCM_RIGHTS (recvmsg, sendto, writev;
+        // sendmsg where the relay passes QEMU's descriptors on to the message loop), a later
+        // QEMU's connection (accept4), the scheduler daemon's SOCK_SEQPACKET
         // (connect, getsockname/getsockopt for SO_PEERCRED), eventfd kicks and interrupts,
         // timerfds (load engine, dump and reconnect timers), the worker's epoll.
         "io",
@@ -283,6 +284,7 @@ pub const ALLOWED: &[(&str, &[libc::c_long])] = &[
             libc::SYS_write,
             libc::SYS_writev,
             libc::SYS_recvmsg,
+            libc::SYS_sendmsg,
             libc::SYS_recvfrom,
             libc::SYS_sendto,
             libc::SYS_accept4,
@@ -334,9 +336,11 @@ pub const ALLOWED: &[(&str, &[libc::c_long])] = &[
     ),
     #[cfg(target_arch = "x86_64")]
     (
-        // The same on x86_64's older entry points, which glibc and Mesa use there.
+        // The same on x86_64's older entry points, which glibc and Mesa use there (poll: the
+        // relay waiting on QEMU and the message loop).
         "x86_64 forms",
         &[
+            libc::SYS_poll,
             libc::SYS_epoll_wait,
             libc::SYS_readlink,
             libc::SYS_rename,
@@ -349,6 +353,7 @@ pub const ALLOWED: &[(&str, &[libc::c_long])] = &[
         // Their generic forms elsewhere.
         "generic forms",
         &[
+            libc::SYS_ppoll,
             libc::SYS_epoll_pwait,
             libc::SYS_readlinkat,
             libc::SYS_mkdirat,

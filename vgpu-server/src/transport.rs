@@ -1,14 +1,15 @@
-//! The vfio-user side of the device (hops 1 and 2): every message the `vfio-user` crate's
-//! server loop receives lands in [`Transport`], which validates it before anything else sees
-//! it: region index, offset + count within the region, access width and alignment.
+//! The vfio-user side of the device (hops 1 and 2): every message the relay
+//! ([`crate::relay`]) passes to the `vfio-user` crate's message loop lands in [`Transport`],
+//! which checks each access again before the device sees it: region index, offset + count
+//! within the region, access width and alignment.
 //!
-//! Region writes never return an error to the crate: MMIO writes are posted (No_reply), and an
-//! error reply to one would desynchronise QEMU. A refused write is counted, logged and puts the
-//! device into DEVICE_NEEDS_RESET instead.
+//! Region writes never return an error to the crate: MMIO writes may be posted (No_reply), and
+//! the device, not the transport, owns the answer to a bad one. A refused write is counted,
+//! logged and puts the device into DEVICE_NEEDS_RESET instead.
 
 use std::fs::File;
 use std::io;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use log::{debug, warn};
 use vfio_bindings::bindings::vfio::{
@@ -17,6 +18,7 @@ use vfio_bindings::bindings::vfio::{
 use vfio_user::{DmaMapFlags, DmaUnmapFlags, ServerBackend};
 
 use crate::device::{Device, VirtioRegion, decode_virtio_bar};
+use crate::frame;
 use crate::irq::IrqChange;
 use crate::metrics::{DeviceMetrics, inc};
 use crate::pci;
@@ -103,8 +105,7 @@ pub enum AccessError {
 pub fn check_access(index: u32, offset: u64, len: usize) -> Result<Region, AccessError> {
     let region = Region::from_index(index).ok_or(AccessError::UnknownRegion(index))?;
     let size = region.size();
-    let end = offset.checked_add(len as u64);
-    if len == 0 || end.is_none_or(|e| e > size) {
+    if !frame::access_within(size, offset, len as u64) {
         return Err(AccessError::OutOfRange {
             region,
             offset,
@@ -133,61 +134,94 @@ where
     }
 }
 
-/// The `vfio-user` server backend of one connection.
+/// The device of the connection being served. The server's thread puts each connection's
+/// device in before the relay passes on its first message and takes it out after the last
+/// one was handled; the message loop's thread reads it for every message.
+#[derive(Debug, Default)]
+pub struct DeviceSlot(Mutex<Option<Arc<Mutex<Device>>>>);
+
+impl DeviceSlot {
+    /// Puts `device` in (`None`: between connections).
+    pub fn set(&self, device: Option<Arc<Mutex<Device>>>) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = device;
+    }
+
+    fn get(&self) -> Option<Arc<Mutex<Device>>> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// The `vfio-user` server backend: one for the process, serving the device in its
+/// [`DeviceSlot`].
 #[derive(Debug)]
 pub struct Transport<'a> {
-    device: Arc<Mutex<Device>>,
+    slot: Arc<DeviceSlot>,
     worker: &'a WorkerHandle,
     metrics: Arc<DeviceMetrics>,
 }
 
 impl<'a> Transport<'a> {
-    /// Serves `device` for one connection; `worker` processes its queues (the caller attaches
-    /// and detaches the device).
+    /// Serves the device in `slot`; `worker` processes its queues (the caller attaches and
+    /// detaches each device).
     pub fn new(
-        device: Arc<Mutex<Device>>,
+        slot: Arc<DeviceSlot>,
         worker: &'a WorkerHandle,
         metrics: Arc<DeviceMetrics>,
     ) -> Self {
         Transport {
-            device,
+            slot,
             worker,
             metrics,
         }
     }
 
-    fn device(&self) -> MutexGuard<'_, Device> {
-        self.device.lock().unwrap_or_else(|p| p.into_inner())
+    /// The slot's device, for the message being handled (held no longer, so that it goes
+    /// with its connection).
+    fn current(&self) -> io::Result<Arc<Mutex<Device>>> {
+        self.slot.get().ok_or_else(|| {
+            io::Error::new(io::ErrorKind::NotConnected, "no device between connections")
+        })
     }
 
-    fn refuse(&self, e: impl std::fmt::Display) {
+    fn refuse(&self, device: &Mutex<Device>, e: impl std::fmt::Display) {
         inc(&self.metrics.invalid_accesses);
-        self.device().fault(e);
+        lock(device).fault(e);
     }
+}
+
+fn lock(device: &Mutex<Device>) -> MutexGuard<'_, Device> {
+    device.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl ServerBackend for Transport<'_> {
     fn region_read(&mut self, index: u32, offset: u64, data: &mut [u8]) -> io::Result<()> {
+        let device = self.current()?;
         inc(&self.metrics.region_reads);
         let region = match check_access(index, offset, data.len()) {
             Ok(region) => region,
             Err(e) => {
-                self.refuse(&e);
+                self.refuse(&device, &e);
                 return Err(io::Error::new(io::ErrorKind::InvalidInput, e));
             }
         };
         match region {
-            Region::Config => self.device().config_read(offset, data),
+            Region::Config => lock(&device).config_read(offset, data),
             // QEMU emulates the MSI-X table and PBA; nothing is pending on our side.
             Region::Msix => data.fill(0),
             Region::Virtio => match decode_virtio_bar(offset, data.len()) {
-                Some(r) => self.device().virtio_read(r, data),
+                Some(r) => lock(&device).virtio_read(r, data),
                 None => {
                     data.fill(0);
-                    self.refuse(format_args!(
-                        "read of {} bytes at virtio BAR offset {offset:#x}",
-                        data.len()
-                    ));
+                    self.refuse(
+                        &device,
+                        format_args!(
+                            "read of {} bytes at virtio BAR offset {offset:#x}",
+                            data.len()
+                        ),
+                    );
                 }
             },
         }
@@ -195,11 +229,12 @@ impl ServerBackend for Transport<'_> {
     }
 
     fn region_write(&mut self, index: u32, offset: u64, data: &[u8]) -> io::Result<()> {
+        let device = self.current()?;
         inc(&self.metrics.region_writes);
         match check_access(index, offset, data.len()) {
-            Err(e) => self.refuse(e),
+            Err(e) => self.refuse(&device, e),
             Ok(Region::Config) => {
-                let kick = self.device().config_write(offset, data);
+                let kick = lock(&device).config_write(offset, data);
                 if let Some(q) = kick {
                     inc(&self.metrics.notifies);
                     self.worker.kick(q);
@@ -213,11 +248,14 @@ impl ServerBackend for Transport<'_> {
                     inc(&self.metrics.notifies);
                     self.worker.kick(q);
                 }
-                Some(r) => self.device().virtio_write(r, data),
-                None => self.refuse(format_args!(
-                    "write of {} bytes at virtio BAR offset {offset:#x}",
-                    data.len()
-                )),
+                Some(r) => lock(&device).virtio_write(r, data),
+                None => self.refuse(
+                    &device,
+                    format_args!(
+                        "write of {} bytes at virtio BAR offset {offset:#x}",
+                        data.len()
+                    ),
+                ),
             },
         }
         Ok(())
@@ -231,21 +269,24 @@ impl ServerBackend for Transport<'_> {
         size: u64,
         fd: Option<File>,
     ) -> io::Result<()> {
+        let device = self.current()?;
         let writable = flags.contains(DmaMapFlags::READ_WRITE);
-        self.device()
+        lock(&device)
             .dma_map(address, size, fd, offset, writable)
             .map_err(refusal("DMA_MAP"))
     }
 
     fn dma_unmap(&mut self, flags: DmaUnmapFlags, address: u64, size: u64) -> io::Result<()> {
+        let device = self.current()?;
         let all = flags.contains(DmaUnmapFlags::UNMAP_ALL);
-        self.device()
+        lock(&device)
             .dma_unmap(address, size, all)
             .map_err(refusal("DMA_UNMAP"))
     }
 
     fn reset(&mut self) -> io::Result<()> {
-        self.device().function_reset();
+        let device = self.current()?;
+        lock(&device).function_reset();
         Ok(())
     }
 
@@ -257,8 +298,8 @@ impl ServerBackend for Transport<'_> {
         count: u32,
         fds: Vec<File>,
     ) -> io::Result<()> {
-        let change = self
-            .device()
+        let device = self.current()?;
+        let change = lock(&device)
             .set_irqs(index, flags, start, count, fds)
             .map_err(refusal("SET_IRQS"))?;
         if change == IrqChange::ResampleChanged {

@@ -672,15 +672,20 @@ fn busy_for_long(before: &SchedStat, now: &SchedStat, dt: Nanos) -> bool {
 }
 
 /// A process's cgroup paths from `/proc/PID/cgroup`, relative to their hierarchy roots.
+/// The cgroups `/proc/PID/cgroup` names, relative to their hierarchy's root.
 #[derive(Debug, Default, PartialEq, Eq)]
-struct ProcCgroups {
-    v2: Option<PathBuf>,
-    v1_cpu: Option<PathBuf>,
-    v1_cpuacct: Option<PathBuf>,
+pub struct ProcCgroups {
+    /// The unified (v2) cgroup.
+    pub v2: Option<PathBuf>,
+    /// The v1 `cpu` controller's cgroup.
+    pub v1_cpu: Option<PathBuf>,
+    /// The v1 `cpuacct` controller's cgroup.
+    pub v1_cpuacct: Option<PathBuf>,
 }
 
-/// Parses `/proc/PID/cgroup`: `0::/path` for v2, `N:ctrl,ctrl:/path` for v1.
-fn parse_proc_cgroup(path: &Path, text: &str) -> Result<ProcCgroups> {
+/// Parses `/proc/PID/cgroup`: `0::/path` for v2, `N:ctrl,ctrl:/path` for v1. Public, like the
+/// other parsers here, for the fuzz target `cgroup_proc`.
+pub fn parse_proc_cgroup(path: &Path, text: &str) -> Result<ProcCgroups> {
     let mut out = ProcCgroups::default();
     for line in text.lines().filter(|l| !l.is_empty()) {
         let mut fields = line.splitn(3, ':');
@@ -761,7 +766,7 @@ fn read_thread(dir: &Path, tid: u32) -> Result<ThreadSample> {
 
 /// Splits a `stat` line `TID (COMM) S ...` into the command name and the state letter. The name
 /// may hold spaces and parentheses, so it ends at the last `)`.
-fn parse_stat(bytes: &[u8]) -> std::result::Result<(&[u8], u8), &'static str> {
+pub fn parse_stat(bytes: &[u8]) -> std::result::Result<(&[u8], u8), &'static str> {
     let open = bytes.iter().position(|&b| b == b'(').ok_or("no '('")?;
     let close = bytes.iter().rposition(|&b| b == b')').ok_or("no ')'")?;
     if close < open {
@@ -779,7 +784,7 @@ fn parse_stat(bytes: &[u8]) -> std::result::Result<(&[u8], u8), &'static str> {
 }
 
 /// Parses `schedstat`: run time ns, wait time ns, time slices.
-fn parse_schedstat(text: &str) -> std::result::Result<SchedStat, &'static str> {
+pub fn parse_schedstat(text: &str) -> std::result::Result<SchedStat, &'static str> {
     let mut fields = text.split_ascii_whitespace().map(str::parse::<u64>);
     let mut next = || match fields.next() {
         Some(Ok(v)) => Ok(v),
@@ -798,7 +803,7 @@ fn parse_schedstat(text: &str) -> std::result::Result<SchedStat, &'static str> {
 
 /// QEMU's vCPU thread names: `CPU <n>/KVM`, `CPU <n>/TCG`, `CPU <n>/DUMMY` under qtest (other
 /// accelerators use other suffixes after the slash; any non-empty one is accepted).
-fn is_vcpu_comm(comm: &str) -> bool {
+pub fn is_vcpu_comm(comm: &str) -> bool {
     let Some(rest) = comm.strip_prefix("CPU ") else {
         return false;
     };

@@ -1055,24 +1055,20 @@ impl Loop {
         if !client.closing {
             // What does not fit the head is read (so the close after the 431 is no reset)
             // but not kept.
-            let mut overflow = false;
+            let mut state = HttpHead::Incomplete;
             let head = &mut client.head;
-            let r = Self::read_client(&mut client.stream, &mut |b| {
-                let room = MAX_HTTP_REQUEST_BYTES.saturating_sub(head.len());
-                let kept = b.get(..room).unwrap_or(b);
-                overflow |= kept.len() < b.len();
-                head.extend_from_slice(kept);
-            });
-            let end = find(&client.head, b"\r\n\r\n").or_else(|| find(&client.head, b"\n\n"));
-            if let Some(end) = end {
-                let head = client.head.get(..end).unwrap_or(&[]).to_vec();
-                client.out = self.http_answer(now, &head);
-                client.closing = true;
-            } else if overflow || client.head.len() >= MAX_HTTP_REQUEST_BYTES {
-                client.out = http_response("431 Request Header Fields Too Large", "text/plain", "");
-                client.closing = true;
-            } else {
-                eof = r.unwrap_or(true);
+            let r = Self::read_client(&mut client.stream, &mut |b| state = http_head(head, b));
+            match state {
+                HttpHead::Complete(route) => {
+                    client.out = self.http_answer(now, route);
+                    client.closing = true;
+                }
+                HttpHead::TooLarge => {
+                    client.out =
+                        http_response("431 Request Header Fields Too Large", "text/plain", "");
+                    client.closing = true;
+                }
+                HttpHead::Incomplete => eof = r.unwrap_or(true),
             }
         }
         self.sources.insert(token, Source::Http(client));
@@ -1083,22 +1079,18 @@ impl Loop {
         }
     }
 
-    fn http_answer(&self, now: u64, head: &[u8]) -> Vec<u8> {
-        let line = head.split(|&b| b == b'\n').next().unwrap_or(&[]);
-        let line = String::from_utf8_lossy(line);
-        let mut parts = line.split_whitespace();
-        let (method, target, version) = (parts.next(), parts.next(), parts.next());
-        if !version.is_some_and(|v| v.starts_with("HTTP/1.")) {
-            return http_response("400 Bad Request", "text/plain", "bad request\n");
-        }
-        match (method, target) {
-            (Some("GET"), Some("/metrics")) => http_response(
+    fn http_answer(&self, now: u64, route: HttpRoute) -> Vec<u8> {
+        match route {
+            HttpRoute::BadRequest => {
+                http_response("400 Bad Request", "text/plain", "bad request\n")
+            }
+            HttpRoute::Metrics => http_response(
                 "200 OK",
                 "text/plain; version=0.0.4; charset=utf-8",
                 &render_metrics(&self.daemon.stats(now)),
             ),
-            (Some("GET"), _) => http_response("404 Not Found", "text/plain", "not found\n"),
-            _ => http_response(
+            HttpRoute::NotFound => http_response("404 Not Found", "text/plain", "not found\n"),
+            HttpRoute::MethodNotAllowed => http_response(
                 "405 Method Not Allowed",
                 "text/plain",
                 "method not allowed\n",
@@ -1677,6 +1669,63 @@ fn http_expired(c: &Client<TcpStream>) -> bool {
     age > HTTP_TIMEOUT || (!c.closing && age > HTTP_HEAD_TIMEOUT)
 }
 
+/// Where a metrics request goes, by its request line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HttpRoute {
+    /// `GET /metrics`.
+    Metrics,
+    /// `GET` of anything else.
+    NotFound,
+    /// Another method.
+    MethodNotAllowed,
+    /// Not an HTTP/1.x request line.
+    BadRequest,
+}
+
+/// What a metrics connection's received bytes hold so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HttpHead {
+    /// No end of head yet, and room for more.
+    Incomplete,
+    /// [`MAX_HTTP_REQUEST_BYTES`] received without an end of head.
+    TooLarge,
+    /// The head ended; where it goes.
+    Complete(HttpRoute),
+}
+
+/// Appends `received` to a metrics connection's `head` (keeping at most
+/// [`MAX_HTTP_REQUEST_BYTES`]; the rest is dropped) and says what the head holds now. Pure, so
+/// that it can be fuzzed on its own (fuzz target `http_head`).
+pub fn http_head(head: &mut Vec<u8>, received: &[u8]) -> HttpHead {
+    let room = MAX_HTTP_REQUEST_BYTES.saturating_sub(head.len());
+    let kept = received.get(..room).unwrap_or(received);
+    head.extend_from_slice(kept);
+    let end = find(head, b"\r\n\r\n").or_else(|| find(head, b"\n\n"));
+    match end {
+        Some(end) => HttpHead::Complete(http_route(head.get(..end).unwrap_or_default())),
+        None if kept.len() < received.len() || head.len() >= MAX_HTTP_REQUEST_BYTES => {
+            HttpHead::TooLarge
+        }
+        None => HttpHead::Incomplete,
+    }
+}
+
+/// Routes a request head by its first line.
+fn http_route(head: &[u8]) -> HttpRoute {
+    let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
+    let line = String::from_utf8_lossy(line);
+    let mut parts = line.split_whitespace();
+    let (method, target, version) = (parts.next(), parts.next(), parts.next());
+    if !version.is_some_and(|v| v.starts_with("HTTP/1.")) {
+        return HttpRoute::BadRequest;
+    }
+    match (method, target) {
+        (Some("GET"), Some("/metrics")) => HttpRoute::Metrics,
+        (Some("GET"), _) => HttpRoute::NotFound,
+        _ => HttpRoute::MethodNotAllowed,
+    }
+}
+
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
@@ -1806,6 +1855,26 @@ mod tests {
     fn http_heads_found_and_answered() {
         assert_eq!(find(b"GET / HTTP/1.1\r\n\r\n", b"\r\n\r\n"), Some(14));
         assert_eq!(find(b"GET", b"\r\n\r\n"), None);
+        let mut head = Vec::new();
+        assert_eq!(
+            http_head(&mut head, b"GET /metrics HTTP/1.1\r\n"),
+            HttpHead::Incomplete
+        );
+        assert_eq!(
+            http_head(&mut head, b"\r\n"),
+            HttpHead::Complete(HttpRoute::Metrics)
+        );
+        assert_eq!(
+            http_head(&mut Vec::new(), b"POST / HTTP/1.0\n\n"),
+            HttpHead::Complete(HttpRoute::MethodNotAllowed)
+        );
+        assert_eq!(
+            http_head(&mut Vec::new(), b"GET /\n\n"),
+            HttpHead::Complete(HttpRoute::BadRequest)
+        );
+        let mut head = vec![b'x'; MAX_HTTP_REQUEST_BYTES - 1];
+        assert_eq!(http_head(&mut head, b"yy"), HttpHead::TooLarge);
+        assert_eq!(head.len(), MAX_HTTP_REQUEST_BYTES);
         let r = String::from_utf8(http_response("200 OK", "text/plain", "x\n")).unwrap();
         assert!(r.starts_with("HTTP/1.1 200 OK\r\n") && r.contains("Content-Length: 2\r\n"));
         assert!(r.ends_with("\r\n\r\nx\n"));

@@ -1,0 +1,197 @@
+#!/usr/bin/env python3
+"""Writes the seed corpora of the fuzz targets into fuzz/corpus/<target>/ (docs/FUZZING.md).
+
+Each seed is a small, well-formed input in the byte layout its target reads (see the target's
+source in fuzz_targets/), so the fuzzer starts from inputs that reach deep into the code under
+test. Run it from anywhere: `python3 fuzz/seeds.py`. The output is deterministic.
+"""
+import json
+import os
+import struct
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
+
+
+def u8(v): return struct.pack("<B", v)
+def u16(v): return struct.pack("<H", v)
+def u32(v): return struct.pack("<I", v)
+def u64(v): return struct.pack("<Q", v)
+def chunk(b): assert len(b) < 256; return u8(len(b)) + b
+
+
+def write(target, name, data):
+    d = os.path.join(ROOT, target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+
+# --- scheduler protocol (scheduler/daemon/src/proto.rs) -------------------------------------
+MAGIC = 0x31534756
+TO_DEVICE = 0x8000
+
+
+def packet(kind, payload):
+    return u32(MAGIC) + u16(kind) + u16(0) + u32(len(payload)) + payload
+
+
+def text(s): return u16(len(s)) + s.encode()
+def hello(name, pid, qemu=0): return packet(1, u32(2) + text(name) + u32(pid) + u32(qemu))
+def submit(group, exec_=0, cost=1000):
+    return packet(2, u64(group) + u32(0) + u8(0) + u64(7) + u64(cost) + u8(exec_))
+def completed(group, start, finish): return packet(4, u64(group) + u64(start) + u64(finish))
+def cancel(group): return packet(7, u64(group))
+
+
+def framed(*packets): return b"".join(u16(len(p)) + p for p in packets)
+
+
+write("sched_proto", "hello_submit", framed(hello("vm0", 10), submit(1), completed(1, 5, 9)))
+write("sched_proto", "frame_bye_cancel", framed(packet(5, b""), cancel(3), packet(6, b"")))
+write("sched_proto", "to_device", framed(packet(TO_DEVICE | 1, u32(2) + u32(0)),
+                                         packet(TO_DEVICE | 2, u64(1)),
+                                         packet(TO_DEVICE | 4, u64(1000) + u64(0)),
+                                         packet(TO_DEVICE | 9, u32(1) + text("bad"))))
+
+# --- daemon protocol with several connections (fuzz_targets/daemon_proto.rs) ----------------
+def d_connect(pid=0): return u8(0) + u8(0) + u8(pid)
+def d_close(pick): return u8(1) + u8(pick)
+def d_raw(pick, p): return u8(2) + u8(pick) + chunk(p)
+def d_hello(pick, vm, pid, qemu=0): return u8(3) + u8(pick) + u8(vm) + u8(pid) + u8(qemu)
+def d_submit(pick, group, sim=0):
+    return u8(4) + u8(pick) + u8(group) + u8(0) + u8(0) + u8(1) + u16(5) + u8(sim)
+def d_completed(pick, group): return u8(5) + u8(pick) + u16(0) + u16(3) + u8(group)
+def d_other(pick, group, which): return u8(6) + u8(pick) + u8(group) + u8(which)
+def d_time(us): return u8(7) + u8(0) + u32(us * 1000)
+
+
+write("daemon_proto", "two_vms_one_never_completes",
+      u8(0) + d_connect() + d_connect() + d_hello(0, 0, 1) + d_hello(1, 1, 2)
+      + d_submit(0, 1) + d_submit(1, 1) + d_completed(0, 1) + d_time(100) + d_close(0))
+write("daemon_proto", "simulated_and_cancel",
+      u8(1) + d_connect() + d_hello(0, 2, 3) + d_submit(0, 4, sim=1) + d_time(5000)
+      + d_submit(0, 5) + d_other(0, 5, 0) + d_other(0, 0, 1) + d_other(0, 0, 2))
+write("daemon_proto", "raw_and_squatter",
+      u8(0) + d_connect() + d_connect() + d_raw(0, hello("vm1", 5)) + d_hello(1, 1, 5)
+      + d_raw(0, submit(9)) + d_other(1, 9, 3))
+
+# --- control requests (fuzz_targets/control_requests.rs) ------------------------------------
+def lines(*reqs):
+    out = b""
+    for r in reqs:
+        line = (json.dumps(r) if isinstance(r, dict) else r).encode() + b"\n"
+        out += u16(1) + chunk(line)
+    return out
+
+
+write("control_requests", "list_stats", lines({"cmd": "list"}, {"cmd": "stats"}))
+write("control_requests", "params_focus",
+      lines({"cmd": "set-params", "vm": "vm0", "params": {"priority": 3}},
+            {"cmd": "focus", "vm": "vm1"}, "weight=4", "reserve=100/1000/pe"))
+write("control_requests", "policy_create",
+      lines({"cmd": "set-policy", "policy": {"policy": "fair"}},
+            {"cmd": "create", "name": "a", "socket": "/run/a.sock", "args": ["--width", "800"]},
+            {"cmd": "destroy", "name": "a"}))
+
+# --- metrics HTTP head (fuzz_targets/http_head.rs) ------------------------------------------
+write("http_head", "get_metrics", chunk(b"GET /metrics HTTP/1.1\r\nHost: h\r\n") + chunk(b"\r\n"))
+write("http_head", "post", chunk(b"POST / HTTP/1.0\n\n"))
+write("http_head", "trickle", b"".join(chunk(bytes([c])) for c in b"GET / HTTP/1.1\r\n\r\n"))
+
+# --- cgroup and /proc parsers (fuzz_targets/cgroup_proc.rs) ---------------------------------
+write("cgroup_proc", "proc_cgroup_v2", u8(0) + b"0::/machine.slice/vm1.scope\n")
+write("cgroup_proc", "proc_cgroup_v1", u8(0) + b"12:cpu,cpuacct:/a/b\n3:memory:/m\n0::/x\n")
+write("cgroup_proc", "stat", u8(1) + b"1234 (CPU 0/KVM) R 1 2 3 4 5")
+write("cgroup_proc", "schedstat", u8(2) + b"123456 789 10\n")
+write("cgroup_proc", "vcpu_name", u8(3) + b"CPU 12/TCG")
+
+# --- virtio-gpu commands (fuzz_targets/gpu_commands.rs) -------------------------------------
+def hdr(ty, fence=0, ctx=0): return u32(ty) + u32(1 if fence else 0) + u64(fence) + u32(ctx) + u8(0) + b"\0" * 3
+def rect(x, y, w, h): return u32(x) + u32(y) + u32(w) + u32(h)
+def g_op(op, buf): return u8(op) + u16(len(buf)) + buf
+
+
+CREATE_2D = hdr(0x101) + u32(1) + u32(1) + u32(64) + u32(64)
+BACKING = hdr(0x106) + u32(1) + u32(2) + u64(0x1000) + u32(8192) + u32(0) + u64(0x4000) + u32(8192) + u32(0)
+write("gpu_commands", "display_2d",
+      u8(0) + g_op(0, hdr(0x100)) + g_op(0, CREATE_2D) + g_op(3, b"\x11" * 64) + g_op(0, BACKING)
+      + g_op(0, hdr(0x105) + rect(0, 0, 64, 64) + u64(0) + u32(1) + u32(0))
+      + g_op(0, hdr(0x103) + rect(0, 0, 64, 64) + u32(0) + u32(1))
+      + g_op(0, hdr(0x104, fence=5) + rect(0, 0, 64, 64) + u32(1) + u32(0))
+      + g_op(0, hdr(0x10a) + u32(0) + u32(0)) + g_op(0, hdr(0x102) + u32(1) + u32(0)))
+write("gpu_commands", "cursor",
+      u8(0) + g_op(0, CREATE_2D) + g_op(1, hdr(0x300) + u32(0) + u32(10) + u32(20) + u32(0)
+                                        + u32(1) + u32(2) + u32(3) + u32(0))
+      + g_op(1, hdr(0x301) + u32(0) + u32(30) + u32(40) + u32(0) + u32(0) * 4))
+write("gpu_commands", "capsets_3d",
+      u8(1) + g_op(0, hdr(0x108) + u32(0) + u32(0)) + g_op(0, hdr(0x109) + u32(1) + u32(0))
+      + g_op(0, hdr(0x200, ctx=1) + u32(7) + u32(0) + b"name" + b"\0" * 60)
+      + g_op(2, u32(1) * 8))
+
+# --- PCI config and virtio-pci (fuzz_targets/pci_config.rs) ---------------------------------
+def p_op(kind, width_index, offset, value=0): return u8(kind | (width_index << 4)) + u16(offset) + u64(value)
+
+
+write("pci_config", "probe",
+      u8(0) + p_op(1, 2, 0x00) + p_op(1, 1, 0x06) + p_op(1, 0, 0x34) + p_op(0, 1, 0x04, 0x6)
+      + p_op(1, 2, 0x40) + p_op(3, 2, 0x04) + p_op(3, 1, 0x12))
+write("pci_config", "driver_init",
+      u8(0) + p_op(2, 0, 0x14, 0) + p_op(2, 0, 0x14, 3) + p_op(2, 2, 0x00, 1) + p_op(3, 2, 0x04)
+      + p_op(2, 2, 0x08, 1) + p_op(2, 2, 0x0c, 1) + p_op(2, 0, 0x14, 11) + p_op(2, 1, 0x16, 0)
+      + p_op(2, 1, 0x18, 16) + p_op(2, 3, 0x20, 0) + p_op(2, 3, 0x28, 0x1000)
+      + p_op(2, 3, 0x30, 0x2000) + p_op(2, 1, 0x1c, 1) + p_op(2, 0, 0x14, 15)
+      + p_op(2, 1, 0x3000, 0) + p_op(3, 2, 0x2000) + p_op(5, 0, 1))
+write("pci_config", "ready_then_reset", u8(1) + u64(0) + p_op(4, 0, 0) + p_op(5, 0, 0) + p_op(4, 0, 1))
+
+# --- DMA and interrupts (fuzz_targets/dma_irq.rs) -------------------------------------------
+def m_map(page, pages, off, fd=True, writable=True):
+    return u8(0 | (0 if fd else 0x10) | (0 if writable else 0x20)) + u16(page) + u16(pages) + u16(off)
+def m_unmap(page, pages): return u8(1) + u16(page) + u16(pages)
+def m_irqs(index, sel, start, count, fds): return u8(3) + u8(index) + u8(sel) + u8(start) + u8(count) + u8(fds)
+
+
+write("dma_irq", "maps", u64(0) + m_map(0x10, 4, 0) + m_map(0x12, 4, 8) + m_map(0x20, 2, 0, fd=False)
+      + m_unmap(0x10, 2) + m_unmap(0x10, 4) + u8(2))
+write("dma_irq", "msix_intx", u64(0) + m_irqs(2, 8, 0, 2, 2) + m_irqs(0, 8, 0, 1, 1)
+      + m_irqs(0, 5, 0, 1, 0) + u8(4) + m_irqs(2, 2, 0, 0, 0) + u8(5) + u8(0) + u16(0) + chunk(b""))
+
+# --- virtqueues over guest memory (fuzz_targets/virtqueue.rs) -------------------------------
+def desc(addr, length, flags, nxt): return u64(addr) + u32(length) + u16(flags) + u16(nxt)
+def ram(addr, data): return u8(0) + u16(addr) + chunk(data)
+def publish(q, n): return u8(2 | (q << 7)) + u8(n)
+def kick(q): return u8(3 | (q << 7))
+
+
+NEXT, WRITE, INDIRECT = 1, 2, 4
+write("virtqueue", "display_info",
+      u64(0) + ram(0x6000, hdr(0x100)) + ram(0, desc(0x6000, 24, NEXT, 1) + desc(0x7000, 512, WRITE, 0))
+      + publish(0, 1) + kick(0))
+write("virtqueue", "cursor_queue",
+      u64(0) + ram(0x8000, hdr(0x301) + b"\0" * 32) + ram(0x3000, desc(0x8000, 56, 0, 0))
+      + publish(1, 1) + kick(1))
+write("virtqueue", "indirect_and_loop",
+      u64(1 << 28) + ram(0x6000, hdr(0x100)) + ram(0x9000, desc(0x6000, 24, NEXT, 1) + desc(0x7000, 512, WRITE, 0))
+      + ram(0, desc(0x9000, 32, INDIRECT, 0) + desc(0x6000, 24, NEXT, 1)) + ram(0x1004, u16(0) + u16(1))
+      + publish(0, 2) + kick(0))
+
+# --- vfio-user stream (fuzz_targets/vfio_user_stream.rs) ------------------------------------
+def msg(mid, cmd, payload, flags=0): return u16(mid) + u16(cmd) + u32(16 + len(payload)) + u32(flags) + u32(0) + payload
+
+
+CAPS = json.dumps({"capabilities": {"max_msg_fds": 16, "max_data_xfer_size": 1048576}}).encode() + b"\0"
+VERSION = msg(0, 1, u16(0) + u16(1) + CAPS)
+CONFIG, BAR4 = 7, 4
+def rd(mid, region, off, count): return msg(mid, 9, u64(off) + u32(region) + u32(count))
+def wr(mid, region, off, data): return msg(mid, 10, u64(off) + u32(region) + u32(len(data)) + data)
+
+
+write("vfio_user_stream", "version_info",
+      VERSION + msg(1, 4, u32(16) + u32(0) + u32(0) + u32(0)) + msg(2, 5, u32(32) + u32(0) + u32(CONFIG) + u32(0) * 5)
+      + msg(3, 7, u32(16) + u32(0) + u32(2) + u32(0)))
+write("vfio_user_stream", "config_and_bar",
+      VERSION + rd(1, CONFIG, 0, 4) + wr(2, CONFIG, 4, u16(6)) + rd(3, BAR4, 0x12, 2)
+      + wr(4, BAR4, 0x14, u8(3)) + wr(5, BAR4, 0x3000, u16(0)) + msg(6, 13, b""))
+write("vfio_user_stream", "dma_without_fd",
+      VERSION + msg(1, 2, u32(32) + u32(3) + u64(0) + u64(0x100000) + u64(0x10000))
+      + msg(2, 3, u32(24) + u32(0) + u64(0x100000) + u64(0x10000))
+      + msg(3, 8, u32(20) + u32(0x24) + u32(2) + u32(0) + u32(0)))

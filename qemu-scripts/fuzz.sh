@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Builds the fuzz targets in fuzz/ (libFuzzer through libfuzzer-sys, stable toolchain, SanitizerCoverage
+# instrumentation, no ASan; docs/FUZZING.md) and runs every target (or those named), two at a time,
+# each from a copy of its checked-in seed corpus. Prints a table (target, executions, exec/s, crashes)
+# and writes it as JSON.
+#
+#   qemu-scripts/fuzz.sh [--smoke | --long] [TARGET...]
+#     --smoke   a few seconds per target (FUZZ_SECONDS, default 3): CI's run
+#     --long    FUZZ_RUNS executions per target (default 10^7), each stopped after FUZZ_MAX_SECONDS
+#               (default 3600) if it has not got there
+#   FUZZ_JOBS   targets run at once (default 2)
+#   FUZZ_OUT    where corpora, logs, crash artifacts and fuzz-MODE.json go (default fuzz/out)
+#
+# Exit status: 0 when every target ran without a crash, 1 otherwise.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+mode=smoke
+targets=()
+for arg in "$@"; do
+    case $arg in
+        --smoke) mode=smoke ;;
+        --long) mode=long ;;
+        -*) echo "usage: $0 [--smoke|--long] [TARGET...]" >&2; exit 2 ;;
+        *) targets+=("$arg") ;;
+    esac
+done
+all=(vfio_user_stream daemon_proto virtqueue dma_irq control_requests pci_config gpu_commands
+     http_head cgroup_proc sched_proto)
+((${#targets[@]})) || targets=("${all[@]}")
+
+out=$(realpath -m "${FUZZ_OUT:-fuzz/out}")
+mkdir -p "$out"
+case $mode in
+    smoke) limits=(-max_total_time="${FUZZ_SECONDS:-3}") ;;
+    long) limits=(-runs="${FUZZ_RUNS:-10000000}" -max_total_time="${FUZZ_MAX_SECONDS:-3600}") ;;
+esac
+
+# What cargo-fuzz passes with -Zsanitizer=none, which stable rustc takes: libFuzzer's coverage
+# feedback (8-bit counters, the PC table, comparison tracing). --target keeps the flags off build
+# scripts and proc macros, which are not linked with libFuzzer.
+triple=$(rustc -vV | sed -n 's/^host: //p')
+export RUSTFLAGS="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
+-Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
+-Cllvm-args=-sanitizer-coverage-trace-compares --cfg fuzzing"
+echo "building fuzz targets (release, $triple)"
+bins=()
+for t in "${targets[@]}"; do bins+=(--bin "$t"); done
+cargo build --manifest-path fuzz/Cargo.toml --locked --release --target "$triple" "${bins[@]}"
+bindir=fuzz/target/$triple/release
+
+run_one() {
+    local t=$1 dir=$out/$mode/$1
+    rm -rf "$dir"
+    mkdir -p "$dir/corpus" "$dir/artifacts" "$dir/tmp"
+    cp fuzz/corpus/"$t"/* "$dir/corpus/"
+    local rc=0 start=$SECONDS
+    # The vfio-user target puts its listening socket in TMPDIR.
+    TMPDIR=$dir/tmp "$bindir/$t" "${limits[@]}" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
+        -print_final_stats=1 -artifact_prefix="$dir/artifacts/" "$dir/corpus" >"$dir/log" 2>&1 || rc=$?
+    echo "$rc" >"$dir/rc"
+    echo $((SECONDS - start)) >"$dir/seconds"
+    echo "  $t done (exit $rc)"
+}
+export -f run_one
+export out mode bindir
+export limits_str="${limits[*]}"
+
+echo "running ${#targets[@]} target(s), mode $mode, ${FUZZ_JOBS:-2} at a time; logs in $out/$mode"
+# shellcheck disable=SC2016
+printf '%s\n' "${targets[@]}" |
+    xargs -P "${FUZZ_JOBS:-2}" -I{} bash -c 'limits=($limits_str); run_one "$1"' _ {}
+
+status=0
+json="$out/fuzz-$mode.json"
+{
+    printf '{"mode": "%s", "limits": "%s", "targets": [' "$mode" "${limits[*]}"
+    sep=
+    printf '%-18s %14s %10s %8s %8s\n' target executions exec/s seconds crashes >&2
+    for t in "${targets[@]}"; do
+        dir=$out/$mode/$t
+        runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$dir/log" | tail -1)
+        runs=${runs:-0}
+        secs=$(cat "$dir/seconds")
+        rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$dir/log" | tail -1)
+        rate=${rate:-0}
+        crashes=$(find "$dir/artifacts" -type f | wc -l)
+        rc=$(cat "$dir/rc")
+        if ((crashes > 0 || rc != 0)); then status=1; fi
+        printf '%-18s %14s %10s %8s %8s\n' "$t" "$runs" "$rate" "$secs" "$crashes" >&2
+        printf '%s{"target": "%s", "executions": %s, "exec_per_sec": %s, "seconds": %s, "crashes": %s, "exit": %s}' \
+            "$sep" "$t" "$runs" "$rate" "$secs" "$crashes" "$rc"
+        sep=', '
+    done
+    printf ']}\n'
+} >"$json"
+echo "written: $json"
+exit "$status"
