@@ -15,7 +15,7 @@
 //! | `oversized_3d` | 16384² textures and many small ones, unreferenced and created again |
 //! | `dma_unmap` | a raw vfio-user client unmapping all guest RAM (rings included) while chains wait, re-initialising after NEEDS_RESET |
 //! | `never_completes` | a fake device on the daemon's socket that never completes its grants |
-//! | `squatter_after` | a fake device of another uid claiming the VM's name while it is connected |
+//! | `squatter_after` | a fake device of another uid (when run as root) claiming the VM's name while it is connected |
 //! | `squatter_before` | the same, before the VM's device connects |
 //!
 //! A case passes when the daemon and both device processes are alive afterwards (a fake peer
@@ -561,6 +561,9 @@ impl FakeDevice {
             .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(Stdio::null());
+        // Only root may start a process as another user; otherwise the squatter is another
+        // connection of the same user.
+        let uid = uid.filter(|_| vgpu_schedd::seqpacket::effective_uid() == 0);
         if let Some(uid) = uid {
             // Another local user who may reach the device socket (device processes of other
             // uids do): the daemon's temporary directory and socket are opened to it.
