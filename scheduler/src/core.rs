@@ -86,7 +86,9 @@ pub struct Account {
     pub dispatched: u64,
     /// Groups completed.
     pub completed: u64,
-    /// GPU time used by completed groups.
+    /// Groups cancelled by their submitter, queued or in flight (see [`Event::Cancelled`]).
+    pub cancelled: u64,
+    /// GPU time used by completed groups, and charged to groups cancelled in flight.
     pub gpu_time: Nanos,
     /// Time completed groups spent waiting between submission and dispatch.
     pub wait_time: Nanos,
@@ -499,6 +501,12 @@ impl Scheduler {
                     return Err(SchedError::UnknownGroup(*group));
                 }
             }
+            Event::Cancelled { vgpu, group } => {
+                let s = self.st.get(*vgpu).ok_or(SchedError::UnknownVgpu(*vgpu))?;
+                if !s.live.contains(group) {
+                    return Err(SchedError::UnknownGroup(*group));
+                }
+            }
             Event::CpuHint(v, _) | Event::Frame(v) => self.check_vgpu(*v)?,
             Event::Config(ConfigChange::Params(v, p)) => {
                 self.check_vgpu(*v)?;
@@ -532,7 +540,8 @@ impl Scheduler {
                 group,
                 start,
                 finish,
-            } => self.completed(vgpu, group, start, finish, out),
+            } => self.completed(vgpu, group, start, finish, false, out),
+            Event::Cancelled { vgpu, group } => self.cancelled(vgpu, group, out),
             Event::Timer => {
                 while let Some(&(t, v)) = self.st.lease_ends.first() {
                     if t > now {
@@ -636,12 +645,36 @@ impl Scheduler {
         });
     }
 
+    /// A group leaves: from its queue, or from the GPU-online list as a completion that ran
+    /// from its dispatch until now.
+    fn cancelled(&mut self, v: VgpuId, id: GroupId, out: &mut Vec<Decision>) {
+        let now = self.st.now;
+        let Some(s) = self.st.get_mut(v) else { return };
+        if let Some(pos) = s.queue.iter().position(|q| q.group.id == id) {
+            s.queue.remove(pos);
+            s.live.remove(&id);
+            s.account.cancelled += 1;
+            self.policy.withdrawn(&mut Self::cx(&mut self.st, out), v);
+            return;
+        }
+        let dispatched = self
+            .st
+            .online
+            .iter()
+            .find(|o| o.group.id == id && o.group.vgpu == v)
+            .map(|o| o.dispatched);
+        if let Some(start) = dispatched {
+            self.completed(v, id, start, now, true, out);
+        }
+    }
+
     fn completed(
         &mut self,
         v: VgpuId,
         id: GroupId,
         start: Time,
         finish: Time,
+        cancelled: bool,
         out: &mut Vec<Decision>,
     ) {
         let Some(pos) = self
@@ -672,7 +705,11 @@ impl Scheduler {
             s.live.remove(&id);
             s.in_flight = s.in_flight.saturating_sub(1);
             let a = &mut s.account;
-            a.completed += 1;
+            if cancelled {
+                a.cancelled += 1;
+            } else {
+                a.completed += 1;
+            }
             a.gpu_time = a.gpu_time.saturating_add(done.cost());
             a.wait_time = a
                 .wait_time
@@ -898,6 +935,9 @@ mod tests {
         }
         fn dispatched(&mut self, cx: &mut Cx<'_>, v: VgpuId, l: bool) {
             self.inner.dispatched(cx, v, l)
+        }
+        fn withdrawn(&mut self, cx: &mut Cx<'_>, v: VgpuId) {
+            self.inner.withdrawn(cx, v)
         }
         fn focus(&mut self, cx: &mut Cx<'_>, v: VgpuId) {
             // Focus toggles: lease with a budget of 10 and an end at 100, or suspend.

@@ -246,6 +246,17 @@ pub enum Event {
         /// When its fence signalled.
         finish: Time,
     },
+    /// The submitter withdrew a group it had submitted or dispatched (its device was reset or
+    /// its VM rebooted before the group finished). A queued group leaves its queue; a group on
+    /// the GPU-online list leaves it and is charged the time it held its place there, from its
+    /// dispatch until now: an upper bound of the GPU time it may have used, so that cancelling
+    /// is never cheaper than completing.
+    Cancelled {
+        /// The vGPU that owns the group.
+        vgpu: VgpuId,
+        /// The group.
+        group: GroupId,
+    },
     /// A deadline returned by [`crate::Scheduler::next_deadline`] was reached.
     Timer,
     /// News from the host CPU scheduler about a VM.

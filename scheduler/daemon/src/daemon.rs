@@ -11,13 +11,13 @@
 //! or that the scheduler refuses gets a `Refused` and closes that connection only; its vGPU is
 //! removed and the other VMs go on.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 
 use log::{debug, info, warn};
 use serde::Serialize;
 use thiserror::Error;
-use vgpu_scheduler::core::MAX_GROUPS_PER_VGPU;
+use vgpu_scheduler::core::{MAX_GROUPS_PER_VGPU, MAX_VGPUS};
 use vgpu_scheduler::policy::timegraph::ConfigError;
 use vgpu_scheduler::sim::ParamsOverride;
 use vgpu_scheduler::sim::engine::{Engine, Job};
@@ -27,8 +27,15 @@ use vgpu_scheduler::{
 };
 
 use crate::proto::{
-    self, Detail, Exec, Msg, PROTOCOL_VERSION, ProtoError, RefuseCode, Session, VmName,
+    self, Detail, Exec, MAX_GROUPS_PER_DEVICE, Msg, PROTOCOL_VERSION, ProtoError, RefuseCode,
+    Session, VmName,
 };
+
+// The per-device bound the device and the daemon agree on is what the daemon enforces; the
+// scheduler core's per-vGPU bound stays above it, so the core never refuses a device the daemon
+// accepted, and the core's total (every vGPU at its bound) stays finite.
+const _: () = assert!(MAX_GROUPS_PER_DEVICE <= MAX_GROUPS_PER_VGPU);
+const _: () = assert!(MAX_CONNECTIONS <= MAX_VGPUS);
 
 /// Most device connections at once, greeted or not: far above one host's VMs, and it bounds
 /// the connection table against a local process that opens sockets in a loop.
@@ -36,6 +43,10 @@ pub const MAX_CONNECTIONS: usize = 1024;
 /// Most VM names whose parameters the daemon stores (set by the control interface, kept while
 /// the VM is away): bounds the table a control client can grow.
 pub const MAX_STORED_VMS: usize = 4096;
+/// Most VM names bound to the user of the device that first used them: the same bound as the
+/// stored parameters. When full, a binding of a name with no live device is dropped for a new
+/// one, so the table cannot lock out new names.
+pub const MAX_BOUND_NAMES: usize = MAX_STORED_VMS;
 /// Largest cost of one `Simulated` group: the load capset's largest OCCUPY (1 s), so one group
 /// cannot hold the shared engine for longer.
 pub const MAX_SIMULATED_COST_NS: Nanos = 1_000_000_000;
@@ -49,6 +60,26 @@ pub const STATS_WINDOW_SNAPSHOTS: usize = 5;
 pub const MAX_TIMER_STEPS: usize = 1 << 20;
 /// Largest GPU context switch cost of the simulated engine: 10 ms, far above any real GPU's.
 pub const MAX_SWITCH_COST_NS: Nanos = 10_000_000;
+/// How long a group granted to a device (or dispatched by it under a lease) may stay
+/// unfinished before the daemon stops trusting the device: 2 s. The longest legitimate group is
+/// bounded by what a guest's own display stack tolerates: Windows WDDM's Timeout Detection and
+/// Recovery treats a GPU job that runs longer than its default `TdrDelay` of 2 seconds as a
+/// hung GPU and resets it ("Timeout Detection and Recovery (TDR)", Windows driver
+/// documentation), and Linux DRM drivers use timeouts of the same order. A device whose group
+/// is not done by then is broken, hung or hostile: it is dropped (its connection closed, its
+/// groups written off, its place on the GPU-online list freed) so that the other VMs keep
+/// getting grants.
+pub const DEFAULT_GROUP_TIMEOUT_NS: Nanos = 2 * vgpu_scheduler::model::NS_PER_SEC;
+/// How long after a Revoke the daemon still accepts `Dispatched` from the device: 250 ms. A
+/// device that dispatched under its lease sends `Dispatched` at once, but the Revoke and that
+/// message may cross in the sockets, and the device's worker may be busy in a long submit when the
+/// Revoke arrives; 250 ms covers both with room on a loaded host (scheduling latency of tens of
+/// ms), while keeping what a device may still put on the GPU after a Revoke small. A
+/// `Dispatched` outside a lease and this grace is a protocol violation.
+pub const DISPATCH_GRACE_NS: Nanos = 250 * vgpu_scheduler::model::NS_PER_MS;
+/// Longest group timeout accepted: 10 minutes, for debugging a device under a debugger; beyond
+/// it a hung device would stall every VM for longer than any operator waits.
+pub const MAX_GROUP_TIMEOUT_NS: Nanos = 600 * vgpu_scheduler::model::NS_PER_SEC;
 
 /// Latency values below this many µs have a histogram bucket each.
 const HIST_LINEAR: u64 = 16;
@@ -78,14 +109,18 @@ pub enum DaemonError {
         /// The pid from the socket's credentials.
         peer: u32,
     },
+    /// The VM name is bound to another user, or reserved for a device process the daemon
+    /// created.
+    #[error("VM name {0:?} belongs to another user or process")]
+    NameForbidden(String),
     /// [`MAX_CONNECTIONS`] connections are open.
     #[error("too many connections (at most {MAX_CONNECTIONS})")]
     TooManyConnections,
     /// The group id is already queued or in flight for this device.
     #[error("group {0:?} is already queued or in flight")]
     DuplicateGroup(GroupId),
-    /// The device has [`MAX_GROUPS_PER_VGPU`] groups queued or in flight.
-    #[error("too many groups queued or in flight (at most {MAX_GROUPS_PER_VGPU})")]
+    /// The device has [`MAX_GROUPS_PER_DEVICE`] groups queued or in flight.
+    #[error("too many groups queued or in flight (at most {MAX_GROUPS_PER_DEVICE})")]
     QueueFull,
     /// No group with this id is queued or in flight for this device.
     #[error("group {0:?} is not queued or in flight")]
@@ -115,6 +150,18 @@ pub enum DaemonError {
     /// A control request names a VM by an invalid name.
     #[error("invalid VM name: {0}")]
     BadName(ProtoError),
+    /// A group granted to the device, or dispatched by it, did not complete in time.
+    #[error("group {group:?} not completed within {timeout_ms} ms of its dispatch")]
+    GroupTimeout {
+        /// The oldest group in flight.
+        group: GroupId,
+        /// The group timeout.
+        timeout_ms: u64,
+    },
+    /// `Dispatched` while the device holds no lease and its last one ended more than
+    /// [`DISPATCH_GRACE_NS`] ago.
+    #[error("group {0:?} dispatched without a lease")]
+    NotLeased(GroupId),
     /// [`MAX_STORED_VMS`] VMs have stored parameters.
     #[error("too many VMs with stored parameters (at most {MAX_STORED_VMS})")]
     TooManyVms,
@@ -139,11 +186,14 @@ impl DaemonError {
                 | SchedError::BadParams(_) => RefuseCode::Internal,
             },
             DaemonError::NameInUse(_) => RefuseCode::NameInUse,
+            DaemonError::NameForbidden(_) => RefuseCode::Forbidden,
             DaemonError::TooManyConnections => RefuseCode::TooManyVgpus,
             DaemonError::DuplicateGroup(_) => RefuseCode::DuplicateGroup,
             DaemonError::QueueFull => RefuseCode::QueueFull,
             DaemonError::UnknownGroup(_) => RefuseCode::UnknownGroup,
             DaemonError::NotGranted(_) => RefuseCode::OutOfOrder,
+            DaemonError::GroupTimeout { .. } => RefuseCode::Timeout,
+            DaemonError::NotLeased(_) => RefuseCode::NotLeased,
             DaemonError::PidMismatch { .. }
             | DaemonError::NotDeviceGroup(_)
             | DaemonError::FinishInFuture { .. }
@@ -186,6 +236,10 @@ pub struct DaemonConfig {
     pub switch_cost_ns: Nanos,
     /// Whether the scheduler's CPU weight hints go to the outbox (to be written to cgroups).
     pub cpu_writeback: bool,
+    /// How long a device group may stay granted (or dispatched under a lease) without
+    /// completing before its device is dropped; [`DEFAULT_GROUP_TIMEOUT_NS`] by default,
+    /// clamped to 1 ns..=[`MAX_GROUP_TIMEOUT_NS`].
+    pub group_timeout_ns: Nanos,
 }
 
 impl Default for DaemonConfig {
@@ -195,6 +249,7 @@ impl Default for DaemonConfig {
             capacity: 1,
             switch_cost_ns: 0,
             cpu_writeback: false,
+            group_timeout_ns: DEFAULT_GROUP_TIMEOUT_NS,
         }
     }
 }
@@ -238,6 +293,8 @@ struct Group {
     context: u32,
     cost: Nanos,
     submitted: Time,
+    /// While granted to its device (or dispatched by it): when it times out.
+    deadline: Option<Time>,
 }
 
 /// Counters at one statistics snapshot.
@@ -317,6 +374,8 @@ struct Attached {
     vgpu: VgpuId,
     device_pid: u32,
     qemu_pid: u32,
+    /// When its last lease was revoked, for [`DISPATCH_GRACE_NS`].
+    revoked_at: Option<Time>,
     groups: BTreeMap<GroupId, Group>,
     snapshots: VecDeque<Snapshot>,
     latency: Histogram,
@@ -383,6 +442,8 @@ pub struct VmStats {
     pub dispatched: u64,
     /// Groups completed since it connected.
     pub completed: u64,
+    /// Groups its device cancelled since it connected (queued or in flight).
+    pub cancelled: u64,
     /// GPU time of its completed groups since it connected, ns.
     pub gpu_time_ns: Nanos,
     /// Frames since it connected.
@@ -421,9 +482,16 @@ pub struct Daemon {
     conns: BTreeMap<ConnId, Conn>,
     by_vgpu: BTreeMap<VgpuId, ConnId>,
     stored: BTreeMap<String, VgpuParams>,
+    /// VM name → the uid of the first device connection that used it.
+    owners: BTreeMap<String, u32>,
+    /// VM name → the pid of the device process the daemon created for it.
+    reserved: BTreeMap<String, u32>,
     engine: Engine,
     engine_due: Option<Time>,
     next_snapshot: Time,
+    /// Device groups in flight by deadline: the first one is the oldest group in flight of any
+    /// device, so a device that completes newer groups does not keep an old one alive.
+    expiry: BTreeSet<(Time, ConnId, GroupId)>,
     out: Outbox,
 }
 
@@ -450,8 +518,11 @@ impl Daemon {
             conns: BTreeMap::new(),
             by_vgpu: BTreeMap::new(),
             stored: BTreeMap::new(),
+            owners: BTreeMap::new(),
+            reserved: BTreeMap::new(),
             engine_due: None,
             next_snapshot: now.saturating_add(STATS_INTERVAL_NS),
+            expiry: BTreeSet::new(),
             out: Outbox::default(),
         })
     }
@@ -544,6 +615,11 @@ impl Daemon {
         };
         self.out.drops.push(conn);
         let Some(vm) = c.vm else { return };
+        for (&id, g) in &vm.groups {
+            if let Some(t) = g.deadline {
+                self.expiry.remove(&(t, conn, id));
+            }
+        }
         self.by_vgpu.remove(&vm.vgpu);
         let dropped = self.engine.discard_queued(conn.0);
         let mut out = Vec::new();
@@ -593,6 +669,7 @@ impl Daemon {
                 start,
                 finish,
             } => self.completed(now, conn, group, start, finish),
+            Msg::Cancel { group } => self.cancel(now, conn, group),
             Msg::Frame => {
                 let v = self.vgpu_of(conn)?;
                 self.feed(now, Event::Frame(v))
@@ -631,9 +708,18 @@ impl Daemon {
             });
         }
         let name = name.as_str().to_owned();
+        if self
+            .reserved
+            .get(&name)
+            .is_some_and(|&pid| pid != peer.pid || peer.pid == 0)
+            || self.owners.get(&name).is_some_and(|&uid| uid != peer.uid)
+        {
+            return Err(DaemonError::NameForbidden(name));
+        }
         if self.live_conn(&name).is_some() {
             return Err(DaemonError::NameInUse(name));
         }
+        self.bind_name(&name, peer.uid);
         let mut params = self
             .stored
             .get(&name)
@@ -653,6 +739,7 @@ impl Daemon {
                 vgpu,
                 device_pid,
                 qemu_pid,
+                revoked_at: None,
                 groups: BTreeMap::new(),
                 snapshots: VecDeque::from([start]),
                 latency: Histogram::new(),
@@ -670,6 +757,41 @@ impl Daemon {
         Ok(())
     }
 
+    /// Binds `name` to `uid` if it is not bound yet (see [`MAX_BOUND_NAMES`]).
+    fn bind_name(&mut self, name: &str, uid: u32) {
+        if self.owners.contains_key(name) {
+            return;
+        }
+        if self.owners.len() >= MAX_BOUND_NAMES {
+            let idle = self
+                .owners
+                .keys()
+                .find(|n| self.live_conn(n).is_none())
+                .cloned();
+            match idle {
+                Some(n) => {
+                    self.owners.remove(&n);
+                }
+                None => return,
+            }
+        }
+        self.owners.insert(name.to_owned(), uid);
+    }
+
+    /// Reserves VM `name` for the device process `pid` the daemon created: until
+    /// [`Daemon::release_name`], a `Hello` for it from another process is refused.
+    pub fn reserve_name(&mut self, name: &str, pid: u32) {
+        self.reserved.insert(name.to_owned(), pid);
+    }
+
+    /// Ends the reservation of `name` for `pid` (its process exited); another reservation of
+    /// the name is kept.
+    pub fn release_name(&mut self, name: &str, pid: u32) {
+        if self.reserved.get(name) == Some(&pid) {
+            self.reserved.remove(name);
+        }
+    }
+
     /// Checks that a new group may be tracked for the device and returns its vGPU.
     fn new_group(&mut self, conn: ConnId, group: GroupId) -> Result<VgpuId, DaemonError> {
         let vm = self
@@ -678,7 +800,7 @@ impl Daemon {
         if vm.groups.contains_key(&group) {
             return Err(DaemonError::DuplicateGroup(group));
         }
-        if vm.groups.len() >= MAX_GROUPS_PER_VGPU {
+        if vm.groups.len() >= MAX_GROUPS_PER_DEVICE {
             return Err(DaemonError::QueueFull);
         }
         Ok(vm.vgpu)
@@ -709,6 +831,7 @@ impl Daemon {
                     context,
                     cost,
                     submitted: now,
+                    deadline: None,
                 },
             );
         }
@@ -732,6 +855,13 @@ impl Daemon {
         signature: CostSignature,
     ) -> Result<(), DaemonError> {
         let vgpu = self.new_group(conn, group)?;
+        let leased = self.sched.vgpu(vgpu).is_some_and(|s| s.lease().is_some());
+        let revoked_at = self.attached(conn).and_then(|vm| vm.revoked_at);
+        let in_grace = revoked_at.is_some_and(|t| now <= t.saturating_add(DISPATCH_GRACE_NS));
+        if !leased && !in_grace {
+            return Err(DaemonError::NotLeased(group));
+        }
+        let deadline = now.saturating_add(self.group_timeout());
         if let Some(vm) = self.attached(conn) {
             vm.groups.insert(
                 group,
@@ -741,9 +871,11 @@ impl Daemon {
                     context,
                     cost: 0,
                     submitted: now,
+                    deadline: Some(deadline),
                 },
             );
         }
+        self.expiry.insert((deadline, conn, group));
         let g = CommandGroup {
             id: group,
             vgpu,
@@ -780,6 +912,12 @@ impl Daemon {
         }
         let vgpu = vm.vgpu;
         vm.groups.remove(&group);
+        if let Some(t) = g.deadline {
+            self.expiry.remove(&(t, conn, group));
+        }
+        let Some(vm) = self.attached(conn) else {
+            return Ok(());
+        };
         vm.latency
             .record(finish.saturating_sub(g.submitted) / vgpu_scheduler::model::NS_PER_US);
         self.feed(
@@ -791,6 +929,25 @@ impl Daemon {
                 finish,
             },
         )
+    }
+
+    /// The device withdrew a group (its guest reset the device): it leaves the queue or the
+    /// GPU-online list. A cancel of a group the daemon no longer tracks crossed its `Done` or
+    /// the device's own `Completed` on the way and is ignored.
+    fn cancel(&mut self, now: Time, conn: ConnId, group: GroupId) -> Result<(), DaemonError> {
+        let vm = self
+            .attached(conn)
+            .ok_or(ProtoError::HelloRequired(proto::Kind::Cancel))?;
+        let vgpu = vm.vgpu;
+        let Some(g) = vm.groups.remove(&group) else {
+            debug!("{conn}: cancel of {group:?}, which is no longer tracked, ignored");
+            return Ok(());
+        };
+        if let Some(t) = g.deadline {
+            self.expiry.remove(&(t, conn, group));
+        }
+        debug!("{conn}: {group:?} cancelled");
+        self.feed(now, Event::Cancelled { vgpu, group })
     }
 
     /// Feeds one event to the scheduler and carries out its decisions.
@@ -832,6 +989,11 @@ impl Daemon {
                     }
                 }
                 _ => {
+                    if let Decision::Revoke { .. } = d
+                        && let Some(vm) = self.attached(conn)
+                    {
+                        vm.revoked_at = Some(now);
+                    }
                     if let Some((_, msg)) = Msg::from_decision(&d) {
                         self.out.messages.push((conn, msg));
                     }
@@ -842,6 +1004,7 @@ impl Daemon {
 
     /// A dispatch: a device group is granted, a simulated one goes onto the engine.
     fn dispatch(&mut self, now: Time, conn: ConnId, vgpu: VgpuId, group: GroupId) {
+        let deadline = now.saturating_add(self.group_timeout());
         let Some(vm) = self.attached(conn) else {
             return;
         };
@@ -850,9 +1013,17 @@ impl Daemon {
             return;
         };
         g.stage = Stage::InFlight;
+        if g.exec == Exec::Device {
+            g.deadline = Some(deadline);
+        }
         let g = *g;
         match g.exec {
-            Exec::Device => self.out.messages.push((conn, Msg::Grant { group })),
+            Exec::Device => {
+                if let Some(t) = g.deadline {
+                    self.expiry.insert((t, conn, group));
+                }
+                self.out.messages.push((conn, Msg::Grant { group }));
+            }
             Exec::Simulated => {
                 self.engine.push(Job {
                     owner: conn.0,
@@ -879,6 +1050,7 @@ impl Daemon {
             self.engine_due,
             self.sched.next_deadline(),
             Some(self.next_snapshot),
+            self.expiry.first().map(|&(t, _, _)| t),
         ]
         .into_iter()
         .flatten()
@@ -898,12 +1070,38 @@ impl Daemon {
                 self.engine_done(at);
             } else if self.next_snapshot == due {
                 self.snapshot(at);
+            } else if let Some(&(t, conn, group)) = self.expiry.first()
+                && t == due
+            {
+                self.time_out(at, (t, conn, group));
             } else if let Err(e) = self.feed(at, Event::Timer) {
                 warn!("scheduler timer at {at}: {e}");
                 return;
             }
         }
         warn!("timer: {MAX_TIMER_STEPS} steps at {now}; the rest is left to the next call");
+    }
+
+    /// The device's oldest group in flight timed out at `at`: the device is dropped.
+    fn time_out(&mut self, at: Time, entry: (Time, ConnId, GroupId)) {
+        let (_, conn, group) = entry;
+        let e = DaemonError::GroupTimeout {
+            group,
+            timeout_ms: self.group_timeout() / vgpu_scheduler::model::NS_PER_MS,
+        };
+        let name = self
+            .attached(conn)
+            .map_or_else(String::new, |vm| vm.name.clone());
+        warn!("VM {name} ({conn}): {e}: device dropped, its groups written off");
+        self.refuse(conn, &e);
+        // Teardown removes every expiry entry of the connection, this one included.
+        self.teardown(at, conn);
+        self.expiry.remove(&entry);
+    }
+
+    /// The group timeout in force.
+    fn group_timeout(&self) -> Nanos {
+        self.config.group_timeout_ns.clamp(1, MAX_GROUP_TIMEOUT_NS)
     }
 
     /// The engine's running job finished at `at`.
@@ -1063,6 +1261,7 @@ impl Daemon {
                 submitted: a.submitted,
                 dispatched: a.dispatched,
                 completed: a.completed,
+                cancelled: a.cancelled,
                 gpu_time_ns: a.gpu_time,
                 frames: a.frames,
                 budget: self.sched.budget(vm.vgpu, now),
@@ -1157,6 +1356,7 @@ fn idle_stats(name: &str) -> VmStats {
         submitted: 0,
         dispatched: 0,
         completed: 0,
+        cancelled: 0,
         gpu_time_ns: 0,
         frames: 0,
         budget: None,
@@ -1197,7 +1397,7 @@ fn prom_value(v: f64) -> String {
 pub fn render_metrics(stats: &Stats) -> String {
     // A VM without the value (`None`) has no sample in that family.
     type Get = fn(&VmStats) -> Option<f64>;
-    let families: [(&str, &str, &str, Get); 15] = [
+    let families: [(&str, &str, &str, Get); 16] = [
         (
             "vgpu_connected",
             "gauge",
@@ -1221,6 +1421,12 @@ pub fn render_metrics(stats: &Stats) -> String {
             "counter",
             "Groups completed",
             |s| Some(s.completed as f64),
+        ),
+        (
+            "vgpu_groups_cancelled_total",
+            "counter",
+            "Groups cancelled by their device",
+            |s| Some(s.cancelled as f64),
         ),
         (
             "vgpu_gpu_seconds_total",

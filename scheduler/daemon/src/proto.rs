@@ -278,6 +278,14 @@ pub enum RefuseCode {
     OutOfOrder = 8,
     /// The daemon failed to carry out a valid request.
     Internal = 9,
+    /// A group granted or dispatched by the device did not complete within the daemon's group
+    /// timeout: the device is dropped and its groups written off.
+    Timeout = 10,
+    /// `Dispatched` while the device holds no lease (nor is within the grace after a Revoke).
+    NotLeased = 11,
+    /// The device may not use what it asked for: a VM name bound to another user or reserved
+    /// for another process, or a QEMU pid it cannot prove.
+    Forbidden = 12,
 }
 
 impl RefuseCode {
@@ -292,6 +300,9 @@ impl RefuseCode {
             7 => RefuseCode::NameInUse,
             8 => RefuseCode::OutOfOrder,
             9 => RefuseCode::Internal,
+            10 => RefuseCode::Timeout,
+            11 => RefuseCode::NotLeased,
+            12 => RefuseCode::Forbidden,
             _ => return None,
         })
     }
@@ -1113,7 +1124,20 @@ mod tests {
             }
         }
         assert_eq!(RefuseCode::from_u32(0), None);
-        assert_eq!(RefuseCode::from_u32(10), None);
+        assert_eq!(RefuseCode::from_u32(13), None);
+        for code in [
+            RefuseCode::Timeout,
+            RefuseCode::NotLeased,
+            RefuseCode::Forbidden,
+        ] {
+            let msg = Msg::Refused {
+                code,
+                detail: Detail::lossy("x"),
+            };
+            let mut b = Vec::new();
+            encode(&msg, &mut b);
+            assert_eq!(decode(&b), Ok(msg));
+        }
     }
 
     #[test]
@@ -1258,7 +1282,7 @@ mod tests {
                 value: 0xff
             })
         );
-        for code in [0u32, 10, u32::MAX] {
+        for code in [0u32, 13, u32::MAX] {
             let mut p = code.to_le_bytes().to_vec();
             p.extend_from_slice(&0u16.to_le_bytes());
             assert_eq!(

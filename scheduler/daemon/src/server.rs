@@ -1261,6 +1261,7 @@ impl Loop {
             }
         }
         info!("{name}: started device process {}", child.id());
+        self.daemon.reserve_name(name, child.id());
         self.children.insert(
             name.to_owned(),
             ChildProc {
@@ -1468,7 +1469,9 @@ impl Loop {
                     Response::Ok(json!({"name": name, "status": status.to_string()})),
                 )),
             };
-            self.children.remove(&name);
+            if let Some(c) = self.children.remove(&name) {
+                self.daemon.release_name(&name, c.child.id());
+            }
             if let Some((token, resp)) = answer {
                 self.answer(now, token, resp, ops);
             }

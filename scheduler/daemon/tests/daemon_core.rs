@@ -2,13 +2,13 @@
 //! simulated time.
 
 use vgpu_schedd::daemon::{
-    ConnId, Daemon, DaemonConfig, MAX_CONNECTIONS, MAX_SIMULATED_COST_NS, Outbox, Peer,
-    render_metrics,
+    ConnId, DEFAULT_GROUP_TIMEOUT_NS, DISPATCH_GRACE_NS, Daemon, DaemonConfig, MAX_CONNECTIONS,
+    MAX_SIMULATED_COST_NS, Outbox, Peer, render_metrics,
 };
 use vgpu_schedd::proto::{
-    self, Exec, HEADER_BYTES, MAX_MESSAGE_BYTES, Msg, PROTOCOL_VERSION, RefuseCode, VmName,
+    self, Exec, HEADER_BYTES, MAX_GROUPS_PER_DEVICE, MAX_MESSAGE_BYTES, Msg, PROTOCOL_VERSION,
+    RefuseCode, VmName,
 };
-use vgpu_scheduler::core::MAX_GROUPS_PER_VGPU;
 use vgpu_scheduler::model::{Enforcement, NS_PER_MS, NS_PER_SEC, PrioPolicy, Reserve};
 use vgpu_scheduler::policy::fair::FairConfig;
 use vgpu_scheduler::policy::pegasus::PegasusConfig;
@@ -524,7 +524,7 @@ fn bad_input_refuses_and_drops_only_its_connection() {
         }),
         ("queue full", RefuseCode::QueueFull, |d, c| {
             greet(d, c);
-            for id in 0..MAX_GROUPS_PER_VGPU as u64 {
+            for id in 0..MAX_GROUPS_PER_DEVICE as u64 {
                 let out = send(d, 2, c, &device(id));
                 assert_eq!(refused(&out, c), None);
             }
@@ -711,4 +711,301 @@ fn stats_and_metrics_carry_the_budget_of_vms_that_have_one() {
     // The period's replenishment refills it.
     run_until(&mut d, 25 * NS_PER_MS, |_, _, _, _| {});
     assert_eq!(budget(&d, 25 * NS_PER_MS), full);
+}
+
+/// Every policy family in its default mode, and the modes that schedule differently.
+fn every_policy() -> Vec<PolicyConfig> {
+    use vgpu_scheduler::policy::pegasus::PegasusMode;
+    use vgpu_scheduler::policy::vgris::VgrisMode;
+    let mut all = vec![
+        PolicyConfig::None,
+        PolicyConfig::Fair(FairConfig::default()),
+        PolicyConfig::TimeGraph(TimeGraphConfig::default()),
+    ];
+    for mode in [PegasusMode::Rr, PegasusMode::Accc, PegasusMode::Cosched] {
+        all.push(PolicyConfig::Pegasus(PegasusConfig {
+            mode,
+            ..PegasusConfig::default()
+        }));
+    }
+    for mode in [VgrisMode::Sla, VgrisMode::Share, VgrisMode::Hybrid] {
+        all.push(PolicyConfig::Vgris(VgrisConfig {
+            mode,
+            ..VgrisConfig::default()
+        }));
+    }
+    all
+}
+
+/// Devices `conns` keep one device group each outstanding: every grant is completed 100 µs
+/// later and followed by the next submit. Returns the grants each received, from `now` for
+/// `steps` steps.
+fn serve_closed_loop(d: &mut Daemon, mut now: Time, conns: &[ConnId], steps: u64) -> Vec<u64> {
+    let mut granted: Vec<Vec<u64>> = vec![Vec::new(); conns.len()];
+    let mut next = 10_000u64;
+    let mut counts = vec![0u64; conns.len()];
+    let take = |out: &Outbox, granted: &mut Vec<Vec<u64>>, counts: &mut Vec<u64>| {
+        for (i, &c) in conns.iter().enumerate() {
+            assert_eq!(refused(out, c), None, "{out:?}");
+            let g = grants(out, c);
+            counts[i] += g.len() as u64;
+            granted[i].extend(g);
+        }
+    };
+    for (i, &c) in conns.iter().enumerate() {
+        next += 1;
+        let out = send(d, now, c, &device(next));
+        take(&out, &mut granted, &mut counts);
+        assert!(i < conns.len());
+    }
+    for _ in 0..steps {
+        now += 100_000;
+        d.timer(now);
+        let out = d.drain();
+        take(&out, &mut granted, &mut counts);
+        let Some(i) = (0..conns.len()).find(|&i| !granted[i].is_empty()) else {
+            continue;
+        };
+        let id = granted[i].remove(0);
+        let out = send(d, now, conns[i], &completed(id, now - 50_000, now));
+        take(&out, &mut granted, &mut counts);
+        next += 1;
+        let out = send(d, now, conns[i], &device(next));
+        take(&out, &mut granted, &mut counts);
+    }
+    counts
+}
+
+#[test]
+fn a_cancelled_grant_frees_the_gpu_under_every_policy() {
+    for policy in every_policy() {
+        let name = format!("{policy:?}");
+        let mut d = daemon(policy);
+        let (a, _) = attach(&mut d, 0, "a", PID);
+        let (b, _) = attach(&mut d, 0, "b", PID + 10);
+        let (c, _) = attach(&mut d, 0, "c", PID + 20);
+        assert_eq!(grants(&send(&mut d, 10, a, &device(1)), a), [1], "{name}");
+        // a queues a second group (or gets it through a lease), then its guest resets the
+        // device: both are cancelled and a never completes anything.
+        send(&mut d, 20, a, &device(2));
+        for id in [1, 2] {
+            let out = send(&mut d, 30, a, &Msg::Cancel { group: GroupId(id) });
+            assert_eq!(refused(&out, a), None, "{name}");
+        }
+        // A cancel that crossed its grant's completion names a group no longer tracked: ignored.
+        let out = send(&mut d, 40, a, &Msg::Cancel { group: GroupId(9) });
+        assert!(out.messages.is_empty() && out.drops.is_empty(), "{name}");
+        let counts = serve_closed_loop(&mut d, 50, &[b, c], 400);
+        assert!(counts.iter().all(|&n| n >= 50), "{name}: grants {counts:?}");
+        let stats = d.stats(50 * NS_PER_MS);
+        let vm = |n: &str| stats.vms.iter().find(|v| v.name == n).unwrap().clone();
+        assert_eq!((vm("a").cancelled, vm("a").completed), (2, 0), "{name}");
+        assert!(vm("a").connected, "{name}");
+        assert!(render_metrics(&stats).contains("vgpu_groups_cancelled_total{vm=\"a\"} 2"));
+    }
+}
+
+#[test]
+fn a_device_that_never_completes_is_dropped_and_the_others_get_grants() {
+    let mut d = daemon(PolicyConfig::None);
+    let (a, _) = attach(&mut d, 0, "a", PID);
+    let (b, _) = attach(&mut d, 0, "b", PID + 10);
+    assert_eq!(grants(&send(&mut d, 10, a, &device(1)), a), [1]);
+    assert!(grants(&send(&mut d, 20, b, &device(5)), b).is_empty());
+    // Nothing happens before the timeout (2 s after the grant).
+    d.timer(10 + DEFAULT_GROUP_TIMEOUT_NS - 1);
+    let out = d.drain();
+    assert!(
+        out.drops.is_empty() && grants(&out, b).is_empty(),
+        "{out:?}"
+    );
+    d.timer(10 + DEFAULT_GROUP_TIMEOUT_NS);
+    let out = d.drain();
+    assert_eq!(refused(&out, a), Some(RefuseCode::Timeout));
+    assert_eq!(out.drops, [a]);
+    assert_eq!(grants(&out, b), [5]);
+    let a_info = d.list().into_iter().find(|v| v.name == "a");
+    assert!(a_info.is_none_or(|v| !v.connected));
+    // b keeps getting grants.
+    let t = 10 + DEFAULT_GROUP_TIMEOUT_NS + 100;
+    assert_eq!(
+        refused(&send(&mut d, t, b, &completed(5, t - 50, t)), b),
+        None
+    );
+    let counts = serve_closed_loop(&mut d, 3 * NS_PER_SEC, &[b], 50);
+    assert!(counts[0] >= 40, "{counts:?}");
+}
+
+#[test]
+fn the_oldest_group_in_flight_cannot_be_kept_alive_by_newer_ones() {
+    let config = DaemonConfig {
+        capacity: 2,
+        group_timeout_ns: 500 * NS_PER_MS,
+        ..DaemonConfig::default()
+    };
+    let mut d = Daemon::new(0, config).unwrap();
+    let (a, _) = attach(&mut d, 0, "a", PID);
+    assert_eq!(grants(&send(&mut d, 0, a, &device(1)), a), [1]);
+    assert_eq!(grants(&send(&mut d, 0, a, &device(2)), a), [2]);
+    // a completes every newer group within 10 ms and submits the next, but never group 1.
+    let mut newest = 2;
+    let mut now = 0;
+    let mut dropped_at = None;
+    while now < NS_PER_SEC {
+        now += 10 * NS_PER_MS;
+        d.timer(now);
+        let out = d.drain();
+        if out.drops.contains(&a) {
+            assert_eq!(refused(&out, a), Some(RefuseCode::Timeout));
+            dropped_at = Some(now);
+            break;
+        }
+        let out = send(&mut d, now, a, &completed(newest, now - NS_PER_MS, now));
+        assert_eq!(refused(&out, a), None);
+        newest += 1;
+        let out = send(&mut d, now, a, &device(newest));
+        assert_eq!(grants(&out, a), [newest]);
+    }
+    assert_eq!(dropped_at, Some(500 * NS_PER_MS));
+}
+
+fn dispatched_msg(id: u64) -> Msg {
+    Msg::Dispatched {
+        group: GroupId(id),
+        context: 0,
+        kind: GroupKind::Render,
+        signature: CostSignature(1),
+    }
+}
+
+#[test]
+fn dispatched_without_a_lease_is_refused() {
+    let mut d = daemon(PolicyConfig::None);
+    let (a, _) = attach(&mut d, 0, "a", PID);
+    let out = send(&mut d, 10, a, &dispatched_msg(1));
+    assert_eq!(refused(&out, a), Some(RefuseCode::NotLeased));
+    assert_eq!(out.drops, [a]);
+    assert!(d.stats(20).vms.iter().all(|v| !v.connected));
+}
+
+#[test]
+fn dispatched_is_accepted_within_the_grace_after_a_revoke_only() {
+    let mut d = daemon(PolicyConfig::Fair(FairConfig::default()));
+    let (a, _) = attach(&mut d, 0, "a", PID);
+    assert_eq!(send(&mut d, 10, a, &dispatched_msg(1)), Outbox::default());
+    // The operator swaps the policy: the lease is revoked.
+    d.set_policy(100, PolicyConfig::None).unwrap();
+    let out = d.drain();
+    assert!(out.messages.contains(&(a, Msg::Revoke)), "{out:?}");
+    // A Dispatched that crossed the Revoke is accepted within the grace.
+    let t = 100 + DISPATCH_GRACE_NS;
+    let out = send(&mut d, t, a, &dispatched_msg(2));
+    assert_eq!((refused(&out, a), out.drops.len()), (None, 0));
+    // Past it, it is a protocol violation.
+    let out = send(&mut d, t + 1, a, &dispatched_msg(3));
+    assert_eq!(refused(&out, a), Some(RefuseCode::NotLeased));
+    assert_eq!(out.drops, [a]);
+}
+
+#[test]
+fn a_device_past_its_group_bound_is_refused_and_the_others_are_not() {
+    let mut d = daemon(PolicyConfig::None);
+    let (a, _) = attach(&mut d, 0, "a", PID);
+    let (b, _) = attach(&mut d, 0, "b", PID + 10);
+    // One group granted, the rest queued: together they count.
+    for id in 0..MAX_GROUPS_PER_DEVICE as u64 {
+        assert_eq!(refused(&send(&mut d, 1, a, &device(id)), a), None);
+    }
+    let out = send(&mut d, 2, b, &device(1));
+    assert_eq!(refused(&out, b), None);
+    let out = send(&mut d, 3, a, &device(u64::MAX));
+    assert_eq!(refused(&out, a), Some(RefuseCode::QueueFull));
+    assert_eq!(out.drops, [a]);
+    // b, queued behind a's grant, is granted once a is gone.
+    assert_eq!(grants(&out, b), [1]);
+}
+
+/// Connects as `peer` and sends Hello for `name`; returns the connection and the outbox.
+fn hello_as(d: &mut Daemon, now: Time, name: &str, peer: Peer) -> (ConnId, Outbox) {
+    let c = d.connect(now, peer);
+    let out = send(d, now, c, &hello(name, peer.pid));
+    (c, out)
+}
+
+#[test]
+fn a_vm_name_is_bound_to_the_user_that_first_used_it() {
+    let mut d = daemon(PolicyConfig::None);
+    let (c, out) = hello_as(
+        &mut d,
+        0,
+        "vm",
+        Peer {
+            pid: PID,
+            uid: 1000,
+        },
+    );
+    assert!(matches!(out.messages[0].1, Msg::Welcome { .. }));
+    d.disconnect(1, c);
+    d.drain();
+    // Another user cannot take the name, even while its owner is away.
+    let (s, out) = hello_as(
+        &mut d,
+        2,
+        "vm",
+        Peer {
+            pid: 2000,
+            uid: 1001,
+        },
+    );
+    assert_eq!(refused(&out, s), Some(RefuseCode::Forbidden));
+    assert_eq!(out.drops, [s]);
+    // Its owner can, and so can anyone with a name of their own.
+    let (c, out) = hello_as(
+        &mut d,
+        3,
+        "vm",
+        Peer {
+            pid: PID,
+            uid: 1000,
+        },
+    );
+    assert_eq!(refused(&out, c), None);
+    let (o, out) = hello_as(
+        &mut d,
+        4,
+        "other",
+        Peer {
+            pid: 2000,
+            uid: 1001,
+        },
+    );
+    assert_eq!(refused(&out, o), None);
+}
+
+#[test]
+fn a_created_vms_name_is_reserved_for_the_process_the_daemon_spawned() {
+    let mut d = daemon(PolicyConfig::None);
+    d.reserve_name("vm", 4242);
+    // A squatter of the same user is refused.
+    let (s, out) = hello_as(&mut d, 0, "vm", Peer { pid: PID, uid: 0 });
+    assert_eq!(refused(&out, s), Some(RefuseCode::Forbidden));
+    // The created process is welcome.
+    let (c, out) = hello_as(&mut d, 1, "vm", Peer { pid: 4242, uid: 0 });
+    assert!(matches!(out.messages[0].1, Msg::Welcome { .. }), "{out:?}");
+    d.disconnect(2, c);
+    // Released when it exits (a stale release for another pid changes nothing first).
+    d.release_name("vm", 1);
+    let (s, out) = hello_as(&mut d, 3, "vm", Peer { pid: PID, uid: 0 });
+    assert_eq!(refused(&out, s), Some(RefuseCode::Forbidden));
+    d.release_name("vm", 4242);
+    let (c, out) = hello_as(
+        &mut d,
+        4,
+        "vm",
+        Peer {
+            pid: PID + 1,
+            uid: 0,
+        },
+    );
+    assert_eq!(refused(&out, c), None, "{out:?}");
 }

@@ -506,6 +506,14 @@ impl Policy for Fair {
         self.activate(cx, v);
     }
 
+    fn withdrawn(&mut self, cx: &mut Cx<'_>, v: VgpuId) {
+        self.expire(cx);
+        self.reindex(cx, v);
+        self.maybe_idle(cx, v);
+        self.refresh(cx);
+        self.advance(cx);
+    }
+
     fn completed(&mut self, cx: &mut Cx<'_>, done: &Completion) {
         self.expire(cx);
         let v = done.vgpu;

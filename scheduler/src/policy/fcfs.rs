@@ -41,6 +41,9 @@ impl Policy for Fcfs {
     fn dispatched(&mut self, cx: &mut Cx<'_>, v: VgpuId, _leased: bool) {
         self.index(cx, v);
     }
+    fn withdrawn(&mut self, cx: &mut Cx<'_>, v: VgpuId) {
+        self.index(cx, v);
+    }
     fn pick(&mut self, _cx: &mut Cx<'_>) -> Option<VgpuId> {
         self.ready.first().map(|(_, v)| v)
     }

@@ -70,8 +70,15 @@ pub trait Policy: std::fmt::Debug + Send {
     fn submitted(&mut self, _cx: &mut Cx<'_>, _vgpu: VgpuId) {}
     /// A group of the vGPU went onto the GPU-online list, from its queue or under a lease.
     fn dispatched(&mut self, _cx: &mut Cx<'_>, _vgpu: VgpuId, _leased: bool) {}
-    /// A group finished. The core's accounting already includes it.
+    /// A group finished. The core's accounting already includes it. A group cancelled while
+    /// on the GPU-online list arrives here too, as a completion that ran from its dispatch until
+    /// its cancellation (see [`crate::model::Event::Cancelled`]).
     fn completed(&mut self, _cx: &mut Cx<'_>, _done: &Completion) {}
+    /// A queued group of the vGPU left its queue without being dispatched (its submitter
+    /// cancelled it): the queue's head changed or the queue is empty. The policy must file the
+    /// vGPU again so that it keeps nothing for the group (a vGPU with an empty queue must not
+    /// be picked). No default: every policy says how it re-files a vGPU.
+    fn withdrawn(&mut self, cx: &mut Cx<'_>, vgpu: VgpuId);
     /// The deadline the policy asked for was reached.
     fn timer(&mut self, _cx: &mut Cx<'_>) {}
     /// The vGPU's CPU hint changed (it is already in the core).

@@ -1116,6 +1116,11 @@ impl Policy for Pegasus {
         self.index(cx, v);
     }
 
+    fn withdrawn(&mut self, cx: &mut Cx<'_>, v: VgpuId) {
+        self.touch(v);
+        self.index(cx, v);
+    }
+
     fn completed(&mut self, cx: &mut Cx<'_>, done: &Completion) {
         let v = done.vgpu;
         let cost = done.cost();

@@ -646,6 +646,11 @@ impl Policy for Vgris {
         }
     }
 
+    fn withdrawn(&mut self, cx: &mut Cx<'_>, v: VgpuId) {
+        self.tick(cx);
+        self.index(cx, v);
+    }
+
     fn dispatched(&mut self, cx: &mut Cx<'_>, v: VgpuId, _leased: bool) {
         self.tick(cx);
         // Settles the boundaries before the dispatch as not running, the later ones as running

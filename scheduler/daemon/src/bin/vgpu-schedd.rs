@@ -8,12 +8,12 @@ use std::process::ExitCode;
 
 use vgpu_schedd::cgroup::CgroupFs;
 use vgpu_schedd::control::lookup_group;
-use vgpu_schedd::daemon::{DaemonConfig, MAX_SWITCH_COST_NS};
+use vgpu_schedd::daemon::{DaemonConfig, MAX_GROUP_TIMEOUT_NS, MAX_SWITCH_COST_NS};
 use vgpu_schedd::server::{DeviceIds, Server, ServerConfig};
 use vgpu_scheduler::PolicyConfig;
 use vgpu_scheduler::core::MAX_VGPUS;
 
-const USAGE: &str = "usage: vgpu-schedd --socket PATH --control PATH [--control-group NAME|GID] [--state-dir DIR] [--metrics 127.0.0.1:PORT] [--policy FILE.toml] [--capacity N] [--switch-cost-us N] [--cpu-writeback] [--server-bin PATH] [--device-uid-base UID --device-gid GID] [--log-level error|warn|info|debug|trace]
+const USAGE: &str = "usage: vgpu-schedd --socket PATH --control PATH [--control-group NAME|GID] [--state-dir DIR] [--metrics 127.0.0.1:PORT] [--policy FILE.toml] [--capacity N] [--switch-cost-us N] [--cpu-writeback] [--group-timeout-ms N] [--server-bin PATH] [--device-uid-base UID --device-gid GID] [--log-level error|warn|info|debug|trace]
 
 Schedules the GPU command groups of every vgpu-server that connects to the SOCK_SEQPACKET
 socket --socket. --control is the JSON-lines control socket vgpuctl talks to: mode 0600, only
@@ -25,7 +25,9 @@ daemon's own directory (0700; default $XDG_RUNTIME_DIR/vgpu-schedd, else
 Prometheus text at http://ADDR/metrics (loopback only). --policy starts with the policy of a TOML
 file (policy = \"timegraph\" | \"fair\" | \"pegasus\" | \"vgris\" | \"none\", with its family's
 fields; default none). --capacity is how many groups the GPU runs at once (default 1);
---switch-cost-us the simulated engine's context switch cost. --cpu-writeback writes the policy's
+--switch-cost-us the simulated engine's context switch cost. --group-timeout-ms is how long a
+group granted to a device may stay unfinished before the device is dropped (default 2000: the
+Windows TDR delay). --cpu-writeback writes the policy's
 CPU weights to the VMs' cgroups. vgpuctl create runs --server-bin (default: vgpu-server next to
 this binary); with --device-uid-base and --device-gid (numbers, not 0) the k-th of them runs as
 user UID+k and group GID (the daemon must be root), and --socket is 0660 with group GID. SIGTERM or SIGINT stops the daemon, its children and removes its sockets.";
@@ -140,6 +142,16 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
                 daemon.switch_cost_ns = ns.ok_or(format!(
                     "--switch-cost-us: {us} is above {} µs",
                     MAX_SWITCH_COST_NS / 1_000
+                ))?;
+            }
+            "--group-timeout-ms" => {
+                let ms: u64 = number("--group-timeout-ms", &value("--group-timeout-ms")?)?;
+                let ns = ms
+                    .checked_mul(1_000_000)
+                    .filter(|ns| (1..=MAX_GROUP_TIMEOUT_NS).contains(ns));
+                daemon.group_timeout_ns = ns.ok_or(format!(
+                    "--group-timeout-ms: {ms} is outside 1..={}",
+                    MAX_GROUP_TIMEOUT_NS / 1_000_000
                 ))?;
             }
             "--cpu-writeback" => daemon.cpu_writeback = true,

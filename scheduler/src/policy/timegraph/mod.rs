@@ -558,6 +558,10 @@ impl Policy for TimeGraph {
         }
     }
 
+    fn withdrawn(&mut self, cx: &mut Cx<'_>, v: VgpuId) {
+        self.index(cx, v);
+    }
+
     fn dispatched(&mut self, cx: &mut Cx<'_>, v: VgpuId, _leased: bool) {
         self.index(cx, v);
     }
