@@ -16,7 +16,7 @@
 //! | `dma_unmap` | a raw vfio-user client unmapping all guest RAM (rings included) while chains wait, re-initialising after NEEDS_RESET |
 //! | `never_completes` | a fake device on the daemon's socket that never completes its grants |
 //! | `squatter_after` | a fake device of another uid (when run as root) claiming the VM's name while it is connected |
-//! | `squatter_before` | the same, before the VM's device connects |
+//! | `squatter_before` | the same, after the VM's device used the name once and before it connects again |
 //!
 //! A case passes when the daemon and both device processes are alive afterwards (a fake peer
 //! may be dropped), the daemon's RSS grew by at most [`DAEMON_RSS_GROWTH_MAX_KIB`] and the
@@ -1072,7 +1072,14 @@ fn run_case(case: &'static str, kind: Kind) -> Option<Row> {
     let mut hostile = start_hostile(&daemon, kind)?;
     let gate = Gate::new(Gate::PAUSE);
     if before_good {
-        // The squatter says Hello first.
+        // The name's owner has used it before (its device's uid, root here, is the one the
+        // daemon binds the name to) and is away, as while its VM reboots; the squatter says
+        // Hello first.
+        drop(FakeDevice::start(&daemon, GOOD, 0, None));
+        let start = Instant::now();
+        while device_pid(&daemon, GOOD).is_some() && start.elapsed() < NAME_WAIT {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         if let Hostile::Peer(peers) = &mut hostile {
             peers.start(&daemon);
         }
