@@ -268,7 +268,9 @@ impl Descriptor {
     /// Size of a descriptor in the table.
     pub const SIZE: u64 = 16;
 
-    fn to_bytes(self) -> [u8; 16] {
+    /// Its 16 bytes as they lie in a descriptor table (e.g. for an indirect table a test
+    /// writes into guest memory itself).
+    pub fn to_bytes(self) -> [u8; 16] {
         let mut bytes = [0; 16];
         bytes[0..8].copy_from_slice(&self.addr.to_le_bytes());
         bytes[8..12].copy_from_slice(&self.len.to_le_bytes());

@@ -45,6 +45,7 @@ pub struct RawGuest {
     pub client: RawClient,
     mem: GuestMemoryMmap,
     ram: std::fs::File,
+    vector: u16,
     submitted: u16,
     _dir: TempDir,
 }
@@ -64,8 +65,33 @@ impl RawGuest {
         .map_err(std::io::Error::other)?;
         let mut client = RawClient::connect(socket)?;
         client.dma_map(&ram, 0, 0, RAM)?;
-        client.region_write(CONFIG_REGION, 4, &0x6u16.to_le_bytes())?;
+        let mut guest = RawGuest {
+            client,
+            mem,
+            ram,
+            vector,
+            submitted: 0,
+            _dir: dir,
+        };
+        guest.bring_up()?;
+        Ok(guest)
+    }
+
+    /// Resets the device and brings it up again: VERSION_1, the control queue (vector as at
+    /// [`RawGuest::connect`]), DRIVER_OK, and the GET_DISPLAY_INFO chain written afresh.
+    pub fn bring_up(&mut self) -> Result<()> {
+        self.client
+            .region_write(CONFIG_REGION, 4, &0x6u16.to_le_bytes())?;
+        self.submitted = 0;
+        let zero = [0u8; 6 + 8 * QUEUE_SIZE as usize];
+        for ring in [AVAIL, USED] {
+            self.mem
+                .write_slice(&zero, GuestAddress(ring))
+                .map_err(std::io::Error::other)?;
+        }
+        let vector = self.vector;
         let writes: &[(u64, &[u8])] = &[
+            (STATUS, &[0]),
             (STATUS, &[1]),
             (STATUS, &[3]),
             (0x08, &1u32.to_le_bytes()),
@@ -81,7 +107,7 @@ impl RawGuest {
             (STATUS, &[0xf]),
         ];
         for (offset, data) in writes {
-            client.region_write_posted(BAR4, *offset, data)?;
+            self.client.region_write_posted(BAR4, *offset, data)?;
         }
         let desc = |addr: u64, len: u32, flags: u32, next: u16| {
             let mut d = [0u8; 16];
@@ -96,17 +122,13 @@ impl RawGuest {
             desc(RESPONSE, DISPLAY_INFO_SIZE as u32, VRING_DESC_F_WRITE, 0),
         ]
         .concat();
-        mem.write_slice(&chain, GuestAddress(DESC))
+        self.mem
+            .write_slice(&chain, GuestAddress(DESC))
             .map_err(std::io::Error::other)?;
-        mem.write_slice(&get_display_info(), GuestAddress(REQUEST))
+        self.mem
+            .write_slice(&get_display_info(), GuestAddress(REQUEST))
             .map_err(std::io::Error::other)?;
-        Ok(RawGuest {
-            client,
-            mem,
-            ram,
-            submitted: 0,
-            _dir: dir,
-        })
+        Ok(())
     }
 
     /// The device status register.
@@ -153,6 +175,17 @@ impl RawGuest {
     /// Writes the control queue's notify register (a posted write).
     pub fn notify(&mut self) -> Result<()> {
         self.client.region_write_posted(BAR4, NOTIFY, &[0, 0])
+    }
+
+    /// Takes all of guest RAM, rings included, away from the device (DMA_UNMAP), as a hostile
+    /// VMM may while chains wait.
+    pub fn unmap_ram(&mut self) -> Result<()> {
+        self.client.dma_unmap(0, RAM)
+    }
+
+    /// Hands guest RAM back to the device (DMA_MAP of the same file at the same address).
+    pub fn map_ram(&mut self) -> Result<()> {
+        self.client.dma_map(&self.ram, 0, 0, RAM)
     }
 
     /// Chains published so far.

@@ -248,31 +248,35 @@ impl VgpuGuest {
     /// (Re)negotiates exactly `features` (which must be offered), sets up both queues and sets
     /// DRIVER_OK.
     pub fn bring_up_with(&mut self, wanted: u64) {
+        self.try_bring_up_with(wanted, CONTROL_QUEUE_SIZE)
+            .expect("device bring-up");
+    }
+
+    /// [`Self::bring_up_with`] with a control queue of `control_size` descriptors, returning
+    /// what failed instead of panicking (a hostile guest's driver re-initialises the device
+    /// many times and must survive a device that refuses).
+    pub fn try_bring_up_with(
+        &mut self,
+        wanted: u64,
+        control_size: u16,
+    ) -> Result<(), vgpu_guest_drivers::virtio_pci::VirtioError> {
         let qt = self.vm.qtest();
-        let features = self.dev.negotiate(qt, wanted).expect("negotiation");
-        assert_eq!(features, wanted);
+        let features = self.dev.negotiate(qt, wanted)?;
+        if features != wanted {
+            return Err(vgpu_guest_drivers::virtio_pci::VirtioError::FeaturesRejected(features));
+        }
         let vector = |v| self.msix.then_some(v);
         let (config, control, cursor) = (
             vector(CONFIG_VECTOR),
             vector(CONTROL_VECTOR),
             vector(CURSOR_VECTOR),
         );
+        self.dev.set_config_vector(qt, config)?;
         self.dev
-            .set_config_vector(qt, config)
-            .expect("config vector");
+            .setup_queue(qt, &mut self.ram, CONTROL_QUEUE, control_size, control)?;
         self.dev
-            .setup_queue(
-                qt,
-                &mut self.ram,
-                CONTROL_QUEUE,
-                CONTROL_QUEUE_SIZE,
-                control,
-            )
-            .expect("control queue");
-        self.dev
-            .setup_queue(qt, &mut self.ram, CURSOR_QUEUE, CURSOR_QUEUE_SIZE, cursor)
-            .expect("cursor queue");
-        self.dev.driver_ok(qt).expect("DRIVER_OK");
+            .setup_queue(qt, &mut self.ram, CURSOR_QUEUE, CURSOR_QUEUE_SIZE, cursor)?;
+        self.dev.driver_ok(qt)
     }
 
     /// Sends one request on the control queue and returns the response bytes (`reply`
