@@ -282,6 +282,12 @@ impl Device {
         info!("device reset");
     }
 
+    /// The client is going away: every group this device has at the daemon is cancelled
+    /// (the cancels wait in the scheduler outbox for the worker's next flush).
+    pub fn withdraw_from_scheduler(&mut self) {
+        self.sched.reset();
+    }
+
     /// Reads configuration space.
     ///
     /// A read of the VIRTIO_PCI_CAP_PCI_CFG window reads the virtio register it names.

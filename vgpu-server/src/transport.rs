@@ -186,6 +186,13 @@ impl<'a> Transport<'a> {
         })
     }
 
+    /// After a reset the device has queued a Cancel for every group it had at the daemon: a
+    /// control-queue kick wakes the worker, which sends them at once (the queue itself is not
+    /// live, so the kick runs nothing else).
+    fn cancels_go_out(&self) {
+        self.worker.kick(crate::virtio_pci::CONTROL_QUEUE);
+    }
+
     fn refuse(&self, device: &Mutex<Device>, e: impl std::fmt::Display) {
         inc(&self.metrics.invalid_accesses);
         lock(device).fault(e);
@@ -248,7 +255,16 @@ impl ServerBackend for Transport<'_> {
                     inc(&self.metrics.notifies);
                     self.worker.kick(q);
                 }
-                Some(r) => lock(&device).virtio_write(r, data),
+                Some(r) => {
+                    let reset = {
+                        let mut d = lock(&device);
+                        d.virtio_write(r, data);
+                        matches!(r, VirtioRegion::Common(_)) && d.status() == 0
+                    };
+                    if reset {
+                        self.cancels_go_out();
+                    }
+                }
                 None => self.refuse(
                     &device,
                     format_args!(
@@ -287,6 +303,7 @@ impl ServerBackend for Transport<'_> {
     fn reset(&mut self) -> io::Result<()> {
         let device = self.current()?;
         lock(&device).function_reset();
+        self.cancels_go_out();
         Ok(())
     }
 

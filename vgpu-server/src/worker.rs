@@ -574,6 +574,11 @@ impl Worker {
                         // The client is gone: write what its scanouts showed last.
                         d.write(device, true, self.virgl.as_deref());
                     }
+                    // Cancels first, so the daemon never waits on a group of a client that left.
+                    if let Some(device) = &self.device {
+                        device_lock(device).withdraw_from_scheduler();
+                    }
+                    self.sched_flush(ops);
                     if let Some(s) = &mut self.sched {
                         Self::sched_close(s, ops, true);
                         let _ = s.retry_timer.reset(Duration::ZERO, None);
