@@ -274,7 +274,19 @@ impl Device {
         }
         self.gpu.reset();
         self.fences.reset();
-        self.issued.clear();
+        // Groups already handed to the renderer ran (or are running) on the GPU: report
+        // them complete now, so the daemon never waits on a group the reset made us forget.
+        let now = monotonic_ns();
+        for (_, issued) in self.issued.drain(..) {
+            if let Issued::Group {
+                group,
+                session,
+                start,
+            } = issued
+            {
+                self.sched.completed(group, session, start, now);
+            }
+        }
         self.backlog = None;
         self.sched.reset();
         self.load.reset();
