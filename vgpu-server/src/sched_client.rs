@@ -22,6 +22,13 @@ use vgpu_schedd::seqpacket::{SeqError, SeqStream};
 use vgpu_scheduler::{CostSignature, GroupId, GroupKind, Time};
 
 use crate::gpu::load::{LoadCommand, LoadToken, MAX_PENDING_GROUPS};
+use crate::virtio_pci::MAX_QUEUE_SIZE;
+
+/// Load groups one device keeps at the daemon at most: the per-device bound both sides agree
+/// on ([`proto::MAX_GROUPS_PER_DEVICE`]) less room for the groups the device executes itself
+/// (at most one per control-queue chain). The device refuses a load submit past it
+/// (ERR_OUT_OF_MEMORY to the guest), so the daemon never has to refuse the device.
+pub const MAX_REMOTE_LOAD_GROUPS: usize = proto::MAX_GROUPS_PER_DEVICE - MAX_QUEUE_SIZE as usize;
 
 /// Most daemon messages handled per wake-up of the worker: the socket is level-triggered, so
 /// the rest wait for the next round and a flooding daemon cannot starve the guest's queues.
@@ -375,8 +382,8 @@ impl Scheduling {
             return Ok(false);
         }
         let groups = commands.iter().filter(|c| c.cost_ns().is_some()).count();
-        if self.remote.len().saturating_add(groups) > MAX_PENDING_GROUPS {
-            return Err(crate::gpu::load::LoadError::Full);
+        if self.remote.len().saturating_add(groups) > MAX_REMOTE_LOAD_GROUPS {
+            return Err(crate::gpu::load::LoadError::DaemonBound);
         }
         let mut count = 0usize;
         for command in commands {
@@ -891,13 +898,20 @@ mod tests {
         }
         let mut runner = LoadRunner::default();
         let full = vec![LoadCommand::Occupy { us: 1 }; 64];
-        for _ in 0..MAX_PENDING_GROUPS / 64 {
+        for _ in 0..MAX_REMOTE_LOAD_GROUPS / 64 {
             s.submit_load(runner.token(), 1, &full).unwrap();
         }
         assert_eq!(
             s.submit_load(runner.token(), 1, &full[..1]),
-            Err(crate::gpu::load::LoadError::Full)
+            Err(crate::gpu::load::LoadError::DaemonBound)
         );
+        let at_daemon = s
+            .take_outbox()
+            .unwrap()
+            .iter()
+            .filter(|m| matches!(m, Msg::Submit { .. }))
+            .count();
+        assert!(at_daemon <= proto::MAX_GROUPS_PER_DEVICE - usize::from(MAX_QUEUE_SIZE));
         assert!(s.take_outbox().is_ok());
         assert!(matches!(
             decode_from_daemon(&{

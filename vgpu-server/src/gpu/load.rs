@@ -97,13 +97,17 @@ pub enum LoadError {
     /// The local engine already holds [`MAX_PENDING_GROUPS`].
     #[error("more than {MAX_PENDING_GROUPS} load groups pending")]
     Full,
+    /// The scheduler daemon already holds as many of this device's load groups as the
+    /// per-device bound leaves for them (`sched_client::MAX_REMOTE_LOAD_GROUPS`).
+    #[error("the scheduler daemon holds this device's share of load groups")]
+    DaemonBound,
 }
 
 impl LoadError {
     /// The virtio-gpu response code for this error.
     pub fn response_code(&self) -> u32 {
         match self {
-            LoadError::Full => ty::ERR_OUT_OF_MEMORY,
+            LoadError::Full | LoadError::DaemonBound => ty::ERR_OUT_OF_MEMORY,
             LoadError::Size(_)
             | LoadError::TooMany(_)
             | LoadError::Op { .. }
