@@ -80,6 +80,12 @@ pub const DISPATCH_GRACE_NS: Nanos = 250 * vgpu_scheduler::model::NS_PER_MS;
 /// Longest group timeout accepted: 10 minutes, for debugging a device under a debugger; beyond
 /// it a hung device would stall every VM for longer than any operator waits.
 pub const MAX_GROUP_TIMEOUT_NS: Nanos = 600 * vgpu_scheduler::model::NS_PER_SEC;
+/// Longest time a VM name waits before it may connect again after its device was dropped for
+/// a group timeout. The wait is the group timeout, doubled for each further timeout of the
+/// name, up to this: a device that keeps taking a grant and never finishing it holds the GPU
+/// for one timeout and then stays away for ever longer, instead of one timeout in every two.
+/// A minute bounds what one real GPU hang costs a VM that recovers.
+pub const MAX_REJOIN_BACKOFF_NS: Nanos = 60 * vgpu_scheduler::model::NS_PER_SEC;
 
 /// Latency values below this many µs have a histogram bucket each.
 const HIST_LINEAR: u64 = 16;
@@ -150,6 +156,14 @@ pub enum DaemonError {
     /// A control request names a VM by an invalid name.
     #[error("invalid VM name: {0}")]
     BadName(ProtoError),
+    /// A device of this VM name timed out recently and must wait before it connects again.
+    #[error("VM {name:?} timed out a group; it may connect again in {left_ms} ms")]
+    Backoff {
+        /// The VM name.
+        name: String,
+        /// Milliseconds left.
+        left_ms: u64,
+    },
     /// A group granted to the device, or dispatched by it, did not complete in time.
     #[error("group {group:?} not completed within {timeout_ms} ms of its dispatch")]
     GroupTimeout {
@@ -192,7 +206,7 @@ impl DaemonError {
             DaemonError::QueueFull => RefuseCode::QueueFull,
             DaemonError::UnknownGroup(_) => RefuseCode::UnknownGroup,
             DaemonError::NotGranted(_) => RefuseCode::OutOfOrder,
-            DaemonError::GroupTimeout { .. } => RefuseCode::Timeout,
+            DaemonError::GroupTimeout { .. } | DaemonError::Backoff { .. } => RefuseCode::Timeout,
             DaemonError::NotLeased(_) => RefuseCode::NotLeased,
             DaemonError::PidMismatch { .. }
             | DaemonError::NotDeviceGroup(_)
@@ -486,6 +500,9 @@ pub struct Daemon {
     owners: BTreeMap<String, u32>,
     /// VM name → the pid of the device process the daemon created for it.
     reserved: BTreeMap<String, u32>,
+    /// VM name → (time it may connect again, group timeouts so far), see
+    /// [`MAX_REJOIN_BACKOFF_NS`]; at most [`MAX_BOUND_NAMES`] entries.
+    backoff: BTreeMap<String, (Time, u32)>,
     engine: Engine,
     engine_due: Option<Time>,
     next_snapshot: Time,
@@ -520,6 +537,7 @@ impl Daemon {
             stored: BTreeMap::new(),
             owners: BTreeMap::new(),
             reserved: BTreeMap::new(),
+            backoff: BTreeMap::new(),
             engine_due: None,
             next_snapshot: now.saturating_add(STATS_INTERVAL_NS),
             expiry: BTreeSet::new(),
@@ -610,6 +628,9 @@ impl Daemon {
             .and_then(|msg| self.message(now, conn, msg, qemu_peer));
         if let Err(e) = result {
             warn!("{conn}: refused: {e}");
+            if let Some(name) = self.attached(conn).map(|vm| vm.name.clone()) {
+                self.hold_back(now, &name);
+            }
             self.refuse(conn, &e);
             self.teardown(now, conn);
         }
@@ -750,6 +771,12 @@ impl Daemon {
         }
         if self.live_conn(&name).is_some() {
             return Err(DaemonError::NameInUse(name));
+        }
+        if let Some(&(until, _)) = self.backoff.get(&name)
+            && until > now
+        {
+            let left_ms = (until - now) / vgpu_scheduler::model::NS_PER_MS;
+            return Err(DaemonError::Backoff { name, left_ms });
         }
         self.bind_name(&name, peer.uid);
         let mut params = self
@@ -1124,11 +1151,37 @@ impl Daemon {
         let name = self
             .attached(conn)
             .map_or_else(String::new, |vm| vm.name.clone());
-        warn!("VM {name} ({conn}): {e}: device dropped, its groups written off");
+        let wait = self.hold_back(at, &name);
+        warn!(
+            "VM {name} ({conn}): {e}: device dropped, its groups written off; it may connect again in {} ms",
+            wait / vgpu_scheduler::model::NS_PER_MS
+        );
         self.refuse(conn, &e);
         // Teardown removes every expiry entry of the connection, this one included.
         self.teardown(at, conn);
         self.expiry.remove(&entry);
+    }
+
+    /// Keeps `name` from connecting again for a while after its device was dropped for a
+    /// group timeout or a protocol violation (see [`MAX_REJOIN_BACKOFF_NS`]); returns the wait.
+    fn hold_back(&mut self, at: Time, name: &str) -> Nanos {
+        let strikes = self.backoff.get(name).map_or(0, |&(_, n)| n);
+        let wait = self
+            .group_timeout()
+            .saturating_mul(1 << strikes.min(16))
+            .min(MAX_REJOIN_BACKOFF_NS);
+        if self.backoff.len() >= MAX_BOUND_NAMES && !self.backoff.contains_key(name) {
+            // Full: forget the entry that expires first.
+            let first = self.backoff.iter().min_by_key(|(_, until)| until.0);
+            if let Some(old) = first.map(|(n, _)| n.clone()) {
+                self.backoff.remove(&old);
+            }
+        }
+        self.backoff.insert(
+            name.to_owned(),
+            (at.saturating_add(wait), strikes.saturating_add(1)),
+        );
+        wait
     }
 
     /// The group timeout in force.

@@ -588,9 +588,11 @@ fn bad_input_refuses_and_drops_only_its_connection() {
         let out = send(&mut d, 20, by, &completed(1, 0, 20));
         assert_eq!(refused(&out, by), None, "{what}: {out:?}");
         assert_eq!(grants(&send(&mut d, 21, by, &device(2)), by), [2], "{what}");
-        // The victim's name is free again.
-        let again = d.connect(22, Peer { pid: 7, uid: 0 });
-        let out = send(&mut d, 22, again, &hello("victim", 7));
+        // The victim's name is free again (a device refused after its Hello waits one group
+        // timeout first).
+        let t = 10 + DEFAULT_GROUP_TIMEOUT_NS;
+        let again = d.connect(t, Peer { pid: 7, uid: 0 });
+        let out = send(&mut d, t, again, &hello("victim", 7));
         assert!(matches!(out.messages[0].1, Msg::Welcome { .. }), "{what}");
     }
 }
@@ -836,6 +838,33 @@ fn a_device_that_never_completes_is_dropped_and_the_others_get_grants() {
     );
     let counts = serve_closed_loop(&mut d, 3 * NS_PER_SEC, &[b], 50);
     assert!(counts[0] >= 40, "{counts:?}");
+}
+
+#[test]
+fn a_name_that_timed_out_waits_longer_each_time_before_it_connects_again() {
+    let mut d = daemon(PolicyConfig::None);
+    let mut now = 0;
+    for strike in 0..3u32 {
+        let (a, _) = attach(&mut d, now, "a", PID);
+        assert_eq!(grants(&send(&mut d, now, a, &device(1)), a), [1]);
+        now += DEFAULT_GROUP_TIMEOUT_NS;
+        d.timer(now);
+        let out = d.drain();
+        assert_eq!(out.drops, [a]);
+        // Refused with Timeout until the back-off (the timeout, doubled per strike) is over.
+        let wait = DEFAULT_GROUP_TIMEOUT_NS << strike;
+        let c = d.connect(now + wait - 1, Peer { pid: PID, uid: 0 });
+        let out = send(&mut d, now + wait - 1, c, &hello("a", PID));
+        assert_eq!(
+            refused(&out, c),
+            Some(RefuseCode::Timeout),
+            "strike {strike}"
+        );
+        assert_eq!(out.drops, [c]);
+        now += wait;
+    }
+    // Another name is never held back.
+    attach(&mut d, now, "b", PID + 10);
 }
 
 #[test]
