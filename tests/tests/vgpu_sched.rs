@@ -257,18 +257,29 @@ fn scheduled_device_asks_the_daemon() {
     assert!(matches!(recv(&daemon), Msg::Completed { group: g, .. } if g == group));
     send(&daemon, &Msg::Revoke);
 
-    // Garbage and a grant for an unknown group: the device keeps serving.
+    // Garbage and a grant for an unknown group: the device keeps serving, and answers the
+    // grant with a Cancel so the daemon never waits on it.
     daemon.send(b"not a message").unwrap();
-    send(
-        &daemon,
-        &Msg::Grant {
-            group: vgpu_scheduler::GroupId(77_777),
-        },
-    );
+    let unknown = vgpu_scheduler::GroupId(77_777);
+    send(&daemon, &Msg::Grant { group: unknown });
     let head = start(&mut guest, &load(5, &[occupy(100)]));
-    let (group, _) = submitted(&daemon, Exec::Simulated);
+    let mut cancelled = false;
+    let group = loop {
+        match recv(&daemon) {
+            Msg::Cancel { group } if group == unknown => cancelled = true,
+            Msg::Submit {
+                group,
+                exec: Exec::Simulated,
+                ..
+            } => break group,
+            other => panic!("expected Cancel or Submit, got {other:?}"),
+        }
+    };
     done_now(&daemon, group);
     finished(&mut guest, head);
+    if !cancelled {
+        assert!(matches!(recv(&daemon), Msg::Cancel { group } if group == unknown));
+    }
 
     presented_frames(&mut guest, &daemon);
 
