@@ -2,47 +2,10 @@
 //! GPU-online list, no policy keeps anything for it, and the other vGPUs keep being dispatched.
 
 use vgpu_scheduler::model::{GroupId, NS_PER_MS, NS_PER_US};
-use vgpu_scheduler::policy::fair::{Accounting, FairConfig};
-use vgpu_scheduler::policy::pegasus::{PegasusConfig, PegasusMode};
-use vgpu_scheduler::policy::timegraph::TimeGraphConfig;
-use vgpu_scheduler::policy::vgris::{VgrisConfig, VgrisMode};
 use vgpu_scheduler::{
     CommandGroup, Decision, Event, GroupKind, PolicyConfig, SchedError, Scheduler, Time, VgpuId,
     VgpuParams,
 };
-
-/// Every policy family, in each of its modes that schedules differently.
-fn policies() -> Vec<PolicyConfig> {
-    let mut all = vec![
-        PolicyConfig::None,
-        PolicyConfig::Fair(FairConfig::default()),
-        PolicyConfig::Fair(FairConfig {
-            accounting: Accounting::Sampling,
-            ..FairConfig::default()
-        }),
-        PolicyConfig::TimeGraph(TimeGraphConfig::default()),
-    ];
-    for mode in [
-        PegasusMode::Rr,
-        PegasusMode::Accc,
-        PegasusMode::Xc,
-        PegasusMode::Slaf,
-        PegasusMode::Augc,
-        PegasusMode::Cosched,
-    ] {
-        all.push(PolicyConfig::Pegasus(PegasusConfig {
-            mode,
-            ..PegasusConfig::default()
-        }));
-    }
-    for mode in [VgrisMode::Sla, VgrisMode::Share, VgrisMode::Hybrid] {
-        all.push(PolicyConfig::Vgris(VgrisConfig {
-            mode,
-            ..VgrisConfig::default()
-        }));
-    }
-    all
-}
 
 fn handle(s: &mut Scheduler, now: Time, ev: Event) {
     let mut out: Vec<Decision> = Vec::new();
@@ -69,7 +32,7 @@ fn timers(s: &mut Scheduler, now: Time) {
 
 #[test]
 fn a_cancelled_group_frees_the_gpu_under_every_policy() {
-    for config in policies() {
+    for config in PolicyConfig::every_mode() {
         let name = format!("{config:?}");
         let mut s = Scheduler::new(config.build(), 1);
         let mut out = Vec::new();

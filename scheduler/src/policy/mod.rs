@@ -135,6 +135,44 @@ pub enum PolicyConfig {
 }
 
 impl PolicyConfig {
+    /// Every policy family, in each of its modes that schedules differently: what tests and
+    /// benchmarks run "under every policy".
+    pub fn every_mode() -> Vec<PolicyConfig> {
+        use self::fair::{Accounting, FairConfig};
+        use self::pegasus::{PegasusConfig, PegasusMode};
+        use self::timegraph::TimeGraphConfig;
+        use self::vgris::{VgrisConfig, VgrisMode};
+        let mut all = vec![
+            PolicyConfig::None,
+            PolicyConfig::Fair(FairConfig::default()),
+            PolicyConfig::Fair(FairConfig {
+                accounting: Accounting::Sampling,
+                ..FairConfig::default()
+            }),
+            PolicyConfig::TimeGraph(TimeGraphConfig::default()),
+        ];
+        for mode in [
+            PegasusMode::Rr,
+            PegasusMode::Accc,
+            PegasusMode::Xc,
+            PegasusMode::Slaf,
+            PegasusMode::Augc,
+            PegasusMode::Cosched,
+        ] {
+            all.push(PolicyConfig::Pegasus(PegasusConfig {
+                mode,
+                ..PegasusConfig::default()
+            }));
+        }
+        for mode in [VgrisMode::Sla, VgrisMode::Share, VgrisMode::Hybrid] {
+            all.push(PolicyConfig::Vgris(VgrisConfig {
+                mode,
+                ..VgrisConfig::default()
+            }));
+        }
+        all
+    }
+
     /// A fresh policy for this configuration.
     pub fn build(&self) -> Box<dyn Policy> {
         match self {
