@@ -5,6 +5,7 @@
 //! implementation. CUDA remoting and the simulated engine come next.
 
 pub mod backend;
+pub mod compute;
 pub mod virgl;
 
 pub use backend::{BackendError, BackendResult, GpuBackend};

@@ -1,0 +1,364 @@
+//! Device memory of one compute context on the CPU executor, and the interface a kernel
+//! executes against.
+//!
+//! Every access is checked against the context's allocations: an access that does not lie
+//! wholly inside one allocation is a [`Fault`] (reported as CUDA_ERROR_ILLEGAL_ADDRESS), so a
+//! kernel or a copy can never reach host memory or another context. Allocations are arrays of
+//! `AtomicU64` words, so the blocks of a launch may run on several host threads at once without
+//! unsafe code: plain loads and stores are relaxed word accesses (a partial word is merged with
+//! a compare-exchange loop, so neighbouring bytes written by other threads survive), and the
+//! PTX `atom`/`red` instructions are compare-exchange loops on one word.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use thiserror::Error;
+
+/// Device addresses start here, as on the real driver (a null or small pointer is never valid).
+pub const DEVICE_ADDRESS_BASE: u64 = 0x7f00_0000_0000;
+/// Allocation granularity and alignment (the driver's `cuMemAlloc` alignment).
+pub const ALLOCATION_ALIGN: u64 = 256;
+/// Unmapped bytes kept after every allocation, so running just past its end faults.
+pub const GUARD_BYTES: u64 = 64 * 1024;
+/// Most live allocations of one context: bounds the allocation table a guest can grow.
+pub const MAX_ALLOCATIONS: usize = 65_536;
+
+/// Why a device access failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// Not inside one allocation of this context.
+    OutOfRange,
+    /// An atomic (or vector) access not aligned to its size.
+    Misaligned,
+}
+
+/// A device access that was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[error("{kind:?} access of {size} bytes at {addr:#x}")]
+pub struct Fault {
+    pub kind: FaultKind,
+    pub addr: u64,
+    pub size: u64,
+}
+
+impl Fault {
+    fn out_of_range(addr: u64, size: u64) -> Self {
+        Fault {
+            kind: FaultKind::OutOfRange,
+            addr,
+            size,
+        }
+    }
+}
+
+/// What a kernel executes against: global memory (and module globals/constants, which live in
+/// it). Implementations check every access; none may panic on any address or size.
+pub trait GlobalMemory: Sync {
+    /// Copies `buf.len()` bytes at `addr` into `buf`.
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), Fault>;
+    /// Writes `data` at `addr`.
+    fn write(&self, addr: u64, data: &[u8]) -> Result<(), Fault>;
+    /// Atomically replaces the `width`-byte (4 or 8) little-endian value at `addr` (aligned to
+    /// `width`) by `update(old)` and returns `old`. `update` may be called several times.
+    fn atomic_update(
+        &self,
+        addr: u64,
+        width: u8,
+        update: &mut dyn FnMut(u64) -> u64,
+    ) -> Result<u64, Fault>;
+}
+
+/// One allocation: its words and its length in bytes.
+#[derive(Debug)]
+struct Allocation {
+    len: u64,
+    words: Box<[AtomicU64]>,
+}
+
+/// The allocations of one context.
+#[derive(Debug)]
+pub struct DeviceMemory {
+    allocations: BTreeMap<u64, Allocation>,
+    next: u64,
+    used: u64,
+    budget: u64,
+}
+
+impl DeviceMemory {
+    /// A context memory of at most `budget` bytes (rounded allocation sizes counted).
+    pub fn new(budget: u64) -> Self {
+        DeviceMemory {
+            allocations: BTreeMap::new(),
+            next: DEVICE_ADDRESS_BASE,
+            used: 0,
+            budget,
+        }
+    }
+
+    /// Bytes allocated (rounded to [`ALLOCATION_ALIGN`]).
+    pub fn used(&self) -> u64 {
+        self.used
+    }
+
+    /// Allocates `size` zeroed bytes; returns the device address. `size` 0 is refused, as by
+    /// `cuMemAlloc`.
+    pub fn alloc(&mut self, size: u64) -> Result<u64, crate::compute::ComputeError> {
+        use crate::compute::ComputeError;
+        if size == 0 {
+            return Err(ComputeError::InvalidValue("allocation of 0 bytes".into()));
+        }
+        let rounded = size
+            .checked_next_multiple_of(ALLOCATION_ALIGN)
+            .ok_or_else(|| ComputeError::OutOfMemory(format!("{size} bytes")))?;
+        if self.allocations.len() >= MAX_ALLOCATIONS {
+            return Err(ComputeError::OutOfMemory(format!(
+                "{MAX_ALLOCATIONS} allocations"
+            )));
+        }
+        let used = self.used.saturating_add(rounded);
+        if used > self.budget {
+            return Err(ComputeError::OutOfMemory(format!(
+                "{size} bytes past the context's {} byte budget ({} in use)",
+                self.budget, self.used
+            )));
+        }
+        let base = self.next;
+        let next = base
+            .checked_add(rounded)
+            .and_then(|end| end.checked_add(GUARD_BYTES))
+            .ok_or_else(|| ComputeError::OutOfMemory("device address space".into()))?;
+        let words = usize::try_from(rounded / 8)
+            .map_err(|_| ComputeError::OutOfMemory(format!("{size} bytes")))?;
+        let words: Box<[AtomicU64]> = (0..words).map(|_| AtomicU64::new(0)).collect();
+        self.allocations
+            .insert(base, Allocation { len: size, words });
+        self.next = next;
+        self.used = used;
+        Ok(base)
+    }
+
+    /// Frees the allocation that starts at `addr`.
+    pub fn free(&mut self, addr: u64) -> Result<(), crate::compute::ComputeError> {
+        let alloc = self.allocations.remove(&addr).ok_or_else(|| {
+            crate::compute::ComputeError::InvalidValue(format!("{addr:#x} is not an allocation"))
+        })?;
+        self.used -= alloc.len.next_multiple_of(ALLOCATION_ALIGN);
+        Ok(())
+    }
+
+    /// The allocation holding `[addr, addr + size)`, and the offset of `addr` in it.
+    fn find(&self, addr: u64, size: u64) -> Result<(&Allocation, u64), Fault> {
+        let (base, alloc) = self
+            .allocations
+            .range(..=addr)
+            .next_back()
+            .ok_or(Fault::out_of_range(addr, size))?;
+        let offset = addr - base;
+        match offset.checked_add(size) {
+            Some(end) if end <= alloc.len => Ok((alloc, offset)),
+            _ => Err(Fault::out_of_range(addr, size)),
+        }
+    }
+
+    /// The start and length of the allocation holding `addr` (`cuMemGetAddressRange`).
+    pub fn range_of(&self, addr: u64) -> Option<(u64, u64)> {
+        let (base, alloc) = self.allocations.range(..=addr).next_back()?;
+        (addr - base < alloc.len).then_some((*base, alloc.len))
+    }
+
+    /// Sets `count` bytes at `addr` to `value` (`cuMemsetD8`).
+    pub fn fill(&self, addr: u64, value: u8, count: u64) -> Result<(), Fault> {
+        self.find(addr, count)?;
+        const CHUNK: u64 = 64 * 1024;
+        let pattern = [value; CHUNK as usize];
+        let mut done = 0;
+        while done < count {
+            let n = (count - done).min(CHUNK);
+            self.write(addr + done, &pattern[..n as usize])?;
+            done += n;
+        }
+        Ok(())
+    }
+}
+
+/// Merges `bytes` (at byte `shift` of the word) into `old`.
+fn merge(old: u64, shift: usize, bytes: &[u8]) -> u64 {
+    let mut le = old.to_le_bytes();
+    le[shift..shift + bytes.len()].copy_from_slice(bytes);
+    u64::from_le_bytes(le)
+}
+
+impl GlobalMemory for DeviceMemory {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), Fault> {
+        let (alloc, offset) = self.find(addr, buf.len() as u64)?;
+        let mut pos = offset as usize;
+        let mut out = 0;
+        while out < buf.len() {
+            let shift = pos % 8;
+            let n = (8 - shift).min(buf.len() - out);
+            let word = alloc.words[pos / 8].load(Ordering::Relaxed).to_le_bytes();
+            buf[out..out + n].copy_from_slice(&word[shift..shift + n]);
+            out += n;
+            pos += n;
+        }
+        Ok(())
+    }
+
+    fn write(&self, addr: u64, data: &[u8]) -> Result<(), Fault> {
+        let (alloc, offset) = self.find(addr, data.len() as u64)?;
+        let mut pos = offset as usize;
+        let mut done = 0;
+        while done < data.len() {
+            let shift = pos % 8;
+            let n = (8 - shift).min(data.len() - done);
+            let word = &alloc.words[pos / 8];
+            let part = &data[done..done + n];
+            if n == 8 {
+                word.store(
+                    u64::from_le_bytes(part.try_into().expect("8 bytes")),
+                    Ordering::Relaxed,
+                );
+            } else {
+                let mut old = word.load(Ordering::Relaxed);
+                while let Err(now) = word.compare_exchange_weak(
+                    old,
+                    merge(old, shift, part),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                ) {
+                    old = now;
+                }
+            }
+            done += n;
+            pos += n;
+        }
+        Ok(())
+    }
+
+    fn atomic_update(
+        &self,
+        addr: u64,
+        width: u8,
+        update: &mut dyn FnMut(u64) -> u64,
+    ) -> Result<u64, Fault> {
+        let size = u64::from(width);
+        if !matches!(width, 4 | 8) || addr % size != 0 {
+            return Err(Fault {
+                kind: FaultKind::Misaligned,
+                addr,
+                size,
+            });
+        }
+        let (alloc, offset) = self.find(addr, size)?;
+        let word = &alloc.words[offset as usize / 8];
+        let shift = (offset % 8) as u32 * 8;
+        let mask = if width == 8 { u64::MAX } else { 0xffff_ffff };
+        let mut old = word.load(Ordering::Relaxed);
+        loop {
+            let value = (old >> shift) & mask;
+            let new = (update(value) & mask) << shift | (old & !(mask << shift));
+            match word.compare_exchange_weak(old, new, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return Ok(value),
+                Err(now) => old = now,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accesses_inside_an_allocation_round_trip_at_every_alignment() {
+        let mut mem = DeviceMemory::new(1 << 20);
+        let a = mem.alloc(100).unwrap();
+        assert_eq!(a % ALLOCATION_ALIGN, 0);
+        let data: Vec<u8> = (0..37).collect();
+        for start in 0..(100 - 37) {
+            mem.write(a + start, &data).unwrap();
+            let mut back = vec![0; 37];
+            mem.read(a + start, &mut back).unwrap();
+            assert_eq!(back, data);
+        }
+    }
+
+    #[test]
+    fn accesses_outside_every_allocation_fault_and_touch_nothing() {
+        let mut mem = DeviceMemory::new(1 << 20);
+        let a = mem.alloc(100).unwrap();
+        let b = mem.alloc(8).unwrap();
+        assert!(b >= a + 100 + GUARD_BYTES);
+        let mut buf = [0u8; 4];
+        for addr in [0, a - 1, a + 97, a + 100, b + 5, u64::MAX - 2] {
+            assert_eq!(
+                mem.read(addr, &mut buf).unwrap_err().kind,
+                FaultKind::OutOfRange
+            );
+            assert_eq!(
+                mem.write(addr, &buf).unwrap_err().kind,
+                FaultKind::OutOfRange
+            );
+        }
+        mem.free(a).unwrap();
+        assert!(mem.read(a, &mut buf).is_err(), "a freed allocation is gone");
+        assert!(mem.free(a).is_err());
+    }
+
+    #[test]
+    fn atomics_need_natural_alignment_and_keep_neighbours() {
+        let mut mem = DeviceMemory::new(1 << 20);
+        let a = mem.alloc(16).unwrap();
+        mem.write(a, &[0xff; 16]).unwrap();
+        let old = mem
+            .atomic_update(a + 4, 4, &mut |v| v.wrapping_add(2))
+            .unwrap();
+        assert_eq!(old, 0xffff_ffff);
+        let mut back = [0u8; 16];
+        mem.read(a, &mut back).unwrap();
+        assert_eq!(&back[..4], &[0xff; 4]);
+        assert_eq!(&back[4..8], &1u32.to_le_bytes());
+        assert_eq!(&back[8..], &[0xff; 8]);
+        assert_eq!(
+            mem.atomic_update(a + 2, 4, &mut |v| v).unwrap_err().kind,
+            FaultKind::Misaligned
+        );
+        assert_eq!(
+            mem.atomic_update(a + 4, 8, &mut |v| v).unwrap_err().kind,
+            FaultKind::Misaligned
+        );
+    }
+
+    #[test]
+    fn concurrent_byte_writes_to_one_word_all_survive() {
+        let mut mem = DeviceMemory::new(1 << 20);
+        let a = mem.alloc(8).unwrap();
+        std::thread::scope(|s| {
+            for i in 0..8u8 {
+                let mem = &mem;
+                s.spawn(move || {
+                    for _ in 0..1000 {
+                        mem.write(a + u64::from(i), &[i + 1]).unwrap();
+                    }
+                });
+            }
+        });
+        let mut back = [0u8; 8];
+        mem.read(a, &mut back).unwrap();
+        assert_eq!(back, [1, 2, 3, 4, 5, 6, 7, 8]);
+    }
+
+    #[test]
+    fn the_budget_and_the_table_bound_allocations() {
+        let mut mem = DeviceMemory::new(1024);
+        assert!(mem.alloc(0).is_err());
+        let a = mem.alloc(1000).unwrap();
+        assert!(mem.alloc(1).is_err(), "1024 rounded bytes used");
+        mem.free(a).unwrap();
+        assert_eq!(mem.used(), 0);
+        assert!(mem.alloc(u64::MAX).is_err());
+        let b = mem.alloc(300).unwrap();
+        mem.fill(b, 7, 300).unwrap();
+        assert_eq!(mem.fill(b, 7, 301).unwrap_err().kind, FaultKind::OutOfRange);
+    }
+}

@@ -1,0 +1,17 @@
+//! Compute (CUDA driver API) execution on the host: the compute twin of what virglrenderer and
+//! llvmpipe are for GL.
+//!
+//! - [`error`]: [`ComputeError`], the one error enum, with the CUDA driver status each variant
+//!   is reported to a guest as.
+//! - [`memory`]: the device-memory interface a kernel executes against ([`GlobalMemory`]): every
+//!   access is checked against the context's allocations, so an out-of-range access is a
+//!   [`Fault`] (CUDA_ERROR_ILLEGAL_ADDRESS for that context), never host memory.
+//! - `ptx`: the PTX parser and warp-level interpreter (CPU executor).
+//! - `fatbin`: fat-binary unpacking (picks the PTX of an nvcc or GCC offload image).
+//! - the backend trait, the CPU backend on the PTX executor and `NvCuda` on the real driver.
+
+pub mod error;
+pub mod memory;
+
+pub use error::{ComputeError, ComputeResult};
+pub use memory::{DeviceMemory, Fault, FaultKind, GlobalMemory};
