@@ -9,6 +9,9 @@
 #     --long    FUZZ_RUNS executions per target (default 10^7), each stopped after FUZZ_MAX_SECONDS
 #               (default 3600) if it has not got there
 #   FUZZ_JOBS   targets run at once (default 2)
+#   FUZZ_WORKERS  processes per target sharing its corpus (default 1; each gets FUZZ_RUNS/WORKERS
+#               executions, the table sums them): for machines with many cores
+#   FUZZ_BIN_DIR  run the targets built there instead of building them (a machine without cargo)
 #   FUZZ_OUT    where corpora, logs, crash artifacts and fuzz-MODE.json go (default fuzz/out)
 #
 # Exit status: 0 when every target ran without a crash, 1 otherwise.
@@ -33,37 +36,47 @@ out=$(realpath -m "${FUZZ_OUT:-fuzz/out}")
 mkdir -p "$out"
 case $mode in
     smoke) limits=(-max_total_time="${FUZZ_SECONDS:-3}") ;;
-    long) limits=(-runs="${FUZZ_RUNS:-10000000}" -max_total_time="${FUZZ_MAX_SECONDS:-3600}") ;;
+    long) workers=${FUZZ_WORKERS:-1}
+          limits=(-runs="$(( ${FUZZ_RUNS:-10000000} / workers ))" -max_total_time="${FUZZ_MAX_SECONDS:-3600}") ;;
 esac
 
 # What cargo-fuzz passes with -Zsanitizer=none, which stable rustc takes: libFuzzer's coverage
 # feedback (8-bit counters, the PC table, comparison tracing). --target keeps the flags off build
 # scripts and proc macros, which are not linked with libFuzzer.
-triple=$(rustc -vV | sed -n 's/^host: //p')
 export RUSTFLAGS="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
 -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
 -Cllvm-args=-sanitizer-coverage-trace-compares --cfg fuzzing"
-echo "building fuzz targets (release, $triple)"
-bins=()
-for t in "${targets[@]}"; do bins+=(--bin "$t"); done
-cargo build --manifest-path fuzz/Cargo.toml --locked --release --target "$triple" "${bins[@]}"
-bindir=fuzz/target/$triple/release
+if [[ -n ${FUZZ_BIN_DIR:-} ]]; then
+    bindir=$(realpath "$FUZZ_BIN_DIR")
+else
+    triple=$(rustc -vV | sed -n 's/^host: //p')
+    echo "building fuzz targets (release, $triple)"
+    bins=()
+    for t in "${targets[@]}"; do bins+=(--bin "$t"); done
+    cargo build --manifest-path fuzz/Cargo.toml --locked --release --target "$triple" "${bins[@]}"
+    bindir=$(realpath "fuzz/target/$triple/release")
+fi
 
 run_one() {
     local t=$1 dir=$out/$mode/$1
     rm -rf "$dir"
     mkdir -p "$dir/corpus" "$dir/artifacts" "$dir/tmp"
     cp fuzz/corpus/"$t"/* "$dir/corpus/"
-    local rc=0 start=$SECONDS
-    # The vfio-user target puts its listening socket in TMPDIR.
-    TMPDIR=$dir/tmp "$bindir/$t" "${limits[@]}" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
-        -print_final_stats=1 -artifact_prefix="$dir/artifacts/" "$dir/corpus" >"$dir/log" 2>&1 || rc=$?
+    local rc=0 start=$SECONDS w pids=()
+    # The vfio-user target puts its listening socket in TMPDIR. Workers share the corpus
+    # (libFuzzer reloads it) and each writes its own log.
+    for ((w = 0; w < ${FUZZ_WORKERS:-1}; w++)); do
+        TMPDIR=$dir/tmp "$bindir/$t" "${limits[@]}" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
+            -print_final_stats=1 -artifact_prefix="$dir/artifacts/" "$dir/corpus" >"$dir/log.$w" 2>&1 &
+        pids+=($!)
+    done
+    for w in "${pids[@]}"; do wait "$w" || rc=$?; done
     echo "$rc" >"$dir/rc"
     echo $((SECONDS - start)) >"$dir/seconds"
     echo "  $t done (exit $rc)"
 }
 export -f run_one
-export out mode bindir
+export out mode bindir FUZZ_WORKERS
 export limits_str="${limits[*]}"
 
 echo "running ${#targets[@]} target(s), mode $mode, ${FUZZ_JOBS:-2} at a time; logs in $out/$mode"
@@ -79,11 +92,9 @@ json="$out/fuzz-$mode.json"
     printf '%-18s %14s %10s %8s %8s\n' target executions exec/s seconds crashes >&2
     for t in "${targets[@]}"; do
         dir=$out/$mode/$t
-        runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$dir/log" | tail -1)
-        runs=${runs:-0}
+        runs=$(cat "$dir"/log.* | sed -n 's/^stat::number_of_executed_units: *//p' | awk '{s += $1} END {print s + 0}')
         secs=$(cat "$dir/seconds")
-        rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$dir/log" | tail -1)
-        rate=${rate:-0}
+        rate=$(cat "$dir"/log.* | sed -n 's/^stat::average_exec_per_sec: *//p' | awk '{s += $1} END {print s + 0}')
         crashes=$(find "$dir/artifacts" -type f | wc -l)
         rc=$(cat "$dir/rc")
         if ((crashes > 0 || rc != 0)); then status=1; fi
