@@ -717,72 +717,46 @@ fn stats_and_metrics_carry_the_budget_of_vms_that_have_one() {
     assert_eq!(budget(&d, 25 * NS_PER_MS), full);
 }
 
-/// Every policy family in its default mode, and the modes that schedule differently.
-fn every_policy() -> Vec<PolicyConfig> {
-    use vgpu_scheduler::policy::pegasus::PegasusMode;
-    use vgpu_scheduler::policy::vgris::VgrisMode;
-    let mut all = vec![
-        PolicyConfig::None,
-        PolicyConfig::Fair(FairConfig::default()),
-        PolicyConfig::TimeGraph(TimeGraphConfig::default()),
-    ];
-    for mode in [PegasusMode::Rr, PegasusMode::Accc, PegasusMode::Cosched] {
-        all.push(PolicyConfig::Pegasus(PegasusConfig {
-            mode,
-            ..PegasusConfig::default()
-        }));
-    }
-    for mode in [VgrisMode::Sla, VgrisMode::Share, VgrisMode::Hybrid] {
-        all.push(PolicyConfig::Vgris(VgrisConfig {
-            mode,
-            ..VgrisConfig::default()
-        }));
-    }
-    all
-}
-
-/// Devices `conns` keep one device group each outstanding: every grant is completed 100 µs
-/// later and followed by the next submit. Returns the grants each received, from `now` for
-/// `steps` steps.
+/// Devices `conns` keep one device group each outstanding: the GPU runs the granted groups in
+/// the order they were granted, completing one every 100 µs, and each completion is followed by
+/// that device's next submit. Returns the grants each received, from `now` for `steps` steps.
 fn serve_closed_loop(d: &mut Daemon, mut now: Time, conns: &[ConnId], steps: u64) -> Vec<u64> {
-    let mut granted: Vec<Vec<u64>> = vec![Vec::new(); conns.len()];
+    let mut running: std::collections::VecDeque<(usize, u64)> = Default::default();
     let mut next = 10_000u64;
     let mut counts = vec![0u64; conns.len()];
-    let take = |out: &Outbox, granted: &mut Vec<Vec<u64>>, counts: &mut Vec<u64>| {
+    let mut take = |out: &Outbox, running: &mut std::collections::VecDeque<(usize, u64)>| {
         for (i, &c) in conns.iter().enumerate() {
             assert_eq!(refused(out, c), None, "{out:?}");
             let g = grants(out, c);
             counts[i] += g.len() as u64;
-            granted[i].extend(g);
+            running.extend(g.into_iter().map(|id| (i, id)));
         }
     };
-    for (i, &c) in conns.iter().enumerate() {
+    for &c in conns {
         next += 1;
         let out = send(d, now, c, &device(next));
-        take(&out, &mut granted, &mut counts);
-        assert!(i < conns.len());
+        take(&out, &mut running);
     }
     for _ in 0..steps {
         now += 100_000;
         d.timer(now);
         let out = d.drain();
-        take(&out, &mut granted, &mut counts);
-        let Some(i) = (0..conns.len()).find(|&i| !granted[i].is_empty()) else {
+        take(&out, &mut running);
+        let Some((i, id)) = running.pop_front() else {
             continue;
         };
-        let id = granted[i].remove(0);
         let out = send(d, now, conns[i], &completed(id, now - 50_000, now));
-        take(&out, &mut granted, &mut counts);
+        take(&out, &mut running);
         next += 1;
         let out = send(d, now, conns[i], &device(next));
-        take(&out, &mut granted, &mut counts);
+        take(&out, &mut running);
     }
     counts
 }
 
 #[test]
 fn a_cancelled_grant_frees_the_gpu_under_every_policy() {
-    for policy in every_policy() {
+    for policy in PolicyConfig::every_mode() {
         let name = format!("{policy:?}");
         let mut d = daemon(policy);
         let (a, _) = attach(&mut d, 0, "a", PID);
