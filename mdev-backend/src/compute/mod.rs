@@ -12,6 +12,7 @@
 
 pub mod error;
 pub mod memory;
+pub mod ptx;
 
 pub use error::{ComputeError, ComputeResult};
 pub use memory::{DeviceMemory, Fault, FaultKind, GlobalMemory};

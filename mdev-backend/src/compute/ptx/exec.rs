@@ -1,0 +1,1637 @@
+//! The warp-level interpreter.
+//!
+//! A block runs on one host thread; its warps take turns, each running until it reaches a
+//! `bar.sync`, exits, or the launch stops. Inside a warp every lane has its own program
+//! counter: each step executes the instruction at the lowest PC among the live lanes, for the
+//! lanes at that PC (guard predicate permitting). Lanes that diverge run their paths one after
+//! the other and are together again at the first instruction both paths reach (the
+//! reconvergence point of structured control flow, without a stack of masks). Warp-collective
+//! instructions (`shfl`, `vote`, `activemask`) see the lanes executing them together.
+//!
+//! Blocks are independent: host threads take the next block from a shared counter. The first
+//! error (a memory fault, a trap, the instruction budget) stops every thread at its next check.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
+
+use super::ir::*;
+use super::parse::{Parsed, wide};
+use super::{Launch, LaunchStats, Module};
+use super::{MAX_CALL_DEPTH, MAX_PRINTF_BYTES, MAX_SHARED_BYTES, MAX_THREADS_PER_BLOCK};
+use crate::compute::memory::{Fault, FaultKind};
+use crate::compute::{ComputeError, ComputeResult, GlobalMemory};
+
+/// Generic addresses of shared memory: `cvta.shared` adds this to a shared offset. Below every
+/// device allocation, so the windows never overlap global memory.
+pub const SHARED_WINDOW: u64 = 0x0000_1000_0000_0000;
+/// Generic addresses of the thread's local memory.
+pub const LOCAL_WINDOW: u64 = 0x0000_2000_0000_0000;
+/// Size of each window.
+const WINDOW_BYTES: u64 = 1 << 32;
+/// Longest `printf` format string read from device memory.
+const MAX_FORMAT_BYTES: usize = 4096;
+/// Register values of one block (registers × threads), bounding a block's host memory at
+/// 32 MiB. PTX names virtual registers, so the hardware's 64 Ki per block does not apply.
+pub const MAX_BLOCK_REGISTER_VALUES: u64 = 4 << 20;
+/// Warp-instructions a block executes between checks of the launch budget and stop flag.
+const CHECK_EVERY: u64 = 4096;
+/// Alignment of dynamic shared memory after the static variables.
+const DYN_SHARED_ALIGN: u32 = 16;
+
+const WARP: usize = 32;
+
+fn invalid(msg: impl Into<String>) -> ComputeError {
+    ComputeError::InvalidValue(msg.into())
+}
+
+/// Runs `kernel` of `module` over the launch's grid.
+pub fn launch(
+    module: &Module,
+    kernel: &str,
+    l: &Launch<'_>,
+    memory: &dyn GlobalMemory,
+) -> ComputeResult<LaunchStats> {
+    let f = module
+        .function_of(kernel)
+        .ok_or_else(|| ComputeError::NotFound(format!("kernel {kernel}")))?;
+    let m = &module.parsed;
+    let info = module.kernel(kernel).expect("kernel of function_of");
+    let [gx, gy, gz] = l.grid;
+    let [bx, by, bz] = l.block;
+    if gx == 0 || gy == 0 || gz == 0 || gx > i32::MAX as u32 || gy > 65535 || gz > 65535 {
+        return Err(invalid(format!("grid {:?}", l.grid)));
+    }
+    if bx == 0 || by == 0 || bz == 0 || bx > 1024 || by > 1024 || bz > 64 {
+        return Err(invalid(format!("block {:?}", l.block)));
+    }
+    let nthreads = bx * by * bz;
+    if nthreads > MAX_THREADS_PER_BLOCK {
+        return Err(invalid(format!("{nthreads} threads per block")));
+    }
+    let dyn_start = m.shared_bytes.next_multiple_of(DYN_SHARED_ALIGN);
+    let shared = dyn_start
+        .checked_add(l.dynamic_shared_bytes)
+        .filter(|&s| s <= MAX_SHARED_BYTES)
+        .ok_or_else(|| {
+            ComputeError::LaunchOutOfResources(format!(
+                "{} bytes of shared memory",
+                u64::from(dyn_start) + u64::from(l.dynamic_shared_bytes)
+            ))
+        })?;
+    if u64::from(nthreads) * m.reg_bits.len() as u64 > MAX_BLOCK_REGISTER_VALUES {
+        return Err(ComputeError::LaunchOutOfResources(format!(
+            "{} registers × {nthreads} threads",
+            m.reg_bits.len()
+        )));
+    }
+    if l.params.len() != info.param_bytes as usize {
+        return Err(invalid(format!(
+            "{} parameter bytes for a kernel taking {}",
+            l.params.len(),
+            info.param_bytes
+        )));
+    }
+    let mut sym_addr = Vec::with_capacity(m.globals.len());
+    for g in &m.globals {
+        let addr =
+            l.symbols.get(&g.name).copied().ok_or_else(|| {
+                invalid(format!("no device address for module variable {}", g.name))
+            })?;
+        sym_addr.push(addr);
+    }
+    let blocks = u64::from(gx) * u64::from(gy) * u64::from(gz);
+    let shared_launch = Shared {
+        m,
+        l,
+        memory,
+        entry: m.funcs[f as usize].start,
+        sym_addr,
+        shared_bytes: shared,
+        dyn_start,
+        reg_mask: m
+            .reg_bits
+            .iter()
+            .map(|&b| if b >= 64 { u64::MAX } else { (1u64 << b) - 1 })
+            .collect(),
+        nthreads,
+        next_block: AtomicU64::new(0),
+        executed: AtomicU64::new(0),
+        stop: AtomicBool::new(false),
+        error: Mutex::new(None),
+        output: Mutex::new(Vec::new()),
+        output_bytes: AtomicUsize::new(0),
+        started: Instant::now(),
+    };
+    let threads = l.threads.clamp(1, blocks.min(1024) as usize);
+    if threads == 1 {
+        shared_launch.worker(blocks);
+    } else {
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| shared_launch.worker(blocks));
+            }
+        });
+    }
+    if let Some(e) = shared_launch
+        .error
+        .into_inner()
+        .unwrap_or_else(|p| p.into_inner())
+    {
+        return Err(e);
+    }
+    let mut outputs = shared_launch
+        .output
+        .into_inner()
+        .unwrap_or_else(|p| p.into_inner());
+    outputs.sort_by_key(|(b, _)| *b);
+    Ok(LaunchStats {
+        warp_instructions: shared_launch.executed.load(Ordering::Relaxed),
+        blocks,
+        output: outputs.into_iter().map(|(_, s)| s).collect(),
+    })
+}
+
+/// What every block of a launch shares.
+struct Shared<'a> {
+    m: &'a Parsed,
+    l: &'a Launch<'a>,
+    memory: &'a dyn GlobalMemory,
+    entry: u32,
+    sym_addr: Vec<u64>,
+    shared_bytes: u32,
+    dyn_start: u32,
+    reg_mask: Vec<u64>,
+    nthreads: u32,
+    next_block: AtomicU64,
+    executed: AtomicU64,
+    stop: AtomicBool,
+    error: Mutex<Option<ComputeError>>,
+    output: Mutex<Vec<(u64, String)>>,
+    output_bytes: AtomicUsize,
+    started: Instant,
+}
+
+impl Shared<'_> {
+    fn worker(&self, blocks: u64) {
+        loop {
+            if self.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            let b = self.next_block.fetch_add(1, Ordering::Relaxed);
+            if b >= blocks {
+                return;
+            }
+            let mut block = Block::new(self, b);
+            let result = block.run();
+            self.executed.fetch_add(block.unflushed, Ordering::Relaxed);
+            if !block.out.is_empty() {
+                self.output
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((b, block.out));
+            }
+            if let Err(e) = result {
+                let mut slot = self.error.lock().unwrap_or_else(|p| p.into_inner());
+                if slot.is_none() {
+                    *slot = Some(e);
+                }
+                self.stop.store(true, Ordering::Relaxed);
+                return;
+            }
+        }
+    }
+}
+
+/// A call frame of one lane: where to return and what to copy back.
+#[derive(Debug, Clone, Copy)]
+struct Frame {
+    ret_pc: u32,
+    /// (callee's return slot, caller's slot, bytes).
+    copy_back: Option<(u32, u32, u32)>,
+}
+
+struct Warp {
+    regs: Vec<u64>,
+    pc: [u32; WARP],
+    /// Lanes that exist (the last warp of a block may be partial).
+    valid: u32,
+    exited: u32,
+    frames: Vec<Vec<Frame>>,
+    local: Vec<u8>,
+    fparam: Vec<u8>,
+    /// The lanes waiting at a `bar.sync`, or 0.
+    at_barrier: u32,
+}
+
+enum Stop {
+    Done,
+    Barrier,
+}
+
+struct Block<'s, 'a> {
+    s: &'s Shared<'a>,
+    ctaid: [u32; 3],
+    warps: Vec<Warp>,
+    shared: Vec<u8>,
+    out: String,
+    unflushed: u64,
+}
+
+/// A lane's value of a 32-bit float register, with `.ftz` applied.
+fn f32_of(bits: u64, ftz: bool) -> f32 {
+    let v = f32::from_bits(bits as u32);
+    if ftz && v.is_subnormal() {
+        0.0f32.copysign(v)
+    } else {
+        v
+    }
+}
+
+fn f32_bits(v: f32, ftz: bool) -> u64 {
+    let v = if ftz && v.is_subnormal() {
+        0.0f32.copysign(v)
+    } else {
+        v
+    };
+    u64::from(v.to_bits())
+}
+
+fn sext(v: u64, bits: u32) -> i64 {
+    if bits >= 64 {
+        v as i64
+    } else {
+        let shift = 64 - bits;
+        ((v << shift) as i64) >> shift
+    }
+}
+
+/// The next f32 towards +∞ / −∞.
+fn f32_up(v: f32) -> f32 {
+    if v.is_nan() || v == f32::INFINITY {
+        return v;
+    }
+    if v == 0.0 {
+        return f32::from_bits(1);
+    }
+    let b = v.to_bits();
+    f32::from_bits(if v > 0.0 { b + 1 } else { b - 1 })
+}
+
+fn f32_down(v: f32) -> f32 {
+    -f32_up(-v)
+}
+
+/// Rounds toward `rnd` given `r` (the nearest f32) and how the exact value compares to it.
+fn directed(r: f32, exact_vs_r: std::cmp::Ordering, rnd: Rnd) -> f32 {
+    use std::cmp::Ordering::*;
+    match (rnd, exact_vs_r) {
+        (_, Equal) | (Rnd::Rn, _) => r,
+        (Rnd::Rm, Less) => f32_down(r),
+        (Rnd::Rp, Greater) => f32_up(r),
+        (Rnd::Rz, Less) if r > 0.0 => f32_down(r),
+        (Rnd::Rz, Greater) if r < 0.0 => f32_up(r),
+        _ => r,
+    }
+}
+
+/// An f64 value (plus a tiny error term `e`) rounded to f32 in mode `rnd`.
+fn round_f64(x: f64, e: f64, rnd: Rnd) -> f32 {
+    let r = x as f32;
+    if x.is_nan() {
+        return r;
+    }
+    let d = x - f64::from(r);
+    let ord = if d != 0.0 {
+        d.partial_cmp(&0.0)
+    } else {
+        e.partial_cmp(&0.0)
+    };
+    directed(r, ord.unwrap_or(std::cmp::Ordering::Equal), rnd)
+}
+
+/// An integer rounded to f32 in mode `rnd`.
+fn round_int_f32(x: i128, rnd: Rnd) -> f32 {
+    let r = x as f32;
+    directed(r, x.cmp(&(r as i128)), rnd)
+}
+
+fn saturate01(v: f64) -> f64 {
+    if v.is_nan() { 0.0 } else { v.clamp(0.0, 1.0) }
+}
+
+impl<'s, 'a> Block<'s, 'a> {
+    fn new(s: &'s Shared<'a>, linear: u64) -> Self {
+        let [gx, gy, _] = s.l.grid;
+        let ctaid = [
+            (linear % u64::from(gx)) as u32,
+            ((linear / u64::from(gx)) % u64::from(gy)) as u32,
+            (linear / (u64::from(gx) * u64::from(gy))) as u32,
+        ];
+        let nregs = s.m.reg_bits.len();
+        let nwarps = s.nthreads.div_ceil(WARP as u32);
+        let warps = (0..nwarps)
+            .map(|w| {
+                let lanes = (s.nthreads - w * WARP as u32).min(WARP as u32);
+                Warp {
+                    regs: vec![0; nregs * WARP],
+                    pc: [s.entry; WARP],
+                    valid: if lanes == 32 {
+                        u32::MAX
+                    } else {
+                        (1u32 << lanes) - 1
+                    },
+                    exited: 0,
+                    frames: vec![Vec::new(); WARP],
+                    local: vec![0; s.m.local_bytes as usize * WARP],
+                    fparam: vec![0; s.m.fparam_bytes as usize * WARP],
+                    at_barrier: 0,
+                }
+            })
+            .collect();
+        Block {
+            s,
+            ctaid,
+            warps,
+            shared: vec![0; s.shared_bytes as usize],
+            out: String::new(),
+            unflushed: 0,
+        }
+    }
+
+    fn run(&mut self) -> ComputeResult<()> {
+        loop {
+            let mut live = 0;
+            for w in 0..self.warps.len() {
+                if self.warps[w].at_barrier != 0 {
+                    live += 1;
+                    continue;
+                }
+                match self.run_warp(w)? {
+                    Stop::Done => {}
+                    Stop::Barrier => live += 1,
+                }
+            }
+            if live == 0 {
+                return Ok(());
+            }
+            // Every warp still running waits at a barrier: release them all.
+            for warp in &mut self.warps {
+                let mask = std::mem::take(&mut warp.at_barrier);
+                for lane in 0..WARP {
+                    if mask & (1 << lane) != 0 {
+                        warp.pc[lane] += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    fn count(&mut self) -> ComputeResult<()> {
+        self.unflushed += 1;
+        if self.unflushed >= CHECK_EVERY {
+            let total =
+                self.s.executed.fetch_add(self.unflushed, Ordering::Relaxed) + self.unflushed;
+            self.unflushed = 0;
+            if self.s.stop.load(Ordering::Relaxed) {
+                return Err(ComputeError::LaunchTimeout("launch stopped".into()));
+            }
+            if total > self.s.l.instruction_budget {
+                return Err(ComputeError::LaunchTimeout(format!(
+                    "kernel ran past its budget of {} warp-instructions ({:.1} s)",
+                    self.s.l.instruction_budget,
+                    self.s.started.elapsed().as_secs_f64()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn run_warp(&mut self, w: usize) -> ComputeResult<Stop> {
+        let s = self.s;
+        loop {
+            let warp = &self.warps[w];
+            let live = warp.valid & !warp.exited;
+            if live == 0 {
+                return Ok(Stop::Done);
+            }
+            let mut min = u32::MAX;
+            let mut mask = 0u32;
+            for lane in 0..WARP {
+                if live & (1 << lane) == 0 {
+                    continue;
+                }
+                let pc = warp.pc[lane];
+                if pc < min {
+                    min = pc;
+                    mask = 1 << lane;
+                } else if pc == min {
+                    mask |= 1 << lane;
+                }
+            }
+            let inst = &s.m.code[min as usize];
+            self.count()?;
+            let warp = &self.warps[w];
+            let mut exec = mask;
+            if let Some((p, neg)) = inst.guard {
+                exec = 0;
+                for lane in 0..WARP {
+                    if mask & (1 << lane) != 0
+                        && ((warp.regs[p as usize * WARP + lane] != 0) != neg)
+                    {
+                        exec |= 1 << lane;
+                    }
+                }
+            }
+            if matches!(inst.op, Op::Bar) && exec != 0 {
+                // Lanes whose guard is false skip the barrier.
+                let warp = &mut self.warps[w];
+                for lane in 0..WARP {
+                    if mask & !exec & (1 << lane) != 0 {
+                        warp.pc[lane] += 1;
+                    }
+                }
+                warp.at_barrier = exec;
+                return Ok(Stop::Barrier);
+            }
+            {
+                let warp = &mut self.warps[w];
+                for lane in 0..WARP {
+                    if mask & (1 << lane) != 0 {
+                        warp.pc[lane] += 1;
+                    }
+                }
+            }
+            if exec != 0 {
+                self.execute(w, min, exec).map_err(|e| match e {
+                    ComputeError::IllegalAddress(m) => {
+                        ComputeError::IllegalAddress(format!("{m} (PTX line {})", inst.line))
+                    }
+                    ComputeError::MisalignedAddress(m) => {
+                        ComputeError::MisalignedAddress(format!("{m} (PTX line {})", inst.line))
+                    }
+                    e => e,
+                })?;
+            }
+        }
+    }
+
+    fn special(&self, w: usize, lane: usize, s: Sreg) -> u64 {
+        let [bx, by, _] = self.s.l.block;
+        let t = (w * WARP + lane) as u32;
+        let tid = [t % bx, (t / bx) % by, t / (bx * by)];
+        let lane_bit = 1u64 << lane;
+        match s {
+            Sreg::Tid(d) => u64::from(tid[usize::from(d)]),
+            Sreg::Ntid(d) => u64::from(self.s.l.block[usize::from(d)]),
+            Sreg::Ctaid(d) => u64::from(self.ctaid[usize::from(d)]),
+            Sreg::Nctaid(d) => u64::from(self.s.l.grid[usize::from(d)]),
+            Sreg::LaneId => lane as u64,
+            Sreg::WarpId => w as u64,
+            Sreg::NWarpId => self.warps.len() as u64,
+            Sreg::SmId | Sreg::GridId => 0,
+            Sreg::NSmId => 1,
+            Sreg::Clock | Sreg::Clock64 => self.s.executed.load(Ordering::Relaxed) + self.unflushed,
+            Sreg::GlobalTimer => self.s.started.elapsed().as_nanos() as u64,
+            Sreg::LaneMaskEq => lane_bit,
+            Sreg::LaneMaskLt => lane_bit - 1,
+            Sreg::LaneMaskLe => (lane_bit << 1).wrapping_sub(1) & 0xffff_ffff,
+            Sreg::LaneMaskGt => !((lane_bit << 1).wrapping_sub(1)) & 0xffff_ffff,
+            Sreg::LaneMaskGe => !(lane_bit - 1) & 0xffff_ffff,
+            Sreg::DynamicSmemSize => u64::from(self.s.l.dynamic_shared_bytes),
+            Sreg::TotalSmemSize => u64::from(self.s.shared_bytes),
+        }
+    }
+
+    fn sym(&self, s: SymRef) -> ComputeResult<u64> {
+        Ok(match s {
+            SymRef::Global(i) => self.s.sym_addr[i as usize],
+            SymRef::Shared(o) => u64::from(o),
+            SymRef::DynShared => u64::from(self.s.dyn_start),
+            SymRef::Local(o) => u64::from(o),
+            SymRef::KernelParam(_) | SymRef::FuncParam(_) => {
+                return Err(ComputeError::IllegalInstruction(
+                    "the address of a parameter is not supported".into(),
+                ));
+            }
+        })
+    }
+
+    fn val(&self, w: usize, lane: usize, src: Src) -> ComputeResult<u64> {
+        Ok(match src {
+            Src::Reg(r) => self.warps[w].regs[r as usize * WARP + lane],
+            Src::Imm(v) => v,
+            Src::Special(s) => self.special(w, lane, s),
+            Src::Sym(s) => self.sym(s)?,
+        })
+    }
+
+    fn set(&mut self, w: usize, lane: usize, d: u32, v: u64) {
+        if d != SINK {
+            self.warps[w].regs[d as usize * WARP + lane] = v & self.s.reg_mask[d as usize];
+        }
+    }
+
+    /// The effective address of a memory operand for one lane (in the operand's own space).
+    fn address(&self, w: usize, lane: usize, a: Addr) -> ComputeResult<u64> {
+        let base = match a.base {
+            AddrBase::Reg(r) => self.warps[w].regs[r as usize * WARP + lane],
+            AddrBase::Sym(SymRef::KernelParam(o) | SymRef::FuncParam(o)) => u64::from(o),
+            AddrBase::Sym(s) => self.sym(s)?,
+            AddrBase::Abs => 0,
+        };
+        Ok(base.wrapping_add(a.offset as u64))
+    }
+
+    /// Resolves a (space, address) to where the bytes are.
+    fn locate(&self, space: Space, addr: u64, a: Addr) -> Loc {
+        match space {
+            Space::Global | Space::Const => Loc::Global(addr),
+            Space::Shared => Loc::Shared(addr),
+            Space::Local => Loc::Local(addr),
+            Space::Param => match a.base {
+                AddrBase::Sym(SymRef::KernelParam(_)) => Loc::KParam(addr),
+                _ => Loc::FParam(addr),
+            },
+            Space::Generic => {
+                if addr.wrapping_sub(SHARED_WINDOW) < WINDOW_BYTES {
+                    Loc::Shared(addr - SHARED_WINDOW)
+                } else if addr.wrapping_sub(LOCAL_WINDOW) < WINDOW_BYTES {
+                    Loc::Local(addr - LOCAL_WINDOW)
+                } else {
+                    Loc::Global(addr)
+                }
+            }
+        }
+    }
+
+    fn read(&self, w: usize, lane: usize, loc: Loc, buf: &mut [u8]) -> ComputeResult<()> {
+        let n = buf.len() as u64;
+        let mut slice = |area: &[u8], off: u64| -> ComputeResult<()> {
+            let end = off.checked_add(n).filter(|&e| e <= area.len() as u64);
+            match end {
+                Some(end) => {
+                    buf.copy_from_slice(&area[off as usize..end as usize]);
+                    Ok(())
+                }
+                None => Err(fault(Fault {
+                    kind: FaultKind::OutOfRange,
+                    addr: off,
+                    size: n,
+                })),
+            }
+        };
+        match loc {
+            Loc::Global(a) => self.s.memory.read(a, buf).map_err(fault),
+            Loc::Shared(o) => slice(&self.shared, o),
+            Loc::Local(o) => slice(
+                self.lane_area(&self.warps[w].local, self.s.m.local_bytes, lane),
+                o,
+            ),
+            Loc::KParam(o) => slice(self.s.l.params, o),
+            Loc::FParam(o) => slice(
+                self.lane_area(&self.warps[w].fparam, self.s.m.fparam_bytes, lane),
+                o,
+            ),
+        }
+    }
+
+    fn lane_area<'v>(&self, v: &'v [u8], per_lane: u32, lane: usize) -> &'v [u8] {
+        let n = per_lane as usize;
+        &v[lane * n..(lane + 1) * n]
+    }
+
+    fn write(&mut self, w: usize, lane: usize, loc: Loc, data: &[u8]) -> ComputeResult<()> {
+        let n = data.len() as u64;
+        let put = |area: &mut [u8], off: u64| -> ComputeResult<()> {
+            match off.checked_add(n).filter(|&e| e <= area.len() as u64) {
+                Some(end) => {
+                    area[off as usize..end as usize].copy_from_slice(data);
+                    Ok(())
+                }
+                None => Err(fault(Fault {
+                    kind: FaultKind::OutOfRange,
+                    addr: off,
+                    size: n,
+                })),
+            }
+        };
+        match loc {
+            Loc::Global(a) => self.s.memory.write(a, data).map_err(fault),
+            Loc::Shared(o) => put(&mut self.shared, o),
+            Loc::Local(o) => {
+                let n = self.s.m.local_bytes as usize;
+                put(&mut self.warps[w].local[lane * n..(lane + 1) * n], o)
+            }
+            Loc::FParam(o) => {
+                let n = self.s.m.fparam_bytes as usize;
+                put(&mut self.warps[w].fparam[lane * n..(lane + 1) * n], o)
+            }
+            Loc::KParam(_) => Err(ComputeError::IllegalInstruction(
+                "store to a kernel parameter".into(),
+            )),
+        }
+    }
+
+    fn execute(&mut self, w: usize, pc: u32, exec: u32) -> ComputeResult<()> {
+        let inst = &self.s.m.code[pc as usize];
+        let lanes = (0..WARP).filter(move |l| exec & (1 << l) != 0);
+        match &inst.op {
+            Op::Mov { d, a, .. } => {
+                for lane in lanes {
+                    let v = self.val(w, lane, *a)?;
+                    self.set(w, lane, *d, v);
+                }
+            }
+            Op::Pack {
+                part_bits,
+                d,
+                parts,
+            } => {
+                let mask = (1u64 << part_bits) - 1;
+                for lane in lanes {
+                    let mut v = 0u64;
+                    for (i, p) in parts.iter().enumerate() {
+                        v |= (self.val(w, lane, *p)? & mask) << (i as u32 * part_bits);
+                    }
+                    self.set(w, lane, *d, v);
+                }
+            }
+            Op::Unpack { part_bits, ds, a } => {
+                let mask = (1u64 << part_bits) - 1;
+                for lane in lanes {
+                    let v = self.val(w, lane, *a)?;
+                    for (i, d) in ds.iter().enumerate() {
+                        self.set(w, lane, *d, (v >> (i as u32 * part_bits)) & mask);
+                    }
+                }
+            }
+            Op::Ld {
+                space,
+                ty,
+                n,
+                ds,
+                addr,
+            } => {
+                let size = ty.bytes() as usize;
+                for lane in lanes {
+                    let a = self.address(w, lane, *addr)?;
+                    check_align(a, size as u64 * u64::from(*n))?;
+                    let loc = self.locate(*space, a, *addr);
+                    let mut buf = [0u8; 32];
+                    let total = size * usize::from(*n);
+                    self.read(w, lane, loc, &mut buf[..total])?;
+                    for (i, d) in ds.iter().take(usize::from(*n)).enumerate() {
+                        let mut le = [0u8; 8];
+                        le[..size].copy_from_slice(&buf[i * size..(i + 1) * size]);
+                        let raw = u64::from_le_bytes(le);
+                        let v = if ty.signed() {
+                            sext(raw, ty.bits()) as u64
+                        } else {
+                            raw
+                        };
+                        self.set(w, lane, *d, v);
+                    }
+                }
+            }
+            Op::St {
+                space,
+                ty,
+                n,
+                srcs,
+                addr,
+            } => {
+                let size = ty.bytes() as usize;
+                for lane in lanes {
+                    let a = self.address(w, lane, *addr)?;
+                    check_align(a, size as u64 * u64::from(*n))?;
+                    let loc = self.locate(*space, a, *addr);
+                    let mut buf = [0u8; 32];
+                    for (i, s) in srcs.iter().take(usize::from(*n)).enumerate() {
+                        let v = self.val(w, lane, *s)?;
+                        buf[i * size..(i + 1) * size].copy_from_slice(&v.to_le_bytes()[..size]);
+                    }
+                    self.write(w, lane, loc, &buf[..size * usize::from(*n)])?;
+                }
+            }
+            Op::Cvta { to, space, d, a } => {
+                let window = match space {
+                    Space::Shared => SHARED_WINDOW,
+                    Space::Local => LOCAL_WINDOW,
+                    _ => 0,
+                };
+                for lane in lanes {
+                    let v = self.val(w, lane, *a)?;
+                    let r = if *to {
+                        v.wrapping_sub(window)
+                    } else {
+                        v.wrapping_add(window)
+                    };
+                    self.set(w, lane, *d, r);
+                }
+            }
+            Op::Bin {
+                op,
+                ty,
+                d,
+                a,
+                b,
+                ftz,
+                sat,
+                rnd,
+            } => {
+                for lane in lanes {
+                    let x = self.val(w, lane, *a)?;
+                    let y = self.val(w, lane, *b)?;
+                    let r = binary(*op, *ty, x, y, *ftz, *sat, *rnd);
+                    self.set(w, lane, *d, r);
+                }
+            }
+            Op::Un {
+                op, ty, d, a, ftz, ..
+            } => {
+                for lane in lanes {
+                    let x = self.val(w, lane, *a)?;
+                    self.set(w, lane, *d, unary(*op, *ty, x, *ftz));
+                }
+            }
+            Op::Mad {
+                mode,
+                ty,
+                d,
+                a,
+                b,
+                c,
+                ftz,
+                sat,
+                ..
+            } => {
+                for lane in lanes {
+                    let x = self.val(w, lane, *a)?;
+                    let y = self.val(w, lane, *b)?;
+                    let z = self.val(w, lane, *c)?;
+                    self.set(w, lane, *d, mad(*mode, *ty, x, y, z, *ftz, *sat));
+                }
+            }
+            Op::Setp {
+                cmp,
+                ty,
+                p,
+                q,
+                a,
+                b,
+                combine,
+                ftz,
+            } => {
+                for lane in lanes {
+                    let x = self.val(w, lane, *a)?;
+                    let y = self.val(w, lane, *b)?;
+                    let t = compare(*cmp, *ty, x, y, *ftz);
+                    let (tp, tq) = match combine {
+                        Some((op, c, neg)) => {
+                            let c = (self.val(w, lane, *c)? != 0) != *neg;
+                            let f = |v: bool| match op {
+                                BoolOp::And => v && c,
+                                BoolOp::Or => v || c,
+                                BoolOp::Xor => v != c,
+                            };
+                            (f(t), f(!t))
+                        }
+                        None => (t, !t),
+                    };
+                    self.set(w, lane, *p, u64::from(tp));
+                    self.set(w, lane, *q, u64::from(tq));
+                }
+            }
+            Op::Selp { d, a, b, c, .. } => {
+                for lane in lanes {
+                    let v = if self.val(w, lane, *c)? != 0 {
+                        self.val(w, lane, *a)?
+                    } else {
+                        self.val(w, lane, *b)?
+                    };
+                    self.set(w, lane, *d, v);
+                }
+            }
+            Op::Cvt {
+                dty,
+                sty,
+                d,
+                a,
+                rnd,
+                irnd,
+                sat,
+                ftz,
+            } => {
+                for lane in lanes {
+                    let x = self.val(w, lane, *a)?;
+                    self.set(w, lane, *d, convert(*dty, *sty, x, *rnd, *irnd, *sat, *ftz));
+                }
+            }
+            Op::Bfe { ty, d, a, b, c } => {
+                for lane in lanes {
+                    let (x, pos, len) = (
+                        self.val(w, lane, *a)?,
+                        self.val(w, lane, *b)? & 0xff,
+                        self.val(w, lane, *c)? & 0xff,
+                    );
+                    self.set(w, lane, *d, bfe(*ty, x, pos as u32, len as u32));
+                }
+            }
+            Op::Bfi { ty, d, f, b, c, e } => {
+                for lane in lanes {
+                    let ins = self.val(w, lane, *f)?;
+                    let base = self.val(w, lane, *b)?;
+                    let pos = (self.val(w, lane, *c)? & 0xff) as u32;
+                    let len = (self.val(w, lane, *e)? & 0xff) as u32;
+                    let msb = ty.bits();
+                    let mut r = base;
+                    for i in 0..len.min(msb.saturating_sub(pos)) {
+                        let bit = (ins >> i) & 1;
+                        r = (r & !(1 << (pos + i))) | (bit << (pos + i));
+                    }
+                    self.set(w, lane, *d, r);
+                }
+            }
+            Op::Prmt { d, a, b, c } => {
+                for lane in lanes {
+                    let x = self.val(w, lane, *a)? & 0xffff_ffff;
+                    let y = self.val(w, lane, *b)? & 0xffff_ffff;
+                    let sel = self.val(w, lane, *c)?;
+                    let bytes = (y << 32) | x;
+                    let mut r = 0u64;
+                    for i in 0..4 {
+                        let s = (sel >> (4 * i)) & 0xf;
+                        let mut byte = (bytes >> ((s & 7) * 8)) & 0xff;
+                        if s & 8 != 0 {
+                            byte = if byte & 0x80 != 0 { 0xff } else { 0 };
+                        }
+                        r |= byte << (8 * i);
+                    }
+                    self.set(w, lane, *d, r);
+                }
+            }
+            Op::Bra { target } => {
+                for lane in lanes {
+                    self.warps[w].pc[lane] = *target;
+                }
+            }
+            Op::Call {
+                callee: Callee::Vprintf,
+                ret,
+                args,
+            } => {
+                for lane in lanes {
+                    let n = self.printf(w, lane, args[0].0, args[1].0)?;
+                    if let Some((slot, size)) = ret {
+                        let bytes = (n as u32).to_le_bytes();
+                        let size = (*size as usize).min(4);
+                        self.write(w, lane, Loc::FParam(u64::from(*slot)), &bytes[..size])?;
+                    }
+                }
+            }
+            Op::Call {
+                callee: Callee::Func(f),
+                ret,
+                args,
+            } => {
+                let func = &self.s.m.funcs[*f as usize];
+                for lane in lanes {
+                    for (k, &(from, size)) in args.iter().enumerate() {
+                        let Some(&(to, to_size, _)) = func.params.get(k) else {
+                            break;
+                        };
+                        let mut buf = vec![0u8; size.min(to_size) as usize];
+                        self.read(w, lane, Loc::FParam(u64::from(from)), &mut buf)?;
+                        self.write(w, lane, Loc::FParam(u64::from(to)), &buf)?;
+                    }
+                    let warp = &mut self.warps[w];
+                    if warp.frames[lane].len() >= MAX_CALL_DEPTH {
+                        return Err(ComputeError::LaunchOutOfResources(
+                            "call stack overflow".into(),
+                        ));
+                    }
+                    let copy_back = match (ret, func.ret) {
+                        (Some((to, size)), Some((from, fsize))) => {
+                            Some((from, *to, (*size).min(fsize)))
+                        }
+                        _ => None,
+                    };
+                    warp.frames[lane].push(Frame {
+                        ret_pc: warp.pc[lane],
+                        copy_back,
+                    });
+                    warp.pc[lane] = func.start;
+                }
+            }
+            Op::Ret => {
+                for lane in lanes {
+                    match self.warps[w].frames[lane].pop() {
+                        Some(frame) => {
+                            if let Some((from, to, size)) = frame.copy_back {
+                                let mut buf = vec![0u8; size as usize];
+                                self.read(w, lane, Loc::FParam(u64::from(from)), &mut buf)?;
+                                self.write(w, lane, Loc::FParam(u64::from(to)), &buf)?;
+                            }
+                            self.warps[w].pc[lane] = frame.ret_pc;
+                        }
+                        None => self.warps[w].exited |= 1 << lane,
+                    }
+                }
+            }
+            Op::Exit => self.warps[w].exited |= exec,
+            Op::Bar | Op::Nop => {}
+            Op::Atom {
+                space,
+                op,
+                ty,
+                d,
+                addr,
+                b,
+                c,
+            } => {
+                for lane in lanes {
+                    let a = self.address(w, lane, *addr)?;
+                    let x = self.val(w, lane, *b)?;
+                    let y = self.val(w, lane, *c)?;
+                    let width = ty.bytes();
+                    let mut update = |old: u64| atomic(*op, *ty, old, x, y);
+                    let old = match self.locate(*space, a, *addr) {
+                        Loc::Global(g) => self
+                            .s
+                            .memory
+                            .atomic_update(g, width as u8, &mut update)
+                            .map_err(fault)?,
+                        loc @ Loc::Shared(_) => {
+                            check_align(a, u64::from(width))?;
+                            let mut buf = [0u8; 8];
+                            self.read(w, lane, loc, &mut buf[..width as usize])?;
+                            let old = u64::from_le_bytes(buf);
+                            let new = update(old);
+                            self.write(w, lane, loc, &new.to_le_bytes()[..width as usize])?;
+                            old
+                        }
+                        _ => {
+                            return Err(ComputeError::IllegalAddress(format!(
+                                "atomic on a local address {a:#x}"
+                            )));
+                        }
+                    };
+                    self.set(w, lane, *d, old);
+                }
+            }
+            Op::Shfl {
+                mode,
+                d,
+                p,
+                a,
+                b,
+                c,
+                ..
+            } => {
+                let mut vals = [0u64; WARP];
+                for (lane, v) in vals.iter_mut().enumerate() {
+                    *v = self.val(w, lane, *a)?;
+                }
+                for lane in lanes {
+                    let bval = (self.val(w, lane, *b)? & 0x1f) as i64;
+                    let cv = self.val(w, lane, *c)?;
+                    let clamp = (cv & 0x1f) as i64;
+                    let seg = ((cv >> 8) & 0x1f) as i64;
+                    let l = lane as i64;
+                    let max_lane = (l & seg) | (clamp & !seg);
+                    let min_lane = l & seg;
+                    let (j, ok) = match mode {
+                        ShflMode::Up => (l - bval, l - bval >= max_lane),
+                        ShflMode::Down => (l + bval, l + bval <= max_lane),
+                        ShflMode::Bfly => (l ^ bval, (l ^ bval) <= max_lane),
+                        ShflMode::Idx => {
+                            let j = min_lane | (bval & !seg);
+                            (j, j <= max_lane)
+                        }
+                    };
+                    let src = if ok { j as usize } else { lane };
+                    self.set(w, lane, *d, vals[src & 31]);
+                    self.set(w, lane, *p, u64::from(ok));
+                }
+            }
+            Op::Vote {
+                mode, d, a, negate, ..
+            } => {
+                let mut ballot = 0u32;
+                for lane in lanes.clone() {
+                    if (self.val(w, lane, *a)? != 0) != *negate {
+                        ballot |= 1 << lane;
+                    }
+                }
+                let r = match mode {
+                    VoteMode::Ballot => u64::from(ballot),
+                    VoteMode::All => u64::from(ballot == exec),
+                    VoteMode::Any => u64::from(ballot != 0),
+                    VoteMode::Uni => u64::from(ballot == exec || ballot == 0),
+                };
+                for lane in lanes {
+                    self.set(w, lane, *d, r);
+                }
+            }
+            Op::Activemask { d } => {
+                for lane in lanes {
+                    self.set(w, lane, *d, u64::from(exec));
+                }
+            }
+            Op::Trap => {
+                return Err(ComputeError::IllegalInstruction(format!(
+                    "trap at PTX line {}",
+                    inst.line
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// CUDA's device `printf`: formats `fmt` (a generic address) with the argument buffer at
+    /// `args` (a generic address) and appends it to the block's output. Returns the number of
+    /// arguments consumed.
+    fn printf(
+        &mut self,
+        w: usize,
+        lane: usize,
+        fmt_slot: u32,
+        args_slot: u32,
+    ) -> ComputeResult<usize> {
+        let mut slot = [0u8; 8];
+        self.read(w, lane, Loc::FParam(u64::from(fmt_slot)), &mut slot)?;
+        let fmt_addr = u64::from_le_bytes(slot);
+        self.read(w, lane, Loc::FParam(u64::from(args_slot)), &mut slot)?;
+        let args_addr = u64::from_le_bytes(slot);
+        let fmt = self.c_string(w, lane, fmt_addr)?;
+        let mut args = ArgReader {
+            block: self,
+            w,
+            lane,
+            addr: args_addr,
+            count: 0,
+        };
+        let text = super::printf::format(&fmt, &mut args)?;
+        let count = args.count;
+        let room = MAX_PRINTF_BYTES
+            .saturating_sub(self.s.output_bytes.fetch_add(text.len(), Ordering::Relaxed));
+        let mut cut = text.len().min(room);
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        self.out.push_str(&text[..cut]);
+        Ok(count)
+    }
+
+    fn c_string(&self, w: usize, lane: usize, addr: u64) -> ComputeResult<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut byte = [0u8; 1];
+        while out.len() < MAX_FORMAT_BYTES {
+            let a = addr.wrapping_add(out.len() as u64);
+            let loc = self.locate(
+                Space::Generic,
+                a,
+                Addr {
+                    base: AddrBase::Abs,
+                    offset: 0,
+                },
+            );
+            self.read(w, lane, loc, &mut byte)?;
+            if byte[0] == 0 {
+                break;
+            }
+            out.push(byte[0]);
+        }
+        Ok(out)
+    }
+}
+
+/// Reads `printf` arguments from the argument buffer: each aligned to its own size.
+pub(crate) struct ArgReader<'b, 's, 'a> {
+    block: &'b Block<'s, 'a>,
+    w: usize,
+    lane: usize,
+    addr: u64,
+    count: usize,
+}
+
+impl super::printf::Args for ArgReader<'_, '_, '_> {
+    fn next(&mut self, size: u64) -> ComputeResult<u64> {
+        let a = self
+            .addr
+            .checked_next_multiple_of(size)
+            .ok_or_else(|| ComputeError::IllegalAddress("printf argument buffer".into()))?;
+        let mut buf = [0u8; 8];
+        let loc = self.block.locate(
+            Space::Generic,
+            a,
+            Addr {
+                base: AddrBase::Abs,
+                offset: 0,
+            },
+        );
+        self.block
+            .read(self.w, self.lane, loc, &mut buf[..size as usize])?;
+        self.addr = a + size;
+        self.count += 1;
+        Ok(u64::from_le_bytes(buf))
+    }
+
+    fn string(&mut self, addr: u64) -> ComputeResult<Vec<u8>> {
+        self.block.c_string(self.w, self.lane, addr)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Loc {
+    Global(u64),
+    Shared(u64),
+    Local(u64),
+    KParam(u64),
+    FParam(u64),
+}
+
+fn fault(f: Fault) -> ComputeError {
+    match f.kind {
+        FaultKind::OutOfRange => ComputeError::IllegalAddress(f.to_string()),
+        FaultKind::Misaligned => ComputeError::MisalignedAddress(f.to_string()),
+    }
+}
+
+fn check_align(addr: u64, size: u64) -> ComputeResult<()> {
+    if size > 1 && addr % size != 0 {
+        return Err(fault(Fault {
+            kind: FaultKind::Misaligned,
+            addr,
+            size,
+        }));
+    }
+    Ok(())
+}
+
+fn sat_s32(v: i64) -> u64 {
+    v.clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as u64
+}
+
+fn binary(op: BinOp, ty: Ty, x: u64, y: u64, ftz: bool, sat: bool, rnd: Rnd) -> u64 {
+    let bits = ty.bits();
+    let mask = ty.mask();
+    if ty == Ty::F32 {
+        let (a, b) = (f32_of(x, ftz), f32_of(y, ftz));
+        let r = match op {
+            BinOp::Add | BinOp::Sub | BinOp::MulLo if rnd != Rnd::Rn => {
+                let (a, b) = (f64::from(a), f64::from(b));
+                match op {
+                    BinOp::MulLo => round_f64(a * b, 0.0, rnd),
+                    _ => {
+                        let b = if op == BinOp::Sub { -b } else { b };
+                        let s = a + b;
+                        let bb = s - a;
+                        let e = (a - (s - bb)) + (b - bb);
+                        round_f64(s, e, rnd)
+                    }
+                }
+            }
+            BinOp::Add => a + b,
+            BinOp::Sub => a - b,
+            BinOp::MulLo => a * b,
+            BinOp::Div => a / b,
+            BinOp::Min => a.min(b),
+            BinOp::Max => a.max(b),
+            BinOp::CopySign => b.copysign(a),
+            _ => f32::from_bits(0),
+        };
+        let r = if sat {
+            saturate01(f64::from(r)) as f32
+        } else {
+            r
+        };
+        return f32_bits(r, ftz);
+    }
+    if ty == Ty::F64 {
+        let (a, b) = (f64::from_bits(x), f64::from_bits(y));
+        let r = match op {
+            BinOp::Add => a + b,
+            BinOp::Sub => a - b,
+            BinOp::MulLo => a * b,
+            BinOp::Div => a / b,
+            BinOp::Min => a.min(b),
+            BinOp::Max => a.max(b),
+            BinOp::CopySign => b.copysign(a),
+            _ => 0.0,
+        };
+        return (if sat { saturate01(r) } else { r }).to_bits();
+    }
+    if ty == Ty::Pred {
+        let (a, b) = (x != 0, y != 0);
+        return u64::from(match op {
+            BinOp::And => a && b,
+            BinOp::Or => a || b,
+            BinOp::Xor => a != b,
+            _ => false,
+        });
+    }
+    let (ux, uy) = (x & mask, y & mask);
+    let (sx, sy) = (sext(x, bits), sext(y, bits));
+    let signed = ty.signed();
+    let r = match op {
+        BinOp::Add if sat => sat_s32(sx + sy),
+        BinOp::Sub if sat => sat_s32(sx - sy),
+        BinOp::Add => ux.wrapping_add(uy),
+        BinOp::Sub => ux.wrapping_sub(uy),
+        BinOp::MulLo => ux.wrapping_mul(uy),
+        BinOp::MulHi | BinOp::MulWide => {
+            let p: i128 = if signed {
+                i128::from(sx) * i128::from(sy)
+            } else {
+                i128::from(ux) * i128::from(uy)
+            };
+            if op == BinOp::MulHi {
+                (p >> bits) as u64
+            } else {
+                return p as u64 & wide(ty).mask();
+            }
+        }
+        BinOp::Div => {
+            if uy == 0 {
+                mask
+            } else if signed {
+                sx.wrapping_div(sy) as u64
+            } else {
+                ux / uy
+            }
+        }
+        BinOp::Rem => {
+            if uy == 0 {
+                ux
+            } else if signed {
+                sx.wrapping_rem(sy) as u64
+            } else {
+                ux % uy
+            }
+        }
+        BinOp::And => ux & uy,
+        BinOp::Or => ux | uy,
+        BinOp::Xor => ux ^ uy,
+        BinOp::Shl => {
+            if uy >= u64::from(bits) {
+                0
+            } else {
+                ux << uy
+            }
+        }
+        BinOp::Shr => {
+            let n = uy.min(u64::from(bits) - 1) as u32;
+            if signed {
+                (sx >> n) as u64
+            } else if uy >= u64::from(bits) {
+                0
+            } else {
+                ux >> n
+            }
+        }
+        BinOp::Min => {
+            if signed {
+                sx.min(sy) as u64
+            } else {
+                ux.min(uy)
+            }
+        }
+        BinOp::Max => {
+            if signed {
+                sx.max(sy) as u64
+            } else {
+                ux.max(uy)
+            }
+        }
+        BinOp::CopySign => ux,
+    };
+    r & mask
+}
+
+fn unary(op: UnOp, ty: Ty, x: u64, ftz: bool) -> u64 {
+    let bits = ty.bits();
+    let mask = ty.mask();
+    if ty == Ty::F32 {
+        let a = f32_of(x, ftz);
+        let r = match op {
+            UnOp::Neg => -a,
+            UnOp::Abs => a.abs(),
+            UnOp::Rcp => 1.0 / a,
+            UnOp::Sqrt => a.sqrt(),
+            UnOp::Rsqrt => 1.0 / a.sqrt(),
+            UnOp::Sin => a.sin(),
+            UnOp::Cos => a.cos(),
+            UnOp::Ex2 => a.exp2(),
+            UnOp::Lg2 => a.log2(),
+            _ => a,
+        };
+        return f32_bits(r, ftz);
+    }
+    if ty == Ty::F64 {
+        let a = f64::from_bits(x);
+        let r = match op {
+            UnOp::Neg => -a,
+            UnOp::Abs => a.abs(),
+            UnOp::Rcp => 1.0 / a,
+            UnOp::Sqrt => a.sqrt(),
+            UnOp::Rsqrt => 1.0 / a.sqrt(),
+            UnOp::Sin => a.sin(),
+            UnOp::Cos => a.cos(),
+            UnOp::Ex2 => a.exp2(),
+            UnOp::Lg2 => a.log2(),
+            _ => a,
+        };
+        return r.to_bits();
+    }
+    if ty == Ty::Pred {
+        return u64::from(match op {
+            UnOp::Not => x == 0,
+            _ => x != 0,
+        });
+    }
+    let ux = x & mask;
+    match op {
+        UnOp::Neg => ux.wrapping_neg() & mask,
+        UnOp::Abs => sext(x, bits).unsigned_abs() & mask,
+        UnOp::Not => !ux & mask,
+        UnOp::CNot => u64::from(ux == 0),
+        UnOp::Popc => u64::from(ux.count_ones()),
+        UnOp::Clz => u64::from(ux.leading_zeros() - (64 - bits)),
+        UnOp::Brev => ux.reverse_bits() >> (64 - bits),
+        _ => ux,
+    }
+}
+
+fn mad(mode: MadMode, ty: Ty, x: u64, y: u64, z: u64, ftz: bool, sat: bool) -> u64 {
+    let bits = ty.bits();
+    match mode {
+        MadMode::Float if ty == Ty::F32 => {
+            let r = f32_of(x, ftz).mul_add(f32_of(y, ftz), f32_of(z, ftz));
+            let r = if sat {
+                saturate01(f64::from(r)) as f32
+            } else {
+                r
+            };
+            f32_bits(r, ftz)
+        }
+        MadMode::Float => {
+            let r = f64::from_bits(x).mul_add(f64::from_bits(y), f64::from_bits(z));
+            (if sat { saturate01(r) } else { r }).to_bits()
+        }
+        MadMode::Lo => {
+            if sat && ty == Ty::S32 {
+                sat_s32(
+                    sext(x, 32)
+                        .wrapping_mul(sext(y, 32))
+                        .wrapping_add(sext(z, 32)),
+                ) & 0xffff_ffff
+            } else {
+                x.wrapping_mul(y).wrapping_add(z) & ty.mask()
+            }
+        }
+        MadMode::Hi => {
+            let hi = binary(BinOp::MulHi, ty, x, y, false, false, Rnd::Rn);
+            if sat && ty == Ty::S32 {
+                sat_s32(sext(hi, 32) + sext(z, 32)) & 0xffff_ffff
+            } else {
+                hi.wrapping_add(z) & ty.mask()
+            }
+        }
+        MadMode::Wide => {
+            let p = binary(BinOp::MulWide, ty, x, y, false, false, Rnd::Rn);
+            p.wrapping_add(z) & wide(ty).mask().max(if bits == 64 { u64::MAX } else { 0 })
+        }
+    }
+}
+
+fn compare(cmp: Cmp, ty: Ty, x: u64, y: u64, ftz: bool) -> bool {
+    if ty.float() {
+        let (a, b) = if ty == Ty::F32 {
+            (f64::from(f32_of(x, ftz)), f64::from(f32_of(y, ftz)))
+        } else {
+            (f64::from_bits(x), f64::from_bits(y))
+        };
+        let nan = a.is_nan() || b.is_nan();
+        return match cmp {
+            Cmp::Eq => !nan && a == b,
+            Cmp::Ne => !nan && a != b,
+            Cmp::Lt | Cmp::Lo => !nan && a < b,
+            Cmp::Le | Cmp::Ls => !nan && a <= b,
+            Cmp::Gt | Cmp::Hi => !nan && a > b,
+            Cmp::Ge | Cmp::Hs => !nan && a >= b,
+            Cmp::Equ => nan || a == b,
+            Cmp::Neu => nan || a != b,
+            Cmp::Ltu => nan || a < b,
+            Cmp::Leu => nan || a <= b,
+            Cmp::Gtu => nan || a > b,
+            Cmp::Geu => nan || a >= b,
+            Cmp::Num => !nan,
+            Cmp::Nan => nan,
+        };
+    }
+    let bits = ty.bits();
+    let (ux, uy) = (x & ty.mask(), y & ty.mask());
+    let (sx, sy) = (sext(x, bits), sext(y, bits));
+    let signed = ty.signed();
+    match cmp {
+        Cmp::Eq | Cmp::Equ => ux == uy,
+        Cmp::Ne | Cmp::Neu => ux != uy,
+        Cmp::Lt | Cmp::Ltu if signed => sx < sy,
+        Cmp::Le | Cmp::Leu if signed => sx <= sy,
+        Cmp::Gt | Cmp::Gtu if signed => sx > sy,
+        Cmp::Ge | Cmp::Geu if signed => sx >= sy,
+        Cmp::Lt | Cmp::Ltu | Cmp::Lo => ux < uy,
+        Cmp::Le | Cmp::Leu | Cmp::Ls => ux <= uy,
+        Cmp::Gt | Cmp::Gtu | Cmp::Hi => ux > uy,
+        Cmp::Ge | Cmp::Geu | Cmp::Hs => ux >= uy,
+        Cmp::Num => true,
+        Cmp::Nan => false,
+    }
+}
+
+fn bfe(ty: Ty, x: u64, pos: u32, len: u32) -> u64 {
+    let msb = ty.bits() - 1;
+    let sbit = if !ty.signed() || len == 0 {
+        0
+    } else {
+        (x >> (pos + len - 1).min(msb)) & 1
+    };
+    let mut r = 0u64;
+    for i in 0..=msb {
+        let bit = if i < len && pos + i <= msb {
+            (x >> (pos + i)) & 1
+        } else {
+            sbit
+        };
+        r |= bit << i;
+    }
+    r
+}
+
+fn int_range(ty: Ty) -> (i128, i128) {
+    let bits = ty.bits();
+    if ty.signed() {
+        (-(1i128 << (bits - 1)), (1i128 << (bits - 1)) - 1)
+    } else {
+        (0, (1i128 << bits) - 1)
+    }
+}
+
+fn round_int(v: f64, irnd: Option<IRnd>) -> f64 {
+    match irnd.unwrap_or(IRnd::Rzi) {
+        IRnd::Rni => v.round_ties_even(),
+        IRnd::Rzi => v.trunc(),
+        IRnd::Rmi => v.floor(),
+        IRnd::Rpi => v.ceil(),
+    }
+}
+
+fn convert(
+    dty: Ty,
+    sty: Ty,
+    x: u64,
+    rnd: Option<Rnd>,
+    irnd: Option<IRnd>,
+    sat: bool,
+    ftz: bool,
+) -> u64 {
+    let rnd = rnd.unwrap_or(Rnd::Rn);
+    match (dty.float(), sty.float()) {
+        (false, false) => {
+            let v: i128 = if sty.signed() {
+                i128::from(sext(x, sty.bits()))
+            } else {
+                i128::from(x & sty.mask())
+            };
+            if sat {
+                let (lo, hi) = int_range(dty);
+                (v.clamp(lo, hi) as u64) & dty.mask()
+            } else {
+                (v as u64) & dty.mask()
+            }
+        }
+        (true, false) => {
+            let v: i128 = if sty.signed() {
+                i128::from(sext(x, sty.bits()))
+            } else {
+                i128::from(x & sty.mask())
+            };
+            if dty == Ty::F32 {
+                let r = round_int_f32(v, rnd);
+                f32_bits(
+                    if sat {
+                        saturate01(f64::from(r)) as f32
+                    } else {
+                        r
+                    },
+                    ftz,
+                )
+            } else {
+                let r = v as f64;
+                (if sat { saturate01(r) } else { r }).to_bits()
+            }
+        }
+        (false, true) => {
+            let f = if sty == Ty::F32 {
+                f64::from(f32_of(x, ftz))
+            } else {
+                f64::from_bits(x)
+            };
+            if f.is_nan() {
+                return 0;
+            }
+            let (lo, hi) = int_range(dty);
+            let r = round_int(f, irnd);
+            let v = if r <= lo as f64 {
+                lo
+            } else if r >= hi as f64 {
+                hi
+            } else {
+                r as i128
+            };
+            (v as u64) & dty.mask()
+        }
+        (true, true) => {
+            let f = if sty == Ty::F32 {
+                f64::from(f32_of(x, ftz))
+            } else {
+                f64::from_bits(x)
+            };
+            let f = if irnd.is_some() {
+                round_int(f, irnd)
+            } else {
+                f
+            };
+            let f = if sat { saturate01(f) } else { f };
+            if dty == Ty::F32 {
+                let r = if sty == Ty::F32 {
+                    f as f32
+                } else {
+                    round_f64(f, 0.0, rnd)
+                };
+                f32_bits(r, ftz)
+            } else {
+                f.to_bits()
+            }
+        }
+    }
+}
+
+fn atomic(op: AtomOp, ty: Ty, old: u64, x: u64, y: u64) -> u64 {
+    let mask = ty.mask();
+    match op {
+        AtomOp::Add if ty == Ty::F32 => {
+            u64::from((f32::from_bits(old as u32) + f32::from_bits(x as u32)).to_bits())
+        }
+        AtomOp::Add if ty == Ty::F64 => (f64::from_bits(old) + f64::from_bits(x)).to_bits(),
+        AtomOp::Add => old.wrapping_add(x) & mask,
+        AtomOp::Min | AtomOp::Max if ty.float() => {
+            let (a, b) = if ty == Ty::F32 {
+                (
+                    f64::from(f32::from_bits(old as u32)),
+                    f64::from(f32::from_bits(x as u32)),
+                )
+            } else {
+                (f64::from_bits(old), f64::from_bits(x))
+            };
+            let keep_old = if op == AtomOp::Min { a <= b } else { a >= b };
+            if keep_old { old } else { x & mask }
+        }
+        AtomOp::Min | AtomOp::Max => {
+            let less = compare(Cmp::Lt, ty, x, old, false);
+            let take_new = if op == AtomOp::Min {
+                less
+            } else {
+                compare(Cmp::Gt, ty, x, old, false)
+            };
+            if take_new { x & mask } else { old }
+        }
+        AtomOp::Inc => {
+            if (old & mask) >= (x & mask) {
+                0
+            } else {
+                (old + 1) & mask
+            }
+        }
+        AtomOp::Dec => {
+            if old & mask == 0 || (old & mask) > (x & mask) {
+                x & mask
+            } else {
+                (old - 1) & mask
+            }
+        }
+        AtomOp::And => old & x & mask,
+        AtomOp::Or => (old | x) & mask,
+        AtomOp::Xor => (old ^ x) & mask,
+        AtomOp::Exch => x & mask,
+        AtomOp::Cas => {
+            if old & mask == x & mask {
+                y & mask
+            } else {
+                old
+            }
+        }
+    }
+}

@@ -1,0 +1,475 @@
+//! The decoded form of a PTX module: what the parser produces and the interpreter executes.
+//! Registers, labels, symbols and functions are resolved to indices here, so execution never
+//! looks a name up and never meets an undefined one.
+
+/// A PTX scalar type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ty {
+    B8,
+    B16,
+    B32,
+    B64,
+    U8,
+    U16,
+    U32,
+    U64,
+    S8,
+    S16,
+    S32,
+    S64,
+    F32,
+    F64,
+    Pred,
+}
+
+impl Ty {
+    pub fn parse(s: &str) -> Option<Ty> {
+        Some(match s {
+            "b8" => Ty::B8,
+            "b16" => Ty::B16,
+            "b32" => Ty::B32,
+            "b64" => Ty::B64,
+            "u8" => Ty::U8,
+            "u16" => Ty::U16,
+            "u32" => Ty::U32,
+            "u64" => Ty::U64,
+            "s8" => Ty::S8,
+            "s16" => Ty::S16,
+            "s32" => Ty::S32,
+            "s64" => Ty::S64,
+            "f32" => Ty::F32,
+            "f64" => Ty::F64,
+            "pred" => Ty::Pred,
+            _ => return None,
+        })
+    }
+
+    pub fn bits(self) -> u32 {
+        match self {
+            Ty::B8 | Ty::U8 | Ty::S8 => 8,
+            Ty::B16 | Ty::U16 | Ty::S16 => 16,
+            Ty::B32 | Ty::U32 | Ty::S32 | Ty::F32 => 32,
+            Ty::B64 | Ty::U64 | Ty::S64 | Ty::F64 => 64,
+            Ty::Pred => 1,
+        }
+    }
+
+    pub fn bytes(self) -> u32 {
+        self.bits().div_ceil(8)
+    }
+
+    pub fn signed(self) -> bool {
+        matches!(self, Ty::S8 | Ty::S16 | Ty::S32 | Ty::S64)
+    }
+
+    pub fn float(self) -> bool {
+        matches!(self, Ty::F32 | Ty::F64)
+    }
+
+    /// The mask of the bits a value of this type occupies in a register.
+    pub fn mask(self) -> u64 {
+        match self.bits() {
+            64 => u64::MAX,
+            b => (1u64 << b) - 1,
+        }
+    }
+}
+
+/// A state space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Space {
+    Generic,
+    Global,
+    Const,
+    Shared,
+    Local,
+    Param,
+}
+
+/// Special registers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sreg {
+    Tid(u8),
+    Ntid(u8),
+    Ctaid(u8),
+    Nctaid(u8),
+    LaneId,
+    WarpId,
+    NWarpId,
+    SmId,
+    NSmId,
+    GridId,
+    Clock,
+    Clock64,
+    GlobalTimer,
+    LaneMaskEq,
+    LaneMaskLt,
+    LaneMaskLe,
+    LaneMaskGt,
+    LaneMaskGe,
+    DynamicSmemSize,
+    TotalSmemSize,
+}
+
+/// A source operand.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Src {
+    Reg(u32),
+    Imm(u64),
+    Special(Sreg),
+    /// The address of a variable in its own state space.
+    Sym(SymRef),
+}
+
+/// A variable an address or `mov` names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SymRef {
+    /// A module `.global`/`.const` variable: index into `Module::globals`.
+    Global(u32),
+    /// Offset in the block's shared memory.
+    Shared(u32),
+    /// The start of the block's dynamic shared memory (`.extern .shared` arrays), after the
+    /// static shared variables.
+    DynShared,
+    /// Offset in the thread's local memory.
+    Local(u32),
+    /// Offset in the kernel's parameter buffer.
+    KernelParam(u32),
+    /// Offset in the thread's function-parameter scratch area.
+    FuncParam(u32),
+}
+
+/// Where a memory operand points.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum AddrBase {
+    Reg(u32),
+    Sym(SymRef),
+    Abs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Addr {
+    pub base: AddrBase,
+    pub offset: i64,
+}
+
+/// Up to four registers of a vector load/store; `u32::MAX` is the sink `_`.
+pub(crate) type RegVec = [u32; 4];
+pub(crate) const SINK: u32 = u32::MAX;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BinOp {
+    Add,
+    Sub,
+    MulLo,
+    MulHi,
+    MulWide,
+    Div,
+    Rem,
+    And,
+    Or,
+    Xor,
+    Shl,
+    Shr,
+    Min,
+    Max,
+    CopySign,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum UnOp {
+    Neg,
+    Abs,
+    Not,
+    CNot,
+    Popc,
+    Clz,
+    Brev,
+    Rcp,
+    Sqrt,
+    Rsqrt,
+    Sin,
+    Cos,
+    Ex2,
+    Lg2,
+}
+
+/// Mad/fma forms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MadMode {
+    Lo,
+    Hi,
+    Wide,
+    Float,
+}
+
+/// Floating-point rounding of an arithmetic result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Rnd {
+    /// `.rn` or none: to nearest, ties to even.
+    Rn,
+    Rz,
+    Rm,
+    Rp,
+}
+
+/// Integer rounding of a float (`cvt.rni` etc.).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum IRnd {
+    Rni,
+    Rzi,
+    Rmi,
+    Rpi,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cmp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    Lo,
+    Ls,
+    Hi,
+    Hs,
+    Equ,
+    Neu,
+    Ltu,
+    Leu,
+    Gtu,
+    Geu,
+    Num,
+    Nan,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BoolOp {
+    And,
+    Or,
+    Xor,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AtomOp {
+    Add,
+    Min,
+    Max,
+    Inc,
+    Dec,
+    And,
+    Or,
+    Xor,
+    Exch,
+    Cas,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ShflMode {
+    Up,
+    Down,
+    Bfly,
+    Idx,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum VoteMode {
+    All,
+    Any,
+    Uni,
+    Ballot,
+}
+
+/// A function a `call` names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Callee {
+    /// A `.func` of the module: index into `Module::funcs`.
+    Func(u32),
+    /// The CUDA runtime's device-side `vprintf(fmt, args)`.
+    Vprintf,
+}
+
+/// One decoded instruction.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Op {
+    Mov {
+        ty: Ty,
+        d: u32,
+        a: Src,
+    },
+    /// `mov.b64 %rd, {%r1, %r2}`: pack parts, lowest first.
+    Pack {
+        part_bits: u32,
+        d: u32,
+        parts: Vec<Src>,
+    },
+    /// `mov.b64 {%r1, %r2}, %rd`: unpack.
+    Unpack {
+        part_bits: u32,
+        ds: Vec<u32>,
+        a: Src,
+    },
+    Ld {
+        space: Space,
+        ty: Ty,
+        n: u8,
+        ds: RegVec,
+        addr: Addr,
+    },
+    St {
+        space: Space,
+        ty: Ty,
+        n: u8,
+        srcs: [Src; 4],
+        addr: Addr,
+    },
+    /// `cvta.SPACE` (to generic) or `cvta.to.SPACE` (from generic).
+    Cvta {
+        to: bool,
+        space: Space,
+        d: u32,
+        a: Src,
+    },
+    Bin {
+        op: BinOp,
+        ty: Ty,
+        d: u32,
+        a: Src,
+        b: Src,
+        ftz: bool,
+        sat: bool,
+        rnd: Rnd,
+    },
+    Un {
+        op: UnOp,
+        ty: Ty,
+        d: u32,
+        a: Src,
+        ftz: bool,
+        rnd: Rnd,
+    },
+    Mad {
+        mode: MadMode,
+        ty: Ty,
+        d: u32,
+        a: Src,
+        b: Src,
+        c: Src,
+        ftz: bool,
+        sat: bool,
+        rnd: Rnd,
+    },
+    Setp {
+        cmp: Cmp,
+        ty: Ty,
+        p: u32,
+        q: u32,
+        a: Src,
+        b: Src,
+        combine: Option<(BoolOp, Src, bool)>,
+        ftz: bool,
+    },
+    Selp {
+        ty: Ty,
+        d: u32,
+        a: Src,
+        b: Src,
+        c: Src,
+    },
+    Cvt {
+        dty: Ty,
+        sty: Ty,
+        d: u32,
+        a: Src,
+        rnd: Option<Rnd>,
+        irnd: Option<IRnd>,
+        sat: bool,
+        ftz: bool,
+    },
+    Bfe {
+        ty: Ty,
+        d: u32,
+        a: Src,
+        b: Src,
+        c: Src,
+    },
+    Bfi {
+        ty: Ty,
+        d: u32,
+        f: Src,
+        b: Src,
+        c: Src,
+        e: Src,
+    },
+    Prmt {
+        d: u32,
+        a: Src,
+        b: Src,
+        c: Src,
+    },
+    Bra {
+        target: u32,
+    },
+    Call {
+        callee: Callee,
+        ret: Option<(u32, u32)>,
+        args: Vec<(u32, u32)>,
+    },
+    Ret,
+    Exit,
+    Bar,
+    /// Instructions with no effect in this model (memory fences, `bar.warp.sync`, prefetch).
+    Nop,
+    Atom {
+        space: Space,
+        op: AtomOp,
+        ty: Ty,
+        d: u32,
+        addr: Addr,
+        b: Src,
+        c: Src,
+    },
+    Shfl {
+        mode: ShflMode,
+        d: u32,
+        p: u32,
+        a: Src,
+        b: Src,
+        c: Src,
+        mask: Src,
+    },
+    Vote {
+        mode: VoteMode,
+        d: u32,
+        a: Src,
+        negate: bool,
+        mask: Src,
+    },
+    Activemask {
+        d: u32,
+    },
+    Trap,
+}
+
+/// An instruction with its guard predicate.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Inst {
+    pub guard: Option<(u32, bool)>,
+    pub op: Op,
+    pub line: u32,
+}
+
+/// A function or kernel: its instructions are `Module::code[start..end]`.
+#[derive(Debug, Clone)]
+pub(crate) struct Function {
+    pub name: String,
+    pub entry: bool,
+    pub start: u32,
+    pub end: u32,
+    /// Formal parameters: offsets in the kernel parameter buffer (kernels) or in the thread's
+    /// function-parameter scratch (functions), with sizes.
+    pub params: Vec<(u32, u32, u32)>,
+    /// Return parameter slot of a `.func` (offset, size).
+    pub ret: Option<(u32, u32)>,
+}

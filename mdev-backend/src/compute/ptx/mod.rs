@@ -1,0 +1,184 @@
+//! The PTX executor: runs kernels of a PTX module on the host's CPUs.
+//!
+//! [`Module::parse`] decodes the text once (every name resolved, anything unsupported refused
+//! with its line); [`launch`] runs one grid. Blocks are spread over host threads; within a
+//! block, warps of 32 lanes execute in lock step with per-lane program counters (see
+//! `docs/PTX.md` for the model and what is refused). Every global access goes through
+//! [`GlobalMemory`], so a kernel can only touch its context's allocations.
+
+mod exec;
+mod ir;
+mod lex;
+mod parse;
+mod printf;
+
+use std::collections::HashMap;
+
+use super::{ComputeError, ComputeResult};
+
+pub use exec::launch;
+
+/// Largest PTX text accepted (bytes): nvcc's PTX for a large program is a few MiB.
+pub const MAX_PTX_BYTES: usize = 64 << 20;
+/// Instructions in one module, bounding decode memory.
+pub const MAX_INSTRUCTIONS_PER_MODULE: usize = 4 << 20;
+/// Registers of one thread over all functions of a module (one value of 8 bytes each per lane
+/// of a running warp).
+pub const MAX_REGISTERS_PER_THREAD: usize = 64 * 1024;
+/// Largest module variable: bounds what a module load allocates.
+pub const MAX_VARIABLE_BYTES: u64 = 256 << 20;
+/// Static plus dynamic shared memory of one block: the opt-in maximum of Hopper (227 KiB).
+pub const MAX_SHARED_BYTES: u32 = 227 * 1024;
+/// Local memory of one thread (the hardware allows 512 KiB; 64 KiB keeps a 1024-thread block
+/// at 64 MiB of host memory).
+pub const MAX_LOCAL_BYTES_PER_THREAD: u32 = 64 * 1024;
+/// Kernel parameter buffer (CUDA 12.1+ allows 32764 bytes).
+pub const MAX_PARAM_BYTES: u32 = 32_764;
+/// `.param` variables of device functions and call sites, per thread.
+pub const MAX_FPARAM_BYTES: u32 = 64 * 1024;
+/// Nesting of device-function calls (the executor refuses recursion at load).
+pub const MAX_CALL_DEPTH: usize = 64;
+/// Output of `printf` per launch, as the device's 1 MiB printf FIFO; the rest is dropped.
+pub const MAX_PRINTF_BYTES: usize = 1 << 20;
+/// Threads in one block.
+pub const MAX_THREADS_PER_BLOCK: u32 = 1024;
+
+/// A module `.global` or `.const` variable's state space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VarSpace {
+    Global,
+    Const,
+}
+
+/// A module-scope variable the backend allocates and initialises in device memory at load.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GlobalVar {
+    pub name: String,
+    pub space: VarSpace,
+    pub size: u64,
+    pub align: u32,
+    /// Initial bytes, `size` long (zeros where the PTX has no initialiser).
+    pub init: Vec<u8>,
+}
+
+/// One kernel parameter's place in the parameter buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParamInfo {
+    pub offset: u32,
+    pub size: u32,
+    pub align: u32,
+}
+
+/// What a launch needs to know of a kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelInfo {
+    pub name: String,
+    pub params: Vec<ParamInfo>,
+    pub param_bytes: u32,
+    pub static_shared_bytes: u32,
+    pub local_bytes: u32,
+}
+
+/// A parsed, validated PTX module.
+#[derive(Debug)]
+pub struct Module {
+    parsed: parse::Parsed,
+    kernels: Vec<(KernelInfo, u32)>,
+}
+
+impl Module {
+    /// Parses PTX text. Refuses (`InvalidPtx`, with the line) what the executor cannot run.
+    pub fn parse(text: &str) -> ComputeResult<Module> {
+        if text.len() > MAX_PTX_BYTES {
+            return Err(ComputeError::InvalidPtx(format!(
+                "{} bytes of PTX, more than {MAX_PTX_BYTES}",
+                text.len()
+            )));
+        }
+        let parsed = parse::parse(text)
+            .map_err(|(line, msg)| ComputeError::InvalidPtx(format!("line {line}: {msg}")))?;
+        let mut kernels = Vec::new();
+        for (i, f) in parsed.funcs.iter().enumerate() {
+            if !f.entry || f.start == f.end {
+                continue;
+            }
+            let (params, bytes) = parsed
+                .kernel_params
+                .get(&(i as u32))
+                .cloned()
+                .unwrap_or_default();
+            kernels.push((
+                KernelInfo {
+                    name: f.name.clone(),
+                    params: params
+                        .into_iter()
+                        .map(|(offset, size, align)| ParamInfo {
+                            offset,
+                            size,
+                            align,
+                        })
+                        .collect(),
+                    param_bytes: bytes,
+                    static_shared_bytes: parsed.shared_bytes,
+                    local_bytes: parsed.local_bytes,
+                },
+                i as u32,
+            ));
+        }
+        Ok(Module { parsed, kernels })
+    }
+
+    /// The names of the module's kernels (`.entry`).
+    pub fn kernels(&self) -> impl Iterator<Item = &str> {
+        self.kernels.iter().map(|(k, _)| k.name.as_str())
+    }
+
+    /// A kernel's parameter layout and memory needs.
+    pub fn kernel(&self, name: &str) -> Option<&KernelInfo> {
+        self.kernels
+            .iter()
+            .find(|(k, _)| k.name == name)
+            .map(|(k, _)| k)
+    }
+
+    /// Module-scope `.global` and `.const` variables.
+    pub fn globals(&self) -> &[GlobalVar] {
+        &self.parsed.globals
+    }
+
+    fn function_of(&self, name: &str) -> Option<u32> {
+        self.kernels
+            .iter()
+            .find(|(k, _)| k.name == name)
+            .map(|(_, f)| *f)
+    }
+}
+
+/// One grid launch.
+#[derive(Debug, Clone)]
+pub struct Launch<'a> {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub dynamic_shared_bytes: u32,
+    /// The packed parameter buffer, `param_bytes` long.
+    pub params: &'a [u8],
+    /// Device address of each module variable, by name.
+    pub symbols: &'a HashMap<String, u64>,
+    /// Warp-instructions the whole launch may execute; past it the launch fails with
+    /// `LaunchTimeout`.
+    pub instruction_budget: u64,
+    /// Host threads the blocks are spread over (at least 1).
+    pub threads: usize,
+}
+
+/// What a launch did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LaunchStats {
+    pub warp_instructions: u64,
+    pub blocks: u64,
+    /// `printf` output, in block order, at most [`MAX_PRINTF_BYTES`].
+    pub output: String,
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,1536 @@
+//! PTX text → [`Parsed`]: directives, declarations and instructions decoded, every register,
+//! label, variable and function resolved. Anything the executor does not implement is refused
+//! here with its line, never met at run time.
+
+use std::collections::HashMap;
+
+use super::ir::*;
+use super::lex::{Tok, Token, tokens};
+use super::{GlobalVar, VarSpace};
+use super::{MAX_INSTRUCTIONS_PER_MODULE, MAX_REGISTERS_PER_THREAD, MAX_VARIABLE_BYTES};
+
+/// Kernel parameter layouts by function index: (offset, size, align) each, and total bytes.
+pub(crate) type KernelParams = HashMap<u32, (Vec<(u32, u32, u32)>, u32)>;
+
+/// A declared variable: name, size, alignment, type and initial bytes.
+type VarDecl = (String, u32, u32, Ty, Option<Vec<u8>>);
+
+/// A parse failure: the line and what is wrong.
+pub(crate) type PResult<T> = Result<T, (u32, String)>;
+
+/// A module after parsing.
+#[derive(Debug)]
+pub(crate) struct Parsed {
+    pub code: Vec<Inst>,
+    pub funcs: Vec<Function>,
+    pub globals: Vec<GlobalVar>,
+    /// Declared width in bits of each register (1 for predicates).
+    pub reg_bits: Vec<u8>,
+    pub shared_bytes: u32,
+    pub local_bytes: u32,
+    pub fparam_bytes: u32,
+    pub kernel_params: KernelParams,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Name {
+    Reg(u32),
+    Var(SymRef, u32),
+}
+
+struct Parser {
+    toks: Vec<Token>,
+    pos: usize,
+    code: Vec<Inst>,
+    funcs: Vec<Function>,
+    func_index: HashMap<String, u32>,
+    globals: Vec<GlobalVar>,
+    module_names: HashMap<String, Name>,
+    reg_bits: Vec<u8>,
+    shared_bytes: u32,
+    local_bytes: u32,
+    fparam_bytes: u32,
+    kernel_params: KernelParams,
+    /// Calls to resolve once every function is known: (instruction, name).
+    call_fixups: Vec<(usize, String, u32)>,
+}
+
+fn err<T>(line: u32, msg: impl Into<String>) -> PResult<T> {
+    Err((line, msg.into()))
+}
+
+fn align_up(v: u32, align: u32, line: u32) -> PResult<u32> {
+    let align = align.max(1);
+    v.checked_next_multiple_of(align)
+        .ok_or((line, "variable layout overflows".to_string()))
+}
+
+/// Parses a PTX module.
+pub(crate) fn parse(text: &str) -> PResult<Parsed> {
+    let mut p = Parser {
+        toks: tokens(text),
+        pos: 0,
+        code: Vec::new(),
+        funcs: Vec::new(),
+        func_index: HashMap::new(),
+        globals: Vec::new(),
+        module_names: HashMap::new(),
+        reg_bits: Vec::new(),
+        shared_bytes: 0,
+        local_bytes: 0,
+        fparam_bytes: 0,
+        kernel_params: HashMap::new(),
+        call_fixups: Vec::new(),
+    };
+    p.module()?;
+    for (at, name, line) in std::mem::take(&mut p.call_fixups) {
+        let Some(&f) = p.func_index.get(&name) else {
+            return err(line, format!("call of undefined function {name}"));
+        };
+        if p.funcs[f as usize].end == p.funcs[f as usize].start && !p.funcs[f as usize].entry {
+            return err(line, format!("call of {name}, declared but never defined"));
+        }
+        if let Op::Call { callee, .. } = &mut p.code[at].op {
+            *callee = Callee::Func(f);
+        }
+    }
+    p.check_no_recursion()?;
+    Ok(Parsed {
+        code: p.code,
+        funcs: p.funcs,
+        globals: p.globals,
+        reg_bits: p.reg_bits,
+        shared_bytes: p.shared_bytes,
+        local_bytes: p.local_bytes,
+        fparam_bytes: p.fparam_bytes,
+        kernel_params: p.kernel_params,
+    })
+}
+
+impl Parser {
+    fn line(&self) -> u32 {
+        self.toks
+            .get(self.pos)
+            .or(self.toks.last())
+            .map_or(0, |t| t.line)
+    }
+
+    /// The next token that is not a newline.
+    fn peek(&mut self) -> Option<&Tok> {
+        while matches!(
+            self.toks.get(self.pos),
+            Some(Token {
+                tok: Tok::Newline,
+                ..
+            })
+        ) {
+            self.pos += 1;
+        }
+        self.toks.get(self.pos).map(|t| &t.tok)
+    }
+
+    fn next(&mut self) -> PResult<Tok> {
+        self.peek();
+        let line = self.line();
+        let t = self
+            .toks
+            .get(self.pos)
+            .ok_or((line, "unexpected end of text".to_string()))?;
+        self.pos += 1;
+        Ok(t.tok.clone())
+    }
+
+    fn expect(&mut self, c: char) -> PResult<()> {
+        let line = self.line();
+        match self.next()? {
+            Tok::Punct(p) if p == c => Ok(()),
+            t => err(line, format!("expected '{c}', found {t:?}")),
+        }
+    }
+
+    fn eat(&mut self, c: char) -> bool {
+        if self.peek() == Some(&Tok::Punct(c)) {
+            self.pos += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn word(&mut self) -> PResult<String> {
+        let line = self.line();
+        match self.next()? {
+            Tok::Word(w) => Ok(w),
+            t => err(line, format!("expected a name, found {t:?}")),
+        }
+    }
+
+    fn int(&mut self) -> PResult<u64> {
+        let line = self.line();
+        match self.next()? {
+            Tok::Int(v) => Ok(v),
+            t => err(line, format!("expected an integer, found {t:?}")),
+        }
+    }
+
+    /// Skips to the end of the current line (directives without a semicolon).
+    fn skip_line(&mut self) {
+        while let Some(t) = self.toks.get(self.pos) {
+            self.pos += 1;
+            if t.tok == Tok::Newline {
+                break;
+            }
+        }
+    }
+
+    fn skip_statement(&mut self) -> PResult<()> {
+        loop {
+            if let Tok::Punct(';') = self.next()? {
+                return Ok(());
+            }
+        }
+    }
+
+    fn module(&mut self) -> PResult<()> {
+        while let Some(tok) = self.peek().cloned() {
+            let line = self.line();
+            match tok {
+                Tok::Directive(d) => match d.as_str() {
+                    ".version" | ".target" | ".address_size" | ".file" | ".loc" => self.skip_line(),
+                    ".visible" | ".extern" | ".weak" | ".common" => {
+                        self.pos += 1;
+                    }
+                    ".entry" | ".func" => {
+                        self.pos += 1;
+                        self.function(d == ".entry")?;
+                    }
+                    ".global" | ".const" | ".shared" => {
+                        self.pos += 1;
+                        self.module_var(&d)?;
+                    }
+                    ".section" => return err(line, "debug sections are not supported"),
+                    _ => return err(line, format!("unsupported module directive {d}")),
+                },
+                Tok::Punct(';') => self.pos += 1,
+                t => return err(line, format!("unexpected {t:?} at module scope")),
+            }
+        }
+        Ok(())
+    }
+
+    /// `[.align N] .type name[N]... [= init];` after its state space.
+    fn var_decl(&mut self) -> PResult<VarDecl> {
+        let line = self.line();
+        let mut align = 0;
+        let mut ty = None;
+        while let Some(Tok::Directive(d)) = self.peek().cloned() {
+            self.pos += 1;
+            match d.as_str() {
+                ".align" => align = u32::try_from(self.int()?).unwrap_or(u32::MAX),
+                ".ptr" | ".global" | ".const" | ".shared" | ".local" => {}
+                ".v2" | ".v4" => return err(line, "vector variables are not supported"),
+                _ => match Ty::parse(&d[1..]) {
+                    Some(t) => ty = Some(t),
+                    None => return err(line, format!("unsupported variable attribute {d}")),
+                },
+            }
+        }
+        let ty = ty.ok_or((line, "variable without a type".to_string()))?;
+        if ty == Ty::Pred {
+            return err(line, "predicate variables are not supported");
+        }
+        let name = self.word()?;
+        let mut count: u64 = 1;
+        let mut unsized_array = false;
+        while self.eat('[') {
+            if self.eat(']') {
+                unsized_array = true;
+                continue;
+            }
+            count = count
+                .checked_mul(self.int()?)
+                .ok_or((line, "array size overflows".to_string()))?;
+            self.expect(']')?;
+        }
+        let size = count
+            .checked_mul(u64::from(ty.bytes()))
+            .filter(|&s| s <= MAX_VARIABLE_BYTES && !(unsized_array && count != 1))
+            .ok_or((line, format!("variable {name} is too large")))?;
+        let size = if unsized_array { 0 } else { size as u32 };
+        let align = if align == 0 { ty.bytes() } else { align };
+        if !align.is_power_of_two() || align > 4096 {
+            return err(line, format!("bad alignment {align}"));
+        }
+        let init = if self.eat('=') {
+            Some(self.initializer(ty, size)?)
+        } else {
+            None
+        };
+        Ok((name, size, align, ty, init))
+    }
+
+    /// `= 5`, `= {1, 2}` or nested lists: the bytes, zero-filled to `size`.
+    fn initializer(&mut self, ty: Ty, size: u32) -> PResult<Vec<u8>> {
+        let line = self.line();
+        let mut out = Vec::new();
+        let mut depth = 0;
+        loop {
+            match self.next()? {
+                Tok::Punct('{') => depth += 1,
+                Tok::Punct('}') => depth -= 1,
+                Tok::Punct(',') => {}
+                Tok::Punct('-') => {
+                    let v = self.literal_value(ty, true, line)?;
+                    out.extend_from_slice(&v.to_le_bytes()[..ty.bytes() as usize]);
+                }
+                t @ (Tok::Int(_) | Tok::F32(_) | Tok::F64(_) | Tok::Float(_)) => {
+                    self.pos -= 1;
+                    let _ = t;
+                    let v = self.literal_value(ty, false, line)?;
+                    out.extend_from_slice(&v.to_le_bytes()[..ty.bytes() as usize]);
+                }
+                t => return err(line, format!("unsupported initializer {t:?}")),
+            }
+            if out.len() > size as usize {
+                return err(line, "initializer larger than its variable");
+            }
+            if depth <= 0 {
+                break;
+            }
+        }
+        out.resize(size as usize, 0);
+        Ok(out)
+    }
+
+    fn literal_value(&mut self, ty: Ty, negative: bool, line: u32) -> PResult<u64> {
+        let t = self.next()?;
+        literal(&t, ty, negative).ok_or((line, format!("bad literal {t:?} for .{ty:?}")))
+    }
+
+    fn module_var(&mut self, space: &str) -> PResult<()> {
+        let line = self.line();
+        let (name, size, align, _ty, init) = self.var_decl()?;
+        self.expect(';')?;
+        let sym = match space {
+            ".shared" => self.shared_var(size, align, line)?,
+            _ => {
+                let index = u32::try_from(self.globals.len()).unwrap_or(u32::MAX);
+                if self.globals.len() >= 4096 {
+                    return err(line, "too many module variables");
+                }
+                self.globals.push(GlobalVar {
+                    name: name.clone(),
+                    space: if space == ".const" {
+                        VarSpace::Const
+                    } else {
+                        VarSpace::Global
+                    },
+                    size: u64::from(size),
+                    align,
+                    init: init.unwrap_or_else(|| vec![0; size as usize]),
+                });
+                SymRef::Global(index)
+            }
+        };
+        self.module_names.insert(name, Name::Var(sym, size));
+        Ok(())
+    }
+
+    fn shared_var(&mut self, size: u32, align: u32, line: u32) -> PResult<SymRef> {
+        if size == 0 {
+            return Ok(SymRef::DynShared);
+        }
+        let offset = align_up(self.shared_bytes, align, line)?;
+        self.shared_bytes = offset
+            .checked_add(size)
+            .filter(|&e| e <= super::MAX_SHARED_BYTES)
+            .ok_or((line, "static shared memory past the limit".to_string()))?;
+        Ok(SymRef::Shared(offset))
+    }
+
+    /// `(.param ...)` lists of a function head: offsets in `area` (kernel buffer or scratch).
+    fn param_list(
+        &mut self,
+        kernel: bool,
+        names: &mut HashMap<String, Name>,
+    ) -> PResult<Vec<(u32, u32, u32)>> {
+        let mut out = Vec::new();
+        let mut kernel_offset = 0u32;
+        self.expect('(')?;
+        if self.eat(')') {
+            return Ok(out);
+        }
+        loop {
+            let line = self.line();
+            match self.next()? {
+                Tok::Directive(d) if d == ".param" || d == ".reg" => {}
+                t => return err(line, format!("expected .param, found {t:?}")),
+            }
+            let (name, size, align, _ty, _init) = self.var_decl()?;
+            let offset = if kernel {
+                let o = align_up(kernel_offset, align, line)?;
+                kernel_offset = o
+                    .checked_add(size)
+                    .filter(|&e| e <= super::MAX_PARAM_BYTES)
+                    .ok_or((line, "kernel parameters past the limit".to_string()))?;
+                o
+            } else {
+                self.fparam(size, align, line)?
+            };
+            let sym = if kernel {
+                SymRef::KernelParam(offset)
+            } else {
+                SymRef::FuncParam(offset)
+            };
+            names.insert(name, Name::Var(sym, size));
+            out.push((offset, size, align));
+            if self.eat(')') {
+                return Ok(out);
+            }
+            self.expect(',')?;
+        }
+    }
+
+    fn fparam(&mut self, size: u32, align: u32, line: u32) -> PResult<u32> {
+        let o = align_up(self.fparam_bytes, align, line)?;
+        self.fparam_bytes = o
+            .checked_add(size)
+            .filter(|&e| e <= super::MAX_FPARAM_BYTES)
+            .ok_or((line, "function parameters past the limit".to_string()))?;
+        Ok(o)
+    }
+
+    fn function(&mut self, entry: bool) -> PResult<()> {
+        let line = self.line();
+        let mut scope = HashMap::new();
+        let mut ret = None;
+        if !entry && self.peek() == Some(&Tok::Punct('(')) {
+            let r = self.param_list(false, &mut scope)?;
+            match r.as_slice() {
+                [] => {}
+                [(o, s, _)] => ret = Some((*o, *s)),
+                _ => return err(line, "more than one return parameter"),
+            }
+        }
+        let name = self.word()?;
+        let params = if self.peek() == Some(&Tok::Punct('(')) {
+            self.param_list(entry, &mut scope)?
+        } else {
+            Vec::new()
+        };
+        // Performance directives (.maxntid, .reqntid, .minnctapersm, .noreturn, ...).
+        while let Some(Tok::Directive(_)) = self.peek() {
+            self.pos += 1;
+            while matches!(self.peek(), Some(Tok::Int(_) | Tok::Punct(','))) {
+                self.pos += 1;
+            }
+        }
+        let index = match self.func_index.get(&name) {
+            Some(&i) if self.funcs[i as usize].end == self.funcs[i as usize].start => i,
+            Some(_) => return err(line, format!("{name} defined twice")),
+            None => {
+                let i = u32::try_from(self.funcs.len()).unwrap_or(u32::MAX);
+                self.funcs.push(Function {
+                    name: name.clone(),
+                    entry,
+                    start: 0,
+                    end: 0,
+                    params: Vec::new(),
+                    ret: None,
+                });
+                self.func_index.insert(name.clone(), i);
+                i
+            }
+        };
+        if self.eat(';') {
+            // A declaration (prototype); its parameters are laid out again at the definition.
+            self.funcs[index as usize].params = params;
+            self.funcs[index as usize].ret = ret;
+            return Ok(());
+        }
+        let start = self.code.len();
+        self.expect('{')?;
+        let mut scopes = vec![scope];
+        let mut labels: HashMap<String, u32> = HashMap::new();
+        let mut bra_fixups: Vec<(usize, String, u32)> = Vec::new();
+        self.body(&mut scopes, &mut labels, &mut bra_fixups)?;
+        for (at, label, line) in bra_fixups {
+            let Some(&target) = labels.get(&label) else {
+                return err(line, format!("branch to undefined label {label}"));
+            };
+            if let Op::Bra { target: t } = &mut self.code[at].op {
+                *t = target;
+            }
+        }
+        // A function falls off its end into an implicit return.
+        self.push(Inst {
+            guard: None,
+            op: if entry { Op::Exit } else { Op::Ret },
+            line,
+        })?;
+        let f = &mut self.funcs[index as usize];
+        f.start = start as u32;
+        f.end = self.code.len() as u32;
+        f.params = params.clone();
+        f.ret = ret;
+        f.entry = entry;
+        if entry {
+            let bytes = params.iter().map(|&(o, s, _)| o + s).max().unwrap_or(0);
+            self.kernel_params.insert(index, (params, bytes));
+        }
+        Ok(())
+    }
+
+    fn push(&mut self, inst: Inst) -> PResult<()> {
+        if self.code.len() >= MAX_INSTRUCTIONS_PER_MODULE {
+            return err(inst.line, "module has too many instructions");
+        }
+        self.code.push(inst);
+        Ok(())
+    }
+
+    fn lookup(&self, scopes: &[HashMap<String, Name>], name: &str) -> Option<Name> {
+        scopes
+            .iter()
+            .rev()
+            .find_map(|s| s.get(name).copied())
+            .or_else(|| self.module_names.get(name).copied())
+    }
+
+    fn body(
+        &mut self,
+        scopes: &mut Vec<HashMap<String, Name>>,
+        labels: &mut HashMap<String, u32>,
+        bra_fixups: &mut Vec<(usize, String, u32)>,
+    ) -> PResult<()> {
+        loop {
+            let line = self.line();
+            let tok = self.next()?;
+            match tok {
+                Tok::Punct('}') => {
+                    scopes.pop();
+                    if scopes.is_empty() {
+                        return Ok(());
+                    }
+                }
+                Tok::Punct('{') => scopes.push(HashMap::new()),
+                Tok::Punct(';') => {}
+                Tok::Directive(d) => match d.as_str() {
+                    ".reg" => self.reg_decl(scopes)?,
+                    ".local" | ".shared" | ".param" => {
+                        let (name, size, align, _ty, init) = self.var_decl()?;
+                        self.expect(';')?;
+                        if init.is_some() {
+                            return err(line, "initialised function variables are not supported");
+                        }
+                        let sym = match d.as_str() {
+                            ".local" => {
+                                let o = align_up(self.local_bytes, align, line)?;
+                                self.local_bytes = o
+                                    .checked_add(size)
+                                    .filter(|&e| e <= super::MAX_LOCAL_BYTES_PER_THREAD)
+                                    .ok_or((line, "local memory past the limit".to_string()))?;
+                                SymRef::Local(o)
+                            }
+                            ".shared" => self.shared_var(size, align, line)?,
+                            _ => SymRef::FuncParam(self.fparam(size, align, line)?),
+                        };
+                        scopes
+                            .last_mut()
+                            .expect("a scope")
+                            .insert(name, Name::Var(sym, size));
+                    }
+                    ".loc" | ".file" => self.skip_line(),
+                    ".pragma" => self.skip_statement()?,
+                    _ => return err(line, format!("unsupported directive {d} in a function")),
+                },
+                Tok::Word(w) if self.peek() == Some(&Tok::Punct(':')) => {
+                    self.pos += 1;
+                    labels.insert(w, self.code.len() as u32);
+                }
+                Tok::Punct('@') => {
+                    let negate = self.eat('!');
+                    let pname = self.word()?;
+                    let Some(Name::Reg(p)) = self.lookup(scopes, &pname) else {
+                        return err(line, format!("guard {pname} is not a register"));
+                    };
+                    let opcode = self.word()?;
+                    self.instruction(&opcode, Some((p, negate)), scopes, bra_fixups, line)?;
+                }
+                Tok::Word(opcode) => self.instruction(&opcode, None, scopes, bra_fixups, line)?,
+                t => return err(line, format!("unexpected {t:?}")),
+            }
+        }
+    }
+
+    fn reg_decl(&mut self, scopes: &mut [HashMap<String, Name>]) -> PResult<()> {
+        let line = self.line();
+        let ty = match self.next()? {
+            Tok::Directive(d) => Ty::parse(&d[1..]),
+            _ => None,
+        }
+        .ok_or((
+            line,
+            "register declaration without a supported type".to_string(),
+        ))?;
+        loop {
+            let name = self.word()?;
+            let count = if self.eat('<') {
+                let n = self.int()?;
+                self.expect('>')?;
+                Some(n)
+            } else {
+                None
+            };
+            let n = count.unwrap_or(1);
+            if n > MAX_REGISTERS_PER_THREAD as u64
+                || self.reg_bits.len() as u64 + n > MAX_REGISTERS_PER_THREAD as u64
+            {
+                return err(line, "too many registers");
+            }
+            let names: Vec<String> = match count {
+                Some(n) => (0..n).map(|i| format!("{name}{i}")).collect(),
+                None => vec![name],
+            };
+            if self.reg_bits.len() + names.len() > MAX_REGISTERS_PER_THREAD {
+                return err(line, "too many registers");
+            }
+            for n in names {
+                let r = self.reg_bits.len() as u32;
+                self.reg_bits.push(ty.bits() as u8);
+                scopes.last_mut().expect("a scope").insert(n, Name::Reg(r));
+            }
+            if self.eat(';') {
+                return Ok(());
+            }
+            self.expect(',')?;
+        }
+    }
+
+    /// The operand groups up to `;`, split at top-level commas.
+    fn operands(&mut self) -> PResult<Vec<Vec<Tok>>> {
+        let mut out: Vec<Vec<Tok>> = vec![Vec::new()];
+        let mut depth = 0i32;
+        loop {
+            let t = self.next()?;
+            match t {
+                Tok::Punct(';') if depth == 0 => break,
+                Tok::Punct(',') if depth == 0 => out.push(Vec::new()),
+                Tok::Punct('[' | '{' | '(') => {
+                    depth += 1;
+                    out.last_mut().expect("group").push(t);
+                }
+                Tok::Punct(']' | '}' | ')') => {
+                    depth -= 1;
+                    out.last_mut().expect("group").push(t);
+                }
+                _ => out.last_mut().expect("group").push(t),
+            }
+            if out.len() > 16 {
+                return err(self.line(), "too many operands");
+            }
+        }
+        if out.len() == 1 && out[0].is_empty() {
+            out.clear();
+        }
+        Ok(out)
+    }
+
+    fn instruction(
+        &mut self,
+        opcode: &str,
+        guard: Option<(u32, bool)>,
+        scopes: &[HashMap<String, Name>],
+        bra_fixups: &mut Vec<(usize, String, u32)>,
+        line: u32,
+    ) -> PResult<()> {
+        let groups = self.operands()?;
+        let mut parts = opcode.split('.');
+        let base = parts.next().unwrap_or_default();
+        let mods: Vec<&str> = parts.collect();
+        let cx = Cx {
+            scopes,
+            p: self,
+            line,
+        };
+        let op = match base {
+            "bra" => {
+                let [g] = groups.as_slice() else {
+                    return err(line, "bra takes one label");
+                };
+                let [Tok::Word(label)] = g.as_slice() else {
+                    return err(line, "bra takes a label");
+                };
+                bra_fixups.push((self.code.len(), label.clone(), line));
+                Op::Bra { target: 0 }
+            }
+            "call" => {
+                let (op, fixup) = cx.call(&groups)?;
+                if let Some(name) = fixup {
+                    self.call_fixups.push((self.code.len(), name, line));
+                }
+                op
+            }
+            _ => cx.decode(base, &mods, &groups)?,
+        };
+        self.push(Inst { guard, op, line })
+    }
+
+    fn check_no_recursion(&self) -> PResult<()> {
+        // Depth-first over the call graph; a back edge is recursion, which the executor's
+        // static per-thread layout of parameters and locals cannot hold.
+        fn callees(p: &Parser, f: usize) -> Vec<usize> {
+            let func = &p.funcs[f];
+            p.code[func.start as usize..func.end as usize]
+                .iter()
+                .filter_map(|i| match i.op {
+                    Op::Call {
+                        callee: Callee::Func(g),
+                        ..
+                    } => Some(g as usize),
+                    _ => None,
+                })
+                .collect()
+        }
+        let mut state = vec![0u8; self.funcs.len()];
+        for root in 0..self.funcs.len() {
+            let mut stack = vec![(root, 0usize)];
+            if state[root] != 0 {
+                continue;
+            }
+            state[root] = 1;
+            while let Some(&mut (f, ref mut next)) = stack.last_mut() {
+                let cs = callees(self, f);
+                if let Some(&g) = cs.get(*next) {
+                    *next += 1;
+                    match state[g] {
+                        1 => return err(0, format!("recursion through {}", self.funcs[g].name)),
+                        0 => {
+                            state[g] = 1;
+                            stack.push((g, 0));
+                        }
+                        _ => {}
+                    }
+                } else {
+                    state[f] = 2;
+                    stack.pop();
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A literal token as the raw bits of type `ty`.
+fn literal(t: &Tok, ty: Ty, negative: bool) -> Option<u64> {
+    let sign = |v: u64| if negative { v.wrapping_neg() } else { v };
+    let fsign = |v: f64| if negative { -v } else { v };
+    Some(match (t, ty) {
+        (Tok::Int(v), Ty::F32) => (fsign(*v as f64) as f32).to_bits().into(),
+        (Tok::Int(v), Ty::F64) => fsign(*v as f64).to_bits(),
+        (Tok::Int(v), _) => sign(*v) & ty.mask().max(1),
+        (Tok::F32(b), Ty::F32) => u64::from(if negative { b ^ 0x8000_0000 } else { *b }),
+        (Tok::F32(b), Ty::F64) => fsign(f64::from(f32::from_bits(*b))).to_bits(),
+        (Tok::F64(b), Ty::F64) => {
+            if negative {
+                b ^ (1 << 63)
+            } else {
+                *b
+            }
+        }
+        (Tok::F64(b), Ty::F32) => u64::from((fsign(f64::from_bits(*b)) as f32).to_bits()),
+        (Tok::Float(v), Ty::F32) => u64::from((fsign(*v) as f32).to_bits()),
+        (Tok::Float(v), Ty::F64) => fsign(*v).to_bits(),
+        (Tok::F32(b), _) => u64::from(*b),
+        (Tok::F64(b), _) => *b,
+        _ => return None,
+    })
+}
+
+fn special(name: &str) -> Option<Sreg> {
+    let dim = |s: &str| match s {
+        "x" => Some(0),
+        "y" => Some(1),
+        "z" => Some(2),
+        _ => None,
+    };
+    if let Some((reg, d)) = name.split_once('.') {
+        let d = dim(d)?;
+        return Some(match reg {
+            "%tid" => Sreg::Tid(d),
+            "%ntid" => Sreg::Ntid(d),
+            "%ctaid" => Sreg::Ctaid(d),
+            "%nctaid" => Sreg::Nctaid(d),
+            _ => return None,
+        });
+    }
+    Some(match name {
+        "%laneid" => Sreg::LaneId,
+        "%warpid" => Sreg::WarpId,
+        "%nwarpid" => Sreg::NWarpId,
+        "%smid" => Sreg::SmId,
+        "%nsmid" => Sreg::NSmId,
+        "%gridid" => Sreg::GridId,
+        "%clock" => Sreg::Clock,
+        "%clock64" => Sreg::Clock64,
+        "%globaltimer" => Sreg::GlobalTimer,
+        "%lanemask_eq" => Sreg::LaneMaskEq,
+        "%lanemask_lt" => Sreg::LaneMaskLt,
+        "%lanemask_le" => Sreg::LaneMaskLe,
+        "%lanemask_gt" => Sreg::LaneMaskGt,
+        "%lanemask_ge" => Sreg::LaneMaskGe,
+        "%dynamic_smem_size" => Sreg::DynamicSmemSize,
+        "%total_smem_size" => Sreg::TotalSmemSize,
+        "WARP_SZ" => return None,
+        _ => return None,
+    })
+}
+
+/// Operand decoding for one instruction.
+struct Cx<'a> {
+    scopes: &'a [HashMap<String, Name>],
+    p: &'a Parser,
+    line: u32,
+}
+
+fn space_of(mods: &[&str]) -> Space {
+    for m in mods {
+        match *m {
+            "global" => return Space::Global,
+            "const" => return Space::Const,
+            "shared" => return Space::Shared,
+            "local" => return Space::Local,
+            "param" => return Space::Param,
+            _ => {}
+        }
+    }
+    Space::Generic
+}
+
+fn rnd_of(mods: &[&str]) -> Rnd {
+    for m in mods {
+        match *m {
+            "rz" => return Rnd::Rz,
+            "rm" => return Rnd::Rm,
+            "rp" => return Rnd::Rp,
+            _ => {}
+        }
+    }
+    Rnd::Rn
+}
+
+fn has(mods: &[&str], m: &str) -> bool {
+    mods.contains(&m)
+}
+
+impl Cx<'_> {
+    fn fail<T>(&self, msg: impl Into<String>) -> PResult<T> {
+        err(self.line, msg)
+    }
+
+    fn name(&self, n: &str) -> PResult<Name> {
+        self.p
+            .lookup(self.scopes, n)
+            .ok_or((self.line, format!("undefined name {n}")))
+    }
+
+    fn ty(&self, mods: &[&str]) -> PResult<Ty> {
+        mods.iter()
+            .rev()
+            .find_map(|m| Ty::parse(m))
+            .ok_or((self.line, "instruction without a type".to_string()))
+    }
+
+    fn reg(&self, g: &[Tok]) -> PResult<u32> {
+        match g {
+            [Tok::Word(w)] => match self.name(w)? {
+                Name::Reg(r) => Ok(r),
+                Name::Var(..) => self.fail(format!("{w} is not a register")),
+            },
+            _ => self.fail(format!("expected a register, found {g:?}")),
+        }
+    }
+
+    /// A destination: a register or the sink `_`.
+    fn dst(&self, g: &[Tok]) -> PResult<u32> {
+        match g {
+            [Tok::Word(w)] if w == "_" => Ok(SINK),
+            _ => self.reg(g),
+        }
+    }
+
+    fn src(&self, g: &[Tok], ty: Ty) -> PResult<Src> {
+        let imm = match g {
+            [Tok::Word(w)] => {
+                if let Some(s) = special(w) {
+                    return Ok(Src::Special(s));
+                }
+                if w == "WARP_SZ" {
+                    return Ok(Src::Imm(32));
+                }
+                return Ok(match self.name(w)? {
+                    Name::Reg(r) => Src::Reg(r),
+                    Name::Var(sym, _) => Src::Sym(sym),
+                });
+            }
+            [Tok::Punct('-'), t] => literal(t, ty, true),
+            [t] => literal(t, ty, false),
+            _ => None,
+        };
+        imm.map(Src::Imm)
+            .ok_or((self.line, format!("bad operand {g:?}")))
+    }
+
+    fn addr(&self, g: &[Tok]) -> PResult<Addr> {
+        let inner = match g {
+            [Tok::Punct('['), inner @ .., Tok::Punct(']')] => inner,
+            _ => return self.fail(format!("expected an address, found {g:?}")),
+        };
+        let (base, rest) = match inner {
+            [Tok::Word(w), rest @ ..] => {
+                let base = match self.name(w)? {
+                    Name::Reg(r) => AddrBase::Reg(r),
+                    Name::Var(sym, _) => AddrBase::Sym(sym),
+                };
+                (base, rest)
+            }
+            _ => (AddrBase::Abs, inner),
+        };
+        let offset: i64 = match rest {
+            [] => 0,
+            [Tok::Int(v)] if base == AddrBase::Abs => i64::try_from(*v).unwrap_or(i64::MAX),
+            [Tok::Punct('+'), Tok::Int(v)] => i64::try_from(*v).unwrap_or(i64::MAX),
+            [Tok::Punct('+'), Tok::Punct('-'), Tok::Int(v)] | [Tok::Punct('-'), Tok::Int(v)] => {
+                -(i64::try_from(*v).unwrap_or(i64::MAX))
+            }
+            _ => return self.fail(format!("bad address {g:?}")),
+        };
+        Ok(Addr { base, offset })
+    }
+
+    /// `{a, b, ...}` groups, split at commas.
+    fn vector<'g>(&self, g: &'g [Tok]) -> PResult<Vec<&'g [Tok]>> {
+        let [Tok::Punct('{'), inner @ .., Tok::Punct('}')] = g else {
+            return self.fail("expected a vector");
+        };
+        Ok(inner.split(|t| *t == Tok::Punct(',')).collect())
+    }
+
+    fn is_vector(g: &[Tok]) -> bool {
+        g.first() == Some(&Tok::Punct('{'))
+    }
+
+    fn n_ops<'g>(&self, groups: &'g [Vec<Tok>], n: usize) -> PResult<&'g [Vec<Tok>]> {
+        if groups.len() == n {
+            Ok(groups)
+        } else {
+            self.fail(format!("expected {n} operands, found {}", groups.len()))
+        }
+    }
+
+    /// `(ret), name, (args)` in its three shapes.
+    fn call(&self, groups: &[Vec<Tok>]) -> PResult<(Op, Option<String>)> {
+        let param = |g: &[Tok]| -> PResult<(u32, u32)> {
+            match g {
+                [Tok::Word(w)] => match self.name(w)? {
+                    Name::Var(SymRef::FuncParam(o), size) => Ok((o, size)),
+                    _ => self.fail(format!("{w} is not a .param variable")),
+                },
+                _ => self.fail(format!("bad call parameter {g:?}")),
+            }
+        };
+        let paren = |g: &[Tok]| -> PResult<Vec<(u32, u32)>> {
+            let [Tok::Punct('('), inner @ .., Tok::Punct(')')] = g else {
+                return self.fail("expected a parenthesised list");
+            };
+            if inner.is_empty() {
+                return Ok(Vec::new());
+            }
+            inner.split(|t| *t == Tok::Punct(',')).map(param).collect()
+        };
+        let (ret, name_group, args) = match groups {
+            [r, n, a] => {
+                let r = paren(r)?;
+                if r.len() > 1 {
+                    return self.fail("more than one return value");
+                }
+                (r.first().copied(), n, paren(a)?)
+            }
+            [n, a] if !Self::is_vector(a) && a.first() == Some(&Tok::Punct('(')) => {
+                if n.first() == Some(&Tok::Punct('(')) {
+                    return self.fail("indirect calls are not supported");
+                }
+                (None, n, paren(a)?)
+            }
+            [n] => (None, n, Vec::new()),
+            _ => return self.fail("bad call"),
+        };
+        let [Tok::Word(name)] = name_group.as_slice() else {
+            return self.fail("indirect calls are not supported");
+        };
+        if name == "vprintf" {
+            if args.len() != 2 {
+                return self.fail("vprintf takes two arguments");
+            }
+            return Ok((
+                Op::Call {
+                    callee: Callee::Vprintf,
+                    ret,
+                    args,
+                },
+                None,
+            ));
+        }
+        Ok((
+            Op::Call {
+                callee: Callee::Func(u32::MAX),
+                ret,
+                args,
+            },
+            Some(name.clone()),
+        ))
+    }
+
+    fn decode(&self, base: &str, mods: &[&str], g: &[Vec<Tok>]) -> PResult<Op> {
+        let ftz = has(mods, "ftz");
+        let sat = has(mods, "sat");
+        Ok(match base {
+            "mov" => {
+                let ty = self.ty(mods)?;
+                let g = self.n_ops(g, 2)?;
+                if Self::is_vector(&g[0]) {
+                    let ds = self.vector(&g[0])?;
+                    let ds: Vec<u32> = ds.iter().map(|d| self.dst(d)).collect::<PResult<_>>()?;
+                    let part_bits = ty.bits() / ds.len() as u32;
+                    Op::Unpack {
+                        part_bits,
+                        ds,
+                        a: self.src(&g[1], ty)?,
+                    }
+                } else if Self::is_vector(&g[1]) {
+                    let parts = self.vector(&g[1])?;
+                    let part_bits = ty.bits() / parts.len() as u32;
+                    let pty = match part_bits {
+                        8 => Ty::B8,
+                        16 => Ty::B16,
+                        32 => Ty::B32,
+                        _ => return self.fail("bad vector mov"),
+                    };
+                    let parts = parts
+                        .iter()
+                        .map(|p| self.src(p, pty))
+                        .collect::<PResult<_>>()?;
+                    Op::Pack {
+                        part_bits,
+                        d: self.reg(&g[0])?,
+                        parts,
+                    }
+                } else {
+                    Op::Mov {
+                        ty,
+                        d: self.reg(&g[0])?,
+                        a: self.src(&g[1], ty)?,
+                    }
+                }
+            }
+            "ld" | "ldu" | "st" => {
+                let ty = self.ty(mods)?;
+                if ty == Ty::Pred {
+                    return self.fail("predicate loads and stores do not exist");
+                }
+                let n: u8 = if has(mods, "v4") {
+                    4
+                } else if has(mods, "v2") {
+                    2
+                } else {
+                    1
+                };
+                if has(mods, "v8") {
+                    return self.fail(".v8 accesses are not supported");
+                }
+                let space = space_of(mods);
+                let g = self.n_ops(g, 2)?;
+                let (addr_g, val_g) = if base == "st" {
+                    (&g[0], &g[1])
+                } else {
+                    (&g[1], &g[0])
+                };
+                let addr = self.addr(addr_g)?;
+                if space == Space::Param && !matches!(addr.base, AddrBase::Sym(_)) {
+                    return self.fail("ld/st.param must name a parameter");
+                }
+                let vals: Vec<&[Tok]> = if n > 1 {
+                    let v = self.vector(val_g)?;
+                    if v.len() != usize::from(n) {
+                        return self.fail("vector width and operand count differ");
+                    }
+                    v
+                } else {
+                    vec![val_g.as_slice()]
+                };
+                if base == "st" {
+                    let mut srcs = [Src::Imm(0); 4];
+                    for (s, v) in srcs.iter_mut().zip(&vals) {
+                        *s = self.src(v, ty)?;
+                    }
+                    Op::St {
+                        space,
+                        ty,
+                        n,
+                        srcs,
+                        addr,
+                    }
+                } else {
+                    let mut ds = [SINK; 4];
+                    for (d, v) in ds.iter_mut().zip(&vals) {
+                        *d = self.dst(v)?;
+                    }
+                    Op::Ld {
+                        space,
+                        ty,
+                        n,
+                        ds,
+                        addr,
+                    }
+                }
+            }
+            "cvta" => {
+                let ty = self.ty(mods)?;
+                let g = self.n_ops(g, 2)?;
+                let space = space_of(mods);
+                if matches!(space, Space::Generic | Space::Param) {
+                    return self.fail("cvta of this space is not supported");
+                }
+                Op::Cvta {
+                    to: has(mods, "to"),
+                    space,
+                    d: self.reg(&g[0])?,
+                    a: self.src(&g[1], ty)?,
+                }
+            }
+            "add" | "sub" | "mul" | "div" | "rem" | "and" | "or" | "xor" | "shl" | "shr"
+            | "min" | "max" | "copysign" => {
+                let ty = self.ty(mods)?;
+                let g = self.n_ops(g, 3)?;
+                if has(mods, "cc") || has(mods, "NaN") || has(mods, "xorsign") || has(mods, "relu")
+                {
+                    return self.fail(format!("{base} with these modifiers is not supported"));
+                }
+                let op = match base {
+                    "add" => BinOp::Add,
+                    "sub" => BinOp::Sub,
+                    "mul" if has(mods, "hi") => BinOp::MulHi,
+                    "mul" if has(mods, "wide") => BinOp::MulWide,
+                    "mul" => BinOp::MulLo,
+                    "div" => BinOp::Div,
+                    "rem" => BinOp::Rem,
+                    "and" => BinOp::And,
+                    "or" => BinOp::Or,
+                    "xor" => BinOp::Xor,
+                    "shl" => BinOp::Shl,
+                    "shr" => BinOp::Shr,
+                    "min" => BinOp::Min,
+                    "max" => BinOp::Max,
+                    _ => BinOp::CopySign,
+                };
+                let bty = if matches!(op, BinOp::Shl | BinOp::Shr) {
+                    Ty::U32
+                } else {
+                    ty
+                };
+                if ty.float() && matches!(op, BinOp::MulHi | BinOp::MulWide | BinOp::Rem) {
+                    return self.fail("integer-only operation on a float type");
+                }
+                if sat && !(ty.float() || ty == Ty::S32) {
+                    return self.fail(".sat on this type is not supported");
+                }
+                Op::Bin {
+                    op,
+                    ty,
+                    d: self.reg(&g[0])?,
+                    a: self.src(&g[1], ty)?,
+                    b: self.src(&g[2], bty)?,
+                    ftz,
+                    sat,
+                    rnd: rnd_of(mods),
+                }
+            }
+            "neg" | "abs" | "not" | "cnot" | "popc" | "clz" | "brev" | "rcp" | "sqrt" | "rsqrt"
+            | "sin" | "cos" | "ex2" | "lg2" => {
+                let ty = self.ty(mods)?;
+                let g = self.n_ops(g, 2)?;
+                let op = match base {
+                    "neg" => UnOp::Neg,
+                    "abs" => UnOp::Abs,
+                    "not" => UnOp::Not,
+                    "cnot" => UnOp::CNot,
+                    "popc" => UnOp::Popc,
+                    "clz" => UnOp::Clz,
+                    "brev" => UnOp::Brev,
+                    "rcp" => UnOp::Rcp,
+                    "sqrt" => UnOp::Sqrt,
+                    "rsqrt" => UnOp::Rsqrt,
+                    "sin" => UnOp::Sin,
+                    "cos" => UnOp::Cos,
+                    "ex2" => UnOp::Ex2,
+                    _ => UnOp::Lg2,
+                };
+                let float_only = matches!(
+                    op,
+                    UnOp::Rcp
+                        | UnOp::Sqrt
+                        | UnOp::Rsqrt
+                        | UnOp::Sin
+                        | UnOp::Cos
+                        | UnOp::Ex2
+                        | UnOp::Lg2
+                );
+                if float_only != ty.float() && !matches!(op, UnOp::Neg | UnOp::Abs) {
+                    return self.fail(format!("{base} on .{ty:?} is not supported"));
+                }
+                let rnd = rnd_of(mods);
+                if ty.float() && rnd != Rnd::Rn && !matches!(op, UnOp::Neg | UnOp::Abs) {
+                    return self.fail("directed rounding of this operation is not supported");
+                }
+                Op::Un {
+                    op,
+                    ty,
+                    d: self.reg(&g[0])?,
+                    a: self.src(&g[1], ty)?,
+                    ftz,
+                    rnd,
+                }
+            }
+            "mad" | "fma" => {
+                let ty = self.ty(mods)?;
+                let g = self.n_ops(g, 4)?;
+                let mode = if ty.float() {
+                    MadMode::Float
+                } else if has(mods, "hi") {
+                    MadMode::Hi
+                } else if has(mods, "wide") {
+                    MadMode::Wide
+                } else if has(mods, "lo") {
+                    MadMode::Lo
+                } else {
+                    return self.fail("integer mad needs .lo, .hi or .wide");
+                };
+                let rnd = rnd_of(mods);
+                if ty.float() && rnd != Rnd::Rn {
+                    return self.fail("directed rounding of fma is not supported");
+                }
+                if sat && !(ty.float() || ty == Ty::S32) {
+                    return self.fail(".sat on this type is not supported");
+                }
+                let cty = if mode == MadMode::Wide { wide(ty) } else { ty };
+                Op::Mad {
+                    mode,
+                    ty,
+                    d: self.reg(&g[0])?,
+                    a: self.src(&g[1], ty)?,
+                    b: self.src(&g[2], ty)?,
+                    c: self.src(&g[3], cty)?,
+                    ftz,
+                    sat,
+                    rnd,
+                }
+            }
+            "setp" => {
+                let ty = self.ty(mods)?;
+                let cmp = mods
+                    .iter()
+                    .find_map(|m| cmp_of(m))
+                    .ok_or((self.line, "setp without a comparison".to_string()))?;
+                let combine_op = mods.iter().find_map(|m| match *m {
+                    "and" => Some(BoolOp::And),
+                    "or" => Some(BoolOp::Or),
+                    "xor" => Some(BoolOp::Xor),
+                    _ => None,
+                });
+                if g.len() != 3 && g.len() != 4 {
+                    return self.fail("setp takes 3 or 4 operands");
+                }
+                let (p, q) = match g[0].as_slice() {
+                    [a, Tok::Punct('|'), b] => (
+                        self.dst(std::slice::from_ref(a))?,
+                        self.dst(std::slice::from_ref(b))?,
+                    ),
+                    d => (self.dst(d)?, SINK),
+                };
+                let combine = match (combine_op, g.get(3)) {
+                    (Some(op), Some(c)) => {
+                        let (neg, c) = match c.as_slice() {
+                            [Tok::Punct('!'), rest @ ..] => (true, rest),
+                            c => (false, c),
+                        };
+                        Some((op, self.src(c, Ty::Pred)?, neg))
+                    }
+                    (None, None) => None,
+                    _ => return self.fail("setp boolean operation and operand must come together"),
+                };
+                Op::Setp {
+                    cmp,
+                    ty,
+                    p,
+                    q,
+                    a: self.src(&g[1], ty)?,
+                    b: self.src(&g[2], ty)?,
+                    combine,
+                    ftz,
+                }
+            }
+            "selp" => {
+                let ty = self.ty(mods)?;
+                let g = self.n_ops(g, 4)?;
+                Op::Selp {
+                    ty,
+                    d: self.reg(&g[0])?,
+                    a: self.src(&g[1], ty)?,
+                    b: self.src(&g[2], ty)?,
+                    c: self.src(&g[3], Ty::Pred)?,
+                }
+            }
+            "cvt" => {
+                let tys: Vec<Ty> = mods.iter().filter_map(|m| Ty::parse(m)).collect();
+                let [dty, sty] = tys.as_slice() else {
+                    return self.fail("cvt needs a destination and a source type");
+                };
+                let g = self.n_ops(g, 2)?;
+                let irnd = mods.iter().find_map(|m| match *m {
+                    "rni" => Some(IRnd::Rni),
+                    "rzi" => Some(IRnd::Rzi),
+                    "rmi" => Some(IRnd::Rmi),
+                    "rpi" => Some(IRnd::Rpi),
+                    _ => None,
+                });
+                let rnd = mods
+                    .iter()
+                    .any(|m| matches!(*m, "rn" | "rz" | "rm" | "rp"))
+                    .then(|| rnd_of(mods));
+                if matches!((dty, sty), (Ty::Pred, _) | (_, Ty::Pred)) {
+                    return self.fail("cvt of predicates does not exist");
+                }
+                if has(mods, "relu") || has(mods, "satfinite") {
+                    return self.fail("cvt with these modifiers is not supported");
+                }
+                Op::Cvt {
+                    dty: *dty,
+                    sty: *sty,
+                    d: self.reg(&g[0])?,
+                    a: self.src(&g[1], *sty)?,
+                    rnd,
+                    irnd,
+                    sat,
+                    ftz,
+                }
+            }
+            "bfe" => {
+                let ty = self.ty(mods)?;
+                let g = self.n_ops(g, 4)?;
+                Op::Bfe {
+                    ty,
+                    d: self.reg(&g[0])?,
+                    a: self.src(&g[1], ty)?,
+                    b: self.src(&g[2], Ty::U32)?,
+                    c: self.src(&g[3], Ty::U32)?,
+                }
+            }
+            "bfi" => {
+                let ty = self.ty(mods)?;
+                let g = self.n_ops(g, 5)?;
+                Op::Bfi {
+                    ty,
+                    d: self.reg(&g[0])?,
+                    f: self.src(&g[1], ty)?,
+                    b: self.src(&g[2], ty)?,
+                    c: self.src(&g[3], Ty::U32)?,
+                    e: self.src(&g[4], Ty::U32)?,
+                }
+            }
+            "prmt" => {
+                if mods
+                    .iter()
+                    .any(|m| matches!(*m, "f4e" | "b4e" | "rc8" | "ecl" | "ecr" | "rc16"))
+                {
+                    return self.fail("prmt modes are not supported");
+                }
+                let g = self.n_ops(g, 4)?;
+                Op::Prmt {
+                    d: self.reg(&g[0])?,
+                    a: self.src(&g[1], Ty::B32)?,
+                    b: self.src(&g[2], Ty::B32)?,
+                    c: self.src(&g[3], Ty::B32)?,
+                }
+            }
+            "ret" => Op::Ret,
+            "exit" => Op::Exit,
+            "bar" | "barrier" if has(mods, "warp") => Op::Nop,
+            "bar" | "barrier" => {
+                if has(mods, "arrive") || has(mods, "red") || g.len() > 1 {
+                    return self.fail("only bar.sync/barrier.sync of the whole block is supported");
+                }
+                Op::Bar
+            }
+            "membar" | "fence" | "prefetch" | "prefetchu" | "nanosleep" | "pmevent" => Op::Nop,
+            "atom" | "red" => {
+                let ty = self.ty(mods)?;
+                let op = mods
+                    .iter()
+                    .find_map(|m| {
+                        Some(match *m {
+                            "add" => AtomOp::Add,
+                            "min" => AtomOp::Min,
+                            "max" => AtomOp::Max,
+                            "inc" => AtomOp::Inc,
+                            "dec" => AtomOp::Dec,
+                            "and" => AtomOp::And,
+                            "or" => AtomOp::Or,
+                            "xor" => AtomOp::Xor,
+                            "exch" => AtomOp::Exch,
+                            "cas" => AtomOp::Cas,
+                            _ => return None,
+                        })
+                    })
+                    .ok_or((self.line, "atom without an operation".to_string()))?;
+                if !matches!(ty.bits(), 32 | 64) || has(mods, "v2") || has(mods, "v4") {
+                    return self.fail("atomics of this width are not supported");
+                }
+                let space = space_of(mods);
+                if matches!(space, Space::Const | Space::Param | Space::Local) {
+                    return self.fail("atomics in this space do not exist");
+                }
+                let (d, rest) = if base == "atom" {
+                    let Some((d, rest)) = g.split_first() else {
+                        return self.fail("atom needs operands");
+                    };
+                    (self.dst(d)?, rest)
+                } else {
+                    (SINK, g)
+                };
+                let want = if op == AtomOp::Cas { 3 } else { 2 };
+                if rest.len() != want {
+                    return self.fail("wrong number of atomic operands");
+                }
+                Op::Atom {
+                    space,
+                    op,
+                    ty,
+                    d,
+                    addr: self.addr(&rest[0])?,
+                    b: self.src(&rest[1], ty)?,
+                    c: if want == 3 {
+                        self.src(&rest[2], ty)?
+                    } else {
+                        Src::Imm(0)
+                    },
+                }
+            }
+            "shfl" => {
+                let mode = mods
+                    .iter()
+                    .find_map(|m| match *m {
+                        "up" => Some(ShflMode::Up),
+                        "down" => Some(ShflMode::Down),
+                        "bfly" => Some(ShflMode::Bfly),
+                        "idx" => Some(ShflMode::Idx),
+                        _ => None,
+                    })
+                    .ok_or((self.line, "shfl without a mode".to_string()))?;
+                let sync = has(mods, "sync");
+                if g.len() != if sync { 5 } else { 4 } {
+                    return self.fail("wrong number of shfl operands");
+                }
+                let (d, p) = match g[0].as_slice() {
+                    [a, Tok::Punct('|'), b] => (
+                        self.dst(std::slice::from_ref(a))?,
+                        self.dst(std::slice::from_ref(b))?,
+                    ),
+                    d => (self.dst(d)?, SINK),
+                };
+                Op::Shfl {
+                    mode,
+                    d,
+                    p,
+                    a: self.src(&g[1], Ty::B32)?,
+                    b: self.src(&g[2], Ty::U32)?,
+                    c: self.src(&g[3], Ty::U32)?,
+                    mask: if sync {
+                        self.src(&g[4], Ty::U32)?
+                    } else {
+                        Src::Imm(0xffff_ffff)
+                    },
+                }
+            }
+            "vote" => {
+                let mode = mods
+                    .iter()
+                    .find_map(|m| match *m {
+                        "all" => Some(VoteMode::All),
+                        "any" => Some(VoteMode::Any),
+                        "uni" => Some(VoteMode::Uni),
+                        "ballot" => Some(VoteMode::Ballot),
+                        _ => None,
+                    })
+                    .ok_or((self.line, "vote without a mode".to_string()))?;
+                let sync = has(mods, "sync");
+                if g.len() != if sync { 3 } else { 2 } {
+                    return self.fail("wrong number of vote operands");
+                }
+                let (negate, a) = match g[1].as_slice() {
+                    [Tok::Punct('!'), rest @ ..] => (true, rest),
+                    a => (false, a),
+                };
+                Op::Vote {
+                    mode,
+                    d: self.dst(&g[0])?,
+                    a: self.src(a, Ty::Pred)?,
+                    negate,
+                    mask: if sync {
+                        self.src(&g[2], Ty::U32)?
+                    } else {
+                        Src::Imm(0xffff_ffff)
+                    },
+                }
+            }
+            "activemask" => Op::Activemask {
+                d: self.reg(&self.n_ops(g, 1)?[0])?,
+            },
+            "trap" | "brkpt" => Op::Trap,
+            _ => return self.fail(format!("unsupported instruction {base}")),
+        })
+    }
+}
+
+/// The 64-bit counterpart of a 32-bit (or 16-bit) integer type for `.wide` results.
+pub(crate) fn wide(ty: Ty) -> Ty {
+    match ty {
+        Ty::S16 => Ty::S32,
+        Ty::U16 => Ty::U32,
+        Ty::S32 => Ty::S64,
+        _ => Ty::U64,
+    }
+}
+
+fn cmp_of(m: &str) -> Option<Cmp> {
+    Some(match m {
+        "eq" => Cmp::Eq,
+        "ne" => Cmp::Ne,
+        "lt" => Cmp::Lt,
+        "le" => Cmp::Le,
+        "gt" => Cmp::Gt,
+        "ge" => Cmp::Ge,
+        "lo" => Cmp::Lo,
+        "ls" => Cmp::Ls,
+        "hi" => Cmp::Hi,
+        "hs" => Cmp::Hs,
+        "equ" => Cmp::Equ,
+        "neu" => Cmp::Neu,
+        "ltu" => Cmp::Ltu,
+        "leu" => Cmp::Leu,
+        "gtu" => Cmp::Gtu,
+        "geu" => Cmp::Geu,
+        "num" => Cmp::Num,
+        "nan" => Cmp::Nan,
+        _ => return None,
+    })
+}

@@ -1,0 +1,941 @@
+//! Executor tests: kernels written as nvcc writes PTX, run over [`DeviceMemory`], results
+//! checked against host computations.
+
+use std::collections::HashMap;
+
+use super::*;
+use crate::compute::{DeviceMemory, GlobalMemory};
+
+const HEADER: &str = ".version 8.5\n.target sm_75\n.address_size 64\n";
+
+fn module(body: &str) -> Module {
+    Module::parse(&format!("{HEADER}{body}")).unwrap_or_else(|e| panic!("{e}"))
+}
+
+struct Run<'m> {
+    m: &'m Module,
+    mem: DeviceMemory,
+    symbols: HashMap<String, u64>,
+}
+
+impl<'m> Run<'m> {
+    fn new(m: &'m Module) -> Self {
+        let mut mem = DeviceMemory::new(64 << 20);
+        let mut symbols = HashMap::new();
+        for g in m.globals() {
+            let a = mem.alloc(g.size.max(1)).unwrap();
+            mem.write(a, &g.init).unwrap();
+            symbols.insert(g.name.clone(), a);
+        }
+        Run { m, mem, symbols }
+    }
+
+    fn buffer(&mut self, bytes: &[u8]) -> u64 {
+        let a = self.mem.alloc(bytes.len().max(1) as u64).unwrap();
+        self.mem.write(a, bytes).unwrap();
+        a
+    }
+
+    fn read(&self, addr: u64, n: usize) -> Vec<u8> {
+        let mut v = vec![0; n];
+        self.mem.read(addr, &mut v).unwrap();
+        v
+    }
+
+    fn launch(
+        &self,
+        kernel: &str,
+        grid: [u32; 3],
+        block: [u32; 3],
+        params: &[u8],
+        threads: usize,
+    ) -> ComputeResult<LaunchStats> {
+        self.launch_with(kernel, grid, block, 0, params, threads, 1 << 30)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn launch_with(
+        &self,
+        kernel: &str,
+        grid: [u32; 3],
+        block: [u32; 3],
+        dynamic_shared_bytes: u32,
+        params: &[u8],
+        threads: usize,
+        instruction_budget: u64,
+    ) -> ComputeResult<LaunchStats> {
+        let l = Launch {
+            grid,
+            block,
+            dynamic_shared_bytes,
+            params,
+            symbols: &self.symbols,
+            instruction_budget,
+            threads,
+        };
+        launch(self.m, kernel, &l, &self.mem)
+    }
+}
+
+/// Packs kernel arguments at the layout the module gives.
+fn pack(m: &Module, kernel: &str, args: &[u64]) -> Vec<u8> {
+    let k = m.kernel(kernel).unwrap();
+    let mut buf = vec![0u8; k.param_bytes as usize];
+    for (p, v) in k.params.iter().zip(args) {
+        let o = p.offset as usize;
+        buf[o..o + p.size as usize].copy_from_slice(&v.to_le_bytes()[..p.size as usize]);
+    }
+    buf
+}
+
+fn f32s(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn to_f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn to_u32s(b: &[u8]) -> Vec<u32> {
+    b.chunks(4)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+const VECADD: &str = r#"
+.visible .entry _Z6vecAddPKfS0_Pfi(
+	.param .u64 _Z6vecAddPKfS0_Pfi_param_0,
+	.param .u64 _Z6vecAddPKfS0_Pfi_param_1,
+	.param .u64 _Z6vecAddPKfS0_Pfi_param_2,
+	.param .u32 _Z6vecAddPKfS0_Pfi_param_3
+)
+{
+	.reg .pred 	%p<2>;
+	.reg .b32 	%r<6>;
+	.reg .f32 	%f<4>;
+	.reg .b64 	%rd<11>;
+
+	ld.param.u64 	%rd1, [_Z6vecAddPKfS0_Pfi_param_0];
+	ld.param.u64 	%rd2, [_Z6vecAddPKfS0_Pfi_param_1];
+	ld.param.u64 	%rd3, [_Z6vecAddPKfS0_Pfi_param_2];
+	ld.param.u32 	%r2, [_Z6vecAddPKfS0_Pfi_param_3];
+	mov.u32 	%r3, %ctaid.x;
+	mov.u32 	%r4, %ntid.x;
+	mov.u32 	%r5, %tid.x;
+	mad.lo.s32 	%r1, %r3, %r4, %r5;
+	setp.ge.s32 	%p1, %r1, %r2;
+	@%p1 bra 	$L__BB0_2;
+
+	cvta.to.global.u64 	%rd4, %rd1;
+	mul.wide.s32 	%rd5, %r1, 4;
+	add.s64 	%rd6, %rd4, %rd5;
+	cvta.to.global.u64 	%rd7, %rd2;
+	add.s64 	%rd8, %rd7, %rd5;
+	ld.global.nc.f32 	%f1, [%rd8];
+	ld.global.nc.f32 	%f2, [%rd6];
+	add.f32 	%f3, %f2, %f1;
+	cvta.to.global.u64 	%rd9, %rd3;
+	add.s64 	%rd10, %rd9, %rd5;
+	st.global.f32 	[%rd10], %f3;
+
+$L__BB0_2:
+	ret;
+
+}
+"#;
+
+#[test]
+fn vector_add_matches_the_host_on_any_number_of_threads() {
+    let m = module(VECADD);
+    assert_eq!(m.kernels().collect::<Vec<_>>(), ["_Z6vecAddPKfS0_Pfi"]);
+    let k = m.kernel("_Z6vecAddPKfS0_Pfi").unwrap();
+    assert_eq!(k.param_bytes, 28);
+    assert_eq!(
+        k.params[3],
+        ParamInfo {
+            offset: 24,
+            size: 4,
+            align: 4
+        }
+    );
+    let n = 1000usize;
+    let a: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
+    let b: Vec<f32> = (0..n).map(|i| 1.0 / (i as f32 + 1.0)).collect();
+    for threads in [1, 3] {
+        let mut r = Run::new(&m);
+        let (da, db) = (r.buffer(&f32s(&a)), r.buffer(&f32s(&b)));
+        let dc = r.buffer(&vec![0; n * 4]);
+        let params = pack(&m, "_Z6vecAddPKfS0_Pfi", &[da, db, dc, n as u64]);
+        let stats = r
+            .launch(
+                "_Z6vecAddPKfS0_Pfi",
+                [4, 1, 1],
+                [256, 1, 1],
+                &params,
+                threads,
+            )
+            .unwrap();
+        assert_eq!(stats.blocks, 4);
+        assert!(stats.warp_instructions > 0);
+        let c = to_f32s(&r.read(dc, n * 4));
+        for i in 0..n {
+            assert_eq!(c[i].to_bits(), (a[i] + b[i]).to_bits(), "element {i}");
+        }
+    }
+}
+
+#[test]
+fn an_out_of_range_store_is_an_illegal_address_and_touches_nothing_else() {
+    let m = module(VECADD);
+    let mut r = Run::new(&m);
+    let n = 64usize;
+    let da = r.buffer(&f32s(&vec![1.0; n]));
+    let dc = r.buffer(&vec![0; n * 4]);
+    let neighbour = r.buffer(&[0xaa; 4096]);
+    // n larger than the buffers: lanes past 64 fault.
+    let params = pack(&m, "_Z6vecAddPKfS0_Pfi", &[da, da, dc, 10_000]);
+    let err = r
+        .launch("_Z6vecAddPKfS0_Pfi", [40, 1, 1], [256, 1, 1], &params, 2)
+        .unwrap_err();
+    assert!(matches!(err, ComputeError::IllegalAddress(_)), "{err:?}");
+    assert_eq!(err.cuda_status(), 700);
+    assert_eq!(r.read(neighbour, 4096), vec![0xaa; 4096]);
+}
+
+const MATMUL: &str = r#"
+.visible .entry matmul(
+	.param .u64 matmul_param_0,
+	.param .u64 matmul_param_1,
+	.param .u64 matmul_param_2,
+	.param .u32 matmul_param_3
+)
+{
+	.reg .pred 	%p<3>;
+	.reg .b32 	%r<32>;
+	.reg .f32 	%f<8>;
+	.reg .b64 	%rd<16>;
+	// __shared__ float As[16][16], Bs[16][16];
+	.shared .align 4 .b8 _ZZ6matmulE2As[1024];
+	.shared .align 4 .b8 _ZZ6matmulE2Bs[1024];
+
+	ld.param.u64 	%rd1, [matmul_param_0];
+	ld.param.u64 	%rd2, [matmul_param_1];
+	ld.param.u64 	%rd3, [matmul_param_2];
+	ld.param.u32 	%r1, [matmul_param_3];
+	cvta.to.global.u64 	%rd1, %rd1;
+	cvta.to.global.u64 	%rd2, %rd2;
+	cvta.to.global.u64 	%rd3, %rd3;
+	mov.u32 	%r2, %tid.x;
+	mov.u32 	%r3, %tid.y;
+	mov.u32 	%r4, %ctaid.x;
+	mov.u32 	%r5, %ctaid.y;
+	shl.b32 	%r6, %r5, 4;
+	add.s32 	%r6, %r6, %r3;          // row
+	shl.b32 	%r7, %r4, 4;
+	add.s32 	%r7, %r7, %r2;          // col
+	mov.f32 	%f1, 0f00000000;        // sum
+	mov.u32 	%r8, 0;                 // tile start
+	mov.u32 	%r20, _ZZ6matmulE2As;
+	mov.u32 	%r21, _ZZ6matmulE2Bs;
+	shl.b32 	%r22, %r3, 6;           // ty*64
+	shl.b32 	%r23, %r2, 2;           // tx*4
+	add.s32 	%r24, %r20, %r22;
+	add.s32 	%r24, %r24, %r23;       // &As[ty][tx]
+	add.s32 	%r25, %r21, %r22;
+	add.s32 	%r25, %r25, %r23;       // &Bs[ty][tx]
+$L__tile:
+	setp.ge.s32 	%p1, %r8, %r1;
+	@%p1 bra 	$L__done;
+	// As[ty][tx] = A[row*n + t + tx]
+	mad.lo.s32 	%r9, %r6, %r1, %r8;
+	add.s32 	%r9, %r9, %r2;
+	mul.wide.s32 	%rd4, %r9, 4;
+	add.s64 	%rd5, %rd1, %rd4;
+	ld.global.f32 	%f2, [%rd5];
+	st.shared.f32 	[%r24], %f2;
+	// Bs[ty][tx] = B[(t + ty)*n + col]
+	add.s32 	%r10, %r8, %r3;
+	mad.lo.s32 	%r10, %r10, %r1, %r7;
+	mul.wide.s32 	%rd6, %r10, 4;
+	add.s64 	%rd7, %rd2, %rd6;
+	ld.global.f32 	%f3, [%rd7];
+	st.shared.f32 	[%r25], %f3;
+	bar.sync 	0;
+	mov.u32 	%r11, 0;
+$L__k:
+	// sum += As[ty][k] * Bs[k][tx]
+	shl.b32 	%r12, %r11, 2;
+	add.s32 	%r13, %r20, %r22;
+	add.s32 	%r13, %r13, %r12;
+	ld.shared.f32 	%f4, [%r13];
+	shl.b32 	%r14, %r11, 6;
+	add.s32 	%r15, %r21, %r14;
+	add.s32 	%r15, %r15, %r23;
+	ld.shared.f32 	%f5, [%r15];
+	fma.rn.f32 	%f1, %f4, %f5, %f1;
+	add.s32 	%r11, %r11, 1;
+	setp.lt.u32 	%p2, %r11, 16;
+	@%p2 bra 	$L__k;
+	bar.sync 	0;
+	add.s32 	%r8, %r8, 16;
+	bra.uni 	$L__tile;
+$L__done:
+	mad.lo.s32 	%r16, %r6, %r1, %r7;
+	mul.wide.s32 	%rd8, %r16, 4;
+	add.s64 	%rd9, %rd3, %rd8;
+	st.global.f32 	[%rd9], %f1;
+	ret;
+}
+"#;
+
+#[test]
+fn tiled_matrix_multiply_with_shared_memory_and_barriers() {
+    let m = module(MATMUL);
+    assert_eq!(m.kernel("matmul").unwrap().static_shared_bytes, 2048);
+    let n = 48usize;
+    let a: Vec<f32> = (0..n * n).map(|i| ((i * 7) % 13) as f32 - 6.0).collect();
+    let b: Vec<f32> = (0..n * n).map(|i| ((i * 5) % 11) as f32 * 0.25).collect();
+    let mut expect = vec![0f32; n * n];
+    for row in 0..n {
+        for col in 0..n {
+            let mut sum = 0f32;
+            for t in (0..n).step_by(16) {
+                for k in 0..16 {
+                    sum = a[row * n + t + k].mul_add(b[(t + k) * n + col], sum);
+                }
+            }
+            expect[row * n + col] = sum;
+        }
+    }
+    let mut r = Run::new(&m);
+    let (da, db) = (r.buffer(&f32s(&a)), r.buffer(&f32s(&b)));
+    let dc = r.buffer(&vec![0; n * n * 4]);
+    let params = pack(&m, "matmul", &[da, db, dc, n as u64]);
+    r.launch("matmul", [3, 3, 1], [16, 16, 1], &params, 4)
+        .unwrap();
+    let c = to_f32s(&r.read(dc, n * n * 4));
+    for i in 0..n * n {
+        assert_eq!(c[i].to_bits(), expect[i].to_bits(), "element {i}");
+    }
+}
+
+const REDUCE: &str = r#"
+.visible .entry reduce(
+	.param .u64 reduce_param_0,
+	.param .u64 reduce_param_1,
+	.param .u32 reduce_param_2
+)
+{
+	.reg .pred 	%p<4>;
+	.reg .b32 	%r<20>;
+	.reg .b64 	%rd<8>;
+
+	ld.param.u64 	%rd1, [reduce_param_0];
+	ld.param.u64 	%rd2, [reduce_param_1];
+	ld.param.u32 	%r1, [reduce_param_2];
+	cvta.to.global.u64 	%rd1, %rd1;
+	cvta.to.global.u64 	%rd2, %rd2;
+	mov.u32 	%r2, %ctaid.x;
+	mov.u32 	%r3, %ntid.x;
+	mov.u32 	%r4, %tid.x;
+	mad.lo.s32 	%r5, %r2, %r3, %r4;
+	mov.u32 	%r6, 0;
+	setp.ge.s32 	%p1, %r5, %r1;
+	@%p1 bra 	$L__skip;
+	mul.wide.s32 	%rd3, %r5, 4;
+	add.s64 	%rd4, %rd1, %rd3;
+	ld.global.u32 	%r6, [%rd4];
+$L__skip:
+	shfl.sync.down.b32 	%r7, %r6, 16, 31, -1;
+	add.s32 	%r6, %r6, %r7;
+	shfl.sync.down.b32 	%r7, %r6, 8, 31, -1;
+	add.s32 	%r6, %r6, %r7;
+	shfl.sync.down.b32 	%r7, %r6, 4, 31, -1;
+	add.s32 	%r6, %r6, %r7;
+	shfl.sync.down.b32 	%r7, %r6, 2, 31, -1;
+	add.s32 	%r6, %r6, %r7;
+	shfl.sync.down.b32 	%r7|%p3, %r6, 1, 31, -1;
+	add.s32 	%r6, %r6, %r7;
+	mov.u32 	%r8, %laneid;
+	setp.ne.s32 	%p2, %r8, 0;
+	@%p2 bra 	$L__end;
+	atom.global.add.u32 	%r9, [%rd2], %r6;
+$L__end:
+	ret;
+}
+"#;
+
+#[test]
+fn warp_shuffle_reduction_with_atomics() {
+    let m = module(REDUCE);
+    let n = 10_000usize;
+    let v: Vec<u32> = (0..n as u32)
+        .map(|i| i.wrapping_mul(2_654_435_761) >> 20)
+        .collect();
+    let want: u32 = v.iter().fold(0u32, |s, x| s.wrapping_add(*x));
+    for threads in [1, 4] {
+        let mut r = Run::new(&m);
+        let dv = r.buffer(&v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>());
+        let dsum = r.buffer(&[0; 4]);
+        let params = pack(&m, "reduce", &[dv, dsum, n as u64]);
+        r.launch(
+            "reduce",
+            [(n as u32).div_ceil(256), 1, 1],
+            [256, 1, 1],
+            &params,
+            threads,
+        )
+        .unwrap();
+        assert_eq!(to_u32s(&r.read(dsum, 4)), [want]);
+    }
+}
+
+#[test]
+fn divergent_lanes_reconverge_and_vote_sees_the_whole_warp() {
+    // Each lane loops tid times (per-lane trip counts), odd lanes take another path, then all
+    // lanes vote and write the ballot and their own count.
+    let m = module(
+        r#"
+.visible .entry diverge(.param .u64 out)
+{
+	.reg .pred %p<4>;
+	.reg .b32 %r<12>;
+	.reg .b64 %rd<6>;
+	ld.param.u64 %rd1, [out];
+	cvta.to.global.u64 %rd1, %rd1;
+	mov.u32 %r1, %tid.x;
+	mov.u32 %r2, 0;
+	mov.u32 %r3, 0;
+$L__loop:
+	setp.ge.u32 %p1, %r3, %r1;
+	@%p1 bra $L__after;
+	add.s32 %r2, %r2, 3;
+	add.s32 %r3, %r3, 1;
+	bra.uni $L__loop;
+$L__after:
+	and.b32 %r4, %r1, 1;
+	setp.eq.s32 %p2, %r4, 1;
+	@!%p2 bra $L__even;
+	mul.lo.s32 %r2, %r2, 10;
+	bra.uni $L__join;
+$L__even:
+	add.s32 %r2, %r2, 1000;
+$L__join:
+	setp.gt.u32 %p3, %r2, 500;
+	vote.sync.ballot.b32 %r5, %p3, -1;
+	activemask.b32 %r6;
+	mul.wide.u32 %rd2, %r1, 8;
+	add.s64 %rd3, %rd1, %rd2;
+	st.global.v2.u32 [%rd3], {%r2, %r5};
+	setp.eq.s32 %p1, %r1, 0;
+	@!%p1 bra $L__end;
+	st.global.u32 [%rd1+512], %r6;
+$L__end:
+	ret;
+}
+"#,
+    );
+    let mut r = Run::new(&m);
+    let out = r.buffer(&[0; 516]);
+    let params = pack(&m, "diverge", &[out]);
+    r.launch("diverge", [1, 1, 1], [32, 1, 1], &params, 1)
+        .unwrap();
+    let words = to_u32s(&r.read(out, 516));
+    let mut ballot = 0u32;
+    let vals: Vec<u32> = (0..32u32)
+        .map(|t| if t % 2 == 1 { 3 * t * 10 } else { 3 * t + 1000 })
+        .collect();
+    for (t, v) in vals.iter().enumerate() {
+        if *v > 500 {
+            ballot |= 1 << t;
+        }
+    }
+    for t in 0..32 {
+        assert_eq!(words[2 * t], vals[t], "lane {t}");
+        assert_eq!(words[2 * t + 1], ballot, "lane {t} ballot");
+    }
+    assert_eq!(
+        words[128],
+        u32::MAX,
+        "every lane is active again at the join"
+    );
+}
+
+#[test]
+fn printf_goes_to_the_launch_output_in_block_order() {
+    let m = module(
+        r#"
+.extern .func (.param .b32 func_retval0) vprintf
+(
+	.param .b64 vprintf_param_0,
+	.param .b64 vprintf_param_1
+)
+;
+.global .align 1 .b8 $str[24] = {98, 108, 111, 99, 107, 32, 37, 100, 32, 116, 104, 114, 101, 97, 100, 32, 37, 100, 32, 37, 102, 10, 0};
+
+.visible .entry hello()
+{
+	.local .align 8 .b8 	__local_depot0[16];
+	.reg .b64 	%SP;
+	.reg .b64 	%SPL;
+	.reg .pred 	%p<2>;
+	.reg .b32 	%r<5>;
+	.reg .f64 	%fd<2>;
+	.reg .b64 	%rd<5>;
+
+	mov.u64 	%SPL, __local_depot0;
+	cvta.local.u64 	%SP, %SPL;
+	mov.u32 	%r1, %tid.x;
+	setp.gt.u32 	%p1, %r1, 1;
+	@%p1 bra 	$L__end;
+	add.u64 	%rd1, %SP, 0;
+	add.u64 	%rd2, %SPL, 0;
+	mov.u32 	%r2, %ctaid.x;
+	st.local.v2.u32 	[%rd2], {%r2, %r1};
+	cvt.rn.f64.u32 	%fd1, %r1;
+	st.local.f64 	[%rd2+8], %fd1;
+	mov.u64 	%rd3, $str;
+	cvta.global.u64 	%rd4, %rd3;
+	{ // callseq 0, 0
+	.param .b64 param0;
+	st.param.b64 	[param0], %rd4;
+	.param .b64 param1;
+	st.param.b64 	[param1], %rd1;
+	.param .b32 retval0;
+	call.uni (retval0), vprintf, (param0, param1);
+	ld.param.b32 	%r3, [retval0];
+	} // callseq 0
+$L__end:
+	ret;
+}
+"#,
+    );
+    let r = Run::new(&m);
+    let stats = r.launch("hello", [3, 1, 1], [64, 1, 1], &[], 3).unwrap();
+    assert_eq!(
+        stats.output,
+        "block 0 thread 0 0.000000\nblock 0 thread 1 1.000000\nblock 1 thread 0 0.000000\n\
+         block 1 thread 1 1.000000\nblock 2 thread 0 0.000000\nblock 2 thread 1 1.000000\n"
+    );
+}
+
+#[test]
+fn a_runaway_kernel_stops_at_its_budget_as_a_launch_timeout() {
+    let m = module(
+        r#"
+.visible .entry spin(.param .u64 flag)
+{
+	.reg .pred %p<2>;
+	.reg .b32 %r<3>;
+	.reg .b64 %rd<3>;
+	ld.param.u64 %rd1, [flag];
+	cvta.to.global.u64 %rd2, %rd1;
+$L__wait:
+	ld.volatile.global.u32 %r1, [%rd2];
+	setp.eq.s32 %p1, %r1, 0;
+	@%p1 bra $L__wait;
+	ret;
+}
+"#,
+    );
+    let mut r = Run::new(&m);
+    let flag = r.buffer(&[0; 4]);
+    let params = pack(&m, "spin", &[flag]);
+    let start = std::time::Instant::now();
+    let err = r
+        .launch_with("spin", [64, 1, 1], [128, 1, 1], 0, &params, 2, 2_000_000)
+        .unwrap_err();
+    assert!(matches!(err, ComputeError::LaunchTimeout(_)), "{err:?}");
+    assert_eq!(err.cuda_status(), 702);
+    assert!(start.elapsed() < std::time::Duration::from_secs(30));
+    // With the flag set it finishes.
+    r.mem.write(flag, &1u32.to_le_bytes()).unwrap();
+    r.launch_with("spin", [64, 1, 1], [128, 1, 1], 0, &params, 2, 2_000_000)
+        .unwrap();
+}
+
+/// Runs a one-thread kernel `body` with `%r1..` loaded from `inputs` (u64 words at param
+/// `in`) and returns the u64 words it stores to `out`.
+fn scalar(body: &str, regs: &str, inputs: &[u64], outputs: usize) -> Vec<u64> {
+    let m = module(&format!(
+        ".visible .entry k(.param .u64 in, .param .u64 out)\n{{\n.reg .b64 %rdin, %rdout;\n{regs}\n\
+         ld.param.u64 %rdin, [in];\nld.param.u64 %rdout, [out];\n{body}\nret;\n}}\n"
+    ));
+    let mut r = Run::new(&m);
+    let input = r.buffer(
+        &inputs
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect::<Vec<_>>(),
+    );
+    let out = r.buffer(&vec![0; outputs * 8]);
+    let params = pack(&m, "k", &[input, out]);
+    r.launch("k", [1, 1, 1], [1, 1, 1], &params, 1).unwrap();
+    r.read(out, outputs * 8)
+        .chunks(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn integer_semantics_at_the_edges() {
+    let out = scalar(
+        r#"
+	ld.global.u32 %r1, [%rdin];
+	ld.global.u32 %r2, [%rdin+8];
+	mul.hi.s32 %r3, %r1, %r2;
+	mul.hi.u32 %r4, %r1, %r2;
+	mul.wide.s32 %rd1, %r1, %r2;
+	shr.s32 %r5, %r1, 40;
+	shr.u32 %r6, %r1, 4;
+	div.s32 %r7, %r1, %r2;
+	rem.s32 %r8, %r1, %r2;
+	div.u32 %r9, %r1, 0;
+	bfe.s32 %r10, %r1, 4, 8;
+	brev.b32 %r11, %r2;
+	popc.b32 %r12, %r1;
+	clz.b32 %r13, %r2;
+	add.sat.s32 %r14, %r1, -2147483648;
+	prmt.b32 %r15, %r1, %r2, 0x7250;
+	cvt.u64.u32 %rd2, %r3;
+	st.global.u64 [%rdout], %rd2;
+	cvt.u64.u32 %rd2, %r4;
+	st.global.u64 [%rdout+8], %rd2;
+	st.global.u64 [%rdout+16], %rd1;
+	st.global.v2.u32 [%rdout+24], {%r5, %r6};
+	st.global.v4.u32 [%rdout+32], {%r7, %r8, %r9, %r10};
+	st.global.v4.u32 [%rdout+48], {%r11, %r12, %r13, %r14};
+	st.global.u32 [%rdout+64], %r15;
+"#,
+        ".reg .b32 %r<16>;\n.reg .b64 %rd<3>;",
+        &[(-123_456_789i32) as u32 as u64, 987_654_321],
+        9,
+    );
+    let (a, b) = (-123_456_789i32, 987_654_321i32);
+    assert_eq!(out[0] as u32, ((i64::from(a) * i64::from(b)) >> 32) as u32);
+    assert_eq!(
+        out[1] as u32,
+        ((u64::from(a as u32) * u64::from(b as u32)) >> 32) as u32
+    );
+    assert_eq!(out[2] as i64, i64::from(a) * i64::from(b));
+    assert_eq!(
+        out[3] as u32,
+        (a >> 31) as u32,
+        "shr.s32 past the width fills with the sign"
+    );
+    assert_eq!((out[3] >> 32) as u32, (a as u32) >> 4);
+    assert_eq!(out[4] as u32, (a / b) as u32);
+    assert_eq!((out[4] >> 32) as u32, (a % b) as u32);
+    assert_eq!(
+        out[5] as u32,
+        u32::MAX,
+        "unsigned division by zero gives all ones"
+    );
+    assert_eq!(
+        (out[5] >> 32) as u32,
+        (((a as u32) << 20) as i32 >> 24) as u32
+    );
+    assert_eq!(out[6] as u32, (b as u32).reverse_bits());
+    assert_eq!((out[6] >> 32) as u32, (a as u32).count_ones());
+    assert_eq!(out[7] as u32, (b as u32).leading_zeros());
+    assert_eq!((out[7] >> 32) as u32, i32::MIN as u32, "add.sat clamps");
+    let bytes = (u64::from(b as u32) << 32) | u64::from(a as u32);
+    let sel = |s: u64| (bytes >> (s * 8)) & 0xff;
+    assert_eq!(
+        out[8] as u32,
+        (sel(0) | sel(5) << 8 | sel(2) << 16 | sel(7) << 24) as u32
+    );
+}
+
+#[test]
+fn float_semantics_fma_rounding_and_conversions() {
+    let x = 1.0f32 + f32::EPSILON;
+    let y = 3.0f32.sqrt();
+    let out = scalar(
+        r#"
+	ld.global.f32 %f1, [%rdin];
+	ld.global.f32 %f2, [%rdin+8];
+	fma.rn.f32 %f3, %f1, %f2, 0fBF800000;
+	mul.rz.f32 %f4, %f2, %f2;
+	mul.rp.f32 %f5, %f2, %f2;
+	add.rm.f32 %f6, %f1, 0f33000000;
+	add.rp.f32 %f7, %f1, 0f33000000;
+	cvt.rzi.s32.f32 %r1, 0fC0600000;
+	cvt.rni.s32.f32 %r2, 0f40200000;
+	cvt.rmi.s32.f32 %r3, 0fC0600000;
+	cvt.rpi.s32.f32 %r4, 0f4f000000;
+	cvt.rn.f32.s32 %f8, %r2;
+	cvt.rz.f32.u32 %f9, -1;
+	cvt.rn.f32.u32 %f10, -1;
+	div.rn.f32 %f11, %f1, %f2;
+	sqrt.rn.f32 %f12, %f2;
+	min.f32 %f13, %f2, 0f7FC00000;
+	setp.gtu.f32 %p1, %f2, 0f7FC00000;
+	selp.u32 %r5, 1, 0, %p1;
+	cvt.sat.f32.f32 %f14, 0f40000000;
+	st.global.v2.f32 [%rdout], {%f3, %f4};
+	st.global.v2.f32 [%rdout+8], {%f5, %f6};
+	st.global.v2.f32 [%rdout+16], {%f7, %f8};
+	st.global.v4.u32 [%rdout+32], {%r1, %r2, %r3, %r4};
+	st.global.v2.f32 [%rdout+48], {%f9, %f10};
+	st.global.v2.f32 [%rdout+56], {%f11, %f12};
+	st.global.v2.f32 [%rdout+64], {%f13, %f14};
+	st.global.u32 [%rdout+72], %r5;
+"#,
+        ".reg .pred %p<2>;\n.reg .b32 %r<6>;\n.reg .f32 %f<15>;",
+        &[u64::from(x.to_bits()), u64::from(y.to_bits())],
+        10,
+    );
+    let out = [&out[..3], &out[4..]].concat();
+    let f = |i: usize, hi: bool| {
+        f32::from_bits(if hi {
+            (out[i] >> 32) as u32
+        } else {
+            out[i] as u32
+        })
+    };
+    let i = |k: usize, hi: bool| {
+        if hi {
+            (out[k] >> 32) as u32 as i32
+        } else {
+            out[k] as u32 as i32
+        }
+    };
+    assert_eq!(
+        f(0, false).to_bits(),
+        x.mul_add(y, -1.0).to_bits(),
+        "one rounding"
+    );
+    let exact = f64::from(y) * f64::from(y);
+    assert!(f64::from(f(0, true)) <= exact && f64::from(f(1, false)) >= exact);
+    assert_eq!(
+        f(1, false).to_bits() - f(0, true).to_bits(),
+        1,
+        "rz and rp bracket the product"
+    );
+    let tiny = f32::from_bits(0x3300_0000); // 2^-25: below half an ulp of 1+eps
+    assert_eq!(f(1, true), x, "rm keeps 1+eps");
+    assert_eq!(f(2, false).to_bits(), x.to_bits() + 1, "rp moves up");
+    assert!(tiny > 0.0);
+    assert_eq!(
+        (i(3, false), i(3, true), i(4, false), i(4, true)),
+        (-3, 2, -4, i32::MAX)
+    );
+    assert_eq!(f(2, true), 2.0);
+    assert_eq!(f(5, false).to_bits(), 0x4f7f_ffff, "u32::MAX toward zero");
+    assert_eq!(f(5, true), 4_294_967_296.0);
+    assert_eq!(f(6, false).to_bits(), (x / y).to_bits());
+    assert_eq!(f(6, true).to_bits(), y.sqrt().to_bits());
+    assert_eq!(f(7, false), y, "min ignores a NaN operand");
+    assert_eq!(f(7, true), 1.0);
+    assert_eq!(out[8] as u32, 1, "unordered compare with NaN is true");
+}
+
+#[test]
+fn device_functions_are_called_with_parameters_and_return_values() {
+    let m = module(
+        r#"
+.func  (.param .b32 func_retval0) _Z3sqri(
+	.param .b32 _Z3sqri_param_0
+)
+{
+	.reg .b32 	%r<3>;
+	ld.param.u32 	%r1, [_Z3sqri_param_0];
+	mul.lo.s32 	%r2, %r1, %r1;
+	st.param.b32 	[func_retval0+0], %r2;
+	ret;
+}
+
+.visible .entry k(.param .u64 out)
+{
+	.reg .b32 	%r<4>;
+	.reg .b64 	%rd<4>;
+	ld.param.u64 	%rd1, [out];
+	mov.u32 	%r1, %tid.x;
+	{
+	.reg .b32 temp_param_reg;
+	.param .b32 param0;
+	st.param.b32 	[param0+0], %r1;
+	.param .b32 retval0;
+	call.uni (retval0), _Z3sqri, (param0);
+	ld.param.b32 	%r2, [retval0+0];
+	}
+	mul.wide.u32 	%rd2, %r1, 4;
+	add.s64 	%rd3, %rd1, %rd2;
+	st.u32 	[%rd3], %r2;
+	ret;
+}
+"#,
+    );
+    let mut r = Run::new(&m);
+    let out = r.buffer(&[0; 64 * 4]);
+    let params = pack(&m, "k", &[out]);
+    r.launch("k", [1, 1, 1], [64, 1, 1], &params, 1).unwrap();
+    assert_eq!(
+        to_u32s(&r.read(out, 256)),
+        (0..64u32).map(|t| t * t).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn dynamic_shared_memory_and_globals_with_initialisers() {
+    let m = module(
+        r#"
+.const .align 4 .b8 table[16] = {1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0, 4, 0, 0, 0};
+.global .align 4 .u32 counter = 100;
+.extern .shared .align 16 .b8 smem[];
+.visible .entry k(.param .u64 out)
+{
+	.reg .pred %p<2>;
+	.reg .b32 %r<10>;
+	.reg .b64 %rd<6>;
+	ld.param.u64 %rd1, [out];
+	mov.u32 %r1, %tid.x;
+	and.b32 %r2, %r1, 3;
+	shl.b32 %r3, %r2, 2;
+	mov.u64 %rd2, table;
+	cvt.u64.u32 %rd3, %r3;
+	add.s64 %rd4, %rd2, %rd3;
+	ld.const.u32 %r4, [%rd4];
+	mov.u32 %r5, smem;
+	shl.b32 %r6, %r1, 2;
+	add.s32 %r7, %r5, %r6;
+	st.shared.u32 [%r7], %r4;
+	bar.sync 0;
+	// thread t reads smem[(t+1) % ntid]
+	add.s32 %r8, %r1, 1;
+	mov.u32 %r9, %ntid.x;
+	rem.u32 %r8, %r8, %r9;
+	shl.b32 %r8, %r8, 2;
+	add.s32 %r8, %r5, %r8;
+	ld.shared.u32 %r4, [%r8];
+	atom.global.add.u32 %r9, [counter], %r4;
+	mul.wide.u32 %rd5, %r1, 4;
+	add.s64 %rd5, %rd1, %rd5;
+	st.global.u32 [%rd5], %r4;
+	ret;
+}
+"#,
+    );
+    assert_eq!(m.globals().len(), 2);
+    assert_eq!(m.globals()[1].init, 100u32.to_le_bytes());
+    let mut r = Run::new(&m);
+    let out = r.buffer(&[0; 256]);
+    let params = pack(&m, "k", &[out]);
+    let err = r
+        .launch_with("k", [1, 1, 1], [64, 1, 1], 300 * 1024, &params, 1, 1 << 20)
+        .unwrap_err();
+    assert!(matches!(err, ComputeError::LaunchOutOfResources(_)));
+    // 64 threads need 256 bytes of dynamic shared memory; with less, the stores fault.
+    let err = r
+        .launch_with("k", [1, 1, 1], [64, 1, 1], 128, &params, 1, 1 << 20)
+        .unwrap_err();
+    assert!(matches!(err, ComputeError::IllegalAddress(_)), "{err:?}");
+    let r = {
+        let mut r = Run::new(&m);
+        let out = r.buffer(&[0; 256]);
+        let params = pack(&m, "k", &[out]);
+        r.launch_with("k", [1, 1, 1], [64, 1, 1], 256, &params, 1, 1 << 20)
+            .unwrap();
+        let got = to_u32s(&r.read(out, 256));
+        assert_eq!(
+            got,
+            (0..64u32).map(|t| (t + 1) % 64 % 4 + 1).collect::<Vec<_>>()
+        );
+        r
+    };
+    let counter = r.symbols["counter"];
+    let total: u32 = 100 + (0..64u32).map(|t| (t + 1) % 64 % 4 + 1).sum::<u32>();
+    assert_eq!(to_u32s(&r.read(counter, 4)), [total]);
+}
+
+#[test]
+fn launch_arguments_are_validated_before_anything_runs() {
+    let m = module(VECADD);
+    let r = Run::new(&m);
+    let params = pack(&m, "_Z6vecAddPKfS0_Pfi", &[0, 0, 0, 0]);
+    let k = "_Z6vecAddPKfS0_Pfi";
+    for (grid, block) in [
+        ([0, 1, 1], [32, 1, 1]),
+        ([1, 1, 1], [0, 1, 1]),
+        ([1, 1, 1], [1025, 1, 1]),
+        ([1, 1, 1], [32, 32, 2]),
+        ([1, 1, 1], [1, 1, 65]),
+        ([1, 65536, 1], [1, 1, 1]),
+    ] {
+        let err = r.launch(k, grid, block, &params, 1).unwrap_err();
+        assert!(
+            matches!(err, ComputeError::InvalidValue(_)),
+            "{grid:?} {block:?}: {err:?}"
+        );
+    }
+    assert!(matches!(
+        r.launch(k, [1, 1, 1], [1, 1, 1], &params[..20], 1),
+        Err(ComputeError::InvalidValue(_))
+    ));
+    assert!(matches!(
+        r.launch("nope", [1, 1, 1], [1, 1, 1], &params, 1),
+        Err(ComputeError::NotFound(_))
+    ));
+}
+
+#[test]
+fn malformed_or_unsupported_ptx_is_refused_with_its_line_and_never_panics() {
+    for (text, what) in [
+        (
+            ".visible .entry k() { bra $L__nowhere; }",
+            "undefined label",
+        ),
+        (
+            ".visible .entry k() { .reg .b32 %r1; add.s32 %r1, %r2, 1; }",
+            "undefined name",
+        ),
+        (
+            ".visible .entry k() { .reg .b32 %r1; frobnicate.b32 %r1; }",
+            "unsupported instruction",
+        ),
+        (
+            ".visible .entry k() { .reg .b32 %r1; tex.2d.v4.f32.f32 %r1, [t, {%r1, %r1}]; }",
+            "unsupported",
+        ),
+        (
+            ".func f() { call.uni f; ret; }\n.visible .entry k() { call.uni f; ret; }",
+            "recursion",
+        ),
+        (
+            ".visible .entry k() { .reg .b32 %r<99999999>; }",
+            "too many registers",
+        ),
+        (".global .b8 big[99999999999];", "too large"),
+        (".visible .entry k(", "end of text"),
+    ] {
+        let err = Module::parse(&format!("{HEADER}{text}")).unwrap_err();
+        let ComputeError::InvalidPtx(msg) = &err else {
+            panic!("{err:?}")
+        };
+        assert!(
+            msg.contains(what) && msg.starts_with("line "),
+            "{text}: {msg}"
+        );
+        assert_eq!(err.cuda_status(), 218);
+    }
+    // Every prefix and some byte mutations of real kernels: errors, never a panic.
+    for src in [VECADD, MATMUL, REDUCE] {
+        let full = format!("{HEADER}{src}");
+        for cut in (0..full.len()).step_by(7) {
+            if full.is_char_boundary(cut) {
+                let _ = Module::parse(&full[..cut]);
+            }
+        }
+        let bytes = full.as_bytes();
+        for i in (0..bytes.len()).step_by(13) {
+            for b in [b'{', b'}', b'[', b'%', b'-', b'9', b'.', b';', 0xff] {
+                let mut m = bytes.to_vec();
+                m[i] = b;
+                let _ = Module::parse(&String::from_utf8_lossy(&m));
+            }
+        }
+    }
+}
