@@ -6,13 +6,21 @@
 //! - [`memory`]: the device-memory interface a kernel executes against ([`GlobalMemory`]): every
 //!   access is checked against the context's allocations, so an out-of-range access is a
 //!   [`Fault`] (CUDA_ERROR_ILLEGAL_ADDRESS for that context), never host memory.
-//! - `ptx`: the PTX parser and warp-level interpreter (CPU executor).
-//! - `fatbin`: fat-binary unpacking (picks the PTX of an nvcc or GCC offload image).
-//! - the backend trait, the CPU backend on the PTX executor and `NvCuda` on the real driver.
+//! - [`ptx`]: the PTX parser and warp-level interpreter (CPU executor).
+//! - [`backend`]: the [`ComputeBackend`] trait, its ids and limits.
+//! - [`cpu`]: [`CpuBackend`], the trait on the PTX executor.
+//!
+//! See `docs/COMPUTE.md`.
 
+pub mod backend;
+pub mod cpu;
 pub mod error;
 pub mod memory;
 pub mod ptx;
 
+pub use backend::{
+    ComputeBackend, ComputeConfig, ContextId, EventId, FunctionId, ModuleId, StreamId,
+};
+pub use cpu::CpuBackend;
 pub use error::{ComputeError, ComputeResult};
 pub use memory::{DeviceMemory, Fault, FaultKind, GlobalMemory};

@@ -1,0 +1,400 @@
+//! CpuBackend tests: every call's validation, round trips, stream/event semantics, sticky
+//! errors and limits, through the trait.
+
+use super::*;
+
+/// `c[i] = a[i] + b[i]` for `i < n`, a kernel that spins forever, and one that writes at the
+/// address it is given.
+pub(crate) const PTX: &str = r#"
+.version 8.5
+.target sm_75
+.address_size 64
+
+.visible .entry vadd(.param .u64 pa, .param .u64 pb, .param .u64 pc, .param .u32 pn)
+{
+    .reg .pred %p<2>;
+    .reg .b32 %r<6>;
+    .reg .f32 %f<4>;
+    .reg .b64 %rd<11>;
+    ld.param.u64 %rd1, [pa];
+    ld.param.u64 %rd2, [pb];
+    ld.param.u64 %rd3, [pc];
+    ld.param.u32 %r2, [pn];
+    mov.u32 %r3, %ctaid.x;
+    mov.u32 %r4, %ntid.x;
+    mov.u32 %r5, %tid.x;
+    mad.lo.s32 %r1, %r3, %r4, %r5;
+    setp.ge.s32 %p1, %r1, %r2;
+    @%p1 bra DONE;
+    cvta.to.global.u64 %rd4, %rd1;
+    cvta.to.global.u64 %rd5, %rd2;
+    cvta.to.global.u64 %rd6, %rd3;
+    mul.wide.s32 %rd7, %r1, 4;
+    add.s64 %rd8, %rd4, %rd7;
+    add.s64 %rd9, %rd5, %rd7;
+    add.s64 %rd10, %rd6, %rd7;
+    ld.global.f32 %f1, [%rd8];
+    ld.global.f32 %f2, [%rd9];
+    add.f32 %f3, %f1, %f2;
+    st.global.f32 [%rd10], %f3;
+DONE:
+    ret;
+}
+
+.visible .entry spin()
+{
+LOOP:
+    bra LOOP;
+}
+
+.visible .entry poke(.param .u64 addr)
+{
+    .reg .b32 %r<2>;
+    .reg .b64 %rd<3>;
+    ld.param.u64 %rd1, [addr];
+    mov.u32 %r1, 7;
+    st.global.u32 [%rd1], %r1;
+    ret;
+}
+
+.visible .entry empty()
+{
+    ret;
+}
+"#;
+
+fn backend() -> CpuBackend {
+    CpuBackend::new(ComputeConfig {
+        context_memory: 16 << 20,
+        instruction_budget: 1 << 20,
+        threads: 2,
+    })
+}
+
+fn invalid_value<T: std::fmt::Debug>(r: ComputeResult<T>) {
+    assert!(
+        matches!(r, Err(ComputeError::InvalidValue(_))),
+        "expected InvalidValue, got {r:?}"
+    );
+}
+
+fn invalid_handle<T: std::fmt::Debug>(r: ComputeResult<T>) {
+    assert!(
+        matches!(r, Err(ComputeError::InvalidHandle(_))),
+        "expected InvalidHandle, got {r:?}"
+    );
+}
+
+#[test]
+fn unknown_ids_are_invalid_handles_and_harm_nothing() {
+    let mut b = backend();
+    let c = b.ctx_create().unwrap();
+    let bad = ContextId(c.0 + 1000);
+    invalid_handle(b.mem_alloc(bad, 16));
+    invalid_handle(b.ctx_synchronize(bad));
+    invalid_handle(b.ctx_destroy(bad));
+    invalid_handle(b.module_unload(c, ModuleId(77)));
+    invalid_handle(b.function_get(c, ModuleId(77), "vadd"));
+    invalid_handle(b.stream_destroy(c, StreamId(99)));
+    invalid_handle(b.stream_destroy(c, StreamId::DEFAULT));
+    invalid_handle(b.stream_synchronize(c, StreamId(99)));
+    invalid_handle(b.event_record(c, EventId(5), StreamId::DEFAULT));
+    invalid_handle(b.event_query(c, EventId(5)));
+    invalid_handle(b.memset_d8(c, 0, 0, 1, StreamId(99)));
+    let args = LaunchArgs {
+        function: FunctionId(3),
+        grid: [1; 3],
+        block: [1; 3],
+        shared_bytes: 0,
+        stream: StreamId::DEFAULT,
+        params: &[],
+    };
+    invalid_handle(b.launch(c, &args));
+    // Objects of one context are not reachable through another.
+    let c2 = b.ctx_create().unwrap();
+    let s = b.stream_create(c).unwrap();
+    let e = b.event_create(c).unwrap();
+    let m = b.module_load(c, PTX.as_bytes()).unwrap();
+    invalid_handle(b.stream_synchronize(c2, s));
+    invalid_handle(b.event_query(c2, e));
+    invalid_handle(b.function_get(c2, m, "vadd"));
+    // The context is still usable.
+    let a = b.mem_alloc(c, 64).unwrap();
+    b.memset_d8(c, a, 1, 64, s).unwrap();
+    b.ctx_synchronize(c).unwrap();
+}
+
+#[test]
+fn sizes_and_ranges_are_checked_and_the_context_survives() {
+    let mut b = backend();
+    let c = b.ctx_create().unwrap();
+    invalid_value(b.mem_alloc(c, 0));
+    assert!(matches!(
+        b.mem_alloc(c, 1 << 40),
+        Err(ComputeError::OutOfMemory(_))
+    ));
+    let a = b.mem_alloc(c, 100).unwrap();
+    let s = StreamId::DEFAULT;
+    invalid_value(b.copy_htod(c, a, &[0; 101], s));
+    invalid_value(b.copy_htod(c, a + 50, &[0; 51], s));
+    invalid_value(b.copy_htod(c, a - 1, &[0; 1], s));
+    invalid_value(b.copy_htod(c, 0x1000, &[0; 1], s));
+    invalid_value(b.copy_dtoh(c, &mut [0; 101], a, s));
+    invalid_value(b.copy_dtod(c, a, a + 1, 100, s));
+    invalid_value(b.copy_dtod(c, a, u64::MAX - 3, 8, s));
+    invalid_value(b.memset_d8(c, a, 0, 101, s));
+    invalid_value(b.memset_d32(c, a, 0, 26, s));
+    invalid_value(b.memset_d32(c, a + 2, 0, 1, s));
+    invalid_value(b.memset_d32(c, a, 0, u64::MAX, s));
+    invalid_value(b.memset_d8(c, a, 0, MAX_COPY_BYTES + 1, s));
+    invalid_value(b.mem_free(c, a + 4));
+    invalid_value(b.module_load(c, &vec![b' '; MAX_MODULE_IMAGE_BYTES + 1]));
+    // Zero-length transfers succeed anywhere, as on the driver.
+    b.copy_htod(c, 0, &[], s).unwrap();
+    b.copy_dtod(c, 0, 0, 0, s).unwrap();
+    // Nothing above broke the context.
+    b.copy_htod(c, a, &[9; 100], s).unwrap();
+    let mut out = [0; 100];
+    b.copy_dtoh(c, &mut out, a, s).unwrap();
+    assert_eq!(out, [9; 100]);
+    b.mem_free(c, a).unwrap();
+    invalid_value(b.mem_free(c, a));
+}
+
+#[test]
+fn memsets_and_copies_round_trip() {
+    let mut b = backend();
+    let c = b.ctx_create().unwrap();
+    let s = b.stream_create(c).unwrap();
+    let x = b.mem_alloc(c, 200_000).unwrap();
+    let y = b.mem_alloc(c, 200_000).unwrap();
+    let data: Vec<u8> = (0..200_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    b.copy_htod(c, x, &data, s).unwrap();
+    b.copy_dtod(c, y, x, 200_000, s).unwrap();
+    let mut out = vec![0; 200_000];
+    b.copy_dtoh(c, &mut out, y, s).unwrap();
+    assert_eq!(out, data);
+    // Overlapping device copy moves like memmove.
+    b.copy_dtod(c, x + 1, x, 199_999, s).unwrap();
+    b.copy_dtoh(c, &mut out, x, s).unwrap();
+    assert_eq!(out[1..], data[..199_999]);
+    b.memset_d8(c, x + 10, 0xab, 70_000, s).unwrap();
+    b.memset_d32(c, y + 4, 0x0102_0304, 20_000, s).unwrap();
+    b.copy_dtoh(c, &mut out, x, s).unwrap();
+    assert!(out[10..70_010].iter().all(|&v| v == 0xab));
+    assert_eq!(out[70_010], data[70_009]);
+    b.copy_dtoh(c, &mut out, y, s).unwrap();
+    assert_eq!(out[..4], data[..4]);
+    for w in out[4..80_004].chunks(4) {
+        assert_eq!(w, [4, 3, 2, 1]);
+    }
+    assert_eq!(out[80_004], data[80_004]);
+    let info = b.mem_get_info(c).unwrap();
+    assert_eq!(info.total, 16 << 20);
+    assert!(info.free <= info.total - 400_000);
+}
+
+#[test]
+fn streams_and_events_order_and_time_work() {
+    let mut b = backend();
+    let c = b.ctx_create().unwrap();
+    let s = b.stream_create(c).unwrap();
+    let (e0, e1, never) = (
+        b.event_create(c).unwrap(),
+        b.event_create(c).unwrap(),
+        b.event_create(c).unwrap(),
+    );
+    b.event_query(c, never).unwrap();
+    b.event_synchronize(c, never).unwrap();
+    invalid_handle(b.event_elapsed_ms(c, e0, never));
+    let a = b.mem_alloc(c, 1 << 20).unwrap();
+    b.event_record(c, e0, s).unwrap();
+    b.memset_d8(c, a, 3, 1 << 20, s).unwrap();
+    b.event_record(c, e1, s).unwrap();
+    b.stream_query(c, s).unwrap();
+    b.event_synchronize(c, e1).unwrap();
+    b.event_query(c, e1).unwrap();
+    let ms = b.event_elapsed_ms(c, e0, e1).unwrap();
+    assert!(ms >= 0.0, "{ms}");
+    assert!(b.event_elapsed_ms(c, e1, e0).unwrap() <= 0.0);
+    // The memset between the records is visible after synchronising the stream.
+    b.stream_synchronize(c, s).unwrap();
+    let mut out = [0; 4];
+    b.copy_dtoh(c, &mut out, a + 1000, StreamId::DEFAULT)
+        .unwrap();
+    assert_eq!(out, [3; 4]);
+    b.event_destroy(c, e0).unwrap();
+    invalid_handle(b.event_destroy(c, e0));
+    b.stream_destroy(c, s).unwrap();
+    invalid_handle(b.stream_query(c, s));
+}
+
+#[test]
+fn limits_bound_every_table() {
+    let mut b = backend();
+    let cs: Vec<_> = (0..MAX_CONTEXTS).map(|_| b.ctx_create().unwrap()).collect();
+    assert!(matches!(b.ctx_create(), Err(ComputeError::OutOfMemory(_))));
+    b.ctx_destroy(cs[1]).unwrap();
+    let c = b.ctx_create().unwrap();
+    for _ in 0..MAX_STREAMS {
+        b.stream_create(c).unwrap();
+    }
+    assert!(matches!(
+        b.stream_create(c),
+        Err(ComputeError::OutOfMemory(_))
+    ));
+    for _ in 0..MAX_EVENTS {
+        b.event_create(c).unwrap();
+    }
+    assert!(matches!(
+        b.event_create(c),
+        Err(ComputeError::OutOfMemory(_))
+    ));
+    let tiny = ".version 8.5\n.target sm_75\n.address_size 64\n.visible .entry k()\n{\nret;\n}\n";
+    let mut ms = Vec::new();
+    for _ in 0..MAX_MODULES_PER_CONTEXT {
+        ms.push(b.module_load(c, tiny.as_bytes()).unwrap());
+    }
+    assert!(matches!(
+        b.module_load(c, tiny.as_bytes()),
+        Err(ComputeError::OutOfMemory(_))
+    ));
+    b.module_unload(c, ms[0]).unwrap();
+    b.module_load(c, tiny.as_bytes()).unwrap();
+    invalid_handle(b.module_unload(c, ms[0]));
+}
+
+#[test]
+fn modules_and_launches_run_vector_add() {
+    let mut b = backend();
+    let c = b.ctx_create().unwrap();
+    assert!(matches!(
+        b.module_load(c, b"\x7fELF not ptx"),
+        Err(ComputeError::InvalidImage(_))
+    ));
+    assert!(matches!(
+        b.module_load(c, b".version 8.5\n.target sm_75\nbogus;"),
+        Err(ComputeError::InvalidPtx(_))
+    ));
+    let m = b.module_load(c, PTX.as_bytes()).unwrap();
+    assert!(matches!(
+        b.function_get(c, m, "nope"),
+        Err(ComputeError::NotFound(_))
+    ));
+    let f = b.function_get(c, m, "vadd").unwrap();
+    assert_eq!(f.param_bytes, 28);
+    assert_eq!(f.params.len(), 4);
+    assert_eq!(f.params[3].offset, 24);
+    assert_eq!(b.function_get(c, m, "vadd").unwrap().id, f.id);
+    let n = 1000u32;
+    let bytes = u64::from(n) * 4;
+    let (x, y, z) = (
+        b.mem_alloc(c, bytes).unwrap(),
+        b.mem_alloc(c, bytes).unwrap(),
+        b.mem_alloc(c, bytes).unwrap(),
+    );
+    let xs: Vec<u8> = (0..n).flat_map(|i| (i as f32).to_le_bytes()).collect();
+    let ys: Vec<u8> = (0..n)
+        .flat_map(|i| (2.0 * i as f32).to_le_bytes())
+        .collect();
+    let s = b.stream_create(c).unwrap();
+    b.copy_htod(c, x, &xs, s).unwrap();
+    b.copy_htod(c, y, &ys, s).unwrap();
+    let mut params = Vec::new();
+    for p in [x, y, z] {
+        params.extend_from_slice(&p.to_le_bytes());
+    }
+    params.extend_from_slice(&n.to_le_bytes());
+    let mut args = LaunchArgs {
+        function: f.id,
+        grid: [n.div_ceil(128), 1, 1],
+        block: [128, 1, 1],
+        shared_bytes: 0,
+        stream: s,
+        params: &params[..20],
+    };
+    invalid_value(b.launch(c, &args));
+    args.params = &params;
+    args.block = [128, 0, 1];
+    invalid_value(b.launch(c, &args));
+    args.block = [1024, 2, 1];
+    assert!(matches!(
+        b.launch(c, &args),
+        Err(ComputeError::LaunchOutOfResources(_))
+    ));
+    args.block = [128, 1, 1];
+    args.shared_bytes = 1 << 20;
+    assert!(matches!(
+        b.launch(c, &args),
+        Err(ComputeError::LaunchOutOfResources(_))
+    ));
+    args.shared_bytes = 0;
+    b.launch(c, &args).unwrap();
+    let mut out = vec![0; bytes as usize];
+    b.copy_dtoh(c, &mut out, z, s).unwrap();
+    for (i, w) in out.chunks(4).enumerate() {
+        assert_eq!(f32::from_le_bytes(w.try_into().unwrap()), 3.0 * i as f32);
+    }
+    b.module_unload(c, m).unwrap();
+    invalid_handle(b.launch(c, &args));
+}
+
+fn launch_alone(
+    b: &mut CpuBackend,
+    c: ContextId,
+    m: ModuleId,
+    name: &str,
+    params: &[u8],
+) -> ComputeResult<()> {
+    let f = b.function_get(c, m, name)?;
+    b.launch(
+        c,
+        &LaunchArgs {
+            function: f.id,
+            grid: [1; 3],
+            block: [32, 1, 1],
+            shared_bytes: 0,
+            stream: StreamId::DEFAULT,
+            params,
+        },
+    )
+}
+
+#[test]
+fn faults_and_runaway_kernels_break_only_their_context() {
+    let mut b = backend();
+    let c = b.ctx_create().unwrap();
+    let other = b.ctx_create().unwrap();
+    let m = b.module_load(c, PTX.as_bytes()).unwrap();
+    let a = b.mem_alloc(c, 64).unwrap();
+    // Inside its allocation the kernel writes.
+    launch_alone(&mut b, c, m, "poke", &a.to_le_bytes()).unwrap();
+    let mut out = [0; 4];
+    b.copy_dtoh(c, &mut out, a, StreamId::DEFAULT).unwrap();
+    assert_eq!(u32::from_le_bytes(out), 7);
+    // Past it: an illegal address, then the context is broken for everything but destroy.
+    let r = launch_alone(&mut b, c, m, "poke", &(a + 64).to_le_bytes());
+    assert!(matches!(r, Err(ComputeError::IllegalAddress(_))), "{r:?}");
+    let broken = b.mem_alloc(c, 16);
+    assert!(
+        matches!(broken, Err(ComputeError::ContextBroken(_))),
+        "{broken:?}"
+    );
+    assert_eq!(broken.unwrap_err().cuda_status(), 719);
+    assert!(matches!(
+        b.ctx_synchronize(c),
+        Err(ComputeError::ContextBroken(_))
+    ));
+    // The other context is unaffected; the broken one can be destroyed.
+    b.mem_alloc(other, 16).unwrap();
+    b.ctx_destroy(c).unwrap();
+    invalid_handle(b.ctx_synchronize(c));
+    // A runaway kernel hits the instruction budget.
+    let m2 = b.module_load(other, PTX.as_bytes()).unwrap();
+    let r = launch_alone(&mut b, other, m2, "spin", &[]);
+    assert!(matches!(r, Err(ComputeError::LaunchTimeout(_))), "{r:?}");
+    assert!(matches!(
+        b.mem_alloc(other, 16),
+        Err(ComputeError::ContextBroken(_))
+    ));
+}
