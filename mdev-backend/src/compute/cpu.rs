@@ -627,4 +627,4 @@ impl ComputeBackend for CpuBackend {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -49,6 +49,10 @@ pub enum ComputeError {
     /// The context faulted earlier and must be destroyed.
     #[error("context is broken by an earlier fault: {0}")]
     ContextBroken(String),
+    /// The VM's executor thread is still busy with an earlier call that did not finish in
+    /// time; this call was not run.
+    #[error("executor busy: {0}")]
+    Busy(String),
     /// No CUDA driver (`libcuda.so.1`) or no device.
     #[error("no CUDA device: {0}")]
     NoDevice(String),
@@ -63,6 +67,7 @@ impl ComputeError {
         match self {
             ComputeError::InvalidValue(_) => 1,
             ComputeError::OutOfMemory(_) => 2,
+            ComputeError::Busy(_) => 46,
             ComputeError::NoDevice(_) => 100,
             ComputeError::InvalidImage(_) => 200,
             ComputeError::InvalidPtx(_) => 218,

@@ -9,12 +9,14 @@
 //! - [`ptx`]: the PTX parser and warp-level interpreter (CPU executor).
 //! - [`backend`]: the [`ComputeBackend`] trait, its ids and limits.
 //! - [`cpu`]: [`CpuBackend`], the trait on the PTX executor.
+//! - [`executor`]: [`Executor`], the one thread per VM that owns its backend and times groups.
 //!
 //! See `docs/COMPUTE.md`.
 
 pub mod backend;
 pub mod cpu;
 pub mod error;
+pub mod executor;
 pub mod memory;
 pub mod ptx;
 
@@ -23,4 +25,5 @@ pub use backend::{
 };
 pub use cpu::CpuBackend;
 pub use error::{ComputeError, ComputeResult};
+pub use executor::{Executor, ExecutorConfig, GroupDone};
 pub use memory::{DeviceMemory, Fault, FaultKind, GlobalMemory};
