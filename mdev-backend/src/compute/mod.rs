@@ -9,15 +9,19 @@
 //! - [`ptx`]: the PTX parser and warp-level interpreter (CPU executor).
 //! - [`backend`]: the [`ComputeBackend`] trait, its ids and limits.
 //! - [`cpu`]: [`CpuBackend`], the trait on the PTX executor.
+//! - [`nvcuda`]: [`NvCuda`], the trait on the real driver loaded at run time.
 //! - [`executor`]: [`Executor`], the one thread per VM that owns its backend and times groups.
 //!
 //! See `docs/COMPUTE.md`.
 
 pub mod backend;
+#[cfg(test)]
+mod conformance;
 pub mod cpu;
 pub mod error;
 pub mod executor;
 pub mod memory;
+pub mod nvcuda;
 pub mod ptx;
 
 pub use backend::{
@@ -27,3 +31,4 @@ pub use cpu::CpuBackend;
 pub use error::{ComputeError, ComputeResult};
 pub use executor::{Executor, ExecutorConfig, GroupDone};
 pub use memory::{DeviceMemory, Fault, FaultKind, GlobalMemory};
+pub use nvcuda::{NvCuda, NvCudaConfig};
