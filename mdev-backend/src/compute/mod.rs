@@ -10,9 +10,14 @@
 //! - `fatbin`: fat-binary unpacking (picks the PTX of an nvcc or GCC offload image).
 //! - the backend trait, the CPU backend on the PTX executor and `NvCuda` on the real driver.
 
+pub mod backend;
+pub mod cpu;
 pub mod error;
+pub mod fatbin;
 pub mod memory;
 pub mod ptx;
 
+pub use backend::ComputeBackend;
+pub use cpu::{CpuBackend, CpuConfig};
 pub use error::{ComputeError, ComputeResult};
 pub use memory::{DeviceMemory, Fault, FaultKind, GlobalMemory};

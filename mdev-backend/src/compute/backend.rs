@@ -1,0 +1,153 @@
+//! The compute backend trait: what a guest's CUDA driver calls become on the host. Ids are
+//! chosen by the backend and validated on every call (a guest may send any value); every size
+//! is bounded; an error that breaks a context (a kernel's illegal address, a runaway kernel)
+//! leaves that context answering `ContextBroken` until it is destroyed, as the real driver's
+//! sticky errors do, and never touches another context.
+
+use super::ComputeResult;
+pub use super::ptx::ParamInfo;
+
+/// Contexts of one backend (one VM's guest contexts).
+pub const MAX_CONTEXTS: usize = 64;
+/// Modules loaded in one context.
+pub const MAX_MODULES_PER_CONTEXT: usize = 256;
+/// Function handles of one context.
+pub const MAX_FUNCTIONS_PER_CONTEXT: usize = 4096;
+/// Streams of one context.
+pub const MAX_STREAMS_PER_CONTEXT: usize = 256;
+/// Events of one context.
+pub const MAX_EVENTS_PER_CONTEXT: usize = 4096;
+
+macro_rules! id {
+    ($name:ident) => {
+        /// A handle a backend hands out; any value may come back from a guest.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(pub u32);
+    };
+}
+id!(ContextId);
+id!(ModuleId);
+id!(FunctionId);
+id!(StreamId);
+id!(EventId);
+
+/// The default (NULL) stream of a context.
+pub const DEFAULT_STREAM: StreamId = StreamId(0);
+
+/// What `cuDeviceGetAttribute` and `cuDeviceGetName` report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceAttributes {
+    pub name: String,
+    pub total_memory: u64,
+    pub compute_capability: (u32, u32),
+    pub multiprocessors: u32,
+    pub max_threads_per_block: u32,
+    pub max_block: [u32; 3],
+    pub max_grid: [u32; 3],
+    pub shared_memory_per_block: u32,
+    pub warp_size: u32,
+    pub clock_khz: u32,
+}
+
+/// One kernel launch.
+#[derive(Debug, Clone)]
+pub struct KernelLaunch<'a> {
+    pub function: FunctionId,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_bytes: u32,
+    pub stream: StreamId,
+    /// The packed parameter buffer, laid out as the function's `ParamInfo`s say.
+    pub params: &'a [u8],
+}
+
+/// A compute device: the CPU executor or the real driver.
+pub trait ComputeBackend: Send {
+    fn attributes(&self) -> DeviceAttributes;
+
+    fn context_create(&mut self) -> ComputeResult<ContextId>;
+    fn context_destroy(&mut self, ctx: ContextId) -> ComputeResult<()>;
+    /// Waits for all work of the context (`cuCtxSynchronize`).
+    fn context_synchronize(&mut self, ctx: ContextId) -> ComputeResult<()>;
+
+    /// Loads PTX text or a fat binary (or an executable holding them).
+    fn module_load(&mut self, ctx: ContextId, image: &[u8]) -> ComputeResult<ModuleId>;
+    fn module_unload(&mut self, ctx: ContextId, module: ModuleId) -> ComputeResult<()>;
+    /// A kernel of a module and its parameter layout.
+    fn function(
+        &mut self,
+        ctx: ContextId,
+        module: ModuleId,
+        name: &str,
+    ) -> ComputeResult<(FunctionId, Vec<ParamInfo>)>;
+
+    /// Device memory: returns the device address.
+    fn mem_alloc(&mut self, ctx: ContextId, bytes: u64) -> ComputeResult<u64>;
+    fn mem_free(&mut self, ctx: ContextId, addr: u64) -> ComputeResult<()>;
+    fn memset_d8(
+        &mut self,
+        ctx: ContextId,
+        addr: u64,
+        value: u8,
+        count: u64,
+        stream: StreamId,
+    ) -> ComputeResult<()>;
+    fn memset_d32(
+        &mut self,
+        ctx: ContextId,
+        addr: u64,
+        value: u32,
+        count: u64,
+        stream: StreamId,
+    ) -> ComputeResult<()>;
+    fn copy_htod(
+        &mut self,
+        ctx: ContextId,
+        dst: u64,
+        src: &[u8],
+        stream: StreamId,
+    ) -> ComputeResult<()>;
+    fn copy_dtoh(
+        &mut self,
+        ctx: ContextId,
+        dst: &mut [u8],
+        src: u64,
+        stream: StreamId,
+    ) -> ComputeResult<()>;
+    fn copy_dtod(
+        &mut self,
+        ctx: ContextId,
+        dst: u64,
+        src: u64,
+        bytes: u64,
+        stream: StreamId,
+    ) -> ComputeResult<()>;
+
+    fn stream_create(&mut self, ctx: ContextId) -> ComputeResult<StreamId>;
+    fn stream_destroy(&mut self, ctx: ContextId, stream: StreamId) -> ComputeResult<()>;
+    fn stream_synchronize(&mut self, ctx: ContextId, stream: StreamId) -> ComputeResult<()>;
+    /// `Ok(())` when the stream's work is done, `Err(NotReady)` when not.
+    fn stream_query(&mut self, ctx: ContextId, stream: StreamId) -> ComputeResult<()>;
+
+    fn event_create(&mut self, ctx: ContextId) -> ComputeResult<EventId>;
+    fn event_destroy(&mut self, ctx: ContextId, event: EventId) -> ComputeResult<()>;
+    fn event_record(
+        &mut self,
+        ctx: ContextId,
+        event: EventId,
+        stream: StreamId,
+    ) -> ComputeResult<()>;
+    fn event_synchronize(&mut self, ctx: ContextId, event: EventId) -> ComputeResult<()>;
+    fn event_query(&mut self, ctx: ContextId, event: EventId) -> ComputeResult<()>;
+    /// Milliseconds between two recorded events (`cuEventElapsedTime`).
+    fn event_elapsed_ms(
+        &mut self,
+        ctx: ContextId,
+        start: EventId,
+        end: EventId,
+    ) -> ComputeResult<f32>;
+
+    fn launch(&mut self, ctx: ContextId, launch: &KernelLaunch<'_>) -> ComputeResult<()>;
+    /// Device `printf` output of the context since the last call.
+    fn take_output(&mut self, ctx: ContextId) -> ComputeResult<String>;
+}

@@ -1,0 +1,514 @@
+//! `CpuBackend`: the compute backend on the host's CPUs, executing PTX with the `ptx`
+//! interpreter over each context's checked [`DeviceMemory`]. Work runs when it is enqueued,
+//! in order, so every stream is always complete and events record when the work before them
+//! finished.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Instant;
+
+use log::{debug, warn};
+
+use super::backend::*;
+use super::fatbin::extract_ptx;
+use super::memory::DeviceMemory;
+use super::ptx::{self, Launch, MAX_PRINTF_BYTES};
+use super::{ComputeError, ComputeResult, GlobalMemory};
+
+/// Bytes moved per step of a device-to-device copy or a memset (bounds the host buffer).
+const COPY_CHUNK: u64 = 1 << 20;
+
+/// How the CPU backend runs.
+#[derive(Debug, Clone)]
+pub struct CpuConfig {
+    /// Device memory of one context.
+    pub memory_per_context: u64,
+    /// Warp-instructions one launch may execute before it is a launch timeout (the CPU's
+    /// counterpart of the driver's watchdog).
+    pub instruction_budget: u64,
+    /// Host threads a launch spreads its blocks over.
+    pub threads: usize,
+}
+
+impl Default for CpuConfig {
+    fn default() -> Self {
+        CpuConfig {
+            memory_per_context: 1 << 30,
+            instruction_budget: 1 << 30,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct LoadedModule {
+    ptx: ptx::Module,
+    symbols: HashMap<String, u64>,
+}
+
+#[derive(Debug)]
+struct Context {
+    memory: DeviceMemory,
+    modules: HashMap<u32, LoadedModule>,
+    functions: HashMap<u32, (u32, String)>,
+    streams: HashSet<u32>,
+    events: HashMap<u32, Option<Instant>>,
+    broken: Option<ComputeError>,
+    output: String,
+    next_id: u32,
+}
+
+impl Context {
+    fn id(&mut self) -> u32 {
+        self.next_id = self.next_id.wrapping_add(1).max(1);
+        self.next_id
+    }
+
+    fn stream(&self, s: StreamId) -> ComputeResult<()> {
+        if s == DEFAULT_STREAM || self.streams.contains(&s.0) {
+            Ok(())
+        } else {
+            Err(ComputeError::InvalidHandle(format!("stream {}", s.0)))
+        }
+    }
+
+    fn event(&mut self, e: EventId) -> ComputeResult<&mut Option<Instant>> {
+        self.events
+            .get_mut(&e.0)
+            .ok_or_else(|| ComputeError::InvalidHandle(format!("event {}", e.0)))
+    }
+}
+
+fn fault(f: super::Fault) -> ComputeError {
+    ComputeError::InvalidValue(format!("copy outside the context's allocations: {f}"))
+}
+
+/// The CPU compute backend.
+#[derive(Debug)]
+pub struct CpuBackend {
+    config: CpuConfig,
+    contexts: HashMap<u32, Context>,
+    next_ctx: u32,
+}
+
+impl CpuBackend {
+    pub fn new(config: CpuConfig) -> Self {
+        CpuBackend {
+            config,
+            contexts: HashMap::new(),
+            next_ctx: 0,
+        }
+    }
+
+    /// The context, unless it is unknown or broken by an earlier fault.
+    fn ctx(&mut self, ctx: ContextId) -> ComputeResult<&mut Context> {
+        let c = self
+            .contexts
+            .get_mut(&ctx.0)
+            .ok_or_else(|| ComputeError::InvalidHandle(format!("context {}", ctx.0)))?;
+        match &c.broken {
+            Some(e) => Err(ComputeError::ContextBroken(e.to_string())),
+            None => Ok(c),
+        }
+    }
+}
+
+impl ComputeBackend for CpuBackend {
+    fn attributes(&self) -> DeviceAttributes {
+        DeviceAttributes {
+            name: "vgpu PTX executor (CPU)".into(),
+            total_memory: self.config.memory_per_context,
+            compute_capability: (7, 5),
+            multiprocessors: self.config.threads as u32,
+            max_threads_per_block: ptx::MAX_THREADS_PER_BLOCK,
+            max_block: [1024, 1024, 64],
+            max_grid: [i32::MAX as u32, 65535, 65535],
+            shared_memory_per_block: ptx::MAX_SHARED_BYTES,
+            warp_size: 32,
+            clock_khz: 1_000_000,
+        }
+    }
+
+    fn context_create(&mut self) -> ComputeResult<ContextId> {
+        if self.contexts.len() >= MAX_CONTEXTS {
+            return Err(ComputeError::OutOfMemory(format!(
+                "{MAX_CONTEXTS} contexts"
+            )));
+        }
+        loop {
+            self.next_ctx = self.next_ctx.wrapping_add(1).max(1);
+            if !self.contexts.contains_key(&self.next_ctx) {
+                break;
+            }
+        }
+        self.contexts.insert(
+            self.next_ctx,
+            Context {
+                memory: DeviceMemory::new(self.config.memory_per_context),
+                modules: HashMap::new(),
+                functions: HashMap::new(),
+                streams: HashSet::new(),
+                events: HashMap::new(),
+                broken: None,
+                output: String::new(),
+                next_id: 0,
+            },
+        );
+        Ok(ContextId(self.next_ctx))
+    }
+
+    fn context_destroy(&mut self, ctx: ContextId) -> ComputeResult<()> {
+        self.contexts
+            .remove(&ctx.0)
+            .map(drop)
+            .ok_or_else(|| ComputeError::InvalidHandle(format!("context {}", ctx.0)))
+    }
+
+    fn context_synchronize(&mut self, ctx: ContextId) -> ComputeResult<()> {
+        self.ctx(ctx).map(drop)
+    }
+
+    fn module_load(&mut self, ctx: ContextId, image: &[u8]) -> ComputeResult<ModuleId> {
+        let c = self.ctx(ctx)?;
+        if c.modules.len() >= MAX_MODULES_PER_CONTEXT {
+            return Err(ComputeError::OutOfMemory(format!(
+                "{MAX_MODULES_PER_CONTEXT} modules"
+            )));
+        }
+        // The most portable PTX the executor accepts.
+        let mut last = None;
+        let mut parsed = None;
+        for p in extract_ptx(image)? {
+            match ptx::Module::parse(&p.text) {
+                Ok(m) => {
+                    parsed = Some(m);
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        let Some(module) = parsed else {
+            return Err(last.unwrap_or_else(|| ComputeError::InvalidImage("no PTX".into())));
+        };
+        let mut symbols = HashMap::new();
+        for g in module.globals() {
+            let addr = match c.memory.alloc(g.size.max(1)) {
+                Ok(a) => a,
+                Err(e) => {
+                    for a in symbols.values() {
+                        let _ = c.memory.free(*a);
+                    }
+                    return Err(e);
+                }
+            };
+            c.memory.write(addr, &g.init).map_err(fault)?;
+            symbols.insert(g.name.clone(), addr);
+        }
+        let id = c.id();
+        debug!(
+            "context {}: module {id} loaded, kernels {:?}",
+            ctx.0,
+            module.kernels().collect::<Vec<_>>()
+        );
+        c.modules.insert(
+            id,
+            LoadedModule {
+                ptx: module,
+                symbols,
+            },
+        );
+        Ok(ModuleId(id))
+    }
+
+    fn module_unload(&mut self, ctx: ContextId, module: ModuleId) -> ComputeResult<()> {
+        let c = self.ctx(ctx)?;
+        let m = c
+            .modules
+            .remove(&module.0)
+            .ok_or_else(|| ComputeError::InvalidHandle(format!("module {}", module.0)))?;
+        for a in m.symbols.values() {
+            let _ = c.memory.free(*a);
+        }
+        c.functions.retain(|_, (m, _)| *m != module.0);
+        Ok(())
+    }
+
+    fn function(
+        &mut self,
+        ctx: ContextId,
+        module: ModuleId,
+        name: &str,
+    ) -> ComputeResult<(FunctionId, Vec<ParamInfo>)> {
+        let c = self.ctx(ctx)?;
+        let m = c
+            .modules
+            .get(&module.0)
+            .ok_or_else(|| ComputeError::InvalidHandle(format!("module {}", module.0)))?;
+        let params = m
+            .ptx
+            .kernel(name)
+            .ok_or_else(|| ComputeError::NotFound(format!("kernel {name}")))?
+            .params
+            .clone();
+        if c.functions.len() >= MAX_FUNCTIONS_PER_CONTEXT {
+            return Err(ComputeError::OutOfMemory(format!(
+                "{MAX_FUNCTIONS_PER_CONTEXT} functions"
+            )));
+        }
+        let id = c.id();
+        c.functions.insert(id, (module.0, name.to_string()));
+        Ok((FunctionId(id), params))
+    }
+
+    fn mem_alloc(&mut self, ctx: ContextId, bytes: u64) -> ComputeResult<u64> {
+        self.ctx(ctx)?.memory.alloc(bytes)
+    }
+
+    fn mem_free(&mut self, ctx: ContextId, addr: u64) -> ComputeResult<()> {
+        self.ctx(ctx)?.memory.free(addr)
+    }
+
+    fn memset_d8(
+        &mut self,
+        ctx: ContextId,
+        addr: u64,
+        value: u8,
+        count: u64,
+        stream: StreamId,
+    ) -> ComputeResult<()> {
+        let c = self.ctx(ctx)?;
+        c.stream(stream)?;
+        c.memory.fill(addr, value, count).map_err(fault)
+    }
+
+    fn memset_d32(
+        &mut self,
+        ctx: ContextId,
+        addr: u64,
+        value: u32,
+        count: u64,
+        stream: StreamId,
+    ) -> ComputeResult<()> {
+        let c = self.ctx(ctx)?;
+        c.stream(stream)?;
+        if addr % 4 != 0 {
+            return Err(ComputeError::InvalidValue(
+                "memset_d32 of an unaligned address".into(),
+            ));
+        }
+        let bytes = count
+            .checked_mul(4)
+            .ok_or_else(|| ComputeError::InvalidValue("count".into()))?;
+        if c.memory
+            .range_of(addr)
+            .is_none_or(|(base, len)| addr - base + bytes > len)
+        {
+            return Err(fault(super::Fault {
+                kind: super::FaultKind::OutOfRange,
+                addr,
+                size: bytes,
+            }));
+        }
+        let chunk: Vec<u8> = value.to_le_bytes().repeat((COPY_CHUNK / 4) as usize);
+        let mut done = 0;
+        while done < bytes {
+            let n = (bytes - done).min(COPY_CHUNK);
+            c.memory
+                .write(addr + done, &chunk[..n as usize])
+                .map_err(fault)?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn copy_htod(
+        &mut self,
+        ctx: ContextId,
+        dst: u64,
+        src: &[u8],
+        stream: StreamId,
+    ) -> ComputeResult<()> {
+        let c = self.ctx(ctx)?;
+        c.stream(stream)?;
+        c.memory.write(dst, src).map_err(fault)
+    }
+
+    fn copy_dtoh(
+        &mut self,
+        ctx: ContextId,
+        dst: &mut [u8],
+        src: u64,
+        stream: StreamId,
+    ) -> ComputeResult<()> {
+        let c = self.ctx(ctx)?;
+        c.stream(stream)?;
+        c.memory.read(src, dst).map_err(fault)
+    }
+
+    fn copy_dtod(
+        &mut self,
+        ctx: ContextId,
+        dst: u64,
+        src: u64,
+        bytes: u64,
+        stream: StreamId,
+    ) -> ComputeResult<()> {
+        let c = self.ctx(ctx)?;
+        c.stream(stream)?;
+        // Both ranges are checked whole before a byte moves.
+        for (a, what) in [(src, "source"), (dst, "destination")] {
+            if c.memory
+                .range_of(a)
+                .is_none_or(|(base, len)| a - base + bytes > len)
+            {
+                return Err(ComputeError::InvalidValue(format!(
+                    "copy {what} {a:#x}+{bytes} outside an allocation"
+                )));
+            }
+        }
+        let mut buf = vec![0u8; bytes.min(COPY_CHUNK) as usize];
+        let mut done = 0;
+        while done < bytes {
+            let n = (bytes - done).min(COPY_CHUNK) as usize;
+            c.memory.read(src + done, &mut buf[..n]).map_err(fault)?;
+            c.memory.write(dst + done, &buf[..n]).map_err(fault)?;
+            done += n as u64;
+        }
+        Ok(())
+    }
+
+    fn stream_create(&mut self, ctx: ContextId) -> ComputeResult<StreamId> {
+        let c = self.ctx(ctx)?;
+        if c.streams.len() >= MAX_STREAMS_PER_CONTEXT {
+            return Err(ComputeError::OutOfMemory(format!(
+                "{MAX_STREAMS_PER_CONTEXT} streams"
+            )));
+        }
+        let id = c.id();
+        c.streams.insert(id);
+        Ok(StreamId(id))
+    }
+
+    fn stream_destroy(&mut self, ctx: ContextId, stream: StreamId) -> ComputeResult<()> {
+        let c = self.ctx(ctx)?;
+        if stream == DEFAULT_STREAM || !c.streams.remove(&stream.0) {
+            return Err(ComputeError::InvalidHandle(format!("stream {}", stream.0)));
+        }
+        Ok(())
+    }
+
+    fn stream_synchronize(&mut self, ctx: ContextId, stream: StreamId) -> ComputeResult<()> {
+        self.ctx(ctx)?.stream(stream)
+    }
+
+    fn stream_query(&mut self, ctx: ContextId, stream: StreamId) -> ComputeResult<()> {
+        self.ctx(ctx)?.stream(stream)
+    }
+
+    fn event_create(&mut self, ctx: ContextId) -> ComputeResult<EventId> {
+        let c = self.ctx(ctx)?;
+        if c.events.len() >= MAX_EVENTS_PER_CONTEXT {
+            return Err(ComputeError::OutOfMemory(format!(
+                "{MAX_EVENTS_PER_CONTEXT} events"
+            )));
+        }
+        let id = c.id();
+        c.events.insert(id, None);
+        Ok(EventId(id))
+    }
+
+    fn event_destroy(&mut self, ctx: ContextId, event: EventId) -> ComputeResult<()> {
+        self.ctx(ctx)?
+            .events
+            .remove(&event.0)
+            .map(drop)
+            .ok_or_else(|| ComputeError::InvalidHandle(format!("event {}", event.0)))
+    }
+
+    fn event_record(
+        &mut self,
+        ctx: ContextId,
+        event: EventId,
+        stream: StreamId,
+    ) -> ComputeResult<()> {
+        let c = self.ctx(ctx)?;
+        c.stream(stream)?;
+        *c.event(event)? = Some(Instant::now());
+        Ok(())
+    }
+
+    fn event_synchronize(&mut self, ctx: ContextId, event: EventId) -> ComputeResult<()> {
+        self.ctx(ctx)?.event(event).map(drop)
+    }
+
+    fn event_query(&mut self, ctx: ContextId, event: EventId) -> ComputeResult<()> {
+        self.ctx(ctx)?.event(event).map(drop)
+    }
+
+    fn event_elapsed_ms(
+        &mut self,
+        ctx: ContextId,
+        start: EventId,
+        end: EventId,
+    ) -> ComputeResult<f32> {
+        let c = self.ctx(ctx)?;
+        let a = *c.event(start)?;
+        let b = *c.event(end)?;
+        match (a, b) {
+            (Some(a), Some(b)) => Ok(match b.checked_duration_since(a) {
+                Some(d) => d.as_secs_f32() * 1000.0,
+                None => -(a - b).as_secs_f32() * 1000.0,
+            }),
+            _ => Err(ComputeError::InvalidHandle("event never recorded".into())),
+        }
+    }
+
+    fn launch(&mut self, ctx: ContextId, l: &KernelLaunch<'_>) -> ComputeResult<()> {
+        let (budget, threads) = (self.config.instruction_budget, self.config.threads);
+        let c = self.ctx(ctx)?;
+        c.stream(l.stream)?;
+        let (module, name) = c
+            .functions
+            .get(&l.function.0)
+            .ok_or_else(|| ComputeError::InvalidHandle(format!("function {}", l.function.0)))?;
+        let m = &c.modules[module];
+        let launch = Launch {
+            grid: l.grid,
+            block: l.block,
+            dynamic_shared_bytes: l.shared_bytes,
+            params: l.params,
+            symbols: &m.symbols,
+            instruction_budget: budget,
+            threads,
+        };
+        let result = ptx::launch(&m.ptx, name, &launch, &c.memory as &dyn GlobalMemory);
+        match result {
+            Ok(stats) => {
+                let room = MAX_PRINTF_BYTES.saturating_sub(c.output.len());
+                let mut cut = stats.output.len().min(room);
+                while !stats.output.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                c.output.push_str(&stats.output[..cut]);
+                Ok(())
+            }
+            Err(e) => {
+                if e.is_sticky() {
+                    warn!(
+                        "context {}: kernel {name} failed, the context is broken: {e}",
+                        ctx.0
+                    );
+                    c.broken = Some(e.clone());
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn take_output(&mut self, ctx: ContextId) -> ComputeResult<String> {
+        let c = self
+            .contexts
+            .get_mut(&ctx.0)
+            .ok_or_else(|| ComputeError::InvalidHandle(format!("context {}", ctx.0)))?;
+        Ok(std::mem::take(&mut c.output))
+    }
+}
