@@ -4,6 +4,10 @@
 //! its kernel is launched as the program's host code launches it, and the results are checked
 //! against host computations. The faulting and the never-ending kernels must be contained.
 //!
+//! With VGPU_COMPUTE=nvcuda the same programs and checks run on the real driver instead (the
+//! differential check, `qemu-scripts/cuda-differential.sh`); the CPU-only expectations (printf
+//! capture, the instruction budget) are then skipped.
+//!
 //! Without a corpus the tests skip, unless VGPU_REQUIRE_CUDA_CORPUS=1 (the README's test
 //! command builds the corpus and sets it), when they fail.
 
@@ -11,7 +15,7 @@ use std::path::PathBuf;
 
 use mdev_backend::compute::backend::*;
 use mdev_backend::compute::fatbin::extract_ptx;
-use mdev_backend::compute::{ComputeError, CpuBackend, CpuConfig};
+use mdev_backend::compute::{ComputeBackend, ComputeError, CpuBackend, CpuConfig, NvCuda};
 
 fn corpus() -> Option<PathBuf> {
     let dir = std::env::var_os("VGPU_CUDA_CORPUS")
@@ -39,8 +43,13 @@ fn corpus() -> Option<PathBuf> {
     None
 }
 
+/// Whether the tests run on the real driver.
+fn on_nvcuda() -> bool {
+    std::env::var("VGPU_COMPUTE").is_ok_and(|v| v == "nvcuda")
+}
+
 struct Program {
-    be: CpuBackend,
+    be: Box<dyn ComputeBackend>,
     ctx: ContextId,
     function: FunctionId,
     params: Vec<ParamInfo>,
@@ -49,7 +58,11 @@ struct Program {
 impl Program {
     fn load(program: &str, kernel: &str, config: CpuConfig) -> Option<Program> {
         let image = std::fs::read(corpus()?.join(program)).expect("corpus program");
-        let mut be = CpuBackend::new(config);
+        let mut be: Box<dyn ComputeBackend> = if on_nvcuda() {
+            Box::new(NvCuda::new(0).expect("VGPU_COMPUTE=nvcuda needs a CUDA driver and device"))
+        } else {
+            Box::new(CpuBackend::new(config))
+        };
         let ctx = be.context_create().unwrap();
         let module = be
             .module_load(ctx, &image)
@@ -404,6 +417,10 @@ fn a_faulting_kernel_breaks_only_its_own_context() {
 
 #[test]
 fn a_never_ending_kernel_is_a_launch_timeout() {
+    if on_nvcuda() {
+        // A real GPU without a display watchdog would spin until the process ends.
+        return;
+    }
     let config = CpuConfig {
         instruction_budget: 5_000_000,
         ..CpuConfig::default()

@@ -15,9 +15,11 @@ pub mod cpu;
 pub mod error;
 pub mod fatbin;
 pub mod memory;
+pub mod nvcuda;
 pub mod ptx;
 
 pub use backend::ComputeBackend;
 pub use cpu::{CpuBackend, CpuConfig};
 pub use error::{ComputeError, ComputeResult};
 pub use memory::{DeviceMemory, Fault, FaultKind, GlobalMemory};
+pub use nvcuda::NvCuda;

@@ -1,0 +1,813 @@
+//! `NvCuda`: the compute backend on NVIDIA's driver, `libcuda.so.1` loaded at run time (no
+//! build-time dependency; absent library or device = `ComputeError::NoDevice`, and the device
+//! then offers no compute). One `CUcontext` per guest context, made current before each call,
+//! so the backend may live on any one thread (the executor thread of its VM). The unsafe code
+//! of the compute backends lives in this file.
+//!
+//! Guest-supplied device addresses are checked against the context's own allocation table
+//! before any copy or memset reaches the driver (with unified addressing the driver would
+//! accept another context's pointer); kernels are confined by the GPU's per-context address
+//! spaces. Module images go to the driver as PTX text extracted by `fatbin`, the same text
+//! the CPU executor runs, so the two backends execute the same code.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{CString, c_char, c_int, c_uint, c_void};
+
+use libloading::Library;
+use log::{info, warn};
+
+use super::backend::*;
+use super::fatbin::extract_ptx;
+use super::{ComputeError, ComputeResult};
+
+type CuResult = c_int;
+type Handle = *mut c_void;
+
+/// `CU_LAUNCH_PARAM_BUFFER_POINTER`, `CU_LAUNCH_PARAM_BUFFER_SIZE`, `CU_LAUNCH_PARAM_END`:
+/// kernel parameters passed as one packed buffer (the layout the guest already uses).
+const LAUNCH_PARAM_BUFFER_POINTER: usize = 1;
+const LAUNCH_PARAM_BUFFER_SIZE: usize = 2;
+const LAUNCH_PARAM_END: usize = 0;
+/// `CUresult` values the backend maps specially.
+const CUDA_SUCCESS: c_int = 0;
+const CUDA_ERROR_NOT_READY: c_int = 600;
+/// Device attributes (`CUdevice_attribute`).
+const ATTR_MAX_THREADS_PER_BLOCK: c_int = 1;
+const ATTR_MAX_BLOCK_DIM_X: c_int = 2;
+const ATTR_MAX_GRID_DIM_X: c_int = 5;
+const ATTR_MAX_SHARED_MEMORY_PER_BLOCK: c_int = 8;
+const ATTR_WARP_SIZE: c_int = 10;
+const ATTR_CLOCK_RATE: c_int = 13;
+const ATTR_MULTIPROCESSOR_COUNT: c_int = 16;
+const ATTR_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
+const ATTR_COMPUTE_CAPABILITY_MINOR: c_int = 76;
+
+/// The driver entry points used, resolved once.
+struct Api {
+    _lib: Library,
+    init: unsafe extern "C" fn(c_uint) -> CuResult,
+    device_get: unsafe extern "C" fn(*mut c_int, c_int) -> CuResult,
+    device_get_name: unsafe extern "C" fn(*mut c_char, c_int, c_int) -> CuResult,
+    device_total_mem: unsafe extern "C" fn(*mut usize, c_int) -> CuResult,
+    device_get_attribute: unsafe extern "C" fn(*mut c_int, c_int, c_int) -> CuResult,
+    ctx_create: unsafe extern "C" fn(*mut Handle, c_uint, c_int) -> CuResult,
+    ctx_destroy: unsafe extern "C" fn(Handle) -> CuResult,
+    ctx_set_current: unsafe extern "C" fn(Handle) -> CuResult,
+    ctx_synchronize: unsafe extern "C" fn() -> CuResult,
+    module_load_data: unsafe extern "C" fn(*mut Handle, *const c_void) -> CuResult,
+    module_unload: unsafe extern "C" fn(Handle) -> CuResult,
+    module_get_function: unsafe extern "C" fn(*mut Handle, Handle, *const c_char) -> CuResult,
+    func_get_param_info: unsafe extern "C" fn(Handle, usize, *mut usize, *mut usize) -> CuResult,
+    mem_alloc: unsafe extern "C" fn(*mut u64, usize) -> CuResult,
+    mem_free: unsafe extern "C" fn(u64) -> CuResult,
+    memset_d8_async: unsafe extern "C" fn(u64, u8, usize, Handle) -> CuResult,
+    memset_d32_async: unsafe extern "C" fn(u64, c_uint, usize, Handle) -> CuResult,
+    memcpy_htod_async: unsafe extern "C" fn(u64, *const c_void, usize, Handle) -> CuResult,
+    memcpy_dtoh_async: unsafe extern "C" fn(*mut c_void, u64, usize, Handle) -> CuResult,
+    memcpy_dtod_async: unsafe extern "C" fn(u64, u64, usize, Handle) -> CuResult,
+    stream_create: unsafe extern "C" fn(*mut Handle, c_uint) -> CuResult,
+    stream_destroy: unsafe extern "C" fn(Handle) -> CuResult,
+    stream_synchronize: unsafe extern "C" fn(Handle) -> CuResult,
+    stream_query: unsafe extern "C" fn(Handle) -> CuResult,
+    event_create: unsafe extern "C" fn(*mut Handle, c_uint) -> CuResult,
+    event_destroy: unsafe extern "C" fn(Handle) -> CuResult,
+    event_record: unsafe extern "C" fn(Handle, Handle) -> CuResult,
+    event_synchronize: unsafe extern "C" fn(Handle) -> CuResult,
+    event_query: unsafe extern "C" fn(Handle) -> CuResult,
+    event_elapsed_time: unsafe extern "C" fn(*mut f32, Handle, Handle) -> CuResult,
+    #[allow(clippy::type_complexity)]
+    launch_kernel: unsafe extern "C" fn(
+        Handle,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        Handle,
+        *mut *mut c_void,
+        *mut *mut c_void,
+    ) -> CuResult,
+}
+
+impl Api {
+    fn load() -> ComputeResult<Api> {
+        // SAFETY: loading the NVIDIA driver library runs its initialisers, which is what every
+        // CUDA program does; the library stays loaded as long as the returned `Api`.
+        let lib = unsafe { Library::new("libcuda.so.1") }
+            .map_err(|e| ComputeError::NoDevice(format!("libcuda.so.1: {e}")))?;
+        macro_rules! sym {
+            ($name:literal) => {{
+                // SAFETY: the symbol is the driver API function of that name, and the field it
+                // is stored in has the function's C signature from cuda.h; the pointer does
+                // not outlive `_lib`, which the `Api` keeps.
+                let s = unsafe { lib.get(concat!($name, "\0").as_bytes()) }
+                    .map_err(|e| ComputeError::NoDevice(format!("{}: {e}", $name)))?;
+                *s
+            }};
+        }
+        Ok(Api {
+            init: sym!("cuInit"),
+            device_get: sym!("cuDeviceGet"),
+            device_get_name: sym!("cuDeviceGetName"),
+            device_total_mem: sym!("cuDeviceTotalMem_v2"),
+            device_get_attribute: sym!("cuDeviceGetAttribute"),
+            ctx_create: sym!("cuCtxCreate_v2"),
+            ctx_destroy: sym!("cuCtxDestroy_v2"),
+            ctx_set_current: sym!("cuCtxSetCurrent"),
+            ctx_synchronize: sym!("cuCtxSynchronize"),
+            module_load_data: sym!("cuModuleLoadData"),
+            module_unload: sym!("cuModuleUnload"),
+            module_get_function: sym!("cuModuleGetFunction"),
+            func_get_param_info: sym!("cuFuncGetParamInfo"),
+            mem_alloc: sym!("cuMemAlloc_v2"),
+            mem_free: sym!("cuMemFree_v2"),
+            memset_d8_async: sym!("cuMemsetD8Async"),
+            memset_d32_async: sym!("cuMemsetD32Async"),
+            memcpy_htod_async: sym!("cuMemcpyHtoDAsync_v2"),
+            memcpy_dtoh_async: sym!("cuMemcpyDtoHAsync_v2"),
+            memcpy_dtod_async: sym!("cuMemcpyDtoDAsync_v2"),
+            stream_create: sym!("cuStreamCreate"),
+            stream_destroy: sym!("cuStreamDestroy_v2"),
+            stream_synchronize: sym!("cuStreamSynchronize"),
+            stream_query: sym!("cuStreamQuery"),
+            event_create: sym!("cuEventCreate"),
+            event_destroy: sym!("cuEventDestroy_v2"),
+            event_record: sym!("cuEventRecord"),
+            event_synchronize: sym!("cuEventSynchronize"),
+            event_query: sym!("cuEventQuery"),
+            event_elapsed_time: sym!("cuEventElapsedTime"),
+            launch_kernel: sym!("cuLaunchKernel"),
+            _lib: lib,
+        })
+    }
+}
+
+/// A driver status as the backend's error (the guest sees the same `CUresult`).
+fn check(what: &str, r: CuResult) -> ComputeResult<()> {
+    match r {
+        CUDA_SUCCESS => Ok(()),
+        CUDA_ERROR_NOT_READY => Err(ComputeError::NotReady),
+        1 => Err(ComputeError::InvalidValue(what.into())),
+        2 => Err(ComputeError::OutOfMemory(what.into())),
+        200 => Err(ComputeError::InvalidImage(what.into())),
+        218 => Err(ComputeError::InvalidPtx(what.into())),
+        400 => Err(ComputeError::InvalidHandle(what.into())),
+        500 => Err(ComputeError::NotFound(what.into())),
+        700 => Err(ComputeError::IllegalAddress(what.into())),
+        701 => Err(ComputeError::LaunchOutOfResources(what.into())),
+        702 => Err(ComputeError::LaunchTimeout(what.into())),
+        715 => Err(ComputeError::IllegalInstruction(what.into())),
+        716 => Err(ComputeError::MisalignedAddress(what.into())),
+        code => Err(ComputeError::Driver {
+            code: code as u32,
+            what: what.into(),
+        }),
+    }
+}
+
+/// Driver handles are kept as integers so the backend is `Send`; they are only used on the
+/// thread that currently owns the backend, with the context made current first.
+#[derive(Debug, Default)]
+struct Context {
+    handle: usize,
+    modules: HashMap<u32, usize>,
+    functions: HashMap<u32, usize>,
+    streams: HashMap<u32, usize>,
+    events: HashMap<u32, usize>,
+    /// Device address → size of every allocation of this context.
+    allocations: BTreeMap<u64, u64>,
+    broken: Option<ComputeError>,
+    next_id: u32,
+}
+
+impl Context {
+    fn id(&mut self) -> u32 {
+        self.next_id = self.next_id.wrapping_add(1).max(1);
+        self.next_id
+    }
+
+    fn stream(&self, s: StreamId) -> ComputeResult<Handle> {
+        if s == DEFAULT_STREAM {
+            return Ok(std::ptr::null_mut());
+        }
+        self.streams
+            .get(&s.0)
+            .map(|&h| h as Handle)
+            .ok_or_else(|| ComputeError::InvalidHandle(format!("stream {}", s.0)))
+    }
+
+    fn event(&self, e: EventId) -> ComputeResult<Handle> {
+        self.events
+            .get(&e.0)
+            .map(|&h| h as Handle)
+            .ok_or_else(|| ComputeError::InvalidHandle(format!("event {}", e.0)))
+    }
+
+    /// `[addr, addr + bytes)` lies inside one allocation of this context.
+    fn owns(&self, addr: u64, bytes: u64) -> ComputeResult<()> {
+        let inside = self
+            .allocations
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(base, len)| {
+                addr.checked_add(bytes).is_some_and(|end| end <= base + len)
+            });
+        if inside {
+            Ok(())
+        } else {
+            Err(ComputeError::InvalidValue(format!(
+                "{addr:#x}+{bytes} is not memory of this context"
+            )))
+        }
+    }
+}
+
+/// The compute backend on the NVIDIA driver.
+pub struct NvCuda {
+    api: Api,
+    device: c_int,
+    attributes: DeviceAttributes,
+    contexts: HashMap<u32, Context>,
+    next_ctx: u32,
+}
+
+impl std::fmt::Debug for NvCuda {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NvCuda")
+            .field("device", &self.attributes.name)
+            .finish()
+    }
+}
+
+// SAFETY: NvCuda holds driver handles as integers and calls the driver only through `&mut self`
+// after making the context current on the calling thread, which the driver allows from any
+// thread; no handle is shared between threads at the same time.
+unsafe impl Send for NvCuda {}
+
+impl NvCuda {
+    /// Loads the driver and opens device `ordinal`.
+    pub fn new(ordinal: i32) -> ComputeResult<NvCuda> {
+        let api = Api::load()?;
+        // SAFETY: cuInit takes flags 0 and may be called more than once.
+        check("cuInit", unsafe { (api.init)(0) })
+            .map_err(|e| ComputeError::NoDevice(e.to_string()))?;
+        let mut device = 0;
+        // SAFETY: `device` is a valid out-pointer for the call.
+        check("cuDeviceGet", unsafe {
+            (api.device_get)(&mut device, ordinal)
+        })
+        .map_err(|e| ComputeError::NoDevice(e.to_string()))?;
+        let mut name = [0 as c_char; 256];
+        // SAFETY: the buffer is 256 bytes and its length is passed.
+        check("cuDeviceGetName", unsafe {
+            (api.device_get_name)(name.as_mut_ptr(), 256, device)
+        })?;
+        let name: String = name
+            .iter()
+            .take_while(|&&c| c != 0)
+            .map(|&c| char::from(c as u8))
+            .collect();
+        let mut total = 0usize;
+        // SAFETY: `total` is a valid out-pointer.
+        check("cuDeviceTotalMem", unsafe {
+            (api.device_total_mem)(&mut total, device)
+        })?;
+        let attr = |a: c_int| -> ComputeResult<u32> {
+            let mut v = 0;
+            // SAFETY: `v` is a valid out-pointer; `a` is a documented attribute.
+            check("cuDeviceGetAttribute", unsafe {
+                (api.device_get_attribute)(&mut v, a, device)
+            })?;
+            Ok(v.max(0) as u32)
+        };
+        let attributes = DeviceAttributes {
+            name,
+            total_memory: total as u64,
+            compute_capability: (
+                attr(ATTR_COMPUTE_CAPABILITY_MAJOR)?,
+                attr(ATTR_COMPUTE_CAPABILITY_MINOR)?,
+            ),
+            multiprocessors: attr(ATTR_MULTIPROCESSOR_COUNT)?,
+            max_threads_per_block: attr(ATTR_MAX_THREADS_PER_BLOCK)?,
+            max_block: [
+                attr(ATTR_MAX_BLOCK_DIM_X)?,
+                attr(ATTR_MAX_BLOCK_DIM_X + 1)?,
+                attr(ATTR_MAX_BLOCK_DIM_X + 2)?,
+            ],
+            max_grid: [
+                attr(ATTR_MAX_GRID_DIM_X)?,
+                attr(ATTR_MAX_GRID_DIM_X + 1)?,
+                attr(ATTR_MAX_GRID_DIM_X + 2)?,
+            ],
+            shared_memory_per_block: attr(ATTR_MAX_SHARED_MEMORY_PER_BLOCK)?,
+            warp_size: attr(ATTR_WARP_SIZE)?,
+            clock_khz: attr(ATTR_CLOCK_RATE)?,
+        };
+        info!(
+            "CUDA device {ordinal}: {}, {} MiB",
+            attributes.name,
+            total >> 20
+        );
+        Ok(NvCuda {
+            api,
+            device,
+            attributes,
+            contexts: HashMap::new(),
+            next_ctx: 0,
+        })
+    }
+
+    /// The context, made current on this thread, unless unknown or broken.
+    fn ctx(&mut self, ctx: ContextId) -> ComputeResult<&mut Context> {
+        let c = self
+            .contexts
+            .get_mut(&ctx.0)
+            .ok_or_else(|| ComputeError::InvalidHandle(format!("context {}", ctx.0)))?;
+        if let Some(e) = &c.broken {
+            return Err(ComputeError::ContextBroken(e.to_string()));
+        }
+        // SAFETY: the handle is a live context created by this backend.
+        check("cuCtxSetCurrent", unsafe {
+            (self.api.ctx_set_current)(c.handle as Handle)
+        })?;
+        Ok(c)
+    }
+
+    /// Runs `call` on a context and marks the context broken when the driver reports a sticky
+    /// error.
+    fn on<T>(
+        &mut self,
+        ctx: ContextId,
+        call: impl FnOnce(&Api, &mut Context) -> ComputeResult<T>,
+    ) -> ComputeResult<T> {
+        self.ctx(ctx)?;
+        let c = self.contexts.get_mut(&ctx.0).expect("checked above");
+        let r = call(&self.api, c);
+        if let Err(e) = &r {
+            if e.is_sticky() {
+                warn!("CUDA context {}: {e}; the context is broken", ctx.0);
+                c.broken = Some(e.clone());
+            }
+        }
+        r
+    }
+}
+
+impl ComputeBackend for NvCuda {
+    fn attributes(&self) -> DeviceAttributes {
+        self.attributes.clone()
+    }
+
+    fn context_create(&mut self) -> ComputeResult<ContextId> {
+        if self.contexts.len() >= MAX_CONTEXTS {
+            return Err(ComputeError::OutOfMemory(format!(
+                "{MAX_CONTEXTS} contexts"
+            )));
+        }
+        let mut handle: Handle = std::ptr::null_mut();
+        // SAFETY: `handle` is a valid out-pointer; flags 0 (automatic scheduling).
+        check("cuCtxCreate", unsafe {
+            (self.api.ctx_create)(&mut handle, 0, self.device)
+        })?;
+        loop {
+            self.next_ctx = self.next_ctx.wrapping_add(1).max(1);
+            if !self.contexts.contains_key(&self.next_ctx) {
+                break;
+            }
+        }
+        self.contexts.insert(
+            self.next_ctx,
+            Context {
+                handle: handle as usize,
+                ..Context::default()
+            },
+        );
+        Ok(ContextId(self.next_ctx))
+    }
+
+    fn context_destroy(&mut self, ctx: ContextId) -> ComputeResult<()> {
+        let c = self
+            .contexts
+            .remove(&ctx.0)
+            .ok_or_else(|| ComputeError::InvalidHandle(format!("context {}", ctx.0)))?;
+        // SAFETY: the context was created by this backend and is destroyed once; destroying it
+        // frees its modules, memory, streams and events.
+        check("cuCtxDestroy", unsafe {
+            (self.api.ctx_destroy)(c.handle as Handle)
+        })
+    }
+
+    fn context_synchronize(&mut self, ctx: ContextId) -> ComputeResult<()> {
+        self.on(ctx, |api, _| {
+            // SAFETY: `on` made the context current on this thread.
+            check("cuCtxSynchronize", unsafe { (api.ctx_synchronize)() })
+        })
+    }
+
+    fn module_load(&mut self, ctx: ContextId, image: &[u8]) -> ComputeResult<ModuleId> {
+        let ptx = extract_ptx(image)?
+            .into_iter()
+            .next_back()
+            .expect("extract_ptx returns at least one");
+        let text = CString::new(ptx.text)
+            .map_err(|_| ComputeError::InvalidPtx("NUL inside PTX".into()))?;
+        self.on(ctx, |api, c| {
+            if c.modules.len() >= MAX_MODULES_PER_CONTEXT {
+                return Err(ComputeError::OutOfMemory(format!(
+                    "{MAX_MODULES_PER_CONTEXT} modules"
+                )));
+            }
+            let mut m: Handle = std::ptr::null_mut();
+            // SAFETY: `text` is NUL-terminated PTX that lives across the call; `m` is a valid
+            // out-pointer.
+            check("cuModuleLoadData", unsafe {
+                (api.module_load_data)(&mut m, text.as_ptr().cast())
+            })?;
+            let id = c.id();
+            c.modules.insert(id, m as usize);
+            Ok(ModuleId(id))
+        })
+    }
+
+    fn module_unload(&mut self, ctx: ContextId, module: ModuleId) -> ComputeResult<()> {
+        self.on(ctx, |api, c| {
+            let m = c
+                .modules
+                .remove(&module.0)
+                .ok_or_else(|| ComputeError::InvalidHandle(format!("module {}", module.0)))?;
+            // SAFETY: a live module of the current context, unloaded once.
+            check("cuModuleUnload", unsafe {
+                (api.module_unload)(m as Handle)
+            })
+        })
+    }
+
+    fn function(
+        &mut self,
+        ctx: ContextId,
+        module: ModuleId,
+        name: &str,
+    ) -> ComputeResult<(FunctionId, Vec<ParamInfo>)> {
+        let cname = CString::new(name)
+            .map_err(|_| ComputeError::NotFound("NUL in a kernel name".into()))?;
+        self.on(ctx, |api, c| {
+            let m = *c
+                .modules
+                .get(&module.0)
+                .ok_or_else(|| ComputeError::InvalidHandle(format!("module {}", module.0)))?;
+            if c.functions.len() >= MAX_FUNCTIONS_PER_CONTEXT {
+                return Err(ComputeError::OutOfMemory(format!(
+                    "{MAX_FUNCTIONS_PER_CONTEXT} functions"
+                )));
+            }
+            let mut f: Handle = std::ptr::null_mut();
+            // SAFETY: `cname` is NUL-terminated; `m` a live module; `f` a valid out-pointer.
+            check("cuModuleGetFunction", unsafe {
+                (api.module_get_function)(&mut f, m as Handle, cname.as_ptr())
+            })?;
+            let mut params = Vec::new();
+            for index in 0..4096 {
+                let (mut offset, mut size) = (0usize, 0usize);
+                // SAFETY: valid out-pointers; an index past the last parameter is an error.
+                let r = unsafe { (api.func_get_param_info)(f, index, &mut offset, &mut size) };
+                if r != CUDA_SUCCESS {
+                    break;
+                }
+                let align = (size as u32).clamp(1, 8).next_power_of_two();
+                params.push(ParamInfo {
+                    offset: offset as u32,
+                    size: size as u32,
+                    align,
+                });
+            }
+            let id = c.id();
+            c.functions.insert(id, f as usize);
+            Ok((FunctionId(id), params))
+        })
+    }
+
+    fn mem_alloc(&mut self, ctx: ContextId, bytes: u64) -> ComputeResult<u64> {
+        self.on(ctx, |api, c| {
+            if bytes == 0 || c.allocations.len() >= super::memory::MAX_ALLOCATIONS {
+                return Err(ComputeError::InvalidValue(format!(
+                    "allocation of {bytes} bytes"
+                )));
+            }
+            let mut addr = 0u64;
+            let size = usize::try_from(bytes)
+                .map_err(|_| ComputeError::OutOfMemory(format!("{bytes}")))?;
+            // SAFETY: `addr` is a valid out-pointer.
+            check("cuMemAlloc", unsafe { (api.mem_alloc)(&mut addr, size) })?;
+            c.allocations.insert(addr, bytes);
+            Ok(addr)
+        })
+    }
+
+    fn mem_free(&mut self, ctx: ContextId, addr: u64) -> ComputeResult<()> {
+        self.on(ctx, |api, c| {
+            c.allocations.remove(&addr).ok_or_else(|| {
+                ComputeError::InvalidValue(format!("{addr:#x} is not an allocation"))
+            })?;
+            // SAFETY: `addr` is an allocation of the current context, freed once.
+            check("cuMemFree", unsafe { (api.mem_free)(addr) })
+        })
+    }
+
+    fn memset_d8(
+        &mut self,
+        ctx: ContextId,
+        addr: u64,
+        value: u8,
+        count: u64,
+        stream: StreamId,
+    ) -> ComputeResult<()> {
+        self.on(ctx, |api, c| {
+            c.owns(addr, count)?;
+            let s = c.stream(stream)?;
+            // SAFETY: the range lies in an allocation of the current context.
+            check("cuMemsetD8", unsafe {
+                (api.memset_d8_async)(addr, value, count as usize, s)
+            })
+        })
+    }
+
+    fn memset_d32(
+        &mut self,
+        ctx: ContextId,
+        addr: u64,
+        value: u32,
+        count: u64,
+        stream: StreamId,
+    ) -> ComputeResult<()> {
+        self.on(ctx, |api, c| {
+            c.owns(
+                addr,
+                count
+                    .checked_mul(4)
+                    .ok_or_else(|| ComputeError::InvalidValue("count".into()))?,
+            )?;
+            let s = c.stream(stream)?;
+            // SAFETY: the range lies in an allocation of the current context.
+            check("cuMemsetD32", unsafe {
+                (api.memset_d32_async)(addr, value, count as usize, s)
+            })
+        })
+    }
+
+    fn copy_htod(
+        &mut self,
+        ctx: ContextId,
+        dst: u64,
+        src: &[u8],
+        stream: StreamId,
+    ) -> ComputeResult<()> {
+        self.on(ctx, |api, c| {
+            c.owns(dst, src.len() as u64)?;
+            let s = c.stream(stream)?;
+            // SAFETY: `src` is readable for its length until the stream synchronises below;
+            // the destination lies in an allocation of the current context.
+            check("cuMemcpyHtoD", unsafe {
+                (api.memcpy_htod_async)(dst, src.as_ptr().cast(), src.len(), s)
+            })?;
+            // SAFETY: a live stream (or the default one) of the current context.
+            check("cuStreamSynchronize", unsafe {
+                (api.stream_synchronize)(s)
+            })
+        })
+    }
+
+    fn copy_dtoh(
+        &mut self,
+        ctx: ContextId,
+        dst: &mut [u8],
+        src: u64,
+        stream: StreamId,
+    ) -> ComputeResult<()> {
+        self.on(ctx, |api, c| {
+            c.owns(src, dst.len() as u64)?;
+            let s = c.stream(stream)?;
+            // SAFETY: `dst` is writable for its length until the stream synchronises below;
+            // the source lies in an allocation of the current context.
+            check("cuMemcpyDtoH", unsafe {
+                (api.memcpy_dtoh_async)(dst.as_mut_ptr().cast(), src, dst.len(), s)
+            })?;
+            // SAFETY: a live stream (or the default one) of the current context.
+            check("cuStreamSynchronize", unsafe {
+                (api.stream_synchronize)(s)
+            })
+        })
+    }
+
+    fn copy_dtod(
+        &mut self,
+        ctx: ContextId,
+        dst: u64,
+        src: u64,
+        bytes: u64,
+        stream: StreamId,
+    ) -> ComputeResult<()> {
+        self.on(ctx, |api, c| {
+            c.owns(src, bytes)?;
+            c.owns(dst, bytes)?;
+            let s = c.stream(stream)?;
+            // SAFETY: both ranges lie in allocations of the current context.
+            check("cuMemcpyDtoD", unsafe {
+                (api.memcpy_dtod_async)(dst, src, bytes as usize, s)
+            })
+        })
+    }
+
+    fn stream_create(&mut self, ctx: ContextId) -> ComputeResult<StreamId> {
+        self.on(ctx, |api, c| {
+            if c.streams.len() >= MAX_STREAMS_PER_CONTEXT {
+                return Err(ComputeError::OutOfMemory(format!(
+                    "{MAX_STREAMS_PER_CONTEXT} streams"
+                )));
+            }
+            let mut s: Handle = std::ptr::null_mut();
+            // SAFETY: `s` is a valid out-pointer; flags 0.
+            check("cuStreamCreate", unsafe { (api.stream_create)(&mut s, 0) })?;
+            let id = c.id();
+            c.streams.insert(id, s as usize);
+            Ok(StreamId(id))
+        })
+    }
+
+    fn stream_destroy(&mut self, ctx: ContextId, stream: StreamId) -> ComputeResult<()> {
+        self.on(ctx, |api, c| {
+            let s = c
+                .streams
+                .remove(&stream.0)
+                .ok_or_else(|| ComputeError::InvalidHandle(format!("stream {}", stream.0)))?;
+            // SAFETY: a live stream of the current context, destroyed once.
+            check("cuStreamDestroy", unsafe {
+                (api.stream_destroy)(s as Handle)
+            })
+        })
+    }
+
+    fn stream_synchronize(&mut self, ctx: ContextId, stream: StreamId) -> ComputeResult<()> {
+        self.on(ctx, |api, c| {
+            let s = c.stream(stream)?;
+            // SAFETY: a live stream (or the default one) of the current context.
+            check("cuStreamSynchronize", unsafe {
+                (api.stream_synchronize)(s)
+            })
+        })
+    }
+
+    fn stream_query(&mut self, ctx: ContextId, stream: StreamId) -> ComputeResult<()> {
+        self.on(ctx, |api, c| {
+            let s = c.stream(stream)?;
+            // SAFETY: a live stream (or the default one) of the current context.
+            check("cuStreamQuery", unsafe { (api.stream_query)(s) })
+        })
+    }
+
+    fn event_create(&mut self, ctx: ContextId) -> ComputeResult<EventId> {
+        self.on(ctx, |api, c| {
+            if c.events.len() >= MAX_EVENTS_PER_CONTEXT {
+                return Err(ComputeError::OutOfMemory(format!(
+                    "{MAX_EVENTS_PER_CONTEXT} events"
+                )));
+            }
+            let mut e: Handle = std::ptr::null_mut();
+            // SAFETY: `e` is a valid out-pointer; flags 0 (timing enabled).
+            check("cuEventCreate", unsafe { (api.event_create)(&mut e, 0) })?;
+            let id = c.id();
+            c.events.insert(id, e as usize);
+            Ok(EventId(id))
+        })
+    }
+
+    fn event_destroy(&mut self, ctx: ContextId, event: EventId) -> ComputeResult<()> {
+        self.on(ctx, |api, c| {
+            let e = c
+                .events
+                .remove(&event.0)
+                .ok_or_else(|| ComputeError::InvalidHandle(format!("event {}", event.0)))?;
+            // SAFETY: a live event of the current context, destroyed once.
+            check("cuEventDestroy", unsafe {
+                (api.event_destroy)(e as Handle)
+            })
+        })
+    }
+
+    fn event_record(
+        &mut self,
+        ctx: ContextId,
+        event: EventId,
+        stream: StreamId,
+    ) -> ComputeResult<()> {
+        self.on(ctx, |api, c| {
+            let (e, s) = (c.event(event)?, c.stream(stream)?);
+            // SAFETY: a live event and stream of the current context.
+            check("cuEventRecord", unsafe { (api.event_record)(e, s) })
+        })
+    }
+
+    fn event_synchronize(&mut self, ctx: ContextId, event: EventId) -> ComputeResult<()> {
+        self.on(ctx, |api, c| {
+            let e = c.event(event)?;
+            // SAFETY: a live event of the current context.
+            check("cuEventSynchronize", unsafe { (api.event_synchronize)(e) })
+        })
+    }
+
+    fn event_query(&mut self, ctx: ContextId, event: EventId) -> ComputeResult<()> {
+        self.on(ctx, |api, c| {
+            let e = c.event(event)?;
+            // SAFETY: a live event of the current context.
+            check("cuEventQuery", unsafe { (api.event_query)(e) })
+        })
+    }
+
+    fn event_elapsed_ms(
+        &mut self,
+        ctx: ContextId,
+        start: EventId,
+        end: EventId,
+    ) -> ComputeResult<f32> {
+        self.on(ctx, |api, c| {
+            let (a, b) = (c.event(start)?, c.event(end)?);
+            let mut ms = 0f32;
+            // SAFETY: live events of the current context; `ms` a valid out-pointer.
+            check("cuEventElapsedTime", unsafe {
+                (api.event_elapsed_time)(&mut ms, a, b)
+            })?;
+            Ok(ms)
+        })
+    }
+
+    fn launch(&mut self, ctx: ContextId, l: &KernelLaunch<'_>) -> ComputeResult<()> {
+        self.on(ctx, |api, c| {
+            let f = *c
+                .functions
+                .get(&l.function.0)
+                .ok_or_else(|| ComputeError::InvalidHandle(format!("function {}", l.function.0)))?;
+            let s = c.stream(l.stream)?;
+            let mut size = l.params.len();
+            let mut extra: [*mut c_void; 5] = [
+                LAUNCH_PARAM_BUFFER_POINTER as *mut c_void,
+                l.params.as_ptr() as *mut c_void,
+                LAUNCH_PARAM_BUFFER_SIZE as *mut c_void,
+                (&mut size as *mut usize).cast(),
+                LAUNCH_PARAM_END as *mut c_void,
+            ];
+            let [gx, gy, gz] = l.grid;
+            let [bx, by, bz] = l.block;
+            // SAFETY: `f` and `s` are live handles of the current context; `extra` is the
+            // documented packed-parameter list whose buffer and size outlive the call (the
+            // driver copies the parameters at launch).
+            check("cuLaunchKernel", unsafe {
+                (api.launch_kernel)(
+                    f as Handle,
+                    gx,
+                    gy,
+                    gz,
+                    bx,
+                    by,
+                    bz,
+                    l.shared_bytes,
+                    s,
+                    std::ptr::null_mut(),
+                    extra.as_mut_ptr(),
+                )
+            })
+        })
+    }
+
+    fn take_output(&mut self, ctx: ContextId) -> ComputeResult<String> {
+        // The driver prints device printf on the host's stdout at synchronisation points; it
+        // is not captured per context.
+        self.ctx(ctx).map(|_| String::new())
+    }
+}
+
+impl Drop for NvCuda {
+    fn drop(&mut self) {
+        for (_, c) in self.contexts.drain() {
+            // SAFETY: every remaining context was created by this backend and is destroyed once.
+            let r = unsafe { (self.api.ctx_destroy)(c.handle as Handle) };
+            if r != CUDA_SUCCESS {
+                warn!("cuCtxDestroy: {r}");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_a_driver_it_is_no_device_and_no_panic() {
+        match NvCuda::new(0) {
+            Err(e) => assert_eq!(e.cuda_status(), 100, "{e}"),
+            Ok(be) => eprintln!("a CUDA driver is present: {}", be.attributes().name),
+        }
+        assert!(matches!(NvCuda::new(9999), Err(ComputeError::NoDevice(_))));
+    }
+}
