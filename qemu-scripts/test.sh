@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # The README's test command: installs what the tests need (the QEMU 11.1 prefix, the Debian guest
-# image), builds the workspace, runs every fuzz target briefly and runs every test tier (unit
+# image, the CUDA corpus), builds the workspace, runs every fuzz target briefly and runs every test tier (unit
 # tests, qtest integration tests against QEMU, guest end-to-end tests booting the image under QEMU).
 # Idempotent; the cache lives in ${VGPU_CACHE:-$HOME/.cache/vgpu}.
 set -euo pipefail
-STEPS=5
+STEPS=6
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 step "guest image (Debian trixie, for the guest end-to-end tests)"
 qemu-scripts/build-guest-image.sh
+
+step "CUDA corpus (nvcc from PyPI wheels, GCC nvptx offloading; tests/cuda)"
+qemu-scripts/cuda-corpus.sh
 
 step "build (workspace, all targets)"
 cargo build --workspace --all-targets --locked
@@ -22,7 +25,7 @@ step "tests (unit, qtest integration, guest end-to-end)"
 log=$(mktemp "${TMPDIR:-/tmp}/vgpu-test.XXXXXX")
 trap 'rm -f "$log"' EXIT
 status=0
-VGPU_REQUIRE_QEMU=1 VGPU_REQUIRE_VIRGL=1 VGPU_REQUIRE_GUEST=1 VGPU_REQUIRE_CGROUP=1 VGPU_GUEST_GL=1 cargo test --workspace --locked 2>&1 | tee "$log" || status=$?
+VGPU_REQUIRE_CUDA_CORPUS=1 VGPU_REQUIRE_QEMU=1 VGPU_REQUIRE_VIRGL=1 VGPU_REQUIRE_GUEST=1 VGPU_REQUIRE_CGROUP=1 VGPU_GUEST_GL=1 cargo test --workspace --locked 2>&1 | tee "$log" || status=$?
 # One closing line over all test binaries (cargo prints one "test result" per binary).
 awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "\ntests: %d passed, %d failed, %d skipped\n", p, f, i }' "$log"
 exit "$status"

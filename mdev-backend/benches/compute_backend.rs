@@ -3,19 +3,17 @@
 //! through the VM's executor thread (one request, its reply, and for launches the group's two
 //! events).
 //!
-//! The backend is `NvCuda` when `VGPU_COMPUTE=nvcuda` is set and the driver loads (with
-//! `VGPU_COMPUTE_ALLOW_HMM=1` on a device that can access pageable host memory), else the CPU
-//! backend. The benchmark names carry which one ran.
+//! The backend is `NvCuda` when `VGPU_COMPUTE=nvcuda` is set and the driver loads, else the
+//! CPU backend. The benchmark names carry which one ran.
 
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use mdev_backend::compute::backend::{FunctionId, LaunchArgs};
+use mdev_backend::compute::backend::{ContextId, DEFAULT_STREAM, FunctionId, KernelLaunch};
 use mdev_backend::compute::{
-    ComputeBackend, ComputeConfig, ContextId, CpuBackend, Executor, ExecutorConfig, NvCuda,
-    NvCudaConfig, StreamId,
+    ComputeBackend, CpuBackend, CpuConfig, Executor, ExecutorConfig, NvCuda,
 };
 
 const EMPTY: &str = ".version 7.0\n.target sm_70\n.address_size 64\n\
@@ -26,39 +24,35 @@ const SIZES: &[usize] = &[4 << 10, 1 << 20, 16 << 20];
 
 fn make_backend() -> (&'static str, Box<dyn ComputeBackend>) {
     if std::env::var("VGPU_COMPUTE").as_deref() == Ok("nvcuda") {
-        let config = NvCudaConfig {
-            allow_pageable_memory_access: std::env::var_os("VGPU_COMPUTE_ALLOW_HMM").is_some(),
-            ..NvCudaConfig::default()
-        };
-        match NvCuda::new(config) {
+        match NvCuda::new(0) {
             Ok(b) => return ("nvcuda", Box::new(b)),
             Err(e) => eprintln!("NvCuda unavailable ({e}); measuring the CPU backend"),
         }
     }
-    let config = ComputeConfig {
-        context_memory: 256 << 20,
-        ..ComputeConfig::default()
+    let config = CpuConfig {
+        memory_per_context: 256 << 20,
+        ..CpuConfig::default()
     };
     ("cpu", Box::new(CpuBackend::new(config)))
 }
 
 /// A context with the empty kernel loaded and two buffers of the largest size.
 fn setup(b: &mut dyn ComputeBackend) -> (ContextId, FunctionId, u64) {
-    let c = b.ctx_create().expect("context");
+    let c = b.context_create().expect("context");
     let m = b.module_load(c, EMPTY.as_bytes()).expect("module");
-    let f = b.function_get(c, m, "empty").expect("function").id;
+    let f = b.function(c, m, "empty").expect("function").0;
     let max = *SIZES.iter().max().expect("sizes") as u64;
     let dev = b.mem_alloc(c, max).expect("buffer");
     (c, f, dev)
 }
 
-fn empty_launch(f: FunctionId) -> LaunchArgs<'static> {
-    LaunchArgs {
+fn empty_launch(f: FunctionId) -> KernelLaunch<'static> {
+    KernelLaunch {
         function: f,
         grid: [1; 3],
         block: [32, 1, 1],
         shared_bytes: 0,
-        stream: StreamId::DEFAULT,
+        stream: DEFAULT_STREAM,
         params: &[],
     }
 }
@@ -70,21 +64,18 @@ fn direct(c: &mut Criterion) {
     g.bench_function("launch_empty_kernel", |it| {
         it.iter(|| {
             b.launch(ctx, &empty_launch(f)).expect("launch");
-            b.stream_synchronize(ctx, StreamId::DEFAULT).expect("sync");
+            b.stream_synchronize(ctx, DEFAULT_STREAM).expect("sync");
         })
     });
     for &size in SIZES {
         let mut host = vec![1u8; size];
         g.throughput(Throughput::Bytes(size as u64));
         g.bench_with_input(BenchmarkId::new("htod", size), &size, |it, _| {
-            it.iter(|| {
-                b.copy_htod(ctx, dev, &host, StreamId::DEFAULT)
-                    .expect("htod")
-            })
+            it.iter(|| b.copy_htod(ctx, dev, &host, DEFAULT_STREAM).expect("htod"))
         });
         g.bench_with_input(BenchmarkId::new("dtoh", size), &size, |it, _| {
             it.iter(|| {
-                b.copy_dtoh(ctx, &mut host, dev, StreamId::DEFAULT)
+                b.copy_dtoh(ctx, &mut host, dev, DEFAULT_STREAM)
                     .expect("dtoh");
                 black_box(&host);
             })
@@ -109,7 +100,7 @@ fn executor(c: &mut Criterion) {
     let mut g = c.benchmark_group(format!("{name}/executor"));
     g.bench_function("launch_empty_kernel_group", |it| {
         it.iter(|| {
-            ex.group(ctx, StreamId::DEFAULT, 1, move |b| {
+            ex.group(ctx, DEFAULT_STREAM, 1, move |b| {
                 b.launch(ctx, &empty_launch(f))
             })
             .expect("launch")
@@ -122,7 +113,7 @@ fn executor(c: &mut Criterion) {
             it.iter(|| {
                 let data = Arc::clone(&host);
                 ex.call(Some(ctx), move |b| {
-                    b.copy_htod(ctx, dev, &data, StreamId::DEFAULT)
+                    b.copy_htod(ctx, dev, &data, DEFAULT_STREAM)
                 })
                 .expect("htod")
             })
@@ -132,7 +123,7 @@ fn executor(c: &mut Criterion) {
                 let out = ex
                     .call(Some(ctx), move |b| {
                         let mut v = vec![0u8; n];
-                        b.copy_dtoh(ctx, &mut v, dev, StreamId::DEFAULT)?;
+                        b.copy_dtoh(ctx, &mut v, dev, DEFAULT_STREAM)?;
                         Ok(v)
                     })
                     .expect("dtoh");

@@ -164,8 +164,8 @@ impl Executor {
     }
 
     /// Destroys a context on the backend and forgets that it was broken here.
-    pub fn ctx_destroy(&self, ctx: ContextId) -> ComputeResult<()> {
-        let r = self.submit(None, move |b, _| b.ctx_destroy(ctx));
+    pub fn context_destroy(&self, ctx: ContextId) -> ComputeResult<()> {
+        let r = self.submit(None, move |b, _| b.context_destroy(ctx));
         if r.is_ok() {
             self.broken().remove(&ctx);
         }
@@ -293,8 +293,8 @@ impl Drop for Executor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compute::backend::ComputeConfig;
-    use crate::compute::cpu::CpuBackend;
+    use crate::compute::backend::DEFAULT_STREAM;
+    use crate::compute::cpu::{CpuBackend, CpuConfig};
     use std::sync::mpsc::channel;
 
     fn cpu(timeout_ms: u64, budget: u64) -> (Executor, Receiver<GroupDone>) {
@@ -305,8 +305,8 @@ mod tests {
                 timeout: Duration::from_millis(timeout_ms),
             },
             move || {
-                Ok(Box::new(CpuBackend::new(ComputeConfig {
-                    context_memory: 1 << 20,
+                Ok(Box::new(CpuBackend::new(CpuConfig {
+                    memory_per_context: 1 << 20,
                     instruction_budget: budget,
                     threads: 1,
                 })) as Box<dyn ComputeBackend>)
@@ -322,14 +322,14 @@ mod tests {
     #[test]
     fn groups_report_their_time_and_result() {
         let (ex, done) = cpu(5000, 1 << 20);
-        let c = ex.call(None, |b| b.ctx_create()).unwrap();
+        let c = ex.call(None, |b| b.context_create()).unwrap();
         let a = ex.call(Some(c), move |b| b.mem_alloc(c, 4096)).unwrap();
         let before = Instant::now();
         let out = ex
-            .group(c, StreamId::DEFAULT, 7, move |b| {
-                b.copy_htod(c, a, &[5; 4096], StreamId::DEFAULT)?;
+            .group(c, DEFAULT_STREAM, 7, move |b| {
+                b.copy_htod(c, a, &[5; 4096], DEFAULT_STREAM)?;
                 let mut v = vec![0; 4096];
-                b.copy_dtoh(c, &mut v, a, StreamId::DEFAULT)?;
+                b.copy_dtoh(c, &mut v, a, DEFAULT_STREAM)?;
                 Ok(v)
             })
             .unwrap();
@@ -339,28 +339,28 @@ mod tests {
         assert!(before <= d.start && d.start <= d.finish && d.finish <= Instant::now());
         assert_eq!(d.result, Ok(()));
         // A failing group is reported too, with its error.
-        let r = ex.group(c, StreamId::DEFAULT, 8, move |b| {
-            b.copy_htod(c, a, &[0; 4097], StreamId::DEFAULT)
+        let r = ex.group(c, DEFAULT_STREAM, 8, move |b| {
+            b.copy_htod(c, a, &[0; 4097], DEFAULT_STREAM)
         });
         assert!(matches!(r, Err(ComputeError::InvalidValue(_))));
         let d = done.recv().unwrap();
         assert_eq!((d.tag, d.result), (8, r));
         // Bad ids through the thread are errors, not a dead thread.
-        let r = ex.group(ContextId(999), StreamId::DEFAULT, 9, |_| Ok(()));
+        let r = ex.group(ContextId(999), DEFAULT_STREAM, 9, |_| Ok(()));
         assert!(matches!(r, Err(ComputeError::InvalidHandle(_))));
         assert_eq!(done.recv().unwrap().tag, 9);
-        ex.ctx_destroy(c).unwrap();
+        ex.context_destroy(c).unwrap();
     }
 
     #[test]
     fn a_call_past_the_timeout_breaks_its_context_only() {
         let (ex, _done) = cpu(100, 1 << 20);
-        let c = ex.call(None, |b| b.ctx_create()).unwrap();
-        let other = ex.call(None, |b| b.ctx_create()).unwrap();
+        let c = ex.call(None, |b| b.context_create()).unwrap();
+        let other = ex.call(None, |b| b.context_create()).unwrap();
         // A call that holds the thread for 400 ms, as a kernel stuck in a driver would.
         let r = ex.call(Some(c), move |b| {
             std::thread::sleep(Duration::from_millis(400));
-            b.ctx_synchronize(c)
+            b.context_synchronize(c)
         });
         assert!(matches!(r, Err(ComputeError::LaunchTimeout(_))), "{r:?}");
         let r = ex.call(Some(c), move |b| b.mem_alloc(c, 16));
@@ -372,7 +372,7 @@ mod tests {
         ex.call(Some(other), move |b| b.mem_alloc(other, 16))
             .unwrap();
         // The broken context can still be destroyed, and is then unknown.
-        ex.ctx_destroy(c).unwrap();
+        ex.context_destroy(c).unwrap();
         let r = ex.call(Some(c), move |b| b.mem_alloc(c, 16));
         assert!(matches!(r, Err(ComputeError::InvalidHandle(_))), "{r:?}");
     }

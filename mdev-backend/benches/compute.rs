@@ -1,0 +1,150 @@
+//! Compute backend costs on the CPU backend, over the CUDA corpus's own nvcc output (run
+//! qemu-scripts/cuda-corpus.sh first; VGPU_CUDA_CORPUS names another corpus directory):
+//!
+//! - `executor/matmul/T`: the 128×128 tiled matrix multiply (8×8 blocks of 16×16 threads) on T
+//!   host threads; throughput in warp-instructions (counted by the executor), so the speed-up
+//!   with cores is the ratio of the rates.
+//! - `backend/launch_tiny`: a one-warp kernel launched through the trait: the per-launch cost.
+//! - `backend/htod/N`, `backend/dtoh/N`: copies of N bytes through the trait.
+//!
+//! `cargo bench -p mdev-backend --bench compute`
+
+use std::path::PathBuf;
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use mdev_backend::compute::backend::*;
+use mdev_backend::compute::fatbin::extract_ptx;
+use mdev_backend::compute::ptx::{Launch, Module, launch};
+use mdev_backend::compute::{CpuBackend, CpuConfig, DeviceMemory, GlobalMemory};
+
+const MATMUL: &str = "_Z6matmulPKfS0_Pfi";
+const N: u64 = 128;
+
+fn corpus_program(name: &str) -> Option<Vec<u8>> {
+    let dir = std::env::var_os("VGPU_CUDA_CORPUS")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/vgpu/cuda-corpus"))
+        })?;
+    std::fs::read(dir.join(name)).ok()
+}
+
+fn pack(params: &[ParamInfo], args: &[u64]) -> Vec<u8> {
+    let end = params.iter().map(|p| p.offset + p.size).max().unwrap_or(0);
+    let mut buf = vec![0u8; end as usize];
+    for (p, v) in params.iter().zip(args) {
+        let o = p.offset as usize;
+        buf[o..o + p.size as usize].copy_from_slice(&v.to_le_bytes()[..p.size as usize]);
+    }
+    buf
+}
+
+/// The warp-instructions one matmul launch executes, as the executor counts them.
+fn matmul_warp_instructions(program: &[u8]) -> u64 {
+    let text = extract_ptx(program).expect("ptx").remove(0).text;
+    let module = Module::parse(&text).expect("parse");
+    let mut mem = DeviceMemory::new(1 << 20);
+    let bufs: Vec<u64> = (0..3)
+        .map(|_| mem.alloc(N * N * 4).expect("alloc"))
+        .collect();
+    let params = module.kernel(MATMUL).expect("kernel").params.clone();
+    let args = pack(&params, &[bufs[0], bufs[1], bufs[2], N]);
+    let symbols = Default::default();
+    let l = Launch {
+        grid: [8, 8, 1],
+        block: [16, 16, 1],
+        dynamic_shared_bytes: 0,
+        params: &args,
+        symbols: &symbols,
+        instruction_budget: u64::MAX,
+        threads: 1,
+    };
+    launch(&module, MATMUL, &l, &mem as &dyn GlobalMemory)
+        .expect("launch")
+        .warp_instructions
+}
+
+fn executor(c: &mut Criterion) {
+    let Some(program) = corpus_program("matmul") else {
+        eprintln!("no CUDA corpus: run qemu-scripts/cuda-corpus.sh");
+        return;
+    };
+    let per_launch = matmul_warp_instructions(&program);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut group = c.benchmark_group("executor/matmul");
+    group.sample_size(10);
+    group.throughput(Throughput::Elements(per_launch));
+    let mut threads = 1;
+    while threads <= cores {
+        let mut be = CpuBackend::new(CpuConfig {
+            threads,
+            ..CpuConfig::default()
+        });
+        let ctx = be.context_create().expect("context");
+        let module = be.module_load(ctx, &program).expect("module");
+        let (f, params) = be.function(ctx, module, MATMUL).expect("kernel");
+        let bufs: Vec<u64> = (0..3)
+            .map(|_| be.mem_alloc(ctx, N * N * 4).expect("alloc"))
+            .collect();
+        let args = pack(&params, &[bufs[0], bufs[1], bufs[2], N]);
+        let l = KernelLaunch {
+            function: f,
+            grid: [8, 8, 1],
+            block: [16, 16, 1],
+            shared_bytes: 0,
+            stream: DEFAULT_STREAM,
+            params: &args,
+        };
+        group.bench_with_input(BenchmarkId::from_parameter(threads), &threads, |b, _| {
+            b.iter(|| be.launch(ctx, &l).expect("launch"))
+        });
+        threads *= 2;
+    }
+    group.finish();
+}
+
+fn backend(c: &mut Criterion) {
+    let Some(program) = corpus_program("device_query") else {
+        eprintln!("no CUDA corpus: run qemu-scripts/cuda-corpus.sh");
+        return;
+    };
+    let mut be = CpuBackend::new(CpuConfig {
+        threads: 1,
+        ..CpuConfig::default()
+    });
+    let ctx = be.context_create().expect("context");
+    let module = be.module_load(ctx, &program).expect("module");
+    let (f, params) = be.function(ctx, module, "_Z5queryPi").expect("kernel");
+    let out = be.mem_alloc(ctx, 16).expect("alloc");
+    let args = pack(&params, &[out]);
+    let l = KernelLaunch {
+        function: f,
+        grid: [1, 1, 1],
+        block: [32, 1, 1],
+        shared_bytes: 0,
+        stream: DEFAULT_STREAM,
+        params: &args,
+    };
+    c.bench_function("backend/launch_tiny", |b| {
+        b.iter(|| be.launch(ctx, &l).expect("launch"))
+    });
+    let mut group = c.benchmark_group("backend");
+    for size in [4u64 << 10, 1 << 20, 16 << 20] {
+        let dev = be.mem_alloc(ctx, size).expect("alloc");
+        let mut host = vec![0x5au8; size as usize];
+        group.throughput(Throughput::Bytes(size));
+        group.bench_with_input(BenchmarkId::new("htod", size), &size, |b, _| {
+            b.iter(|| be.copy_htod(ctx, dev, &host, DEFAULT_STREAM).expect("copy"))
+        });
+        group.bench_with_input(BenchmarkId::new("dtoh", size), &size, |b, _| {
+            b.iter(|| {
+                be.copy_dtoh(ctx, &mut host, dev, DEFAULT_STREAM)
+                    .expect("copy")
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, executor, backend);
+criterion_main!(benches);

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Builds the CUDA test corpus (tests/cuda/*.cu with nvcc's default options, vector_add once
+# more per fat-binary compression mode, tests/cuda/omp/*.c with GCC's nvptx offloading) into
+# ${VGPU_CUDA_CORPUS:-$CACHE/cuda-corpus}. nvcc comes from NVIDIA's PyPI wheels, unpacked into
+# $CACHE/cuda; GCC's offloading from Debian's gcc-offload-nvptx. Nothing needs a GPU; nothing
+# NVIDIA ships enters the repository. Idempotent: a program is rebuilt only when its source
+# changed. docs/PTX.md says what the tests do with the corpus.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cache=${VGPU_CACHE:-$HOME/.cache/vgpu}
+corpus=${VGPU_CUDA_CORPUS:-$cache/cuda-corpus}
+cuda=$cache/cuda
+# Pinned so the corpus (and its PTX) is the same on every machine.
+version=13.5.37
+wheels=("nvidia-cuda-nvcc==$version" "nvidia-cuda-crt==$version" "nvidia-cuda-runtime==$version"
+        "nvidia-nvvm==$version")
+
+if [[ ! -x $cuda/nvidia/cu13/bin/nvcc || $(cat "$cuda/version" 2>/dev/null) != "$version" ]]; then
+    echo "installing nvcc $version from PyPI wheels into $cuda"
+    rm -rf "$cuda.tmp" && mkdir -p "$cuda.tmp/wheels"
+    python3 -m pip download -q --progress-bar on --no-deps --only-binary=:all: \
+        -d "$cuda.tmp/wheels" "${wheels[@]}"
+    for w in "$cuda.tmp/wheels"/*.whl; do
+        echo "  unpacking $(basename "$w")"
+        python3 -m zipfile -e "$w" "$cuda.tmp"
+    done
+    rm -rf "$cuda.tmp/wheels"
+    chmod +x "$cuda.tmp"/nvidia/cu13/bin/* "$cuda.tmp"/nvidia/cu13/nvvm/bin/*
+    echo "$version" >"$cuda.tmp/version"
+    rm -rf "$cuda" && mv "$cuda.tmp" "$cuda"
+fi
+if ! dpkg-query -W -f='${Status}' gcc-offload-nvptx 2>/dev/null | grep -q 'install ok installed'; then
+    sudo=()
+    [[ $(id -u) == 0 ]] || sudo=(sudo)
+    echo "installing Debian package gcc-offload-nvptx"
+    "${sudo[@]}" apt-get update -q
+    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -q --no-install-recommends gcc-offload-nvptx
+fi
+
+mkdir -p "$corpus"
+# nvcc finds cicc and ptxas through PATH; GCC's nvptx assembler must not (it would verify its
+# sm_30 PTX with a ptxas that no longer knows sm_30).
+nvcc=(env "PATH=$cuda/nvidia/cu13/bin:$PATH" nvcc)
+# build OUT SRC COMMAND...: runs COMMAND when OUT is missing or older than SRC or this script.
+build() {
+    local out=$1 src=$2
+    shift 2
+    if [[ -e $corpus/$out && $corpus/$out -nt $src && $corpus/$out -nt $0 && $corpus/$out -nt tests/cuda/common.h ]]; then
+        return 0
+    fi
+    echo "  $out"
+    "$@"
+}
+echo "building the CUDA corpus in $corpus"
+for src in tests/cuda/*.cu; do
+    name=$(basename "$src" .cu)
+    build "$name" "$src" "${nvcc[@]}" -o "$corpus/$name" "$src"
+done
+for mode in none speed size; do
+    build "vector_add.compress-$mode" tests/cuda/vector_add.cu \
+        "${nvcc[@]}" -compress-mode="$mode" -o "$corpus/vector_add.compress-$mode" tests/cuda/vector_add.cu
+done
+for src in tests/cuda/omp/*.c; do
+    name=omp_$(basename "$src" .c)
+    build "$name" "$src" gcc -O2 -fopenmp -foffload=nvptx-none -foffload-options=-lm \
+        -Wno-error -o "$corpus/$name" "$src"
+done
+echo "corpus: $(find "$corpus" -maxdepth 1 -type f | wc -l) programs in $corpus"
