@@ -9,9 +9,14 @@
 //! accept another context's pointer); kernels are confined by the GPU's per-context address
 //! spaces. Module images go to the driver as PTX text extracted by `fatbin`, the same text
 //! the CPU executor runs, so the two backends execute the same code.
+//!
+//! Every wait is bounded: synchronisations poll `cuStreamQuery`/`cuEventQuery` for at most
+//! [`SYNC_TIMEOUT`] instead of blocking in the driver, and answer `LaunchTimeout` (the context
+//! is then broken), so a hung kernel never holds the VM's executor thread longer.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{CString, c_char, c_int, c_uint, c_void};
+use std::time::{Duration, Instant};
 
 use libloading::Library;
 use log::{info, warn};
@@ -39,6 +44,7 @@ const ATTR_MAX_SHARED_MEMORY_PER_BLOCK: c_int = 8;
 const ATTR_WARP_SIZE: c_int = 10;
 const ATTR_CLOCK_RATE: c_int = 13;
 const ATTR_MULTIPROCESSOR_COUNT: c_int = 16;
+const ATTR_PAGEABLE_MEMORY_ACCESS: c_int = 88;
 const ATTR_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
 const ATTR_COMPUTE_CAPABILITY_MINOR: c_int = 76;
 
@@ -53,7 +59,6 @@ struct Api {
     ctx_create: unsafe extern "C" fn(*mut Handle, c_uint, c_int) -> CuResult,
     ctx_destroy: unsafe extern "C" fn(Handle) -> CuResult,
     ctx_set_current: unsafe extern "C" fn(Handle) -> CuResult,
-    ctx_synchronize: unsafe extern "C" fn() -> CuResult,
     module_load_data: unsafe extern "C" fn(*mut Handle, *const c_void) -> CuResult,
     module_unload: unsafe extern "C" fn(Handle) -> CuResult,
     module_get_function: unsafe extern "C" fn(*mut Handle, Handle, *const c_char) -> CuResult,
@@ -67,12 +72,10 @@ struct Api {
     memcpy_dtod_async: unsafe extern "C" fn(u64, u64, usize, Handle) -> CuResult,
     stream_create: unsafe extern "C" fn(*mut Handle, c_uint) -> CuResult,
     stream_destroy: unsafe extern "C" fn(Handle) -> CuResult,
-    stream_synchronize: unsafe extern "C" fn(Handle) -> CuResult,
     stream_query: unsafe extern "C" fn(Handle) -> CuResult,
     event_create: unsafe extern "C" fn(*mut Handle, c_uint) -> CuResult,
     event_destroy: unsafe extern "C" fn(Handle) -> CuResult,
     event_record: unsafe extern "C" fn(Handle, Handle) -> CuResult,
-    event_synchronize: unsafe extern "C" fn(Handle) -> CuResult,
     event_query: unsafe extern "C" fn(Handle) -> CuResult,
     event_elapsed_time: unsafe extern "C" fn(*mut f32, Handle, Handle) -> CuResult,
     #[allow(clippy::type_complexity)]
@@ -116,7 +119,6 @@ impl Api {
             ctx_create: sym!("cuCtxCreate_v2"),
             ctx_destroy: sym!("cuCtxDestroy_v2"),
             ctx_set_current: sym!("cuCtxSetCurrent"),
-            ctx_synchronize: sym!("cuCtxSynchronize"),
             module_load_data: sym!("cuModuleLoadData"),
             module_unload: sym!("cuModuleUnload"),
             module_get_function: sym!("cuModuleGetFunction"),
@@ -130,12 +132,10 @@ impl Api {
             memcpy_dtod_async: sym!("cuMemcpyDtoDAsync_v2"),
             stream_create: sym!("cuStreamCreate"),
             stream_destroy: sym!("cuStreamDestroy_v2"),
-            stream_synchronize: sym!("cuStreamSynchronize"),
             stream_query: sym!("cuStreamQuery"),
             event_create: sym!("cuEventCreate"),
             event_destroy: sym!("cuEventDestroy_v2"),
             event_record: sym!("cuEventRecord"),
-            event_synchronize: sym!("cuEventSynchronize"),
             event_query: sym!("cuEventQuery"),
             event_elapsed_time: sym!("cuEventElapsedTime"),
             launch_kernel: sym!("cuLaunchKernel"),
@@ -145,6 +145,39 @@ impl Api {
 }
 
 /// A driver status as the backend's error (the guest sees the same `CUresult`).
+/// Longest synchronisation (stream, event, context, copy) before the context is declared hung:
+/// [`ComputeError::LaunchTimeout`], and the context is broken. Waits poll the driver's query
+/// calls instead of blocking in it, so a hung kernel never holds the executor thread longer.
+pub const SYNC_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Polls `query` until it stops answering NOT_READY, at most [`SYNC_TIMEOUT`].
+fn wait(what: &str, query: impl Fn() -> CuResult) -> ComputeResult<()> {
+    let start = Instant::now();
+    loop {
+        match query() {
+            CUDA_ERROR_NOT_READY => {}
+            r => return check(what, r),
+        }
+        let waited = start.elapsed();
+        if waited >= SYNC_TIMEOUT {
+            return Err(ComputeError::LaunchTimeout(format!(
+                "{what}: not complete after {SYNC_TIMEOUT:?}"
+            )));
+        }
+        if waited < Duration::from_micros(200) {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+}
+
+/// Waits, bounded, for a stream's work (`s` null: the context's default stream).
+fn wait_stream(api: &Api, s: Handle) -> ComputeResult<()> {
+    // SAFETY: `s` is null or a live stream of the context current on this thread.
+    wait("cuStreamQuery", || unsafe { (api.stream_query)(s) })
+}
+
 fn check(what: &str, r: CuResult) -> ComputeResult<()> {
     match r {
         CUDA_SUCCESS => Ok(()),
@@ -282,6 +315,12 @@ impl NvCuda {
             })?;
             Ok(v.max(0) as u32)
         };
+        if attr(ATTR_PAGEABLE_MEMORY_ACCESS)? != 0 {
+            warn!(
+                "CUDA device {name:?} can access pageable host memory (HMM/ATS): a guest kernel \
+                 holding a host address of this process could reach it (see docs/COMPUTE.md)"
+            );
+        }
         let attributes = DeviceAttributes {
             name,
             total_memory: total as u64,
@@ -400,9 +439,12 @@ impl ComputeBackend for NvCuda {
     }
 
     fn context_synchronize(&mut self, ctx: ContextId) -> ComputeResult<()> {
-        self.on(ctx, |api, _| {
-            // SAFETY: `on` made the context current on this thread.
-            check("cuCtxSynchronize", unsafe { (api.ctx_synchronize)() })
+        self.on(ctx, |api, c| {
+            // The default stream, then every stream of the context, each wait bounded.
+            wait_stream(api, std::ptr::null_mut())?;
+            c.streams
+                .values()
+                .try_for_each(|&s| wait_stream(api, s as Handle))
         })
     }
 
@@ -571,10 +613,7 @@ impl ComputeBackend for NvCuda {
             check("cuMemcpyHtoD", unsafe {
                 (api.memcpy_htod_async)(dst, src.as_ptr().cast(), src.len(), s)
             })?;
-            // SAFETY: a live stream (or the default one) of the current context.
-            check("cuStreamSynchronize", unsafe {
-                (api.stream_synchronize)(s)
-            })
+            wait_stream(api, s)
         })
     }
 
@@ -588,15 +627,15 @@ impl ComputeBackend for NvCuda {
         self.on(ctx, |api, c| {
             c.owns(src, dst.len() as u64)?;
             let s = c.stream(stream)?;
+            // Earlier work first, bounded: a copy into pageable memory returns only once done,
+            // so it must not queue behind a hung kernel.
+            wait_stream(api, s)?;
             // SAFETY: `dst` is writable for its length until the stream synchronises below;
             // the source lies in an allocation of the current context.
             check("cuMemcpyDtoH", unsafe {
                 (api.memcpy_dtoh_async)(dst.as_mut_ptr().cast(), src, dst.len(), s)
             })?;
-            // SAFETY: a live stream (or the default one) of the current context.
-            check("cuStreamSynchronize", unsafe {
-                (api.stream_synchronize)(s)
-            })
+            wait_stream(api, s)
         })
     }
 
@@ -651,10 +690,7 @@ impl ComputeBackend for NvCuda {
     fn stream_synchronize(&mut self, ctx: ContextId, stream: StreamId) -> ComputeResult<()> {
         self.on(ctx, |api, c| {
             let s = c.stream(stream)?;
-            // SAFETY: a live stream (or the default one) of the current context.
-            check("cuStreamSynchronize", unsafe {
-                (api.stream_synchronize)(s)
-            })
+            wait_stream(api, s)
         })
     }
 
@@ -712,7 +748,7 @@ impl ComputeBackend for NvCuda {
         self.on(ctx, |api, c| {
             let e = c.event(event)?;
             // SAFETY: a live event of the current context.
-            check("cuEventSynchronize", unsafe { (api.event_synchronize)(e) })
+            wait("cuEventQuery", || unsafe { (api.event_query)(e) })
         })
     }
 
