@@ -377,6 +377,48 @@ mod tests {
         assert!(matches!(r, Err(ComputeError::InvalidHandle(_))), "{r:?}");
     }
 
+    /// Group timing from CUDA events on the real driver, when it loads (skipped with the reason
+    /// otherwise): a 64 MiB memset's `GroupDone` spans its device time.
+    #[test]
+    fn groups_on_the_real_driver_are_timed_by_events() {
+        let (tx, done) = channel();
+        let ex = Executor::spawn(
+            "compute-test-nvcuda",
+            ExecutorConfig::default(),
+            || Ok(Box::new(crate::compute::NvCuda::new(0)?) as Box<dyn ComputeBackend>),
+            Box::new(move |d| {
+                let _ = tx.send(d);
+            }),
+        );
+        let ex = match ex {
+            Ok(ex) => ex,
+            Err(e) => {
+                println!("skipped: NvCuda unavailable: {e}");
+                return;
+            }
+        };
+        let c = ex.call(None, |b| b.context_create()).unwrap();
+        let bytes = 64u64 << 20;
+        let a = ex.call(Some(c), move |b| b.mem_alloc(c, bytes)).unwrap();
+        let before = Instant::now();
+        for tag in 0..3 {
+            ex.group(c, DEFAULT_STREAM, tag, move |b| {
+                b.memset_d8(c, a, tag as u8, bytes, DEFAULT_STREAM)
+            })
+            .unwrap();
+        }
+        let after = Instant::now();
+        let mut last = before;
+        for tag in 0..3 {
+            let d = done.recv().unwrap();
+            assert_eq!((d.tag, d.result), (tag, Ok(())));
+            assert!(last <= d.start && d.start <= d.finish && d.finish <= after);
+            println!("group {tag}: {:?} on the device", d.finish - d.start);
+            last = d.finish;
+        }
+        ex.context_destroy(c).unwrap();
+    }
+
     #[test]
     fn a_backend_that_cannot_start_is_an_error() {
         let r = Executor::spawn(
