@@ -195,3 +195,50 @@ write("vfio_user_stream", "dma_without_fd",
       VERSION + msg(1, 2, u32(32) + u32(3) + u64(0) + u64(0x100000) + u64(0x10000))
       + msg(2, 3, u32(24) + u32(0) + u64(0x100000) + u64(0x10000))
       + msg(3, 8, u32(20) + u32(0x24) + u32(2) + u32(0) + u32(0)))
+
+
+# --- compute module images (fuzz_targets/compute_module.rs) -------------------------------
+PTX_HEAD = ".version 8.5\n.target sm_75\n.address_size 64\n"
+PTX_ADD = PTX_HEAD + """.visible .entry add(.param .u64 p, .param .u32 n)
+{
+	.reg .pred %p<2>;
+	.reg .b32 %r<4>;
+	.reg .b64 %rd<4>;
+	ld.param.u64 %rd1, [p];
+	ld.param.u32 %r1, [n];
+	mov.u32 %r2, %tid.x;
+	setp.ge.u32 %p1, %r2, %r1;
+	@%p1 bra $L__end;
+	mul.wide.u32 %rd2, %r2, 4;
+	add.s64 %rd3, %rd1, %rd2;
+	atom.global.add.u32 %r3, [%rd3], 1;
+$L__end:
+	ret;
+}
+"""
+PTX_SHARED = PTX_HEAD + """.shared .align 4 .b8 s[256];
+.visible .entry sh()
+{
+	.reg .b32 %r<6>;
+	mov.u32 %r1, %tid.x;
+	shl.b32 %r2, %r1, 2;
+	mov.u32 %r3, s;
+	add.s32 %r4, %r3, %r2;
+	st.shared.u32 [%r4], %r1;
+	bar.sync 0;
+	shfl.sync.bfly.b32 %r5, %r1, 1, 31, -1;
+	ret;
+}
+"""
+
+
+def fatbin_of(ptx):
+    payload = ptx.encode() + b"\0" * (8 - len(ptx) % 8)
+    entry = u16(1) + u16(0x101) + u32(64) + u64(len(payload)) + u32(len(ptx)) + u32(0) \
+        + u16(5) + u16(8) + u32(75) + u32(0) + u32(0) + u64(0x11) + u64(0) + u64(0) + payload
+    return u32(0xBA55ED50) + u16(1) + u16(16) + u64(len(entry)) + entry
+
+
+write("compute_module", "ptx_add", PTX_ADD.encode())
+write("compute_module", "ptx_shared", PTX_SHARED.encode())
+write("compute_module", "fatbin_add", fatbin_of(PTX_ADD))

@@ -2,7 +2,8 @@
 //! (hops 7 and 8 of the data path, see docs/ARCHITECTURE.md).
 //!
 //! The device drives a [`GpuBackend`]; [`virgl`] (virglrenderer on the host's EGL) is the first
-//! implementation. CUDA remoting and the simulated engine come next.
+//! implementation. [`compute`] executes CUDA work: a PTX executor on the CPU and the NVIDIA
+//! driver behind one trait.
 
 pub mod backend;
 pub mod compute;

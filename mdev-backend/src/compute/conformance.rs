@@ -8,7 +8,8 @@ use super::backend::{
 
 /// The kernels of the CPU tests, at a PTX version every CUDA 11+ driver JITs.
 fn ptx() -> String {
-    super::cpu::tests::PTX.replace(".version 8.5\n.target sm_75", ".version 7.0\n.target sm_70")
+    super::cpu::validation_tests::PTX
+        .replace(".version 8.5\n.target sm_75", ".version 7.0\n.target sm_70")
 }
 
 /// Runs the sequence; `runaway` also launches a kernel that never ends (only where a budget

@@ -6,9 +6,13 @@
 //! - [`memory`]: the device-memory interface a kernel executes against ([`GlobalMemory`]): every
 //!   access is checked against the context's allocations, so an out-of-range access is a
 //!   [`Fault`] (CUDA_ERROR_ILLEGAL_ADDRESS for that context), never host memory.
-//! - `ptx`: the PTX parser and warp-level interpreter (CPU executor).
-//! - `fatbin`: fat-binary unpacking (picks the PTX of an nvcc or GCC offload image).
-//! - the backend trait, the CPU backend on the PTX executor and `NvCuda` on the real driver.
+//! - [`ptx`]: the PTX parser and warp-level interpreter (CPU executor).
+//! - [`fatbin`]: fat-binary unpacking (the PTX of an nvcc or GCC offload image).
+//! - [`backend`]: the [`ComputeBackend`] trait; [`cpu`]: [`CpuBackend`] on the PTX executor;
+//!   [`nvcuda`]: [`NvCuda`] on the real driver; [`executor`]: a VM's backend on its own thread,
+//!   work groups timed by events.
+//!
+//! See `docs/COMPUTE.md`.
 
 pub mod backend;
 #[cfg(test)]

@@ -79,7 +79,8 @@ pub fn launch(
                 u64::from(dyn_start) + u64::from(l.dynamic_shared_bytes)
             ))
         })?;
-    if u64::from(nthreads) * m.reg_bits.len() as u64 > MAX_BLOCK_REGISTER_VALUES {
+    let lanes = u64::from(nthreads.next_multiple_of(WARP as u32));
+    if lanes * m.reg_bits.len() as u64 > MAX_BLOCK_REGISTER_VALUES {
         return Err(ComputeError::LaunchOutOfResources(format!(
             "{} registers × {nthreads} threads",
             m.reg_bits.len()

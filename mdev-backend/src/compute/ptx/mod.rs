@@ -4,7 +4,8 @@
 //! with its line); [`launch`] runs one grid. Blocks are spread over host threads; within a
 //! block, warps of 32 lanes execute in lock step with per-lane program counters (see
 //! `docs/PTX.md` for the model and what is refused). Every global access goes through
-//! [`GlobalMemory`], so a kernel can only touch its context's allocations.
+//! [`GlobalMemory`](crate::compute::GlobalMemory), so a kernel can only touch its context's
+//! allocations.
 
 mod exec;
 mod ir;

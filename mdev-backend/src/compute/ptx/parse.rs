@@ -998,8 +998,13 @@ impl Cx<'_> {
             "mov" => {
                 let ty = self.ty(mods)?;
                 let g = self.n_ops(g, 2)?;
+                let parts_ok =
+                    |n: usize| matches!((ty.bits(), n), (64, 2 | 4 | 8) | (32, 2 | 4) | (16, 2));
                 if Self::is_vector(&g[0]) {
                     let ds = self.vector(&g[0])?;
+                    if !parts_ok(ds.len()) {
+                        return self.fail("bad vector mov");
+                    }
                     let ds: Vec<u32> = ds.iter().map(|d| self.dst(d)).collect::<PResult<_>>()?;
                     let part_bits = ty.bits() / ds.len() as u32;
                     Op::Unpack {
@@ -1009,6 +1014,9 @@ impl Cx<'_> {
                     }
                 } else if Self::is_vector(&g[1]) {
                     let parts = self.vector(&g[1])?;
+                    if !parts_ok(parts.len()) {
+                        return self.fail("bad vector mov");
+                    }
                     let part_bits = ty.bits() / parts.len() as u32;
                     let pty = match part_bits {
                         8 => Ty::B8,

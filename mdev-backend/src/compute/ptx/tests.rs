@@ -909,6 +909,14 @@ fn malformed_or_unsupported_ptx_is_refused_with_its_line_and_never_panics() {
             "too many registers",
         ),
         (".global .b8 big[99999999999];", "too large"),
+        (
+            ".visible .entry k() { .reg .b64 %rd; .reg .b32 %r; mov.b64 %rd, {%r}; }",
+            "bad vector mov",
+        ),
+        (
+            ".visible .entry k() { .reg .b64 %rd; .reg .b32 %r; mov.b64 {%r, %r, %r}, %rd; }",
+            "bad vector mov",
+        ),
         (".visible .entry k(", "end of text"),
     ] {
         let err = Module::parse(&format!("{HEADER}{text}")).unwrap_err();

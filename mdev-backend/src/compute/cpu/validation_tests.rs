@@ -1,4 +1,4 @@
-//! CpuBackend tests: every call's validation, round trips, stream/event semantics, sticky
+//! CpuBackend validation tests: every call's checks, round trips, stream/event semantics,
 //! errors and limits, through the trait.
 
 use super::*;
