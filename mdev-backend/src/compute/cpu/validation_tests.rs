@@ -1,4 +1,4 @@
-//! CpuBackend validation tests: every call's checks, round trips, stream/event semantics,
+//! CpuBackend validation tests: every call's checks, round trips, stream/event semantics, sticky
 //! errors and limits, through the trait.
 
 use super::*;
