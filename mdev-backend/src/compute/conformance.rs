@@ -31,6 +31,9 @@ pub(crate) fn run(b: &mut dyn ComputeBackend, runaway: bool) {
             "{r:?}"
         )
     };
+    // The context's memory budget is the device memory it reports.
+    let r = b.mem_alloc(c, attrs.total_memory + 1);
+    assert!(matches!(r, Err(ComputeError::OutOfMemory(_))), "{r:?}");
     bad(b.context_synchronize(ContextId(u32::MAX)));
     bad(b.module_unload(c, ModuleId(u32::MAX)));
     bad(b.stream_synchronize(c, StreamId(u32::MAX)));
@@ -143,7 +146,7 @@ pub(crate) fn run(b: &mut dyn ComputeBackend, runaway: bool) {
 
 #[test]
 fn the_conformance_sequence_on_the_real_driver() {
-    match super::NvCuda::new(0) {
+    match super::NvCuda::with_memory_per_context(0, 256 << 20) {
         Ok(mut b) => {
             println!("running on {:?}", b.attributes());
             run(&mut b, false);

@@ -211,6 +211,8 @@ struct Context {
     events: HashMap<u32, usize>,
     /// Device address → size of every allocation of this context.
     allocations: BTreeMap<u64, u64>,
+    /// Bytes of those allocations, at most the device's `total_memory` (the budget).
+    used: u64,
     broken: Option<ComputeError>,
     next_id: u32,
 }
@@ -280,8 +282,15 @@ impl std::fmt::Debug for NvCuda {
 unsafe impl Send for NvCuda {}
 
 impl NvCuda {
-    /// Loads the driver and opens device `ordinal`.
+    /// Loads the driver and opens device `ordinal`; each context may allocate up to the
+    /// device's memory.
     pub fn new(ordinal: i32) -> ComputeResult<NvCuda> {
+        NvCuda::with_memory_per_context(ordinal, u64::MAX)
+    }
+
+    /// As [`NvCuda::new`], each context allocating at most `memory_per_context` bytes (and the
+    /// device's memory), so one guest cannot take the whole GPU's memory from the others.
+    pub fn with_memory_per_context(ordinal: i32, memory_per_context: u64) -> ComputeResult<NvCuda> {
         let api = Api::load()?;
         // SAFETY: cuInit takes flags 0 and may be called more than once.
         check("cuInit", unsafe { (api.init)(0) })
@@ -323,7 +332,7 @@ impl NvCuda {
         }
         let attributes = DeviceAttributes {
             name,
-            total_memory: total as u64,
+            total_memory: (total as u64).min(memory_per_context),
             compute_capability: (
                 attr(ATTR_COMPUTE_CAPABILITY_MAJOR)?,
                 attr(ATTR_COMPUTE_CAPABILITY_MINOR)?,
@@ -531,7 +540,13 @@ impl ComputeBackend for NvCuda {
     }
 
     fn mem_alloc(&mut self, ctx: ContextId, bytes: u64) -> ComputeResult<u64> {
+        let budget = self.attributes.total_memory;
         self.on(ctx, |api, c| {
+            if c.used.saturating_add(bytes) > budget {
+                return Err(ComputeError::OutOfMemory(format!(
+                    "{bytes} bytes past the context budget of {budget}"
+                )));
+            }
             if bytes == 0 || c.allocations.len() >= super::memory::MAX_ALLOCATIONS {
                 return Err(ComputeError::InvalidValue(format!(
                     "allocation of {bytes} bytes"
@@ -543,15 +558,17 @@ impl ComputeBackend for NvCuda {
             // SAFETY: `addr` is a valid out-pointer.
             check("cuMemAlloc", unsafe { (api.mem_alloc)(&mut addr, size) })?;
             c.allocations.insert(addr, bytes);
+            c.used += bytes;
             Ok(addr)
         })
     }
 
     fn mem_free(&mut self, ctx: ContextId, addr: u64) -> ComputeResult<()> {
         self.on(ctx, |api, c| {
-            c.allocations.remove(&addr).ok_or_else(|| {
+            let bytes = c.allocations.remove(&addr).ok_or_else(|| {
                 ComputeError::InvalidValue(format!("{addr:#x} is not an allocation"))
             })?;
+            c.used -= bytes;
             // SAFETY: `addr` is an allocation of the current context, freed once.
             check("cuMemFree", unsafe { (api.mem_free)(addr) })
         })
