@@ -64,18 +64,21 @@ pub(crate) fn run(b: &mut dyn ComputeBackend, runaway: bool) {
         params.extend_from_slice(&p.to_le_bytes());
     }
     params.extend_from_slice(&(n as u32).to_le_bytes());
-    b.launch(
-        c,
-        &KernelLaunch {
-            function: f.0,
-            grid: [(n as u32).div_ceil(256), 1, 1],
-            block: [256, 1, 1],
-            shared_bytes: 0,
-            stream: s,
-            params: &params,
-        },
-    )
-    .unwrap();
+    let mut launch = KernelLaunch {
+        function: f.0,
+        grid: [(n as u32).div_ceil(256), 1, 1],
+        block: [256, 1, 1],
+        shared_bytes: 0,
+        stream: s,
+        params: &params[..20],
+    };
+    // A parameter buffer shorter than the kernel's and an empty grid are refused, not run.
+    bad(b.launch(c, &launch));
+    launch.params = &params;
+    launch.grid = [0, 1, 1];
+    bad(b.launch(c, &launch));
+    launch.grid = [(n as u32).div_ceil(256), 1, 1];
+    b.launch(c, &launch).unwrap();
     b.event_record(c, e1, s).unwrap();
     b.event_synchronize(c, e1).unwrap();
     b.event_query(c, e1).unwrap();

@@ -206,7 +206,8 @@ fn check(what: &str, r: CuResult) -> ComputeResult<()> {
 struct Context {
     handle: usize,
     modules: HashMap<u32, usize>,
-    functions: HashMap<u32, usize>,
+    /// Function handle and the length of its parameter buffer.
+    functions: HashMap<u32, (usize, usize)>,
     streams: HashMap<u32, usize>,
     events: HashMap<u32, usize>,
     /// Device address → size of every allocation of this context.
@@ -533,8 +534,13 @@ impl ComputeBackend for NvCuda {
                     align,
                 });
             }
+            let param_bytes = params
+                .iter()
+                .map(|p| p.offset as usize + p.size as usize)
+                .max()
+                .unwrap_or(0);
             let id = c.id();
-            c.functions.insert(id, f as usize);
+            c.functions.insert(id, (f as usize, param_bytes));
             Ok((FunctionId(id), params))
         })
     }
@@ -796,10 +802,18 @@ impl ComputeBackend for NvCuda {
 
     fn launch(&mut self, ctx: ContextId, l: &KernelLaunch<'_>) -> ComputeResult<()> {
         self.on(ctx, |api, c| {
-            let f = *c
+            let (f, param_bytes) = *c
                 .functions
                 .get(&l.function.0)
                 .ok_or_else(|| ComputeError::InvalidHandle(format!("function {}", l.function.0)))?;
+            // Checked here rather than left to the driver: a short buffer would launch the
+            // kernel with whatever follows it as arguments.
+            if l.params.len() != param_bytes {
+                return Err(ComputeError::InvalidValue(format!(
+                    "parameter buffer of {} bytes for a kernel taking {param_bytes}",
+                    l.params.len()
+                )));
+            }
             let s = c.stream(l.stream)?;
             let mut size = l.params.len();
             let mut extra: [*mut c_void; 5] = [
