@@ -477,6 +477,7 @@ impl<'s, 'a> Block<'s, 'a> {
         }
     }
 
+    #[inline(never)]
     fn special(&self, w: usize, lane: usize, s: Sreg) -> u64 {
         let [bx, by, _] = self.s.l.block;
         let t = (w * WARP + lane) as u32;
@@ -504,27 +505,26 @@ impl<'s, 'a> Block<'s, 'a> {
         }
     }
 
-    fn sym(&self, s: SymRef) -> ComputeResult<u64> {
-        Ok(match s {
+    /// The address of a variable in its own state space (parameters never reach here: the
+    /// parser refuses taking their address).
+    #[inline]
+    fn sym(&self, s: SymRef) -> u64 {
+        match s {
             SymRef::Global(i) => self.s.sym_addr[i as usize],
-            SymRef::Shared(o) => u64::from(o),
+            SymRef::Shared(o) | SymRef::Local(o) => u64::from(o),
             SymRef::DynShared => u64::from(self.s.dyn_start),
-            SymRef::Local(o) => u64::from(o),
-            SymRef::KernelParam(_) | SymRef::FuncParam(_) => {
-                return Err(ComputeError::IllegalInstruction(
-                    "the address of a parameter is not supported".into(),
-                ));
-            }
-        })
+            SymRef::KernelParam(o) | SymRef::FuncParam(o) => u64::from(o),
+        }
     }
 
-    fn val(&self, w: usize, lane: usize, src: Src) -> ComputeResult<u64> {
-        Ok(match src {
+    #[inline(always)]
+    fn val(&self, w: usize, lane: usize, src: Src) -> u64 {
+        match src {
             Src::Reg(r) => self.warps[w].regs[r as usize * WARP + lane],
             Src::Imm(v) => v,
             Src::Special(s) => self.special(w, lane, s),
-            Src::Sym(s) => self.sym(s)?,
-        })
+            Src::Sym(s) => self.sym(s),
+        }
     }
 
     fn set(&mut self, w: usize, lane: usize, d: u32, v: u64) {
@@ -534,14 +534,14 @@ impl<'s, 'a> Block<'s, 'a> {
     }
 
     /// The effective address of a memory operand for one lane (in the operand's own space).
-    fn address(&self, w: usize, lane: usize, a: Addr) -> ComputeResult<u64> {
+    #[inline]
+    fn address(&self, w: usize, lane: usize, a: Addr) -> u64 {
         let base = match a.base {
             AddrBase::Reg(r) => self.warps[w].regs[r as usize * WARP + lane],
-            AddrBase::Sym(SymRef::KernelParam(o) | SymRef::FuncParam(o)) => u64::from(o),
-            AddrBase::Sym(s) => self.sym(s)?,
+            AddrBase::Sym(s) => self.sym(s),
             AddrBase::Abs => 0,
         };
-        Ok(base.wrapping_add(a.offset as u64))
+        base.wrapping_add(a.offset as u64)
     }
 
     /// Resolves a (space, address) to where the bytes are.
@@ -640,7 +640,7 @@ impl<'s, 'a> Block<'s, 'a> {
         match &inst.op {
             Op::Mov { d, a, .. } => {
                 for lane in lanes {
-                    let v = self.val(w, lane, *a)?;
+                    let v = self.val(w, lane, *a);
                     self.set(w, lane, *d, v);
                 }
             }
@@ -653,7 +653,7 @@ impl<'s, 'a> Block<'s, 'a> {
                 for lane in lanes {
                     let mut v = 0u64;
                     for (i, p) in parts.iter().enumerate() {
-                        v |= (self.val(w, lane, *p)? & mask) << (i as u32 * part_bits);
+                        v |= (self.val(w, lane, *p) & mask) << (i as u32 * part_bits);
                     }
                     self.set(w, lane, *d, v);
                 }
@@ -661,7 +661,7 @@ impl<'s, 'a> Block<'s, 'a> {
             Op::Unpack { part_bits, ds, a } => {
                 let mask = (1u64 << part_bits) - 1;
                 for lane in lanes {
-                    let v = self.val(w, lane, *a)?;
+                    let v = self.val(w, lane, *a);
                     for (i, d) in ds.iter().enumerate() {
                         self.set(w, lane, *d, (v >> (i as u32 * part_bits)) & mask);
                     }
@@ -676,7 +676,7 @@ impl<'s, 'a> Block<'s, 'a> {
             } => {
                 let size = ty.bytes() as usize;
                 for lane in lanes {
-                    let a = self.address(w, lane, *addr)?;
+                    let a = self.address(w, lane, *addr);
                     check_align(a, size as u64 * u64::from(*n))?;
                     let loc = self.locate(*space, a, *addr);
                     let mut buf = [0u8; 32];
@@ -704,12 +704,12 @@ impl<'s, 'a> Block<'s, 'a> {
             } => {
                 let size = ty.bytes() as usize;
                 for lane in lanes {
-                    let a = self.address(w, lane, *addr)?;
+                    let a = self.address(w, lane, *addr);
                     check_align(a, size as u64 * u64::from(*n))?;
                     let loc = self.locate(*space, a, *addr);
                     let mut buf = [0u8; 32];
                     for (i, s) in srcs.iter().take(usize::from(*n)).enumerate() {
-                        let v = self.val(w, lane, *s)?;
+                        let v = self.val(w, lane, *s);
                         buf[i * size..(i + 1) * size].copy_from_slice(&v.to_le_bytes()[..size]);
                     }
                     self.write(w, lane, loc, &buf[..size * usize::from(*n)])?;
@@ -722,7 +722,7 @@ impl<'s, 'a> Block<'s, 'a> {
                     _ => 0,
                 };
                 for lane in lanes {
-                    let v = self.val(w, lane, *a)?;
+                    let v = self.val(w, lane, *a);
                     let r = if *to {
                         v.wrapping_sub(window)
                     } else {
@@ -742,8 +742,8 @@ impl<'s, 'a> Block<'s, 'a> {
                 rnd,
             } => {
                 for lane in lanes {
-                    let x = self.val(w, lane, *a)?;
-                    let y = self.val(w, lane, *b)?;
+                    let x = self.val(w, lane, *a);
+                    let y = self.val(w, lane, *b);
                     let r = binary(*op, *ty, x, y, *ftz, *sat, *rnd);
                     self.set(w, lane, *d, r);
                 }
@@ -752,7 +752,7 @@ impl<'s, 'a> Block<'s, 'a> {
                 op, ty, d, a, ftz, ..
             } => {
                 for lane in lanes {
-                    let x = self.val(w, lane, *a)?;
+                    let x = self.val(w, lane, *a);
                     self.set(w, lane, *d, unary(*op, *ty, x, *ftz));
                 }
             }
@@ -768,9 +768,9 @@ impl<'s, 'a> Block<'s, 'a> {
                 ..
             } => {
                 for lane in lanes {
-                    let x = self.val(w, lane, *a)?;
-                    let y = self.val(w, lane, *b)?;
-                    let z = self.val(w, lane, *c)?;
+                    let x = self.val(w, lane, *a);
+                    let y = self.val(w, lane, *b);
+                    let z = self.val(w, lane, *c);
                     self.set(w, lane, *d, mad(*mode, *ty, x, y, z, *ftz, *sat));
                 }
             }
@@ -785,12 +785,12 @@ impl<'s, 'a> Block<'s, 'a> {
                 ftz,
             } => {
                 for lane in lanes {
-                    let x = self.val(w, lane, *a)?;
-                    let y = self.val(w, lane, *b)?;
+                    let x = self.val(w, lane, *a);
+                    let y = self.val(w, lane, *b);
                     let t = compare(*cmp, *ty, x, y, *ftz);
                     let (tp, tq) = match combine {
                         Some((op, c, neg)) => {
-                            let c = (self.val(w, lane, *c)? != 0) != *neg;
+                            let c = (self.val(w, lane, *c) != 0) != *neg;
                             let f = |v: bool| match op {
                                 BoolOp::And => v && c,
                                 BoolOp::Or => v || c,
@@ -806,10 +806,10 @@ impl<'s, 'a> Block<'s, 'a> {
             }
             Op::Selp { d, a, b, c, .. } => {
                 for lane in lanes {
-                    let v = if self.val(w, lane, *c)? != 0 {
-                        self.val(w, lane, *a)?
+                    let v = if self.val(w, lane, *c) != 0 {
+                        self.val(w, lane, *a)
                     } else {
-                        self.val(w, lane, *b)?
+                        self.val(w, lane, *b)
                     };
                     self.set(w, lane, *d, v);
                 }
@@ -825,26 +825,26 @@ impl<'s, 'a> Block<'s, 'a> {
                 ftz,
             } => {
                 for lane in lanes {
-                    let x = self.val(w, lane, *a)?;
+                    let x = self.val(w, lane, *a);
                     self.set(w, lane, *d, convert(*dty, *sty, x, *rnd, *irnd, *sat, *ftz));
                 }
             }
             Op::Bfe { ty, d, a, b, c } => {
                 for lane in lanes {
                     let (x, pos, len) = (
-                        self.val(w, lane, *a)?,
-                        self.val(w, lane, *b)? & 0xff,
-                        self.val(w, lane, *c)? & 0xff,
+                        self.val(w, lane, *a),
+                        self.val(w, lane, *b) & 0xff,
+                        self.val(w, lane, *c) & 0xff,
                     );
                     self.set(w, lane, *d, bfe(*ty, x, pos as u32, len as u32));
                 }
             }
             Op::Bfi { ty, d, f, b, c, e } => {
                 for lane in lanes {
-                    let ins = self.val(w, lane, *f)?;
-                    let base = self.val(w, lane, *b)?;
-                    let pos = (self.val(w, lane, *c)? & 0xff) as u32;
-                    let len = (self.val(w, lane, *e)? & 0xff) as u32;
+                    let ins = self.val(w, lane, *f);
+                    let base = self.val(w, lane, *b);
+                    let pos = (self.val(w, lane, *c) & 0xff) as u32;
+                    let len = (self.val(w, lane, *e) & 0xff) as u32;
                     let msb = ty.bits();
                     let mut r = base;
                     for i in 0..len.min(msb.saturating_sub(pos)) {
@@ -856,9 +856,9 @@ impl<'s, 'a> Block<'s, 'a> {
             }
             Op::Prmt { d, a, b, c } => {
                 for lane in lanes {
-                    let x = self.val(w, lane, *a)? & 0xffff_ffff;
-                    let y = self.val(w, lane, *b)? & 0xffff_ffff;
-                    let sel = self.val(w, lane, *c)?;
+                    let x = self.val(w, lane, *a) & 0xffff_ffff;
+                    let y = self.val(w, lane, *b) & 0xffff_ffff;
+                    let sel = self.val(w, lane, *c);
                     let bytes = (y << 32) | x;
                     let mut r = 0u64;
                     for i in 0..4 {
@@ -952,9 +952,9 @@ impl<'s, 'a> Block<'s, 'a> {
                 c,
             } => {
                 for lane in lanes {
-                    let a = self.address(w, lane, *addr)?;
-                    let x = self.val(w, lane, *b)?;
-                    let y = self.val(w, lane, *c)?;
+                    let a = self.address(w, lane, *addr);
+                    let x = self.val(w, lane, *b);
+                    let y = self.val(w, lane, *c);
                     let width = ty.bytes();
                     let mut update = |old: u64| atomic(*op, *ty, old, x, y);
                     let old = match self.locate(*space, a, *addr) {
@@ -992,11 +992,11 @@ impl<'s, 'a> Block<'s, 'a> {
             } => {
                 let mut vals = [0u64; WARP];
                 for (lane, v) in vals.iter_mut().enumerate() {
-                    *v = self.val(w, lane, *a)?;
+                    *v = self.val(w, lane, *a);
                 }
                 for lane in lanes {
-                    let bval = (self.val(w, lane, *b)? & 0x1f) as i64;
-                    let cv = self.val(w, lane, *c)?;
+                    let bval = (self.val(w, lane, *b) & 0x1f) as i64;
+                    let cv = self.val(w, lane, *c);
                     let clamp = (cv & 0x1f) as i64;
                     let seg = ((cv >> 8) & 0x1f) as i64;
                     let l = lane as i64;
@@ -1021,7 +1021,7 @@ impl<'s, 'a> Block<'s, 'a> {
             } => {
                 let mut ballot = 0u32;
                 for lane in lanes.clone() {
-                    if (self.val(w, lane, *a)? != 0) != *negate {
+                    if (self.val(w, lane, *a) != 0) != *negate {
                         ballot |= 1 << lane;
                     }
                 }

@@ -868,10 +868,13 @@ impl Cx<'_> {
                 if w == "WARP_SZ" {
                     return Ok(Src::Imm(32));
                 }
-                return Ok(match self.name(w)? {
-                    Name::Reg(r) => Src::Reg(r),
-                    Name::Var(sym, _) => Src::Sym(sym),
-                });
+                return match self.name(w)? {
+                    Name::Reg(r) => Ok(Src::Reg(r)),
+                    Name::Var(SymRef::KernelParam(_) | SymRef::FuncParam(_), _) => {
+                        self.fail(format!("the address of parameter {w} is not supported"))
+                    }
+                    Name::Var(sym, _) => Ok(Src::Sym(sym)),
+                };
             }
             [Tok::Punct('-'), t] => literal(t, ty, true),
             [t] => literal(t, ty, false),
