@@ -1,11 +1,11 @@
-//! Compute backend costs on the CPU backend, over the CUDA corpus's own nvcc output (run
+//! The PTX executor's speed on the CPU backend, over the CUDA corpus's own nvcc output (run
 //! qemu-scripts/cuda-corpus.sh first; VGPU_CUDA_CORPUS names another corpus directory):
 //!
 //! - `executor/matmul/T`: the 128×128 tiled matrix multiply (8×8 blocks of 16×16 threads) on T
 //!   host threads; throughput in warp-instructions (counted by the executor), so the speed-up
 //!   with cores is the ratio of the rates.
-//! - `backend/launch_tiny`: a one-warp kernel launched through the trait: the per-launch cost.
-//! - `backend/htod/N`, `backend/dtoh/N`: copies of N bytes through the trait.
+//!
+//! Launch and copy costs through the trait and the executor: `benches/compute_backend.rs`.
 //!
 //! `cargo bench -p mdev-backend --bench compute`
 
@@ -103,48 +103,5 @@ fn executor(c: &mut Criterion) {
     group.finish();
 }
 
-fn backend(c: &mut Criterion) {
-    let Some(program) = corpus_program("device_query") else {
-        eprintln!("no CUDA corpus: run qemu-scripts/cuda-corpus.sh");
-        return;
-    };
-    let mut be = CpuBackend::new(CpuConfig {
-        threads: 1,
-        ..CpuConfig::default()
-    });
-    let ctx = be.context_create().expect("context");
-    let module = be.module_load(ctx, &program).expect("module");
-    let (f, params) = be.function(ctx, module, "_Z5queryPi").expect("kernel");
-    let out = be.mem_alloc(ctx, 16).expect("alloc");
-    let args = pack(&params, &[out]);
-    let l = KernelLaunch {
-        function: f,
-        grid: [1, 1, 1],
-        block: [32, 1, 1],
-        shared_bytes: 0,
-        stream: DEFAULT_STREAM,
-        params: &args,
-    };
-    c.bench_function("backend/launch_tiny", |b| {
-        b.iter(|| be.launch(ctx, &l).expect("launch"))
-    });
-    let mut group = c.benchmark_group("backend");
-    for size in [4u64 << 10, 1 << 20, 16 << 20] {
-        let dev = be.mem_alloc(ctx, size).expect("alloc");
-        let mut host = vec![0x5au8; size as usize];
-        group.throughput(Throughput::Bytes(size));
-        group.bench_with_input(BenchmarkId::new("htod", size), &size, |b, _| {
-            b.iter(|| be.copy_htod(ctx, dev, &host, DEFAULT_STREAM).expect("copy"))
-        });
-        group.bench_with_input(BenchmarkId::new("dtoh", size), &size, |b, _| {
-            b.iter(|| {
-                be.copy_dtoh(ctx, &mut host, dev, DEFAULT_STREAM)
-                    .expect("copy")
-            })
-        });
-    }
-    group.finish();
-}
-
-criterion_group!(benches, executor, backend);
+criterion_group!(benches, executor);
 criterion_main!(benches);

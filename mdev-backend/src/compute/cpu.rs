@@ -534,100 +534,6 @@ mod tests {
     }
 
     #[test]
-    fn every_handle_a_guest_sends_is_checked() {
-        let (mut be, ctx) = backend();
-        let bad = ContextId(ctx.0 + 7);
-        assert_eq!(be.mem_alloc(bad, 16).unwrap_err().cuda_status(), 400);
-        assert_eq!(
-            be.module_load(bad, KERNEL.as_bytes())
-                .unwrap_err()
-                .cuda_status(),
-            400
-        );
-        assert_eq!(be.context_destroy(bad).unwrap_err().cuda_status(), 400);
-        let m = be.module_load(ctx, KERNEL.as_bytes()).unwrap();
-        assert_eq!(
-            be.function(ctx, ModuleId(m.0 + 1), "put")
-                .unwrap_err()
-                .cuda_status(),
-            400
-        );
-        assert_eq!(be.function(ctx, m, "nope").unwrap_err().cuda_status(), 500);
-        let stream = StreamId(999);
-        let a = be.mem_alloc(ctx, 64).unwrap();
-        assert_eq!(
-            be.copy_htod(ctx, a, &[1; 4], stream)
-                .unwrap_err()
-                .cuda_status(),
-            400
-        );
-        assert_eq!(
-            be.stream_destroy(ctx, DEFAULT_STREAM)
-                .unwrap_err()
-                .cuda_status(),
-            400
-        );
-        assert_eq!(
-            be.event_record(ctx, EventId(5), DEFAULT_STREAM)
-                .unwrap_err()
-                .cuda_status(),
-            400
-        );
-        let e = be.event_create(ctx).unwrap();
-        assert_eq!(
-            be.event_elapsed_ms(ctx, e, e).unwrap_err().cuda_status(),
-            400,
-            "never recorded"
-        );
-        let l = KernelLaunch {
-            function: FunctionId(77),
-            grid: [1, 1, 1],
-            block: [1, 1, 1],
-            shared_bytes: 0,
-            stream: DEFAULT_STREAM,
-            params: &[],
-        };
-        assert_eq!(be.launch(ctx, &l).unwrap_err().cuda_status(), 400);
-        // None of these broke the context.
-        be.context_synchronize(ctx).unwrap();
-    }
-
-    #[test]
-    fn copies_and_memsets_stay_inside_their_allocation() {
-        let (mut be, ctx) = backend();
-        let a = be.mem_alloc(ctx, 100).unwrap();
-        let b = be.mem_alloc(ctx, 100).unwrap();
-        be.copy_htod(ctx, b, &[5; 100], DEFAULT_STREAM).unwrap();
-        for r in [
-            be.copy_htod(ctx, a + 90, &[1; 11], DEFAULT_STREAM),
-            be.copy_dtoh(ctx, &mut [0; 101], a, DEFAULT_STREAM),
-            be.copy_dtod(ctx, a, b, 101, DEFAULT_STREAM),
-            be.copy_dtod(ctx, a + 1, b, 100, DEFAULT_STREAM),
-            be.memset_d8(ctx, a, 0, 101, DEFAULT_STREAM),
-            be.memset_d32(ctx, a, 0, 26, DEFAULT_STREAM),
-            be.memset_d32(ctx, a + 2, 0, 1, DEFAULT_STREAM),
-            be.memset_d32(ctx, a, 0, u64::MAX, DEFAULT_STREAM),
-            be.copy_htod(ctx, 0, &[1], DEFAULT_STREAM),
-        ] {
-            assert_eq!(r.unwrap_err().cuda_status(), 1);
-        }
-        let mut back = [0u8; 100];
-        be.copy_dtoh(ctx, &mut back, b, DEFAULT_STREAM).unwrap();
-        assert_eq!(back, [5; 100], "the neighbour is untouched");
-        be.copy_dtod(ctx, a, b, 100, DEFAULT_STREAM).unwrap();
-        be.memset_d32(ctx, a, 0x0102_0304, 25, DEFAULT_STREAM)
-            .unwrap();
-        be.copy_dtoh(ctx, &mut back, a, DEFAULT_STREAM).unwrap();
-        assert_eq!(&back[..4], &[4, 3, 2, 1]);
-        assert_eq!(be.mem_alloc(ctx, 0).unwrap_err().cuda_status(), 1);
-        assert_eq!(
-            be.mem_alloc(ctx, 2 << 20).unwrap_err().cuda_status(),
-            2,
-            "past the budget"
-        );
-    }
-
-    #[test]
     fn a_launch_with_a_wrong_parameter_buffer_is_refused_and_not_sticky() {
         let (mut be, ctx) = backend();
         let m = be.module_load(ctx, KERNEL.as_bytes()).unwrap();
@@ -663,25 +569,6 @@ mod tests {
             be.launch(ctx, &launch(&full)).unwrap_err().cuda_status(),
             400,
             "functions go with their module"
-        );
-    }
-
-    #[test]
-    fn tables_are_bounded() {
-        let (mut be, ctx) = backend();
-        for _ in 0..MAX_STREAMS_PER_CONTEXT {
-            be.stream_create(ctx).unwrap();
-        }
-        assert_eq!(be.stream_create(ctx).unwrap_err().cuda_status(), 2);
-        for _ in 1..MAX_CONTEXTS {
-            be.context_create().unwrap();
-        }
-        assert_eq!(be.context_create().unwrap_err().cuda_status(), 2);
-        assert_eq!(
-            be.module_load(ctx, b"not an image")
-                .unwrap_err()
-                .cuda_status(),
-            200
         );
     }
 }
