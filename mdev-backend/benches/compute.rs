@@ -29,16 +29,6 @@ fn corpus_program(name: &str) -> Option<Vec<u8>> {
     std::fs::read(dir.join(name)).ok()
 }
 
-fn pack(params: &[ParamInfo], args: &[u64]) -> Vec<u8> {
-    let end = params.iter().map(|p| p.offset + p.size).max().unwrap_or(0);
-    let mut buf = vec![0u8; end as usize];
-    for (p, v) in params.iter().zip(args) {
-        let o = p.offset as usize;
-        buf[o..o + p.size as usize].copy_from_slice(&v.to_le_bytes()[..p.size as usize]);
-    }
-    buf
-}
-
 /// The warp-instructions one matmul launch executes, as the executor counts them.
 fn matmul_warp_instructions(program: &[u8]) -> u64 {
     let text = extract_ptx(program).expect("ptx").remove(0).text;
@@ -48,7 +38,7 @@ fn matmul_warp_instructions(program: &[u8]) -> u64 {
         .map(|_| mem.alloc(N * N * 4).expect("alloc"))
         .collect();
     let params = module.kernel(MATMUL).expect("kernel").params.clone();
-    let args = pack(&params, &[bufs[0], bufs[1], bufs[2], N]);
+    let args = pack_params(&params, &[bufs[0], bufs[1], bufs[2], N]);
     let symbols = Default::default();
     let l = Launch {
         grid: [8, 8, 1],
@@ -86,7 +76,7 @@ fn executor(c: &mut Criterion) {
         let bufs: Vec<u64> = (0..3)
             .map(|_| be.mem_alloc(ctx, N * N * 4).expect("alloc"))
             .collect();
-        let args = pack(&params, &[bufs[0], bufs[1], bufs[2], N]);
+        let args = pack_params(&params, &[bufs[0], bufs[1], bufs[2], N]);
         let l = KernelLaunch {
             function: f,
             grid: [8, 8, 1],

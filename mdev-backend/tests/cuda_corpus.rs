@@ -103,18 +103,7 @@ impl Program {
     /// Packs `args` (raw little-endian values) at the kernel's parameter layout.
     fn pack(&self, args: &[u64]) -> Vec<u8> {
         assert_eq!(args.len(), self.params.len());
-        let end = self
-            .params
-            .iter()
-            .map(|p| p.offset + p.size)
-            .max()
-            .unwrap_or(0);
-        let mut buf = vec![0u8; end as usize];
-        for (p, v) in self.params.iter().zip(args) {
-            let o = p.offset as usize;
-            buf[o..o + p.size as usize].copy_from_slice(&v.to_le_bytes()[..p.size as usize]);
-        }
-        buf
+        pack_params(&self.params, args)
     }
 
     fn launch(

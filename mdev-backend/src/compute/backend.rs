@@ -151,3 +151,70 @@ pub trait ComputeBackend: Send {
     /// Device `printf` output of the context since the last call.
     fn take_output(&mut self, ctx: ContextId) -> ComputeResult<String>;
 }
+
+/// The next handle from a per-context counter: wrapping, never 0 (0 is the default stream).
+pub(crate) fn next_id(counter: &mut u32) -> u32 {
+    *counter = counter.wrapping_add(1).max(1);
+    *counter
+}
+
+/// Packs kernel arguments (little-endian values, one per parameter) at the layout a kernel's
+/// `ParamInfo`s give, as a launch's parameter buffer.
+pub fn pack_params(params: &[ParamInfo], args: &[u64]) -> Vec<u8> {
+    let end = params.iter().map(|p| p.offset + p.size).max().unwrap_or(0);
+    let mut buf = vec![0u8; end as usize];
+    for (p, v) in params.iter().zip(args) {
+        let (o, n) = (p.offset as usize, (p.size as usize).min(8));
+        buf[o..o + n].copy_from_slice(&v.to_le_bytes()[..n]);
+    }
+    buf
+}
+
+/// A backend's contexts by handle, at most [`MAX_CONTEXTS`].
+#[derive(Debug)]
+pub(crate) struct ContextTable<C> {
+    contexts: std::collections::HashMap<u32, C>,
+    next: u32,
+}
+
+impl<C> ContextTable<C> {
+    pub fn new() -> Self {
+        ContextTable {
+            contexts: Default::default(),
+            next: 0,
+        }
+    }
+
+    /// Refuses a context past the bound before the backend creates anything.
+    pub fn check_room(&self) -> super::ComputeResult<()> {
+        if self.contexts.len() >= MAX_CONTEXTS {
+            return Err(super::ComputeError::OutOfMemory(format!(
+                "{MAX_CONTEXTS} contexts"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Adds a context under a handle no live context has.
+    pub fn insert(&mut self, c: C) -> ContextId {
+        while self.contexts.contains_key(&next_id(&mut self.next)) {}
+        self.contexts.insert(self.next, c);
+        ContextId(self.next)
+    }
+
+    pub fn get_mut(&mut self, ctx: ContextId) -> super::ComputeResult<&mut C> {
+        self.contexts
+            .get_mut(&ctx.0)
+            .ok_or_else(|| super::ComputeError::InvalidHandle(format!("context {}", ctx.0)))
+    }
+
+    pub fn remove(&mut self, ctx: ContextId) -> super::ComputeResult<C> {
+        self.contexts
+            .remove(&ctx.0)
+            .ok_or_else(|| super::ComputeError::InvalidHandle(format!("context {}", ctx.0)))
+    }
+
+    pub fn drain(&mut self) -> impl Iterator<Item = C> + '_ {
+        self.contexts.drain().map(|(_, c)| c)
+    }
+}

@@ -59,8 +59,7 @@ struct Context {
 
 impl Context {
     fn id(&mut self) -> u32 {
-        self.next_id = self.next_id.wrapping_add(1).max(1);
-        self.next_id
+        next_id(&mut self.next_id)
     }
 
     fn stream(&self, s: StreamId) -> ComputeResult<()> {
@@ -86,25 +85,20 @@ fn fault(f: super::Fault) -> ComputeError {
 #[derive(Debug)]
 pub struct CpuBackend {
     config: CpuConfig,
-    contexts: HashMap<u32, Context>,
-    next_ctx: u32,
+    contexts: ContextTable<Context>,
 }
 
 impl CpuBackend {
     pub fn new(config: CpuConfig) -> Self {
         CpuBackend {
             config,
-            contexts: HashMap::new(),
-            next_ctx: 0,
+            contexts: ContextTable::new(),
         }
     }
 
     /// The context, unless it is unknown or broken by an earlier fault.
     fn ctx(&mut self, ctx: ContextId) -> ComputeResult<&mut Context> {
-        let c = self
-            .contexts
-            .get_mut(&ctx.0)
-            .ok_or_else(|| ComputeError::InvalidHandle(format!("context {}", ctx.0)))?;
+        let c = self.contexts.get_mut(ctx)?;
         match &c.broken {
             Some(e) => Err(ComputeError::ContextBroken(e.to_string())),
             None => Ok(c),
@@ -129,38 +123,21 @@ impl ComputeBackend for CpuBackend {
     }
 
     fn context_create(&mut self) -> ComputeResult<ContextId> {
-        if self.contexts.len() >= MAX_CONTEXTS {
-            return Err(ComputeError::OutOfMemory(format!(
-                "{MAX_CONTEXTS} contexts"
-            )));
-        }
-        loop {
-            self.next_ctx = self.next_ctx.wrapping_add(1).max(1);
-            if !self.contexts.contains_key(&self.next_ctx) {
-                break;
-            }
-        }
-        self.contexts.insert(
-            self.next_ctx,
-            Context {
-                memory: DeviceMemory::new(self.config.memory_per_context),
-                modules: HashMap::new(),
-                functions: HashMap::new(),
-                streams: HashSet::new(),
-                events: HashMap::new(),
-                broken: None,
-                output: String::new(),
-                next_id: 0,
-            },
-        );
-        Ok(ContextId(self.next_ctx))
+        self.contexts.check_room()?;
+        Ok(self.contexts.insert(Context {
+            memory: DeviceMemory::new(self.config.memory_per_context),
+            modules: HashMap::new(),
+            functions: HashMap::new(),
+            streams: HashSet::new(),
+            events: HashMap::new(),
+            broken: None,
+            output: String::new(),
+            next_id: 0,
+        }))
     }
 
     fn context_destroy(&mut self, ctx: ContextId) -> ComputeResult<()> {
-        self.contexts
-            .remove(&ctx.0)
-            .map(drop)
-            .ok_or_else(|| ComputeError::InvalidHandle(format!("context {}", ctx.0)))
+        self.contexts.remove(ctx).map(drop)
     }
 
     fn context_synchronize(&mut self, ctx: ContextId) -> ComputeResult<()> {
@@ -505,11 +482,7 @@ impl ComputeBackend for CpuBackend {
     }
 
     fn take_output(&mut self, ctx: ContextId) -> ComputeResult<String> {
-        let c = self
-            .contexts
-            .get_mut(&ctx.0)
-            .ok_or_else(|| ComputeError::InvalidHandle(format!("context {}", ctx.0)))?;
-        Ok(std::mem::take(&mut c.output))
+        Ok(std::mem::take(&mut self.contexts.get_mut(ctx)?.output))
     }
 }
 

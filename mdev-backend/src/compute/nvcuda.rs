@@ -220,8 +220,7 @@ struct Context {
 
 impl Context {
     fn id(&mut self) -> u32 {
-        self.next_id = self.next_id.wrapping_add(1).max(1);
-        self.next_id
+        next_id(&mut self.next_id)
     }
 
     fn stream(&self, s: StreamId) -> ComputeResult<Handle> {
@@ -265,8 +264,7 @@ pub struct NvCuda {
     api: Api,
     device: c_int,
     attributes: DeviceAttributes,
-    contexts: HashMap<u32, Context>,
-    next_ctx: u32,
+    contexts: ContextTable<Context>,
 }
 
 impl std::fmt::Debug for NvCuda {
@@ -363,17 +361,13 @@ impl NvCuda {
             api,
             device,
             attributes,
-            contexts: HashMap::new(),
-            next_ctx: 0,
+            contexts: ContextTable::new(),
         })
     }
 
     /// The context, made current on this thread, unless unknown or broken.
     fn ctx(&mut self, ctx: ContextId) -> ComputeResult<&mut Context> {
-        let c = self
-            .contexts
-            .get_mut(&ctx.0)
-            .ok_or_else(|| ComputeError::InvalidHandle(format!("context {}", ctx.0)))?;
+        let c = self.contexts.get_mut(ctx)?;
         if let Some(e) = &c.broken {
             return Err(ComputeError::ContextBroken(e.to_string()));
         }
@@ -392,7 +386,7 @@ impl NvCuda {
         call: impl FnOnce(&Api, &mut Context) -> ComputeResult<T>,
     ) -> ComputeResult<T> {
         self.ctx(ctx)?;
-        let c = self.contexts.get_mut(&ctx.0).expect("checked above");
+        let c = self.contexts.get_mut(ctx)?;
         let r = call(&self.api, c);
         if let Err(e) = &r {
             if e.is_sticky() {
@@ -410,37 +404,20 @@ impl ComputeBackend for NvCuda {
     }
 
     fn context_create(&mut self) -> ComputeResult<ContextId> {
-        if self.contexts.len() >= MAX_CONTEXTS {
-            return Err(ComputeError::OutOfMemory(format!(
-                "{MAX_CONTEXTS} contexts"
-            )));
-        }
+        self.contexts.check_room()?;
         let mut handle: Handle = std::ptr::null_mut();
         // SAFETY: `handle` is a valid out-pointer; flags 0 (automatic scheduling).
         check("cuCtxCreate", unsafe {
             (self.api.ctx_create)(&mut handle, 0, self.device)
         })?;
-        loop {
-            self.next_ctx = self.next_ctx.wrapping_add(1).max(1);
-            if !self.contexts.contains_key(&self.next_ctx) {
-                break;
-            }
-        }
-        self.contexts.insert(
-            self.next_ctx,
-            Context {
-                handle: handle as usize,
-                ..Context::default()
-            },
-        );
-        Ok(ContextId(self.next_ctx))
+        Ok(self.contexts.insert(Context {
+            handle: handle as usize,
+            ..Context::default()
+        }))
     }
 
     fn context_destroy(&mut self, ctx: ContextId) -> ComputeResult<()> {
-        let c = self
-            .contexts
-            .remove(&ctx.0)
-            .ok_or_else(|| ComputeError::InvalidHandle(format!("context {}", ctx.0)))?;
+        let c = self.contexts.remove(ctx)?;
         // SAFETY: the context was created by this backend and is destroyed once; destroying it
         // frees its modules, memory, streams and events.
         check("cuCtxDestroy", unsafe {
@@ -855,7 +832,7 @@ impl ComputeBackend for NvCuda {
 
 impl Drop for NvCuda {
     fn drop(&mut self) {
-        for (_, c) in self.contexts.drain() {
+        for c in self.contexts.drain() {
             // SAFETY: every remaining context was created by this backend and is destroyed once.
             let r = unsafe { (self.api.ctx_destroy)(c.handle as Handle) };
             if r != CUDA_SUCCESS {

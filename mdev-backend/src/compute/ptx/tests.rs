@@ -79,13 +79,7 @@ impl<'m> Run<'m> {
 
 /// Packs kernel arguments at the layout the module gives.
 fn pack(m: &Module, kernel: &str, args: &[u64]) -> Vec<u8> {
-    let k = m.kernel(kernel).unwrap();
-    let mut buf = vec![0u8; k.param_bytes as usize];
-    for (p, v) in k.params.iter().zip(args) {
-        let o = p.offset as usize;
-        buf[o..o + p.size as usize].copy_from_slice(&v.to_le_bytes()[..p.size as usize]);
-    }
-    buf
+    crate::compute::backend::pack_params(&m.kernel(kernel).unwrap().params, args)
 }
 
 fn f32s(v: &[f32]) -> Vec<u8> {
