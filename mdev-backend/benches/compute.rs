@@ -39,13 +39,13 @@ fn matmul_warp_instructions(program: &[u8]) -> u64 {
         .collect();
     let params = module.kernel(MATMUL).expect("kernel").params.clone();
     let args = pack_params(&params, &[bufs[0], bufs[1], bufs[2], N]);
-    let symbols = Default::default();
     let l = Launch {
         grid: [8, 8, 1],
         block: [16, 16, 1],
         dynamic_shared_bytes: 0,
         params: &args,
-        symbols: &symbols,
+        symbols: &[],
+        heap: None,
         instruction_budget: u64::MAX,
         threads: 1,
     };

@@ -57,6 +57,12 @@ struct Program {
 
 impl Program {
     fn load(program: &str, kernel: &str, config: CpuConfig) -> Option<Program> {
+        Program::open(program, kernel, config, false)
+    }
+
+    /// Loads a corpus program (linking all its PTX images when `link`) on the backend under
+    /// test, ready to launch `kernel`.
+    fn open(program: &str, kernel: &str, config: CpuConfig, link: bool) -> Option<Program> {
         let image = std::fs::read(corpus()?.join(program)).expect("corpus program");
         let mut be: Box<dyn ComputeBackend> = if on_nvcuda() {
             Box::new(NvCuda::new(0).expect("VGPU_COMPUTE=nvcuda needs a CUDA driver and device"))
@@ -64,9 +70,12 @@ impl Program {
             Box::new(CpuBackend::new(config))
         };
         let ctx = be.context_create().unwrap();
-        let module = be
-            .module_load(ctx, &image)
-            .unwrap_or_else(|e| panic!("{program}: {e}"));
+        let module = if link {
+            be.module_link(ctx, &[&image])
+        } else {
+            be.module_load(ctx, &image)
+        }
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
         let (function, params) = be.function(ctx, module, kernel).unwrap();
         Some(Program {
             be,
@@ -445,5 +454,70 @@ fn gcc_offload_programs_hold_their_ptx() {
             images.iter().any(|p| p.text.contains("main$_omp_fn$0")),
             "{program}: the offloaded region"
         );
+    }
+}
+
+/// Per-warp soft stack libgomp's nvptx plugin gives an OpenMP target region (GCC 12).
+const OMP_STACK_BYTES: u64 = 128 * 1024;
+
+/// Runs the target region of a GCC offloading program as libgomp's nvptx plugin does: every
+/// PTX image linked into one module, `main$_omp_fn$0` launched on `teams` blocks of 32 ×
+/// `warps` threads with (mapped-variable table, soft stacks, stack size) as its parameters.
+/// `vars` are the device addresses of the mapped variables, in the region's order.
+fn run_omp_region(p: &mut Program, teams: u32, warps: u32, vars: &[u64]) {
+    let table: Vec<u8> = vars.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let table = p.buffer(&table);
+    let stacks = p.zeroed(OMP_STACK_BYTES * u64::from(teams * warps));
+    p.launch(
+        [teams, 1, 1],
+        [32, warps, 1],
+        &[table, stacks, OMP_STACK_BYTES],
+        DEFAULT_STREAM,
+    )
+    .unwrap_or_else(|e| panic!("OpenMP target region: {e}"));
+}
+
+#[test]
+fn gcc_offload_saxpy_runs_on_the_linked_module() {
+    const N: usize = 4096;
+    let Some(mut p) = Program::open("omp_saxpy", "main$_omp_fn$0", CpuConfig::default(), true)
+    else {
+        return;
+    };
+    let x: Vec<f32> = (0..N).map(|i| i as f32).collect();
+    let x = p.buffer(&f32s(&x));
+    let y = p.buffer(&f32s(&[1.0; N]));
+    for (teams, warps) in [(1, 1), (3, 4)] {
+        p.be.memset_d32(p.ctx, y, 1.0f32.to_bits(), N as u64, DEFAULT_STREAM)
+            .unwrap();
+        run_omp_region(&mut p, teams, warps, &[x, y]);
+        let got = words(&p.read(y, N * 4), f32::from_le_bytes);
+        for (i, v) in got.iter().enumerate() {
+            assert_eq!(
+                *v,
+                2.0 * i as f32 + 1.0,
+                "y[{i}] with {teams} teams of {warps} warps"
+            );
+        }
+    }
+}
+
+#[test]
+fn gcc_offload_reduction_runs_on_the_linked_module() {
+    let Some(mut p) = Program::open(
+        "omp_reduction",
+        "main$_omp_fn$0",
+        CpuConfig::default(),
+        true,
+    ) else {
+        return;
+    };
+    let n: i64 = 100_000;
+    let want = (n - 1) * n * (2 * n - 1) / 6;
+    for (teams, warps) in [(1, 1), (2, 4)] {
+        let sum = p.zeroed(8);
+        run_omp_region(&mut p, teams, warps, &[sum]);
+        let got = i64::from_le_bytes(p.read(sum, 8).try_into().unwrap());
+        assert_eq!(got, want, "{teams} teams of {warps} warps");
     }
 }

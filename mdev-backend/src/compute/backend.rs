@@ -72,6 +72,11 @@ pub trait ComputeBackend: Send {
 
     /// Loads PTX text or a fat binary (or an executable holding them).
     fn module_load(&mut self, ctx: ContextId, image: &[u8]) -> ComputeResult<ModuleId>;
+    /// Links every PTX image of `images` (PTX text, or the PTX held by fat binaries and
+    /// executables) into one module: `.extern` names of one resolve to another's definitions
+    /// (`cuLinkAddData` for each, `cuLinkComplete`, `cuModuleLoadData`), as GCC's OpenMP
+    /// offloading loads its program with libgomp's and newlib's device code.
+    fn module_link(&mut self, ctx: ContextId, images: &[&[u8]]) -> ComputeResult<ModuleId>;
     fn module_unload(&mut self, ctx: ContextId, module: ModuleId) -> ComputeResult<()>;
     /// A kernel of a module and its parameter layout.
     fn function(

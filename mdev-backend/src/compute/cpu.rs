@@ -10,7 +10,7 @@ use log::{debug, warn};
 
 use super::backend::*;
 use super::fatbin::extract_ptx;
-use super::memory::DeviceMemory;
+use super::memory::{DEVICE_HEAP_BYTES, DeviceHeap, DeviceMemory};
 use super::ptx::{self, Launch, MAX_PRINTF_BYTES};
 use super::{ComputeError, ComputeResult, GlobalMemory};
 
@@ -42,7 +42,8 @@ impl Default for CpuConfig {
 #[derive(Debug)]
 struct LoadedModule {
     ptx: ptx::Module,
-    symbols: HashMap<String, u64>,
+    /// Device address of each module variable, in `globals()` order.
+    symbols: Vec<u64>,
 }
 
 #[derive(Debug)]
@@ -53,11 +54,53 @@ struct Context {
     streams: HashSet<u32>,
     events: HashMap<u32, Option<Instant>>,
     broken: Option<ComputeError>,
+    /// The device `malloc` heap, allocated at the first launch of a module that uses it.
+    heap: Option<DeviceHeap>,
     output: String,
     next_id: u32,
 }
 
 impl Context {
+    /// Allocates and initialises a parsed module's variables (patching the addresses that
+    /// initialisers name) and keeps the module.
+    fn install(&mut self, ctx: ContextId, module: ptx::Module) -> ComputeResult<ModuleId> {
+        let mut symbols = Vec::with_capacity(module.globals().len());
+        let placed = (|| {
+            for g in module.globals() {
+                symbols.push(self.memory.alloc(g.size.max(1))?);
+            }
+            for (g, &addr) in module.globals().iter().zip(&symbols) {
+                let mut init = g.init.clone();
+                for &(offset, target) in &g.relocs {
+                    let at = offset as usize;
+                    init[at..at + 8].copy_from_slice(&symbols[target as usize].to_le_bytes());
+                }
+                self.memory.write(addr, &init).map_err(fault)?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = placed {
+            for a in &symbols {
+                let _ = self.memory.free(*a);
+            }
+            return Err(e);
+        }
+        let id = self.id();
+        debug!(
+            "context {}: module {id} loaded, kernels {:?}",
+            ctx.0,
+            module.kernels().collect::<Vec<_>>()
+        );
+        self.modules.insert(
+            id,
+            LoadedModule {
+                ptx: module,
+                symbols,
+            },
+        );
+        Ok(ModuleId(id))
+    }
+
     fn id(&mut self) -> u32 {
         next_id(&mut self.next_id)
     }
@@ -131,6 +174,7 @@ impl ComputeBackend for CpuBackend {
             streams: HashSet::new(),
             events: HashMap::new(),
             broken: None,
+            heap: None,
             output: String::new(),
             next_id: 0,
         }))
@@ -166,34 +210,23 @@ impl ComputeBackend for CpuBackend {
         let Some(module) = parsed else {
             return Err(last.unwrap_or_else(|| ComputeError::InvalidImage("no PTX".into())));
         };
-        let mut symbols = HashMap::new();
-        for g in module.globals() {
-            let addr = match c.memory.alloc(g.size.max(1)) {
-                Ok(a) => a,
-                Err(e) => {
-                    for a in symbols.values() {
-                        let _ = c.memory.free(*a);
-                    }
-                    return Err(e);
-                }
-            };
-            c.memory.write(addr, &g.init).map_err(fault)?;
-            symbols.insert(g.name.clone(), addr);
+        c.install(ctx, module)
+    }
+
+    fn module_link(&mut self, ctx: ContextId, images: &[&[u8]]) -> ComputeResult<ModuleId> {
+        let c = self.ctx(ctx)?;
+        if c.modules.len() >= MAX_MODULES_PER_CONTEXT {
+            return Err(ComputeError::OutOfMemory(format!(
+                "{MAX_MODULES_PER_CONTEXT} modules"
+            )));
         }
-        let id = c.id();
-        debug!(
-            "context {}: module {id} loaded, kernels {:?}",
-            ctx.0,
-            module.kernels().collect::<Vec<_>>()
-        );
-        c.modules.insert(
-            id,
-            LoadedModule {
-                ptx: module,
-                symbols,
-            },
-        );
-        Ok(ModuleId(id))
+        let mut texts = Vec::new();
+        for image in images {
+            texts.extend(extract_ptx(image)?.into_iter().map(|p| p.text));
+        }
+        let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let module = ptx::Module::link(&texts)?;
+        c.install(ctx, module)
     }
 
     fn module_unload(&mut self, ctx: ContextId, module: ModuleId) -> ComputeResult<()> {
@@ -202,7 +235,7 @@ impl ComputeBackend for CpuBackend {
             .modules
             .remove(&module.0)
             .ok_or_else(|| ComputeError::InvalidHandle(format!("module {}", module.0)))?;
-        for a in m.symbols.values() {
+        for a in &m.symbols {
             let _ = c.memory.free(*a);
         }
         c.functions.retain(|_, (m, _)| *m != module.0);
@@ -447,6 +480,10 @@ impl ComputeBackend for CpuBackend {
             .functions
             .get(&l.function.0)
             .ok_or_else(|| ComputeError::InvalidHandle(format!("function {}", l.function.0)))?;
+        if c.heap.is_none() && c.modules[module].ptx.uses_heap() {
+            let base = c.memory.alloc(DEVICE_HEAP_BYTES)?;
+            c.heap = Some(DeviceHeap::new(base, DEVICE_HEAP_BYTES));
+        }
         let m = &c.modules[module];
         let launch = Launch {
             grid: l.grid,
@@ -454,6 +491,7 @@ impl ComputeBackend for CpuBackend {
             dynamic_shared_bytes: l.shared_bytes,
             params: l.params,
             symbols: &m.symbols,
+            heap: c.heap.as_ref(),
             instruction_budget: budget,
             threads,
         };

@@ -10,6 +10,7 @@
 //! PTX `atom`/`red` instructions are compare-exchange loops on one word.
 
 use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use thiserror::Error;
@@ -22,6 +23,74 @@ pub const ALLOCATION_ALIGN: u64 = 256;
 pub const GUARD_BYTES: u64 = 64 * 1024;
 /// Most live allocations of one context: bounds the allocation table a guest can grow.
 pub const MAX_ALLOCATIONS: usize = 65_536;
+
+/// The device heap of a context (`malloc` in kernels): the driver's default
+/// `cudaLimitMallocHeapSize`, 8 MiB.
+pub const DEVICE_HEAP_BYTES: u64 = 8 << 20;
+/// Alignment of what device `malloc` returns (the driver's is 16 bytes).
+pub const HEAP_ALIGN: u64 = 16;
+/// Most live device-`malloc` blocks of one context: bounds the host-side bookkeeping.
+pub const MAX_HEAP_BLOCKS: usize = 65_536;
+
+/// Device-side `malloc`/`free` of a context: blocks carved out of one device allocation. The
+/// bookkeeping lives on the host, out of the kernels' reach, so a kernel that writes past its
+/// block corrupts only its own data, never the allocator; a `free` of anything `malloc` did
+/// not return is refused.
+#[derive(Debug)]
+pub struct DeviceHeap {
+    base: u64,
+    size: u64,
+    /// Live blocks: start → length.
+    blocks: Mutex<BTreeMap<u64, u64>>,
+}
+
+impl DeviceHeap {
+    /// A heap over the device allocation `[base, base + size)`.
+    pub fn new(base: u64, size: u64) -> Self {
+        DeviceHeap {
+            base,
+            size,
+            blocks: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// The device allocation the heap lives in.
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
+    /// A block of `size` bytes (first fit), or 0 (NULL) when none is free, as on the device.
+    pub fn malloc(&self, size: u64) -> u64 {
+        let Some(size) = size.checked_next_multiple_of(HEAP_ALIGN) else {
+            return 0;
+        };
+        if size == 0 || size > self.size {
+            return 0;
+        }
+        let mut blocks = self.blocks.lock().unwrap_or_else(|p| p.into_inner());
+        if blocks.len() >= MAX_HEAP_BLOCKS {
+            return 0;
+        }
+        let mut at = self.base;
+        for (&start, &len) in blocks.iter() {
+            if start - at >= size {
+                break;
+            }
+            at = start + len;
+        }
+        if self.base + self.size - at < size {
+            return 0;
+        }
+        blocks.insert(at, size);
+        at
+    }
+
+    /// Frees a block `malloc` returned; false if `addr` is not one.
+    pub fn free(&self, addr: u64) -> bool {
+        let mut blocks = self.blocks.lock().unwrap_or_else(|p| p.into_inner());
+        blocks.remove(&addr).is_some()
+    }
+}
 
 /// Why a device access failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -268,6 +337,23 @@ impl GlobalMemory for DeviceMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_device_heap_reuses_freed_blocks_and_refuses_what_it_did_not_hand_out() {
+        let heap = DeviceHeap::new(0x1000, 256);
+        let a = heap.malloc(100);
+        let b = heap.malloc(100);
+        assert_eq!((a, b), (0x1000, 0x1070));
+        assert_eq!(heap.malloc(100), 0, "only 32 bytes left");
+        assert_eq!(heap.malloc(0), 0);
+        assert_eq!(heap.malloc(u64::MAX), 0);
+        assert!(heap.free(a));
+        assert!(!heap.free(a), "twice");
+        assert!(!heap.free(b + 16), "inside a block");
+        assert_eq!(heap.malloc(50), 0x1000, "first fit");
+        assert_eq!(heap.malloc(48), 0x1040);
+        assert_eq!(heap.malloc(16), 0x10e0, "the gap is full, the tail is not");
+    }
 
     #[test]
     fn accesses_inside_an_allocation_round_trip_at_every_alignment() {

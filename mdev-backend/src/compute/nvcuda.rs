@@ -37,6 +37,8 @@ const LAUNCH_PARAM_END: usize = 0;
 const CUDA_SUCCESS: c_int = 0;
 const CUDA_ERROR_NOT_READY: c_int = 600;
 /// Device attributes (`CUdevice_attribute`).
+/// `CU_JIT_INPUT_PTX`.
+const JIT_INPUT_PTX: c_int = 1;
 const ATTR_MAX_THREADS_PER_BLOCK: c_int = 1;
 const ATTR_MAX_BLOCK_DIM_X: c_int = 2;
 const ATTR_MAX_GRID_DIM_X: c_int = 5;
@@ -61,6 +63,21 @@ struct Api {
     ctx_set_current: unsafe extern "C" fn(Handle) -> CuResult,
     module_load_data: unsafe extern "C" fn(*mut Handle, *const c_void) -> CuResult,
     module_unload: unsafe extern "C" fn(Handle) -> CuResult,
+    link_create:
+        unsafe extern "C" fn(c_uint, *mut c_int, *mut *mut c_void, *mut Handle) -> CuResult,
+    #[allow(clippy::type_complexity)]
+    link_add_data: unsafe extern "C" fn(
+        Handle,
+        c_int,
+        *mut c_void,
+        usize,
+        *const c_char,
+        c_uint,
+        *mut c_int,
+        *mut *mut c_void,
+    ) -> CuResult,
+    link_complete: unsafe extern "C" fn(Handle, *mut *mut c_void, *mut usize) -> CuResult,
+    link_destroy: unsafe extern "C" fn(Handle) -> CuResult,
     module_get_function: unsafe extern "C" fn(*mut Handle, Handle, *const c_char) -> CuResult,
     func_get_param_info: unsafe extern "C" fn(Handle, usize, *mut usize, *mut usize) -> CuResult,
     mem_alloc: unsafe extern "C" fn(*mut u64, usize) -> CuResult,
@@ -121,6 +138,10 @@ impl Api {
             ctx_set_current: sym!("cuCtxSetCurrent"),
             module_load_data: sym!("cuModuleLoadData"),
             module_unload: sym!("cuModuleUnload"),
+            link_create: sym!("cuLinkCreate_v2"),
+            link_add_data: sym!("cuLinkAddData_v2"),
+            link_complete: sym!("cuLinkComplete"),
+            link_destroy: sym!("cuLinkDestroy"),
             module_get_function: sym!("cuModuleGetFunction"),
             func_get_param_info: sym!("cuFuncGetParamInfo"),
             mem_alloc: sym!("cuMemAlloc_v2"),
@@ -454,6 +475,69 @@ impl ComputeBackend for NvCuda {
             check("cuModuleLoadData", unsafe {
                 (api.module_load_data)(&mut m, text.as_ptr().cast())
             })?;
+            let id = c.id();
+            c.modules.insert(id, m as usize);
+            Ok(ModuleId(id))
+        })
+    }
+
+    fn module_link(&mut self, ctx: ContextId, images: &[&[u8]]) -> ComputeResult<ModuleId> {
+        let mut texts = Vec::new();
+        for image in images {
+            for p in extract_ptx(image)? {
+                texts.push(
+                    CString::new(p.text)
+                        .map_err(|_| ComputeError::InvalidPtx("NUL inside PTX".into()))?,
+                );
+            }
+        }
+        self.on(ctx, |api, c| {
+            if c.modules.len() >= MAX_MODULES_PER_CONTEXT {
+                return Err(ComputeError::OutOfMemory(format!(
+                    "{MAX_MODULES_PER_CONTEXT} modules"
+                )));
+            }
+            let mut state: Handle = std::ptr::null_mut();
+            // SAFETY: no options; `state` is a valid out-pointer.
+            check("cuLinkCreate", unsafe {
+                (api.link_create)(0, std::ptr::null_mut(), std::ptr::null_mut(), &mut state)
+            })?;
+            let linked = (|| {
+                for (i, text) in texts.iter().enumerate() {
+                    let name = CString::new(format!("image{i}")).expect("no NUL");
+                    let bytes = text.as_bytes_with_nul();
+                    // SAFETY: a live link state; the PTX is NUL-terminated, `bytes.len()` long
+                    // and outlives the call (the driver copies it); no options.
+                    check("cuLinkAddData", unsafe {
+                        (api.link_add_data)(
+                            state,
+                            JIT_INPUT_PTX,
+                            bytes.as_ptr().cast_mut().cast(),
+                            bytes.len(),
+                            name.as_ptr(),
+                            0,
+                            std::ptr::null_mut(),
+                            std::ptr::null_mut(),
+                        )
+                    })?;
+                }
+                let mut cubin: *mut c_void = std::ptr::null_mut();
+                let mut size = 0usize;
+                // SAFETY: a live link state; valid out-pointers.
+                check("cuLinkComplete", unsafe {
+                    (api.link_complete)(state, &mut cubin, &mut size)
+                })?;
+                let mut m: Handle = std::ptr::null_mut();
+                // SAFETY: `cubin` is the image the link state owns until cuLinkDestroy below;
+                // `m` is a valid out-pointer.
+                check("cuModuleLoadData", unsafe {
+                    (api.module_load_data)(&mut m, cubin)
+                })?;
+                Ok(m)
+            })();
+            // SAFETY: the state created above, destroyed once, after its image was loaded.
+            let _ = unsafe { (api.link_destroy)(state) };
+            let m = linked?;
             let id = c.id();
             c.modules.insert(id, m as usize);
             Ok(ModuleId(id))

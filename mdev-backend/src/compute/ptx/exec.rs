@@ -93,13 +93,12 @@ pub fn launch(
             info.param_bytes
         )));
     }
-    let mut sym_addr = Vec::with_capacity(m.globals.len());
-    for g in &m.globals {
-        let addr =
-            l.symbols.get(&g.name).copied().ok_or_else(|| {
-                invalid(format!("no device address for module variable {}", g.name))
-            })?;
-        sym_addr.push(addr);
+    if l.symbols.len() != m.globals.len() {
+        return Err(invalid(format!(
+            "{} variable addresses for a module of {}",
+            l.symbols.len(),
+            m.globals.len()
+        )));
     }
     let blocks = u64::from(gx) * u64::from(gy) * u64::from(gz);
     let shared_launch = Shared {
@@ -107,7 +106,7 @@ pub fn launch(
         l,
         memory,
         entry: m.funcs[f as usize].start,
-        sym_addr,
+        sym_addr: l.symbols,
         shared_bytes: shared,
         dyn_start,
         reg_mask: m
@@ -159,7 +158,7 @@ struct Shared<'a> {
     l: &'a Launch<'a>,
     memory: &'a dyn GlobalMemory,
     entry: u32,
-    sym_addr: Vec<u64>,
+    sym_addr: &'a [u64],
     shared_bytes: u32,
     dyn_start: u32,
     reg_mask: Vec<u64>,
@@ -207,6 +206,8 @@ impl Shared<'_> {
 /// A call frame of one lane: where to return and what to copy back.
 #[derive(Debug, Clone, Copy)]
 struct Frame {
+    /// The function called.
+    func: u32,
     ret_pc: u32,
     /// (callee's return slot, caller's slot, bytes).
     copy_back: Option<(u32, u32, u32)>,
@@ -221,19 +222,37 @@ struct Warp {
     frames: Vec<Vec<Frame>>,
     local: Vec<u8>,
     fparam: Vec<u8>,
-    /// The lanes waiting at a `bar.sync`, or 0.
+    /// The lanes waiting at a `bar.sync`, or 0, and the barrier.
     at_barrier: u32,
+    barrier: usize,
 }
 
 enum Stop {
     Done,
     Barrier,
+    /// The warp ran its time slice and lets the others run (it may be spinning on a flag
+    /// another warp sets).
+    Yield,
+}
+
+/// Barriers of a block (`bar.sync 0..15`).
+const BARRIERS: usize = 16;
+/// Warp-instructions a warp runs before the block's other warps get their turn.
+const SLICE: u32 = 1024;
+
+/// One of the block's barriers: threads arrived (counted per warp, as the hardware does) and
+/// the count that completes it (`None`: every thread of the block that has not exited).
+#[derive(Debug, Clone, Copy, Default)]
+struct Barrier {
+    arrived: u32,
+    expected: Option<u32>,
 }
 
 struct Block<'s, 'a> {
     s: &'s Shared<'a>,
     ctaid: [u32; 3],
     warps: Vec<Warp>,
+    barriers: [Barrier; BARRIERS],
     shared: Vec<u8>,
     out: String,
     unflushed: u64,
@@ -347,6 +366,7 @@ impl<'s, 'a> Block<'s, 'a> {
                     local: vec![0; s.m.local_bytes as usize * WARP],
                     fparam: vec![0; s.m.fparam_bytes as usize * WARP],
                     at_barrier: 0,
+                    barrier: 0,
                 }
             })
             .collect();
@@ -354,6 +374,7 @@ impl<'s, 'a> Block<'s, 'a> {
             s,
             ctaid,
             warps,
+            barriers: [Barrier::default(); BARRIERS],
             shared: vec![0; s.shared_bytes as usize],
             out: String::new(),
             unflushed: 0,
@@ -362,22 +383,51 @@ impl<'s, 'a> Block<'s, 'a> {
 
     fn run(&mut self) -> ComputeResult<()> {
         loop {
-            let mut live = 0;
+            let mut live = 0u32;
+            let mut ran = false;
             for w in 0..self.warps.len() {
-                if self.warps[w].at_barrier != 0 {
-                    live += 1;
+                let warp = &self.warps[w];
+                if warp.valid & !warp.exited == 0 {
                     continue;
                 }
-                match self.run_warp(w)? {
-                    Stop::Done => {}
-                    Stop::Barrier => live += 1,
+                live += 1;
+                if warp.at_barrier != 0 {
+                    continue;
                 }
+                ran = true;
+                // Done, at a barrier or its slice over: the next warp's turn either way.
+                let (Stop::Done | Stop::Barrier | Stop::Yield) = self.run_warp(w)?;
             }
             if live == 0 {
                 return Ok(());
             }
-            // Every warp still running waits at a barrier: release them all.
+            if !self.release_barriers() && !ran {
+                return Err(ComputeError::LaunchTimeout(
+                    "every warp of a block waits at a barrier that cannot complete".into(),
+                ));
+            }
+        }
+    }
+
+    /// Restarts the warps of every barrier whose count has arrived; whether any did.
+    fn release_barriers(&mut self) -> bool {
+        let live_warps = self
+            .warps
+            .iter()
+            .filter(|w| w.valid & !w.exited != 0)
+            .count() as u32;
+        let mut released = false;
+        for id in 0..BARRIERS {
+            let b = self.barriers[id];
+            if b.arrived == 0 || b.arrived < b.expected.unwrap_or(live_warps * WARP as u32) {
+                continue;
+            }
+            self.barriers[id] = Barrier::default();
+            released = true;
             for warp in &mut self.warps {
+                if warp.barrier != id || warp.at_barrier == 0 {
+                    continue;
+                }
                 let mask = std::mem::take(&mut warp.at_barrier);
                 for lane in 0..WARP {
                     if mask & (1 << lane) != 0 {
@@ -386,6 +436,44 @@ impl<'s, 'a> Block<'s, 'a> {
                 }
             }
         }
+        released
+    }
+
+    /// A warp's arrival at barrier `id` (the value of the first executing lane, as barrier
+    /// operands are uniform) for `count` threads.
+    fn arrive(
+        &mut self,
+        w: usize,
+        lane: usize,
+        id: Src,
+        count: Option<Src>,
+    ) -> ComputeResult<usize> {
+        let bad = |what: String| ComputeError::IllegalInstruction(what);
+        let id = self.val(w, lane, id);
+        if id >= BARRIERS as u64 {
+            return Err(bad(format!("barrier {id}")));
+        }
+        let id = id as usize;
+        let block_threads = self.s.nthreads.next_multiple_of(WARP as u32);
+        let expected = match count {
+            Some(c) => {
+                let c = self.val(w, lane, c);
+                if c == 0 || c % WARP as u64 != 0 || c > u64::from(block_threads) {
+                    return Err(bad(format!("barrier thread count {c}")));
+                }
+                Some(c as u32)
+            }
+            None => None,
+        };
+        let b = &mut self.barriers[id];
+        if b.arrived != 0 && b.expected != expected {
+            return Err(bad(format!(
+                "barrier {id} used with different thread counts"
+            )));
+        }
+        b.expected = expected;
+        b.arrived += WARP as u32;
+        Ok(id)
     }
 
     fn count(&mut self) -> ComputeResult<()> {
@@ -410,12 +498,17 @@ impl<'s, 'a> Block<'s, 'a> {
 
     fn run_warp(&mut self, w: usize) -> ComputeResult<Stop> {
         let s = self.s;
+        let mut slice = 0u32;
         loop {
             let warp = &self.warps[w];
             let live = warp.valid & !warp.exited;
             if live == 0 {
                 return Ok(Stop::Done);
             }
+            if slice == SLICE && self.warps.len() > 1 {
+                return Ok(Stop::Yield);
+            }
+            slice += 1;
             let mut min = u32::MAX;
             let mut mask = 0u32;
             for lane in 0..WARP {
@@ -444,7 +537,14 @@ impl<'s, 'a> Block<'s, 'a> {
                     }
                 }
             }
-            if matches!(inst.op, Op::Bar) && exec != 0 {
+            if let Op::Bar {
+                id,
+                count,
+                wait: true,
+            } = inst.op
+                && exec != 0
+            {
+                let id = self.arrive(w, exec.trailing_zeros() as usize, id, count)?;
                 // Lanes whose guard is false skip the barrier.
                 let warp = &mut self.warps[w];
                 for lane in 0..WARP {
@@ -453,6 +553,7 @@ impl<'s, 'a> Block<'s, 'a> {
                     }
                 }
                 warp.at_barrier = exec;
+                warp.barrier = id;
                 return Ok(Stop::Barrier);
             }
             {
@@ -478,6 +579,68 @@ impl<'s, 'a> Block<'s, 'a> {
     }
 
     #[inline(never)]
+    /// A lane's call of function `f`: arguments copied by position into its parameters, a
+    /// frame pushed, the lane at its first instruction.
+    fn enter(
+        &mut self,
+        w: usize,
+        lane: usize,
+        f: u32,
+        ret: Option<(u32, u32)>,
+        args: &[(u32, u32)],
+    ) -> ComputeResult<()> {
+        let func = &self.s.m.funcs[f as usize];
+        for (k, &(from, size)) in args.iter().enumerate() {
+            let Some(&(to, to_size, _)) = func.params.get(k) else {
+                break;
+            };
+            let mut buf = [0u8; 256];
+            let n = size.min(to_size) as usize;
+            if n > buf.len() {
+                let mut big = vec![0u8; n];
+                self.read(w, lane, Loc::FParam(u64::from(from)), &mut big)?;
+                self.write(w, lane, Loc::FParam(u64::from(to)), &big)?;
+            } else {
+                self.read(w, lane, Loc::FParam(u64::from(from)), &mut buf[..n])?;
+                self.write(w, lane, Loc::FParam(u64::from(to)), &buf[..n])?;
+            }
+        }
+        let warp = &mut self.warps[w];
+        let frames = &mut warp.frames[lane];
+        if frames.len() >= MAX_CALL_DEPTH {
+            return Err(ComputeError::LaunchOutOfResources(
+                "call stack overflow".into(),
+            ));
+        }
+        // Parameters and registers have one place per function: a function already on the
+        // stack (reached through a pointer; direct recursion is refused at load) cannot run.
+        if frames.iter().any(|fr| fr.func == f) {
+            return Err(ComputeError::IllegalInstruction(format!(
+                "recursive call of {}",
+                func.name
+            )));
+        }
+        let copy_back = match (ret, func.ret) {
+            (Some((to, size)), Some((from, fsize))) => Some((from, to, size.min(fsize))),
+            _ => None,
+        };
+        frames.push(Frame {
+            func: f,
+            ret_pc: warp.pc[lane],
+            copy_back,
+        });
+        warp.pc[lane] = func.start;
+        Ok(())
+    }
+
+    /// A call argument's value as a 64-bit integer.
+    fn param_u64(&self, w: usize, lane: usize, (slot, size): (u32, u32)) -> ComputeResult<u64> {
+        let mut b = [0u8; 8];
+        let n = (size as usize).min(8);
+        self.read(w, lane, Loc::FParam(u64::from(slot)), &mut b[..n])?;
+        Ok(u64::from_le_bytes(b))
+    }
+
     fn special(&self, w: usize, lane: usize, s: Sreg) -> u64 {
         let [bx, by, _] = self.s.l.block;
         let t = (w * WARP + lane) as u32;
@@ -896,33 +1059,60 @@ impl<'s, 'a> Block<'s, 'a> {
                 ret,
                 args,
             } => {
-                let func = &self.s.m.funcs[*f as usize];
                 for lane in lanes {
-                    for (k, &(from, size)) in args.iter().enumerate() {
-                        let Some(&(to, to_size, _)) = func.params.get(k) else {
-                            break;
-                        };
-                        let mut buf = vec![0u8; size.min(to_size) as usize];
-                        self.read(w, lane, Loc::FParam(u64::from(from)), &mut buf)?;
-                        self.write(w, lane, Loc::FParam(u64::from(to)), &buf)?;
+                    self.enter(w, lane, *f, *ret, args)?;
+                }
+            }
+            Op::Call {
+                callee: Callee::Indirect(r),
+                ret,
+                args,
+            } => {
+                for lane in lanes {
+                    let addr = self.warps[w].regs[*r as usize * WARP + lane];
+                    let f = func_at(addr)
+                        .filter(|&f| {
+                            self.s
+                                .m
+                                .funcs
+                                .get(f as usize)
+                                .is_some_and(|func| !func.entry && func.start != func.end)
+                        })
+                        .ok_or_else(|| {
+                            ComputeError::IllegalAddress(format!(
+                                "call through {addr:#x}, which is not a function"
+                            ))
+                        })?;
+                    self.enter(w, lane, f, *ret, args)?;
+                }
+            }
+            Op::Call {
+                callee: Callee::Malloc,
+                ret,
+                args,
+            } => {
+                for lane in lanes {
+                    let size = self.param_u64(w, lane, args[0])?;
+                    let addr = self.s.l.heap.map_or(0, |h| h.malloc(size));
+                    if let Some((slot, bytes)) = ret {
+                        let v = addr.to_le_bytes();
+                        let n = (*bytes as usize).min(8);
+                        self.write(w, lane, Loc::FParam(u64::from(*slot)), &v[..n])?;
                     }
-                    let warp = &mut self.warps[w];
-                    if warp.frames[lane].len() >= MAX_CALL_DEPTH {
-                        return Err(ComputeError::LaunchOutOfResources(
-                            "call stack overflow".into(),
-                        ));
+                }
+            }
+            Op::Call {
+                callee: Callee::Free,
+                args,
+                ..
+            } => {
+                for lane in lanes {
+                    let addr = self.param_u64(w, lane, args[0])?;
+                    if addr != 0 && !self.s.l.heap.is_some_and(|h| h.free(addr)) {
+                        return Err(ComputeError::IllegalAddress(format!(
+                            "free of {addr:#x}, which malloc did not return"
+                        )));
                     }
-                    let copy_back = match (ret, func.ret) {
-                        (Some((to, size)), Some((from, fsize))) => {
-                            Some((from, *to, (*size).min(fsize)))
-                        }
-                        _ => None,
-                    };
-                    warp.frames[lane].push(Frame {
-                        ret_pc: warp.pc[lane],
-                        copy_back,
-                    });
-                    warp.pc[lane] = func.start;
                 }
             }
             Op::Ret => {
@@ -941,7 +1131,45 @@ impl<'s, 'a> Block<'s, 'a> {
                 }
             }
             Op::Exit => self.warps[w].exited |= exec,
-            Op::Bar | Op::Nop => {}
+            // `bar.arrive` (`bar.sync` stops the warp before it gets here).
+            Op::Bar { id, count, .. } => {
+                let lane = exec.trailing_zeros() as usize;
+                self.arrive(w, lane, *id, *count)?;
+            }
+            Op::Nop => {}
+            Op::MovVec { ty, n, ds, srcs } => {
+                let mask = ty.mask();
+                for lane in lanes {
+                    let mut v = [0u64; 4];
+                    for i in 0..usize::from(*n) {
+                        v[i] = self.val(w, lane, srcs[i]) & mask;
+                    }
+                    for i in 0..usize::from(*n) {
+                        if ds[i] != SINK {
+                            self.set(w, lane, ds[i], v[i]);
+                        }
+                    }
+                }
+            }
+            Op::Video {
+                op,
+                signed,
+                sat,
+                sec,
+                d,
+                a,
+                b,
+                c,
+            } => {
+                for lane in lanes {
+                    let word = |v: u64, s: bool| if s { sext(v, 32) } else { (v as u32).into() };
+                    let x = word(self.val(w, lane, *a), signed[1]);
+                    let y = word(self.val(w, lane, *b), signed[2]);
+                    let z = word(self.val(w, lane, *c), signed[0]);
+                    let r = video(*op, signed[0], *sat, *sec, x, y, z);
+                    self.set(w, lane, *d, r);
+                }
+            }
             Op::Atom {
                 space,
                 op,
@@ -1151,6 +1379,31 @@ enum Loc {
     Local(u64),
     KParam(u64),
     FParam(u64),
+}
+
+/// A scalar video instruction on sign- or zero-extended words.
+fn video(op: VideoOp, dsigned: bool, sat: bool, sec: Option<BinOp>, x: i64, y: i64, z: i64) -> u64 {
+    let mut t = match op {
+        VideoOp::Add => x + y,
+        VideoOp::Sub => x - y,
+        VideoOp::AbsDiff => (x - y).abs(),
+        VideoOp::Min => x.min(y),
+        VideoOp::Max => x.max(y),
+    };
+    if sat {
+        t = if dsigned {
+            t.clamp(i64::from(i32::MIN), i64::from(i32::MAX))
+        } else {
+            t.clamp(0, i64::from(u32::MAX))
+        };
+    }
+    let r = match sec {
+        Some(BinOp::Add) => t.wrapping_add(z),
+        Some(BinOp::Min) => t.min(z),
+        Some(BinOp::Max) => t.max(z),
+        _ => t,
+    };
+    r as u64 & 0xffff_ffff
 }
 
 fn fault(f: Fault) -> ComputeError {

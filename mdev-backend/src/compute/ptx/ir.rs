@@ -286,8 +286,42 @@ pub(crate) enum VoteMode {
 pub(crate) enum Callee {
     /// A `.func` of the module: index into `Module::funcs`.
     Func(u32),
+    /// The function whose address (see [`func_address`]) the register holds.
+    Indirect(u32),
     /// The CUDA runtime's device-side `vprintf(fmt, args)`.
     Vprintf,
+    /// The device heap's `malloc(size)` and `free(ptr)`, which the driver provides.
+    Malloc,
+    Free,
+}
+
+/// Where function addresses live: not memory, so a load or store through one faults. A
+/// function's address is `FUNC_WINDOW + index * FUNC_ADDRESS_STRIDE`.
+pub(crate) const FUNC_WINDOW: u64 = 0x0000_3000_0000_0000;
+pub(crate) const FUNC_ADDRESS_STRIDE: u64 = 16;
+
+/// The address `mov` or an initializer gives function `index`.
+pub(crate) fn func_address(index: u32) -> u64 {
+    FUNC_WINDOW + u64::from(index) * FUNC_ADDRESS_STRIDE
+}
+
+/// The function an address names, if it names one.
+pub(crate) fn func_at(addr: u64) -> Option<u32> {
+    let off = addr.checked_sub(FUNC_WINDOW)?;
+    if off % FUNC_ADDRESS_STRIDE != 0 {
+        return None;
+    }
+    u32::try_from(off / FUNC_ADDRESS_STRIDE).ok()
+}
+
+/// Scalar video instructions (`vadd`, `vsub`, ...).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum VideoOp {
+    Add,
+    Sub,
+    AbsDiff,
+    Min,
+    Max,
 }
 
 /// One decoded instruction.
@@ -416,9 +450,34 @@ pub(crate) enum Op {
         ret: Option<(u32, u32)>,
         args: Vec<(u32, u32)>,
     },
+    /// `mov.v2`/`mov.v4` between vector registers and lists.
+    MovVec {
+        ty: Ty,
+        n: u8,
+        ds: RegVec,
+        srcs: [Src; 4],
+    },
+    /// `vop.dtype.atype.btype{.sat}{.secop} d, a, b{, c}` on whole 32-bit words.
+    Video {
+        op: VideoOp,
+        /// Signedness of d, a and b.
+        signed: [bool; 3],
+        sat: bool,
+        sec: Option<BinOp>,
+        d: u32,
+        a: Src,
+        b: Src,
+        c: Src,
+    },
     Ret,
     Exit,
-    Bar,
+    /// `bar.sync`/`bar.arrive` (`barrier.*`) on one of the block's 16 barriers, for `count`
+    /// threads (all of the block's when absent).
+    Bar {
+        id: Src,
+        count: Option<Src>,
+        wait: bool,
+    },
     /// Instructions with no effect in this model (memory fences, `bar.warp.sync`, prefetch).
     Nop,
     Atom {

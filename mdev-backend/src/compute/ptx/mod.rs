@@ -13,14 +13,15 @@ mod lex;
 mod parse;
 mod printf;
 
-use std::collections::HashMap;
-
+use super::memory::DeviceHeap;
 use super::{ComputeError, ComputeResult};
 
 pub use exec::launch;
 
 /// Largest PTX text accepted (bytes): nvcc's PTX for a large program is a few MiB.
 pub const MAX_PTX_BYTES: usize = 64 << 20;
+/// PTX images linked into one module (GCC's OpenMP offloading links about 25).
+pub const MAX_LINKED_IMAGES: usize = 256;
 /// Instructions in one module, bounding decode memory.
 pub const MAX_INSTRUCTIONS_PER_MODULE: usize = 4 << 20;
 /// Registers of one thread over all functions of a module (one value of 8 bytes each per lane
@@ -60,6 +61,9 @@ pub struct GlobalVar {
     pub align: u32,
     /// Initial bytes, `size` long (zeros where the PTX has no initialiser).
     pub init: Vec<u8>,
+    /// (offset in `init`, index in [`Module::globals`]): where the loader writes the device
+    /// address of another variable (`generic(var)` initialisers), as 8 bytes.
+    pub relocs: Vec<(u32, u32)>,
 }
 
 /// One kernel parameter's place in the parameter buffer.
@@ -90,14 +94,32 @@ pub struct Module {
 impl Module {
     /// Parses PTX text. Refuses (`InvalidPtx`, with the line) what the executor cannot run.
     pub fn parse(text: &str) -> ComputeResult<Module> {
-        if text.len() > MAX_PTX_BYTES {
+        Module::link(&[text])
+    }
+
+    /// Parses PTX images and links them into one module (what `cuLinkAddData` for each and
+    /// `cuLinkComplete` do): `.extern` functions and variables resolve to another image's
+    /// `.visible` or `.weak` definitions; names without linkage stay their image's own.
+    pub fn link(images: &[&str]) -> ComputeResult<Module> {
+        if images.is_empty() || images.len() > MAX_LINKED_IMAGES {
             return Err(ComputeError::InvalidPtx(format!(
-                "{} bytes of PTX, more than {MAX_PTX_BYTES}",
-                text.len()
+                "{} images to link (1 to {MAX_LINKED_IMAGES})",
+                images.len()
             )));
         }
-        let parsed = parse::parse(text)
-            .map_err(|(line, msg)| ComputeError::InvalidPtx(format!("line {line}: {msg}")))?;
+        let bytes: usize = images.iter().map(|t| t.len()).sum();
+        if bytes > MAX_PTX_BYTES {
+            return Err(ComputeError::InvalidPtx(format!(
+                "{bytes} bytes of PTX, more than {MAX_PTX_BYTES}"
+            )));
+        }
+        let parsed = parse::parse(images).map_err(|(image, line, msg)| {
+            ComputeError::InvalidPtx(if images.len() == 1 {
+                format!("line {line}: {msg}")
+            } else {
+                format!("image {image}, line {line}: {msg}")
+            })
+        })?;
         let mut kernels = Vec::new();
         for (i, f) in parsed.funcs.iter().enumerate() {
             if !f.entry || f.start == f.end {
@@ -147,6 +169,19 @@ impl Module {
         &self.parsed.globals
     }
 
+    /// Whether the module calls the device heap's `malloc`/`free`.
+    pub fn uses_heap(&self) -> bool {
+        self.parsed.code.iter().any(|i| {
+            matches!(
+                i.op,
+                ir::Op::Call {
+                    callee: ir::Callee::Malloc | ir::Callee::Free,
+                    ..
+                }
+            )
+        })
+    }
+
     fn function_of(&self, name: &str) -> Option<u32> {
         self.kernels
             .iter()
@@ -163,8 +198,10 @@ pub struct Launch<'a> {
     pub dynamic_shared_bytes: u32,
     /// The packed parameter buffer, `param_bytes` long.
     pub params: &'a [u8],
-    /// Device address of each module variable, by name.
-    pub symbols: &'a HashMap<String, u64>,
+    /// Device address of each module variable, in [`Module::globals`] order.
+    pub symbols: &'a [u64],
+    /// The context's device heap for `malloc`/`free` (`malloc` returns NULL without one).
+    pub heap: Option<&'a DeviceHeap>,
     /// Warp-instructions the whole launch may execute; past it the launch fails with
     /// `LaunchTimeout`.
     pub instruction_budget: u64,

@@ -12,8 +12,32 @@ use super::{MAX_INSTRUCTIONS_PER_MODULE, MAX_REGISTERS_PER_THREAD, MAX_VARIABLE_
 /// Kernel parameter layouts by function index: (offset, size, align) each, and total bytes.
 pub(crate) type KernelParams = HashMap<u32, (Vec<(u32, u32, u32)>, u32)>;
 
-/// A declared variable: name, size, alignment, type and initial bytes.
-type VarDecl = (String, u32, u32, Ty, Option<Vec<u8>>);
+/// A variable's initial bytes and the (offset, module variable) pairs whose device address
+/// goes at offset.
+type Init = (Vec<u8>, Vec<(u32, u32)>);
+
+/// A declared variable.
+struct VarDecl {
+    name: String,
+    size: u32,
+    align: u32,
+    init: Option<Init>,
+    /// `name<N>`: N variables, `name0` to `nameN-1` (function scope only).
+    copies: Option<u32>,
+}
+
+/// Linkage of a module-scope declaration: how images linked together share it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Linkage {
+    /// Seen by its own image only.
+    Internal,
+    /// `.extern`: defined in another image.
+    Extern,
+    /// `.visible`: defined here, seen by every image.
+    Visible,
+    /// `.weak` / `.common`: defined here unless another image defines it too.
+    Weak,
+}
 
 /// A parse failure: the line and what is wrong.
 pub(crate) type PResult<T> = Result<T, (u32, String)>;
@@ -36,23 +60,36 @@ pub(crate) struct Parsed {
 enum Name {
     Reg(u32),
     Var(SymRef, u32),
+    /// A `.v2`/`.v4` register: its elements are the registers named `NAME.x`, `NAME.y`, ...
+    Vector(u8),
+    Func(u32),
 }
+
+/// Element names of vector registers.
+const VECTOR_ELEMENTS: [&str; 4] = ["x", "y", "z", "w"];
 
 struct Parser {
     toks: Vec<Token>,
     pos: usize,
     code: Vec<Inst>,
     funcs: Vec<Function>,
+    /// Functions with linkage (`.visible`, `.extern`, `.weak`), shared by all images.
     func_index: HashMap<String, u32>,
+    /// Each image's internal functions; the last is the image being parsed.
+    image_funcs: Vec<HashMap<String, u32>>,
     globals: Vec<GlobalVar>,
+    /// The current image's module-scope variables.
     module_names: HashMap<String, Name>,
+    /// Variables with linkage, shared by all images: the name, whether an image defined it,
+    /// and the line that declared it.
+    linked_vars: HashMap<String, (Name, bool, u32)>,
     reg_bits: Vec<u8>,
     shared_bytes: u32,
     local_bytes: u32,
     fparam_bytes: u32,
     kernel_params: KernelParams,
-    /// Calls to resolve once every function is known: (instruction, name).
-    call_fixups: Vec<(usize, String, u32)>,
+    /// Calls to resolve once every image is parsed: (instruction, name, line, image).
+    call_fixups: Vec<(usize, String, u32, usize)>,
 }
 
 fn err<T>(line: u32, msg: impl Into<String>) -> PResult<T> {
@@ -65,16 +102,20 @@ fn align_up(v: u32, align: u32, line: u32) -> PResult<u32> {
         .ok_or((line, "variable layout overflows".to_string()))
 }
 
-/// Parses a PTX module.
-pub(crate) fn parse(text: &str) -> PResult<Parsed> {
+/// Parses PTX modules and links them into one: each image's internal names stay its own,
+/// `.extern` declarations resolve to the `.visible` (or `.weak`) definitions of any image, as
+/// `cuLinkAddData` + `cuLinkComplete` do. A failure names the image (by index) and the line.
+pub(crate) fn parse(images: &[&str]) -> Result<Parsed, (usize, u32, String)> {
     let mut p = Parser {
-        toks: tokens(text),
+        toks: Vec::new(),
         pos: 0,
         code: Vec::new(),
         funcs: Vec::new(),
         func_index: HashMap::new(),
+        image_funcs: Vec::new(),
         globals: Vec::new(),
         module_names: HashMap::new(),
+        linked_vars: HashMap::new(),
         reg_bits: Vec::new(),
         shared_bytes: 0,
         local_bytes: 0,
@@ -82,19 +123,58 @@ pub(crate) fn parse(text: &str) -> PResult<Parsed> {
         kernel_params: HashMap::new(),
         call_fixups: Vec::new(),
     };
-    p.module()?;
-    for (at, name, line) in std::mem::take(&mut p.call_fixups) {
-        let Some(&f) = p.func_index.get(&name) else {
-            return err(line, format!("call of undefined function {name}"));
-        };
-        if p.funcs[f as usize].end == p.funcs[f as usize].start && !p.funcs[f as usize].entry {
-            return err(line, format!("call of {name}, declared but never defined"));
-        }
-        if let Op::Call { callee, .. } = &mut p.code[at].op {
-            *callee = Callee::Func(f);
+    for (i, text) in images.iter().enumerate() {
+        p.toks = tokens(text);
+        p.pos = 0;
+        p.module_names.clear();
+        p.image_funcs.push(HashMap::new());
+        p.module().map_err(|(line, msg)| (i, line, msg))?;
+    }
+    let last = images.len().saturating_sub(1);
+    for (name, (_, defined, line)) in &p.linked_vars {
+        if !defined {
+            return Err((
+                last,
+                *line,
+                format!("variable {name} is declared but never defined"),
+            ));
         }
     }
-    p.check_no_recursion()?;
+    for (at, name, line, image) in std::mem::take(&mut p.call_fixups) {
+        let fail = |msg: String| Err((image, line, msg));
+        let Some(&f) = p.image_funcs[image]
+            .get(&name)
+            .or_else(|| p.func_index.get(&name))
+        else {
+            return fail(format!("call of undefined function {name}"));
+        };
+        let declared_only =
+            p.funcs[f as usize].end == p.funcs[f as usize].start && !p.funcs[f as usize].entry;
+        let callee = match (declared_only, name.as_str()) {
+            (false, _) => Callee::Func(f),
+            // What the CUDA driver provides to every module.
+            (true, "malloc") => Callee::Malloc,
+            (true, "free") => Callee::Free,
+            (true, "vprintf") => Callee::Vprintf,
+            (true, _) => return fail(format!("call of {name}, declared but never defined")),
+        };
+        if let Op::Call {
+            callee: c,
+            ret,
+            args,
+        } = &mut p.code[at].op
+        {
+            let fits = match callee {
+                Callee::Malloc => args.len() == 1 && ret.is_some(),
+                Callee::Free => args.len() == 1,
+                _ => true,
+            };
+            if !fits {
+                return fail(format!("bad arguments to {name}"));
+            }
+            *c = callee;
+        }
+    }
     Ok(Parsed {
         code: p.code,
         funcs: p.funcs,
@@ -192,21 +272,34 @@ impl Parser {
     }
 
     fn module(&mut self) -> PResult<()> {
+        let mut linkage = Linkage::Internal;
         while let Some(tok) = self.peek().cloned() {
             let line = self.line();
             match tok {
                 Tok::Directive(d) => match d.as_str() {
                     ".version" | ".target" | ".address_size" | ".file" | ".loc" => self.skip_line(),
-                    ".visible" | ".extern" | ".weak" | ".common" => {
+                    ".visible" => {
                         self.pos += 1;
+                        linkage = Linkage::Visible;
+                    }
+                    ".extern" => {
+                        self.pos += 1;
+                        linkage = Linkage::Extern;
+                    }
+                    ".weak" | ".common" => {
+                        self.pos += 1;
+                        linkage = Linkage::Weak;
                     }
                     ".entry" | ".func" => {
                         self.pos += 1;
-                        self.function(d == ".entry")?;
+                        self.function(
+                            d == ".entry",
+                            std::mem::replace(&mut linkage, Linkage::Internal),
+                        )?;
                     }
                     ".global" | ".const" | ".shared" => {
                         self.pos += 1;
-                        self.module_var(&d)?;
+                        self.module_var(&d, std::mem::replace(&mut linkage, Linkage::Internal))?;
                     }
                     ".section" => return err(line, "debug sections are not supported"),
                     _ => return err(line, format!("unsupported module directive {d}")),
@@ -240,6 +333,19 @@ impl Parser {
             return err(line, "predicate variables are not supported");
         }
         let name = self.word()?;
+        // `%P<2>`: variables %P0 and %P1.
+        let copies = if self.eat('<') {
+            let n = self.int()?;
+            self.expect('>')?;
+            Some(
+                u32::try_from(n)
+                    .ok()
+                    .filter(|&n| n <= 1024)
+                    .ok_or((line, format!("{n} parameterized variables")))?,
+            )
+        } else {
+            None
+        };
         let mut count: u64 = 1;
         let mut unsized_array = false;
         while self.eat('[') {
@@ -266,13 +372,21 @@ impl Parser {
         } else {
             None
         };
-        Ok((name, size, align, ty, init))
+        Ok(VarDecl {
+            name,
+            size,
+            align,
+            init,
+            copies,
+        })
     }
 
-    /// `= 5`, `= {1, 2}` or nested lists: the bytes, zero-filled to `size`.
-    fn initializer(&mut self, ty: Ty, size: u32) -> PResult<Vec<u8>> {
+    /// `= 5`, `= {1, 2}`, nested lists, and addresses (`generic(var)`, `var`, `function`): the
+    /// bytes, zero-filled to `size`, and where a variable's device address goes.
+    fn initializer(&mut self, ty: Ty, size: u32) -> PResult<Init> {
         let line = self.line();
         let mut out = Vec::new();
+        let mut relocs = Vec::new();
         let mut depth = 0;
         loop {
             match self.next()? {
@@ -289,6 +403,26 @@ impl Parser {
                     let v = self.literal_value(ty, false, line)?;
                     out.extend_from_slice(&v.to_le_bytes()[..ty.bytes() as usize]);
                 }
+                Tok::Word(mut w) => {
+                    if ty.bits() != 64 {
+                        return err(line, "an address initialises only 64-bit variables");
+                    }
+                    if w == "generic" {
+                        self.expect('(')?;
+                        w = self.word()?;
+                        self.expect(')')?;
+                    }
+                    let offset = u32::try_from(out.len()).unwrap_or(u32::MAX);
+                    let value = match self.lookup(&[], &w) {
+                        Some(Name::Var(SymRef::Global(g), _)) => {
+                            relocs.push((offset, g));
+                            0
+                        }
+                        Some(Name::Func(f)) => func_address(f),
+                        _ => return err(line, format!("{w} is not a global variable or function")),
+                    };
+                    out.extend_from_slice(&value.to_le_bytes());
+                }
                 t => return err(line, format!("unsupported initializer {t:?}")),
             }
             if out.len() > size as usize {
@@ -299,7 +433,7 @@ impl Parser {
             }
         }
         out.resize(size as usize, 0);
-        Ok(out)
+        Ok((out, relocs))
     }
 
     fn literal_value(&mut self, ty: Ty, negative: bool, line: u32) -> PResult<u64> {
@@ -307,33 +441,80 @@ impl Parser {
         literal(&t, ty, negative).ok_or((line, format!("bad literal {t:?} for .{ty:?}")))
     }
 
-    fn module_var(&mut self, space: &str) -> PResult<()> {
+    fn module_var(&mut self, space: &str, linkage: Linkage) -> PResult<()> {
         let line = self.line();
-        let (name, size, align, _ty, init) = self.var_decl()?;
+        let v = self.var_decl()?;
         self.expect(';')?;
+        if v.copies.is_some() {
+            return err(line, "parameterized module variables are not supported");
+        }
+        let defines = linkage != Linkage::Extern;
+        if linkage != Linkage::Internal {
+            if let Some(&(name, defined, _)) = self.linked_vars.get(&v.name) {
+                let Name::Var(sym, size) = name else {
+                    return err(line, format!("{} is not a variable", v.name));
+                };
+                if defines && defined && linkage != Linkage::Weak {
+                    return err(line, format!("{} defined twice", v.name));
+                }
+                if defines && !defined {
+                    match sym {
+                        SymRef::Global(g) => self.define_global(g, space, &v),
+                        _ if v.size > size => {
+                            return err(line, format!("{} is larger than declared", v.name));
+                        }
+                        _ => {}
+                    }
+                    self.linked_vars.insert(v.name.clone(), (name, true, line));
+                }
+                self.module_names.insert(v.name, name);
+                return Ok(());
+            }
+        }
         let sym = match space {
-            ".shared" => self.shared_var(size, align, line)?,
+            ".shared" => self.shared_var(v.size, v.align, line)?,
             _ => {
                 let index = u32::try_from(self.globals.len()).unwrap_or(u32::MAX);
                 if self.globals.len() >= 4096 {
                     return err(line, "too many module variables");
                 }
                 self.globals.push(GlobalVar {
-                    name: name.clone(),
-                    space: if space == ".const" {
-                        VarSpace::Const
-                    } else {
-                        VarSpace::Global
-                    },
-                    size: u64::from(size),
-                    align,
-                    init: init.unwrap_or_else(|| vec![0; size as usize]),
+                    name: v.name.clone(),
+                    space: VarSpace::Global,
+                    size: 0,
+                    align: 1,
+                    init: Vec::new(),
+                    relocs: Vec::new(),
                 });
+                self.define_global(index, space, &v);
                 SymRef::Global(index)
             }
         };
-        self.module_names.insert(name, Name::Var(sym, size));
+        let name = Name::Var(sym, v.size);
+        if linkage != Linkage::Internal {
+            // An `.extern .shared` array without a size is the dynamic shared memory.
+            let defined = defines || sym == SymRef::DynShared;
+            self.linked_vars
+                .insert(v.name.clone(), (name, defined, line));
+        }
+        self.module_names.insert(v.name, name);
         Ok(())
+    }
+
+    /// Gives module variable `g` the declaration's space, size and initial value.
+    fn define_global(&mut self, g: u32, space: &str, v: &VarDecl) {
+        let (init, relocs) = v.init.clone().unwrap_or_default();
+        let size = v.size as usize;
+        let g = &mut self.globals[g as usize];
+        g.space = if space == ".const" {
+            VarSpace::Const
+        } else {
+            VarSpace::Global
+        };
+        g.size = u64::from(v.size);
+        g.align = v.align;
+        g.init = if init.is_empty() { vec![0; size] } else { init };
+        g.relocs = relocs;
     }
 
     fn shared_var(&mut self, size: u32, align: u32, line: u32) -> PResult<SymRef> {
@@ -366,7 +547,16 @@ impl Parser {
                 Tok::Directive(d) if d == ".param" || d == ".reg" => {}
                 t => return err(line, format!("expected .param, found {t:?}")),
             }
-            let (name, size, align, _ty, _init) = self.var_decl()?;
+            let VarDecl {
+                name,
+                size,
+                align,
+                copies,
+                ..
+            } = self.var_decl()?;
+            if copies.is_some() {
+                return err(line, "parameterized parameters are not supported");
+            }
             let offset = if kernel {
                 let o = align_up(kernel_offset, align, line)?;
                 kernel_offset = o
@@ -400,7 +590,7 @@ impl Parser {
         Ok(o)
     }
 
-    fn function(&mut self, entry: bool) -> PResult<()> {
+    fn function(&mut self, entry: bool, linkage: Linkage) -> PResult<()> {
         let line = self.line();
         let mut scope = HashMap::new();
         let mut ret = None;
@@ -425,27 +615,45 @@ impl Parser {
                 self.pos += 1;
             }
         }
-        let index = match self.func_index.get(&name) {
-            Some(&i) if self.funcs[i as usize].end == self.funcs[i as usize].start => i,
+        let known = self
+            .image_funcs
+            .last()
+            .and_then(|m| m.get(&name))
+            .or_else(|| {
+                (linkage != Linkage::Internal)
+                    .then(|| self.func_index.get(&name))
+                    .flatten()
+            })
+            .copied();
+        let declaration = self.peek() == Some(&Tok::Punct(';'));
+        let index = match known {
+            Some(i) if self.funcs[i as usize].end == self.funcs[i as usize].start => i,
+            // A declaration of what is defined already, or a second weak definition (which
+            // is parsed and left unused).
+            Some(i) if declaration => i,
+            Some(_) if linkage == Linkage::Weak => self.new_function(&name, entry),
             Some(_) => return err(line, format!("{name} defined twice")),
             None => {
-                let i = u32::try_from(self.funcs.len()).unwrap_or(u32::MAX);
-                self.funcs.push(Function {
-                    name: name.clone(),
-                    entry,
-                    start: 0,
-                    end: 0,
-                    params: Vec::new(),
-                    ret: None,
-                });
-                self.func_index.insert(name.clone(), i);
+                let i = self.new_function(&name, entry);
+                if linkage == Linkage::Internal {
+                    self.image_funcs
+                        .last_mut()
+                        .expect("an image")
+                        .insert(name.clone(), i);
+                }
                 i
             }
         };
+        if linkage != Linkage::Internal {
+            self.func_index.entry(name).or_insert(index);
+        }
         if self.eat(';') {
             // A declaration (prototype); its parameters are laid out again at the definition.
-            self.funcs[index as usize].params = params;
-            self.funcs[index as usize].ret = ret;
+            let f = &mut self.funcs[index as usize];
+            if f.start == f.end {
+                f.params = params;
+                f.ret = ret;
+            }
             return Ok(());
         }
         let start = self.code.len();
@@ -481,6 +689,19 @@ impl Parser {
         Ok(())
     }
 
+    fn new_function(&mut self, name: &str, entry: bool) -> u32 {
+        let i = u32::try_from(self.funcs.len()).unwrap_or(u32::MAX);
+        self.funcs.push(Function {
+            name: name.to_string(),
+            entry,
+            start: 0,
+            end: 0,
+            params: Vec::new(),
+            ret: None,
+        });
+        i
+    }
+
     fn push(&mut self, inst: Inst) -> PResult<()> {
         if self.code.len() >= MAX_INSTRUCTIONS_PER_MODULE {
             return err(inst.line, "module has too many instructions");
@@ -495,6 +716,13 @@ impl Parser {
             .rev()
             .find_map(|s| s.get(name).copied())
             .or_else(|| self.module_names.get(name).copied())
+            .or_else(|| {
+                let funcs = self.image_funcs.last()?;
+                funcs
+                    .get(name)
+                    .or_else(|| self.func_index.get(name))
+                    .map(|&f| Name::Func(f))
+            })
     }
 
     fn body(
@@ -518,30 +746,44 @@ impl Parser {
                 Tok::Directive(d) => match d.as_str() {
                     ".reg" => self.reg_decl(scopes)?,
                     ".local" | ".shared" | ".param" => {
-                        let (name, size, align, _ty, init) = self.var_decl()?;
+                        let VarDecl {
+                            name,
+                            size,
+                            align,
+                            init,
+                            copies,
+                        } = self.var_decl()?;
                         self.expect(';')?;
                         if init.is_some() {
                             return err(line, "initialised function variables are not supported");
                         }
-                        let sym = match d.as_str() {
-                            ".local" => {
-                                let o = align_up(self.local_bytes, align, line)?;
-                                self.local_bytes = o
-                                    .checked_add(size)
-                                    .filter(|&e| e <= super::MAX_LOCAL_BYTES_PER_THREAD)
-                                    .ok_or((line, "local memory past the limit".to_string()))?;
-                                SymRef::Local(o)
-                            }
-                            ".shared" => self.shared_var(size, align, line)?,
-                            _ => SymRef::FuncParam(self.fparam(size, align, line)?),
+                        let names: Vec<String> = match copies {
+                            Some(n) => (0..n).map(|i| format!("{name}{i}")).collect(),
+                            None => vec![name],
                         };
-                        scopes
-                            .last_mut()
-                            .expect("a scope")
-                            .insert(name, Name::Var(sym, size));
+                        for name in names {
+                            let sym = match d.as_str() {
+                                ".local" => {
+                                    let o = align_up(self.local_bytes, align, line)?;
+                                    self.local_bytes = o
+                                        .checked_add(size)
+                                        .filter(|&e| e <= super::MAX_LOCAL_BYTES_PER_THREAD)
+                                        .ok_or((line, "local memory past the limit".to_string()))?;
+                                    SymRef::Local(o)
+                                }
+                                ".shared" => self.shared_var(size, align, line)?,
+                                _ => SymRef::FuncParam(self.fparam(size, align, line)?),
+                            };
+                            scopes
+                                .last_mut()
+                                .expect("a scope")
+                                .insert(name, Name::Var(sym, size));
+                        }
                     }
                     ".loc" | ".file" => self.skip_line(),
-                    ".pragma" => self.skip_statement()?,
+                    // The signature an indirect call names; calls copy their arguments by
+                    // position, as to a direct callee.
+                    ".pragma" | ".callprototype" => self.skip_statement()?,
                     _ => return err(line, format!("unsupported directive {d} in a function")),
                 },
                 Tok::Word(w) if self.peek() == Some(&Tok::Punct(':')) => {
@@ -565,10 +807,22 @@ impl Parser {
 
     fn reg_decl(&mut self, scopes: &mut [HashMap<String, Name>]) -> PResult<()> {
         let line = self.line();
-        let ty = match self.next()? {
+        let mut width = 1u8;
+        let mut tok = self.next()?;
+        if let Tok::Directive(d) = &tok
+            && let Some(n) = d.strip_prefix(".v").and_then(|n| n.parse().ok())
+        {
+            if n != 2 && n != 4 {
+                return err(line, format!("vector registers of {n} elements"));
+            }
+            width = n;
+            tok = self.next()?;
+        }
+        let ty = match tok {
             Tok::Directive(d) => Ty::parse(&d[1..]),
             _ => None,
         }
+        .filter(|&t| width == 1 || t != Ty::Pred)
         .ok_or((
             line,
             "register declaration without a supported type".to_string(),
@@ -582,7 +836,7 @@ impl Parser {
             } else {
                 None
             };
-            let n = count.unwrap_or(1);
+            let n = count.unwrap_or(1) * u64::from(width);
             if n > MAX_REGISTERS_PER_THREAD as u64
                 || self.reg_bits.len() as u64 + n > MAX_REGISTERS_PER_THREAD as u64
             {
@@ -592,13 +846,23 @@ impl Parser {
                 Some(n) => (0..n).map(|i| format!("{name}{i}")).collect(),
                 None => vec![name],
             };
-            if self.reg_bits.len() + names.len() > MAX_REGISTERS_PER_THREAD {
+            if self.reg_bits.len() + names.len() * usize::from(width) > MAX_REGISTERS_PER_THREAD {
                 return err(line, "too many registers");
             }
             for n in names {
-                let r = self.reg_bits.len() as u32;
-                self.reg_bits.push(ty.bits() as u8);
-                scopes.last_mut().expect("a scope").insert(n, Name::Reg(r));
+                let scope = scopes.last_mut().expect("a scope");
+                if width > 1 {
+                    for e in &VECTOR_ELEMENTS[..usize::from(width)] {
+                        let r = self.reg_bits.len() as u32;
+                        self.reg_bits.push(ty.bits() as u8);
+                        scope.insert(format!("{n}.{e}"), Name::Reg(r));
+                    }
+                    scope.insert(n, Name::Vector(width));
+                } else {
+                    let r = self.reg_bits.len() as u32;
+                    self.reg_bits.push(ty.bits() as u8);
+                    scope.insert(n, Name::Reg(r));
+                }
             }
             if self.eat(';') {
                 return Ok(());
@@ -644,7 +908,23 @@ impl Parser {
         bra_fixups: &mut Vec<(usize, String, u32)>,
         line: u32,
     ) -> PResult<()> {
-        let groups = self.operands()?;
+        let mut groups = self.operands()?;
+        // A vector register stands for the braced list of its elements.
+        for g in &mut groups {
+            if let [Tok::Word(w)] = g.as_slice()
+                && let Some(Name::Vector(n)) = self.lookup(scopes, w)
+            {
+                let mut list = vec![Tok::Punct('{')];
+                for (i, e) in VECTOR_ELEMENTS[..usize::from(n)].iter().enumerate() {
+                    if i > 0 {
+                        list.push(Tok::Punct(','));
+                    }
+                    list.push(Tok::Word(format!("{w}.{e}")));
+                }
+                list.push(Tok::Punct('}'));
+                *g = list;
+            }
+        }
         let mut parts = opcode.split('.');
         let base = parts.next().unwrap_or_default();
         let mods: Vec<&str> = parts.collect();
@@ -667,57 +947,14 @@ impl Parser {
             "call" => {
                 let (op, fixup) = cx.call(&groups)?;
                 if let Some(name) = fixup {
-                    self.call_fixups.push((self.code.len(), name, line));
+                    let image = self.image_funcs.len() - 1;
+                    self.call_fixups.push((self.code.len(), name, line, image));
                 }
                 op
             }
             _ => cx.decode(base, &mods, &groups)?,
         };
         self.push(Inst { guard, op, line })
-    }
-
-    fn check_no_recursion(&self) -> PResult<()> {
-        // Depth-first over the call graph; a back edge is recursion, which the executor's
-        // static per-thread layout of parameters and locals cannot hold.
-        fn callees(p: &Parser, f: usize) -> Vec<usize> {
-            let func = &p.funcs[f];
-            p.code[func.start as usize..func.end as usize]
-                .iter()
-                .filter_map(|i| match i.op {
-                    Op::Call {
-                        callee: Callee::Func(g),
-                        ..
-                    } => Some(g as usize),
-                    _ => None,
-                })
-                .collect()
-        }
-        let mut state = vec![0u8; self.funcs.len()];
-        for root in 0..self.funcs.len() {
-            let mut stack = vec![(root, 0usize)];
-            if state[root] != 0 {
-                continue;
-            }
-            state[root] = 1;
-            while let Some(&mut (f, ref mut next)) = stack.last_mut() {
-                let cs = callees(self, f);
-                if let Some(&g) = cs.get(*next) {
-                    *next += 1;
-                    match state[g] {
-                        1 => return err(0, format!("recursion through {}", self.funcs[g].name)),
-                        0 => {
-                            state[g] = 1;
-                            stack.push((g, 0));
-                        }
-                        _ => {}
-                    }
-                } else {
-                    state[f] = 2;
-                    stack.pop();
-                }
-            }
-        }
-        Ok(())
     }
 }
 
@@ -845,7 +1082,7 @@ impl Cx<'_> {
         match g {
             [Tok::Word(w)] => match self.name(w)? {
                 Name::Reg(r) => Ok(r),
-                Name::Var(..) => self.fail(format!("{w} is not a register")),
+                _ => self.fail(format!("{w} is not a register")),
             },
             _ => self.fail(format!("expected a register, found {g:?}")),
         }
@@ -874,6 +1111,8 @@ impl Cx<'_> {
                         self.fail(format!("the address of parameter {w} is not supported"))
                     }
                     Name::Var(sym, _) => Ok(Src::Sym(sym)),
+                    Name::Func(f) => Ok(Src::Imm(func_address(f))),
+                    Name::Vector(_) => self.fail(format!("vector register {w} as a scalar")),
                 };
             }
             [Tok::Punct('-'), t] => literal(t, ty, true),
@@ -894,6 +1133,7 @@ impl Cx<'_> {
                 let base = match self.name(w)? {
                     Name::Reg(r) => AddrBase::Reg(r),
                     Name::Var(sym, _) => AddrBase::Sym(sym),
+                    _ => return self.fail(format!("{w} is not an address")),
                 };
                 (base, rest)
             }
@@ -931,7 +1171,8 @@ impl Cx<'_> {
         }
     }
 
-    /// `(ret), name, (args)` in its three shapes.
+    /// `call [(ret),] target [, (args)] [, prototype]`: the target a function name, or a
+    /// register holding a function's address (an indirect call, which names a prototype).
     fn call(&self, groups: &[Vec<Tok>]) -> PResult<(Op, Option<String>)> {
         let param = |g: &[Tok]| -> PResult<(u32, u32)> {
             match g {
@@ -942,6 +1183,7 @@ impl Cx<'_> {
                 _ => self.fail(format!("bad call parameter {g:?}")),
             }
         };
+        let is_paren = |g: &[Tok]| g.first() == Some(&Tok::Punct('('));
         let paren = |g: &[Tok]| -> PResult<Vec<(u32, u32)>> {
             let [Tok::Punct('('), inner @ .., Tok::Punct(')')] = g else {
                 return self.fail("expected a parenthesised list");
@@ -951,53 +1193,119 @@ impl Cx<'_> {
             }
             inner.split(|t| *t == Tok::Punct(',')).map(param).collect()
         };
-        let (ret, name_group, args) = match groups {
-            [r, n, a] => {
+        let mut rest = groups;
+        let ret = match rest {
+            [r, tail @ ..] if is_paren(r) => {
+                rest = tail;
                 let r = paren(r)?;
                 if r.len() > 1 {
                     return self.fail("more than one return value");
                 }
-                (r.first().copied(), n, paren(a)?)
+                r.first().copied()
             }
-            [n, a] if !Self::is_vector(a) && a.first() == Some(&Tok::Punct('(')) => {
-                if n.first() == Some(&Tok::Punct('(')) {
-                    return self.fail("indirect calls are not supported");
+            _ => None,
+        };
+        let [target, tail @ ..] = rest else {
+            return self.fail("bad call");
+        };
+        let args = match tail {
+            [a, ..] if is_paren(a) => paren(a)?,
+            _ => Vec::new(),
+        };
+        let extra = tail.len() - usize::from(tail.first().is_some_and(|a| is_paren(a)));
+        let [Tok::Word(name)] = target.as_slice() else {
+            return self.fail("bad call target");
+        };
+        let callee = match self.p.lookup(self.scopes, name) {
+            Some(Name::Reg(r)) => {
+                if extra != 1 {
+                    return self.fail("an indirect call names a prototype");
                 }
-                (None, n, paren(a)?)
+                Callee::Indirect(r)
             }
-            [n] => (None, n, Vec::new()),
-            _ => return self.fail("bad call"),
-        };
-        let [Tok::Word(name)] = name_group.as_slice() else {
-            return self.fail("indirect calls are not supported");
-        };
-        if name == "vprintf" {
-            if args.len() != 2 {
-                return self.fail("vprintf takes two arguments");
+            _ if extra != 0 => return self.fail("bad call"),
+            _ if name == "vprintf" => {
+                if args.len() != 2 {
+                    return self.fail("vprintf takes two arguments");
+                }
+                Callee::Vprintf
             }
-            return Ok((
-                Op::Call {
-                    callee: Callee::Vprintf,
+            Some(Name::Func(_)) | None => {
+                let op = Op::Call {
+                    callee: Callee::Func(u32::MAX),
                     ret,
                     args,
-                },
-                None,
-            ));
-        }
-        Ok((
-            Op::Call {
-                callee: Callee::Func(u32::MAX),
-                ret,
-                args,
-            },
-            Some(name.clone()),
-        ))
+                };
+                return Ok((op, Some(name.clone())));
+            }
+            Some(_) => return self.fail(format!("{name} is not a function")),
+        };
+        Ok((Op::Call { callee, ret, args }, None))
     }
 
     fn decode(&self, base: &str, mods: &[&str], g: &[Vec<Tok>]) -> PResult<Op> {
         let ftz = has(mods, "ftz");
         let sat = has(mods, "sat");
         Ok(match base {
+            "mov" if has(mods, "v2") || has(mods, "v4") => {
+                let ty = self.ty(mods)?;
+                let g = self.n_ops(g, 2)?;
+                let (ds, ss) = (self.vector(&g[0])?, self.vector(&g[1])?);
+                let n = if has(mods, "v4") { 4 } else { 2 };
+                if ds.len() != n || ss.len() != n {
+                    return self.fail("vector width and operand count differ");
+                }
+                let mut d = [SINK; 4];
+                let mut srcs = [Src::Imm(0); 4];
+                for i in 0..n {
+                    d[i] = self.dst(ds[i])?;
+                    srcs[i] = self.src(ss[i], ty)?;
+                }
+                Op::MovVec {
+                    ty,
+                    n: n as u8,
+                    ds: d,
+                    srcs,
+                }
+            }
+            "vadd" | "vsub" | "vabsdiff" | "vmin" | "vmax" => {
+                let types: Vec<Ty> = mods.iter().filter_map(|m| Ty::parse(m)).collect();
+                let [dty, aty, bty] = types[..] else {
+                    return self.fail("a video instruction names three types");
+                };
+                if [dty, aty, bty]
+                    .iter()
+                    .any(|t| !matches!(t, Ty::U32 | Ty::S32))
+                {
+                    return self.fail("only 32-bit scalar video instructions are supported");
+                }
+                let sec = mods.iter().find_map(|m| match *m {
+                    "add" => Some(BinOp::Add),
+                    "min" => Some(BinOp::Min),
+                    "max" => Some(BinOp::Max),
+                    _ => None,
+                });
+                let g = self.n_ops(g, if sec.is_some() { 4 } else { 3 })?;
+                Op::Video {
+                    op: match base {
+                        "vadd" => VideoOp::Add,
+                        "vsub" => VideoOp::Sub,
+                        "vabsdiff" => VideoOp::AbsDiff,
+                        "vmin" => VideoOp::Min,
+                        _ => VideoOp::Max,
+                    },
+                    signed: [dty.signed(), aty.signed(), bty.signed()],
+                    sat: has(mods, "sat"),
+                    sec,
+                    d: self.reg(&g[0])?,
+                    a: self.src(&g[1], aty)?,
+                    b: self.src(&g[2], bty)?,
+                    c: match g.get(3) {
+                        Some(c) => self.src(c, dty)?,
+                        None => Src::Imm(0),
+                    },
+                }
+            }
             "mov" => {
                 let ty = self.ty(mods)?;
                 let g = self.n_ops(g, 2)?;
@@ -1377,10 +1685,20 @@ impl Cx<'_> {
             "exit" => Op::Exit,
             "bar" | "barrier" if has(mods, "warp") => Op::Nop,
             "bar" | "barrier" => {
-                if has(mods, "arrive") || has(mods, "red") || g.len() > 1 {
-                    return self.fail("only bar.sync/barrier.sync of the whole block is supported");
+                if has(mods, "red") {
+                    return self.fail("bar.red is not supported");
                 }
-                Op::Bar
+                let (id, count) = match g {
+                    [] => (Src::Imm(0), None),
+                    [a] => (self.src(a, Ty::U32)?, None),
+                    [a, b] => (self.src(a, Ty::U32)?, Some(self.src(b, Ty::U32)?)),
+                    _ => return self.fail("bar takes a barrier and a thread count"),
+                };
+                Op::Bar {
+                    id,
+                    count,
+                    wait: !has(mods, "arrive"),
+                }
             }
             "membar" | "fence" | "prefetch" | "prefetchu" | "nanosleep" | "pmevent" => Op::Nop,
             "atom" | "red" => {

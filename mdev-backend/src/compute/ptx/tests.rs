@@ -1,9 +1,8 @@
 //! Executor tests: kernels written as nvcc writes PTX, run over [`DeviceMemory`], results
 //! checked against host computations.
 
-use std::collections::HashMap;
-
 use super::*;
+use crate::compute::memory::DeviceHeap;
 use crate::compute::{DeviceMemory, GlobalMemory};
 
 const HEADER: &str = ".version 8.5\n.target sm_75\n.address_size 64\n";
@@ -15,19 +14,44 @@ fn module(body: &str) -> Module {
 struct Run<'m> {
     m: &'m Module,
     mem: DeviceMemory,
-    symbols: HashMap<String, u64>,
+    symbols: Vec<u64>,
+    heap: DeviceHeap,
 }
 
 impl<'m> Run<'m> {
     fn new(m: &'m Module) -> Self {
         let mut mem = DeviceMemory::new(64 << 20);
-        let mut symbols = HashMap::new();
-        for g in m.globals() {
-            let a = mem.alloc(g.size.max(1)).unwrap();
-            mem.write(a, &g.init).unwrap();
-            symbols.insert(g.name.clone(), a);
+        let symbols: Vec<u64> = m
+            .globals()
+            .iter()
+            .map(|g| mem.alloc(g.size.max(1)).unwrap())
+            .collect();
+        for (g, &a) in m.globals().iter().zip(&symbols) {
+            let mut init = g.init.clone();
+            for &(at, target) in &g.relocs {
+                let at = at as usize;
+                init[at..at + 8].copy_from_slice(&symbols[target as usize].to_le_bytes());
+            }
+            mem.write(a, &init).unwrap();
         }
-        Run { m, mem, symbols }
+        let heap = DeviceHeap::new(mem.alloc(1 << 16).unwrap(), 1 << 16);
+        Run {
+            m,
+            mem,
+            symbols,
+            heap,
+        }
+    }
+
+    /// The device address of module variable `name`.
+    fn symbol(&self, name: &str) -> u64 {
+        let i = self
+            .m
+            .globals()
+            .iter()
+            .position(|g| g.name == name)
+            .unwrap();
+        self.symbols[i]
     }
 
     fn buffer(&mut self, bytes: &[u8]) -> u64 {
@@ -70,6 +94,7 @@ impl<'m> Run<'m> {
             dynamic_shared_bytes,
             params,
             symbols: &self.symbols,
+            heap: Some(&self.heap),
             instruction_budget,
             threads,
         };
@@ -840,7 +865,7 @@ fn dynamic_shared_memory_and_globals_with_initialisers() {
         );
         r
     };
-    let counter = r.symbols["counter"];
+    let counter = r.symbol("counter");
     let total: u32 = 100 + (0..64u32).map(|t| (t + 1) % 64 % 4 + 1).sum::<u32>();
     assert_eq!(to_u32s(&r.read(counter, 4)), [total]);
 }
@@ -895,8 +920,16 @@ fn malformed_or_unsupported_ptx_is_refused_with_its_line_and_never_panics() {
             "unsupported",
         ),
         (
-            ".func f() { call.uni f; ret; }\n.visible .entry k() { call.uni f; ret; }",
-            "recursion",
+            ".extern .global .u32 v[1];\n.visible .entry k() { .reg .b64 %rd; mov.u64 %rd, v; }",
+            "declared but never defined",
+        ),
+        (
+            ".visible .func f() { ret; }\n.visible .func f() { ret; }",
+            "defined twice",
+        ),
+        (
+            ".visible .entry k() { .reg .b64 %rd; { .param .u32 %a; call %rd, (%a); } }",
+            "names a prototype",
         ),
         (
             ".visible .entry k() { .reg .b32 %r<99999999>; }",
@@ -940,4 +973,311 @@ fn malformed_or_unsupported_ptx_is_refused_with_its_line_and_never_panics() {
             }
         }
     }
+}
+
+/// Runs kernel `k` of a linked module on one block and returns the words of its `.param .u64
+/// out` buffer.
+fn run_linked(images: &[&str], block: u32, words: usize) -> ComputeResult<Vec<u32>> {
+    let texts: Vec<String> = images.iter().map(|t| format!("{HEADER}{t}")).collect();
+    let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let m = Module::link(&texts)?;
+    let mut r = Run::new(&m);
+    let out = r.buffer(&vec![0; words * 4]);
+    let params = pack(&m, "k", &[out]);
+    r.launch_with("k", [1, 1, 1], [block, 1, 1], 0, &params, 1, 1 << 22)?;
+    Ok(to_u32s(&r.read(out, words * 4)))
+}
+
+#[test]
+fn linked_images_share_what_has_linkage_and_keep_their_own_internal_names() {
+    // Image 0 calls and reads what image 1 defines; both have an internal `helper` and `$LC0`.
+    let user = r#"
+.extern .func (.param .u32 ret) twice (.param .u32 x);
+.extern .global .align 4 .u32 base[1];
+.global .align 4 .u32 $LC0[1] = { 7 };
+.func (.param .u32 r) helper () { .reg .u32 %v; ld.global.u32 %v, [$LC0]; st.param.u32 [r], %v; ret; }
+.visible .entry k(.param .u64 out)
+{
+    .reg .u32 %a<4>; .reg .u64 %p;
+    ld.param.u64 %p, [out];
+    { .param .u32 %value_in; call (%value_in), helper; ld.param.u32 %a0, [%value_in]; }
+    ld.global.u32 %a1, [base];
+    { .param .u32 %value_in; .param .u32 %arg; st.param.u32 [%arg], %a1;
+      call (%value_in), twice, (%arg); ld.param.u32 %a2, [%value_in]; }
+    st.global.u32 [%p], %a0;
+    st.global.u32 [%p+4], %a2;
+    ret;
+}
+"#;
+    let lib = r#"
+.global .align 4 .u32 $LC0[1] = { 100 };
+.visible .global .align 4 .u32 base[1] = { 21 };
+.func (.param .u32 r) helper () { .reg .u32 %v; ld.global.u32 %v, [$LC0]; st.param.u32 [r], %v; ret; }
+.visible .func (.param .u32 ret) twice (.param .u32 x)
+{
+    .reg .u32 %v<2>;
+    ld.param.u32 %v0, [x];
+    { .param .u32 %value_in; call (%value_in), helper; ld.param.u32 %v1, [%value_in]; }
+    mad.lo.u32 %v0, %v0, 2, %v1;
+    st.param.u32 [ret], %v0;
+    ret;
+}
+.weak .func (.param .u32 ret) twice (.param .u32 x) { st.param.u32 [ret], 0; ret; }
+"#;
+    assert_eq!(run_linked(&[user, lib], 1, 2).unwrap(), [7, 21 * 2 + 100]);
+    assert_eq!(run_linked(&[lib, user], 1, 2).unwrap(), [7, 21 * 2 + 100]);
+    let err = run_linked(&[user], 1, 2).unwrap_err();
+    assert!(
+        matches!(&err, ComputeError::InvalidPtx(m) if m.contains("never defined")),
+        "{err:?}"
+    );
+    let err = run_linked(&[user, lib, lib], 1, 2).unwrap_err();
+    assert!(
+        matches!(&err, ComputeError::InvalidPtx(m) if m.starts_with("image 2, line")),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn function_pointers_from_code_and_initialisers_are_called_and_bad_ones_fault() {
+    let text = r#"
+.global .align 4 .u32 seven[1] = { 7 };
+.func (.param .u32 r) add1 (.param .u32 x) { .reg .u32 %v; ld.param.u32 %v, [x]; add.u32 %v, %v, 1; st.param.u32 [r], %v; ret; }
+.func (.param .u32 r) dbl (.param .u32 x) { .reg .u32 %v; ld.param.u32 %v, [x]; shl.b32 %v, %v, 1; st.param.u32 [r], %v; ret; }
+.global .align 8 .u64 table[3] = { add1, dbl, generic(seven) };
+.visible .entry k(.param .u64 out)
+{
+    .reg .u32 %t, %v; .reg .u64 %f, %p, %q, %s; .reg .pred %odd;
+    ld.param.u64 %p, [out];
+    mov.u32 %t, %tid.x;
+    and.b32 %t, %t, 1;
+    setp.ne.u32 %odd, %t, 0;
+    mov.u64 %f, add1;
+    @%odd ld.global.u64 %f, [table+8];
+    ld.global.u64 %s, [table+16];
+    ld.u32 %v, [%s];
+    mov.u32 %t, %tid.x;
+    add.u32 %v, %v, %t;
+    {
+        .param .u32 %value_in; .param .u32 %arg;
+        $LCT0: .callprototype (.param .u32 _) _ (.param .u32 _);
+        st.param.u32 [%arg], %v;
+        call (%value_in), %f, (%arg), $LCT0;
+        ld.param.u32 %v, [%value_in];
+    }
+    mul.wide.u32 %q, %t, 4;
+    add.u64 %q, %p, %q;
+    st.global.u32 [%q], %v;
+    ret;
+}
+"#;
+    let got = run_linked(&[text], 32, 32).unwrap();
+    let want: Vec<u32> = (0..32)
+        .map(|t| if t % 2 == 1 { (7 + t) * 2 } else { 7 + t + 1 })
+        .collect();
+    assert_eq!(got, want);
+    // A pointer to data, or to a kernel, is not a function.
+    for target in ["seven", "k"] {
+        let bad = text.replace("mov.u64 %f, add1;", &format!("mov.u64 %f, {target};"));
+        let err = run_linked(&[&bad], 32, 32).unwrap_err();
+        assert!(
+            matches!(err, ComputeError::IllegalAddress(_)),
+            "{target}: {err:?}"
+        );
+    }
+}
+
+#[test]
+fn recursion_loads_but_is_refused_when_it_happens() {
+    let text = r#"
+.func (.param .u32 r) down (.param .u32 x)
+{
+    .reg .u32 %v, %w; .reg .pred %z;
+    ld.param.u32 %v, [x];
+    setp.eq.u32 %z, %v, 0;
+    @%z bra $done;
+    sub.u32 %w, %v, 1;
+    { .param .u32 %value_in; .param .u32 %arg; st.param.u32 [%arg], %w;
+      call (%value_in), down, (%arg); ld.param.u32 %v, [%value_in]; }
+$done:
+    st.param.u32 [r], %v;
+    ret;
+}
+.visible .entry k(.param .u64 out)
+{
+    .reg .u32 %v; .reg .u64 %p;
+    ld.param.u64 %p, [out];
+    ld.global.u32 %v, [%p];
+    { .param .u32 %value_in; .param .u32 %arg; st.param.u32 [%arg], %v;
+      call (%value_in), down, (%arg); ld.param.u32 %v, [%value_in]; }
+    st.global.u32 [%p], %v;
+    ret;
+}
+"#;
+    // Depth 0 never recurses; the first word of `out` is 0.
+    assert_eq!(run_linked(&[text], 1, 1).unwrap(), [0]);
+    let m = module(text);
+    let mut r = Run::new(&m);
+    let out = r.buffer(&3u32.to_le_bytes());
+    let err = r
+        .launch("k", [1, 1, 1], [1, 1, 1], &pack(&m, "k", &[out]), 1)
+        .unwrap_err();
+    assert!(
+        matches!(&err, ComputeError::IllegalInstruction(m) if m.contains("recursive")),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn named_barriers_with_counts_order_producer_and_consumer_warps() {
+    // Warp 0 produces into shared memory and arrives at barrier 1 (64 threads); warp 1 waits
+    // there, then reads. Warp 2 never takes part; barrier 0 (whole block) closes the kernel.
+    let text = r#"
+.shared .align 4 .u32 buf[32];
+.visible .entry k(.param .u64 out)
+{
+    .reg .u32 %t, %w, %v, %lane; .reg .u64 %p, %q, %s; .reg .pred %is0, %is1;
+    ld.param.u64 %p, [out];
+    mov.u32 %t, %tid.x;
+    shr.u32 %w, %t, 5;
+    and.b32 %lane, %t, 31;
+    mul.wide.u32 %q, %lane, 4;
+    mov.u64 %s, buf;
+    add.u64 %s, %s, %q;
+    setp.eq.u32 %is0, %w, 0;
+    setp.eq.u32 %is1, %w, 1;
+    @!%is0 bra $consumer;
+    mul.lo.u32 %v, %lane, 3;
+    st.shared.u32 [%s], %v;
+    bar.arrive 1, 64;
+    bra $end;
+$consumer:
+    @!%is1 bra $end;
+    bar.sync 1, 64;
+    ld.shared.u32 %v, [%s];
+    add.u64 %q, %p, %q;
+    st.global.u32 [%q], %v;
+$end:
+    barrier.sync 0;
+    ret;
+}
+"#;
+    let want: Vec<u32> = (0..32).map(|l| l * 3).collect();
+    assert_eq!(run_linked(&[text], 96, 32).unwrap(), want);
+    // A barrier that cannot complete (64 threads, one warp arrives) is a hang, reported as
+    // one at once.
+    let stuck = text.replace("bar.arrive 1, 64;", "");
+    let err = run_linked(&[&stuck], 96, 32).unwrap_err();
+    assert!(matches!(err, ComputeError::LaunchTimeout(_)), "{err:?}");
+    let bad = text.replace("bar.arrive 1, 64;", "bar.arrive 1, 48;");
+    let err = run_linked(&[&bad], 96, 32).unwrap_err();
+    assert!(
+        matches!(err, ComputeError::IllegalInstruction(_)),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn a_warp_spinning_on_a_flag_lets_the_warp_that_sets_it_run() {
+    // Warp 1 spins until warp 0, after a long loop, sets a shared flag.
+    let text = r#"
+.shared .align 4 .u32 flag[1];
+.visible .entry k(.param .u64 out)
+{
+    .reg .u32 %t, %i, %v; .reg .u64 %p; .reg .pred %w0, %more, %unset;
+    ld.param.u64 %p, [out];
+    mov.u32 %t, %tid.x;
+    setp.lt.u32 %w0, %t, 32;
+    @!%w0 bra $spin;
+    mov.u32 %i, 0;
+$work:
+    add.u32 %i, %i, 1;
+    setp.lt.u32 %more, %i, 5000;
+    @%more bra $work;
+    st.volatile.shared.u32 [flag], %i;
+    bra $end;
+$spin:
+    ld.volatile.shared.u32 %v, [flag];
+    setp.eq.u32 %unset, %v, 0;
+    @%unset bra $spin;
+    st.global.u32 [%p], %v;
+$end:
+    ret;
+}
+"#;
+    assert_eq!(run_linked(&[text], 64, 1).unwrap(), [5000]);
+}
+
+#[test]
+fn device_malloc_and_free_use_the_context_heap_and_refuse_foreign_pointers() {
+    let text = r#"
+.extern .func (.param .u64 r) malloc (.param .u64 n);
+.extern .func free (.param .u64 p);
+.visible .entry k(.param .u64 out)
+{
+    .reg .u64 %p, %m, %m2, %n; .reg .u32 %v;
+    ld.param.u64 %p, [out];
+    mov.u64 %n, 64;
+    { .param .u64 %value_in; .param .u64 %a; st.param.u64 [%a], %n;
+      call (%value_in), malloc, (%a); ld.param.u64 %m, [%value_in]; }
+    mov.u32 %v, 41;
+    st.u32 [%m+60], %v;
+    ld.u32 %v, [%m+60];
+    add.u32 %v, %v, 1;
+    st.global.u32 [%p], %v;
+    { .param .u64 %a; st.param.u64 [%a], %m; call free, (%a); }
+    { .param .u64 %value_in; .param .u64 %a; st.param.u64 [%a], %n;
+      call (%value_in), malloc, (%a); ld.param.u64 %m2, [%value_in]; }
+    setp.eq.u64 %q, %m, %m2;
+    selp.u32 %v, 1, 0, %q;
+    st.global.u32 [%p+4], %v;
+    mov.u64 %n, 1099511627776;
+    { .param .u64 %value_in; .param .u64 %a; st.param.u64 [%a], %n;
+      call (%value_in), malloc, (%a); ld.param.u64 %m, [%value_in]; }
+    setp.eq.u64 %q, %m, 0;
+    selp.u32 %v, 1, 0, %q;
+    st.global.u32 [%p+8], %v;
+    { .param .u64 %a; st.param.u64 [%a], %p; call free, (%a); }
+    ret;
+}
+"#
+    .replace(".reg .u32 %v;", ".reg .u32 %v; .reg .pred %q;");
+    let err = run_linked(&[&text], 1, 3).unwrap_err();
+    assert!(
+        matches!(&err, ComputeError::IllegalAddress(m) if m.contains("free of")),
+        "{err:?}"
+    );
+    let ok = text.replace(
+        "{ .param .u64 %a; st.param.u64 [%a], %p; call free, (%a); }",
+        "",
+    );
+    // 41 + 1 read back, the freed block handed out again, 1 TiB refused with NULL.
+    assert_eq!(run_linked(&[&ok], 1, 3).unwrap(), [42, 1, 1]);
+}
+
+#[test]
+fn vector_registers_parameterized_names_and_video_ops() {
+    let text = r#"
+.func (.param .u32 r) seven () { st.param.u32 [r], 7; ret; }
+.visible .entry k(.param .u64 out)
+{
+    .reg .v2 .u32 %pair; .reg .u32 %a, %b; .reg .u64 %p;
+    ld.param.u64 %p, [out];
+    mov.v2.u32 %pair, { 5, -1 };
+    mov.u32 %pair.x, 9;
+    st.v2.u32 [%p], %pair;
+    { .param .u32 %P<2>; call (%P1), seven; ld.param.u32 %a, [%P1]; }
+    vsub.u32.u32.u32.add %b, %a, 10, 100;
+    st.global.u32 [%p+8], %b;
+    vabsdiff.s32.s32.s32 %b, %a, 10;
+    st.global.u32 [%p+12], %b;
+    vsub.s32.s32.s32.sat.max %b, 0x7fffffff, -5, 3;
+    st.global.u32 [%p+16], %b;
+    ret;
+}
+"#;
+    assert_eq!(
+        run_linked(&[text], 1, 5).unwrap(),
+        [9, u32::MAX, 97, 3, i32::MAX as u32]
+    );
 }
