@@ -3,6 +3,8 @@
 //! executable is the module image (its fat binary is found, decompressed and its PTX parsed),
 //! its kernel is launched as the program's host code launches it, and the results are checked
 //! against host computations. The faulting and the never-ending kernels must be contained.
+//! The GCC OpenMP offloading programs have all their PTX images (region, libgomp, newlib)
+//! linked into one module and their target region launched as libgomp's nvptx plugin does.
 //!
 //! With VGPU_COMPUTE=nvcuda the same programs and checks run on the real driver instead (the
 //! differential check, `qemu-scripts/cuda-differential.sh`); the CPU-only expectations (printf
@@ -514,7 +516,7 @@ fn gcc_offload_reduction_runs_on_the_linked_module() {
     };
     let n: i64 = 100_000;
     let want = (n - 1) * n * (2 * n - 1) / 6;
-    for (teams, warps) in [(1, 1), (2, 4)] {
+    for (teams, warps) in [(1, 1), (2, 4), (4, 8)] {
         let sum = p.zeroed(8);
         run_omp_region(&mut p, teams, warps, &[sum]);
         let got = i64::from_le_bytes(p.read(sum, 8).try_into().unwrap());
