@@ -1,6 +1,7 @@
 //! A guest's compute module image: the bytes are a module image (PTX text, a fat binary or an
 //! ELF) as `cuModuleLoadData` receives it, unpacked by `fatbin::extract_ptx` and parsed by the
-//! PTX executor; every kernel that parses is launched on two blocks of 33 threads over a small
+//! PTX executor, or, when they are several NUL-separated PTX texts, the images
+//! `cuLinkAddData` receives, linked by `module_link`; every kernel that parses is launched on two blocks of 33 threads over a small
 //! context with zeroed parameters and a small instruction budget. Nothing may panic, loop
 //! without bound or touch memory outside the context: every failure is a `ComputeError`.
 #![no_main]
@@ -17,15 +18,32 @@ fuzz_target!(|data: &[u8]| {
     let ctx = be.context_create().expect("a first context");
     let guard = be.mem_alloc(ctx, 4096).expect("a small allocation");
     be.copy_htod(ctx, guard, &[0xa5; 4096], DEFAULT_STREAM).expect("in range");
-    let Ok(module) = be.module_load(ctx, data) else {
+    let texts: Vec<&str> = data
+        .split(|&b| b == 0)
+        .filter(|p| !p.is_empty())
+        .map(std::str::from_utf8)
+        .collect::<Result<_, _>>()
+        .unwrap_or_default();
+    let linking = (2..=8).contains(&texts.len());
+    let loaded = if linking {
+        let images: Vec<&[u8]> = texts.iter().map(|t| t.as_bytes()).collect();
+        be.module_link(ctx, &images)
+    } else {
+        be.module_load(ctx, data)
+    };
+    let Ok(module) = loaded else {
         return;
     };
     // The kernels, named as a guest would find them.
-    let names: Vec<String> = extract_ptx(data)
-        .ok()
-        .and_then(|images| images.into_iter().find_map(|p| Module::parse(&p.text).ok()))
-        .map(|m| m.kernels().take(4).map(str::to_string).collect())
-        .unwrap_or_default();
+    let names: Vec<String> = if linking {
+        Module::link(&texts).ok()
+    } else {
+        extract_ptx(data)
+            .ok()
+            .and_then(|images| images.into_iter().find_map(|p| Module::parse(&p.text).ok()))
+    }
+    .map(|m| m.kernels().take(4).map(str::to_string).collect())
+    .unwrap_or_default();
     for name in names {
         let Ok((function, params)) = be.function(ctx, module, &name) else {
             continue;
