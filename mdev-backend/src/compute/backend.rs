@@ -78,6 +78,13 @@ pub trait ComputeBackend: Send {
     /// offloading loads its program with libgomp's and newlib's device code.
     fn module_link(&mut self, ctx: ContextId, images: &[&[u8]]) -> ComputeResult<ModuleId>;
     fn module_unload(&mut self, ctx: ContextId, module: ModuleId) -> ComputeResult<()>;
+    /// A module variable's device address and size (`cuModuleGetGlobal`).
+    fn module_global(
+        &mut self,
+        ctx: ContextId,
+        module: ModuleId,
+        name: &str,
+    ) -> ComputeResult<(u64, u64)>;
     /// A kernel of a module and its parameter layout.
     fn function(
         &mut self,

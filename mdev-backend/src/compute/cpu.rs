@@ -242,6 +242,26 @@ impl ComputeBackend for CpuBackend {
         Ok(())
     }
 
+    fn module_global(
+        &mut self,
+        ctx: ContextId,
+        module: ModuleId,
+        name: &str,
+    ) -> ComputeResult<(u64, u64)> {
+        let c = self.ctx(ctx)?;
+        let m = c
+            .modules
+            .get(&module.0)
+            .ok_or_else(|| ComputeError::InvalidHandle(format!("module {}", module.0)))?;
+        m.ptx
+            .globals()
+            .iter()
+            .zip(&m.symbols)
+            .find(|(g, _)| g.name == name)
+            .map(|(g, &addr)| (addr, g.size))
+            .ok_or_else(|| ComputeError::NotFound(format!("variable {name}")))
+    }
+
     fn function(
         &mut self,
         ctx: ContextId,

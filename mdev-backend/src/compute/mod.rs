@@ -11,6 +11,8 @@
 //! - [`backend`]: the [`ComputeBackend`] trait; [`cpu`]: [`CpuBackend`] on the PTX executor;
 //!   [`nvcuda`]: [`NvCuda`] on the real driver; [`executor`]: a VM's backend on its own thread,
 //!   work groups timed by events.
+//! - [`wire`]: the remoting protocol a guest's `libcuda.so.1` speaks (decoding, no I/O);
+//!   [`remote`]: a connection served by a backend.
 //!
 //! See `docs/COMPUTE.md`.
 
@@ -24,6 +26,8 @@ pub mod fatbin;
 pub mod memory;
 pub mod nvcuda;
 pub mod ptx;
+pub mod remote;
+pub mod wire;
 
 pub use backend::ComputeBackend;
 pub use cpu::{CpuBackend, CpuConfig};

@@ -79,6 +79,8 @@ struct Api {
     link_complete: unsafe extern "C" fn(Handle, *mut *mut c_void, *mut usize) -> CuResult,
     link_destroy: unsafe extern "C" fn(Handle) -> CuResult,
     module_get_function: unsafe extern "C" fn(*mut Handle, Handle, *const c_char) -> CuResult,
+    module_get_global:
+        unsafe extern "C" fn(*mut u64, *mut usize, Handle, *const c_char) -> CuResult,
     func_get_param_info: unsafe extern "C" fn(Handle, usize, *mut usize, *mut usize) -> CuResult,
     mem_alloc: unsafe extern "C" fn(*mut u64, usize) -> CuResult,
     mem_free: unsafe extern "C" fn(u64) -> CuResult,
@@ -143,6 +145,7 @@ impl Api {
             link_complete: sym!("cuLinkComplete"),
             link_destroy: sym!("cuLinkDestroy"),
             module_get_function: sym!("cuModuleGetFunction"),
+            module_get_global: sym!("cuModuleGetGlobal_v2"),
             func_get_param_info: sym!("cuFuncGetParamInfo"),
             mem_alloc: sym!("cuMemAlloc_v2"),
             mem_free: sym!("cuMemFree_v2"),
@@ -554,6 +557,29 @@ impl ComputeBackend for NvCuda {
             check("cuModuleUnload", unsafe {
                 (api.module_unload)(m as Handle)
             })
+        })
+    }
+
+    fn module_global(
+        &mut self,
+        ctx: ContextId,
+        module: ModuleId,
+        name: &str,
+    ) -> ComputeResult<(u64, u64)> {
+        let cname =
+            CString::new(name).map_err(|_| ComputeError::InvalidValue("NUL in a name".into()))?;
+        self.on(ctx, |api, c| {
+            let m = *c
+                .modules
+                .get(&module.0)
+                .ok_or_else(|| ComputeError::InvalidHandle(format!("module {}", module.0)))?;
+            let (mut addr, mut size) = (0u64, 0usize);
+            // SAFETY: a live module of the current context; a NUL-terminated name; valid
+            // out-pointers.
+            check("cuModuleGetGlobal", unsafe {
+                (api.module_get_global)(&mut addr, &mut size, m as Handle, cname.as_ptr())
+            })?;
+            Ok((addr, size as u64))
         })
     }
 

@@ -1,0 +1,361 @@
+//! One guest driver's connection served by a compute backend: requests ([`wire`]) read from a
+//! byte stream, executed on the backend, answered in order. The stream is a Unix socket on the
+//! host (the guest library's socket transport, for tests without a VM and for a GPU host);
+//! [`dispatch`] is what any transport calls per request.
+//!
+//! A connection owns the contexts it creates: it can name no other connection's, and they are
+//! all destroyed when it ends, however it ends.
+
+use std::collections::HashSet;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use log::{debug, warn};
+use thiserror::Error;
+
+use super::backend::{ComputeBackend, ContextId, KernelLaunch};
+use super::wire::{self, Reply, Request, WireError};
+use super::{ComputeError, ComputeResult};
+
+/// How long the rest of a message may take once its header has arrived: a peer that stalls
+/// mid-message is dropped. Between messages a client may idle as long as it likes.
+pub const MESSAGE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why a connection ended other than by the peer closing it.
+#[derive(Debug, Error)]
+pub enum RemoteError {
+    #[error("connection: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("bad message: {0}")]
+    Wire(#[from] WireError),
+}
+
+/// What one connection did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Stats {
+    pub requests: u64,
+    pub launches: u64,
+    pub failed: u64,
+    pub bytes_to_device: u64,
+    pub bytes_from_device: u64,
+}
+
+/// The contexts a connection created.
+#[derive(Debug, Default)]
+pub struct Owned(HashSet<u32>);
+
+impl Owned {
+    fn check(&self, ctx: ContextId) -> ComputeResult<ContextId> {
+        if self.0.contains(&ctx.0) {
+            Ok(ctx)
+        } else {
+            Err(ComputeError::InvalidHandle(format!("context {}", ctx.0)))
+        }
+    }
+
+    /// Destroys every context still alive.
+    pub fn release(&mut self, be: &mut dyn ComputeBackend) {
+        for ctx in self.0.drain() {
+            if let Err(e) = be.context_destroy(ContextId(ctx)) {
+                warn!("context {ctx}: destroy at disconnect: {e}");
+            }
+        }
+    }
+}
+
+/// Executes one request for the connection that owns `owned`.
+pub fn dispatch(
+    be: &mut dyn ComputeBackend,
+    owned: &mut Owned,
+    stats: &mut Stats,
+    req: Request,
+) -> Reply {
+    stats.requests += 1;
+    execute(be, owned, stats, req).unwrap_or_else(|e| {
+        stats.failed += 1;
+        debug!("compute request failed: {e}");
+        Reply::error(&e)
+    })
+}
+
+fn execute(
+    be: &mut dyn ComputeBackend,
+    owned: &mut Owned,
+    stats: &mut Stats,
+    req: Request,
+) -> ComputeResult<Reply> {
+    use Request::*;
+    let done = |r: ComputeResult<()>| r.map(|()| Reply::Done);
+    Ok(match req {
+        Attributes => Reply::Attributes(be.attributes()),
+        ContextCreate => {
+            let ctx = be.context_create()?;
+            owned.0.insert(ctx.0);
+            Reply::Id(ctx.0)
+        }
+        ContextDestroy { ctx } => {
+            let ctx = owned.check(ctx)?;
+            owned.0.remove(&ctx.0);
+            done(be.context_destroy(ctx))?
+        }
+        ContextSynchronize { ctx } => done(be.context_synchronize(owned.check(ctx)?))?,
+        ModuleLoad { ctx, image } => Reply::Id(be.module_load(owned.check(ctx)?, &image)?.0),
+        ModuleLink { ctx, images } => {
+            let images: Vec<&[u8]> = images.iter().map(Vec::as_slice).collect();
+            Reply::Id(be.module_link(owned.check(ctx)?, &images)?.0)
+        }
+        ModuleUnload { ctx, module } => done(be.module_unload(owned.check(ctx)?, module))?,
+        Function { ctx, module, name } => {
+            let (id, params) = be.function(owned.check(ctx)?, module, &name)?;
+            Reply::Function { id, params }
+        }
+        Global { ctx, module, name } => {
+            let (addr, size) = be.module_global(owned.check(ctx)?, module, &name)?;
+            Reply::Global { addr, size }
+        }
+        MemAlloc { ctx, bytes } => Reply::Address(be.mem_alloc(owned.check(ctx)?, bytes)?),
+        MemFree { ctx, addr } => done(be.mem_free(owned.check(ctx)?, addr))?,
+        MemsetD8 {
+            ctx,
+            addr,
+            value,
+            count,
+            stream,
+        } => done(be.memset_d8(owned.check(ctx)?, addr, value, count, stream))?,
+        MemsetD32 {
+            ctx,
+            addr,
+            value,
+            count,
+            stream,
+        } => done(be.memset_d32(owned.check(ctx)?, addr, value, count, stream))?,
+        CopyHtoD {
+            ctx,
+            dst,
+            data,
+            stream,
+        } => {
+            be.copy_htod(owned.check(ctx)?, dst, &data, stream)?;
+            stats.bytes_to_device += data.len() as u64;
+            Reply::Done
+        }
+        CopyDtoH {
+            ctx,
+            src,
+            bytes,
+            stream,
+        } => {
+            let ctx = owned.check(ctx)?;
+            // Bounded by the decoder (wire::MAX_COPY_BYTES).
+            let mut data = vec![0; bytes as usize];
+            be.copy_dtoh(ctx, &mut data, src, stream)?;
+            stats.bytes_from_device += bytes;
+            Reply::Data(data)
+        }
+        CopyDtoD {
+            ctx,
+            dst,
+            src,
+            bytes,
+            stream,
+        } => done(be.copy_dtod(owned.check(ctx)?, dst, src, bytes, stream))?,
+        StreamCreate { ctx } => Reply::Id(be.stream_create(owned.check(ctx)?)?.0),
+        StreamDestroy { ctx, stream } => done(be.stream_destroy(owned.check(ctx)?, stream))?,
+        StreamSynchronize { ctx, stream } => {
+            done(be.stream_synchronize(owned.check(ctx)?, stream))?
+        }
+        StreamQuery { ctx, stream } => done(be.stream_query(owned.check(ctx)?, stream))?,
+        EventCreate { ctx } => Reply::Id(be.event_create(owned.check(ctx)?)?.0),
+        EventDestroy { ctx, event } => done(be.event_destroy(owned.check(ctx)?, event))?,
+        EventRecord { ctx, event, stream } => {
+            done(be.event_record(owned.check(ctx)?, event, stream))?
+        }
+        EventSynchronize { ctx, event } => done(be.event_synchronize(owned.check(ctx)?, event))?,
+        EventQuery { ctx, event } => done(be.event_query(owned.check(ctx)?, event))?,
+        EventElapsed { ctx, start, end } => {
+            Reply::Elapsed(be.event_elapsed_ms(owned.check(ctx)?, start, end)?)
+        }
+        Launch {
+            ctx,
+            function,
+            grid,
+            block,
+            shared_bytes,
+            stream,
+            params,
+        } => {
+            let l = KernelLaunch {
+                function,
+                grid,
+                block,
+                shared_bytes,
+                stream,
+                params: &params,
+            };
+            stats.launches += 1;
+            done(be.launch(owned.check(ctx)?, &l))?
+        }
+        TakeOutput { ctx } => {
+            let mut out = be.take_output(owned.check(ctx)?)?;
+            if out.len() > wire::MAX_TEXT_BYTES {
+                let mut cut = wire::MAX_TEXT_BYTES;
+                while !out.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                out.truncate(cut);
+            }
+            Reply::Output(out)
+        }
+    })
+}
+
+/// Serves one connection until the peer closes it (`Ok`) or breaks the protocol; the
+/// connection's contexts are destroyed either way.
+pub fn serve(
+    stream: &mut UnixStream,
+    be: &mut dyn ComputeBackend,
+) -> (Stats, Result<(), RemoteError>) {
+    let mut owned = Owned::default();
+    let mut stats = Stats::default();
+    let result = serve_requests(stream, be, &mut owned, &mut stats);
+    owned.release(be);
+    (stats, result)
+}
+
+fn serve_requests(
+    stream: &mut UnixStream,
+    be: &mut dyn ComputeBackend,
+    owned: &mut Owned,
+    stats: &mut Stats,
+) -> Result<(), RemoteError> {
+    loop {
+        stream.set_read_timeout(None)?;
+        let mut header = [0u8; 4];
+        match stream.read_exact(&mut header) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(e.into()),
+        }
+        let len = wire::body_len(header)?;
+        stream.set_read_timeout(Some(MESSAGE_TIMEOUT))?;
+        let mut body = vec![0u8; len];
+        stream.read_exact(&mut body)?;
+        let reply = match Request::decode(&body) {
+            Ok(req) => dispatch(be, owned, stats, req),
+            Err(e) => {
+                // Answer, then drop the peer: it does not speak the protocol.
+                let reply = Reply::error(&ComputeError::InvalidValue(e.to_string()));
+                stream.write_all(&reply.encode())?;
+                return Err(e.into());
+            }
+        };
+        stream.write_all(&reply.encode())?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compute::{CpuBackend, CpuConfig};
+
+    /// Sends requests over a socket pair to a served backend; returns the replies.
+    fn exchange(requests: &[Vec<u8>]) -> (Vec<Reply>, Stats, Result<(), RemoteError>) {
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let server = std::thread::spawn(move || {
+            let mut be = CpuBackend::new(CpuConfig::default());
+            serve(&mut b, &mut be)
+        });
+        let mut replies = Vec::new();
+        for r in requests {
+            a.write_all(r).unwrap();
+            let mut h = [0u8; 4];
+            if a.read_exact(&mut h).is_err() {
+                break;
+            }
+            let mut body = vec![0; wire::body_len(h).unwrap()];
+            a.read_exact(&mut body).unwrap();
+            replies.push(Reply::decode(&body).unwrap());
+        }
+        drop(a);
+        let (stats, result) = server.join().unwrap();
+        (replies, stats, result)
+    }
+
+    #[test]
+    fn a_connection_runs_a_kernel_and_names_only_its_own_contexts() {
+        const PTX: &str = ".version 8.5\n.target sm_75\n.address_size 64\n\
+            .visible .entry put(.param .u64 p, .param .u32 v)\n{\n.reg .b32 %r<2>;\n\
+            .reg .b64 %rd<2>;\nld.param.u64 %rd1, [p];\nld.param.u32 %r1, [v];\n\
+            st.global.u32 [%rd1], %r1;\nret;\n}\n";
+        use Request::*;
+        let ctx = ContextId(1);
+        let stream = super::super::backend::DEFAULT_STREAM;
+        let module = super::super::backend::ModuleId(1);
+        let reqs = [
+            ContextCreate,
+            ModuleLoad {
+                ctx,
+                image: PTX.as_bytes().to_vec(),
+            },
+            MemAlloc { ctx, bytes: 4 },
+        ];
+        let mut msgs: Vec<Vec<u8>> = reqs.iter().map(Request::encode).collect();
+        let (replies, ..) = exchange(&msgs);
+        assert_eq!(replies[0], Reply::Id(1));
+        let Reply::Address(addr) = replies[2] else {
+            panic!("{replies:?}")
+        };
+        let more = [
+            Function {
+                ctx,
+                module,
+                name: "put".into(),
+            },
+            Launch {
+                ctx,
+                function: super::super::backend::FunctionId(2),
+                grid: [1, 1, 1],
+                block: [1, 1, 1],
+                shared_bytes: 0,
+                stream,
+                params: [addr.to_le_bytes().as_slice(), &77u32.to_le_bytes()].concat(),
+            },
+            CopyDtoH {
+                ctx,
+                src: addr,
+                bytes: 4,
+                stream,
+            },
+            // Someone else's context (the backend's next id) is not this connection's.
+            MemAlloc {
+                ctx: ContextId(2),
+                bytes: 4,
+            },
+        ];
+        msgs.extend(more.iter().map(Request::encode));
+        let (replies, stats, result) = exchange(&msgs);
+        result.unwrap();
+        assert!(matches!(replies[3], Reply::Function { .. }), "{replies:?}");
+        assert_eq!(replies[4], Reply::Done, "{replies:?}");
+        assert_eq!(replies[5], Reply::Data(77u32.to_le_bytes().to_vec()));
+        assert!(matches!(replies[6], Reply::Error { status: 400, .. }));
+        assert_eq!((stats.requests, stats.launches, stats.failed), (7, 1, 1));
+    }
+
+    #[test]
+    fn a_malformed_message_is_answered_and_ends_the_connection() {
+        let mut bad = Request::ContextCreate.encode();
+        bad[4] = 0xee;
+        let (replies, stats, result) = exchange(&[bad, Request::ContextCreate.encode()]);
+        assert!(
+            matches!(replies[..], [Reply::Error { status: 1, .. }]),
+            "{replies:?}"
+        );
+        assert!(matches!(
+            result,
+            Err(RemoteError::Wire(WireError::Opcode(_)))
+        ));
+        assert_eq!(stats.requests, 0);
+    }
+}

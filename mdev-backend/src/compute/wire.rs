@@ -1,0 +1,954 @@
+//! The compute remoting protocol: what a guest's `libcuda.so.1` sends (over the private
+//! virtio-gpu context, or a socket on the host) and what the host answers. Pure decoding and
+//! encoding, no I/O: [`Request::decode`] validates every length against its limit before
+//! allocating, and a decode failure is an error, never a panic.
+//!
+//! A message is `u32` length (of what follows), `u16` opcode, then the fields, little-endian;
+//! byte strings are a `u32` length and the bytes.
+
+use thiserror::Error;
+
+use super::backend::{
+    ContextId, DeviceAttributes, EventId, FunctionId, ModuleId, ParamInfo, StreamId,
+};
+use super::{ComputeError, ptx};
+
+/// Largest message: a module image of [`ptx::MAX_PTX_BYTES`] plus its framing.
+pub const MAX_MESSAGE_BYTES: usize = ptx::MAX_PTX_BYTES + 4096;
+/// Largest copy in one message; the guest library splits bigger copies.
+pub const MAX_COPY_BYTES: u64 = 8 << 20;
+/// Images in one link request.
+pub const MAX_LINK_IMAGES: usize = ptx::MAX_LINKED_IMAGES;
+/// Longest kernel or variable name.
+pub const MAX_NAME_BYTES: usize = 4096;
+/// Parameters of one kernel in a reply.
+pub const MAX_PARAMS: usize = 4096;
+/// Longest error message or printf output carried.
+pub const MAX_TEXT_BYTES: usize = 2 << 20;
+
+/// Why bytes are not a valid message.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum WireError {
+    #[error("message truncated")]
+    Truncated,
+    #[error("{0} trailing bytes")]
+    Trailing(usize),
+    #[error("unknown opcode {0}")]
+    Opcode(u16),
+    #[error("{what} of {len} bytes is past its limit of {max}")]
+    TooLong {
+        what: &'static str,
+        len: usize,
+        max: usize,
+    },
+    #[error("text is not UTF-8")]
+    Utf8,
+}
+
+/// A call of the guest's driver.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Request {
+    Attributes,
+    ContextCreate,
+    ContextDestroy {
+        ctx: ContextId,
+    },
+    ContextSynchronize {
+        ctx: ContextId,
+    },
+    ModuleLoad {
+        ctx: ContextId,
+        image: Vec<u8>,
+    },
+    ModuleLink {
+        ctx: ContextId,
+        images: Vec<Vec<u8>>,
+    },
+    ModuleUnload {
+        ctx: ContextId,
+        module: ModuleId,
+    },
+    Function {
+        ctx: ContextId,
+        module: ModuleId,
+        name: String,
+    },
+    Global {
+        ctx: ContextId,
+        module: ModuleId,
+        name: String,
+    },
+    MemAlloc {
+        ctx: ContextId,
+        bytes: u64,
+    },
+    MemFree {
+        ctx: ContextId,
+        addr: u64,
+    },
+    MemsetD8 {
+        ctx: ContextId,
+        addr: u64,
+        value: u8,
+        count: u64,
+        stream: StreamId,
+    },
+    MemsetD32 {
+        ctx: ContextId,
+        addr: u64,
+        value: u32,
+        count: u64,
+        stream: StreamId,
+    },
+    CopyHtoD {
+        ctx: ContextId,
+        dst: u64,
+        data: Vec<u8>,
+        stream: StreamId,
+    },
+    CopyDtoH {
+        ctx: ContextId,
+        src: u64,
+        bytes: u64,
+        stream: StreamId,
+    },
+    CopyDtoD {
+        ctx: ContextId,
+        dst: u64,
+        src: u64,
+        bytes: u64,
+        stream: StreamId,
+    },
+    StreamCreate {
+        ctx: ContextId,
+    },
+    StreamDestroy {
+        ctx: ContextId,
+        stream: StreamId,
+    },
+    StreamSynchronize {
+        ctx: ContextId,
+        stream: StreamId,
+    },
+    StreamQuery {
+        ctx: ContextId,
+        stream: StreamId,
+    },
+    EventCreate {
+        ctx: ContextId,
+    },
+    EventDestroy {
+        ctx: ContextId,
+        event: EventId,
+    },
+    EventRecord {
+        ctx: ContextId,
+        event: EventId,
+        stream: StreamId,
+    },
+    EventSynchronize {
+        ctx: ContextId,
+        event: EventId,
+    },
+    EventQuery {
+        ctx: ContextId,
+        event: EventId,
+    },
+    EventElapsed {
+        ctx: ContextId,
+        start: EventId,
+        end: EventId,
+    },
+    Launch {
+        ctx: ContextId,
+        function: FunctionId,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_bytes: u32,
+        stream: StreamId,
+        params: Vec<u8>,
+    },
+    TakeOutput {
+        ctx: ContextId,
+    },
+}
+
+/// The host's answer to one request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reply {
+    Done,
+    /// A new context, module, stream or event handle.
+    Id(u32),
+    /// A device address (allocation).
+    Address(u64),
+    Function {
+        id: FunctionId,
+        params: Vec<ParamInfo>,
+    },
+    Global {
+        addr: u64,
+        size: u64,
+    },
+    Data(Vec<u8>),
+    Elapsed(f32),
+    Attributes(DeviceAttributes),
+    Output(String),
+    /// The call failed: its `CUresult` and why.
+    Error {
+        status: u32,
+        message: String,
+    },
+}
+
+impl Reply {
+    /// The reply for a failed call.
+    pub fn error(e: &ComputeError) -> Reply {
+        let mut message = e.to_string();
+        truncate(&mut message, MAX_TEXT_BYTES);
+        Reply::Error {
+            status: e.cuda_status(),
+            message,
+        }
+    }
+}
+
+fn truncate(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut cut = max;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+}
+
+/// Message writer.
+struct Out(Vec<u8>);
+
+impl Out {
+    fn new(op: u16) -> Out {
+        let mut v = Vec::with_capacity(64);
+        v.extend_from_slice(&[0; 4]);
+        v.extend_from_slice(&op.to_le_bytes());
+        Out(v)
+    }
+    fn u8(&mut self, v: u8) -> &mut Self {
+        self.0.push(v);
+        self
+    }
+    fn u32(&mut self, v: u32) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn u64(&mut self, v: u64) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn bytes(&mut self, b: &[u8]) -> &mut Self {
+        self.u32(u32::try_from(b.len()).unwrap_or(u32::MAX));
+        self.0.extend_from_slice(b);
+        self
+    }
+    fn dims(&mut self, d: [u32; 3]) -> &mut Self {
+        d.iter().for_each(|&v| {
+            self.u32(v);
+        });
+        self
+    }
+    fn finish(mut self) -> Vec<u8> {
+        let len = u32::try_from(self.0.len() - 4).unwrap_or(u32::MAX);
+        self.0[..4].copy_from_slice(&len.to_le_bytes());
+        self.0
+    }
+}
+
+/// Message reader over one message's body (after the length).
+struct In<'a>(&'a [u8]);
+
+impl<'a> In<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
+        if self.0.len() < n {
+            return Err(WireError::Truncated);
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+    fn u8(&mut self) -> Result<u8, WireError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16, WireError> {
+        Ok(u16::from_le_bytes(
+            self.take(2)?.try_into().expect("2 bytes"),
+        ))
+    }
+    fn u32(&mut self) -> Result<u32, WireError> {
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+    fn u64(&mut self) -> Result<u64, WireError> {
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+    fn bytes(&mut self, what: &'static str, max: usize) -> Result<&'a [u8], WireError> {
+        let len = self.u32()? as usize;
+        if len > max {
+            return Err(WireError::TooLong { what, len, max });
+        }
+        self.take(len)
+    }
+    fn text(&mut self, what: &'static str, max: usize) -> Result<String, WireError> {
+        let b = self.bytes(what, max)?;
+        String::from_utf8(b.to_vec()).map_err(|_| WireError::Utf8)
+    }
+    fn dims(&mut self) -> Result<[u32; 3], WireError> {
+        Ok([self.u32()?, self.u32()?, self.u32()?])
+    }
+    fn ctx(&mut self) -> Result<ContextId, WireError> {
+        self.u32().map(ContextId)
+    }
+    fn module(&mut self) -> Result<ModuleId, WireError> {
+        self.u32().map(ModuleId)
+    }
+    fn stream(&mut self) -> Result<StreamId, WireError> {
+        self.u32().map(StreamId)
+    }
+    fn event(&mut self) -> Result<EventId, WireError> {
+        self.u32().map(EventId)
+    }
+    fn end(&self) -> Result<(), WireError> {
+        match self.0.len() {
+            0 => Ok(()),
+            n => Err(WireError::Trailing(n)),
+        }
+    }
+}
+
+/// The body length a message's 4-byte header announces, checked against
+/// [`MAX_MESSAGE_BYTES`]: what a transport reads next.
+pub fn body_len(header: [u8; 4]) -> Result<usize, WireError> {
+    let len = u32::from_le_bytes(header) as usize;
+    if len > MAX_MESSAGE_BYTES {
+        return Err(WireError::TooLong {
+            what: "message",
+            len,
+            max: MAX_MESSAGE_BYTES,
+        });
+    }
+    Ok(len)
+}
+
+impl Request {
+    /// The whole message: length, opcode, fields.
+    pub fn encode(&self) -> Vec<u8> {
+        use Request::*;
+        let mut o;
+        match self {
+            Attributes => o = Out::new(1),
+            ContextCreate => o = Out::new(2),
+            ContextDestroy { ctx } => {
+                o = Out::new(3);
+                o.u32(ctx.0);
+            }
+            ContextSynchronize { ctx } => {
+                o = Out::new(4);
+                o.u32(ctx.0);
+            }
+            ModuleLoad { ctx, image } => {
+                o = Out::new(5);
+                o.u32(ctx.0).bytes(image);
+            }
+            ModuleLink { ctx, images } => {
+                o = Out::new(6);
+                o.u32(ctx.0)
+                    .u32(u32::try_from(images.len()).unwrap_or(u32::MAX));
+                images.iter().for_each(|i| {
+                    o.bytes(i);
+                });
+            }
+            ModuleUnload { ctx, module } => {
+                o = Out::new(7);
+                o.u32(ctx.0).u32(module.0);
+            }
+            Function { ctx, module, name } => {
+                o = Out::new(8);
+                o.u32(ctx.0).u32(module.0).bytes(name.as_bytes());
+            }
+            Global { ctx, module, name } => {
+                o = Out::new(9);
+                o.u32(ctx.0).u32(module.0).bytes(name.as_bytes());
+            }
+            MemAlloc { ctx, bytes } => {
+                o = Out::new(10);
+                o.u32(ctx.0).u64(*bytes);
+            }
+            MemFree { ctx, addr } => {
+                o = Out::new(11);
+                o.u32(ctx.0).u64(*addr);
+            }
+            MemsetD8 {
+                ctx,
+                addr,
+                value,
+                count,
+                stream,
+            } => {
+                o = Out::new(12);
+                o.u32(ctx.0).u64(*addr).u8(*value).u64(*count).u32(stream.0);
+            }
+            MemsetD32 {
+                ctx,
+                addr,
+                value,
+                count,
+                stream,
+            } => {
+                o = Out::new(13);
+                o.u32(ctx.0)
+                    .u64(*addr)
+                    .u32(*value)
+                    .u64(*count)
+                    .u32(stream.0);
+            }
+            CopyHtoD {
+                ctx,
+                dst,
+                data,
+                stream,
+            } => {
+                o = Out::new(14);
+                o.u32(ctx.0).u64(*dst).bytes(data).u32(stream.0);
+            }
+            CopyDtoH {
+                ctx,
+                src,
+                bytes,
+                stream,
+            } => {
+                o = Out::new(15);
+                o.u32(ctx.0).u64(*src).u64(*bytes).u32(stream.0);
+            }
+            CopyDtoD {
+                ctx,
+                dst,
+                src,
+                bytes,
+                stream,
+            } => {
+                o = Out::new(16);
+                o.u32(ctx.0).u64(*dst).u64(*src).u64(*bytes).u32(stream.0);
+            }
+            StreamCreate { ctx } => {
+                o = Out::new(17);
+                o.u32(ctx.0);
+            }
+            StreamDestroy { ctx, stream } => {
+                o = Out::new(18);
+                o.u32(ctx.0).u32(stream.0);
+            }
+            StreamSynchronize { ctx, stream } => {
+                o = Out::new(19);
+                o.u32(ctx.0).u32(stream.0);
+            }
+            StreamQuery { ctx, stream } => {
+                o = Out::new(20);
+                o.u32(ctx.0).u32(stream.0);
+            }
+            EventCreate { ctx } => {
+                o = Out::new(21);
+                o.u32(ctx.0);
+            }
+            EventDestroy { ctx, event } => {
+                o = Out::new(22);
+                o.u32(ctx.0).u32(event.0);
+            }
+            EventRecord { ctx, event, stream } => {
+                o = Out::new(23);
+                o.u32(ctx.0).u32(event.0).u32(stream.0);
+            }
+            EventSynchronize { ctx, event } => {
+                o = Out::new(24);
+                o.u32(ctx.0).u32(event.0);
+            }
+            EventQuery { ctx, event } => {
+                o = Out::new(25);
+                o.u32(ctx.0).u32(event.0);
+            }
+            EventElapsed { ctx, start, end } => {
+                o = Out::new(26);
+                o.u32(ctx.0).u32(start.0).u32(end.0);
+            }
+            Launch {
+                ctx,
+                function,
+                grid,
+                block,
+                shared_bytes,
+                stream,
+                params,
+            } => {
+                o = Out::new(27);
+                o.u32(ctx.0)
+                    .u32(function.0)
+                    .dims(*grid)
+                    .dims(*block)
+                    .u32(*shared_bytes)
+                    .u32(stream.0)
+                    .bytes(params);
+            }
+            TakeOutput { ctx } => {
+                o = Out::new(28);
+                o.u32(ctx.0);
+            }
+        }
+        o.finish()
+    }
+
+    /// Decodes one message body (what follows the length).
+    pub fn decode(body: &[u8]) -> Result<Request, WireError> {
+        use Request::*;
+        let mut i = In(body);
+        let r = match i.u16()? {
+            1 => Attributes,
+            2 => ContextCreate,
+            3 => ContextDestroy { ctx: i.ctx()? },
+            4 => ContextSynchronize { ctx: i.ctx()? },
+            5 => ModuleLoad {
+                ctx: i.ctx()?,
+                image: i.bytes("module image", ptx::MAX_PTX_BYTES)?.to_vec(),
+            },
+            6 => {
+                let ctx = i.ctx()?;
+                let n = i.u32()? as usize;
+                if n > MAX_LINK_IMAGES {
+                    return Err(WireError::TooLong {
+                        what: "link",
+                        len: n,
+                        max: MAX_LINK_IMAGES,
+                    });
+                }
+                let mut images = Vec::new();
+                for _ in 0..n {
+                    images.push(i.bytes("module image", ptx::MAX_PTX_BYTES)?.to_vec());
+                }
+                ModuleLink { ctx, images }
+            }
+            7 => ModuleUnload {
+                ctx: i.ctx()?,
+                module: i.module()?,
+            },
+            8 => Function {
+                ctx: i.ctx()?,
+                module: i.module()?,
+                name: i.text("name", MAX_NAME_BYTES)?,
+            },
+            9 => Global {
+                ctx: i.ctx()?,
+                module: i.module()?,
+                name: i.text("name", MAX_NAME_BYTES)?,
+            },
+            10 => MemAlloc {
+                ctx: i.ctx()?,
+                bytes: i.u64()?,
+            },
+            11 => MemFree {
+                ctx: i.ctx()?,
+                addr: i.u64()?,
+            },
+            12 => MemsetD8 {
+                ctx: i.ctx()?,
+                addr: i.u64()?,
+                value: i.u8()?,
+                count: i.u64()?,
+                stream: i.stream()?,
+            },
+            13 => MemsetD32 {
+                ctx: i.ctx()?,
+                addr: i.u64()?,
+                value: i.u32()?,
+                count: i.u64()?,
+                stream: i.stream()?,
+            },
+            14 => CopyHtoD {
+                ctx: i.ctx()?,
+                dst: i.u64()?,
+                data: i.bytes("copy", MAX_COPY_BYTES as usize)?.to_vec(),
+                stream: i.stream()?,
+            },
+            15 => {
+                let (ctx, src, bytes, stream) = (i.ctx()?, i.u64()?, i.u64()?, i.stream()?);
+                if bytes > MAX_COPY_BYTES {
+                    return Err(WireError::TooLong {
+                        what: "copy",
+                        len: usize::try_from(bytes).unwrap_or(usize::MAX),
+                        max: MAX_COPY_BYTES as usize,
+                    });
+                }
+                CopyDtoH {
+                    ctx,
+                    src,
+                    bytes,
+                    stream,
+                }
+            }
+            16 => CopyDtoD {
+                ctx: i.ctx()?,
+                dst: i.u64()?,
+                src: i.u64()?,
+                bytes: i.u64()?,
+                stream: i.stream()?,
+            },
+            17 => StreamCreate { ctx: i.ctx()? },
+            18 => StreamDestroy {
+                ctx: i.ctx()?,
+                stream: i.stream()?,
+            },
+            19 => StreamSynchronize {
+                ctx: i.ctx()?,
+                stream: i.stream()?,
+            },
+            20 => StreamQuery {
+                ctx: i.ctx()?,
+                stream: i.stream()?,
+            },
+            21 => EventCreate { ctx: i.ctx()? },
+            22 => EventDestroy {
+                ctx: i.ctx()?,
+                event: i.event()?,
+            },
+            23 => EventRecord {
+                ctx: i.ctx()?,
+                event: i.event()?,
+                stream: i.stream()?,
+            },
+            24 => EventSynchronize {
+                ctx: i.ctx()?,
+                event: i.event()?,
+            },
+            25 => EventQuery {
+                ctx: i.ctx()?,
+                event: i.event()?,
+            },
+            26 => EventElapsed {
+                ctx: i.ctx()?,
+                start: i.event()?,
+                end: i.event()?,
+            },
+            27 => Launch {
+                ctx: i.ctx()?,
+                function: FunctionId(i.u32()?),
+                grid: i.dims()?,
+                block: i.dims()?,
+                shared_bytes: i.u32()?,
+                stream: i.stream()?,
+                params: i
+                    .bytes("parameters", ptx::MAX_PARAM_BYTES as usize)?
+                    .to_vec(),
+            },
+            28 => TakeOutput { ctx: i.ctx()? },
+            op => return Err(WireError::Opcode(op)),
+        };
+        i.end()?;
+        Ok(r)
+    }
+}
+
+impl Reply {
+    /// The whole message: length, kind, fields.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut o;
+        match self {
+            Reply::Done => o = Out::new(1),
+            Reply::Id(id) => {
+                o = Out::new(2);
+                o.u32(*id);
+            }
+            Reply::Address(a) => {
+                o = Out::new(3);
+                o.u64(*a);
+            }
+            Reply::Function { id, params } => {
+                o = Out::new(4);
+                o.u32(id.0)
+                    .u32(u32::try_from(params.len()).unwrap_or(u32::MAX));
+                params.iter().for_each(|p| {
+                    o.u32(p.offset).u32(p.size).u32(p.align);
+                });
+            }
+            Reply::Global { addr, size } => {
+                o = Out::new(5);
+                o.u64(*addr).u64(*size);
+            }
+            Reply::Data(d) => {
+                o = Out::new(6);
+                o.bytes(d);
+            }
+            Reply::Elapsed(ms) => {
+                o = Out::new(7);
+                o.u32(ms.to_bits());
+            }
+            Reply::Attributes(a) => {
+                o = Out::new(8);
+                o.bytes(a.name.as_bytes())
+                    .u64(a.total_memory)
+                    .u32(a.compute_capability.0)
+                    .u32(a.compute_capability.1)
+                    .u32(a.multiprocessors)
+                    .u32(a.max_threads_per_block)
+                    .dims(a.max_block)
+                    .dims(a.max_grid)
+                    .u32(a.shared_memory_per_block)
+                    .u32(a.warp_size)
+                    .u32(a.clock_khz);
+            }
+            Reply::Output(s) => {
+                o = Out::new(9);
+                o.bytes(s.as_bytes());
+            }
+            Reply::Error { status, message } => {
+                o = Out::new(10);
+                o.u32(*status).bytes(message.as_bytes());
+            }
+        }
+        o.finish()
+    }
+
+    /// Decodes one reply body (what follows the length).
+    pub fn decode(body: &[u8]) -> Result<Reply, WireError> {
+        let mut i = In(body);
+        let r = match i.u16()? {
+            1 => Reply::Done,
+            2 => Reply::Id(i.u32()?),
+            3 => Reply::Address(i.u64()?),
+            4 => {
+                let id = FunctionId(i.u32()?);
+                let n = i.u32()? as usize;
+                if n > MAX_PARAMS {
+                    return Err(WireError::TooLong {
+                        what: "parameter list",
+                        len: n,
+                        max: MAX_PARAMS,
+                    });
+                }
+                let mut params = Vec::with_capacity(n);
+                for _ in 0..n {
+                    params.push(ParamInfo {
+                        offset: i.u32()?,
+                        size: i.u32()?,
+                        align: i.u32()?,
+                    });
+                }
+                Reply::Function { id, params }
+            }
+            5 => Reply::Global {
+                addr: i.u64()?,
+                size: i.u64()?,
+            },
+            6 => Reply::Data(i.bytes("data", MAX_COPY_BYTES as usize)?.to_vec()),
+            7 => Reply::Elapsed(f32::from_bits(i.u32()?)),
+            8 => Reply::Attributes(DeviceAttributes {
+                name: i.text("device name", MAX_NAME_BYTES)?,
+                total_memory: i.u64()?,
+                compute_capability: (i.u32()?, i.u32()?),
+                multiprocessors: i.u32()?,
+                max_threads_per_block: i.u32()?,
+                max_block: i.dims()?,
+                max_grid: i.dims()?,
+                shared_memory_per_block: i.u32()?,
+                warp_size: i.u32()?,
+                clock_khz: i.u32()?,
+            }),
+            9 => Reply::Output(i.text("output", MAX_TEXT_BYTES)?),
+            10 => Reply::Error {
+                status: i.u32()?,
+                message: i.text("message", MAX_TEXT_BYTES)?,
+            },
+            op => return Err(WireError::Opcode(op)),
+        };
+        i.end()?;
+        Ok(r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn every_request() -> Vec<Request> {
+        use Request::*;
+        let (ctx, module, stream, event) = (ContextId(3), ModuleId(4), StreamId(5), EventId(6));
+        vec![
+            Attributes,
+            ContextCreate,
+            ContextDestroy { ctx },
+            ContextSynchronize { ctx },
+            ModuleLoad {
+                ctx,
+                image: b".version 8.5".to_vec(),
+            },
+            ModuleLink {
+                ctx,
+                images: vec![b"a".to_vec(), vec![], b"ccc".to_vec()],
+            },
+            ModuleUnload { ctx, module },
+            Function {
+                ctx,
+                module,
+                name: "main$_omp_fn$0".into(),
+            },
+            Global {
+                ctx,
+                module,
+                name: "__nvptx_clocktick".into(),
+            },
+            MemAlloc {
+                ctx,
+                bytes: 1 << 40,
+            },
+            MemFree { ctx, addr: 7 },
+            MemsetD8 {
+                ctx,
+                addr: 8,
+                value: 0xa5,
+                count: 9,
+                stream,
+            },
+            MemsetD32 {
+                ctx,
+                addr: 8,
+                value: 0xdead_beef,
+                count: 9,
+                stream,
+            },
+            CopyHtoD {
+                ctx,
+                dst: 10,
+                data: vec![1, 2, 3],
+                stream,
+            },
+            CopyDtoH {
+                ctx,
+                src: 11,
+                bytes: 12,
+                stream,
+            },
+            CopyDtoD {
+                ctx,
+                dst: 13,
+                src: 14,
+                bytes: 15,
+                stream,
+            },
+            StreamCreate { ctx },
+            StreamDestroy { ctx, stream },
+            StreamSynchronize { ctx, stream },
+            StreamQuery { ctx, stream },
+            EventCreate { ctx },
+            EventDestroy { ctx, event },
+            EventRecord { ctx, event, stream },
+            EventSynchronize { ctx, event },
+            EventQuery { ctx, event },
+            EventElapsed {
+                ctx,
+                start: event,
+                end: EventId(7),
+            },
+            Launch {
+                ctx,
+                function: FunctionId(8),
+                grid: [1, 2, 3],
+                block: [4, 5, 6],
+                shared_bytes: 7,
+                stream,
+                params: vec![9; 24],
+            },
+            TakeOutput { ctx },
+        ]
+    }
+
+    fn body(msg: &[u8]) -> &[u8] {
+        let len = body_len(msg[..4].try_into().unwrap()).unwrap();
+        assert_eq!(len, msg.len() - 4);
+        &msg[4..]
+    }
+
+    #[test]
+    fn every_request_and_reply_round_trips() {
+        for r in every_request() {
+            assert_eq!(Request::decode(body(&r.encode())).unwrap(), r);
+        }
+        let replies = [
+            Reply::Done,
+            Reply::Id(3),
+            Reply::Address(0x7f00_0000_0000),
+            Reply::Function {
+                id: FunctionId(2),
+                params: vec![ParamInfo {
+                    offset: 8,
+                    size: 8,
+                    align: 8,
+                }],
+            },
+            Reply::Global { addr: 1, size: 2 },
+            Reply::Data(vec![1, 2, 3]),
+            Reply::Elapsed(1.5),
+            Reply::Attributes(crate::compute::ComputeBackend::attributes(
+                &crate::compute::CpuBackend::new(Default::default()),
+            )),
+            Reply::Output("hello\n".into()),
+            Reply::error(&ComputeError::IllegalAddress("x".into())),
+        ];
+        for r in replies {
+            assert_eq!(Reply::decode(body(&r.encode())).unwrap(), r);
+        }
+    }
+
+    #[test]
+    fn truncated_padded_or_oversized_messages_are_errors() {
+        for r in every_request() {
+            let msg = r.encode();
+            let b = body(&msg);
+            for cut in 0..b.len() {
+                assert!(Request::decode(&b[..cut]).is_err(), "{r:?} cut at {cut}");
+            }
+            let mut long = b.to_vec();
+            long.push(0);
+            assert_eq!(Request::decode(&long), Err(WireError::Trailing(1)));
+        }
+        assert_eq!(Request::decode(&[99, 0]), Err(WireError::Opcode(99)));
+        assert!(body_len(u32::MAX.to_le_bytes()).is_err());
+        // A copy announcing more than a message may carry is refused before any allocation.
+        let mut m = Request::CopyDtoH {
+            ctx: ContextId(1),
+            src: 0,
+            bytes: MAX_COPY_BYTES + 1,
+            stream: StreamId(0),
+        }
+        .encode();
+        assert!(matches!(
+            Request::decode(&m[4..]),
+            Err(WireError::TooLong { what: "copy", .. })
+        ));
+        // A byte string announcing 4 GiB in a short message.
+        m = Request::ModuleLoad {
+            ctx: ContextId(1),
+            image: vec![],
+        }
+        .encode();
+        m[10..14].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(
+            Request::decode(&m[4..]),
+            Err(WireError::TooLong { .. })
+        ));
+        let mut bad_name = Request::Function {
+            ctx: ContextId(1),
+            module: ModuleId(1),
+            name: "k".into(),
+        }
+        .encode();
+        *bad_name.last_mut().unwrap() = 0xff;
+        assert_eq!(Request::decode(&bad_name[4..]), Err(WireError::Utf8));
+    }
+}
