@@ -64,9 +64,10 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DaemonError {
     move |source| DaemonError::Io { what, source }
 }
 
-/// The workspace binary `name` (`vgpu-server`, `vgpu-schedd`, `vgpuctl`), fresh: the first call
-/// in a process runs `cargo build --locked -p vgpu-schedd -p vgpu-server --bins` with the running
-/// test executable's profile into its target directory (a second or so when nothing changed), so
+/// The workspace binary `name` (`vgpu-server`, `vgpu-schedd`, `vgpuctl`, `vgpu-cuda-host`,
+/// `libcuda.so`), fresh: the first call in a process runs `cargo build --locked -p vgpu-schedd
+/// -p vgpu-server -p mdev-backend --bins` and `-p vgpu-libcuda --lib` with the running test
+/// executable's profile into its target directory (a second or so when nothing changed), so
 /// a test never runs a binary older than the library code it was built with, as it would after
 /// `cargo test -p vgpu-tests` alone. Outside cargo (no `CARGO` in the environment) the binaries
 /// beside the executable are taken as they are.
@@ -103,13 +104,24 @@ fn build_binaries(profile_dir: &Path) -> bool {
     };
     let profile = if profile == "debug" { "dev" } else { profile };
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    Command::new(cargo)
-        .args(["build", "--locked", "--quiet", "--profile", profile])
-        .args(["-p", "vgpu-schedd", "-p", "vgpu-server", "--bins"])
-        .env("CARGO_TARGET_DIR", target)
-        .current_dir(&workspace)
-        .status()
-        .is_ok_and(|s| s.success())
+    let build = |what: &[&str]| {
+        Command::new(&cargo)
+            .args(["build", "--locked", "--quiet", "--profile", profile])
+            .args(what)
+            .env("CARGO_TARGET_DIR", target)
+            .current_dir(&workspace)
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    build(&[
+        "-p",
+        "vgpu-schedd",
+        "-p",
+        "vgpu-server",
+        "-p",
+        "mdev-backend",
+        "--bins",
+    ]) && build(&["-p", "vgpu-libcuda", "--lib"])
 }
 
 /// A running `vgpu-schedd`: killed (SIGKILL, by pid) and reaped on drop, its stderr printed

@@ -1,0 +1,948 @@
+//! The C entry points of `libcuda.so.1`: arguments read from and results written through the
+//! caller's pointers (the only unsafe code of the library), then [`Driver`] does the work.
+//! Every entry point catches panics, checks pointers for NULL, and returns a `CUresult`;
+//! entry points the driver does not implement return `CUDA_ERROR_NOT_SUPPORTED` and say so
+//! on standard error, once each.
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+use std::cell::Cell;
+use std::collections::HashSet;
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::sync::Mutex;
+
+use mdev_backend::compute::ptx::MAX_PTX_BYTES;
+
+use crate::driver::{CuResult, Driver, LINK_TOKEN_MAGIC, LaunchParams};
+use crate::status::*;
+use crate::transport::{SOCKET_ENV, SocketTransport, Transport};
+
+type CUresult = c_uint;
+type Handle = *mut c_void;
+
+/// The one device this driver presents.
+const DEVICE: c_int = 0;
+/// The driver API version reported (`cuDriverGetVersion`): CUDA 12.4.
+const DRIVER_VERSION: c_int = 12040;
+/// Largest image `cuModuleLoadData` reads through a pointer of unknown extent.
+const MAX_IMAGE_BYTES: u64 = 256 << 20;
+/// Environment variable: when set, every entry point called is written to standard error.
+const TRACE_ENV: &str = "VGPU_CUDA_TRACE";
+
+static DRIVER: Mutex<Option<Driver<Box<dyn Transport>>>> = Mutex::new(None);
+static UNSUPPORTED_SEEN: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
+
+/// Contexts one thread may have pushed (`cuCtxPushCurrent`).
+const MAX_CONTEXT_STACK: usize = 32;
+
+/// A thread's context stack; the last is current. Plain `Copy` data, so the thread-local
+/// needs no destructor and stays usable while the process exits (libgomp's exit handlers
+/// call the driver).
+#[derive(Clone, Copy)]
+struct Stack {
+    items: [u64; MAX_CONTEXT_STACK],
+    len: usize,
+}
+
+thread_local! {
+    static CURRENT: Cell<Stack> = const {
+        Cell::new(Stack {
+            items: [0; MAX_CONTEXT_STACK],
+            len: 0,
+        })
+    };
+}
+
+fn stack<R>(f: impl FnOnce(&mut Stack) -> R) -> R {
+    CURRENT.with(|c| {
+        let mut s = c.get();
+        let r = f(&mut s);
+        c.set(s);
+        r
+    })
+}
+
+fn push_current(ctx: u64) -> CuResult<()> {
+    stack(|s| {
+        if s.len == MAX_CONTEXT_STACK {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        s.items[s.len] = ctx;
+        s.len += 1;
+        Ok(())
+    })
+}
+
+fn pop_current() -> Option<u64> {
+    stack(|s| {
+        s.len = s.len.checked_sub(1)?;
+        Some(s.items[s.len])
+    })
+}
+
+fn top() -> Option<u64> {
+    stack(|s| s.len.checked_sub(1).map(|i| s.items[i]))
+}
+
+impl Transport for Box<dyn Transport> {
+    fn call(
+        &mut self,
+        req: &mdev_backend::compute::wire::Request,
+    ) -> Result<mdev_backend::compute::wire::Reply, crate::transport::TransportError> {
+        (**self).call(req)
+    }
+}
+
+fn with<R>(f: impl FnOnce(&mut Driver<Box<dyn Transport>>) -> CuResult<R>) -> CuResult<R> {
+    let mut guard = DRIVER.lock().unwrap_or_else(|p| p.into_inner());
+    f(guard.as_mut().ok_or(CUDA_ERROR_NOT_INITIALIZED)?)
+}
+
+fn current() -> CuResult<u64> {
+    top().ok_or(CUDA_ERROR_INVALID_CONTEXT)
+}
+
+/// Replaces the current context (the top of the stack).
+fn set_current(ctx: Option<u64>) -> CuResult<()> {
+    pop_current();
+    ctx.map_or(Ok(()), push_current)
+}
+
+/// The context of a stream or event handle (the current one for the NULL stream).
+fn owner(handle: Handle) -> CuResult<u64> {
+    let h = handle as u64;
+    if h <= 2 {
+        return current();
+    }
+    with(|d| d.owner(h).ok_or(CUDA_ERROR_INVALID_HANDLE))
+}
+
+fn finish(r: std::thread::Result<CuResult<()>>) -> CUresult {
+    match r {
+        Ok(Ok(())) => CUDA_SUCCESS,
+        Ok(Err(status)) => status,
+        Err(_) => CUDA_ERROR_UNKNOWN,
+    }
+}
+
+fn trace(name: &str) {
+    if std::env::var_os(TRACE_ENV).is_some() {
+        eprintln!("vgpu libcuda: {name}");
+    }
+}
+
+fn unsupported(name: &'static str) -> CuResult<()> {
+    let mut seen = UNSUPPORTED_SEEN.lock().unwrap_or_else(|p| p.into_inner());
+    if seen.get_or_insert_with(HashSet::new).insert(name) {
+        eprintln!("vgpu libcuda: {name} is not supported (CUDA_ERROR_NOT_SUPPORTED)");
+    }
+    Err(CUDA_ERROR_NOT_SUPPORTED)
+}
+
+/// Writes a result through a caller's out-pointer.
+fn put<T>(p: *mut T, v: T) -> CuResult<()> {
+    if p.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: the driver API's contract: a non-NULL out-pointer points to writable memory for
+    // a value of the parameter's type; `write_unaligned` needs no alignment.
+    unsafe { p.write_unaligned(v) };
+    Ok(())
+}
+
+/// Like [`put`], for out-pointers the API allows to be NULL.
+fn put_opt<T>(p: *mut T, v: T) -> CuResult<()> {
+    if p.is_null() { Ok(()) } else { put(p, v) }
+}
+
+/// `n` bytes the caller passed.
+fn bytes<'a>(p: *const c_void, n: usize) -> CuResult<&'a [u8]> {
+    if n == 0 {
+        return Ok(&[]);
+    }
+    if p.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: the caller passes `n` readable bytes at `p` (the copy and link calls' contract).
+    Ok(unsafe { std::slice::from_raw_parts(p.cast::<u8>(), n) })
+}
+
+/// Element `i` of a caller's array of `T`.
+fn read_at<T: Copy>(array: *const T, i: usize) -> CuResult<T> {
+    if array.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: the caller's array has at least `i + 1` elements (the count it passed, or up to
+    // its terminator); `read_unaligned` needs no alignment.
+    Ok(unsafe { array.add(i).read_unaligned() })
+}
+
+/// The pointer-sized entry `i` of a caller's array of pointers.
+fn entry_at(array: *mut *mut c_void, i: usize) -> CuResult<usize> {
+    read_at(array.cast_const(), i).map(|p| p as usize)
+}
+
+/// `n` bytes the caller lets the driver write.
+fn bytes_mut<'a>(p: *mut c_void, n: usize) -> CuResult<&'a mut [u8]> {
+    if n == 0 {
+        return Ok(&mut []);
+    }
+    if p.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: the caller passes `n` writable bytes at `p` that nothing else accesses during
+    // the call (the device-to-host copies' contract).
+    Ok(unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), n) })
+}
+
+/// A NUL-terminated name.
+fn name<'a>(p: *const c_char) -> CuResult<&'a str> {
+    if p.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: the caller passes a NUL-terminated string.
+    unsafe { CStr::from_ptr(p) }
+        .to_str()
+        .map_err(|_| CUDA_ERROR_INVALID_VALUE)
+}
+
+/// Copies a string into a caller's buffer of `len` bytes, NUL-terminated and cut to fit.
+fn put_str(p: *mut c_char, len: c_int, s: &str) -> CuResult<()> {
+    let len = usize::try_from(len).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+    if len == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let out = bytes_mut(p.cast(), len)?;
+    let n = s.len().min(len - 1);
+    out[..n].copy_from_slice(&s.as_bytes()[..n]);
+    out[n] = 0;
+    Ok(())
+}
+
+/// The bytes of a module image given by pointer only, as `cuModuleLoadData` gets it: its
+/// extent read from its own header (fat binary, fat-binary wrapper, ELF) or its terminating
+/// NUL (PTX), at most [`MAX_IMAGE_BYTES`].
+fn image_at<'a>(p: *const c_void) -> CuResult<&'a [u8]> {
+    let head = bytes(p, 16)?;
+    let word = |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().expect("4"));
+    let long = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8"));
+    let len = match word(head, 0) {
+        // A fat binary: 16-byte header, then its size.
+        0xBA55_ED50 => long(head, 8).checked_add(16),
+        // nvcc's wrapper struct { magic, version, data pointer, ... }: the fat binary.
+        0x4662_43B1 => return image_at(long(head, 8) as *const c_void),
+        0x464C_457F => {
+            let h = bytes(p, 64)?;
+            let shoff = long(h, 0x28);
+            let entsize = u64::from(u16::from_le_bytes([h[0x3a], h[0x3b]]));
+            let shnum = u64::from(u16::from_le_bytes([h[0x3c], h[0x3d]]));
+            shnum
+                .checked_mul(entsize)
+                .and_then(|t| t.checked_add(shoff))
+        }
+        _ => {
+            // PTX text: up to its NUL.
+            let mut n = 0usize;
+            loop {
+                if n >= MAX_PTX_BYTES {
+                    return Err(CUDA_ERROR_INVALID_IMAGE);
+                }
+                // SAFETY: PTX passed to cuModuleLoadData is NUL-terminated, so every byte up
+                // to the NUL is readable.
+                if unsafe { *p.cast::<u8>().add(n) } == 0 {
+                    break;
+                }
+                n += 1;
+            }
+            Some(n as u64)
+        }
+    }
+    .filter(|&n| n <= MAX_IMAGE_BYTES)
+    .ok_or(CUDA_ERROR_INVALID_IMAGE)?;
+    bytes(p, len as usize)
+}
+
+/// Loads an image into the current context: a completed link's token, or an image.
+fn load_image(p: *const c_void) -> CuResult<u64> {
+    let ctx = current()?;
+    let head = bytes(p, 8)?;
+    if head == LINK_TOKEN_MAGIC {
+        let token: [u8; 16] = bytes(p, 16)?.try_into().expect("16 bytes");
+        return with(|d| d.module_load_link(ctx, &token));
+    }
+    let image = image_at(p)?.to_vec();
+    with(|d| d.module_load(ctx, image))
+}
+
+macro_rules! entry {
+    ($name:ident ($($arg:ident : $ty:ty),* $(,)?) $body:block) => {
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
+            trace(stringify!($name));
+            finish(std::panic::catch_unwind(std::panic::AssertUnwindSafe(
+                || -> CuResult<()> { $body },
+            )))
+        }
+    };
+    ($name:ident | $alias:ident ($($arg:ident : $ty:ty),* $(,)?) $body:block) => {
+        entry!($name ($($arg: $ty),*) $body);
+
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $alias($($arg: $ty),*) -> CUresult {
+            // SAFETY: the same contract as the entry point this name stands for.
+            unsafe { $name($($arg),*) }
+        }
+    };
+}
+
+macro_rules! not_supported {
+    ($($name:ident | $alias:ident),* $(,)?) => {
+        $(
+            #[unsafe(no_mangle)]
+            pub extern "C" fn $name() -> CUresult {
+                finish(Ok(unsupported(stringify!($name))))
+            }
+            #[unsafe(no_mangle)]
+            pub extern "C" fn $alias() -> CUresult {
+                finish(Ok(unsupported(stringify!($alias))))
+            }
+        )*
+    };
+}
+
+// Initialisation, version, device.
+
+entry!(cuInit(_flags: c_uint) {
+    let mut guard = DRIVER.lock().unwrap_or_else(|p| p.into_inner());
+    if guard.is_some() {
+        return Ok(());
+    }
+    let path = std::env::var(SOCKET_ENV).map_err(|_| CUDA_ERROR_NO_DEVICE)?;
+    let t = SocketTransport::connect(&path).map_err(|_| CUDA_ERROR_NO_DEVICE)?;
+    *guard = Some(Driver::new(Box::new(t) as Box<dyn Transport>)?);
+    Ok(())
+});
+
+entry!(cuDriverGetVersion(v: *mut c_int) { put(v, DRIVER_VERSION) });
+
+entry!(cuDeviceGetCount(n: *mut c_int) {
+    with(|_| Ok(()))?;
+    put(n, 1)
+});
+
+entry!(cuDeviceGet(dev: *mut c_int, ordinal: c_int) {
+    with(|_| Ok(()))?;
+    if ordinal != DEVICE {
+        return Err(CUDA_ERROR_INVALID_DEVICE);
+    }
+    put(dev, DEVICE)
+});
+
+fn device(dev: c_int) -> CuResult<()> {
+    if dev == DEVICE {
+        Ok(())
+    } else {
+        Err(CUDA_ERROR_INVALID_DEVICE)
+    }
+}
+
+entry!(cuDeviceGetName(out: *mut c_char, len: c_int, dev: c_int) {
+    device(dev)?;
+    let n = with(|d| Ok(d.attributes().name.clone()))?;
+    put_str(out, len, &n)
+});
+
+entry!(cuDeviceTotalMem_v2 | cuDeviceTotalMem(bytes: *mut usize, dev: c_int) {
+    device(dev)?;
+    let total = with(|d| Ok(d.attributes().total_memory))?;
+    put(bytes, total as usize)
+});
+
+entry!(cuDeviceComputeCapability(major: *mut c_int, minor: *mut c_int, dev: c_int) {
+    device(dev)?;
+    let (a, b) = with(|d| Ok(d.attributes().compute_capability))?;
+    put(major, a as c_int)?;
+    put(minor, b as c_int)
+});
+
+entry!(cuDeviceGetAttribute(v: *mut c_int, attribute: c_int, dev: c_int) {
+    device(dev)?;
+    let value = with(|d| crate::attributes::device_attribute(d.attributes(), attribute))?;
+    put(v, value)
+});
+
+entry!(cuDeviceGetUuid(uuid: *mut [u8; 16], dev: c_int) {
+    device(dev)?;
+    put(uuid, *b"vgpu-compute-000")
+});
+
+entry!(cuDeviceGetUuid_v2(uuid: *mut [u8; 16], dev: c_int) {
+    // SAFETY: same arguments as cuDeviceGetUuid.
+    match unsafe { cuDeviceGetUuid(uuid, dev) } {
+        CUDA_SUCCESS => Ok(()),
+        e => Err(e),
+    }
+});
+
+entry!(cuDeviceGetPCIBusId(out: *mut c_char, len: c_int, dev: c_int) {
+    device(dev)?;
+    put_str(out, len, "0000:00:00.0")
+});
+
+// Contexts.
+
+entry!(cuDevicePrimaryCtxRetain(pctx: *mut Handle, dev: c_int) {
+    device(dev)?;
+    let ctx = with(|d| d.primary_context())?;
+    put(pctx, ctx as Handle)
+});
+
+entry!(cuDevicePrimaryCtxRelease_v2 | cuDevicePrimaryCtxRelease(dev: c_int) { device(dev) });
+
+entry!(cuDevicePrimaryCtxSetFlags_v2 | cuDevicePrimaryCtxSetFlags(dev: c_int, _flags: c_uint) {
+    device(dev)
+});
+
+entry!(cuDevicePrimaryCtxGetState(dev: c_int, flags: *mut c_uint, active: *mut c_int) {
+    device(dev)?;
+    put(flags, 0)?;
+    put(active, 1)
+});
+
+entry!(cuCtxCreate_v2 | cuCtxCreate(pctx: *mut Handle, _flags: c_uint, dev: c_int) {
+    device(dev)?;
+    let ctx = with(|d| d.context_create())?;
+    push_current(ctx)?;
+    put(pctx, ctx as Handle)
+});
+
+entry!(cuCtxDestroy_v2 | cuCtxDestroy(ctx: Handle) {
+    let ctx = ctx as u64;
+    with(|d| d.context_destroy(ctx))?;
+    stack(|s| {
+        let mut kept = 0;
+        for i in 0..s.len {
+            if s.items[i] != ctx {
+                s.items[kept] = s.items[i];
+                kept += 1;
+            }
+        }
+        s.len = kept;
+    });
+    Ok(())
+});
+
+entry!(cuCtxGetCurrent(pctx: *mut Handle) {
+    put(pctx, top().unwrap_or(0) as Handle)
+});
+
+entry!(cuCtxSetCurrent(ctx: Handle) {
+    let ctx = ctx as u64;
+    if ctx == 0 {
+        return set_current(None);
+    }
+    if !with(|d| Ok(d.is_context(ctx)))? {
+        return Err(CUDA_ERROR_INVALID_CONTEXT);
+    }
+    set_current(Some(ctx))
+});
+
+entry!(cuCtxPushCurrent_v2 | cuCtxPushCurrent(ctx: Handle) {
+    let ctx = ctx as u64;
+    if !with(|d| Ok(d.is_context(ctx)))? {
+        return Err(CUDA_ERROR_INVALID_CONTEXT);
+    }
+    push_current(ctx)
+});
+
+entry!(cuCtxPopCurrent_v2 | cuCtxPopCurrent(pctx: *mut Handle) {
+    let top = pop_current().ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+    put_opt(pctx, top as Handle)
+});
+
+entry!(cuCtxGetDevice(dev: *mut c_int) {
+    current()?;
+    put(dev, DEVICE)
+});
+
+entry!(cuCtxSynchronize() {
+    let ctx = current()?;
+    with(|d| d.synchronize(ctx))
+});
+
+entry!(cuCtxSetLimit(_limit: c_int, _value: usize) {
+    // Stack, heap and printf FIFO sizes are the host backend's own.
+    current().map(drop)
+});
+
+entry!(cuCtxGetApiVersion(_ctx: Handle, version: *mut c_uint) { put(version, 3020) });
+
+// Modules, functions, linking.
+
+entry!(cuModuleLoadData(module: *mut Handle, image: *const c_void) {
+    let m = load_image(image)?;
+    put(module, m as Handle)
+});
+
+entry!(cuModuleLoadDataEx(
+    module: *mut Handle,
+    image: *const c_void,
+    _n: c_uint,
+    _options: *mut c_int,
+    _values: *mut *mut c_void,
+) {
+    let m = load_image(image)?;
+    put(module, m as Handle)
+});
+
+entry!(cuModuleLoad(module: *mut Handle, path: *const c_char) {
+    let ctx = current()?;
+    let image = std::fs::read(name(path)?).map_err(|_| CUDA_ERROR_FILE_NOT_FOUND)?;
+    let m = with(|d| d.module_load(ctx, image))?;
+    put(module, m as Handle)
+});
+
+entry!(cuModuleUnload(module: Handle) {
+    with(|d| {
+        let ctx = d.module_context(module as u64)?;
+        d.module_unload(ctx, module as u64)
+    })
+});
+
+entry!(cuModuleGetFunction(f: *mut Handle, module: Handle, fname: *const c_char) {
+    let n = name(fname)?;
+    let h = with(|d| d.function(module as u64, n))?;
+    put(f, h as Handle)
+});
+
+entry!(cuModuleGetGlobal_v2 | cuModuleGetGlobal(
+    dptr: *mut u64,
+    bytes: *mut usize,
+    module: Handle,
+    vname: *const c_char,
+) {
+    let n = name(vname)?;
+    let (addr, size) = with(|d| d.global(module as u64, n))?;
+    put_opt(dptr, addr)?;
+    put_opt(bytes, size as usize)
+});
+
+entry!(cuFuncGetAttribute(v: *mut c_int, attribute: c_int, f: Handle) {
+    with(|d| d.params(f as u64).map(drop))?;
+    let max_threads = with(|d| Ok(d.attributes().max_threads_per_block))?;
+    put(v, crate::attributes::function_attribute(attribute, max_threads)?)
+});
+
+entry!(cuFuncSetCacheConfig(f: Handle, _config: c_int) { with(|d| d.params(f as u64).map(drop)) });
+
+entry!(cuFuncSetAttribute(f: Handle, _attribute: c_int, _value: c_int) {
+    with(|d| d.params(f as u64).map(drop))
+});
+
+/// `CUjit_option` values that carry a log buffer and its size.
+const JIT_ERROR_LOG_BUFFER: c_int = 5;
+const JIT_ERROR_LOG_BUFFER_SIZE_BYTES: c_int = 6;
+const JIT_INFO_LOG_BUFFER: c_int = 3;
+const JIT_INFO_LOG_BUFFER_SIZE_BYTES: c_int = 4;
+/// Options of one `cuLinkCreate`/`cuModuleLoadDataEx`.
+const MAX_JIT_OPTIONS: c_uint = 64;
+
+entry!(cuLinkCreate_v2 | cuLinkCreate(
+    n: c_uint,
+    options: *mut c_int,
+    values: *mut *mut c_void,
+    state: *mut Handle,
+) {
+    if n > MAX_JIT_OPTIONS {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // Log buffers are left empty (a link error is the status); make them empty strings.
+    let (mut info, mut error) = ((None, 0usize), (None, 0usize));
+    for i in 0..n as usize {
+        let value = entry_at(values, i)?;
+        match read_at::<c_int>(options, i)? {
+            JIT_INFO_LOG_BUFFER => info.0 = Some(value),
+            JIT_INFO_LOG_BUFFER_SIZE_BYTES => info.1 = value,
+            JIT_ERROR_LOG_BUFFER => error.0 = Some(value),
+            JIT_ERROR_LOG_BUFFER_SIZE_BYTES => error.1 = value,
+            _ => {}
+        }
+    }
+    for (buf, size) in [info, error] {
+        if let Some(b) = buf
+            && size > 0
+        {
+            put_str(b as *mut c_char, size.min(c_int::MAX as usize) as c_int, "")?;
+        }
+    }
+    let h = with(|d| Ok(d.link_create()))?;
+    put(state, h as Handle)
+});
+
+/// `CUjitInputType` values.
+const JIT_INPUT_PTX: c_int = 1;
+const JIT_INPUT_FATBINARY: c_int = 3;
+
+entry!(cuLinkAddData_v2 | cuLinkAddData(
+    state: Handle,
+    kind: c_int,
+    data: *mut c_void,
+    size: usize,
+    _name: *const c_char,
+    _n: c_uint,
+    _options: *mut c_int,
+    _values: *mut *mut c_void,
+) {
+    if kind != JIT_INPUT_PTX && kind != JIT_INPUT_FATBINARY {
+        return unsupported("cuLinkAddData of other than PTX or a fat binary");
+    }
+    if size as u64 > MAX_IMAGE_BYTES {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let mut image = bytes(data, size)?.to_vec();
+    while image.last() == Some(&0) {
+        image.pop();
+    }
+    with(|d| {
+        d.link(state as u64)?.images.push(image);
+        Ok(())
+    })
+});
+
+entry!(cuLinkAddFile_v2 | cuLinkAddFile(
+    state: Handle,
+    _kind: c_int,
+    path: *const c_char,
+    _n: c_uint,
+    _options: *mut c_int,
+    _values: *mut *mut c_void,
+) {
+    let image = std::fs::read(name(path)?).map_err(|_| CUDA_ERROR_FILE_NOT_FOUND)?;
+    with(|d| {
+        d.link(state as u64)?.images.push(image);
+        Ok(())
+    })
+});
+
+entry!(cuLinkComplete(state: Handle, cubin: *mut *mut c_void, size: *mut usize) {
+    let token = with(|d| Ok(d.link_complete(state as u64)?.as_ptr() as usize))?;
+    put(cubin, token as *mut c_void)?;
+    put_opt(size, 16)
+});
+
+entry!(cuLinkDestroy(state: Handle) { with(|d| d.link_destroy(state as u64)) });
+
+// Memory.
+
+entry!(cuMemAlloc_v2 | cuMemAlloc(dptr: *mut u64, bytes: usize) {
+    let ctx = current()?;
+    let a = with(|d| d.mem_alloc(ctx, bytes as u64))?;
+    put(dptr, a)
+});
+
+entry!(cuMemFree_v2 | cuMemFree(dptr: u64) {
+    let ctx = current()?;
+    with(|d| d.mem_free(ctx, dptr))
+});
+
+entry!(cuMemGetInfo_v2 | cuMemGetInfo(free: *mut usize, total: *mut usize) {
+    current()?;
+    let t = with(|d| Ok(d.attributes().total_memory))?;
+    put(free, t as usize)?;
+    put(total, t as usize)
+});
+
+entry!(cuMemGetAddressRange_v2 | cuMemGetAddressRange(base: *mut u64, size: *mut usize, dptr: u64) {
+    let ctx = current()?;
+    let (b, n) = with(|d| d.address_range(ctx, dptr))?;
+    put_opt(base, b)?;
+    put_opt(size, n as usize)
+});
+
+/// Page-locked host memory is plain host memory here: the copies go through the transport.
+fn host_alloc(pp: *mut *mut c_void, bytes: usize) -> CuResult<()> {
+    // SAFETY: malloc of any size; a NULL result is handled.
+    let p = unsafe { libc::malloc(bytes.max(1)) };
+    if p.is_null() {
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    put(pp, p)
+}
+
+entry!(cuMemAllocHost_v2 | cuMemAllocHost(pp: *mut *mut c_void, bytes: usize) {
+    host_alloc(pp, bytes)
+});
+
+entry!(cuMemHostAlloc(pp: *mut *mut c_void, bytes: usize, _flags: c_uint) { host_alloc(pp, bytes) });
+
+entry!(cuMemFreeHost(p: *mut c_void) {
+    // SAFETY: `p` came from cuMemAllocHost/cuMemHostAlloc (malloc), the API's contract.
+    unsafe { libc::free(p) };
+    Ok(())
+});
+
+entry!(cuMemHostRegister_v2 | cuMemHostRegister(_p: *mut c_void, _bytes: usize, _flags: c_uint) {
+    // Registering host memory changes nothing when every copy goes through the transport.
+    Ok(())
+});
+
+entry!(cuMemHostUnregister(_p: *mut c_void) { Ok(()) });
+
+entry!(cuMemcpyHtoD_v2 | cuMemcpyHtoD(dst: u64, src: *const c_void, n: usize) {
+    let ctx = current()?;
+    let data = bytes(src, n)?;
+    with(|d| d.copy_htod(ctx, dst, data, 0))
+});
+
+entry!(cuMemcpyHtoDAsync_v2 | cuMemcpyHtoDAsync(dst: u64, src: *const c_void, n: usize, stream: Handle) {
+    let ctx = owner(stream)?;
+    let data = bytes(src, n)?;
+    with(|d| d.copy_htod(ctx, dst, data, stream as u64))
+});
+
+entry!(cuMemcpyDtoH_v2 | cuMemcpyDtoH(dst: *mut c_void, src: u64, n: usize) {
+    let ctx = current()?;
+    let out = bytes_mut(dst, n)?;
+    with(|d| d.copy_dtoh(ctx, out, src, 0))
+});
+
+entry!(cuMemcpyDtoHAsync_v2 | cuMemcpyDtoHAsync(dst: *mut c_void, src: u64, n: usize, stream: Handle) {
+    let ctx = owner(stream)?;
+    let out = bytes_mut(dst, n)?;
+    with(|d| d.copy_dtoh(ctx, out, src, stream as u64))
+});
+
+entry!(cuMemcpyDtoD_v2 | cuMemcpyDtoD(dst: u64, src: u64, n: usize) {
+    let ctx = current()?;
+    with(|d| d.copy_dtod(ctx, dst, src, n as u64, 0))
+});
+
+entry!(cuMemcpyDtoDAsync_v2 | cuMemcpyDtoDAsync(dst: u64, src: u64, n: usize, stream: Handle) {
+    let ctx = owner(stream)?;
+    with(|d| d.copy_dtod(ctx, dst, src, n as u64, stream as u64))
+});
+
+/// `cuMemcpy` with unified addressing: the direction from which side is device memory.
+fn copy_unified(dst: u64, src: u64, n: usize, stream: Handle) -> CuResult<()> {
+    let ctx = owner(stream)?;
+    let (dd, sd) = with(|d| {
+        Ok((
+            d.is_device(ctx, dst, n as u64),
+            d.is_device(ctx, src, n as u64),
+        ))
+    })?;
+    match (dd, sd) {
+        (true, true) => with(|d| d.copy_dtod(ctx, dst, src, n as u64, stream as u64)),
+        (true, false) => {
+            let data = bytes(src as *const c_void, n)?;
+            with(|d| d.copy_htod(ctx, dst, data, stream as u64))
+        }
+        (false, true) => {
+            let out = bytes_mut(dst as *mut c_void, n)?;
+            with(|d| d.copy_dtoh(ctx, out, src, stream as u64))
+        }
+        (false, false) => {
+            let data = bytes(src as *const c_void, n)?.to_vec();
+            bytes_mut(dst as *mut c_void, n)?.copy_from_slice(&data);
+            Ok(())
+        }
+    }
+}
+
+entry!(cuMemcpy(dst: u64, src: u64, n: usize) { copy_unified(dst, src, n, std::ptr::null_mut()) });
+
+entry!(cuMemcpyAsync(dst: u64, src: u64, n: usize, stream: Handle) { copy_unified(dst, src, n, stream) });
+
+entry!(cuMemsetD8_v2 | cuMemsetD8(dst: u64, value: u8, n: usize) {
+    let ctx = current()?;
+    with(|d| d.memset_d8(ctx, dst, value, n as u64, 0))
+});
+
+entry!(cuMemsetD8Async(dst: u64, value: u8, n: usize, stream: Handle) {
+    let ctx = owner(stream)?;
+    with(|d| d.memset_d8(ctx, dst, value, n as u64, stream as u64))
+});
+
+entry!(cuMemsetD32_v2 | cuMemsetD32(dst: u64, value: c_uint, n: usize) {
+    let ctx = current()?;
+    with(|d| d.memset_d32(ctx, dst, value, n as u64, 0))
+});
+
+entry!(cuMemsetD32Async(dst: u64, value: c_uint, n: usize, stream: Handle) {
+    let ctx = owner(stream)?;
+    with(|d| d.memset_d32(ctx, dst, value, n as u64, stream as u64))
+});
+
+not_supported!(
+    cuMemcpy2D_v2 | cuMemcpy2D,
+    cuMemcpy2DUnaligned_v2 | cuMemcpy2DUnaligned,
+    cuMemcpy3D_v2 | cuMemcpy3D,
+    cuMemHostGetDevicePointer_v2 | cuMemHostGetDevicePointer,
+    cuMemAllocManaged | cuMemPrefetchAsync,
+    cuPointerGetAttribute | cuPointerGetAttributes,
+    cuOccupancyMaxPotentialBlockSize | cuOccupancyMaxActiveBlocksPerMultiprocessor,
+);
+
+// Streams and events.
+
+entry!(cuStreamCreate(stream: *mut Handle, _flags: c_uint) {
+    let ctx = current()?;
+    let s = with(|d| d.stream_create(ctx))?;
+    put(stream, s as Handle)
+});
+
+entry!(cuStreamCreateWithPriority(stream: *mut Handle, _flags: c_uint, _priority: c_int) {
+    let ctx = current()?;
+    let s = with(|d| d.stream_create(ctx))?;
+    put(stream, s as Handle)
+});
+
+entry!(cuStreamDestroy_v2 | cuStreamDestroy(stream: Handle) {
+    let ctx = owner(stream)?;
+    with(|d| d.stream_destroy(ctx, stream as u64))
+});
+
+entry!(cuStreamSynchronize(stream: Handle) {
+    let ctx = owner(stream)?;
+    with(|d| d.stream_synchronize(ctx, stream as u64))
+});
+
+entry!(cuStreamQuery(stream: Handle) {
+    let ctx = owner(stream)?;
+    with(|d| d.stream_query(ctx, stream as u64))
+});
+
+entry!(cuStreamWaitEvent(stream: Handle, event: Handle, _flags: c_uint) {
+    // The host runs a context's work in order, so the event has happened once recorded.
+    owner(stream)?;
+    owner(event).map(drop)
+});
+
+type StreamCallback = Option<unsafe extern "C" fn(Handle, CUresult, *mut c_void)>;
+
+entry!(cuStreamAddCallback(stream: Handle, callback: StreamCallback, data: *mut c_void, _flags: c_uint) {
+    let ctx = owner(stream)?;
+    let cb = callback.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let status = match with(|d| d.stream_synchronize(ctx, stream as u64)) {
+        Ok(()) => CUDA_SUCCESS,
+        Err(e) => e,
+    };
+    // SAFETY: the caller's callback with its own data, called once after the stream's work,
+    // as the API promises (here on the calling thread, which the API allows).
+    unsafe { cb(stream, status, data) };
+    Ok(())
+});
+
+entry!(cuEventCreate(event: *mut Handle, _flags: c_uint) {
+    let ctx = current()?;
+    let e = with(|d| d.event_create(ctx))?;
+    put(event, e as Handle)
+});
+
+entry!(cuEventDestroy_v2 | cuEventDestroy(event: Handle) {
+    let ctx = owner(event)?;
+    with(|d| d.event_destroy(ctx, event as u64))
+});
+
+entry!(cuEventRecord(event: Handle, stream: Handle) {
+    let ctx = owner(event)?;
+    with(|d| d.event_record(ctx, event as u64, stream as u64))
+});
+
+entry!(cuEventSynchronize(event: Handle) {
+    let ctx = owner(event)?;
+    with(|d| d.event_synchronize(ctx, event as u64))
+});
+
+entry!(cuEventQuery(event: Handle) {
+    let ctx = owner(event)?;
+    with(|d| d.event_query(ctx, event as u64))
+});
+
+entry!(cuEventElapsedTime(ms: *mut f32, start: Handle, end: Handle) {
+    let ctx = owner(start)?;
+    let v = with(|d| d.event_elapsed(ctx, start as u64, end as u64))?;
+    put(ms, v)
+});
+
+// Launches.
+
+/// `CU_LAUNCH_PARAM_*` markers of a launch's `extra` list.
+const LAUNCH_PARAM_END: usize = 0;
+const LAUNCH_PARAM_BUFFER_POINTER: usize = 1;
+const LAUNCH_PARAM_BUFFER_SIZE: usize = 2;
+/// Entries of an `extra` list read before giving up on finding its end.
+const MAX_EXTRA_ENTRIES: usize = 64;
+
+entry!(cuLaunchKernel(
+    f: Handle,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shared: c_uint,
+    stream: Handle,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) {
+    let ctx = owner(stream)?;
+    let layout: Vec<(usize, usize)> =
+        with(|d| Ok(d.params(f as u64)?.iter().map(|p| (p.offset as usize, p.size as usize)).collect()))?;
+    let launch_params = if !params.is_null() {
+        let mut each = Vec::with_capacity(layout.len());
+        for (i, &(_, size)) in layout.iter().enumerate() {
+            each.push(bytes(entry_at(params, i)? as *const c_void, size)?.to_vec());
+        }
+        LaunchParams::Each(each)
+    } else if !extra.is_null() {
+        let (mut buf, mut size) = (None, None);
+        let mut i = 0;
+        loop {
+            if i >= MAX_EXTRA_ENTRIES {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            match entry_at(extra, i)? {
+                LAUNCH_PARAM_END => break,
+                LAUNCH_PARAM_BUFFER_POINTER => buf = Some(entry_at(extra, i + 1)?),
+                LAUNCH_PARAM_BUFFER_SIZE => {
+                    size = Some(read_at(entry_at(extra, i + 1)? as *const usize, 0)?);
+                }
+                _ => return Err(CUDA_ERROR_INVALID_VALUE),
+            }
+            i += 2;
+        }
+        let (Some(b), Some(n)) = (buf, size) else {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        };
+        LaunchParams::Packed(bytes(b as *const c_void, n)?.to_vec())
+    } else if layout.is_empty() {
+        LaunchParams::Each(Vec::new())
+    } else {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    };
+    with(|d| {
+        d.launch(
+            ctx,
+            f as u64,
+            [gx, gy, gz],
+            [bx, by, bz],
+            shared,
+            stream as u64,
+            launch_params,
+            &mut std::io::stdout(),
+        )
+    })
+});
+
+// Errors.
+
+entry!(cuGetErrorString(status: c_uint, out: *mut *const c_char) {
+    let (_, text) = describe(status).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    put(out, text.as_ptr())
+});
+
+entry!(cuGetErrorName(status: c_uint, out: *mut *const c_char) {
+    let (n, _) = describe(status).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    put(out, n.as_ptr())
+});

@@ -1,0 +1,57 @@
+//! `cuDeviceGetAttribute` and `cuFuncGetAttribute` answers from the host's
+//! [`DeviceAttributes`]; attribute numbers from the driver API's `cuda.h`.
+
+use std::ffi::c_int;
+
+use mdev_backend::compute::backend::DeviceAttributes;
+
+use crate::driver::CuResult;
+use crate::status::CUDA_ERROR_INVALID_VALUE;
+
+/// Highest `CUdevice_attribute` answered (others known to cuda.h 12 answer 0: not supported).
+const MAX_DEVICE_ATTRIBUTE: c_int = 150;
+/// Registers per block and per multiprocessor reported: what every GPU since Kepler has.
+const REGISTERS: c_int = 65536;
+
+pub fn device_attribute(a: &DeviceAttributes, attribute: c_int) -> CuResult<c_int> {
+    let v = |x: u32| x.min(c_int::MAX as u32) as c_int;
+    Ok(match attribute {
+        1 => v(a.max_threads_per_block),
+        2..=4 => v(a.max_block[(attribute - 2) as usize]),
+        5..=7 => v(a.max_grid[(attribute - 5) as usize]),
+        8 => v(a.shared_memory_per_block),
+        9 => 64 * 1024,
+        10 => v(a.warp_size),
+        11 => c_int::MAX,
+        12 | 82 => REGISTERS,
+        13 => v(a.clock_khz),
+        14 => 512,
+        // GPU overlap, concurrent kernels, unified addressing, can map host memory: no.
+        15 | 19 | 31 | 41 => 0,
+        16 => v(a.multiprocessors),
+        // Integrated, ECC, TCC, kernel timeout: no; compute mode default (0).
+        17 | 18 | 20 | 32 | 35 => 0,
+        39 => 2048,
+        40 => 1,
+        75 => v(a.compute_capability.0),
+        76 => v(a.compute_capability.1),
+        81 | 97 => v(a.shared_memory_per_block),
+        0 | MAX_DEVICE_ATTRIBUTE.. => return Err(CUDA_ERROR_INVALID_VALUE),
+        _ => 0,
+    })
+}
+
+/// Registers per thread reported for every kernel (the executor has no register file).
+const REGISTERS_PER_THREAD: c_int = 32;
+
+pub fn function_attribute(attribute: c_int, max_threads: u32) -> CuResult<c_int> {
+    Ok(match attribute {
+        0 => max_threads.min(c_int::MAX as u32) as c_int,
+        1..=3 => 0,
+        4 => REGISTERS_PER_THREAD,
+        // PTX and binary version: compute capability 7.5, as the executor's PTX target.
+        5 | 6 => 75,
+        7..=10 => 0,
+        _ => return Err(CUDA_ERROR_INVALID_VALUE),
+    })
+}

@@ -1,0 +1,823 @@
+//! The driver's state in the guest, with no unsafe code and no raw pointers: handle tables
+//! (contexts, modules, functions with their parameter layouts, streams, events, link states,
+//! allocations), answers given locally, and the requests forwarded to the host over a
+//! [`Transport`]. `api.rs` turns the C calls into calls of [`Driver`].
+
+use std::collections::{BTreeMap, HashMap};
+
+use mdev_backend::compute::backend::{
+    ContextId, DeviceAttributes, EventId, FunctionId, ModuleId, ParamInfo, StreamId,
+};
+use mdev_backend::compute::wire::{MAX_COPY_BYTES, Reply, Request};
+
+use crate::status::*;
+use crate::transport::Transport;
+
+/// A driver call's failure: the `CUresult` returned.
+pub type CuResult<T> = Result<T, u32>;
+
+/// Handles are `kind << KIND_SHIFT | serial`, never 0, so a handle of one kind passed where
+/// another is expected is refused.
+const KIND_SHIFT: u32 = 40;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u64)]
+pub enum Kind {
+    Context = 1,
+    Module = 2,
+    Function = 3,
+    Stream = 4,
+    Event = 5,
+    Link = 6,
+}
+
+#[derive(Debug)]
+struct Context {
+    remote: ContextId,
+    /// Device allocations: start → size (`cuMemGetAddressRange`, `cuMemcpy` directions).
+    allocations: BTreeMap<u64, u64>,
+}
+
+#[derive(Debug)]
+struct Function {
+    ctx: u64,
+    remote: FunctionId,
+    params: Vec<ParamInfo>,
+}
+
+/// A `cuLinkCreate` state: the images added, and once complete the token `cuLinkComplete`
+/// handed out as the "cubin" (what `cuModuleLoadData` then receives).
+#[derive(Debug, Default)]
+pub struct Link {
+    pub images: Vec<Vec<u8>>,
+    pub completed: Option<Box<[u8; 16]>>,
+}
+
+/// Magic at the start of a completed link's token.
+pub const LINK_TOKEN_MAGIC: &[u8; 8] = b"VGPULNK\0";
+
+/// A launch's parameters as the C call gave them, read by `api.rs`.
+#[derive(Debug)]
+pub enum LaunchParams {
+    /// `kernelParams`: one value per parameter, each `ParamInfo::size` bytes.
+    Each(Vec<Vec<u8>>),
+    /// `extra` with `CU_LAUNCH_PARAM_BUFFER_POINTER`: the packed buffer.
+    Packed(Vec<u8>),
+}
+
+/// The driver of one process.
+#[derive(Debug)]
+pub struct Driver<T: Transport> {
+    t: T,
+    attributes: DeviceAttributes,
+    contexts: HashMap<u64, Context>,
+    /// Module, stream and event handles: (owning context, remote id).
+    objects: HashMap<u64, (u64, u32)>,
+    functions: HashMap<u64, Function>,
+    links: HashMap<u64, Link>,
+    primary: Option<u64>,
+    next: u64,
+}
+
+impl<T: Transport> Driver<T> {
+    /// Connects: asks the host for the device's attributes (`cuInit`).
+    pub fn new(mut t: T) -> CuResult<Self> {
+        let attributes = match t.call(&Request::Attributes) {
+            Ok(Reply::Attributes(a)) => a,
+            Ok(Reply::Error { status, .. }) => return Err(status),
+            _ => return Err(CUDA_ERROR_NO_DEVICE),
+        };
+        Ok(Driver {
+            t,
+            attributes,
+            contexts: HashMap::new(),
+            objects: HashMap::new(),
+            functions: HashMap::new(),
+            links: HashMap::new(),
+            primary: None,
+            next: 0,
+        })
+    }
+
+    pub fn attributes(&self) -> &DeviceAttributes {
+        &self.attributes
+    }
+
+    fn handle(&mut self, kind: Kind) -> u64 {
+        self.next += 1;
+        (kind as u64) << KIND_SHIFT | self.next
+    }
+
+    fn call(&mut self, req: Request) -> CuResult<Reply> {
+        match self.t.call(&req) {
+            Ok(Reply::Error { status, .. }) => Err(if status == 0 {
+                CUDA_ERROR_UNKNOWN
+            } else {
+                status
+            }),
+            Ok(r) => Ok(r),
+            Err(_) => Err(CUDA_ERROR_DEINITIALIZED),
+        }
+    }
+
+    fn done(&mut self, req: Request) -> CuResult<()> {
+        match self.call(req)? {
+            Reply::Done => Ok(()),
+            _ => Err(CUDA_ERROR_UNKNOWN),
+        }
+    }
+
+    fn id(&mut self, req: Request) -> CuResult<u32> {
+        match self.call(req)? {
+            Reply::Id(id) => Ok(id),
+            _ => Err(CUDA_ERROR_UNKNOWN),
+        }
+    }
+
+    fn ctx(&self, ctx: u64) -> CuResult<&Context> {
+        self.contexts.get(&ctx).ok_or(CUDA_ERROR_INVALID_CONTEXT)
+    }
+
+    fn remote(&self, ctx: u64) -> CuResult<ContextId> {
+        self.ctx(ctx).map(|c| c.remote)
+    }
+
+    /// The remote id of a module, stream or event handle of `ctx`.
+    fn object(&self, ctx: u64, kind: Kind, handle: u64) -> CuResult<u32> {
+        if handle >> KIND_SHIFT != kind as u64 {
+            return Err(CUDA_ERROR_INVALID_HANDLE);
+        }
+        match self.objects.get(&handle) {
+            Some(&(c, id)) if c == ctx => Ok(id),
+            Some(_) => Err(CUDA_ERROR_INVALID_CONTEXT),
+            None => Err(CUDA_ERROR_INVALID_HANDLE),
+        }
+    }
+
+    fn stream(&self, ctx: u64, stream: u64) -> CuResult<StreamId> {
+        // 0 is the NULL stream; 1 and 2 are CU_STREAM_LEGACY and CU_STREAM_PER_THREAD, which
+        // behave as it here (all work of a context runs in order).
+        if stream <= 2 {
+            return Ok(StreamId(0));
+        }
+        self.object(ctx, Kind::Stream, stream).map(StreamId)
+    }
+
+    // Contexts.
+
+    pub fn context_create(&mut self) -> CuResult<u64> {
+        let remote = ContextId(self.id(Request::ContextCreate)?);
+        let h = self.handle(Kind::Context);
+        self.contexts.insert(
+            h,
+            Context {
+                remote,
+                allocations: BTreeMap::new(),
+            },
+        );
+        Ok(h)
+    }
+
+    pub fn context_destroy(&mut self, ctx: u64) -> CuResult<()> {
+        let remote = self.remote(ctx)?;
+        self.contexts.remove(&ctx);
+        self.objects.retain(|_, (c, _)| *c != ctx);
+        self.functions.retain(|_, f| f.ctx != ctx);
+        if self.primary == Some(ctx) {
+            self.primary = None;
+        }
+        self.done(Request::ContextDestroy { ctx: remote })
+    }
+
+    pub fn is_context(&self, ctx: u64) -> bool {
+        self.contexts.contains_key(&ctx)
+    }
+
+    /// The device's primary context, created at its first retain.
+    pub fn primary_context(&mut self) -> CuResult<u64> {
+        match self.primary {
+            Some(c) => Ok(c),
+            None => {
+                let c = self.context_create()?;
+                self.primary = Some(c);
+                Ok(c)
+            }
+        }
+    }
+
+    pub fn synchronize(&mut self, ctx: u64) -> CuResult<()> {
+        let ctx = self.remote(ctx)?;
+        self.done(Request::ContextSynchronize { ctx })
+    }
+
+    // Modules and functions.
+
+    pub fn module_load(&mut self, ctx: u64, image: Vec<u8>) -> CuResult<u64> {
+        let remote = self.remote(ctx)?;
+        let id = self.id(Request::ModuleLoad { ctx: remote, image })?;
+        let h = self.handle(Kind::Module);
+        self.objects.insert(h, (ctx, id));
+        Ok(h)
+    }
+
+    /// Loads what a completed link produced, named by its token.
+    pub fn module_load_link(&mut self, ctx: u64, token: &[u8; 16]) -> CuResult<u64> {
+        let link = self
+            .links
+            .values()
+            .find(|l| l.completed.as_deref() == Some(token))
+            .ok_or(CUDA_ERROR_INVALID_IMAGE)?;
+        let images = link.images.clone();
+        let remote = self.remote(ctx)?;
+        let id = self.id(Request::ModuleLink {
+            ctx: remote,
+            images,
+        })?;
+        let h = self.handle(Kind::Module);
+        self.objects.insert(h, (ctx, id));
+        Ok(h)
+    }
+
+    pub fn module_unload(&mut self, ctx: u64, module: u64) -> CuResult<()> {
+        let id = self.object(ctx, Kind::Module, module)?;
+        let remote = self.remote(ctx)?;
+        self.objects.remove(&module);
+        self.done(Request::ModuleUnload {
+            ctx: remote,
+            module: ModuleId(id),
+        })
+    }
+
+    /// The context a module handle belongs to.
+    pub fn module_context(&self, module: u64) -> CuResult<u64> {
+        match self.objects.get(&module) {
+            Some(&(ctx, _)) if module >> KIND_SHIFT == Kind::Module as u64 => Ok(ctx),
+            _ => Err(CUDA_ERROR_INVALID_HANDLE),
+        }
+    }
+
+    pub fn function(&mut self, module: u64, name: &str) -> CuResult<u64> {
+        let ctx = self.module_context(module)?;
+        let id = self.object(ctx, Kind::Module, module)?;
+        let remote = self.remote(ctx)?;
+        let (fid, params) = match self.call(Request::Function {
+            ctx: remote,
+            module: ModuleId(id),
+            name: name.to_string(),
+        })? {
+            Reply::Function { id, params } => (id, params),
+            _ => return Err(CUDA_ERROR_UNKNOWN),
+        };
+        let h = self.handle(Kind::Function);
+        self.functions.insert(
+            h,
+            Function {
+                ctx,
+                remote: fid,
+                params,
+            },
+        );
+        Ok(h)
+    }
+
+    /// A function's parameter layout.
+    pub fn params(&self, function: u64) -> CuResult<&[ParamInfo]> {
+        self.functions
+            .get(&function)
+            .map(|f| f.params.as_slice())
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)
+    }
+
+    pub fn global(&mut self, module: u64, name: &str) -> CuResult<(u64, u64)> {
+        let ctx = self.module_context(module)?;
+        let id = self.object(ctx, Kind::Module, module)?;
+        let remote = self.remote(ctx)?;
+        match self.call(Request::Global {
+            ctx: remote,
+            module: ModuleId(id),
+            name: name.to_string(),
+        })? {
+            Reply::Global { addr, size } => Ok((addr, size)),
+            _ => Err(CUDA_ERROR_UNKNOWN),
+        }
+    }
+
+    // Linking: kept in the guest until the module is loaded.
+
+    pub fn link_create(&mut self) -> u64 {
+        let h = self.handle(Kind::Link);
+        self.links.insert(h, Link::default());
+        h
+    }
+
+    pub fn link(&mut self, link: u64) -> CuResult<&mut Link> {
+        self.links.get_mut(&link).ok_or(CUDA_ERROR_INVALID_HANDLE)
+    }
+
+    /// Completes a link: its token, which lives until `link_destroy`.
+    pub fn link_complete(&mut self, link: u64) -> CuResult<&[u8; 16]> {
+        let l = self.links.get_mut(&link).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        if l.images.is_empty() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let mut token = [0u8; 16];
+        token[..8].copy_from_slice(LINK_TOKEN_MAGIC);
+        token[8..].copy_from_slice(&link.to_le_bytes());
+        Ok(l.completed.insert(Box::new(token)))
+    }
+
+    pub fn link_destroy(&mut self, link: u64) -> CuResult<()> {
+        self.links
+            .remove(&link)
+            .map(drop)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)
+    }
+
+    // Memory.
+
+    pub fn mem_alloc(&mut self, ctx: u64, bytes: u64) -> CuResult<u64> {
+        let remote = self.remote(ctx)?;
+        let addr = match self.call(Request::MemAlloc { ctx: remote, bytes })? {
+            Reply::Address(a) => a,
+            _ => return Err(CUDA_ERROR_UNKNOWN),
+        };
+        if let Some(c) = self.contexts.get_mut(&ctx) {
+            c.allocations.insert(addr, bytes);
+        }
+        Ok(addr)
+    }
+
+    pub fn mem_free(&mut self, ctx: u64, addr: u64) -> CuResult<()> {
+        let remote = self.remote(ctx)?;
+        self.done(Request::MemFree { ctx: remote, addr })?;
+        if let Some(c) = self.contexts.get_mut(&ctx) {
+            c.allocations.remove(&addr);
+        }
+        Ok(())
+    }
+
+    /// The allocation holding `addr`: (start, size).
+    pub fn address_range(&self, ctx: u64, addr: u64) -> CuResult<(u64, u64)> {
+        let c = self.ctx(ctx)?;
+        c.allocations
+            .range(..=addr)
+            .next_back()
+            .filter(|&(&start, &size)| addr - start < size)
+            .map(|(&s, &n)| (s, n))
+            .ok_or(CUDA_ERROR_INVALID_VALUE)
+    }
+
+    /// Whether `[addr, addr + bytes)` lies in one device allocation of `ctx`.
+    pub fn is_device(&self, ctx: u64, addr: u64, bytes: u64) -> bool {
+        self.address_range(ctx, addr)
+            .is_ok_and(|(s, n)| addr - s <= n && bytes <= n - (addr - s))
+    }
+
+    pub fn memset_d8(
+        &mut self,
+        ctx: u64,
+        addr: u64,
+        value: u8,
+        count: u64,
+        stream: u64,
+    ) -> CuResult<()> {
+        let (remote, stream) = (self.remote(ctx)?, self.stream(ctx, stream)?);
+        self.done(Request::MemsetD8 {
+            ctx: remote,
+            addr,
+            value,
+            count,
+            stream,
+        })
+    }
+
+    pub fn memset_d32(
+        &mut self,
+        ctx: u64,
+        addr: u64,
+        value: u32,
+        count: u64,
+        stream: u64,
+    ) -> CuResult<()> {
+        let (remote, stream) = (self.remote(ctx)?, self.stream(ctx, stream)?);
+        self.done(Request::MemsetD32 {
+            ctx: remote,
+            addr,
+            value,
+            count,
+            stream,
+        })
+    }
+
+    /// Host to device, in messages of at most [`MAX_COPY_BYTES`].
+    pub fn copy_htod(&mut self, ctx: u64, dst: u64, src: &[u8], stream: u64) -> CuResult<()> {
+        let (remote, stream) = (self.remote(ctx)?, self.stream(ctx, stream)?);
+        let mut at = dst;
+        for chunk in src.chunks(MAX_COPY_BYTES as usize) {
+            self.done(Request::CopyHtoD {
+                ctx: remote,
+                dst: at,
+                data: chunk.to_vec(),
+                stream,
+            })?;
+            at = at
+                .checked_add(chunk.len() as u64)
+                .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        }
+        Ok(())
+    }
+
+    /// Device to host, in messages of at most [`MAX_COPY_BYTES`].
+    pub fn copy_dtoh(&mut self, ctx: u64, dst: &mut [u8], src: u64, stream: u64) -> CuResult<()> {
+        let (remote, stream) = (self.remote(ctx)?, self.stream(ctx, stream)?);
+        let mut at = src;
+        for chunk in dst.chunks_mut(MAX_COPY_BYTES as usize) {
+            match self.call(Request::CopyDtoH {
+                ctx: remote,
+                src: at,
+                bytes: chunk.len() as u64,
+                stream,
+            })? {
+                Reply::Data(d) if d.len() == chunk.len() => chunk.copy_from_slice(&d),
+                _ => return Err(CUDA_ERROR_UNKNOWN),
+            }
+            at = at
+                .checked_add(chunk.len() as u64)
+                .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        }
+        Ok(())
+    }
+
+    pub fn copy_dtod(
+        &mut self,
+        ctx: u64,
+        dst: u64,
+        src: u64,
+        bytes: u64,
+        stream: u64,
+    ) -> CuResult<()> {
+        let (remote, stream) = (self.remote(ctx)?, self.stream(ctx, stream)?);
+        self.done(Request::CopyDtoD {
+            ctx: remote,
+            dst,
+            src,
+            bytes,
+            stream,
+        })
+    }
+
+    // Streams and events.
+
+    fn create(&mut self, ctx: u64, kind: Kind) -> CuResult<u64> {
+        let remote = self.remote(ctx)?;
+        let id = self.id(match kind {
+            Kind::Stream => Request::StreamCreate { ctx: remote },
+            _ => Request::EventCreate { ctx: remote },
+        })?;
+        let h = self.handle(kind);
+        self.objects.insert(h, (ctx, id));
+        Ok(h)
+    }
+
+    pub fn stream_create(&mut self, ctx: u64) -> CuResult<u64> {
+        self.create(ctx, Kind::Stream)
+    }
+
+    /// The context a stream or event handle belongs to (0 for the NULL stream).
+    pub fn owner(&self, handle: u64) -> Option<u64> {
+        self.objects.get(&handle).map(|&(ctx, _)| ctx)
+    }
+
+    pub fn stream_destroy(&mut self, ctx: u64, stream: u64) -> CuResult<()> {
+        let id = self.object(ctx, Kind::Stream, stream)?;
+        let remote = self.remote(ctx)?;
+        self.objects.remove(&stream);
+        self.done(Request::StreamDestroy {
+            ctx: remote,
+            stream: StreamId(id),
+        })
+    }
+
+    pub fn stream_synchronize(&mut self, ctx: u64, stream: u64) -> CuResult<()> {
+        let (remote, stream) = (self.remote(ctx)?, self.stream(ctx, stream)?);
+        self.done(Request::StreamSynchronize {
+            ctx: remote,
+            stream,
+        })
+    }
+
+    pub fn stream_query(&mut self, ctx: u64, stream: u64) -> CuResult<()> {
+        let (remote, stream) = (self.remote(ctx)?, self.stream(ctx, stream)?);
+        self.done(Request::StreamQuery {
+            ctx: remote,
+            stream,
+        })
+    }
+
+    pub fn event_create(&mut self, ctx: u64) -> CuResult<u64> {
+        self.create(ctx, Kind::Event)
+    }
+
+    pub fn event_destroy(&mut self, ctx: u64, event: u64) -> CuResult<()> {
+        let id = self.object(ctx, Kind::Event, event)?;
+        let remote = self.remote(ctx)?;
+        self.objects.remove(&event);
+        self.done(Request::EventDestroy {
+            ctx: remote,
+            event: EventId(id),
+        })
+    }
+
+    pub fn event_record(&mut self, ctx: u64, event: u64, stream: u64) -> CuResult<()> {
+        let id = self.object(ctx, Kind::Event, event)?;
+        let (remote, stream) = (self.remote(ctx)?, self.stream(ctx, stream)?);
+        self.done(Request::EventRecord {
+            ctx: remote,
+            event: EventId(id),
+            stream,
+        })
+    }
+
+    pub fn event_synchronize(&mut self, ctx: u64, event: u64) -> CuResult<()> {
+        let id = self.object(ctx, Kind::Event, event)?;
+        let remote = self.remote(ctx)?;
+        self.done(Request::EventSynchronize {
+            ctx: remote,
+            event: EventId(id),
+        })
+    }
+
+    pub fn event_query(&mut self, ctx: u64, event: u64) -> CuResult<()> {
+        let id = self.object(ctx, Kind::Event, event)?;
+        let remote = self.remote(ctx)?;
+        self.done(Request::EventQuery {
+            ctx: remote,
+            event: EventId(id),
+        })
+    }
+
+    pub fn event_elapsed(&mut self, ctx: u64, start: u64, end: u64) -> CuResult<f32> {
+        let s = self.object(ctx, Kind::Event, start)?;
+        let e = self.object(ctx, Kind::Event, end)?;
+        let remote = self.remote(ctx)?;
+        match self.call(Request::EventElapsed {
+            ctx: remote,
+            start: EventId(s),
+            end: EventId(e),
+        })? {
+            Reply::Elapsed(ms) => Ok(ms),
+            _ => Err(CUDA_ERROR_UNKNOWN),
+        }
+    }
+
+    // Launches.
+
+    /// Launches `function` (of `ctx`); device `printf` output is written to `out`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn launch(
+        &mut self,
+        ctx: u64,
+        function: u64,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_bytes: u32,
+        stream: u64,
+        params: LaunchParams,
+        out: &mut dyn std::io::Write,
+    ) -> CuResult<()> {
+        let f = self
+            .functions
+            .get(&function)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        if f.ctx != ctx {
+            return Err(CUDA_ERROR_INVALID_CONTEXT);
+        }
+        let size = f
+            .params
+            .iter()
+            .map(|p| p.offset + p.size)
+            .max()
+            .unwrap_or(0) as usize;
+        let buffer = match params {
+            LaunchParams::Packed(b) => b,
+            LaunchParams::Each(values) => {
+                if values.len() != f.params.len() {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                let mut b = vec![0u8; size];
+                for (p, v) in f.params.iter().zip(&values) {
+                    let (o, n) = (p.offset as usize, p.size as usize);
+                    if v.len() != n {
+                        return Err(CUDA_ERROR_INVALID_VALUE);
+                    }
+                    b[o..o + n].copy_from_slice(v);
+                }
+                b
+            }
+        };
+        let (fid, remote, stream) = (f.remote, self.remote(ctx)?, self.stream(ctx, stream)?);
+        let launched = self.done(Request::Launch {
+            ctx: remote,
+            function: fid,
+            grid,
+            block,
+            shared_bytes,
+            stream,
+            params: buffer,
+        });
+        // Device printf output goes where a GPU's goes: the process's standard output.
+        if let Ok(Reply::Output(text)) = self.call(Request::TakeOutput { ctx: remote })
+            && !text.is_empty()
+        {
+            let _ = out.write_all(text.as_bytes());
+            let _ = out.flush();
+        }
+        launched
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::TransportError;
+    use mdev_backend::compute::remote::{Owned, Stats, dispatch};
+    use mdev_backend::compute::{CpuBackend, CpuConfig};
+
+    /// The host in-process: the backend behind the same dispatch a socket connection uses.
+    struct Local {
+        be: CpuBackend,
+        owned: Owned,
+        stats: Stats,
+        /// Requests answered before the "connection" breaks.
+        budget: usize,
+    }
+
+    impl Transport for Local {
+        fn call(&mut self, req: &Request) -> Result<Reply, TransportError> {
+            if self.budget == 0 {
+                return Err(TransportError::Io(std::io::ErrorKind::BrokenPipe.into()));
+            }
+            self.budget -= 1;
+            Ok(dispatch(
+                &mut self.be,
+                &mut self.owned,
+                &mut self.stats,
+                req.clone(),
+            ))
+        }
+    }
+
+    fn driver() -> Driver<Local> {
+        Driver::new(Local {
+            be: CpuBackend::new(CpuConfig::default()),
+            owned: Owned::default(),
+            stats: Stats::default(),
+            budget: usize::MAX,
+        })
+        .unwrap()
+    }
+
+    const PTX: &str = ".version 8.5\n.target sm_75\n.address_size 64\n\
+        .visible .entry put(.param .u64 p, .param .u32 v)\n{\n.reg .b32 %r<2>;\n\
+        .reg .b64 %rd<2>;\nld.param.u64 %rd1, [p];\nld.param.u32 %r1, [v];\n\
+        st.global.u32 [%rd1], %r1;\nret;\n}\n";
+
+    fn launch(d: &mut Driver<Local>, ctx: u64, f: u64, params: LaunchParams) -> CuResult<()> {
+        d.launch(
+            ctx,
+            f,
+            [1, 1, 1],
+            [1, 1, 1],
+            0,
+            0,
+            params,
+            &mut std::io::sink(),
+        )
+    }
+
+    #[test]
+    fn a_kernel_runs_with_either_parameter_form_and_wrong_forms_are_refused() {
+        let mut d = driver();
+        let ctx = d.context_create().unwrap();
+        let m = d.module_load(ctx, PTX.as_bytes().to_vec()).unwrap();
+        let f = d.function(m, "put").unwrap();
+        let a = d.mem_alloc(ctx, 8).unwrap();
+        let each = LaunchParams::Each(vec![a.to_le_bytes().to_vec(), 5u32.to_le_bytes().to_vec()]);
+        launch(&mut d, ctx, f, each).unwrap();
+        let mut out = [0u8; 4];
+        d.copy_dtoh(ctx, &mut out, a, 0).unwrap();
+        assert_eq!(u32::from_le_bytes(out), 5);
+        let packed = [a.to_le_bytes().as_slice(), &6u32.to_le_bytes()].concat();
+        launch(&mut d, ctx, f, LaunchParams::Packed(packed)).unwrap();
+        d.copy_dtoh(ctx, &mut out, a, 0).unwrap();
+        assert_eq!(u32::from_le_bytes(out), 6);
+        // One value short, a value of the wrong size, a buffer of the wrong size.
+        let short = LaunchParams::Each(vec![a.to_le_bytes().to_vec()]);
+        assert_eq!(launch(&mut d, ctx, f, short), Err(CUDA_ERROR_INVALID_VALUE));
+        let wide = LaunchParams::Each(vec![a.to_le_bytes().to_vec(), vec![0; 8]]);
+        assert_eq!(launch(&mut d, ctx, f, wide), Err(CUDA_ERROR_INVALID_VALUE));
+        assert_eq!(
+            launch(&mut d, ctx, f, LaunchParams::Packed(vec![0; 4])),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+    }
+
+    #[test]
+    fn handles_of_another_kind_or_context_are_refused() {
+        let mut d = driver();
+        let (c1, c2) = (d.context_create().unwrap(), d.context_create().unwrap());
+        let m = d.module_load(c1, PTX.as_bytes().to_vec()).unwrap();
+        let f = d.function(m, "put").unwrap();
+        let s = d.stream_create(c1).unwrap();
+        let e = d.event_create(c1).unwrap();
+        let params = || LaunchParams::Packed(vec![0; 12]);
+        assert_eq!(
+            launch(&mut d, c2, f, params()),
+            Err(CUDA_ERROR_INVALID_CONTEXT)
+        );
+        assert_eq!(d.stream_synchronize(c1, m), Err(CUDA_ERROR_INVALID_HANDLE));
+        assert_eq!(d.stream_synchronize(c2, s), Err(CUDA_ERROR_INVALID_CONTEXT));
+        assert_eq!(d.event_record(c1, s, 0), Err(CUDA_ERROR_INVALID_HANDLE));
+        assert_eq!(d.event_record(c1, e, e), Err(CUDA_ERROR_INVALID_HANDLE));
+        assert_eq!(d.function(s, "put"), Err(CUDA_ERROR_INVALID_HANDLE));
+        assert_eq!(d.synchronize(m), Err(CUDA_ERROR_INVALID_CONTEXT));
+        assert_eq!(d.function(m, "nope"), Err(500));
+        d.context_destroy(c1).unwrap();
+        assert_eq!(d.function(m, "put"), Err(CUDA_ERROR_INVALID_HANDLE));
+        assert_eq!(d.params(f), Err(CUDA_ERROR_INVALID_HANDLE));
+        assert_eq!(d.context_destroy(c1), Err(CUDA_ERROR_INVALID_CONTEXT));
+    }
+
+    #[test]
+    fn big_copies_are_split_and_address_ranges_answered_locally() {
+        let mut d = driver();
+        let ctx = d.context_create().unwrap();
+        let n = 2 * MAX_COPY_BYTES as usize + 12_345;
+        let a = d.mem_alloc(ctx, n as u64).unwrap();
+        let data: Vec<u8> = (0..n).map(|i| (i * 7 % 251) as u8).collect();
+        d.copy_htod(ctx, a, &data, 0).unwrap();
+        let mut back = vec![0u8; n];
+        d.copy_dtoh(ctx, &mut back, a, 0).unwrap();
+        assert!(back == data);
+        assert_eq!(d.address_range(ctx, a + 100), Ok((a, n as u64)));
+        assert!(d.is_device(ctx, a + 1, n as u64 - 1));
+        assert!(!d.is_device(ctx, a + 1, n as u64));
+        assert_eq!(
+            d.address_range(ctx, a + n as u64),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+        // Past the allocation: the host refuses, nothing is written.
+        assert_eq!(d.copy_htod(ctx, a + 8, &data, 0), Err(1));
+        d.mem_free(ctx, a).unwrap();
+        assert_eq!(d.address_range(ctx, a), Err(CUDA_ERROR_INVALID_VALUE));
+    }
+
+    #[test]
+    fn a_link_is_loaded_by_its_token_until_destroyed() {
+        let mut d = driver();
+        let ctx = d.context_create().unwrap();
+        let l = d.link_create();
+        assert_eq!(
+            d.link_complete(l).err(),
+            Some(CUDA_ERROR_INVALID_VALUE),
+            "empty"
+        );
+        let lib = ".version 8.5\n.target sm_75\n.address_size 64\n\
+            .visible .func (.param .u32 r) seven () { st.param.u32 [r], 7; ret; }\n";
+        let user = PTX.replace(
+            "ld.param.u32 %r1, [v];",
+            "{ .param .u32 %x; call (%x), seven; ld.param.u32 %r1, [%x]; }",
+        );
+        let user = user.replace(
+            ".visible .entry",
+            ".extern .func (.param .u32 r) seven ();\n.visible .entry",
+        );
+        d.link(l).unwrap().images.push(user.into_bytes());
+        d.link(l).unwrap().images.push(lib.as_bytes().to_vec());
+        let token = *d.link_complete(l).unwrap();
+        assert_eq!(&token[..8], LINK_TOKEN_MAGIC);
+        let m = d.module_load_link(ctx, &token).unwrap();
+        let f = d.function(m, "put").unwrap();
+        let a = d.mem_alloc(ctx, 4).unwrap();
+        let packed = [a.to_le_bytes().as_slice(), &0u32.to_le_bytes()].concat();
+        launch(&mut d, ctx, f, LaunchParams::Packed(packed)).unwrap();
+        let mut out = [0u8; 4];
+        d.copy_dtoh(ctx, &mut out, a, 0).unwrap();
+        assert_eq!(u32::from_le_bytes(out), 7);
+        d.link_destroy(l).unwrap();
+        assert_eq!(
+            d.module_load_link(ctx, &token),
+            Err(CUDA_ERROR_INVALID_IMAGE)
+        );
+        assert_eq!(d.link_destroy(l), Err(CUDA_ERROR_INVALID_HANDLE));
+    }
+
+    #[test]
+    fn a_lost_host_is_an_error_not_a_hang_or_a_panic() {
+        let mut d = driver();
+        let ctx = d.context_create().unwrap();
+        d.t.budget = 0;
+        assert_eq!(d.mem_alloc(ctx, 8), Err(CUDA_ERROR_DEINITIALIZED));
+        assert_eq!(d.synchronize(ctx), Err(CUDA_ERROR_DEINITIALIZED));
+    }
+}

@@ -1,0 +1,17 @@
+//! `libcuda.so.1` for guests of the vGPU: the CUDA driver API that CUDA programs and GCC's
+//! nvptx offloading plugin call, implemented in the guest; real work (modules, memory, copies,
+//! launches, synchronisation) is forwarded to the host's compute backend with the protocol of
+//! `mdev_backend::compute::wire`.
+//!
+//! - `api`: the C entry points (the library's only unsafe code);
+//! - [`driver`]: handle tables and requests, pure logic;
+//! - [`transport`]: how requests reach the host (a Unix socket named by `VGPU_CUDA_SOCKET`);
+//! - [`attributes`], [`status`]: device and function attributes, `CUresult` values.
+//!
+//! See `docs/CUDA-GUEST.md`.
+
+mod api;
+pub mod attributes;
+pub mod driver;
+pub mod status;
+pub mod transport;

@@ -1,0 +1,51 @@
+//! How requests reach the host. [`SocketTransport`]: a Unix socket to `vgpu-cuda-host` (the
+//! same host code a VM's compute context uses), for running the library on the host without a
+//! VM: tests, and a GPU host.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use mdev_backend::compute::wire::{self, Reply, Request, WireError};
+use thiserror::Error;
+
+/// Environment variable naming the host socket.
+pub const SOCKET_ENV: &str = "VGPU_CUDA_SOCKET";
+/// Longest wait for one reply: a kernel may run this long on the host before the driver
+/// reports the connection lost (the host's own launch budget ends runaway kernels sooner).
+pub const REPLY_TIMEOUT: Duration = Duration::from_secs(600);
+
+#[derive(Debug, Error)]
+pub enum TransportError {
+    #[error("host connection: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("bad reply: {0}")]
+    Wire(#[from] WireError),
+}
+
+/// A request–reply channel to the host.
+pub trait Transport: Send {
+    fn call(&mut self, req: &Request) -> Result<Reply, TransportError>;
+}
+
+#[derive(Debug)]
+pub struct SocketTransport(UnixStream);
+
+impl SocketTransport {
+    pub fn connect(path: &str) -> Result<Self, TransportError> {
+        let s = UnixStream::connect(path)?;
+        s.set_read_timeout(Some(REPLY_TIMEOUT))?;
+        Ok(SocketTransport(s))
+    }
+}
+
+impl Transport for SocketTransport {
+    fn call(&mut self, req: &Request) -> Result<Reply, TransportError> {
+        self.0.write_all(&req.encode())?;
+        let mut header = [0u8; 4];
+        self.0.read_exact(&mut header)?;
+        let mut body = vec![0u8; wire::body_len(header)?];
+        self.0.read_exact(&mut body)?;
+        Ok(Reply::decode(&body)?)
+    }
+}

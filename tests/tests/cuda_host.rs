@@ -1,0 +1,161 @@
+//! Stock CUDA clients on the guest library, without a VM: `libcuda.so.1` of
+//! `guest-drivers/libcuda` talks over a Unix socket to `vgpu-cuda-host` (the host side a VM's
+//! compute context uses, on the PTX executor). The GCC OpenMP-offloading programs of the CUDA
+//! corpus run unmodified: Debian's libgomp nvptx plugin dlopens our `libcuda.so.1`, links the
+//! program's PTX, allocates, copies and launches through it, and the program checks its own
+//! result. `OMP_TARGET_OFFLOAD=MANDATORY` makes a failed offload an error instead of a silent
+//! fall-back to the host, and the host reports the launches it ran.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use vgpu_tests::daemon::workspace_binary;
+use vgpu_tests::temp_dir::TempDir;
+
+/// Longest a program or the host may take (a cold TCG-free run takes about a second).
+const DEADLINE: Duration = Duration::from_secs(120);
+
+fn corpus() -> Option<PathBuf> {
+    let dir = std::env::var_os("VGPU_CUDA_CORPUS")
+        .map(PathBuf::from)
+        .or_else(|| {
+            let cache = std::env::var_os("VGPU_CACHE")
+                .map(PathBuf::from)
+                .or_else(|| {
+                    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/vgpu"))
+                })?;
+            Some(cache.join("cuda-corpus"))
+        })?;
+    if dir.join("omp_saxpy").exists() {
+        return Some(dir);
+    }
+    assert!(
+        std::env::var_os("VGPU_REQUIRE_CUDA_CORPUS").is_none(),
+        "no CUDA corpus in {} (run qemu-scripts/cuda-corpus.sh)",
+        dir.display()
+    );
+    eprintln!("skipped: no CUDA corpus in {}", dir.display());
+    None
+}
+
+/// Waits for a child until the deadline; kills it past that. Its output either way.
+fn finish(mut child: Child, what: &str) -> Output {
+    let start = Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        if start.elapsed() > DEADLINE {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!(
+                "{what} ran past {DEADLINE:?}\nstdout:\n{}\nstderr:\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("output")
+}
+
+/// A served socket and a directory holding our `libcuda.so.1`.
+struct Host {
+    dir: TempDir,
+    child: Child,
+}
+
+impl Host {
+    fn start() -> Host {
+        let dir = TempDir::new("cuda-host").expect("temp dir");
+        let lib = workspace_binary("libcuda.so").expect("libcuda.so of guest-drivers/libcuda");
+        std::os::unix::fs::symlink(lib, dir.path().join("libcuda.so.1")).expect("symlink");
+        let socket = dir.path().join("host.sock");
+        let child = Command::new(workspace_binary("vgpu-cuda-host").expect("vgpu-cuda-host"))
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--once")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start vgpu-cuda-host");
+        let start = Instant::now();
+        while !socket.exists() {
+            assert!(start.elapsed() < DEADLINE, "no socket from vgpu-cuda-host");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Host { dir, child }
+    }
+
+    /// Runs a program against the host with our library.
+    fn run(&self, program: &PathBuf) -> Output {
+        let child = Command::new(program)
+            .env("LD_LIBRARY_PATH", self.dir.path())
+            .env("VGPU_CUDA_SOCKET", self.dir.path().join("host.sock"))
+            .env("OMP_TARGET_OFFLOAD", "MANDATORY")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the program");
+        finish(child, &program.display().to_string())
+    }
+
+    /// The host's report once the connection has ended.
+    fn report(self) -> String {
+        let out = finish(self.child, "vgpu-cuda-host");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+}
+
+#[test]
+fn gcc_offload_programs_run_unmodified_through_the_guest_library() {
+    let Some(dir) = corpus() else { return };
+    for (program, bytes_to_device) in [("omp_saxpy", 32768 + 16), ("omp_reduction", 8 + 8)] {
+        let host = Host::start();
+        let out = host.run(&dir.join(program));
+        let report = host.report();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.trim_end().ends_with("PASS"),
+            "{program}: {:?}\nstdout:\n{stdout}\nstderr:\n{}\nhost:\n{report}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // One target region: one launch; the mapped arrays (and the variable table) went
+        // through the device.
+        assert!(
+            report.contains(" 1 launches, ")
+                && report.contains(&format!(" {bytes_to_device} bytes to device")),
+            "{program}: {report}"
+        );
+    }
+}
+
+#[test]
+fn without_a_reachable_host_there_is_no_device_and_openmp_runs_on_the_cpu() {
+    let Some(dir) = corpus() else { return };
+    let host = Host::start();
+    let lib_dir = host.dir.path().to_path_buf();
+    // The host serves its socket, but the program is pointed elsewhere: cuInit answers
+    // CUDA_ERROR_NO_DEVICE, libgomp sees no device and (as GCC 12 does even with MANDATORY
+    // when there is none) runs the region on the host.
+    let child = Command::new(dir.join("omp_saxpy"))
+        .env("LD_LIBRARY_PATH", &lib_dir)
+        .env("VGPU_CUDA_SOCKET", lib_dir.join("nothing-here.sock"))
+        .env("OMP_TARGET_OFFLOAD", "MANDATORY")
+        .env("VGPU_CUDA_TRACE", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the program");
+    let out = finish(child, "omp_saxpy");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("PASS"));
+    assert!(
+        stderr.contains("vgpu libcuda: cuInit"),
+        "our library was loaded: {stderr}"
+    );
+    assert!(!stderr.contains("cuLaunchKernel"), "{stderr}");
+    // Release the waiting host with a connection that says nothing.
+    drop(std::os::unix::net::UnixStream::connect(lib_dir.join("host.sock")).expect("connect"));
+    assert!(host.report().contains("0 requests"));
+}
