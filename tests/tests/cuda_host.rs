@@ -159,3 +159,34 @@ fn without_a_reachable_host_there_is_no_device_and_openmp_runs_on_the_cpu() {
     drop(std::os::unix::net::UnixStream::connect(lib_dir.join("host.sock")).expect("connect"));
     assert!(host.report().contains("0 requests"));
 }
+
+#[test]
+fn an_nvcc_program_meets_the_missing_integrity_check_with_a_clean_cuda_error() {
+    let Some(dir) = corpus() else { return };
+    let host = Host::start();
+    let child = Command::new(dir.join("vector_add"))
+        .env("LD_LIBRARY_PATH", host.dir.path())
+        .env("VGPU_CUDA_SOCKET", host.dir.path().join("host.sock"))
+        .env("VGPU_CUDA_TRACE", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start vector_add");
+    let out = finish(child, "vector_add");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    // cudart got through its bootstrap tables to the integrity check (docs/CUDA-GUEST.md) and
+    // reported a CUDA error: an exit status, not a crash.
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(stdout.contains("FAIL cudaMalloc"), "{stdout}");
+    for step in ["cuDevicePrimaryCtxRetain", "cuDeviceGetUuid"] {
+        assert!(stderr.contains(step), "{step}: {stderr}");
+    }
+    assert!(
+        stderr.contains("no export table [d4, 08, 20, 55"),
+        "the integrity check is what is missing: {stderr}"
+    );
+    assert!(host.report().contains(" 0 launches"));
+}

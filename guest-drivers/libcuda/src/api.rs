@@ -21,8 +21,9 @@ type Handle = *mut c_void;
 
 /// The one device this driver presents.
 const DEVICE: c_int = 0;
-/// The driver API version reported (`cuDriverGetVersion`): CUDA 12.4.
-const DRIVER_VERSION: c_int = 12040;
+/// The driver API version reported (`cuDriverGetVersion`): CUDA 13.5, so the runtimes of
+/// nvcc up to 13.5 accept the driver.
+const DRIVER_VERSION: c_int = 13050;
 /// Largest image `cuModuleLoadData` reads through a pointer of unknown extent.
 const MAX_IMAGE_BYTES: u64 = 256 << 20;
 /// Environment variable: when set, every entry point called is written to standard error.
@@ -472,6 +473,14 @@ entry!(cuCtxSynchronize() {
 entry!(cuCtxSetLimit(_limit: c_int, _value: usize) {
     // Stack, heap and printf FIFO sizes are the host backend's own.
     current().map(drop)
+});
+
+entry!(cuCtxGetId(ctx: Handle, id: *mut u64) {
+    let ctx = if ctx.is_null() { current()? } else { ctx as u64 };
+    if !with(|d| Ok(d.is_context(ctx)))? {
+        return Err(CUDA_ERROR_INVALID_CONTEXT);
+    }
+    put(id, ctx)
 });
 
 entry!(cuCtxGetApiVersion(_ctx: Handle, version: *mut c_uint) { put(version, 3020) });
@@ -945,4 +954,87 @@ entry!(cuGetErrorString(status: c_uint, out: *mut *const c_char) {
 entry!(cuGetErrorName(status: c_uint, out: *mut *const c_char) {
     let (n, _) = describe(status).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     put(out, n.as_ptr())
+});
+
+// Entry-point lookup (the CUDA runtime resolves everything through these).
+
+/// `CUdriverProcAddressQueryResult`: found, symbol not found, version not sufficient.
+const PROC_ADDRESS_SUCCESS: c_int = 0;
+const PROC_ADDRESS_SYMBOL_NOT_FOUND: c_int = 1;
+
+/// Our own entry point `name`, preferring its `_v2` version as a CUDA ≥ 4.0 caller expects.
+fn lookup(name: &str) -> Option<*mut c_void> {
+    for candidate in [format!("{name}_v2\0"), format!("{name}\0")] {
+        // SAFETY: dlsym on the global scope with a NUL-terminated name; it only reads.
+        let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, candidate.as_ptr().cast()) };
+        let mut info: libc::Dl_info = unsafe_zeroed_dl_info();
+        // SAFETY: dladdr writes `info` for an address; `p` may be NULL (then it fails).
+        if !p.is_null() && unsafe { libc::dladdr(p, &mut info) } != 0 && is_ours(&info) {
+            return Some(p);
+        }
+    }
+    None
+}
+
+fn unsafe_zeroed_dl_info() -> libc::Dl_info {
+    libc::Dl_info {
+        dli_fname: std::ptr::null(),
+        dli_fbase: std::ptr::null_mut(),
+        dli_sname: std::ptr::null(),
+        dli_saddr: std::ptr::null_mut(),
+    }
+}
+
+/// Whether a symbol found by dlsym lies in this library (not a real driver loaded beside it).
+fn is_ours(info: &libc::Dl_info) -> bool {
+    let mut me = unsafe_zeroed_dl_info();
+    // SAFETY: dladdr of one of our own functions, writing `me`.
+    let ok = unsafe { libc::dladdr(cuInit as *const c_void, &mut me) } != 0;
+    ok && me.dli_fbase == info.dli_fbase
+}
+
+entry!(cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    _cuda_version: c_int,
+    _flags: u64,
+    status: *mut c_int,
+) {
+    let n = name(symbol)?;
+    match lookup(n) {
+        Some(p) => {
+            put_opt(status, PROC_ADDRESS_SUCCESS)?;
+            put(pfn, p)
+        }
+        None => {
+            if std::env::var_os(TRACE_ENV).is_some() {
+                eprintln!("vgpu libcuda: cuGetProcAddress: no {n}");
+            }
+            put_opt(status, PROC_ADDRESS_SYMBOL_NOT_FOUND)?;
+            put(pfn, std::ptr::null_mut())?;
+            Err(CUDA_ERROR_NOT_FOUND)
+        }
+    }
+});
+
+entry!(cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64) {
+    // SAFETY: the same arguments, without the optional status.
+    match unsafe { cuGetProcAddress_v2(symbol, pfn, cuda_version, flags, std::ptr::null_mut()) } {
+        CUDA_SUCCESS => Ok(()),
+        e => Err(e),
+    }
+});
+
+entry!(cuGetExportTable(table: *mut *const c_void, id: *const [u8; 16]) {
+    let uuid = read_at(id, 0)?;
+    match crate::export::lookup(&uuid) {
+        Some(t) => put(table, t),
+        None => {
+            if std::env::var_os(TRACE_ENV).is_some() {
+                eprintln!("vgpu libcuda: no export table {uuid:02x?}");
+            }
+            put(table, std::ptr::null())?;
+            Err(CUDA_ERROR_NOT_FOUND)
+        }
+    }
 });

@@ -3,7 +3,8 @@
 //! launches, synchronisation) is forwarded to the host's compute backend with the protocol of
 //! `mdev_backend::compute::wire`.
 //!
-//! - `api`: the C entry points (the library's only unsafe code);
+//! - `api`: the C entry points, and `export`: the private tables cudart asks for (the
+//!   library's only unsafe code);
 //! - [`driver`]: handle tables and requests, pure logic;
 //! - [`transport`]: how requests reach the host (a Unix socket named by `VGPU_CUDA_SOCKET`);
 //! - [`attributes`], [`status`]: device and function attributes, `CUresult` values.
@@ -13,5 +14,6 @@
 mod api;
 pub mod attributes;
 pub mod driver;
+mod export;
 pub mod status;
 pub mod transport;
