@@ -616,7 +616,7 @@ impl<T: Transport> Driver<T> {
             }
         };
         let (fid, remote, stream) = (f.remote, self.remote(ctx)?, self.stream(ctx, stream)?);
-        let launched = self.done(Request::Launch {
+        let reply = self.call(Request::Launch {
             ctx: remote,
             function: fid,
             grid,
@@ -624,15 +624,18 @@ impl<T: Transport> Driver<T> {
             shared_bytes,
             stream,
             params: buffer,
-        });
+        })?;
         // Device printf output goes where a GPU's goes: the process's standard output.
-        if let Ok(Reply::Output(text)) = self.call(Request::TakeOutput { ctx: remote })
-            && !text.is_empty()
-        {
-            let _ = out.write_all(text.as_bytes());
-            let _ = out.flush();
+        match reply {
+            Reply::Output(text) => {
+                if !text.is_empty() {
+                    let _ = out.write_all(text.as_bytes());
+                    let _ = out.flush();
+                }
+                Ok(())
+            }
+            _ => Err(CUDA_ERROR_UNKNOWN),
         }
-        launched
     }
 }
 
@@ -810,6 +813,37 @@ mod tests {
             Err(CUDA_ERROR_INVALID_IMAGE)
         );
         assert_eq!(d.link_destroy(l), Err(CUDA_ERROR_INVALID_HANDLE));
+    }
+
+    #[test]
+    fn device_printf_output_comes_back_with_the_launch() {
+        let ptx = ".version 8.5\n.target sm_75\n.address_size 64\n\
+            .extern .func (.param .b32 r) vprintf (.param .b64 f, .param .b64 a);\n\
+            .global .align 1 .b8 msg[7] = {104, 105, 32, 37, 100, 10, 0};\n\
+            .visible .entry hi(.param .u64 buf)\n{\n.reg .b64 %rd<3>;\n\
+            mov.u64 %rd1, msg;\ncvta.global.u64 %rd1, %rd1;\nld.param.u64 %rd2, [buf];\n\
+            { .param .b64 p0; st.param.b64 [p0], %rd1; .param .b64 p1; st.param.b64 [p1], %rd2;\n\
+            .param .b32 r; call.uni (r), vprintf, (p0, p1); }\nret;\n}\n";
+        let mut d = driver();
+        let ctx = d.context_create().unwrap();
+        let m = d.module_load(ctx, ptx.as_bytes().to_vec()).unwrap();
+        let f = d.function(m, "hi").unwrap();
+        let args = d.mem_alloc(ctx, 8).unwrap();
+        d.copy_htod(ctx, args, &42u32.to_le_bytes(), 0).unwrap();
+        let mut out = Vec::new();
+        d.launch(
+            ctx,
+            f,
+            [1, 1, 1],
+            [2, 1, 1],
+            0,
+            0,
+            LaunchParams::Packed(args.to_le_bytes().to_vec()),
+            &mut out,
+        )
+        .unwrap();
+        assert_eq!(String::from_utf8(out).unwrap(), "hi 42\nhi 42\n");
+        assert_eq!(d.t.stats.requests, 7, "one round trip per launch");
     }
 
     #[test]

@@ -33,7 +33,11 @@ pub struct SocketTransport(UnixStream);
 
 impl SocketTransport {
     pub fn connect(path: &str) -> Result<Self, TransportError> {
-        let s = UnixStream::connect(path)?;
+        Self::over(UnixStream::connect(path)?)
+    }
+
+    /// Over a connected stream (one end of a socket pair, in benchmarks and tests).
+    pub fn over(s: UnixStream) -> Result<Self, TransportError> {
         s.set_read_timeout(Some(REPLY_TIMEOUT))?;
         Ok(SocketTransport(s))
     }

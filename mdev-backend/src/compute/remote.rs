@@ -194,20 +194,46 @@ fn execute(
                 params: &params,
             };
             stats.launches += 1;
-            done(be.launch(owned.check(ctx)?, &l))?
+            let ctx = owned.check(ctx)?;
+            be.launch(ctx, &l)?;
+            // The launch's device printf output comes back with it: one round trip.
+            output(be, ctx)?
         }
-        TakeOutput { ctx } => {
-            let mut out = be.take_output(owned.check(ctx)?)?;
-            if out.len() > wire::MAX_TEXT_BYTES {
-                let mut cut = wire::MAX_TEXT_BYTES;
-                while !out.is_char_boundary(cut) {
-                    cut -= 1;
-                }
-                out.truncate(cut);
-            }
-            Reply::Output(out)
-        }
+        TakeOutput { ctx } => output(be, owned.check(ctx)?)?,
     })
+}
+
+/// The next message's header; `None` when the peer closed the connection between messages.
+/// A peer may idle between messages (timeouts with nothing read are waited out), but once a
+/// message has begun the read timeout applies.
+fn read_header(stream: &mut UnixStream) -> std::io::Result<Option<[u8; 4]>> {
+    use std::io::ErrorKind::*;
+    let mut h = [0u8; 4];
+    let mut got = 0;
+    while got < h.len() {
+        match stream.read(&mut h[got..]) {
+            Ok(0) if got == 0 => return Ok(None),
+            Ok(0) => return Err(UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(e) if matches!(e.kind(), WouldBlock | TimedOut) && got == 0 => {}
+            Err(e) if e.kind() == Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Some(h))
+}
+
+/// A context's pending printf output, cut to what a reply carries.
+fn output(be: &mut dyn ComputeBackend, ctx: ContextId) -> ComputeResult<Reply> {
+    let mut out = be.take_output(ctx)?;
+    if out.len() > wire::MAX_TEXT_BYTES {
+        let mut cut = wire::MAX_TEXT_BYTES;
+        while !out.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        out.truncate(cut);
+    }
+    Ok(Reply::Output(out))
 }
 
 /// Serves one connection until the peer closes it (`Ok`) or breaks the protocol; the
@@ -229,16 +255,12 @@ fn serve_requests(
     owned: &mut Owned,
     stats: &mut Stats,
 ) -> Result<(), RemoteError> {
+    stream.set_read_timeout(Some(MESSAGE_TIMEOUT))?;
     loop {
-        stream.set_read_timeout(None)?;
-        let mut header = [0u8; 4];
-        match stream.read_exact(&mut header) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => return Err(e.into()),
-        }
+        let Some(header) = read_header(stream)? else {
+            return Ok(());
+        };
         let len = wire::body_len(header)?;
-        stream.set_read_timeout(Some(MESSAGE_TIMEOUT))?;
         let mut body = vec![0u8; len];
         stream.read_exact(&mut body)?;
         let reply = match Request::decode(&body) {
@@ -337,7 +359,7 @@ mod tests {
         let (replies, stats, result) = exchange(&msgs);
         result.unwrap();
         assert!(matches!(replies[3], Reply::Function { .. }), "{replies:?}");
-        assert_eq!(replies[4], Reply::Done, "{replies:?}");
+        assert_eq!(replies[4], Reply::Output(String::new()), "{replies:?}");
         assert_eq!(replies[5], Reply::Data(77u32.to_le_bytes().to_vec()));
         assert!(matches!(replies[6], Reply::Error { status: 400, .. }));
         assert_eq!((stats.requests, stats.launches, stats.failed), (7, 1, 1));

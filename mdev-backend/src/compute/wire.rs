@@ -192,6 +192,8 @@ pub enum Reply {
     Data(Vec<u8>),
     Elapsed(f32),
     Attributes(DeviceAttributes),
+    /// Device printf output: the reply to `TakeOutput`, and to a successful `Launch` (what
+    /// the launch printed).
     Output(String),
     /// The call failed: its `CUresult` and why.
     Error {
