@@ -69,7 +69,9 @@ fn main() {
     });
     let mut d = Driver::new(SocketTransport::over(a).expect("transport")).expect("driver");
     let ctx = d.context_create().expect("context");
-    let m = d.module_load(ctx, EMPTY.as_bytes().to_vec()).expect("module");
+    let m = d
+        .module_load(ctx, EMPTY.as_bytes().to_vec())
+        .expect("module");
     let f = d.function(m, "empty").expect("function");
     let mut sink = std::io::sink();
     let remote_launch = latency(LAUNCHES, || {
@@ -117,7 +119,8 @@ fn main() {
         be.copy_htod(c, buf, &data, DEFAULT_STREAM).expect("htod")
     });
     let direct_dtoh = bandwidth(COPY_BYTES, COPY_ROUNDS, || {
-        be.copy_dtoh(c, &mut back, buf, DEFAULT_STREAM).expect("dtoh")
+        be.copy_dtoh(c, &mut back, buf, DEFAULT_STREAM)
+            .expect("dtoh")
     });
 
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -125,7 +128,12 @@ fn main() {
     println!("| path | launch p50 / p99 / mean (µs) | HtoD GiB/s | DtoH GiB/s |");
     println!("|---|---:|---:|---:|");
     for (name, (p50, p99, mean), h, dh) in [
-        ("guest library → socket → backend", remote_launch, remote_htod, remote_dtoh),
+        (
+            "guest library → socket → backend",
+            remote_launch,
+            remote_htod,
+            remote_dtoh,
+        ),
         ("backend direct", direct_launch, direct_htod, direct_dtoh),
     ] {
         println!("| {name} | {p50:.1} / {p99:.1} / {mean:.1} | {h:.2} | {dh:.2} |");
