@@ -1,6 +1,8 @@
 //! What remoting costs: the guest library's `Driver` over a Unix socket to a served
 //! `CpuBackend` (the path of `vgpu-cuda-host`), against the same backend called directly.
-//! Empty-kernel launch round trips (p50/p99) and host↔device copy bandwidth. Prints a table
+//! Empty-kernel launches from the guest call to completion (p50/p99; a launch and the
+//! synchronisation that sends it), launches batched as a launch-heavy app issues them, and
+//! host↔device copy bandwidth. Prints a table
 //! and writes JSON (default `target/vgpu-bench/cuda-remote.json`, or `$VGPU_BENCH_OUT`).
 //!
 //!   cargo bench -p vgpu-libcuda --bench remote
@@ -73,8 +75,7 @@ fn main() {
         .module_load(ctx, EMPTY.as_bytes().to_vec())
         .expect("module");
     let f = d.function(m, "empty").expect("function");
-    let mut sink = std::io::sink();
-    let remote_launch = latency(LAUNCHES, || {
+    let launch = |d: &mut Driver<SocketTransport>| {
         d.launch(
             ctx,
             f,
@@ -83,14 +84,26 @@ fn main() {
             0,
             0,
             LaunchParams::Packed(vec![0; 8]),
-            &mut sink,
         )
         .expect("launch")
+    };
+    // Guest call to completion: a launch and the synchronisation that sends it.
+    let remote_launch = latency(LAUNCHES, || {
+        launch(&mut d);
+        d.synchronize(ctx).expect("synchronize")
     });
+    // A launch-heavy app: launches deferred and sent in batches, one synchronisation.
+    let start = Instant::now();
+    for _ in 0..LAUNCHES {
+        launch(&mut d);
+    }
+    d.synchronize(ctx).expect("synchronize");
+    let batched_us = start.elapsed().as_secs_f64() * 1e6 / LAUNCHES as f64;
     let buf = d.mem_alloc(ctx, COPY_BYTES as u64).expect("alloc");
     let data = vec![0xa5u8; COPY_BYTES];
     let remote_htod = bandwidth(COPY_BYTES, COPY_ROUNDS, || {
-        d.copy_htod(ctx, buf, &data, 0).expect("htod")
+        d.copy_htod(ctx, buf, &data, 0).expect("htod");
+        d.flush().expect("flush")
     });
     let mut back = vec![0u8; COPY_BYTES];
     let remote_dtoh = bandwidth(COPY_BYTES, COPY_ROUNDS, || {
@@ -139,6 +152,9 @@ fn main() {
         println!("| {name} | {p50:.1} / {p99:.1} / {mean:.1} | {h:.2} | {dh:.2} |");
     }
     println!(
+        "batched: {LAUNCHES} launches then one synchronisation: {batched_us:.2} µs per launch"
+    );
+    println!(
         "ratios remote/direct: launch p50 ×{:.1}, HtoD ×{:.2}, DtoH ×{:.2}; host served {} requests",
         remote_launch.0 / direct_launch.0,
         remote_htod / direct_htod,
@@ -150,7 +166,7 @@ fn main() {
     };
     let json = format!(
         "{{\"benchmark\":\"cuda-remote\",\"cpus\":{cpus},\"launches\":{LAUNCHES},\"copy_bytes\":{COPY_BYTES},\
-         \"remote\":{{\"launch\":{},\"htod_gib_s\":{remote_htod:.3},\"dtoh_gib_s\":{remote_dtoh:.3}}},\
+         \"remote\":{{\"launch\":{},\"batched_launch_us\":{batched_us:.3},\"htod_gib_s\":{remote_htod:.3},\"dtoh_gib_s\":{remote_dtoh:.3}}},\
          \"direct\":{{\"launch\":{},\"htod_gib_s\":{direct_htod:.3},\"dtoh_gib_s\":{direct_dtoh:.3}}}}}\n",
         lat(remote_launch),
         lat(direct_launch),

@@ -939,7 +939,6 @@ entry!(cuLaunchKernel(
             shared,
             stream as u64,
             launch_params,
-            &mut std::io::stdout(),
         )
     })
 });

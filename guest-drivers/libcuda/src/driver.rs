@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use mdev_backend::compute::backend::{
     ContextId, DeviceAttributes, EventId, FunctionId, ModuleId, ParamInfo, StreamId,
 };
-use mdev_backend::compute::wire::{MAX_COPY_BYTES, Reply, Request};
+use mdev_backend::compute::wire::{MAX_BATCH, MAX_COPY_BYTES, Reply, Request};
 
 use crate::status::*;
 use crate::transport::Transport;
@@ -65,10 +65,32 @@ pub enum LaunchParams {
     Packed(Vec<u8>),
 }
 
+/// Bytes of deferred work (mostly copy payloads) sent in one batch: half a message's limit.
+pub const MAX_PENDING_BYTES: usize = 32 << 20;
+/// Framing counted for a deferred request besides its payload.
+const REQUEST_OVERHEAD: usize = 64;
+
+impl<T: Transport> std::fmt::Debug for Driver<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver")
+            .field("contexts", &self.contexts.len())
+            .field("pending", &self.pending.len())
+            .finish_non_exhaustive()
+    }
+}
+
 /// The driver of one process.
-#[derive(Debug)]
+///
+/// Asynchronous work (launches, host-to-device and device-to-device copies, memsets, event
+/// records) is validated here, then deferred and sent as one batch at the next call that needs
+/// an answer from the host (a synchronisation, a device-to-host copy, a query, an allocation),
+/// as a GPU driver queues work and reports its errors later; each batch is one round trip.
 pub struct Driver<T: Transport> {
     t: T,
+    pending: Vec<Request>,
+    pending_bytes: usize,
+    /// Where device printf output goes (the process's standard output).
+    output: Box<dyn std::io::Write + Send>,
     attributes: DeviceAttributes,
     contexts: HashMap<u64, Context>,
     /// Module, stream and event handles: (owning context, remote id).
@@ -89,6 +111,9 @@ impl<T: Transport> Driver<T> {
         };
         Ok(Driver {
             t,
+            pending: Vec::new(),
+            pending_bytes: 0,
+            output: Box::new(std::io::stdout()),
             attributes,
             contexts: HashMap::new(),
             objects: HashMap::new(),
@@ -97,6 +122,12 @@ impl<T: Transport> Driver<T> {
             primary: None,
             next: 0,
         })
+    }
+
+    /// Sends device printf output to `w` instead of standard output.
+    pub fn with_output(mut self, w: Box<dyn std::io::Write + Send>) -> Self {
+        self.output = w;
+        self
     }
 
     pub fn attributes(&self) -> &DeviceAttributes {
@@ -108,8 +139,14 @@ impl<T: Transport> Driver<T> {
         (kind as u64) << KIND_SHIFT | self.next
     }
 
+    /// Sends a request that needs its answer now, after the deferred work.
     fn call(&mut self, req: Request) -> CuResult<Reply> {
-        match self.t.call(&req) {
+        self.flush()?;
+        self.send(&req)
+    }
+
+    fn send(&mut self, req: &Request) -> CuResult<Reply> {
+        match self.t.call(req) {
             Ok(Reply::Error { status, .. }) => Err(if status == 0 {
                 CUDA_ERROR_UNKNOWN
             } else {
@@ -117,6 +154,51 @@ impl<T: Transport> Driver<T> {
             }),
             Ok(r) => Ok(r),
             Err(_) => Err(CUDA_ERROR_DEINITIALIZED),
+        }
+    }
+
+    /// Defers asynchronous work to the next batch.
+    fn defer(&mut self, req: Request) -> CuResult<()> {
+        let bytes = REQUEST_OVERHEAD
+            + match &req {
+                Request::CopyHtoD { data, .. } => data.len(),
+                Request::Launch { params, .. } => params.len(),
+                _ => 0,
+            };
+        if self.pending.len() >= MAX_BATCH || self.pending_bytes + bytes > MAX_PENDING_BYTES {
+            self.flush()?;
+        }
+        self.pending.push(req);
+        self.pending_bytes += bytes;
+        Ok(())
+    }
+
+    /// Sends the deferred work; the first failure among it is this call's error.
+    pub fn flush(&mut self) -> CuResult<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let batch = Request::Batch(std::mem::take(&mut self.pending));
+        self.pending_bytes = 0;
+        match self.send(&batch)? {
+            Reply::Batch { output, error, .. } => {
+                if !output.is_empty() {
+                    let _ = self.output.write_all(output.as_bytes());
+                    let _ = self.output.flush();
+                }
+                error.map_or(Ok(()), |(status, _)| Err(status.max(1)))
+            }
+            _ => Err(CUDA_ERROR_UNKNOWN),
+        }
+    }
+
+    /// Defers `req` when the guest could check it (`checked`), else sends it now so the host's
+    /// answer is this call's.
+    fn defer_if(&mut self, checked: bool, req: Request) -> CuResult<()> {
+        if checked {
+            self.defer(req)
+        } else {
+            self.done(req)
         }
     }
 
@@ -205,9 +287,11 @@ impl<T: Transport> Driver<T> {
         }
     }
 
+    /// Sends the deferred work with the synchronisation at its end: one round trip.
     pub fn synchronize(&mut self, ctx: u64) -> CuResult<()> {
         let ctx = self.remote(ctx)?;
-        self.done(Request::ContextSynchronize { ctx })
+        self.defer(Request::ContextSynchronize { ctx })?;
+        self.flush()
     }
 
     // Modules and functions.
@@ -297,7 +381,15 @@ impl<T: Transport> Driver<T> {
             module: ModuleId(id),
             name: name.to_string(),
         })? {
-            Reply::Global { addr, size } => Ok((addr, size)),
+            Reply::Global { addr, size } => {
+                // Copies to module variables are checked like those to allocations.
+                if size > 0
+                    && let Some(c) = self.contexts.get_mut(&ctx)
+                {
+                    c.allocations.insert(addr, size);
+                }
+                Ok((addr, size))
+            }
             _ => Err(CUDA_ERROR_UNKNOWN),
         }
     }
@@ -382,13 +474,17 @@ impl<T: Transport> Driver<T> {
         stream: u64,
     ) -> CuResult<()> {
         let (remote, stream) = (self.remote(ctx)?, self.stream(ctx, stream)?);
-        self.done(Request::MemsetD8 {
-            ctx: remote,
-            addr,
-            value,
-            count,
-            stream,
-        })
+        let checked = self.is_device(ctx, addr, count);
+        self.defer_if(
+            checked,
+            Request::MemsetD8 {
+                ctx: remote,
+                addr,
+                value,
+                count,
+                stream,
+            },
+        )
     }
 
     pub fn memset_d32(
@@ -400,13 +496,19 @@ impl<T: Transport> Driver<T> {
         stream: u64,
     ) -> CuResult<()> {
         let (remote, stream) = (self.remote(ctx)?, self.stream(ctx, stream)?);
-        self.done(Request::MemsetD32 {
-            ctx: remote,
-            addr,
-            value,
-            count,
-            stream,
-        })
+        let checked = count
+            .checked_mul(4)
+            .is_some_and(|n| self.is_device(ctx, addr, n));
+        self.defer_if(
+            checked,
+            Request::MemsetD32 {
+                ctx: remote,
+                addr,
+                value,
+                count,
+                stream,
+            },
+        )
     }
 
     /// Host to device, in messages of at most [`MAX_COPY_BYTES`].
@@ -414,12 +516,16 @@ impl<T: Transport> Driver<T> {
         let (remote, stream) = (self.remote(ctx)?, self.stream(ctx, stream)?);
         let mut at = dst;
         for chunk in src.chunks(MAX_COPY_BYTES as usize) {
-            self.done(Request::CopyHtoD {
-                ctx: remote,
-                dst: at,
-                data: chunk.to_vec(),
-                stream,
-            })?;
+            let checked = self.is_device(ctx, at, chunk.len() as u64);
+            self.defer_if(
+                checked,
+                Request::CopyHtoD {
+                    ctx: remote,
+                    dst: at,
+                    data: chunk.to_vec(),
+                    stream,
+                },
+            )?;
             at = at
                 .checked_add(chunk.len() as u64)
                 .ok_or(CUDA_ERROR_INVALID_VALUE)?;
@@ -457,13 +563,17 @@ impl<T: Transport> Driver<T> {
         stream: u64,
     ) -> CuResult<()> {
         let (remote, stream) = (self.remote(ctx)?, self.stream(ctx, stream)?);
-        self.done(Request::CopyDtoD {
-            ctx: remote,
-            dst,
-            src,
-            bytes,
-            stream,
-        })
+        let checked = self.is_device(ctx, dst, bytes) && self.is_device(ctx, src, bytes);
+        self.defer_if(
+            checked,
+            Request::CopyDtoD {
+                ctx: remote,
+                dst,
+                src,
+                bytes,
+                stream,
+            },
+        )
     }
 
     // Streams and events.
@@ -500,10 +610,11 @@ impl<T: Transport> Driver<T> {
 
     pub fn stream_synchronize(&mut self, ctx: u64, stream: u64) -> CuResult<()> {
         let (remote, stream) = (self.remote(ctx)?, self.stream(ctx, stream)?);
-        self.done(Request::StreamSynchronize {
+        self.defer(Request::StreamSynchronize {
             ctx: remote,
             stream,
-        })
+        })?;
+        self.flush()
     }
 
     pub fn stream_query(&mut self, ctx: u64, stream: u64) -> CuResult<()> {
@@ -531,7 +642,7 @@ impl<T: Transport> Driver<T> {
     pub fn event_record(&mut self, ctx: u64, event: u64, stream: u64) -> CuResult<()> {
         let id = self.object(ctx, Kind::Event, event)?;
         let (remote, stream) = (self.remote(ctx)?, self.stream(ctx, stream)?);
-        self.done(Request::EventRecord {
+        self.defer(Request::EventRecord {
             ctx: remote,
             event: EventId(id),
             stream,
@@ -541,10 +652,11 @@ impl<T: Transport> Driver<T> {
     pub fn event_synchronize(&mut self, ctx: u64, event: u64) -> CuResult<()> {
         let id = self.object(ctx, Kind::Event, event)?;
         let remote = self.remote(ctx)?;
-        self.done(Request::EventSynchronize {
+        self.defer(Request::EventSynchronize {
             ctx: remote,
             event: EventId(id),
-        })
+        })?;
+        self.flush()
     }
 
     pub fn event_query(&mut self, ctx: u64, event: u64) -> CuResult<()> {
@@ -572,7 +684,9 @@ impl<T: Transport> Driver<T> {
 
     // Launches.
 
-    /// Launches `function` (of `ctx`); device `printf` output is written to `out`.
+    /// Launches `function` (of `ctx`): checked against the device's limits and the kernel's
+    /// parameter layout here, then deferred; device `printf` output appears when the batch is
+    /// sent.
     #[allow(clippy::too_many_arguments)]
     pub fn launch(
         &mut self,
@@ -583,7 +697,6 @@ impl<T: Transport> Driver<T> {
         shared_bytes: u32,
         stream: u64,
         params: LaunchParams,
-        out: &mut dyn std::io::Write,
     ) -> CuResult<()> {
         let f = self
             .functions
@@ -598,8 +711,17 @@ impl<T: Transport> Driver<T> {
             .map(|p| p.offset + p.size)
             .max()
             .unwrap_or(0) as usize;
+        let a = &self.attributes;
+        let threads = block.iter().try_fold(1u32, |t, &d| t.checked_mul(d));
+        if grid.iter().zip(a.max_grid).any(|(&g, m)| g == 0 || g > m)
+            || block.iter().zip(a.max_block).any(|(&b, m)| b == 0 || b > m)
+            || threads.is_none_or(|t| t > a.max_threads_per_block)
+        {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
         let buffer = match params {
-            LaunchParams::Packed(b) => b,
+            LaunchParams::Packed(b) if b.len() == size => b,
+            LaunchParams::Packed(_) => return Err(CUDA_ERROR_INVALID_VALUE),
             LaunchParams::Each(values) => {
                 if values.len() != f.params.len() {
                     return Err(CUDA_ERROR_INVALID_VALUE);
@@ -616,7 +738,7 @@ impl<T: Transport> Driver<T> {
             }
         };
         let (fid, remote, stream) = (f.remote, self.remote(ctx)?, self.stream(ctx, stream)?);
-        let reply = self.call(Request::Launch {
+        self.defer(Request::Launch {
             ctx: remote,
             function: fid,
             grid,
@@ -624,18 +746,7 @@ impl<T: Transport> Driver<T> {
             shared_bytes,
             stream,
             params: buffer,
-        })?;
-        // Device printf output goes where a GPU's goes: the process's standard output.
-        match reply {
-            Reply::Output(text) => {
-                if !text.is_empty() {
-                    let _ = out.write_all(text.as_bytes());
-                    let _ = out.flush();
-                }
-                Ok(())
-            }
-            _ => Err(CUDA_ERROR_UNKNOWN),
-        }
+        })
     }
 }
 
@@ -686,16 +797,7 @@ mod tests {
         st.global.u32 [%rd1], %r1;\nret;\n}\n";
 
     fn launch(d: &mut Driver<Local>, ctx: u64, f: u64, params: LaunchParams) -> CuResult<()> {
-        d.launch(
-            ctx,
-            f,
-            [1, 1, 1],
-            [1, 1, 1],
-            0,
-            0,
-            params,
-            &mut std::io::sink(),
-        )
+        d.launch(ctx, f, [1, 1, 1], [1, 1, 1], 0, 0, params)
     }
 
     #[test]
@@ -830,20 +932,93 @@ mod tests {
         let f = d.function(m, "hi").unwrap();
         let args = d.mem_alloc(ctx, 8).unwrap();
         d.copy_htod(ctx, args, &42u32.to_le_bytes(), 0).unwrap();
-        let mut out = Vec::new();
-        d.launch(
-            ctx,
-            f,
-            [1, 1, 1],
-            [2, 1, 1],
-            0,
-            0,
-            LaunchParams::Packed(args.to_le_bytes().to_vec()),
-            &mut out,
-        )
-        .unwrap();
-        assert_eq!(String::from_utf8(out).unwrap(), "hi 42\nhi 42\n");
-        assert_eq!(d.t.stats.requests, 7, "one round trip per launch");
+        let out = Captured::default();
+        let mut d = d.with_output(Box::new(out.clone()));
+        for _ in 0..3 {
+            d.launch(
+                ctx,
+                f,
+                [1, 1, 1],
+                [2, 1, 1],
+                0,
+                0,
+                LaunchParams::Packed(args.to_le_bytes().to_vec()),
+            )
+            .unwrap();
+        }
+        assert_eq!(out.text(), "", "deferred until a synchronisation");
+        let before = d.t.stats.requests;
+        d.synchronize(ctx).unwrap();
+        assert_eq!(out.text(), "hi 42\n".repeat(6));
+        // One message: the batch (the argument copy, the three launches and the
+        // synchronisation).
+        assert_eq!(d.t.stats.requests - before, 1);
+        assert_eq!(d.t.stats.launches, 3);
+    }
+
+    /// Printf output shared with the test.
+    #[derive(Clone, Default)]
+    struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl Captured {
+        fn text(&self) -> String {
+            String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+        }
+    }
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn deferred_work_keeps_its_order_and_its_first_failure_is_reported_at_the_next_call() {
+        let mut d = driver();
+        let ctx = d.context_create().unwrap();
+        let m = d.module_load(ctx, PTX.as_bytes().to_vec()).unwrap();
+        let f = d.function(m, "put").unwrap();
+        let a = d.mem_alloc(ctx, 8).unwrap();
+        let before = d.t.stats.requests;
+        d.memset_d32(ctx, a, 1, 2, 0).unwrap();
+        let packed = |p: u64, v: u32| {
+            LaunchParams::Packed([p.to_le_bytes().as_slice(), &v.to_le_bytes()].concat())
+        };
+        launch(&mut d, ctx, f, packed(a + 4, 9)).unwrap();
+        d.copy_htod(ctx, a, &5u32.to_le_bytes(), 0).unwrap();
+        assert_eq!(d.t.stats.requests, before, "nothing sent yet");
+        let mut out = [0u8; 8];
+        d.copy_dtoh(ctx, &mut out, a, 0).unwrap();
+        assert_eq!(
+            out,
+            [5, 0, 0, 0, 9, 0, 0, 0],
+            "memset, launch, copy in order"
+        );
+        // Checked before deferring: limits and the parameter layout.
+        assert_eq!(
+            d.launch(ctx, f, [1, 1, 1], [2048, 1, 1], 0, 0, packed(a, 1)),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+        assert_eq!(
+            d.launch(ctx, f, [0, 1, 1], [1, 1, 1], 0, 0, packed(a, 1)),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+        // A kernel that faults: the launch returns, the next call reports the fault, and the
+        // work deferred behind it did not run.
+        launch(&mut d, ctx, f, packed(a + (1 << 30), 1)).unwrap();
+        d.copy_htod(ctx, a, &7u32.to_le_bytes(), 0).unwrap();
+        assert_eq!(d.synchronize(ctx), Err(700));
+        assert_eq!(d.t.stats.failed, 1);
+        // A copy the guest cannot check (outside what it knows) goes at once: its error is its own.
+        assert_eq!(
+            d.copy_htod(ctx, 0x10, &[1], 0),
+            Err(719),
+            "the context is broken"
+        );
     }
 
     #[test]

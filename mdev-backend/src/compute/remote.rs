@@ -200,6 +200,34 @@ fn execute(
             output(be, ctx)?
         }
         TakeOutput { ctx } => output(be, owned.check(ctx)?)?,
+        Batch(requests) => {
+            let mut out = String::new();
+            let mut completed = 0u32;
+            let mut error = None;
+            for r in requests {
+                match execute(be, owned, stats, r) {
+                    Ok(Reply::Output(text)) => {
+                        if out.len() + text.len() <= wire::MAX_TEXT_BYTES {
+                            out.push_str(&text);
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        stats.failed += 1;
+                        let mut message = e.to_string();
+                        wire::truncate(&mut message, wire::MAX_TEXT_BYTES);
+                        error = Some((e.cuda_status(), message));
+                        break;
+                    }
+                }
+                completed += 1;
+            }
+            Reply::Batch {
+                completed,
+                output: out,
+                error,
+            }
+        }
     })
 }
 
@@ -226,13 +254,7 @@ fn read_header(stream: &mut UnixStream) -> std::io::Result<Option<[u8; 4]>> {
 /// A context's pending printf output, cut to what a reply carries.
 fn output(be: &mut dyn ComputeBackend, ctx: ContextId) -> ComputeResult<Reply> {
     let mut out = be.take_output(ctx)?;
-    if out.len() > wire::MAX_TEXT_BYTES {
-        let mut cut = wire::MAX_TEXT_BYTES;
-        while !out.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        out.truncate(cut);
-    }
+    wire::truncate(&mut out, wire::MAX_TEXT_BYTES);
     Ok(Reply::Output(out))
 }
 

@@ -25,6 +25,8 @@ pub const MAX_NAME_BYTES: usize = 4096;
 pub const MAX_PARAMS: usize = 4096;
 /// Longest error message or printf output carried.
 pub const MAX_TEXT_BYTES: usize = 2 << 20;
+/// Requests in one [`Request::Batch`].
+pub const MAX_BATCH: usize = 1024;
 
 /// Why bytes are not a valid message.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -43,6 +45,8 @@ pub enum WireError {
     },
     #[error("text is not UTF-8")]
     Utf8,
+    #[error("request {0} cannot be batched")]
+    NotBatchable(u16),
 }
 
 /// A call of the guest's driver.
@@ -171,6 +175,11 @@ pub enum Request {
     TakeOutput {
         ctx: ContextId,
     },
+    /// Asynchronous work the guest deferred to its next synchronisation point, run in order
+    /// up to the first failure: only requests whose reply carries nothing but success or an
+    /// error (launches, host-to-device and device-to-device copies, memsets, event records, and
+    /// the synchronisation that ends the batch).
+    Batch(Vec<Request>),
 }
 
 /// The host's answer to one request.
@@ -200,6 +209,13 @@ pub enum Reply {
         status: u32,
         message: String,
     },
+    /// How a [`Request::Batch`] went: the requests that succeeded, in order, the printf output
+    /// of its launches, and the first failure (after which nothing ran).
+    Batch {
+        completed: u32,
+        output: String,
+        error: Option<(u32, String)>,
+    },
 }
 
 impl Reply {
@@ -214,7 +230,8 @@ impl Reply {
     }
 }
 
-fn truncate(s: &mut String, max: usize) {
+/// Cuts `s` to at most `max` bytes at a character boundary.
+pub fn truncate(s: &mut String, max: usize) {
     if s.len() > max {
         let mut cut = max;
         while !s.is_char_boundary(cut) {
@@ -343,6 +360,27 @@ pub fn body_len(header: [u8; 4]) -> Result<usize, WireError> {
 }
 
 impl Request {
+    /// The opcode of the request.
+    fn opcode(&self) -> u16 {
+        u16::from_le_bytes(self.encode()[4..6].try_into().expect("2 bytes"))
+    }
+
+    /// Whether the request may be part of a [`Request::Batch`].
+    pub fn batchable(&self) -> bool {
+        matches!(
+            self,
+            Request::Launch { .. }
+                | Request::CopyHtoD { .. }
+                | Request::CopyDtoD { .. }
+                | Request::MemsetD8 { .. }
+                | Request::MemsetD32 { .. }
+                | Request::EventRecord { .. }
+                | Request::ContextSynchronize { .. }
+                | Request::StreamSynchronize { .. }
+                | Request::EventSynchronize { .. }
+        )
+    }
+
     /// The whole message: length, opcode, fields.
     pub fn encode(&self) -> Vec<u8> {
         use Request::*;
@@ -504,6 +542,13 @@ impl Request {
                 o = Out::new(28);
                 o.u32(ctx.0);
             }
+            Batch(requests) => {
+                o = Out::new(29);
+                o.u32(u32::try_from(requests.len()).unwrap_or(u32::MAX));
+                for r in requests {
+                    o.bytes(&r.encode()[4..]);
+                }
+            }
         }
         o.finish()
     }
@@ -650,6 +695,25 @@ impl Request {
                     .to_vec(),
             },
             28 => TakeOutput { ctx: i.ctx()? },
+            29 => {
+                let n = i.u32()? as usize;
+                if n > MAX_BATCH {
+                    return Err(WireError::TooLong {
+                        what: "batch",
+                        len: n,
+                        max: MAX_BATCH,
+                    });
+                }
+                let mut requests = Vec::new();
+                for _ in 0..n {
+                    let r = Request::decode(i.bytes("batched request", MAX_MESSAGE_BYTES)?)?;
+                    if !r.batchable() {
+                        return Err(WireError::NotBatchable(r.opcode()));
+                    }
+                    requests.push(r);
+                }
+                Batch(requests)
+            }
             op => return Err(WireError::Opcode(op)),
         };
         i.end()?;
@@ -713,6 +777,18 @@ impl Reply {
                 o = Out::new(10);
                 o.u32(*status).bytes(message.as_bytes());
             }
+            Reply::Batch {
+                completed,
+                output,
+                error,
+            } => {
+                o = Out::new(11);
+                o.u32(*completed).bytes(output.as_bytes());
+                match error {
+                    Some((status, message)) => o.u8(1).u32(*status).bytes(message.as_bytes()),
+                    None => o.u8(0),
+                };
+            }
         }
         o.finish()
     }
@@ -766,6 +842,14 @@ impl Reply {
             10 => Reply::Error {
                 status: i.u32()?,
                 message: i.text("message", MAX_TEXT_BYTES)?,
+            },
+            11 => Reply::Batch {
+                completed: i.u32()?,
+                output: i.text("output", MAX_TEXT_BYTES)?,
+                error: match i.u8()? {
+                    0 => None,
+                    _ => Some((i.u32()?, i.text("message", MAX_TEXT_BYTES)?)),
+                },
             },
             op => return Err(WireError::Opcode(op)),
         };
@@ -867,6 +951,21 @@ mod tests {
                 params: vec![9; 24],
             },
             TakeOutput { ctx },
+            Batch(vec![
+                MemsetD8 {
+                    ctx,
+                    addr: 1,
+                    value: 2,
+                    count: 3,
+                    stream,
+                },
+                CopyHtoD {
+                    ctx,
+                    dst: 1,
+                    data: vec![7; 3],
+                    stream,
+                },
+            ]),
         ]
     }
 
@@ -901,6 +1000,16 @@ mod tests {
             )),
             Reply::Output("hello\n".into()),
             Reply::error(&ComputeError::IllegalAddress("x".into())),
+            Reply::Batch {
+                completed: 3,
+                output: "hi\n".into(),
+                error: Some((700, "illegal address".into())),
+            },
+            Reply::Batch {
+                completed: 0,
+                output: String::new(),
+                error: None,
+            },
         ];
         for r in replies {
             assert_eq!(Reply::decode(body(&r.encode())).unwrap(), r);
@@ -920,6 +1029,24 @@ mod tests {
             assert_eq!(Request::decode(&long), Err(WireError::Trailing(1)));
         }
         assert_eq!(Request::decode(&[99, 0]), Err(WireError::Opcode(99)));
+        // A batch holding what cannot be batched (a request with a data reply, a batch).
+        for inner in [
+            Request::MemAlloc {
+                ctx: ContextId(1),
+                bytes: 8,
+            },
+            Request::Batch(vec![]),
+        ] {
+            let mut m = Request::Batch(vec![]).encode();
+            m[6..10].copy_from_slice(&1u32.to_le_bytes());
+            let body = &inner.encode()[4..];
+            m.extend_from_slice(&(body.len() as u32).to_le_bytes());
+            m.extend_from_slice(body);
+            assert!(
+                matches!(Request::decode(&m[4..]), Err(WireError::NotBatchable(_))),
+                "{inner:?}"
+            );
+        }
         assert!(body_len(u32::MAX.to_le_bytes()).is_err());
         // A copy announcing more than a message may carry is refused before any allocation.
         let mut m = Request::CopyDtoH {
