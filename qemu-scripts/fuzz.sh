@@ -29,7 +29,7 @@ for arg in "$@"; do
     esac
 done
 all=(vfio_user_stream daemon_proto virtqueue dma_irq control_requests pci_config gpu_commands
-     compute_module http_head cgroup_proc sched_proto)
+     compute_module compute_wire http_head cgroup_proc sched_proto)
 ((${#targets[@]})) || targets=("${all[@]}")
 
 out=$(realpath -m "${FUZZ_OUT:-fuzz/out}")

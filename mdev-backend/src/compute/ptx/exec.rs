@@ -34,6 +34,9 @@ const MAX_FORMAT_BYTES: usize = 4096;
 /// Register values of one block (registers × threads), bounding a block's host memory at
 /// 32 MiB. PTX names virtual registers, so the hardware's 64 Ki per block does not apply.
 pub const MAX_BLOCK_REGISTER_VALUES: u64 = 4 << 20;
+/// Warp-instructions charged per warp for setting a block up (its registers, local memory
+/// and parameters), so that a grid of empty blocks is bounded by the budget too.
+const BLOCK_SETUP_COST: u64 = 16;
 /// Warp-instructions a block executes between checks of the launch budget and stop flag.
 const CHECK_EVERY: u64 = 4096;
 /// Alignment of dynamic shared memory after the static variables.
@@ -183,8 +186,18 @@ impl Shared<'_> {
                 return;
             }
             let mut block = Block::new(self, b);
-            let result = block.run();
-            self.executed.fetch_add(block.unflushed, Ordering::Relaxed);
+            let mut result = block.run();
+            // Setting a block up is work too: charged, and the budget checked after every
+            // block, so a huge grid of trivial blocks ends at the budget like a long kernel.
+            let charged = block.unflushed + BLOCK_SETUP_COST * block.warps.len() as u64;
+            let total = self.executed.fetch_add(charged, Ordering::Relaxed) + charged;
+            if result.is_ok() && total > self.l.instruction_budget {
+                result = Err(ComputeError::LaunchTimeout(format!(
+                    "grid ran past its budget of {} warp-instructions ({:.1} s)",
+                    self.l.instruction_budget,
+                    self.started.elapsed().as_secs_f64()
+                )));
+            }
             if !block.out.is_empty() {
                 self.output
                     .lock()

@@ -575,6 +575,31 @@ $L__wait:
         .unwrap();
 }
 
+#[test]
+fn a_huge_grid_of_empty_blocks_stops_at_the_budget_too() {
+    // Found by the compute_wire fuzz target: 2^31 blocks that each run one instruction never
+    // reached the budget check inside a block.
+    let m = module(".visible .entry nothing()\n{\nret;\n}\n");
+    let r = Run::new(&m);
+    let start = std::time::Instant::now();
+    let err = r
+        .launch_with(
+            "nothing",
+            [i32::MAX as u32, 1, 1],
+            [1, 1, 1],
+            0,
+            &[],
+            2,
+            100_000,
+        )
+        .unwrap_err();
+    assert!(matches!(err, ComputeError::LaunchTimeout(_)), "{err:?}");
+    assert!(start.elapsed() < std::time::Duration::from_secs(10));
+    // A small grid of the same kernel fits.
+    r.launch_with("nothing", [1000, 1, 1], [1, 1, 1], 0, &[], 2, 100_000)
+        .unwrap();
+}
+
 /// Runs a one-thread kernel `body` with `%r1..` loaded from `inputs` (u64 words at param
 /// `in`) and returns the u64 words it stores to `out`.
 fn scalar(body: &str, regs: &str, inputs: &[u64], outputs: usize) -> Vec<u64> {
