@@ -108,7 +108,17 @@ impl Host {
 #[test]
 fn gcc_offload_programs_run_unmodified_through_the_guest_library() {
     let Some(dir) = corpus() else { return };
-    for (program, bytes_to_device) in [("omp_saxpy", 32768 + 16), ("omp_reduction", 8 + 8)] {
+    // (program, target regions launched, bytes the host saw go to the device or None).
+    for (program, launches, bytes_to_device) in [
+        ("omp_saxpy", 1, Some(32768 + 16)),
+        ("omp_reduction", 1, Some(8 + 8)),
+        // A double reduction over teams, threads and SIMD lanes, device printf, atomics and a
+        // target data region with two kernels: five regions.
+        ("omp_features", 5, None),
+    ] {
+        if !dir.join(program).exists() {
+            panic!("{program} missing from the corpus in {}", dir.display());
+        }
         let host = Host::start();
         let out = host.run(&dir.join(program));
         let report = host.report();
@@ -119,13 +129,19 @@ fn gcc_offload_programs_run_unmodified_through_the_guest_library() {
             out.status,
             String::from_utf8_lossy(&out.stderr)
         );
-        // One target region: one launch; the mapped arrays (and the variable table) went
-        // through the device.
         assert!(
-            report.contains(" 1 launches, ")
-                && report.contains(&format!(" {bytes_to_device} bytes to device")),
+            report.contains(&format!(" {launches} launches, ")),
             "{program}: {report}"
         );
+        if let Some(b) = bytes_to_device {
+            assert!(
+                report.contains(&format!(" {b} bytes to device")),
+                "{program}: {report}"
+            );
+        }
+        if program == "omp_features" {
+            assert!(stdout.contains("hello from the device, team 0"), "{stdout}");
+        }
     }
 }
 

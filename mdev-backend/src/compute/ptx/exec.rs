@@ -1,9 +1,10 @@
 //! The warp-level interpreter.
 //!
 //! A block runs on one host thread; its warps take turns, each running until it reaches a
-//! `bar.sync`, exits, or the launch stops. Inside a warp every lane has its own program
-//! counter: each step executes the instruction at the lowest PC among the live lanes, for the
-//! lanes at that PC (guard predicate permitting). Lanes that diverge run their paths one after
+//! `bar.sync`, exits, has run its time slice, or the launch stops. Inside a warp every lane has
+//! its own program counter: each step executes the instruction at the lowest PC among the live
+//! lanes deepest in calls, for the lanes at that PC (guard predicate permitting); lanes at a
+//! warp-synchronous instruction wait there for the rest of its member mask. Lanes that diverge run their paths one after
 //! the other and are together again at the first instruction both paths reach (the
 //! reconvergence point of structured control flow, without a stack of masks). Warp-collective
 //! instructions (`shfl`, `vote`, `activemask`) see the lanes executing them together.
@@ -235,6 +236,11 @@ struct Warp {
     frames: Vec<Vec<Frame>>,
     local: Vec<u8>,
     fparam: Vec<u8>,
+    /// Lanes inside a call (a non-empty frame stack).
+    calling: u32,
+    /// Lanes waiting at a warp-synchronous instruction (`shfl.sync`, `vote.sync`,
+    /// `bar.warp.sync`) for the rest of its member mask.
+    parked: u32,
     /// The lanes waiting at a `bar.sync`, or 0, and the barrier.
     at_barrier: u32,
     barrier: usize,
@@ -378,6 +384,8 @@ impl<'s, 'a> Block<'s, 'a> {
                     frames: vec![Vec::new(); WARP],
                     local: vec![0; s.m.local_bytes as usize * WARP],
                     fparam: vec![0; s.m.fparam_bytes as usize * WARP],
+                    calling: 0,
+                    parked: 0,
                     at_barrier: 0,
                     barrier: 0,
                 }
@@ -522,22 +530,68 @@ impl<'s, 'a> Block<'s, 'a> {
                 return Ok(Stop::Yield);
             }
             slice += 1;
-            let mut min = u32::MAX;
+            // The lanes deepest in calls first, then the lowest PC: a lane that called a
+            // function finishes it before the others move past the call, wherever the callee's
+            // code lies, so they meet again after the call. Lanes parked at a warp-synchronous
+            // instruction wait, unless every live lane is parked (then the lowest goes on, so
+            // a warp whose lanes wait at different ones still makes progress).
+            let runnable = match live & !warp.parked {
+                0 => live,
+                r => r,
+            };
+            let forced = runnable == live && warp.parked != 0;
+            let mut key = (0usize, u32::MAX);
             let mut mask = 0u32;
-            for lane in 0..WARP {
-                if live & (1 << lane) == 0 {
-                    continue;
+            if runnable & warp.calling == 0 {
+                // No lane in a call (the common case): the lowest PC.
+                for lane in 0..WARP {
+                    if runnable & (1 << lane) == 0 {
+                        continue;
+                    }
+                    let pc = warp.pc[lane];
+                    if pc < key.1 {
+                        key.1 = pc;
+                        mask = 1 << lane;
+                    } else if pc == key.1 {
+                        mask |= 1 << lane;
+                    }
                 }
-                let pc = warp.pc[lane];
-                if pc < min {
-                    min = pc;
-                    mask = 1 << lane;
-                } else if pc == min {
-                    mask |= 1 << lane;
+            } else {
+                for lane in 0..WARP {
+                    if runnable & (1 << lane) == 0 {
+                        continue;
+                    }
+                    let k = (warp.frames[lane].len(), warp.pc[lane]);
+                    if k.0 > key.0 || (k.0 == key.0 && k.1 < key.1) {
+                        key = k;
+                        mask = 1 << lane;
+                    } else if k == key {
+                        mask |= 1 << lane;
+                    }
                 }
             }
+            let min = key.1;
             let inst = &s.m.code[min as usize];
             self.count()?;
+            // Volta's `.sync` semantics: the lanes of the member mask execute a
+            // warp-synchronous instruction together, however they got to it.
+            if let Op::Shfl { mask: m, .. } | Op::Vote { mask: m, .. } | Op::WarpSync { mask: m } =
+                inst.op
+            {
+                let members = self.val(w, mask.trailing_zeros() as usize, m) as u32 & live;
+                let mut here = 0u32;
+                for lane in 0..WARP {
+                    if live & (1 << lane) != 0 && self.warps[w].pc[lane] == min {
+                        here |= 1 << lane;
+                    }
+                }
+                if members & !here != 0 && !forced {
+                    self.warps[w].parked |= here;
+                    continue;
+                }
+                self.warps[w].parked &= !here;
+                mask = here;
+            }
             let warp = &self.warps[w];
             let mut exec = mask;
             if let Some((p, neg)) = inst.guard {
@@ -642,6 +696,7 @@ impl<'s, 'a> Block<'s, 'a> {
             ret_pc: warp.pc[lane],
             copy_back,
         });
+        warp.calling |= 1 << lane;
         warp.pc[lane] = func.start;
         Ok(())
     }
@@ -699,7 +754,7 @@ impl<'s, 'a> Block<'s, 'a> {
             Src::Reg(r) => self.warps[w].regs[r as usize * WARP + lane],
             Src::Imm(v) => v,
             Src::Special(s) => self.special(w, lane, s),
-            Src::Sym(s) => self.sym(s),
+            Src::Sym(s, offset) => self.sym(s).wrapping_add_signed(offset),
         }
     }
 
@@ -1137,7 +1192,11 @@ impl<'s, 'a> Block<'s, 'a> {
                                 self.read(w, lane, Loc::FParam(u64::from(from)), &mut buf)?;
                                 self.write(w, lane, Loc::FParam(u64::from(to)), &buf)?;
                             }
-                            self.warps[w].pc[lane] = frame.ret_pc;
+                            let warp = &mut self.warps[w];
+                            warp.pc[lane] = frame.ret_pc;
+                            if warp.frames[lane].is_empty() {
+                                warp.calling &= !(1 << lane);
+                            }
                         }
                         None => self.warps[w].exited |= 1 << lane,
                     }
@@ -1149,7 +1208,7 @@ impl<'s, 'a> Block<'s, 'a> {
                 let lane = exec.trailing_zeros() as usize;
                 self.arrive(w, lane, *id, *count)?;
             }
-            Op::Nop => {}
+            Op::Nop | Op::WarpSync { .. } => {}
             Op::MovVec { ty, n, ds, srcs } => {
                 let mask = ty.mask();
                 for lane in lanes {

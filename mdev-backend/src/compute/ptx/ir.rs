@@ -117,8 +117,8 @@ pub(crate) enum Src {
     Reg(u32),
     Imm(u64),
     Special(Sreg),
-    /// The address of a variable in its own state space.
-    Sym(SymRef),
+    /// The address of a variable in its own state space, plus an offset (`var + 8`).
+    Sym(SymRef, i64),
 }
 
 /// A variable an address or `mov` names.
@@ -478,8 +478,12 @@ pub(crate) enum Op {
         count: Option<Src>,
         wait: bool,
     },
-    /// Instructions with no effect in this model (memory fences, `bar.warp.sync`, prefetch).
+    /// Instructions with no effect in this model (memory fences, prefetch).
     Nop,
+    /// `bar.warp.sync mask`: the lanes of `mask` wait for each other.
+    WarpSync {
+        mask: Src,
+    },
     Atom {
         space: Space,
         op: AtomOp,

@@ -1110,13 +1110,25 @@ impl Cx<'_> {
                     Name::Var(SymRef::KernelParam(_) | SymRef::FuncParam(_), _) => {
                         self.fail(format!("the address of parameter {w} is not supported"))
                     }
-                    Name::Var(sym, _) => Ok(Src::Sym(sym)),
+                    Name::Var(sym, _) => Ok(Src::Sym(sym, 0)),
                     Name::Func(f) => Ok(Src::Imm(func_address(f))),
                     Name::Vector(_) => self.fail(format!("vector register {w} as a scalar")),
                 };
             }
             [Tok::Punct('-'), t] => literal(t, ty, true),
             [t] => literal(t, ty, false),
+            // `var + 8`, `var - 8`: an address plus an offset.
+            [Tok::Word(w), Tok::Punct(sign @ ('+' | '-')), Tok::Int(v)] => {
+                let Name::Var(sym, _) = self.name(w)? else {
+                    return self.fail(format!("{w} + offset: {w} is not a variable"));
+                };
+                if matches!(sym, SymRef::KernelParam(_) | SymRef::FuncParam(_)) {
+                    return self.fail(format!("the address of parameter {w} is not supported"));
+                }
+                let v =
+                    i64::try_from(*v).map_err(|_| (self.line, "offset too large".to_string()))?;
+                return Ok(Src::Sym(sym, if *sign == '-' { -v } else { v }));
+            }
             _ => None,
         };
         imm.map(Src::Imm)
@@ -1683,7 +1695,12 @@ impl Cx<'_> {
             }
             "ret" => Op::Ret,
             "exit" => Op::Exit,
-            "bar" | "barrier" if has(mods, "warp") => Op::Nop,
+            "bar" | "barrier" if has(mods, "warp") => Op::WarpSync {
+                mask: match g {
+                    [m] => self.src(m, Ty::B32)?,
+                    _ => return self.fail("bar.warp.sync takes a member mask"),
+                },
+            },
             "bar" | "barrier" => {
                 if has(mods, "red") {
                     return self.fail("bar.red is not supported");

@@ -1306,3 +1306,40 @@ fn vector_registers_parameterized_names_and_video_ops() {
         [9, u32::MAX, 97, 3, i32::MAX as u32]
     );
 }
+
+#[test]
+fn warp_synchronous_instructions_wait_for_their_whole_member_mask() {
+    // Lane 0 takes an out-of-line branch placed after the reduction (as GCC lays out cold
+    // blocks); the others reach `shfl.sync` first, at a lower PC, and must wait for it, as
+    // Volta's `.sync` semantics say, or the sum misses lane 0.
+    let text = r#"
+.visible .entry k(.param .u64 out)
+{
+    .reg .u32 %lane, %v, %o, %step; .reg .u64 %p; .reg .pred %first, %more;
+    ld.param.u64 %p, [out];
+    mov.u32 %lane, %laneid;
+    add.u32 %v, %lane, 1;
+    setp.eq.u32 %first, %lane, 0;
+    @%first bra $cold;
+$back:
+    mov.u32 %step, 1;
+$reduce:
+    shfl.sync.bfly.b32 %o, %v, %step, 31, 0xffffffff;
+    add.u32 %v, %v, %o;
+    shl.b32 %step, %step, 1;
+    setp.lt.u32 %more, %step, 32;
+    @%more bra $reduce;
+    bar.warp.sync 0xffffffff;
+    @%first st.global.u32 [%p], %v;
+    ret;
+$cold:
+    mul.lo.u32 %v, %v, 100;
+    bra $back;
+}
+"#;
+    // Lane 0 contributes 100 instead of 1: 2 + 3 + ... + 32 + 100.
+    assert_eq!(
+        run_linked(&[text], 32, 1).unwrap(),
+        [(2..=32).sum::<u32>() + 100]
+    );
+}
