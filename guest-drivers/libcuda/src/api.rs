@@ -8,7 +8,7 @@
 use std::cell::Cell;
 use std::collections::HashSet;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use mdev_backend::compute::ptx::MAX_PTX_BYTES;
 
@@ -961,35 +961,43 @@ entry!(cuGetErrorName(status: c_uint, out: *mut *const c_char) {
 const PROC_ADDRESS_SUCCESS: c_int = 0;
 const PROC_ADDRESS_SYMBOL_NOT_FOUND: c_int = 1;
 
+/// This library's own handle: found through the path of one of its functions and opened
+/// again without loading anything, so the lookup works however the library was loaded (libgomp
+/// and cudart `dlopen` it with local symbols) and never finds a real driver loaded beside it.
+fn own_handle() -> Option<usize> {
+    static HANDLE: OnceLock<Option<usize>> = OnceLock::new();
+    *HANDLE.get_or_init(|| {
+        let mut info = libc::Dl_info {
+            dli_fname: std::ptr::null(),
+            dli_fbase: std::ptr::null_mut(),
+            dli_sname: std::ptr::null(),
+            dli_saddr: std::ptr::null_mut(),
+        };
+        // SAFETY: dladdr of one of our own functions, writing `info`.
+        if unsafe { libc::dladdr(cuInit as *const c_void, &mut info) } == 0
+            || info.dli_fname.is_null()
+        {
+            return None;
+        }
+        // SAFETY: the path dladdr gave (NUL-terminated, owned by the loader); RTLD_NOLOAD only
+        // takes another reference to the library already loaded, which is never released (the
+        // library stays loaded for the process's life).
+        let h = unsafe { libc::dlopen(info.dli_fname, libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+        (!h.is_null()).then_some(h as usize)
+    })
+}
+
 /// Our own entry point `name`, preferring its `_v2` version as a CUDA ≥ 4.0 caller expects.
 fn lookup(name: &str) -> Option<*mut c_void> {
+    let handle = own_handle()? as *mut c_void;
     for candidate in [format!("{name}_v2\0"), format!("{name}\0")] {
-        // SAFETY: dlsym on the global scope with a NUL-terminated name; it only reads.
-        let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, candidate.as_ptr().cast()) };
-        let mut info: libc::Dl_info = unsafe_zeroed_dl_info();
-        // SAFETY: dladdr writes `info` for an address; `p` may be NULL (then it fails).
-        if !p.is_null() && unsafe { libc::dladdr(p, &mut info) } != 0 && is_ours(&info) {
+        // SAFETY: dlsym in our own library's handle with a NUL-terminated name; it only reads.
+        let p = unsafe { libc::dlsym(handle, candidate.as_ptr().cast()) };
+        if !p.is_null() {
             return Some(p);
         }
     }
     None
-}
-
-fn unsafe_zeroed_dl_info() -> libc::Dl_info {
-    libc::Dl_info {
-        dli_fname: std::ptr::null(),
-        dli_fbase: std::ptr::null_mut(),
-        dli_sname: std::ptr::null(),
-        dli_saddr: std::ptr::null_mut(),
-    }
-}
-
-/// Whether a symbol found by dlsym lies in this library (not a real driver loaded beside it).
-fn is_ours(info: &libc::Dl_info) -> bool {
-    let mut me = unsafe_zeroed_dl_info();
-    // SAFETY: dladdr of one of our own functions, writing `me`.
-    let ok = unsafe { libc::dladdr(cuInit as *const c_void, &mut me) } != 0;
-    ok && me.dli_fbase == info.dli_fbase
 }
 
 entry!(cuGetProcAddress_v2(
