@@ -46,6 +46,7 @@ fn matmul_warp_instructions(program: &[u8]) -> u64 {
         params: &args,
         symbols: &[],
         heap: None,
+        cancel: None,
         instruction_budget: u64::MAX,
         threads: 1,
     };

@@ -162,6 +162,14 @@ pub trait ComputeBackend: Send {
     fn launch(&mut self, ctx: ContextId, launch: &KernelLaunch<'_>) -> ComputeResult<()>;
     /// Device `printf` output of the context since the last call.
     fn take_output(&mut self, ctx: ContextId) -> ComputeResult<String>;
+
+    /// A flag that, once set from another thread, stops the backend's running kernels at
+    /// their next check and fails its later launches: for when the guest that owns the
+    /// backend went away mid-kernel. `None` where kernels cannot be stopped that way (the
+    /// real driver ends them when their context is destroyed).
+    fn canceller(&self) -> Option<std::sync::Arc<std::sync::atomic::AtomicBool>> {
+        None
+    }
 }
 
 /// The next handle from a per-context counter: wrapping, never 0 (0 is the default stream).

@@ -4,6 +4,8 @@
 //! finished.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use log::{debug, warn};
@@ -129,6 +131,8 @@ fn fault(f: super::Fault) -> ComputeError {
 pub struct CpuBackend {
     config: CpuConfig,
     contexts: ContextTable<Context>,
+    /// Once set, running launches stop at their next check and new ones fail at once.
+    cancel: Arc<AtomicBool>,
 }
 
 impl CpuBackend {
@@ -136,6 +140,7 @@ impl CpuBackend {
         CpuBackend {
             config,
             contexts: ContextTable::new(),
+            cancel: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -494,6 +499,7 @@ impl ComputeBackend for CpuBackend {
 
     fn launch(&mut self, ctx: ContextId, l: &KernelLaunch<'_>) -> ComputeResult<()> {
         let (budget, threads) = (self.config.instruction_budget, self.config.threads);
+        let cancel = Arc::clone(&self.cancel);
         let c = self.ctx(ctx)?;
         c.stream(l.stream)?;
         let (module, name) = c
@@ -512,6 +518,7 @@ impl ComputeBackend for CpuBackend {
             params: l.params,
             symbols: &m.symbols,
             heap: c.heap.as_ref(),
+            cancel: Some(&cancel),
             instruction_budget: budget,
             threads,
         };
@@ -537,6 +544,10 @@ impl ComputeBackend for CpuBackend {
                 Err(e)
             }
         }
+    }
+
+    fn canceller(&self) -> Option<Arc<AtomicBool>> {
+        Some(Arc::clone(&self.cancel))
     }
 
     fn take_output(&mut self, ctx: ContextId) -> ComputeResult<String> {

@@ -9,6 +9,8 @@
 use std::collections::HashSet;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use log::{debug, warn};
@@ -260,15 +262,62 @@ fn output(be: &mut dyn ComputeBackend, ctx: ContextId) -> ComputeResult<Reply> {
 
 /// Serves one connection until the peer closes it (`Ok`) or breaks the protocol; the
 /// connection's contexts are destroyed either way.
+///
+/// While it is served, a watcher thread polls the peer for a hang-up: a guest killed in the
+/// middle of a kernel stops that kernel within [`HANGUP_POLL`] (where the backend can stop
+/// kernels), instead of the kernel running on to its budget.
 pub fn serve(
     stream: &mut UnixStream,
     be: &mut dyn ComputeBackend,
 ) -> (Stats, Result<(), RemoteError>) {
     let mut owned = Owned::default();
     let mut stats = Stats::default();
+    let done = Arc::new(AtomicBool::new(false));
+    let watcher = be
+        .canceller()
+        .and_then(|cancel| Some((cancel, stream.try_clone().ok()?)))
+        .map(|(cancel, peer)| {
+            let done = Arc::clone(&done);
+            std::thread::spawn(move || watch_hangup(&peer, &cancel, &done))
+        });
     let result = serve_requests(stream, be, &mut owned, &mut stats);
+    done.store(true, Ordering::Release);
+    if let Some(w) = watcher {
+        let _ = w.join();
+    }
     owned.release(be);
     (stats, result)
+}
+
+/// How often the watcher looks for the peer's hang-up.
+pub const HANGUP_POLL: Duration = Duration::from_millis(100);
+
+/// Sets `cancel` when the peer hangs up, until `done`.
+fn watch_hangup(peer: &UnixStream, cancel: &AtomicBool, done: &AtomicBool) {
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    let timeout = Timespec {
+        tv_sec: 0,
+        tv_nsec: HANGUP_POLL.as_nanos() as _,
+    };
+    while !done.load(Ordering::Acquire) {
+        let mut fds = [PollFd::new(peer, PollFlags::RDHUP)];
+        match poll(&mut fds, Some(&timeout)) {
+            Ok(0) => {}
+            Ok(_) => {
+                let gone = PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR;
+                if fds[0].revents().intersects(gone) {
+                    debug!("compute peer hung up; stopping its kernels");
+                    cancel.store(true, Ordering::Release);
+                    return;
+                }
+            }
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => {
+                warn!("watching the compute peer: {e}");
+                return;
+            }
+        }
+    }
 }
 
 fn serve_requests(
@@ -385,6 +434,59 @@ mod tests {
         assert_eq!(replies[5], Reply::Data(77u32.to_le_bytes().to_vec()));
         assert!(matches!(replies[6], Reply::Error { status: 400, .. }));
         assert_eq!((stats.requests, stats.launches, stats.failed), (7, 1, 1));
+    }
+
+    #[test]
+    fn a_peer_that_hangs_up_mid_kernel_stops_the_kernel() {
+        const SPIN: &str = ".version 8.5\n.target sm_75\n.address_size 64\n\
+            .visible .entry spin()\n{\n$L:\nbra $L;\n}\n";
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            // No budget: only the hang-up can stop this kernel.
+            let mut be = CpuBackend::new(CpuConfig {
+                instruction_budget: u64::MAX,
+                threads: 1,
+                ..CpuConfig::default()
+            });
+            let _ = tx.send(serve(&mut b, &mut be));
+        });
+        use Request::*;
+        let ctx = ContextId(1);
+        for r in [
+            ContextCreate,
+            ModuleLoad {
+                ctx,
+                image: SPIN.as_bytes().to_vec(),
+            },
+            Function {
+                ctx,
+                module: super::super::backend::ModuleId(1),
+                name: "spin".into(),
+            },
+        ] {
+            a.write_all(&r.encode()).unwrap();
+            let mut h = [0u8; 4];
+            a.read_exact(&mut h).unwrap();
+            let mut body = vec![0; wire::body_len(h).unwrap()];
+            a.read_exact(&mut body).unwrap();
+        }
+        let launch = Launch {
+            ctx,
+            function: super::super::backend::FunctionId(2),
+            grid: [1, 1, 1],
+            block: [32, 1, 1],
+            shared_bytes: 0,
+            stream: super::super::backend::DEFAULT_STREAM,
+            params: vec![],
+        };
+        a.write_all(&launch.encode()).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        drop(a);
+        let (stats, _) = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the served connection ends once its peer is gone");
+        assert_eq!((stats.launches, stats.failed), (1, 1));
     }
 
     #[test]

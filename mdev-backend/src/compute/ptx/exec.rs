@@ -177,6 +177,15 @@ struct Shared<'a> {
 }
 
 impl Shared<'_> {
+    fn check_cancel(&self) -> ComputeResult<()> {
+        match self.l.cancel {
+            Some(c) if c.load(Ordering::Relaxed) => Err(ComputeError::LaunchTimeout(
+                "launch cancelled: its owner went away".into(),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     fn worker(&self, blocks: u64) {
         loop {
             if self.stop.load(Ordering::Relaxed) {
@@ -187,7 +196,7 @@ impl Shared<'_> {
                 return;
             }
             let mut block = Block::new(self, b);
-            let mut result = block.run();
+            let mut result = self.check_cancel().and_then(|()| block.run());
             // Setting a block up is work too: charged, and the budget checked after every
             // block, so a huge grid of trivial blocks ends at the budget like a long kernel.
             let charged = block.unflushed + BLOCK_SETUP_COST * block.warps.len() as u64;
@@ -506,6 +515,7 @@ impl<'s, 'a> Block<'s, 'a> {
             if self.s.stop.load(Ordering::Relaxed) {
                 return Err(ComputeError::LaunchTimeout("launch stopped".into()));
             }
+            self.s.check_cancel()?;
             if total > self.s.l.instruction_budget {
                 return Err(ComputeError::LaunchTimeout(format!(
                     "kernel ran past its budget of {} warp-instructions ({:.1} s)",

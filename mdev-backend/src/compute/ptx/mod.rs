@@ -13,6 +13,8 @@ mod lex;
 mod parse;
 mod printf;
 
+use std::sync::atomic::AtomicBool;
+
 use super::memory::DeviceHeap;
 use super::{ComputeError, ComputeResult};
 
@@ -207,6 +209,8 @@ pub struct Launch<'a> {
     pub instruction_budget: u64,
     /// Host threads the blocks are spread over (at least 1).
     pub threads: usize,
+    /// Set by another thread to stop the launch at its next check (its owner went away).
+    pub cancel: Option<&'a AtomicBool>,
 }
 
 /// What a launch did.

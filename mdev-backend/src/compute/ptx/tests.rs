@@ -95,6 +95,7 @@ impl<'m> Run<'m> {
             params,
             symbols: &self.symbols,
             heap: Some(&self.heap),
+            cancel: None,
             instruction_budget,
             threads,
         };
