@@ -57,10 +57,20 @@ fn finish(mut child: Child, what: &str) -> Output {
     child.wait_with_output().expect("output")
 }
 
-/// A served socket and a directory holding our `libcuda.so.1`.
+/// A served socket and a directory holding our `libcuda.so.1`. A host still running when
+/// this is dropped (a failed assertion before [`Host::report`]) is killed and reaped.
 struct Host {
     dir: TempDir,
-    child: Child,
+    child: Option<Child>,
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }
 
 impl Host {
@@ -77,12 +87,17 @@ impl Host {
             .stderr(Stdio::piped())
             .spawn()
             .expect("start vgpu-cuda-host");
+        // Owned by the `Host` at once, so a failure from here on still kills it.
+        let host = Host {
+            dir,
+            child: Some(child),
+        };
         let start = Instant::now();
         while !socket.exists() {
             assert!(start.elapsed() < DEADLINE, "no socket from vgpu-cuda-host");
             std::thread::sleep(Duration::from_millis(10));
         }
-        Host { dir, child }
+        host
     }
 
     /// Runs a program against the host with our library.
@@ -99,8 +114,9 @@ impl Host {
     }
 
     /// The host's report once the connection has ended.
-    fn report(self) -> String {
-        let out = finish(self.child, "vgpu-cuda-host");
+    fn report(mut self) -> String {
+        let child = self.child.take().expect("a host not yet reported");
+        let out = finish(child, "vgpu-cuda-host");
         String::from_utf8_lossy(&out.stderr).into_owned()
     }
 }
