@@ -9,8 +9,6 @@
 //!
 //! `cargo bench -p mdev-backend --bench compute`
 
-use std::path::PathBuf;
-
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use mdev_backend::compute::backend::*;
 use mdev_backend::compute::fatbin::extract_ptx;
@@ -21,12 +19,7 @@ const MATMUL: &str = "_Z6matmulPKfS0_Pfi";
 const N: u64 = 128;
 
 fn corpus_program(name: &str) -> Option<Vec<u8>> {
-    let dir = std::env::var_os("VGPU_CUDA_CORPUS")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/vgpu/cuda-corpus"))
-        })?;
-    std::fs::read(dir.join(name)).ok()
+    std::fs::read(mdev_backend::compute::corpus::corpus_dir()?.join(name)).ok()
 }
 
 /// The warp-instructions one matmul launch executes, as the executor counts them.

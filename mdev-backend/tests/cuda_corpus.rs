@@ -16,33 +16,12 @@
 use std::path::PathBuf;
 
 use mdev_backend::compute::backend::*;
+use mdev_backend::compute::corpus::corpus_for_tests;
 use mdev_backend::compute::fatbin::extract_ptx;
 use mdev_backend::compute::{ComputeBackend, ComputeError, CpuBackend, CpuConfig, NvCuda};
 
 fn corpus() -> Option<PathBuf> {
-    let dir = std::env::var_os("VGPU_CUDA_CORPUS")
-        .map(PathBuf::from)
-        .or_else(|| {
-            let cache = std::env::var_os("VGPU_CACHE")
-                .map(PathBuf::from)
-                .or_else(|| {
-                    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/vgpu"))
-                })?;
-            Some(cache.join("cuda-corpus"))
-        })?;
-    if dir.join("vector_add").exists() {
-        return Some(dir);
-    }
-    assert!(
-        std::env::var_os("VGPU_REQUIRE_CUDA_CORPUS").is_none(),
-        "no CUDA corpus in {} (run qemu-scripts/cuda-corpus.sh)",
-        dir.display()
-    );
-    eprintln!(
-        "skipped: no CUDA corpus in {} (qemu-scripts/cuda-corpus.sh builds it)",
-        dir.display()
-    );
-    None
+    corpus_for_tests("vector_add")
 }
 
 /// Whether the tests run on the real driver.

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use mdev_backend::compute::corpus::corpus_for_tests;
 use vgpu_tests::daemon::workspace_binary;
 use vgpu_tests::temp_dir::TempDir;
 
@@ -17,26 +18,7 @@ use vgpu_tests::temp_dir::TempDir;
 const DEADLINE: Duration = Duration::from_secs(120);
 
 fn corpus() -> Option<PathBuf> {
-    let dir = std::env::var_os("VGPU_CUDA_CORPUS")
-        .map(PathBuf::from)
-        .or_else(|| {
-            let cache = std::env::var_os("VGPU_CACHE")
-                .map(PathBuf::from)
-                .or_else(|| {
-                    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/vgpu"))
-                })?;
-            Some(cache.join("cuda-corpus"))
-        })?;
-    if dir.join("omp_saxpy").exists() {
-        return Some(dir);
-    }
-    assert!(
-        std::env::var_os("VGPU_REQUIRE_CUDA_CORPUS").is_none(),
-        "no CUDA corpus in {} (run qemu-scripts/cuda-corpus.sh)",
-        dir.display()
-    );
-    eprintln!("skipped: no CUDA corpus in {}", dir.display());
-    None
+    corpus_for_tests("omp_saxpy")
 }
 
 /// Waits for a child until the deadline; kills it past that. Its output either way.

@@ -117,6 +117,14 @@ fn owner(handle: Handle) -> CuResult<u64> {
     with(|d| d.owner(h).ok_or(CUDA_ERROR_INVALID_HANDLE))
 }
 
+/// A status from one of our own entry points as a result.
+fn status(r: CUresult) -> CuResult<()> {
+    match r {
+        CUDA_SUCCESS => Ok(()),
+        e => Err(e),
+    }
+}
+
 fn finish(r: std::thread::Result<CuResult<()>>) -> CUresult {
     match r {
         Ok(Ok(())) => CUDA_SUCCESS,
@@ -223,14 +231,19 @@ fn put_str(p: *mut c_char, len: c_int, s: &str) -> CuResult<()> {
 /// extent read from its own header (fat binary, fat-binary wrapper, ELF) or its terminating
 /// NUL (PTX), at most [`MAX_IMAGE_BYTES`].
 fn image_at<'a>(p: *const c_void) -> CuResult<&'a [u8]> {
-    let head = bytes(p, 16)?;
     let word = |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().expect("4"));
     let long = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8"));
+    let mut p = p;
+    let mut head = bytes(p, 16)?;
+    // nvcc's wrapper struct { magic, version, data pointer, ... }: the fat binary it points
+    // at (followed once: a wrapper of a wrapper is no image).
+    if word(head, 0) == 0x4662_43B1 {
+        p = long(head, 8) as *const c_void;
+        head = bytes(p, 16)?;
+    }
     let len = match word(head, 0) {
         // A fat binary: 16-byte header, then its size.
         0xBA55_ED50 => long(head, 8).checked_add(16),
-        // nvcc's wrapper struct { magic, version, data pointer, ... }: the fat binary.
-        0x4662_43B1 => return image_at(long(head, 8) as *const c_void),
         0x464C_457F => {
             let h = bytes(p, 64)?;
             let shoff = long(h, 0x28);
@@ -378,10 +391,7 @@ entry!(cuDeviceGetUuid(uuid: *mut [u8; 16], dev: c_int) {
 
 entry!(cuDeviceGetUuid_v2(uuid: *mut [u8; 16], dev: c_int) {
     // SAFETY: same arguments as cuDeviceGetUuid.
-    match unsafe { cuDeviceGetUuid(uuid, dev) } {
-        CUDA_SUCCESS => Ok(()),
-        e => Err(e),
-    }
+    status(unsafe { cuDeviceGetUuid(uuid, dev) })
 });
 
 entry!(cuDeviceGetPCIBusId(out: *mut c_char, len: c_int, dev: c_int) {
@@ -799,10 +809,10 @@ entry!(cuStreamCreate(stream: *mut Handle, _flags: c_uint) {
     put(stream, s as Handle)
 });
 
-entry!(cuStreamCreateWithPriority(stream: *mut Handle, _flags: c_uint, _priority: c_int) {
-    let ctx = current()?;
-    let s = with(|d| d.stream_create(ctx))?;
-    put(stream, s as Handle)
+entry!(cuStreamCreateWithPriority(stream: *mut Handle, flags: c_uint, _priority: c_int) {
+    // Stream priorities are the scheduler's business, per VM, not per stream.
+    // SAFETY: the same arguments as cuStreamCreate.
+    status(unsafe { cuStreamCreate(stream, flags) })
 });
 
 entry!(cuStreamDestroy_v2 | cuStreamDestroy(stream: Handle) {
@@ -1026,10 +1036,7 @@ entry!(cuGetProcAddress_v2(
 
 entry!(cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64) {
     // SAFETY: the same arguments, without the optional status.
-    match unsafe { cuGetProcAddress_v2(symbol, pfn, cuda_version, flags, std::ptr::null_mut()) } {
-        CUDA_SUCCESS => Ok(()),
-        e => Err(e),
-    }
+    status(unsafe { cuGetProcAddress_v2(symbol, pfn, cuda_version, flags, std::ptr::null_mut()) })
 });
 
 entry!(cuGetExportTable(table: *mut *const c_void, id: *const [u8; 16]) {

@@ -172,6 +172,16 @@ pub trait ComputeBackend: Send {
     }
 }
 
+/// Refuses a module load when a context already holds [`MAX_MODULES_PER_CONTEXT`].
+pub(crate) fn room_for_module(loaded: usize) -> ComputeResult<()> {
+    if loaded >= MAX_MODULES_PER_CONTEXT {
+        return Err(super::ComputeError::OutOfMemory(format!(
+            "{MAX_MODULES_PER_CONTEXT} modules"
+        )));
+    }
+    Ok(())
+}
+
 /// The next handle from a per-context counter: wrapping, never 0 (0 is the default stream).
 pub(crate) fn next_id(counter: &mut u32) -> u32 {
     *counter = counter.wrapping_add(1).max(1);

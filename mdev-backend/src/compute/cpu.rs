@@ -11,7 +11,7 @@ use std::time::Instant;
 use log::{debug, warn};
 
 use super::backend::*;
-use super::fatbin::extract_ptx;
+use super::fatbin::{extract_ptx, ptx_of_all};
 use super::memory::{DEVICE_HEAP_BYTES, DeviceHeap, DeviceMemory};
 use super::ptx::{self, Launch, MAX_PRINTF_BYTES};
 use super::{ComputeError, ComputeResult, GlobalMemory};
@@ -195,11 +195,7 @@ impl ComputeBackend for CpuBackend {
 
     fn module_load(&mut self, ctx: ContextId, image: &[u8]) -> ComputeResult<ModuleId> {
         let c = self.ctx(ctx)?;
-        if c.modules.len() >= MAX_MODULES_PER_CONTEXT {
-            return Err(ComputeError::OutOfMemory(format!(
-                "{MAX_MODULES_PER_CONTEXT} modules"
-            )));
-        }
+        room_for_module(c.modules.len())?;
         // The most portable PTX the executor accepts.
         let mut last = None;
         let mut parsed = None;
@@ -220,15 +216,8 @@ impl ComputeBackend for CpuBackend {
 
     fn module_link(&mut self, ctx: ContextId, images: &[&[u8]]) -> ComputeResult<ModuleId> {
         let c = self.ctx(ctx)?;
-        if c.modules.len() >= MAX_MODULES_PER_CONTEXT {
-            return Err(ComputeError::OutOfMemory(format!(
-                "{MAX_MODULES_PER_CONTEXT} modules"
-            )));
-        }
-        let mut texts = Vec::new();
-        for image in images {
-            texts.extend(extract_ptx(image)?.into_iter().map(|p| p.text));
-        }
+        room_for_module(c.modules.len())?;
+        let texts = ptx_of_all(images)?;
         let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
         let module = ptx::Module::link(&texts)?;
         c.install(ctx, module)

@@ -58,6 +58,15 @@ fn u64_at(b: &[u8], off: usize) -> Option<u64> {
     ))
 }
 
+/// Every PTX text of every image, in order: what a link of those images takes.
+pub fn ptx_of_all(images: &[&[u8]]) -> ComputeResult<Vec<String>> {
+    let mut texts = Vec::new();
+    for image in images {
+        texts.extend(extract_ptx(image)?.into_iter().map(|p| p.text));
+    }
+    Ok(texts)
+}
+
 /// Every PTX text in `image` (PTX itself, fat binaries, an ELF host binary with `.nv_fatbin`,
 /// or an ELF holding GCC nvptx offload PTX), lowest architecture first (the most portable).
 pub fn extract_ptx(image: &[u8]) -> ComputeResult<Vec<PtxImage>> {

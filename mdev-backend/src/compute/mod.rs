@@ -19,6 +19,7 @@
 pub mod backend;
 #[cfg(test)]
 mod conformance;
+pub mod corpus;
 pub mod cpu;
 pub mod error;
 pub mod executor;

@@ -22,7 +22,7 @@ use libloading::Library;
 use log::{info, warn};
 
 use super::backend::*;
-use super::fatbin::extract_ptx;
+use super::fatbin::{extract_ptx, ptx_of_all};
 use super::{ComputeError, ComputeResult};
 
 type CuResult = c_int;
@@ -467,11 +467,7 @@ impl ComputeBackend for NvCuda {
         let text = CString::new(ptx.text)
             .map_err(|_| ComputeError::InvalidPtx("NUL inside PTX".into()))?;
         self.on(ctx, |api, c| {
-            if c.modules.len() >= MAX_MODULES_PER_CONTEXT {
-                return Err(ComputeError::OutOfMemory(format!(
-                    "{MAX_MODULES_PER_CONTEXT} modules"
-                )));
-            }
+            room_for_module(c.modules.len())?;
             let mut m: Handle = std::ptr::null_mut();
             // SAFETY: `text` is NUL-terminated PTX that lives across the call; `m` is a valid
             // out-pointer.
@@ -485,21 +481,12 @@ impl ComputeBackend for NvCuda {
     }
 
     fn module_link(&mut self, ctx: ContextId, images: &[&[u8]]) -> ComputeResult<ModuleId> {
-        let mut texts = Vec::new();
-        for image in images {
-            for p in extract_ptx(image)? {
-                texts.push(
-                    CString::new(p.text)
-                        .map_err(|_| ComputeError::InvalidPtx("NUL inside PTX".into()))?,
-                );
-            }
-        }
+        let texts = ptx_of_all(images)?
+            .into_iter()
+            .map(|t| CString::new(t).map_err(|_| ComputeError::InvalidPtx("NUL inside PTX".into())))
+            .collect::<ComputeResult<Vec<_>>>()?;
         self.on(ctx, |api, c| {
-            if c.modules.len() >= MAX_MODULES_PER_CONTEXT {
-                return Err(ComputeError::OutOfMemory(format!(
-                    "{MAX_MODULES_PER_CONTEXT} modules"
-                )));
-            }
+            room_for_module(c.modules.len())?;
             let mut state: Handle = std::ptr::null_mut();
             // SAFETY: no options; `state` is a valid out-pointer.
             check("cuLinkCreate", unsafe {

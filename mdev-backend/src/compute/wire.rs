@@ -360,11 +360,6 @@ pub fn body_len(header: [u8; 4]) -> Result<usize, WireError> {
 }
 
 impl Request {
-    /// The opcode of the request.
-    fn opcode(&self) -> u16 {
-        u16::from_le_bytes(self.encode()[4..6].try_into().expect("2 bytes"))
-    }
-
     /// Whether the request may be part of a [`Request::Batch`].
     pub fn batchable(&self) -> bool {
         matches!(
@@ -706,9 +701,13 @@ impl Request {
                 }
                 let mut requests = Vec::new();
                 for _ in 0..n {
-                    let r = Request::decode(i.bytes("batched request", MAX_MESSAGE_BYTES)?)?;
+                    let body = i.bytes("batched request", MAX_MESSAGE_BYTES)?;
+                    let r = Request::decode(body)?;
                     if !r.batchable() {
-                        return Err(WireError::NotBatchable(r.opcode()));
+                        // A decoded body starts with its opcode.
+                        return Err(WireError::NotBatchable(u16::from_le_bytes([
+                            body[0], body[1],
+                        ])));
                     }
                     requests.push(r);
                 }

@@ -255,14 +255,6 @@ struct Warp {
     barrier: usize,
 }
 
-enum Stop {
-    Done,
-    Barrier,
-    /// The warp ran its time slice and lets the others run (it may be spinning on a flag
-    /// another warp sets).
-    Yield,
-}
-
 /// Barriers of a block (`bar.sync 0..15`).
 const BARRIERS: usize = 16;
 /// Warp-instructions a warp runs before the block's other warps get their turn.
@@ -425,8 +417,7 @@ impl<'s, 'a> Block<'s, 'a> {
                     continue;
                 }
                 ran = true;
-                // Done, at a barrier or its slice over: the next warp's turn either way.
-                let (Stop::Done | Stop::Barrier | Stop::Yield) = self.run_warp(w)?;
+                self.run_warp(w)?;
             }
             if live == 0 {
                 return Ok(());
@@ -527,17 +518,19 @@ impl<'s, 'a> Block<'s, 'a> {
         Ok(())
     }
 
-    fn run_warp(&mut self, w: usize) -> ComputeResult<Stop> {
+    /// Runs warp `w` until it is done, parks at a barrier, or has run its time slice (it may
+    /// be spinning on a flag another warp sets); then it is the next warp's turn.
+    fn run_warp(&mut self, w: usize) -> ComputeResult<()> {
         let s = self.s;
         let mut slice = 0u32;
         loop {
             let warp = &self.warps[w];
             let live = warp.valid & !warp.exited;
             if live == 0 {
-                return Ok(Stop::Done);
+                return Ok(());
             }
             if slice == SLICE && self.warps.len() > 1 {
-                return Ok(Stop::Yield);
+                return Ok(());
             }
             slice += 1;
             // The lanes deepest in calls first, then the lowest PC: a lane that called a
@@ -631,7 +624,7 @@ impl<'s, 'a> Block<'s, 'a> {
                 }
                 warp.at_barrier = exec;
                 warp.barrier = id;
-                return Ok(Stop::Barrier);
+                return Ok(());
             }
             {
                 let warp = &mut self.warps[w];

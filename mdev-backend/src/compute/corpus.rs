@@ -1,0 +1,39 @@
+//! Where the CUDA test corpus lies (`qemu-scripts/cuda-corpus.sh` builds it): the tests and
+//! benchmarks of several crates look it up here.
+
+use std::path::PathBuf;
+
+/// Names the corpus directory instead of the cache's.
+pub const CORPUS_ENV: &str = "VGPU_CUDA_CORPUS";
+/// When set (the README's test command sets it), a missing corpus fails the tests.
+pub const REQUIRE_ENV: &str = "VGPU_REQUIRE_CUDA_CORPUS";
+
+/// `$VGPU_CUDA_CORPUS`, else `cuda-corpus` in the cache (`$VGPU_CACHE`, else
+/// `~/.cache/vgpu`), as the corpus script writes it.
+pub fn corpus_dir() -> Option<PathBuf> {
+    std::env::var_os(CORPUS_ENV).map(PathBuf::from).or_else(|| {
+        let cache = std::env::var_os("VGPU_CACHE")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/vgpu")))?;
+        Some(cache.join("cuda-corpus"))
+    })
+}
+
+/// For tests: the corpus directory when it holds `program`; otherwise `None` (the test
+/// skips, saying so on standard error), or a panic when [`REQUIRE_ENV`] is set.
+pub fn corpus_for_tests(program: &str) -> Option<PathBuf> {
+    let dir = corpus_dir()?;
+    if dir.join(program).exists() {
+        return Some(dir);
+    }
+    assert!(
+        std::env::var_os(REQUIRE_ENV).is_none(),
+        "no CUDA corpus in {} (run qemu-scripts/cuda-corpus.sh)",
+        dir.display()
+    );
+    eprintln!(
+        "skipped: no CUDA corpus in {} (qemu-scripts/cuda-corpus.sh builds it)",
+        dir.display()
+    );
+    None
+}
