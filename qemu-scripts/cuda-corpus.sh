@@ -5,6 +5,9 @@
 # $CACHE/cuda; GCC's offloading from Debian's gcc-offload-nvptx. Nothing needs a GPU; nothing
 # NVIDIA ships enters the repository. Idempotent: a program is rebuilt only when its source
 # changed. docs/PTX.md says what the tests do with the corpus.
+#   qemu-scripts/cuda-corpus.sh [--nvcc PATH]
+# --nvcc PATH: the nvcc programs only, built by that compiler (a GPU host whose driver is older
+# than the wheel's toolkit JIT-compiles only the PTX of a toolkit it knows).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 cache=${VGPU_CACHE:-$HOME/.cache/vgpu}
@@ -15,32 +18,40 @@ version=13.5.37
 wheels=("nvidia-cuda-nvcc==$version" "nvidia-cuda-crt==$version" "nvidia-cuda-runtime==$version"
         "nvidia-nvvm==$version")
 
-if [[ ! -x $cuda/nvidia/cu13/bin/nvcc || $(cat "$cuda/version" 2>/dev/null) != "$version" ]]; then
-    echo "installing nvcc $version from PyPI wheels into $cuda"
-    rm -rf "$cuda.tmp" && mkdir -p "$cuda.tmp/wheels"
-    python3 -m pip download -q --progress-bar on --no-deps --only-binary=:all: \
-        -d "$cuda.tmp/wheels" "${wheels[@]}"
-    for w in "$cuda.tmp/wheels"/*.whl; do
-        echo "  unpacking $(basename "$w")"
-        python3 -m zipfile -e "$w" "$cuda.tmp"
-    done
-    rm -rf "$cuda.tmp/wheels"
-    chmod +x "$cuda.tmp"/nvidia/cu13/bin/* "$cuda.tmp"/nvidia/cu13/nvvm/bin/*
-    echo "$version" >"$cuda.tmp/version"
-    rm -rf "$cuda" && mv "$cuda.tmp" "$cuda"
+own_nvcc=
+if [[ ${1:-} == --nvcc ]]; then
+    own_nvcc=${2:?usage: $0 [--nvcc PATH]}
 fi
-if ! dpkg-query -W -f='${Status}' gcc-offload-nvptx 2>/dev/null | grep -q 'install ok installed'; then
-    sudo=()
-    [[ $(id -u) == 0 ]] || sudo=(sudo)
-    echo "installing Debian package gcc-offload-nvptx"
-    "${sudo[@]}" apt-get update -q
-    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -q --no-install-recommends gcc-offload-nvptx
+if [[ -n $own_nvcc ]]; then
+    nvcc=("$own_nvcc")
+else
+    if [[ ! -x $cuda/nvidia/cu13/bin/nvcc || $(cat "$cuda/version" 2>/dev/null) != "$version" ]]; then
+        echo "installing nvcc $version from PyPI wheels into $cuda"
+        rm -rf "$cuda.tmp" && mkdir -p "$cuda.tmp/wheels"
+        python3 -m pip download -q --progress-bar on --no-deps --only-binary=:all: \
+            -d "$cuda.tmp/wheels" "${wheels[@]}"
+        for w in "$cuda.tmp/wheels"/*.whl; do
+            echo "  unpacking $(basename "$w")"
+            python3 -m zipfile -e "$w" "$cuda.tmp"
+        done
+        rm -rf "$cuda.tmp/wheels"
+        chmod +x "$cuda.tmp"/nvidia/cu13/bin/* "$cuda.tmp"/nvidia/cu13/nvvm/bin/*
+        echo "$version" >"$cuda.tmp/version"
+        rm -rf "$cuda" && mv "$cuda.tmp" "$cuda"
+    fi
+    if ! dpkg-query -W -f='${Status}' gcc-offload-nvptx 2>/dev/null | grep -q 'install ok installed'; then
+        sudo=()
+        [[ $(id -u) == 0 ]] || sudo=(sudo)
+        echo "installing Debian package gcc-offload-nvptx"
+        "${sudo[@]}" apt-get update -q
+        DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -q --no-install-recommends gcc-offload-nvptx
+    fi
+    # nvcc finds cicc and ptxas through PATH; GCC's nvptx assembler must not (it would verify
+    # its sm_30 PTX with a ptxas that no longer knows sm_30).
+    nvcc=(env "PATH=$cuda/nvidia/cu13/bin:$PATH" nvcc)
 fi
 
 mkdir -p "$corpus"
-# nvcc finds cicc and ptxas through PATH; GCC's nvptx assembler must not (it would verify its
-# sm_30 PTX with a ptxas that no longer knows sm_30).
-nvcc=(env "PATH=$cuda/nvidia/cu13/bin:$PATH" nvcc)
 # build OUT SRC COMMAND...: runs COMMAND when OUT is missing or older than SRC or this script.
 build() {
     local out=$1 src=$2
@@ -61,6 +72,7 @@ for mode in none speed size; do
         "${nvcc[@]}" -compress-mode="$mode" -o "$corpus/vector_add.compress-$mode" tests/cuda/vector_add.cu
 done
 for src in tests/cuda/omp/*.c; do
+    [[ -z $own_nvcc ]] || break
     name=omp_$(basename "$src" .c)
     build "$name" "$src" gcc -O2 -fopenmp -foffload=nvptx-none -foffload-options=-lm \
         -Wno-error -o "$corpus/$name" "$src"

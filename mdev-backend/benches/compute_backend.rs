@@ -13,7 +13,7 @@ use std::time::Duration;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use mdev_backend::compute::backend::{ContextId, DEFAULT_STREAM, FunctionId, KernelLaunch};
 use mdev_backend::compute::{
-    ComputeBackend, CpuBackend, CpuConfig, Executor, ExecutorConfig, NvCuda,
+    ComputeBackend, CpuConfig, Executor, ExecutorConfig, backend_from_env,
 };
 
 const EMPTY: &str = ".version 7.0\n.target sm_70\n.address_size 64\n\
@@ -23,17 +23,10 @@ const EMPTY: &str = ".version 7.0\n.target sm_70\n.address_size 64\n\
 const SIZES: &[usize] = &[4 << 10, 1 << 20, 16 << 20];
 
 fn make_backend() -> (&'static str, Box<dyn ComputeBackend>) {
-    if std::env::var("VGPU_COMPUTE").as_deref() == Ok("nvcuda") {
-        match NvCuda::new(0) {
-            Ok(b) => return ("nvcuda", Box::new(b)),
-            Err(e) => eprintln!("NvCuda unavailable ({e}); measuring the CPU backend"),
-        }
-    }
-    let config = CpuConfig {
+    backend_from_env(CpuConfig {
         memory_per_context: 256 << 20,
         ..CpuConfig::default()
-    };
-    ("cpu", Box::new(CpuBackend::new(config)))
+    })
 }
 
 /// A context with the empty kernel loaded and two buffers of the largest size.

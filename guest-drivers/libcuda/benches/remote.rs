@@ -1,5 +1,6 @@
-//! What remoting costs: the guest library's `Driver` over a Unix socket to a served
-//! `CpuBackend` (the path of `vgpu-cuda-host`), against the same backend called directly.
+//! What remoting costs: the guest library's `Driver` over a Unix socket to a served backend
+//! (the path of `vgpu-cuda-host`), against the same backend called directly. The backend is
+//! the PTX executor, or `NvCuda` with `VGPU_COMPUTE=nvcuda` where the driver loads.
 //! Empty-kernel launches from the guest call to completion (p50/p99; a launch and the
 //! synchronisation that sends it), launches batched as a launch-heavy app issues them, and
 //! host↔device copy bandwidth. Prints a table
@@ -14,7 +15,7 @@ use cuda::driver::{Driver, LaunchParams};
 use cuda::transport::SocketTransport;
 use mdev_backend::compute::backend::{DEFAULT_STREAM, KernelLaunch};
 use mdev_backend::compute::remote::serve;
-use mdev_backend::compute::{ComputeBackend, CpuBackend, CpuConfig};
+use mdev_backend::compute::{CpuConfig, backend_from_env};
 
 const LAUNCHES: usize = 5000;
 const COPY_BYTES: usize = 64 << 20;
@@ -66,8 +67,8 @@ fn main() {
     // Remote: the driver in this thread, the served backend in another.
     let (a, mut b) = UnixStream::pair().expect("socket pair");
     let host = std::thread::spawn(move || {
-        let mut be = CpuBackend::new(config());
-        serve(&mut b, &mut be).0
+        let (_, mut be) = backend_from_env(config());
+        serve(&mut b, be.as_mut()).0
     });
     let mut d = Driver::new(SocketTransport::over(a).expect("transport")).expect("driver");
     let ctx = d.context_create().expect("context");
@@ -113,7 +114,7 @@ fn main() {
     let stats = host.join().expect("host thread");
 
     // Direct: the same backend calls in this thread.
-    let mut be = CpuBackend::new(config());
+    let (backend, mut be) = backend_from_env(config());
     let c = be.context_create().expect("context");
     let m = be.module_load(c, EMPTY.as_bytes()).expect("module");
     let (f, _) = be.function(c, m, "empty").expect("function");
@@ -137,7 +138,9 @@ fn main() {
     });
 
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    println!("CUDA remoting over a Unix socket vs the backend called directly ({cpus} CPUs)");
+    println!(
+        "CUDA remoting over a Unix socket vs the backend ({backend}) called directly ({cpus} CPUs)"
+    );
     println!("| path | launch p50 / p99 / mean (µs) | HtoD GiB/s | DtoH GiB/s |");
     println!("|---|---:|---:|---:|");
     for (name, (p50, p99, mean), h, dh) in [
@@ -165,7 +168,7 @@ fn main() {
         format!("{{\"p50_us\":{p50:.2},\"p99_us\":{p99:.2},\"mean_us\":{mean:.2}}}")
     };
     let json = format!(
-        "{{\"benchmark\":\"cuda-remote\",\"cpus\":{cpus},\"launches\":{LAUNCHES},\"copy_bytes\":{COPY_BYTES},\
+        "{{\"benchmark\":\"cuda-remote\",\"backend\":\"{backend}\",\"cpus\":{cpus},\"launches\":{LAUNCHES},\"copy_bytes\":{COPY_BYTES},\
          \"remote\":{{\"launch\":{},\"batched_launch_us\":{batched_us:.3},\"htod_gib_s\":{remote_htod:.3},\"dtoh_gib_s\":{remote_dtoh:.3}}},\
          \"direct\":{{\"launch\":{},\"htod_gib_s\":{direct_htod:.3},\"dtoh_gib_s\":{direct_dtoh:.3}}}}}\n",
         lat(remote_launch),

@@ -133,9 +133,13 @@ fn finish(r: std::thread::Result<CuResult<()>>) -> CUresult {
     }
 }
 
-fn trace(name: &str) {
+/// With [`TRACE_ENV`] set: each call on standard error, with its status when it failed.
+fn trace(name: &str, status: CUresult) {
     if std::env::var_os(TRACE_ENV).is_some() {
-        eprintln!("vgpu libcuda: {name}");
+        match status {
+            CUDA_SUCCESS => eprintln!("vgpu libcuda: {name}"),
+            s => eprintln!("vgpu libcuda: {name} -> {s}"),
+        }
     }
 }
 
@@ -291,10 +295,11 @@ macro_rules! entry {
     ($name:ident ($($arg:ident : $ty:ty),* $(,)?) $body:block) => {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
-            trace(stringify!($name));
-            finish(std::panic::catch_unwind(std::panic::AssertUnwindSafe(
+            let status = finish(std::panic::catch_unwind(std::panic::AssertUnwindSafe(
                 || -> CuResult<()> { $body },
-            )))
+            )));
+            trace(stringify!($name), status);
+            status
         }
     };
     ($name:ident | $alias:ident ($($arg:ident : $ty:ty),* $(,)?) $body:block) => {

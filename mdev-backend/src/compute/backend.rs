@@ -170,6 +170,14 @@ pub trait ComputeBackend: Send {
     fn canceller(&self) -> Option<std::sync::Arc<std::sync::atomic::AtomicBool>> {
         None
     }
+
+    /// Whether a sticky error (a fault, a runaway kernel) breaks every context of the
+    /// process, not only its own: true on the real driver, whose state is per process, so
+    /// isolating guests there takes a process each (`vgpu-cuda-host` serves every
+    /// connection in its own process).
+    fn faults_are_process_wide(&self) -> bool {
+        false
+    }
 }
 
 /// Refuses a module load when a context already holds [`MAX_MODULES_PER_CONTEXT`].

@@ -6,10 +6,12 @@ use super::backend::{
     ComputeBackend, ContextId, DEFAULT_STREAM, EventId, KernelLaunch, ModuleId, StreamId,
 };
 
-/// The kernels of the CPU tests, at a PTX version every CUDA 11+ driver JITs.
+/// The kernels of the CPU tests and a global variable, at a PTX version every CUDA 11+
+/// driver JITs.
 fn ptx() -> String {
     super::cpu::validation_tests::PTX
         .replace(".version 8.5\n.target sm_75", ".version 7.0\n.target sm_70")
+        + "\n.visible .global .align 4 .u32 tally[4];\n"
 }
 
 /// Runs the sequence; `runaway` also launches a kernel that never ends (only where a budget
@@ -94,12 +96,20 @@ pub(crate) fn run(b: &mut dyn ComputeBackend, runaway: bool) {
     let mut back = vec![0; bytes as usize];
     b.copy_dtoh(c, &mut back, y, DEFAULT_STREAM).unwrap();
     assert_eq!(back, out);
+    // A module global is memory of the context: copies reach it, and only it.
+    let (g, size) = b.module_global(c, m, "tally").unwrap();
+    assert_eq!(size, 16);
+    b.copy_htod(c, g, &[9; 16], DEFAULT_STREAM).unwrap();
+    let mut tally = [0u8; 16];
+    b.copy_dtoh(c, &mut tally, g, DEFAULT_STREAM).unwrap();
+    assert_eq!(tally, [9; 16]);
+    bad(b.copy_htod(c, g + 8, &[0; 16], DEFAULT_STREAM));
     b.event_destroy(c, e0).unwrap();
     b.stream_destroy(c, s).unwrap();
     b.mem_free(c, x).unwrap();
     b.module_unload(c, m).unwrap();
     // A kernel writing outside every allocation: IllegalAddress, then the context is broken
-    // and only destroy works; another context is unaffected.
+    // and only destroy works; another context is unaffected, unless faults are process-wide.
     let other = b.context_create().unwrap();
     let m = b.module_load(c, ptx().as_bytes());
     let m = m.unwrap();
@@ -122,6 +132,18 @@ pub(crate) fn run(b: &mut dyn ComputeBackend, runaway: bool) {
         b.mem_alloc(c, 16),
         Err(ComputeError::ContextBroken(_))
     ));
+    if b.faults_are_process_wide() {
+        // The real driver: every context of the process is broken, and so are new ones.
+        assert!(matches!(
+            b.mem_alloc(other, 16),
+            Err(ComputeError::ContextBroken(_))
+        ));
+        assert!(matches!(
+            b.context_create(),
+            Err(ComputeError::ContextBroken(_))
+        ));
+        return;
+    }
     let a = b.mem_alloc(other, 16).unwrap();
     b.memset_d8(other, a, 1, 16, DEFAULT_STREAM).unwrap();
     // Destroying a faulted context may report its fault again; either way it is gone.

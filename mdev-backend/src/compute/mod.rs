@@ -36,3 +36,16 @@ pub use error::{ComputeError, ComputeResult};
 pub use executor::{Executor, ExecutorConfig, GroupDone};
 pub use memory::{DeviceMemory, Fault, FaultKind, GlobalMemory};
 pub use nvcuda::NvCuda;
+
+/// The backend a benchmark or a check measures: [`NvCuda`] when `VGPU_COMPUTE=nvcuda` is set
+/// and the driver loads (else a note on standard error), otherwise a [`CpuBackend`] with
+/// `cpu`. Named by what ran.
+pub fn backend_from_env(cpu: CpuConfig) -> (&'static str, Box<dyn ComputeBackend>) {
+    if std::env::var("VGPU_COMPUTE").as_deref() == Ok("nvcuda") {
+        match NvCuda::new(0) {
+            Ok(b) => return ("nvcuda", Box::new(b)),
+            Err(e) => eprintln!("NvCuda unavailable ({e}); measuring the CPU backend"),
+        }
+    }
+    ("cpu", Box::new(CpuBackend::new(cpu)))
+}

@@ -10,6 +10,11 @@
 //! spaces. Module images go to the driver as PTX text extracted by `fatbin`, the same text
 //! the CPU executor runs, so the two backends execute the same code.
 //!
+//! A sticky error (an illegal address, a kernel past its time) breaks CUDA for the whole
+//! process, every context of it, as NVIDIA documents and as the H100 check showed: the
+//! backend then refuses every context with `ContextBroken`, and the isolation unit on the
+//! real driver is the process ([`ComputeBackend::faults_are_process_wide`]).
+//!
 //! Every wait is bounded: synchronisations poll `cuStreamQuery`/`cuEventQuery` for at most
 //! [`SYNC_TIMEOUT`] instead of blocking in the driver, and answer `LaunchTimeout` (the context
 //! is then broken), so a hung kernel never holds the VM's executor thread longer.
@@ -92,6 +97,7 @@ struct Api {
     stream_create: unsafe extern "C" fn(*mut Handle, c_uint) -> CuResult,
     stream_destroy: unsafe extern "C" fn(Handle) -> CuResult,
     stream_query: unsafe extern "C" fn(Handle) -> CuResult,
+    stream_synchronize: unsafe extern "C" fn(Handle) -> CuResult,
     event_create: unsafe extern "C" fn(*mut Handle, c_uint) -> CuResult,
     event_destroy: unsafe extern "C" fn(Handle) -> CuResult,
     event_record: unsafe extern "C" fn(Handle, Handle) -> CuResult,
@@ -157,6 +163,7 @@ impl Api {
             stream_create: sym!("cuStreamCreate"),
             stream_destroy: sym!("cuStreamDestroy_v2"),
             stream_query: sym!("cuStreamQuery"),
+            stream_synchronize: sym!("cuStreamSynchronize"),
             event_create: sym!("cuEventCreate"),
             event_destroy: sym!("cuEventDestroy_v2"),
             event_record: sym!("cuEventRecord"),
@@ -199,7 +206,13 @@ fn wait(what: &str, query: impl Fn() -> CuResult) -> ComputeResult<()> {
 /// Waits, bounded, for a stream's work (`s` null: the context's default stream).
 fn wait_stream(api: &Api, s: Handle) -> ComputeResult<()> {
     // SAFETY: `s` is null or a live stream of the context current on this thread.
-    wait("cuStreamQuery", || unsafe { (api.stream_query)(s) })
+    wait("cuStreamQuery", || unsafe { (api.stream_query)(s) })?;
+    // The stream is idle, so the driver's own synchronisation returns at once; it is made
+    // for its side effects: device printf is flushed there, not at queries.
+    // SAFETY: as above.
+    check("cuStreamSynchronize", unsafe {
+        (api.stream_synchronize)(s)
+    })
 }
 
 fn check(what: &str, r: CuResult) -> ComputeResult<()> {
@@ -236,6 +249,9 @@ struct Context {
     events: HashMap<u32, usize>,
     /// Device address → size of every allocation of this context.
     allocations: BTreeMap<u64, u64>,
+    /// Device address → (size, module) of every module global the guest looked up: memory
+    /// of this context that copies may name too (as libgomp does to set its variables).
+    globals: BTreeMap<u64, (u64, u32)>,
     /// Bytes of those allocations, at most the device's `total_memory` (the budget).
     used: u64,
     broken: Option<ComputeError>,
@@ -264,16 +280,24 @@ impl Context {
             .ok_or_else(|| ComputeError::InvalidHandle(format!("event {}", e.0)))
     }
 
-    /// `[addr, addr + bytes)` lies inside one allocation of this context.
+    /// `[addr, addr + bytes)` lies inside one allocation, or one looked-up module global, of
+    /// this context.
     fn owns(&self, addr: u64, bytes: u64) -> ComputeResult<()> {
-        let inside = self
+        let within = |base: u64, len: u64| {
+            addr.checked_add(bytes)
+                .is_some_and(|end| end <= base.saturating_add(len))
+        };
+        let allocated = self
             .allocations
             .range(..=addr)
             .next_back()
-            .is_some_and(|(base, len)| {
-                addr.checked_add(bytes).is_some_and(|end| end <= base + len)
-            });
-        if inside {
+            .is_some_and(|(&base, &len)| within(base, len));
+        let global = self
+            .globals
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(&base, &(len, _))| within(base, len));
+        if allocated || global {
             Ok(())
         } else {
             Err(ComputeError::InvalidValue(format!(
@@ -283,12 +307,21 @@ impl Context {
     }
 }
 
+/// Most device `printf` bytes held between two collections (the driver's default device
+/// printf buffer is 1 MiB too).
+const PRINTF_PIPE_BYTES: usize = 1 << 20;
+
 /// The compute backend on the NVIDIA driver.
 pub struct NvCuda {
     api: Api,
     device: c_int,
     attributes: DeviceAttributes,
     contexts: ContextTable<Context>,
+    /// The first sticky error: CUDA in this process is unusable from then on.
+    poisoned: Option<ComputeError>,
+    /// When device printf is captured: the read end of the pipe standard output goes to,
+    /// and the standard output it replaced (put back when the backend is dropped).
+    printf: Option<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)>,
 }
 
 impl std::fmt::Debug for NvCuda {
@@ -386,11 +419,44 @@ impl NvCuda {
             device,
             attributes,
             contexts: ContextTable::new(),
+            poisoned: None,
+            printf: None,
         })
+    }
+
+    /// Captures device `printf`, which the driver writes to the process's standard output at
+    /// synchronisation points, for [`ComputeBackend::take_output`]: standard output becomes a
+    /// non-blocking pipe of [`PRINTF_PIPE_BYTES`] (the driver's writes past that are lost, as
+    /// past a full device printf buffer; they never block the executor), until the backend is
+    /// dropped. For a process that serves one guest only: the output of every context goes to
+    /// whichever asks first.
+    pub fn capture_printf(&mut self) -> ComputeResult<()> {
+        use rustix::pipe::{PipeFlags, fcntl_setpipe_size, pipe_with};
+        let io = |e: rustix::io::Errno| ComputeError::InvalidValue(format!("printf pipe: {e}"));
+        let (read, write) = pipe_with(PipeFlags::NONBLOCK | PipeFlags::CLOEXEC).map_err(io)?;
+        // Smaller where the system's limit is lower; the pipe works either way.
+        let _ = fcntl_setpipe_size(&write, PRINTF_PIPE_BYTES);
+        let saved = std::os::fd::AsFd::as_fd(&std::io::stdout())
+            .try_clone_to_owned()
+            .map_err(|e| ComputeError::InvalidValue(format!("standard output: {e}")))?;
+        rustix::stdio::dup2_stdout(&write).map_err(io)?;
+        self.printf = Some((read, saved));
+        Ok(())
+    }
+
+    /// Refuses every call once a sticky error broke CUDA for the process.
+    fn usable(&self) -> ComputeResult<()> {
+        match &self.poisoned {
+            Some(e) => Err(ComputeError::ContextBroken(format!(
+                "CUDA is broken for this process since: {e}"
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// The context, made current on this thread, unless unknown or broken.
     fn ctx(&mut self, ctx: ContextId) -> ComputeResult<&mut Context> {
+        self.usable()?;
         let c = self.contexts.get_mut(ctx)?;
         if let Some(e) = &c.broken {
             return Err(ComputeError::ContextBroken(e.to_string()));
@@ -402,8 +468,8 @@ impl NvCuda {
         Ok(c)
     }
 
-    /// Runs `call` on a context and marks the context broken when the driver reports a sticky
-    /// error.
+    /// Runs `call` on a context and marks the context, and CUDA for the process, broken when
+    /// the driver reports a sticky error.
     fn on<T>(
         &mut self,
         ctx: ContextId,
@@ -414,8 +480,12 @@ impl NvCuda {
         let r = call(&self.api, c);
         if let Err(e) = &r {
             if e.is_sticky() {
-                warn!("CUDA context {}: {e}; the context is broken", ctx.0);
+                warn!(
+                    "CUDA context {}: {e}; the context and every other one of this process are broken",
+                    ctx.0
+                );
                 c.broken = Some(e.clone());
+                self.poisoned.get_or_insert_with(|| e.clone());
             }
         }
         r
@@ -428,6 +498,7 @@ impl ComputeBackend for NvCuda {
     }
 
     fn context_create(&mut self) -> ComputeResult<ContextId> {
+        self.usable()?;
         self.contexts.check_room()?;
         let mut handle: Handle = std::ptr::null_mut();
         // SAFETY: `handle` is a valid out-pointer; flags 0 (automatic scheduling).
@@ -540,6 +611,7 @@ impl ComputeBackend for NvCuda {
                 .modules
                 .remove(&module.0)
                 .ok_or_else(|| ComputeError::InvalidHandle(format!("module {}", module.0)))?;
+            c.globals.retain(|_, &mut (_, owner)| owner != module.0);
             // SAFETY: a live module of the current context, unloaded once.
             check("cuModuleUnload", unsafe {
                 (api.module_unload)(m as Handle)
@@ -566,6 +638,8 @@ impl ComputeBackend for NvCuda {
             check("cuModuleGetGlobal", unsafe {
                 (api.module_get_global)(&mut addr, &mut size, m as Handle, cname.as_ptr())
             })?;
+            // Bounded by the globals the module has: the driver finds no others.
+            c.globals.insert(addr, (size as u64, module.0));
             Ok((addr, size as u64))
         })
     }
@@ -921,9 +995,24 @@ impl ComputeBackend for NvCuda {
     }
 
     fn take_output(&mut self, ctx: ContextId) -> ComputeResult<String> {
-        // The driver prints device printf on the host's stdout at synchronisation points; it
-        // is not captured per context.
-        self.ctx(ctx).map(|_| String::new())
+        // The driver prints device printf on the process's stdout at synchronisation points:
+        // captured per process (`capture_printf`), else not at all.
+        self.ctx(ctx)?;
+        let mut out = Vec::new();
+        if let Some((read, _)) = &self.printf {
+            let mut buf = [0u8; 16 << 10];
+            while out.len() < PRINTF_PIPE_BYTES {
+                match rustix::io::read(read, &mut buf) {
+                    Ok(n) if n > 0 => out.extend_from_slice(&buf[..n]),
+                    _ => break,
+                }
+            }
+        }
+        Ok(String::from_utf8_lossy(&out).into_owned())
+    }
+
+    fn faults_are_process_wide(&self) -> bool {
+        true
     }
 }
 
@@ -935,6 +1024,12 @@ impl Drop for NvCuda {
             if r != CUDA_SUCCESS {
                 warn!("cuCtxDestroy: {r}");
             }
+        }
+        // Contexts destroyed, the driver prints no more: standard output is put back.
+        if let Some((_, saved)) = self.printf.take()
+            && let Err(e) = rustix::stdio::dup2_stdout(&saved)
+        {
+            warn!("restoring standard output: {e}");
         }
     }
 }
