@@ -104,6 +104,18 @@ pub const CAPSET_VIRGL2: u32 = bindings::VIRTIO_GPU_CAPSET_VIRGL2;
 /// vgpu's private load capset (`VGPU_LOAD_CAPSET_ID`): contexts that occupy the GPU for given
 /// times.
 pub const CAPSET_LOAD: u32 = 20;
+/// vgpu's private compute capset (`VGPU_COMPUTE_CAPSET_ID`): contexts whose submits carry a
+/// guest CUDA driver's requests (docs/CUDA-GUEST.md).
+pub const CAPSET_COMPUTE: u32 = 21;
+/// Feature bit `VIRTIO_GPU_F_RESOURCE_BLOB`.
+pub const F_RESOURCE_BLOB: u32 = bindings::VIRTIO_GPU_F_RESOURCE_BLOB;
+/// `VIRTIO_GPU_BLOB_MEM_GUEST` / `_HOST3D`.
+pub const BLOB_MEM_GUEST: u32 = bindings::VIRTIO_GPU_BLOB_MEM_GUEST;
+pub const BLOB_MEM_HOST3D: u32 = bindings::VIRTIO_GPU_BLOB_MEM_HOST3D;
+/// `VIRTIO_GPU_BLOB_FLAG_USE_MAPPABLE`.
+pub const BLOB_FLAG_USE_MAPPABLE: u32 = bindings::VIRTIO_GPU_BLOB_FLAG_USE_MAPPABLE;
+/// First word of a compute submit's header ("VGCU").
+pub const COMPUTE_MAGIC: u32 = 0x5543_4756;
 /// Load command op: occupy the GPU for `arg` µs.
 pub const LOAD_OP_OCCUPY: u32 = 1;
 /// Load command op: end of a frame (`arg` 0).
@@ -335,6 +347,43 @@ pub fn resource_attach_backing_claiming(
     let mut bytes = resource_attach_backing(resource_id, entries);
     bytes[CTRL_HDR_SIZE + 4..CTRL_HDR_SIZE + 8].copy_from_slice(&nr_entries.to_le_bytes());
     bytes
+}
+
+/// `VIRTIO_GPU_CMD_RESOURCE_CREATE_BLOB` (`struct virtio_gpu_resource_create_blob`) with its
+/// memory entries (guest-physical address, length).
+pub fn resource_create_blob(
+    resource_id: u32,
+    blob_mem: u32,
+    blob_flags: u32,
+    size: u64,
+    entries: &[(u64, u32)],
+) -> Vec<u8> {
+    let mut bytes = request(
+        bindings::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_RESOURCE_CREATE_BLOB,
+        &[resource_id, blob_mem, blob_flags, entries.len() as u32],
+    );
+    bytes.extend_from_slice(&0u64.to_le_bytes());
+    bytes.extend_from_slice(&size.to_le_bytes());
+    for &(addr, length) in entries {
+        bytes.extend_from_slice(&addr.to_le_bytes());
+        bytes.extend_from_slice(&length.to_le_bytes());
+        bytes.extend_from_slice(&[0; 4]);
+    }
+    bytes
+}
+
+/// `VIRTIO_GPU_CMD_SUBMIT_3D` on a compute-capset context: the 20-byte header naming the blob
+/// that holds `request_bytes` of request and takes up to `reply_capacity` of reply.
+pub fn compute_submit(
+    ctx_id: u32,
+    resource_id: u32,
+    request_bytes: u32,
+    reply_capacity: u32,
+) -> Vec<u8> {
+    submit_3d(
+        ctx_id,
+        &[COMPUTE_MAGIC, resource_id, request_bytes, reply_capacity, 0],
+    )
 }
 
 /// `VIRTIO_GPU_CMD_RESOURCE_DETACH_BACKING`.

@@ -123,6 +123,7 @@ impl TestServer {
             renderer,
             scheduler,
             resource_memory: vgpu_server::gpu::device::DEFAULT_RESOURCE_MEMORY_MB << 20,
+            compute: vgpu_server::gpu::compute::ComputeKind::Cpu,
         };
         let server = VgpuServer::bind(config).expect("server binds its socket");
         let metrics = server.metrics();

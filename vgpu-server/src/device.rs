@@ -20,6 +20,7 @@ use vgpu_scheduler::{CostSignature, GroupId, GroupKind};
 use virtio_queue::{QueueOwnedT, QueueT};
 use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryMmap};
 
+use crate::gpu::compute::{self, ComputeKind, ComputeRuntime};
 use crate::gpu::dump::Frame;
 use crate::gpu::fence::{FenceState, Parked, Wait};
 use crate::gpu::load::{self, LoadRunner, LoadToken};
@@ -132,6 +133,8 @@ pub struct Device {
     load: LoadRunner,
     /// Origin of the load engine's time (ns since then).
     epoch: Instant,
+    /// Compute-capset requests on the VM's compute executor.
+    compute: ComputeRuntime,
 }
 
 /// [`Gate`] with the context of a scheduled group.
@@ -206,7 +209,44 @@ impl Device {
             sched: Scheduling::default(),
             load: LoadRunner::default(),
             epoch: Instant::now(),
+            compute: ComputeRuntime::new(ComputeKind::Cpu),
         }
+    }
+
+    /// The backend compute-capset requests run on (`--compute`; the PTX executor by default).
+    pub fn set_compute(&mut self, kind: ComputeKind) {
+        self.compute = ComputeRuntime::new(kind);
+    }
+
+    /// The eventfd written when a compute request finished: the worker's control-queue kick,
+    /// whose handler calls [`Device::compute_done`].
+    pub fn set_compute_notify(&mut self, notify: Arc<vmm_sys_util::eventfd::EventFd>) {
+        self.compute.set_notify(notify);
+    }
+
+    /// Completes the compute requests that finished: each reply goes into its blob, its
+    /// scheduler group is reported complete, and its fenced submit is released.
+    pub fn compute_done(&mut self) {
+        let done = self.compute.take_done();
+        if done.is_empty() {
+            return;
+        }
+        if let Err(e) = self.ram.check_backing() {
+            self.fault(e);
+            return;
+        }
+        let mem = self.ram.atomic().memory();
+        let mut tokens = Vec::with_capacity(done.len());
+        for d in done {
+            if let Err(e) = self.gpu.blobs().write(&*mem, d.resource_id, &d.reply) {
+                guest_fault!("compute reply: {e}");
+            }
+            if let Some((group, session)) = d.group {
+                self.sched.completed(group, session, d.start, d.finish);
+            }
+            tokens.push(d.token);
+        }
+        self.loads_done(tokens);
     }
 
     /// Sets the host-memory budget of the guest's 2D and 3D resources, in bytes
@@ -290,6 +330,7 @@ impl Device {
         self.backlog = None;
         self.sched.reset();
         self.load.reset();
+        self.compute.reset();
         self.config.set_interrupt_status(false);
         info!("device reset");
     }
@@ -518,8 +559,12 @@ impl Device {
                         GateFor::Run(group) => group,
                     };
                     let start = monotonic_ns();
-                    let result = self.control_request(&chain, &mem, virgl);
-                    if let (Some((group, ctx_id)), Some(v)) = (group, virgl) {
+                    // A compute group completes when the executor finished it, not by a fence.
+                    let compute = group
+                        .filter(|&(_, ctx)| self.gpu.is_compute_context(ctx))
+                        .map(|(g, _)| g);
+                    let result = self.control_request(&chain, &mem, virgl, compute);
+                    if let (None, Some((group, ctx_id)), Some(v)) = (compute, group, virgl) {
                         self.group_fence(v, group, ctx_id, start);
                     }
                     result
@@ -663,6 +708,21 @@ impl Device {
             return GateFor::Run(None);
         }
         let (ctx, kind, signature) = match protocol::decode_control(chain.request()) {
+            Ok(ControlRequest {
+                cmd: ControlCommand::Submit3d { ctx_id, commands },
+                ..
+            }) if self.gpu.is_compute_context(ctx_id) => {
+                let mem = self.ram.atomic().memory();
+                match self.compute_request(commands.dwords(), &mem) {
+                    Ok((_, req)) if req.work().any() => (
+                        ctx_id,
+                        GroupKind::Compute,
+                        compute::signature(&req.work()),
+                    ),
+                    // Control work, or a request the submit itself answers with an error.
+                    _ => return GateFor::Run(None),
+                }
+            }
             Ok(ControlRequest {
                 cmd: ControlCommand::Submit3d { ctx_id, commands },
                 ..
@@ -860,6 +920,7 @@ impl Device {
         chain: &CheckedChain,
         mem: &Arc<GuestMemoryMmap>,
         virgl: Option<&dyn GpuBackend>,
+        compute_group: Option<GroupId>,
     ) -> (u32, Option<(u64, FenceWait)>) {
         inc(&self.metrics.ctrl_requests);
         let frames_before = self.gpu.frames_flushed();
@@ -882,9 +943,23 @@ impl Device {
                     }
                 }
             }
+            Ok(ControlRequest {
+                hdr,
+                cmd: ControlCommand::Submit3d { ctx_id, commands },
+            }) if self.gpu.is_compute_context(ctx_id) => {
+                let (response, token) =
+                    self.compute_submit(ctx_id, commands.dwords(), mem, compute_group);
+                wait = Some(FenceWait::Load(token));
+                (hdr, response)
+            }
             Ok(mut req) => {
                 if let ControlCommand::ResourceFlush { resource_id, .. } = req.cmd {
                     flushed_3d = self.gpu.is_3d_resource(resource_id);
+                }
+                if let ControlCommand::CtxDestroy { ctx_id } = req.cmd
+                    && self.gpu.is_compute_context(ctx_id)
+                {
+                    self.compute.destroy(ctx_id);
                 }
                 let response = self.gpu.execute(&mut req, &**mem, renderer);
                 (req.hdr, response)
@@ -953,6 +1028,79 @@ impl Device {
         }
         let now = self.now();
         self.load.submit(hdr.ctx_id, &commands, now)
+    }
+
+    /// A compute submit's header, checked against its blob, and the request read from it.
+    /// `Err(Ok(code))`: the header is bad (the SUBMIT_3D fails with that code);
+    /// `Err(Err((header, reply)))`: the request is, and `reply` answers it.
+    #[allow(clippy::type_complexity)]
+    fn compute_request(
+        &self,
+        dwords: &[u32],
+        mem: &GuestMemoryMmap,
+    ) -> Result<
+        (compute::SubmitHeader, mdev_backend::compute::wire::Request),
+        Result<u32, (compute::SubmitHeader, mdev_backend::compute::wire::Reply)>,
+    > {
+        use mdev_backend::compute::{ComputeError, wire::Reply};
+        let blobs = self.gpu.blobs();
+        let header = compute::decode_header(dwords)
+            .and_then(|h| blobs.check(&h).map(|()| h))
+            .map_err(|e| {
+                debug!("compute submit refused: {e}");
+                Ok(e.response_code())
+            })?;
+        let bad = |why: String| Err((header, Reply::error(&ComputeError::InvalidValue(why))));
+        let bytes = match blobs.read(mem, header.resource_id, header.request_bytes as usize) {
+            Ok(b) => b,
+            Err(e) => return Err(bad(e.to_string())),
+        };
+        match compute::decode_request(&bytes) {
+            Ok(req) => Ok((header, req)),
+            Err(e) => Err(bad(format!("compute request: {e}"))),
+        }
+    }
+
+    /// A SUBMIT_3D on a compute context: its request goes to the executor (its reply comes
+    /// through [`Device::compute_done`]), or is answered into its blob at once when it cannot
+    /// run. Returns the submit's response and the token its fence waits for.
+    fn compute_submit(
+        &mut self,
+        ctx: u32,
+        dwords: &[u32],
+        mem: &GuestMemoryMmap,
+        group: Option<GroupId>,
+    ) -> (Response, Option<LoadToken>) {
+        let session = self.sched.session();
+        let now = monotonic_ns();
+        let (header, reply) = match self.compute_request(dwords, mem) {
+            Ok((header, req)) => {
+                let token = self.load.token();
+                let target = (header.resource_id, header.reply_capacity);
+                match self
+                    .compute
+                    .post(ctx, req, token, target, group.map(|g| (g, session)))
+                {
+                    Ok(()) => return (Response::OkNoData, Some(token)),
+                    Err(reply) => (header, reply),
+                }
+            }
+            Err(Ok(code)) => {
+                if let Some(g) = group {
+                    self.sched.completed(g, session, now, now);
+                }
+                return (Response::Err(code), None);
+            }
+            Err(Err(answer)) => answer,
+        };
+        if let Some(g) = group {
+            self.sched.completed(g, session, now, now);
+        }
+        let bytes = compute::fitted(&reply, header.reply_capacity);
+        if let Err(e) = self.gpu.blobs().write(mem, header.resource_id, &bytes) {
+            guest_fault!("compute reply: {e}");
+        }
+        (Response::OkNoData, None)
     }
 
     fn cursor_request(&mut self, chain: &CheckedChain) -> u32 {

@@ -66,6 +66,8 @@ pub struct ServerConfig {
     /// Host-memory budget of the guest's 2D and 3D resources, in bytes
     /// (`--resource-memory-mb`; [`gpu::device::DEFAULT_RESOURCE_MEMORY_MB`] MiB by default).
     pub resource_memory: u64,
+    /// The backend of the compute capset (`--compute cpu|nvcuda`).
+    pub compute: gpu::compute::ComputeKind,
 }
 
 /// Errors that stop the server.
@@ -303,6 +305,7 @@ impl Core {
             self.worker.has_renderer(),
         );
         device.set_resource_budget(self.config.resource_memory);
+        device.set_compute(self.config.compute);
         let device = Arc::new(Mutex::new(device));
         self.worker.attach(device.clone());
         slot.set(Some(device));

@@ -8,13 +8,14 @@ use std::process::ExitCode;
 use mdev_backend::virgl;
 use vgpu_schedd::proto::VmName;
 use vgpu_server::gpu::DisplayConfig;
+use vgpu_server::gpu::compute::ComputeKind;
 use vgpu_server::gpu::device::{DEFAULT_RESOURCE_MEMORY_MB, MAX_RESOURCE_MEMORY_MB};
 use vgpu_server::gpu::dump::DumpConfig;
 use vgpu_server::sandbox::{self, SandboxConfig};
 use vgpu_server::sched_client::SchedConfig;
 use vgpu_server::{ServerConfig, VgpuServer};
 
-const USAGE: &str = "usage: vgpu-server --socket PATH [--display WIDTHxHEIGHT] [--dump-dir DIR] [--renderer virgl|none] [--virgl-library NAME] [--log-level error|warn|info|debug|trace] [--exit-on-disconnect] [--scheduler SOCKET --vm-name NAME] [--resource-memory-mb N] [--run-as UID:GID] [--no-sandbox]
+const USAGE: &str = "usage: vgpu-server --socket PATH [--display WIDTHxHEIGHT] [--dump-dir DIR] [--renderer virgl|none] [--virgl-library NAME] [--log-level error|warn|info|debug|trace] [--exit-on-disconnect] [--scheduler SOCKET --vm-name NAME] [--resource-memory-mb N] [--compute cpu|nvcuda] [--run-as UID:GID] [--no-sandbox]
 
 Serves one virtio-gpu PCI function over vfio-user on PATH. With the virgl renderer (default;
 libvirglrenderer.so.1, host EGL) guests get OpenGL through virgl; without it, 2D only. With
@@ -23,7 +24,9 @@ shows is written to DIR/scanout0.png (after a flush at most once a second, on SI
 when the client disconnects). With --scheduler, GPU work waits for the vgpu-schedd daemon at
 SOCKET (as VM NAME); while it is unreachable the VM runs unscheduled. The guest's 2D and 3D
 resources may take N MiB of host memory (default 1024); past it creates fail with
-ERR_OUT_OF_MEMORY. Start QEMU with
+ERR_OUT_OF_MEMORY. Guest CUDA (the compute capset 21, with virgl) runs on the PTX executor on
+the host's CPUs, or with --compute nvcuda on NVIDIA's driver (needs --no-sandbox: the driver's
+system calls are not in the filter). Start QEMU with
   -object memory-backend-memfd,id=mem,size=1G,share=on -machine q35,memory-backend=mem
   -device '{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"PATH\",\"type\":\"unix\"}}'
 Once started (socket bound, renderer ready) the process closes inherited descriptors, sets
@@ -46,6 +49,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut scheduler = None;
     let mut vm_name = None;
     let mut resource_memory_mb = DEFAULT_RESOURCE_MEMORY_MB;
+    let mut compute = ComputeKind::Cpu;
     let mut sandbox = SandboxConfig {
         filter: true,
         run_as: None,
@@ -68,6 +72,13 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
                 other => return Err(format!("--renderer: {other:?} is not virgl or none")),
             },
             "--scheduler" => scheduler = Some(PathBuf::from(value("--scheduler")?)),
+            "--compute" => {
+                compute = match value("--compute")?.as_str() {
+                    "cpu" => ComputeKind::Cpu,
+                    "nvcuda" => ComputeKind::NvCuda,
+                    other => return Err(format!("--compute: {other:?} is not cpu or nvcuda")),
+                }
+            }
             "--vm-name" => {
                 let name = value("--vm-name")?;
                 vm_name = Some(VmName::new(&name).map_err(|e| format!("--vm-name: {e}"))?);
@@ -113,6 +124,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             scheduler,
             // At most MAX_RESOURCE_MEMORY_MB (2^20) MiB: 2^40 bytes.
             resource_memory: resource_memory_mb << 20,
+            compute,
         },
         log_level,
         sandbox,

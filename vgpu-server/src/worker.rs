@@ -566,6 +566,12 @@ impl Worker {
                     if self.dumper.is_some() {
                         device_lock(&device).retain_frames_on_reset();
                     }
+                    // A finished compute request kicks the control queue, whose handler
+                    // completes it.
+                    match self.kicks[usize::from(CONTROL_QUEUE)].try_clone() {
+                        Ok(kick) => device_lock(&device).set_compute_notify(Arc::new(kick)),
+                        Err(e) => error!("compute completion eventfd: {e}"),
+                    }
                     self.device = Some(device);
                     self.sched_connect(ops);
                 }
@@ -721,6 +727,9 @@ impl MutEventSubscriber for Worker {
                 let mut locked = device_lock(device);
                 if let Some(v) = self.virgl.as_deref() {
                     locked.reap_3d(v);
+                }
+                if q == CONTROL_QUEUE {
+                    locked.compute_done();
                 }
                 // Fairness: at most MAX_CHAINS_PER_KICK chains and MAX_BYTES_PER_KICK bytes per
                 // round; re-kick if more remain, so the other events are served in between.

@@ -172,6 +172,32 @@ impl Executor {
         r
     }
 
+    /// Queues `f` to run on the executor thread and returns at once; `f` reports its own
+    /// result (a device posts a guest's request and learns of its end from `f`). `Busy` when
+    /// [`QUEUE_DEPTH`] jobs wait: the caller never blocks on the executor.
+    pub fn post(
+        &self,
+        f: impl FnOnce(&mut dyn ComputeBackend) + Send + 'static,
+    ) -> ComputeResult<()> {
+        self.enqueue(Box::new(move |b, _| f(b)))
+    }
+
+    fn enqueue(&self, job: Job) -> ComputeResult<()> {
+        let tx = self
+            .tx
+            .as_ref()
+            .ok_or_else(|| ComputeError::NoDevice("executor stopped".into()))?;
+        match tx.try_send(job) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_)) => {
+                Err(ComputeError::Busy(format!("{QUEUE_DEPTH} requests queued")))
+            }
+            Err(TrySendError::Disconnected(_)) => {
+                Err(ComputeError::NoDevice("executor thread gone".into()))
+            }
+        }
+    }
+
     fn submit<R: Send + 'static>(
         &self,
         ctx: Option<ContextId>,
@@ -193,19 +219,7 @@ impl Executor {
                 let _ = reply_tx.send(f(b, sink));
             }
         });
-        let tx = self
-            .tx
-            .as_ref()
-            .ok_or_else(|| ComputeError::NoDevice("executor stopped".into()))?;
-        match tx.try_send(job) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) => {
-                return Err(ComputeError::Busy(format!("{QUEUE_DEPTH} requests queued")));
-            }
-            Err(TrySendError::Disconnected(_)) => {
-                return Err(ComputeError::NoDevice("executor thread gone".into()));
-            }
-        }
+        self.enqueue(job)?;
         match reply_rx.recv_timeout(self.config.timeout) {
             Ok(r) => r,
             Err(RecvTimeoutError::Disconnected) => {

@@ -182,6 +182,54 @@ pub enum Request {
     Batch(Vec<Request>),
 }
 
+/// The device work a request makes: what a scheduler's cost signature is made of.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Work {
+    /// Kernel launches.
+    pub launches: u64,
+    /// Threads over all launches (grid × block), saturating.
+    pub threads: u64,
+    /// Bytes copied or set on the device, saturating.
+    pub bytes: u64,
+}
+
+impl Work {
+    /// Whether the request makes device work (a command group) rather than control work.
+    pub fn any(&self) -> bool {
+        self.launches > 0 || self.bytes > 0
+    }
+}
+
+impl Request {
+    /// The device work of this request (a batch: of all it holds).
+    pub fn work(&self) -> Work {
+        let product = |v: [u32; 3]| v.iter().fold(1u64, |p, &d| p.saturating_mul(u64::from(d)));
+        let bytes = |n: u64| Work {
+            bytes: n,
+            ..Work::default()
+        };
+        match self {
+            Request::Launch { grid, block, .. } => Work {
+                launches: 1,
+                threads: product(*grid).saturating_mul(product(*block)),
+                bytes: 0,
+            },
+            Request::CopyHtoD { data, .. } => bytes(data.len() as u64),
+            Request::CopyDtoH { bytes: n, .. } | Request::CopyDtoD { bytes: n, .. } => bytes(*n),
+            Request::MemsetD8 { count, .. } => bytes(*count),
+            Request::MemsetD32 { count, .. } => bytes(count.saturating_mul(4)),
+            Request::Batch(items) => items.iter().map(Request::work).fold(Work::default(), |a, w| {
+                Work {
+                    launches: a.launches.saturating_add(w.launches),
+                    threads: a.threads.saturating_add(w.threads),
+                    bytes: a.bytes.saturating_add(w.bytes),
+                }
+            }),
+            _ => Work::default(),
+        }
+    }
+}
+
 /// The host's answer to one request.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Reply {

@@ -18,6 +18,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
 use mdev_backend::GpuBackend;
 use mdev_backend::virgl::{Transfer, TransferBox};
 
+use super::compute::{Blobs, ComputeSubmitError};
 use super::dump::Frame;
 use super::edid::{self, EdidError};
 use super::protocol::{
@@ -86,6 +87,9 @@ pub enum DeviceError {
     /// A 3D command failed.
     #[error(transparent)]
     ThreeD(#[from] ThreeDError),
+    /// A blob command failed.
+    #[error(transparent)]
+    Blob(#[from] ComputeSubmitError),
     /// A display mode outside the supported range.
     #[error("display mode {0}x{1} outside {MIN_SCANOUT_EDGE}..={MAX_SCANOUT_EDGE} per edge")]
     BadMode(u32, u32),
@@ -205,6 +209,7 @@ impl DeviceError {
             | DeviceError::Renderer(_)
             | DeviceError::Memory(_) => ty::ERR_UNSPEC,
             DeviceError::ThreeD(e) => e.response_code(),
+            DeviceError::Blob(e) => e.response_code(),
         }
     }
 }
@@ -465,6 +470,8 @@ pub struct GpuDevice {
     /// Most host bytes the resources may take (`--resource-memory-mb`).
     budget: u64,
     scanouts: [ScanoutState; NUM_SCANOUTS as usize],
+    /// Guest-memory blobs (offered with 3D, for the compute capset).
+    blobs: Blobs,
 }
 
 impl GpuDevice {
@@ -481,7 +488,18 @@ impl GpuDevice {
             host_bytes: 0,
             budget: DEFAULT_RESOURCE_MEMORY_MB << 20,
             scanouts: [ScanoutState::default(); NUM_SCANOUTS as usize],
+            blobs: Blobs::default(),
         }
+    }
+
+    /// The guest blobs (compute submits read and write them).
+    pub fn blobs(&self) -> &Blobs {
+        &self.blobs
+    }
+
+    /// Whether `ctx` is a compute-capset context (its submits go to the compute backend).
+    pub fn is_compute_context(&self, ctx: u32) -> bool {
+        self.virgl && self.three_d.is_compute_context(ctx)
     }
 
     /// Sets the host-memory budget of the resources, in bytes (default
@@ -516,11 +534,14 @@ impl GpuDevice {
     }
 
     /// Device-specific feature bits offered: VIRTIO_GPU_F_EDID when the mode has an EDID,
-    /// VIRTIO_GPU_F_VIRGL and VIRTIO_GPU_F_CONTEXT_INIT (for the load capset) with a renderer.
+    /// VIRTIO_GPU_F_VIRGL, VIRTIO_GPU_F_CONTEXT_INIT (for the load and compute capsets) and
+    /// VIRTIO_GPU_F_RESOURCE_BLOB (guest blobs, for the compute capset) with a renderer. Blobs
+    /// only with 3D: Linux makes its dumb buffers blobs when a device has blobs and no 3D.
     pub fn features(&self) -> u64 {
         let virgl = if self.virgl {
             1 << virtio_bindings::virtio_gpu::VIRTIO_GPU_F_VIRGL
                 | 1 << virtio_bindings::virtio_gpu::VIRTIO_GPU_F_CONTEXT_INIT
+                | 1 << virtio_bindings::virtio_gpu::VIRTIO_GPU_F_RESOURCE_BLOB
         } else {
             0
         };
@@ -670,7 +691,8 @@ impl GpuDevice {
                 resource_id,
             } => t.ctx_resource(*ctx_id, *resource_id, false, r),
             ControlCommand::ResourceCreate3d(c) => {
-                let taken = self.resources.contains_key(&c.resource_id);
+                let taken =
+                    self.resources.contains_key(&c.resource_id) || self.blobs.contains(c.resource_id);
                 let room = self.budget.saturating_sub(self.host_bytes);
                 self.three_d
                     .resource_create(c, taken, room, r)
@@ -727,6 +749,9 @@ impl GpuDevice {
                 width,
                 height,
             } => self.create_2d(resource_id, format, width, height),
+            ControlCommand::ResourceUnref { resource_id } if self.blobs.remove(resource_id) => {
+                Ok(Response::OkNoData)
+            }
             ControlCommand::ResourceUnref { resource_id } => self.unref(resource_id),
             ControlCommand::SetScanout {
                 scanout_id,
@@ -743,7 +768,16 @@ impl GpuDevice {
                 resource_id,
                 ref entries,
             } => self.attach_backing(resource_id, entries),
+            ControlCommand::DetachBacking { resource_id } if self.blobs.detach(resource_id) => {
+                Ok(Response::OkNoData)
+            }
             ControlCommand::DetachBacking { resource_id } => self.detach_backing(resource_id),
+            ControlCommand::ResourceCreateBlob(ref c) if self.virgl => {
+                let taken =
+                    self.resources.contains_key(&c.resource_id) || self.is_3d_resource(c.resource_id);
+                self.blobs.create(c, taken)?;
+                Ok(Response::OkNoData)
+            }
             ControlCommand::GetCapsetInfo { .. }
             | ControlCommand::GetCapset { .. }
             | ControlCommand::CtxCreate(_)
@@ -754,6 +788,7 @@ impl GpuDevice {
             | ControlCommand::TransferToHost3d(_)
             | ControlCommand::TransferFromHost3d(_)
             | ControlCommand::Submit3d { .. }
+            | ControlCommand::ResourceCreateBlob(_)
             | ControlCommand::Unimplemented(_) => {
                 debug!("control command not implemented, ERR_UNSPEC: {cmd:?}");
                 Ok(Response::Err(ty::ERR_UNSPEC))
@@ -796,7 +831,11 @@ impl GpuDevice {
         width: u32,
         height: u32,
     ) -> Result<Response, DeviceError> {
-        if id == 0 || self.resources.contains_key(&id) || self.three_d.resource(id).is_some() {
+        if id == 0
+            || self.resources.contains_key(&id)
+            || self.three_d.resource(id).is_some()
+            || self.blobs.contains(id)
+        {
             return Err(DeviceError::ResourceIdTaken(id));
         }
         let edge = 1..=MAX_RESOURCE_EDGE;

@@ -40,6 +40,8 @@ pub const RESOURCE_FLUSH_SIZE: usize = CTRL_HDR_SIZE + RECT_SIZE + 8;
 pub const TRANSFER_TO_HOST_2D_SIZE: usize = CTRL_HDR_SIZE + RECT_SIZE + 16;
 /// Size of struct virtio_gpu_resource_attach_backing, without its entries.
 pub const ATTACH_BACKING_SIZE: usize = CTRL_HDR_SIZE + 8;
+/// Size of struct virtio_gpu_resource_create_blob (its memory entries follow it).
+pub const RESOURCE_CREATE_BLOB_SIZE: usize = CTRL_HDR_SIZE + 32;
 /// Size of struct virtio_gpu_mem_entry.
 pub const MEM_ENTRY_SIZE: usize = 16;
 /// Size of the EDID blob in struct virtio_gpu_resp_edid.
@@ -110,6 +112,9 @@ pub fn control_copy_bound(ty: u32) -> usize {
         ty::RESOURCE_ATTACH_BACKING => {
             ATTACH_BACKING_SIZE + MAX_BACKING_ENTRIES as usize * MEM_ENTRY_SIZE
         }
+        ty::RESOURCE_CREATE_BLOB => {
+            RESOURCE_CREATE_BLOB_SIZE + MAX_BACKING_ENTRIES as usize * MEM_ENTRY_SIZE
+        }
         _ => LARGEST_FIXED_COMMAND,
     }
 }
@@ -148,6 +153,9 @@ pub mod ty {
         vg::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_RESOURCE_DETACH_BACKING;
     /// Query a scanout's EDID.
     pub const GET_EDID: u32 = vg::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_GET_EDID;
+    /// VIRTIO_GPU_CMD_RESOURCE_CREATE_BLOB.
+    pub const RESOURCE_CREATE_BLOB: u32 =
+        vg::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_RESOURCE_CREATE_BLOB;
     /// Query the id and sizes of the capset at an index.
     pub const GET_CAPSET_INFO: u32 = vg::virtio_gpu_ctrl_type_VIRTIO_GPU_CMD_GET_CAPSET_INFO;
     /// Fetch a capset.
@@ -627,8 +635,27 @@ pub enum ControlCommand {
         /// The commands.
         commands: CommandStream,
     },
+    /// VIRTIO_GPU_CMD_RESOURCE_CREATE_BLOB with its memory entries.
+    ResourceCreateBlob(ResourceCreateBlob),
     /// A command the specification defines that this device does not implement yet.
     Unimplemented(u32),
+}
+
+/// RESOURCE_CREATE_BLOB's fields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResourceCreateBlob {
+    /// Guest-chosen id (0 is invalid).
+    pub resource_id: u32,
+    /// VIRTIO_GPU_BLOB_MEM_*: where the blob's memory lives.
+    pub blob_mem: u32,
+    /// VIRTIO_GPU_BLOB_FLAG_*.
+    pub blob_flags: u32,
+    /// The host object a host blob is made from (0 for guest blobs).
+    pub blob_id: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// The guest-physical ranges of a guest blob, in order.
+    pub entries: Vec<MemEntry>,
 }
 
 /// A decoded control-queue request.
@@ -710,6 +737,7 @@ fn decode_command(hdr: &CtrlHeader, buf: &[u8]) -> Result<ControlCommand, Protoc
             }
         }
         ty::RESOURCE_ATTACH_BACKING => decode_attach_backing(hdr, buf)?,
+        ty::RESOURCE_CREATE_BLOB => decode_create_blob(hdr, buf)?,
         ty::GET_CAPSET_INFO => ControlCommand::GetCapsetInfo {
             capset_index: body(hdr, buf, HDR_PLUS_8_SIZE)?.u32(),
         },
@@ -767,25 +795,48 @@ fn decode_command(hdr: &CtrlHeader, buf: &[u8]) -> Result<ControlCommand, Protoc
 fn decode_attach_backing(hdr: &CtrlHeader, buf: &[u8]) -> Result<ControlCommand, ProtocolError> {
     let mut r = body(hdr, buf, ATTACH_BACKING_SIZE)?;
     let (resource_id, nr_entries) = (r.u32(), r.u32());
+    Ok(ControlCommand::AttachBacking {
+        resource_id,
+        entries: decode_entries(hdr, buf, ATTACH_BACKING_SIZE, nr_entries)?,
+    })
+}
+
+/// The `nr_entries` memory entries that follow a command's fixed part of `fixed` bytes.
+fn decode_entries(
+    hdr: &CtrlHeader,
+    buf: &[u8],
+    fixed: usize,
+    nr_entries: u32,
+) -> Result<Vec<MemEntry>, ProtocolError> {
     if nr_entries > MAX_BACKING_ENTRIES {
         return Err(ProtocolError::TooManyEntries(nr_entries));
     }
     // nr_entries <= MAX_BACKING_ENTRIES, so this cannot overflow.
-    let need = ATTACH_BACKING_SIZE + nr_entries as usize * MEM_ENTRY_SIZE;
+    let need = fixed + nr_entries as usize * MEM_ENTRY_SIZE;
     let mut r = body(hdr, buf, need)?;
-    r.skip(8);
-    let entries = (0..nr_entries)
+    r.skip(fixed - CTRL_HDR_SIZE);
+    Ok((0..nr_entries)
         .map(|_| {
             let addr = r.u64();
             let length = r.u32();
             r.skip(4);
             MemEntry { addr, length }
         })
-        .collect();
-    Ok(ControlCommand::AttachBacking {
+        .collect())
+}
+
+fn decode_create_blob(hdr: &CtrlHeader, buf: &[u8]) -> Result<ControlCommand, ProtocolError> {
+    let mut r = body(hdr, buf, RESOURCE_CREATE_BLOB_SIZE)?;
+    let (resource_id, blob_mem, blob_flags, nr_entries) = (r.u32(), r.u32(), r.u32(), r.u32());
+    let (blob_id, size) = (r.u64(), r.u64());
+    Ok(ControlCommand::ResourceCreateBlob(ResourceCreateBlob {
         resource_id,
-        entries,
-    })
+        blob_mem,
+        blob_flags,
+        blob_id,
+        size,
+        entries: decode_entries(hdr, buf, RESOURCE_CREATE_BLOB_SIZE, nr_entries)?,
+    }))
 }
 
 /// CTX_CREATE: nlen may not exceed the debug_name array it describes.

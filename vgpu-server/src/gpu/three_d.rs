@@ -18,15 +18,21 @@ use mdev_backend::{BackendError, GpuBackend};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
 use super::device::MAX_RESOURCE_EDGE;
+use super::compute::{self, COMPUTE_CAPSET_SIZE, COMPUTE_CAPSET_VERSION, VGPU_COMPUTE_CAPSET_ID};
 use super::load::{self, LOAD_CAPSET_SIZE, LOAD_CAPSET_VERSION, VGPU_LOAD_CAPSET_ID};
 use super::protocol::{
     CtxCreate, MAX_BACKING_ENTRIES, MemEntry, ResourceCreate3d, Response, Transfer3d, ty,
 };
 use crate::ratelimit::guest_fault;
 
-/// Capsets offered, in GET_CAPSET_INFO index order (VIRGL, VIRGL2, then the private load
-/// capset, which the device serves itself).
-pub const CAPSETS: [u32; 3] = [CAPSET_VIRGL, CAPSET_VIRGL2, VGPU_LOAD_CAPSET_ID];
+/// Capsets offered, in GET_CAPSET_INFO index order (VIRGL, VIRGL2, then the private load and
+/// compute capsets, which the device serves itself).
+pub const CAPSETS: [u32; 4] = [
+    CAPSET_VIRGL,
+    CAPSET_VIRGL2,
+    VGPU_LOAD_CAPSET_ID,
+    VGPU_COMPUTE_CAPSET_ID,
+];
 /// Most 3D contexts per guest. Mesa opens one per GL context; a desktop session uses a few
 /// dozen at most.
 pub const MAX_CONTEXTS: usize = 256;
@@ -312,8 +318,9 @@ pub fn resource_bytes(args: &virgl::ResourceCreate3d) -> Result<u64, ThreeDError
 pub struct ThreeD {
     /// virgl contexts.
     contexts: BTreeSet<u32>,
-    /// Load-capset contexts (the device's own; virglrenderer never sees them).
-    load_contexts: BTreeSet<u32>,
+    /// Load- and compute-capset contexts (the device's own; virglrenderer never sees them),
+    /// with their capset.
+    private_contexts: BTreeMap<u32, u32>,
     resources: BTreeMap<u32, Size3d>,
     /// Left behind by a reset, destroyed by the worker in [`ThreeD::reap`].
     doomed_contexts: Vec<u32>,
@@ -328,12 +335,17 @@ impl ThreeD {
 
     /// Whether `ctx` is a load-capset context.
     pub fn is_load_context(&self, ctx: u32) -> bool {
-        self.load_contexts.contains(&ctx)
+        self.private_contexts.get(&ctx) == Some(&VGPU_LOAD_CAPSET_ID)
+    }
+
+    /// Whether `ctx` is a compute-capset context.
+    pub fn is_compute_context(&self, ctx: u32) -> bool {
+        self.private_contexts.get(&ctx) == Some(&VGPU_COMPUTE_CAPSET_ID)
     }
 
     /// Guest reset: everything goes, on the worker's next [`ThreeD::reap`].
     pub fn reset(&mut self) {
-        self.load_contexts.clear();
+        self.private_contexts.clear();
         self.doomed_contexts
             .extend(std::mem::take(&mut self.contexts));
         self.doomed_resources
@@ -357,11 +369,16 @@ impl ThreeD {
         let id = *CAPSETS
             .get(index as usize)
             .ok_or(ThreeDError::CapsetIndex(index))?;
-        if id == VGPU_LOAD_CAPSET_ID {
+        let private = match id {
+            VGPU_LOAD_CAPSET_ID => Some((LOAD_CAPSET_VERSION, LOAD_CAPSET_SIZE)),
+            VGPU_COMPUTE_CAPSET_ID => Some((COMPUTE_CAPSET_VERSION, COMPUTE_CAPSET_SIZE)),
+            _ => None,
+        };
+        if let Some((capset_max_version, capset_max_size)) = private {
             return Ok(Response::OkCapsetInfo {
                 capset_id: id,
-                capset_max_version: LOAD_CAPSET_VERSION,
-                capset_max_size: LOAD_CAPSET_SIZE,
+                capset_max_version,
+                capset_max_size,
             });
         }
         let info = r.virgl.capset_info(id)?;
@@ -383,28 +400,38 @@ impl ThreeD {
             }
             return Ok(Response::OkCapset(load::capset_blob()));
         }
+        if id == VGPU_COMPUTE_CAPSET_ID {
+            if version > COMPUTE_CAPSET_VERSION {
+                return Err(ThreeDError::CapsetVersion(version));
+            }
+            return Ok(Response::OkCapset(compute::capset_blob()));
+        }
         Ok(Response::OkCapset(r.virgl.capset(id, version)?))
     }
 
-    /// CTX_CREATE. context_init capset 20 makes a load context, kept here; 0 (no
+    /// CTX_CREATE. context_init capset 20 makes a load context, 21 a compute context, kept
+    /// here; 0 (no
     /// CONTEXT_INIT), 1 (VIRGL) and 2 (VIRGL2) make a virgl context. virglrenderer's
     /// `virgl_renderer_context_create` makes the same vrend context that
     /// `..._create_with_flags` makes for capsets 1 and 2, so the plain call serves all three.
     pub fn ctx_create(&mut self, c: &CtxCreate, r: Renderer<'_>) -> Result<Response, ThreeDError> {
-        if c.ctx_id == 0 || self.contexts.contains(&c.ctx_id) || self.is_load_context(c.ctx_id) {
+        if c.ctx_id == 0
+            || self.contexts.contains(&c.ctx_id)
+            || self.private_contexts.contains_key(&c.ctx_id)
+        {
             return Err(ThreeDError::ContextIdTaken(c.ctx_id));
         }
         let capset = c.capset_id();
         if capset != 0 && !CAPSETS.contains(&capset) {
             return Err(ThreeDError::ContextCapset(capset));
         }
-        if self.contexts.len().saturating_add(self.load_contexts.len()) >= MAX_CONTEXTS {
+        if self.contexts.len().saturating_add(self.private_contexts.len()) >= MAX_CONTEXTS {
             return Err(ThreeDError::Limit("3D contexts"));
         }
         let name = String::from_utf8_lossy(&c.debug_name);
-        if capset == VGPU_LOAD_CAPSET_ID {
-            self.load_contexts.insert(c.ctx_id);
-            debug!("load context {} ({name}) created", c.ctx_id);
+        if capset == VGPU_LOAD_CAPSET_ID || capset == VGPU_COMPUTE_CAPSET_ID {
+            self.private_contexts.insert(c.ctx_id, capset);
+            debug!("capset {capset} context {} ({name}) created", c.ctx_id);
             return Ok(Response::OkNoData);
         }
         r.virgl.context_create(c.ctx_id, &name)?;
@@ -415,8 +442,8 @@ impl ThreeD {
 
     /// CTX_DESTROY.
     pub fn ctx_destroy(&mut self, ctx: u32, r: Renderer<'_>) -> Result<Response, ThreeDError> {
-        if self.load_contexts.remove(&ctx) {
-            // Its groups already queued still run; their fences complete as usual.
+        if self.private_contexts.remove(&ctx).is_some() {
+            // Its groups or requests already queued still run; their fences complete as usual.
             return Ok(Response::OkNoData);
         }
         if !self.contexts.remove(&ctx) {
@@ -442,9 +469,9 @@ impl ThreeD {
         attach: bool,
         r: Renderer<'_>,
     ) -> Result<Response, ThreeDError> {
-        if self.is_load_context(ctx) {
-            // Linux attaches every buffer of a DRM file to its context; a load context has
-            // no use for them and keeps nothing.
+        if self.private_contexts.contains_key(&ctx) {
+            // Linux attaches every buffer of a DRM file to its context; a load or compute
+            // context keeps nothing (a compute submit names its blob itself).
             return Ok(Response::OkNoData);
         }
         self.context(ctx)?;
