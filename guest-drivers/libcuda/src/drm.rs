@@ -243,6 +243,8 @@ pub(crate) struct Exchange<K: Kernel> {
     /// The largest buffer: max_buffer_bytes, down to `align`, at most `u32::MAX`.
     limit: usize,
     buf: Option<Buffer>,
+    /// A submit whose completion was not seen (its wait failed or timed out).
+    stuck: bool,
 }
 
 fn round_up(n: usize, align: usize) -> Option<usize> {
@@ -323,6 +325,7 @@ impl<K: Kernel> Exchange<K> {
             align,
             limit,
             buf: None,
+            stuck: false,
         };
         x.reserve(0, MIN_BUFFER_BYTES)?;
         Ok(x)
@@ -386,6 +389,11 @@ impl<K: Kernel> Drop for Exchange<K> {
 
 impl<K: Kernel> Transport for Exchange<K> {
     fn call(&mut self, req: &Request) -> Result<Reply, TransportError> {
+        if self.stuck {
+            return Err(TransportError::Device(
+                "an earlier request was never answered".into(),
+            ));
+        }
         let bytes = req.encode();
         let b = self.reserve(bytes.len(), expected_reply(req))?;
         let request_bytes =
@@ -402,12 +410,16 @@ impl<K: Kernel> Transport for Exchange<K> {
             .copy_from_slice(&bytes);
         let header = submit_header(b.blob.res, request_bytes, capacity);
         self.k.execbuffer(&header, &[b.blob.bo])?;
+        // Until the wait succeeds the device may still write the buffer: a later request
+        // must not share it.
+        self.stuck = true;
         let deadline = Instant::now() + REPLY_TIMEOUT;
         while !self.k.wait(b.blob.bo)? {
             if Instant::now() >= deadline {
                 return Err(TransportError::Timeout(REPLY_TIMEOUT));
             }
         }
+        self.stuck = false;
         let mem = self.mem(b.blob.bo)?;
         let head: [u8; 4] = mem
             .get(..4)
@@ -717,6 +729,8 @@ mod tests {
         pending: Option<u32>,
         /// Waits answered "not yet" before the one that completes.
         busy_waits: usize,
+        /// WAIT fails (after the busy answers).
+        fail_wait: bool,
         fault: Fault,
         be: CpuBackend,
         owned: Owned,
@@ -739,6 +753,7 @@ mod tests {
                 headers: Vec::new(),
                 pending: None,
                 busy_waits: 0,
+                fail_wait: false,
                 fault: Fault::None,
                 be: CpuBackend::new(CpuConfig::default()),
                 owned: Owned::default(),
@@ -882,6 +897,9 @@ mod tests {
             if self.pending == Some(bo) && self.busy_waits > 0 {
                 self.busy_waits -= 1;
                 return Ok(false);
+            }
+            if self.fail_wait {
+                return Err(einval("wait"));
             }
             self.pending = None;
             Ok(true)
@@ -1093,6 +1111,34 @@ mod tests {
             Ok(Reply::Attributes(_))
         ));
         assert_eq!(x.k.busy_waits, 0);
+    }
+
+    #[test]
+    fn after_a_failed_wait_the_buffer_is_not_reused() {
+        let mut x = exchange();
+        x.k.busy_waits = 1;
+        x.k.fail_wait = true;
+        assert!(matches!(
+            x.call(&Request::Attributes),
+            Err(TransportError::Ioctl { .. })
+        ));
+        let submits = x.k.headers.len();
+        assert!(matches!(
+            x.call(&Request::Attributes),
+            Err(TransportError::Device(_))
+        ));
+        assert_eq!(x.k.headers.len(), submits, "nothing submitted");
+    }
+
+    #[test]
+    fn a_node_that_is_not_virtio_gpu_fails_its_first_ioctl() {
+        match DrmTransport::open_path("/dev/null") {
+            Err(TransportError::Ioctl { ioctl, errno }) => {
+                assert_eq!(ioctl, "DRM_IOCTL_VIRTGPU_GETPARAM");
+                assert_eq!(errno, libc::ENOTTY);
+            }
+            r => panic!("{:?}", r.err()),
+        }
     }
 
     #[test]
