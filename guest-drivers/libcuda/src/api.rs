@@ -13,8 +13,9 @@ use std::sync::{Mutex, OnceLock};
 use mdev_backend::compute::ptx::MAX_PTX_BYTES;
 
 use crate::driver::{CuResult, Driver, LINK_TOKEN_MAGIC, LaunchParams};
+use crate::drm::DrmTransport;
 use crate::status::*;
-use crate::transport::{SOCKET_ENV, SocketTransport, Transport};
+use crate::transport::{SOCKET_ENV, SocketTransport, Transport, TransportError};
 
 type CUresult = c_uint;
 type Handle = *mut c_void;
@@ -335,11 +336,28 @@ entry!(cuInit(_flags: c_uint) {
     if guard.is_some() {
         return Ok(());
     }
-    let path = std::env::var(SOCKET_ENV).map_err(|_| CUDA_ERROR_NO_DEVICE)?;
-    let t = SocketTransport::connect(&path).map_err(|_| CUDA_ERROR_NO_DEVICE)?;
-    *guard = Some(Driver::new(Box::new(t) as Box<dyn Transport>)?);
+    let t = connect().map_err(|why| {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| eprintln!("vgpu libcuda: no device: {why}"));
+        CUDA_ERROR_NO_DEVICE
+    })?;
+    *guard = Some(Driver::new(t)?);
     Ok(())
 });
+
+/// The transport: the socket named by `VGPU_CUDA_SOCKET` when it is set, else the vGPU's
+/// virtio-gpu render node.
+fn connect() -> Result<Box<dyn Transport>, String> {
+    match std::env::var(SOCKET_ENV) {
+        Ok(path) => match SocketTransport::connect(&path) {
+            Ok(t) => Ok(Box::new(t)),
+            Err(e) => Err(format!("{SOCKET_ENV}={path}: {e}")),
+        },
+        Err(_) => DrmTransport::open()
+            .map(|t| Box::new(t) as Box<dyn Transport>)
+            .map_err(|e: TransportError| e.to_string()),
+    }
+}
 
 entry!(cuDriverGetVersion(v: *mut c_int) { put(v, DRIVER_VERSION) });
 

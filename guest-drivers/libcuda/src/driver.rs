@@ -130,6 +130,11 @@ impl<T: Transport> Driver<T> {
         self
     }
 
+    /// The transport requests go through.
+    pub fn transport(&self) -> &T {
+        &self.t
+    }
+
     pub fn attributes(&self) -> &DeviceAttributes {
         &self.attributes
     }

@@ -3,10 +3,11 @@
 //! launches, synchronisation) is forwarded to the host's compute backend with the protocol of
 //! `mdev_backend::compute::wire`.
 //!
-//! - `api`: the C entry points, and `export`: the private tables cudart asks for (the
-//!   library's only unsafe code);
+//! - `api`: the C entry points, and `export`: the private tables cudart asks for (with the
+//!   ioctls of [`drm`], the library's only unsafe code);
 //! - [`driver`]: handle tables and requests, pure logic;
-//! - [`transport`]: how requests reach the host (a Unix socket named by `VGPU_CUDA_SOCKET`);
+//! - [`transport`]: how requests reach the host (a Unix socket named by `VGPU_CUDA_SOCKET`),
+//!   and [`drm`]: the vGPU's virtio-gpu device, a guest's transport otherwise;
 //! - [`attributes`], [`status`]: device and function attributes, `CUresult` values.
 //!
 //! See `docs/CUDA-GUEST.md`.
@@ -14,6 +15,7 @@
 mod api;
 pub mod attributes;
 pub mod driver;
+pub mod drm;
 mod export;
 pub mod status;
 pub mod transport;

@@ -1,6 +1,7 @@
 //! How requests reach the host. [`SocketTransport`]: a Unix socket to `vgpu-cuda-host` (the
 //! same host code a VM's compute context uses), for running the library on the host without a
-//! VM: tests, and a GPU host.
+//! VM: tests, and a GPU host. In a guest, [`crate::drm::DrmTransport`]: the vGPU's virtio-gpu
+//! device through the kernel's DRM driver.
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -21,6 +22,23 @@ pub enum TransportError {
     Io(#[from] std::io::Error),
     #[error("bad reply: {0}")]
     Wire(#[from] WireError),
+    #[error("no virtio-gpu render node {path}: {source}")]
+    NoDevice {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("the virtio-gpu device lacks {0}")]
+    Missing(&'static str),
+    #[error("{ioctl} failed: {}", std::io::Error::from_raw_os_error(*errno))]
+    Ioctl { ioctl: &'static str, errno: i32 },
+    #[error("virtio-gpu compute: {0}")]
+    Device(String),
+    #[error("request of {len} bytes past the largest buffer, {max} bytes")]
+    RequestTooLarge { len: usize, max: usize },
+    #[error("reply of {len} bytes past the buffer's capacity of {capacity} bytes")]
+    ReplyPastCapacity { len: u64, capacity: usize },
+    #[error("no reply within {0:?}")]
+    Timeout(Duration),
 }
 
 /// A request–reply channel to the host.
