@@ -40,8 +40,8 @@ fn virgl_contexts_textures_fences_and_errors() {
             .dev
             .read_device_config_u32(qt, virtio_gpu::CONFIG_NUM_CAPSETS)
             .unwrap(),
-        3,
-        "VIRGL, VIRGL2 and the load capset"
+        4,
+        "VIRGL, VIRGL2, the load and the compute capsets"
     );
     // Bring the device up again with VIRGL negotiated, as a 3D guest driver would.
     guest.bring_up_with(features);
@@ -122,9 +122,9 @@ fn virgl_contexts_textures_fences_and_errors() {
     // Bad 3D commands get their error codes; the device stays live.
     let bad: Vec<(Vec<u8>, u32, &str)> = vec![
         (
-            virtio_gpu::get_capset_info(3),
+            virtio_gpu::get_capset_info(4),
             ERR_INVALID_PARAMETER,
-            "capset index 3",
+            "capset index 4",
         ),
         (
             virtio_gpu::get_capset(7, 0),

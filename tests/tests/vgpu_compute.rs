@@ -10,8 +10,8 @@
 use mdev_backend::compute::backend::{ContextId, DEFAULT_STREAM, FunctionId, ModuleId};
 use mdev_backend::compute::wire::{Reply, Request};
 use vgpu_guest_drivers::virtio_gpu::{
-    self, BLOB_FLAG_USE_MAPPABLE, BLOB_MEM_GUEST, BLOB_MEM_HOST3D, CAPSET_COMPUTE,
-    CTRL_HDR_SIZE, Capset, CapsetInfo,
+    self, BLOB_FLAG_USE_MAPPABLE, BLOB_MEM_GUEST, BLOB_MEM_HOST3D, CAPSET_COMPUTE, CTRL_HDR_SIZE,
+    Capset, CapsetInfo,
 };
 use vgpu_tests::server::{TestServer, VgpuGuest};
 use vgpu_tests::skip_without_qemu;
@@ -166,7 +166,11 @@ fn compute_capset_runs_guest_cuda_requests_through_a_blob() {
     // The capset: index 3, id 21, version 1, a 16-byte blob.
     let info = CapsetInfo::parse(&guest.control(&virtio_gpu::get_capset_info(3), 40)).unwrap();
     assert_eq!(
-        (info.capset_id, info.capset_max_version, info.capset_max_size),
+        (
+            info.capset_id,
+            info.capset_max_version,
+            info.capset_max_size
+        ),
         (CAPSET_COMPUTE, 1, 16)
     );
     let caps = Capset::parse(&guest.control(
@@ -198,7 +202,13 @@ fn compute_capset_runs_guest_cuda_requests_through_a_blob() {
             ERR_INVALID_PARAMETER,
         ),
         (
-            virtio_gpu::resource_create_blob(BLOB, BLOB_MEM_GUEST, BLOB_FLAG_USE_MAPPABLE, size, &entries),
+            virtio_gpu::resource_create_blob(
+                BLOB,
+                BLOB_MEM_GUEST,
+                BLOB_FLAG_USE_MAPPABLE,
+                size,
+                &entries,
+            ),
             RESP_OK_NODATA,
         ),
         (
@@ -243,7 +253,15 @@ fn compute_capset_runs_guest_cuda_requests_through_a_blob() {
     let b: Vec<u32> = (0..n).map(|i| 3 * i + 1).collect();
     let mut bufs = Vec::new();
     for _ in 0..3 {
-        let r = exchange(&mut guest, &blob, 5, &Request::MemAlloc { ctx: c, bytes: u64::from(n) * 4 });
+        let r = exchange(
+            &mut guest,
+            &blob,
+            5,
+            &Request::MemAlloc {
+                ctx: c,
+                bytes: u64::from(n) * 4,
+            },
+        );
         bufs.push(address(r));
     }
     for (dst, data) in [(bufs[0], &a), (bufs[1], &b)] {
@@ -278,7 +296,14 @@ fn compute_capset_runs_guest_cuda_requests_through_a_blob() {
         launch(add, params),
         Request::ContextSynchronize { ctx: c },
     ]);
-    assert_eq!(exchange(&mut guest, &blob, 5, &batch), Reply::Done);
+    assert_eq!(
+        exchange(&mut guest, &blob, 5, &batch),
+        Reply::Batch {
+            completed: 2,
+            output: String::new(),
+            error: None
+        }
+    );
     let back = exchange(
         &mut guest,
         &blob,
@@ -300,7 +325,12 @@ fn compute_capset_runs_guest_cuda_requests_through_a_blob() {
     assert_eq!(sums, (0..n).map(|i| 4 * i + 1).collect::<Vec<_>>());
 
     // The other compute context cannot name this one's CUDA context.
-    let foreign = exchange(&mut guest, &blob, 6, &Request::MemAlloc { ctx: c, bytes: 4 });
+    let foreign = exchange(
+        &mut guest,
+        &blob,
+        6,
+        &Request::MemAlloc { ctx: c, bytes: 4 },
+    );
     assert_eq!(status(&foreign), 400, "CUDA_ERROR_INVALID_HANDLE");
 
     // A faulting kernel breaks its own CUDA context only.
@@ -336,34 +366,77 @@ fn compute_capset_runs_guest_cuda_requests_through_a_blob() {
         params: 8u64.to_le_bytes().to_vec(),
     };
     assert_eq!(status(&exchange(&mut guest, &blob, 6, &wild)), 700);
-    let after = exchange(&mut guest, &blob, 6, &Request::MemAlloc { ctx: c6, bytes: 4 });
-    assert_eq!(status(&after), 719, "CUDA_ERROR_LAUNCH_FAILED: the context is broken");
-    let fine = exchange(&mut guest, &blob, 5, &Request::MemAlloc { ctx: c, bytes: 4 });
+    let after = exchange(
+        &mut guest,
+        &blob,
+        6,
+        &Request::MemAlloc { ctx: c6, bytes: 4 },
+    );
+    assert_eq!(
+        status(&after),
+        719,
+        "CUDA_ERROR_LAUNCH_FAILED: the context is broken"
+    );
+    let fine = exchange(
+        &mut guest,
+        &blob,
+        5,
+        &Request::MemAlloc { ctx: c, bytes: 4 },
+    );
     address(fine);
 
     // Malformed submits fail themselves and write nothing; malformed requests are answered
     // with an error reply; the device goes on.
     let header = |words: [u32; 5]| virtio_gpu::submit_3d(5, &words);
     for (req, want) in [
-        (header([0xdead_beef, BLOB, 8, CAPACITY, 0]), ERR_INVALID_PARAMETER),
-        (header([virtio_gpu::COMPUTE_MAGIC, 99, 8, CAPACITY, 0]), ERR_INVALID_RESOURCE_ID),
-        (header([virtio_gpu::COMPUTE_MAGIC, BLOB, CAPACITY + 1, CAPACITY, 0]), ERR_INVALID_PARAMETER),
-        (header([virtio_gpu::COMPUTE_MAGIC, BLOB, 8, 16, 0]), ERR_INVALID_PARAMETER),
-        (virtio_gpu::submit_3d(5, &[virtio_gpu::COMPUTE_MAGIC, BLOB]), ERR_INVALID_PARAMETER),
+        (
+            header([0xdead_beef, BLOB, 8, CAPACITY, 0]),
+            ERR_INVALID_PARAMETER,
+        ),
+        (
+            header([virtio_gpu::COMPUTE_MAGIC, 99, 8, CAPACITY, 0]),
+            ERR_INVALID_RESOURCE_ID,
+        ),
+        (
+            header([virtio_gpu::COMPUTE_MAGIC, BLOB, CAPACITY + 1, CAPACITY, 0]),
+            ERR_INVALID_PARAMETER,
+        ),
+        (
+            header([virtio_gpu::COMPUTE_MAGIC, BLOB, 8, 16, 0]),
+            ERR_INVALID_PARAMETER,
+        ),
+        (
+            virtio_gpu::submit_3d(5, &[virtio_gpu::COMPUTE_MAGIC, BLOB]),
+            ERR_INVALID_PARAMETER,
+        ),
     ] {
         assert_eq!(code(&mut guest, &req), want, "{:x?}", &req[24..]);
     }
-    blob.write(&mut guest, &[12, 0, 0, 0, 0xff, 0xff, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+    blob.write(
+        &mut guest,
+        &[12, 0, 0, 0, 0xff, 0xff, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
+    );
     let garbage = virtio_gpu::compute_submit(5, BLOB, 16, CAPACITY);
     assert_eq!(code(&mut guest, &garbage), RESP_OK_NODATA);
     let len = u32::from_le_bytes(blob.read(&mut guest, 4).try_into().unwrap()) as usize;
     let reply = Reply::decode(&blob.read(&mut guest, 4 + len)[4..]).unwrap();
     assert_eq!(status(&reply), 1, "CUDA_ERROR_INVALID_VALUE");
-    address(exchange(&mut guest, &blob, 5, &Request::MemAlloc { ctx: c, bytes: 4 }));
+    address(exchange(
+        &mut guest,
+        &blob,
+        5,
+        &Request::MemAlloc { ctx: c, bytes: 4 },
+    ));
 
     // Destroying a compute context frees what it made; the blob goes with UNREF.
-    assert_eq!(code(&mut guest, &virtio_gpu::ctx_destroy(6)), RESP_OK_NODATA);
-    assert_eq!(code(&mut guest, &virtio_gpu::resource_unref(BLOB)), RESP_OK_NODATA);
+    assert_eq!(
+        code(&mut guest, &virtio_gpu::ctx_destroy(6)),
+        RESP_OK_NODATA
+    );
+    assert_eq!(
+        code(&mut guest, &virtio_gpu::resource_unref(BLOB)),
+        RESP_OK_NODATA
+    );
     let orphan = virtio_gpu::compute_submit(5, BLOB, 8, CAPACITY);
     assert_eq!(code(&mut guest, &orphan), ERR_INVALID_RESOURCE_ID);
     drop(guest);

@@ -53,7 +53,8 @@ fn load_capset_contexts_occupy_and_errors() {
             .dev
             .read_device_config_u32(qt, virtio_gpu::CONFIG_NUM_CAPSETS)
             .unwrap(),
-        3
+        4,
+        "VIRGL, VIRGL2, load, compute"
     );
     guest.bring_up_with(features);
 

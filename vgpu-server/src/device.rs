@@ -714,11 +714,9 @@ impl Device {
             }) if self.gpu.is_compute_context(ctx_id) => {
                 let mem = self.ram.atomic().memory();
                 match self.compute_request(commands.dwords(), &mem) {
-                    Ok((_, req)) if req.work().any() => (
-                        ctx_id,
-                        GroupKind::Compute,
-                        compute::signature(&req.work()),
-                    ),
+                    Ok((_, req)) if req.work().any() => {
+                        (ctx_id, GroupKind::Compute, compute::signature(&req.work()))
+                    }
                     // Control work, or a request the submit itself answers with an error.
                     _ => return GateFor::Run(None),
                 }

@@ -218,13 +218,16 @@ impl Request {
             Request::CopyDtoH { bytes: n, .. } | Request::CopyDtoD { bytes: n, .. } => bytes(*n),
             Request::MemsetD8 { count, .. } => bytes(*count),
             Request::MemsetD32 { count, .. } => bytes(count.saturating_mul(4)),
-            Request::Batch(items) => items.iter().map(Request::work).fold(Work::default(), |a, w| {
-                Work {
-                    launches: a.launches.saturating_add(w.launches),
-                    threads: a.threads.saturating_add(w.threads),
-                    bytes: a.bytes.saturating_add(w.bytes),
-                }
-            }),
+            Request::Batch(items) => {
+                items
+                    .iter()
+                    .map(Request::work)
+                    .fold(Work::default(), |a, w| Work {
+                        launches: a.launches.saturating_add(w.launches),
+                        threads: a.threads.saturating_add(w.threads),
+                        bytes: a.bytes.saturating_add(w.bytes),
+                    })
+            }
             _ => Work::default(),
         }
     }

@@ -131,7 +131,9 @@ pub struct SubmitHeader {
 /// Decodes a compute submit's command stream (its header; nothing else may follow).
 pub fn decode_header(dwords: &[u32]) -> Result<SubmitHeader, ComputeSubmitError> {
     let [magic, resource_id, request_bytes, reply_capacity, _reserved] = *dwords else {
-        return Err(ComputeSubmitError::HeaderSize(dwords.len().saturating_mul(4)));
+        return Err(ComputeSubmitError::HeaderSize(
+            dwords.len().saturating_mul(4),
+        ));
     };
     if magic != SUBMIT_MAGIC {
         return Err(ComputeSubmitError::Magic(magic));
@@ -186,7 +188,11 @@ pub struct Blobs(BTreeMap<u32, Blob>);
 
 impl Blobs {
     /// RESOURCE_CREATE_BLOB; `taken`: the id names another resource.
-    pub fn create(&mut self, c: &ResourceCreateBlob, taken: bool) -> Result<(), ComputeSubmitError> {
+    pub fn create(
+        &mut self,
+        c: &ResourceCreateBlob,
+        taken: bool,
+    ) -> Result<(), ComputeSubmitError> {
         let id = c.resource_id;
         if id == 0 || taken || self.0.contains_key(&id) {
             return Err(ComputeSubmitError::IdTaken(id));

@@ -691,8 +691,8 @@ impl GpuDevice {
                 resource_id,
             } => t.ctx_resource(*ctx_id, *resource_id, false, r),
             ControlCommand::ResourceCreate3d(c) => {
-                let taken =
-                    self.resources.contains_key(&c.resource_id) || self.blobs.contains(c.resource_id);
+                let taken = self.resources.contains_key(&c.resource_id)
+                    || self.blobs.contains(c.resource_id);
                 let room = self.budget.saturating_sub(self.host_bytes);
                 self.three_d
                     .resource_create(c, taken, room, r)
@@ -773,8 +773,8 @@ impl GpuDevice {
             }
             ControlCommand::DetachBacking { resource_id } => self.detach_backing(resource_id),
             ControlCommand::ResourceCreateBlob(ref c) if self.virgl => {
-                let taken =
-                    self.resources.contains_key(&c.resource_id) || self.is_3d_resource(c.resource_id);
+                let taken = self.resources.contains_key(&c.resource_id)
+                    || self.is_3d_resource(c.resource_id);
                 self.blobs.create(c, taken)?;
                 Ok(Response::OkNoData)
             }

@@ -17,8 +17,8 @@ use mdev_backend::virgl::{
 use mdev_backend::{BackendError, GpuBackend};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
-use super::device::MAX_RESOURCE_EDGE;
 use super::compute::{self, COMPUTE_CAPSET_SIZE, COMPUTE_CAPSET_VERSION, VGPU_COMPUTE_CAPSET_ID};
+use super::device::MAX_RESOURCE_EDGE;
 use super::load::{self, LOAD_CAPSET_SIZE, LOAD_CAPSET_VERSION, VGPU_LOAD_CAPSET_ID};
 use super::protocol::{
     CtxCreate, MAX_BACKING_ENTRIES, MemEntry, ResourceCreate3d, Response, Transfer3d, ty,
@@ -425,7 +425,12 @@ impl ThreeD {
         if capset != 0 && !CAPSETS.contains(&capset) {
             return Err(ThreeDError::ContextCapset(capset));
         }
-        if self.contexts.len().saturating_add(self.private_contexts.len()) >= MAX_CONTEXTS {
+        if self
+            .contexts
+            .len()
+            .saturating_add(self.private_contexts.len())
+            >= MAX_CONTEXTS
+        {
             return Err(ThreeDError::Limit("3D contexts"));
         }
         let name = String::from_utf8_lossy(&c.debug_name);
