@@ -1026,6 +1026,55 @@ mod tests {
     }
 
     #[test]
+    fn work_counts_launches_threads_and_device_bytes_of_a_request_or_batch() {
+        let launch = Request::Launch {
+            ctx: ContextId(1),
+            function: FunctionId(2),
+            grid: [4, 2, 1],
+            block: [128, 1, 1],
+            shared_bytes: 0,
+            stream: StreamId(0),
+            params: vec![],
+        };
+        let copy = Request::CopyHtoD {
+            ctx: ContextId(1),
+            dst: 0,
+            data: vec![0; 100],
+            stream: StreamId(0),
+        };
+        let memset = Request::MemsetD32 {
+            ctx: ContextId(1),
+            addr: 0,
+            value: 0,
+            count: 10,
+            stream: StreamId(0),
+        };
+        assert_eq!(
+            Request::Batch(vec![launch.clone(), copy, memset, launch]).work(),
+            Work {
+                launches: 2,
+                threads: 2048,
+                bytes: 140
+            }
+        );
+        let control = Request::MemAlloc {
+            ctx: ContextId(1),
+            bytes: 1 << 30,
+        };
+        assert!(!control.work().any());
+        let huge = Request::Launch {
+            ctx: ContextId(1),
+            function: FunctionId(2),
+            grid: [u32::MAX; 3],
+            block: [u32::MAX; 3],
+            shared_bytes: 0,
+            stream: StreamId(0),
+            params: vec![],
+        };
+        assert_eq!(huge.work().threads, u64::MAX, "saturates");
+    }
+
+    #[test]
     fn every_request_and_reply_round_trips() {
         for r in every_request() {
             assert_eq!(Request::decode(body(&r.encode())).unwrap(), r);

@@ -542,3 +542,224 @@ pub fn fitted(reply: &Reply, capacity: u32) -> Vec<u8> {
     }
     .encode()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mdev_backend::compute::backend::ContextId;
+    use vm_memory::GuestMemoryMmap;
+
+    fn blob(id: u32, size: u64, entries: &[(u64, u32)]) -> ResourceCreateBlob {
+        ResourceCreateBlob {
+            resource_id: id,
+            blob_mem: BLOB_MEM_GUEST,
+            blob_flags: 1,
+            blob_id: 0,
+            size,
+            entries: entries
+                .iter()
+                .map(|&(addr, length)| MemEntry { addr, length })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn headers_are_exactly_five_words_with_the_magic() {
+        let good = [SUBMIT_MAGIC, 3, 100, 4096, 0];
+        assert_eq!(
+            decode_header(&good),
+            Ok(SubmitHeader {
+                resource_id: 3,
+                request_bytes: 100,
+                reply_capacity: 4096
+            })
+        );
+        assert_eq!(
+            decode_header(&good[..4]),
+            Err(ComputeSubmitError::HeaderSize(16))
+        );
+        assert_eq!(
+            decode_header(&[SUBMIT_MAGIC, 3, 100, 4096, 0, 0]),
+            Err(ComputeSubmitError::HeaderSize(24))
+        );
+        assert_eq!(
+            decode_header(&[1, 3, 100, 4096, 0]),
+            Err(ComputeSubmitError::Magic(1))
+        );
+    }
+
+    #[test]
+    fn blobs_are_guest_memory_covered_by_their_entries_and_bounded() {
+        let mut b = Blobs::default();
+        let mut host = blob(1, 4096, &[(0, 4096)]);
+        host.blob_mem = 2;
+        assert!(matches!(
+            b.create(&host, false),
+            Err(ComputeSubmitError::BadBlob { .. })
+        ));
+        for bad in [
+            blob(1, 0, &[(0, 4096)]),
+            blob(1, 8192, &[(0, 4096)]),
+            blob(1, MAX_BLOB_BYTES + 1, &[(0, u32::MAX), (0, u32::MAX)]),
+        ] {
+            assert!(matches!(
+                b.create(&bad, false),
+                Err(ComputeSubmitError::BadBlob { .. })
+            ));
+        }
+        assert_eq!(
+            b.create(&blob(0, 4096, &[(0, 4096)]), false),
+            Err(ComputeSubmitError::IdTaken(0))
+        );
+        assert_eq!(
+            b.create(&blob(1, 4096, &[(0, 4096)]), true),
+            Err(ComputeSubmitError::IdTaken(1))
+        );
+        b.create(&blob(1, 8192, &[(0, 4096), (0x4000, 4096)]), false)
+            .unwrap();
+        assert_eq!(
+            b.create(&blob(1, 4096, &[(0, 4096)]), false),
+            Err(ComputeSubmitError::IdTaken(1))
+        );
+        let h = |request_bytes, reply_capacity| SubmitHeader {
+            resource_id: 1,
+            request_bytes,
+            reply_capacity,
+        };
+        b.check(&h(8192, 8192)).unwrap();
+        for bad in [h(8193, 64), h(8, 8193), h(8, MIN_REPLY_CAPACITY - 1)] {
+            assert!(matches!(
+                b.check(&bad),
+                Err(ComputeSubmitError::Bounds { .. })
+            ));
+        }
+        assert!(b.detach(1));
+        assert_eq!(b.check(&h(8, 64)), Err(ComputeSubmitError::NotABlob(1)));
+        assert!(b.remove(1) && !b.remove(1) && !b.detach(1));
+        for id in 1..=MAX_BLOBS as u32 {
+            b.create(&blob(id, 4096, &[(0, 4096)]), false).unwrap();
+        }
+        assert_eq!(
+            b.create(&blob(0xffff, 4096, &[(0, 4096)]), false),
+            Err(ComputeSubmitError::TooMany)
+        );
+    }
+
+    #[test]
+    fn blob_reads_and_writes_follow_the_entries_and_stay_in_guest_memory() {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+        let mut b = Blobs::default();
+        // Two pieces in reverse order of address.
+        b.create(&blob(1, 8, &[(0x2000, 4), (0x1000, 4)]), false)
+            .unwrap();
+        b.write(&mem, 1, &[1, 2, 3, 4, 5, 6]).unwrap();
+        assert_eq!(
+            mem.read_obj::<[u8; 4]>(GuestAddress(0x2000)).unwrap(),
+            [1, 2, 3, 4]
+        );
+        assert_eq!(
+            mem.read_obj::<[u8; 2]>(GuestAddress(0x1000)).unwrap(),
+            [5, 6]
+        );
+        assert_eq!(b.read(&mem, 1, 6).unwrap(), [1, 2, 3, 4, 5, 6]);
+        assert_eq!(b.read(&mem, 1, 9), Err(ComputeSubmitError::NotABlob(1)));
+        b.create(&blob(2, 8, &[(0xfffc, 8)]), false).unwrap();
+        assert_eq!(
+            b.write(&mem, 2, &[0; 8]),
+            Err(ComputeSubmitError::Memory(2))
+        );
+        assert_eq!(b.read(&mem, 2, 8), Err(ComputeSubmitError::Memory(2)));
+    }
+
+    #[test]
+    fn requests_are_one_framed_message_and_replies_fit_or_are_errors() {
+        let req = Request::MemAlloc {
+            ctx: ContextId(1),
+            bytes: 64,
+        };
+        let bytes = req.encode();
+        assert_eq!(decode_request(&bytes), Ok(req));
+        assert!(decode_request(&bytes[..bytes.len() - 1]).is_err());
+        let mut long = bytes.clone();
+        long.push(0);
+        assert!(decode_request(&long).is_err());
+        assert!(decode_request(&[1, 0]).is_err());
+        assert!(decode_request(&[0xff, 0xff, 0xff, 0xff]).is_err());
+
+        let data = Reply::Data(vec![7; 1000]);
+        assert_eq!(fitted(&data, 2000), data.encode());
+        let cut = fitted(&data, MIN_REPLY_CAPACITY);
+        assert!(cut.len() <= MIN_REPLY_CAPACITY as usize);
+        let Ok(Reply::Error { status, .. }) = Reply::decode(&cut[4..]) else {
+            panic!("an error reply")
+        };
+        assert_eq!(status, 1);
+    }
+
+    #[test]
+    fn signatures_group_requests_by_shape() {
+        let w = |launches, threads, bytes| wire::Work {
+            launches,
+            threads,
+            bytes,
+        };
+        assert_eq!(signature(&w(1, 1000, 0)), signature(&w(1, 1023, 0)));
+        assert_ne!(signature(&w(1, 1000, 0)), signature(&w(1, 1025, 0)));
+        assert_ne!(signature(&w(1, 0, 0)), signature(&w(2, 0, 0)));
+        assert_ne!(signature(&w(0, 0, 4096)), signature(&w(0, 0, 1 << 20)));
+    }
+
+    fn wait_done(rt: &mut ComputeRuntime, n: usize) -> Vec<Done> {
+        let mut done = Vec::new();
+        let start = std::time::Instant::now();
+        while done.len() < n {
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(10),
+                "no Done"
+            );
+            done.extend(rt.take_done());
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        done
+    }
+
+    #[test]
+    fn the_runtime_answers_each_request_bounds_what_is_in_flight_and_forgets_across_a_reset() {
+        let mut rt = ComputeRuntime::new(ComputeKind::Cpu);
+        let mut runner = super::super::load::LoadRunner::default();
+        rt.post(1, Request::ContextCreate, runner.token(), (9, 4096), None)
+            .unwrap();
+        let done = wait_done(&mut rt, 1);
+        assert_eq!((done[0].resource_id, done[0].reply_capacity), (9, 4096));
+        assert!(done[0].start <= done[0].finish);
+        let Ok(Reply::Id(ctx)) = Reply::decode(&done[0].reply[4..]) else {
+            panic!("{:?}", done[0].reply)
+        };
+        // Context 2 may not name context 1's CUDA context.
+        let foreign = Request::MemAlloc {
+            ctx: ContextId(ctx),
+            bytes: 4,
+        };
+        rt.post(2, foreign, runner.token(), (9, 4096), None)
+            .unwrap();
+        let done = wait_done(&mut rt, 1);
+        let Ok(Reply::Error { status, .. }) = Reply::decode(&done[0].reply[4..]) else {
+            panic!("an error")
+        };
+        assert_eq!(status, 400);
+        // Unanswered requests past the bound are refused at once.
+        for _ in 0..MAX_IN_FLIGHT {
+            rt.post(1, Request::Attributes, runner.token(), (9, 4096), None)
+                .unwrap();
+        }
+        let busy = rt.post(1, Request::Attributes, runner.token(), (9, 4096), None);
+        assert!(matches!(busy, Err(Reply::Error { .. })), "{busy:?}");
+        // A reset forgets them: their Done never comes out.
+        rt.reset();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(rt.take_done().is_empty());
+        rt.post(1, Request::Attributes, runner.token(), (9, 4096), None)
+            .unwrap();
+        assert_eq!(wait_done(&mut rt, 1).len(), 1);
+    }
+}
