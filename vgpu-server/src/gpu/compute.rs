@@ -368,6 +368,8 @@ pub struct ComputeRuntime {
     in_flight: usize,
     /// Bumped at every reset: what finishes from before is dropped.
     generation: u64,
+    /// Stops the backend's running kernels (where it can) when the VM goes away.
+    cancel: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl std::fmt::Debug for ComputeRuntime {
@@ -392,6 +394,7 @@ impl ComputeRuntime {
             notify: None,
             in_flight: 0,
             generation: 0,
+            cancel: None,
         }
     }
 
@@ -401,34 +404,16 @@ impl ComputeRuntime {
     }
 
     fn executor(&mut self) -> Result<&Executor, ComputeError> {
-        let kind = self.kind;
-        self.executor
-            .get_or_insert_with(|| {
-                let make = move || -> Result<Box<dyn ComputeBackend>, ComputeError> {
-                    Ok(match kind {
-                        ComputeKind::Cpu => Box::new(CpuBackend::new(CpuConfig::default())),
-                        ComputeKind::NvCuda => {
-                            let mut b = NvCuda::new(0)?;
-                            // This process serves one VM: the driver's printf output is its.
-                            b.capture_printf()?;
-                            Box::new(b)
-                        }
-                    })
-                };
-                let e = Executor::spawn(
-                    "vgpu-compute",
-                    ExecutorConfig::default(),
-                    make,
-                    Box::new(|_| {}),
-                );
-                match &e {
-                    Ok(_) => info!("compute backend {kind:?} ready"),
-                    Err(err) => warn!("compute backend {kind:?} unavailable: {err}"),
-                }
-                e
-            })
-            .as_ref()
-            .map_err(Clone::clone)
+        if self.executor.is_none() {
+            let (executor, cancel) = spawn_executor(self.kind);
+            self.executor = Some(executor);
+            self.cancel = cancel;
+        }
+        match &self.executor {
+            Some(Ok(executor)) => Ok(executor),
+            Some(Err(e)) => Err(e.clone()),
+            None => Err(ComputeError::NoDevice("no executor".into())),
+        }
     }
 
     /// Runs `req` of guest compute context `ctx` on the executor. When it finishes, a [`Done`]
@@ -511,6 +496,14 @@ impl ComputeRuntime {
         }
     }
 
+    /// The VM is gone (QEMU disconnected or was killed): a kernel still running stops at its
+    /// next check instead of running to its budget, and nothing more runs. Also when dropped.
+    pub fn cancel(&mut self) {
+        if let Some(c) = &self.cancel {
+            c.store(true, std::sync::atomic::Ordering::Release);
+        }
+    }
+
     fn release(&mut self, session: Arc<Mutex<Session>>) {
         let Some(Ok(executor)) = &self.executor else {
             return;
@@ -526,6 +519,48 @@ impl ComputeRuntime {
         if let Err(e) = r {
             warn!("releasing a compute session's contexts: {e}");
         }
+    }
+}
+
+/// Starts a VM's executor thread with its backend; also returns the backend's canceller.
+#[allow(clippy::type_complexity)]
+fn spawn_executor(
+    kind: ComputeKind,
+) -> (
+    Result<Executor, ComputeError>,
+    Option<Arc<std::sync::atomic::AtomicBool>>,
+) {
+    let (cancel_tx, cancel_rx) = channel();
+    let make = move || -> Result<Box<dyn ComputeBackend>, ComputeError> {
+        let b: Box<dyn ComputeBackend> = match kind {
+            ComputeKind::Cpu => Box::new(CpuBackend::new(CpuConfig::default())),
+            ComputeKind::NvCuda => {
+                let mut b = NvCuda::new(0)?;
+                // This process serves one VM: the driver's printf output is its.
+                b.capture_printf()?;
+                Box::new(b)
+            }
+        };
+        let _ = cancel_tx.send(b.canceller());
+        Ok(b)
+    };
+    let e = Executor::spawn(
+        "vgpu-compute",
+        ExecutorConfig::default(),
+        make,
+        Box::new(|_| {}),
+    );
+    match &e {
+        Ok(_) => info!("compute backend {kind:?} ready"),
+        Err(err) => warn!("compute backend {kind:?} unavailable: {err}"),
+    }
+    // Sent before `spawn` returned: the backend exists by then.
+    (e, cancel_rx.try_recv().ok().flatten())
+}
+
+impl Drop for ComputeRuntime {
+    fn drop(&mut self) {
+        self.cancel();
     }
 }
 
@@ -761,5 +796,57 @@ mod tests {
         rt.post(1, Request::Attributes, runner.token(), (9, 4096), None)
             .unwrap();
         assert_eq!(wait_done(&mut rt, 1).len(), 1);
+    }
+
+    #[test]
+    fn a_vm_that_goes_away_stops_its_running_kernel() {
+        const SPIN: &str = ".version 7.0\n.target sm_70\n.address_size 64\n\
+            .visible .entry spin()\n{\nLOOP:\nbra LOOP;\n}\n";
+        let mut rt = ComputeRuntime::new(ComputeKind::Cpu);
+        let mut runner = super::super::load::LoadRunner::default();
+        let mut ask = |rt: &mut ComputeRuntime, req: Request| {
+            rt.post(1, req, runner.token(), (9, 4096), None).unwrap();
+            let done = wait_done(rt, 1);
+            Reply::decode(&done[0].reply[4..]).unwrap()
+        };
+        let Reply::Id(ctx) = ask(&mut rt, Request::ContextCreate) else {
+            panic!("context")
+        };
+        let ctx = ContextId(ctx);
+        let module = Request::ModuleLoad {
+            ctx,
+            image: SPIN.as_bytes().to_vec(),
+        };
+        let Reply::Id(m) = ask(&mut rt, module) else {
+            panic!("module")
+        };
+        let function = Request::Function {
+            ctx,
+            module: mdev_backend::compute::backend::ModuleId(m),
+            name: "spin".into(),
+        };
+        let Reply::Function { id, .. } = ask(&mut rt, function) else {
+            panic!("function")
+        };
+        let launch = Request::Launch {
+            ctx,
+            function: id,
+            grid: [1; 3],
+            block: [32, 1, 1],
+            shared_bytes: 0,
+            stream: mdev_backend::compute::backend::DEFAULT_STREAM,
+            params: vec![],
+        };
+        rt.post(1, launch, runner.token(), (9, 4096), None).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(rt.take_done().is_empty(), "still spinning");
+        let start = std::time::Instant::now();
+        rt.cancel();
+        let done = wait_done(&mut rt, 1);
+        assert!(start.elapsed() < std::time::Duration::from_secs(2));
+        assert!(matches!(
+            Reply::decode(&done[0].reply[4..]),
+            Ok(Reply::Error { .. })
+        ));
     }
 }
