@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the CUDA test corpus (tests/cuda/*.cu with nvcc's default options, vector_add once
-# more per fat-binary compression mode, tests/cuda/omp/*.c with GCC's nvptx offloading) into
+# more per fat-binary compression mode, tests/cuda/omp/*.c with GCC's nvptx offloading, and
+# the driver-API benchmark tests/cuda/bench/driver_bench.c with plain gcc) into
 # ${VGPU_CUDA_CORPUS:-$CACHE/cuda-corpus}. nvcc comes from NVIDIA's PyPI wheels, unpacked into
 # $CACHE/cuda; GCC's offloading from Debian's gcc-offload-nvptx. Nothing needs a GPU; nothing
 # NVIDIA ships enters the repository. Idempotent: a program is rebuilt only when its source
@@ -77,4 +78,7 @@ for src in tests/cuda/omp/*.c; do
     build "$name" "$src" gcc -O2 -fopenmp -foffload=nvptx-none -foffload-options=-lm \
         -Wno-error -o "$corpus/$name" "$src"
 done
+# The driver-API benchmark: plain C, whatever libcuda.so.1 the loader finds.
+build driver_bench tests/cuda/bench/driver_bench.c \
+    gcc -O2 -Wall -Werror -o "$corpus/driver_bench" tests/cuda/bench/driver_bench.c -ldl
 echo "corpus: $(find "$corpus" -maxdepth 1 -type f | wc -l) programs in $corpus"

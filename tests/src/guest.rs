@@ -1215,6 +1215,56 @@ pub fn output_number<T: std::str::FromStr>(output: &str, key: &str) -> Option<T>
     output_value(output, key).and_then(|v| v.parse().ok())
 }
 
+/// The shared object a program of this machine resolves `name` to (libgomp and its plugin).
+pub fn host_library(name: &str) -> PathBuf {
+    let out = std::process::Command::new("ldconfig")
+        .arg("-p")
+        .output()
+        .expect("ldconfig -p");
+    let listing = String::from_utf8_lossy(&out.stdout);
+    let path = listing
+        .lines()
+        .filter(|l| l.trim_start().starts_with(&format!("{name} ")) && l.contains("x86-64"))
+        .find_map(|l| l.split("=> ").nth(1))
+        .unwrap_or_else(|| {
+            panic!("{name} not found by ldconfig (Debian's libgomp1, libgomp-plugin-nvptx1)")
+        });
+    std::fs::canonicalize(path.trim()).expect("library path")
+}
+
+/// An ext4 image in `dir` holding `files` (name in the image, source; a `libcuda.so.1` among
+/// them is stripped), for a guest to mount from a second virtio disk: how tests hand the
+/// current build of a library or program to the guest (fw_cfg's sysfs files read at about
+/// 70 KiB/s under TCG).
+pub fn data_disk(dir: &Path, files: &[(&str, PathBuf)]) -> PathBuf {
+    let root = dir.join("root");
+    std::fs::create_dir_all(&root).expect("disk root");
+    let mut bytes = 0;
+    for (name, src) in files {
+        let dst = root.join(name);
+        std::fs::copy(src, &dst).unwrap_or_else(|e| panic!("{}: {e}", src.display()));
+        bytes += std::fs::metadata(&dst).expect("copied").len();
+    }
+    // Debug builds carry their symbols; the guest needs none of them.
+    let lib = root.join("libcuda.so.1");
+    let stripped = std::process::Command::new("strip")
+        .arg(&lib)
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(stripped, "strip {}", lib.display());
+    let image = dir.join("cuda.ext4");
+    let mib = (bytes >> 20) * 2 + 16;
+    let status = std::process::Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-d"])
+        .arg(&root)
+        .arg(&image)
+        .arg(format!("{mib}M"))
+        .status()
+        .expect("mkfs.ext4 (e2fsprogs)");
+    assert!(status.success(), "mkfs.ext4 -d {}", root.display());
+    image
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

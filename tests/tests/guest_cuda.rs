@@ -12,7 +12,6 @@
 //! (fw_cfg's sysfs files read at about 70 KiB/s under TCG). Skipped with a message when the image or the corpus is missing,
 //! unless `VGPU_REQUIRE_GUEST` / `VGPU_REQUIRE_CUDA_CORPUS` is set (test.sh).
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use mdev_backend::compute::corpus::corpus_for_tests;
@@ -26,23 +25,6 @@ const TIMEOUT: Duration = Duration::from_secs(300);
 const OMP_PROGRAMS: [&str; 3] = ["omp_saxpy", "omp_reduction", "omp_features"];
 /// An nvcc-built program (static cudart).
 const NVCC_PROGRAM: &str = "vector_add";
-
-/// The shared object a program of this machine resolves `name` to (libgomp and its plugin).
-fn host_library(name: &str) -> PathBuf {
-    let out = std::process::Command::new("ldconfig")
-        .arg("-p")
-        .output()
-        .expect("ldconfig -p");
-    let listing = String::from_utf8_lossy(&out.stdout);
-    let path = listing
-        .lines()
-        .filter(|l| l.trim_start().starts_with(&format!("{name} ")) && l.contains("x86-64"))
-        .find_map(|l| l.split("=> ").nth(1))
-        .unwrap_or_else(|| {
-            panic!("{name} not found by ldconfig (Debian's libgomp1, libgomp-plugin-nvptx1)")
-        });
-    std::fs::canonicalize(path.trim()).expect("library path")
-}
 
 fn job(programs: &[&str]) -> String {
     let mut job = String::from(
@@ -83,37 +65,6 @@ fn results(output: &str) -> Vec<(String, i32, String)> {
     out
 }
 
-/// A read-only ext4 image in `dir` holding `files` (name in the image, source): the disk the
-/// guest mounts.
-fn disk(dir: &Path, files: &[(&str, PathBuf)]) -> PathBuf {
-    let root = dir.join("root");
-    std::fs::create_dir_all(&root).expect("disk root");
-    let mut bytes = 0;
-    for (name, src) in files {
-        let dst = root.join(name);
-        std::fs::copy(src, &dst).unwrap_or_else(|e| panic!("{}: {e}", src.display()));
-        bytes += std::fs::metadata(&dst).expect("copied").len();
-    }
-    // Debug builds carry their symbols; the guest needs none of them.
-    let lib = root.join("libcuda.so.1");
-    let stripped = std::process::Command::new("strip")
-        .arg(&lib)
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(stripped, "strip {}", lib.display());
-    let image = dir.join("cuda.ext4");
-    let mib = (bytes >> 20) * 2 + 16;
-    let status = std::process::Command::new("mkfs.ext4")
-        .args(["-q", "-F", "-d"])
-        .arg(&root)
-        .arg(&image)
-        .arg(format!("{mib}M"))
-        .status()
-        .expect("mkfs.ext4 (e2fsprogs)");
-    assert!(status.success(), "mkfs.ext4 -d {}", root.display());
-    image
-}
-
 #[test]
 fn stock_cuda_clients_run_through_the_vgpu_in_a_tcg_guest() {
     let Some(image) = skip_without_guest() else {
@@ -126,10 +77,10 @@ fn stock_cuda_clients_run_through_the_vgpu_in_a_tcg_guest() {
     let lib = workspace_binary("libcuda.so").expect("libcuda.so of guest-drivers/libcuda");
     let mut files = vec![
         ("libcuda.so.1", lib),
-        ("libgomp.so.1", host_library("libgomp.so.1")),
+        ("libgomp.so.1", guest::host_library("libgomp.so.1")),
         (
             "libgomp-plugin-nvptx.so.1",
-            host_library("libgomp-plugin-nvptx.so.1"),
+            guest::host_library("libgomp-plugin-nvptx.so.1"),
         ),
     ];
     let mut programs: Vec<&str> = OMP_PROGRAMS.to_vec();
@@ -138,7 +89,7 @@ fn stock_cuda_clients_run_through_the_vgpu_in_a_tcg_guest() {
         files.push((p, corpus.join(p)));
     }
     let dir = TempDir::new("guest-cuda").expect("temp dir");
-    let image_file = disk(dir.path(), &files);
+    let image_file = guest::data_disk(dir.path(), &files);
     let mut config = GuestConfig::new(image, job(&programs)).timeout(TIMEOUT);
     config.extra_qemu_args = vec![
         "-drive".into(),
