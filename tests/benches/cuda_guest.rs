@@ -3,6 +3,7 @@
 //! synchronisation, 16 MiB copies each way) run twice on our `libcuda.so.1`:
 //!   - in a TCG guest, through the DRM transport, the device and its executor (PTX executor);
 //!   - on this host, over a Unix socket to `vgpu-cuda-host` (the same backend, no VM).
+//!
 //! Prints a table with the ratios and writes JSON (default `target/vgpu-bench/cuda-guest.json`,
 //! or `$VGPU_BENCH_OUT`). The guest's clock runs under TCG, so its figures include emulation.
 //!
