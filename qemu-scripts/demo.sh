@@ -4,8 +4,9 @@
 # (qtest, no guest OS) enumerate the vGPU and fetch its display info, boots a stock Debian guest
 # that renders OpenGL (kmscube) through the vGPU and writes what its screen shows to a PNG, then
 # shares the vGPU between two guests under the vgpu-schedd daemon, switching its policy live
-# from none to TimeGraph (qemu-scripts/demo-sched.sh), runs the doorbell benchmark and the
-# simulator's scheduling experiments. With --gl the scheduled game is glmark2 on virgl instead
+# from none to TimeGraph (qemu-scripts/demo-sched.sh), runs a stock CUDA client (a GCC
+# OpenMP-offloading program) in a guest on the vGPU's compute capset (PTX executor on the host's
+# CPUs), then the doorbell benchmark and the simulator's scheduling experiments. With --gl the scheduled game is glmark2 on virgl instead
 # of the simulated frame workload (demo-sched.sh --gl).
 set -euo pipefail
 sched_args=()
@@ -14,11 +15,12 @@ case ${1:-} in
     "") ;;
     *) echo "usage: $0 [--gl]" >&2; exit 2 ;;
 esac
-STEPS=8
+STEPS=10
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 step "build (release)"
 cargo build --release --locked -p vgpu-server -p vgpu-tests -p vgpu-sim -p vgpu-schedd --bins
+cargo build --release --locked -p vgpu-libcuda --lib
 
 step "vgpu-server + a QEMU client"
 run=$(mktemp -d "${TMPDIR:-/tmp}/vgpu-demo.XXXXXX")
@@ -55,6 +57,17 @@ echo "the guest's screen, as the vGPU scanned it out: $out/scanout0.png"
 
 step "two guests share the vGPU under vgpu-schedd: policy none, then TimeGraph live (about 2 minutes)"
 qemu-scripts/demo-sched.sh "${sched_args[@]}"
+
+step "CUDA corpus (nvcc from PyPI wheels, GCC nvptx offloading; tests/cuda)"
+qemu-scripts/cuda-corpus.sh
+
+step "a stock CUDA client in a guest: GCC OpenMP offload on our libcuda.so.1 through the vGPU (TCG)"
+target/release/vgpu-run-vm --timeout 300 --cuda --job '
+cd /tmp/work/cuda
+echo "$ ./omp_features   (OMP_TARGET_OFFLOAD=MANDATORY: the target regions must run on the vGPU)"
+./omp_features
+echo "$ ./driver_bench 500 4   (the driver API from C: launch to completion, copies)"
+./driver_bench 500 4'
 
 step "doorbell benchmark (quick)"
 cargo bench --locked -p vgpu-tests --bench doorbell -- --quick 2>/dev/null | grep -v '^\[' 

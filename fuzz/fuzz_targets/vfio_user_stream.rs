@@ -40,6 +40,7 @@ fn listen() -> Listening {
         renderer: None,
         scheduler: None,
         resource_memory: 64 << 20,
+        compute: vgpu_server::gpu::compute::ComputeKind::Cpu,
     };
     let server = VgpuServer::bind(config).expect("binding the server");
     std::thread::spawn(move || server.serve().expect("serving"));

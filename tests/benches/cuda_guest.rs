@@ -69,23 +69,15 @@ fn on_host(bench: &Path, lib: &Path, args: &[String]) -> BTreeMap<String, f64> {
 
 fn in_guest(image: GuestImage, bench: &Path, lib: &Path, args: &[String]) -> BTreeMap<String, f64> {
     let dir = TempDir::new("cuda-bench-guest").expect("temp dir");
-    let disk = guest::data_disk(
-        dir.path(),
-        &[
-            ("libcuda.so.1", lib.to_path_buf()),
-            ("driver_bench", bench.to_path_buf()),
-        ],
-    );
+    let corpus = bench.parent().expect("the corpus directory");
+    let (qemu, prologue) = guest::cuda_payload(dir.path(), lib, corpus, &["driver_bench"]);
     let job = format!(
-        "d=/tmp/work/cuda\nmkdir -p $d\nmount -o ro /dev/vdb $d\n\
-         LD_LIBRARY_PATH=$d $d/driver_bench {}\n",
+        "{prologue}{}/driver_bench {}\n",
+        guest::CUDA_DIR,
         args.join(" ")
     );
     let mut config = GuestConfig::new(image, job).timeout(Duration::from_secs(600));
-    config.extra_qemu_args = vec![
-        "-drive".into(),
-        format!("file={},format=raw,if=virtio,readonly=on", disk.display()),
-    ];
+    config.extra_qemu_args = qemu;
     let run = RunningGuest::run(&config).expect("guest run");
     assert!(
         run.output.contains("PASS"),

@@ -1259,10 +1259,47 @@ pub fn data_disk(dir: &Path, files: &[(&str, PathBuf)]) -> PathBuf {
         .arg(&root)
         .arg(&image)
         .arg(format!("{mib}M"))
+        .stdout(Stdio::null())
         .status()
         .expect("mkfs.ext4 (e2fsprogs)");
     assert!(status.success(), "mkfs.ext4 -d {}", root.display());
     image
+}
+
+/// Where [`cuda_payload`]'s disk is mounted in the guest.
+pub const CUDA_DIR: &str = "/tmp/work/cuda";
+
+/// What a guest needs to run CUDA clients on the vGPU, on a disk made in `dir`: our
+/// `libcuda.so.1` (`lib`), this host's libgomp and its nvptx plugin (what the corpus's GCC
+/// OpenMP programs were linked with) and `programs` of the CUDA corpus in `corpus`. Returns the
+/// QEMU arguments that attach the disk and the job prologue that mounts it at [`CUDA_DIR`] and
+/// points the loader there (with `OMP_TARGET_OFFLOAD=MANDATORY`: a failed offload is an error,
+/// not a silent fall-back to the guest's CPU).
+pub fn cuda_payload(
+    dir: &Path,
+    lib: &Path,
+    corpus: &Path,
+    programs: &[&str],
+) -> (Vec<String>, String) {
+    let mut files = vec![
+        ("libcuda.so.1", lib.to_path_buf()),
+        ("libgomp.so.1", host_library("libgomp.so.1")),
+        (
+            "libgomp-plugin-nvptx.so.1",
+            host_library("libgomp-plugin-nvptx.so.1"),
+        ),
+    ];
+    files.extend(programs.iter().map(|p| (*p, corpus.join(p))));
+    let disk = data_disk(dir, &files);
+    let qemu = vec![
+        "-drive".to_owned(),
+        format!("file={},format=raw,if=virtio,readonly=on", disk.display()),
+    ];
+    let prologue = format!(
+        "mkdir -p {CUDA_DIR} && mount -o ro /dev/vdb {CUDA_DIR} || exit 1\n\
+         export LD_LIBRARY_PATH={CUDA_DIR} OMP_TARGET_OFFLOAD=MANDATORY\n"
+    );
+    (qemu, prologue)
 }
 
 #[cfg(test)]

@@ -27,15 +27,13 @@ const OMP_PROGRAMS: [&str; 3] = ["omp_saxpy", "omp_reduction", "omp_features"];
 const NVCC_PROGRAM: &str = "vector_add";
 
 fn job(programs: &[&str]) -> String {
-    let mut job = String::from(
-        "set -u\nd=/tmp/work/cuda\nmkdir -p $d\nmount -o ro /dev/vdb $d\n\
-         ls /dev/dri | sed 's/^/DRI /'\n",
-    );
+    let mut job = String::from("set -u\nls /dev/dri | sed 's/^/DRI /'\n");
     for p in programs {
         job.push_str(&format!(
             "echo CUDA-BEGIN {p}\n\
-             LD_LIBRARY_PATH=$d OMP_TARGET_OFFLOAD=MANDATORY timeout 120 $d/{p}\n\
-             echo CUDA-END {p} rc=$?\n"
+             timeout 120 {}/{p}\n\
+             echo CUDA-END {p} rc=$?\n",
+            guest::CUDA_DIR
         ));
     }
     job
@@ -75,29 +73,12 @@ fn stock_cuda_clients_run_through_the_vgpu_in_a_tcg_guest() {
     };
     let _lock = boot_lock();
     let lib = workspace_binary("libcuda.so").expect("libcuda.so of guest-drivers/libcuda");
-    let mut files = vec![
-        ("libcuda.so.1", lib),
-        ("libgomp.so.1", guest::host_library("libgomp.so.1")),
-        (
-            "libgomp-plugin-nvptx.so.1",
-            guest::host_library("libgomp-plugin-nvptx.so.1"),
-        ),
-    ];
     let mut programs: Vec<&str> = OMP_PROGRAMS.to_vec();
     programs.push(NVCC_PROGRAM);
-    for p in &programs {
-        files.push((p, corpus.join(p)));
-    }
     let dir = TempDir::new("guest-cuda").expect("temp dir");
-    let image_file = guest::data_disk(dir.path(), &files);
-    let mut config = GuestConfig::new(image, job(&programs)).timeout(TIMEOUT);
-    config.extra_qemu_args = vec![
-        "-drive".into(),
-        format!(
-            "file={},format=raw,if=virtio,readonly=on",
-            image_file.display()
-        ),
-    ];
+    let (qemu, prologue) = guest::cuda_payload(dir.path(), &lib, &corpus, &programs);
+    let mut config = GuestConfig::new(image, prologue + &job(&programs)).timeout(TIMEOUT);
+    config.extra_qemu_args = qemu;
     config.server_args = vec!["--log-level".into(), "info".into()];
     let run = RunningGuest::run(&config).expect("guest run");
     guest::report("guest_cuda", "stock_cuda_clients", &run.timing());

@@ -7,8 +7,10 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
+use mdev_backend::compute::corpus::corpus_dir;
+use vgpu_tests::TempDir;
 use vgpu_tests::guest::{
-    Accel, GuestConfig, GuestError, GuestGpu, GuestImage, JobTransport, RunningGuest,
+    Accel, GuestConfig, GuestError, GuestGpu, GuestImage, JobTransport, RunningGuest, cuda_payload,
 };
 
 const USAGE: &str = "usage: vgpu-run-vm [options] (--job 'SHELL COMMANDS' | --job-file FILE)
@@ -43,11 +45,16 @@ options:
   --append ARGS                more kernel command line (e.g. vgpu.loglevel=7)
   --allow-reboot               let a guest reboot restart the machine
   --serial                     print every serial line, not only the job's output
-  --qemu-arg ARG               pass ARG to QEMU (repeatable)";
+  --qemu-arg ARG               pass ARG to QEMU (repeatable)
+  --cuda                       give the guest CUDA: a second disk with our libcuda.so.1 (from
+                               beside this program), this host's libgomp and its nvptx plugin
+                               and the CUDA corpus (qemu-scripts/cuda-corpus.sh), mounted at
+                               /tmp/work/cuda with LD_LIBRARY_PATH set before the job runs";
 
 struct Args {
     config: GuestConfig,
     print_serial: bool,
+    cuda: bool,
 }
 
 fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
@@ -64,6 +71,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut allow_reboot = false;
     let mut print_serial = false;
     let mut qemu_args = Vec::new();
+    let mut cuda = false;
     let mut scheduler = None;
     let mut vm_name = None;
     let mut cgroup = None;
@@ -113,6 +121,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             "--allow-reboot" => allow_reboot = true,
             "--serial" => print_serial = true,
             "--qemu-arg" => qemu_args.push(value("--qemu-arg")?),
+            "--cuda" => cuda = true,
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
@@ -146,7 +155,37 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     Ok(Args {
         config,
         print_serial,
+        cuda,
     })
+}
+
+/// `--cuda`: attaches the CUDA disk and prefixes the job with its mount.
+fn with_cuda(config: &mut GuestConfig) -> Result<TempDir, String> {
+    let lib = std::env::current_exe()
+        .map_err(|e| e.to_string())?
+        .with_file_name("libcuda.so");
+    if !lib.is_file() {
+        return Err(format!(
+            "{} is missing (cargo build -p vgpu-libcuda)",
+            lib.display()
+        ));
+    }
+    let corpus = corpus_dir()
+        .filter(|d| d.is_dir())
+        .ok_or("no CUDA corpus (qemu-scripts/cuda-corpus.sh)")?;
+    let mut programs: Vec<String> = std::fs::read_dir(&corpus)
+        .map_err(|e| format!("{}: {e}", corpus.display()))?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().is_file())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect();
+    programs.sort();
+    let names: Vec<&str> = programs.iter().map(String::as_str).collect();
+    let dir = TempDir::new("vgpu-run-vm-cuda").map_err(|e| e.to_string())?;
+    let (qemu, prologue) = cuda_payload(dir.path(), &lib, &corpus, &names);
+    config.extra_qemu_args.extend(qemu);
+    config.job = prologue + &config.job;
+    Ok(dir)
 }
 
 fn main() -> ExitCode {
@@ -179,6 +218,14 @@ fn main() -> ExitCode {
     }
     let mut config = args.config;
     config.stop = Some(stop);
+    // Held until the guest is gone: it holds the CUDA disk.
+    let _cuda_disk = match args.cuda.then(|| with_cuda(&mut config)).transpose() {
+        Ok(dir) => dir,
+        Err(e) => {
+            eprintln!("vgpu-run-vm: --cuda: {e}");
+            return ExitCode::from(125);
+        }
+    };
     let guest = match RunningGuest::launch(&config) {
         Ok(guest) => guest,
         Err(e) => {
