@@ -10,16 +10,15 @@
 use mdev_backend::compute::backend::{ContextId, DEFAULT_STREAM, FunctionId, ModuleId};
 use mdev_backend::compute::wire::{Reply, Request};
 use vgpu_guest_drivers::virtio_gpu::{
-    self, BLOB_FLAG_USE_MAPPABLE, BLOB_MEM_GUEST, BLOB_MEM_HOST3D, CAPSET_COMPUTE, CTRL_HDR_SIZE,
-    Capset, CapsetInfo,
+    self, BLOB_MEM_GUEST, BLOB_MEM_HOST3D, CAPSET_COMPUTE, CTRL_HDR_SIZE, Capset, CapsetInfo,
 };
+use vgpu_tests::compute::ComputeBlob;
 use vgpu_tests::server::{TestServer, VgpuGuest};
 use vgpu_tests::skip_without_qemu;
 
 const RESP_OK_NODATA: u32 = 0x1100;
 const ERR_INVALID_RESOURCE_ID: u32 = 0x1203;
 const ERR_INVALID_PARAMETER: u32 = 0x1205;
-const PAGE: u64 = 4096;
 /// The blob: four scattered pieces of this many bytes.
 const PIECE: u32 = 64 << 10;
 const BLOB: u32 = 40;
@@ -65,60 +64,12 @@ ret;
 }
 "#;
 
-/// A guest blob of scattered pages and the compute context it serves.
-struct Blob {
-    entries: Vec<(u64, u32)>,
-}
-
-impl Blob {
-    fn write(&self, guest: &mut VgpuGuest, bytes: &[u8]) {
-        let qt = guest.vm.qtest();
-        let mut at = 0;
-        for &(addr, len) in &self.entries {
-            let n = (len as usize).min(bytes.len() - at);
-            qt.memwrite(addr, &bytes[at..at + n]).unwrap();
-            at += n;
-            if at == bytes.len() {
-                return;
-            }
-        }
-        panic!("{} bytes do not fit the blob", bytes.len());
-    }
-
-    fn read(&self, guest: &mut VgpuGuest, len: usize) -> Vec<u8> {
-        let qt = guest.vm.qtest();
-        let mut out = Vec::with_capacity(len);
-        for &(addr, piece) in &self.entries {
-            let n = (piece as usize).min(len - out.len());
-            out.extend(qt.memread(addr, n).unwrap());
-            if out.len() == len {
-                break;
-            }
-        }
-        out
-    }
-}
-
 fn code(guest: &mut VgpuGuest, request: &[u8]) -> u32 {
     guest.control_header(request).ctrl_type
 }
 
-/// One exchange of compute context `ctx`: the request into the blob, a fenced submit (its
-/// completion means the reply is in the blob), the reply read back.
-fn exchange(guest: &mut VgpuGuest, blob: &Blob, ctx: u32, req: &Request) -> Reply {
-    let bytes = req.encode();
-    // Stale bytes must not pass for a reply.
-    blob.write(guest, &[0xff; 4]);
-    blob.write(guest, &bytes);
-    let submit = virtio_gpu::with_fence(
-        virtio_gpu::compute_submit(ctx, BLOB, bytes.len() as u32, CAPACITY),
-        7,
-    );
-    assert_eq!(code(guest, &submit), RESP_OK_NODATA, "{req:?}");
-    let len = u32::from_le_bytes(blob.read(guest, 4).try_into().unwrap()) as usize;
-    assert!(len <= CAPACITY as usize - 4, "reply of {len} bytes");
-    let framed = blob.read(guest, 4 + len);
-    Reply::decode(&framed[4..]).unwrap_or_else(|e| panic!("reply to {req:?}: {e}"))
+fn exchange(guest: &mut VgpuGuest, blob: &ComputeBlob, ctx: u32, req: &Request) -> Reply {
+    blob.exchange(guest, ctx, req)
 }
 
 fn id(r: Reply) -> u32 {
@@ -186,40 +137,29 @@ fn compute_capset_runs_guest_cuda_requests_through_a_blob() {
         assert_eq!(code(&mut guest, &create), RESP_OK_NODATA);
     }
 
-    // A blob of four scattered pieces; bad blobs refused.
-    let mut entries: Vec<(u64, u32)> = (0..4)
-        .map(|_| (guest.ram.alloc(u64::from(PIECE), PAGE).unwrap(), PIECE))
-        .collect();
-    entries.reverse();
+    // Bad blobs refused; a blob of four scattered pieces.
+    let pieces = [(0x10_0000, PIECE)];
     let size = u64::from(CAPACITY);
     for (req, want) in [
         (
-            virtio_gpu::resource_create_blob(41, BLOB_MEM_HOST3D, 0, size, &entries),
+            virtio_gpu::resource_create_blob(41, BLOB_MEM_HOST3D, 0, 4096, &pieces),
             ERR_INVALID_PARAMETER,
         ),
         (
-            virtio_gpu::resource_create_blob(41, BLOB_MEM_GUEST, 0, size + 1, &entries),
+            virtio_gpu::resource_create_blob(41, BLOB_MEM_GUEST, 0, u64::from(PIECE) + 1, &pieces),
             ERR_INVALID_PARAMETER,
         ),
-        (
-            virtio_gpu::resource_create_blob(
-                BLOB,
-                BLOB_MEM_GUEST,
-                BLOB_FLAG_USE_MAPPABLE,
-                size,
-                &entries,
-            ),
-            RESP_OK_NODATA,
-        ),
-        (
-            virtio_gpu::resource_create_blob(BLOB, BLOB_MEM_GUEST, 0, size, &entries),
-            ERR_INVALID_RESOURCE_ID,
-        ),
-        (virtio_gpu::ctx_attach_resource(5, BLOB), RESP_OK_NODATA),
     ] {
         assert_eq!(code(&mut guest, &req), want, "{:x?}", &req[..4]);
     }
-    let blob = Blob { entries };
+    let blob = ComputeBlob::create(&mut guest, BLOB, 4, PIECE);
+    assert_eq!(u64::from(blob.capacity()), size);
+    let again = virtio_gpu::resource_create_blob(BLOB, BLOB_MEM_GUEST, 0, size, &blob.entries);
+    assert_eq!(code(&mut guest, &again), ERR_INVALID_RESOURCE_ID);
+    assert_eq!(
+        code(&mut guest, &virtio_gpu::ctx_attach_resource(5, BLOB)),
+        RESP_OK_NODATA
+    );
 
     // A kernel through the blob: context, module, function, memory, launch, result.
     let c = ContextId(id(exchange(&mut guest, &blob, 5, &Request::ContextCreate)));
@@ -418,9 +358,11 @@ fn compute_capset_runs_guest_cuda_requests_through_a_blob() {
     );
     let garbage = virtio_gpu::compute_submit(5, BLOB, 16, CAPACITY);
     assert_eq!(code(&mut guest, &garbage), RESP_OK_NODATA);
-    let len = u32::from_le_bytes(blob.read(&mut guest, 4).try_into().unwrap()) as usize;
-    let reply = Reply::decode(&blob.read(&mut guest, 4 + len)[4..]).unwrap();
-    assert_eq!(status(&reply), 1, "CUDA_ERROR_INVALID_VALUE");
+    assert_eq!(
+        status(&blob.reply(&mut guest)),
+        1,
+        "CUDA_ERROR_INVALID_VALUE"
+    );
     address(exchange(
         &mut guest,
         &blob,

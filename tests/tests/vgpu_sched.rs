@@ -2,20 +2,24 @@
 //! vfio-user path, against a fake daemon in the test (a SOCK_SEQPACKET listener speaking
 //! `vgpu_schedd::proto`): Hello, load groups run by the daemon (Submit/Done), frames paced by
 //! Present, scanout flushes as presented frames (Frame, held until Present), virgl groups
-//! waiting for Grant and reported with Completed, leases, garbage from
+//! waiting for Grant and reported with Completed, compute-capset launches likewise (control
+//! work not asked for), leases, garbage from
 //! the daemon, and the daemon going away and coming back. virglrenderer may be initialised
 //! once per process, so everything runs in one test.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use mdev_backend::compute::backend::{ContextId, DEFAULT_STREAM, ModuleId};
+use mdev_backend::compute::wire::{Reply, Request};
 use vgpu_guest_drivers::virtio_gpu::{
-    self, CAPSET_LOAD, CONTROL_QUEUE, CTRL_HDR_SIZE, LOAD_OP_END_FRAME, LOAD_OP_OCCUPY,
-    ResourceCreate3d,
+    self, CAPSET_COMPUTE, CAPSET_LOAD, CONTROL_QUEUE, CTRL_HDR_SIZE, LOAD_OP_END_FRAME,
+    LOAD_OP_OCCUPY, ResourceCreate3d,
 };
 use vgpu_schedd::proto::{self, Exec, Msg, PROTOCOL_VERSION, VmName};
 use vgpu_schedd::seqpacket::{SeqListener, SeqStream, monotonic_ns};
 use vgpu_server::sched_client::{MAX_PENDING_FRAMES, SchedConfig};
+use vgpu_tests::compute::ComputeBlob;
 use vgpu_tests::server::{TestServer, VgpuGuest};
 use vgpu_tests::skip_without_qemu;
 use vgpu_tests::temp_dir::TempDir;
@@ -282,6 +286,7 @@ fn scheduled_device_asks_the_daemon() {
     }
 
     presented_frames(&mut guest, &daemon);
+    compute_groups(&mut guest, &daemon);
 
     // The daemon goes away with a load group and a virgl group waiting: both complete
     // (scheduling off; the load group runs on the local engine).
@@ -306,6 +311,76 @@ fn scheduled_device_asks_the_daemon() {
     send(&daemon, &Msg::Grant { group });
     finished(&mut guest, head);
     cleanup(guest, server, &path);
+}
+
+/// The compute capset: control work (a context, a module) does not ask the daemon; a launch is
+/// a `Compute` group that waits for its Grant, runs on the executor and is reported Completed.
+fn compute_groups(guest: &mut VgpuGuest, daemon: &SeqStream) {
+    const CTX: u32 = 9;
+    const EMPTY: &str = ".version 7.0\n.target sm_70\n.address_size 64\n\
+        .visible .entry empty()\n{\nret;\n}\n";
+    call(guest, &virtio_gpu::ctx_create(CTX, CAPSET_COMPUTE, b"cuda"));
+    let blob = ComputeBlob::create(guest, 60, 2, 64 << 10);
+    let Reply::Id(c) = blob.exchange(guest, CTX, &Request::ContextCreate) else {
+        panic!("context")
+    };
+    let ctx = ContextId(c);
+    let module = Request::ModuleLoad {
+        ctx,
+        image: EMPTY.as_bytes().to_vec(),
+    };
+    let Reply::Id(m) = blob.exchange(guest, CTX, &module) else {
+        panic!("module")
+    };
+    let function = Request::Function {
+        ctx,
+        module: ModuleId(m),
+        name: "empty".into(),
+    };
+    let Reply::Function { id, .. } = blob.exchange(guest, CTX, &function) else {
+        panic!("function")
+    };
+    let launch = Request::Batch(vec![
+        Request::Launch {
+            ctx,
+            function: id,
+            grid: [4, 1, 1],
+            block: [64, 1, 1],
+            shared_bytes: 0,
+            stream: DEFAULT_STREAM,
+            params: vec![],
+        },
+        Request::ContextSynchronize { ctx },
+    ]);
+    let submit = blob.put(guest, CTX, &launch, 20);
+    let head = start(guest, &submit);
+    // The first message since the control work: nothing was asked for it.
+    let (group, _) = submitted(daemon, Exec::Device);
+    still_held(guest);
+    send(daemon, &Msg::Grant { group });
+    finished(guest, head);
+    assert!(
+        matches!(
+            blob.reply(guest),
+            Reply::Batch {
+                completed: 2,
+                error: None,
+                ..
+            }
+        ),
+        "the launch ran once granted"
+    );
+    match recv(daemon) {
+        Msg::Completed {
+            group: g,
+            start,
+            finish,
+        } => {
+            assert_eq!(g, group);
+            assert!(start <= finish);
+        }
+        other => panic!("expected Completed, got {other:?}"),
+    }
 }
 
 /// A flush of the 3D resource a scanout shows is one presented frame: `Frame`, and its
