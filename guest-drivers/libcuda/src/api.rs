@@ -569,9 +569,11 @@ entry!(cuModuleGetGlobal_v2 | cuModuleGetGlobal(
 });
 
 entry!(cuFuncGetAttribute(v: *mut c_int, attribute: c_int, f: Handle) {
-    with(|d| d.params(f as u64).map(drop))?;
-    let max_threads = with(|d| Ok(d.attributes().max_threads_per_block))?;
-    put(v, crate::attributes::function_attribute(attribute, max_threads)?)
+    let answer = with(|d| {
+        let a = d.function_attributes(f as u64)?;
+        crate::attributes::function_attribute(attribute, &a, d.attributes())
+    })?;
+    put(v, answer)
 });
 
 entry!(cuFuncSetCacheConfig(f: Handle, _config: c_int) { with(|d| d.params(f as u64).map(drop)) });

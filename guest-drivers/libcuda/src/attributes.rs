@@ -3,7 +3,7 @@
 
 use std::ffi::c_int;
 
-use mdev_backend::compute::backend::DeviceAttributes;
+use mdev_backend::compute::backend::{DeviceAttributes, FunctionAttributes};
 
 use crate::driver::CuResult;
 use crate::status::CUDA_ERROR_INVALID_VALUE;
@@ -41,16 +41,22 @@ pub fn device_attribute(a: &DeviceAttributes, attribute: c_int) -> CuResult<c_in
     })
 }
 
-/// Registers per thread reported for every kernel (the executor has no register file).
-const REGISTERS_PER_THREAD: c_int = 32;
-
-pub fn function_attribute(attribute: c_int, max_threads: u32) -> CuResult<c_int> {
+/// `cuFuncGetAttribute`'s answer from the function's attributes on the host (`f`) and the
+/// device's compute capability (the PTX and binary versions).
+pub fn function_attribute(
+    attribute: c_int,
+    f: &FunctionAttributes,
+    device: &DeviceAttributes,
+) -> CuResult<c_int> {
+    let v = |x: u32| x.min(c_int::MAX as u32) as c_int;
+    let (major, minor) = device.compute_capability;
     Ok(match attribute {
-        0 => max_threads.min(c_int::MAX as u32) as c_int,
-        1..=3 => 0,
-        4 => REGISTERS_PER_THREAD,
-        // PTX and binary version: compute capability 7.5, as the executor's PTX target.
-        5 | 6 => 75,
+        0 => v(f.max_threads_per_block),
+        1 => v(f.shared_size_bytes),
+        2 => v(f.const_size_bytes),
+        3 => v(f.local_size_bytes),
+        4 => v(f.num_regs),
+        5 | 6 => v(major.saturating_mul(10).saturating_add(minor)),
         7..=10 => 0,
         _ => return Err(CUDA_ERROR_INVALID_VALUE),
     })

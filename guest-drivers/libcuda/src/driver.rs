@@ -6,7 +6,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use mdev_backend::compute::backend::{
-    ContextId, DeviceAttributes, EventId, FunctionId, ModuleId, ParamInfo, StreamId,
+    ContextId, DeviceAttributes, EventId, FunctionAttributes, FunctionId, ModuleId, ParamInfo,
+    StreamId,
 };
 use mdev_backend::compute::wire::{MAX_BATCH, MAX_COPY_BYTES, Reply, Request};
 
@@ -43,6 +44,8 @@ struct Function {
     ctx: u64,
     remote: FunctionId,
     params: Vec<ParamInfo>,
+    /// Asked of the host once, at the first `cuFuncGetAttribute`.
+    attributes: Option<FunctionAttributes>,
 }
 
 /// A `cuLinkCreate` state: the images added, and once complete the token `cuLinkComplete`
@@ -364,12 +367,37 @@ impl<T: Transport> Driver<T> {
                 ctx,
                 remote: fid,
                 params,
+                attributes: None,
             },
         );
         Ok(h)
     }
 
     /// A function's parameter layout.
+    /// The function's attributes on the host's backend (its registers, sizes).
+    pub fn function_attributes(&mut self, function: u64) -> CuResult<FunctionAttributes> {
+        let f = self
+            .functions
+            .get(&function)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        if let Some(a) = f.attributes {
+            return Ok(a);
+        }
+        let (ctx, id) = (f.ctx, f.remote);
+        let remote = self.remote(ctx)?;
+        let a = match self.call(Request::FunctionAttributes {
+            ctx: remote,
+            function: id,
+        })? {
+            Reply::FunctionAttributes(a) => a,
+            _ => return Err(CUDA_ERROR_UNKNOWN),
+        };
+        if let Some(f) = self.functions.get_mut(&function) {
+            f.attributes = Some(a);
+        }
+        Ok(a)
+    }
+
     pub fn params(&self, function: u64) -> CuResult<&[ParamInfo]> {
         self.functions
             .get(&function)

@@ -34,6 +34,21 @@ id!(EventId);
 /// The default (NULL) stream of a context.
 pub const DEFAULT_STREAM: StreamId = StreamId(0);
 
+/// What `cuFuncGetAttribute` reports of a kernel: what occupancy calculators (and GCC's
+/// libgomp, choosing its number of teams) read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FunctionAttributes {
+    pub max_threads_per_block: u32,
+    pub shared_size_bytes: u32,
+    pub const_size_bytes: u32,
+    pub local_size_bytes: u32,
+    pub num_regs: u32,
+}
+
+/// Registers per thread the PTX executor reports for every kernel (it has no register file;
+/// a middle figure for compiled sm_70+ code).
+pub const EXECUTOR_REGISTERS_PER_THREAD: u32 = 32;
+
 /// What `cuDeviceGetAttribute` and `cuDeviceGetName` report.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceAttributes {
@@ -85,6 +100,12 @@ pub trait ComputeBackend: Send {
         module: ModuleId,
         name: &str,
     ) -> ComputeResult<(u64, u64)>;
+    /// The attributes of function `f` of `ctx`.
+    fn function_attributes(
+        &mut self,
+        ctx: ContextId,
+        f: FunctionId,
+    ) -> ComputeResult<FunctionAttributes>;
     /// A kernel of a module and its parameter layout.
     fn function(
         &mut self,

@@ -61,6 +61,13 @@ pub(crate) fn run(b: &mut dyn ComputeBackend, runaway: bool) {
     let m = b.module_load(c, ptx().as_bytes()).unwrap();
     let f = b.function(c, m, "vadd").unwrap();
     assert_eq!(f.1.len(), 4);
+    // Its attributes: registers and a block size a launch may use; unknown functions refused.
+    let fa = b.function_attributes(c, f.0).unwrap();
+    assert!(fa.num_regs > 0 && fa.max_threads_per_block >= 256, "{fa:?}");
+    assert!(matches!(
+        b.function_attributes(c, super::backend::FunctionId(u32::MAX)),
+        Err(ComputeError::InvalidHandle(_))
+    ));
     let mut params = Vec::new();
     for p in [x, y, z] {
         params.extend_from_slice(&p.to_le_bytes());

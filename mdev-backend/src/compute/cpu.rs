@@ -283,6 +283,22 @@ impl ComputeBackend for CpuBackend {
         Ok((FunctionId(id), params))
     }
 
+    fn function_attributes(
+        &mut self,
+        ctx: ContextId,
+        f: FunctionId,
+    ) -> ComputeResult<FunctionAttributes> {
+        let max_threads_per_block = self.attributes().max_threads_per_block;
+        if !self.ctx(ctx)?.functions.contains_key(&f.0) {
+            return Err(ComputeError::InvalidHandle(format!("function {}", f.0)));
+        }
+        Ok(FunctionAttributes {
+            max_threads_per_block,
+            num_regs: EXECUTOR_REGISTERS_PER_THREAD,
+            ..FunctionAttributes::default()
+        })
+    }
+
     fn mem_alloc(&mut self, ctx: ContextId, bytes: u64) -> ComputeResult<u64> {
         self.ctx(ctx)?.memory.alloc(bytes)
     }

@@ -87,6 +87,7 @@ struct Api {
     module_get_global:
         unsafe extern "C" fn(*mut u64, *mut usize, Handle, *const c_char) -> CuResult,
     func_get_param_info: unsafe extern "C" fn(Handle, usize, *mut usize, *mut usize) -> CuResult,
+    func_get_attribute: unsafe extern "C" fn(*mut c_int, c_int, Handle) -> CuResult,
     mem_alloc: unsafe extern "C" fn(*mut u64, usize) -> CuResult,
     mem_free: unsafe extern "C" fn(u64) -> CuResult,
     memset_d8_async: unsafe extern "C" fn(u64, u8, usize, Handle) -> CuResult,
@@ -153,6 +154,7 @@ impl Api {
             module_get_function: sym!("cuModuleGetFunction"),
             module_get_global: sym!("cuModuleGetGlobal_v2"),
             func_get_param_info: sym!("cuFuncGetParamInfo"),
+            func_get_attribute: sym!("cuFuncGetAttribute"),
             mem_alloc: sym!("cuMemAlloc_v2"),
             mem_free: sym!("cuMemFree_v2"),
             memset_d8_async: sym!("cuMemsetD8Async"),
@@ -641,6 +643,35 @@ impl ComputeBackend for NvCuda {
             // Bounded by the globals the module has: the driver finds no others.
             c.globals.insert(addr, (size as u64, module.0));
             Ok((addr, size as u64))
+        })
+    }
+
+    fn function_attributes(
+        &mut self,
+        ctx: ContextId,
+        f: FunctionId,
+    ) -> ComputeResult<FunctionAttributes> {
+        self.on(ctx, |api, c| {
+            let &(handle, _) = c
+                .functions
+                .get(&f.0)
+                .ok_or_else(|| ComputeError::InvalidHandle(format!("function {}", f.0)))?;
+            let attr = |a: c_int| -> ComputeResult<u32> {
+                let mut v = 0;
+                // SAFETY: a live function of the current context; `v` a valid out-pointer;
+                // `a` one of the documented CUfunction_attribute values 0..=4.
+                check("cuFuncGetAttribute", unsafe {
+                    (api.func_get_attribute)(&mut v, a, handle as Handle)
+                })?;
+                Ok(v.max(0) as u32)
+            };
+            Ok(FunctionAttributes {
+                max_threads_per_block: attr(0)?,
+                shared_size_bytes: attr(1)?,
+                const_size_bytes: attr(2)?,
+                local_size_bytes: attr(3)?,
+                num_regs: attr(4)?,
+            })
         })
     }
 

@@ -112,6 +112,9 @@ fn execute(
             let (id, params) = be.function(owned.check(ctx)?, module, &name)?;
             Reply::Function { id, params }
         }
+        FunctionAttributes { ctx, function } => {
+            Reply::FunctionAttributes(be.function_attributes(owned.check(ctx)?, function)?)
+        }
         Global { ctx, module, name } => {
             let (addr, size) = be.module_global(owned.check(ctx)?, module, &name)?;
             Reply::Global { addr, size }

@@ -9,7 +9,8 @@
 use thiserror::Error;
 
 use super::backend::{
-    ContextId, DeviceAttributes, EventId, FunctionId, ModuleId, ParamInfo, StreamId,
+    ContextId, DeviceAttributes, EventId, FunctionAttributes, FunctionId, ModuleId, ParamInfo,
+    StreamId,
 };
 use super::{ComputeError, ptx};
 
@@ -175,6 +176,10 @@ pub enum Request {
     TakeOutput {
         ctx: ContextId,
     },
+    FunctionAttributes {
+        ctx: ContextId,
+        function: FunctionId,
+    },
     /// Asynchronous work the guest deferred to its next synchronisation point, run in order
     /// up to the first failure: only requests whose reply carries nothing but success or an
     /// error (launches, host-to-device and device-to-device copies, memsets, event records, and
@@ -267,6 +272,7 @@ pub enum Reply {
         output: String,
         error: Option<(u32, String)>,
     },
+    FunctionAttributes(FunctionAttributes),
 }
 
 impl Reply {
@@ -588,6 +594,10 @@ impl Request {
                 o = Out::new(28);
                 o.u32(ctx.0);
             }
+            FunctionAttributes { ctx, function } => {
+                o = Out::new(30);
+                o.u32(ctx.0).u32(function.0);
+            }
             Batch(requests) => {
                 o = Out::new(29);
                 o.u32(u32::try_from(requests.len()).unwrap_or(u32::MAX));
@@ -741,6 +751,10 @@ impl Request {
                     .to_vec(),
             },
             28 => TakeOutput { ctx: i.ctx()? },
+            30 => FunctionAttributes {
+                ctx: i.ctx()?,
+                function: FunctionId(i.u32()?),
+            },
             29 => {
                 let n = i.u32()? as usize;
                 if n > MAX_BATCH {
@@ -839,6 +853,14 @@ impl Reply {
                     None => o.u8(0),
                 };
             }
+            Reply::FunctionAttributes(a) => {
+                o = Out::new(12);
+                o.u32(a.max_threads_per_block)
+                    .u32(a.shared_size_bytes)
+                    .u32(a.const_size_bytes)
+                    .u32(a.local_size_bytes)
+                    .u32(a.num_regs);
+            }
         }
         o.finish()
     }
@@ -901,6 +923,13 @@ impl Reply {
                     _ => Some((i.u32()?, i.text("message", MAX_TEXT_BYTES)?)),
                 },
             },
+            12 => Reply::FunctionAttributes(FunctionAttributes {
+                max_threads_per_block: i.u32()?,
+                shared_size_bytes: i.u32()?,
+                const_size_bytes: i.u32()?,
+                local_size_bytes: i.u32()?,
+                num_regs: i.u32()?,
+            }),
             op => return Err(WireError::Opcode(op)),
         };
         i.end()?;
@@ -1001,6 +1030,10 @@ mod tests {
                 params: vec![9; 24],
             },
             TakeOutput { ctx },
+            FunctionAttributes {
+                ctx,
+                function: FunctionId(8),
+            },
             Batch(vec![
                 MemsetD8 {
                     ctx,
@@ -1109,6 +1142,13 @@ mod tests {
                 output: String::new(),
                 error: None,
             },
+            Reply::FunctionAttributes(crate::compute::backend::FunctionAttributes {
+                max_threads_per_block: 1024,
+                shared_size_bytes: 2,
+                const_size_bytes: 3,
+                local_size_bytes: 4,
+                num_regs: 80,
+            }),
         ];
         for r in replies {
             assert_eq!(Reply::decode(body(&r.encode())).unwrap(), r);
