@@ -96,7 +96,7 @@ run)
             [[ -S $sock ]] && break
             sleep 0.05
         done
-        for p in "$corpus"/omp_* "$corpus/vector_add"; do
+        for p in "$corpus"/omp_* "$corpus/vector_add" "$corpus/driver_bench"; do
             b=$(basename "$p")
             rc=0
             timeout 120 env LD_LIBRARY_PATH="$stage/lib:$stage/gomp" VGPU_CUDA_SOCKET="$sock" \
