@@ -135,6 +135,13 @@ pub struct Device {
     epoch: Instant,
     /// Compute-capset requests on the VM's compute executor.
     compute: ComputeRuntime,
+    /// The compute request `gate` read for the chain with this head, so that the execution
+    /// that follows runs what was scheduled without reading the guest's blob again.
+    gated_compute: Option<(
+        u16,
+        compute::SubmitHeader,
+        mdev_backend::compute::wire::Request,
+    )>,
 }
 
 /// [`Gate`] with the context of a scheduled group.
@@ -210,6 +217,7 @@ impl Device {
             load: LoadRunner::default(),
             epoch: Instant::now(),
             compute: ComputeRuntime::new(ComputeKind::Cpu),
+            gated_compute: None,
         }
     }
 
@@ -331,6 +339,7 @@ impl Device {
         self.sched.reset();
         self.load.reset();
         self.compute.reset();
+        self.gated_compute = None;
         self.config.set_interrupt_status(false);
         info!("device reset");
     }
@@ -712,14 +721,34 @@ impl Device {
                 cmd: ControlCommand::Submit3d { ctx_id, commands },
                 ..
             }) if self.gpu.is_compute_context(ctx_id) => {
-                let mem = self.ram.atomic().memory();
-                match self.compute_request(commands.dwords(), &mem) {
-                    Ok((_, req)) if req.work().any() => {
-                        (ctx_id, GroupKind::Compute, compute::signature(&req.work()))
+                // A chain held for the daemon is gated again when its grant comes: it keeps
+                // the request read the first time (the guest may have changed its blob since),
+                // so the group the daemon granted is the one that runs and completes.
+                let held = self
+                    .gated_compute
+                    .as_ref()
+                    .filter(|(head, ..)| *head == chain.head())
+                    .map(|(_, _, req)| req.work());
+                let work = match held {
+                    Some(work) => work,
+                    None => {
+                        let mem = self.ram.atomic().memory();
+                        match self.compute_request(commands.dwords(), &mem) {
+                            Ok((header, req)) => {
+                                let work = req.work();
+                                self.gated_compute = Some((chain.head(), header, req));
+                                work
+                            }
+                            // A request the submit itself answers with an error.
+                            Err(_) => return GateFor::Run(None),
+                        }
                     }
-                    // Control work, or a request the submit itself answers with an error.
-                    _ => return GateFor::Run(None),
+                };
+                if !work.any() {
+                    // Control work runs at once.
+                    return GateFor::Run(None);
                 }
+                (ctx_id, GroupKind::Compute, compute::signature(&work))
             }
             Ok(ControlRequest {
                 cmd: ControlCommand::Submit3d { ctx_id, commands },
@@ -945,8 +974,13 @@ impl Device {
                 hdr,
                 cmd: ControlCommand::Submit3d { ctx_id, commands },
             }) if self.gpu.is_compute_context(ctx_id) => {
+                let gated = self
+                    .gated_compute
+                    .take()
+                    .filter(|&(head, ..)| head == chain.head())
+                    .map(|(_, header, req)| (header, req));
                 let (response, token) =
-                    self.compute_submit(ctx_id, commands.dwords(), mem, compute_group);
+                    self.compute_submit(ctx_id, commands.dwords(), mem, compute_group, gated);
                 wait = Some(FenceWait::Load(token));
                 (hdr, response)
             }
@@ -1059,19 +1093,28 @@ impl Device {
         }
     }
 
-    /// A SUBMIT_3D on a compute context: its request goes to the executor (its reply comes
-    /// through [`Device::compute_done`]), or is answered into its blob at once when it cannot
-    /// run. Returns the submit's response and the token its fence waits for.
+    /// A SUBMIT_3D on a compute context: its request (`gated`: as the gate read it) goes to the
+    /// executor (its reply comes through [`Device::compute_done`]), or is answered into its
+    /// blob at once when it cannot run. Returns the submit's response and the token its fence
+    /// waits for.
     fn compute_submit(
         &mut self,
         ctx: u32,
         dwords: &[u32],
         mem: &GuestMemoryMmap,
         group: Option<GroupId>,
+        gated: Option<(compute::SubmitHeader, mdev_backend::compute::wire::Request)>,
     ) -> (Response, Option<LoadToken>) {
         let session = self.sched.session();
         let now = monotonic_ns();
-        let (header, reply) = match self.compute_request(dwords, mem) {
+        // What the gate read for this chain (its header is the same words), else read now.
+        let read = match gated {
+            Some((header, req)) if compute::decode_header(dwords) == Ok(header) => {
+                Ok((header, req))
+            }
+            _ => self.compute_request(dwords, mem),
+        };
+        let (header, reply) = match read {
             Ok((header, req)) => {
                 let token = self.load.token();
                 let target = (header.resource_id, header.reply_capacity);
