@@ -314,7 +314,8 @@ fn scheduled_device_asks_the_daemon() {
 }
 
 /// The compute capset: control work (a context, a module) does not ask the daemon; a launch is
-/// a `Compute` group that waits for its Grant, runs on the executor and is reported Completed.
+/// a `Compute` group that waits for its Grant, runs on the executor and is reported Completed;
+/// under a lease it is dispatched at once.
 fn compute_groups(guest: &mut VgpuGuest, daemon: &SeqStream) {
     const CTX: u32 = 9;
     const EMPTY: &str = ".version 7.0\n.target sm_70\n.address_size 64\n\
@@ -383,6 +384,23 @@ fn compute_groups(guest: &mut VgpuGuest, daemon: &SeqStream) {
         }
         other => panic!("expected Completed, got {other:?}"),
     }
+    // Under a lease a launch-heavy app pays no grant round trip: dispatched at once.
+    send(
+        daemon,
+        &Msg::Lease {
+            budget_ns: 0,
+            until: 0,
+        },
+    );
+    std::thread::sleep(Duration::from_millis(50));
+    let submit = blob.put(guest, CTX, &launch, 21);
+    call(guest, &submit);
+    let group = match recv(daemon) {
+        Msg::Dispatched { group, .. } => group,
+        other => panic!("expected Dispatched, got {other:?}"),
+    };
+    assert!(matches!(recv(daemon), Msg::Completed { group: g, .. } if g == group));
+    send(daemon, &Msg::Revoke);
 }
 
 /// A flush of the 3D resource a scanout shows is one presented frame: `Frame`, and its
