@@ -6,7 +6,10 @@
 #   initrd.img    its initramfs (MODULES=list: virtio, ext4, virtio_gpu/DRM, qemu_fw_cfg)
 #   manifest.txt  kernel and Mesa versions, package count, sizes, vgpu-load's hash
 # The image also holds /usr/local/bin/vgpu-load, the guest load tool (guest-drivers/src/bin/vgpu-load/),
-# built here as a static binary with cargo (target dir: $CACHE/vgpu-load-target).
+# built here as a static binary with cargo (target dir: $CACHE/vgpu-load-target), and CUDA: our
+# guest driver /usr/local/lib/libcuda.so.1 (guest-drivers/libcuda, with a libcuda.so link),
+# Debian's libgomp-plugin-nvptx1, and the CUDA corpus of qemu-scripts/cuda-corpus.sh in
+# /usr/local/share/vgpu-cuda when it has been built (run that script first).
 # The guest boots with init=/usr/local/sbin/vgpu-init (qemu-scripts/guest/vgpu-init), which runs
 # one job and powers off; see tests/src/guest.rs and qemu-scripts/run-vm.sh.
 #
@@ -32,12 +35,17 @@ INIT_SRC=$HERE/guest/vgpu-init
 # vgpu-load's sources: the image is rebuilt when they change (not for other crates' changes).
 LOAD_SRC=("$REPO/guest-drivers/Cargo.toml" "$REPO/guest-drivers/src/bin/vgpu-load")
 LOAD_TARGET_DIR=$CACHE/vgpu-load-target
+# The guest CUDA driver's sources (with the wire protocol it speaks) and the corpus: the image is
+# rebuilt when they change.
+CUDA_SRC=("$REPO/guest-drivers/libcuda/Cargo.toml" "$REPO/guest-drivers/libcuda/src"
+    "$REPO/mdev-backend/src/compute/wire.rs" "$REPO/mdev-backend/src/compute/backend.rs")
+CORPUS=${VGPU_CUDA_CORPUS:-$CACHE/cuda-corpus}
 LOAD_TRIPLE=x86_64-unknown-linux-gnu
 SUITE=trixie
 PACKAGES=(
     linux-image-amd64 initramfs-tools zstd kmod
     libgl1-mesa-dri libegl-mesa0 libgles2 libgbm1 libegl1 mesa-utils mesa-utils-bin
-    glmark2-es2-drm kmscube pciutils stress-ng
+    glmark2-es2-drm kmscube pciutils stress-ng libgomp-plugin-nvptx1
 )
 INITRAMFS_MODULES=(virtio_pci virtio_blk virtio_console virtio_gpu drm drm_kms_helper ext4 qemu_fw_cfg)
 # Kernel module trees no guest of ours needs (real hardware); pruning them halves the image.
@@ -60,15 +68,16 @@ fingerprint() {
     {
         cat "${BASH_SOURCE[0]}" "$INIT_SRC"
         # Names and contents, so a renamed file changes the hash too.
-        find "${LOAD_SRC[@]}" -type f -print | LC_ALL=C sort | while read -r f; do
+        find "${LOAD_SRC[@]}" "${CUDA_SRC[@]}" -type f -print | LC_ALL=C sort | while read -r f; do
             printf '%s\n' "${f#"$REPO"/}"
             cat "$f"
         done
+        [[ -d $CORPUS ]] && find "$CORPUS" -maxdepth 1 -type f -print0 | LC_ALL=C sort -z | xargs -0r sha256sum
     } | sha256sum | cut -d' ' -f1
 }
 
 [[ -f $INIT_SRC ]] || die "guest init $INIT_SRC is missing"
-for src in "${LOAD_SRC[@]}"; do [[ -e $src ]] || die "vgpu-load source $src is missing"; done
+for src in "${LOAD_SRC[@]}" "${CUDA_SRC[@]}"; do [[ -e $src ]] || die "source $src is missing"; done
 if [[ -f $STAMP && -f $OUT/rootfs.ext4 && -f $OUT/vmlinuz && -f $OUT/initrd.img &&
     $(head -n2 "$STAMP") == "$(fingerprint)" ]]; then
     log "guest image ready: $(sed -n 3p "$STAMP") ($OUT)"
@@ -149,6 +158,10 @@ if command -v readelf >/dev/null && LC_ALL=C readelf -l "$load_bin" | grep -q 'p
 fi
 load_sha=$(sha256sum "$load_bin" | cut -d' ' -f1)
 log "    done in $((SECONDS - t)) s: $(du -k "$load_bin" | cut -f1) KiB, sha256 ${load_sha:0:16}"
+log "    building the guest CUDA driver (libcuda.so.1) into $LOAD_TARGET_DIR"
+run_logged "building libcuda" env CARGO_TARGET_DIR="$LOAD_TARGET_DIR" cargo build \
+    --manifest-path "$REPO/Cargo.toml" --release --locked -p vgpu-libcuda --lib
+cuda_lib=$LOAD_TARGET_DIR/release/libcuda.so
 
 log "step 2/6: debootstrap --variant=minbase $SUITE"
 t=$SECONDS
@@ -200,9 +213,18 @@ mesa=$(chroot "$ROOT" dpkg-query -W -f '${Version}' libgl1-mesa-dri)
 npkgs=$(chroot "$ROOT" dpkg-query -W -f '.\n' | wc -l)
 log "    done in $((SECONDS - t)) s: kernel $kver, Mesa $mesa, $npkgs packages"
 
-log "step 5/6: installing the init and vgpu-load, pruning docs, locales, caches and unneeded kernel modules"
+log "step 5/6: installing the init, vgpu-load and CUDA, pruning docs, locales, caches and unneeded kernel modules"
 install -m 0755 "$INIT_SRC" "$ROOT/usr/local/sbin/vgpu-init"
 install -m 0755 "$load_bin" "$ROOT/usr/local/bin/vgpu-load"
+install -D -m 0755 "$cuda_lib" "$ROOT/usr/local/lib/libcuda.so.1"
+ln -sf libcuda.so.1 "$ROOT/usr/local/lib/libcuda.so"
+ncorpus=0
+if [[ -d $CORPUS ]]; then
+    mkdir -p "$ROOT/usr/local/share/vgpu-cuda"
+    find "$CORPUS" -maxdepth 1 -type f -exec cp -t "$ROOT/usr/local/share/vgpu-cuda" {} +
+    ncorpus=$(find "$ROOT/usr/local/share/vgpu-cuda" -type f | wc -l)
+fi
+chroot "$ROOT" ldconfig
 cp "$ROOT/boot/vmlinuz-$kver" "$WORK/vmlinuz"
 cp "$ROOT/boot/initrd.img-$kver" "$WORK/initrd.img"
 rm -f "$ROOT/usr/sbin/policy-rc.d"
@@ -223,7 +245,7 @@ run_logged "mkfs.ext4" mkfs.ext4 -q -F -L vgpu-root -m 0 -O ^has_journal -E root
     -d "$ROOT" "$WORK/rootfs.ext4"
 rm -rf "$ROOT"
 
-summary="kernel $kver, Mesa $mesa, $npkgs packages, rootfs ${used_mib} MiB in a ${size_mib} MiB ext4"
+summary="kernel $kver, Mesa $mesa, $npkgs packages, $ncorpus CUDA programs, rootfs ${used_mib} MiB in a ${size_mib} MiB ext4"
 printf 'suite %s\nkernel %s\nmesa %s\npackages %s\nrootfs_used_mib %s\nrootfs_size_mib %s\nvgpu_load_sha256 %s\n' \
     "$SUITE" "$kver" "$mesa" "$npkgs" "$used_mib" "$size_mib" "$load_sha" >"$WORK/manifest.txt"
 { fingerprint; echo "$summary"; } >"$WORK/.vgpu-guest-complete"

@@ -40,6 +40,9 @@ server_pid=
 echo "server log (last lines):"
 tail -n 4 "$run/server.log" | sed 's/^/  /'
 
+step "CUDA corpus (nvcc from PyPI wheels, GCC nvptx offloading; tests/cuda)"
+qemu-scripts/cuda-corpus.sh
+
 step "guest image (Debian trixie)"
 qemu-scripts/build-guest-image.sh
 
@@ -57,9 +60,6 @@ echo "the guest's screen, as the vGPU scanned it out: $out/scanout0.png"
 
 step "two guests share the vGPU under vgpu-schedd: policy none, then TimeGraph live (about 2 minutes)"
 qemu-scripts/demo-sched.sh "${sched_args[@]}"
-
-step "CUDA corpus (nvcc from PyPI wheels, GCC nvptx offloading; tests/cuda)"
-qemu-scripts/cuda-corpus.sh
 
 step "a stock CUDA client in a guest: GCC OpenMP offload on our libcuda.so.1 through the vGPU (TCG)"
 target/release/vgpu-run-vm --timeout 300 --cuda --job '

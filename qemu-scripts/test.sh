@@ -7,11 +7,11 @@ set -euo pipefail
 STEPS=6
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-step "guest image (Debian trixie, for the guest end-to-end tests)"
-qemu-scripts/build-guest-image.sh
-
 step "CUDA corpus (nvcc from PyPI wheels, GCC nvptx offloading; tests/cuda)"
 qemu-scripts/cuda-corpus.sh
+
+step "guest image (Debian trixie with our libcuda.so.1 and the corpus, for the guest end-to-end tests)"
+qemu-scripts/build-guest-image.sh
 
 step "build (workspace, all targets)"
 cargo build --workspace --all-targets --locked

@@ -26,16 +26,29 @@ const OMP_PROGRAMS: [&str; 3] = ["omp_saxpy", "omp_reduction", "omp_features"];
 /// An nvcc-built program (static cudart).
 const NVCC_PROGRAM: &str = "vector_add";
 
+/// Where the guest image installs our library and the corpus (build-guest-image.sh).
+const IMAGE_LIB: &str = "/usr/local/lib/libcuda.so.1";
+const IMAGE_CORPUS: &str = "/usr/local/share/vgpu-cuda";
+
 fn job(programs: &[&str]) -> String {
-    let mut job = String::from("set -u\nls /dev/dri | sed 's/^/DRI /'\n");
-    for p in programs {
+    let mut job = format!(
+        "set -u\nls /dev/dri | sed 's/^/DRI /'\n\
+         ldconfig -p | grep -q '{IMAGE_LIB}' && echo IMAGE-LIB ok\n\
+         ls {IMAGE_CORPUS} | sed 's/^/IMAGE-CORPUS /'\n"
+    );
+    let mut run = |name: &str, path: String| {
         job.push_str(&format!(
-            "echo CUDA-BEGIN {p}\n\
-             timeout 120 {}/{p}\n\
-             echo CUDA-END {p} rc=$?\n",
-            guest::CUDA_DIR
-        ));
+            "echo CUDA-BEGIN {name}\ntimeout 120 {path}\necho CUDA-END {name} rc=$?\n"
+        ))
+    };
+    for p in programs {
+        run(p, format!("{}/{p}", guest::CUDA_DIR));
     }
+    // The image's own copy of a program, on the image's library when nothing else is given.
+    run(
+        "image-omp_saxpy",
+        format!("env LD_PRELOAD={IMAGE_LIB} {IMAGE_CORPUS}/omp_saxpy"),
+    );
     job
 }
 
@@ -88,8 +101,16 @@ fn stock_cuda_clients_run_through_the_vgpu_in_a_tcg_guest() {
         run.output.contains("DRI renderD128"),
         "no render node: does the server offer 3D?\n{logs}"
     );
+    assert!(
+        run.output.contains("IMAGE-LIB ok")
+            && OMP_PROGRAMS
+                .iter()
+                .all(|p| run.output.contains(&format!("IMAGE-CORPUS {p}\n"))),
+        "the image holds our libcuda.so.1 and the corpus\n{}",
+        run.output
+    );
     let results = results(&run.output);
-    for p in OMP_PROGRAMS {
+    for p in OMP_PROGRAMS.iter().chain(&["image-omp_saxpy"]) {
         let (_, rc, text) = results
             .iter()
             .find(|(n, ..)| n == p)
