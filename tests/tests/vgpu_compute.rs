@@ -3,7 +3,8 @@
 //! driver's requests (`mdev_backend::compute::wire`) carried by SUBMIT_3D through a scattered
 //! guest blob to the VM's compute executor (the PTX executor) and answered in the blob before
 //! the submit's fence completes: a kernel runs and its result comes back; two compute contexts
-//! cannot name each other's CUDA contexts; a faulting kernel breaks only its own context;
+//! cannot name each other's CUDA contexts; bad PTX, copies past allocations and oversized
+//! launches are refused; a faulting kernel breaks only its own context;
 //! malformed headers fail the submit, malformed requests get error replies, and the device
 //! goes on. virglrenderer may be initialised once per process, so everything runs in one test.
 
@@ -263,6 +264,32 @@ fn compute_capset_runs_guest_cuda_requests_through_a_blob() {
         .map(|w| u32::from_le_bytes(w.try_into().unwrap()))
         .collect();
     assert_eq!(sums, (0..n).map(|i| 4 * i + 1).collect::<Vec<_>>());
+
+    // Bad input is refused with its CUDA error, and the context goes on: PTX that does not
+    // parse, a copy past an allocation, a launch past the block limit.
+    let bad_ptx = Request::ModuleLoad {
+        ctx: c,
+        image: b".version 7.0\n.target sm_70\nnot ptx at all\n".to_vec(),
+    };
+    assert_eq!(status(&exchange(&mut guest, &blob, 5, &bad_ptx)), 218);
+    let past = Request::CopyDtoH {
+        ctx: c,
+        src: bufs[2] + u64::from(n) * 4 - 8,
+        bytes: 16,
+        stream: DEFAULT_STREAM,
+    };
+    assert_eq!(status(&exchange(&mut guest, &blob, 5, &past)), 1);
+    let mut too_big = launch(add, vec![0; 28]);
+    if let Request::Launch { block, .. } = &mut too_big {
+        *block = [2048, 1, 1];
+    }
+    assert_eq!(status(&exchange(&mut guest, &blob, 5, &too_big)), 1);
+    address(exchange(
+        &mut guest,
+        &blob,
+        5,
+        &Request::MemAlloc { ctx: c, bytes: 4 },
+    ));
 
     // The other compute context cannot name this one's CUDA context.
     let foreign = exchange(
