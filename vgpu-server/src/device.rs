@@ -137,11 +137,7 @@ pub struct Device {
     compute: ComputeRuntime,
     /// The compute request `gate` read for the chain with this head, so that the execution
     /// that follows runs what was scheduled without reading the guest's blob again.
-    gated_compute: Option<(
-        u16,
-        compute::SubmitHeader,
-        mdev_backend::compute::wire::Request,
-    )>,
+    gated_compute: Option<(u16, compute::Submit)>,
 }
 
 /// [`Gate`] with the context of a scheduled group.
@@ -727,16 +723,16 @@ impl Device {
                 let held = self
                     .gated_compute
                     .as_ref()
-                    .filter(|(head, ..)| *head == chain.head())
-                    .map(|(_, _, req)| req.work());
+                    .filter(|(head, _)| *head == chain.head())
+                    .map(|(_, (_, req))| req.work());
                 let work = match held {
                     Some(work) => work,
                     None => {
                         let mem = self.ram.atomic().memory();
-                        match self.compute_request(commands.dwords(), &mem) {
-                            Ok((header, req)) => {
-                                let work = req.work();
-                                self.gated_compute = Some((chain.head(), header, req));
+                        match self.gpu.blobs().request(commands.dwords(), &*mem) {
+                            Ok(submit) => {
+                                let work = submit.1.work();
+                                self.gated_compute = Some((chain.head(), submit));
                                 work
                             }
                             // A request the submit itself answers with an error.
@@ -977,8 +973,8 @@ impl Device {
                 let gated = self
                     .gated_compute
                     .take()
-                    .filter(|&(head, ..)| head == chain.head())
-                    .map(|(_, header, req)| (header, req));
+                    .filter(|(head, _)| *head == chain.head())
+                    .map(|(_, submit)| submit);
                 let (response, token) =
                     self.compute_submit(ctx_id, commands.dwords(), mem, compute_group, gated);
                 wait = Some(FenceWait::Load(token));
@@ -1062,37 +1058,6 @@ impl Device {
         self.load.submit(hdr.ctx_id, &commands, now)
     }
 
-    /// A compute submit's header, checked against its blob, and the request read from it.
-    /// `Err(Ok(code))`: the header is bad (the SUBMIT_3D fails with that code);
-    /// `Err(Err((header, reply)))`: the request is, and `reply` answers it.
-    #[allow(clippy::type_complexity)]
-    fn compute_request(
-        &self,
-        dwords: &[u32],
-        mem: &GuestMemoryMmap,
-    ) -> Result<
-        (compute::SubmitHeader, mdev_backend::compute::wire::Request),
-        Result<u32, (compute::SubmitHeader, mdev_backend::compute::wire::Reply)>,
-    > {
-        use mdev_backend::compute::{ComputeError, wire::Reply};
-        let blobs = self.gpu.blobs();
-        let header = compute::decode_header(dwords)
-            .and_then(|h| blobs.check(&h).map(|()| h))
-            .map_err(|e| {
-                debug!("compute submit refused: {e}");
-                Ok(e.response_code())
-            })?;
-        let bad = |why: String| Err((header, Reply::error(&ComputeError::InvalidValue(why))));
-        let bytes = match blobs.read(mem, header.resource_id, header.request_bytes as usize) {
-            Ok(b) => b,
-            Err(e) => return Err(bad(e.to_string())),
-        };
-        match compute::decode_request(&bytes) {
-            Ok(req) => Ok((header, req)),
-            Err(e) => Err(bad(format!("compute request: {e}"))),
-        }
-    }
-
     /// A SUBMIT_3D on a compute context: its request (`gated`: as the gate read it) goes to the
     /// executor (its reply comes through [`Device::compute_done`]), or is answered into its
     /// blob at once when it cannot run. Returns the submit's response and the token its fence
@@ -1103,7 +1068,7 @@ impl Device {
         dwords: &[u32],
         mem: &GuestMemoryMmap,
         group: Option<GroupId>,
-        gated: Option<(compute::SubmitHeader, mdev_backend::compute::wire::Request)>,
+        gated: Option<compute::Submit>,
     ) -> (Response, Option<LoadToken>) {
         let session = self.sched.session();
         let now = monotonic_ns();
@@ -1112,7 +1077,7 @@ impl Device {
             Some((header, req)) if compute::decode_header(dwords) == Ok(header) => {
                 Ok((header, req))
             }
-            _ => self.compute_request(dwords, mem),
+            _ => self.gpu.blobs().request(dwords, mem),
         };
         let (header, reply) = match read {
             Ok((header, req)) => {
@@ -1126,13 +1091,13 @@ impl Device {
                     Err(reply) => (header, reply),
                 }
             }
-            Err(Ok(code)) => {
+            Err(compute::Refused::Submit(code)) => {
                 if let Some(g) = group {
                     self.sched.completed(g, session, now, now);
                 }
                 return (Response::Err(code), None);
             }
-            Err(Err(answer)) => answer,
+            Err(compute::Refused::Request(header, reply)) => (header, reply),
         };
         if let Some(g) = group {
             self.sched.completed(g, session, now, now);

@@ -174,6 +174,18 @@ pub fn signature(work: &wire::Work) -> CostSignature {
     ])
 }
 
+/// Why a compute submit does not run.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Refused {
+    /// Its header is bad: the SUBMIT_3D fails with this response code and nothing is written.
+    Submit(u32),
+    /// Its request is: this reply answers it in the blob the header names.
+    Request(SubmitHeader, Reply),
+}
+
+/// A compute submit's header and the request it carries.
+pub type Submit = (SubmitHeader, Request);
+
 /// A guest blob: guest pages the device reads and writes in place.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Blob {
@@ -242,6 +254,24 @@ impl Blobs {
     /// Every blob goes (a reset).
     pub fn clear(&mut self) {
         self.0.clear();
+    }
+
+    /// A compute submit: its header (`dwords`) checked against its blob, and the request read
+    /// from the blob in guest memory and decoded.
+    pub fn request<M: GuestMemory>(&self, dwords: &[u32], mem: &M) -> Result<Submit, Refused> {
+        let header = decode_header(dwords)
+            .and_then(|h| self.check(&h).map(|()| h))
+            .map_err(|e| {
+                debug!("compute submit refused: {e}");
+                Refused::Submit(e.response_code())
+            })?;
+        let bad =
+            |why: String| Refused::Request(header, Reply::error(&ComputeError::InvalidValue(why)));
+        let bytes = self
+            .read(mem, header.resource_id, header.request_bytes as usize)
+            .map_err(|e| bad(e.to_string()))?;
+        let req = decode_request(&bytes).map_err(|e| bad(format!("compute request: {e}")))?;
+        Ok((header, req))
     }
 
     /// Checks a submit's header against its blob.
@@ -704,6 +734,33 @@ mod tests {
             Err(ComputeSubmitError::Memory(2))
         );
         assert_eq!(b.read(&mem, 2, 8), Err(ComputeSubmitError::Memory(2)));
+    }
+
+    #[test]
+    fn a_submit_is_refused_whole_for_a_bad_header_and_answered_for_a_bad_request() {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+        let mut b = Blobs::default();
+        b.create(&blob(1, 4096, &[(0x1000, 4096)]), false).unwrap();
+        let req = Request::ContextCreate.encode();
+        b.write(&mem, 1, &req).unwrap();
+        let header = |n: usize| [SUBMIT_MAGIC, 1, n as u32, 4096, 0];
+        let (h, got) = b.request(&header(req.len()), &mem).unwrap();
+        assert_eq!((h.resource_id, got), (1, Request::ContextCreate));
+        assert_eq!(
+            b.request(&[SUBMIT_MAGIC, 2, 8, 4096, 0], &mem),
+            Err(Refused::Submit(ty::ERR_INVALID_RESOURCE_ID))
+        );
+        assert_eq!(
+            b.request(&header(4097), &mem),
+            Err(Refused::Submit(ty::ERR_INVALID_PARAMETER))
+        );
+        // A request one byte short: answered with an error reply in the blob.
+        let Err(Refused::Request(h, Reply::Error { status, .. })) =
+            b.request(&header(req.len() - 1), &mem)
+        else {
+            panic!("an error reply")
+        };
+        assert_eq!((h.resource_id, status), (1, 1));
     }
 
     #[test]
