@@ -26,8 +26,11 @@ pub fn device_attribute(a: &DeviceAttributes, attribute: c_int) -> CuResult<c_in
         12 | 82 => REGISTERS,
         13 => v(a.clock_khz),
         14 => 512,
-        // GPU overlap, concurrent kernels, unified addressing, can map host memory: no.
-        15 | 19 | 31 | 41 => 0,
+        // GPU overlap, concurrent kernels, can map host memory: no.
+        15 | 19 | 31 => 0,
+        // Unified addressing: where the host places device memory in windows this library
+        // reserves (driver.rs `context_create`).
+        41 => c_int::from(a.placement),
         16 => v(a.multiprocessors),
         // Integrated, ECC, TCC, kernel timeout: no; compute mode default (0).
         17 | 18 | 20 | 32 | 35 => 0,

@@ -35,6 +35,8 @@ pub enum Kind {
 #[derive(Debug)]
 struct Context {
     remote: ContextId,
+    /// The range its device addresses lie in, reserved in this process (placed contexts).
+    _window: Option<crate::window::Window>,
     /// Device allocations: start → size (`cuMemGetAddressRange`, `cuMemcpy` directions).
     allocations: BTreeMap<u64, u64>,
 }
@@ -255,13 +257,27 @@ impl<T: Transport> Driver<T> {
 
     // Contexts.
 
+    /// A context. Where the host places device memory, its addresses lie in a window reserved
+    /// in this process, so they never alias a host address (unified addressing); a window that
+    /// cannot be reserved fails the creation rather than the promise.
     pub fn context_create(&mut self) -> CuResult<u64> {
-        let remote = ContextId(self.id(Request::ContextCreate)?);
+        let (remote, window) = if self.attributes.placement {
+            let window = crate::window::Window::reserve(context_window_bytes(&self.attributes))
+                .map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
+            let req = Request::ContextCreateAt {
+                base: window.base(),
+                size: window.size(),
+            };
+            (self.id(req)?, Some(window))
+        } else {
+            (self.id(Request::ContextCreate)?, None)
+        };
         let h = self.handle(Kind::Context);
         self.contexts.insert(
             h,
             Context {
-                remote,
+                remote: ContextId(remote),
+                _window: window,
                 allocations: BTreeMap::new(),
             },
         );
@@ -783,6 +799,14 @@ impl<T: Transport> Driver<T> {
     }
 }
 
+/// The address window of a placed context: room for its whole memory budget twice over plus
+/// the guard gap after each of the most allocations a context may hold.
+fn context_window_bytes(a: &DeviceAttributes) -> u64 {
+    let guards = (mdev_backend::compute::memory::MAX_ALLOCATIONS as u64)
+        .saturating_mul(mdev_backend::compute::memory::GUARD_BYTES);
+    a.total_memory.saturating_mul(2).saturating_add(guards)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -831,6 +855,40 @@ mod tests {
 
     fn launch(d: &mut Driver<Local>, ctx: u64, f: u64, params: LaunchParams) -> CuResult<()> {
         d.launch(ctx, f, [1, 1, 1], [1, 1, 1], 0, 0, params)
+    }
+
+    /// The permissions of the mapping of this process that holds `addr` (/proc/self/maps).
+    fn mapping_of(addr: u64) -> Option<String> {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        maps.lines().find_map(|l| {
+            let mut f = l.split_whitespace();
+            let (range, perms) = (f.next()?, f.next()?);
+            let (a, b) = range.split_once('-')?;
+            let (a, b) = (
+                u64::from_str_radix(a, 16).ok()?,
+                u64::from_str_radix(b, 16).ok()?,
+            );
+            (a <= addr && addr < b).then(|| perms.to_owned())
+        })
+    }
+
+    #[test]
+    fn device_addresses_lie_in_a_window_reserved_in_this_process() {
+        let mut d = driver();
+        assert!(d.attributes().placement);
+        assert_eq!(
+            crate::attributes::device_attribute(d.attributes(), 41),
+            Ok(1)
+        );
+        let (c1, c2) = (d.context_create().unwrap(), d.context_create().unwrap());
+        let a = d.mem_alloc(c1, 4096).unwrap();
+        let b = d.mem_alloc(c2, 4096).unwrap();
+        // Each is inside an inaccessible reservation of this process: no host pointer of the
+        // client can equal it, and the two contexts' windows differ.
+        assert_eq!(mapping_of(a).as_deref(), Some("---p"), "{a:#x}");
+        assert_eq!(mapping_of(b).as_deref(), Some("---p"), "{b:#x}");
+        assert_ne!(a, b);
+        d.context_destroy(c1).unwrap();
     }
 
     #[test]

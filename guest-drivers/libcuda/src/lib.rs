@@ -19,3 +19,4 @@ pub mod drm;
 mod export;
 pub mod status;
 pub mod transport;
+pub mod window;

@@ -45,6 +45,32 @@ pub struct FunctionAttributes {
     pub num_regs: u32,
 }
 
+/// Alignment of a placed context's window (a guest library reserves whole pages, and the
+/// allocations' guard gaps are this size).
+pub const WINDOW_ALIGN: u64 = 64 << 10;
+/// Largest window of a placed context.
+pub const MAX_WINDOW_BYTES: u64 = 1 << 40;
+/// Where a window may lie: above the first 4 GiB (a program's own image and heap) and below
+/// the end of x86-64 user space.
+pub const WINDOW_RANGE: std::ops::Range<u64> = (1 << 32)..0x7fff_ffff_0000;
+
+/// Checks a requested window: aligned, sized, inside [`WINDOW_RANGE`].
+pub fn check_window(base: u64, size: u64) -> super::ComputeResult<()> {
+    let end = base.checked_add(size);
+    let ok = base % WINDOW_ALIGN == 0
+        && size % WINDOW_ALIGN == 0
+        && (WINDOW_ALIGN..=MAX_WINDOW_BYTES).contains(&size)
+        && base >= WINDOW_RANGE.start
+        && end.is_some_and(|e| e <= WINDOW_RANGE.end);
+    if ok {
+        Ok(())
+    } else {
+        Err(super::ComputeError::InvalidValue(format!(
+            "device window {base:#x}+{size:#x}"
+        )))
+    }
+}
+
 /// Registers per thread the PTX executor reports for every kernel (it has no register file;
 /// a middle figure for compiled sm_70+ code).
 pub const EXECUTOR_REGISTERS_PER_THREAD: u32 = 32;
@@ -53,6 +79,10 @@ pub const EXECUTOR_REGISTERS_PER_THREAD: u32 = 32;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceAttributes {
     pub name: String,
+    /// The backend places a context's device memory where the client asks
+    /// ([`ComputeBackend::context_create_at`]): a guest library can then reserve that range in
+    /// its process and report unified addressing.
+    pub placement: bool,
     pub total_memory: u64,
     pub compute_capability: (u32, u32),
     pub multiprocessors: u32,
@@ -81,6 +111,14 @@ pub trait ComputeBackend: Send {
     fn attributes(&self) -> DeviceAttributes;
 
     fn context_create(&mut self) -> ComputeResult<ContextId>;
+    /// A context whose device addresses all lie in `[base, base + size)` (checked by
+    /// [`check_window`]); backends without [`DeviceAttributes::placement`] refuse.
+    fn context_create_at(&mut self, base: u64, size: u64) -> ComputeResult<ContextId> {
+        let _ = (base, size);
+        Err(super::ComputeError::InvalidValue(
+            "this backend does not place device memory".into(),
+        ))
+    }
     fn context_destroy(&mut self, ctx: ContextId) -> ComputeResult<()>;
     /// Waits for all work of the context (`cuCtxSynchronize`).
     fn context_synchronize(&mut self, ctx: ContextId) -> ComputeResult<()>;

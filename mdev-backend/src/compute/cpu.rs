@@ -136,6 +136,22 @@ pub struct CpuBackend {
 }
 
 impl CpuBackend {
+    /// A new context over `memory`.
+    fn context_with(&mut self, memory: DeviceMemory) -> ComputeResult<ContextId> {
+        self.contexts.check_room()?;
+        Ok(self.contexts.insert(Context {
+            memory,
+            modules: HashMap::new(),
+            functions: HashMap::new(),
+            streams: HashSet::new(),
+            events: HashMap::new(),
+            broken: None,
+            heap: None,
+            output: String::new(),
+            next_id: 0,
+        }))
+    }
+
     pub fn new(config: CpuConfig) -> Self {
         CpuBackend {
             config,
@@ -158,6 +174,7 @@ impl ComputeBackend for CpuBackend {
     fn attributes(&self) -> DeviceAttributes {
         DeviceAttributes {
             name: "vgpu PTX executor (CPU)".into(),
+            placement: true,
             total_memory: self.config.memory_per_context,
             compute_capability: (7, 5),
             multiprocessors: self.config.threads as u32,
@@ -171,18 +188,13 @@ impl ComputeBackend for CpuBackend {
     }
 
     fn context_create(&mut self) -> ComputeResult<ContextId> {
-        self.contexts.check_room()?;
-        Ok(self.contexts.insert(Context {
-            memory: DeviceMemory::new(self.config.memory_per_context),
-            modules: HashMap::new(),
-            functions: HashMap::new(),
-            streams: HashSet::new(),
-            events: HashMap::new(),
-            broken: None,
-            heap: None,
-            output: String::new(),
-            next_id: 0,
-        }))
+        self.context_with(DeviceMemory::new(self.config.memory_per_context))
+    }
+
+    fn context_create_at(&mut self, base: u64, size: u64) -> ComputeResult<ContextId> {
+        check_window(base, size)?;
+        let memory = DeviceMemory::in_window(base, size, self.config.memory_per_context);
+        self.context_with(memory)
     }
 
     fn context_destroy(&mut self, ctx: ContextId) -> ComputeResult<()> {
@@ -578,6 +590,47 @@ mod tests {
         });
         let ctx = be.context_create().unwrap();
         (be, ctx)
+    }
+
+    #[test]
+    fn a_placed_context_allocates_inside_its_window_only() {
+        let mut be = CpuBackend::new(CpuConfig {
+            memory_per_context: 1 << 20,
+            ..CpuConfig::default()
+        });
+        assert!(be.attributes().placement);
+        let base = 0x5555_0000_0000u64;
+        for (b, size) in [
+            (base + 4096, 1 << 20),
+            (base, (1 << 20) + 4096),
+            (base, 0),
+            (0x1000_0000, 1 << 20),
+            (0x7fff_fff0_0000, 1 << 20),
+            (base, MAX_WINDOW_BYTES + WINDOW_ALIGN),
+        ] {
+            assert!(
+                matches!(
+                    be.context_create_at(b, size),
+                    Err(ComputeError::InvalidValue(_))
+                ),
+                "{b:#x}+{size:#x}"
+            );
+        }
+        let window = 4 * WINDOW_ALIGN;
+        let ctx = be.context_create_at(base, window).unwrap();
+        let a = be.mem_alloc(ctx, 1000).unwrap();
+        let b = be.mem_alloc(ctx, WINDOW_ALIGN).unwrap();
+        assert!(
+            a >= base && b + WINDOW_ALIGN <= base + window,
+            "{a:#x} {b:#x}"
+        );
+        // The window, not the budget, ends it: a third block and its guard do not fit.
+        assert!(matches!(
+            be.mem_alloc(ctx, WINDOW_ALIGN),
+            Err(ComputeError::OutOfMemory(_))
+        ));
+        be.mem_free(ctx, a).unwrap();
+        be.copy_htod(ctx, b, &[1; 16], DEFAULT_STREAM).unwrap();
     }
 
     #[test]

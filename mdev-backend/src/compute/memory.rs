@@ -149,6 +149,8 @@ struct Allocation {
 pub struct DeviceMemory {
     allocations: BTreeMap<u64, Allocation>,
     next: u64,
+    /// End of the address window (exclusive): allocations never reach past it.
+    end: u64,
     used: u64,
     budget: u64,
 }
@@ -156,9 +158,16 @@ pub struct DeviceMemory {
 impl DeviceMemory {
     /// A context memory of at most `budget` bytes (rounded allocation sizes counted).
     pub fn new(budget: u64) -> Self {
+        Self::in_window(DEVICE_ADDRESS_BASE, u64::MAX - DEVICE_ADDRESS_BASE, budget)
+    }
+
+    /// As [`DeviceMemory::new`], every allocation (and its guard) inside
+    /// `[base, base + size)`: a placed context, whose window the guest library reserved.
+    pub fn in_window(base: u64, size: u64, budget: u64) -> Self {
         DeviceMemory {
             allocations: BTreeMap::new(),
-            next: DEVICE_ADDRESS_BASE,
+            next: base,
+            end: base.saturating_add(size),
             used: 0,
             budget,
         }
@@ -195,7 +204,8 @@ impl DeviceMemory {
         let next = base
             .checked_add(rounded)
             .and_then(|end| end.checked_add(GUARD_BYTES))
-            .ok_or_else(|| ComputeError::OutOfMemory("device address space".into()))?;
+            .filter(|&end| end <= self.end)
+            .ok_or_else(|| ComputeError::OutOfMemory("device address window".into()))?;
         let words = usize::try_from(rounded / 8)
             .map_err(|_| ComputeError::OutOfMemory(format!("{size} bytes")))?;
         let words: Box<[AtomicU64]> = (0..words).map(|_| AtomicU64::new(0)).collect();

@@ -390,6 +390,8 @@ impl NvCuda {
         }
         let attributes = DeviceAttributes {
             name,
+            // The driver chooses its own addresses.
+            placement: false,
             total_memory: (total as u64).min(memory_per_context),
             compute_capability: (
                 attr(ATTR_COMPUTE_CAPABILITY_MAJOR)?,

@@ -96,6 +96,11 @@ fn execute(
             owned.0.insert(ctx.0);
             Reply::Id(ctx.0)
         }
+        ContextCreateAt { base, size } => {
+            let ctx = be.context_create_at(base, size)?;
+            owned.0.insert(ctx.0);
+            Reply::Id(ctx.0)
+        }
         ContextDestroy { ctx } => {
             let ctx = owned.check(ctx)?;
             owned.0.remove(&ctx.0);

@@ -55,6 +55,12 @@ pub enum WireError {
 pub enum Request {
     Attributes,
     ContextCreate,
+    /// A context whose device addresses lie in `[base, base + size)`, a range the guest
+    /// library reserved in its process (unified addressing).
+    ContextCreateAt {
+        base: u64,
+        size: u64,
+    },
     ContextDestroy {
         ctx: ContextId,
     },
@@ -598,6 +604,10 @@ impl Request {
                 o = Out::new(30);
                 o.u32(ctx.0).u32(function.0);
             }
+            ContextCreateAt { base, size } => {
+                o = Out::new(31);
+                o.u64(*base).u64(*size);
+            }
             Batch(requests) => {
                 o = Out::new(29);
                 o.u32(u32::try_from(requests.len()).unwrap_or(u32::MAX));
@@ -755,6 +765,10 @@ impl Request {
                 ctx: i.ctx()?,
                 function: FunctionId(i.u32()?),
             },
+            31 => ContextCreateAt {
+                base: i.u64()?,
+                size: i.u64()?,
+            },
             29 => {
                 let n = i.u32()? as usize;
                 if n > MAX_BATCH {
@@ -831,7 +845,8 @@ impl Reply {
                     .dims(a.max_grid)
                     .u32(a.shared_memory_per_block)
                     .u32(a.warp_size)
-                    .u32(a.clock_khz);
+                    .u32(a.clock_khz)
+                    .u8(u8::from(a.placement));
             }
             Reply::Output(s) => {
                 o = Out::new(9);
@@ -909,6 +924,7 @@ impl Reply {
                 shared_memory_per_block: i.u32()?,
                 warp_size: i.u32()?,
                 clock_khz: i.u32()?,
+                placement: i.u8()? != 0,
             }),
             9 => Reply::Output(i.text("output", MAX_TEXT_BYTES)?),
             10 => Reply::Error {
@@ -1033,6 +1049,10 @@ mod tests {
             FunctionAttributes {
                 ctx,
                 function: FunctionId(8),
+            },
+            ContextCreateAt {
+                base: 1 << 40,
+                size: 1 << 30,
             },
             Batch(vec![
                 MemsetD8 {
