@@ -148,7 +148,8 @@ struct Allocation {
 #[derive(Debug)]
 pub struct DeviceMemory {
     allocations: BTreeMap<u64, Allocation>,
-    next: u64,
+    /// Start of the address window.
+    start: u64,
     /// End of the address window (exclusive): allocations never reach past it.
     end: u64,
     used: u64,
@@ -166,7 +167,7 @@ impl DeviceMemory {
     pub fn in_window(base: u64, size: u64, budget: u64) -> Self {
         DeviceMemory {
             allocations: BTreeMap::new(),
-            next: base,
+            start: base,
             end: base.saturating_add(size),
             used: 0,
             budget,
@@ -200,18 +201,29 @@ impl DeviceMemory {
                 self.budget, self.used
             )));
         }
-        let base = self.next;
-        let next = base
-            .checked_add(rounded)
-            .and_then(|end| end.checked_add(GUARD_BYTES))
-            .filter(|&end| end <= self.end)
-            .ok_or_else(|| ComputeError::OutOfMemory("device address window".into()))?;
+        // The lowest gap of the window that holds the block and its guard (first fit: freed
+        // ranges are reused, so a context that allocates and frees in a loop stays inside its
+        // window; at most MAX_ALLOCATIONS steps).
+        let need = rounded
+            .checked_add(GUARD_BYTES)
+            .ok_or_else(|| ComputeError::OutOfMemory(format!("{size} bytes")))?;
+        let mut base = self.start;
+        for (&at, a) in &self.allocations {
+            if base.checked_add(need).is_some_and(|end| end <= at) {
+                break;
+            }
+            base = at
+                .saturating_add(a.len.next_multiple_of(ALLOCATION_ALIGN))
+                .saturating_add(GUARD_BYTES);
+        }
+        if base.checked_add(need).is_none_or(|end| end > self.end) {
+            return Err(ComputeError::OutOfMemory("device address window".into()));
+        }
         let words = usize::try_from(rounded / 8)
             .map_err(|_| ComputeError::OutOfMemory(format!("{size} bytes")))?;
         let words: Box<[AtomicU64]> = (0..words).map(|_| AtomicU64::new(0)).collect();
         self.allocations
             .insert(base, Allocation { len: size, words });
-        self.next = next;
         self.used = used;
         Ok(base)
     }
@@ -442,6 +454,34 @@ mod tests {
         let mut back = [0u8; 8];
         mem.read(a, &mut back).unwrap();
         assert_eq!(back, [1, 2, 3, 4, 5, 6, 7, 8]);
+    }
+
+    #[test]
+    fn freed_ranges_are_reused_so_a_window_serves_an_alloc_free_loop() {
+        let base = 0x5555_0000_0000;
+        let window = 4 * 65536;
+        let mut m = DeviceMemory::in_window(base, window, 1 << 30);
+        // The same block allocated and freed far more often than the window holds blocks.
+        for _ in 0..1000 {
+            let a = m.alloc(65536).unwrap();
+            assert_eq!(a, base);
+            m.free(a).unwrap();
+        }
+        // A freed range in the middle goes to the next block that fits there.
+        let a = m.alloc(100).unwrap();
+        let b = m.alloc(100).unwrap();
+        let c = m.alloc(100).unwrap();
+        assert!(a < b && b < c && c + 100 + GUARD_BYTES <= base + window);
+        m.free(b).unwrap();
+        assert_eq!(m.alloc(50).unwrap(), b);
+        // Every block keeps its guard: nothing fits past the window's end.
+        assert!(m.alloc(65536).is_err());
+        assert_eq!(m.range_of(a + 99), Some((a, 100)));
+        assert_eq!(
+            m.range_of(a + 256),
+            None,
+            "the guard after a block is no block's"
+        );
     }
 
     #[test]
