@@ -17,8 +17,8 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use mdev_backend::compute::one_guest_backend;
 use mdev_backend::compute::remote::serve;
-use mdev_backend::compute::{ComputeBackend, CpuBackend, CpuConfig, NvCuda};
 
 /// Connections served at once; more are closed at accept.
 const MAX_CONNECTIONS: usize = 16;
@@ -37,14 +37,7 @@ fn serve_stdin(n: &str, nvcuda: bool) -> ! {
         .try_clone_to_owned()
         .unwrap_or_else(|e| fail(&format!("connection {n}: {e}")));
     let mut stream = UnixStream::from(fd);
-    let mut be: Box<dyn ComputeBackend> = if nvcuda {
-        let mut b = NvCuda::new(0).unwrap_or_else(|e| fail(&e.to_string()));
-        // This process serves one guest: the driver's printf output is that guest's.
-        b.capture_printf().unwrap_or_else(|e| fail(&e.to_string()));
-        Box::new(b)
-    } else {
-        Box::new(CpuBackend::new(CpuConfig::default()))
-    };
+    let mut be = one_guest_backend(nvcuda).unwrap_or_else(|e| fail(&e.to_string()));
     let (stats, result) = serve(&mut stream, be.as_mut());
     let end = match result {
         Ok(()) => "closed".to_string(),

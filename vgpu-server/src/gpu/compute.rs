@@ -17,7 +17,7 @@ use log::{debug, info, warn};
 use mdev_backend::compute::remote::{Owned, Stats, dispatch};
 use mdev_backend::compute::wire::{self, Reply, Request};
 use mdev_backend::compute::{
-    ComputeBackend, ComputeError, CpuBackend, CpuConfig, Executor, ExecutorConfig, NvCuda,
+    ComputeBackend, ComputeError, Executor, ExecutorConfig, one_guest_backend,
 };
 use vgpu_schedd::seqpacket::monotonic_ns;
 use vgpu_scheduler::{CostSignature, GroupId};
@@ -562,15 +562,7 @@ fn spawn_executor(
 ) {
     let (cancel_tx, cancel_rx) = channel();
     let make = move || -> Result<Box<dyn ComputeBackend>, ComputeError> {
-        let b: Box<dyn ComputeBackend> = match kind {
-            ComputeKind::Cpu => Box::new(CpuBackend::new(CpuConfig::default())),
-            ComputeKind::NvCuda => {
-                let mut b = NvCuda::new(0)?;
-                // This process serves one VM: the driver's printf output is its.
-                b.capture_printf()?;
-                Box::new(b)
-            }
-        };
+        let b = one_guest_backend(kind == ComputeKind::NvCuda)?;
         let _ = cancel_tx.send(b.canceller());
         Ok(b)
     };
