@@ -33,7 +33,8 @@ ROOT=$WORK/root
 STAMP=$OUT/.vgpu-guest-complete
 INIT_SRC=$HERE/guest/vgpu-init
 # vgpu-load's sources: the image is rebuilt when they change (not for other crates' changes).
-LOAD_SRC=("$REPO/guest-drivers/Cargo.toml" "$REPO/guest-drivers/src/bin/vgpu-load")
+LOAD_SRC=("$REPO/guest-drivers/Cargo.toml" "$REPO/guest-drivers/src/bin/vgpu-load"
+    "$REPO/guest-drivers/src/virtgpu.rs")
 LOAD_TARGET_DIR=$CACHE/vgpu-load-target
 # The guest CUDA driver's sources (with the wire protocol it speaks) and the corpus: the image is
 # rebuilt when they change.

@@ -5,5 +5,6 @@
 pub mod guest_ram;
 pub mod pci;
 pub mod qtest;
+pub mod virtgpu;
 pub mod virtio_gpu;
 pub mod virtio_pci;

@@ -245,21 +245,7 @@ fn scheduled_device_asks_the_daemon() {
     }
 
     // Under a lease the device dispatches at once and says so.
-    send(
-        &daemon,
-        &Msg::Lease {
-            budget_ns: 0,
-            until: 0,
-        },
-    );
-    std::thread::sleep(Duration::from_millis(50));
-    call(&mut guest, &gl_submit(4));
-    let group = match recv(&daemon) {
-        Msg::Dispatched { group, .. } => group,
-        other => panic!("expected Dispatched, got {other:?}"),
-    };
-    assert!(matches!(recv(&daemon), Msg::Completed { group: g, .. } if g == group));
-    send(&daemon, &Msg::Revoke);
+    dispatched_under_a_lease(&mut guest, &daemon, &gl_submit(4));
 
     // Garbage and a grant for an unknown group: the device keeps serving, and answers the
     // grant with a Cancel so the daemon never waits on it.
@@ -385,6 +371,13 @@ fn compute_groups(guest: &mut VgpuGuest, daemon: &SeqStream) {
         other => panic!("expected Completed, got {other:?}"),
     }
     // Under a lease a launch-heavy app pays no grant round trip: dispatched at once.
+    let submit = blob.put(guest, CTX, &launch, 21);
+    dispatched_under_a_lease(guest, daemon, &submit);
+}
+
+/// Under a lease `request` runs at once: the device reports `Dispatched`, then `Completed`;
+/// the lease is revoked after.
+fn dispatched_under_a_lease(guest: &mut VgpuGuest, daemon: &SeqStream, request: &[u8]) {
     send(
         daemon,
         &Msg::Lease {
@@ -393,8 +386,7 @@ fn compute_groups(guest: &mut VgpuGuest, daemon: &SeqStream) {
         },
     );
     std::thread::sleep(Duration::from_millis(50));
-    let submit = blob.put(guest, CTX, &launch, 21);
-    call(guest, &submit);
+    call(guest, request);
     let group = match recv(daemon) {
         Msg::Dispatched { group, .. } => group,
         other => panic!("expected Dispatched, got {other:?}"),

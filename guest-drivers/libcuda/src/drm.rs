@@ -11,10 +11,9 @@
 //! bring (a device-to-host copy), would not fit; never past the device's `max_buffer_bytes`.
 //!
 //! The exchange logic ([`Exchange`]) calls the kernel through the small [`Kernel`] trait, so
-//! the tests play the device in-process; [`Drm`] is the real one, the crate's only ioctls
-//! (and this module's unsafe code).
+//! the tests play the device in-process; [`Drm`] is the real one, on the render-node calls of
+//! `vgpu_guest_drivers::virtgpu` (this module's unsafe code is the blob's `mmap`).
 
-use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
 use std::time::Instant;
@@ -47,150 +46,11 @@ const REPLY_SLACK: usize = 4096;
 /// Blob sizes are multiples of this (and of the guest's page size).
 const BLOB_ALIGN: usize = 4096;
 
-// The uAPI of include/uapi/drm/virtgpu_drm.h and drm.h.
-
-const DRM_IOCTL_BASE: u32 = b'd' as u32;
-const DRM_COMMAND_BASE: u32 = 0x40;
-
-const DRM_VIRTGPU_MAP: u32 = 0x01;
-const DRM_VIRTGPU_EXECBUFFER: u32 = 0x02;
-const DRM_VIRTGPU_GETPARAM: u32 = 0x03;
-const DRM_VIRTGPU_WAIT: u32 = 0x08;
-const DRM_VIRTGPU_GET_CAPS: u32 = 0x09;
-const DRM_VIRTGPU_RESOURCE_CREATE_BLOB: u32 = 0x0a;
-const DRM_VIRTGPU_CONTEXT_INIT: u32 = 0x0b;
-/// drm.h's DRM_IOCTL_GEM_CLOSE number.
-const DRM_GEM_CLOSE: u32 = 0x09;
-
-/// GETPARAM: DRM_VIRTGPU_RESOURCE_CREATE_BLOB is available.
-pub const VIRTGPU_PARAM_RESOURCE_BLOB: u64 = 3;
-/// GETPARAM: DRM_VIRTGPU_CONTEXT_INIT is available.
-pub const VIRTGPU_PARAM_CONTEXT_INIT: u64 = 6;
-const VIRTGPU_CONTEXT_PARAM_CAPSET_ID: u64 = 1;
+use vgpu_guest_drivers::virtgpu::{Blob, CONTEXT_PARAM_CAPSET_ID, DrmError, RenderNode};
+/// GETPARAM numbers and blob kinds of the uAPI this transport uses.
+pub use vgpu_guest_drivers::virtgpu::{PARAM_CONTEXT_INIT, PARAM_RESOURCE_BLOB};
 const VIRTGPU_BLOB_MEM_GUEST: u32 = 1;
 const VIRTGPU_BLOB_FLAG_USE_MAPPABLE: u32 = 1;
-
-#[repr(C)]
-#[derive(Debug, Default)]
-struct GetParam {
-    param: u64,
-    /// Address of the `int` the kernel writes the value to.
-    value: u64,
-}
-
-#[repr(C)]
-#[derive(Debug, Default)]
-struct GetCaps {
-    cap_set_id: u32,
-    cap_set_ver: u32,
-    addr: u64,
-    size: u32,
-    pad: u32,
-}
-
-#[repr(C)]
-#[derive(Debug, Default)]
-struct ContextSetParam {
-    param: u64,
-    value: u64,
-}
-
-#[repr(C)]
-#[derive(Debug, Default)]
-struct ContextInit {
-    num_params: u32,
-    pad: u32,
-    ctx_set_params: u64,
-}
-
-#[repr(C)]
-#[derive(Debug, Default)]
-struct ResourceCreateBlob {
-    blob_mem: u32,
-    blob_flags: u32,
-    bo_handle: u32,
-    res_handle: u32,
-    size: u64,
-    pad: u32,
-    cmd_size: u32,
-    cmd: u64,
-    blob_id: u64,
-}
-
-#[repr(C)]
-#[derive(Debug, Default)]
-struct Map {
-    offset: u64,
-    handle: u32,
-    pad: u32,
-}
-
-/// The whole structure of current kernels; older ones read the prefix they know (DRM copies
-/// the size the ioctl number names), and the fields past it are zero here.
-#[repr(C)]
-#[derive(Debug, Default)]
-struct ExecBuffer {
-    flags: u32,
-    size: u32,
-    command: u64,
-    bo_handles: u64,
-    num_bo_handles: u32,
-    fence_fd: i32,
-    ring_idx: u32,
-    syncobj_stride: u32,
-    num_in_syncobjs: u32,
-    num_out_syncobjs: u32,
-    in_syncobjs: u64,
-    out_syncobjs: u64,
-}
-
-#[repr(C)]
-#[derive(Debug, Default)]
-struct Wait {
-    handle: u32,
-    flags: u32,
-}
-
-#[repr(C)]
-#[derive(Debug, Default)]
-struct GemClose {
-    handle: u32,
-    pad: u32,
-}
-
-const _: () = {
-    assert!(size_of::<GetParam>() == 16);
-    assert!(size_of::<GetCaps>() == 24);
-    assert!(size_of::<ContextSetParam>() == 16);
-    assert!(size_of::<ContextInit>() == 16);
-    assert!(size_of::<ResourceCreateBlob>() == 48);
-    assert!(size_of::<Map>() == 16);
-    assert!(size_of::<ExecBuffer>() == 64);
-    assert!(size_of::<Wait>() == 8);
-    assert!(size_of::<GemClose>() == 8);
-};
-
-const fn iowr<T>(nr: u32) -> libc::Ioctl {
-    libc::_IOWR::<T>(DRM_IOCTL_BASE, DRM_COMMAND_BASE + nr)
-}
-
-const IOCTL_GETPARAM: libc::Ioctl = iowr::<GetParam>(DRM_VIRTGPU_GETPARAM);
-const IOCTL_GET_CAPS: libc::Ioctl = iowr::<GetCaps>(DRM_VIRTGPU_GET_CAPS);
-const IOCTL_CONTEXT_INIT: libc::Ioctl = iowr::<ContextInit>(DRM_VIRTGPU_CONTEXT_INIT);
-const IOCTL_RESOURCE_CREATE_BLOB: libc::Ioctl =
-    iowr::<ResourceCreateBlob>(DRM_VIRTGPU_RESOURCE_CREATE_BLOB);
-const IOCTL_MAP: libc::Ioctl = iowr::<Map>(DRM_VIRTGPU_MAP);
-const IOCTL_EXECBUFFER: libc::Ioctl = iowr::<ExecBuffer>(DRM_VIRTGPU_EXECBUFFER);
-const IOCTL_WAIT: libc::Ioctl = iowr::<Wait>(DRM_VIRTGPU_WAIT);
-const IOCTL_GEM_CLOSE: libc::Ioctl = libc::_IOW::<GemClose>(DRM_IOCTL_BASE, DRM_GEM_CLOSE);
-
-/// A blob the kernel created: its GEM handle (for this file) and its resource id (for the
-/// device).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Blob {
-    pub bo: u32,
-    pub res: u32,
-}
 
 /// The kernel calls the exchange makes; [`Drm`] makes them on a render node.
 pub(crate) trait Kernel: Send {
@@ -281,11 +141,11 @@ impl<K: Kernel> Exchange<K> {
     pub(crate) fn new(mut k: K, page: usize) -> Result<Self, TransportError> {
         for (param, name) in [
             (
-                VIRTGPU_PARAM_RESOURCE_BLOB,
+                PARAM_RESOURCE_BLOB,
                 "blob resources (VIRTGPU_PARAM_RESOURCE_BLOB)",
             ),
             (
-                VIRTGPU_PARAM_CONTEXT_INIT,
+                PARAM_CONTEXT_INIT,
                 "context initialisation (VIRTGPU_PARAM_CONTEXT_INIT)",
             ),
         ] {
@@ -318,7 +178,7 @@ impl<K: Kernel> Exchange<K> {
                 caps.max_buffer_bytes
             )));
         }
-        k.context_init(&[(VIRTGPU_CONTEXT_PARAM_CAPSET_ID, u64::from(CAPSET_ID))])?;
+        k.context_init(&[(CONTEXT_PARAM_CAPSET_ID, u64::from(CAPSET_ID))])?;
         let mut x = Exchange {
             k,
             caps,
@@ -499,95 +359,51 @@ impl Drop for Mapping {
     }
 }
 
-/// Attempts at an ioctl the kernel keeps interrupting before it is an error.
-const MAX_RETRIES: usize = 1000;
-
-/// The virtio-gpu render node.
+/// The virtio-gpu render node and this process's mappings of its blobs.
 #[derive(Debug)]
 pub(crate) struct Drm {
-    fd: File,
+    node: RenderNode,
     maps: Vec<Mapping>,
+}
+
+/// The transport's error for a render-node call that failed.
+fn kernel(e: DrmError) -> TransportError {
+    match e {
+        DrmError::Ioctl { name, source } => TransportError::Ioctl {
+            ioctl: name,
+            errno: source.raw_os_error().unwrap_or(0),
+        },
+        other => TransportError::Device(other.to_string()),
+    }
 }
 
 impl Drm {
     fn open(path: &str) -> Result<Self, TransportError> {
-        // std opens with O_CLOEXEC.
-        let fd = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(|source| TransportError::NoDevice {
-                path: path.to_owned(),
+        let node = RenderNode::open(std::path::Path::new(path)).map_err(|e| match e {
+            DrmError::Open { path, source } => TransportError::NoDevice {
+                path: path.display().to_string(),
                 source,
-            })?;
+            },
+            other => kernel(other),
+        })?;
         Ok(Drm {
-            fd,
+            node,
             maps: Vec::new(),
         })
-    }
-
-    /// One ioctl, repeated while interrupted; `Err(errno)` when it failed.
-    fn raw<T>(&self, req: libc::Ioctl, arg: &mut T) -> Result<(), i32> {
-        for _ in 0..MAX_RETRIES {
-            // SAFETY: `arg` is the #[repr(C)] structure whose size `req` encodes, borrowed
-            // mutably for the call; every address inside it points at memory borrowed by the
-            // caller for at least as long, of the size the kernel is told.
-            let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), req, std::ptr::from_mut(arg)) };
-            if r >= 0 {
-                return Ok(());
-            }
-            match std::io::Error::last_os_error().raw_os_error().unwrap_or(0) {
-                libc::EINTR | libc::EAGAIN => continue,
-                e => return Err(e),
-            }
-        }
-        Err(libc::EINTR)
-    }
-
-    fn ioctl<T>(
-        &self,
-        ioctl: &'static str,
-        req: libc::Ioctl,
-        arg: &mut T,
-    ) -> Result<(), TransportError> {
-        self.raw(req, arg)
-            .map_err(|errno| TransportError::Ioctl { ioctl, errno })
     }
 }
 
 impl Kernel for Drm {
     fn getparam(&mut self, param: u64) -> Result<u64, TransportError> {
-        let mut value: libc::c_int = 0;
-        let mut p = GetParam {
-            param,
-            value: std::ptr::from_mut(&mut value) as u64,
-        };
-        self.ioctl("DRM_IOCTL_VIRTGPU_GETPARAM", IOCTL_GETPARAM, &mut p)?;
-        Ok(u64::try_from(value).unwrap_or(0))
+        self.node.get_param(param).map(u64::from).map_err(kernel)
     }
 
     fn get_caps(&mut self, id: u32, version: u32, out: &mut [u8]) -> Result<(), TransportError> {
-        let mut c = GetCaps {
-            cap_set_id: id,
-            cap_set_ver: version,
-            addr: out.as_mut_ptr() as u64,
-            size: u32::try_from(out.len()).unwrap_or(u32::MAX),
-            pad: 0,
-        };
-        self.ioctl("DRM_IOCTL_VIRTGPU_GET_CAPS", IOCTL_GET_CAPS, &mut c)
+        self.node.get_caps(id, version, out).map_err(kernel)
     }
 
     fn context_init(&mut self, params: &[(u64, u64)]) -> Result<(), TransportError> {
-        let set: Vec<ContextSetParam> = params
-            .iter()
-            .map(|&(param, value)| ContextSetParam { param, value })
-            .collect();
-        let mut c = ContextInit {
-            num_params: u32::try_from(set.len()).unwrap_or(u32::MAX),
-            pad: 0,
-            ctx_set_params: set.as_ptr() as u64,
-        };
-        self.ioctl("DRM_IOCTL_VIRTGPU_CONTEXT_INIT", IOCTL_CONTEXT_INIT, &mut c)
+        self.node.context_init(params).map_err(kernel)
     }
 
     fn create_blob(
@@ -596,32 +412,13 @@ impl Kernel for Drm {
         flags: u32,
         size: u64,
     ) -> Result<Blob, TransportError> {
-        let mut c = ResourceCreateBlob {
-            blob_mem,
-            blob_flags: flags,
-            size,
-            ..Default::default()
-        };
-        self.ioctl(
-            "DRM_IOCTL_VIRTGPU_RESOURCE_CREATE_BLOB",
-            IOCTL_RESOURCE_CREATE_BLOB,
-            &mut c,
-        )?;
-        Ok(Blob {
-            bo: c.bo_handle,
-            res: c.res_handle,
-        })
+        self.node.create_blob(blob_mem, flags, size).map_err(kernel)
     }
 
     fn map(&mut self, bo: u32, len: usize) -> Result<(), TransportError> {
-        let mut m = Map {
-            handle: bo,
-            ..Default::default()
-        };
-        self.ioctl("DRM_IOCTL_VIRTGPU_MAP", IOCTL_MAP, &mut m)?;
-        let offset = libc::off_t::try_from(m.offset).map_err(|_| {
-            TransportError::Device(format!("map offset {:#x} past off_t", m.offset))
-        })?;
+        let offset = self.node.map_offset(bo).map_err(kernel)?;
+        let offset = libc::off_t::try_from(offset)
+            .map_err(|_| TransportError::Device(format!("map offset {offset:#x} past off_t")))?;
         // SAFETY: a new shared mapping chosen by the kernel (no address hint), of the blob at
         // the fake offset MAP returned; it overlaps nothing of this process.
         let p = unsafe {
@@ -630,7 +427,7 @@ impl Kernel for Drm {
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
-                self.fd.as_raw_fd(),
+                self.node.fd().as_raw_fd(),
                 offset,
             )
         };
@@ -661,36 +458,16 @@ impl Kernel for Drm {
     }
 
     fn execbuffer(&mut self, command: &[u8], bo_handles: &[u32]) -> Result<(), TransportError> {
-        let mut e = ExecBuffer {
-            flags: 0,
-            size: u32::try_from(command.len()).unwrap_or(u32::MAX),
-            command: command.as_ptr() as u64,
-            bo_handles: bo_handles.as_ptr() as u64,
-            num_bo_handles: u32::try_from(bo_handles.len()).unwrap_or(u32::MAX),
-            ..Default::default()
-        };
-        self.ioctl("DRM_IOCTL_VIRTGPU_EXECBUFFER", IOCTL_EXECBUFFER, &mut e)
+        self.node.execbuffer_on(command, bo_handles).map_err(kernel)
     }
 
     fn wait(&mut self, bo: u32) -> Result<bool, TransportError> {
-        let mut w = Wait {
-            handle: bo,
-            flags: 0,
-        };
-        match self.raw(IOCTL_WAIT, &mut w) {
-            Ok(()) => Ok(true),
-            // The kernel waits 15 s at most per call, then answers EBUSY.
-            Err(libc::EBUSY | libc::EINTR) => Ok(false),
-            Err(errno) => Err(TransportError::Ioctl {
-                ioctl: "DRM_IOCTL_VIRTGPU_WAIT",
-                errno,
-            }),
-        }
+        // The kernel waits 15 s at most per call, then answers EBUSY (`Ok(false)`).
+        self.node.wait(bo).map_err(kernel)
     }
 
     fn close(&mut self, bo: u32) -> Result<(), TransportError> {
-        let mut c = GemClose { handle: bo, pad: 0 };
-        self.ioctl("DRM_IOCTL_GEM_CLOSE", IOCTL_GEM_CLOSE, &mut c)
+        self.node.gem_close(bo).map_err(kernel)
     }
 }
 
@@ -740,10 +517,7 @@ mod tests {
     impl Fake {
         fn new() -> Self {
             Fake {
-                params: HashMap::from([
-                    (VIRTGPU_PARAM_RESOURCE_BLOB, 1),
-                    (VIRTGPU_PARAM_CONTEXT_INIT, 1),
-                ]),
+                params: HashMap::from([(PARAM_RESOURCE_BLOB, 1), (PARAM_CONTEXT_INIT, 1)]),
                 caps: [1, wire::MAX_MESSAGE_BYTES as u32, 64 << 20, 0],
                 context: None,
                 blobs: HashMap::new(),
@@ -937,23 +711,6 @@ mod tests {
     }
 
     #[test]
-    fn ioctl_numbers_are_those_of_the_uapi_headers() {
-        // DRM_IOWR('d', DRM_COMMAND_BASE + nr, struct) on x86-64 and arm64 (32 bits, whatever
-        // the C library's type for them).
-        let number = |n: libc::Ioctl| n as u32;
-        if cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
-            assert_eq!(number(IOCTL_GETPARAM), 0xc010_6443);
-            assert_eq!(number(IOCTL_GET_CAPS), 0xc018_6449);
-            assert_eq!(number(IOCTL_CONTEXT_INIT), 0xc010_644b);
-            assert_eq!(number(IOCTL_RESOURCE_CREATE_BLOB), 0xc030_644a);
-            assert_eq!(number(IOCTL_MAP), 0xc010_6441);
-            assert_eq!(number(IOCTL_EXECBUFFER), 0xc040_6442);
-            assert_eq!(number(IOCTL_WAIT), 0xc008_6448);
-            assert_eq!(number(IOCTL_GEM_CLOSE), 0x4008_6409);
-        }
-    }
-
-    #[test]
     fn a_kernel_runs_through_the_driver_over_the_drm_transport() {
         let mut d = Driver::new(exchange()).unwrap();
         let ctx = d.context_create().unwrap();
@@ -984,7 +741,7 @@ mod tests {
         );
         assert_eq!(
             x.context.as_deref(),
-            Some([(VIRTGPU_CONTEXT_PARAM_CAPSET_ID, 21)].as_slice())
+            Some([(CONTEXT_PARAM_CAPSET_ID, 21)].as_slice())
         );
         assert_headers(x, MIN_BUFFER_BYTES);
         assert!(x.stats.launches == 1 && x.stats.failed == 1);
@@ -1143,7 +900,7 @@ mod tests {
 
     #[test]
     fn missing_features_and_a_wrong_capset_are_errors() {
-        for param in [VIRTGPU_PARAM_RESOURCE_BLOB, VIRTGPU_PARAM_CONTEXT_INIT] {
+        for param in [PARAM_RESOURCE_BLOB, PARAM_CONTEXT_INIT] {
             let mut f = Fake::new();
             f.params.insert(param, 0);
             match Exchange::new(f, 4096) {

@@ -6,7 +6,6 @@
 //! latency from submit to fence and prints JSON lines or a text summary. See `--help`.
 
 mod args;
-mod drm;
 mod run;
 mod stats;
 mod wire;

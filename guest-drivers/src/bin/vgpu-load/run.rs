@@ -10,13 +10,13 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 
 use crate::args::{Config, Mode};
-use crate::drm::{
-    self, CONTEXT_PARAM_CAPSET_ID, CONTEXT_PARAM_NUM_RINGS, DrmError, PARAM_CONTEXT_INIT,
-    PARAM_SUPPORTED_CAPSET_IDS, RenderNode,
-};
 use crate::stats::{Samples, Summary, frame_line, group_line};
 use crate::wire::{
     self, CAPSET_BLOB_LEN, CapsetInfo, Command, LOAD_CAPSET_ID, LOAD_CAPSET_VERSION, WireError,
+};
+use vgpu_guest_drivers::virtgpu::{
+    self, CONTEXT_PARAM_CAPSET_ID, CONTEXT_PARAM_NUM_RINGS, DrmError, PARAM_CONTEXT_INIT,
+    PARAM_SUPPORTED_CAPSET_IDS, RenderNode,
 };
 
 /// Longest wait for any fence in flight to signal. A group is at most 1 s and at most 64 are in
@@ -152,7 +152,7 @@ impl<W: Write> Runner<'_, W> {
         }
         let ready = {
             let fds: Vec<_> = self.pending.iter().map(|p| p.fence.as_fd()).collect();
-            drm::poll_fences(&fds, FENCE_TIMEOUT)?
+            virtgpu::poll_fences(&fds, FENCE_TIMEOUT)?
         };
         let at = Instant::now();
         if !ready.contains(&true) {

@@ -1,5 +1,6 @@
 //! The standard DRM virtgpu ioctls (Linux `include/uapi/drm/virtgpu_drm.h`) on a render node, and
-//! poll() on sync_file fences. The tool's only unsafe code.
+//! poll() on sync_file fences: what the guest tools (`vgpu-load`) and the guest CUDA driver
+//! (`guest-drivers/libcuda`) call. This crate's only unsafe code besides the qtest drivers'.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -9,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
+/// `VIRTGPU_PARAM_RESOURCE_BLOB`: 1 when the device offers VIRTIO_GPU_F_RESOURCE_BLOB.
+pub const PARAM_RESOURCE_BLOB: u64 = 3;
 /// `VIRTGPU_PARAM_CONTEXT_INIT`: 1 when the device offers VIRTIO_GPU_F_CONTEXT_INIT.
 pub const PARAM_CONTEXT_INIT: u64 = 6;
 /// `VIRTGPU_PARAM_SUPPORTED_CAPSET_IDs`: a bit mask of the capset ids the device lists.
@@ -23,6 +26,8 @@ const MAX_CONTEXT_PARAMS: usize = 4;
 pub const MAX_POLL_FDS: usize = 256;
 
 const VIRTGPU_EXECBUF_FENCE_FD_OUT: u32 = 0x02;
+/// Attempts at an ioctl the kernel keeps interrupting before it is an error.
+const MAX_RETRIES: usize = 1000;
 
 /// `struct drm_virtgpu_execbuffer` (with the sync-object fields of Linux 6.5+; the DRM core
 /// zero-extends or truncates to the kernel's own size, so it works on older kernels too).
@@ -84,6 +89,58 @@ const _: () = assert!(size_of::<GetParam>() == 16);
 const _: () = assert!(size_of::<GetCaps>() == 24);
 const _: () = assert!(size_of::<ContextSetParam>() == 16);
 const _: () = assert!(size_of::<ContextInit>() == 16);
+const _: () = assert!(size_of::<ResourceCreateBlob>() == 48);
+const _: () = assert!(size_of::<Map>() == 16);
+const _: () = assert!(size_of::<Wait>() == 8);
+const _: () = assert!(size_of::<GemClose>() == 8);
+
+/// `struct drm_virtgpu_resource_create_blob`.
+#[repr(C)]
+#[derive(Debug, Default)]
+struct ResourceCreateBlob {
+    blob_mem: u32,
+    blob_flags: u32,
+    bo_handle: u32,
+    res_handle: u32,
+    size: u64,
+    pad: u32,
+    cmd_size: u32,
+    cmd: u64,
+    blob_id: u64,
+}
+
+/// `struct drm_virtgpu_map`.
+#[repr(C)]
+#[derive(Debug, Default)]
+struct Map {
+    offset: u64,
+    handle: u32,
+    pad: u32,
+}
+
+/// `struct drm_virtgpu_3d_wait`.
+#[repr(C)]
+#[derive(Debug, Default)]
+struct Wait {
+    handle: u32,
+    flags: u32,
+}
+
+/// `struct drm_gem_close` (drm.h).
+#[repr(C)]
+#[derive(Debug, Default)]
+struct GemClose {
+    handle: u32,
+    pad: u32,
+}
+
+/// A blob the kernel created: its GEM handle (for this file) and its resource id (for the
+/// device).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Blob {
+    pub bo: u32,
+    pub res: u32,
+}
 
 /// `DRM_IOWR(DRM_COMMAND_BASE + nr, T)`: direction read|write, type 'd', the argument's size.
 const fn drm_iowr(nr: u64, size: usize) -> u64 {
@@ -97,6 +154,12 @@ const IOCTL_EXECBUFFER: u64 = drm_iowr(0x02, size_of::<Execbuffer>());
 const IOCTL_GETPARAM: u64 = drm_iowr(0x03, size_of::<GetParam>());
 const IOCTL_GET_CAPS: u64 = drm_iowr(0x09, size_of::<GetCaps>());
 const IOCTL_CONTEXT_INIT: u64 = drm_iowr(0x0b, size_of::<ContextInit>());
+const IOCTL_MAP: u64 = drm_iowr(0x01, size_of::<Map>());
+const IOCTL_WAIT: u64 = drm_iowr(0x08, size_of::<Wait>());
+const IOCTL_RESOURCE_CREATE_BLOB: u64 = drm_iowr(0x0a, size_of::<ResourceCreateBlob>());
+/// DRM_IOCTL_GEM_CLOSE: `_IOW('d', 0x09, struct drm_gem_close)` of the DRM core.
+const IOCTL_GEM_CLOSE: u64 =
+    (1 << 30) | ((size_of::<GemClose>() as u64) << 16) | (0x64 << 8) | 0x09;
 
 /// Render-node errors.
 #[derive(Debug, Error)]
@@ -146,7 +209,7 @@ unsafe fn ioctl<T>(
     arg: &mut T,
 ) -> Result<(), DrmError> {
     let request = libc::Ioctl::try_from(request).map_err(|_| DrmError::TooLarge(name))?;
-    loop {
+    for _ in 0..MAX_RETRIES {
         // SAFETY: `fd` is open for the duration of the borrow, `arg` is a live exclusive `T`
         // that `request` describes, and the caller vouches for the pointers inside it.
         let rc = unsafe { libc::ioctl(fd.as_raw_fd(), request, std::ptr::from_mut(arg)) };
@@ -158,6 +221,10 @@ unsafe fn ioctl<T>(
             return Err(DrmError::Ioctl { name, source });
         }
     }
+    Err(DrmError::Ioctl {
+        name,
+        source: io::Error::from_raw_os_error(libc::EINTR),
+    })
 }
 
 impl RenderNode {
@@ -249,6 +316,110 @@ impl RenderNode {
         // in `fence_fd` that nothing else owns; we take sole ownership of it here.
         Ok(unsafe { OwnedFd::from_raw_fd(arg.fence_fd) })
     }
+
+    /// DRM_IOCTL_VIRTGPU_EXECBUFFER of `commands` naming buffer objects `bo_handles`, without
+    /// an out-fence: the kernel fences the buffers, which [`RenderNode::wait`] waits on.
+    pub fn execbuffer_on(&self, commands: &[u8], bo_handles: &[u32]) -> Result<(), DrmError> {
+        const NAME: &str = "DRM_IOCTL_VIRTGPU_EXECBUFFER";
+        let mut arg = Execbuffer {
+            size: u32::try_from(commands.len()).map_err(|_| DrmError::TooLarge(NAME))?,
+            command: commands.as_ptr() as u64,
+            bo_handles: bo_handles.as_ptr() as u64,
+            num_bo_handles: u32::try_from(bo_handles.len())
+                .map_err(|_| DrmError::TooLarge(NAME))?,
+            fence_fd: -1,
+            ..Execbuffer::default()
+        };
+        // SAFETY: EXECBUFFER takes an Execbuffer; `command` and `bo_handles` point at the
+        // borrowed slices, readable for the sizes given, for the call.
+        unsafe { ioctl(self.file.as_fd(), NAME, IOCTL_EXECBUFFER, &mut arg) }
+    }
+
+    /// DRM_IOCTL_VIRTGPU_RESOURCE_CREATE_BLOB of `size` bytes.
+    pub fn create_blob(&self, blob_mem: u32, flags: u32, size: u64) -> Result<Blob, DrmError> {
+        let mut arg = ResourceCreateBlob {
+            blob_mem,
+            blob_flags: flags,
+            size,
+            ..ResourceCreateBlob::default()
+        };
+        // SAFETY: RESOURCE_CREATE_BLOB takes a ResourceCreateBlob; no command buffer is passed
+        // (`cmd` 0, `cmd_size` 0).
+        unsafe {
+            ioctl(
+                self.file.as_fd(),
+                "DRM_IOCTL_VIRTGPU_RESOURCE_CREATE_BLOB",
+                IOCTL_RESOURCE_CREATE_BLOB,
+                &mut arg,
+            )
+        }?;
+        Ok(Blob {
+            bo: arg.bo_handle,
+            res: arg.res_handle,
+        })
+    }
+
+    /// DRM_IOCTL_VIRTGPU_MAP: the offset to `mmap` buffer object `bo` at on this node.
+    pub fn map_offset(&self, bo: u32) -> Result<u64, DrmError> {
+        let mut arg = Map {
+            handle: bo,
+            ..Map::default()
+        };
+        // SAFETY: MAP takes a Map and holds no pointers.
+        unsafe {
+            ioctl(
+                self.file.as_fd(),
+                "DRM_IOCTL_VIRTGPU_MAP",
+                IOCTL_MAP,
+                &mut arg,
+            )
+        }?;
+        Ok(arg.offset)
+    }
+
+    /// DRM_IOCTL_VIRTGPU_WAIT on buffer object `bo`: true once its fences signalled, false
+    /// when the kernel gave up for now (EBUSY after its own timeout) and it should be asked
+    /// again.
+    pub fn wait(&self, bo: u32) -> Result<bool, DrmError> {
+        let mut arg = Wait {
+            handle: bo,
+            flags: 0,
+        };
+        // SAFETY: WAIT takes a Wait and holds no pointers.
+        match unsafe {
+            ioctl(
+                self.file.as_fd(),
+                "DRM_IOCTL_VIRTGPU_WAIT",
+                IOCTL_WAIT,
+                &mut arg,
+            )
+        } {
+            Ok(()) => Ok(true),
+            Err(DrmError::Ioctl { source, .. }) if source.raw_os_error() == Some(libc::EBUSY) => {
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// DRM_IOCTL_GEM_CLOSE of buffer object `bo`.
+    pub fn gem_close(&self, bo: u32) -> Result<(), DrmError> {
+        let mut arg = GemClose { handle: bo, pad: 0 };
+        // SAFETY: GEM_CLOSE takes a GemClose and holds no pointers.
+        unsafe {
+            ioctl(
+                self.file.as_fd(),
+                "DRM_IOCTL_GEM_CLOSE",
+                IOCTL_GEM_CLOSE,
+                &mut arg,
+            )
+        }
+    }
+
+    /// The node's descriptor (for `mmap` of a mapped buffer object).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
 }
 
 /// Waits until at least one of `fences` has signalled or `timeout` passes; returns which have.
@@ -307,6 +478,10 @@ mod tests {
         assert_eq!(IOCTL_GETPARAM, 0xc010_6443);
         assert_eq!(IOCTL_GET_CAPS, 0xc018_6449);
         assert_eq!(IOCTL_CONTEXT_INIT, 0xc010_644b);
+        assert_eq!(IOCTL_MAP, 0xc010_6441);
+        assert_eq!(IOCTL_WAIT, 0xc008_6448);
+        assert_eq!(IOCTL_RESOURCE_CREATE_BLOB, 0xc030_644a);
+        assert_eq!(IOCTL_GEM_CLOSE, 0x4008_6409);
     }
 
     #[test]
@@ -325,6 +500,11 @@ mod tests {
         assert!(node.get_caps(20, 1, &mut [0; 16]).is_err());
         assert!(node.context_init(&[(CONTEXT_PARAM_CAPSET_ID, 20)]).is_err());
         assert!(node.execbuffer(&[0; 16]).is_err());
+        assert!(node.execbuffer_on(&[0; 16], &[1]).is_err());
+        assert!(node.create_blob(1, 1, 4096).is_err());
+        assert!(node.map_offset(1).is_err());
+        assert!(node.wait(1).is_err());
+        assert!(node.gem_close(1).is_err());
         assert!(matches!(
             node.context_init(&[(0, 0); MAX_CONTEXT_PARAMS + 1]),
             Err(DrmError::TooLarge(_))
