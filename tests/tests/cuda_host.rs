@@ -1,16 +1,17 @@
 //! Stock CUDA clients on the guest library, without a VM: `libcuda.so.1` of
 //! `guest-drivers/libcuda` talks over a Unix socket to `vgpu-cuda-host` (the host side a VM's
-//! compute context uses, on the PTX executor). The GCC OpenMP-offloading programs of the CUDA
-//! corpus run unmodified: Debian's libgomp nvptx plugin dlopens our `libcuda.so.1`, links the
-//! program's PTX, allocates, copies and launches through it, and the program checks its own
-//! result. `OMP_TARGET_OFFLOAD=MANDATORY` makes a failed offload an error instead of a silent
+//! compute context uses, on the PTX executor). The programs of the CUDA corpus run unmodified
+//! and check their own results: the GCC OpenMP-offloading ones (Debian's libgomp nvptx plugin
+//! dlopens our `libcuda.so.1`, links the program's PTX, allocates, copies and launches through
+//! it) and the nvcc-built ones (their static cudart resolves the driver through
+//! `cuGetProcAddress` and the export tables). `OMP_TARGET_OFFLOAD=MANDATORY` makes a failed offload an error instead of a silent
 //! fall-back to the host, and the host reports the launches it ran.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use mdev_backend::compute::corpus::corpus_for_tests;
+use mdev_backend::compute::corpus::{NVCC_PROGRAMS, NVCC_REFUSED, corpus_for_tests};
 use vgpu_tests::daemon::workspace_binary;
 use vgpu_tests::temp_dir::TempDir;
 
@@ -175,32 +176,38 @@ fn without_a_reachable_host_there_is_no_device_and_openmp_runs_on_the_cpu() {
 }
 
 #[test]
-fn an_nvcc_program_meets_the_missing_integrity_check_with_a_clean_cuda_error() {
-    let Some(dir) = corpus() else { return };
-    let host = Host::start();
-    let child = Command::new(dir.join("vector_add"))
-        .env("LD_LIBRARY_PATH", host.dir.path())
-        .env("VGPU_CUDA_SOCKET", host.dir.path().join("host.sock"))
-        .env("VGPU_CUDA_TRACE", "1")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start vector_add");
-    let out = finish(child, "vector_add");
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    // cudart got through its bootstrap tables to the integrity check (docs/CUDA-GUEST.md) and
-    // reported a CUDA error: an exit status, not a crash.
-    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
-    assert!(stdout.contains("FAIL cudaMalloc"), "{stdout}");
-    for step in ["cuDevicePrimaryCtxRetain", "cuDeviceGetUuid"] {
-        assert!(stderr.contains(step), "{step}: {stderr}");
+fn nvcc_programs_run_unmodified_through_the_guest_library() {
+    let Some(dir) = corpus_for_tests(NVCC_PROGRAMS[0].0) else {
+        return;
+    };
+    // Their static cudart 13 goes through the export tables (the integrity check included),
+    // loads its fat binary as a library (cuLibraryLoadData) and launches CUkernel handles.
+    for (program, launches) in NVCC_PROGRAMS {
+        let host = Host::start();
+        let out = host.run(&dir.join(program));
+        let report = host.report();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.lines().last().is_some_and(|l| l.starts_with("PASS")),
+            "{program}: {:?}\nstdout:\n{stdout}\nstderr:\n{}\nhost:\n{report}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            report.contains(&format!(" {launches} launches, ")),
+            "{program}: {report}"
+        );
+        if program == "hello" {
+            assert!(stdout.contains("block 1 thread 1 value 1.50"), "{stdout}");
+        }
     }
-    assert!(
-        stderr.contains("no export table [d4, 08, 20, 55"),
-        "the integrity check is what is missing: {stderr}"
-    );
-    assert!(host.report().contains(" 0 launches"));
+    // Mapped pinned host memory is refused with a CUDA error the program reports: no hang.
+    let (program, line) = NVCC_REFUSED;
+    let host = Host::start();
+    let out = host.run(&dir.join(program));
+    let report = host.report();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{report}");
+    assert!(stdout.starts_with(line), "{stdout}");
+    assert!(report.contains(" 0 launches"), "{report}");
 }

@@ -73,7 +73,7 @@ fn main() {
     let mut d = Driver::new(SocketTransport::over(a).expect("transport")).expect("driver");
     let ctx = d.context_create().expect("context");
     let m = d
-        .module_load(ctx, EMPTY.as_bytes().to_vec())
+        .module_load(ctx, cuda::driver::Image::Single(EMPTY.as_bytes().to_vec()))
         .expect("module");
     let f = d.function(m, "empty").expect("function");
     let launch = |d: &mut Driver<SocketTransport>| {

@@ -12,7 +12,7 @@ use std::sync::{Mutex, OnceLock};
 
 use mdev_backend::compute::ptx::MAX_PTX_BYTES;
 
-use crate::driver::{CuResult, Driver, LINK_TOKEN_MAGIC, LaunchParams};
+use crate::driver::{CuResult, Driver, Image, LINK_TOKEN_MAGIC, LaunchParams};
 use crate::drm::DrmTransport;
 use crate::status::*;
 use crate::transport::{SOCKET_ENV, SocketTransport, Transport, TransportError};
@@ -280,16 +280,28 @@ fn image_at<'a>(p: *const c_void) -> CuResult<&'a [u8]> {
     bytes(p, len as usize)
 }
 
-/// Loads an image into the current context: a completed link's token, or an image.
-fn load_image(p: *const c_void) -> CuResult<u64> {
-    let ctx = current()?;
+/// The image at `p`: a completed link's token (what it linked), or an image.
+fn image(p: *const c_void) -> CuResult<Image> {
     let head = bytes(p, 8)?;
     if head == LINK_TOKEN_MAGIC {
         let token: [u8; 16] = bytes(p, 16)?.try_into().expect("16 bytes");
-        return with(|d| d.module_load_link(ctx, &token));
+        return with(|d| d.linked_image(&token));
     }
-    let image = image_at(p)?.to_vec();
+    Ok(Image::Single(image_at(p)?.to_vec()))
+}
+
+/// Loads the image at `p` into the current context.
+fn load_image(p: *const c_void) -> CuResult<u64> {
+    let ctx = current()?;
+    let image = image(p)?;
     with(|d| d.module_load(ctx, image))
+}
+
+/// The function a `CUfunction` argument means (a `CUkernel` stands for its function in the
+/// current context).
+fn function(f: Handle) -> CuResult<u64> {
+    let ctx = top();
+    with(|d| d.resolve_function(f as u64, ctx))
 }
 
 macro_rules! entry {
@@ -539,8 +551,92 @@ entry!(cuModuleLoadDataEx(
 entry!(cuModuleLoad(module: *mut Handle, path: *const c_char) {
     let ctx = current()?;
     let image = std::fs::read(name(path)?).map_err(|_| CUDA_ERROR_FILE_NOT_FOUND)?;
-    let m = with(|d| d.module_load(ctx, image))?;
+    let m = with(|d| d.module_load(ctx, Image::Single(image)))?;
     put(module, m as Handle)
+});
+
+/// `CU_MODULE_EAGER_LOADING`: a module's functions exist on the host once it is loaded.
+const MODULE_EAGER_LOADING: c_int = 1;
+
+entry!(cuModuleGetLoadingMode(mode: *mut c_int) { put(mode, MODULE_EAGER_LOADING) });
+
+// Libraries (CUDA 12): what cudart 12 and 13 load fat binaries with. JIT and library options
+// are accepted and not needed: the host compiles PTX itself, and loading is eager per context.
+
+entry!(cuLibraryLoadData(
+    library: *mut Handle,
+    code: *const c_void,
+    _jit_options: *mut c_int,
+    _jit_values: *mut *mut c_void,
+    _jit_count: c_uint,
+    _library_options: *mut c_int,
+    _library_values: *mut *mut c_void,
+    _library_count: c_uint,
+) {
+    let image = image(code)?;
+    let ctx = top();
+    let l = with(|d| d.library_load(image, ctx))?;
+    put(library, l as Handle)
+});
+
+entry!(cuLibraryLoadFromFile(
+    library: *mut Handle,
+    path: *const c_char,
+    _jit_options: *mut c_int,
+    _jit_values: *mut *mut c_void,
+    _jit_count: c_uint,
+    _library_options: *mut c_int,
+    _library_values: *mut *mut c_void,
+    _library_count: c_uint,
+) {
+    let image = std::fs::read(name(path)?).map_err(|_| CUDA_ERROR_FILE_NOT_FOUND)?;
+    let ctx = top();
+    let l = with(|d| d.library_load(Image::Single(image), ctx))?;
+    put(library, l as Handle)
+});
+
+entry!(cuLibraryUnload(library: Handle) { with(|d| d.library_unload(library as u64)) });
+
+entry!(cuLibraryGetKernel(kernel: *mut Handle, library: Handle, kname: *const c_char) {
+    let n = name(kname)?;
+    let ctx = top();
+    let k = with(|d| d.kernel(library as u64, n, ctx))?;
+    put(kernel, k as Handle)
+});
+
+entry!(cuLibraryGetModule(module: *mut Handle, library: Handle) {
+    let ctx = current()?;
+    let m = with(|d| d.library_module(library as u64, ctx))?;
+    put(module, m as Handle)
+});
+
+entry!(cuLibraryGetGlobal(dptr: *mut u64, bytes: *mut usize, library: Handle, vname: *const c_char) {
+    let (n, ctx) = (name(vname)?, current()?);
+    let (addr, size) = with(|d| d.library_global(library as u64, n, ctx))?;
+    put_opt(dptr, addr)?;
+    put_opt(bytes, size as usize)
+});
+
+entry!(cuKernelGetFunction(f: *mut Handle, kernel: Handle) {
+    let ctx = current()?;
+    let h = with(|d| d.kernel_function(kernel as u64, ctx))?;
+    put(f, h as Handle)
+});
+
+entry!(cuKernelGetAttribute(v: *mut c_int, attribute: c_int, kernel: Handle, dev: c_int) {
+    device(dev)?;
+    // SAFETY: our own entry point; a kernel handle stands for its function there.
+    status(unsafe { cuFuncGetAttribute(v, attribute, kernel) })
+});
+
+entry!(cuKernelSetAttribute(_attribute: c_int, _value: c_int, kernel: Handle, dev: c_int) {
+    device(dev)?;
+    function(kernel).map(drop)
+});
+
+entry!(cuKernelSetCacheConfig(kernel: Handle, _config: c_int, dev: c_int) {
+    device(dev)?;
+    function(kernel).map(drop)
 });
 
 entry!(cuModuleUnload(module: Handle) {
@@ -569,17 +665,22 @@ entry!(cuModuleGetGlobal_v2 | cuModuleGetGlobal(
 });
 
 entry!(cuFuncGetAttribute(v: *mut c_int, attribute: c_int, f: Handle) {
+    let f = function(f)?;
     let answer = with(|d| {
-        let a = d.function_attributes(f as u64)?;
+        let a = d.function_attributes(f)?;
         crate::attributes::function_attribute(attribute, &a, d.attributes())
     })?;
     put(v, answer)
 });
 
-entry!(cuFuncSetCacheConfig(f: Handle, _config: c_int) { with(|d| d.params(f as u64).map(drop)) });
+entry!(cuFuncSetCacheConfig(f: Handle, _config: c_int) {
+    let f = function(f)?;
+    with(|d| d.params(f).map(drop))
+});
 
 entry!(cuFuncSetAttribute(f: Handle, _attribute: c_int, _value: c_int) {
-    with(|d| d.params(f as u64).map(drop))
+    let f = function(f)?;
+    with(|d| d.params(f).map(drop))
 });
 
 /// `CUjit_option` values that carry a log buffer and its size.
@@ -931,8 +1032,9 @@ entry!(cuLaunchKernel(
     extra: *mut *mut c_void,
 ) {
     let ctx = owner(stream)?;
+    let f = function(f)?;
     let layout: Vec<(usize, usize)> =
-        with(|d| Ok(d.params(f as u64)?.iter().map(|p| (p.offset as usize, p.size as usize)).collect()))?;
+        with(|d| Ok(d.params(f)?.iter().map(|p| (p.offset as usize, p.size as usize)).collect()))?;
     let launch_params = if !params.is_null() {
         let mut each = Vec::with_capacity(layout.len());
         for (i, &(_, size)) in layout.iter().enumerate() {
@@ -968,7 +1070,7 @@ entry!(cuLaunchKernel(
     with(|d| {
         d.launch(
             ctx,
-            f as u64,
+            f,
             [gx, gy, gz],
             [bx, by, bz],
             shared,

@@ -30,6 +30,8 @@ pub enum Kind {
     Stream = 4,
     Event = 5,
     Link = 6,
+    Library = 7,
+    Kernel = 8,
 }
 
 #[derive(Debug)]
@@ -56,6 +58,31 @@ struct Function {
 pub struct Link {
     pub images: Vec<Vec<u8>>,
     pub completed: Option<Box<[u8; 16]>>,
+}
+
+/// What a module is made of: one image, or the images of a completed link.
+#[derive(Debug, Clone)]
+pub enum Image {
+    Single(Vec<u8>),
+    Linked(Vec<Vec<u8>>),
+}
+
+/// A library (`cuLibraryLoadData`, what cudart 12 and 13 load their fat binaries with): not
+/// bound to a context, it becomes a module in each context at that context's first use.
+#[derive(Debug)]
+struct Library {
+    image: Image,
+    /// context → module handle.
+    modules: HashMap<u64, u64>,
+}
+
+/// A kernel of a library (`cuLibraryGetKernel`): a function in each context that uses it.
+#[derive(Debug)]
+struct Kernel {
+    library: u64,
+    name: String,
+    /// context → function handle.
+    functions: HashMap<u64, u64>,
 }
 
 /// Magic at the start of a completed link's token.
@@ -102,6 +129,8 @@ pub struct Driver<T: Transport> {
     objects: HashMap<u64, (u64, u32)>,
     functions: HashMap<u64, Function>,
     links: HashMap<u64, Link>,
+    libraries: HashMap<u64, Library>,
+    kernels: HashMap<u64, Kernel>,
     primary: Option<u64>,
     next: u64,
 }
@@ -124,6 +153,8 @@ impl<T: Transport> Driver<T> {
             objects: HashMap::new(),
             functions: HashMap::new(),
             links: HashMap::new(),
+            libraries: HashMap::new(),
+            kernels: HashMap::new(),
             primary: None,
             next: 0,
         })
@@ -320,30 +351,28 @@ impl<T: Transport> Driver<T> {
 
     // Modules and functions.
 
-    pub fn module_load(&mut self, ctx: u64, image: Vec<u8>) -> CuResult<u64> {
+    pub fn module_load(&mut self, ctx: u64, image: Image) -> CuResult<u64> {
         let remote = self.remote(ctx)?;
-        let id = self.id(Request::ModuleLoad { ctx: remote, image })?;
+        let id = self.id(match image {
+            Image::Single(image) => Request::ModuleLoad { ctx: remote, image },
+            Image::Linked(images) => Request::ModuleLink {
+                ctx: remote,
+                images,
+            },
+        })?;
         let h = self.handle(Kind::Module);
         self.objects.insert(h, (ctx, id));
         Ok(h)
     }
 
-    /// Loads what a completed link produced, named by its token.
-    pub fn module_load_link(&mut self, ctx: u64, token: &[u8; 16]) -> CuResult<u64> {
+    /// What a completed link produced, named by its token.
+    pub fn linked_image(&self, token: &[u8; 16]) -> CuResult<Image> {
         let link = self
             .links
             .values()
             .find(|l| l.completed.as_deref() == Some(token))
             .ok_or(CUDA_ERROR_INVALID_IMAGE)?;
-        let images = link.images.clone();
-        let remote = self.remote(ctx)?;
-        let id = self.id(Request::ModuleLink {
-            ctx: remote,
-            images,
-        })?;
-        let h = self.handle(Kind::Module);
-        self.objects.insert(h, (ctx, id));
-        Ok(h)
+        Ok(Image::Linked(link.images.clone()))
     }
 
     pub fn module_unload(&mut self, ctx: u64, module: u64) -> CuResult<()> {
@@ -441,6 +470,112 @@ impl<T: Transport> Driver<T> {
             }
             _ => Err(CUDA_ERROR_UNKNOWN),
         }
+    }
+
+    // Libraries and their kernels.
+
+    /// A library; with a context, its module is loaded there at once, so a bad image fails
+    /// the call that brought it.
+    pub fn library_load(&mut self, image: Image, ctx: Option<u64>) -> CuResult<u64> {
+        let mut modules = HashMap::new();
+        if let Some(ctx) = ctx {
+            modules.insert(ctx, self.module_load(ctx, image.clone())?);
+        }
+        let h = self.handle(Kind::Library);
+        self.libraries.insert(h, Library { image, modules });
+        Ok(h)
+    }
+
+    /// The library's module in `ctx`, loaded at the context's first use.
+    pub fn library_module(&mut self, library: u64, ctx: u64) -> CuResult<u64> {
+        let lib = self
+            .libraries
+            .get(&library)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        // A module of a context destroyed since is gone from `objects`.
+        if let Some(&m) = lib.modules.get(&ctx)
+            && self.objects.contains_key(&m)
+        {
+            return Ok(m);
+        }
+        let image = lib.image.clone();
+        let m = self.module_load(ctx, image)?;
+        if let Some(lib) = self.libraries.get_mut(&library) {
+            lib.modules.insert(ctx, m);
+        }
+        Ok(m)
+    }
+
+    /// Unloads the library from every context it was loaded into; its kernels go with it.
+    pub fn library_unload(&mut self, library: u64) -> CuResult<()> {
+        let lib = self
+            .libraries
+            .remove(&library)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        self.kernels.retain(|_, k| k.library != library);
+        for (ctx, module) in lib.modules {
+            if self.objects.contains_key(&module) {
+                self.module_unload(ctx, module)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A kernel of the library; with a context, its function is looked up there at once, so
+    /// an unknown name fails this call.
+    pub fn kernel(&mut self, library: u64, name: &str, ctx: Option<u64>) -> CuResult<u64> {
+        if !self.libraries.contains_key(&library) {
+            return Err(CUDA_ERROR_INVALID_HANDLE);
+        }
+        let h = self.handle(Kind::Kernel);
+        self.kernels.insert(
+            h,
+            Kernel {
+                library,
+                name: name.to_string(),
+                functions: HashMap::new(),
+            },
+        );
+        if let Some(ctx) = ctx
+            && let Err(e) = self.kernel_function(h, ctx)
+        {
+            self.kernels.remove(&h);
+            return Err(e);
+        }
+        Ok(h)
+    }
+
+    /// The kernel's function in `ctx`.
+    pub fn kernel_function(&mut self, kernel: u64, ctx: u64) -> CuResult<u64> {
+        let k = self.kernels.get(&kernel).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        if let Some(&f) = k.functions.get(&ctx)
+            && self.functions.contains_key(&f)
+        {
+            return Ok(f);
+        }
+        let (library, name) = (k.library, k.name.clone());
+        let module = self.library_module(library, ctx)?;
+        let f = self.function(module, &name)?;
+        if let Some(k) = self.kernels.get_mut(&kernel) {
+            k.functions.insert(ctx, f);
+        }
+        Ok(f)
+    }
+
+    /// The function a `CUfunction` argument means: itself, or for a kernel handle (CUDA 12
+    /// lets one stand for a function) the kernel's function in the current context.
+    pub fn resolve_function(&mut self, handle: u64, current: Option<u64>) -> CuResult<u64> {
+        if handle >> KIND_SHIFT == Kind::Kernel as u64 {
+            self.kernel_function(handle, current.ok_or(CUDA_ERROR_INVALID_CONTEXT)?)
+        } else {
+            Ok(handle)
+        }
+    }
+
+    /// A library variable's address and size in `ctx`.
+    pub fn library_global(&mut self, library: u64, name: &str, ctx: u64) -> CuResult<(u64, u64)> {
+        let module = self.library_module(library, ctx)?;
+        self.global(module, name)
     }
 
     // Linking: kept in the guest until the module is loaded.
@@ -895,7 +1030,9 @@ mod tests {
     fn a_kernel_runs_with_either_parameter_form_and_wrong_forms_are_refused() {
         let mut d = driver();
         let ctx = d.context_create().unwrap();
-        let m = d.module_load(ctx, PTX.as_bytes().to_vec()).unwrap();
+        let m = d
+            .module_load(ctx, Image::Single(PTX.as_bytes().to_vec()))
+            .unwrap();
         let f = d.function(m, "put").unwrap();
         let a = d.mem_alloc(ctx, 8).unwrap();
         let each = LaunchParams::Each(vec![a.to_le_bytes().to_vec(), 5u32.to_le_bytes().to_vec()]);
@@ -919,10 +1056,65 @@ mod tests {
     }
 
     #[test]
+    fn a_library_becomes_a_module_in_each_context_that_uses_it() {
+        let mut d = driver();
+        // Loaded before any context (as cudart does): nothing reaches the host yet.
+        let sent = d.transport().stats.requests;
+        let lib = d
+            .library_load(Image::Single(PTX.as_bytes().to_vec()), None)
+            .unwrap();
+        let k = d.kernel(lib, "put", None).unwrap();
+        assert_eq!(d.transport().stats.requests, sent);
+        let (c1, c2) = (d.context_create().unwrap(), d.context_create().unwrap());
+        // A kernel handle stands for its function in the current context.
+        let f1 = d.resolve_function(k, Some(c1)).unwrap();
+        let f2 = d.resolve_function(k, Some(c2)).unwrap();
+        assert_ne!(f1, f2);
+        assert_eq!(
+            d.kernel_function(k, c1),
+            Ok(f1),
+            "looked up once per context"
+        );
+        assert_eq!(
+            d.resolve_function(f1, Some(c2)),
+            Ok(f1),
+            "functions are themselves"
+        );
+        assert_eq!(d.resolve_function(k, None), Err(CUDA_ERROR_INVALID_CONTEXT));
+        for (ctx, f, v) in [(c1, f1, 3u32), (c2, f2, 4)] {
+            let a = d.mem_alloc(ctx, 4).unwrap();
+            let packed = [a.to_le_bytes().as_slice(), &v.to_le_bytes()].concat();
+            launch(&mut d, ctx, f, LaunchParams::Packed(packed)).unwrap();
+            let mut out = [0u8; 4];
+            d.copy_dtoh(ctx, &mut out, a, 0).unwrap();
+            assert_eq!(u32::from_le_bytes(out), v);
+        }
+        // A context destroyed and a new one: the library is loaded again there.
+        d.context_destroy(c1).unwrap();
+        let c3 = d.context_create().unwrap();
+        let f3 = d.kernel_function(k, c3).unwrap();
+        assert!(f3 != f1 && f3 != f2);
+        // With a context, an unknown kernel name or a bad image fails the call itself.
+        assert_eq!(d.kernel(lib, "nope", Some(c3)), Err(500));
+        assert_eq!(
+            d.library_load(Image::Single(b"not an image".to_vec()), Some(c3)),
+            Err(CUDA_ERROR_INVALID_IMAGE)
+        );
+        // Unloading takes its kernels along; a kernel handle is not a library handle.
+        assert_eq!(d.library_unload(k), Err(CUDA_ERROR_INVALID_HANDLE));
+        d.library_unload(lib).unwrap();
+        assert_eq!(d.kernel_function(k, c3), Err(CUDA_ERROR_INVALID_HANDLE));
+        assert_eq!(d.library_module(lib, c3), Err(CUDA_ERROR_INVALID_HANDLE));
+        assert_eq!(d.library_unload(lib), Err(CUDA_ERROR_INVALID_HANDLE));
+    }
+
+    #[test]
     fn handles_of_another_kind_or_context_are_refused() {
         let mut d = driver();
         let (c1, c2) = (d.context_create().unwrap(), d.context_create().unwrap());
-        let m = d.module_load(c1, PTX.as_bytes().to_vec()).unwrap();
+        let m = d
+            .module_load(c1, Image::Single(PTX.as_bytes().to_vec()))
+            .unwrap();
         let f = d.function(m, "put").unwrap();
         let s = d.stream_create(c1).unwrap();
         let e = d.event_create(c1).unwrap();
@@ -992,7 +1184,7 @@ mod tests {
         d.link(l).unwrap().images.push(lib.as_bytes().to_vec());
         let token = *d.link_complete(l).unwrap();
         assert_eq!(&token[..8], LINK_TOKEN_MAGIC);
-        let m = d.module_load_link(ctx, &token).unwrap();
+        let m = d.module_load(ctx, d.linked_image(&token).unwrap()).unwrap();
         let f = d.function(m, "put").unwrap();
         let a = d.mem_alloc(ctx, 4).unwrap();
         let packed = [a.to_le_bytes().as_slice(), &0u32.to_le_bytes()].concat();
@@ -1002,7 +1194,7 @@ mod tests {
         assert_eq!(u32::from_le_bytes(out), 7);
         d.link_destroy(l).unwrap();
         assert_eq!(
-            d.module_load_link(ctx, &token),
+            d.linked_image(&token).map(drop),
             Err(CUDA_ERROR_INVALID_IMAGE)
         );
         assert_eq!(d.link_destroy(l), Err(CUDA_ERROR_INVALID_HANDLE));
@@ -1019,7 +1211,9 @@ mod tests {
             .param .b32 r; call.uni (r), vprintf, (p0, p1); }\nret;\n}\n";
         let mut d = driver();
         let ctx = d.context_create().unwrap();
-        let m = d.module_load(ctx, ptx.as_bytes().to_vec()).unwrap();
+        let m = d
+            .module_load(ctx, Image::Single(ptx.as_bytes().to_vec()))
+            .unwrap();
         let f = d.function(m, "hi").unwrap();
         let args = d.mem_alloc(ctx, 8).unwrap();
         d.copy_htod(ctx, args, &42u32.to_le_bytes(), 0).unwrap();
@@ -1071,7 +1265,9 @@ mod tests {
     fn deferred_work_keeps_its_order_and_its_first_failure_is_reported_at_the_next_call() {
         let mut d = driver();
         let ctx = d.context_create().unwrap();
-        let m = d.module_load(ctx, PTX.as_bytes().to_vec()).unwrap();
+        let m = d
+            .module_load(ctx, Image::Single(PTX.as_bytes().to_vec()))
+            .unwrap();
         let f = d.function(m, "put").unwrap();
         let a = d.mem_alloc(ctx, 8).unwrap();
         let before = d.t.stats.requests;

@@ -714,7 +714,9 @@ mod tests {
     fn a_kernel_runs_through_the_driver_over_the_drm_transport() {
         let mut d = Driver::new(exchange()).unwrap();
         let ctx = d.context_create().unwrap();
-        let m = d.module_load(ctx, PTX.as_bytes().to_vec()).unwrap();
+        let m = d
+            .module_load(ctx, crate::driver::Image::Single(PTX.as_bytes().to_vec()))
+            .unwrap();
         let f = d.function(m, "put").unwrap();
         let a = d.mem_alloc(ctx, 8).unwrap();
         let packed = [a.to_le_bytes().as_slice(), &0x5eedu32.to_le_bytes()].concat();

@@ -12,6 +12,7 @@ use std::ffi::{c_int, c_uint, c_void};
 use std::sync::{Mutex, OnceLock};
 
 use crate::api;
+use crate::integrity;
 use crate::status::*;
 
 type CUresult = c_uint;
@@ -44,6 +45,12 @@ const CONTEXT_CHECKS: Uuid = [
 /// answers); the slots before it are not provided.
 const CONTEXT_IDENTITY: Uuid = [
     0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2,
+];
+
+/// cudart's integrity check: slot 1 answers a token over the process, the tables and the
+/// devices that cudart verifies (`integrity.rs`).
+const INTEGRITY_CHECK: Uuid = [
+    0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2,
 ];
 
 /// The `__fatbinwrap` struct nvcc emits and `__cudaRegisterFatBinary` passes on.
@@ -249,6 +256,72 @@ extern "C" fn context_id(ctx: *mut c_void, id: *mut u64) -> CUresult {
     unsafe { api::cuCtxGetId(ctx, id) }
 }
 
+/// CUdevice_attribute numbers of the PCI domain, bus and device ids.
+const PCI_ATTRIBUTES: [c_int; 3] = [50, 33, 34];
+
+/// What the integrity check says about device `dev`, from this library's own answers (the
+/// ones cudart hashes on its side).
+fn device_identity(dev: c_int) -> Result<integrity::DeviceIdentity, CUresult> {
+    let call = |status: CUresult| match status {
+        CUDA_SUCCESS => Ok(()),
+        e => Err(e),
+    };
+    let mut uuid = [0u8; 16];
+    // SAFETY: our own entry point with a valid out-pointer.
+    call(unsafe { api::cuDeviceGetUuid_v2(&mut uuid, dev) })?;
+    let mut pci = [0 as c_int; 3];
+    for (value, attribute) in pci.iter_mut().zip(PCI_ATTRIBUTES) {
+        // SAFETY: as above.
+        call(unsafe { api::cuDeviceGetAttribute(value, attribute, dev) })?;
+    }
+    Ok(integrity::DeviceIdentity {
+        uuid,
+        pci_domain: pci[0],
+        pci_bus: pci[1],
+        pci_device: pci[2],
+    })
+}
+
+/// Slot 1 of [`INTEGRITY_CHECK`].
+extern "C" fn integrity_check(
+    runtime_version: c_uint,
+    unix_seconds: u64,
+    result: *mut [u8; 16],
+) -> CUresult {
+    if result.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let (mut driver_version, mut count) = (0 as c_int, 0 as c_int);
+    // SAFETY: our own entry points with valid out-pointers.
+    let status = unsafe { api::cuDriverGetVersion(&mut driver_version) }
+        .max(unsafe { api::cuDeviceGetCount(&mut count) });
+    if status != CUDA_SUCCESS {
+        return status;
+    }
+    let devices = match (0..count)
+        .map(device_identity)
+        .collect::<Result<Vec<_>, _>>()
+    {
+        Ok(d) => d,
+        Err(e) => return e,
+    };
+    let record = integrity::Record {
+        driver_version: driver_version as u32,
+        runtime_version,
+        // SAFETY: getpid cannot fail and touches no memory.
+        process: unsafe { libc::getpid() } as u32,
+        // SAFETY: nor does pthread_self; the check covers the low half of the handle.
+        thread: unsafe { libc::pthread_self() } as u32,
+        cudart_table: cudart_interface() as u64,
+        integrity_table: integrity_table() as u64,
+        check_function: integrity_check as *const () as u64,
+        unix_seconds,
+    };
+    // SAFETY: checked non-NULL above; cudart's 16-byte out-buffer.
+    unsafe { result.write_unaligned(integrity::answer(&record, &devices)) };
+    CUDA_SUCCESS
+}
+
 /// Builds a table: its size in bytes first, then the slots.
 fn table<const N: usize>(slots: [usize; N]) -> [usize; N] {
     let mut t = slots;
@@ -342,6 +415,13 @@ fn context_identity() -> *const c_void {
     .cast()
 }
 
+fn integrity_table() -> *const c_void {
+    static T: OnceLock<[usize; 3]> = OnceLock::new();
+    T.get_or_init(|| table([0, integrity_check as *const () as usize, 0]))
+        .as_ptr()
+        .cast()
+}
+
 /// The table for `uuid`, if this driver has it.
 pub fn lookup(uuid: &Uuid) -> Option<*const c_void> {
     match *uuid {
@@ -351,6 +431,7 @@ pub fn lookup(uuid: &Uuid) -> Option<*const c_void> {
         CONTEXT_LOCAL_STORAGE => Some(context_storage()),
         CONTEXT_CHECKS => Some(context_checks()),
         CONTEXT_IDENTITY => Some(context_identity()),
+        INTEGRITY_CHECK => Some(integrity_table()),
         _ => None,
     }
 }
@@ -373,6 +454,7 @@ mod tests {
             (TOOLS_TLS, 4),
             (CONTEXT_CHECKS, 4),
             (CONTEXT_IDENTITY, 5),
+            (INTEGRITY_CHECK, 3),
         ] {
             let t = lookup(&uuid).unwrap();
             assert_eq!(slot(t, 0), words * 8, "{uuid:02x?}");
@@ -382,12 +464,6 @@ mod tests {
             primary_context as *const () as usize
         );
         assert!(lookup(&[0; 16]).is_none());
-        // The integrity check cudart 13 asks for is not provided (docs/CUDA-GUEST.md).
-        let integrity = [
-            0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66,
-            0xe1, 0xf2,
-        ];
-        assert!(lookup(&integrity).is_none());
     }
 
     #[test]

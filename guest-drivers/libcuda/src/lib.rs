@@ -4,7 +4,8 @@
 //! `mdev_backend::compute::wire`.
 //!
 //! - `api`: the C entry points, and `export`: the private tables cudart asks for (with the
-//!   ioctls of [`drm`], the library's only unsafe code);
+//!   ioctls of [`drm`], the library's only unsafe code); `integrity`: the token of cudart's
+//!   integrity check, pure logic;
 //! - [`driver`]: handle tables and requests, pure logic;
 //! - [`transport`]: how requests reach the host (a Unix socket named by `VGPU_CUDA_SOCKET`),
 //!   and [`drm`]: the vGPU's virtio-gpu device, a guest's transport otherwise;
@@ -17,6 +18,7 @@ pub mod attributes;
 pub mod driver;
 pub mod drm;
 mod export;
+mod integrity;
 pub mod status;
 pub mod transport;
 pub mod window;

@@ -37,3 +37,26 @@ pub fn corpus_for_tests(program: &str) -> Option<PathBuf> {
     );
     None
 }
+
+/// The nvcc-built programs of the corpus (static cudart) that run unmodified on the guest
+/// driver library (`guest-drivers/libcuda`), with the kernels each launches. Each ends its
+/// output with a line starting `PASS`.
+pub const NVCC_PROGRAMS: [(&str, u64); 10] = [
+    ("vector_add", 1),
+    ("hello", 1),
+    ("device_query", 1),
+    ("matmul", 1),
+    ("reduce", 1),
+    ("scan", 1),
+    ("histogram", 1),
+    ("streams_events", 2),
+    ("bandwidth", 1),
+    // Its kernel faults; the program checks that the error is the illegal address.
+    ("fault", 1),
+];
+
+/// The corpus program the guest library does not run, and the line it must end with: `spin`
+/// waits on mapped pinned host memory (`cudaHostAlloc(..., cudaHostAllocMapped)`), which a
+/// device behind a VM cannot see, so `cuMemHostGetDevicePointer` is refused and cudart reports
+/// it (docs/CUDA-GUEST.md).
+pub const NVCC_REFUSED: (&str, &str) = ("spin", "FAIL cudaHostGetDevicePointer");
