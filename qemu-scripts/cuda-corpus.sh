@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds the CUDA test corpus (tests/cuda/*.cu with nvcc's default options, vector_add once
-# more per fat-binary compression mode, tests/cuda/omp/*.c with GCC's nvptx offloading, and
+# more per fat-binary compression mode, with the shared cudart 13 (next to it, found through
+# its rpath) and with the static cudart 12.9 (linked to nvcc 13's objects: the runtime's
+# bootstrap with a CUDA 12 driver interface), tests/cuda/omp/*.c with GCC's nvptx offloading, and
 # the driver-API benchmark tests/cuda/bench/driver_bench.c with plain gcc) into
 # ${VGPU_CUDA_CORPUS:-$CACHE/cuda-corpus}. nvcc comes from NVIDIA's PyPI wheels, unpacked into
 # $CACHE/cuda; GCC's offloading from Debian's gcc-offload-nvptx. Nothing needs a GPU; nothing
@@ -16,8 +18,10 @@ corpus=${VGPU_CUDA_CORPUS:-$cache/cuda-corpus}
 cuda=$cache/cuda
 # Pinned so the corpus (and its PTX) is the same on every machine.
 version=13.5.37
+cudart12=12.9.79
 wheels=("nvidia-cuda-nvcc==$version" "nvidia-cuda-crt==$version" "nvidia-cuda-runtime==$version"
-        "nvidia-nvvm==$version")
+        "nvidia-nvvm==$version" "nvidia-cuda-runtime-cu12==$cudart12")
+stamp="$version cudart12 $cudart12"
 
 own_nvcc=
 if [[ ${1:-} == --nvcc ]]; then
@@ -26,7 +30,7 @@ fi
 if [[ -n $own_nvcc ]]; then
     nvcc=("$own_nvcc")
 else
-    if [[ ! -x $cuda/nvidia/cu13/bin/nvcc || $(cat "$cuda/version" 2>/dev/null) != "$version" ]]; then
+    if [[ ! -x $cuda/nvidia/cu13/bin/nvcc || $(cat "$cuda/version" 2>/dev/null) != "$stamp" ]]; then
         echo "installing nvcc $version from PyPI wheels into $cuda"
         rm -rf "$cuda.tmp" && mkdir -p "$cuda.tmp/wheels"
         python3 -m pip download -q --progress-bar on --no-deps --only-binary=:all: \
@@ -37,7 +41,7 @@ else
         done
         rm -rf "$cuda.tmp/wheels"
         chmod +x "$cuda.tmp"/nvidia/cu13/bin/* "$cuda.tmp"/nvidia/cu13/nvvm/bin/*
-        echo "$version" >"$cuda.tmp/version"
+        echo "$stamp" >"$cuda.tmp/version"
         rm -rf "$cuda" && mv "$cuda.tmp" "$cuda"
     fi
     if ! dpkg-query -W -f='${Status}' gcc-offload-nvptx 2>/dev/null | grep -q 'install ok installed'; then
@@ -72,6 +76,19 @@ for mode in none speed size; do
     build "vector_add.compress-$mode" tests/cuda/vector_add.cu \
         "${nvcc[@]}" -compress-mode="$mode" -o "$corpus/vector_add.compress-$mode" tests/cuda/vector_add.cu
 done
+if [[ -z $own_nvcc ]]; then
+    # The wheel has the runtime's soname only; the linker looks for libcudart.so.
+    ln -sf libcudart.so.13 "$cuda/nvidia/cu13/lib/libcudart.so"
+    build libcudart.so.13 "$cuda/nvidia/cu13/lib/libcudart.so.13" \
+        cp "$cuda/nvidia/cu13/lib/libcudart.so.13" "$corpus/"
+    build vector_add.cudart-shared tests/cuda/vector_add.cu "${nvcc[@]}" -cudart shared \
+        -Xlinker -rpath -Xlinker "\$ORIGIN" -o "$corpus/vector_add.cudart-shared" tests/cuda/vector_add.cu
+    build vector_add.cudart12 tests/cuda/vector_add.cu bash -c '
+        set -e; o=$(mktemp --suffix=.o); trap "rm -f $o" EXIT
+        "${@:3}" -c -o "$o" tests/cuda/vector_add.cu
+        g++ -o "$1" "$o" "$2" -ldl -lpthread -lrt' _ "$corpus/vector_add.cudart12" \
+        "$cuda/nvidia/cuda_runtime/lib/libcudart_static.a" "${nvcc[@]}"
+fi
 for src in tests/cuda/omp/*.c; do
     [[ -z $own_nvcc ]] || break
     name=omp_$(basename "$src" .c)

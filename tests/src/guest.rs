@@ -1271,10 +1271,10 @@ pub const CUDA_DIR: &str = "/tmp/work/cuda";
 
 /// What a guest needs to run CUDA clients on the vGPU, on a disk made in `dir`: our
 /// `libcuda.so.1` (`lib`), this host's libgomp and its nvptx plugin (what the corpus's GCC
-/// OpenMP programs were linked with) and `programs` of the CUDA corpus in `corpus`. Returns the
-/// QEMU arguments that attach the disk and the job prologue that mounts it at [`CUDA_DIR`] and
-/// points the loader there (with `OMP_TARGET_OFFLOAD=MANDATORY`: a failed offload is an error,
-/// not a silent fall-back to the guest's CPU).
+/// OpenMP programs were linked with) and the files `programs` of the CUDA corpus in `corpus`.
+/// Returns the QEMU arguments that attach the disk and the job prologue that mounts it at
+/// [`CUDA_DIR`] and points the loader there (with `OMP_TARGET_OFFLOAD=MANDATORY`: a failed
+/// offload is an error, not a silent fall-back to the guest's CPU).
 pub fn cuda_payload(
     dir: &Path,
     lib: &Path,

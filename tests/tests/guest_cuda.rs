@@ -16,7 +16,7 @@
 
 use std::time::Duration;
 
-use mdev_backend::compute::corpus::{NVCC_PROGRAMS, NVCC_REFUSED, corpus_for_tests};
+use mdev_backend::compute::corpus::{NVCC_PROGRAMS, NVCC_REFUSED, SHARED_CUDART, corpus_for_tests};
 use vgpu_tests::TempDir;
 use vgpu_tests::daemon::workspace_binary;
 use vgpu_tests::guest::{self, GuestConfig, RunningGuest, boot_lock, skip_without_guest};
@@ -95,7 +95,8 @@ fn stock_cuda_clients_run_through_the_vgpu_in_a_tcg_guest() {
     programs.extend(NVCC_PROGRAMS.iter().map(|(p, _)| *p));
     programs.push(NVCC_REFUSED.0);
     let dir = TempDir::new("guest-cuda").expect("temp dir");
-    let (qemu, prologue) = guest::cuda_payload(dir.path(), &lib, &corpus, &programs);
+    let files: Vec<&str> = programs.iter().copied().chain([SHARED_CUDART]).collect();
+    let (qemu, prologue) = guest::cuda_payload(dir.path(), &lib, &corpus, &files);
     let mut config = GuestConfig::new(image, prologue + &job(&programs)).timeout(TIMEOUT);
     config.extra_qemu_args = qemu;
     config.server_args = vec!["--log-level".into(), "info".into()];

@@ -38,11 +38,18 @@ pub fn corpus_for_tests(program: &str) -> Option<PathBuf> {
     None
 }
 
-/// The nvcc-built programs of the corpus (static cudart) that run unmodified on the guest
-/// driver library (`guest-drivers/libcuda`), with the kernels each launches. Each ends its
-/// output with a line starting `PASS`.
-pub const NVCC_PROGRAMS: [(&str, u64); 10] = [
+/// The nvcc-built programs of the corpus that run unmodified on the guest driver library
+/// (`guest-drivers/libcuda`), with the kernels each launches. Each ends its output with a line
+/// starting `PASS`. All but two link cudart 13 statically (nvcc's default); the
+/// `.cudart-shared` one loads [`SHARED_CUDART`] next to it, the `.cudart12` one links the
+/// static cudart 12.9.
+pub const NVCC_PROGRAMS: [(&str, u64); 15] = [
     ("vector_add", 1),
+    ("vector_add.compress-none", 1),
+    ("vector_add.compress-speed", 1),
+    ("vector_add.compress-size", 1),
+    ("vector_add.cudart-shared", 1),
+    ("vector_add.cudart12", 1),
     ("hello", 1),
     ("device_query", 1),
     ("matmul", 1),
@@ -54,6 +61,9 @@ pub const NVCC_PROGRAMS: [(&str, u64); 10] = [
     // Its kernel faults; the program checks that the error is the illegal address.
     ("fault", 1),
 ];
+
+/// The shared CUDA runtime in the corpus (from NVIDIA's wheel, never committed).
+pub const SHARED_CUDART: &str = "libcudart.so.13";
 
 /// The corpus program the guest library does not run, and the line it must end with: `spin`
 /// waits on mapped pinned host memory (`cudaHostAlloc(..., cudaHostAllocMapped)`), which a
