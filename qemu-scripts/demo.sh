@@ -4,9 +4,9 @@
 # (qtest, no guest OS) enumerate the vGPU and fetch its display info, boots a stock Debian guest
 # that renders OpenGL (kmscube) through the vGPU and writes what its screen shows to a PNG, then
 # shares the vGPU between two guests under the vgpu-schedd daemon, switching its policy live
-# from none to TimeGraph (qemu-scripts/demo-sched.sh), runs a stock CUDA client (a GCC
-# OpenMP-offloading program) in a guest on the vGPU's compute capset (PTX executor on the host's
-# CPUs), then the doorbell benchmark and the simulator's scheduling experiments. With --gl the scheduled game is glmark2 on virgl instead
+# from none to TimeGraph (qemu-scripts/demo-sched.sh), runs stock CUDA clients (unmodified
+# nvcc-built programs and a GCC OpenMP-offloading one) in a guest on the vGPU's compute capset
+# (PTX executor on the host's CPUs) while a second guest renders GL, then the doorbell benchmark and the simulator's scheduling experiments. With --gl the scheduled game is glmark2 on virgl instead
 # of the simulated frame workload (demo-sched.sh --gl).
 set -euo pipefail
 sched_args=()
@@ -61,13 +61,29 @@ echo "the guest's screen, as the vGPU scanned it out: $out/scanout0.png"
 step "two guests share the vGPU under vgpu-schedd: policy none, then TimeGraph live (about 2 minutes)"
 qemu-scripts/demo-sched.sh "${sched_args[@]}"
 
-step "a stock CUDA client in a guest: GCC OpenMP offload on our libcuda.so.1 through the vGPU (TCG)"
+step "stock CUDA clients in one guest (nvcc-built, OpenMP offload), a GL guest beside it (TCG, about a minute)"
+# The GL guest: kmscube for 30 s on its own vGPU, while the CUDA guest runs; its last frame is
+# written at disconnect.
+target/release/vgpu-run-vm --timeout 300 --server-arg --dump-dir --server-arg "$out/beside-cuda" --job '
+(kmscube < <(sleep 600) > /dev/null 2>&1 &)
+sleep 30
+echo "GL guest: kmscube drew for 30 s beside the CUDA guest"' >"$out/gl-beside-cuda.log" 2>&1 &
+gl_guest=$!
 target/release/vgpu-run-vm --timeout 300 --cuda --job '
 cd /tmp/work/cuda
-echo "$ ./omp_features   (OMP_TARGET_OFFLOAD=MANDATORY: the target regions must run on the vGPU)"
+echo "$ ./vector_add   (built by nvcc 13.5 with its default static cudart, unmodified)"
+./vector_add
+echo "$ ./hello   (device printf)"
+./hello
+echo "$ ./device_query && ./matmul && ./streams_events"
+./device_query && ./matmul && ./streams_events
+echo "$ ./omp_features   (GCC OpenMP offload; OMP_TARGET_OFFLOAD=MANDATORY: it must run on the vGPU)"
 ./omp_features
 echo "$ ./driver_bench 500 4   (the driver API from C: launch to completion, copies)"
 ./driver_bench 500 4'
+wait "$gl_guest" || { cat "$out/gl-beside-cuda.log"; exit 1; }
+tail -n 3 "$out/gl-beside-cuda.log"
+echo "the GL guest's last frame: $out/beside-cuda/scanout0.png"
 
 step "doorbell benchmark (quick)"
 cargo bench --locked -p vgpu-tests --bench doorbell -- --quick 2>/dev/null | grep -v '^\[' 
