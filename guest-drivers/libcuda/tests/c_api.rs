@@ -56,6 +56,23 @@ unsafe extern "C" {
         extra: *mut *mut c_void,
     ) -> c_uint;
     fn cuGetErrorName(status: c_uint, out: *mut *const c_char) -> c_uint;
+    fn cuModuleGetLoadingMode(mode: *mut c_int) -> c_uint;
+    #[allow(clippy::too_many_arguments)]
+    fn cuLibraryLoadData(
+        library: *mut Handle,
+        code: *const c_void,
+        jit_options: *mut c_int,
+        jit_values: *mut *mut c_void,
+        jit_count: c_uint,
+        library_options: *mut c_int,
+        library_values: *mut *mut c_void,
+        library_count: c_uint,
+    ) -> c_uint;
+    fn cuLibraryGetKernel(kernel: *mut Handle, library: Handle, name: *const c_char) -> c_uint;
+    fn cuLibraryGetModule(module: *mut Handle, library: Handle) -> c_uint;
+    fn cuLibraryUnload(library: Handle) -> c_uint;
+    fn cuKernelGetFunction(f: *mut Handle, kernel: Handle) -> c_uint;
+    fn cuGetExportTable(table: *mut *const c_void, id: *const [u8; 16]) -> c_uint;
     fn cuMemcpy2D() -> c_uint;
 }
 
@@ -181,6 +198,83 @@ fn the_c_entry_points_work_and_refuse_bad_arguments() {
             1,
             "past the end"
         );
+
+        // Libraries, as cudart 12 and 13 load their fat binaries: a kernel handle launches.
+        let mut mode = 0;
+        assert_eq!(cuModuleGetLoadingMode(&mut mode), 0);
+        assert_eq!(mode, 1, "eager");
+        let load = |lib: *mut Handle, image: *const c_void| {
+            cuLibraryLoadData(
+                lib,
+                image,
+                null_mut(),
+                null_mut(),
+                0,
+                null_mut(),
+                null_mut(),
+                0,
+            )
+        };
+        let mut lib: Handle = null_mut();
+        assert_eq!(load(&mut lib, c"not ptx".as_ptr().cast()), 200);
+        assert_eq!(load(null_mut(), PUT.as_ptr().cast()), 1, "NULL out-pointer");
+        assert_eq!(load(&mut lib, PUT.as_ptr().cast()), 0);
+        let mut kernel: Handle = null_mut();
+        assert_eq!(cuLibraryGetKernel(&mut kernel, lib, c"nope".as_ptr()), 500);
+        assert_eq!(
+            cuLibraryGetKernel(&mut kernel, m, c"put".as_ptr()),
+            400,
+            "a module"
+        );
+        assert_eq!(cuLibraryGetKernel(&mut kernel, lib, c"put".as_ptr()), 0);
+        let (mut kf, mut lm): (Handle, Handle) = (null_mut(), null_mut());
+        assert_eq!(cuKernelGetFunction(&mut kf, kernel), 0);
+        assert_eq!(cuKernelGetFunction(&mut kf, lib), 400, "a library");
+        assert_eq!(cuLibraryGetModule(&mut lm, lib), 0);
+        assert!(!kf.is_null() && !lm.is_null() && kf != kernel);
+        value = 9;
+        let by_kernel = cuLaunchKernel(
+            kernel,
+            1,
+            1,
+            1,
+            1,
+            1,
+            1,
+            0,
+            stream,
+            params.as_mut_ptr(),
+            null_mut(),
+        );
+        assert_eq!(by_kernel, 0);
+        assert_eq!(cuMemcpyDtoH(out.as_mut_ptr().cast(), a + 4, 4), 0);
+        assert_eq!(u32::from_le_bytes(out[..4].try_into().unwrap()), 9);
+        assert_eq!(cuLibraryUnload(lib), 0);
+        assert_eq!(cuLibraryUnload(lib), 400, "twice");
+        assert_eq!(
+            cuKernelGetFunction(&mut kf, kernel),
+            400,
+            "gone with its library"
+        );
+
+        // cudart's integrity check: slot 1 of its table writes 16 bytes; fixed for versions
+        // ending in 0, keyed (and so different) otherwise.
+        const INTEGRITY: [u8; 16] = [
+            0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66,
+            0xe1, 0xf2,
+        ];
+        let mut table: *const c_void = null();
+        assert_eq!(cuGetExportTable(&mut table, &INTEGRITY), 0);
+        let slots = table.cast::<usize>();
+        assert_eq!(*slots, 3 * 8, "the table's size");
+        type Check = unsafe extern "C" fn(c_uint, u64, *mut [u8; 16]) -> c_uint;
+        let check: Check = std::mem::transmute::<usize, Check>(*slots.add(1));
+        let (mut fixed, mut keyed) = ([0u8; 16], [0u8; 16]);
+        assert_eq!(check(13050, 1_790_000_000, &mut fixed), 0);
+        assert_eq!(&fixed[..8], &0x3341_181c_03cb_675cu64.to_le_bytes());
+        assert_eq!(check(13052, 1_790_000_000, &mut keyed), 0);
+        assert_ne!(keyed, fixed);
+        assert_eq!(check(13052, 1_790_000_000, null_mut()), 1, "NULL result");
 
         // A fault breaks the context: reported at the next synchronisation, sticky after.
         let mut wild = a + (1 << 30);
