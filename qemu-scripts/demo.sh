@@ -6,17 +6,31 @@
 # shares the vGPU between two guests under the vgpu-schedd daemon, switching its policy live
 # from none to TimeGraph (qemu-scripts/demo-sched.sh), runs stock CUDA clients (unmodified
 # nvcc-built programs and a GCC OpenMP-offloading one) in a guest on the vGPU's compute capset
-# (PTX executor on the host's CPUs) while a second guest renders GL, then the doorbell benchmark and the simulator's scheduling experiments. With --gl the scheduled game is glmark2 on virgl instead
-# of the simulated frame workload (demo-sched.sh --gl).
+# (PTX executor on the host's CPUs) while a second guest renders GL, then the doorbell benchmark
+# and the simulator's scheduling experiments, and points to docs/EXPERIMENTS.md.
+# --gl: the scheduled game is glmark2 on virgl instead of the simulated frame workload
+# (demo-sched.sh --gl). --experiment NAME: also runs that paper experiment on real guests
+# (vgpu-bench run scheduler/scenarios/NAME.toml --on vms --quick), beside the simulator.
 set -euo pipefail
+usage="usage: $0 [--gl] [--experiment timegraph|pegasus|pegasus-deep|vgris]"
 sched_args=()
-case ${1:-} in
-    --gl) sched_args=(--gl) ;;
-    "") ;;
-    *) echo "usage: $0 [--gl]" >&2; exit 2 ;;
-esac
+experiment=
+while (($#)); do
+    case $1 in
+        --gl) sched_args=(--gl) ;;
+        --experiment) experiment=${2:?$usage}; shift ;;
+        --experiment=*) experiment=${1#--experiment=} ;;
+        *) echo "$usage" >&2; exit 2 ;;
+    esac
+    shift
+done
 STEPS=10
+[[ -z $experiment ]] || STEPS=11
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+if [[ -n $experiment && ! -f scheduler/scenarios/$experiment.toml ]]; then
+    echo "no scheduler/scenarios/$experiment.toml; $usage" >&2
+    exit 2
+fi
 
 step "build (release)"
 cargo build --release --locked -p vgpu-server -p vgpu-tests -p vgpu-sim -p vgpu-schedd --bins
@@ -91,3 +105,11 @@ cargo bench --locked -p vgpu-tests --bench doorbell -- --quick 2>/dev/null | gre
 step "scheduling policies in the simulator (the papers' experiments)"
 target/release/vgpu-sim --all scheduler/scenarios --out "$out/sim"
 echo "tables, JSON, CSV and SVG plots of every experiment: $out/sim/ (docs/SCHEDULING.md explains them)"
+
+if [[ -n $experiment ]]; then
+    step "the $experiment experiment on real guests, beside the simulator (quick: a few minutes)"
+    target/release/vgpu-bench run "scheduler/scenarios/$experiment.toml" --on vms --quick --out "$out/bench"
+fi
+echo
+echo "The papers' experiments in the simulator and on real guests, side by side: docs/EXPERIMENTS.md"
+echo "(run one on guests: qemu-scripts/demo.sh --experiment timegraph, or target/release/vgpu-bench)"

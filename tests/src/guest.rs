@@ -1054,6 +1054,15 @@ impl RunningGuest {
             .map_err(io_context("waiting for QEMU"))
     }
 
+    /// Whether QEMU has exited (without waiting), and the serial output so far if it has.
+    pub fn exited(&mut self) -> Result<Option<String>> {
+        if self.qemu_exited()?.is_none() {
+            return Ok(None);
+        }
+        self.pump(&mut |_| {})?;
+        Ok(Some(self.serial_lines.join("\n")))
+    }
+
     /// Ends the run with an error once the time limit has passed or the stop flag is raised.
     fn check_deadline(&mut self) -> Result<()> {
         let stopped = self

@@ -8,6 +8,7 @@
 
 pub mod compute;
 pub mod daemon;
+pub mod experiment;
 pub mod guest;
 pub mod raw_guest;
 pub mod server;

@@ -14,7 +14,9 @@ mod scenario;
 mod world;
 
 pub use report::{DecisionCounts, RunReport, Series, VmReport, VmSeries};
-pub use scenario::{CpuSpec, ParamsOverride, RunSpec, Scenario, Shape, VmSpec, Wait, Workload};
+pub use scenario::{
+    CpuSpec, ParamsOverride, RunSpec, Scenario, Shape, VmSpec, VmsSpec, Wait, Workload,
+};
 
 use crate::core::SchedError;
 use crate::model::Time;

@@ -71,10 +71,53 @@ pub struct Scenario {
     /// Slack added to `1000 / target_fps` for the frame bound.
     #[serde(default = "default_tolerance_ms")]
     pub frame_tolerance_ms: f64,
+    /// How the scenario runs on real guests (`vgpu-bench --on vms`); the simulator ignores it.
+    #[serde(default)]
+    pub vms: VmsSpec,
     /// The VMs, shared by all runs.
     pub vm: Vec<VmSpec>,
     /// The runs, one per policy variant.
     pub run: Vec<RunSpec>,
+}
+
+fn default_window_s() -> u64 {
+    20
+}
+fn default_quick_window_s() -> u64 {
+    8
+}
+fn default_boot_timeout_s() -> u64 {
+    240
+}
+
+/// How a scenario runs on real guests: how long each run is measured once every VM's workload
+/// is running, and which runs `--quick` keeps.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmsSpec {
+    /// Seconds each run is measured for.
+    #[serde(default = "default_window_s")]
+    pub window_s: u64,
+    /// Seconds each run is measured for with `--quick`.
+    #[serde(default = "default_quick_window_s")]
+    pub quick_window_s: u64,
+    /// The runs `--quick` keeps (labels); empty: all.
+    #[serde(default)]
+    pub quick_runs: Vec<String>,
+    /// Longest wait for every VM of a run to boot and start its workload.
+    #[serde(default = "default_boot_timeout_s")]
+    pub boot_timeout_s: u64,
+}
+
+impl Default for VmsSpec {
+    fn default() -> Self {
+        VmsSpec {
+            window_s: default_window_s(),
+            quick_window_s: default_quick_window_s(),
+            quick_runs: Vec::new(),
+            boot_timeout_s: default_boot_timeout_s(),
+        }
+    }
 }
 
 /// One VM (one vGPU) of a scenario.
@@ -209,6 +252,9 @@ pub enum Wait {
 pub struct RunSpec {
     /// The run's label in tables and plots.
     pub label: String,
+    /// What the paper reports for this run (its figure and values), for side-by-side tables.
+    #[serde(default)]
+    pub paper: Option<String>,
     /// The policy (`policy = "none"` plus the family's fields).
     pub policy: PolicyConfig,
     /// The VMs in this run (names of `[[vm]]` entries); default all.

@@ -26,6 +26,7 @@ fn vm(name: &str, shape: Shape) -> VmSpec {
 fn fcfs(label: &str) -> RunSpec {
     RunSpec {
         label: label.into(),
+        paper: None,
         policy: PolicyConfig::None,
         vms: None,
         params: BTreeMap::new(),
@@ -55,6 +56,7 @@ fn scenario(duration_ms: u64, vms: Vec<VmSpec>) -> Scenario {
         sample_ms: 100,
         frame_bound_ms: None,
         frame_tolerance_ms: 2.0,
+        vms: Default::default(),
         vm: vms,
         run: vec![fcfs("none")],
     }

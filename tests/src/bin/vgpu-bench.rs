@@ -1,0 +1,282 @@
+//! `vgpu-bench`: runs a scheduling experiment (a scenario of `scheduler/scenarios/`) in the
+//! simulator or on real guests, and puts the two side by side. See `docs/EXPERIMENTS.md`.
+
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant};
+
+use vgpu_scheduler::sim::{self, RunSpec, Scenario};
+use vgpu_tests::daemon::workspace_binary;
+use vgpu_tests::experiment::{self, RunResult, VmRunConfig};
+use vgpu_tests::guest::GuestImage;
+
+const USAGE: &str =
+    "usage: vgpu-bench run SCENARIO.toml [--on sim|vms] [--quick] [--runs LABEL,...] [--out DIR]
+
+  --on sim    the simulator (vgpu-sim): every run, JSON/CSV/markdown/SVG in DIR (default)
+  --on vms    real guests: per run a vgpu-schedd with the run's policy, one vgpu-server and one
+              TCG QEMU per VM (each in its own CPU cgroup with the scenario's CPU weight)
+              running the VM's workload with vgpu-load; then the simulator's figures for the
+              same runs beside the guests' (DIR/NAME.vms.json, NAME.compare.md, .svg)
+  --quick     the scenario's [vms] quick_runs with its quick_window_s
+  --runs L,.. only these runs (labels)
+  --out DIR   output directory (default target/bench)
+exit codes: 0 done, 1 a run failed, 2 usage or scenario error";
+
+/// Largest scenario file read.
+const MAX_SCENARIO_BYTES: u64 = 1 << 20;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum On {
+    Sim,
+    Vms,
+}
+
+struct Args {
+    scenario: PathBuf,
+    on: On,
+    quick: bool,
+    runs: Option<Vec<String>>,
+    out: PathBuf,
+}
+
+fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
+    if it.next().as_deref() != Some("run") {
+        return Err(USAGE.into());
+    }
+    let mut args = Args {
+        scenario: PathBuf::new(),
+        on: On::Sim,
+        quick: false,
+        runs: None,
+        out: PathBuf::from("target/bench"),
+    };
+    let mut scenario = None;
+    while let Some(a) = it.next() {
+        let (key, inline) = match a.split_once('=') {
+            Some((k, v)) if k.starts_with("--") => (k.to_owned(), Some(v.to_owned())),
+            _ => (a.clone(), None),
+        };
+        let mut value = |what: &str| {
+            inline
+                .clone()
+                .or_else(|| it.next())
+                .ok_or(format!("{key} needs {what}"))
+        };
+        match key.as_str() {
+            "--on" => {
+                args.on = match value("sim or vms")?.as_str() {
+                    "sim" => On::Sim,
+                    "vms" => On::Vms,
+                    o => return Err(format!("--on {o}: sim or vms")),
+                }
+            }
+            "--quick" => args.quick = true,
+            "--runs" => args.runs = Some(value("labels")?.split(',').map(str::to_owned).collect()),
+            "--out" => args.out = value("a directory")?.into(),
+            "-h" | "--help" => return Err(USAGE.into()),
+            s if s.starts_with('-') => return Err(format!("unknown option {s}\n{USAGE}")),
+            _ if scenario.is_none() => scenario = Some(PathBuf::from(a)),
+            _ => return Err(format!("unexpected argument {a}\n{USAGE}")),
+        }
+    }
+    args.scenario = scenario.ok_or(USAGE)?;
+    Ok(args)
+}
+
+/// The scenario, and each run's policy table as TOML (what the daemon's `--policy` reads).
+fn load(path: &PathBuf) -> Result<(Scenario, Vec<String>), String> {
+    let at = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let meta = std::fs::metadata(path).map_err(|e| at(&e))?;
+    if meta.len() > MAX_SCENARIO_BYTES {
+        return Err(at(&"larger than 1 MiB"));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| at(&e))?;
+    let sc: Scenario = toml::from_str(&text).map_err(|e| at(&e))?;
+    let raw: toml::Table = toml::from_str(&text).map_err(|e| at(&e))?;
+    let policies = raw
+        .get("run")
+        .and_then(|r| r.as_array())
+        .map(|runs| {
+            runs.iter()
+                .map(|r| toml::to_string(&r["policy"]).map_err(|e| at(&e)))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .transpose()?
+        .unwrap_or_default();
+    Ok((sc, policies))
+}
+
+/// The selected runs (with their policy texts).
+fn selected<'a>(
+    sc: &'a Scenario,
+    policies: &'a [String],
+    args: &Args,
+) -> Result<Vec<(&'a RunSpec, &'a str)>, String> {
+    let wanted: Option<Vec<String>> = args.runs.clone().or_else(|| {
+        (args.quick && !sc.vms.quick_runs.is_empty()).then(|| sc.vms.quick_runs.clone())
+    });
+    if let Some(w) = &wanted
+        && let Some(unknown) = w.iter().find(|l| !sc.run.iter().any(|r| &r.label == *l))
+    {
+        return Err(format!("{}: no run labelled {unknown}", sc.name));
+    }
+    let runs: Vec<_> = sc
+        .run
+        .iter()
+        .zip(policies.iter().map(String::as_str))
+        .filter(|(r, _)| wanted.as_ref().is_none_or(|w| w.contains(&r.label)))
+        .collect();
+    if runs.is_empty() {
+        return Err(format!("{}: no runs selected", sc.name));
+    }
+    Ok(runs)
+}
+
+fn minutes(d: Duration) -> String {
+    let s = d.as_secs();
+    format!("{}m{:02}s", s / 60, s % 60)
+}
+
+fn on_vms(sc: &Scenario, runs: &[(&RunSpec, &str)], args: &Args) -> Result<bool, String> {
+    let image = GuestImage::locate().map_err(|e| format!("guest image: {e}"))?;
+    let window_s = if args.quick {
+        sc.vms.quick_window_s
+    } else {
+        sc.vms.window_s
+    };
+    let config = VmRunConfig {
+        image,
+        window: Duration::from_secs(window_s),
+        boot_timeout: Duration::from_secs(sc.vms.boot_timeout_s),
+    };
+    let started = Instant::now();
+    let mut results: Vec<RunResult> = Vec::new();
+    let mut failed = false;
+    for (i, (run, policy)) in runs.iter().enumerate() {
+        let left = if i == 0 {
+            String::new()
+        } else {
+            let per_run = started.elapsed() / i as u32;
+            format!(
+                ", about {} left",
+                minutes(per_run * (runs.len() - i) as u32)
+            )
+        };
+        let tag = format!(
+            "[vgpu-bench] {} run {}/{} {}",
+            sc.name,
+            i + 1,
+            runs.len(),
+            run.label
+        );
+        eprintln!(
+            "{tag}: starting (elapsed {}{left})",
+            minutes(started.elapsed())
+        );
+        match experiment::run_on_vms(sc, run, policy, &config, |what| eprintln!("{tag}: {what}")) {
+            Ok(r) => {
+                let line: Vec<String> = r
+                    .vms
+                    .iter()
+                    .map(|v| {
+                        format!(
+                            "{} {:.0}% {:.1}/s p50 {} us",
+                            v.name,
+                            v.gpu_share * 100.0,
+                            v.work_per_sec,
+                            v.latency_p50_us
+                        )
+                    })
+                    .collect();
+                eprintln!("{tag}: done (boot {:.0} s): {}", r.boot_s, line.join(", "));
+                results.push(r);
+            }
+            Err(e) => {
+                eprintln!("{tag}: FAILED: {e}");
+                failed = true;
+            }
+        }
+    }
+    let sim_reports = sim::run(sc).map_err(|e| format!("{}: simulator: {e}", sc.name))?;
+    let compare = experiment::side_by_side(sc, &sim_reports, &results);
+    println!("{compare}");
+    let json = serde_json::to_string_pretty(&serde_json::json!({
+        "scenario": sc.name,
+        "description": sc.description,
+        "quick": args.quick,
+        "window_s": window_s,
+        "wall_s": started.elapsed().as_secs_f64(),
+        "runs": results,
+    }))
+    .map_err(|e| e.to_string())?;
+    let out = &args.out;
+    let w = |name: String, text: &str| {
+        experiment::write(out, &name, text).map_err(|e| format!("{}: {e}", out.display()))
+    };
+    w(format!("{}.vms.json", sc.name), &json)?;
+    w(format!("{}.compare.md", sc.name), &compare)?;
+    let plot = out.join(format!("{}.compare.svg", sc.name));
+    experiment::svg(&plot, &sim_reports, &results)
+        .map_err(|e| format!("{}: {e}", plot.display()))?;
+    eprintln!(
+        "[vgpu-bench] {}: {} runs in {}; {}/{}.vms.json, .compare.md and .compare.svg",
+        sc.name,
+        results.len(),
+        minutes(started.elapsed()),
+        out.display(),
+        sc.name
+    );
+    Ok(!failed)
+}
+
+fn main() -> ExitCode {
+    let args = match parse(std::env::args().skip(1)) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("vgpu-bench: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let (sc, policies) = match load(&args.scenario) {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("vgpu-bench: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runs = match selected(&sc, &policies, &args) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("vgpu-bench: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = match args.on {
+        On::Sim => {
+            let sim = match workspace_binary("vgpu-sim") {
+                Ok(b) => b,
+                Err(e) => {
+                    eprintln!("vgpu-bench: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            Command::new(sim)
+                .arg(&args.scenario)
+                .arg("--out")
+                .arg(&args.out)
+                .status()
+                .map(|s| s.success())
+                .map_err(|e| format!("vgpu-sim: {e}"))
+        }
+        On::Vms => on_vms(&sc, &runs, &args),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("vgpu-bench: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

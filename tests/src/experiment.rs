@@ -1,0 +1,499 @@
+//! The papers' experiments on real guests: a simulator scenario (`scheduler/scenarios/*.toml`)
+//! run with a real `vgpu-schedd`, one `vgpu-server` and one TCG QEMU per VM, each QEMU in a CPU
+//! cgroup of its own with the scenario's CPU weight, and the workloads run in the guests by
+//! `vgpu-load` (its groups run on the daemon's simulated engine, as in the demo). `vgpu-bench`
+//! is the command; this module maps a scenario onto guests ([`guest_command`]), runs it
+//! ([`run_on_vms`]) and compares the result with the simulator's ([`side_by_side`]).
+//!
+//! Per run: the daemon starts with the run's policy, every VM's parameters are set with
+//! `vgpuctl set` before it boots, the guests boot side by side; once every VM has completed
+//! work the daemon's counters are read, again after the measuring window, and the guests and
+//! the daemon are stopped. GPU shares, frame and group rates come from the counters' growth
+//! over the window; latencies are the daemon's (submit to finish, since the VM connected).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::Value;
+use vgpu_scheduler::model::{Enforcement, PrioPolicy, VgpuParams};
+use vgpu_scheduler::sim::{RunReport, RunSpec, Scenario, Shape, VmSpec};
+
+use crate::daemon::Schedd;
+use crate::guest::{GuestImage, RunningGuest};
+
+/// Why a scenario cannot run on guests, or a run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExperimentError {
+    /// A workload with no guest program.
+    #[error("VM {vm}: {why}")]
+    Unmapped { vm: String, why: String },
+    /// A run's VMs did not all start their workloads in time.
+    #[error("run {run}: {why}")]
+    Boot { run: String, why: String },
+    /// The daemon or a guest failed.
+    #[error("run {run}: {why}")]
+    Harness { run: String, why: String },
+    /// No run matches the selection.
+    #[error("no run of {scenario} is selected ({why})")]
+    NoRuns { scenario: String, why: String },
+}
+
+/// Seconds added to a guest workload's duration beyond the window: the longest boot skew
+/// between the VMs of a run and the warm-up; the guests are stopped once the window is over.
+const WORKLOAD_SLACK_S: u64 = 300;
+/// Work every VM must have completed before the window opens (its workload is running).
+const WARM_GROUPS: u64 = 4;
+/// Poll interval of the daemon's counters while the VMs boot.
+const POLL: Duration = Duration::from_millis(250);
+/// Most VMs of one run on guests: TCG guests on a small host (the scenario's `instances` can
+/// ask for more; `--on qtest` is the way to scale).
+pub const MAX_GUESTS: usize = 8;
+
+/// One VM of a run: its name, its scenario entry and its parameters in force.
+#[derive(Debug, Clone)]
+pub struct RunVm<'a> {
+    pub name: String,
+    pub spec: &'a VmSpec,
+    pub params: VgpuParams,
+    pub cpu_weight: u32,
+}
+
+/// The VMs of `run`: its subset of the scenario's VMs, instances expanded (`name-1` ..), with
+/// the run's overrides applied, as the simulator builds them.
+pub fn run_vms<'a>(sc: &'a Scenario, run: &RunSpec) -> Vec<RunVm<'a>> {
+    let mut out = Vec::new();
+    for spec in &sc.vm {
+        if run.vms.as_ref().is_some_and(|v| !v.contains(&spec.name)) {
+            continue;
+        }
+        let n = run
+            .instances
+            .get(&spec.name)
+            .copied()
+            .unwrap_or(spec.instances);
+        let weight = run
+            .cpu_weight
+            .get(&spec.name)
+            .copied()
+            .unwrap_or(spec.cpu.weight);
+        for i in 1..=n {
+            let name = if n > 1 {
+                format!("{}-{i}", spec.name)
+            } else {
+                spec.name.clone()
+            };
+            let mut params = spec.params.clone();
+            if let Some(o) = run.params.get(&spec.name) {
+                o.apply(&mut params);
+            }
+            params.name.clone_from(&name);
+            out.push(RunVm {
+                name,
+                spec,
+                params,
+                cpu_weight: weight,
+            });
+        }
+    }
+    out
+}
+
+/// The guest's shell command for a VM's workload: `vgpu-load` in the mode of its shape, for
+/// `duration_s` seconds, printing its JSON summary line prefixed with `SUMMARY `. Cost jitter
+/// is not reproduced (vgpu-load's costs are exact); `start_ms` becomes a sleep before it.
+pub fn guest_command(vm: &RunVm, duration_s: u64) -> Result<String, ExperimentError> {
+    let unmapped = |why: &str| ExperimentError::Unmapped {
+        vm: vm.name.clone(),
+        why: why.to_owned(),
+    };
+    let w = &vm.spec.workload;
+    let mode = match &w.shape {
+        Shape::Bomb { cost_us, depth } => format!("bomb --cost-us {cost_us} --depth {depth}"),
+        Shape::Periodic { cost_us, period_us } => {
+            format!("periodic --cost-us {cost_us} --period-us {period_us}")
+        }
+        Shape::Frames {
+            cpu_us,
+            groups,
+            cost_us,
+            ..
+        } => {
+            let mut m = format!("frames --groups {groups} --cost-us {cost_us} --cpu-us {cpu_us}");
+            if let Some(fps) = vm.params.target_fps {
+                m.push_str(&format!(" --fps-target {}", fps.round().max(1.0)));
+            }
+            m
+        }
+        Shape::Throttle {
+            kernel_us,
+            sleep_us,
+        } => format!("throttle --kernel-us {kernel_us} --sleep-us {sleep_us}"),
+        Shape::Coupled { .. } => {
+            return Err(unmapped(
+                "coupled (CPU then blocking GPU call) workloads have no guest program yet",
+            ));
+        }
+    };
+    let mut duration = duration_s;
+    if let Some(stop) = w.stop_ms {
+        duration = duration.min(stop.saturating_sub(w.start_ms).div_ceil(1000).max(1));
+    }
+    let start = if w.start_ms > 0 {
+        format!("sleep {}.{:03}\n", w.start_ms / 1000, w.start_ms % 1000)
+    } else {
+        String::new()
+    };
+    Ok(format!(
+        "{start}vgpu-load {mode} --duration-s {duration} --json | grep '\"summary\"' | sed 's/^/SUMMARY /'"
+    ))
+}
+
+/// `vgpuctl set` arguments for the parameters a VM has beyond the defaults. A Shared reserve
+/// comes from the policy's spec lines instead (`set` has no key for it).
+pub fn set_arguments(p: &VgpuParams) -> Vec<String> {
+    let d = VgpuParams::named(&p.name);
+    let mut kv = Vec::new();
+    if p.priority != d.priority {
+        kv.push(format!("priority={}", p.priority));
+    }
+    if p.weight != d.weight {
+        kv.push(format!("weight={}", p.weight));
+    }
+    if let Some(s) = p.sched {
+        kv.push(format!(
+            "sched={}",
+            if s == PrioPolicy::Ht { "ht" } else { "prt" }
+        ));
+    }
+    if let Some(fps) = p.target_fps {
+        kv.push(format!("target_fps={fps}"));
+    }
+    if let Some(slo) = p.slo {
+        kv.push(format!("slo={}", slo / 1000));
+    }
+    if let Some(r) = p.reserve.as_ref().filter(|r| r.shared.is_none()) {
+        let e = if r.enforcement == Enforcement::Ae {
+            "ae"
+        } else {
+            "pe"
+        };
+        kv.push(format!("reserve={}/{}/{e}", r.c / 1000, r.t / 1000));
+    }
+    kv
+}
+
+/// One VM's result on guests.
+#[derive(Debug, Clone, Serialize)]
+pub struct VmResult {
+    pub name: String,
+    /// Of all the run's VMs' GPU time in the window.
+    pub gpu_share: f64,
+    /// Of the window.
+    pub gpu_util: f64,
+    /// Groups completed per second in the window.
+    pub groups_per_sec: f64,
+    /// Frames per second in the window.
+    pub fps: f64,
+    /// Frames per second for frame workloads, groups per second otherwise (the simulator's
+    /// `work_per_sec`).
+    pub work_per_sec: f64,
+    /// The daemon's submit-to-finish latency since the VM connected.
+    pub latency_p50_us: u64,
+    pub latency_p99_us: u64,
+    /// The policy's figures for the VM at the window's end.
+    pub figures: Value,
+}
+
+/// One run's result on guests.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunResult {
+    pub label: String,
+    pub policy: String,
+    /// Measured window, seconds.
+    pub window_s: f64,
+    /// Seconds from the daemon's start to the window's opening (the VMs' boots).
+    pub boot_s: f64,
+    pub vms: Vec<VmResult>,
+}
+
+fn num(v: &Value, key: &str) -> f64 {
+    v[key].as_f64().unwrap_or(0.0)
+}
+
+fn vm_entry<'v>(show: &'v Value, name: &str) -> Option<&'v Value> {
+    show["vms"]
+        .as_array()?
+        .iter()
+        .find(|v| v["name"].as_str() == Some(name))
+}
+
+/// How a run is to be measured on guests.
+#[derive(Debug, Clone)]
+pub struct VmRunConfig {
+    pub image: GuestImage,
+    pub window: Duration,
+    pub boot_timeout: Duration,
+}
+
+/// Runs one run of `sc` on guests and measures it.
+pub fn run_on_vms(
+    sc: &Scenario,
+    run: &RunSpec,
+    policy_toml: &str,
+    config: &VmRunConfig,
+    mut progress: impl FnMut(&str),
+) -> Result<RunResult, ExperimentError> {
+    let harness = |why: String| ExperimentError::Harness {
+        run: run.label.clone(),
+        why,
+    };
+    let vms = run_vms(sc, run);
+    if vms.len() > MAX_GUESTS {
+        return Err(harness(format!(
+            "{} VMs; at most {MAX_GUESTS} TCG guests per run (use --on qtest to scale)",
+            vms.len()
+        )));
+    }
+    let duration_s = config.window.as_secs() + WORKLOAD_SLACK_S;
+    let jobs = vms
+        .iter()
+        .map(|vm| guest_command(vm, duration_s))
+        .collect::<Result<Vec<_>, _>>()?;
+    let writeback = run.cpu_writeback.unwrap_or(sc.cpu_writeback);
+    let args: &[&str] = if writeback { &["--cpu-writeback"] } else { &[] };
+    let started = Instant::now();
+    let schedd = Schedd::start_with(Some(policy_toml), "warn", args)
+        .map_err(|e| harness(format!("vgpu-schedd: {e}")))?;
+    for vm in &vms {
+        let kv = set_arguments(&vm.params);
+        if kv.is_empty() {
+            continue;
+        }
+        let mut a = vec!["set", vm.name.as_str()];
+        a.extend(kv.iter().map(String::as_str));
+        schedd
+            .ctl(&a)
+            .map_err(|e| harness(format!("vgpuctl set {}: {e}", vm.name)))?;
+    }
+    let mut guests = Vec::new();
+    for (vm, job) in vms.iter().zip(&jobs) {
+        let guest_config = schedd
+            .guest_config(&config.image, &vm.name, job.as_str())
+            .timeout(config.boot_timeout + config.window + Duration::from_secs(60));
+        let guest = RunningGuest::launch(&guest_config)
+            .map_err(|e| harness(format!("booting {}: {e}", vm.name)))?;
+        if vm.cpu_weight != vgpu_scheduler::sim::CpuSpec::default().weight {
+            set_cpu_weight(&guest, vm.cpu_weight)
+                .map_err(|e| harness(format!("{}: {e}", vm.name)))?;
+        }
+        guests.push(guest);
+    }
+    progress(&format!("booting {} VMs", vms.len()));
+    // The window opens once every VM has completed some work.
+    let ready = |show: &Value| {
+        vms.iter().all(|vm| {
+            vm_entry(show, &vm.name).is_some_and(|v| v["completed"].as_u64() >= Some(WARM_GROUPS))
+        })
+    };
+    let first = loop {
+        let show = schedd
+            .ctl(&["show"])
+            .map_err(|e| harness(format!("vgpuctl show: {e}")))?;
+        if ready(&show) {
+            break show;
+        }
+        for (vm, g) in vms.iter().zip(guests.iter_mut()) {
+            let exited = g
+                .exited()
+                .map_err(|e| harness(format!("{}: {e}", vm.name)))?;
+            if let Some(serial) = exited {
+                return Err(ExperimentError::Boot {
+                    run: run.label.clone(),
+                    why: format!("{} ended before the window:\n{serial}", vm.name),
+                });
+            }
+        }
+        if started.elapsed() > config.boot_timeout {
+            return Err(ExperimentError::Boot {
+                run: run.label.clone(),
+                why: format!(
+                    "not every VM ran its workload within {:?}: {}",
+                    config.boot_timeout, show["vms"]
+                ),
+            });
+        }
+        std::thread::sleep(POLL);
+    };
+    let opened = Instant::now();
+    let boot_s = started.elapsed().as_secs_f64();
+    progress(&format!("measuring {} s", config.window.as_secs()));
+    std::thread::sleep(config.window);
+    let last = schedd
+        .ctl(&["show"])
+        .map_err(|e| harness(format!("vgpuctl show: {e}")))?;
+    let window_s = opened.elapsed().as_secs_f64();
+    for mut g in guests {
+        let _ = g.kill();
+    }
+    let delta = |name: &str, key: &str| {
+        let a = vm_entry(&first, name).map_or(0.0, |v| num(v, key));
+        let b = vm_entry(&last, name).map_or(0.0, |v| num(v, key));
+        (b - a).max(0.0)
+    };
+    let total_gpu: f64 = vms.iter().map(|vm| delta(&vm.name, "gpu_time_ns")).sum();
+    let results = vms
+        .iter()
+        .map(|vm| {
+            let gpu = delta(&vm.name, "gpu_time_ns");
+            let groups = delta(&vm.name, "completed") / window_s;
+            let fps = delta(&vm.name, "frames") / window_s;
+            let entry = vm_entry(&last, &vm.name).cloned().unwrap_or(Value::Null);
+            VmResult {
+                name: vm.name.clone(),
+                gpu_share: if total_gpu > 0.0 {
+                    gpu / total_gpu
+                } else {
+                    0.0
+                },
+                gpu_util: gpu / (window_s * 1e9),
+                groups_per_sec: groups,
+                fps,
+                work_per_sec: if matches!(vm.spec.workload.shape, Shape::Frames { .. }) {
+                    fps
+                } else {
+                    groups
+                },
+                latency_p50_us: entry["latency_p50_us"].as_u64().unwrap_or(0),
+                latency_p99_us: entry["latency_p99_us"].as_u64().unwrap_or(0),
+                figures: entry["figures"].clone(),
+            }
+        })
+        .collect();
+    Ok(RunResult {
+        label: run.label.clone(),
+        policy: last["policy"].as_str().unwrap_or("?").to_owned(),
+        window_s,
+        boot_s,
+        vms: results,
+    })
+}
+
+/// Writes a guest's QEMU cgroup CPU weight (cgroup v2 scale).
+fn set_cpu_weight(guest: &RunningGuest, weight: u32) -> Result<(), String> {
+    let fs = vgpu_schedd::cgroup::CgroupFs::default();
+    let cg = fs
+        .locate(guest.qemu_pid())
+        .map_err(|e| format!("its QEMU's cgroup: {e}"))?;
+    cg.set_weight(weight)
+        .map_err(|e| format!("CPU weight {weight}: {e}"))
+}
+
+/// The side-by-side table of a scenario: per run and VM, what the paper reports (the run's
+/// `paper` note), the simulator's and the guests' GPU share, work rate and latency.
+pub fn side_by_side(sc: &Scenario, sim: &[RunReport], vms: &[RunResult]) -> String {
+    let mut md = format!(
+        "### {}: paper / simulator / VMs\n\n{}\n\n\
+         | run | paper | VM | share sim | share VMs | work/s sim | work/s VMs | p50 sim (us) | p50 VMs (us) |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
+        sc.name, sc.description
+    );
+    let papers: BTreeMap<&str, &str> = sc
+        .run
+        .iter()
+        .map(|r| (r.label.as_str(), r.paper.as_deref().unwrap_or("")))
+        .collect();
+    for r in vms {
+        let s = sim.iter().find(|s| s.label == r.label);
+        for (i, vm) in r.vms.iter().enumerate() {
+            let svm = s.and_then(|s| s.vms.iter().find(|v| v.name == vm.name));
+            let (label, paper) = if i == 0 {
+                (
+                    r.label.as_str(),
+                    papers.get(r.label.as_str()).copied().unwrap_or(""),
+                )
+            } else {
+                ("", "")
+            };
+            md.push_str(&format!(
+                "| {label} | {paper} | {} | {} | {:.1}% | {} | {:.1} | {} | {} |\n",
+                vm.name,
+                svm.map_or("-".into(), |v| format!("{:.1}%", v.gpu_share * 100.0)),
+                vm.gpu_share * 100.0,
+                svm.map_or("-".into(), |v| format!("{:.1}", v.work_per_sec)),
+                vm.work_per_sec,
+                svm.map_or("-".into(), |v| format!("{:.0}", v.latency_p50_us)),
+                vm.latency_p50_us,
+            ));
+        }
+    }
+    md
+}
+
+/// The side-by-side plot: one panel per run, per VM its GPU share in the simulator (light
+/// bar) and on guests (dark bar), named above the pair.
+pub fn svg(path: &Path, sim: &[RunReport], vms: &[RunResult]) -> Result<(), String> {
+    use plotters::prelude::*;
+    const PANEL: (u32, u32) = (560, 220);
+    let rows = vms.len().max(1);
+    let root = SVGBackend::new(path, (PANEL.0, PANEL.1 * rows as u32)).into_drawing_area();
+    let err = |e: DrawingAreaErrorKind<std::io::Error>| e.to_string();
+    root.fill(&WHITE).map_err(err)?;
+    for (r, area) in vms.iter().zip(root.split_evenly((rows, 1))) {
+        let s = sim.iter().find(|s| s.label == r.label);
+        let n = r.vms.len().max(1) as f64;
+        let mut chart = ChartBuilder::on(&area)
+            .caption(
+                format!(
+                    "{} ({}): GPU share, simulator (light) vs VMs (dark)",
+                    r.label, r.policy
+                ),
+                ("sans-serif", 14),
+            )
+            .margin(8)
+            .x_label_area_size(8)
+            .y_label_area_size(40)
+            .build_cartesian_2d(0.0..n, 0.0..115.0)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .disable_x_axis()
+            .y_desc("% of GPU time")
+            .draw()
+            .map_err(err)?;
+        for (i, v) in r.vms.iter().enumerate() {
+            let simulated = s
+                .and_then(|s| s.vms.iter().find(|x| x.name == v.name))
+                .map_or(0.0, |x| x.gpu_share * 100.0);
+            let x = i as f64;
+            chart
+                .draw_series([
+                    Rectangle::new(
+                        [(x + 0.1, 0.0), (x + 0.45, simulated)],
+                        BLUE.mix(0.35).filled(),
+                    ),
+                    Rectangle::new(
+                        [(x + 0.5, 0.0), (x + 0.85, v.gpu_share * 100.0)],
+                        BLUE.filled(),
+                    ),
+                ])
+                .map_err(err)?;
+            chart
+                .draw_series([Text::new(
+                    v.name.clone(),
+                    (x + 0.1, 112.0),
+                    ("sans-serif", 12),
+                )])
+                .map_err(err)?;
+        }
+    }
+    root.present().map_err(err)
+}
+
+/// Writes `text` to `dir/name`.
+pub fn write(dir: &Path, name: &str, text: &str) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join(name), text)
+}

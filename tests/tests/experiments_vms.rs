@@ -1,0 +1,137 @@
+//! The papers' experiments on real guests, quick mode: `vgpu-bench run SCENARIO --on vms
+//! --quick` boots the scenario's VMs under a real `vgpu-schedd` per run and must show the
+//! paper's direction (not its numbers, which depend on the GPU): docs/EXPERIMENTS.md.
+//!
+//! Skipped with a message when the guest image is missing, unless `VGPU_REQUIRE_GUEST` is set
+//! (test.sh).
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+use vgpu_tests::TempDir;
+use vgpu_tests::daemon::workspace_binary;
+use vgpu_tests::guest::{self, boot_lock, skip_without_guest};
+
+/// Runs `vgpu-bench run scheduler/scenarios/NAME.toml --on vms --quick`: the guests' results
+/// by run label and VM name, `work_per_sec`.
+fn quick(name: &str) -> Option<(Value, String)> {
+    skip_without_guest()?;
+    let _lock = boot_lock();
+    let out = TempDir::new("vgpu-bench").expect("temp dir");
+    let scenario = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../scheduler/scenarios")
+        .join(format!("{name}.toml"));
+    let run = Command::new(workspace_binary("vgpu-bench").expect("vgpu-bench"))
+        .arg("run")
+        .arg(&scenario)
+        .args(["--on", "vms", "--quick", "--out"])
+        .arg(out.path())
+        .output()
+        .expect("vgpu-bench runs");
+    let stderr = String::from_utf8_lossy(&run.stderr).into_owned();
+    let table = String::from_utf8_lossy(&run.stdout).into_owned();
+    assert!(run.status.success(), "{stderr}\n{table}");
+    for line in stderr.lines().filter(|l| l.contains(": done")) {
+        guest::report("experiments_vms", name, line);
+    }
+    eprintln!("{table}");
+    let json = std::fs::read_to_string(out.path().join(format!("{name}.vms.json")))
+        .expect("the JSON results");
+    assert!(out.path().join(format!("{name}.compare.md")).exists());
+    Some((serde_json::from_str(&json).expect("JSON"), stderr))
+}
+
+/// A VM's `key` in run `label`.
+fn figure(results: &Value, label: &str, vm: &str, key: &str) -> f64 {
+    results["runs"]
+        .as_array()
+        .and_then(|runs| runs.iter().find(|r| r["label"] == label))
+        .and_then(|r| r["vms"].as_array())
+        .and_then(|vms| vms.iter().find(|v| v["name"] == vm))
+        .and_then(|v| v[key].as_f64())
+        .unwrap_or_else(|| panic!("no {key} of {vm} in run {label}: {results}"))
+}
+
+#[test]
+fn timegraph_in_vms_a_reserve_protects_the_game_from_a_bomb() {
+    let Some((r, log)) = quick("timegraph") else {
+        return;
+    };
+    let fps = |run| figure(&r, run, "game", "fps");
+    let (alone, none, pe) = (fps("standalone"), fps("none-1bomb"), fps("pe-1bomb"));
+    // The paper (Figure 8): without TimeGraph the game slows several times; with a priority
+    // and a PE reserve for the bomb it stays within a few percent of running alone. (One bomb
+    // of 8 x 0.5 ms groups costs the game about 15% here, 38% in the simulator: see
+    // docs/EXPERIMENTS.md.)
+    assert!(
+        none < 0.92 * alone,
+        "the bomb slows the game: {alone} -> {none} fps\n{log}"
+    );
+    assert!(
+        pe > 1.08 * none,
+        "TimeGraph with a reserve: {none} -> {pe} fps\n{log}"
+    );
+    assert!(
+        pe > 0.9 * alone,
+        "within 10% of alone: {alone} -> {pe} fps\n{log}"
+    );
+    let bomb_share = figure(&r, "pe-1bomb", "bomb", "gpu_util");
+    assert!(
+        bomb_share < 0.2,
+        "the bomb's 2.5 ms / 25 ms reserve caps it near 10% of the GPU: {bomb_share}\n{log}"
+    );
+}
+
+#[test]
+fn pegasus_in_vms_credits_order_the_gpu_shares() {
+    let Some((r, log)) = quick("pegasus") else {
+        return;
+    };
+    let share = |run, vm| figure(&r, run, vm, "gpu_share");
+    // The paper (Figure 5): without scheduling the driver, not the credits, sets the shares
+    // (FCFS favours dom1's large kernels); AccC moves GPU time to the domains with credits.
+    // With two kernels outstanding a TCG guest cannot keep dom3 backlogged, so the VMs do not
+    // reach the simulator's 1:2:4:1 (pegasus-deep below does): the direction must hold.
+    assert!(
+        share("none", "dom1") > 1.5 * share("none", "dom3"),
+        "FCFS follows kernel size\n{log}"
+    );
+    assert!(
+        share("accc", "dom3") > 1.5 * share("none", "dom3")
+            && share("accc", "dom1") < share("none", "dom1"),
+        "AccC moves GPU time towards the credits\n{log}"
+    );
+    let Some((deep, log)) = quick("pegasus-deep") else {
+        return;
+    };
+    let share = |vm| figure(&deep, "accc", vm, "gpu_share");
+    let (d1, d2, d3, d4) = (share("dom1"), share("dom2"), share("dom3"), share("dom4"));
+    for (got, want) in [(d1, 0.125), (d2, 0.25), (d3, 0.5), (d4, 0.125)] {
+        assert!(
+            (got - want).abs() < 0.05,
+            "AccC with backlogged domains: shares {d1:.3} / {d2:.3} / {d3:.3} / {d4:.3}, \
+             want 1:2:4:1\n{log}"
+        );
+    }
+}
+
+#[test]
+fn vgris_in_vms_sla_aware_pacing_holds_30_fps() {
+    let Some((r, log)) = quick("vgris") else {
+        return;
+    };
+    let fps = |run, vm| figure(&r, run, vm, "fps");
+    // The paper (Figures 2, 7): unscheduled, the light game runs far above 30 FPS; SLA-aware
+    // pacing holds it at its 30 FPS target and hands the time to the others.
+    assert!(fps("none", "light") > 40.0, "{log}");
+    let light = fps("sla", "light");
+    assert!(
+        (25.0..=33.0).contains(&light),
+        "SLA-aware: the light game at its target, {light} fps\n{log}"
+    );
+    assert!(
+        fps("sla", "heavy") >= fps("none", "heavy") * 0.95,
+        "the heavy game keeps at least its unscheduled rate\n{log}"
+    );
+}
