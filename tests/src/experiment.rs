@@ -1,9 +1,11 @@
 //! The papers' experiments on real guests: a simulator scenario (`scheduler/scenarios/*.toml`)
-//! run with a real `vgpu-schedd`, one `vgpu-server` and one TCG QEMU per VM, each QEMU in a CPU
-//! cgroup of its own with the scenario's CPU weight, and the workloads run in the guests by
-//! `vgpu-load` (its groups run on the daemon's simulated engine, as in the demo). `vgpu-bench`
-//! is the command; this module maps a scenario onto guests ([`guest_command`]), runs it
-//! ([`run_on_vms`]) and compares the result with the simulator's ([`side_by_side`]).
+//! run with a real `vgpu-schedd`, one `vgpu-server` and one QEMU per VM: a TCG guest in a CPU
+//! cgroup of its own with the scenario's CPU weight, its workload run by `vgpu-load`
+//! ([`Guests::Vms`]), or a qtest guest whose load requests a host thread issues through the
+//! harness's virtio-gpu driver ([`Guests::Qtest`], for many VMs). The groups run on the
+//! daemon's simulated engine, as in the demo. `vgpu-bench` is the command; this module maps a
+//! scenario onto guests ([`guest_command`]), runs it ([`run_on_vms`]) and compares the result
+//! with the simulator's ([`side_by_side`], [`svg`]).
 //!
 //! Per run: the daemon starts with the run's policy, every VM's parameters are set with
 //! `vgpuctl set` before it boots, the guests boot side by side; once every VM has completed
@@ -13,15 +15,19 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use serde_json::Value;
 use vgpu_scheduler::model::{Enforcement, PrioPolicy, VgpuParams};
-use vgpu_scheduler::sim::{RunReport, RunSpec, Scenario, Shape, VmSpec};
+use vgpu_scheduler::sim::{RunReport, RunSpec, Scenario, Shape, VmSpec, Workload};
 
 use crate::daemon::Schedd;
 use crate::guest::{GuestImage, RunningGuest};
+use crate::load_vm::{self, LoadVm};
 
 /// Why a scenario cannot run on guests, or a run failed.
 #[derive(Debug, thiserror::Error)]
@@ -229,12 +235,84 @@ fn vm_entry<'v>(show: &'v Value, name: &str) -> Option<&'v Value> {
         .find(|v| v["name"].as_str() == Some(name))
 }
 
-/// How a run is to be measured on guests.
+/// Which guests a run boots.
+#[derive(Debug, Clone)]
+pub enum Guests {
+    /// Real guests booting this image under TCG (or KVM), running `vgpu-load`.
+    Vms(GuestImage),
+    /// qtest guests (no guest OS) whose load requests the harness's virtio-gpu driver issues
+    /// from a host thread per VM: for many VMs (LoGA's 20 tenants), and for the `coupled`
+    /// workload that has no guest program. No CPU weights (no vCPU runs guest code).
+    Qtest,
+}
+
+/// How a run is to be measured.
 #[derive(Debug, Clone)]
 pub struct VmRunConfig {
-    pub image: GuestImage,
+    pub guests: Guests,
     pub window: Duration,
     pub boot_timeout: Duration,
+}
+
+/// Most qtest guests of one run (each is a QEMU and a device process).
+pub const MAX_QTEST_GUESTS: usize = 64;
+
+/// What runs the VMs of a run: booted guests, or qtest guests with their driver threads.
+enum Running {
+    Vms(Vec<RunningGuest>),
+    Qtest {
+        stop: Arc<AtomicBool>,
+        threads: Vec<(String, JoinHandle<()>)>,
+    },
+}
+
+impl Running {
+    /// `Err` with what happened when a VM's workload ended before the window closed.
+    fn check(&mut self) -> Result<(), String> {
+        match self {
+            Running::Vms(guests) => {
+                for g in guests {
+                    if let Some(serial) = g.exited().map_err(|e| e.to_string())? {
+                        return Err(format!("a guest ended early:\n{serial}"));
+                    }
+                }
+            }
+            Running::Qtest { threads, .. } => {
+                if let Some((name, _)) = threads.iter().find(|(_, t)| t.is_finished()) {
+                    return Err(format!("{name}'s load driver ended early"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops everything: kills the guests, or ends the drivers (their requests drain) and
+    /// reports one that failed.
+    fn stop(self) -> Result<(), String> {
+        match self {
+            Running::Vms(guests) => {
+                for mut g in guests {
+                    let _ = g.kill();
+                }
+                Ok(())
+            }
+            Running::Qtest { stop, threads } => {
+                stop.store(true, Ordering::Relaxed);
+                let mut failed = None;
+                for (name, t) in threads {
+                    if let Err(panic) = t.join() {
+                        let why = panic
+                            .downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                            .unwrap_or_default();
+                        failed.get_or_insert(format!("{name}'s load driver failed: {why}"));
+                    }
+                }
+                failed.map_or(Ok(()), Err)
+            }
+        }
+    }
 }
 
 /// Runs one run of `sc` on guests and measures it.
@@ -250,17 +328,24 @@ pub fn run_on_vms(
         why,
     };
     let vms = run_vms(sc, run);
-    if vms.len() > MAX_GUESTS {
+    let most = match config.guests {
+        Guests::Vms(_) => MAX_GUESTS,
+        Guests::Qtest => MAX_QTEST_GUESTS,
+    };
+    if vms.len() > most {
         return Err(harness(format!(
-            "{} VMs; at most {MAX_GUESTS} TCG guests per run (use --on qtest to scale)",
+            "{} VMs; at most {most} per run on these guests (TCG guests: --on qtest to scale)",
             vms.len()
         )));
     }
     let duration_s = config.window.as_secs() + WORKLOAD_SLACK_S;
-    let jobs = vms
-        .iter()
-        .map(|vm| guest_command(vm, duration_s))
-        .collect::<Result<Vec<_>, _>>()?;
+    let jobs = match config.guests {
+        Guests::Vms(_) => vms
+            .iter()
+            .map(|vm| guest_command(vm, duration_s))
+            .collect::<Result<Vec<_>, _>>()?,
+        Guests::Qtest => Vec::new(),
+    };
     let writeback = run.cpu_writeback.unwrap_or(sc.cpu_writeback);
     let args: &[&str] = if writeback { &["--cpu-writeback"] } else { &[] };
     let started = Instant::now();
@@ -277,20 +362,42 @@ pub fn run_on_vms(
             .ctl(&a)
             .map_err(|e| harness(format!("vgpuctl set {}: {e}", vm.name)))?;
     }
-    let mut guests = Vec::new();
-    for (vm, job) in vms.iter().zip(&jobs) {
-        let guest_config = schedd
-            .guest_config(&config.image, &vm.name, job.as_str())
-            .timeout(config.boot_timeout + config.window + Duration::from_secs(60));
-        let guest = RunningGuest::launch(&guest_config)
-            .map_err(|e| harness(format!("booting {}: {e}", vm.name)))?;
-        if vm.cpu_weight != vgpu_scheduler::sim::CpuSpec::default().weight {
-            set_cpu_weight(&guest, vm.cpu_weight)
-                .map_err(|e| harness(format!("{}: {e}", vm.name)))?;
+    progress(&format!("starting {} VMs", vms.len()));
+    let mut running = match &config.guests {
+        Guests::Vms(image) => {
+            let mut guests = Vec::new();
+            for (vm, job) in vms.iter().zip(&jobs) {
+                let guest_config = schedd
+                    .guest_config(image, &vm.name, job.as_str())
+                    .timeout(config.boot_timeout + config.window + Duration::from_secs(60));
+                let guest = RunningGuest::launch(&guest_config)
+                    .map_err(|e| harness(format!("booting {}: {e}", vm.name)))?;
+                if vm.cpu_weight != vgpu_scheduler::sim::CpuSpec::default().weight {
+                    set_cpu_weight(&guest, vm.cpu_weight)
+                        .map_err(|e| harness(format!("{}: {e}", vm.name)))?;
+                }
+                guests.push(guest);
+            }
+            Running::Vms(guests)
         }
-        guests.push(guest);
-    }
-    progress(&format!("booting {} VMs", vms.len()));
+        Guests::Qtest => {
+            let stop = Arc::new(AtomicBool::new(false));
+            let mut threads = Vec::new();
+            for vm in &vms {
+                let mut load = std::panic::catch_unwind(|| LoadVm::start(&schedd, &vm.name))
+                    .ok()
+                    .flatten()
+                    .ok_or_else(|| harness(format!("{}: no qtest load guest", vm.name)))?;
+                let (w, stop) = (vm.spec.workload.clone(), stop.clone());
+                let t = std::thread::Builder::new()
+                    .name(vm.name.clone())
+                    .spawn(move || drive(&mut load, &w, &stop))
+                    .map_err(|e| harness(format!("{}: {e}", vm.name)))?;
+                threads.push((vm.name.clone(), t));
+            }
+            Running::Qtest { stop, threads }
+        }
+    };
     // The window opens once every VM has completed some work.
     let ready = |show: &Value| {
         vms.iter().all(|vm| {
@@ -304,18 +411,15 @@ pub fn run_on_vms(
         if ready(&show) {
             break show;
         }
-        for (vm, g) in vms.iter().zip(guests.iter_mut()) {
-            let exited = g
-                .exited()
-                .map_err(|e| harness(format!("{}: {e}", vm.name)))?;
-            if let Some(serial) = exited {
-                return Err(ExperimentError::Boot {
-                    run: run.label.clone(),
-                    why: format!("{} ended before the window:\n{serial}", vm.name),
-                });
-            }
+        if let Err(why) = running.check() {
+            let _ = running.stop();
+            return Err(ExperimentError::Boot {
+                run: run.label.clone(),
+                why,
+            });
         }
         if started.elapsed() > config.boot_timeout {
+            let _ = running.stop();
             return Err(ExperimentError::Boot {
                 run: run.label.clone(),
                 why: format!(
@@ -330,26 +434,33 @@ pub fn run_on_vms(
     let boot_s = started.elapsed().as_secs_f64();
     progress(&format!("measuring {} s", config.window.as_secs()));
     std::thread::sleep(config.window);
-    let last = schedd
-        .ctl(&["show"])
-        .map_err(|e| harness(format!("vgpuctl show: {e}")))?;
+    let last = schedd.ctl(&["show"]);
     let window_s = opened.elapsed().as_secs_f64();
-    for mut g in guests {
-        let _ = g.kill();
-    }
+    running.stop().map_err(harness)?;
+    let last = last.map_err(|e| harness(format!("vgpuctl show: {e}")))?;
+    Ok(RunResult {
+        label: run.label.clone(),
+        policy: last["policy"].as_str().unwrap_or("?").to_owned(),
+        window_s,
+        boot_s,
+        vms: results(&vms, &first, &last, window_s),
+    })
+}
+
+/// Each VM's figures from the daemon's counters at the window's opening and close.
+fn results(vms: &[RunVm], first: &Value, last: &Value, window_s: f64) -> Vec<VmResult> {
     let delta = |name: &str, key: &str| {
-        let a = vm_entry(&first, name).map_or(0.0, |v| num(v, key));
-        let b = vm_entry(&last, name).map_or(0.0, |v| num(v, key));
+        let a = vm_entry(first, name).map_or(0.0, |v| num(v, key));
+        let b = vm_entry(last, name).map_or(0.0, |v| num(v, key));
         (b - a).max(0.0)
     };
     let total_gpu: f64 = vms.iter().map(|vm| delta(&vm.name, "gpu_time_ns")).sum();
-    let results = vms
-        .iter()
+    vms.iter()
         .map(|vm| {
             let gpu = delta(&vm.name, "gpu_time_ns");
             let groups = delta(&vm.name, "completed") / window_s;
             let fps = delta(&vm.name, "frames") / window_s;
-            let entry = vm_entry(&last, &vm.name).cloned().unwrap_or(Value::Null);
+            let entry = vm_entry(last, &vm.name).cloned().unwrap_or(Value::Null);
             VmResult {
                 name: vm.name.clone(),
                 gpu_share: if total_gpu > 0.0 {
@@ -370,15 +481,98 @@ pub fn run_on_vms(
                 figures: entry["figures"].clone(),
             }
         })
-        .collect();
-    Ok(RunResult {
-        label: run.label.clone(),
-        policy: last["policy"].as_str().unwrap_or("?").to_owned(),
-        window_s,
-        boot_s,
-        vms: results,
-    })
+        .collect()
 }
+
+/// Busy for `us` microseconds of wall time (a workload's CPU phase).
+fn spin(us: u64) {
+    let until = Instant::now() + Duration::from_micros(us);
+    while Instant::now() < until {
+        std::hint::spin_loop();
+    }
+}
+
+/// A qtest VM's workload, as `vgpu-load` runs it in a guest (plus `coupled`: a CPU phase,
+/// then one GPU call waited for; the harness thread polls for its fence whether the guest
+/// would block or spin), until `stop` is raised or the workload's `stop_ms`; then its
+/// requests drain. Panics (with the device's log) when a request fails or stalls.
+fn drive(vm: &mut LoadVm, w: &Workload, stop: &AtomicBool) {
+    let start = Instant::now();
+    let stop_at = w.stop_ms.map(|ms| start + Duration::from_millis(ms));
+    let begin = start + Duration::from_millis(w.start_ms);
+    while Instant::now() < begin && !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let running = || !stop.load(Ordering::Relaxed) && stop_at.is_none_or(|t| Instant::now() < t);
+    let stalled = |vm: &LoadVm| -> ! { panic!("{} stalled:\n{}", vm.name, vm.server.log()) };
+    match w.shape {
+        Shape::Bomb { cost_us, depth } => {
+            while running() {
+                while vm.pending() < depth as usize {
+                    vm.occupy(cost_us);
+                }
+                if vm.wait_one(load_vm::TIMEOUT).is_none() {
+                    stalled(vm);
+                }
+            }
+        }
+        Shape::Periodic { cost_us, period_us } => {
+            let period = Duration::from_micros(period_us.max(1));
+            let mut next = Instant::now();
+            while running() {
+                vm.count_done();
+                let now = Instant::now();
+                if now >= next {
+                    if vm.pending() < MAX_PERIODIC_OUTSTANDING {
+                        vm.occupy(cost_us);
+                    }
+                    while next <= now {
+                        next += period;
+                    }
+                }
+                std::thread::sleep(next.saturating_duration_since(Instant::now()).min(POLL));
+            }
+        }
+        Shape::Frames {
+            cpu_us,
+            groups,
+            cost_us,
+            ..
+        } => {
+            while running() {
+                spin(cpu_us);
+                for _ in 0..groups {
+                    vm.occupy(cost_us);
+                }
+                vm.end_frame();
+                vm.drain();
+            }
+        }
+        Shape::Throttle {
+            kernel_us,
+            sleep_us,
+        } => {
+            while running() {
+                vm.occupy(kernel_us);
+                vm.drain();
+                std::thread::sleep(Duration::from_micros(sleep_us));
+            }
+        }
+        Shape::Coupled {
+            cpu_us, cost_us, ..
+        } => {
+            while running() {
+                spin(cpu_us);
+                vm.occupy(cost_us);
+                vm.drain();
+            }
+        }
+    }
+    vm.drain();
+}
+
+/// Most periodic groups outstanding, as the simulator's `periodic` workload allows.
+const MAX_PERIODIC_OUTSTANDING: usize = 64;
 
 /// Writes a guest's QEMU cgroup CPU weight (cgroup v2 scale).
 fn set_cpu_weight(guest: &RunningGuest, weight: u32) -> Result<(), String> {
@@ -392,9 +586,9 @@ fn set_cpu_weight(guest: &RunningGuest, weight: u32) -> Result<(), String> {
 
 /// The side-by-side table of a scenario: per run and VM, what the paper reports (the run's
 /// `paper` note), the simulator's and the guests' GPU share, work rate and latency.
-pub fn side_by_side(sc: &Scenario, sim: &[RunReport], vms: &[RunResult]) -> String {
+pub fn side_by_side(sc: &Scenario, sim: &[RunReport], vms: &[RunResult], guests: &str) -> String {
     let mut md = format!(
-        "### {}: paper / simulator / VMs\n\n{}\n\n\
+        "### {}: paper / simulator / VMs ({guests})\n\n{}\n\n\
          | run | paper | VM | share sim | share VMs | work/s sim | work/s VMs | p50 sim (us) | p50 VMs (us) |\n\
          |---|---|---|---|---|---|---|---|---|\n",
         sc.name, sc.description

@@ -10,6 +10,7 @@ pub mod compute;
 pub mod daemon;
 pub mod experiment;
 pub mod guest;
+pub mod load_vm;
 pub mod raw_guest;
 pub mod server;
 pub mod temp_dir;

@@ -1,6 +1,7 @@
 //! The papers' experiments on real guests, quick mode: `vgpu-bench run SCENARIO --on vms
-//! --quick` boots the scenario's VMs under a real `vgpu-schedd` per run and must show the
-//! paper's direction (not its numbers, which depend on the GPU): docs/EXPERIMENTS.md.
+//! --quick` boots the scenario's VMs under a real `vgpu-schedd` per run (LoGA's 11 tenants:
+//! `--on qtest`) and must show the paper's direction (not its numbers, which depend on the
+//! GPU): docs/EXPERIMENTS.md.
 //!
 //! Skipped with a message when the guest image is missing, unless `VGPU_REQUIRE_GUEST` is set
 //! (test.sh).
@@ -12,11 +13,16 @@ use serde_json::Value;
 use vgpu_tests::TempDir;
 use vgpu_tests::daemon::workspace_binary;
 use vgpu_tests::guest::{self, boot_lock, skip_without_guest};
+use vgpu_tests::skip_without_qemu;
 
-/// Runs `vgpu-bench run scheduler/scenarios/NAME.toml --on vms --quick`: the guests' results
-/// by run label and VM name, `work_per_sec`.
-fn quick(name: &str) -> Option<(Value, String)> {
-    skip_without_guest()?;
+/// Runs `vgpu-bench run scheduler/scenarios/NAME.toml --on ON --quick` (`vms` or `qtest`):
+/// the JSON results and the progress log.
+fn quick_on(name: &str, on: &str) -> Option<(Value, String)> {
+    if on == "vms" {
+        skip_without_guest()?;
+    } else if skip_without_qemu() {
+        return None;
+    }
     let _lock = boot_lock();
     let out = TempDir::new("vgpu-bench").expect("temp dir");
     let scenario = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -25,7 +31,7 @@ fn quick(name: &str) -> Option<(Value, String)> {
     let run = Command::new(workspace_binary("vgpu-bench").expect("vgpu-bench"))
         .arg("run")
         .arg(&scenario)
-        .args(["--on", "vms", "--quick", "--out"])
+        .args(["--on", on, "--quick", "--out"])
         .arg(out.path())
         .output()
         .expect("vgpu-bench runs");
@@ -36,10 +42,16 @@ fn quick(name: &str) -> Option<(Value, String)> {
         guest::report("experiments_vms", name, line);
     }
     eprintln!("{table}");
-    let json = std::fs::read_to_string(out.path().join(format!("{name}.vms.json")))
+    let json = std::fs::read_to_string(out.path().join(format!("{name}.{on}.json")))
         .expect("the JSON results");
-    assert!(out.path().join(format!("{name}.compare.md")).exists());
+    assert!(out.path().join(format!("{name}.{on}.compare.md")).exists());
+    assert!(out.path().join(format!("{name}.{on}.compare.svg")).exists());
     Some((serde_json::from_str(&json).expect("JSON"), stderr))
+}
+
+/// [`quick_on`] real guests.
+fn quick(name: &str) -> Option<(Value, String)> {
+    quick_on(name, "vms")
 }
 
 /// A VM's `key` in run `label`.
@@ -133,5 +145,34 @@ fn vgris_in_vms_sla_aware_pacing_holds_30_fps() {
     assert!(
         fps("sla", "heavy") >= fps("none", "heavy") * 0.95,
         "the heavy game keeps at least its unscheduled rate\n{log}"
+    );
+}
+
+#[test]
+fn loga_on_qtest_guests_exact_accounting_measures_the_load_and_costs_nothing() {
+    let Some((r, log)) = quick_on("loga", "qtest") else {
+        return;
+    };
+    // The paper (§5.4, Figure 10): exact accounting measures the load a Throttle generates.
+    // On qtest guests the harness's request round trips stretch each 1 ms cycle (about half
+    // the intended cycles run), so the load generated is what the guest issued: groups/s x
+    // 500 us. The daemon's charged GPU time must match it, and cannot exceed the intended 50%.
+    let load = figure(&r, "q-500", "t500", "gpu_util");
+    let issued = figure(&r, "q-500", "t500", "groups_per_sec") * 500e-6;
+    assert!(
+        (load - issued).abs() <= 0.05 * issued && load <= 0.5,
+        "measured load {load:.4}, issued {issued:.4} (intended 0.5)\n{log}"
+    );
+    // §5.3: exact accounting (LoGA) leaves the application's turnaround as without
+    // accounting; NEON's sampling suspends it in the others' windows and slows it.
+    let app = |run| figure(&r, run, "app", "work_per_sec");
+    let (none, exact, sampling) = (app("l10-none"), app("l10-exact"), app("l10-sampling"));
+    assert!(
+        exact > 0.85 * none,
+        "exact accounting costs little: {none:.0} -> {exact:.0} iterations/s\n{log}"
+    );
+    assert!(
+        sampling < 0.98 * exact,
+        "sampling slows the application: exact {exact:.0}, sampling {sampling:.0}/s\n{log}"
     );
 }

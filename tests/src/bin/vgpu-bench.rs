@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use vgpu_scheduler::sim::{self, RunSpec, Scenario};
 use vgpu_tests::daemon::workspace_binary;
-use vgpu_tests::experiment::{self, RunResult, VmRunConfig};
+use vgpu_tests::experiment::{self, Guests, RunResult, VmRunConfig};
 use vgpu_tests::guest::GuestImage;
 
 const USAGE: &str =
@@ -18,6 +18,9 @@ const USAGE: &str =
               TCG QEMU per VM (each in its own CPU cgroup with the scenario's CPU weight)
               running the VM's workload with vgpu-load; then the simulator's figures for the
               same runs beside the guests' (DIR/NAME.vms.json, NAME.compare.md, .svg)
+  --on qtest  as vms, with qtest guests (no guest OS) whose load requests a host thread per
+              VM issues through the harness's virtio-gpu driver: up to 64 VMs per run, and the
+              coupled workload (DIR/NAME.qtest.json, ...)
   --quick     the scenario's [vms] quick_runs with its quick_window_s
   --runs L,.. only these runs (labels)
   --out DIR   output directory (default target/bench)
@@ -30,6 +33,7 @@ const MAX_SCENARIO_BYTES: u64 = 1 << 20;
 enum On {
     Sim,
     Vms,
+    Qtest,
 }
 
 struct Args {
@@ -65,10 +69,11 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         };
         match key.as_str() {
             "--on" => {
-                args.on = match value("sim or vms")?.as_str() {
+                args.on = match value("sim, vms or qtest")?.as_str() {
                     "sim" => On::Sim,
                     "vms" => On::Vms,
-                    o => return Err(format!("--on {o}: sim or vms")),
+                    "qtest" => On::Qtest,
+                    o => return Err(format!("--on {o}: sim, vms or qtest")),
                 }
             }
             "--quick" => args.quick = true,
@@ -138,15 +143,20 @@ fn minutes(d: Duration) -> String {
     format!("{}m{:02}s", s / 60, s % 60)
 }
 
-fn on_vms(sc: &Scenario, runs: &[(&RunSpec, &str)], args: &Args) -> Result<bool, String> {
-    let image = GuestImage::locate().map_err(|e| format!("guest image: {e}"))?;
+fn on_guests(sc: &Scenario, runs: &[(&RunSpec, &str)], args: &Args) -> Result<bool, String> {
+    let (guests, kind) = if args.on == On::Qtest {
+        (Guests::Qtest, "qtest")
+    } else {
+        let image = GuestImage::locate().map_err(|e| format!("guest image: {e}"))?;
+        (Guests::Vms(image), "vms")
+    };
     let window_s = if args.quick {
         sc.vms.quick_window_s
     } else {
         sc.vms.window_s
     };
     let config = VmRunConfig {
-        image,
+        guests,
         window: Duration::from_secs(window_s),
         boot_timeout: Duration::from_secs(sc.vms.boot_timeout_s),
     };
@@ -199,11 +209,12 @@ fn on_vms(sc: &Scenario, runs: &[(&RunSpec, &str)], args: &Args) -> Result<bool,
         }
     }
     let sim_reports = sim::run(sc).map_err(|e| format!("{}: simulator: {e}", sc.name))?;
-    let compare = experiment::side_by_side(sc, &sim_reports, &results);
+    let compare = experiment::side_by_side(sc, &sim_reports, &results, kind);
     println!("{compare}");
     let json = serde_json::to_string_pretty(&serde_json::json!({
         "scenario": sc.name,
         "description": sc.description,
+        "guests": kind,
         "quick": args.quick,
         "window_s": window_s,
         "wall_s": started.elapsed().as_secs_f64(),
@@ -214,13 +225,13 @@ fn on_vms(sc: &Scenario, runs: &[(&RunSpec, &str)], args: &Args) -> Result<bool,
     let w = |name: String, text: &str| {
         experiment::write(out, &name, text).map_err(|e| format!("{}: {e}", out.display()))
     };
-    w(format!("{}.vms.json", sc.name), &json)?;
-    w(format!("{}.compare.md", sc.name), &compare)?;
-    let plot = out.join(format!("{}.compare.svg", sc.name));
+    w(format!("{}.{kind}.json", sc.name), &json)?;
+    w(format!("{}.{kind}.compare.md", sc.name), &compare)?;
+    let plot = out.join(format!("{}.{kind}.compare.svg", sc.name));
     experiment::svg(&plot, &sim_reports, &results)
         .map_err(|e| format!("{}: {e}", plot.display()))?;
     eprintln!(
-        "[vgpu-bench] {}: {} runs in {}; {}/{}.vms.json, .compare.md and .compare.svg",
+        "[vgpu-bench] {}: {} runs in {}; {}/{}.{kind}.json, .{kind}.compare.md and .svg",
         sc.name,
         results.len(),
         minutes(started.elapsed()),
@@ -269,7 +280,7 @@ fn main() -> ExitCode {
                 .map(|s| s.success())
                 .map_err(|e| format!("vgpu-sim: {e}"))
         }
-        On::Vms => on_vms(&sc, &runs, &args),
+        On::Vms | On::Qtest => on_guests(&sc, &runs, &args),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,
