@@ -691,3 +691,119 @@ pub fn write(dir: &Path, name: &str, text: &str) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     std::fs::write(dir.join(name), text)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scenario(text: &str) -> Scenario {
+        toml::from_str(text).expect("scenario")
+    }
+
+    const TWO_VMS: &str = r#"
+name = "t"
+duration_ms = 1000
+[[vm]]
+name = "game"
+params = { priority = 10, sched = "ht", target_fps = 30.0 }
+workload = { kind = "frames", cpu_us = 3000, groups = 8, cost_us = 1200, present_us = 300 }
+[[vm]]
+name = "bomb"
+workload = { kind = "bomb", cost_us = 500, depth = 8, start_ms = 1500, stop_ms = 4000 }
+cpu = { weight = 200 }
+[[run]]
+label = "pe"
+policy = { policy = "timegraph" }
+instances = { bomb = 3 }
+params = { bomb = { reserve = { c = 2500000, t = 25000000, enforcement = "pe" } } }
+[[run]]
+label = "alone"
+policy = { policy = "none" }
+vms = ["game"]
+"#;
+
+    #[test]
+    fn runs_expand_instances_and_apply_overrides_as_the_simulator_does() {
+        let sc = scenario(TWO_VMS);
+        let vms = run_vms(&sc, &sc.run[0]);
+        let names: Vec<&str> = vms.iter().map(|v| v.name.as_str()).collect();
+        assert_eq!(names, ["game", "bomb-1", "bomb-2", "bomb-3"]);
+        assert_eq!(vms[1].params.name, "bomb-1");
+        assert!(vms[1].params.reserve.is_some());
+        assert_eq!(vms[1].cpu_weight, 200);
+        assert_eq!(run_vms(&sc, &sc.run[1]).len(), 1);
+    }
+
+    #[test]
+    fn workloads_become_vgpu_load_commands_and_parameters_vgpuctl_keys() {
+        let sc = scenario(TWO_VMS);
+        let vms = run_vms(&sc, &sc.run[0]);
+        let game = guest_command(&vms[0], 30).unwrap();
+        assert!(
+            game.starts_with(
+                "vgpu-load frames --groups 8 --cost-us 1200 --cpu-us 3000 --fps-target 30 \
+                 --duration-s 30 --json"
+            ),
+            "{game}"
+        );
+        // start_ms sleeps first; stop_ms shortens the run to stop - start.
+        let bomb = guest_command(&vms[1], 30).unwrap();
+        assert!(
+            bomb.starts_with("sleep 1.500\nvgpu-load bomb --cost-us 500 --depth 8 --duration-s 3 "),
+            "{bomb}"
+        );
+        assert_eq!(
+            set_arguments(&vms[0].params),
+            ["priority=10", "sched=ht", "target_fps=30"]
+        );
+        assert_eq!(set_arguments(&vms[1].params), ["reserve=2500/25000/pe"]);
+        let defaults = VgpuParams::named("x");
+        assert!(set_arguments(&defaults).is_empty());
+    }
+
+    #[test]
+    fn a_coupled_workload_has_no_guest_program() {
+        let sc = scenario(
+            r#"
+name = "c"
+duration_ms = 1000
+[[vm]]
+name = "app"
+workload = { kind = "coupled", cpu_us = 200, cost_us = 800 }
+[[run]]
+label = "none"
+policy = { policy = "none" }
+"#,
+        );
+        let vms = run_vms(&sc, &sc.run[0]);
+        let e = guest_command(&vms[0], 10).unwrap_err();
+        assert!(e.to_string().contains("app: coupled"), "{e}");
+    }
+
+    #[test]
+    fn the_comparison_names_each_run_once_and_marks_missing_simulator_figures() {
+        let sc = scenario(TWO_VMS);
+        let vm = |name: &str, share: f64| VmResult {
+            name: name.into(),
+            gpu_share: share,
+            gpu_util: share,
+            groups_per_sec: 10.0,
+            fps: 0.0,
+            work_per_sec: 10.0,
+            latency_p50_us: 100,
+            latency_p99_us: 200,
+            figures: Value::Null,
+        };
+        let result = RunResult {
+            label: "pe".into(),
+            policy: "timegraph".into(),
+            window_s: 8.0,
+            boot_s: 10.0,
+            vms: vec![vm("game", 0.75), vm("bomb-1", 0.25)],
+        };
+        let md = side_by_side(&sc, &[], &[result], "vms");
+        assert!(md.contains("| pe |  | game | - | 75.0% |"), "{md}");
+        assert!(md.contains("|  |  | bomb-1 | - | 25.0% |"), "{md}");
+        assert!(md.contains("VMs (vms)"), "{md}");
+    }
+}

@@ -291,3 +291,48 @@ fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> Result<Args, String> {
+        parse(list.iter().map(|s| (*s).to_owned()))
+    }
+
+    #[test]
+    fn the_command_line_is_checked() {
+        let a = args(&["run", "x.toml", "--on=qtest", "--quick", "--runs", "a,b"]).unwrap();
+        assert_eq!((a.on, a.quick), (On::Qtest, true));
+        assert_eq!(a.runs.unwrap(), ["a", "b"]);
+        assert_eq!(args(&["run", "x.toml"]).unwrap().on, On::Sim);
+        for bad in [
+            &["x.toml"][..],
+            &["run"],
+            &["run", "x.toml", "--on", "gpu"],
+            &["run", "x.toml", "--on"],
+            &["run", "x.toml", "--frobnicate"],
+            &["run", "x.toml", "y.toml"],
+        ] {
+            assert!(args(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn runs_are_selected_by_label_or_by_quick() {
+        let text = "name = \"s\"\nduration_ms = 10\n[vms]\nquick_runs = [\"b\"]\n\
+            [[vm]]\nname = \"v\"\nworkload = { kind = \"bomb\", cost_us = 5 }\n\
+            [[run]]\nlabel = \"a\"\npolicy = { policy = \"none\" }\n\
+            [[run]]\nlabel = \"b\"\npolicy = { policy = \"none\" }\n";
+        let sc: Scenario = toml::from_str(text).unwrap();
+        let policies = vec!["policy = \"none\"\n".to_owned(); 2];
+        let pick = |list: &[&str]| {
+            selected(&sc, &policies, &args(list).unwrap())
+                .map(|r| r.iter().map(|(r, _)| r.label.clone()).collect::<Vec<_>>())
+        };
+        assert_eq!(pick(&["run", "s.toml"]).unwrap(), ["a", "b"]);
+        assert_eq!(pick(&["run", "s.toml", "--quick"]).unwrap(), ["b"]);
+        assert_eq!(pick(&["run", "s.toml", "--runs", "a"]).unwrap(), ["a"]);
+        assert!(pick(&["run", "s.toml", "--runs", "zzz"]).is_err());
+    }
+}
