@@ -106,7 +106,8 @@ pub fn run_vms<'a>(sc: &'a Scenario, run: &RunSpec) -> Vec<RunVm<'a>> {
     out
 }
 
-/// The guest's shell command for a VM's workload: `vgpu-load` in the mode of its shape, for
+/// The guest's shell command for a VM: its `guest` command when the scenario names one (with
+/// `{duration_s}` filled in), else `vgpu-load` in the mode of its workload's shape, for
 /// `duration_s` seconds, printing its JSON summary line prefixed with `SUMMARY `. Cost jitter
 /// is not reproduced (vgpu-load's costs are exact); `start_ms` becomes a sleep before it.
 pub fn guest_command(vm: &RunVm, duration_s: u64) -> Result<String, ExperimentError> {
@@ -114,6 +115,9 @@ pub fn guest_command(vm: &RunVm, duration_s: u64) -> Result<String, ExperimentEr
         vm: vm.name.clone(),
         why: why.to_owned(),
     };
+    if let Some(command) = &vm.spec.guest {
+        return Ok(command.replace("{duration_s}", &duration_s.to_string()));
+    }
     let w = &vm.spec.workload;
     let mode = match &w.shape {
         Shape::Bomb { cost_us, depth } => format!("bomb --cost-us {cost_us} --depth {depth}"),
@@ -686,6 +690,32 @@ pub fn svg(path: &Path, sim: &[RunReport], vms: &[RunResult]) -> Result<(), Stri
     root.present().map_err(err)
 }
 
+/// The guests' results as CSV, one line per run and VM.
+pub fn csv(results: &[RunResult]) -> String {
+    let mut out = String::from(
+        "run,policy,vm,gpu_share_pct,gpu_util_pct,groups_per_s,fps,work_per_s,lat_p50_us,lat_p99_us,window_s\n",
+    );
+    for r in results {
+        for v in &r.vms {
+            out.push_str(&format!(
+                "{},{},{},{:.2},{:.2},{:.1},{:.2},{:.2},{},{},{:.2}\n",
+                r.label,
+                r.policy,
+                v.name,
+                v.gpu_share * 100.0,
+                v.gpu_util * 100.0,
+                v.groups_per_sec,
+                v.fps,
+                v.work_per_sec,
+                v.latency_p50_us,
+                v.latency_p99_us,
+                r.window_s
+            ));
+        }
+    }
+    out
+}
+
 /// Writes `text` to `dir/name`.
 pub fn write(dir: &Path, name: &str, text: &str) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
@@ -762,6 +792,25 @@ vms = ["game"]
     }
 
     #[test]
+    fn a_guest_command_replaces_the_workload_on_guests() {
+        let text = TWO_VMS.replace(
+            "[[vm]]\nname = \"bomb\"",
+            "[[vm]]\nname = \"bomb\"\nguest = \"glmark2-es2-drm -b build:duration={duration_s}\"",
+        );
+        let sc = scenario(&text);
+        let vms = run_vms(&sc, &sc.run[0]);
+        assert_eq!(
+            guest_command(&vms[1], 42).unwrap(),
+            "glmark2-es2-drm -b build:duration=42"
+        );
+        assert!(
+            guest_command(&vms[0], 42)
+                .unwrap()
+                .starts_with("vgpu-load frames")
+        );
+    }
+
+    #[test]
     fn a_coupled_workload_has_no_guest_program() {
         let sc = scenario(
             r#"
@@ -801,9 +850,15 @@ policy = { policy = "none" }
             boot_s: 10.0,
             vms: vec![vm("game", 0.75), vm("bomb-1", 0.25)],
         };
-        let md = side_by_side(&sc, &[], &[result], "vms");
+        let md = side_by_side(&sc, &[], std::slice::from_ref(&result), "vms");
         assert!(md.contains("| pe |  | game | - | 75.0% |"), "{md}");
         assert!(md.contains("|  |  | bomb-1 | - | 25.0% |"), "{md}");
         assert!(md.contains("VMs (vms)"), "{md}");
+        let csv = csv(&[result]);
+        assert_eq!(csv.lines().count(), 3);
+        assert!(
+            csv.contains("\npe,timegraph,game,75.00,75.00,10.0,0.00,10.00,100,200,8.00\n"),
+            "{csv}"
+        );
     }
 }

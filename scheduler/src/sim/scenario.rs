@@ -140,6 +140,11 @@ pub struct VmSpec {
     /// How many identical VMs this entry stands for.
     #[serde(default = "one")]
     pub instances: u32,
+    /// On real guests (`vgpu-bench --on vms`): a shell command the guest runs instead of the
+    /// workload's `vgpu-load` equivalent (glmark2, kmscube, a CUDA corpus program), with
+    /// `{duration_s}` replaced by how long it must run; the simulator runs `workload`.
+    #[serde(default)]
+    pub guest: Option<String>,
 }
 
 /// A VM's virtual CPUs.

@@ -20,6 +20,7 @@ fn vm(name: &str, shape: Shape) -> VmSpec {
         cpu: CpuSpec::default(),
         context: 0,
         instances: 1,
+        guest: None,
     }
 }
 

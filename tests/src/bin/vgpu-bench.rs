@@ -17,7 +17,7 @@ const USAGE: &str =
   --on vms    real guests: per run a vgpu-schedd with the run's policy, one vgpu-server and one
               TCG QEMU per VM (each in its own CPU cgroup with the scenario's CPU weight)
               running the VM's workload with vgpu-load; then the simulator's figures for the
-              same runs beside the guests' (DIR/NAME.vms.json, NAME.compare.md, .svg)
+              same runs beside the guests' (DIR/NAME.vms.json, .vms.csv, .vms.compare.md, .svg)
   --on qtest  as vms, with qtest guests (no guest OS) whose load requests a host thread per
               VM issues through the harness's virtio-gpu driver: up to 64 VMs per run, and the
               coupled workload (DIR/NAME.qtest.json, ...)
@@ -227,11 +227,15 @@ fn on_guests(sc: &Scenario, runs: &[(&RunSpec, &str)], args: &Args) -> Result<bo
     };
     w(format!("{}.{kind}.json", sc.name), &json)?;
     w(format!("{}.{kind}.compare.md", sc.name), &compare)?;
+    w(
+        format!("{}.{kind}.csv", sc.name),
+        &experiment::csv(&results),
+    )?;
     let plot = out.join(format!("{}.{kind}.compare.svg", sc.name));
     experiment::svg(&plot, &sim_reports, &results)
         .map_err(|e| format!("{}: {e}", plot.display()))?;
     eprintln!(
-        "[vgpu-bench] {}: {} runs in {}; {}/{}.{kind}.json, .{kind}.compare.md and .svg",
+        "[vgpu-bench] {}: {} runs in {}; {}/{}.{kind}.json, .csv, .compare.md and .compare.svg",
         sc.name,
         results.len(),
         minutes(started.elapsed()),
