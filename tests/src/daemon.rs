@@ -397,7 +397,8 @@ fn ctl_error(args: &[&str], why: String) -> DaemonError {
     }
 }
 
-fn find_vm(answer: &Value, name: &str) -> Value {
+/// The entry of VM `name` in a `vgpuctl --json list` or `show` answer (`Value::Null` if absent).
+pub fn find_vm(answer: &Value, name: &str) -> Value {
     answer["vms"]
         .as_array()
         .and_then(|vms| vms.iter().find(|v| v["name"] == name))

@@ -23,9 +23,9 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde_json::Value;
 use vgpu_scheduler::model::{Enforcement, PrioPolicy, VgpuParams};
-use vgpu_scheduler::sim::{RunReport, RunSpec, Scenario, Shape, VmSpec, Workload};
+use vgpu_scheduler::sim::{RunReport, RunSpec, RunVm, Scenario, Shape, Workload};
 
-use crate::daemon::Schedd;
+use crate::daemon::{Schedd, find_vm};
 use crate::guest::{GuestImage, RunningGuest};
 use crate::load_vm::{self, LoadVm};
 
@@ -56,55 +56,6 @@ const POLL: Duration = Duration::from_millis(250);
 /// Most VMs of one run on guests: TCG guests on a small host (the scenario's `instances` can
 /// ask for more; `--on qtest` is the way to scale).
 pub const MAX_GUESTS: usize = 8;
-
-/// One VM of a run: its name, its scenario entry and its parameters in force.
-#[derive(Debug, Clone)]
-pub struct RunVm<'a> {
-    pub name: String,
-    pub spec: &'a VmSpec,
-    pub params: VgpuParams,
-    pub cpu_weight: u32,
-}
-
-/// The VMs of `run`: its subset of the scenario's VMs, instances expanded (`name-1` ..), with
-/// the run's overrides applied, as the simulator builds them.
-pub fn run_vms<'a>(sc: &'a Scenario, run: &RunSpec) -> Vec<RunVm<'a>> {
-    let mut out = Vec::new();
-    for spec in &sc.vm {
-        if run.vms.as_ref().is_some_and(|v| !v.contains(&spec.name)) {
-            continue;
-        }
-        let n = run
-            .instances
-            .get(&spec.name)
-            .copied()
-            .unwrap_or(spec.instances);
-        let weight = run
-            .cpu_weight
-            .get(&spec.name)
-            .copied()
-            .unwrap_or(spec.cpu.weight);
-        for i in 1..=n {
-            let name = if n > 1 {
-                format!("{}-{i}", spec.name)
-            } else {
-                spec.name.clone()
-            };
-            let mut params = spec.params.clone();
-            if let Some(o) = run.params.get(&spec.name) {
-                o.apply(&mut params);
-            }
-            params.name.clone_from(&name);
-            out.push(RunVm {
-                name,
-                spec,
-                params,
-                cpu_weight: weight,
-            });
-        }
-    }
-    out
-}
 
 /// The guest's shell command for a VM: its `guest` command when the scenario names one (with
 /// `{duration_s}` filled in), else `vgpu-load` in the mode of its workload's shape, for
@@ -228,17 +179,6 @@ pub struct RunResult {
     pub vms: Vec<VmResult>,
 }
 
-fn num(v: &Value, key: &str) -> f64 {
-    v[key].as_f64().unwrap_or(0.0)
-}
-
-fn vm_entry<'v>(show: &'v Value, name: &str) -> Option<&'v Value> {
-    show["vms"]
-        .as_array()?
-        .iter()
-        .find(|v| v["name"].as_str() == Some(name))
-}
-
 /// Which guests a run boots.
 #[derive(Debug, Clone)]
 pub enum Guests {
@@ -331,7 +271,7 @@ pub fn run_on_vms(
         run: run.label.clone(),
         why,
     };
-    let vms = run_vms(sc, run);
+    let vms = sc.run_vms(run);
     let most = match config.guests {
         Guests::Vms(_) => MAX_GUESTS,
         Guests::Qtest => MAX_QTEST_GUESTS,
@@ -404,9 +344,8 @@ pub fn run_on_vms(
     };
     // The window opens once every VM has completed some work.
     let ready = |show: &Value| {
-        vms.iter().all(|vm| {
-            vm_entry(show, &vm.name).is_some_and(|v| v["completed"].as_u64() >= Some(WARM_GROUPS))
-        })
+        vms.iter()
+            .all(|vm| find_vm(show, &vm.name)["completed"].as_u64() >= Some(WARM_GROUPS))
     };
     let first = loop {
         let show = schedd
@@ -454,8 +393,8 @@ pub fn run_on_vms(
 /// Each VM's figures from the daemon's counters at the window's opening and close.
 fn results(vms: &[RunVm], first: &Value, last: &Value, window_s: f64) -> Vec<VmResult> {
     let delta = |name: &str, key: &str| {
-        let a = vm_entry(first, name).map_or(0.0, |v| num(v, key));
-        let b = vm_entry(last, name).map_or(0.0, |v| num(v, key));
+        let a = find_vm(first, name)[key].as_f64().unwrap_or(0.0);
+        let b = find_vm(last, name)[key].as_f64().unwrap_or(0.0);
         (b - a).max(0.0)
     };
     let total_gpu: f64 = vms.iter().map(|vm| delta(&vm.name, "gpu_time_ns")).sum();
@@ -464,7 +403,7 @@ fn results(vms: &[RunVm], first: &Value, last: &Value, window_s: f64) -> Vec<VmR
             let gpu = delta(&vm.name, "gpu_time_ns");
             let groups = delta(&vm.name, "completed") / window_s;
             let fps = delta(&vm.name, "frames") / window_s;
-            let entry = vm_entry(last, &vm.name).cloned().unwrap_or(Value::Null);
+            let entry = find_vm(last, &vm.name);
             VmResult {
                 name: vm.name.clone(),
                 gpu_share: if total_gpu > 0.0 {
@@ -755,19 +694,19 @@ vms = ["game"]
     #[test]
     fn runs_expand_instances_and_apply_overrides_as_the_simulator_does() {
         let sc = scenario(TWO_VMS);
-        let vms = run_vms(&sc, &sc.run[0]);
+        let vms = sc.run_vms(&sc.run[0]);
         let names: Vec<&str> = vms.iter().map(|v| v.name.as_str()).collect();
         assert_eq!(names, ["game", "bomb-1", "bomb-2", "bomb-3"]);
         assert_eq!(vms[1].params.name, "bomb-1");
         assert!(vms[1].params.reserve.is_some());
         assert_eq!(vms[1].cpu_weight, 200);
-        assert_eq!(run_vms(&sc, &sc.run[1]).len(), 1);
+        assert_eq!(sc.run_vms(&sc.run[1]).len(), 1);
     }
 
     #[test]
     fn workloads_become_vgpu_load_commands_and_parameters_vgpuctl_keys() {
         let sc = scenario(TWO_VMS);
-        let vms = run_vms(&sc, &sc.run[0]);
+        let vms = sc.run_vms(&sc.run[0]);
         let game = guest_command(&vms[0], 30).unwrap();
         assert!(
             game.starts_with(
@@ -798,7 +737,7 @@ vms = ["game"]
             "[[vm]]\nname = \"bomb\"\nguest = \"glmark2-es2-drm -b build:duration={duration_s}\"",
         );
         let sc = scenario(&text);
-        let vms = run_vms(&sc, &sc.run[0]);
+        let vms = sc.run_vms(&sc.run[0]);
         assert_eq!(
             guest_command(&vms[1], 42).unwrap(),
             "glmark2-es2-drm -b build:duration=42"
@@ -824,7 +763,7 @@ label = "none"
 policy = { policy = "none" }
 "#,
         );
-        let vms = run_vms(&sc, &sc.run[0]);
+        let vms = sc.run_vms(&sc.run[0]);
         let e = guest_command(&vms[0], 10).unwrap_err();
         assert!(e.to_string().contains("app: coupled"), "{e}");
     }

@@ -7,7 +7,7 @@
 //! `cuGetProcAddress` and the export tables). `OMP_TARGET_OFFLOAD=MANDATORY` makes a failed offload an error instead of a silent
 //! fall-back to the host, and the host reports the launches it ran.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -104,6 +104,26 @@ impl Host {
     }
 }
 
+/// Runs `program` of the corpus against a fresh host: it must exit 0 with a last line starting
+/// `PASS`, and the host must report `launches` launches. Its stdout and the host's report.
+fn passes(dir: &Path, program: &str, launches: u64) -> (String, String) {
+    let host = Host::start();
+    let out = host.run(&dir.join(program));
+    let report = host.report();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success() && stdout.lines().last().is_some_and(|l| l.starts_with("PASS")),
+        "{program}: {:?}\nstdout:\n{stdout}\nstderr:\n{}\nhost:\n{report}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        report.contains(&format!(" {launches} launches, ")),
+        "{program}: {report}"
+    );
+    (stdout, report)
+}
+
 #[test]
 fn gcc_offload_programs_run_unmodified_through_the_guest_library() {
     let Some(dir) = corpus() else { return };
@@ -118,20 +138,7 @@ fn gcc_offload_programs_run_unmodified_through_the_guest_library() {
         if !dir.join(program).exists() {
             panic!("{program} missing from the corpus in {}", dir.display());
         }
-        let host = Host::start();
-        let out = host.run(&dir.join(program));
-        let report = host.report();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success() && stdout.trim_end().ends_with("PASS"),
-            "{program}: {:?}\nstdout:\n{stdout}\nstderr:\n{}\nhost:\n{report}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(
-            report.contains(&format!(" {launches} launches, ")),
-            "{program}: {report}"
-        );
+        let (stdout, report) = passes(&dir, program, launches);
         if let Some(b) = bytes_to_device {
             assert!(
                 report.contains(&format!(" {b} bytes to device")),
@@ -183,20 +190,7 @@ fn nvcc_programs_run_unmodified_through_the_guest_library() {
     // Their static cudart 13 goes through the export tables (the integrity check included),
     // loads its fat binary as a library (cuLibraryLoadData) and launches CUkernel handles.
     for (program, launches) in NVCC_PROGRAMS {
-        let host = Host::start();
-        let out = host.run(&dir.join(program));
-        let report = host.report();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success() && stdout.lines().last().is_some_and(|l| l.starts_with("PASS")),
-            "{program}: {:?}\nstdout:\n{stdout}\nstderr:\n{}\nhost:\n{report}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(
-            report.contains(&format!(" {launches} launches, ")),
-            "{program}: {report}"
-        );
+        let (stdout, _) = passes(&dir, program, launches);
         if program == "hello" {
             assert!(stdout.contains("block 1 thread 1 value 1.50"), "{stdout}");
         }

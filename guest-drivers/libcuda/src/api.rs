@@ -119,7 +119,7 @@ fn owner(handle: Handle) -> CuResult<u64> {
 }
 
 /// A status from one of our own entry points as a result.
-fn status(r: CUresult) -> CuResult<()> {
+pub(crate) fn status(r: CUresult) -> CuResult<()> {
     match r {
         CUDA_SUCCESS => Ok(()),
         e => Err(e),
@@ -548,10 +548,16 @@ entry!(cuModuleLoadDataEx(
     put(module, m as Handle)
 });
 
+/// The image in the file named `path`.
+fn file_image(path: *const c_char) -> CuResult<Image> {
+    let image = std::fs::read(name(path)?).map_err(|_| CUDA_ERROR_FILE_NOT_FOUND)?;
+    Ok(Image::Single(image))
+}
+
 entry!(cuModuleLoad(module: *mut Handle, path: *const c_char) {
     let ctx = current()?;
-    let image = std::fs::read(name(path)?).map_err(|_| CUDA_ERROR_FILE_NOT_FOUND)?;
-    let m = with(|d| d.module_load(ctx, Image::Single(image)))?;
+    let image = file_image(path)?;
+    let m = with(|d| d.module_load(ctx, image))?;
     put(module, m as Handle)
 });
 
@@ -573,10 +579,7 @@ entry!(cuLibraryLoadData(
     _library_values: *mut *mut c_void,
     _library_count: c_uint,
 ) {
-    let image = image(code)?;
-    let ctx = top();
-    let l = with(|d| d.library_load(image, ctx))?;
-    put(library, l as Handle)
+    load_library(library, image(code)?)
 });
 
 entry!(cuLibraryLoadFromFile(
@@ -589,11 +592,15 @@ entry!(cuLibraryLoadFromFile(
     _library_values: *mut *mut c_void,
     _library_count: c_uint,
 ) {
-    let image = std::fs::read(name(path)?).map_err(|_| CUDA_ERROR_FILE_NOT_FOUND)?;
-    let ctx = top();
-    let l = with(|d| d.library_load(Image::Single(image), ctx))?;
-    put(library, l as Handle)
+    load_library(library, file_image(path)?)
 });
+
+/// A library of `image`, loaded into the current context if there is one.
+fn load_library(library: *mut Handle, image: Image) -> CuResult<()> {
+    let ctx = top();
+    let l = with(|d| d.library_load(image, ctx))?;
+    put(library, l as Handle)
+}
 
 entry!(cuLibraryUnload(library: Handle) { with(|d| d.library_unload(library as u64)) });
 

@@ -262,17 +262,13 @@ const PCI_ATTRIBUTES: [c_int; 3] = [50, 33, 34];
 /// What the integrity check says about device `dev`, from this library's own answers (the
 /// ones cudart hashes on its side).
 fn device_identity(dev: c_int) -> Result<integrity::DeviceIdentity, CUresult> {
-    let call = |status: CUresult| match status {
-        CUDA_SUCCESS => Ok(()),
-        e => Err(e),
-    };
     let mut uuid = [0u8; 16];
     // SAFETY: our own entry point with a valid out-pointer.
-    call(unsafe { api::cuDeviceGetUuid_v2(&mut uuid, dev) })?;
+    api::status(unsafe { api::cuDeviceGetUuid_v2(&mut uuid, dev) })?;
     let mut pci = [0 as c_int; 3];
     for (value, attribute) in pci.iter_mut().zip(PCI_ATTRIBUTES) {
         // SAFETY: as above.
-        call(unsafe { api::cuDeviceGetAttribute(value, attribute, dev) })?;
+        api::status(unsafe { api::cuDeviceGetAttribute(value, attribute, dev) })?;
     }
     Ok(integrity::DeviceIdentity {
         uuid,
@@ -282,29 +278,16 @@ fn device_identity(dev: c_int) -> Result<integrity::DeviceIdentity, CUresult> {
     })
 }
 
-/// Slot 1 of [`INTEGRITY_CHECK`].
-extern "C" fn integrity_check(
-    runtime_version: c_uint,
-    unix_seconds: u64,
-    result: *mut [u8; 16],
-) -> CUresult {
-    if result.is_null() {
-        return CUDA_ERROR_INVALID_VALUE;
-    }
+/// The integrity check's inputs from this library's own answers, and its token.
+fn integrity_token(runtime_version: c_uint, unix_seconds: u64) -> Result<[u8; 16], CUresult> {
     let (mut driver_version, mut count) = (0 as c_int, 0 as c_int);
     // SAFETY: our own entry points with valid out-pointers.
-    let status = unsafe { api::cuDriverGetVersion(&mut driver_version) }
-        .max(unsafe { api::cuDeviceGetCount(&mut count) });
-    if status != CUDA_SUCCESS {
-        return status;
-    }
-    let devices = match (0..count)
+    api::status(unsafe { api::cuDriverGetVersion(&mut driver_version) })?;
+    // SAFETY: as above.
+    api::status(unsafe { api::cuDeviceGetCount(&mut count) })?;
+    let devices = (0..count)
         .map(device_identity)
-        .collect::<Result<Vec<_>, _>>()
-    {
-        Ok(d) => d,
-        Err(e) => return e,
-    };
+        .collect::<Result<Vec<_>, _>>()?;
     let record = integrity::Record {
         driver_version: driver_version as u32,
         runtime_version,
@@ -317,9 +300,26 @@ extern "C" fn integrity_check(
         check_function: integrity_check as *const () as u64,
         unix_seconds,
     };
-    // SAFETY: checked non-NULL above; cudart's 16-byte out-buffer.
-    unsafe { result.write_unaligned(integrity::answer(&record, &devices)) };
-    CUDA_SUCCESS
+    Ok(integrity::answer(&record, &devices))
+}
+
+/// Slot 1 of [`INTEGRITY_CHECK`].
+extern "C" fn integrity_check(
+    runtime_version: c_uint,
+    unix_seconds: u64,
+    result: *mut [u8; 16],
+) -> CUresult {
+    if result.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    match integrity_token(runtime_version, unix_seconds) {
+        Ok(token) => {
+            // SAFETY: checked non-NULL above; cudart's 16-byte out-buffer.
+            unsafe { result.write_unaligned(token) };
+            CUDA_SUCCESS
+        }
+        Err(e) => e,
+    }
 }
 
 /// Builds a table: its size in bytes first, then the slots.

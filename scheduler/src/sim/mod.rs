@@ -15,7 +15,7 @@ mod world;
 
 pub use report::{DecisionCounts, RunReport, Series, VmReport, VmSeries};
 pub use scenario::{
-    CpuSpec, ParamsOverride, RunSpec, Scenario, Shape, VmSpec, VmsSpec, Wait, Workload,
+    CpuSpec, ParamsOverride, RunSpec, RunVm, Scenario, Shape, VmSpec, VmsSpec, Wait, Workload,
 };
 
 use crate::core::SchedError;

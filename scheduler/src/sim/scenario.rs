@@ -294,6 +294,62 @@ pub struct RunSpec {
     pub wait: Option<Wait>,
 }
 
+/// One VM of a run: an instance of a `[[vm]]` entry with the run's overrides applied.
+#[derive(Debug, Clone)]
+pub struct RunVm<'a> {
+    /// Its name: the entry's, or `name-1` .. `name-N` for several instances.
+    pub name: String,
+    /// The entry it is an instance of.
+    pub spec: &'a VmSpec,
+    /// Its vGPU parameters in force (named `name`).
+    pub params: VgpuParams,
+    /// Its CPU weight in force.
+    pub cpu_weight: u32,
+}
+
+impl Scenario {
+    /// The VMs of `run`: its subset of the scenario's VMs, instances expanded, with the run's
+    /// parameter, CPU weight and instance overrides applied (validated by `sim::run`).
+    pub fn run_vms<'a>(&'a self, run: &RunSpec) -> Vec<RunVm<'a>> {
+        let mut out = Vec::new();
+        for spec in &self.vm {
+            if run.vms.as_ref().is_some_and(|v| !v.contains(&spec.name)) {
+                continue;
+            }
+            let count = run
+                .instances
+                .get(&spec.name)
+                .copied()
+                .unwrap_or(spec.instances);
+            let cpu_weight = run
+                .cpu_weight
+                .get(&spec.name)
+                .copied()
+                .unwrap_or(spec.cpu.weight);
+            let mut params = spec.params.clone();
+            if let Some(o) = run.params.get(&spec.name) {
+                o.apply(&mut params);
+            }
+            for k in 1..=count {
+                let name = match count {
+                    1 => spec.name.clone(),
+                    _ => format!("{}-{k}", spec.name),
+                };
+                out.push(RunVm {
+                    params: VgpuParams {
+                        name: name.clone(),
+                        ..params.clone()
+                    },
+                    name,
+                    spec,
+                    cpu_weight,
+                });
+            }
+        }
+        out
+    }
+}
+
 /// The vGPU parameters a run may change; absent fields keep the VM's value.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -9,12 +9,12 @@ use rand_chacha::ChaCha8Rng;
 use super::cpu::Cpu;
 use super::engine::{Engine, Job};
 use super::report::{DecisionCounts, Histogram, RunReport, Series, VmReport, VmSeries};
-use super::scenario::{RunSpec, Scenario, Shape, Wait};
+use super::scenario::{RunSpec, RunVm, Scenario, Shape, Wait};
 use super::{MAX_EVENTS_PER_INSTANT, MAX_SAMPLES, SimError};
 use crate::core::Scheduler;
 use crate::model::{
     CommandGroup, CostSignature, Decision, Event, GroupId, GroupKind, NS_PER_MS, NS_PER_SEC,
-    NS_PER_US, Nanos, Time, VgpuId, VgpuParams,
+    NS_PER_US, Nanos, Time, VgpuId,
 };
 
 /// Most periodic submissions a VM may have outstanding; beyond it a tick is skipped (the
@@ -189,98 +189,74 @@ impl World {
         let mut cpu_specs = Vec::new();
         let mut vm_of = Vec::new();
         let mut out = Vec::new();
-        for spec in &sc.vm {
-            if run
-                .vms
-                .as_ref()
-                .is_some_and(|names| !names.contains(&spec.name))
-            {
-                continue;
+        let run_vms = sc.run_vms(run);
+        if run_vms.len() > super::MAX_VMS {
+            return Err(SimError::Invalid {
+                field: format!("run.{}", run.label),
+                reason: "more than 256 VMs",
+            });
+        }
+        for RunVm {
+            name,
+            spec,
+            params: p,
+            cpu_weight: weight,
+        } in run_vms
+        {
+            let frame_bound = match (sc.frame_bound_ms, p.target_fps) {
+                (Some(b), _) => Some(b),
+                (None, Some(fps)) if fps > 0.0 => Some(1000.0 / fps + sc.frame_tolerance_ms),
+                _ => None,
             }
-            let count = run
-                .instances
-                .get(&spec.name)
-                .copied()
-                .unwrap_or(spec.instances);
-            let mut params = spec.params.clone();
-            if let Some(o) = run.params.get(&spec.name) {
-                o.apply(&mut params);
+            .map(|ms| (ms * NS_PER_MS as f64) as Nanos);
+            let vgpu = sched
+                .add_vgpu(0, p, &mut out)
+                .map_err(|e| SimError::Sched {
+                    run: run.label.clone(),
+                    vm: name.clone(),
+                    source: e,
+                })?;
+            let index = vms.len();
+            if vm_of.len() <= vgpu.index() {
+                vm_of.resize(vgpu.index() + 1, usize::MAX);
             }
-            let weight = run
-                .cpu_weight
-                .get(&spec.name)
-                .copied()
-                .unwrap_or(spec.cpu.weight);
-            for k in 1..=count {
-                if vms.len() >= super::MAX_VMS {
-                    return Err(SimError::Invalid {
-                        field: format!("run.{}", run.label),
-                        reason: "more than 256 VMs",
-                    });
-                }
-                let name = match count {
-                    1 => spec.name.clone(),
-                    _ => format!("{}-{k}", spec.name),
-                };
-                let p = VgpuParams {
-                    name: name.clone(),
-                    ..params.clone()
-                };
-                let frame_bound = match (sc.frame_bound_ms, p.target_fps) {
-                    (Some(b), _) => Some(b),
-                    (None, Some(fps)) if fps > 0.0 => Some(1000.0 / fps + sc.frame_tolerance_ms),
-                    _ => None,
-                }
-                .map(|ms| (ms * NS_PER_MS as f64) as Nanos);
-                let vgpu = sched
-                    .add_vgpu(0, p, &mut out)
-                    .map_err(|e| SimError::Sched {
-                        run: run.label.clone(),
-                        vm: name.clone(),
-                        source: e,
-                    })?;
-                let index = vms.len();
-                if vm_of.len() <= vgpu.index() {
-                    vm_of.resize(vgpu.index() + 1, usize::MAX);
-                }
-                vm_of[vgpu.index()] = index;
-                let mut rng = ChaCha8Rng::seed_from_u64(sc.seed);
-                rng.set_stream(index as u64);
-                let w = &spec.workload;
-                let mut shape = w.shape.clone();
-                if let (Shape::Coupled { wait, .. }, Some(w)) = (&mut shape, run.wait) {
-                    *wait = w;
-                }
-                vms.push(Vm {
-                    name,
-                    vgpu,
-                    shape,
-                    context: spec.context,
-                    start: w.start_ms.saturating_mul(NS_PER_MS),
-                    stop: w.stop_ms.map_or(Time::MAX, |s| s.saturating_mul(NS_PER_MS)),
-                    jitter: w.jitter,
-                    rng,
-                    next_id: 0,
-                    pending: VecDeque::new(),
-                    outstanding: 0,
-                    phase: Phase::Idle,
-                    frame_start: 0,
-                    last_present: None,
-                    frame_bound,
-                    hint_queued: false,
-                    latency: Histogram::new(),
-                    frame_time: Histogram::new(),
-                    frame_latency: Histogram::new(),
-                    frames: 0,
-                    over_bound: 0,
-                    skipped: 0,
-                    interval_frames: 0,
-                    interval_gpu: 0,
-                    fps: Vec::new(),
-                    gpu: Vec::new(),
-                });
-                cpu_specs.push((spec.cpu.vcpus, weight));
+            vm_of[vgpu.index()] = index;
+            let mut rng = ChaCha8Rng::seed_from_u64(sc.seed);
+            rng.set_stream(index as u64);
+            let w = &spec.workload;
+            let mut shape = w.shape.clone();
+            if let (Shape::Coupled { wait, .. }, Some(w)) = (&mut shape, run.wait) {
+                *wait = w;
             }
+            vms.push(Vm {
+                name,
+                vgpu,
+                shape,
+                context: spec.context,
+                start: w.start_ms.saturating_mul(NS_PER_MS),
+                stop: w.stop_ms.map_or(Time::MAX, |s| s.saturating_mul(NS_PER_MS)),
+                jitter: w.jitter,
+                rng,
+                next_id: 0,
+                pending: VecDeque::new(),
+                outstanding: 0,
+                phase: Phase::Idle,
+                frame_start: 0,
+                last_present: None,
+                frame_bound,
+                hint_queued: false,
+                latency: Histogram::new(),
+                frame_time: Histogram::new(),
+                frame_latency: Histogram::new(),
+                frames: 0,
+                over_bound: 0,
+                skipped: 0,
+                interval_frames: 0,
+                interval_gpu: 0,
+                fps: Vec::new(),
+                gpu: Vec::new(),
+            });
+            cpu_specs.push((spec.cpu.vcpus, weight));
         }
         let end = sc.duration_ms.saturating_mul(NS_PER_MS);
         let interval = sc
