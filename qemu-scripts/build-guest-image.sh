@@ -47,7 +47,12 @@ PACKAGES=(
     linux-image-amd64 initramfs-tools zstd kmod
     libgl1-mesa-dri libegl-mesa0 libgles2 libgbm1 libegl1 mesa-utils mesa-utils-bin
     glmark2-es2-drm kmscube pciutils stress-ng libgomp-plugin-nvptx1
+    gstreamer1.0-tools gstreamer1.0-gl gstreamer1.0-plugins-base
 )
+# The single-mode EDID every benchmark boot loads with drm.edid_firmware=$EDID_NAME, so that all
+# virtio-gpu devices (ours, QEMU's, vhost-user-gpu) offer exactly one mode: glmark2-es2-drm and
+# kmscube take the largest mode a connector lists, and QEMU's own EDID lists up to 5120x2160.
+EDID_NAME=edid/vgpu-1024x768.bin
 INITRAMFS_MODULES=(virtio_pci virtio_blk virtio_console virtio_gpu drm drm_kms_helper ext4 qemu_fw_cfg)
 # Kernel module trees no guest of ours needs (real hardware); pruning them halves the image.
 PRUNE_MODULES=(
@@ -59,7 +64,8 @@ PRUNE_MODULES=(
     net/bluetooth net/mac80211 fs/btrfs fs/xfs fs/ocfs2 fs/nfs fs/nfsd fs/smb fs/ceph
 )
 # Bump when the layout of the output changes.
-LAYOUT=1
+# 2: the benchmark EDID, GStreamer GL.
+LAYOUT=2
 
 log() { printf '[build-guest-image] %s\n' "$*" >&2; }
 die() { printf '[build-guest-image] error: %s\n' "$*" >&2; exit 1; }
@@ -143,6 +149,33 @@ command -v mkfs.ext4 >/dev/null || die "mkfs.ext4 not found; install e2fsprogs"
 [[ -e /usr/share/debootstrap/scripts/$SUITE ]] ||
     die "this debootstrap ($(dpkg-query -W -f '${Version}' debootstrap)) does not know $SUITE; upgrade debootstrap"
 
+# Writes a 128-byte EDID 1.3 block with one detailed timing, VESA DMT 1024x768 at 60 Hz (65 MHz;
+# h 1024+24+136+160, v 768+3+6+29, both syncs negative), no established, standard or range-limit
+# timings (so the kernel infers no other modes), monitor name "vgpu".
+write_edid() {
+    local -a b=(
+        0x00 0xff 0xff 0xff 0xff 0xff 0xff 0x00 # header
+        0x58 0xf0 0x01 0x00 0x00 0x00 0x00 0x00 # vendor "VGP", product 1, serial 0
+        0x00 0x24 0x01 0x03                     # week -, 2026, EDID 1.3
+        0x80 0x1b 0x14 0x78 0x0a                # digital, 27x20 cm, gamma 2.2, RGB, preferred timing
+        0xee 0x91 0xa3 0x54 0x4c 0x99 0x26 0x0f 0x50 0x54 # chromaticity (sRGB)
+        0x00 0x00 0x00                          # no established timings
+        0x01 0x01 0x01 0x01 0x01 0x01 0x01 0x01 0x01 0x01 0x01 0x01 0x01 0x01 0x01 0x01
+        # detailed timing: 65.00 MHz, 1024/320, 768/38, sync 24/136, 3/6, 270x203 mm, separate sync
+        0x64 0x19 0x00 0x40 0x41 0x00 0x26 0x30 0x18 0x88 0x36 0x00 0x0e 0xcb 0x10 0x00 0x00 0x18
+        0x00 0x00 0x00 0xfc 0x00 0x76 0x67 0x70 0x75 0x0a 0x20 0x20 0x20 0x20 0x20 0x20 0x20 0x20
+        0x00 0x00 0x00 0x10 0x00 0x00 0x00 0x00 0x00 0x00 0x00 0x00 0x00 0x00 0x00 0x00 0x00 0x00
+        0x00 0x00 0x00 0x10 0x00 0x00 0x00 0x00 0x00 0x00 0x00 0x00 0x00 0x00 0x00 0x00 0x00 0x00
+        0x00                                    # no extension blocks
+    )
+    ((${#b[@]} == 127)) || die "EDID template has ${#b[@]} bytes, not 127"
+    local sum=0 x
+    for x in "${b[@]}"; do sum=$((sum + x)); done
+    b+=($(((256 - sum % 256) % 256)))
+    mkdir -p "$(dirname "$1")"
+    printf "$(printf '\\x%02x' "${b[@]}")" >"$1"
+}
+
 umount_chroot
 rm -rf "$WORK"
 mkdir -p "$WORK"
@@ -190,6 +223,16 @@ mkdir -p "$ROOT/etc/initramfs-tools/conf.d"
 printf 'MODULES=list\nCOMPRESS=zstd\n' >"$ROOT/etc/initramfs-tools/conf.d/90-vgpu.conf"
 printf '%s\n' "${INITRAMFS_MODULES[@]}" >>"$ROOT/etc/initramfs-tools/modules"
 echo vgpu-guest >"$ROOT/etc/hostname"
+# The benchmark EDID, in the root and (virtio_gpu probes from the initramfs) in the initramfs.
+write_edid "$ROOT/usr/lib/firmware/$EDID_NAME"
+mkdir -p "$ROOT/etc/initramfs-tools/hooks"
+cat >"$ROOT/etc/initramfs-tools/hooks/vgpu-edid" <<HOOK
+#!/bin/sh
+[ "\$1" = prereqs ] && exit 0
+. /usr/share/initramfs-tools/hook-functions
+copy_file firmware /usr/lib/firmware/$EDID_NAME /usr/lib/firmware/$EDID_NAME
+HOOK
+chmod 755 "$ROOT/etc/initramfs-tools/hooks/vgpu-edid"
 printf '/dev/vda / ext4 ro,noatime 0 1\n' >"$ROOT/etc/fstab"
 
 log "step 4/6: installing ${#PACKAGES[@]} packages and their dependencies in the chroot"
@@ -210,6 +253,7 @@ for module in virtio_gpu virtio_blk ext4 qemu_fw_cfg; do
     # Module files may use - for _ and are compressed (virtio-gpu.ko.xz).
     grep -Eq "/${module//_/[-_]}\.ko" <<<"$initrd_list" || die "the initramfs lacks $module.ko (see $LOG)"
 done
+grep -q "firmware/$EDID_NAME" <<<"$initrd_list" || die "the initramfs lacks $EDID_NAME (see $LOG)"
 mesa=$(chroot "$ROOT" dpkg-query -W -f '${Version}' libgl1-mesa-dri)
 npkgs=$(chroot "$ROOT" dpkg-query -W -f '.\n' | wc -l)
 log "    done in $((SECONDS - t)) s: kernel $kver, Mesa $mesa, $npkgs packages"
@@ -234,7 +278,7 @@ rm -rf "$ROOT"/usr/share/doc/* "$ROOT"/usr/share/man/* "$ROOT"/usr/share/info/* 
     "$ROOT"/var/cache/apt/* "$ROOT"/var/cache/debconf/*-old "$ROOT"/var/log/* "$ROOT"/boot/*
 moddir=$ROOT/lib/modules/$kver/kernel
 for tree in "${PRUNE_MODULES[@]}"; do rm -rf "${moddir:?}/$tree"; done
-rm -rf "$ROOT"/usr/lib/firmware/*
+find "$ROOT/usr/lib/firmware" -mindepth 1 -maxdepth 1 ! -name edid -exec rm -rf {} +
 chroot "$ROOT" depmod -a "$kver"
 umount_chroot
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs QEMU 11.1 (qemu-system-x86 with vfio-user-pci, plus the OpenGL display modules and the
 # EGL stack they load) from Debian trixie-backports as an extracted prefix under
-# ${VGPU_CACHE:-$HOME/.cache/vgpu}/qemu.
+# ${VGPU_CACHE:-$HOME/.cache/vgpu}/qemu, with QEMU's vhost-user-gpu backend (usr/lib/qemu) taken
+# from qemu-system-gui: only that binary and its description, since the rest of the package
+# (GTK/SDL displays, audio) would pull in a desktop's worth of libraries it does not need.
 #
 # No root needed and the host's apt/dpkg state is never touched: a private APT configuration with
 # an empty dpkg status file resolves the whole dependency closure (trixie's libc included), the
@@ -20,9 +22,11 @@ STAMP=$PREFIX/.vgpu-prefix-complete
 # as the prefix's libgbm1: without them the OpenGL display modules (egl-headless, used by
 # virtio-gpu-gl-pci) load the host's older libEGL, which crashes against the prefix's GBM.
 PACKAGES=(qemu-system-x86 qemu-system-modules-opengl libegl1 libegl-mesa0)
+# Files taken from qemu-system-gui (its other dependencies are all in the closure above).
+GUI_FILES=(./usr/lib/qemu/vhost-user-gpu ./usr/share/qemu/vhost-user/50-qemu-gpu.json)
 # Bump when the package set or the layout changes, so older prefixes are rebuilt.
-# 2: libegl1 and libegl-mesa0 added.
-LAYOUT=2
+# 2: libegl1 and libegl-mesa0 added. 3: vhost-user-gpu.
+LAYOUT=3
 
 log() { printf '[setup-qemu] %s\n' "$*" >&2; }
 die() { printf '[setup-qemu] error: %s\n' "$*" >&2; exit 1; }
@@ -73,13 +77,13 @@ Debug::NoLocking "true";
 CONF
 export APT_CONFIG=$APTDIR/apt.conf
 
-log "step 1/3: reading the trixie and trixie-backports package lists from $MIRROR"
+log "step 1/4: reading the trixie and trixie-backports package lists from $MIRROR"
 if ! apt-get -q update --error-on=any >"$APTDIR/update.log" 2>&1; then
     sed 's/^/    /' "$APTDIR/update.log" >&2
     die "the Debian archive at $MIRROR is unreachable or incomplete (see above); check the network or set VGPU_DEBIAN_MIRROR"
 fi
 
-log "step 2/3: downloading ${PACKAGES[*]} from trixie-backports with their dependency closure"
+log "step 2/4: downloading ${PACKAGES[*]} from trixie-backports with their dependency closure"
 apt-get -q -y --download-only -t trixie-backports install "${PACKAGES[@]}" 2>&1 |
     awk '/^Get:/ { n++; if (n % 20 == 0) { print "    downloaded " n " packages"; fflush() } next } /^(Need to get|Fetched|E:)/ { print "    " $0; fflush() }' >&2 || true
 mapfile -t debs < <(find "$APTDIR/archives" -maxdepth 1 -name '*.deb' | sort)
@@ -87,7 +91,7 @@ mapfile -t debs < <(find "$APTDIR/archives" -maxdepth 1 -name '*.deb' | sort)
 version=$(dpkg-deb -f "$(ls "$APTDIR"/archives/qemu-system-x86_*.deb | tail -n1)" Version 2>/dev/null) ||
     die "qemu-system-x86 was not downloaded; see the output above"
 
-log "step 3/3: unpacking ${#debs[@]} packages into $PREFIX"
+log "step 3/4: unpacking ${#debs[@]} packages into $PREFIX"
 rm -rf "$PREFIX.partial"
 mkdir -p "$PREFIX.partial"
 i=0
@@ -97,6 +101,14 @@ for deb in "${debs[@]}"; do
     dpkg -x "$deb" "$PREFIX.partial"
 done
 [[ -x $PREFIX.partial/usr/bin/qemu-system-x86_64 ]] || die "qemu-system-x86_64 missing after unpacking"
+
+log "step 4/4: vhost-user-gpu from qemu-system-gui $version"
+rm -f "$APTDIR"/qemu-system-gui_*.deb
+(cd "$APTDIR" && apt-get -q download "qemu-system-gui=$version" >"$APTDIR/gui.log" 2>&1) ||
+    { sed 's/^/    /' "$APTDIR/gui.log" >&2; die "downloading qemu-system-gui $version failed"; }
+dpkg-deb --fsys-tarfile "$APTDIR"/qemu-system-gui_*.deb | tar -x -C "$PREFIX.partial" "${GUI_FILES[@]}"
+rm -f "$APTDIR"/qemu-system-gui_*.deb
+[[ -x $PREFIX.partial/usr/lib/qemu/vhost-user-gpu ]] || die "vhost-user-gpu missing after unpacking"
 printf 'layout %s\nqemu-system-x86 %s\n' "$LAYOUT" "$version" > "$PREFIX.partial/.vgpu-prefix-complete"
 rm -rf "$PREFIX"
 mv "$PREFIX.partial" "$PREFIX"
