@@ -9,7 +9,15 @@
 //! A second section takes QEMU out: a raw vfio-user client maps a RAM file as guest memory,
 //! programs the device the way QEMU forwards a guest's register writes, and times posted
 //! notify writes and notify-to-MSI-X latency (the eventfd QEMU would get). That is the
-//! server's own cost per doorbell, hops 1 to 8.
+//! server's own cost per doorbell, hops 1 to 8. It runs twice: with the server's busy polling
+//! off (`--busy-poll-us 0`: every hop is a scheduler wake-up) and at its default.
+//!
+//! A third section runs the same gate in a TCG guest (when the guest image is built): the
+//! stock kernel driver's DRM ioctls submit a 1 µs group through the control queue and wait for
+//! its fence, back to back (`vgpu-load throttle --kernel-us 1 --sleep-us 0`), with the
+//! server's busy polling off and at its default. The latency there is the whole guest path:
+//! the guest's ioctl, QEMU's MMIO exit and vfio-user message, our device, the fence's MSI-X
+//! through QEMU's irqfd back into the emulated CPU.
 //!
 //! `cargo bench -p vgpu-tests --bench doorbell [-- --quick]`
 
@@ -19,7 +27,9 @@ use vfio_bindings::bindings::vfio::VFIO_PCI_MSIX_IRQ_INDEX;
 use vgpu_guest_drivers::virtio_gpu::{
     CONTROL_QUEUE, CTRL_HDR_SIZE, DISPLAY_INFO_SIZE, get_display_info,
 };
-use vgpu_tests::raw_guest::RawGuest;
+use vgpu_schedd::busy_poll;
+use vgpu_tests::guest::{GuestConfig, GuestImage, RunningGuest};
+use vgpu_tests::raw_guest::{RawGuest, wait_interrupt};
 use vgpu_tests::server::{TestServer, VgpuGuest};
 use vgpu_tests::{qemu_version, skip_without_qemu};
 use vmm_sys_util::eventfd::EventFd;
@@ -98,9 +108,10 @@ struct RawResults {
     latencies: Vec<f64>,
 }
 
-/// The server alone: notify writes/s and notify-to-MSI-X latency (µs) from a raw client.
-fn server_only(notifies: u32, round_trips: u32) -> RawResults {
-    let server = TestServer::start(1);
+/// The server alone, spinning up to `busy_poll`: notify writes/s and notify-to-MSI-X latency
+/// (µs) from a raw client.
+fn server_only(notifies: u32, round_trips: u32, busy_poll: Duration) -> RawResults {
+    let server = TestServer::start_polling(1, busy_poll);
     let mut guest = RawGuest::connect(server.socket(), 1).unwrap();
     let irq = EventFd::new(0).unwrap();
     guest.set_trigger(VFIO_PCI_MSIX_IRQ_INDEX, 1, &irq).unwrap();
@@ -118,7 +129,7 @@ fn server_only(notifies: u32, round_trips: u32) -> RawResults {
         guest.publish().unwrap();
         let t0 = Instant::now();
         guest.notify().unwrap();
-        irq.read().unwrap();
+        assert_ne!(wait_interrupt(&irq, POLL_TIMEOUT).unwrap(), 0, "MSI-X");
         latencies.push(t0.elapsed().as_secs_f64() * 1e6);
         assert_eq!(
             guest.used_idx(),
@@ -133,7 +144,8 @@ fn server_only(notifies: u32, round_trips: u32) -> RawResults {
 }
 
 /// Calibration: one thread wakes another through an eventfd and is woken back (µs per round
-/// trip, two wakeups). The server-only path has three wakeups (message loop, worker, client).
+/// trip, two wakeups). The server-only path has three wakeups without busy polling (relay,
+/// worker, client; the relay kicks the worker itself) and one with it (the client's).
 fn wakeup_round_trip_us(n: u32) -> f64 {
     let (ping, pong) = (EventFd::new(0).unwrap(), EventFd::new(0).unwrap());
     let (ping2, pong2) = (ping.try_clone().unwrap(), pong.try_clone().unwrap());
@@ -151,6 +163,34 @@ fn wakeup_round_trip_us(n: u32) -> f64 {
     let per = start.elapsed().as_secs_f64() * 1e6 / f64::from(n);
     echo.join().unwrap();
     per
+}
+
+/// Seconds the guest ping runs.
+const GUEST_PING_S: u32 = 5;
+
+/// The guest ping's (p50, p99) in µs with the server spinning up to `busy_poll`, or why not.
+fn guest_ping(image: &GuestImage, busy_poll: Duration) -> Result<(f64, f64, f64), String> {
+    let job = format!(
+        "vgpu-load throttle --kernel-us 1 --sleep-us 0 --duration-s {GUEST_PING_S} --json | grep '\"kind\":\"summary\"'"
+    );
+    let mut config = GuestConfig::new(image.clone(), job).timeout(Duration::from_secs(240));
+    config.server_args = vec!["--busy-poll-us".into(), busy_poll.as_micros().to_string()];
+    let run = RunningGuest::run(&config).map_err(|e| e.to_string())?;
+    let line = run
+        .output
+        .lines()
+        .find(|l| l.contains("\"summary\""))
+        .ok_or_else(|| format!("no summary; exit {:?}: {}", run.exit_code, run.output))?;
+    let v: serde_json::Value = serde_json::from_str(line).map_err(|e| e.to_string())?;
+    let field = |k: &str| {
+        v[k].as_f64()
+            .ok_or_else(|| format!("{k} missing in {line}"))
+    };
+    Ok((
+        field("latency_p50_us")?,
+        field("latency_p99_us")?,
+        field("groups")? / field("elapsed_s")?,
+    ))
 }
 
 fn stats(samples: &mut [f64]) -> (f64, f64, f64, f64) {
@@ -194,8 +234,13 @@ fn main() {
     assert_eq!(faults, 0, "the benchmark must not trip the device");
     drop(guest);
     server.wait(Duration::from_secs(10)).expect("server exits");
-    let mut raw = server_only(sizes.notifies, sizes.round_trips);
-    let (r50, r99, rmean, rmax) = stats(&mut raw.latencies);
+    let runs: Vec<(u64, RawResults)> = [0, busy_poll::DEFAULT_MAX.as_micros() as u64]
+        .into_iter()
+        .map(|us| {
+            let raw = server_only(sizes.notifies, sizes.round_trips, Duration::from_micros(us));
+            (us, raw)
+        })
+        .collect();
     let wakeup = wakeup_round_trip_us(sizes.round_trips);
 
     let machine = format!(
@@ -212,27 +257,56 @@ fn main() {
     println!("| QEMU qtest | write-to-used p50 / p99 (µs, {m} requests) | {p50:.1} / {p99:.1} |");
     println!("| QEMU qtest | write-to-used mean / max (µs) | {mean:.1} / {max:.1} |");
     println!("| QEMU qtest | qtest round trip (µs, floor of the above) | {floor:.1} |");
-    println!(
-        "| server only | notify writes/s ({n} posted writes) | {:.0} |",
-        raw.rate
-    );
-    println!(
-        "| server only | notify-to-MSI-X p50 / p99 (µs, {m} requests) | {r50:.1} / {r99:.1} |"
-    );
-    println!("| server only | notify-to-MSI-X mean / max (µs) | {rmean:.1} / {rmax:.1} |");
-    println!("| calibration | eventfd ping-pong between two threads (µs) | {wakeup:.1} |");
-
     let latency = |p50: f64, p99: f64, mean: f64, max: f64| {
         format!("{{\"p50\":{p50:.2},\"p99\":{p99:.2},\"mean\":{mean:.2},\"max\":{max:.2}}}")
     };
+    let mut server_json = Vec::new();
+    for (us, mut raw) in runs {
+        let (r50, r99, rmean, rmax) = stats(&mut raw.latencies);
+        let path = format!("server only, busy poll {us} µs");
+        println!(
+            "| {path} | notify writes/s ({n} posted writes) | {:.0} |",
+            raw.rate
+        );
+        println!("| {path} | notify-to-MSI-X p50 / p99 (µs, {m} requests) | {r50:.1} / {r99:.1} |");
+        println!("| {path} | notify-to-MSI-X mean / max (µs) | {rmean:.1} / {rmax:.1} |");
+        server_json.push(format!(
+            "{{\"busy_poll_us\":{us},\"notify_writes_per_s\":{:.0},\"notify_to_msix_us\":{}}}",
+            raw.rate,
+            latency(r50, r99, rmean, rmax)
+        ));
+    }
+    println!("| calibration | eventfd ping-pong between two threads (µs) | {wakeup:.1} |");
+    let mut guest_json = Vec::new();
+    match GuestImage::locate() {
+        Ok(image) => {
+            for us in [0, busy_poll::DEFAULT_MAX.as_micros() as u64] {
+                let path = format!("TCG guest, busy poll {us} µs");
+                match guest_ping(&image, Duration::from_micros(us)) {
+                    Ok((p50, p99, rate)) => {
+                        println!(
+                            "| {path} | 1 µs group submit-to-fence p50 / p99 (µs, {GUEST_PING_S} s) | {p50:.0} / {p99:.0} |"
+                        );
+                        println!("| {path} | groups/s back to back | {rate:.0} |");
+                        guest_json.push(format!(
+                            "{{\"busy_poll_us\":{us},\"p50_us\":{p50},\"p99_us\":{p99},\"groups_per_s\":{rate:.1}}}"
+                        ));
+                    }
+                    Err(e) => println!("| {path} | failed | {e} |"),
+                }
+            }
+        }
+        Err(e) => println!("| TCG guest | skipped | {e} |"),
+    }
+
     let json = format!(
         "{{\"benchmark\":\"doorbell\",\"qemu\":{qemu:?},\"machine\":{machine:?},\
          \"notifies\":{n},\"round_trips\":{m},\
          \"qtest\":{{\"notify_writes_per_s\":{rate:.0},\"write_to_used_us\":{},\"round_trip_us\":{floor:.2}}},\
-         \"server_only\":{{\"notify_writes_per_s\":{:.0},\"notify_to_msix_us\":{}}},\"eventfd_ping_pong_us\":{wakeup:.2}}}\n",
+         \"server_only\":[{}],\"eventfd_ping_pong_us\":{wakeup:.2},\"tcg_guest\":[{}]}}\n",
         latency(p50, p99, mean, max),
-        raw.rate,
-        latency(r50, r99, rmean, rmax),
+        server_json.join(","),
+        guest_json.join(","),
     );
     let out = std::env::var_os("VGPU_BENCH_OUT").map_or_else(
         || {

@@ -200,3 +200,30 @@ impl RawGuest {
             .unwrap_or(0)
     }
 }
+
+/// Waits (blocking in `epoll_wait`, as QEMU's main loop waits for an irqfd) until `irq` is
+/// signalled or `timeout` passes, and reads it; `Ok(0)` on a time-out. The server makes the
+/// interrupt eventfds it is given non-blocking, which the client's copy shares.
+pub fn wait_interrupt(irq: &EventFd, timeout: std::time::Duration) -> std::io::Result<u64> {
+    use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+    let epoll = Epoll::new()?;
+    epoll.ctl(
+        ControlOperation::Add,
+        irq.as_raw_fd(),
+        EpollEvent::new(EventSet::IN, 0),
+    )?;
+    let mut events = [EpollEvent::default()];
+    let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    loop {
+        match epoll.wait(ms, &mut events) {
+            Ok(0) => return Ok(0),
+            Ok(_) => match irq.read() {
+                Ok(n) => return Ok(n),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}

@@ -17,6 +17,7 @@ use vgpu_guest_drivers::virtio_gpu::{
     DISPLAY_INFO_SIZE, DisplayInfo,
 };
 use vgpu_guest_drivers::virtio_pci::{VIRTIO_PCI_VENDOR_ID, VirtioPciDevice};
+use vgpu_schedd::busy_poll;
 use vgpu_server::gpu::DisplayConfig;
 use vgpu_server::gpu::dump::DumpConfig;
 use vgpu_server::metrics::DeviceMetrics;
@@ -79,6 +80,7 @@ impl TestServer {
             None,
             Some(mdev_backend::virgl::DEFAULT_LIBRARY.to_string()),
             None,
+            busy_poll::DEFAULT_MAX,
         )
     }
 
@@ -92,6 +94,7 @@ impl TestServer {
             None,
             Some(mdev_backend::virgl::DEFAULT_LIBRARY.to_string()),
             Some(scheduler),
+            busy_poll::DEFAULT_MAX,
         )
     }
 
@@ -102,7 +105,27 @@ impl TestServer {
         connections: u32,
         dump: Option<DumpConfig>,
     ) -> TestServer {
-        Self::start_full(display, connections, dump, None, None)
+        Self::start_full(
+            display,
+            connections,
+            dump,
+            None,
+            None,
+            busy_poll::DEFAULT_MAX,
+        )
+    }
+
+    /// Starts a 2D server serving `connections` clients whose relay and worker spin up to
+    /// `busy_poll` before they block (see `vgpu_schedd::busy_poll`).
+    pub fn start_polling(connections: u32, busy_poll: Duration) -> TestServer {
+        Self::start_full(
+            DisplayConfig::default(),
+            connections,
+            None,
+            None,
+            None,
+            busy_poll,
+        )
     }
 
     fn start_full(
@@ -111,6 +134,7 @@ impl TestServer {
         dump: Option<DumpConfig>,
         renderer: Option<String>,
         scheduler: Option<SchedConfig>,
+        busy_poll: Duration,
     ) -> TestServer {
         init_logging();
         let dir = TempDir::new("vgpu-server").expect("temporary directory");
@@ -124,6 +148,7 @@ impl TestServer {
             scheduler,
             resource_memory: vgpu_server::gpu::device::DEFAULT_RESOURCE_MEMORY_MB << 20,
             compute: vgpu_server::gpu::compute::ComputeKind::Cpu,
+            busy_poll,
         };
         let server = VgpuServer::bind(config).expect("server binds its socket");
         let metrics = server.metrics();

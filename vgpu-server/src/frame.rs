@@ -430,6 +430,33 @@ fn u32_at(payload: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(word)
 }
 
+/// The fields of a REGION_READ or REGION_WRITE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegionAccess<'a> {
+    /// The region index.
+    pub region: u32,
+    /// The offset in the region.
+    pub offset: u64,
+    /// Bytes to access.
+    pub count: u32,
+    /// A write's data (whatever follows the fixed part).
+    pub data: &'a [u8],
+}
+
+/// Decodes the payload of a REGION_READ/REGION_WRITE; `None` if it is shorter than the fixed
+/// part (never after [`check_header`]).
+pub fn region_access(payload: &[u8]) -> Option<RegionAccess<'_>> {
+    let data = payload.get((REGION_ACCESS_SIZE as usize - HEADER_SIZE)..)?;
+    let mut offset = [0u8; 8];
+    offset.copy_from_slice(&payload[0..8]);
+    Some(RegionAccess {
+        region: u32_at(payload, 8),
+        offset: u64::from_le_bytes(offset),
+        count: u32_at(payload, 12),
+        data,
+    })
+}
+
 /// Checks the payload (everything after the header) of a message whose header passed
 /// [`check_header`].
 pub fn check_payload(
@@ -495,10 +522,18 @@ pub fn check_payload(
             Ok(())
         }
         Some(command @ (Command::RegionRead | Command::RegionWrite)) => {
-            let mut offset = [0u8; 8];
-            offset.copy_from_slice(&payload[0..8]);
-            let offset = u64::from_le_bytes(offset);
-            let (region, count) = (u32_at(payload, 8), u32_at(payload, 12));
+            let Some(RegionAccess {
+                region,
+                offset,
+                count,
+                data,
+            }) = region_access(payload)
+            else {
+                return Err(FrameError::WriteData {
+                    count: 0,
+                    data: payload.len(),
+                });
+            };
             let size = limits
                 .region_sizes
                 .get(region as usize)
@@ -512,14 +547,16 @@ pub fn check_payload(
                     size,
                 });
             }
-            let data = payload.len() - (REGION_ACCESS_SIZE as usize - HEADER_SIZE);
             let expected = if command == Command::RegionWrite {
                 count as usize
             } else {
                 0
             };
-            if data != expected {
-                return Err(FrameError::WriteData { count, data });
+            if data.len() != expected {
+                return Err(FrameError::WriteData {
+                    count,
+                    data: data.len(),
+                });
             }
             Ok(())
         }

@@ -68,6 +68,9 @@ pub struct ServerConfig {
     pub resource_memory: u64,
     /// The backend of the compute capset (`--compute cpu|nvcuda`).
     pub compute: gpu::compute::ComputeKind,
+    /// The longest the relay and the worker spin for their next event before they block
+    /// (`--busy-poll-us`; [`vgpu_schedd::busy_poll`]; zero: never).
+    pub busy_poll: std::time::Duration,
 }
 
 /// Errors that stop the server.
@@ -226,13 +229,14 @@ impl VgpuServer {
             config.display.height
         );
         let metrics = Arc::new(DeviceMetrics::default());
-        let relay = Relay::new(loop_end, limits, metrics.clone())?;
+        let relay = Relay::new(loop_end, limits, metrics.clone(), config.busy_poll)?;
         let worker = WorkerHandle::spawn(
             config.dump.clone(),
             metrics.clone(),
             config.renderer.clone(),
             config.scheduler.clone(),
             config.socket.clone(),
+            config.busy_poll,
         )?;
         Ok(VgpuServer {
             message_loop,
@@ -310,7 +314,16 @@ impl Core {
         self.worker.attach(device.clone());
         slot.set(Some(device));
         inc(&self.metrics.connections);
-        let relayed = relay.serve(client);
+        let doorbell = |payload: &[u8]| match transport::posted_notify(payload) {
+            Some(q) => {
+                inc(&self.metrics.region_writes);
+                inc(&self.metrics.notifies);
+                self.worker.kick(q);
+                true
+            }
+            None => false,
+        };
+        let relayed = relay.serve(client, &doorbell);
         // Every message of the connection has been handled. The worker writes the final dump
         // and lets go; the device and its guest mappings go with the slot's reference.
         self.worker.detach();

@@ -1,11 +1,12 @@
 //! `vgpu-server --socket PATH [--display WxH] [--dump-dir DIR] [--log-level LEVEL]
 //! [--exit-on-disconnect] [--scheduler SOCKET --vm-name NAME] [--resource-memory-mb N]
-//! [--run-as UID:GID] [--no-sandbox]`
+//! [--run-as UID:GID] [--no-sandbox] [--busy-poll-us N]`
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use mdev_backend::virgl;
+use vgpu_schedd::busy_poll;
 use vgpu_schedd::proto::VmName;
 use vgpu_server::gpu::DisplayConfig;
 use vgpu_server::gpu::compute::ComputeKind;
@@ -15,7 +16,7 @@ use vgpu_server::sandbox::{self, SandboxConfig};
 use vgpu_server::sched_client::SchedConfig;
 use vgpu_server::{ServerConfig, VgpuServer};
 
-const USAGE: &str = "usage: vgpu-server --socket PATH [--display WIDTHxHEIGHT] [--dump-dir DIR] [--renderer virgl|none] [--virgl-library NAME] [--log-level error|warn|info|debug|trace] [--exit-on-disconnect] [--scheduler SOCKET --vm-name NAME] [--resource-memory-mb N] [--compute cpu|nvcuda] [--run-as UID:GID] [--no-sandbox]
+const USAGE: &str = "usage: vgpu-server --socket PATH [--display WIDTHxHEIGHT] [--dump-dir DIR] [--renderer virgl|none] [--virgl-library NAME] [--log-level error|warn|info|debug|trace] [--exit-on-disconnect] [--scheduler SOCKET --vm-name NAME] [--resource-memory-mb N] [--compute cpu|nvcuda] [--run-as UID:GID] [--no-sandbox] [--busy-poll-us N]
 
 Serves one virtio-gpu PCI function over vfio-user on PATH. With the virgl renderer (default;
 libvirglrenderer.so.1, host EGL) guests get OpenGL through virgl; without it, 2D only. With
@@ -31,7 +32,10 @@ system calls are not in the filter). Start QEMU with
   -device '{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"PATH\",\"type\":\"unix\"}}'
 Once started (socket bound, renderer ready) the process closes inherited descriptors, sets
 no_new_privs, drops to --run-as UID:GID when run as root, and installs a seccomp filter that
-kills it on any syscall outside its measured list (--no-sandbox: no filter, for debugging).";
+kills it on any syscall outside its measured list (--no-sandbox: no filter, for debugging).
+--busy-poll-us is the longest the relay and the worker spin for their next event before they
+sleep (default 200, 0: never): a doorbell or grant that follows soon after the last is caught
+without a scheduler wake-up. The window adapts to the guest: an idle device does not spin.";
 
 struct Args {
     config: ServerConfig,
@@ -50,6 +54,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut vm_name = None;
     let mut resource_memory_mb = DEFAULT_RESOURCE_MEMORY_MB;
     let mut compute = ComputeKind::Cpu;
+    let mut busy_poll = busy_poll::DEFAULT_MAX;
     let mut sandbox = SandboxConfig {
         filter: true,
         run_as: None,
@@ -101,6 +106,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
                 )
             }
             "--no-sandbox" => sandbox.filter = false,
+            "--busy-poll-us" => busy_poll = busy_poll::parse_us(&value("--busy-poll-us")?)?,
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
@@ -125,6 +131,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             // At most MAX_RESOURCE_MEMORY_MB (2^20) MiB: 2^40 bytes.
             resource_memory: resource_memory_mb << 20,
             compute,
+            busy_poll,
         },
         log_level,
         sandbox,

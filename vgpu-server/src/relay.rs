@@ -36,8 +36,10 @@ use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use log::warn;
+use vgpu_schedd::busy_poll::BusyPoll;
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
 use crate::frame::{self, EINVAL, FrameError, HEADER_SIZE, Header, Limits, MAX_FRAME_BYTES};
@@ -172,6 +174,8 @@ struct Outgoing {
     fds: Vec<OwnedFd>,
     /// Who gets the reply.
     owed: Owed,
+    /// A posted REGION_WRITE without descriptors: a doorbell candidate.
+    posted_write: bool,
 }
 
 /// Receives into `buf`, with any descriptors attached.
@@ -261,6 +265,9 @@ fn read_message(client: &UnixStream, limits: &Limits) -> Result<Incoming, RelayE
     read_rest(client, &mut bytes[HEADER_SIZE..])?;
     match frame::check_payload(&header, &bytes[HEADER_SIZE..], fds.len(), limits) {
         Ok(()) => Ok(Incoming::Forward(Outgoing {
+            posted_write: header.posted()
+                && fds.is_empty()
+                && frame::Command::from_code(header.command) == Some(frame::Command::RegionWrite),
             bytes,
             sent: 0,
             fds,
@@ -302,13 +309,30 @@ fn send(loop_end: &UnixStream, out: &mut Outgoing) -> Result<bool, RelayError> {
     Ok(true)
 }
 
-/// Waits until one of `fds` is ready.
-fn poll(fds: &mut [libc::pollfd]) -> Result<(), RelayError> {
+/// Waits until one of `fds` is ready, first spinning with `busy`.
+fn poll(fds: &mut [libc::pollfd], busy: &mut BusyPoll) -> Result<(), RelayError> {
+    let mut failed = None;
+    if busy.spin(|| match poll_once(fds, 0) {
+        Ok(ready) => ready,
+        Err(e) => {
+            failed = Some(e);
+            true
+        }
+    }) {
+        return failed.map_or(Ok(()), Err);
+    }
+    poll_once(fds, -1)?;
+    busy.woken();
+    Ok(())
+}
+
+/// One `poll` of `fds` with `timeout_ms` (-1: until one is ready); true if one is.
+fn poll_once(fds: &mut [libc::pollfd], timeout_ms: libc::c_int) -> Result<bool, RelayError> {
     loop {
         // SAFETY: `fds` is a valid, exclusively borrowed array of pollfd of the given length.
-        let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
         if rc >= 0 {
-            return Ok(());
+            return Ok(rc > 0);
         }
         let e = io::Error::last_os_error();
         if e.kind() != io::ErrorKind::Interrupted {
@@ -337,15 +361,17 @@ pub struct Relay {
     /// Bytes read from the loop, not yet a whole reply.
     replies: Vec<u8>,
     chunk: Box<[u8]>,
+    busy: BusyPoll,
 }
 
 impl Relay {
     /// A relay to the message loop at the other end of `loop_end` (see [`loop_link`]),
-    /// checking messages against `limits`.
+    /// checking messages against `limits`, spinning up to `busy_poll` before it blocks.
     pub fn new(
         loop_end: UnixStream,
         limits: Limits,
         metrics: Arc<DeviceMetrics>,
+        busy_poll: Duration,
     ) -> Result<Relay, RelayError> {
         loop_end.set_nonblocking(true).map_err(RelayError::Loop)?;
         Ok(Relay {
@@ -355,12 +381,23 @@ impl Relay {
             owed: VecDeque::new(),
             replies: Vec::new(),
             chunk: vec![0u8; REPLY_CHUNK].into_boxed_slice(),
+            busy: BusyPoll::new(busy_poll),
         })
     }
 
     /// Relays one client connection until it ends and every reply the loop owes for it has
     /// come back. An error means the message loop can no longer be reached.
-    pub fn serve(&mut self, client: UnixStream) -> Result<Ended, RelayError> {
+    ///
+    /// The doorbell fast path: a posted REGION_WRITE that arrives while nothing is in flight
+    /// to the loop is first offered to `doorbell` (its payload); if that takes it (a notify
+    /// write, turned into a worker kick) it goes no further. Nothing before it is unhandled,
+    /// so the kick cannot overtake a register write, and a posted write has no reply to owe.
+    /// This saves the loop's thread a wake-up on every doorbell (docs/PERFORMANCE.md).
+    pub fn serve(
+        &mut self,
+        client: UnixStream,
+        doorbell: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<Ended, RelayError> {
         let mut conn = Connection {
             client,
             gone: false,
@@ -391,7 +428,7 @@ impl Relay {
                     revents: 0,
                 },
             ];
-            poll(&mut fds)?;
+            poll(&mut fds, &mut self.busy)?;
             if fds[0].revents != 0 {
                 self.pump(&mut conn)?;
                 if let Some(out) = pending.as_mut()
@@ -403,6 +440,10 @@ impl Relay {
             if fds[1].revents != 0 {
                 match read_message(&conn.client, &self.limits) {
                     Ok(Incoming::Eof) => ended = Some(Ended::ClientClosed),
+                    Ok(Incoming::Forward(out))
+                        if out.posted_write
+                            && self.owed.is_empty()
+                            && doorbell(&out.bytes[HEADER_SIZE..]) => {}
                     Ok(Incoming::Forward(mut out)) => {
                         self.owed.push_back(out.owed);
                         if !send(&self.loop_end, &mut out)? {
@@ -501,6 +542,7 @@ mod tests {
     use std::thread;
 
     use super::*;
+    use vgpu_schedd::busy_poll;
 
     const REGION_READ: u16 = 9;
     const REGION_WRITE: u16 = 10;
@@ -545,15 +587,16 @@ mod tests {
         Some((Header::parse(&head), fds))
     }
 
-    /// A message loop that answers every message with an empty reply and reports what it
-    /// got: (header, descriptors received).
-    fn fake_loop(stream: UnixStream) -> thread::JoinHandle<Vec<(Header, usize)>> {
+    /// A message loop that answers every message with an empty reply (after `delay`) and
+    /// reports what it got: (header, descriptors received).
+    fn fake_loop(stream: UnixStream, delay: Duration) -> thread::JoinHandle<Vec<(Header, usize)>> {
         thread::spawn(move || {
             let mut seen = Vec::new();
             while let Some((header, fds)) = read_header(&stream) {
                 let mut payload = vec![0u8; header.payload_len().unwrap()];
                 (&stream).read_exact(&mut payload).unwrap();
                 seen.push((header, fds.len()));
+                thread::sleep(delay);
                 let reply = Header {
                     size: HEADER_SIZE as u32,
                     flags: 1,
@@ -570,13 +613,23 @@ mod tests {
     fn run(
         client: impl FnOnce(UnixStream) + Send + 'static,
     ) -> (Ended, Vec<(Header, usize)>, Arc<DeviceMetrics>) {
+        run_with(&|_| false, Duration::ZERO, client)
+    }
+
+    /// [`run`] with a doorbell and a loop that takes `delay` per reply.
+    fn run_with(
+        doorbell: &dyn Fn(&[u8]) -> bool,
+        delay: Duration,
+        client: impl FnOnce(UnixStream) + Send + 'static,
+    ) -> (Ended, Vec<(Header, usize)>, Arc<DeviceMetrics>) {
         let (loop_end, loop_peer) = UnixStream::pair().unwrap();
         let (qemu, server_side) = UnixStream::pair().unwrap();
         let metrics = Arc::new(DeviceMetrics::default());
-        let mut relay = Relay::new(loop_end, limits(), metrics.clone()).unwrap();
-        let fake = fake_loop(loop_peer);
+        let mut relay =
+            Relay::new(loop_end, limits(), metrics.clone(), busy_poll::DEFAULT_MAX).unwrap();
+        let fake = fake_loop(loop_peer, delay);
         let client = thread::spawn(move || client(qemu));
-        let ended = relay.serve(server_side).unwrap();
+        let ended = relay.serve(server_side, doorbell).unwrap();
         client.join().unwrap();
         drop(relay);
         (ended, fake.join().unwrap(), metrics)
@@ -614,6 +667,51 @@ mod tests {
         assert_eq!(seen.len(), 2);
         assert!(seen.iter().all(|(h, _)| !h.posted()), "no-reply cleared");
         assert_eq!(get_refused(&metrics), 0);
+    }
+
+    #[test]
+    fn posted_doorbells_skip_the_loop_unless_something_is_in_flight() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        const DOORBELL: u64 = 0x3000;
+        let rung = AtomicUsize::new(0);
+        // Takes writes at DOORBELL, as the server's notify decoding does for notify addresses.
+        let doorbell = |payload: &[u8]| {
+            let taken = frame::region_access(payload).is_some_and(|a| a.offset == DOORBELL);
+            if taken {
+                rung.fetch_add(1, Ordering::Relaxed);
+            }
+            taken
+        };
+        let posted = |offset: u64| {
+            let mut write = access(4, offset, 2);
+            write.extend_from_slice(&[0, 0]);
+            message(9, REGION_WRITE, NO_REPLY, &write)
+        };
+        // The loop answers slowly: a doorbell sent right behind a request finds it in flight.
+        let (ended, seen, _) = run_with(&doorbell, Duration::from_millis(200), move |qemu| {
+            // Alone: taken by the doorbell.
+            (&qemu).write_all(&posted(DOORBELL)).unwrap();
+            // Another posted write: not a doorbell, to the loop.
+            (&qemu).write_all(&posted(0x14)).unwrap();
+            // A request and a doorbell behind it: the doorbell waits its turn in the loop.
+            let mut both = message(2, REGION_READ, 0, &access(4, 0x14, 1));
+            both.extend_from_slice(&posted(DOORBELL));
+            (&qemu).write_all(&both).unwrap();
+            let r = reply(&qemu);
+            assert_eq!((r.id, r.command), (2, REGION_READ));
+        });
+        assert_eq!(ended, Ended::ClientClosed);
+        assert_eq!(
+            rung.load(Ordering::Relaxed),
+            1,
+            "one doorbell took the fast path"
+        );
+        let offsets: Vec<u16> = seen.iter().map(|(h, _)| h.command).collect();
+        assert_eq!(
+            offsets,
+            [REGION_WRITE, REGION_READ, REGION_WRITE],
+            "the loop saw the plain write, the read and the doorbell behind it"
+        );
     }
 
     fn get_refused(metrics: &DeviceMetrics) -> u64 {
@@ -706,13 +804,19 @@ mod tests {
     fn a_loop_gone_is_an_error() {
         let (loop_end, loop_peer) = UnixStream::pair().unwrap();
         let (qemu, server_side) = UnixStream::pair().unwrap();
-        let mut relay = Relay::new(loop_end, limits(), Arc::new(DeviceMetrics::default())).unwrap();
+        let mut relay = Relay::new(
+            loop_end,
+            limits(),
+            Arc::new(DeviceMetrics::default()),
+            Duration::ZERO,
+        )
+        .unwrap();
         drop(loop_peer);
         (&qemu)
             .write_all(&message(1, REGION_READ, 0, &access(7, 0, 4)))
             .unwrap();
         assert!(matches!(
-            relay.serve(server_side),
+            relay.serve(server_side, &|_| false),
             Err(RelayError::LoopClosed | RelayError::Loop(_))
         ));
     }

@@ -199,6 +199,25 @@ impl<'a> Transport<'a> {
     }
 }
 
+/// The queue a REGION_WRITE payload (checked by [`frame::check_payload`]) notifies, if it is a
+/// doorbell: a 2- or 4-byte write to a queue's notify address in the virtio BAR. Such a write
+/// needs no device state, so the relay may turn a posted one into a worker kick itself when
+/// nothing is in flight before it (the doorbell fast path, [`crate::relay::Relay::serve`]).
+pub fn posted_notify(payload: &[u8]) -> Option<u16> {
+    let access = frame::region_access(payload)?;
+    let len = access.data.len();
+    if u64::from(access.count) != len as u64 {
+        return None;
+    }
+    match check_access(access.region, access.offset, len) {
+        Ok(Region::Virtio) => match decode_virtio_bar(access.offset, len)? {
+            VirtioRegion::Notify(q) => Some(q),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 fn lock(device: &Mutex<Device>) -> MutexGuard<'_, Device> {
     device.lock().unwrap_or_else(PoisonError::into_inner)
 }

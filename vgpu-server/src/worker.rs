@@ -32,6 +32,7 @@ use vmm_sys_util::timerfd::TimerFd;
 
 use mdev_backend::GpuBackend;
 use mdev_backend::virgl::Virgl;
+use vgpu_schedd::busy_poll::{self, BusyPoll};
 use vgpu_schedd::proto::Msg;
 
 use crate::device::Device;
@@ -107,6 +108,7 @@ impl WorkerHandle {
         renderer: Option<String>,
         scheduler: Option<SchedConfig>,
         vfio_socket: PathBuf,
+        busy_poll: Duration,
     ) -> Result<WorkerHandle, WorkerError> {
         let new_efd = || EventFd::new(libc::EFD_NONBLOCK).map_err(WorkerError::Setup);
         let kicks = (0..NUM_QUEUES)
@@ -171,8 +173,11 @@ impl WorkerHandle {
                 };
                 manager.add_subscriber(worker);
                 let _ = ready.send(Ok(has_renderer));
+                // A kick, fence or grant that follows soon after the last is caught without a
+                // wake-up (see vgpu_schedd::busy_poll).
+                let mut busy = BusyPoll::new(busy_poll);
                 while !stop_loop.load(Ordering::Acquire) {
-                    if let Err(e) = manager.run() {
+                    if let Err(e) = busy_poll::run_round(&mut busy, &mut manager) {
                         error!("worker event loop: {e}");
                         break;
                     }

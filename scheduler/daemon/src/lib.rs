@@ -6,6 +6,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod busy_poll;
 pub mod cgroup;
 pub mod control;
 pub mod daemon;

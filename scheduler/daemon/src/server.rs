@@ -49,6 +49,8 @@ use vmm_sys_util::timerfd::TimerFd;
 
 use vgpu_scheduler::model::CpuHint;
 
+use crate::busy_poll::{self, BusyPoll};
+
 use crate::cgroup::{CgroupError, CgroupFs, CpuProbe, Hierarchy, RawWeight, VmCgroup};
 use crate::control::{ChildInfo, ControlAccess, LineBuffer, Request, Response, ServerOptions};
 use crate::daemon::{ConnId, Daemon, DaemonConfig, DaemonError, Peer, render_metrics};
@@ -171,6 +173,9 @@ pub struct ServerConfig {
     pub device_ids: Option<DeviceIds>,
     /// Where the cgroup and proc file systems are.
     pub cgroups: CgroupFs,
+    /// The longest the loop spins for the next message before it blocks
+    /// ([`crate::busy_poll`]; zero: never).
+    pub busy_poll: Duration,
 }
 
 /// Who created device processes run as (`--device-uid-base`, `--device-gid`): the k-th live
@@ -204,6 +209,7 @@ pub struct Server {
     manager: EventManager<Loop>,
     id: SubscriberId,
     stop_writer: UnixStream,
+    busy: BusyPoll,
 }
 
 impl Server {
@@ -263,6 +269,7 @@ impl Server {
             source: e.into(),
         })?;
         let mut manager = EventManager::new().map_err(ServerError::EventLoop)?;
+        let busy = BusyPoll::new(config.busy_poll);
         let state = Loop {
             cpu_writeback: config.daemon.cpu_writeback,
             access: ControlAccess {
@@ -295,6 +302,7 @@ impl Server {
             manager,
             id,
             stop_writer,
+            busy,
         })
     }
 
@@ -313,7 +321,9 @@ impl Server {
     /// Runs until stopped, then stops the children it spawned and removes its sockets.
     pub fn run(mut self) -> Result<(), ServerError> {
         loop {
-            let result = self.manager.run();
+            // Work that comes soon after the last is caught without a wake-up (a device's next
+            // Submit, the Completed of a short group).
+            let result = busy_poll::run_round(&mut self.busy, &mut self.manager);
             let state = self
                 .manager
                 .subscriber_mut(self.id)

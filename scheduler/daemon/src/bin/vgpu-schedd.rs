@@ -1,11 +1,12 @@
 //! `vgpu-schedd --socket PATH --control PATH [--control-group NAME|GID] [--state-dir DIR]
 //! [--metrics 127.0.0.1:PORT] [--policy FILE.toml] [--capacity N] [--switch-cost-us N]
-//! [--cpu-writeback] [--server-bin PATH] [--log-level LEVEL]`: the host-wide scheduler daemon.
+//! [--cpu-writeback] [--server-bin PATH] [--busy-poll-us N] [--log-level LEVEL]`: the host-wide scheduler daemon.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use vgpu_schedd::busy_poll;
 use vgpu_schedd::cgroup::CgroupFs;
 use vgpu_schedd::control::lookup_group;
 use vgpu_schedd::daemon::{DaemonConfig, MAX_GROUP_TIMEOUT_NS, MAX_SWITCH_COST_NS};
@@ -13,7 +14,7 @@ use vgpu_schedd::server::{DeviceIds, Server, ServerConfig};
 use vgpu_scheduler::PolicyConfig;
 use vgpu_scheduler::core::MAX_VGPUS;
 
-const USAGE: &str = "usage: vgpu-schedd --socket PATH --control PATH [--control-group NAME|GID] [--state-dir DIR] [--metrics 127.0.0.1:PORT] [--policy FILE.toml] [--capacity N] [--switch-cost-us N] [--cpu-writeback] [--group-timeout-ms N] [--server-bin PATH] [--device-uid-base UID --device-gid GID] [--log-level error|warn|info|debug|trace]
+const USAGE: &str = "usage: vgpu-schedd --socket PATH --control PATH [--control-group NAME|GID] [--state-dir DIR] [--metrics 127.0.0.1:PORT] [--policy FILE.toml] [--capacity N] [--switch-cost-us N] [--cpu-writeback] [--group-timeout-ms N] [--server-bin PATH] [--device-uid-base UID --device-gid GID] [--busy-poll-us N] [--log-level error|warn|info|debug|trace]
 
 Schedules the GPU command groups of every vgpu-server that connects to the SOCK_SEQPACKET
 socket --socket. --control is the JSON-lines control socket vgpuctl talks to: mode 0600, only
@@ -30,7 +31,8 @@ group granted to a device may stay unfinished before the device is dropped (defa
 Windows TDR delay). --cpu-writeback writes the policy's
 CPU weights to the VMs' cgroups. vgpuctl create runs --server-bin (default: vgpu-server next to
 this binary); with --device-uid-base and --device-gid (numbers, not 0) the k-th of them runs as
-user UID+k and group GID (the daemon must be root), and --socket is 0660 with group GID. SIGTERM or SIGINT stops the daemon, its children and removes its sockets.";
+user UID+k and group GID (the daemon must be root), and --socket is 0660 with group GID. --busy-poll-us is the longest the daemon's loop spins for the next device message before it
+sleeps (default 200, 0: never; the window adapts, an idle daemon does not spin). SIGTERM or SIGINT stops the daemon, its children and removes its sockets.";
 
 /// Largest `--capacity`: every vGPU running at once.
 const MAX_CAPACITY: usize = MAX_VGPUS;
@@ -106,6 +108,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut uid_base = None;
     let mut device_gid = None;
     let mut log_level = "info".to_string();
+    let mut busy_poll = busy_poll::DEFAULT_MAX;
     while let Some(arg) = args.next() {
         let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
         match arg.as_str() {
@@ -160,6 +163,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
                 uid_base = Some(number("--device-uid-base", &value("--device-uid-base")?)?)
             }
             "--device-gid" => device_gid = Some(number("--device-gid", &value("--device-gid")?)?),
+            "--busy-poll-us" => busy_poll = busy_poll::parse_us(&value("--busy-poll-us")?)?,
             "--log-level" => log_level = value("--log-level")?,
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
@@ -187,6 +191,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             server_bin: server_bin.unwrap_or_else(default_server_bin),
             device_ids,
             cgroups: CgroupFs::default(),
+            busy_poll,
         },
         log_level,
     })

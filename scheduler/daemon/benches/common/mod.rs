@@ -1,0 +1,211 @@
+//! What the daemon benchmarks share: a `vgpu-schedd` child and a fake device speaking the
+//! device protocol over SOCK_SEQPACKET.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use vgpu_schedd::proto::{self, Exec, MAX_MESSAGE_BYTES, Msg, PROTOCOL_VERSION, VmName};
+use vgpu_schedd::seqpacket::{SeqStream, monotonic_ns};
+use vgpu_scheduler::{CostSignature, GroupId, GroupKind};
+
+pub const SCHEDD: &str = env!("CARGO_BIN_EXE_vgpu-schedd");
+/// Longest wait for the daemon to start or answer.
+pub const WAIT: Duration = Duration::from_secs(10);
+
+/// A daemon child, killed and reaped on drop.
+pub struct Schedd {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Schedd {
+    pub fn start(dir: &Path, policy: &str, busy_poll_us: u64) -> Schedd {
+        let file = dir.join("policy.toml");
+        std::fs::write(&file, policy).expect("policy file");
+        let socket = dir.join("sched.sock");
+        let child = Command::new(SCHEDD)
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--control")
+            .arg(dir.join("control.sock"))
+            .arg("--policy")
+            .arg(&file)
+            .args(["--log-level", "warn"])
+            .arg("--busy-poll-us")
+            .arg(busy_poll_us.to_string())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("vgpu-schedd starts");
+        Schedd { child, socket }
+    }
+}
+
+impl Schedd {
+    /// The daemon's CPU time so far (user + system), from `/proc/PID/stat`.
+    pub fn cpu_time(&self) -> Duration {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))
+            .expect("the daemon's stat");
+        // Fields after the command name (which may hold spaces) start after the last ')'.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map_or("", |(_, rest)| rest)
+            .split_whitespace()
+            .collect();
+        // utime and stime are fields 14 and 15 of stat: 12 and 13 after the name.
+        let ticks: u64 =
+            fields[11].parse::<u64>().unwrap_or(0) + fields[12].parse::<u64>().unwrap_or(0);
+        // SAFETY: sysconf has no memory effects.
+        let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap_or(100);
+        Duration::from_nanos(ticks * 1_000_000_000 / hz.max(1))
+    }
+}
+
+impl Drop for Schedd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The fake device. Like the server's scheduler client it follows leases: while it holds one
+/// it reports `Dispatched` + `Completed` without asking; a `Revoke` sends it back to asking;
+/// between `Suspend` and `Resume` it dispatches nothing.
+pub struct Device {
+    s: SeqStream,
+    buf: Vec<u8>,
+    out: Vec<u8>,
+    leased: bool,
+    suspended: bool,
+}
+
+impl Device {
+    /// Connects (retrying while the daemon starts) and says Hello; returns the device and
+    /// whether a lease came with the Welcome.
+    pub fn connect(schedd: &Schedd, name: &str, lease: bool) -> Device {
+        let start = Instant::now();
+        let s = loop {
+            match SeqStream::connect(&schedd.socket) {
+                Ok(s) => break s,
+                Err(e) => {
+                    assert!(start.elapsed() < WAIT, "daemon did not start: {e}");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        };
+        s.set_read_timeout(Some(WAIT)).expect("read timeout");
+        let mut d = Device {
+            s,
+            buf: vec![0; MAX_MESSAGE_BYTES + 1],
+            out: Vec::new(),
+            leased: false,
+            suspended: false,
+        };
+        d.send(&Msg::Hello {
+            version: PROTOCOL_VERSION,
+            vm_name: VmName::new(name).expect("name"),
+            device_pid: std::process::id(),
+            qemu_pid: 0,
+        });
+        assert!(matches!(d.recv(), Msg::Welcome { .. }), "no Welcome");
+        if lease {
+            assert!(matches!(d.recv(), Msg::Lease { .. }), "no Lease");
+            d.leased = true;
+        }
+        d
+    }
+
+    pub fn send(&mut self, m: &Msg) {
+        self.out.clear();
+        proto::encode(m, &mut self.out);
+        self.s.send(&self.out).expect("send");
+    }
+
+    pub fn recv(&mut self) -> Msg {
+        let n = self
+            .s
+            .recv(&mut self.buf)
+            .expect("recv")
+            .expect("answer in time");
+        proto::decode(&self.buf[..n]).expect("valid message")
+    }
+
+    pub fn submit(&mut self, id: u64) {
+        self.send(&Msg::Submit {
+            group: GroupId(id),
+            context: 0,
+            kind: GroupKind::Render,
+            signature: CostSignature(1),
+            cost_ns: 0,
+            exec: Exec::Device,
+        });
+    }
+
+    pub fn wait_grant(&mut self, id: u64) {
+        loop {
+            match self.recv() {
+                Msg::Grant { group } if group == GroupId(id) => return,
+                other if self.follow(&other) => {}
+                other => panic!("expected Grant {id}, got {other:?}"),
+            }
+        }
+    }
+
+    /// Takes a lease or suspension change; false for any other message.
+    fn follow(&mut self, m: &Msg) -> bool {
+        match m {
+            Msg::Lease { .. } => self.leased = true,
+            Msg::Revoke => self.leased = false,
+            Msg::Suspend => self.suspended = true,
+            Msg::Resume => self.suspended = false,
+            _ => return false,
+        }
+        true
+    }
+
+    /// Reads the lease changes the daemon sent since the last look, without waiting.
+    fn drain(&mut self) {
+        self.s.set_nonblocking(true).expect("non-blocking");
+        while let Some(n) = self.s.recv(&mut self.buf).expect("recv") {
+            let m = proto::decode(&self.buf[..n]).expect("valid message");
+            assert!(self.follow(&m), "unexpected {m:?} between groups");
+        }
+        self.s.set_nonblocking(false).expect("blocking");
+    }
+
+    pub fn complete(&mut self, id: u64, start: u64) {
+        self.send(&Msg::Completed {
+            group: GroupId(id),
+            start,
+            finish: monotonic_ns(),
+        });
+    }
+
+    /// One group; returns its Submit -> Grant time in ns (0 under a lease). With `lease` (a
+    /// policy that hands out leases) it first reads the lease changes sent meanwhile.
+    pub fn group(&mut self, id: u64, lease: bool) -> u64 {
+        if lease {
+            self.drain();
+            while self.suspended {
+                let m = self.recv();
+                assert!(self.follow(&m), "unexpected {m:?} while suspended");
+            }
+        }
+        let t0 = monotonic_ns();
+        if self.leased {
+            self.send(&Msg::Dispatched {
+                group: GroupId(id),
+                context: 0,
+                kind: GroupKind::Render,
+                signature: CostSignature(1),
+            });
+            self.complete(id, t0);
+            return 0;
+        }
+        self.submit(id);
+        self.wait_grant(id);
+        let t1 = monotonic_ns();
+        self.complete(id, t1);
+        t1.saturating_sub(t0)
+    }
+}

@@ -1,0 +1,191 @@
+//! Scale: one real `vgpu-schedd` process and 64 or 256 fake devices (threads of this process,
+//! each its own SOCK_SEQPACKET connection and VM name), every one submitting groups back to
+//! back at its maximum rate (`Submit{exec: Device}` -> `Grant` -> `Completed`, no GPU work)
+//! for [`SECONDS`] s, under the policies none, timegraph PRT, timegraph HT and fair (leases:
+//! `Dispatched` + `Completed`, no waiting).
+//!
+//! Each runs with the daemon's busy polling off and at its default: with it on, a loaded daemon
+//! spins between messages, so its CPU use says little about what deciding costs; with it off,
+//! the CPU use is the work.
+//!
+//! Reports per configuration: decisions/s (groups completed per second, all devices
+//! together), Submit -> Grant p50/p99 over every group (under a capacity of one GPU, a group
+//! waits for the groups of the other devices granted before it: that is queueing, not
+//! overhead), the daemon's CPU use (user + system from `/proc`) and its CPU time per decision.
+//! Prints a table and writes `target/scale-bench.json`.
+//!
+//! `cargo bench -p vgpu-schedd --bench scale [-- FILTER]` (FILTER: a substring of the policy)
+
+mod common;
+
+use std::path::Path;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use tempfile::TempDir;
+
+use common::{Device, SCHEDD, Schedd};
+use vgpu_schedd::busy_poll;
+use vgpu_schedd::proto::Msg;
+
+/// Devices per configuration.
+const DEVICES: [usize; 3] = [16, 64, 256];
+/// Seconds every configuration runs.
+const SECONDS: u64 = 3;
+
+/// The policies measured: name, policy file text, whether devices hold a lease.
+const POLICIES: [(&str, &str, bool); 4] = [
+    ("none", "policy = \"none\"\n", false),
+    (
+        "timegraph prt",
+        "policy = \"timegraph\"\nsched = \"prt\"\n",
+        false,
+    ),
+    (
+        "timegraph ht",
+        "policy = \"timegraph\"\nsched = \"ht\"\n",
+        false,
+    ),
+    ("fair (lease)", "policy = \"fair\"\n", true),
+];
+
+struct Outcome {
+    decisions_per_s: f64,
+    p50_us: f64,
+    p99_us: f64,
+    daemon_cpu_percent: f64,
+    cpu_per_decision_us: f64,
+}
+
+fn percentile(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)] as f64 / 1_000.0
+}
+
+fn run(devices: usize, policy: &str, lease: bool, busy_poll_us: u64) -> Outcome {
+    let dir = TempDir::new().expect("temporary directory");
+    let schedd = Schedd::start(dir.path(), policy, busy_poll_us);
+    let connected: Vec<Device> = (0..devices)
+        .map(|i| Device::connect(&schedd, &format!("scale-{i}"), lease))
+        .collect();
+    let start = Arc::new(Barrier::new(devices + 1));
+    let window = Duration::from_secs(SECONDS);
+    let threads: Vec<_> = connected
+        .into_iter()
+        .map(|mut dev| {
+            let start = start.clone();
+            std::thread::spawn(move || {
+                let mut latencies = Vec::new();
+                start.wait();
+                let begin = Instant::now();
+                let mut id = 0;
+                while begin.elapsed() < window {
+                    id += 1;
+                    latencies.push(dev.group(id, lease));
+                }
+                dev.send(&Msg::Bye);
+                latencies
+            })
+        })
+        .collect();
+    let cpu_before = schedd.cpu_time();
+    let began = Instant::now();
+    start.wait();
+    let mut all: Vec<u64> = Vec::new();
+    for t in threads {
+        all.extend(t.join().expect("device thread"));
+    }
+    let wall = began.elapsed();
+    let cpu = schedd.cpu_time().saturating_sub(cpu_before);
+    let decisions = all.len() as f64;
+    all.sort_unstable();
+    let (p50_us, p99_us) = if lease {
+        (f64::NAN, f64::NAN)
+    } else {
+        (percentile(&all, 0.5), percentile(&all, 0.99))
+    };
+    Outcome {
+        decisions_per_s: decisions / wall.as_secs_f64(),
+        p50_us,
+        p99_us,
+        daemon_cpu_percent: 100.0 * cpu.as_secs_f64() / wall.as_secs_f64(),
+        cpu_per_decision_us: cpu.as_secs_f64() * 1e6 / decisions.max(1.0),
+    }
+}
+
+fn fmt(x: f64) -> String {
+    if x.is_nan() {
+        "-".to_string()
+    } else {
+        format!("{x:.1}")
+    }
+}
+
+fn main() {
+    let filter: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    println!(
+        "daemon scale: devices submitting back to back for {SECONDS} s each\n{:<15} {:>9} {:>7} {:>12} {:>9} {:>9} {:>11} {:>13}",
+        "policy",
+        "busy poll",
+        "devices",
+        "decisions/s",
+        "p50 µs",
+        "p99 µs",
+        "daemon CPU",
+        "CPU/decision"
+    );
+    let mut rows = Vec::new();
+    for (name, text, lease) in POLICIES {
+        if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
+            continue;
+        }
+        for (devices, busy_poll_us) in DEVICES
+            .into_iter()
+            .flat_map(|d| [(d, 0), (d, busy_poll::DEFAULT_MAX.as_micros() as u64)])
+        {
+            let o = run(devices, text, lease, busy_poll_us);
+            println!(
+                "{name:<15} {:>9} {devices:>7} {:>12.0} {:>9} {:>9} {:>10.0}% {:>10} µs",
+                format!("{busy_poll_us} µs"),
+                o.decisions_per_s,
+                fmt(o.p50_us),
+                fmt(o.p99_us),
+                o.daemon_cpu_percent,
+                fmt(o.cpu_per_decision_us)
+            );
+            rows.push(json!({
+                "policy": name,
+                "devices": devices,
+                "busy_poll_us": busy_poll_us,
+                "lease": lease,
+                "decisions_per_s": o.decisions_per_s,
+                "grant_p50_us": if o.p50_us.is_nan() { None } else { Some(o.p50_us) },
+                "grant_p99_us": if o.p99_us.is_nan() { None } else { Some(o.p99_us) },
+                "daemon_cpu_percent": o.daemon_cpu_percent,
+                "daemon_cpu_per_decision_us": o.cpu_per_decision_us,
+            }));
+        }
+    }
+    let target = Path::new(SCHEDD)
+        .parent()
+        .and_then(Path::parent)
+        .unwrap_or(Path::new("."));
+    let out = target.join("scale-bench.json");
+    let doc = json!({
+        "bench": "scale",
+        "seconds": SECONDS,
+        "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
+        "configurations": rows,
+    });
+    match std::fs::write(&out, format!("{doc:#}\n")) {
+        Ok(()) => println!("wrote {}", out.display()),
+        Err(e) => eprintln!("could not write {}: {e}", out.display()),
+    }
+}
