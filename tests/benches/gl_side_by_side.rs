@@ -1,142 +1,334 @@
-//! Guest OpenGL side by side: the same Debian guest image and the same stock GL workloads on
-//! our device and on QEMU's own virgl devices.
+//! Guest OpenGL side by side, like for like: the same Debian guest image, kernel command line
+//! and stock GL workloads on our device and on the two virgl devices a QEMU user would pick
+//! instead, every one rendering the same single 1024x768 mode.
 //!
 //! Devices:
-//! - **vgpu**: our `vgpu-server` over vfio-user ([`GuestGpu::Vgpu`]). The server binary is
-//!   `$VGPU_SERVER_BIN`, else the workspace's, built fresh with this benchmark's (release)
-//!   profile ([`server_binary`]).
-//! - **qemu-virtio-gpu-gl**: QEMU's `virtio-gpu-gl-pci` with virgl in QEMU's process, on an
-//!   `egl-headless` display ([`GuestGpu::QemuVirtioGpuGl`]), its preferred mode set to
-//!   1024x768 like ours.
-//! - **vhost-user-gpu**: only when the QEMU prefix ships the `vhost-user-gpu` binary; otherwise
-//!   it is reported as not available.
+//! - **vgpu**: our `vgpu-server` over vfio-user on the host's virglrenderer and Mesa.
+//! - **vgpu-prefix**: the same server run with `qemu-scripts/prefix-exec`, so it loads the
+//!   QEMU prefix's virglrenderer and Mesa, the stack QEMU's devices use: with it the device
+//!   path is the only difference.
+//! - **qemu-virtio-gpu-gl**: QEMU's `virtio-gpu-gl-pci`, virgl in QEMU's process.
+//! - **vhost-user-gpu**: QEMU's `vhost-user-gpu-pci` with Debian's `vhost-user-gpu --virgl`
+//!   backend process. It needs a DRM render node for virgl: on a host without one the guest
+//!   falls back to its own llvmpipe, which the benchmark reports instead of a figure (a run
+//!   whose guest does not render through virgl never counts).
 //!
-//! Every run is one boot that runs `glmark2-es2-drm` on a small fixed scene set and then
-//! `kmscube`. Runs alternate between the devices (default 3 each, `-- --runs N`). The table
-//! gives the median per device and the ratio ours/theirs; a run that fails (QEMU killed by a
-//! signal, a job error, a time-out) is counted as failed and the benchmark goes on. The guest
-//! CPU is emulated (TCG here) and the host renders with whatever GL the host stack gives
-//! (llvmpipe without a GPU): the renderer strings, accelerator and surface sizes are recorded
-//! with the results. Writes JSON to `target/vgpu-bench/gl_side_by_side.json` (or
-//! `$VGPU_BENCH_OUT`).
+//! QEMU's devices display on `egl-headless` over the host render node (none here: llvmpipe).
+//! Same surface: every boot gets `drm.edid_firmware=edid/vgpu-1024x768.bin`, the image's
+//! single-mode EDID, which the guest kernel takes instead of each device's own (QEMU's lists
+//! modes up to 5120x2160, and glmark2-es2-drm and kmscube take the largest mode). The surface
+//! glmark2 reports and the connector's modes are recorded per run and checked.
 //!
-//! `cargo bench -p vgpu-tests --bench gl_side_by_side [-- --runs N]`
+//! Every run is one boot running: glmark2-es2-drm's whole default suite off-screen, then
+//! on-screen (page flips to the connector), each scene for [`SCENE_SECONDS`]; `kmscube`; and a
+//! paced client, GStreamer's `gltestsrc` rendering 30 fps (live, on surfaceless EGL) read back
+//! through `gldownload` into a clock-synchronised sink, whose per-frame render times give the
+//! jitter. (GStreamer's GBM window, `glimagesink` on the connector, stalls after a few page
+//! flips on QEMU's virtio-gpu-gl here, so the paced client does not present.) Runs alternate between the
+//! devices (default 3 each). Tables give medians and the spread (min-max); ratios compare ours
+//! with each of QEMU's devices. Writes `gl_side_by_side.json` and `.svg` to
+//! `target/vgpu-bench/` (or the directory of `$VGPU_BENCH_OUT`).
+//!
+//! `cargo bench -p vgpu-tests --bench gl_side_by_side [-- --runs N] [--scene-seconds S]
+//! [--devices a,b] [--quick]` (`--quick`: 3 scenes, 1 run).
 
+use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::time::Duration;
 
+use serde_json::{Value, json};
 use vgpu_tests::guest::{
     Accel, GuestConfig, GuestError, GuestGpu, GuestImage, JobTransport, RunningGuest,
-    gl_render_node, qemu_gl_support, server_binary,
+    gl_render_node, prefix_exec, qemu_gl_support, server_binary, vhost_user_gpu_binary,
 };
+use vgpu_tests::plot::{Series, grouped_bars};
 use vgpu_tests::{qemu_version, skip_without_qemu};
 
-/// glmark2 scenes, each run for [`SCENE_SECONDS`].
-const SCENES: [&str; 3] = ["build", "shading", "texture"];
-const SCENE_SECONDS: u32 = 3;
+/// Seconds each glmark2 scene runs by default.
+const SCENE_SECONDS: u32 = 2;
+/// Scenes of `--quick`.
+const QUICK_SCENES: [&str; 3] = ["build", "shading", "texture"];
 /// Frames kmscube renders (it reports one fewer).
-const KMSCUBE_FRAMES: u32 = 200;
+const KMSCUBE_FRAMES: u32 = 300;
+/// Frames of the paced client, at [`PACED_FPS`].
+const PACED_FRAMES: u32 = 300;
+const PACED_FPS: u32 = 30;
 /// Wall-clock limit of one boot.
-const BOOT_TIMEOUT: Duration = Duration::from_secs(300);
-/// The scanout mode: our device's only mode, and the preferred mode given to QEMU's device.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(900);
+/// The one mode every device offers (the image's EDID).
 const MODE: (u32, u32) = (1024, 768);
+/// The EDID firmware file in the image (qemu-scripts/build-guest-image.sh).
+const EDID: &str = "edid/vgpu-1024x768.bin";
 const DEFAULT_RUNS: usize = 3;
+/// Why vhost-user-gpu cannot present on a host without a render node.
+const NO_PRESENT_VHOST: &str = "without a DRM render node Debian's vhost-user-gpu cannot \
+     initialise virgl (it sets virglrenderer up for GBM only: \"Failed to initialize virgl\"), so \
+     the guest gets no 3D and renders with its own llvmpipe; only the off-screen glmark2 run is \
+     made, to record that";
 
 /// The devices compared.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Device {
     Vgpu,
+    VgpuPrefix,
     QemuVirtioGpuGl,
     VhostUserGpu,
 }
+
+const DEVICES: [Device; 4] = [
+    Device::Vgpu,
+    Device::VgpuPrefix,
+    Device::QemuVirtioGpuGl,
+    Device::VhostUserGpu,
+];
 
 impl Device {
     fn name(self) -> &'static str {
         match self {
             Device::Vgpu => "vgpu",
+            Device::VgpuPrefix => "vgpu-prefix",
             Device::QemuVirtioGpuGl => "qemu-virtio-gpu-gl",
             Device::VhostUserGpu => "vhost-user-gpu",
         }
     }
+
+    /// The host stack it renders with.
+    fn stack(self) -> &'static str {
+        match self {
+            Device::Vgpu => "host virglrenderer + Mesa",
+            _ => "QEMU prefix virglrenderer + Mesa",
+        }
+    }
 }
 
-/// The job: the DRM modes the guest sees, glmark2, kmscube. Every step prints `KEY value`
-/// lines for [`RunResult::parse`]. kmscube takes readable stdin as a key press: it gets a pipe
-/// that nothing writes to.
-fn job() -> String {
-    let benches: String = SCENES
-        .iter()
-        .map(|s| format!(" -b {s}:duration={SCENE_SECONDS}"))
-        .collect();
-    format!(
+/// Options of one invocation.
+struct Options {
+    runs: usize,
+    scene_seconds: u32,
+    quick: bool,
+    devices: Vec<Device>,
+}
+
+fn parse_options() -> Result<Options, String> {
+    let mut o = Options {
+        runs: DEFAULT_RUNS,
+        scene_seconds: SCENE_SECONDS,
+        quick: false,
+        devices: DEVICES.to_vec(),
+    };
+    let mut args = std::env::args().skip(1);
+    let mut runs_given = false;
+    while let Some(arg) = args.next() {
+        let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
+        match arg.as_str() {
+            "--runs" => {
+                o.runs = value("--runs")?
+                    .parse()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .ok_or("--runs: a number of at least 1")?;
+                runs_given = true;
+            }
+            "--scene-seconds" => {
+                o.scene_seconds = value("--scene-seconds")?
+                    .parse()
+                    .ok()
+                    .filter(|s| (1..=60).contains(s))
+                    .ok_or("--scene-seconds: 1..=60")?
+            }
+            "--devices" => {
+                let list = value("--devices")?;
+                o.devices = list
+                    .split(',')
+                    .map(|n| {
+                        DEVICES
+                            .into_iter()
+                            .find(|d| d.name() == n)
+                            .ok_or(format!("--devices: unknown device {n:?}"))
+                    })
+                    .collect::<Result<_, _>>()?;
+            }
+            "--quick" => o.quick = true,
+            // cargo bench passes --bench to harness = false benchmarks.
+            "--bench" => {}
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    if o.quick && !runs_given {
+        o.runs = 1;
+    }
+    Ok(o)
+}
+
+/// The glmark2 arguments: the default suite (an option-only `-b` keeps it), each scene
+/// `seconds` long, or the quick scenes.
+fn glmark2_benches(o: &Options) -> String {
+    if o.quick {
+        QUICK_SCENES
+            .iter()
+            .map(|s| format!(" -b {s}:duration={}", o.scene_seconds))
+            .collect()
+    } else {
+        format!(" -b :duration={}", o.scene_seconds)
+    }
+}
+
+/// The job. Each step is framed by `BEGIN-x`/`END-x` lines and prints `KEY value` lines. The
+/// off-screen glmark2 run comes first; without `on_screen` the steps that set a scanout
+/// (glmark2 on-screen, kmscube, and the paced client, whose GStreamer GL display opens the DRM
+/// device) are left out. kmscube takes readable stdin as a key press: it gets a pipe nothing
+/// writes to. The paced client logs every frame its sink renders (GST_DEBUG's elapsed-time
+/// stamps).
+fn job(o: &Options, on_screen: bool) -> String {
+    let benches = glmark2_benches(o);
+    let glmark2 = |mode: &str, flag: &str| {
+        format!(
+            r#"echo BEGIN-{mode}
+t=$(ms)
+timeout 600 glmark2-es2-drm {flag}--visual-config alpha=0{benches} 2>&1
+echo "GLMARK2-EXIT $?"
+echo "GLMARK2-MS $(( $(ms) - t ))"
+echo END-{mode}
+"#
+        )
+    };
+    let mut job = format!(
         r#"ms() {{ echo $(( $(date +%s%N) / 1000000 )); }}
 for c in /sys/class/drm/card*-*; do
     [ -f "$c/modes" ] && echo "DRM-MODES $(basename "$c") $(tr '\n' ' ' < "$c/modes")"
 done
-t=$(ms)
-timeout 120 glmark2-es2-drm --visual-config alpha=0{benches} 2>&1
-echo "GLMARK2-EXIT $?"
-echo "GLMARK2-MS $(( $(ms) - t ))"
-t=$(ms)
+{off}"#,
+        off = glmark2("off", "--off-screen "),
+    );
+    if !on_screen {
+        return job;
+    }
+    job.push_str(&format!(
+        r#"echo BEGIN-paced
+GST_GL_WINDOW=surfaceless GST_GL_PLATFORM=egl GST_GL_API=gles2 GST_DEBUG_NO_COLOR=1 \
+GST_DEBUG=basesink:5 timeout 60 gst-launch-1.0 -q gltestsrc is-live=true \
+    num-buffers={PACED_FRAMES} ! \
+    "video/x-raw(memory:GLMemory),width={w},height={h},framerate={PACED_FPS}/1" ! \
+    gldownload ! fakesink sync=true 2>&1 | grep -E 'rendering object|ERROR' | sed 's/^/GST /'
+echo "PACED-EXIT ${{PIPESTATUS[0]}}"
+echo END-paced
+"#,
+        w = MODE.0,
+        h = MODE.1
+    ));
+    job.push_str(&glmark2("on", ""));
+    job.push_str(&format!(
+        r#"echo BEGIN-kmscube
 timeout 120 kmscube -c {KMSCUBE_FRAMES} < <(sleep 600) 2>&1 | grep -v extensions:
 echo "KMSCUBE-EXIT ${{PIPESTATUS[0]}}"
-echo "KMSCUBE-MS $(( $(ms) - t ))"
+echo END-kmscube
 "#
-    )
+    ));
+    job
+}
+
+/// The lines of a `BEGIN-x`..`END-x` section.
+fn section<'a>(output: &'a str, name: &str) -> &'a str {
+    let begin = format!("BEGIN-{name}\n");
+    let Some(start) = output.find(&begin).map(|i| i + begin.len()) else {
+        return "";
+    };
+    let end = output[start..]
+        .find(&format!("END-{name}"))
+        .map_or(output.len(), |i| start + i);
+    &output[start..end]
+}
+
+/// One glmark2 run's figures.
+#[derive(Debug, Default, Clone)]
+struct Glmark2 {
+    score: Option<f64>,
+    /// fps per scene line (`[scene] options`), in order.
+    scenes: Vec<(String, f64)>,
+    surface: Option<String>,
+    renderer: Option<String>,
+    failure: Option<String>,
+}
+
+impl Glmark2 {
+    fn parse(text: &str) -> Glmark2 {
+        let scenes = text
+            .lines()
+            .filter_map(|l| {
+                let l = l.trim_start().strip_prefix('[')?;
+                let (scene, rest) = l.split_once(']')?;
+                let (options, rest) = rest.split_once(": FPS: ")?;
+                let (fps, _) = rest.split_once(" FrameTime: ")?;
+                Some((format!("[{scene}]{options}"), fps.trim().parse().ok()?))
+            })
+            .collect();
+        let mut g = Glmark2 {
+            score: vgpu_tests::guest::output_number(text, "glmark2 Score:"),
+            scenes,
+            surface: vgpu_tests::guest::output_value(text, "Surface Size:").map(str::to_owned),
+            renderer: vgpu_tests::guest::output_value(text, "GL_RENDERER:").map(str::to_owned),
+            failure: None,
+        };
+        match vgpu_tests::guest::output_number::<i32>(text, "GLMARK2-EXIT") {
+            Some(0) if g.score.is_some() => {}
+            Some(0) => g.failure = Some("glmark2 printed no score".into()),
+            code => g.failure = Some(format!("glmark2 exit {code:?}")),
+        }
+        g
+    }
+}
+
+/// The paced client's frame intervals from the sink's render log: each log line starts with
+/// the time since GStreamer started (`0:00:01.234567890`).
+fn paced_intervals(text: &str) -> Vec<f64> {
+    let stamps: Vec<f64> = text
+        .lines()
+        .filter(|l| l.contains("rendering object"))
+        .filter_map(|l| {
+            let t = l.strip_prefix("GST ")?.split_whitespace().next()?;
+            let mut parts = t.split(':');
+            let h: f64 = parts.next()?.parse().ok()?;
+            let m: f64 = parts.next()?.parse().ok()?;
+            let s: f64 = parts.next()?.parse().ok()?;
+            Some((h * 3600.0 + m * 60.0 + s) * 1e3)
+        })
+        .collect();
+    stamps.windows(2).map(|w| w[1] - w[0]).collect()
 }
 
 /// One boot's results.
 #[derive(Debug, Default)]
 struct RunResult {
-    device: &'static str,
+    device: Option<Device>,
     index: usize,
-    /// Why the run failed, if it did.
     failure: Option<String>,
-    score: Option<u32>,
-    /// (scene, fps, frame time ms) per glmark2 scene line.
-    scenes: Vec<(String, u32, f64)>,
-    surface: Option<String>,
-    renderer: Option<String>,
-    /// The guest connector's first (preferred) and largest mode.
-    preferred_mode: Option<String>,
-    largest_mode: Option<String>,
+    off: Glmark2,
+    on: Glmark2,
     kmscube_fps: Option<f64>,
-    boot_to_init_s: Option<f64>,
+    /// Paced client: frames rendered, interval mean, standard deviation and p99 (ms).
+    paced: Option<(usize, f64, f64, f64)>,
+    modes: Vec<String>,
+    server_rss_kib: Option<u64>,
     wall_s: f64,
-    qemu_status: String,
+    /// Why the presenting steps (glmark2 on-screen, kmscube) did not run, if they did not.
+    no_present: Option<&'static str>,
 }
 
 impl RunResult {
     fn parse(&mut self, output: &str) {
-        self.scenes = output
-            .lines()
-            .filter_map(|l| {
-                let l = l.trim_start().strip_prefix('[')?;
-                let (scene, rest) = l.split_once(']')?;
-                let (_, rest) = rest.split_once("FPS: ")?;
-                let (fps, rest) = rest.split_once(" FrameTime: ")?;
-                let ms = rest.trim().strip_suffix("ms")?.trim();
-                Some((scene.to_owned(), fps.trim().parse().ok()?, ms.parse().ok()?))
-            })
-            .collect();
-        self.score = vgpu_tests::guest::output_number(output, "glmark2 Score:");
-        self.surface = vgpu_tests::guest::output_value(output, "Surface Size:").map(str::to_owned);
-        self.renderer = vgpu_tests::guest::output_value(output, "GL_RENDERER:").map(str::to_owned);
+        self.off = Glmark2::parse(section(output, "off"));
+        self.on = Glmark2::parse(section(output, "on"));
         if let Some(modes) = vgpu_tests::guest::output_value(output, "DRM-MODES") {
-            let modes: Vec<&str> = modes.split_whitespace().skip(1).collect();
-            self.preferred_mode = modes.first().map(|m| (*m).to_owned());
-            self.largest_mode = modes
-                .iter()
-                .filter_map(|m| {
-                    let (w, h) = m.split_once('x')?;
-                    Some((w.parse::<u64>().ok()? * h.parse::<u64>().ok()?, *m))
-                })
-                .max_by_key(|(area, _)| *area)
-                .map(|(_, m)| m.to_owned());
+            self.modes = modes
+                .split_whitespace()
+                .skip(1)
+                .map(str::to_owned)
+                .collect();
         }
-        self.kmscube_fps = output
+        let kms = section(output, "kmscube");
+        self.kmscube_fps = kms
             .lines()
             .filter_map(|l| {
                 let rest = l.trim().strip_prefix("Rendered ")?;
@@ -144,15 +336,49 @@ impl RunResult {
                 rest.strip_suffix(" fps)")?.parse().ok()
             })
             .next_back();
-        let mut problems = Vec::new();
-        match vgpu_tests::guest::output_number::<i32>(output, "GLMARK2-EXIT") {
-            Some(0) if self.score.is_some() => {}
-            Some(0) => problems.push("glmark2 printed no score".to_owned()),
-            code => problems.push(format!("glmark2 exit {code:?}")),
+        let intervals = paced_intervals(section(output, "paced"));
+        if intervals.len() >= 10 {
+            let n = intervals.len() as f64;
+            let mean = intervals.iter().sum::<f64>() / n;
+            let sd = (intervals.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n).sqrt();
+            let mut sorted = intervals.clone();
+            sorted.sort_by(f64::total_cmp);
+            let p99 = sorted[((sorted.len() - 1) as f64 * 0.99).round() as usize];
+            self.paced = Some((intervals.len() + 1, mean, sd, p99));
         }
-        match vgpu_tests::guest::output_number::<i32>(output, "KMSCUBE-EXIT") {
+        let mut problems = Vec::new();
+        let runs: &[(&str, &Glmark2)] = if self.no_present.is_some() {
+            &[("off-screen", &self.off)]
+        } else {
+            &[("off-screen", &self.off), ("on-screen", &self.on)]
+        };
+        for &(what, g) in runs {
+            if let Some(f) = &g.failure {
+                problems.push(format!("{what}: {f}"));
+            }
+            let want = format!("{}x{}", MODE.0, MODE.1);
+            if let Some(s) = &g.surface
+                && !s.starts_with(&want)
+            {
+                problems.push(format!("{what} surface {s}, not {want}"));
+            }
+        }
+        if let Some(r) = &self.off.renderer
+            && !r.starts_with("virgl")
+        {
+            problems.push(format!(
+                "the guest renders with {r}, not through the device (virgl): no device figure"
+            ));
+        }
+        if self.modes != [format!("{}x{}", MODE.0, MODE.1)] {
+            problems.push(format!(
+                "connector modes {:?}, not the EDID's one",
+                self.modes
+            ));
+        }
+        match vgpu_tests::guest::output_number::<i32>(kms, "KMSCUBE-EXIT") {
+            _ if self.no_present.is_some() => {}
             Some(0) if self.kmscube_fps.is_some() => {}
-            Some(0) => problems.push("kmscube printed no fps".to_owned()),
             code => problems.push(format!("kmscube exit {code:?}")),
         }
         if !problems.is_empty() {
@@ -166,116 +392,108 @@ impl RunResult {
             None => why,
         });
     }
-
-    fn scene_fps(&self, scene: &str) -> Option<f64> {
-        self.scenes
-            .iter()
-            .find(|(s, _, _)| s == scene)
-            .map(|(_, fps, _)| f64::from(*fps))
-    }
 }
 
 fn describe_status(status: &ExitStatus) -> String {
     match status.signal() {
-        Some(sig) => {
-            let name = match sig {
-                libc::SIGBUS => "SIGBUS",
-                libc::SIGSEGV => "SIGSEGV",
-                libc::SIGABRT => "SIGABRT",
-                libc::SIGKILL => "SIGKILL",
-                _ => "signal",
-            };
-            format!("killed by {name} ({sig})")
-        }
+        Some(sig) => format!("killed by signal {sig}"),
         None => status.to_string(),
     }
 }
 
-/// The QEMU prefix `setup-qemu.sh` installs (the wrapper's rule).
-fn qemu_prefix() -> PathBuf {
-    if let Some(p) = std::env::var_os("VGPU_QEMU_PREFIX") {
-        return p.into();
-    }
-    let cache = std::env::var_os("VGPU_CACHE").map_or_else(
-        || PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/vgpu"),
-        PathBuf::from,
-    );
-    cache.join("qemu")
-}
-
-fn vhost_user_gpu_binary() -> Option<PathBuf> {
-    let prefix = qemu_prefix();
-    ["usr/lib/qemu/vhost-user-gpu", "usr/libexec/vhost-user-gpu"]
-        .iter()
-        .map(|p| prefix.join(p))
-        .find(|p| p.is_file())
+/// The server's resident set (VmRSS, KiB).
+fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    vgpu_tests::guest::output_value(&status, "VmRSS:")?
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
 }
 
 fn run_once(
     device: Device,
     index: usize,
+    o: &Options,
     image: &GuestImage,
     accel: Accel,
     server: &Result<PathBuf, String>,
 ) -> RunResult {
     let mut result = RunResult {
-        device: device.name(),
+        device: Some(device),
         index,
+        no_present: (device == Device::VhostUserGpu && !gl_render_node().starts_with("/dev/dri"))
+            .then_some(NO_PRESENT_VHOST),
         ..RunResult::default()
     };
-    let mut config = GuestConfig::new(image.clone(), job()).timeout(BOOT_TIMEOUT);
+    let on_screen = result.no_present.is_none();
+    let mut config = GuestConfig::new(image.clone(), job(o, on_screen)).timeout(BOOT_TIMEOUT);
     config.transport = JobTransport::FwCfg;
     config.accel = Some(accel);
+    config.extra_cmdline = format!("drm.edid_firmware={EDID}");
     match device {
-        Device::Vgpu => match server {
+        Device::Vgpu | Device::VgpuPrefix => match server {
             Ok(path) => {
                 config.gpu = GuestGpu::Vgpu;
                 config.server_bin = Some(path.clone());
                 config.server_args = vec!["--display".into(), format!("{}x{}", MODE.0, MODE.1)];
+                if device == Device::VgpuPrefix {
+                    config.server_launcher = Some(prefix_exec());
+                }
             }
             Err(why) => {
                 result.fail(why.clone());
                 return result;
             }
         },
-        Device::QemuVirtioGpuGl => {
+        Device::QemuVirtioGpuGl | Device::VhostUserGpu => {
             if let Err(why) = qemu_gl_support() {
-                result.fail(format!("QEMU cannot start virtio-gpu-gl-pci: {why}"));
+                result.fail(format!("QEMU has no egl-headless display: {why}"));
                 return result;
             }
-            config.gpu = GuestGpu::QemuVirtioGpuGl;
-            // The preferred mode; QEMU's EDID still lists larger ones (see the docs).
-            for (prop, v) in [("xres", MODE.0), ("yres", MODE.1)] {
-                config.extra_qemu_args.push("-global".into());
-                config
-                    .extra_qemu_args
-                    .push(format!("virtio-gpu-gl-device.{prop}={v}"));
+            if device == Device::VhostUserGpu {
+                config.gpu = GuestGpu::VhostUserGpu;
+            } else {
+                config.gpu = GuestGpu::QemuVirtioGpuGl;
+                // The display info's mode, like ours (the EDID decides the modes).
+                for (prop, v) in [("xres", MODE.0), ("yres", MODE.1)] {
+                    config.extra_qemu_args.push("-global".into());
+                    config
+                        .extra_qemu_args
+                        .push(format!("virtio-gpu-gl-device.{prop}={v}"));
+                }
             }
         }
-        Device::VhostUserGpu => unreachable!("vhost-user-gpu is never booted without its binary"),
     }
-    match RunningGuest::run(&config) {
+    let mut peak_rss = None::<u64>;
+    let outcome = RunningGuest::launch(&config).and_then(|guest| {
+        let pid = guest.server().map(|s| s.pid());
+        guest.wait(|_| {
+            if let Some(rss) = pid.and_then(rss_kib) {
+                peak_rss = Some(peak_rss.map_or(rss, |p| p.max(rss)));
+            }
+        })
+    });
+    result.server_rss_kib = peak_rss;
+    match outcome {
         Ok(run) => {
             result.wall_s = run.wall.as_secs_f64();
-            result.boot_to_init_s = run.boot_to_init.map(|d| d.as_secs_f64());
-            result.qemu_status = describe_status(&run.qemu_status);
             result.parse(&run.output);
             if !run.qemu_status.success() {
-                result.fail(format!("QEMU {}", result.qemu_status));
+                result.fail(format!("QEMU {}", describe_status(&run.qemu_status)));
             }
             if run.exit_code != Some(0) {
                 result.fail(format!("job exit {:?}", run.exit_code));
             }
             if result.failure.is_some() {
-                let qemu_log = run.qemu_log.trim();
-                let tail: String = qemu_log
-                    .lines()
-                    .rev()
-                    .take(3)
-                    .collect::<Vec<_>>()
-                    .join(" | ");
+                let logs = [Some(run.qemu_log.as_str()), run.server_log.as_deref()];
+                let tail: Vec<&str> = logs
+                    .iter()
+                    .flatten()
+                    .flat_map(|l| l.trim().lines().rev().take(3))
+                    .collect();
                 if !tail.is_empty() {
-                    result.fail(format!("QEMU log: {tail}"));
+                    result.fail(format!("logs: {}", tail.join(" | ")));
                 }
             }
         }
@@ -288,62 +506,92 @@ fn run_once(
     result
 }
 
-fn median(mut values: Vec<f64>) -> Option<f64> {
+/// Median, minimum and maximum.
+fn spread(mut values: Vec<f64>) -> Option<(f64, f64, f64)> {
     if values.is_empty() {
         return None;
     }
     values.sort_by(f64::total_cmp);
     let n = values.len();
-    Some(if n % 2 == 1 {
+    let median = if n % 2 == 1 {
         values[n / 2]
     } else {
         (values[n / 2 - 1] + values[n / 2]) / 2.0
-    })
+    };
+    Some((median, values[0], values[n - 1]))
 }
 
-/// Per-device medians over the successful runs.
-#[derive(Debug, Default)]
+fn fmt_spread(s: Option<(f64, f64, f64)>) -> String {
+    match s {
+        Some((m, lo, hi)) if (hi - lo).abs() > f64::EPSILON => format!("{m:.1} ({lo:.1}-{hi:.1})"),
+        Some((m, _, _)) => format!("{m:.1}"),
+        None => "–".to_owned(),
+    }
+}
+
+fn spread_json(s: Option<(f64, f64, f64)>) -> Value {
+    s.map_or(
+        Value::Null,
+        |(m, lo, hi)| json!({"median": m, "min": lo, "max": hi}),
+    )
+}
+
+/// A device's medians.
 struct Summary {
+    device: Device,
     ok: usize,
     total: usize,
-    score: Option<f64>,
-    scenes: Vec<Option<f64>>,
-    kmscube: Option<f64>,
+    off_score: Option<(f64, f64, f64)>,
+    on_score: Option<(f64, f64, f64)>,
+    kmscube: Option<(f64, f64, f64)>,
+    paced_sd: Option<(f64, f64, f64)>,
+    paced_p99: Option<(f64, f64, f64)>,
+    paced_mean: Option<(f64, f64, f64)>,
+    rss_mib: Option<(f64, f64, f64)>,
+    /// Median fps per scene, off- and on-screen.
+    off_scenes: BTreeMap<String, f64>,
+    on_scenes: BTreeMap<String, f64>,
     surfaces: Vec<String>,
     renderers: Vec<String>,
-    modes: Vec<String>,
     failures: Vec<String>,
 }
 
-fn summarize(runs: &[&RunResult]) -> Summary {
+fn summarize(device: Device, runs: &[&RunResult]) -> Summary {
     let ok: Vec<&&RunResult> = runs.iter().filter(|r| r.failure.is_none()).collect();
-    let collect = |f: &dyn Fn(&RunResult) -> Option<f64>| -> Option<f64> {
-        median(ok.iter().filter_map(|r| f(r)).collect())
+    let take =
+        |f: &dyn Fn(&RunResult) -> Option<f64>| spread(ok.iter().filter_map(|r| f(r)).collect());
+    let scenes = |g: &dyn Fn(&RunResult) -> &Glmark2| {
+        let mut by: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+        for r in &ok {
+            for (scene, fps) in &g(r).scenes {
+                by.entry(scene.clone()).or_default().push(*fps);
+            }
+        }
+        by.into_iter()
+            .filter_map(|(k, v)| Some((k, spread(v)?.0)))
+            .collect()
     };
-    let distinct = |f: &dyn Fn(&RunResult) -> Option<String>| -> Vec<String> {
-        let mut v: Vec<String> = runs.iter().filter_map(|r| f(r)).collect();
+    let distinct = |f: &dyn Fn(&RunResult) -> Vec<String>| {
+        let mut v: Vec<String> = runs.iter().flat_map(|r| f(r)).collect();
         v.sort();
         v.dedup();
         v
     };
     Summary {
+        device,
         ok: ok.len(),
         total: runs.len(),
-        score: collect(&|r| r.score.map(f64::from)),
-        scenes: SCENES
-            .iter()
-            .map(|s| collect(&|r| r.scene_fps(s)))
-            .collect(),
-        kmscube: collect(&|r| r.kmscube_fps),
-        surfaces: distinct(&|r| r.surface.clone()),
-        renderers: distinct(&|r| r.renderer.clone()),
-        modes: distinct(&|r| {
-            Some(format!(
-                "preferred {} / largest {}",
-                r.preferred_mode.as_deref()?,
-                r.largest_mode.as_deref()?
-            ))
-        }),
+        off_score: take(&|r| r.off.score),
+        on_score: take(&|r| r.on.score),
+        kmscube: take(&|r| r.kmscube_fps),
+        paced_mean: take(&|r| r.paced.map(|p| p.1)),
+        paced_sd: take(&|r| r.paced.map(|p| p.2)),
+        paced_p99: take(&|r| r.paced.map(|p| p.3)),
+        rss_mib: take(&|r| r.server_rss_kib.map(|k| k as f64 / 1024.0)),
+        off_scenes: scenes(&|r| &r.off),
+        on_scenes: scenes(&|r| &r.on),
+        surfaces: distinct(&|r| r.off.surface.iter().chain(&r.on.surface).cloned().collect()),
+        renderers: distinct(&|r| r.off.renderer.iter().cloned().collect()),
         failures: runs
             .iter()
             .filter_map(|r| Some(format!("run {}: {}", r.index, r.failure.as_deref()?)))
@@ -351,109 +599,28 @@ fn summarize(runs: &[&RunResult]) -> Summary {
     }
 }
 
-fn fmt_opt(v: Option<f64>, decimals: usize) -> String {
-    v.map_or("–".to_owned(), |v| format!("{v:.decimals$}"))
-}
-
-fn ratio(ours: Option<f64>, theirs: Option<f64>) -> Option<f64> {
+fn ratio(ours: Option<(f64, f64, f64)>, theirs: Option<(f64, f64, f64)>) -> Option<f64> {
     match (ours, theirs) {
-        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        (Some((a, _, _)), Some((b, _, _))) if b > 0.0 => Some(a / b),
         _ => None,
     }
 }
 
-fn json_str(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
-fn json_num(v: Option<f64>) -> String {
-    v.map_or("null".to_owned(), |v| format!("{v:.3}"))
-}
-
-fn json_list(items: &[String]) -> String {
-    format!(
-        "[{}]",
-        items
-            .iter()
-            .map(|s| json_str(s))
-            .collect::<Vec<_>>()
-            .join(",")
+fn out_path() -> PathBuf {
+    std::env::var_os("VGPU_BENCH_OUT").map_or_else(
+        || {
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../target/vgpu-bench/gl_side_by_side.json"
+            ))
+        },
+        PathBuf::from,
     )
-}
-
-fn run_json(r: &RunResult) -> String {
-    let scenes: Vec<String> = r
-        .scenes
-        .iter()
-        .map(|(s, fps, ms)| {
-            format!(
-                "{{\"scene\":{},\"fps\":{fps},\"frame_time_ms\":{ms:.3}}}",
-                json_str(s)
-            )
-        })
-        .collect();
-    let opt_str = |s: &Option<String>| s.as_deref().map_or("null".to_owned(), json_str);
-    format!(
-        "{{\"device\":{},\"run\":{},\"ok\":{},\"failure\":{},\"glmark2_score\":{},\"scenes\":[{}],\
-         \"surface\":{},\"renderer\":{},\"preferred_mode\":{},\"largest_mode\":{},\
-         \"kmscube_fps\":{},\"boot_to_init_s\":{},\"wall_s\":{:.3},\"qemu_status\":{}}}",
-        json_str(r.device),
-        r.index,
-        r.failure.is_none(),
-        opt_str(&r.failure),
-        r.score.map_or("null".to_owned(), |s| s.to_string()),
-        scenes.join(","),
-        opt_str(&r.surface),
-        opt_str(&r.renderer),
-        opt_str(&r.preferred_mode),
-        opt_str(&r.largest_mode),
-        json_num(r.kmscube_fps),
-        json_num(r.boot_to_init_s),
-        r.wall_s,
-        json_str(&r.qemu_status),
-    )
-}
-
-fn parse_runs() -> Result<usize, String> {
-    let mut runs = DEFAULT_RUNS;
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--runs" => {
-                runs = args
-                    .next()
-                    .ok_or("--runs needs a value")?
-                    .parse()
-                    .map_err(|e| format!("--runs: {e}"))?;
-                if runs == 0 {
-                    return Err("--runs must be at least 1".into());
-                }
-            }
-            // cargo bench passes --bench to harness = false benchmarks.
-            "--bench" => {}
-            other => return Err(format!("unknown argument {other:?} (expected --runs N)")),
-        }
-    }
-    Ok(runs)
 }
 
 fn main() {
-    let runs = match parse_runs() {
-        Ok(n) => n,
+    let o = match parse_options() {
+        Ok(o) => o,
         Err(e) => {
             eprintln!("gl_side_by_side: {e}");
             std::process::exit(2);
@@ -471,36 +638,46 @@ fn main() {
     };
     let (accel, accel_reason) = Accel::detect().expect("accelerator");
     let server = server_binary().map_err(|e| e.to_string());
-    let vhost = vhost_user_gpu_binary();
+    let devices: Vec<Device> = o
+        .devices
+        .iter()
+        .copied()
+        .filter(|&d| {
+            let there = d != Device::VhostUserGpu || vhost_user_gpu_binary().is_some();
+            if !there {
+                eprintln!("gl_side_by_side: no vhost-user-gpu in the QEMU prefix (run qemu-scripts/setup-qemu.sh)");
+            }
+            there
+        })
+        .collect();
     let qemu = qemu_version().unwrap_or("unknown");
     let machine = format!(
         "{} CPUs ({})",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         vgpu_tests::cpu_model()
     );
-    let booted = [Device::Vgpu, Device::QemuVirtioGpuGl];
     eprintln!(
-        "gl_side_by_side: {runs} runs per device, alternating; accel {accel} ({accel_reason}); {qemu}; server {}",
-        server
-            .as_ref()
-            .map_or_else(|e| e.clone(), |p| p.display().to_string())
+        "gl_side_by_side: {} runs per device, alternating, {} s per scene; accel {accel} ({accel_reason}); {qemu}",
+        o.runs, o.scene_seconds
     );
-
     let mut results = Vec::new();
-    for index in 1..=runs {
-        for device in booted {
-            eprintln!("run {index}/{runs}: {} ...", device.name());
-            let r = run_once(device, index, &image, accel, &server);
+    let total = o.runs * devices.len();
+    for index in 1..=o.runs {
+        for &device in &devices {
             eprintln!(
-                "run {index}/{runs}: {}: score {} scenes {:?} kmscube {} fps, surface {}, {:.1} s{}",
+                "[{}/{total}] run {index}: {} ...",
+                results.len() + 1,
+                device.name()
+            );
+            let r = run_once(device, index, &o, &image, accel, &server);
+            eprintln!(
+                "[{}/{total}] run {index}: {}: off-screen {} on-screen {} kmscube {} paced sd {} ms, {:.0} s{}",
+                results.len() + 1,
                 device.name(),
-                r.score.map_or("–".into(), |s| s.to_string()),
-                r.scenes
-                    .iter()
-                    .map(|(s, fps, _)| format!("{s} {fps}"))
-                    .collect::<Vec<_>>(),
-                fmt_opt(r.kmscube_fps, 1),
-                r.surface.as_deref().unwrap_or("?"),
+                fmt_spread(r.off.score.map(|s| (s, s, s))),
+                fmt_spread(r.on.score.map(|s| (s, s, s))),
+                fmt_spread(r.kmscube_fps.map(|s| (s, s, s))),
+                fmt_spread(r.paced.map(|p| (p.2, p.2, p.2))),
                 r.wall_s,
                 r.failure
                     .as_deref()
@@ -510,159 +687,176 @@ fn main() {
         }
     }
 
-    let summaries: Vec<(Device, Summary)> = booted
+    let summaries: Vec<Summary> = devices
         .iter()
         .map(|&d| {
-            let runs: Vec<&RunResult> = results.iter().filter(|r| r.device == d.name()).collect();
-            (d, summarize(&runs))
+            let runs: Vec<&RunResult> = results.iter().filter(|r| r.device == Some(d)).collect();
+            summarize(d, &runs)
         })
         .collect();
-    let ours = &summaries[0].1;
-    let theirs = &summaries[1].1;
+    let find = |d: Device| summaries.iter().find(|s| s.device == d);
 
-    let scene_cols: String = SCENES.iter().map(|s| format!(" {s} fps |")).collect();
-    let scene_rule: String = SCENES.iter().map(|_| "---|").collect();
     println!(
-        "gl_side_by_side: {qemu}; {machine}; accelerator {accel}; medians of {runs} alternating runs"
+        "gl_side_by_side: {qemu}; {machine}; accelerator {accel}; {}x{} on every device; medians (min-max) of {} alternating runs; glmark2 {} s per scene",
+        MODE.0, MODE.1, o.runs, o.scene_seconds
     );
     println!(
-        "| device | runs ok | glmark2 score |{scene_cols} kmscube fps | glmark2 surface | guest modes | GL_RENDERER |"
+        "| device | host stack | runs ok | glmark2 off-screen | glmark2 on-screen | kmscube fps | paced 30 fps: frame interval mean / sd / p99 ms | server RSS MiB | surface | GL_RENDERER |"
     );
-    println!("|---|---|---|{scene_rule}---|---|---|---|");
-    for (device, s) in &summaries {
-        let scenes: String = s
-            .scenes
-            .iter()
-            .map(|v| format!(" {} |", fmt_opt(*v, 1)))
-            .collect();
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for s in &summaries {
         println!(
-            "| {} | {}/{} | {} |{scenes} {} | {} | {} | {} |",
-            device.name(),
+            "| {} | {} | {}/{} | {} | {} | {} | {} / {} / {} | {} | {} | {} |",
+            s.device.name(),
+            s.device.stack(),
             s.ok,
             s.total,
-            fmt_opt(s.score, 1),
-            fmt_opt(s.kmscube, 1),
+            fmt_spread(s.off_score),
+            fmt_spread(s.on_score),
+            fmt_spread(s.kmscube),
+            fmt_spread(s.paced_mean),
+            fmt_spread(s.paced_sd),
+            fmt_spread(s.paced_p99),
+            fmt_spread(s.rss_mib),
             s.surfaces.join(", "),
-            s.modes.join(", "),
             s.renderers.join(", ")
         );
     }
-    let vhost_note = match &vhost {
-        Some(path) => format!(
-            "binary at {} (not benchmarked: it exports scanouts as dmabufs, which this host cannot import)",
-            path.display()
-        ),
-        None => "not available (the QEMU prefix ships no vhost-user-gpu binary)".to_owned(),
-    };
-    let dashes: String = SCENES.iter().map(|_| " – |").collect();
-    println!("| vhost-user-gpu | – | – |{dashes} – | {vhost_note} | – | – |");
-    let scene_ratios: Vec<Option<f64>> = ours
-        .scenes
-        .iter()
-        .zip(&theirs.scenes)
-        .map(|(a, b)| ratio(*a, *b))
-        .collect();
-    let score_ratio = ratio(ours.score, theirs.score);
-    let kmscube_ratio = ratio(ours.kmscube, theirs.kmscube);
-    let ratio_scenes: String = scene_ratios
-        .iter()
-        .map(|v| format!(" {} |", fmt_opt(*v, 2)))
-        .collect();
-    println!(
-        "| **ratio vgpu / qemu-virtio-gpu-gl** | | {} |{ratio_scenes} {} | | | |",
-        fmt_opt(score_ratio, 2),
-        fmt_opt(kmscube_ratio, 2)
-    );
-    for (device, s) in &summaries {
+    let mut ratios = Vec::new();
+    for (ours, theirs) in [
+        (Device::VgpuPrefix, Device::QemuVirtioGpuGl),
+        (Device::VgpuPrefix, Device::VhostUserGpu),
+        (Device::Vgpu, Device::QemuVirtioGpuGl),
+        (Device::Vgpu, Device::VhostUserGpu),
+    ] {
+        let (Some(a), Some(b)) = (find(ours), find(theirs)) else {
+            continue;
+        };
+        let r = json!({
+            "ours": ours.name(),
+            "theirs": theirs.name(),
+            "glmark2_off_screen": ratio(a.off_score, b.off_score),
+            "glmark2_on_screen": ratio(a.on_score, b.on_score),
+            "kmscube": ratio(a.kmscube, b.kmscube),
+        });
+        let f = |k: &str| r[k].as_f64().map_or("–".to_owned(), |v| format!("{v:.2}"));
+        println!(
+            "| **{} / {}** | | | {} | {} | {} | | | | |",
+            ours.name(),
+            theirs.name(),
+            f("glmark2_off_screen"),
+            f("glmark2_on_screen"),
+            f("kmscube")
+        );
+        ratios.push(r);
+    }
+    for s in &summaries {
         for f in &s.failures {
-            println!("failed: {} {f}", device.name());
+            println!("failed: {} {f}", s.device.name());
+        }
+        if let Some(why) = results
+            .iter()
+            .find(|r| r.device == Some(s.device))
+            .and_then(|r| r.no_present)
+        {
+            println!("not presented: {}: {why}", s.device.name());
         }
     }
 
-    let device_json = |device: Device, s: &Summary| {
-        let scenes: Vec<String> = SCENES
-            .iter()
-            .zip(&s.scenes)
-            .map(|(name, v)| format!("{}:{}", json_str(name), json_num(*v)))
-            .collect();
-        format!(
-            "{{\"device\":{},\"runs_ok\":{},\"runs\":{},\"median_glmark2_score\":{},\
-             \"median_scene_fps\":{{{}}},\"median_kmscube_fps\":{},\"surfaces\":{},\
-             \"guest_modes\":{},\"renderers\":{},\"failures\":{}}}",
-            json_str(device.name()),
-            s.ok,
-            s.total,
-            json_num(s.score),
-            scenes.join(","),
-            json_num(s.kmscube),
-            json_list(&s.surfaces),
-            json_list(&s.modes),
-            json_list(&s.renderers),
-            json_list(&s.failures),
-        )
-    };
-    let mut devices: Vec<String> = summaries.iter().map(|(d, s)| device_json(*d, s)).collect();
-    devices.push(format!(
-        "{{\"device\":{},\"available\":{},\"note\":{}}}",
-        json_str(Device::VhostUserGpu.name()),
-        vhost.is_some(),
-        json_str(&vhost_note)
-    ));
-    let scene_ratio_json: Vec<String> = SCENES
-        .iter()
-        .zip(&scene_ratios)
-        .map(|(name, v)| format!("{}:{}", json_str(name), json_num(*v)))
-        .collect();
-    let glmark2_cmd = format!(
-        "glmark2-es2-drm --visual-config alpha=0{}",
-        SCENES
-            .iter()
-            .map(|s| format!(" -b {s}:duration={SCENE_SECONDS}"))
-            .collect::<String>()
-    );
-    let json = format!(
-        "{{\"benchmark\":\"gl_side_by_side\",\"qemu\":{},\"machine\":{},\"accelerator\":{},\
-         \"accelerator_reason\":{},\"runs_per_device\":{runs},\"glmark2\":{},\
-         \"kmscube\":{},\"mode\":\"{}x{}\",\"qemu_gl_display\":{},\"server\":{},\
-         \"devices\":[{}],\"ratio_vgpu_over_qemu_virtio_gpu_gl\":{{\"glmark2_score\":{},\
-         \"scene_fps\":{{{}}},\"kmscube_fps\":{}}},\"runs\":[{}]}}\n",
-        json_str(qemu),
-        json_str(&machine),
-        json_str(&accel.to_string()),
-        json_str(&accel_reason),
-        json_str(&glmark2_cmd),
-        json_str(&format!("kmscube -c {KMSCUBE_FRAMES}")),
-        MODE.0,
-        MODE.1,
-        json_str(&format!(
-            "virtio-gpu-gl-pci (xres={},yres={}), -display egl-headless,rendernode={}",
-            MODE.0,
-            MODE.1,
-            gl_render_node().display()
-        )),
-        json_str(
-            &server
-                .as_ref()
-                .map_or_else(|e| e.clone(), |p| p.display().to_string())
-        ),
-        devices.join(","),
-        json_num(score_ratio),
-        scene_ratio_json.join(","),
-        json_num(kmscube_ratio),
-        results.iter().map(run_json).collect::<Vec<_>>().join(","),
-    );
-    let out = std::env::var_os("VGPU_BENCH_OUT").map_or_else(
-        || {
-            PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../target/vgpu-bench/gl_side_by_side.json"
-            ))
-        },
-        PathBuf::from,
-    );
+    let out = out_path();
     if let Some(dir) = out.parent() {
         std::fs::create_dir_all(dir).expect("output directory");
     }
-    std::fs::write(&out, json).expect("writing the JSON result");
-    println!("JSON: {}", out.display());
+    // Per-scene chart: the off-screen suite, a bar per device.
+    let scenes: Vec<String> = summaries
+        .iter()
+        .flat_map(|s| s.off_scenes.keys().cloned())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let series: Vec<Series> = summaries
+        .iter()
+        .map(|s| Series {
+            name: s.device.name().to_owned(),
+            values: scenes
+                .iter()
+                .map(|k| s.off_scenes.get(k).copied())
+                .collect(),
+        })
+        .collect();
+    let svg = out.with_extension("svg");
+    if let Err(e) = grouped_bars(
+        &svg,
+        &format!(
+            "glmark2 off-screen, fps per scene at {}x{} (medians of {} runs)",
+            MODE.0, MODE.1, o.runs
+        ),
+        "frames/s",
+        &scenes,
+        &series,
+    ) {
+        eprintln!("gl_side_by_side: chart: {e}");
+    }
+    let device_json: Vec<Value> = summaries
+        .iter()
+        .map(|s| {
+            json!({
+                "device": s.device.name(),
+                "host_stack": s.device.stack(),
+                "runs_ok": s.ok,
+                "runs": s.total,
+                "glmark2_off_screen": spread_json(s.off_score),
+                "glmark2_on_screen": spread_json(s.on_score),
+                "kmscube_fps": spread_json(s.kmscube),
+                "paced_interval_mean_ms": spread_json(s.paced_mean),
+                "paced_interval_sd_ms": spread_json(s.paced_sd),
+                "paced_interval_p99_ms": spread_json(s.paced_p99),
+                "server_peak_rss_mib": spread_json(s.rss_mib),
+                "off_screen_scene_fps": s.off_scenes,
+                "on_screen_scene_fps": s.on_scenes,
+                "surfaces": s.surfaces,
+                "renderers": s.renderers,
+                "failures": s.failures,
+            })
+        })
+        .collect();
+    let run_json: Vec<Value> = results
+        .iter()
+        .map(|r| {
+            json!({
+                "device": r.device.map(Device::name),
+                "run": r.index,
+                "failure": r.failure,
+                "glmark2_off_screen": r.off.score,
+                "glmark2_on_screen": r.on.score,
+                "off_screen_scenes": r.off.scenes,
+                "on_screen_scenes": r.on.scenes,
+                "kmscube_fps": r.kmscube_fps,
+                "paced": r.paced.map(|(n, mean, sd, p99)| json!({"frames": n, "mean_ms": mean, "sd_ms": sd, "p99_ms": p99})),
+                "connector_modes": r.modes,
+                "not_presented": r.no_present,
+                "server_peak_rss_kib": r.server_rss_kib,
+                "wall_s": r.wall_s,
+            })
+        })
+        .collect();
+    let doc = json!({
+        "benchmark": "gl_side_by_side",
+        "qemu": qemu,
+        "machine": machine,
+        "accelerator": accel.to_string(),
+        "accelerator_reason": accel_reason,
+        "mode": format!("{}x{}", MODE.0, MODE.1),
+        "kernel_cmdline": format!("drm.edid_firmware={EDID}"),
+        "runs_per_device": o.runs,
+        "glmark2": format!("glmark2-es2-drm [--off-screen] --visual-config alpha=0{}", glmark2_benches(&o)),
+        "kmscube": format!("kmscube -c {KMSCUBE_FRAMES}"),
+        "paced": format!("gltestsrc is-live=true {PACED_FRAMES} frames at {PACED_FPS} fps ! gldownload ! fakesink sync=true"),
+        "qemu_display": format!("egl-headless,rendernode={}", gl_render_node().display()),
+        "devices": device_json,
+        "ratios": ratios,
+        "runs": run_json,
+    });
+    std::fs::write(&out, format!("{doc:#}\n")).expect("writing the JSON result");
+    println!("JSON: {}\nSVG: {}", out.display(), svg.display());
 }

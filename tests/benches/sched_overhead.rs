@@ -1,34 +1,42 @@
-//! Scheduling overhead for a standalone load through the device: a qtest VM with the vGPU (the
-//! in-process server, the `vgpu-server` library code) and a load context (capset 20) that
-//! submits back-to-back OCCUPY groups of [`OCCUPY_US`] µs, one in flight at a time, for
-//! [`DURATION`]. Modes: no daemon (the device's local engine), and a real `vgpu-schedd`
-//! process (started by the test harness's `vgpu_tests::daemon::Schedd`, which finds or builds
-//! the binary) under policy none, timegraph PRT and timegraph HT.
+//! Scheduling overhead for a standalone high-rate load through the device: the raw vfio-user
+//! client (`vgpu_tests::raw_guest`, no QEMU: a qtest guest would add a 70-90 µs round trip
+//! per access and hide the overhead) drives the in-process server (the `vgpu-server` library
+//! code) with a load context (capset 20) that submits back-to-back OCCUPY groups of
+//! [`OCCUPY_US`] µs, one in flight at a time, each with a fence, for [`DURATION`]. Modes: no
+//! daemon (the device's local engine), and a real `vgpu-schedd` process (started by the test
+//! harness's `vgpu_tests::daemon::Schedd`, which finds or builds the binary) under policy
+//! none, timegraph PRT, timegraph HT and fair (the device holds a lease).
 //! Reports groups/s, p50/p99 submit-to-fence latency and the overhead of each mode against
 //! no daemon (medians of [`RUNS`] runs); JSON to `target/vgpu-bench/sched_overhead.json`.
 //!
 //! virglrenderer may be initialised once per process, so every run is a child process of this
 //! bench (the same binary, selected by [`CHILD_ENV`]).
 //!
-//! `cargo bench -p vgpu-tests --bench sched_overhead`
+//! With `--guest` (and a guest image) a second table runs a real GL workload the same ways: a
+//! TCG guest on the `vgpu-server` binary runs glmark2's `build` scene off-screen for
+//! [`GUEST_SCENE_S`] s (a high rate of small virgl submits, each a scheduled group), once per
+//! mode per run; the overhead is the frame rate lost against no daemon.
+//!
+//! `cargo bench -p vgpu-tests --bench sched_overhead [-- --guest]`
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use vgpu_guest_drivers::virtio_gpu::{
-    self, CAPSET_LOAD, CONTROL_QUEUE, CTRL_HDR_SIZE, LOAD_OP_OCCUPY,
-};
+use vfio_bindings::bindings::vfio::VFIO_PCI_MSIX_IRQ_INDEX;
+use vgpu_guest_drivers::virtio_gpu::{self, CAPSET_LOAD, LOAD_OP_OCCUPY};
 use vgpu_schedd::proto::VmName;
 use vgpu_server::sched_client::SchedConfig;
 use vgpu_tests::daemon::Schedd;
-use vgpu_tests::server::{TestServer, VgpuGuest};
-use vgpu_tests::skip_without_qemu;
+use vgpu_tests::guest::{GuestConfig, GuestImage, RunningGuest};
+use vgpu_tests::raw_guest::{FEATURES_3D, RawGuest};
+use vgpu_tests::server::TestServer;
+use vmm_sys_util::eventfd::EventFd;
 
 /// Environment variable that makes this binary run one measurement (`MODE`) and print it.
 const CHILD_ENV: &str = "VGPU_SCHED_OVERHEAD_CHILD";
-/// GPU time of one OCCUPY group.
-const OCCUPY_US: u64 = 200;
+/// GPU time of one OCCUPY group: short, so that the per-group cost of asking shows.
+const OCCUPY_US: u64 = 50;
 /// How long one run submits groups.
 const DURATION: Duration = Duration::from_secs(2);
 /// Runs per mode; the table shows their medians.
@@ -39,7 +47,7 @@ const RESP_OK_NODATA: u32 = 0x1100;
 const LOAD_CTX: u32 = 7;
 const VM: &str = "vm-overhead";
 /// Modes: name and the daemon's policy file (none: no daemon).
-const MODES: [(&str, Option<&str>); 4] = [
+const MODES: [(&str, Option<&str>); 5] = [
     ("no daemon", None),
     ("none", Some("policy = \"none\"\n")),
     (
@@ -50,6 +58,7 @@ const MODES: [(&str, Option<&str>); 4] = [
         "timegraph ht",
         Some("policy = \"timegraph\"\nsched = \"ht\"\n"),
     ),
+    ("fair (lease)", Some("policy = \"fair\"\n")),
 ];
 
 /// One run's figures.
@@ -69,23 +78,13 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 /// Sends one request and waits for it; returns its latency in µs.
-fn call(guest: &mut VgpuGuest, request: &[u8]) -> f64 {
-    let qt = guest.vm.qtest();
+fn call(guest: &mut RawGuest, irq: &EventFd, request: &[u8]) -> f64 {
     let start = Instant::now();
-    let done = guest
-        .dev
-        .transact(
-            qt,
-            CONTROL_QUEUE,
-            &[request],
-            &[CTRL_HDR_SIZE as u32],
-            TIMEOUT,
-        )
+    let reply = guest
+        .call(request, irq, TIMEOUT)
         .expect("request completes");
     let us = start.elapsed().as_secs_f64() * 1e6;
-    let reply = done.writable.expect("our chain").remove(0);
-    let hdr = virtio_gpu::CtrlHeader::parse(&reply).expect("header");
-    assert_eq!(hdr.ctrl_type, RESP_OK_NODATA, "request refused");
+    assert_eq!(reply, RESP_OK_NODATA, "request refused");
     us
 }
 
@@ -99,11 +98,18 @@ fn child(policy: Option<&str>) -> Option<Run> {
             vm_name: VmName::new(VM).expect("name"),
         }),
     };
-    let mut guest = VgpuGuest::start(&server);
-    let features = guest.virgl_features()?;
-    guest.bring_up_with(features);
+    let mut guest = RawGuest::connect_with(server.socket(), 1, FEATURES_3D).expect("client");
+    let irq = EventFd::new(0).expect("eventfd");
+    guest
+        .set_trigger(VFIO_PCI_MSIX_IRQ_INDEX, 1, &irq)
+        .expect("MSI-X");
+    if guest.status().expect("status") != 0xf {
+        // The device offers no 3D (no virglrenderer): FEATURES_OK was refused.
+        return None;
+    }
     call(
         &mut guest,
+        &irq,
         &virtio_gpu::ctx_create(LOAD_CTX, CAPSET_LOAD, b"load"),
     );
     let mut fence = 0u64;
@@ -112,7 +118,11 @@ fn child(policy: Option<&str>) -> Option<Run> {
     while start.elapsed() < DURATION {
         fence += 1;
         let submit = virtio_gpu::load_submit(LOAD_CTX, &[(LOAD_OP_OCCUPY, 0, OCCUPY_US)]);
-        latencies.push(call(&mut guest, &virtio_gpu::with_fence(submit, fence)));
+        latencies.push(call(
+            &mut guest,
+            &irq,
+            &virtio_gpu::with_fence(submit, fence),
+        ));
     }
     let elapsed = start.elapsed().as_secs_f64();
     latencies.sort_by(f64::total_cmp);
@@ -147,6 +157,80 @@ fn measure(mode: usize) -> Option<Run> {
     }
 }
 
+/// Seconds of glmark2's build scene per guest run.
+const GUEST_SCENE_S: u32 = 10;
+
+/// glmark2's build scene fps in a TCG guest whose server asks a daemon with `policy` (or none).
+fn guest_fps(image: &GuestImage, policy: Option<&str>) -> Result<f64, String> {
+    let schedd = policy
+        .map(|p| Schedd::start_logging(Some(p), "warn"))
+        .transpose()
+        .map_err(|e| e.to_string())?;
+    let job = format!(
+        "glmark2-es2-drm --off-screen --visual-config alpha=0 -b build:duration={GUEST_SCENE_S} 2>&1 | grep 'FPS:'"
+    );
+    let mut config = GuestConfig::new(image.clone(), job).timeout(Duration::from_secs(300));
+    if let Some(daemon) = &schedd {
+        config.server_args = vec![
+            "--scheduler".into(),
+            daemon.socket().display().to_string(),
+            "--vm-name".into(),
+            VM.into(),
+        ];
+    }
+    let run = RunningGuest::run(&config).map_err(|e| e.to_string())?;
+    run.output
+        .lines()
+        .find_map(|l| {
+            l.split_once("FPS: ")?
+                .1
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .ok_or_else(|| format!("no FPS line; exit {:?}: {}", run.exit_code, run.output))
+}
+
+/// The guest table: glmark2 build fps per mode (medians of [`RUNS`], modes alternating) and the
+/// loss against no daemon; JSON rows.
+fn guest_overhead() -> Vec<String> {
+    let image = match GuestImage::locate() {
+        Ok(image) => image,
+        Err(e) => {
+            eprintln!("SKIPPED: guest section: {e}");
+            return Vec::new();
+        }
+    };
+    let mut fps: Vec<Vec<f64>> = vec![Vec::new(); MODES.len()];
+    for run in 1..=RUNS {
+        for (i, (name, policy)) in MODES.iter().enumerate() {
+            eprintln!("guest run {run}/{RUNS}: {name} ...");
+            match guest_fps(&image, *policy) {
+                Ok(f) => fps[i].push(f),
+                Err(e) => eprintln!("guest run {run}: {name} failed: {e}"),
+            }
+        }
+    }
+    println!(
+        "TCG guest, glmark2 build ({GUEST_SCENE_S} s, off-screen), {RUNS} runs, medians\n{:<15} {:>8} {:>10}",
+        "mode", "fps", "overhead"
+    );
+    let base = median(fps[0].clone());
+    MODES
+        .iter()
+        .zip(&fps)
+        .map(|((name, _), f)| {
+            let m = median(f.clone());
+            let overhead = (base / m - 1.0) * 100.0;
+            println!("{name:<15} {m:>8.1} {overhead:>9.1}%");
+            format!(
+                "{{\"mode\": \"{name}\", \"fps\": {m:.1}, \"overhead_pct\": {overhead:.2}, \"runs\": {f:?}}}"
+            )
+        })
+        .collect()
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
@@ -160,9 +244,6 @@ fn main() {
             Some(r) => println!("RESULT {} {} {}", r.groups_per_s, r.p50_us, r.p99_us),
             None => eprintln!("SKIPPED: no virglrenderer on this host"),
         }
-        return;
-    }
-    if skip_without_qemu() {
         return;
     }
     println!(
@@ -199,14 +280,20 @@ fn main() {
             each.join(", ")
         ));
     }
+    let guest_rows = if std::env::args().any(|a| a == "--guest") {
+        guest_overhead()
+    } else {
+        Vec::new()
+    };
     let out = PathBuf::from(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../target/vgpu-bench/sched_overhead.json"
     ));
     let doc = format!(
-        "{{\n  \"bench\": \"sched_overhead\",\n  \"occupy_us\": {OCCUPY_US},\n  \"duration_s\": {},\n  \"modes\": [\n{}\n  ]\n}}\n",
+        "{{\n  \"bench\": \"sched_overhead\",\n  \"occupy_us\": {OCCUPY_US},\n  \"duration_s\": {},\n  \"modes\": [\n{}\n  ],\n  \"guest_glmark2_build\": [{}]\n}}\n",
         DURATION.as_secs_f64(),
-        rows.join(",\n")
+        rows.join(",\n"),
+        guest_rows.join(",")
     );
     if let Some(parent) = out.parent() {
         let _ = std::fs::create_dir_all(parent);

@@ -77,6 +77,9 @@ pub enum GuestError {
         /// Why it is missing.
         looked: String,
     },
+    /// The `vhost-user-gpu` backend (or the preload it needs here) is missing.
+    #[error("cannot start vhost-user-gpu: {0}")]
+    BackendMissing(String),
     /// A file or process operation failed.
     #[error("{context}: {source}")]
     Io {
@@ -293,6 +296,12 @@ pub enum GuestGpu {
     /// over [`gl_render_node`] (the 3D reference device; [`qemu_gl_support`] tells whether
     /// this QEMU can start it).
     QemuVirtioGpuGl,
+    /// QEMU's `vhost-user-gpu-pci` with the prefix's `vhost-user-gpu --virgl` backend process
+    /// (virgl in that process, run with [`prefix_exec`]), on an `egl-headless` display over
+    /// [`gl_render_node`] like [`GuestGpu::QemuVirtioGpuGl`] ([`vhost_user_gpu_binary`] tells
+    /// whether the prefix has it). Its virglrenderer needs a render node (GBM): on a host
+    /// without one it cannot initialise virgl and the guest renders with its own llvmpipe.
+    VhostUserGpu,
     /// No GPU.
     None,
 }
@@ -332,6 +341,9 @@ pub struct GuestConfig {
     pub server_bin: Option<PathBuf>,
     /// Further `vgpu-server` arguments (e.g. `--display 1280x800`).
     pub server_args: Vec<String>,
+    /// Runs `vgpu-server` as `LAUNCHER SERVER ARGS..` (e.g. [`prefix_exec`], to put it on the
+    /// QEMU prefix's virglrenderer and Mesa); `None` runs it directly.
+    pub server_launcher: Option<PathBuf>,
     /// Appended to the kernel command line.
     pub extra_cmdline: String,
     /// Further QEMU arguments, appended last.
@@ -361,6 +373,7 @@ impl GuestConfig {
             allow_reboot: false,
             server_bin: None,
             server_args: Vec::new(),
+            server_launcher: None,
             extra_cmdline: String::new(),
             extra_qemu_args: Vec::new(),
             cgroup: None,
@@ -412,6 +425,103 @@ pub fn server_binary() -> Result<PathBuf> {
     crate::daemon::workspace_binary("vgpu-server").map_err(|e| GuestError::ServerMissing {
         looked: e.to_string(),
     })
+}
+
+/// The QEMU prefix `setup-qemu.sh` installs: `$VGPU_QEMU_PREFIX`, else `qemu` in the cache
+/// (`$VGPU_CACHE`, else `~/.cache/vgpu`), the wrappers' rule.
+pub fn qemu_prefix() -> PathBuf {
+    if let Some(p) = std::env::var_os("VGPU_QEMU_PREFIX") {
+        return p.into();
+    }
+    let cache = std::env::var_os("VGPU_CACHE").map_or_else(
+        || PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/vgpu"),
+        PathBuf::from,
+    );
+    cache.join("qemu")
+}
+
+/// `qemu-scripts/prefix-exec`: runs a program on the QEMU prefix's loader, libraries and Mesa.
+pub fn prefix_exec() -> PathBuf {
+    concat!(env!("CARGO_MANIFEST_DIR"), "/../qemu-scripts/prefix-exec").into()
+}
+
+/// The prefix's `vhost-user-gpu` (from Debian's qemu-system-gui), if installed.
+pub fn vhost_user_gpu_binary() -> Option<PathBuf> {
+    Some(qemu_prefix().join("usr/lib/qemu/vhost-user-gpu")).filter(|p| p.is_file())
+}
+
+/// Longest wait for a started `vhost-user-gpu` to create its socket.
+const BACKEND_START_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A `vhost-user-gpu` backend serving one QEMU on a socket in the guest's directory; killed on
+/// drop.
+#[derive(Debug)]
+struct VhostUserBackend {
+    child: ChildGuard,
+    socket: PathBuf,
+    log_path: PathBuf,
+}
+
+impl VhostUserBackend {
+    fn start(dir: &Path) -> Result<Self> {
+        let binary = vhost_user_gpu_binary().ok_or_else(|| {
+            GuestError::BackendMissing(format!(
+                "no vhost-user-gpu in {} (run qemu-scripts/setup-qemu.sh)",
+                qemu_prefix().display()
+            ))
+        })?;
+        let socket = dir.join("vhost-user-gpu.sock");
+        let log_path = dir.join("vhost-user-gpu.log");
+        let log = File::create(&log_path).map_err(io_context("creating vhost-user-gpu log"))?;
+        let stderr = log
+            .try_clone()
+            .map_err(io_context("creating vhost-user-gpu log"))?;
+        let mut command = Command::new(prefix_exec());
+        command.arg(&binary).arg("--virgl");
+        let node = gl_render_node();
+        if node.starts_with("/dev/dri") {
+            command.arg("--render-node").arg(node);
+        }
+        let child = command
+            .arg("--socket-path")
+            .arg(&socket)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(stderr)
+            .spawn()
+            .map_err(io_context("starting vhost-user-gpu"))?;
+        let mut backend = Self {
+            child: ChildGuard {
+                name: "vhost-user-gpu",
+                child,
+            },
+            socket,
+            log_path,
+        };
+        let deadline = Instant::now() + BACKEND_START_TIMEOUT;
+        while !backend.socket.exists() {
+            if let Some(status) = backend
+                .child
+                .child
+                .try_wait()
+                .map_err(io_context("vhost-user-gpu"))?
+            {
+                return Err(GuestError::ServerStart {
+                    why: format!("vhost-user-gpu exited ({status})"),
+                    log: read_lossy(&backend.log_path),
+                });
+            }
+            if Instant::now() >= deadline {
+                let _ = backend.child.kill();
+                return Err(GuestError::ServerStart {
+                    why: format!("vhost-user-gpu made no socket in {BACKEND_START_TIMEOUT:?}"),
+                    log: read_lossy(&backend.log_path),
+                });
+            }
+            thread::sleep(POLL);
+        }
+        Ok(backend)
+    }
 }
 
 /// The host render node for QEMU's virgl device: `$VGPU_GL_RENDER_NODE`, else the first
@@ -588,11 +698,29 @@ impl ServerProcess {
         args: &[String],
         env: &[(&str, &str)],
     ) -> Result<Self> {
+        Self::start_via(None, binary, exit_on_disconnect, args, env)
+    }
+
+    /// [`ServerProcess::start_env`] run as `launcher binary ...` when `launcher` is given.
+    pub fn start_via(
+        launcher: Option<&Path>,
+        binary: &Path,
+        exit_on_disconnect: bool,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> Result<Self> {
         let dir = TempDir::new("vgpu-guest-server").map_err(io_context("creating temp dir"))?;
         let socket = dir.path().join("vgpu.sock");
         let log_path = dir.path().join("server.log");
         let log = File::create(&log_path).map_err(io_context("creating server log"))?;
-        let mut command = Command::new(binary);
+        let mut command = match launcher {
+            Some(launcher) => {
+                let mut c = Command::new(launcher);
+                c.arg(binary);
+                c
+            }
+            None => Command::new(binary),
+        };
         command
             .arg("--socket")
             .arg(&socket)
@@ -814,6 +942,7 @@ pub struct RunningGuest {
     qemu: ChildGuard,
     cgroup: CgroupGuard,
     server: Option<ServerProcess>,
+    backend: Option<VhostUserBackend>,
     accel: Accel,
     accel_reason: String,
     timeout: Duration,
@@ -844,8 +973,18 @@ impl RunningGuest {
                     Some(path) => path.clone(),
                     None => server_binary()?,
                 };
-                Some(ServerProcess::start(&binary, true, &config.server_args)?)
+                Some(ServerProcess::start_via(
+                    config.server_launcher.as_deref(),
+                    &binary,
+                    true,
+                    &config.server_args,
+                    &[],
+                )?)
             }
+            _ => None,
+        };
+        let backend = match &config.gpu {
+            GuestGpu::VhostUserGpu => Some(VhostUserBackend::start(dir.path())?),
             _ => None,
         };
 
@@ -917,9 +1056,25 @@ impl RunningGuest {
                     .args(["-device", "virtio-gpu-gl-pci", "-display"])
                     .arg(egl_headless_display(&gl_render_node())?);
             }
+            GuestGpu::VhostUserGpu => {
+                let socket = backend
+                    .as_ref()
+                    .map_or(Path::new(""), |b| b.socket.as_path());
+                command
+                    .arg("-chardev")
+                    .arg(format!(
+                        "socket,id=vgpu,path={}",
+                        no_comma(socket)?.display()
+                    ))
+                    .args(["-device", "vhost-user-gpu-pci,chardev=vgpu", "-display"])
+                    .arg(egl_headless_display(&gl_render_node())?);
+            }
             GuestGpu::None => {}
         }
-        if config.gpu != GuestGpu::QemuVirtioGpuGl {
+        if !matches!(
+            config.gpu,
+            GuestGpu::QemuVirtioGpuGl | GuestGpu::VhostUserGpu
+        ) {
             command.args(["-display", "none"]);
         }
         let log = File::create(&qemu_log_path).map_err(io_context("creating QEMU log"))?;
@@ -947,6 +1102,7 @@ impl RunningGuest {
             qemu,
             cgroup,
             server,
+            backend,
             accel,
             accel_reason,
             timeout: config.timeout,
@@ -1132,7 +1288,11 @@ impl RunningGuest {
             wall: self.started.elapsed(),
             qemu_status,
             qemu_log: read_lossy(&self.qemu_log_path),
-            server_log: self.server.as_ref().map(ServerProcess::log),
+            server_log: self
+                .server
+                .as_ref()
+                .map(ServerProcess::log)
+                .or_else(|| self.backend.as_ref().map(|b| read_lossy(&b.log_path))),
         }
     }
 }

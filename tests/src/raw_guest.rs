@@ -46,15 +46,27 @@ pub struct RawGuest {
     mem: GuestMemoryMmap,
     ram: std::fs::File,
     vector: u16,
+    /// Device feature bits 0-31 the driver accepts (bits 32+ are VERSION_1 only).
+    features_low: u32,
     submitted: u16,
     _dir: TempDir,
 }
+
+/// VIRTIO_GPU_F_VIRGL and VIRTIO_GPU_F_CONTEXT_INIT: 3D contexts and capset-typed contexts
+/// (the load capset).
+pub const FEATURES_3D: u32 = 1 | 1 << 4;
 
 impl RawGuest {
     /// Connects to `socket`, maps guest RAM, enables memory and bus mastering, and brings the
     /// device up with VERSION_1 and a control queue whose control-queue vector is `vector`
     /// (0xffff for none).
     pub fn connect(socket: &Path, vector: u16) -> Result<RawGuest> {
+        Self::connect_with(socket, vector, 0)
+    }
+
+    /// [`RawGuest::connect`] accepting also the device features `features_low` (bits 0-31,
+    /// e.g. [`FEATURES_3D`]), which the device must offer.
+    pub fn connect_with(socket: &Path, vector: u16, features_low: u32) -> Result<RawGuest> {
         let dir = TempDir::new("vgpu-raw-guest")?;
         let ram = dir.file("ram", RAM)?;
         let mem = GuestMemoryMmap::<()>::from_ranges_with_files([(
@@ -70,6 +82,7 @@ impl RawGuest {
             mem,
             ram,
             vector,
+            features_low,
             submitted: 0,
             _dir: dir,
         };
@@ -94,6 +107,8 @@ impl RawGuest {
             (STATUS, &[0]),
             (STATUS, &[1]),
             (STATUS, &[3]),
+            (0x08, &0u32.to_le_bytes()),
+            (0x0c, &self.features_low.to_le_bytes()),
             (0x08, &1u32.to_le_bytes()),
             (0x0c, &1u32.to_le_bytes()), // VIRTIO_F_VERSION_1 (bit 32)
             (STATUS, &[0xb]),
@@ -109,17 +124,9 @@ impl RawGuest {
         for (offset, data) in writes {
             self.client.region_write_posted(BAR4, *offset, data)?;
         }
-        let desc = |addr: u64, len: u32, flags: u32, next: u16| {
-            let mut d = [0u8; 16];
-            d[0..8].copy_from_slice(&addr.to_le_bytes());
-            d[8..12].copy_from_slice(&len.to_le_bytes());
-            d[12..14].copy_from_slice(&(flags as u16).to_le_bytes());
-            d[14..16].copy_from_slice(&next.to_le_bytes());
-            d
-        };
         let chain = [
-            desc(REQUEST, CTRL_HDR_SIZE as u32, VRING_DESC_F_NEXT, 1),
-            desc(RESPONSE, DISPLAY_INFO_SIZE as u32, VRING_DESC_F_WRITE, 0),
+            descriptor(REQUEST, CTRL_HDR_SIZE as u32, VRING_DESC_F_NEXT, 1),
+            descriptor(RESPONSE, DISPLAY_INFO_SIZE as u32, VRING_DESC_F_WRITE, 0),
         ]
         .concat();
         self.mem
@@ -193,12 +200,63 @@ impl RawGuest {
         self.submitted
     }
 
+    /// Sends `request` (at most 4 KiB) with a response buffer of a control header, waits for
+    /// its completion (`irq`, the control queue's vector's eventfd, up to `timeout`), and
+    /// returns the response's type. The next [`RawGuest::publish`] needs a
+    /// [`RawGuest::bring_up`] first (this rewrites the chain).
+    pub fn call(
+        &mut self,
+        request: &[u8],
+        irq: &EventFd,
+        timeout: std::time::Duration,
+    ) -> Result<u32> {
+        let too_long = || std::io::Error::other("request longer than its buffer");
+        if request.len() as u64 > RESPONSE - REQUEST {
+            return Err(too_long().into());
+        }
+        let chain = [
+            descriptor(REQUEST, request.len() as u32, VRING_DESC_F_NEXT, 1),
+            descriptor(RESPONSE, CTRL_HDR_SIZE as u32, VRING_DESC_F_WRITE, 0),
+        ]
+        .concat();
+        self.mem
+            .write_slice(&chain, GuestAddress(DESC))
+            .map_err(std::io::Error::other)?;
+        self.mem
+            .write_slice(request, GuestAddress(REQUEST))
+            .map_err(std::io::Error::other)?;
+        self.publish()?;
+        self.notify()?;
+        let deadline = std::time::Instant::now() + timeout;
+        while self.used_idx() != self.submitted {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() || wait_interrupt(irq, left)? == 0 {
+                return Err(std::io::Error::from(std::io::ErrorKind::TimedOut).into());
+            }
+        }
+        let ctrl_type: u32 = self
+            .mem
+            .read_obj(GuestAddress(RESPONSE))
+            .map_err(std::io::Error::other)?;
+        Ok(ctrl_type)
+    }
+
     /// The used ring's index.
     pub fn used_idx(&self) -> u16 {
         self.mem
             .load(GuestAddress(USED + 2), Ordering::Acquire)
             .unwrap_or(0)
     }
+}
+
+/// A split-ring descriptor.
+fn descriptor(addr: u64, len: u32, flags: u32, next: u16) -> [u8; 16] {
+    let mut d = [0u8; 16];
+    d[0..8].copy_from_slice(&addr.to_le_bytes());
+    d[8..12].copy_from_slice(&len.to_le_bytes());
+    d[12..14].copy_from_slice(&(flags as u16).to_le_bytes());
+    d[14..16].copy_from_slice(&next.to_le_bytes());
+    d
 }
 
 /// Waits (blocking in `epoll_wait`, as QEMU's main loop waits for an irqfd) until `irq` is

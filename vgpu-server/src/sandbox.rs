@@ -338,11 +338,13 @@ pub const ALLOWED: &[(&str, &[libc::c_long])] = &[
     #[cfg(target_arch = "x86_64")]
     (
         // The same on x86_64's older entry points, which glibc and Mesa use there (poll: the
-        // relay waiting on QEMU and the message loop).
+        // relay waiting on QEMU and the message loop; fstat: Debian trixie's glibc, which the
+        // server runs on with the QEMU prefix's stack, where bookworm's calls newfstatat).
         "x86_64 forms",
         &[
             libc::SYS_poll,
             libc::SYS_epoll_wait,
+            libc::SYS_fstat,
             libc::SYS_readlink,
             libc::SYS_rename,
             libc::SYS_unlink,

@@ -21,11 +21,12 @@ in a writable directory) and powers off. Prints the job's output; exits with the
 by SIGTERM, SIGINT or SIGHUP; QEMU and vgpu-server are stopped and the cgroup removed first).
 
 options:
-  --gpu vgpu|virtio-gpu|virtio-gpu-gl|none
+  --gpu vgpu|virtio-gpu|virtio-gpu-gl|vhost-user-gpu|none
                                the GPU: our vgpu-server (default; started with
                                --exit-on-disconnect), QEMU's virtio-gpu-pci, QEMU's
                                virtio-gpu-gl-pci (virgl in QEMU, on an egl-headless display),
-                               or none
+                               QEMU's vhost-user-gpu-pci with the prefix's vhost-user-gpu
+                               backend, or none
   --socket PATH                use a vfio-user server already listening on PATH instead
   --server PATH                the vgpu-server binary (default: beside this program)
   --server-arg ARG             pass ARG to vgpu-server (repeatable)
@@ -88,6 +89,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
                     "vgpu" => GuestGpu::Vgpu,
                     "virtio-gpu" => GuestGpu::QemuVirtioGpu,
                     "virtio-gpu-gl" => GuestGpu::QemuVirtioGpuGl,
+                    "vhost-user-gpu" => GuestGpu::VhostUserGpu,
                     "none" => GuestGpu::None,
                     other => return Err(format!("--gpu: unknown GPU {other:?}")),
                 }
