@@ -41,6 +41,8 @@ fn listen() -> Listening {
         scheduler: None,
         resource_memory: 64 << 20,
         compute: vgpu_server::gpu::compute::ComputeKind::Cpu,
+        // The fuzzer drives one stream at a time: spinning would only burn its CPU.
+        busy_poll: std::time::Duration::ZERO,
     };
     let server = VgpuServer::bind(config).expect("binding the server");
     std::thread::spawn(move || server.serve().expect("serving"));
