@@ -47,6 +47,12 @@ const POLICIES: [(&str, &str, bool); 4] = [
     ("fair (lease)", "policy = \"fair\"\n", true),
 ];
 
+/// One group that must not stay suspended past [`common::WAIT`].
+fn group(dev: &mut Device, id: u64, lease: bool) -> u64 {
+    dev.group_until(id, lease, Instant::now() + common::WAIT)
+        .expect("resumed in time")
+}
+
 /// One run's figures in µs.
 #[derive(Clone, Copy)]
 struct Run {
@@ -72,14 +78,14 @@ fn run(policy: &str, lease: bool, busy_poll_us: u64) -> Run {
     let mut id = 0;
     for _ in 0..WARMUP {
         id += 1;
-        dev.group(id, lease);
+        group(&mut dev, id, lease);
     }
     let mut rtt = Vec::with_capacity(GROUPS as usize);
     let cpu_before = schedd.cpu_time();
     let start = Instant::now();
     for _ in 0..GROUPS {
         id += 1;
-        rtt.push(dev.group(id, lease));
+        rtt.push(group(&mut dev, id, lease));
     }
     if lease {
         // Everything sent before this Submit is handled once its Grant arrives.

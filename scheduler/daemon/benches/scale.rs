@@ -51,6 +51,8 @@ const POLICIES: [(&str, &str, bool); 4] = [
 ];
 
 struct Outcome {
+    /// Devices still waiting for a Resume when the window closed.
+    suspended_at_end: usize,
     decisions_per_s: f64,
     p50_us: f64,
     p99_us: f64,
@@ -81,14 +83,18 @@ fn run(devices: usize, policy: &str, lease: bool, busy_poll_us: u64) -> Outcome 
             std::thread::spawn(move || {
                 let mut latencies = Vec::new();
                 start.wait();
-                let begin = Instant::now();
+                let end = Instant::now() + window;
                 let mut id = 0;
-                while begin.elapsed() < window {
+                let mut suspended_at_end = false;
+                while Instant::now() < end {
                     id += 1;
-                    latencies.push(dev.group(id, lease));
+                    match dev.group_until(id, lease, end) {
+                        Some(ns) => latencies.push(ns),
+                        None => suspended_at_end = true,
+                    }
                 }
                 dev.send(&Msg::Bye);
-                latencies
+                (latencies, suspended_at_end)
             })
         })
         .collect();
@@ -96,8 +102,11 @@ fn run(devices: usize, policy: &str, lease: bool, busy_poll_us: u64) -> Outcome 
     let began = Instant::now();
     start.wait();
     let mut all: Vec<u64> = Vec::new();
+    let mut suspended = 0;
     for t in threads {
-        all.extend(t.join().expect("device thread"));
+        let (latencies, suspended_at_end) = t.join().expect("device thread");
+        all.extend(latencies);
+        suspended += usize::from(suspended_at_end);
     }
     let wall = began.elapsed();
     let cpu = schedd.cpu_time().saturating_sub(cpu_before);
@@ -109,6 +118,7 @@ fn run(devices: usize, policy: &str, lease: bool, busy_poll_us: u64) -> Outcome 
         (percentile(&all, 0.5), percentile(&all, 0.99))
     };
     Outcome {
+        suspended_at_end: suspended,
         decisions_per_s: decisions / wall.as_secs_f64(),
         p50_us,
         p99_us,
@@ -170,7 +180,14 @@ fn main() {
                 "grant_p99_us": if o.p99_us.is_nan() { None } else { Some(o.p99_us) },
                 "daemon_cpu_percent": o.daemon_cpu_percent,
                 "daemon_cpu_per_decision_us": o.cpu_per_decision_us,
+                "suspended_at_end": o.suspended_at_end,
             }));
+            if o.suspended_at_end > 0 {
+                println!(
+                    "  {} of {devices} devices were still suspended when the window closed",
+                    o.suspended_at_end
+                );
+            }
         }
     }
     let target = Path::new(SCHEDD)

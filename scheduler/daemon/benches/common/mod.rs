@@ -181,14 +181,24 @@ impl Device {
         });
     }
 
-    /// One group; returns its Submit -> Grant time in ns (0 under a lease). With `lease` (a
-    /// policy that hands out leases) it first reads the lease changes sent meanwhile.
-    pub fn group(&mut self, id: u64, lease: bool) -> u64 {
+    /// One group; returns its Submit -> Grant time in ns (0 under a lease), or `None` when the
+    /// device is still suspended at `deadline`. With `lease` (a policy that hands out leases)
+    /// it first reads the lease changes sent meanwhile.
+    pub fn group_until(&mut self, id: u64, lease: bool, deadline: Instant) -> Option<u64> {
         if lease {
             self.drain();
             while self.suspended {
-                let m = self.recv();
-                assert!(self.follow(&m), "unexpected {m:?} while suspended");
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return None;
+                }
+                self.s.set_read_timeout(Some(left)).expect("read timeout");
+                let got = self.s.recv(&mut self.buf).expect("recv");
+                self.s.set_read_timeout(Some(WAIT)).expect("read timeout");
+                if let Some(n) = got {
+                    let m = proto::decode(&self.buf[..n]).expect("valid message");
+                    assert!(self.follow(&m), "unexpected {m:?} while suspended");
+                }
             }
         }
         let t0 = monotonic_ns();
@@ -200,12 +210,12 @@ impl Device {
                 signature: CostSignature(1),
             });
             self.complete(id, t0);
-            return 0;
+            return Some(0);
         }
         self.submit(id);
         self.wait_grant(id);
         let t1 = monotonic_ns();
         self.complete(id, t1);
-        t1.saturating_sub(t0)
+        Some(t1.saturating_sub(t0))
     }
 }
