@@ -225,8 +225,12 @@ impl Fair {
     }
 
     /// Raises `t_sys` to the smallest active virtual time and releases the vGPUs it caught up.
+    /// With no active vGPU the GPU is idle and nobody holds `t_sys`: it moves to the smallest
+    /// virtual time among the suspended ones. A suspended device holds its work without asking
+    /// (so it never becomes active by itself); without this it would wait for another VM to come
+    /// back before it could run again.
     fn refresh(&mut self, cx: &mut Cx<'_>) {
-        if let Some((min, _)) = self.active.first() {
+        if let Some((min, _)) = self.active.first().or_else(|| self.over.first()) {
             self.t_sys = self.t_sys.max(min);
         }
         let limit = self.limit();
@@ -797,6 +801,26 @@ mod tests {
         submit(&mut s, 11 * MS, v[1], 102);
         let out = complete(&mut s, v[1], 102, 11 * MS, 12 * MS);
         assert_eq!(out.last(), Some(&Decision::Suspend { vgpu: v[1] }));
+    }
+
+    #[test]
+    fn a_suspended_vgpu_is_released_when_nobody_holds_t_sys() {
+        let (mut s, v, _) = sched(config(MS, 2 * MS), &[256, 256]);
+        submit(&mut s, 0, v[1], 1);
+        // vm0 has work queued behind vm1's group: active at virtual time 0.
+        submit(&mut s, MS / 10, v[0], 2);
+        // vm1 used 1.5 ms while vm0 holds t_sys at 0: vm1 is suspended, and its device holds
+        // its further work without asking (it is idle to the scheduler).
+        let out = complete(&mut s, v[1], 1, 0, 15 * MS / 10);
+        assert!(out.contains(&Decision::Suspend { vgpu: v[1] }), "{out:?}");
+        // vm1's idle grace ends at 3.5 ms: it stops being active; vm0 still holds t_sys.
+        let out = timer(&mut s, 35 * MS / 10);
+        assert!(!out.contains(&Decision::Resume { vgpu: v[1] }), "{out:?}");
+        // vm0's group used 0.1 ms of GPU by 5 ms; vm0 idles, its grace ends at 7 ms.
+        complete(&mut s, v[0], 2, 49 * MS / 10, 5 * MS);
+        // Then nobody is active: vm1 must not wait for vm0 to come back.
+        let out = timer(&mut s, 7 * MS);
+        assert!(out.contains(&Decision::Resume { vgpu: v[1] }), "{out:?}");
     }
 
     #[test]
