@@ -15,7 +15,6 @@
 
 mod common;
 
-use std::path::Path;
 use std::time::Instant;
 
 use serde_json::json;
@@ -23,29 +22,13 @@ use tempfile::TempDir;
 use vgpu_schedd::busy_poll;
 use vgpu_schedd::proto::Msg;
 
-use common::{Device, SCHEDD, Schedd};
+use common::{Device, Schedd};
 /// Groups per run, after [`WARMUP`] unmeasured ones.
 const GROUPS: u64 = 5_000;
 /// Unmeasured groups at the start of every run.
 const WARMUP: u64 = 200;
 /// Runs per policy; the table shows their medians.
 const RUNS: usize = 3;
-
-/// The policies measured: name, policy file text, whether the device holds a lease.
-const POLICIES: [(&str, &str, bool); 4] = [
-    ("none", "policy = \"none\"\n", false),
-    (
-        "timegraph prt",
-        "policy = \"timegraph\"\nsched = \"prt\"\n",
-        false,
-    ),
-    (
-        "timegraph ht",
-        "policy = \"timegraph\"\nsched = \"ht\"\n",
-        false,
-    ),
-    ("fair (lease)", "policy = \"fair\"\n", true),
-];
 
 /// One group that must not stay suspended past [`common::WAIT`].
 fn group(dev: &mut Device, id: u64, lease: bool) -> u64 {
@@ -115,27 +98,16 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-fn fmt(x: f64) -> String {
-    if x.is_nan() {
-        "-".to_string()
-    } else {
-        format!("{x:.1}")
-    }
-}
-
 fn main() {
     // `cargo bench` passes `--bench`; a filter argument selects policies by substring.
-    let filter: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with("--"))
-        .collect();
+    let filter = common::filter();
     let mut rows = Vec::new();
     println!(
         "grant round trip: {GROUPS} groups x {RUNS} runs, medians (µs)\n{:<15} {:>9} {:>8} {:>8} {:>10} {:>12}",
         "policy", "busy poll", "p50", "p99", "per group", "daemon CPU"
     );
     let polls = [0, busy_poll::DEFAULT_MAX.as_micros() as u64];
-    for (name, text, lease) in POLICIES {
+    for (name, text, lease) in common::POLICIES {
         if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
             continue;
         }
@@ -148,10 +120,10 @@ fn main() {
             println!(
                 "{name:<15} {:>9} {:>8} {:>8} {:>10} {:>12}",
                 format!("{busy_poll_us} µs"),
-                fmt(p50),
-                fmt(p99),
-                fmt(per),
-                fmt(cpu)
+                common::fmt(p50),
+                common::fmt(p99),
+                common::fmt(per),
+                common::fmt(cpu)
             );
             let all: Vec<_> = runs
                 .iter()
@@ -173,11 +145,7 @@ fn main() {
         }
     }
     // The binary lives in target/<profile>/: the JSON goes next to the profile folders.
-    let target = Path::new(SCHEDD)
-        .parent()
-        .and_then(Path::parent)
-        .unwrap_or(Path::new("."));
-    let out = target.join("grant-bench.json");
+    let out = common::out_path("grant-bench.json");
     let doc = json!({
         "bench": "grant",
         "groups": GROUPS,

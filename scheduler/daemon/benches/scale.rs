@@ -18,14 +18,13 @@
 
 mod common;
 
-use std::path::Path;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 use tempfile::TempDir;
 
-use common::{Device, SCHEDD, Schedd};
+use common::{Device, Schedd};
 use vgpu_schedd::busy_poll;
 use vgpu_schedd::proto::Msg;
 
@@ -33,22 +32,6 @@ use vgpu_schedd::proto::Msg;
 const DEVICES: [usize; 3] = [16, 64, 256];
 /// Seconds every configuration runs.
 const SECONDS: u64 = 3;
-
-/// The policies measured: name, policy file text, whether devices hold a lease.
-const POLICIES: [(&str, &str, bool); 4] = [
-    ("none", "policy = \"none\"\n", false),
-    (
-        "timegraph prt",
-        "policy = \"timegraph\"\nsched = \"prt\"\n",
-        false,
-    ),
-    (
-        "timegraph ht",
-        "policy = \"timegraph\"\nsched = \"ht\"\n",
-        false,
-    ),
-    ("fair (lease)", "policy = \"fair\"\n", true),
-];
 
 struct Outcome {
     /// Devices still waiting for a Resume when the window closed.
@@ -127,19 +110,8 @@ fn run(devices: usize, policy: &str, lease: bool, busy_poll_us: u64) -> Outcome 
     }
 }
 
-fn fmt(x: f64) -> String {
-    if x.is_nan() {
-        "-".to_string()
-    } else {
-        format!("{x:.1}")
-    }
-}
-
 fn main() {
-    let filter: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with("--"))
-        .collect();
+    let filter = common::filter();
     println!(
         "daemon scale: devices submitting back to back for {SECONDS} s each\n{:<15} {:>9} {:>7} {:>12} {:>9} {:>9} {:>11} {:>13}",
         "policy",
@@ -152,7 +124,7 @@ fn main() {
         "CPU/decision"
     );
     let mut rows = Vec::new();
-    for (name, text, lease) in POLICIES {
+    for (name, text, lease) in common::POLICIES {
         if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
             continue;
         }
@@ -165,10 +137,10 @@ fn main() {
                 "{name:<15} {:>9} {devices:>7} {:>12.0} {:>9} {:>9} {:>10.0}% {:>10} µs",
                 format!("{busy_poll_us} µs"),
                 o.decisions_per_s,
-                fmt(o.p50_us),
-                fmt(o.p99_us),
+                common::fmt(o.p50_us),
+                common::fmt(o.p99_us),
                 o.daemon_cpu_percent,
-                fmt(o.cpu_per_decision_us)
+                common::fmt(o.cpu_per_decision_us)
             );
             rows.push(json!({
                 "policy": name,
@@ -190,11 +162,7 @@ fn main() {
             }
         }
     }
-    let target = Path::new(SCHEDD)
-        .parent()
-        .and_then(Path::parent)
-        .unwrap_or(Path::new("."));
-    let out = target.join("scale-bench.json");
+    let out = common::out_path("scale-bench.json");
     let doc = json!({
         "bench": "scale",
         "seconds": SECONDS,

@@ -13,6 +13,50 @@ pub const SCHEDD: &str = env!("CARGO_BIN_EXE_vgpu-schedd");
 /// Longest wait for the daemon to start or answer.
 pub const WAIT: Duration = Duration::from_secs(10);
 
+/// The policies measured: name, policy file text, whether devices hold a lease.
+pub const POLICIES: [(&str, &str, bool); 4] = [
+    ("none", "policy = \"none\"\n", false),
+    (
+        "timegraph prt",
+        "policy = \"timegraph\"\nsched = \"prt\"\n",
+        false,
+    ),
+    (
+        "timegraph ht",
+        "policy = \"timegraph\"\nsched = \"ht\"\n",
+        false,
+    ),
+    ("fair (lease)", "policy = \"fair\"\n", true),
+];
+
+/// The command line's policy filters (substrings of a policy's name; `cargo bench` adds
+/// `--bench`, which is not one).
+pub fn filter() -> Vec<String> {
+    std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect()
+}
+
+/// Where a bench's JSON goes: beside the profile folders (`target/`), found from the daemon
+/// binary in `target/<profile>/`.
+pub fn out_path(name: &str) -> PathBuf {
+    Path::new(SCHEDD)
+        .parent()
+        .and_then(Path::parent)
+        .unwrap_or(Path::new("."))
+        .join(name)
+}
+
+/// A figure with one decimal, `-` when there is none.
+pub fn fmt(x: f64) -> String {
+    if x.is_nan() {
+        "-".to_string()
+    } else {
+        format!("{x:.1}")
+    }
+}
+
 /// A daemon child, killed and reaped on drop.
 pub struct Schedd {
     child: Child,
