@@ -225,15 +225,19 @@ impl Fair {
     }
 
     /// Raises `t_sys` to the smallest active virtual time and releases the vGPUs it caught up.
-    /// With no active vGPU the GPU is idle and nobody holds `t_sys`: it moves to the smallest
-    /// virtual time among the suspended ones. A suspended device holds its work without asking
-    /// (so it never becomes active by itself); without this it would wait for another VM to come
-    /// back before it could run again.
+    /// With no active vGPU nobody is held back by anyone: every suspended vGPU is released
+    /// (`t_sys` stays, so the others keep their place when they come back). A suspended device
+    /// holds its work without asking, so it never becomes active by itself; without this it
+    /// would wait for another VM to come back before it could run again.
     fn refresh(&mut self, cx: &mut Cx<'_>) {
-        if let Some((min, _)) = self.active.first().or_else(|| self.over.first()) {
+        if let Some((min, _)) = self.active.first() {
             self.t_sys = self.t_sys.max(min);
         }
-        let limit = self.limit();
+        let limit = if self.active.is_empty() {
+            u64::MAX
+        } else {
+            self.limit()
+        };
         // Each turn removes one entry: bounded by the number of vGPUs.
         while let Some((vtime, v)) = self.over.first() {
             if vtime > limit {
