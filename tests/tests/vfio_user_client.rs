@@ -14,7 +14,7 @@ use vfio_bindings::bindings::vfio::{
 };
 use vgpu_tests::TempDir;
 use vgpu_tests::guest::{ServerProcess, server_binary};
-use vgpu_tests::raw_guest::{ISR, RawGuest};
+use vgpu_tests::raw_guest::{ISR, RawGuest, wait_interrupt};
 use vgpu_tests::server::{TestServer, VgpuGuest};
 use vgpu_tests::skip_without_qemu;
 use vgpu_tests::vfio_user_raw::{FLAG_NO_REPLY, RawClient, RawError, cmd};
@@ -341,20 +341,6 @@ fn next_vm_is_served_after_a_hostile_client() {
     server.wait(Duration::from_secs(10)).unwrap();
 }
 
-/// Reads an eventfd's count, waiting up to `timeout` for it to become non-zero; 0 on timeout.
-fn wait_eventfd(fd: &EventFd, timeout: Duration) -> u64 {
-    let deadline = std::time::Instant::now() + timeout;
-    loop {
-        match fd.read() {
-            Ok(n) => return n,
-            Err(_) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(1))
-            }
-            Err(_) => return 0,
-        }
-    }
-}
-
 #[test]
 fn intx_stays_masked_until_the_resample_eventfd() {
     let server = TestServer::start(1);
@@ -368,7 +354,11 @@ fn intx_stays_masked_until_the_resample_eventfd() {
 
     guest.publish().unwrap();
     guest.notify().unwrap();
-    assert_eq!(wait_eventfd(&trigger, TIMEOUT), 1, "INTx asserted");
+    assert_eq!(
+        wait_interrupt(&trigger, TIMEOUT).unwrap(),
+        1,
+        "INTx asserted"
+    );
 
     // A second completion while the line is masked (no EOI yet) does not fire again.
     guest.publish().unwrap();
@@ -386,7 +376,7 @@ fn intx_stays_masked_until_the_resample_eventfd() {
     // The EOI (KVM signals the resample eventfd): the ISR is still pending, so INTx fires again.
     resample.write(1).unwrap();
     assert_eq!(
-        wait_eventfd(&trigger, TIMEOUT),
+        wait_interrupt(&trigger, TIMEOUT).unwrap(),
         1,
         "re-asserted after the EOI"
     );
@@ -398,7 +388,7 @@ fn intx_stays_masked_until_the_resample_eventfd() {
     assert_eq!(isr, [1], "queue interrupt");
     resample.write(1).unwrap();
     assert_eq!(
-        wait_eventfd(&trigger, Duration::from_millis(200)),
+        wait_interrupt(&trigger, Duration::from_millis(200)).unwrap(),
         0,
         "nothing pending"
     );

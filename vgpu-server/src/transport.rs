@@ -350,6 +350,34 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_doorbell_writes_take_the_fast_path() {
+        let write = |region: u32, offset: u64, count: u32, data: &[u8]| {
+            let mut p = offset.to_le_bytes().to_vec();
+            p.extend_from_slice(&region.to_le_bytes());
+            p.extend_from_slice(&count.to_le_bytes());
+            p.extend_from_slice(data);
+            p
+        };
+        let bar = VFIO_PCI_BAR0_REGION_INDEX + pci::VIRTIO_BAR;
+        let notify = pci::NOTIFY_OFFSET;
+        let q1 = notify + u64::from(pci::NOTIFY_OFF_MULTIPLIER);
+        assert_eq!(posted_notify(&write(bar, notify, 2, &[0, 0])), Some(0));
+        assert_eq!(posted_notify(&write(bar, q1, 4, &[1, 0, 0, 0])), Some(1));
+        // Not doorbells: another register, another region, a bad width or alignment, a count
+        // that disagrees with the data, a truncated access header, past the BAR's end.
+        assert_eq!(posted_notify(&write(bar, 0x14, 1, &[0])), None);
+        assert_eq!(
+            posted_notify(&write(VFIO_PCI_CONFIG_REGION_INDEX, 4, 2, &[0, 0])),
+            None
+        );
+        assert_eq!(posted_notify(&write(bar, notify, 1, &[0])), None);
+        assert_eq!(posted_notify(&write(bar, notify + 1, 2, &[0, 0])), None);
+        assert_eq!(posted_notify(&write(bar, notify, 4, &[0, 0])), None);
+        assert_eq!(posted_notify(&write(bar, notify, 2, &[0, 0])[..10]), None);
+        assert_eq!(posted_notify(&write(bar, u64::MAX - 1, 2, &[0, 0])), None);
+    }
+
+    #[test]
     fn access_validation() {
         assert_eq!(check_access(7, 0, 256), Ok(Region::Config));
         assert_eq!(check_access(7, 255, 1), Ok(Region::Config));
