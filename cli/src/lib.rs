@@ -1,0 +1,174 @@
+//! The command-line conventions every vgpu binary shares.
+//!
+//! Each binary declares its arguments with clap's derive API (`#[command(version, about)]`
+//! gives `--version` and `--help`) and parses them with [`parse`], which adds two exclusive
+//! options to the command: `--completions SHELL` prints a completion script for that shell and
+//! `--man` prints the binary's man page (roff), both generated from the same definition, so
+//! they never drift from what the binary accepts. The install script and packagers call them.
+
+#![forbid(unsafe_code)]
+
+use std::ffi::OsString;
+use std::io::{self, Write};
+
+use clap::{Arg, ArgAction, ArgMatches, Command, Parser, value_parser};
+use clap_complete::Shell;
+
+const COMPLETIONS: &str = "completions";
+const MAN: &str = "man";
+
+/// What a binary's arguments asked for.
+#[derive(Debug)]
+pub enum Parsed<P> {
+    /// Run with these arguments.
+    Run(P),
+    /// Print this completion script or man page and exit 0.
+    Generated(Vec<u8>),
+}
+
+/// The binary's command with the generator options added.
+pub fn command<P: Parser>() -> Command {
+    P::command()
+        .arg(
+            Arg::new(COMPLETIONS)
+                .long(COMPLETIONS)
+                .value_name("SHELL")
+                .value_parser(value_parser!(Shell))
+                .exclusive(true)
+                .help("Print a completion script for SHELL and exit"),
+        )
+        .arg(
+            Arg::new(MAN)
+                .long(MAN)
+                .action(ArgAction::SetTrue)
+                .exclusive(true)
+                .help("Print the man page (roff) and exit"),
+        )
+        // An exclusive generator option stands alone, even where the command needs a
+        // subcommand; without one, `P` itself says that the subcommand is missing.
+        .subcommand_required(false)
+}
+
+/// Parses `args` (the first is the program name).
+pub fn try_parse_from<P, I, T>(args: I) -> Result<Parsed<P>, clap::Error>
+where
+    P: Parser,
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let mut cmd = command::<P>();
+    let matches = cmd.try_get_matches_from_mut(args)?;
+    if let Some(out) = generated(&mut cmd, &matches)? {
+        return Ok(Parsed::Generated(out));
+    }
+    P::from_arg_matches(&matches)
+        .map(Parsed::Run)
+        .map_err(|e| e.format(&mut cmd))
+}
+
+fn generated(cmd: &mut Command, matches: &ArgMatches) -> Result<Option<Vec<u8>>, clap::Error> {
+    let asked = matches.contains_id(COMPLETIONS) || matches.get_flag(MAN);
+    if asked && matches.subcommand().is_some() {
+        return Err(cmd.error(
+            clap::error::ErrorKind::ArgumentConflict,
+            "--completions and --man stand alone",
+        ));
+    }
+    let mut out = Vec::new();
+    if let Some(&shell) = matches.get_one::<Shell>(COMPLETIONS) {
+        let name = cmd.get_name().to_owned();
+        clap_complete::generate(shell, cmd, name, &mut out);
+        return Ok(Some(out));
+    }
+    if matches.get_flag(MAN) {
+        clap_mangen::Man::new(cmd.clone())
+            .render(&mut out)
+            .map_err(|e| clap::Error::raw(clap::error::ErrorKind::Io, e))?;
+        return Ok(Some(out));
+    }
+    Ok(None)
+}
+
+/// Parses the process's arguments: prints help, version, usage errors, completions and man
+/// pages and exits as clap does (0, or 2 for a usage error); otherwise returns the arguments.
+pub fn parse<P: Parser>() -> P {
+    match try_parse_from::<P, _, _>(std::env::args_os()) {
+        Ok(Parsed::Run(p)) => p,
+        Ok(Parsed::Generated(out)) => {
+            let code = match io::stdout().lock().write_all(&out) {
+                Ok(()) => 0,
+                Err(_) => 1,
+            };
+            std::process::exit(code)
+        }
+        Err(e) => e.exit(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Subcommand;
+
+    /// A command like vgpuctl's: global options and a required subcommand.
+    #[derive(Debug, Parser)]
+    #[command(name = "demo", version, about = "A demo")]
+    struct Demo {
+        #[arg(long, default_value = "/run/x")]
+        control: String,
+        #[command(subcommand)]
+        cmd: Cmd,
+    }
+
+    #[derive(Debug, Subcommand)]
+    enum Cmd {
+        /// Lists.
+        List,
+        /// Sets.
+        Set { vm: String, params: Vec<String> },
+    }
+
+    fn run(args: &[&str]) -> Result<Parsed<Demo>, clap::Error> {
+        try_parse_from::<Demo, _, _>(std::iter::once("demo").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn equals_form_and_subcommands_parse() {
+        let Ok(Parsed::Run(d)) = run(&["--control=/tmp/c", "set", "a", "x=1"]) else {
+            panic!("not parsed")
+        };
+        assert_eq!(d.control, "/tmp/c");
+        assert!(
+            matches!(d.cmd, Cmd::Set { ref vm, ref params } if vm == "a" && params == &["x=1"])
+        );
+    }
+
+    #[test]
+    fn completions_and_man_stand_alone() {
+        let Ok(Parsed::Generated(bash)) = run(&["--completions", "bash"]) else {
+            panic!("no completions")
+        };
+        let bash = String::from_utf8(bash).unwrap();
+        assert!(
+            bash.contains("_demo") && bash.contains("--control"),
+            "{bash}"
+        );
+        let Ok(Parsed::Generated(man)) = run(&["--man"]) else {
+            panic!("no man page")
+        };
+        let man = String::from_utf8(man).unwrap();
+        assert!(man.starts_with(".ie") || man.contains(".TH"), "{man}");
+        assert!(man.contains("demo") && man.contains("control"));
+    }
+
+    #[test]
+    fn usage_errors_are_refused() {
+        // The subcommand is still required when no generator is asked for.
+        assert!(run(&[]).is_err());
+        assert!(run(&["--completions", "nosuchshell"]).is_err());
+        assert!(run(&["--man", "list"]).is_err());
+        assert!(run(&["--bogus", "list"]).is_err());
+        let e = run(&["--version"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::DisplayVersion);
+    }
+}
