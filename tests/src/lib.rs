@@ -6,6 +6,7 @@
 //! first: without a working QEMU they are skipped with an explanation, or fail when
 //! `VGPU_REQUIRE_QEMU` is set (for CI).
 
+pub mod browser;
 pub mod compute;
 pub mod daemon;
 pub mod experiment;
