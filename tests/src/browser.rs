@@ -49,6 +49,8 @@ const MAX_EVENTS_KEPT: usize = 200;
 /// The size of a page's viewport, hence of its screenshots, in CSS pixels and pixels (the
 /// device scale factor is 1); also the browser window's size.
 pub const VIEWPORT: (u32, u32) = (1280, 900);
+/// Longest edge of a full-page screenshot, in pixels: Chromium's own limit for one capture.
+pub const MAX_SCREENSHOT_EDGE: u32 = 16384;
 /// The fds on which Chromium reads and writes CDP with `--remote-debugging-pipe`.
 const BROWSER_READS_FD: RawFd = 3;
 const BROWSER_WRITES_FD: RawFd = 4;
@@ -75,6 +77,14 @@ pub enum BrowserError {
         /// The underlying error.
         #[source]
         source: std::io::Error,
+    },
+    /// The browser did not answer its first message in time.
+    #[error("the browser did not start ({why}); its stderr:\n{log}")]
+    Launch {
+        /// What went wrong.
+        why: String,
+        /// The browser's stderr.
+        log: String,
     },
     /// The browser closed its end of the pipe (it exited or crashed).
     #[error("the browser went away during {what}; its stderr:\n{log}")]
@@ -122,6 +132,9 @@ pub enum BrowserError {
     /// A screenshot's data is not base64.
     #[error("screenshot data is not base64")]
     Base64,
+    /// A screenshot is not a PNG of the expected kind.
+    #[error("screenshot: {0}")]
+    Png(String),
 }
 
 type Result<T> = std::result::Result<T, BrowserError>;
@@ -199,6 +212,9 @@ impl Browser {
         unsafe {
             command.pre_exec(move || install_fds(&fds));
         }
+        // Reading starts before the spawn: if the spawn fails, dropping our write end below
+        // ends the thread.
+        let from_browser = spawn_reader(File::from(from_browser))?;
         log::info!("starting {command:?}");
         let child = command.spawn().map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => BrowserError::NotInstalled {
@@ -215,13 +231,21 @@ impl Browser {
             child: Some(child),
             connection: Mutex::new(Connection {
                 to_browser: File::from(to_browser),
-                from_browser: spawn_reader(File::from(from_browser))?,
+                from_browser,
                 next_id: 1,
                 events: VecDeque::new(),
             }),
             dir,
         };
-        let version = browser.call(None, "Browser.getVersion", json!({}), LAUNCH_TIMEOUT)?;
+        let version = browser
+            .call(None, "Browser.getVersion", json!({}), LAUNCH_TIMEOUT)
+            .map_err(|e| match e {
+                BrowserError::Timeout { .. } => BrowserError::Launch {
+                    why: e.to_string(),
+                    log: browser.log(),
+                },
+                e => e,
+            })?;
         log::info!("browser: {}", version["product"]);
         Ok(browser)
     }
@@ -461,13 +485,115 @@ impl Page<'_> {
         }
     }
 
-    /// A PNG screenshot of the page's viewport.
+    /// A PNG screenshot of the page's viewport ([`VIEWPORT`]).
     pub fn screenshot(&self) -> Result<Vec<u8>> {
-        let answer = self.call("Page.captureScreenshot", json!({"format": "png"}))?;
+        self.capture(json!({"format": "png"}))
+    }
+
+    /// A PNG screenshot of the whole page: [`VIEWPORT`]'s width (or the page's, if wider) and
+    /// the page's height, up to [`MAX_SCREENSHOT_EDGE`] pixels either way.
+    pub fn screenshot_full_page(&self) -> Result<Vec<u8>> {
+        let metrics = self.call("Page.getLayoutMetrics", json!({}))?;
+        let size = &metrics["cssContentSize"];
+        let edge = |key: &str| {
+            size[key]
+                .as_f64()
+                .filter(|v| v.is_finite() && *v >= 1.0)
+                .map(|v| v.ceil().min(f64::from(MAX_SCREENSHOT_EDGE)))
+                .ok_or_else(|| BrowserError::Protocol(format!("layout metrics: {metrics}")))
+        };
+        let clip = json!({"x": 0, "y": 0, "width": edge("width")?, "height": edge("height")?,
+                          "scale": 1});
+        self.capture(json!({"format": "png", "captureBeyondViewport": true, "clip": clip}))
+    }
+
+    fn capture(&self, params: Value) -> Result<Vec<u8>> {
+        let answer = self.call("Page.captureScreenshot", params)?;
         let data = answer["data"].as_str().ok_or_else(|| {
             BrowserError::Protocol("captureScreenshot answered without data".into())
         })?;
         base64_decode(data).ok_or(BrowserError::Base64)
+    }
+}
+
+/// A decoded 8-bit RGB or RGBA image (a screenshot).
+#[derive(Debug)]
+pub struct Image {
+    /// Width in pixels.
+    pub width: u32,
+    /// Height in pixels.
+    pub height: u32,
+    /// Samples per pixel (3 or 4).
+    channels: usize,
+    /// Row-major samples.
+    pixels: Vec<u8>,
+}
+
+impl Image {
+    /// Decodes a PNG as Chromium writes them (8-bit RGB or RGBA).
+    pub fn decode(png_bytes: &[u8]) -> Result<Image> {
+        let bad = |e: &dyn std::fmt::Display| BrowserError::Png(e.to_string());
+        let mut reader = png::Decoder::new(std::io::Cursor::new(png_bytes))
+            .read_info()
+            .map_err(|e| bad(&e))?;
+        let size = reader
+            .output_buffer_size()
+            .ok_or_else(|| bad(&"image too large"))?;
+        let mut pixels = vec![0; size];
+        let frame = reader.next_frame(&mut pixels).map_err(|e| bad(&e))?;
+        let channels = match (frame.color_type, frame.bit_depth) {
+            (png::ColorType::Rgb, png::BitDepth::Eight) => 3,
+            (png::ColorType::Rgba, png::BitDepth::Eight) => 4,
+            other => return Err(bad(&format_args!("unexpected PNG format {other:?}"))),
+        };
+        pixels.truncate(frame.buffer_size());
+        Ok(Image {
+            width: frame.width,
+            height: frame.height,
+            channels,
+            pixels,
+        })
+    }
+
+    /// The colour at (`x`, `y`), which must be inside the image.
+    pub fn rgb(&self, x: u32, y: u32) -> [u8; 3] {
+        assert!(
+            x < self.width && y < self.height,
+            "({x}, {y}) outside the image"
+        );
+        let i = (y as usize * self.width as usize + x as usize) * self.channels;
+        [self.pixels[i], self.pixels[i + 1], self.pixels[i + 2]]
+    }
+
+    /// How many distinct colours the image holds.
+    pub fn distinct_colours(&self) -> usize {
+        let colours: std::collections::HashSet<&[u8]> = self
+            .pixels
+            .chunks_exact(self.channels)
+            .map(|p| &p[..3])
+            .collect();
+        colours.len()
+    }
+
+    /// How many pixels of the rectangle `x, y, width, height` (clipped to the image) are
+    /// within `tolerance` of `colour` in each channel.
+    pub fn count_near(
+        &self,
+        [x, y, width, height]: [u32; 4],
+        colour: [u8; 3],
+        tolerance: u8,
+    ) -> usize {
+        let x_end = x.saturating_add(width).min(self.width);
+        let y_end = y.saturating_add(height).min(self.height);
+        (y.min(y_end)..y_end)
+            .flat_map(|py| (x.min(x_end)..x_end).map(move |px| (px, py)))
+            .filter(|&(px, py)| {
+                self.rgb(px, py)
+                    .iter()
+                    .zip(colour)
+                    .all(|(a, b)| a.abs_diff(b) <= tolerance)
+            })
+            .count()
     }
 }
 
@@ -646,7 +772,8 @@ mod tests {
 
     /// A page that draws a red and a blue square on a canvas and sets a flag later.
     const PAGE: &str = "<!doctype html><body style='margin:0;background:#fff'>\
-        <canvas id=c width=200 height=100></canvas><script>\
+        <canvas id=c width=200 height=100 style='display:block'></canvas>\
+        <div style='height:1400px'></div><script>\
         const g = document.getElementById('c').getContext('2d');\
         g.fillStyle = '#ff0000'; g.fillRect(0, 0, 100, 100);\
         g.fillStyle = '#0000ff'; g.fillRect(100, 0, 100, 100);\
@@ -681,22 +808,32 @@ mod tests {
             .call(None, "No.suchMethod", json!({}), CALL_TIMEOUT)
             .unwrap_err();
         assert!(matches!(err, BrowserError::Command { .. }), "{err}");
-        let png = page.screenshot().expect("screenshot");
-        let decoder = png::Decoder::new(std::io::Cursor::new(png));
-        let mut reader = decoder.read_info().expect("a PNG");
-        let mut pixels = vec![0; reader.output_buffer_size().expect("buffer size")];
-        let frame = reader.next_frame(&mut pixels).expect("PNG frame");
         let dpr = page.evaluate("window.devicePixelRatio").unwrap();
         assert_eq!(dpr, json!(1), "device pixel ratio");
-        assert_eq!((frame.width, frame.height), VIEWPORT);
-        let channels = frame.color_type.samples();
-        let at = |x: usize, y: usize| {
-            let i = (y * frame.width as usize + x) * channels;
-            [pixels[i], pixels[i + 1], pixels[i + 2]]
-        };
-        assert_eq!(at(50, 50), [255, 0, 0], "red square");
-        assert_eq!(at(150, 50), [0, 0, 255], "blue square");
-        assert_eq!(at(400, 400), [255, 255, 255], "background");
+        let shot = Image::decode(&page.screenshot().expect("screenshot")).unwrap();
+        assert_eq!((shot.width, shot.height), VIEWPORT);
+        assert_eq!(shot.rgb(50, 50), [255, 0, 0], "red square");
+        assert_eq!(shot.rgb(150, 50), [0, 0, 255], "blue square");
+        assert_eq!(shot.rgb(400, 400), [255, 255, 255], "background");
+        assert_eq!(shot.distinct_colours(), 3);
+        let squares = [0, 0, 200, 100];
+        assert_eq!(shot.count_near(squares, [250, 5, 0], 5), 100 * 100);
+        assert_eq!(shot.count_near(squares, [250, 5, 0], 4), 0);
+        assert_eq!(
+            shot.count_near([150, 50, 10_000, 10_000], [0, 0, 255], 0),
+            50 * 50
+        );
+        let full = Image::decode(&page.screenshot_full_page().expect("full page")).unwrap();
+        assert_eq!(
+            (full.width, full.height),
+            (VIEWPORT.0, 1500),
+            "canvas and div"
+        );
+        assert_eq!(full.rgb(50, 50), [255, 0, 0], "from the top");
+        assert!(matches!(
+            Image::decode(b"not a png"),
+            Err(BrowserError::Png(_))
+        ));
         assert!(
             browser.events().iter().any(|e| e == "console.log: drawn"),
             "{:?}",
