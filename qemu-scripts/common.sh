@@ -1,6 +1,7 @@
 # Sourced by the README's commands (demo.sh, test.sh): moves to the repository root, checks the
 # toolchain, installs the host's Debian packages and the QEMU prefix, printing numbered steps.
-# Set STEPS before sourcing.
+# Set STEPS before sourcing, and EXTRA_DEBS (an array) for Debian packages the caller needs
+# beyond the renderer's.
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 step_no=0
 step() {
@@ -27,5 +28,6 @@ ensure_debs() {
 
 step "host packages and QEMU prefix"
 # virglrenderer and Mesa's EGL (llvmpipe when there is no GPU) for the host renderer.
-ensure_debs libvirglrenderer1 libegl1 libegl-mesa0 libgles2 libgl1-mesa-dri libgbm1
+ensure_debs libvirglrenderer1 libegl1 libegl-mesa0 libgles2 libgl1-mesa-dri libgbm1 \
+    ${EXTRA_DEBS[@]+"${EXTRA_DEBS[@]}"}
 qemu-scripts/setup-qemu.sh

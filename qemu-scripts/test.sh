@@ -5,6 +5,13 @@
 # Idempotent; the cache lives in ${VGPU_CACHE:-$HOME/.cache/vgpu}.
 set -euo pipefail
 STEPS=6
+# Tools the tests drive besides QEMU: Chromium (the dashboard's browser test, headless),
+# promtool from prometheus (the metrics check), virt-xml-validate from libvirt-clients with
+# xmllint (libxml2-utils) and libvirt's schemas (libvirt0) for the libvirt recipe,
+# systemd-analyze with man(1) from man-db (the service units' verify, which looks up their
+# man: documentation, and security checks) and strace (the units' system call filters
+# against what the daemon and the device process call).
+EXTRA_DEBS=(chromium prometheus libvirt-clients libvirt0 libxml2-utils systemd man-db strace)
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 step "CUDA corpus (nvcc from PyPI wheels, GCC nvptx offloading; tests/cuda)"
