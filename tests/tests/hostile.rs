@@ -656,7 +656,8 @@ fn dispatched(metrics: SocketAddr, vm: &str) -> u64 {
         return 0;
     };
     let _ = stream.set_read_timeout(Some(TIMEOUT));
-    let _ = stream.write_all(b"GET /metrics HTTP/1.0\r\n\r\n");
+    let request = format!("GET /metrics HTTP/1.0\r\nHost: {metrics}\r\n\r\n");
+    let _ = stream.write_all(request.as_bytes());
     let mut text = String::new();
     let _ = stream.read_to_string(&mut text);
     let prefix = format!("vgpu_groups_dispatched_total{{vm=\"{vm}\"}} ");

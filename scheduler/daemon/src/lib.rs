@@ -10,6 +10,7 @@ pub mod busy_poll;
 pub mod cgroup;
 pub mod control;
 pub mod daemon;
+pub mod metrics;
 pub mod proto;
 #[allow(unsafe_code)]
 pub mod seqpacket;

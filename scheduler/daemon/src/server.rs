@@ -53,7 +53,8 @@ use crate::busy_poll::{self, BusyPoll};
 
 use crate::cgroup::{CgroupError, CgroupFs, CpuProbe, Hierarchy, RawWeight, VmCgroup};
 use crate::control::{ChildInfo, ControlAccess, LineBuffer, Request, Response, ServerOptions};
-use crate::daemon::{ConnId, Daemon, DaemonConfig, DaemonError, Peer, render_metrics};
+use crate::daemon::{ConnId, Daemon, DaemonConfig, DaemonError, Peer};
+use crate::metrics::{self, render_metrics};
 use crate::proto::{MAX_MESSAGE_BYTES, VmName};
 use crate::seqpacket::{self, SeqError, SeqListener, SeqStream, monotonic_ns};
 
@@ -1103,7 +1104,7 @@ impl Loop {
             }
             HttpRoute::Metrics => http_response(
                 "200 OK",
-                "text/plain; version=0.0.4; charset=utf-8",
+                metrics::CONTENT_TYPE,
                 &render_metrics(&self.daemon.stats(now)),
             ),
             HttpRoute::NotFound => http_response("404 Not Found", "text/plain", "not found\n"),

@@ -1,10 +1,13 @@
 //! The daemon core driven by fake devices that exchange encoded packets with it, over
 //! simulated time.
 
+mod common;
+
 use vgpu_schedd::daemon::{
     ConnId, DEFAULT_GROUP_TIMEOUT_NS, DISPATCH_GRACE_NS, Daemon, DaemonConfig, MAX_CONNECTIONS,
-    MAX_SIMULATED_COST_NS, Outbox, Peer, render_metrics,
+    MAX_SIMULATED_COST_NS, Outbox, Peer, Stats,
 };
+use vgpu_schedd::metrics::{family_names, figure_is_known, render_metrics};
 use vgpu_schedd::proto::{
     self, Exec, HEADER_BYTES, MAX_GROUPS_PER_DEVICE, MAX_MESSAGE_BYTES, Msg, PROTOCOL_VERSION,
     RefuseCode, VmName,
@@ -651,20 +654,189 @@ fn stats_rates_and_prometheus_rendering() {
 
     let text = render_metrics(&s);
     assert!(text.contains("# TYPE vgpu_groups_completed_total counter\n"));
-    assert!(
-        text.contains("vgpu_groups_completed_total{vm=\"vm\"} 25\n"),
-        "{text}"
+    assert_eq!(
+        sample(&text, "vgpu_groups_completed_total", "vm=\"vm\""),
+        Some(25.0)
     );
-    assert!(text.contains("vgpu_connected{vm=\"away\"} 0\n"));
+    assert_eq!(sample(&text, "vgpu_frames_total", "vm=\"vm\""), Some(25.0));
+    // 25 groups of 100 ms, in seconds.
+    assert_eq!(
+        sample(&text, "vgpu_gpu_seconds_total", "vm=\"vm\""),
+        Some(2.5)
+    );
+    assert_eq!(sample(&text, "vgpu_connected", "vm=\"away\""), Some(0.0));
+    assert_eq!(sample(&text, "vgpu_connected", "vm=\"vm\""), Some(1.0));
+    assert_eq!(
+        sample(&text, "vgpu_gpu_share_ratio", "vm=\"vm\""),
+        Some(vm.gpu_share)
+    );
+    assert_eq!(
+        sample(&text, "vgpu_frames_per_second", "vm=\"vm\""),
+        Some(vm.fps)
+    );
+    // The latency quantiles in seconds: 87.5 to 100 ms.
+    let p50 = sample(&text, "vgpu_group_latency_p50_seconds", "vm=\"vm\"").unwrap();
+    assert!((0.0875..=0.1).contains(&p50), "{p50}");
+    assert_eq!(
+        sample(&text, "vgpu_group_latency_p99_seconds", "vm=\"vm\""),
+        Some(p50)
+    );
     assert!(text.contains("# TYPE vgpu_queue_depth gauge\n"));
+    assert_eq!(sample(&text, "vgpu_queue_depth", "vm=\"vm\""), Some(0.0));
+    // Info gauges: the build, the policy, the connected VM's vGPU (none for the VM away).
+    let version = env!("CARGO_PKG_VERSION");
+    let build = format!("version=\"{version}\"");
+    assert_eq!(sample(&text, "vgpu_build_info", &build), Some(1.0));
+    assert_eq!(
+        sample(&text, "vgpu_policy_info", "policy=\"none\""),
+        Some(1.0)
+    );
+    let vgpu = vm.vgpu.unwrap().0;
+    let labels = format!("vm=\"vm\",vgpu=\"{vgpu}\"");
+    assert_eq!(sample(&text, "vgpu_vm_info", &labels), Some(1.0));
+    assert!(!text.contains("vgpu_vm_info{vm=\"away\""), "{text}");
+    assert!(text.contains("# TYPE vgpu_engine_context_switches_total counter\n"));
+    let busy = sample(&text, "vgpu_engine_busy_ratio", "").unwrap();
+    assert!((0.0..=1.0).contains(&busy), "{busy}");
+    // The old names that broke Prometheus' rules are gone (docs/METRICS.md lists them).
+    for old in [
+        "vgpu_latency_p50_microseconds",
+        "vgpu_vgpu_id",
+        "vgpu_policy_figure",
+        "vgpu_gpu_share{",
+    ] {
+        assert!(!text.contains(old), "{old}");
+    }
     for line in text.lines().filter(|l| !l.starts_with('#')) {
         let (_, value) = line.rsplit_once(' ').unwrap();
-        assert!(value == "NaN" || value.parse::<f64>().is_ok(), "{line}");
+        assert!(value.parse::<f64>().is_ok(), "{line}");
     }
+    common::assert_promtool_clean(&text);
     // Label values are escaped.
     let mut odd = s.clone();
     odd.vms[0].name = "a\"b\\c\nd".into();
     assert!(render_metrics(&odd).contains("vm=\"a\\\"b\\\\c\\nd\""));
+}
+
+/// The value of the sample of family `name` with `labels` (`vm="a"`; empty for none) in a
+/// Prometheus text exposition.
+fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
+    let series = if labels.is_empty() {
+        format!("{name} ")
+    } else {
+        format!("{name}{{{labels}}} ")
+    };
+    let line = text.lines().find(|l| l.starts_with(&series))?;
+    line[series.len()..].parse().ok()
+}
+
+/// The family a sample line of an exposition belongs to (its name up to the labels).
+fn family_of(line: &str) -> &str {
+    let end = line.find(['{', ' ']).unwrap_or(line.len());
+    &line[..end]
+}
+
+#[test]
+fn every_policy_family_renders_metrics_that_promtool_accepts() {
+    let reserve = ParamsOverride {
+        reserve: Some(Reserve {
+            c: 5 * NS_PER_MS,
+            t: 25 * NS_PER_MS,
+            enforcement: Enforcement::Pe,
+            shared: None,
+        }),
+        ..ParamsOverride::default()
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    for policy in PolicyConfig::every_mode() {
+        let name = format!("{policy:?}");
+        let mut d = daemon(policy);
+        d.set_params(0, "a", &reserve).unwrap();
+        let (a, _) = attach(&mut d, 0, "a", PID);
+        let (b, _) = attach(&mut d, 0, "b", PID + 10);
+        // 100 ms: past fair sampling's first 50 ms period, so its estimates exist.
+        serve_closed_loop(&mut d, 0, &[a, b], 1000);
+        let stats: Stats = d.stats(100 * NS_PER_MS);
+        for vm in &stats.vms {
+            for key in vm.figures.keys() {
+                assert!(
+                    figure_is_known(stats.policy, key),
+                    "{name}: figure {key} has no metric"
+                );
+            }
+        }
+        let text = render_metrics(&stats);
+        common::assert_promtool_clean(&text);
+        let policy = format!("policy=\"{}\"", stats.policy);
+        assert_eq!(
+            sample(&text, "vgpu_policy_info", &policy),
+            Some(1.0),
+            "{name}"
+        );
+        for vm in ["a", "b"] {
+            let labels = format!("vm=\"{vm}\"");
+            assert_eq!(
+                sample(&text, "vgpu_connected", &labels),
+                Some(1.0),
+                "{name}"
+            );
+            let done = sample(&text, "vgpu_groups_completed_total", &labels);
+            assert!(
+                done.is_some_and(|n| n > 0.0),
+                "{name}: {vm} completed nothing"
+            );
+        }
+        seen.extend(
+            text.lines()
+                .filter(|l| !l.starts_with('#'))
+                .map(|l| family_of(l).to_owned()),
+        );
+    }
+    let families = family_names();
+    let missing: Vec<&String> = families.iter().filter(|f| !seen.contains(*f)).collect();
+    assert!(
+        missing.is_empty(),
+        "families no policy exposed: {missing:?}"
+    );
+    let unknown: Vec<&String> = seen.iter().filter(|f| !families.contains(f)).collect();
+    assert!(
+        unknown.is_empty(),
+        "families family_names() misses: {unknown:?}"
+    );
+}
+
+#[test]
+fn metrics_doc_lists_every_family() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/METRICS.md");
+    let doc = std::fs::read_to_string(path).unwrap();
+    for family in family_names() {
+        assert!(
+            doc.contains(&format!("`{family}`")),
+            "docs/METRICS.md: {family}"
+        );
+    }
+}
+
+#[test]
+fn promtool_reports_expositions_that_break_the_naming_rules() {
+    // A counter without `_total`, an abbreviated unit and a unit that is not a base unit (the
+    // old `vgpu_latency_p50_microseconds`).
+    let bad = "# HELP vgpu_groups Groups.\n# TYPE vgpu_groups counter\nvgpu_groups{vm=\"a\"} 1\n\
+               # HELP vgpu_latency_ms Latency.\n# TYPE vgpu_latency_ms gauge\nvgpu_latency_ms 3\n\
+               # HELP vgpu_latency_p50_microseconds Latency.\n\
+               # TYPE vgpu_latency_p50_microseconds gauge\nvgpu_latency_p50_microseconds 3\n";
+    let (ok, report) = common::promtool_check(bad);
+    assert!(!ok, "{report}");
+    for problem in [
+        "vgpu_groups counter metrics should have \"_total\" suffix",
+        "vgpu_latency_ms metric names should not contain abbreviated units",
+        "vgpu_latency_p50_microseconds use base unit \"seconds\" instead of \"microseconds\"",
+    ] {
+        assert!(report.contains(problem), "{problem}: {report}");
+    }
+    // And text that does not parse is an error too.
+    let (ok, report) = common::promtool_check("vgpu_groups{vm=\"a\" 1\n");
+    assert!(!ok, "{report}");
 }
 
 #[test]
@@ -711,6 +883,27 @@ fn stats_and_metrics_carry_the_budget_of_vms_that_have_one() {
         .filter(|l| l.starts_with("vgpu_budget_remaining_seconds"))
         .collect();
     assert_eq!(samples, ["vgpu_budget_remaining_seconds{vm=\"rt\"} 0.003"]);
+    let rt = "vm=\"rt\"";
+    assert_eq!(
+        sample(&text, "vgpu_budget_capacity_seconds", rt),
+        Some(0.005)
+    );
+    assert_eq!(sample(&text, "vgpu_budget_period_seconds", rt), Some(0.025));
+    // TimeGraph's own figures of the reserve, in seconds.
+    let figures = [
+        ("vgpu_timegraph_reserve_budget_seconds", 0.003),
+        ("vgpu_timegraph_reserve_capacity_seconds", 0.005),
+        ("vgpu_timegraph_reserve_period_seconds", 0.025),
+        ("vgpu_timegraph_reserve_admitted", 1.0),
+        ("vgpu_timegraph_background", 0.0),
+    ];
+    for (family, value) in figures {
+        assert_eq!(sample(&text, family, rt), Some(value), "{family}");
+    }
+    assert_eq!(
+        sample(&text, "vgpu_timegraph_background", "vm=\"bg\""),
+        Some(1.0)
+    );
 
     // The period's replenishment refills it.
     run_until(&mut d, 25 * NS_PER_MS, |_, _, _, _| {});

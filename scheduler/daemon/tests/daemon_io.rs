@@ -1,6 +1,8 @@
 //! The `vgpu-schedd` and `vgpuctl` binaries end to end: fake devices over SOCK_SEQPACKET,
 //! the control socket, metrics over HTTP, signals, restarts and bad command lines.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
@@ -12,7 +14,7 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 use vgpu_schedd::proto::{self, Exec, MAX_MESSAGE_BYTES, Msg, PROTOCOL_VERSION, VmName};
 use vgpu_schedd::seqpacket::{SeqStream, monotonic_ns, terminate};
-use vgpu_scheduler::{CostSignature, GroupId, GroupKind};
+use vgpu_scheduler::{CostSignature, GroupId, GroupKind, PolicyConfig};
 
 const SCHEDD: &str = env!("CARGO_BIN_EXE_vgpu-schedd");
 const VGPUCTL: &str = env!("CARGO_BIN_EXE_vgpuctl");
@@ -795,6 +797,49 @@ fn metrics_over_http() {
     // A silent client does not block the others.
     let _silent = TcpStream::connect(("127.0.0.1", port)).unwrap();
     assert!(http(port, b"GET /metrics HTTP/1.1\r\n\r\n").contains("vm=\"m1\""));
+}
+
+#[test]
+fn metrics_pass_promtool_under_every_policy() {
+    let dir = TempDir::new().unwrap();
+    let port = free_port();
+    let d = Schedd::start(dir.path(), &["--metrics", &format!("127.0.0.1:{port}")]);
+    let vms = ["m1", "m2"];
+    let devices: Vec<Device> = vms.iter().map(|n| Device::connect(&d.sock(), n)).collect();
+    for dev in &devices {
+        dev.submit(1);
+        dev.expect_grant(1);
+        dev.complete(1);
+    }
+    wait_until("completions", || {
+        vms.iter().all(|n| d.vm_stats(n)["completed"] == 1)
+    });
+    let request = format!("GET /metrics HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n");
+    for policy in PolicyConfig::every_mode() {
+        let answer = d.call(json!({"cmd": "set-policy", "policy": policy}));
+        let name = answer["ok"]["policy"].as_str();
+        let name = name.unwrap_or_else(|| panic!("{answer}"));
+        let answer = http(port, request.as_bytes());
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+        let status = head.lines().next().unwrap_or_default();
+        assert!(status.contains(" 200 "), "{name}: {head}");
+        let content_type = "content-type: text/plain; version=0.0.4; charset=utf-8";
+        assert!(
+            head.lines().any(|l| l.eq_ignore_ascii_case(content_type)),
+            "{name}: {head}"
+        );
+        common::assert_promtool_clean(body);
+        let info = format!("vgpu_policy_info{{policy=\"{name}\"}} 1\n");
+        assert!(body.contains(&info), "{name}: {body}");
+        for vm in vms {
+            let connected = format!("vgpu_connected{{vm=\"{vm}\"}} 1\n");
+            assert!(body.contains(&connected), "{name}: {body}");
+        }
+        // The policy's own families (none has none).
+        let family = name.split('-').next().unwrap_or(name);
+        let own = format!("\nvgpu_{family}_");
+        assert_eq!(body.contains(&own), name != "none", "{name}: {body}");
+    }
 }
 
 #[test]
