@@ -8,6 +8,10 @@
 
 #![forbid(unsafe_code)]
 
+pub mod check;
+#[cfg(feature = "progress")]
+pub mod progress;
+
 use std::ffi::OsString;
 use std::io::{self, Write};
 
@@ -159,6 +163,18 @@ mod tests {
         let man = String::from_utf8(man).unwrap();
         assert!(man.starts_with(".ie") || man.contains(".TH"), "{man}");
         assert!(man.contains("demo") && man.contains("control"));
+    }
+
+    #[test]
+    fn the_demo_keeps_the_conventions() {
+        check::conventions::<Demo>(env!("CARGO_PKG_VERSION")).unwrap();
+        #[derive(Debug, Parser)]
+        #[command(name = "noversion")]
+        struct NoVersion {
+            #[arg(long)]
+            x: bool,
+        }
+        assert!(check::conventions::<NoVersion>("0.1.0").is_err());
     }
 
     #[test]

@@ -1,0 +1,47 @@
+//! The check each binary's unit tests run on its own command line: the conventions of this
+//! crate hold for it (`--version` names the version, `--help` works, the completion script
+//! offers every visible long option, the man page names the program), and clap finds no
+//! mistake in the definition (`Command::debug_assert`, which panics on one).
+
+use clap::Parser;
+use clap::error::ErrorKind;
+
+use crate::{Parsed, command, try_parse_from};
+
+/// Checks `P`'s command line; `version` is the binary's `CARGO_PKG_VERSION`.
+pub fn conventions<P: Parser + std::fmt::Debug>(version: &str) -> Result<(), String> {
+    let cmd = command::<P>();
+    cmd.clone().debug_assert();
+    let name = cmd.get_name().to_owned();
+    let run = |arg: &str| try_parse_from::<P, _, _>([name.as_str(), arg]);
+    match run("--version") {
+        Err(e) if e.kind() == ErrorKind::DisplayVersion && e.to_string().contains(version) => {}
+        other => return Err(format!("--version: {other:?}")),
+    }
+    match run("--help") {
+        Err(e) if e.kind() == ErrorKind::DisplayHelp && e.to_string().contains("Usage") => {}
+        other => return Err(format!("--help: {other:?}")),
+    }
+    let generated = |arg: &[&str]| match try_parse_from::<P, _, _>(
+        std::iter::once(name.as_str()).chain(arg.iter().copied()),
+    ) {
+        Ok(Parsed::Generated(out)) => String::from_utf8(out).map_err(|e| e.to_string()),
+        other => Err(format!("{arg:?}: {other:?}")),
+    };
+    let bash = generated(&["--completions", "bash"])?;
+    let longs = std::iter::once(&cmd)
+        .chain(cmd.get_subcommands())
+        .flat_map(|c| c.get_arguments())
+        .filter(|a| !a.is_hide_set())
+        .filter_map(|a| a.get_long());
+    for long in longs {
+        if !bash.contains(&format!("--{long}")) {
+            return Err(format!("the bash completions miss --{long}"));
+        }
+    }
+    let man = generated(&["--man"])?;
+    if !man.contains(".TH") || !man.contains(&name.replace('-', "\\-")) {
+        return Err(format!("the man page does not name {name}:\n{man}"));
+    }
+    Ok(())
+}
