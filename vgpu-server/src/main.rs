@@ -1,10 +1,14 @@
-//! `vgpu-server --socket PATH [--display WxH] [--dump-dir DIR] [--log-level LEVEL]
-//! [--exit-on-disconnect] [--scheduler SOCKET --vm-name NAME] [--resource-memory-mb N]
-//! [--run-as UID:GID] [--no-sandbox] [--busy-poll-us N]`
+//! `vgpu-server`: serves one virtio-gpu PCI function over vfio-user (see `--help`). Its
+//! arguments come from an operator, a test, or the scheduler daemon (`vgpu-schedd`'s
+//! `ServerOptions`, which passes only allowed options): every value is checked here before the
+//! device starts.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
+use clap::Parser;
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use mdev_backend::virgl;
 use vgpu_schedd::busy_poll;
 use vgpu_schedd::proto::VmName;
@@ -12,129 +16,170 @@ use vgpu_server::gpu::DisplayConfig;
 use vgpu_server::gpu::compute::ComputeKind;
 use vgpu_server::gpu::device::{DEFAULT_RESOURCE_MEMORY_MB, MAX_RESOURCE_MEMORY_MB};
 use vgpu_server::gpu::dump::DumpConfig;
-use vgpu_server::sandbox::{self, SandboxConfig};
+use vgpu_server::sandbox::{self, RunAs, SandboxConfig};
 use vgpu_server::sched_client::SchedConfig;
 use vgpu_server::{ServerConfig, VgpuServer};
 
-const USAGE: &str = "usage: vgpu-server --socket PATH [--display WIDTHxHEIGHT] [--dump-dir DIR] [--renderer virgl|none] [--virgl-library NAME] [--log-level error|warn|info|debug|trace] [--exit-on-disconnect] [--scheduler SOCKET --vm-name NAME] [--resource-memory-mb N] [--compute cpu|nvcuda] [--run-as UID:GID] [--no-sandbox] [--busy-poll-us N]
+const ABOUT: &str = "Serves one virtio-gpu PCI function over vfio-user on a Unix socket";
 
-Serves one virtio-gpu PCI function over vfio-user on PATH. With the virgl renderer (default;
-libvirglrenderer.so.1, host EGL) guests get OpenGL through virgl; without it, 2D only. With
---dump-dir, what the guest
-shows is written to DIR/scanout0.png (after a flush at most once a second, on SIGUSR1, and
-when the client disconnects). With --scheduler, GPU work waits for the vgpu-schedd daemon at
-SOCKET (as VM NAME); while it is unreachable the VM runs unscheduled. The guest's 2D and 3D
-resources may take N MiB of host memory (default 1024); past it creates fail with
-ERR_OUT_OF_MEMORY. Guest CUDA (the compute capset 21, with virgl) runs on the PTX executor on
-the host's CPUs, or with --compute nvcuda on NVIDIA's driver (needs --no-sandbox: the driver's
-system calls are not in the filter). Start QEMU with
+const LONG_ABOUT: &str = "Serves one virtio-gpu PCI function over vfio-user on PATH. With the \
+virgl renderer (default; libvirglrenderer.so.1, host EGL) guests get OpenGL through virgl; \
+without it, 2D only. Guest CUDA (the compute capset 21, with virgl) runs on the PTX executor on \
+the host's CPUs, or with --compute nvcuda on NVIDIA's driver.
+
+Start QEMU with
   -object memory-backend-memfd,id=mem,size=1G,share=on -machine q35,memory-backend=mem
   -device '{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"PATH\",\"type\":\"unix\"}}'
-Once started (socket bound, renderer ready) the process closes inherited descriptors, sets
-no_new_privs, drops to --run-as UID:GID when run as root, and installs a seccomp filter that
-kills it on any syscall outside its measured list (--no-sandbox: no filter, for debugging).
---busy-poll-us is the longest the relay and the worker spin for their next event before they
-sleep (default 200, 0: never): a doorbell or grant that follows soon after the last is caught
-without a scheduler wake-up. The window adapts to the guest: an idle device does not spin.";
 
+Once started (socket bound, renderer ready) the process closes inherited descriptors, sets \
+no_new_privs, drops to --run-as UID:GID when run as root, and installs a seccomp filter that \
+kills it on any syscall outside its measured list (--no-sandbox: no filter, for debugging).";
+
+/// The command line.
+#[derive(Debug, Parser)]
+// A repeated option takes its last value, as before clap: test harnesses add their own
+// `--log-level` after a default one.
+#[command(
+    name = "vgpu-server",
+    version,
+    about = ABOUT,
+    long_about = LONG_ABOUT,
+    args_override_self = true
+)]
+struct Cli {
+    /// The Unix socket QEMU connects to (it must not exist; removed at exit)
+    #[arg(long, value_name = "PATH")]
+    socket: PathBuf,
+    /// The scanout mode reported to the guest
+    #[arg(long, value_name = "WIDTHxHEIGHT")]
+    display: Option<DisplayConfig>,
+    /// Write what the guest shows to DIR/scanout0.png (after a flush at most once a second, on
+    /// SIGUSR1, and when the client disconnects)
+    #[arg(long, value_name = "DIR")]
+    dump_dir: Option<PathBuf>,
+    /// With virgl (3D) or without (2D only)
+    #[arg(
+        long,
+        action = clap::ArgAction::Set,
+        value_name = "RENDERER",
+        default_value = "virgl",
+        value_parser = PossibleValuesParser::new(["virgl", "none"]).map(|r| r == "virgl"),
+    )]
+    renderer: bool,
+    /// The virglrenderer library to load instead of libvirglrenderer.so.1
+    #[arg(long, value_name = "NAME")]
+    virgl_library: Option<String>,
+    /// Log level (RUST_LOG refines it)
+    #[arg(
+        long,
+        value_name = "LEVEL",
+        default_value = "info",
+        value_parser = PossibleValuesParser::new(["off", "error", "warn", "info", "debug", "trace"])
+            .try_map(|l| l.parse::<log::LevelFilter>().map_err(|e| e.to_string())),
+        ignore_case = true,
+    )]
+    log_level: log::LevelFilter,
+    /// Serve one QEMU connection, then exit
+    #[arg(long)]
+    exit_on_disconnect: bool,
+    /// GPU work waits for the vgpu-schedd daemon at SOCKET (as --vm-name); while it is
+    /// unreachable the VM runs unscheduled
+    #[arg(long, value_name = "SOCKET", requires = "vm_name")]
+    scheduler: Option<PathBuf>,
+    /// The VM's name for the scheduler daemon
+    #[arg(long, value_name = "NAME", requires = "scheduler", value_parser = vm_name)]
+    vm_name: Option<VmName>,
+    /// Host memory the guest's 2D and 3D resources may take, in MiB (past it, creates fail with
+    /// ERR_OUT_OF_MEMORY)
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = DEFAULT_RESOURCE_MEMORY_MB,
+        value_parser = clap::value_parser!(u64).range(1..=MAX_RESOURCE_MEMORY_MB),
+    )]
+    resource_memory_mb: u64,
+    /// The backend of guest CUDA: the PTX executor, or NVIDIA's driver (needs --no-sandbox:
+    /// the driver's system calls are not in the filter)
+    #[arg(
+        long,
+        value_name = "BACKEND",
+        default_value = "cpu",
+        value_parser = PossibleValuesParser::new(["cpu", "nvcuda"]).try_map(compute),
+    )]
+    compute: ComputeKind,
+    /// When run as root, drop to this user and group once started (not root)
+    #[arg(long, value_name = "UID:GID")]
+    run_as: Option<RunAs>,
+    /// No seccomp filter (debugging)
+    #[arg(long)]
+    no_sandbox: bool,
+    /// The longest the relay and the worker spin for their next event before they sleep (0:
+    /// never): a doorbell or grant that follows soon after the last is caught without a
+    /// scheduler wake-up. The window adapts to the guest: an idle device does not spin
+    #[arg(
+        long,
+        value_name = "US",
+        default_value = "200",
+        value_parser = busy_poll::parse_us,
+    )]
+    busy_poll_us: Duration,
+}
+
+fn compute(name: String) -> Result<ComputeKind, String> {
+    match name.as_str() {
+        "cpu" => Ok(ComputeKind::Cpu),
+        "nvcuda" => Ok(ComputeKind::NvCuda),
+        other => Err(format!("{other:?} is not cpu or nvcuda")),
+    }
+}
+
+fn vm_name(name: &str) -> Result<VmName, String> {
+    VmName::new(name).map_err(|e| e.to_string())
+}
+
+/// What the device process runs with.
+#[derive(Debug)]
 struct Args {
     config: ServerConfig,
-    log_level: String,
+    log_level: log::LevelFilter,
     sandbox: SandboxConfig,
 }
 
-fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
-    let mut socket = None;
-    let mut display = DisplayConfig::default();
-    let mut log_level = "info".to_string();
-    let mut max_connections = None;
-    let mut dump = None;
-    let mut renderer = Some(virgl::DEFAULT_LIBRARY.to_string());
-    let mut scheduler = None;
-    let mut vm_name = None;
-    let mut resource_memory_mb = DEFAULT_RESOURCE_MEMORY_MB;
-    let mut compute = ComputeKind::Cpu;
-    let mut busy_poll = busy_poll::DEFAULT_MAX;
-    let mut sandbox = SandboxConfig {
-        filter: true,
-        run_as: None,
-    };
-    while let Some(arg) = args.next() {
-        let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
-        match arg.as_str() {
-            "--socket" => socket = Some(PathBuf::from(value("--socket")?)),
-            "--display" => {
-                display = value("--display")?
-                    .parse()
-                    .map_err(|e| format!("--display: {e}"))?
-            }
-            "--log-level" => log_level = value("--log-level")?,
-            "--dump-dir" => dump = Some(DumpConfig::new(value("--dump-dir")?)),
-            "--exit-on-disconnect" => max_connections = Some(1),
-            "--renderer" => match value("--renderer")?.as_str() {
-                "virgl" => renderer = Some(virgl::DEFAULT_LIBRARY.to_string()),
-                "none" => renderer = None,
-                other => return Err(format!("--renderer: {other:?} is not virgl or none")),
-            },
-            "--scheduler" => scheduler = Some(PathBuf::from(value("--scheduler")?)),
-            "--compute" => {
-                compute = match value("--compute")?.as_str() {
-                    "cpu" => ComputeKind::Cpu,
-                    "nvcuda" => ComputeKind::NvCuda,
-                    other => return Err(format!("--compute: {other:?} is not cpu or nvcuda")),
-                }
-            }
-            "--vm-name" => {
-                let name = value("--vm-name")?;
-                vm_name = Some(VmName::new(&name).map_err(|e| format!("--vm-name: {e}"))?);
-            }
-            "--resource-memory-mb" => {
-                resource_memory_mb = value("--resource-memory-mb")?
-                    .parse()
-                    .ok()
-                    .filter(|mb| (1..=MAX_RESOURCE_MEMORY_MB).contains(mb))
-                    .ok_or(format!(
-                        "--resource-memory-mb: a number of MiB in 1..={MAX_RESOURCE_MEMORY_MB}"
-                    ))?
-            }
-            "--virgl-library" => renderer = Some(value("--virgl-library")?),
-            "--run-as" => {
-                sandbox.run_as = Some(
-                    value("--run-as")?
-                        .parse()
-                        .map_err(|e: sandbox::SandboxError| e.to_string())?,
-                )
-            }
-            "--no-sandbox" => sandbox.filter = false,
-            "--busy-poll-us" => busy_poll = busy_poll::parse_us(&value("--busy-poll-us")?)?,
-            "-h" | "--help" => return Err(String::new()),
-            other => return Err(format!("unknown argument {other:?}")),
+/// Checks what clap cannot see alone and builds the server's configuration.
+fn args(cli: Cli) -> Result<Args, clap::Error> {
+    let renderer = match (cli.renderer, cli.virgl_library) {
+        (true, library) => Some(library.unwrap_or_else(|| virgl::DEFAULT_LIBRARY.to_owned())),
+        (false, None) => None,
+        (false, Some(_)) => {
+            return Err(clap::Error::raw(
+                clap::error::ErrorKind::ArgumentConflict,
+                "--virgl-library needs the virgl renderer, not --renderer none",
+            ));
         }
-    }
-    if log_level.parse::<log::LevelFilter>().is_err() {
-        return Err(format!("--log-level: unknown level {log_level:?}"));
-    }
-    let socket = socket.ok_or("--socket is required")?;
-    let scheduler = match (scheduler, vm_name) {
+    };
+    let scheduler = match (cli.scheduler, cli.vm_name) {
         (Some(socket), Some(vm_name)) => Some(SchedConfig { socket, vm_name }),
-        (None, None) => None,
-        _ => return Err("--scheduler and --vm-name go together".to_string()),
+        // clap's `requires` refuses one without the other.
+        _ => None,
     };
     Ok(Args {
         config: ServerConfig {
-            socket,
-            display,
-            max_connections,
-            dump,
+            socket: cli.socket,
+            display: cli.display.unwrap_or_default(),
+            max_connections: cli.exit_on_disconnect.then_some(1),
+            dump: cli.dump_dir.map(DumpConfig::new),
             renderer,
             scheduler,
             // At most MAX_RESOURCE_MEMORY_MB (2^20) MiB: 2^40 bytes.
-            resource_memory: resource_memory_mb << 20,
-            compute,
-            busy_poll,
+            resource_memory: cli.resource_memory_mb << 20,
+            compute: cli.compute,
+            busy_poll: cli.busy_poll_us,
         },
-        log_level,
-        sandbox,
+        log_level: cli.log_level,
+        sandbox: SandboxConfig {
+            filter: !cli.no_sandbox,
+            run_as: cli.run_as,
+        },
     })
 }
 
@@ -150,18 +195,12 @@ fn dump_on_sigusr1(dump: DumpConfig) -> std::io::Result<DumpConfig> {
 fn main() -> ExitCode {
     // First, before anything here opens a descriptor: none of another VM's may stay open.
     let closed = sandbox::close_inherited_fds();
-    let args = match parse(std::env::args().skip(1)) {
+    let args = match args(vgpu_cli::parse::<Cli>()) {
         Ok(args) => args,
-        Err(msg) => {
-            if !msg.is_empty() {
-                eprintln!("vgpu-server: {msg}");
-            }
-            eprintln!("{USAGE}");
-            return ExitCode::from(2);
-        }
+        Err(e) => e.format(&mut vgpu_cli::command::<Cli>()).exit(),
     };
     env_logger::Builder::new()
-        .parse_filters(&args.log_level)
+        .filter_level(args.log_level)
         .parse_default_env()
         .format_timestamp_micros()
         .init();
@@ -202,5 +241,213 @@ fn main() -> ExitCode {
             log::error!("{e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsString;
+    use std::path::Path;
+
+    use log::LevelFilter;
+    use vgpu_cli::Parsed;
+    use vgpu_schedd::control::{Renderer, ServerOptions};
+
+    use super::*;
+
+    fn parse<I, T>(line: I) -> Result<Args, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<OsString> + Clone,
+    {
+        let line =
+            std::iter::once(OsString::from("vgpu-server")).chain(line.into_iter().map(Into::into));
+        match vgpu_cli::try_parse_from::<Cli, _, _>(line)? {
+            Parsed::Run(cli) => args(cli),
+            Parsed::Generated(_) => panic!("generated output instead of arguments"),
+        }
+    }
+
+    fn refused(line: &[&str]) -> clap::Error {
+        match parse(line) {
+            Err(e) => e,
+            Ok(a) => panic!("{line:?} accepted: {a:?}"),
+        }
+    }
+
+    #[test]
+    fn keeps_the_command_line_conventions() {
+        vgpu_cli::check::conventions::<Cli>(env!("CARGO_PKG_VERSION")).unwrap();
+    }
+
+    #[test]
+    fn defaults() {
+        let a = parse(["--socket", "/run/a.sock"]).unwrap();
+        let c = &a.config;
+        assert_eq!(c.socket, PathBuf::from("/run/a.sock"));
+        assert_eq!(c.display, DisplayConfig::default());
+        assert_eq!(c.max_connections, None);
+        assert!(c.dump.is_none() && c.scheduler.is_none());
+        assert_eq!(c.renderer.as_deref(), Some(virgl::DEFAULT_LIBRARY));
+        assert_eq!(c.resource_memory, DEFAULT_RESOURCE_MEMORY_MB << 20);
+        assert_eq!(c.compute, ComputeKind::Cpu);
+        assert_eq!(c.busy_poll, busy_poll::DEFAULT_MAX);
+        assert_eq!(a.log_level, LevelFilter::Info);
+        assert!(a.sandbox.filter && a.sandbox.run_as.is_none());
+    }
+
+    #[test]
+    fn every_option_with_a_space_or_an_equals_sign() {
+        for eq in [false, true] {
+            let opts = [
+                ("--socket", "/s"),
+                ("--display", "800x600"),
+                ("--dump-dir", "/d"),
+                ("--renderer", "virgl"),
+                ("--virgl-library", "libother.so"),
+                ("--log-level", "TRACE"),
+                ("--scheduler", "/sched"),
+                ("--vm-name", "vm-1"),
+                ("--resource-memory-mb", "1048576"),
+                ("--compute", "nvcuda"),
+                ("--run-as", "1000:1000"),
+                ("--busy-poll-us", "0"),
+            ];
+            let mut line: Vec<String> = Vec::new();
+            for (k, v) in opts {
+                if eq {
+                    line.push(format!("{k}={v}"));
+                } else {
+                    line.extend([k.to_owned(), v.to_owned()]);
+                }
+            }
+            line.extend(["--exit-on-disconnect".into(), "--no-sandbox".into()]);
+            let a = parse(&line).unwrap();
+            let c = &a.config;
+            assert_eq!((c.display.width, c.display.height), (800, 600));
+            assert_eq!(c.dump.as_ref().unwrap().dir, PathBuf::from("/d"));
+            assert_eq!(c.renderer.as_deref(), Some("libother.so"));
+            assert_eq!(a.log_level, LevelFilter::Trace);
+            let sched = c.scheduler.as_ref().unwrap();
+            assert_eq!(sched.socket, PathBuf::from("/sched"));
+            assert_eq!(sched.vm_name.as_str(), "vm-1");
+            assert_eq!(c.resource_memory, MAX_RESOURCE_MEMORY_MB << 20);
+            assert_eq!(c.compute, ComputeKind::NvCuda);
+            assert_eq!(c.busy_poll, Duration::ZERO);
+            assert_eq!(c.max_connections, Some(1));
+            assert!(!a.sandbox.filter);
+            assert_eq!(
+                a.sandbox.run_as,
+                Some(RunAs {
+                    uid: 1000,
+                    gid: 1000
+                })
+            );
+        }
+        let a = parse(["--socket", "/s", "--renderer", "none"]).unwrap();
+        assert_eq!(a.config.renderer, None);
+        // The last of a repeated option counts (test harnesses add their own --log-level).
+        let a = parse(["--socket=/s", "--log-level", "info", "--log-level", "warn"]).unwrap();
+        assert_eq!(a.log_level, LevelFilter::Warn);
+    }
+
+    /// The command line `vgpu-schedd` builds for `create` (scheduler/daemon/src/server.rs:
+    /// its own options, then `ServerOptions::to_args`, then `--run-as`) must parse with every
+    /// allowed option set, so that renaming a flag here or there fails this test.
+    #[test]
+    fn what_the_daemon_passes_is_accepted() {
+        for (renderer, level) in [
+            (Renderer::Virgl, LevelFilter::Off),
+            (Renderer::None, LevelFilter::Debug),
+        ] {
+            let options = ServerOptions {
+                display: Some((1280, 800)),
+                renderer: Some(renderer),
+                log_level: Some(level),
+                dump: true,
+                exit_on_disconnect: true,
+            };
+            let mut line: Vec<OsString> = [
+                "--socket",
+                "/run/vgpu/a.sock",
+                "--scheduler",
+                "/run/vgpu/sched.sock",
+                "--vm-name",
+                "a",
+            ]
+            .map(OsString::from)
+            .into();
+            line.extend(options.to_args(Some(Path::new("/var/lib/vgpu/dump/a"))));
+            line.extend(["--run-as", "70000:70100"].map(OsString::from));
+            let a = parse(&line).unwrap();
+            let c = &a.config;
+            assert_eq!((c.display.width, c.display.height), (1280, 800));
+            assert_eq!(c.renderer.is_some(), renderer == Renderer::Virgl);
+            assert_eq!(a.log_level, level);
+            assert_eq!(
+                c.dump.as_ref().unwrap().dir,
+                PathBuf::from("/var/lib/vgpu/dump/a")
+            );
+            assert_eq!(c.max_connections, Some(1));
+            assert_eq!(c.scheduler.as_ref().unwrap().vm_name.as_str(), "a");
+            assert_eq!(
+                a.sandbox.run_as,
+                Some(RunAs {
+                    uid: 70000,
+                    gid: 70100
+                })
+            );
+        }
+        // With no options the daemon's own part alone.
+        let line = ServerOptions::default().to_args(None);
+        assert!(line.is_empty());
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        use clap::error::ErrorKind::*;
+        let s = ["--socket", "/s"];
+        let with = |more: &[&'static str]| -> Vec<&'static str> { [&s[..], more].concat() };
+        assert_eq!(refused(&[]).kind(), MissingRequiredArgument);
+        assert_eq!(refused(&["--socket"]).kind(), InvalidValue);
+        assert_eq!(refused(&with(&["--bogus"])).kind(), UnknownArgument);
+        assert_eq!(refused(&with(&["extra"])).kind(), UnknownArgument);
+        for bad in [
+            &["--display", "big"][..],
+            &["--display", "0x600"],
+            &["--renderer", "vulkan"],
+            &["--compute", "gpu"],
+            &["--log-level", "loud"],
+            &["--resource-memory-mb", "0"],
+            &["--resource-memory-mb", "1048577"],
+            &["--resource-memory-mb", "lots"],
+            &["--run-as", "0:0"],
+            &["--run-as", "1000"],
+            &["--run-as", "x:y"],
+            &["--busy-poll-us", "1001"],
+            &["--busy-poll-us", "-1"],
+            &["--scheduler", "/x", "--vm-name", "a:b"],
+        ] {
+            let e = refused(&with(bad));
+            assert!(
+                matches!(e.kind(), ValueValidation | InvalidValue | UnknownArgument),
+                "{bad:?}: {e}"
+            );
+            // A value clap read and refused names its option (tests and operators look for it).
+            assert!(
+                e.kind() != ValueValidation || e.to_string().contains(bad[bad.len() - 2]),
+                "{bad:?}: {e}"
+            );
+        }
+        assert_eq!(
+            refused(&with(&["--scheduler", "/x"])).kind(),
+            MissingRequiredArgument
+        );
+        assert_eq!(
+            refused(&with(&["--vm-name", "a"])).kind(),
+            MissingRequiredArgument
+        );
+        let e = refused(&with(&["--renderer", "none", "--virgl-library", "x"]));
+        assert_eq!(e.kind(), ArgumentConflict);
     }
 }

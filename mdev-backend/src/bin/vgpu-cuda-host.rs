@@ -3,7 +3,7 @@
 //! executor, or the real driver with `--backend nvcuda`. What a VM's compute context does,
 //! without a VM: for tests, and for a GPU host.
 //!
-//!   vgpu-cuda-host --socket PATH [--backend cpu|nvcuda] [--once]
+//!   vgpu-cuda-host --socket PATH [--backend cpu|nvcuda] [--once]   (see --help)
 //!
 //! `--once` serves one connection and exits. The socket is created mode 0600. Each connection
 //! is served by a process of its own (this program again, the connection as its standard
@@ -13,25 +13,62 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use clap::Parser;
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use mdev_backend::compute::one_guest_backend;
 use mdev_backend::compute::remote::serve;
 
 /// Connections served at once; more are closed at accept.
 const MAX_CONNECTIONS: usize = 16;
-/// The internal flag a connection's own process is started with: serve standard input.
-const SERVE_STDIN: &str = "--serve-stdin";
+/// The internal option a connection's own process is started with (`--serve-stdin N`): serve
+/// standard input.
+const SERVE_STDIN: &str = "serve-stdin";
 
-fn usage() -> ! {
-    eprintln!("usage: vgpu-cuda-host --socket PATH [--backend cpu|nvcuda] [--once]");
-    std::process::exit(2)
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "vgpu-cuda-host",
+    version,
+    about = "Serves guest CUDA drivers on a Unix socket, each connection in a process of its own",
+    long_about = "Serves guest CUDA drivers (our libcuda.so.1 with VGPU_CUDA_SOCKET set) on a \
+        Unix socket (mode 0600), each connection on its own backend in a process of its own: \
+        the PTX executor on the host's CPUs, or NVIDIA's driver with --backend nvcuda. Each \
+        connection ends with a line on standard error: requests, launches, failures, bytes \
+        each way."
+)]
+struct Cli {
+    /// The socket to listen on (it must not exist)
+    #[arg(long, value_name = "PATH", required_unless_present = "serve_stdin")]
+    socket: Option<PathBuf>,
+    /// The backend of every connection
+    #[arg(
+        long,
+        action = clap::ArgAction::Set,
+        value_name = "BACKEND",
+        default_value = "cpu",
+        value_parser = PossibleValuesParser::new(["cpu", "nvcuda"]).map(|b| b == "nvcuda"),
+    )]
+    backend: bool,
+    /// Serve one connection, then exit
+    #[arg(long)]
+    once: bool,
+    /// Internal: serve connection N on standard input (how each connection's process starts)
+    #[arg(
+        long = SERVE_STDIN,
+        value_name = "N",
+        hide = true,
+        conflicts_with_all = ["socket", "once"]
+    )]
+    serve_stdin: Option<usize>,
 }
 
 /// Serves the connection on standard input (a Unix stream socket) to its end, then reports.
-fn serve_stdin(n: &str, nvcuda: bool) -> ! {
+fn serve_stdin(n: usize, nvcuda: bool) -> ! {
     let fd = std::io::stdin()
         .as_fd()
         .try_clone_to_owned()
@@ -61,31 +98,19 @@ fn fail(what: &str) -> ! {
 }
 
 fn main() {
-    let mut socket = None;
-    let mut nvcuda = false;
-    let mut once = false;
-    let mut serve_connection = None;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--socket" => socket = Some(args.next().unwrap_or_else(|| usage())),
-            "--backend" => match args.next().as_deref() {
-                Some("cpu") => nvcuda = false,
-                Some("nvcuda") => nvcuda = true,
-                _ => usage(),
-            },
-            "--once" => once = true,
-            SERVE_STDIN => serve_connection = Some(args.next().unwrap_or_else(|| usage())),
-            _ => usage(),
-        }
+    let cli: Cli = vgpu_cli::parse();
+    let nvcuda = cli.backend;
+    if let Some(n) = cli.serve_stdin {
+        serve_stdin(n, nvcuda);
     }
-    if let Some(n) = serve_connection {
-        serve_stdin(&n, nvcuda);
-    }
-    let socket = socket.unwrap_or_else(|| usage());
-    let listener = UnixListener::bind(&socket).unwrap_or_else(|e| fail(&format!("{socket}: {e}")));
+    // clap requires --socket without --serve-stdin.
+    let Some(socket) = cli.socket else {
+        fail("--socket is required")
+    };
+    let shown = socket.display();
+    let listener = UnixListener::bind(&socket).unwrap_or_else(|e| fail(&format!("{shown}: {e}")));
     if let Err(e) = std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600)) {
-        fail(&format!("{socket}: {e}"));
+        fail(&format!("{shown}: {e}"));
     }
     let me = std::env::current_exe().unwrap_or_else(|e| fail(&format!("own executable: {e}")));
     let backend = if nvcuda { "nvcuda" } else { "cpu" };
@@ -105,7 +130,9 @@ fn main() {
         // Each connection in a process of its own: a fault on the real driver breaks CUDA for
         // its whole process, and a guest's memory and kernels die with its connection.
         let child = Command::new(&me)
-            .args(["--backend", backend, SERVE_STDIN, &n.to_string()])
+            .args(["--backend", backend])
+            .arg(format!("--{SERVE_STDIN}"))
+            .arg(n.to_string())
             .stdin(Stdio::from(OwnedFd::from(stream)))
             .spawn();
         let mut child = match child {
@@ -125,10 +152,60 @@ fn main() {
             }
             live2.fetch_sub(1, Ordering::AcqRel);
         });
-        if once {
+        if cli.once {
             let _ = waiter.join();
             let _ = std::fs::remove_file(&socket);
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::error::ErrorKind;
+    use vgpu_cli::Parsed;
+
+    fn parse(line: &[&str]) -> Result<Cli, ErrorKind> {
+        match vgpu_cli::try_parse_from::<Cli, _, _>(
+            std::iter::once("vgpu-cuda-host").chain(line.iter().copied()),
+        ) {
+            Ok(Parsed::Run(cli)) => Ok(cli),
+            Ok(Parsed::Generated(_)) => panic!("{line:?}: generated"),
+            Err(e) => Err(e.kind()),
+        }
+    }
+
+    #[test]
+    fn keeps_the_command_line_conventions() {
+        vgpu_cli::check::conventions::<Cli>(env!("CARGO_PKG_VERSION")).unwrap();
+    }
+
+    #[test]
+    fn the_command_line_is_checked() {
+        let cli = parse(&["--socket", "/s", "--once"]).unwrap();
+        assert_eq!(cli.socket, Some(PathBuf::from("/s")));
+        assert!(cli.once && !cli.backend && cli.serve_stdin.is_none());
+        assert!(parse(&["--socket=/s", "--backend=nvcuda"]).unwrap().backend);
+        // How each connection's process is started (see main).
+        let cli = parse(&["--backend", "cpu", "--serve-stdin", "7"]).unwrap();
+        assert_eq!(cli.serve_stdin, Some(7));
+        assert_eq!(parse(&[]).unwrap_err(), ErrorKind::MissingRequiredArgument);
+        assert_eq!(
+            parse(&["--socket", "/s", "--backend", "gpu"]).unwrap_err(),
+            ErrorKind::InvalidValue
+        );
+        assert_eq!(
+            parse(&["--socket", "/s", "--serve-stdin", "1"]).unwrap_err(),
+            ErrorKind::ArgumentConflict
+        );
+        assert_eq!(
+            parse(&["--serve-stdin", "x"]).unwrap_err(),
+            ErrorKind::ValueValidation
+        );
+        assert_eq!(
+            parse(&["--socket", "/s", "/t"]).unwrap_err(),
+            ErrorKind::UnknownArgument
+        );
     }
 }

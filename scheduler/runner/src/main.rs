@@ -2,8 +2,10 @@
 //!
 //! ```text
 //! vgpu-sim scheduler/scenarios/<name>.toml [--out DIR]   # one scenario
-//! vgpu-sim --all scheduler/scenarios [--out DIR]         # every *.toml in a directory
+//! vgpu-sim --all scheduler/scenarios [--out=DIR]         # every *.toml in a directory
 //! ```
+//!
+//! Progress on stderr: a bar per scenario file on a terminal, plain lines otherwise.
 //!
 //! For each scenario it prints a markdown table and writes `<name>.json` (all run reports),
 //! `<name>.csv` (the table) and `<name>.svg` (per-VM GPU share, and FPS where a VM renders
@@ -18,12 +20,40 @@ mod table;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use clap::Parser;
+use vgpu_cli::progress::Progress;
 use vgpu_scheduler::sim::{self, RunReport, Scenario};
 
 /// Largest scenario file read: scenarios are a few kilobytes; this bounds a mistaken path.
 const MAX_SCENARIO_BYTES: u64 = 1 << 20;
 
-const USAGE: &str = "usage: vgpu-sim SCENARIO.toml [--out DIR] | vgpu-sim --all DIR [--out DIR]";
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "vgpu-sim",
+    version,
+    about = "Runs scheduler simulator scenarios (TOML) and writes their results",
+    long_about = "Runs scheduler simulator scenarios (TOML) and writes their results: for each \
+        scenario a markdown table on stdout, and NAME.json (all run reports), NAME.csv, NAME.md \
+        and NAME.svg (per-VM GPU share, and FPS where a VM renders frames, over time) in the \
+        output directory. Errors name the file and the field and exit with status 2. Progress \
+        goes to stderr: a bar on a terminal, plain lines otherwise."
+)]
+struct Cli {
+    /// The scenario file to run
+    #[arg(
+        value_name = "SCENARIO.toml",
+        required_unless_present = "all",
+        conflicts_with = "all"
+    )]
+    scenario: Option<PathBuf>,
+    /// Run every *.toml scenario file in DIR, in name order
+    #[arg(long, value_name = "DIR")]
+    all: Option<PathBuf>,
+    /// Where the output files go
+    #[arg(long, value_name = "DIR", default_value = "target/sim")]
+    out: PathBuf,
+}
 
 /// What the command line asks for.
 #[derive(Debug)]
@@ -32,26 +62,19 @@ struct Args {
     out: PathBuf,
 }
 
-fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
-    let mut out = PathBuf::from("target/sim");
-    let mut all = None;
-    let mut file = None;
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--out" => out = args.next().ok_or("--out needs a directory")?.into(),
-            "--all" => all = Some(PathBuf::from(args.next().ok_or("--all needs a directory")?)),
-            "-h" | "--help" => return Err(USAGE.into()),
-            s if s.starts_with('-') => return Err(format!("unknown option {s}\n{USAGE}")),
-            s if file.is_none() => file = Some(PathBuf::from(s)),
-            s => return Err(format!("unexpected argument {s}\n{USAGE}")),
-        }
+impl Cli {
+    fn args(self) -> Result<Args, String> {
+        let files = match (self.all, self.scenario) {
+            (Some(dir), _) => scenario_files(&dir)?,
+            (None, Some(file)) => vec![file],
+            // clap requires one or the other.
+            (None, None) => Vec::new(),
+        };
+        Ok(Args {
+            files,
+            out: self.out,
+        })
     }
-    let files = match (all, file) {
-        (Some(dir), None) => scenario_files(&dir)?,
-        (None, Some(f)) => vec![f],
-        _ => return Err(USAGE.into()),
-    };
-    Ok(Args { files, out })
 }
 
 /// The `*.toml` files of a directory, sorted by name.
@@ -131,23 +154,96 @@ fn json(sc: &Scenario, reports: &[RunReport]) -> Result<String, String> {
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args(std::env::args().skip(1)) {
+    let args = match vgpu_cli::parse::<Cli>().args() {
         Ok(a) => a,
         Err(e) => {
             eprintln!("vgpu-sim: {e}");
             return ExitCode::from(2);
         }
     };
+    let total = u64::try_from(args.files.len()).unwrap_or(u64::MAX);
+    let progress = Progress::new("vgpu-sim", total);
     let mut failed = false;
     for f in &args.files {
+        progress.step(&f.display().to_string());
         if let Err(e) = run_file(f, &args.out) {
-            eprintln!("vgpu-sim: {e}");
+            progress.note(&format!("vgpu-sim: {e}"));
             failed = true;
         }
+        progress.advance();
     }
+    drop(progress);
     if failed {
         ExitCode::from(2)
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::error::ErrorKind;
+    use vgpu_cli::Parsed;
+
+    fn parse(args: &[&str]) -> Result<Parsed<Cli>, clap::Error> {
+        vgpu_cli::try_parse_from::<Cli, _, _>(
+            std::iter::once("vgpu-sim").chain(args.iter().copied()),
+        )
+    }
+
+    fn cli(args: &[&str]) -> Cli {
+        match parse(args) {
+            Ok(Parsed::Run(c)) => c,
+            other => panic!("{args:?}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_file_or_a_directory_and_an_output_directory() {
+        let c = cli(&["x.toml"]);
+        assert_eq!(c.scenario, Some(PathBuf::from("x.toml")));
+        assert_eq!(c.out, PathBuf::from("target/sim"));
+        let c = cli(&["--all=dir", "--out=o"]);
+        assert_eq!((c.all, c.out), (Some("dir".into()), "o".into()));
+        let c = cli(&["--out", "o", "x.toml"]);
+        assert_eq!((c.scenario, c.out), (Some("x.toml".into()), "o".into()));
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["b.toml", "a.toml", "notes.txt"] {
+            std::fs::write(dir.path().join(name), "").unwrap();
+        }
+        let files = cli(&["--all", dir.path().to_str().unwrap()])
+            .args()
+            .unwrap()
+            .files;
+        assert_eq!(
+            files,
+            [dir.path().join("a.toml"), dir.path().join("b.toml")]
+        );
+        std::fs::remove_file(dir.path().join("a.toml")).unwrap();
+        std::fs::remove_file(dir.path().join("b.toml")).unwrap();
+        assert!(
+            cli(&["--all", dir.path().to_str().unwrap()])
+                .args()
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn usage_errors_are_refused() {
+        let kind = |args: &[&str]| parse(args).map(|_| ()).map_err(|e| e.kind());
+        assert_eq!(kind(&[]), Err(ErrorKind::MissingRequiredArgument));
+        assert_eq!(
+            kind(&["a.toml", "--all", "d"]),
+            Err(ErrorKind::ArgumentConflict)
+        );
+        assert_eq!(kind(&["a.toml", "b.toml"]), Err(ErrorKind::UnknownArgument));
+        assert_eq!(kind(&["--bogus"]), Err(ErrorKind::UnknownArgument));
+        assert_eq!(kind(&["a.toml", "--out"]), Err(ErrorKind::InvalidValue));
+    }
+
+    #[test]
+    fn keeps_the_command_line_conventions() {
+        vgpu_cli::check::conventions::<Cli>(env!("CARGO_PKG_VERSION")).unwrap();
     }
 }

@@ -5,89 +5,74 @@ use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
+use clap::{Parser, Subcommand};
+use vgpu_cli::progress::{Progress, minutes};
 use vgpu_scheduler::sim::{self, RunSpec, Scenario};
 use vgpu_tests::daemon::workspace_binary;
 use vgpu_tests::experiment::{self, Guests, RunResult, VmRunConfig};
 use vgpu_tests::guest::GuestImage;
 
-const USAGE: &str =
-    "usage: vgpu-bench run SCENARIO.toml [--on sim|vms] [--quick] [--runs LABEL,...] [--out DIR]
-
-  --on sim    the simulator (vgpu-sim): every run, JSON/CSV/markdown/SVG in DIR (default)
-  --on vms    real guests: per run a vgpu-schedd with the run's policy, one vgpu-server and one
-              TCG QEMU per VM (each in its own CPU cgroup with the scenario's CPU weight)
-              running the VM's workload with vgpu-load; then the simulator's figures for the
-              same runs beside the guests' (DIR/NAME.vms.json, .vms.csv, .vms.compare.md, .svg)
-  --on qtest  as vms, with qtest guests (no guest OS) whose load requests a host thread per
-              VM issues through the harness's virtio-gpu driver: up to 64 VMs per run, and the
-              coupled workload (DIR/NAME.qtest.json, ...)
-  --quick     the scenario's [vms] quick_runs with its quick_window_s
-  --runs L,.. only these runs (labels)
-  --out DIR   output directory (default target/bench)
-exit codes: 0 done, 1 a run failed, 2 usage or scenario error";
-
-/// Largest scenario file read.
-const MAX_SCENARIO_BYTES: u64 = 1 << 20;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum On {
-    Sim,
-    Vms,
-    Qtest,
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "vgpu-bench",
+    version,
+    about = "Runs a scheduling experiment in the simulator or on real guests, side by side",
+    after_help = "Exit codes: 0 done, 1 a run failed, 2 usage or scenario error. Progress goes \
+        to stderr: a bar on a terminal, plain lines otherwise."
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
 }
 
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Runs a scenario (scheduler/scenarios/NAME.toml)
+    Run(Args),
+}
+
+/// `vgpu-bench run`.
+#[derive(Debug, clap::Args)]
+// A repeated option takes its last value, as before clap.
+#[command(args_override_self = true)]
 struct Args {
+    /// The scenario file
+    #[arg(value_name = "SCENARIO.toml")]
     scenario: PathBuf,
+    /// Where the runs go. sim: the simulator (vgpu-sim): every run, JSON/CSV/markdown/SVG in
+    /// DIR. vms: real guests: per run a vgpu-schedd with the run's policy, one vgpu-server and
+    /// one TCG QEMU per VM (each in its own CPU cgroup with the scenario's CPU weight) running
+    /// the VM's workload with vgpu-load; then the simulator's figures for the same runs beside
+    /// the guests' (DIR/NAME.vms.json, .vms.csv, .vms.compare.md, .svg). qtest: as vms, with
+    /// qtest guests (no guest OS) whose load requests a host thread per VM issues through the
+    /// harness's virtio-gpu driver: up to 64 VMs per run, and the coupled workload
+    /// (DIR/NAME.qtest.json, ...)
+    #[arg(long, value_enum, value_name = "WHERE", default_value_t = On::Sim)]
     on: On,
+    /// The scenario's [vms] quick_runs with its quick_window_s
+    #[arg(long)]
     quick: bool,
+    /// Only these runs (labels)
+    #[arg(long, value_name = "LABEL,...", value_delimiter = ',')]
     runs: Option<Vec<String>>,
+    /// Output directory
+    #[arg(long, value_name = "DIR", default_value = "target/bench")]
     out: PathBuf,
 }
 
-fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
-    if it.next().as_deref() != Some("run") {
-        return Err(USAGE.into());
-    }
-    let mut args = Args {
-        scenario: PathBuf::new(),
-        on: On::Sim,
-        quick: false,
-        runs: None,
-        out: PathBuf::from("target/bench"),
-    };
-    let mut scenario = None;
-    while let Some(a) = it.next() {
-        let (key, inline) = match a.split_once('=') {
-            Some((k, v)) if k.starts_with("--") => (k.to_owned(), Some(v.to_owned())),
-            _ => (a.clone(), None),
-        };
-        let mut value = |what: &str| {
-            inline
-                .clone()
-                .or_else(|| it.next())
-                .ok_or(format!("{key} needs {what}"))
-        };
-        match key.as_str() {
-            "--on" => {
-                args.on = match value("sim, vms or qtest")?.as_str() {
-                    "sim" => On::Sim,
-                    "vms" => On::Vms,
-                    "qtest" => On::Qtest,
-                    o => return Err(format!("--on {o}: sim, vms or qtest")),
-                }
-            }
-            "--quick" => args.quick = true,
-            "--runs" => args.runs = Some(value("labels")?.split(',').map(str::to_owned).collect()),
-            "--out" => args.out = value("a directory")?.into(),
-            "-h" | "--help" => return Err(USAGE.into()),
-            s if s.starts_with('-') => return Err(format!("unknown option {s}\n{USAGE}")),
-            _ if scenario.is_none() => scenario = Some(PathBuf::from(a)),
-            _ => return Err(format!("unexpected argument {a}\n{USAGE}")),
-        }
-    }
-    args.scenario = scenario.ok_or(USAGE)?;
-    Ok(args)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum On {
+    /// The simulator
+    Sim,
+    /// TCG guests booted from the test image
+    Vms,
+    /// qtest guests driven by host threads
+    Qtest,
 }
+
+/// Largest scenario file read.
+const MAX_SCENARIO_BYTES: u64 = 1 << 20;
 
 /// The scenario, and each run's policy table as TOML (what the daemon's `--policy` reads).
 fn load(path: &PathBuf) -> Result<(Scenario, Vec<String>), String> {
@@ -138,11 +123,6 @@ fn selected<'a>(
     Ok(runs)
 }
 
-fn minutes(d: Duration) -> String {
-    let s = d.as_secs();
-    format!("{}m{:02}s", s / 60, s % 60)
-}
-
 fn on_guests(sc: &Scenario, runs: &[(&RunSpec, &str)], args: &Args) -> Result<bool, String> {
     let (guests, kind) = if args.on == On::Qtest {
         (Guests::Qtest, "qtest")
@@ -163,16 +143,9 @@ fn on_guests(sc: &Scenario, runs: &[(&RunSpec, &str)], args: &Args) -> Result<bo
     let started = Instant::now();
     let mut results: Vec<RunResult> = Vec::new();
     let mut failed = false;
+    let total = u64::try_from(runs.len()).unwrap_or(u64::MAX);
+    let progress = Progress::new("[vgpu-bench]", total);
     for (i, (run, policy)) in runs.iter().enumerate() {
-        let left = if i == 0 {
-            String::new()
-        } else {
-            let per_run = started.elapsed() / i as u32;
-            format!(
-                ", about {} left",
-                minutes(per_run * (runs.len() - i) as u32)
-            )
-        };
         let tag = format!(
             "[vgpu-bench] {} run {}/{} {}",
             sc.name,
@@ -180,11 +153,11 @@ fn on_guests(sc: &Scenario, runs: &[(&RunSpec, &str)], args: &Args) -> Result<bo
             runs.len(),
             run.label
         );
-        eprintln!(
-            "{tag}: starting (elapsed {}{left})",
-            minutes(started.elapsed())
-        );
-        match experiment::run_on_vms(sc, run, policy, &config, |what| eprintln!("{tag}: {what}")) {
+        progress.step(&format!("{} {}", sc.name, run.label));
+        let outcome = experiment::run_on_vms(sc, run, policy, &config, |what| {
+            progress.note(&format!("{tag}: {what}"))
+        });
+        match outcome {
             Ok(r) => {
                 let line: Vec<String> = r
                     .vms
@@ -199,15 +172,21 @@ fn on_guests(sc: &Scenario, runs: &[(&RunSpec, &str)], args: &Args) -> Result<bo
                         )
                     })
                     .collect();
-                eprintln!("{tag}: done (boot {:.0} s): {}", r.boot_s, line.join(", "));
+                progress.note(&format!(
+                    "{tag}: done (boot {:.0} s): {}",
+                    r.boot_s,
+                    line.join(", ")
+                ));
                 results.push(r);
             }
             Err(e) => {
-                eprintln!("{tag}: FAILED: {e}");
+                progress.note(&format!("{tag}: FAILED: {e}"));
                 failed = true;
             }
         }
+        progress.advance();
     }
+    drop(progress);
     let sim_reports = sim::run(sc).map_err(|e| format!("{}: simulator: {e}", sc.name))?;
     let compare = experiment::side_by_side(sc, &sim_reports, &results, kind);
     println!("{compare}");
@@ -246,13 +225,7 @@ fn on_guests(sc: &Scenario, runs: &[(&RunSpec, &str)], args: &Args) -> Result<bo
 }
 
 fn main() -> ExitCode {
-    let args = match parse(std::env::args().skip(1)) {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("vgpu-bench: {e}");
-            return ExitCode::from(2);
-        }
-    };
+    let Cmd::Run(args) = vgpu_cli::parse::<Cli>().cmd;
     let (sc, policies) = match load(&args.scenario) {
         Ok(x) => x,
         Err(e) => {
@@ -300,8 +273,20 @@ fn main() -> ExitCode {
 mod tests {
     use super::*;
 
-    fn args(list: &[&str]) -> Result<Args, String> {
-        parse(list.iter().map(|s| (*s).to_owned()))
+    use vgpu_cli::Parsed;
+
+    fn args(list: &[&str]) -> Result<Args, clap::Error> {
+        match vgpu_cli::try_parse_from::<Cli, _, _>(
+            std::iter::once("vgpu-bench").chain(list.iter().copied()),
+        )? {
+            Parsed::Run(Cli { cmd: Cmd::Run(a) }) => Ok(a),
+            Parsed::Generated(_) => panic!("{list:?}: generated"),
+        }
+    }
+
+    #[test]
+    fn keeps_the_command_line_conventions() {
+        vgpu_cli::check::conventions::<Cli>(env!("CARGO_PKG_VERSION")).unwrap();
     }
 
     #[test]
@@ -309,7 +294,13 @@ mod tests {
         let a = args(&["run", "x.toml", "--on=qtest", "--quick", "--runs", "a,b"]).unwrap();
         assert_eq!((a.on, a.quick), (On::Qtest, true));
         assert_eq!(a.runs.unwrap(), ["a", "b"]);
-        assert_eq!(args(&["run", "x.toml"]).unwrap().on, On::Sim);
+        let a = args(&["run", "--out=o", "x.toml", "--runs=c", "--on", "vms"]).unwrap();
+        assert_eq!(
+            (a.on, a.out, a.runs.unwrap()),
+            (On::Vms, "o".into(), vec!["c".to_owned()])
+        );
+        let a = args(&["run", "x.toml"]).unwrap();
+        assert_eq!((a.on, a.out), (On::Sim, "target/bench".into()));
         for bad in [
             &["x.toml"][..],
             &["run"],

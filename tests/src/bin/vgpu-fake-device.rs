@@ -12,6 +12,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use clap::Parser;
 use vgpu_schedd::proto::{self, Exec, Msg, PROTOCOL_VERSION, VmName};
 use vgpu_schedd::seqpacket::SeqStream;
 use vgpu_scheduler::{CostSignature, GroupId, GroupKind};
@@ -23,41 +24,33 @@ const RECONNECT_PAUSE: Duration = Duration::from_millis(50);
 /// The cost each group announces: 1 ms.
 const COST_NS: u64 = 1_000_000;
 
+/// The command line.
+#[derive(Debug, Parser)]
+// A repeated option takes its last value, as before clap.
+#[command(
+    name = "vgpu-fake-device",
+    version,
+    about = "A hostile device process for the malicious-guest suite: says Hello to a scheduler \
+        daemon and keeps groups asking for a grant, never completing one",
+    args_override_self = true
+)]
 struct Args {
+    /// The daemon's device socket
+    #[arg(long, value_name = "PATH")]
     socket: PathBuf,
+    /// The VM name to claim
+    #[arg(long, value_name = "NAME", value_parser = vm_name)]
     name: VmName,
+    /// Groups kept asking for a grant
+    #[arg(long, value_name = "N", default_value_t = 0)]
     submit: u64,
+    /// Come back each time the daemon drops the connection
+    #[arg(long)]
     reconnect: bool,
 }
 
-fn parse() -> Result<Args, String> {
-    let mut socket = None;
-    let mut name = None;
-    let mut submit = 0;
-    let mut reconnect = false;
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        let mut value = || args.next().ok_or(format!("{arg} needs a value"));
-        match arg.as_str() {
-            "--socket" => socket = Some(PathBuf::from(value()?)),
-            "--name" => {
-                let v = value()?;
-                name = Some(VmName::new(&v).map_err(|e| format!("--name {v}: {e}"))?);
-            }
-            "--submit" => {
-                let v = value()?;
-                submit = v.parse().map_err(|e| format!("--submit {v}: {e}"))?;
-            }
-            "--reconnect" => reconnect = true,
-            other => return Err(format!("unknown argument {other}")),
-        }
-    }
-    Ok(Args {
-        socket: socket.ok_or("--socket is required")?,
-        name: name.ok_or("--name is required")?,
-        submit,
-        reconnect,
-    })
+fn vm_name(name: &str) -> Result<VmName, String> {
+    VmName::new(name).map_err(|e| e.to_string())
 }
 
 fn send(stream: &SeqStream, msg: &Msg) -> bool {
@@ -131,13 +124,7 @@ fn session(args: &Args, next_group: &mut u64) {
 }
 
 fn main() {
-    let args = match parse() {
-        Ok(args) => args,
-        Err(e) => {
-            eprintln!("vgpu-fake-device: {e}");
-            std::process::exit(2);
-        }
-    };
+    let args: Args = vgpu_cli::parse();
     let mut next_group = 1;
     loop {
         session(&args, &mut next_group);
@@ -145,5 +132,68 @@ fn main() {
             return;
         }
         std::thread::sleep(RECONNECT_PAUSE);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vgpu_cli::Parsed;
+
+    fn parse(line: &[&str]) -> Result<Args, clap::error::ErrorKind> {
+        match vgpu_cli::try_parse_from::<Args, _, _>(
+            std::iter::once("vgpu-fake-device").chain(line.iter().copied()),
+        ) {
+            Ok(Parsed::Run(a)) => Ok(a),
+            Ok(Parsed::Generated(_)) => panic!("{line:?}: generated"),
+            Err(e) => Err(e.kind()),
+        }
+    }
+
+    #[test]
+    fn keeps_the_command_line_conventions() {
+        vgpu_cli::check::conventions::<Args>(env!("CARGO_PKG_VERSION")).unwrap();
+    }
+
+    #[test]
+    fn the_command_line_is_checked() {
+        // The form the hostile suite uses, and the = form.
+        let a = parse(&[
+            "--socket",
+            "/s",
+            "--name",
+            "evil",
+            "--submit",
+            "3",
+            "--reconnect",
+        ])
+        .unwrap();
+        assert_eq!(
+            (a.socket, a.name.as_str(), a.submit, a.reconnect),
+            ("/s".into(), "evil", 3, true)
+        );
+        let a = parse(&["--socket=/s", "--name=x"]).unwrap();
+        assert_eq!((a.submit, a.reconnect), (0, false));
+        use clap::error::ErrorKind::*;
+        assert_eq!(
+            parse(&["--name", "x"]).unwrap_err(),
+            MissingRequiredArgument
+        );
+        assert_eq!(
+            parse(&["--socket", "/s"]).unwrap_err(),
+            MissingRequiredArgument
+        );
+        assert_eq!(
+            parse(&["--socket=/s", "--name=a:b"]).unwrap_err(),
+            ValueValidation
+        );
+        assert_eq!(
+            parse(&["--socket=/s", "--name=x", "--submit=many"]).unwrap_err(),
+            ValueValidation
+        );
+        assert_eq!(
+            parse(&["--socket=/s", "--name=x", "--frob"]).unwrap_err(),
+            UnknownArgument
+        );
     }
 }

@@ -7,18 +7,26 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use clap::Parser;
 use vgpu_guest_drivers::pci;
 use vgpu_tests::server::{CONTROL_VECTOR, VIRTIO_GPU_DEVICE_ID, VgpuGuest};
 
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "vgpu-probe",
+    version,
+    about = "Shows what a guest sees of a running vgpu-server: PCI bus 0, the negotiated \
+        features, GET_DISPLAY_INFO's scanouts and the MSI-X interrupt (QEMU under qtest)"
+)]
+struct Cli {
+    /// The server's vfio-user socket
+    #[arg(long, value_name = "PATH")]
+    socket: PathBuf,
+}
+
 fn main() -> ExitCode {
-    let mut args = std::env::args().skip(1);
-    let socket = match (args.next().as_deref(), args.next()) {
-        (Some("--socket"), Some(path)) => PathBuf::from(path),
-        _ => {
-            eprintln!("usage: vgpu-probe --socket PATH");
-            return ExitCode::from(2);
-        }
-    };
+    let Cli { socket } = vgpu_cli::parse();
     if let Err(why) = vgpu_tests::qemu_version() {
         eprintln!("vgpu-probe: {why}");
         return ExitCode::FAILURE;
@@ -75,4 +83,27 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vgpu_cli::Parsed;
+
+    #[test]
+    fn keeps_the_command_line_conventions() {
+        vgpu_cli::check::conventions::<Cli>(env!("CARGO_PKG_VERSION")).unwrap();
+        let parse = |line: &[&str]| {
+            vgpu_cli::try_parse_from::<Cli, _, _>(
+                std::iter::once("vgpu-probe").chain(line.iter().copied()),
+            )
+        };
+        for line in [&["--socket", "/s"][..], &["--socket=/s"]] {
+            let Ok(Parsed::Run(cli)) = parse(line) else {
+                panic!("{line:?} refused")
+            };
+            assert_eq!(cli.socket, PathBuf::from("/s"));
+        }
+        assert!(parse(&[]).is_err() && parse(&["/s"]).is_err());
+    }
 }

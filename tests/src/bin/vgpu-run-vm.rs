@@ -7,50 +7,147 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+use clap::{ArgGroup, Parser};
 use mdev_backend::compute::corpus::corpus_dir;
 use vgpu_tests::TempDir;
 use vgpu_tests::guest::{
-    Accel, GuestConfig, GuestError, GuestGpu, GuestImage, JobTransport, RunningGuest, cuda_payload,
+    GuestConfig, GuestError, GuestGpu, GuestImage, JobTransport, RunningGuest, cuda_payload,
 };
 
-const USAGE: &str = "usage: vgpu-run-vm [options] (--job 'SHELL COMMANDS' | --job-file FILE)
+const ABOUT: &str = "Boots the Debian test guest with a GPU, runs one job in it and exits with \
+the job's exit code";
 
-Boots the guest built by qemu-scripts/build-guest-image.sh, runs the job (a bash script, as root,
-in a writable directory) and powers off. Prints the job's output; exits with the job's exit code
-(124: time limit, 125: the launcher failed, 126: the guest printed no exit code, 143: stopped
-by SIGTERM, SIGINT or SIGHUP; QEMU and vgpu-server are stopped and the cgroup removed first).
+const LONG_ABOUT: &str =
+    "Boots the guest built by qemu-scripts/build-guest-image.sh, runs the job \
+(a bash script, as root, in a writable directory) and powers off. Prints the job's output; exits \
+with the job's exit code (124: time limit, 125: the launcher failed, 126: the guest printed no \
+exit code, 143: stopped by SIGTERM, SIGINT or SIGHUP; QEMU and vgpu-server are stopped and the \
+cgroup removed first).
 
-options:
-  --gpu vgpu|virtio-gpu|virtio-gpu-gl|vhost-user-gpu|none
-                               the GPU: our vgpu-server (default; started with
-                               --exit-on-disconnect), QEMU's virtio-gpu-pci, QEMU's
-                               virtio-gpu-gl-pci (virgl in QEMU, on an egl-headless display),
-                               QEMU's vhost-user-gpu-pci with the prefix's vhost-user-gpu
-                               backend, or none
-  --socket PATH                use a vfio-user server already listening on PATH instead
-  --server PATH                the vgpu-server binary (default: beside this program)
-  --server-arg ARG             pass ARG to vgpu-server (repeatable)
-  --scheduler SOCKET           vgpu-server asks the vgpu-schedd daemon listening on SOCKET
-                               before it runs GPU work (needs --vm-name)
-  --vm-name NAME               the VM's name for the daemon (vgpuctl addresses it by NAME)
-  --cgroup NAME                run QEMU in a new CPU cgroup NAME (cgroup v2 where the root
-                               delegates cpu, else the v1 cpu hierarchy), removed at exit
-  --image DIR                  the guest image directory (default: $VGPU_GUEST_DIR or
-                               ${VGPU_CACHE:-$HOME/.cache/vgpu}/guest)
-  --timeout SECONDS            wall-clock limit (default 300)
-  --accel auto|tcg|kvm         accelerator (default auto: KVM unless /dev/kvm is unusable or
-                               kvm_pvm)
-  --fw-cfg | --cmdline         pass the job through fw_cfg or the kernel command line
-                               (default: the command line when it fits)
-  --ram MIB                    guest RAM (default 1024)
-  --append ARGS                more kernel command line (e.g. vgpu.loglevel=7)
-  --allow-reboot               let a guest reboot restart the machine
-  --serial                     print every serial line, not only the job's output
-  --qemu-arg ARG               pass ARG to QEMU (repeatable)
-  --cuda                       give the guest CUDA: a second disk with our libcuda.so.1 (from
-                               beside this program), this host's libgomp and its nvptx plugin
-                               and the CUDA corpus (qemu-scripts/cuda-corpus.sh), mounted at
-                               /tmp/work/cuda with LD_LIBRARY_PATH set before the job runs";
+Options whose values are themselves options take them in either form: \
+--server-arg=--display --server-arg=800x600, or --server-arg --dump-dir --server-arg DIR.";
+
+/// The command line.
+#[derive(Debug, Parser)]
+// A repeated option takes its last value, as before clap.
+#[command(
+    name = "vgpu-run-vm",
+    version,
+    about = ABOUT,
+    long_about = LONG_ABOUT,
+    args_override_self = true,
+    // One job or the other; that one is given is checked after parsing, where --completions
+    // and --man need none.
+    group(ArgGroup::new("job_source").args(["job", "job_file"])),
+)]
+struct Cli {
+    /// The job: shell commands
+    #[arg(long, value_name = "SHELL COMMANDS", allow_hyphen_values = true)]
+    job: Option<String>,
+    /// The job: a file of shell commands
+    #[arg(long, value_name = "FILE")]
+    job_file: Option<PathBuf>,
+    /// The GPU: our vgpu-server (started with --exit-on-disconnect), QEMU's virtio-gpu-pci,
+    /// QEMU's virtio-gpu-gl-pci (virgl in QEMU, on an egl-headless display), QEMU's
+    /// vhost-user-gpu-pci with the prefix's vhost-user-gpu backend, or none
+    #[arg(
+        long,
+        value_name = "GPU",
+        default_value = "vgpu",
+        value_parser = PossibleValuesParser::new(
+            ["vgpu", "virtio-gpu", "virtio-gpu-gl", "vhost-user-gpu", "none"]
+        ).try_map(gpu),
+    )]
+    gpu: GuestGpu,
+    /// Use a vfio-user server already listening on PATH instead of starting one
+    #[arg(long, value_name = "PATH", conflicts_with = "gpu")]
+    socket: Option<PathBuf>,
+    /// The vgpu-server binary (default: beside this program)
+    #[arg(long, value_name = "PATH")]
+    server: Option<PathBuf>,
+    /// Pass ARG to vgpu-server (repeatable)
+    #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
+    server_arg: Vec<String>,
+    /// vgpu-server asks the vgpu-schedd daemon listening on SOCKET before it runs GPU work
+    #[arg(long, value_name = "SOCKET", requires = "vm_name")]
+    scheduler: Option<String>,
+    /// The VM's name for the daemon (vgpuctl addresses it by NAME)
+    #[arg(long, value_name = "NAME", requires = "scheduler")]
+    vm_name: Option<String>,
+    /// Run QEMU in a new CPU cgroup NAME (cgroup v2 where the root delegates cpu, else the v1
+    /// cpu hierarchy), removed at exit
+    #[arg(long, value_name = "NAME")]
+    cgroup: Option<String>,
+    /// The guest image directory (default: $VGPU_GUEST_DIR or ${VGPU_CACHE:-$HOME/.cache/vgpu}/guest)
+    #[arg(long, value_name = "DIR")]
+    image: Option<PathBuf>,
+    /// Wall-clock limit, seconds
+    #[arg(long, value_name = "SECONDS", default_value = "300", value_parser = seconds)]
+    timeout: Duration,
+    /// Accelerator (auto: KVM unless /dev/kvm is unusable or kvm_pvm)
+    #[arg(
+        long,
+        value_name = "ACCEL",
+        default_value = "auto",
+        value_parser = PossibleValuesParser::new(["auto", "tcg", "kvm"]).try_map(accel),
+    )]
+    accel: Accel,
+    /// Pass the job through fw_cfg (default: the kernel command line when it fits)
+    #[arg(long, conflicts_with = "cmdline")]
+    fw_cfg: bool,
+    /// Pass the job on the kernel command line
+    #[arg(long)]
+    cmdline: bool,
+    /// Guest RAM, MiB
+    #[arg(long, value_name = "MIB", default_value_t = 1024)]
+    ram: u64,
+    /// More kernel command line (e.g. vgpu.loglevel=7)
+    #[arg(long, value_name = "ARGS", allow_hyphen_values = true)]
+    append: Option<String>,
+    /// Let a guest reboot restart the machine
+    #[arg(long)]
+    allow_reboot: bool,
+    /// Print every serial line, not only the job's output
+    #[arg(long)]
+    serial: bool,
+    /// Pass ARG to QEMU (repeatable)
+    #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
+    qemu_arg: Vec<String>,
+    /// Give the guest CUDA: a second disk with our libcuda.so.1 (from beside this program),
+    /// this host's libgomp and its nvptx plugin and the CUDA corpus (qemu-scripts/cuda-corpus.sh),
+    /// mounted at /tmp/work/cuda with LD_LIBRARY_PATH set before the job runs
+    #[arg(long)]
+    cuda: bool,
+}
+
+/// `--accel`: `None` is auto.
+type Accel = Option<vgpu_tests::guest::Accel>;
+
+fn gpu(name: String) -> Result<GuestGpu, String> {
+    Ok(match name.as_str() {
+        "vgpu" => GuestGpu::Vgpu,
+        "virtio-gpu" => GuestGpu::QemuVirtioGpu,
+        "virtio-gpu-gl" => GuestGpu::QemuVirtioGpuGl,
+        "vhost-user-gpu" => GuestGpu::VhostUserGpu,
+        "none" => GuestGpu::None,
+        other => return Err(format!("unknown GPU {other:?}")),
+    })
+}
+
+fn accel(name: String) -> Result<Accel, String> {
+    Ok(match name.as_str() {
+        "auto" => None,
+        "tcg" => Some(vgpu_tests::guest::Accel::Tcg),
+        "kvm" => Some(vgpu_tests::guest::Accel::Kvm),
+        other => return Err(format!("unknown accelerator {other:?}")),
+    })
+}
+
+fn seconds(text: &str) -> Result<Duration, String> {
+    let secs: f64 = text.parse().map_err(|e| format!("{e}"))?;
+    Duration::try_from_secs_f64(secs).map_err(|e| e.to_string())
+}
 
 struct Args {
     config: GuestConfig,
@@ -58,107 +155,66 @@ struct Args {
     cuda: bool,
 }
 
-fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
-    let mut image_dir = None;
-    let mut job = None;
-    let mut gpu = GuestGpu::Vgpu;
-    let mut server_bin = None;
-    let mut server_args = Vec::new();
-    let mut timeout = Duration::from_secs(300);
-    let mut accel = None;
-    let mut transport = JobTransport::Auto;
-    let mut ram_mib = 1024;
-    let mut extra_cmdline = String::new();
-    let mut allow_reboot = false;
-    let mut print_serial = false;
-    let mut qemu_args = Vec::new();
-    let mut cuda = false;
-    let mut scheduler = None;
-    let mut vm_name = None;
-    let mut cgroup = None;
-    while let Some(arg) = args.next() {
-        let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
-        match arg.as_str() {
-            "--job" => job = Some(value("--job")?),
-            "--job-file" => {
-                let path = value("--job-file")?;
-                job = Some(std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?);
-            }
-            "--gpu" => {
-                gpu = match value("--gpu")?.as_str() {
-                    "vgpu" => GuestGpu::Vgpu,
-                    "virtio-gpu" => GuestGpu::QemuVirtioGpu,
-                    "virtio-gpu-gl" => GuestGpu::QemuVirtioGpuGl,
-                    "vhost-user-gpu" => GuestGpu::VhostUserGpu,
-                    "none" => GuestGpu::None,
-                    other => return Err(format!("--gpu: unknown GPU {other:?}")),
-                }
-            }
-            "--socket" => gpu = GuestGpu::VfioUser(PathBuf::from(value("--socket")?)),
-            "--server" => server_bin = Some(PathBuf::from(value("--server")?)),
-            "--server-arg" => server_args.push(value("--server-arg")?),
-            "--scheduler" => scheduler = Some(value("--scheduler")?),
-            "--vm-name" => vm_name = Some(value("--vm-name")?),
-            "--cgroup" => cgroup = Some(value("--cgroup")?),
-            "--image" => image_dir = Some(PathBuf::from(value("--image")?)),
-            "--timeout" => {
-                let secs: f64 = value("--timeout")?
-                    .parse()
-                    .map_err(|e| format!("--timeout: {e}"))?;
-                timeout =
-                    Duration::try_from_secs_f64(secs).map_err(|e| format!("--timeout: {e}"))?;
-            }
-            "--accel" => {
-                accel = match value("--accel")?.as_str() {
-                    "auto" => None,
-                    "tcg" => Some(Accel::Tcg),
-                    "kvm" => Some(Accel::Kvm),
-                    other => return Err(format!("--accel: unknown accelerator {other:?}")),
-                }
-            }
-            "--fw-cfg" => transport = JobTransport::FwCfg,
-            "--cmdline" => transport = JobTransport::Cmdline,
-            "--ram" => ram_mib = value("--ram")?.parse().map_err(|e| format!("--ram: {e}"))?,
-            "--append" => extra_cmdline = value("--append")?,
-            "--allow-reboot" => allow_reboot = true,
-            "--serial" => print_serial = true,
-            "--qemu-arg" => qemu_args.push(value("--qemu-arg")?),
-            "--cuda" => cuda = true,
-            "-h" | "--help" => return Err(String::new()),
-            other => return Err(format!("unknown argument {other:?}")),
-        }
-    }
-    let job = job.ok_or("--job or --job-file is required")?;
-    match (scheduler, vm_name) {
-        (Some(socket), Some(name)) => {
+impl Cli {
+    /// The GPU and vgpu-server's arguments (with the scheduler's, which need our server).
+    fn gpu_and_server_args(&self) -> Result<(GuestGpu, Vec<String>), String> {
+        let gpu = match &self.socket {
+            Some(path) => GuestGpu::VfioUser(path.clone()),
+            None => self.gpu.clone(),
+        };
+        let mut server_args = self.server_arg.clone();
+        // clap's `requires` makes them come together.
+        if let (Some(socket), Some(name)) = (&self.scheduler, &self.vm_name) {
             if gpu != GuestGpu::Vgpu {
                 return Err("--scheduler needs --gpu vgpu".into());
             }
-            server_args.extend(["--scheduler".into(), socket, "--vm-name".into(), name]);
+            server_args.extend([
+                "--scheduler".into(),
+                socket.clone(),
+                "--vm-name".into(),
+                name.clone(),
+            ]);
         }
-        (None, None) => {}
-        _ => return Err("--scheduler and --vm-name go together".into()),
+        Ok((gpu, server_args))
     }
-    let image = match image_dir {
-        Some(dir) => GuestImage::at(&dir),
-        None => GuestImage::locate(),
+
+    /// Reads the job and locates the image.
+    fn args(self) -> Result<Args, String> {
+        let (gpu, server_args) = self.gpu_and_server_args()?;
+        let job = match (self.job, &self.job_file) {
+            (Some(job), _) => job,
+            (None, Some(path)) => {
+                std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?
+            }
+            (None, None) => return Err("--job or --job-file is required".into()),
+        };
+        let image = match &self.image {
+            Some(dir) => GuestImage::at(dir),
+            None => GuestImage::locate(),
+        }
+        .map_err(|e| e.to_string())?;
+        let mut config = GuestConfig::new(image, job).gpu(gpu).timeout(self.timeout);
+        config.server_bin = self.server;
+        config.server_args = server_args;
+        config.accel = self.accel;
+        config.transport = if self.fw_cfg {
+            JobTransport::FwCfg
+        } else if self.cmdline {
+            JobTransport::Cmdline
+        } else {
+            JobTransport::Auto
+        };
+        config.ram_mib = self.ram;
+        config.extra_cmdline = self.append.unwrap_or_default();
+        config.allow_reboot = self.allow_reboot;
+        config.extra_qemu_args = self.qemu_arg;
+        config.cgroup = self.cgroup;
+        Ok(Args {
+            config,
+            print_serial: self.serial,
+            cuda: self.cuda,
+        })
     }
-    .map_err(|e| e.to_string())?;
-    let mut config = GuestConfig::new(image, job).gpu(gpu).timeout(timeout);
-    config.server_bin = server_bin;
-    config.server_args = server_args;
-    config.accel = accel;
-    config.transport = transport;
-    config.ram_mib = ram_mib;
-    config.extra_cmdline = extra_cmdline;
-    config.allow_reboot = allow_reboot;
-    config.extra_qemu_args = qemu_args;
-    config.cgroup = cgroup;
-    Ok(Args {
-        config,
-        print_serial,
-        cuda,
-    })
 }
 
 /// `--cuda`: attaches the CUDA disk and prefixes the job with its mount.
@@ -191,13 +247,10 @@ fn with_cuda(config: &mut GuestConfig) -> Result<TempDir, String> {
 }
 
 fn main() -> ExitCode {
-    let args = match parse(std::env::args().skip(1)) {
+    let args = match vgpu_cli::parse::<Cli>().args() {
         Ok(args) => args,
         Err(msg) => {
-            if !msg.is_empty() {
-                eprintln!("vgpu-run-vm: {msg}");
-            }
-            eprintln!("{USAGE}");
+            eprintln!("vgpu-run-vm: {msg}");
             return ExitCode::from(2);
         }
     };
@@ -284,5 +337,155 @@ fn main() -> ExitCode {
             eprintln!("vgpu-run-vm: {e}");
             ExitCode::from(125)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::error::ErrorKind;
+    use vgpu_cli::Parsed;
+
+    fn parse(line: &[&str]) -> Result<Cli, ErrorKind> {
+        match vgpu_cli::try_parse_from::<Cli, _, _>(
+            std::iter::once("vgpu-run-vm").chain(line.iter().copied()),
+        ) {
+            Ok(Parsed::Run(cli)) => Ok(cli),
+            Ok(Parsed::Generated(_)) => panic!("{line:?}: generated"),
+            Err(e) => Err(e.kind()),
+        }
+    }
+
+    #[test]
+    fn keeps_the_command_line_conventions() {
+        vgpu_cli::check::conventions::<Cli>(env!("CARGO_PKG_VERSION")).unwrap();
+    }
+
+    #[test]
+    fn server_and_qemu_arguments_may_be_options() {
+        // The issue's example, and demo.sh's form.
+        let cli = parse(&[
+            "--server-arg=--display",
+            "--server-arg=800x600",
+            "--server-arg",
+            "--dump-dir",
+            "--server-arg",
+            "/tmp/out",
+            "--qemu-arg",
+            "-smp",
+            "--qemu-arg=2",
+            "--append",
+            "-- quiet",
+            "--job",
+            "-x",
+        ])
+        .unwrap();
+        assert_eq!(
+            cli.server_arg,
+            ["--display", "800x600", "--dump-dir", "/tmp/out"]
+        );
+        assert_eq!(cli.qemu_arg, ["-smp", "2"]);
+        assert_eq!(cli.append.as_deref(), Some("-- quiet"));
+        assert_eq!(cli.job.as_deref(), Some("-x"));
+        let (gpu, server) = cli.gpu_and_server_args().unwrap();
+        assert_eq!(gpu, GuestGpu::Vgpu);
+        assert_eq!(server, ["--display", "800x600", "--dump-dir", "/tmp/out"]);
+    }
+
+    #[test]
+    fn options_and_defaults() {
+        let cli = parse(&["--job", "true"]).unwrap();
+        assert_eq!(cli.timeout, Duration::from_secs(300));
+        assert_eq!((cli.ram, cli.accel), (1024, None));
+        assert!(!cli.fw_cfg && !cli.cmdline && !cli.cuda && !cli.serial);
+        let cli = parse(&[
+            "--job-file=/j",
+            "--gpu=virtio-gpu-gl",
+            "--timeout=2.5",
+            "--accel",
+            "tcg",
+            "--fw-cfg",
+            "--ram=2048",
+            "--cgroup=g",
+            "--image",
+            "/img",
+            "--server=/bin/s",
+            "--allow-reboot",
+            "--serial",
+            "--cuda",
+        ])
+        .unwrap();
+        assert_eq!(cli.gpu, GuestGpu::QemuVirtioGpuGl);
+        assert_eq!(cli.timeout, Duration::from_millis(2500));
+        assert_eq!(cli.accel, Some(vgpu_tests::guest::Accel::Tcg));
+        assert!(cli.fw_cfg && cli.allow_reboot && cli.serial && cli.cuda);
+        assert_eq!((cli.ram, cli.cgroup.as_deref()), (2048, Some("g")));
+        let cli = parse(&["--job", "x", "--socket", "/s"]).unwrap();
+        assert_eq!(
+            cli.gpu_and_server_args().unwrap().0,
+            GuestGpu::VfioUser("/s".into())
+        );
+        let cli = parse(&["--job", "x", "--scheduler", "/d", "--vm-name", "a"]).unwrap();
+        assert_eq!(
+            cli.gpu_and_server_args().unwrap().1,
+            ["--scheduler", "/d", "--vm-name", "a"]
+        );
+        // The last of a repeated option counts.
+        assert_eq!(
+            parse(&["--job", "a", "--job", "b"]).unwrap().job.as_deref(),
+            Some("b")
+        );
+    }
+
+    #[test]
+    fn bad_command_lines_are_refused() {
+        assert!(
+            parse(&[])
+                .unwrap()
+                .args()
+                .is_err_and(|e| e.contains("--job"))
+        );
+        assert_eq!(
+            parse(&["--job", "x", "--job-file", "f"]).unwrap_err(),
+            ErrorKind::ArgumentConflict
+        );
+        assert_eq!(
+            parse(&["--job", "x", "--gpu", "rtx"]).unwrap_err(),
+            ErrorKind::InvalidValue
+        );
+        assert_eq!(
+            parse(&["--job", "x", "--accel", "hvf"]).unwrap_err(),
+            ErrorKind::InvalidValue
+        );
+        assert_eq!(
+            parse(&["--job", "x", "--timeout=-1"]).unwrap_err(),
+            ErrorKind::ValueValidation
+        );
+        assert_eq!(
+            parse(&["--job", "x", "--timeout", "soon"]).unwrap_err(),
+            ErrorKind::ValueValidation
+        );
+        assert_eq!(
+            parse(&["--job", "x", "--ram", "lots"]).unwrap_err(),
+            ErrorKind::ValueValidation
+        );
+        assert_eq!(
+            parse(&["--job", "x", "--fw-cfg", "--cmdline"]).unwrap_err(),
+            ErrorKind::ArgumentConflict
+        );
+        assert_eq!(
+            parse(&["--job", "x", "--gpu", "none", "--socket", "/s"]).unwrap_err(),
+            ErrorKind::ArgumentConflict
+        );
+        assert_eq!(
+            parse(&["--job", "x", "--scheduler", "/d"]).unwrap_err(),
+            ErrorKind::MissingRequiredArgument
+        );
+        assert_eq!(
+            parse(&["--job", "x", "--frob"]).unwrap_err(),
+            ErrorKind::UnknownArgument
+        );
+        let cli = parse(&["--job", "x", "--gpu=none", "--scheduler=/d", "--vm-name=a"]).unwrap();
+        assert!(cli.gpu_and_server_args().is_err());
     }
 }

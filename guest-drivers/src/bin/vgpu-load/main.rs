@@ -12,24 +12,15 @@ mod wire;
 
 use std::process::ExitCode;
 
-use args::{Parsed, USAGE};
+use args::Config;
 use run::LoadContext;
 
 /// Exit code for usage and device errors.
 const EXIT_ERROR: u8 = 2;
 
 fn main() -> ExitCode {
-    let config = match args::parse(std::env::args().skip(1)) {
-        Ok(Parsed::Help) => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Ok(Parsed::Run(config)) => config,
-        Err(e) => {
-            eprintln!("vgpu-load: {e}\n(see vgpu-load --help)");
-            return ExitCode::from(EXIT_ERROR);
-        }
-    };
+    // Usage errors exit with 2 (EXIT_ERROR), as clap does.
+    let config: Config = vgpu_cli::parse();
     let result = LoadContext::open(&config.device).and_then(|ctx| {
         let limits = ctx.limits();
         eprintln!(
