@@ -1,7 +1,7 @@
 //! The daemon's web dashboard in a real headless Chromium while two VMs run load.
 //!
-//! Setup: one `vgpu-schedd` (simulated engine, no policy at first) with its loopback HTTP listener
-//! on a free port, and two qtest load guests (`LoadVm`: a qtest QEMU without a guest OS whose
+//! Setup: one `vgpu-schedd` (simulated engine, no policy at first) with its loopback HTTP
+//! listener (`--http`) on a free port, and two qtest load guests (`LoadVm`: a qtest QEMU without a guest OS whose
 //! harness driver submits fenced OCCUPY + END_FRAME groups through the real vfio-user path to
 //! a `vgpu-server` that asks the daemon). That is the cheapest setup in which everything the
 //! page shows comes from the real path: no guest kernel to boot, yet real device processes,
@@ -201,7 +201,7 @@ fn dashboard_in_chromium_while_two_vms_run() {
     let started = Instant::now();
     // First, so that a missing Chromium fails before anything else is set up.
     let browser = Browser::launch().unwrap_or_else(|e| panic!("{e}"));
-    let daemon = Schedd::start_with(None, "info", &["--metrics", "127.0.0.1:0"]).expect("daemon");
+    let daemon = Schedd::start_with(None, "info", &["--http", "127.0.0.1:0"]).expect("daemon");
     let mut vms = Vec::new();
     for name in VMS {
         match LoadVm::start(&daemon, name) {
