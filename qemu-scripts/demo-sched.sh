@@ -16,6 +16,13 @@
 # simulated groups. It draws on-screen, so each page flip's RESOURCE_FLUSH is a frame the daemon
 # counts (its fps column). The summary compares glmark2's own FPS in both phases.
 #
+# The daemon serves its live web dashboard on a loopback port (VGPU_DEMO_HTTP, default
+# 127.0.0.1:0: a free port); the demo prints its URL (from `vgpuctl dashboard`, token
+# included) as soon as the daemon is up: open it in a browser on this host (or through
+# `ssh -L PORT:127.0.0.1:PORT`, same port on both sides) to watch the two VMs live. The page
+# stays live while the demo runs; VGPU_DEMO_DASHBOARD_S keeps the daemon (and the page) up
+# that many seconds more at the end (default 0).
+#
 # VGPU_DEMO_PHASE_S sets the length of each game phase in seconds (default 25).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -37,6 +44,8 @@ bomb_s=$((2 * (phase_s + startup_s) + boot_s))
 # One vgpuctl row every 5 s from the game's start to its end.
 rows=$(((2 * (phase_s + startup_s) + 15) / 5))
 policy=qemu-scripts/demo-timegraph.toml
+http=${VGPU_DEMO_HTTP:-127.0.0.1:0}
+linger_s=${VGPU_DEMO_DASHBOARD_S:-0}
 
 run=$(mktemp -d "${TMPDIR:-/tmp}/vgpu-sched-demo.XXXXXX")
 pids=()
@@ -56,12 +65,14 @@ ctl() {
 }
 
 "$bin/vgpu-schedd" --socket "$run/sched.sock" --control "$run/control.sock" \
-    --log-level info 2> "$run/schedd.log" &
+    --http "$http" --log-level info 2> "$run/schedd.log" &
 schedd_pid=$!
 pids+=("$schedd_pid")
 for _ in $(seq 100); do [[ -S $run/control.sock ]] && break; sleep 0.05; done
 [[ -S $run/control.sock ]] || { cat "$run/schedd.log"; exit 1; }
 echo "vgpu-schedd is up (policy none); its device socket: $run/sched.sock"
+url=$("$bin/vgpuctl" --control "$run/control.sock" dashboard)
+echo "live dashboard (open it in a browser while the demo runs): $url"
 
 declare -A vm_pid
 # Boots one VM against the daemon; its job's output goes to $run/NAME.out.
@@ -182,3 +193,7 @@ fi
 [[ -n $bomb ]] && echo "bomb over the whole run: $(field "$bomb" groups) groups"
 awk -v a="${fps1:-0}" -v b="${fps2:-0}" \
     'BEGIN { if (a > 0) printf "TimeGraph gives the game %.1fx the frame rate it had without scheduling\n", b / a }'
+if ((linger_s > 0)); then
+    echo "the dashboard stays up for ${linger_s} s more: $url"
+    sleep "$linger_s"
+fi

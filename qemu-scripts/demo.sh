@@ -72,7 +72,7 @@ sleep 10
 echo "kmscube running for 10 s"'
 echo "the guest's screen, as the vGPU scanned it out: $out/scanout0.png"
 
-step "two guests share the vGPU under vgpu-schedd: policy none, then TimeGraph live (about 2 minutes)"
+step "two guests share the vGPU under vgpu-schedd: policy none, then TimeGraph live (about 2 minutes; it prints the live dashboard's URL)"
 qemu-scripts/demo-sched.sh "${sched_args[@]}"
 
 step "stock CUDA clients in one guest (nvcc-built, OpenMP offload), a GL guest beside it (TCG, about a minute)"

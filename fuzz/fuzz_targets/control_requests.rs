@@ -48,7 +48,7 @@ fuzz_target!(|data: &[u8]| {
                 Request::Create { options, .. } => {
                     drop(options.to_args(Some(Path::new("state/vm"))));
                 }
-                Request::Destroy { .. } => {}
+                Request::Destroy { .. } | Request::Dashboard {} => {}
             }
             daemon.timer(now);
             drop(daemon.drain());

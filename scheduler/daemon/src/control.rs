@@ -11,6 +11,7 @@
 //! | `{"cmd":"focus","vm":"a"}` | `null` |
 //! | `{"cmd":"create","name":"a","socket":"/run/a.sock","args":[...]}` | `Child` |
 //! | `{"cmd":"destroy","name":"a"}` | `{"name": "a", "status": "..."}` |
+//! | `{"cmd":"dashboard"}` | `{"url": "http://ADDR/#token=T", "addr": "ADDR"}` |
 //!
 //! A line that is not valid JSON, names an unknown command or has unknown fields gets an
 //! error answer and the connection stays usable. A line longer than [`MAX_REQUEST_BYTES`]
@@ -102,6 +103,9 @@ pub enum Request {
         /// The VM's name.
         name: String,
     },
+    /// The live dashboard's URL, with the token its requests that change the scheduler need
+    /// (an error when the daemon serves no HTTP).
+    Dashboard {},
 }
 
 impl Request {

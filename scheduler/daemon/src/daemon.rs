@@ -366,18 +366,63 @@ impl Histogram {
 
     /// The `q` quantile (0..=1), as its bucket's lower bound; 0 when empty.
     fn quantile(&self, q: f64) -> u64 {
-        if self.count == 0 {
+        Self::quantile_of(&[self], q)
+    }
+
+    /// The `q` quantile of the latencies of all `parts` together.
+    fn quantile_of(parts: &[&Histogram], q: f64) -> u64 {
+        let count = parts.iter().fold(0u64, |n, h| n.saturating_add(h.count));
+        if count == 0 {
             return 0;
         }
-        let rank = ((self.count as f64) * q).ceil().max(1.0) as u64;
+        let rank = ((count as f64) * q).ceil().max(1.0) as u64;
         let mut seen = 0u64;
-        for (i, &n) in self.buckets.iter().enumerate() {
-            seen = seen.saturating_add(n);
+        for i in 0..HIST_BUCKETS {
+            for h in parts {
+                seen = seen.saturating_add(h.buckets.get(i).copied().unwrap_or(0));
+            }
             if seen >= rank {
                 return Self::lower(i);
             }
         }
         Self::lower(HIST_BUCKETS - 1)
+    }
+}
+
+/// Latencies of the recent past: the window being filled and the one before it, each
+/// [`STATS_WINDOW_SNAPSHOTS`] snapshots long, so quantiles cover the last 5 to 10 s.
+#[derive(Debug, Clone)]
+struct RecentLatency {
+    current: Histogram,
+    previous: Histogram,
+    /// Snapshots since `current` started.
+    age: usize,
+}
+
+impl RecentLatency {
+    fn new() -> Self {
+        RecentLatency {
+            current: Histogram::new(),
+            previous: Histogram::new(),
+            age: 0,
+        }
+    }
+
+    fn record(&mut self, us: u64) {
+        self.current.record(us);
+    }
+
+    /// One statistics snapshot went by; a full window becomes the previous one.
+    fn tick(&mut self) {
+        self.age = self.age.saturating_add(1);
+        if self.age >= STATS_WINDOW_SNAPSHOTS {
+            self.previous = std::mem::replace(&mut self.current, Histogram::new());
+            self.age = 0;
+        }
+    }
+
+    fn quantile(&self, q: f64) -> u64 {
+        Histogram::quantile_of(&[&self.current, &self.previous], q)
     }
 }
 
@@ -393,6 +438,16 @@ struct Attached {
     groups: BTreeMap<GroupId, Group>,
     snapshots: VecDeque<Snapshot>,
     latency: Histogram,
+    recent: RecentLatency,
+}
+
+impl Attached {
+    /// A group's submit-to-finish latency, in ns.
+    fn record_latency(&mut self, ns: Nanos) {
+        let us = ns / vgpu_scheduler::model::NS_PER_US;
+        self.latency.record(us);
+        self.recent.record(us);
+    }
 }
 
 /// One device connection.
@@ -450,6 +505,11 @@ pub struct VmStats {
     pub latency_p50_us: u64,
     /// 99th percentile submit-to-finish latency since it connected, µs (bucket lower bound).
     pub latency_p99_us: u64,
+    /// Median submit-to-finish latency of the groups completed in the last 5 to 10 s, µs
+    /// (bucket lower bound; 0 when none completed).
+    pub recent_latency_p50_us: u64,
+    /// 99th percentile of the same, µs.
+    pub recent_latency_p99_us: u64,
     /// Groups submitted since it connected (asked for a grant).
     pub submitted: u64,
     /// Groups dispatched since it connected (granted or leased).
@@ -802,6 +862,7 @@ impl Daemon {
                 groups: BTreeMap::new(),
                 snapshots: VecDeque::from([start]),
                 latency: Histogram::new(),
+                recent: RecentLatency::new(),
             });
         }
         self.by_vgpu.insert(vgpu, conn);
@@ -977,8 +1038,7 @@ impl Daemon {
         let Some(vm) = self.attached(conn) else {
             return Ok(());
         };
-        vm.latency
-            .record(finish.saturating_sub(g.submitted) / vgpu_scheduler::model::NS_PER_US);
+        vm.record_latency(finish.saturating_sub(g.submitted));
         self.feed(
             now,
             Event::Completed {
@@ -1199,9 +1259,7 @@ impl Daemon {
                 .and_then(|vm| vm.groups.remove(&job.group).map(|g| (vm, g)));
             match live {
                 Some((vm, g)) => {
-                    vm.latency.record(
-                        finish.saturating_sub(g.submitted) / vgpu_scheduler::model::NS_PER_US,
-                    );
+                    vm.record_latency(finish.saturating_sub(g.submitted));
                     let group = job.group;
                     self.out.messages.push((
                         conn,
@@ -1246,6 +1304,7 @@ impl Daemon {
             while vm.snapshots.len() > STATS_WINDOW_SNAPSHOTS {
                 vm.snapshots.pop_front();
             }
+            vm.recent.tick();
         }
     }
 
@@ -1343,6 +1402,8 @@ impl Daemon {
                 in_flight: s.in_flight(),
                 latency_p50_us: vm.latency.quantile(0.5),
                 latency_p99_us: vm.latency.quantile(0.99),
+                recent_latency_p50_us: vm.recent.quantile(0.5),
+                recent_latency_p99_us: vm.recent.quantile(0.99),
                 submitted: a.submitted,
                 dispatched: a.dispatched,
                 completed: a.completed,
@@ -1438,6 +1499,8 @@ fn idle_stats(name: &str) -> VmStats {
         in_flight: 0,
         latency_p50_us: 0,
         latency_p99_us: 0,
+        recent_latency_p50_us: 0,
+        recent_latency_p99_us: 0,
         submitted: 0,
         dispatched: 0,
         completed: 0,
@@ -1473,6 +1536,31 @@ mod tests {
         let p50 = h.quantile(0.5);
         assert!((440..=500).contains(&p50), "{p50}");
         assert!(h.quantile(1.0) >= 1 << 63);
+    }
+
+    #[test]
+    fn recent_latency_forgets_windows_older_than_two() {
+        let mut r = RecentLatency::new();
+        assert_eq!(r.quantile(0.5), 0);
+        for _ in 0..100 {
+            r.record(5000);
+        }
+        // Still counted while its window is the current or the previous one.
+        for _ in 0..STATS_WINDOW_SNAPSHOTS {
+            r.tick();
+        }
+        r.record(10);
+        assert!(r.quantile(0.5) >= 4096, "{}", r.quantile(0.5));
+        assert_eq!(r.quantile(0.001), 10);
+        // Two windows later only the recent group is left.
+        for _ in 0..STATS_WINDOW_SNAPSHOTS {
+            r.tick();
+        }
+        assert_eq!((r.quantile(0.5), r.quantile(0.99)), (10, 10));
+        for _ in 0..STATS_WINDOW_SNAPSHOTS {
+            r.tick();
+        }
+        assert_eq!(r.quantile(0.99), 0);
     }
 
     #[test]

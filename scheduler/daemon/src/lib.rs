@@ -10,6 +10,8 @@ pub mod busy_poll;
 pub mod cgroup;
 pub mod control;
 pub mod daemon;
+pub mod dashboard;
+pub mod http;
 pub mod metrics;
 pub mod proto;
 #[allow(unsafe_code)]

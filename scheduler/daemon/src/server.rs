@@ -3,10 +3,14 @@
 //!
 //! It watches the device listener (`SOCK_SEQPACKET`) and every device connection, the control
 //! listener (JSON lines, [`crate::control`]) and its clients, an optional loopback-only HTTP
-//! listener serving Prometheus text at `GET /metrics`, the scheduler timer (a timerfd armed at
+//! listener ([`crate::http`]: Prometheus text at `GET /metrics`, the live dashboard of
+//! [`crate::dashboard`] with its JSON snapshot and Server-Sent Events stream, and the
+//! dashboard's requests that change the scheduler), the scheduler timer (a timerfd armed at
 //! [`Daemon::next_deadline`] after every event), a periodic tick (every [`TICK`]: cgroup CPU
 //! samples of each VM whose QEMU pid is known, children started or stopped by `create` and
-//! `destroy`, idle HTTP clients) and a stop pipe (written by the binary's signal handlers).
+//! `destroy`, idle HTTP clients, a dashboard snapshot every
+//! [`crate::dashboard::PUBLISH_PERIOD`] to every event stream) and a stop pipe (written by the
+//! binary's signal handlers).
 //!
 //! With CPU weight write-back on, the first write to a VM's cgroup saves the weight file's
 //! value (its launcher's setting); it is put back when the VM's device disconnects (or a new
@@ -15,7 +19,10 @@
 //!
 //! Every peer is untrusted: a device that sends what the core refuses is refused and dropped,
 //! a device that does not read its messages (its socket queue stays full) is dropped, control
-//! and HTTP clients are bounded in number, request size and buffered output.
+//! and HTTP clients are bounded in number, request size and buffered output, and so are event
+//! streams (a stream that does not read is closed). The HTTP requests that change the
+//! scheduler need the listener's random token, which only the control socket's `dashboard`
+//! request gives out, and go through the same code as the control requests.
 //!
 //! The control socket is created with mode 0600 (0660 and the control group as its group
 //! with [`ServerConfig::control_group`]) whatever the umask: the mode is set through the umask
@@ -54,6 +61,11 @@ use crate::busy_poll::{self, BusyPoll};
 use crate::cgroup::{CgroupError, CgroupFs, CpuProbe, Hierarchy, RawWeight, VmCgroup};
 use crate::control::{ChildInfo, ControlAccess, LineBuffer, Request, Response, ServerOptions};
 use crate::daemon::{ConnId, Daemon, DaemonConfig, DaemonError, Peer};
+use crate::dashboard::{
+    self, Dashboard, FocusBody, MAX_EVENT_STREAM_BYTES, MAX_EVENT_STREAMS, PUBLISH_PERIOD,
+    ParamsBody,
+};
+use crate::http::{self, HttpError, HttpRequest, Received, Route};
 use crate::metrics::{self, render_metrics};
 use crate::proto::{MAX_MESSAGE_BYTES, VmName};
 use crate::seqpacket::{self, SeqError, SeqListener, SeqStream, monotonic_ns};
@@ -65,7 +77,8 @@ pub const MAX_ACCEPTS_PER_WAKE: usize = 64;
 /// Most packets read from one device per wake-up (the fd is level-triggered: the rest wakes
 /// the loop again after the others had their turn).
 pub const MAX_PACKETS_PER_WAKE: usize = 64;
-/// Most bytes read from one control or HTTP client per wake-up.
+/// Most bytes read from one control or HTTP client per wake-up (an HTTP request is read to
+/// its end in one wake-up when it is all there: it is far smaller).
 pub const MAX_READ_PER_WAKE: usize = 256 * 1024;
 /// Most request lines of one control client handled per turn. A client with more waiting is
 /// served again after every other ready source has had its turn (round-robin through a wake-up
@@ -74,15 +87,16 @@ pub const MAX_READ_PER_WAKE: usize = 256 * 1024;
 pub const MAX_REQUESTS_PER_WAKE: usize = 16;
 /// Most control clients at once; more are closed on accept.
 pub const MAX_CONTROL_CLIENTS: usize = 64;
-/// Most HTTP clients at once. A new one past it closes the oldest client still sending its
-/// request (else the oldest), so idle connections can never lock a scraper out.
+/// Most HTTP clients at once, event streams apart ([`MAX_EVENT_STREAMS`]). A new one past it
+/// closes the oldest client still sending its request (else the oldest), so idle connections
+/// can never lock a scraper out.
 pub const MAX_HTTP_CLIENTS: usize = 16;
-/// Largest HTTP request head; a scraper's GET is far smaller.
-pub const MAX_HTTP_REQUEST_BYTES: usize = 8 * 1024;
-/// How long an HTTP client may take to send its request head: a scraper sends it with the
-/// connection, so this only bounds how long a silent or trickling one holds a slot.
+/// How long an HTTP client may take to send its request (head and body): a scraper or a
+/// browser sends it with the connection, so this only bounds how long a silent or trickling
+/// one holds a slot.
 pub const HTTP_HEAD_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long an HTTP client may take to send its request and read the answer.
+/// How long an HTTP client may take to send its request and read the answer (event streams
+/// have no end: they are bounded by their buffered output instead).
 pub const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Most answer bytes buffered for a client that does not read them; past it the client is
 /// closed.
@@ -138,8 +152,8 @@ pub enum ServerError {
     /// The configuration is refused by the core.
     #[error(transparent)]
     Daemon(#[from] DaemonError),
-    /// The metrics address is not a loopback address.
-    #[error("metrics address {0} is not loopback")]
+    /// The HTTP listener's address is not a loopback address.
+    #[error("HTTP address {0} is not loopback")]
     MetricsNotLoopback(SocketAddr),
     /// The event loop failed.
     #[error("event loop: {0}")]
@@ -163,7 +177,8 @@ pub struct ServerConfig {
     /// The daemon's own directory (made 0700 when first needed): `dump/VM/` holds the scanout
     /// dumps of the device processes it creates with `--dump`.
     pub state_dir: PathBuf,
-    /// The loopback address of the metrics HTTP listener, if any.
+    /// The loopback address of the HTTP listener (metrics and dashboard), if any; port 0
+    /// picks a free one ([`Server::metrics_addr`]).
     pub metrics: Option<SocketAddr>,
     /// The core's configuration.
     pub daemon: DaemonConfig,
@@ -240,18 +255,17 @@ impl Server {
             }
         }
         let control = bind_control(&config.control, config.control_group)?;
-        let metrics = match config.metrics {
+        let (metrics, http_access) = match config.metrics {
             Some(addr) => {
-                let l = TcpListener::bind(addr).map_err(io_err("metrics listener"))?;
-                l.set_nonblocking(true)
-                    .map_err(io_err("metrics listener"))?;
-                info!(
-                    "metrics at http://{}/metrics",
-                    l.local_addr().unwrap_or(addr)
-                );
-                Some(l)
+                let l = TcpListener::bind(addr).map_err(io_err("HTTP listener"))?;
+                l.set_nonblocking(true).map_err(io_err("HTTP listener"))?;
+                let bound = l.local_addr().map_err(io_err("HTTP listener"))?;
+                // The token stays out of the log: `vgpuctl dashboard` gives the whole URL.
+                info!("metrics at http://{bound}/metrics, dashboard at http://{bound}/");
+                let access = http::Access::new(bound).map_err(io_err("dashboard token"))?;
+                (Some(l), Some(access))
             }
-            None => None,
+            None => (None, None),
         };
         let (stop_reader, stop_writer) = UnixStream::pair().map_err(io_err("stop pipe"))?;
         stop_reader
@@ -282,6 +296,9 @@ impl Server {
             devices,
             control,
             metrics,
+            http_access,
+            dashboard: Dashboard::new(monotonic_ns()),
+            next_publish: Instant::now(),
             timer,
             tick,
             stop: stop_reader,
@@ -347,8 +364,11 @@ impl Server {
 struct Client<S> {
     stream: S,
     lines: LineBuffer,
+    /// An HTTP client's request as received so far ([`http::receive`]).
     head: Vec<u8>,
     out: Vec<u8>,
+    /// Most bytes `out` may hold; past it the client is closed.
+    max_out: usize,
     /// Close once `out` is sent.
     closing: bool,
     /// Its input has ended.
@@ -375,6 +395,7 @@ impl<S: Write + AsRawFd> Client<S> {
             lines: LineBuffer::default(),
             head: Vec::new(),
             out: Vec::new(),
+            max_out: MAX_CLIENT_OUTPUT_BYTES,
             closing: false,
             eof: false,
             interest: EventSet::IN,
@@ -399,7 +420,7 @@ impl<S: Write + AsRawFd> Client<S> {
     fn flush(&mut self) -> Flushed {
         let result = write_some(&mut self.stream, &mut self.out);
         let done = self.out.is_empty();
-        if result.is_err() || (done && self.closing) || self.out.len() > MAX_CLIENT_OUTPUT_BYTES {
+        if result.is_err() || (done && self.closing) || self.out.len() > self.max_out {
             return Flushed::Close;
         }
         let want = self.wanted();
@@ -413,9 +434,14 @@ impl<S: Write + AsRawFd> Client<S> {
 
 #[derive(Debug)]
 enum Source {
-    Device { conn: ConnId, stream: SeqStream },
+    Device {
+        conn: ConnId,
+        stream: SeqStream,
+    },
     Control(Client<UnixStream>),
     Http(Client<TcpStream>),
+    /// A dashboard's event stream (`GET /events`): no timeout, bounded output.
+    Events(Client<TcpStream>),
 }
 
 /// A cgroup probe of one VM's QEMU.
@@ -536,6 +562,12 @@ struct Loop {
     devices: SeqListener,
     control: UnixListener,
     metrics: Option<TcpListener>,
+    /// The HTTP listener's address and token, with the listener.
+    http_access: Option<http::Access>,
+    /// The dashboard's history and the counters of its last snapshot.
+    dashboard: Dashboard,
+    /// When the next dashboard snapshot is due.
+    next_publish: Instant,
     timer: TimerFd,
     tick: TimerFd,
     stop: UnixStream,
@@ -658,7 +690,7 @@ impl Loop {
         let fd = match &source {
             Source::Device { stream, .. } => stream.as_raw_fd(),
             Source::Control(c) => c.stream.as_raw_fd(),
-            Source::Http(c) => c.stream.as_raw_fd(),
+            Source::Http(c) | Source::Events(c) => c.stream.as_raw_fd(),
         };
         let _ = ops.remove(Events::empty_raw(fd));
         if let Source::Device { conn, .. } = source {
@@ -957,6 +989,7 @@ impl Loop {
             Some(Source::Device { .. }) => self.serve_device(token, ops),
             Some(Source::Control(_)) => self.serve_control(now, token, ops),
             Some(Source::Http(_)) => self.serve_http(now, token, ops),
+            Some(Source::Events(_)) => self.serve_events(now, token, ops),
             None => debug!("event for closed source {token}"),
         }
     }
@@ -1070,26 +1103,47 @@ impl Loop {
             return;
         };
         let mut eof = false;
+        let mut stream = false;
         if !client.closing {
-            // What does not fit the head is read (so the close after the 431 is no reset)
-            // but not kept.
-            let mut state = HttpHead::Incomplete;
+            // What does not fit the limits is read (so the close after the refusal is no
+            // reset) but not kept.
+            let mut state = Received::Incomplete;
             let head = &mut client.head;
-            let r = Self::read_client(&mut client.stream, &mut |b| state = http_head(head, b));
-            match state {
-                HttpHead::Complete(route) => {
-                    client.out = self.http_answer(now, route);
-                    client.closing = true;
+            let r = Self::read_client(&mut client.stream, &mut |b| {
+                if state == Received::Incomplete {
+                    state = http::receive(head, b);
                 }
-                HttpHead::TooLarge => {
-                    client.out =
-                        http_response("431 Request Header Fields Too Large", "text/plain", "");
-                    client.closing = true;
+            });
+            let answer = match state {
+                Received::Complete(req) => Some(self.http_answer(now, &req, ops)),
+                Received::Refused(e) => Some(Err(e)),
+                Received::Incomplete => {
+                    eof = r.unwrap_or(true);
+                    None
                 }
-                HttpHead::Incomplete => eof = r.unwrap_or(true),
+            };
+            client.closing = answer.is_some();
+            match answer {
+                Some(Ok(HttpAnswer::Whole(out))) => client.out = out,
+                Some(Ok(HttpAnswer::Stream(out))) => {
+                    client.out = out;
+                    client.closing = false;
+                    stream = true;
+                }
+                Some(Err(e)) => {
+                    debug!("HTTP client {token} refused: {e}");
+                    client.out = e.answer();
+                }
+                None => {}
             }
         }
-        self.sources.insert(token, Source::Http(client));
+        if stream {
+            client.max_out = MAX_EVENT_STREAM_BYTES;
+            client.head = Vec::new();
+            self.sources.insert(token, Source::Events(client));
+        } else {
+            self.sources.insert(token, Source::Http(client));
+        }
         if eof {
             self.close(now, token, ops);
         } else {
@@ -1097,22 +1151,168 @@ impl Loop {
         }
     }
 
-    fn http_answer(&self, now: u64, route: HttpRoute) -> Vec<u8> {
-        match route {
-            HttpRoute::BadRequest => {
-                http_response("400 Bad Request", "text/plain", "bad request\n")
-            }
-            HttpRoute::Metrics => http_response(
+    /// An event stream's client: what it sends is read and dropped; its end closes it.
+    fn serve_events(&mut self, now: u64, token: u32, ops: &mut EventOps) {
+        let Some(Source::Events(client)) = self.sources.get_mut(&token) else {
+            return;
+        };
+        if !client.eof {
+            let r = Self::read_client(&mut client.stream, &mut |_| {});
+            client.eof = r.unwrap_or(true);
+        }
+        if client.eof {
+            self.close(now, token, ops);
+        } else {
+            self.flush(now, token, ops);
+        }
+    }
+
+    /// The dashboard snapshot now, as JSON.
+    fn snapshot_json(&self, now: u64) -> String {
+        let snapshot = self.dashboard.snapshot(
+            &self.daemon.stats(now),
+            &self.daemon.list(),
+            self.daemon.policy(),
+        );
+        serde_json::to_string(&snapshot).unwrap_or_else(|_| "null".to_owned())
+    }
+
+    /// The answer to a whole HTTP request, after the listener's access checks.
+    fn http_answer(
+        &mut self,
+        now: u64,
+        req: &HttpRequest,
+        ops: &mut EventOps,
+    ) -> Result<HttpAnswer, HttpError> {
+        let Some(access) = &self.http_access else {
+            return Err(HttpError::NotFound);
+        };
+        let route = access.check(req)?;
+        let whole = |content_type: &str, body: &[u8]| {
+            Ok(HttpAnswer::Whole(http::response(
                 "200 OK",
+                content_type,
+                body,
+            )))
+        };
+        let json = "application/json";
+        match route {
+            Route::Page => whole("text/html; charset=utf-8", dashboard::PAGE.as_bytes()),
+            Route::Script => whole(
+                "text/javascript; charset=utf-8",
+                dashboard::SCRIPT.as_bytes(),
+            ),
+            Route::Style => whole("text/css; charset=utf-8", dashboard::STYLE.as_bytes()),
+            Route::Metrics => whole(
                 metrics::CONTENT_TYPE,
-                &render_metrics(&self.daemon.stats(now)),
+                render_metrics(&self.daemon.stats(now)).as_bytes(),
             ),
-            HttpRoute::NotFound => http_response("404 Not Found", "text/plain", "not found\n"),
-            HttpRoute::MethodNotAllowed => http_response(
-                "405 Method Not Allowed",
-                "text/plain",
-                "method not allowed\n",
-            ),
+            Route::State => whole(json, self.snapshot_json(now).as_bytes()),
+            Route::Policies => {
+                let choices = serde_json::to_string(&dashboard::policy_choices())
+                    .unwrap_or_else(|_| "[]".to_owned());
+                whole(json, choices.as_bytes())
+            }
+            Route::Events => {
+                let streams = self
+                    .sources
+                    .values()
+                    .filter(|s| matches!(s, Source::Events(_)))
+                    .count();
+                if streams >= MAX_EVENT_STREAMS {
+                    return Err(HttpError::Busy(format!(
+                        "too many event streams (at most {MAX_EVENT_STREAMS})"
+                    )));
+                }
+                let mut out = http::event_stream_head();
+                http::push_event(&mut out, "history", &self.dashboard.history_json());
+                http::push_event(&mut out, "snapshot", &self.snapshot_json(now));
+                Ok(HttpAnswer::Stream(out))
+            }
+            Route::SetPolicy | Route::SetParams | Route::Focus => {
+                let change = match route {
+                    Route::SetPolicy => Change::Policy(dashboard::parse_body(&req.body)?),
+                    Route::SetParams => {
+                        let body: ParamsBody = dashboard::parse_body(&req.body)?;
+                        // The page changes the VMs it lists; it never adds one.
+                        if !self.daemon.list().iter().any(|v| v.name == body.vm) {
+                            return Err(HttpError::UnknownVm(body.vm));
+                        }
+                        Change::Params(body.vm, body.params)
+                    }
+                    _ => Change::Focus(dashboard::parse_body::<FocusBody>(&req.body)?.vm),
+                };
+                info!("dashboard: {change:?}");
+                match self.change(now, change, ops) {
+                    Ok(_) => whole(json, json!({"ok": true}).to_string().as_bytes()),
+                    Err(DaemonError::UnknownVm(vm)) => Err(HttpError::UnknownVm(vm)),
+                    Err(e) => Err(HttpError::Refused(e.to_string())),
+                }
+            }
+        }
+    }
+
+    /// Every [`PUBLISH_PERIOD`] with an HTTP listener: a dashboard snapshot into the history
+    /// and to every event stream (a stream past its output limit is closed).
+    fn publish(&mut self, now: u64, ops: &mut EventOps) {
+        if self.http_access.is_none() || Instant::now() < self.next_publish {
+            return;
+        }
+        self.next_publish = Instant::now() + PUBLISH_PERIOD;
+        let snapshot = self.dashboard.publish(
+            &self.daemon.stats(now),
+            &self.daemon.list(),
+            self.daemon.policy(),
+        );
+        let mut event = Vec::new();
+        http::push_event(&mut event, "snapshot", &snapshot);
+        let streams: Vec<u32> = self
+            .sources
+            .iter()
+            .filter(|(_, s)| matches!(s, Source::Events(_)))
+            .map(|(&t, _)| t)
+            .collect();
+        for token in streams {
+            if let Some(Source::Events(c)) = self.sources.get_mut(&token) {
+                c.out.extend_from_slice(&event);
+            }
+            self.flush(now, token, ops);
+        }
+    }
+
+    /// A change of the scheduler, from a control request or from the dashboard: one code
+    /// path for both. Returns the control request's result.
+    fn change(
+        &mut self,
+        now: u64,
+        change: Change,
+        ops: &mut EventOps,
+    ) -> Result<serde_json::Value, DaemonError> {
+        let result = match change {
+            Change::Policy(policy) => self
+                .daemon
+                .set_policy(now, policy)
+                .map(|()| json!({"policy": self.daemon.stats(now).policy})),
+            Change::Params(vm, params) => self
+                .daemon
+                .set_params(now, &vm, &params)
+                .map(|p| serde_json::to_value(p).unwrap_or_default()),
+            Change::Focus(vm) => self
+                .daemon
+                .focus(now, &vm)
+                .map(|()| serde_json::Value::Null),
+        };
+        self.carry_out(now, ops);
+        result
+    }
+
+    /// What the `dashboard` control request answers: the dashboard's URL with the token.
+    fn dashboard_info(&self) -> Result<serde_json::Value, String> {
+        match &self.http_access {
+            Some(a) => Ok(json!({"url": a.url(), "addr": a.addr.to_string()})),
+            None => Err("the HTTP listener is off: start vgpu-schedd with --http \
+                         127.0.0.1:PORT to serve the dashboard"
+                .to_owned()),
         }
     }
 
@@ -1121,7 +1321,7 @@ impl Loop {
     fn flush(&mut self, now: u64, token: u32, ops: &mut EventOps) {
         let flushed = match self.sources.get_mut(&token) {
             Some(Source::Control(c)) => c.flush(),
-            Some(Source::Http(c)) => c.flush(),
+            Some(Source::Http(c)) | Some(Source::Events(c)) => c.flush(),
             Some(Source::Device { .. }) | None => return,
         };
         match flushed {
@@ -1163,20 +1363,15 @@ impl Loop {
                 serde_json::to_value(self.daemon.stats(now)).map_err(|e| e.to_string())
             }
             Request::SetPolicy { policy } => self
-                .daemon
-                .set_policy(now, policy)
-                .map(|()| json!({"policy": self.daemon.stats(now).policy}))
+                .change(now, Change::Policy(policy), ops)
                 .map_err(|e| e.to_string()),
             Request::SetParams { vm, params } => self
-                .daemon
-                .set_params(now, &vm, &params)
-                .map_err(|e| e.to_string())
-                .and_then(|p| serde_json::to_value(p).map_err(|e| e.to_string())),
-            Request::Focus { vm } => self
-                .daemon
-                .focus(now, &vm)
-                .map(|()| serde_json::Value::Null)
+                .change(now, Change::Params(vm, params), ops)
                 .map_err(|e| e.to_string()),
+            Request::Focus { vm } => self
+                .change(now, Change::Focus(vm), ops)
+                .map_err(|e| e.to_string()),
+            Request::Dashboard {} => self.dashboard_info(),
             Request::Create {
                 name,
                 socket,
@@ -1358,6 +1553,7 @@ impl Loop {
         self.sample_cpu(now);
         self.carry_out(now, ops);
         self.check_children(now, ops);
+        self.publish(now, ops);
         let stale: Vec<u32> = self
             .sources
             .iter()
@@ -1690,74 +1886,23 @@ fn http_expired(c: &Client<TcpStream>) -> bool {
     age > HTTP_TIMEOUT || (!c.closing && age > HTTP_HEAD_TIMEOUT)
 }
 
-/// Where a metrics request goes, by its request line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HttpRoute {
-    /// `GET /metrics`.
-    Metrics,
-    /// `GET` of anything else.
-    NotFound,
-    /// Another method.
-    MethodNotAllowed,
-    /// Not an HTTP/1.x request line.
-    BadRequest,
+/// What an HTTP request gets.
+enum HttpAnswer {
+    /// A whole answer, then the connection closes.
+    Whole(Vec<u8>),
+    /// The start of an event stream: the connection stays.
+    Stream(Vec<u8>),
 }
 
-/// What a metrics connection's received bytes hold so far.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HttpHead {
-    /// No end of head yet, and room for more.
-    Incomplete,
-    /// [`MAX_HTTP_REQUEST_BYTES`] received without an end of head.
-    TooLarge,
-    /// The head ended; where it goes.
-    Complete(HttpRoute),
-}
-
-/// Appends `received` to a metrics connection's `head` (keeping at most
-/// [`MAX_HTTP_REQUEST_BYTES`]; the rest is dropped) and says what the head holds now. Pure, so
-/// that it can be fuzzed on its own (fuzz target `http_head`).
-pub fn http_head(head: &mut Vec<u8>, received: &[u8]) -> HttpHead {
-    let room = MAX_HTTP_REQUEST_BYTES.saturating_sub(head.len());
-    let kept = received.get(..room).unwrap_or(received);
-    head.extend_from_slice(kept);
-    let end = find(head, b"\r\n\r\n").or_else(|| find(head, b"\n\n"));
-    match end {
-        Some(end) => HttpHead::Complete(http_route(head.get(..end).unwrap_or_default())),
-        None if kept.len() < received.len() || head.len() >= MAX_HTTP_REQUEST_BYTES => {
-            HttpHead::TooLarge
-        }
-        None => HttpHead::Incomplete,
-    }
-}
-
-/// Routes a request head by its first line.
-fn http_route(head: &[u8]) -> HttpRoute {
-    let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
-    let line = String::from_utf8_lossy(line);
-    let mut parts = line.split_whitespace();
-    let (method, target, version) = (parts.next(), parts.next(), parts.next());
-    if !version.is_some_and(|v| v.starts_with("HTTP/1.")) {
-        return HttpRoute::BadRequest;
-    }
-    match (method, target) {
-        (Some("GET"), Some("/metrics")) => HttpRoute::Metrics,
-        (Some("GET"), _) => HttpRoute::NotFound,
-        _ => HttpRoute::MethodNotAllowed,
-    }
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
-}
-
-fn http_response(status: &str, content_type: &str, body: &str) -> Vec<u8> {
-    format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\
-         Connection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .into_bytes()
+/// A change of the scheduler ([`Loop::change`]).
+#[derive(Debug)]
+enum Change {
+    /// Install a policy.
+    Policy(vgpu_scheduler::PolicyConfig),
+    /// Change a VM's parameters.
+    Params(String, vgpu_scheduler::sim::ParamsOverride),
+    /// Focus a VM.
+    Focus(String),
 }
 
 #[cfg(test)]
@@ -1870,34 +2015,5 @@ mod tests {
         write_some(&mut sink, &mut out).unwrap();
         assert!(out.is_empty());
         assert_eq!(sink, b"hello");
-    }
-
-    #[test]
-    fn http_heads_found_and_answered() {
-        assert_eq!(find(b"GET / HTTP/1.1\r\n\r\n", b"\r\n\r\n"), Some(14));
-        assert_eq!(find(b"GET", b"\r\n\r\n"), None);
-        let mut head = Vec::new();
-        assert_eq!(
-            http_head(&mut head, b"GET /metrics HTTP/1.1\r\n"),
-            HttpHead::Incomplete
-        );
-        assert_eq!(
-            http_head(&mut head, b"\r\n"),
-            HttpHead::Complete(HttpRoute::Metrics)
-        );
-        assert_eq!(
-            http_head(&mut Vec::new(), b"POST / HTTP/1.0\n\n"),
-            HttpHead::Complete(HttpRoute::MethodNotAllowed)
-        );
-        assert_eq!(
-            http_head(&mut Vec::new(), b"GET /\n\n"),
-            HttpHead::Complete(HttpRoute::BadRequest)
-        );
-        let mut head = vec![b'x'; MAX_HTTP_REQUEST_BYTES - 1];
-        assert_eq!(http_head(&mut head, b"yy"), HttpHead::TooLarge);
-        assert_eq!(head.len(), MAX_HTTP_REQUEST_BYTES);
-        let r = String::from_utf8(http_response("200 OK", "text/plain", "x\n")).unwrap();
-        assert!(r.starts_with("HTTP/1.1 200 OK\r\n") && r.contains("Content-Length: 2\r\n"));
-        assert!(r.ends_with("\r\n\r\nx\n"));
     }
 }

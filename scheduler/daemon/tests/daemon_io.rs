@@ -787,16 +787,21 @@ fn metrics_over_http() {
     dev.expect_grant(1);
     dev.complete(1);
     wait_until("completion", || d.vm_stats("m1")["completed"] == 1);
-    let answer = http(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    let request = |line: &str| format!("{line}\r\nHost: {addr}\r\n\r\n");
+    let answer = http(port, request("GET /metrics HTTP/1.1").as_bytes());
     assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
     assert!(answer.contains("vm=\"m1\""), "{answer}");
-    assert!(http(port, b"GET /other HTTP/1.0\r\n\r\n").starts_with("HTTP/1.1 404"));
-    assert!(http(port, b"POST /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 405"));
+    let answer = |line: &str| http(port, request(line).as_bytes());
+    assert!(answer("GET /other HTTP/1.0").starts_with("HTTP/1.1 404"));
+    assert!(answer("POST /metrics HTTP/1.1").starts_with("HTTP/1.1 405"));
     assert!(http(port, b"hello\r\n\r\n").starts_with("HTTP/1.1 400"));
     assert!(http(port, &vec![b'G'; 20_000]).starts_with("HTTP/1.1 431"));
+    // Only with a Host naming the listener (DNS rebinding).
+    assert!(http(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").starts_with("HTTP/1.1 403"));
+    assert!(http(port, b"GET /metrics HTTP/1.0\r\n\r\n").starts_with("HTTP/1.1 403"));
     // A silent client does not block the others.
     let _silent = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    assert!(http(port, b"GET /metrics HTTP/1.1\r\n\r\n").contains("vm=\"m1\""));
+    assert!(answer("GET /metrics HTTP/1.1").contains("vm=\"m1\""));
 }
 
 #[test]
@@ -853,7 +858,8 @@ fn idle_metrics_connections_never_lock_out_a_scraper() {
     let idle: Vec<TcpStream> = (0..MAX_HTTP_CLIENTS + 4)
         .map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap())
         .collect();
-    let answer = http(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    let scrape = format!("GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n");
+    let answer = http(port, scrape.as_bytes());
     assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer:?}");
     assert!(answer.contains("vm=\"m1\""), "{answer}");
     drop(idle);
@@ -875,7 +881,7 @@ fn idle_metrics_connections_never_lock_out_a_scraper() {
         "{:?}",
         start.elapsed()
     );
-    assert!(http(port, b"GET /metrics HTTP/1.0\r\n\r\n").starts_with("HTTP/1.1 200"));
+    assert!(http(port, scrape.as_bytes()).starts_with("HTTP/1.1 200"));
 }
 
 #[test]
