@@ -72,8 +72,13 @@ while (($#)); do
     *) echo "install.sh: unknown argument $arg" >&2; usage >&2; exit 2 ;;
     esac
 done
+# These paths are written into the units (ExecStart, EnvironmentFile): plain absolute paths
+# only, nothing systemd or the rewriting below would read specially.
 for dir in "$prefix" "$sysconfdir" ${unit_dir:+"$unit_dir"}; do
-    [[ $dir == /* ]] || { echo "install.sh: $dir is not an absolute path" >&2; exit 2; }
+    [[ $dir == /* && $dir =~ ^[A-Za-z0-9/._+-]+$ ]] || {
+        echo "install.sh: $dir: want an absolute path of letters, digits and / . _ + -" >&2
+        exit 2
+    }
 done
 if [[ -n $destdir ]]; then
     [[ $destdir == /* ]] || destdir=$PWD/$destdir
