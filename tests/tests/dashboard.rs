@@ -12,7 +12,7 @@
 //! drawn and changes over time; fair queuing chosen in the policy selector and a VM's weight
 //! and priority set through its row's inputs and apply button reach the daemon (checked with
 //! the control socket's `list`), and the table then shows that VM's share pulling away from
-//! the other's; a POST from the page without the token, or with a wrong one, is
+//! the other's; a VM's focus button is accepted; a POST from the page without the token, or with a wrong one, is
 //! refused with 403 and changes nothing. A screenshot is saved to
 //! `<target>/vgpu-dashboard/dashboard.png` and inspected: its size, that it is not uniform,
 //! and that the GPU share chart's region holds pixels of both VMs' series colours (read from
@@ -316,6 +316,13 @@ fn dashboard_in_chromium_while_two_vms_run() {
     )
     .expect("a's share exceeds b's in the table");
     let split = Instant::now();
+    // Focus: the daemon accepts it for a connected VM (what it changes is the policy's
+    // business: TimeGraph's wildcard spec lines only).
+    let answer = post_through_page(
+        &page,
+        &format!("{}.querySelector('[data-action=focus]').click()", row("b")),
+    );
+    assert_eq!(answer, "ok", "focusing b through the page");
 
     // Without the token, or with a wrong one, a POST from the page is refused.
     for headers in ["{}", "{'X-Vgpu-Token': 'not-the-token'}"] {
