@@ -189,6 +189,18 @@ const VM_FAMILIES: &[VmFamily] = &[
         value: |s| Some(Value::Real(s.latency_p99_us as f64 / US)),
     },
     VmFamily {
+        name: "vgpu_group_recent_latency_p50_seconds",
+        help: "Median submit-to-finish latency of the VM's groups completed in the last 5 to 10 s (histogram bucket lower bound; 0 when none completed), in seconds.",
+        kind: MetricType::Gauge,
+        value: |s| Some(Value::Real(s.recent_latency_p50_us as f64 / US)),
+    },
+    VmFamily {
+        name: "vgpu_group_recent_latency_p99_seconds",
+        help: "99th percentile submit-to-finish latency of the VM's groups completed in the last 5 to 10 s (histogram bucket lower bound; 0 when none completed), in seconds.",
+        kind: MetricType::Gauge,
+        value: |s| Some(Value::Real(s.recent_latency_p99_us as f64 / US)),
+    },
+    VmFamily {
         name: "vgpu_budget_remaining_seconds",
         help: "GPU time the VM may still use under the policy (negative after an overrun); only for VMs the policy budgets.",
         kind: MetricType::Gauge,

@@ -681,6 +681,13 @@ fn stats_rates_and_prometheus_rendering() {
         sample(&text, "vgpu_group_latency_p99_seconds", "vm=\"vm\""),
         Some(p50)
     );
+    // The groups of the last 5 to 10 s: all of them here, so the same 87.5 to 100 ms.
+    let recent = sample(&text, "vgpu_group_recent_latency_p50_seconds", "vm=\"vm\"");
+    assert_eq!(recent, Some(vm.recent_latency_p50_us as f64 / 1e6));
+    assert!(
+        recent.is_some_and(|r| (0.0875..=0.1).contains(&r)),
+        "{recent:?}"
+    );
     assert!(text.contains("# TYPE vgpu_queue_depth gauge\n"));
     assert_eq!(sample(&text, "vgpu_queue_depth", "vm=\"vm\""), Some(0.0));
     // Info gauges: the build, the policy, the connected VM's vGPU (none for the VM away).
