@@ -5,7 +5,8 @@
 //!   - on this host, over a Unix socket to `vgpu-cuda-host` (the same backend, no VM).
 //!
 //! Prints a table with the ratios and writes JSON (default `target/vgpu-bench/cuda-guest.json`,
-//! or `$VGPU_BENCH_OUT`). The guest's clock runs under TCG, so its figures include emulation.
+//! or `$VGPU_BENCH_OUT`) and its figure beside it. The guest's clock runs under TCG, so its
+//! figures include emulation. Progress goes to stderr (a bar on a terminal).
 //!
 //!   cargo bench -p vgpu-tests --bench cuda_guest [-- --quick]
 
@@ -15,6 +16,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use mdev_backend::compute::corpus::corpus_dir;
+use vgpu_cli::progress::Progress;
 use vgpu_tests::TempDir;
 use vgpu_tests::daemon::workspace_binary;
 use vgpu_tests::guest::{self, GuestConfig, GuestImage, RunningGuest};
@@ -89,9 +91,19 @@ fn in_guest(image: GuestImage, bench: &Path, lib: &Path, args: &[String]) -> BTr
     results(&run.output)
 }
 
+/// The corpus's driver_bench in a TCG guest and on the host, on our libcuda.
+#[derive(Debug, clap::Parser)]
+struct Cli {
+    /// 200 launches and 4 MiB copies instead of 2000 and 16 MiB.
+    #[arg(long)]
+    quick: bool,
+    #[command(flatten)]
+    _cargo: vgpu_bench_report::CargoBench,
+}
+
 fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
-    let args: Vec<String> = if quick {
+    let cli: Cli = clap::Parser::parse();
+    let args: Vec<String> = if cli.quick {
         vec!["200".into(), "4".into()]
     } else {
         vec!["2000".into(), "16".into()]
@@ -108,8 +120,14 @@ fn main() {
         return;
     };
     let lib = workspace_binary("libcuda.so").expect("libcuda.so of guest-drivers/libcuda");
+    let progress = Progress::new("cuda_guest", 2);
+    progress.step("on the host over a socket");
     let host = on_host(&bench, &lib, &args);
+    progress.advance();
+    progress.step("in a TCG guest through the vGPU");
     let guest = in_guest(image, &bench, &lib, &args);
+    progress.advance();
+    drop(progress);
 
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
@@ -143,31 +161,22 @@ fn main() {
         ratio("dtoh_gib_s")
     );
     let obj = |r: &BTreeMap<String, f64>| {
-        let fields: Vec<String> = KEYS
-            .iter()
-            .map(|k| format!("\"{k}\":{:.3}", r[*k]))
-            .collect();
-        format!("{{{}}}", fields.join(","))
+        KEYS.iter()
+            .map(|k| (k.to_string(), serde_json::json!(r[*k])))
+            .collect::<serde_json::Map<_, _>>()
     };
-    let json = format!(
-        "{{\"benchmark\":\"cuda-guest\",\"cpus\":{cpus},\"launches\":{},\"copy_mib\":{},\"guest\":{},\"host\":{}}}\n",
-        args[0],
-        args[1],
-        obj(&guest),
-        obj(&host)
-    );
-    let out = std::env::var_os("VGPU_BENCH_OUT").map_or_else(
-        || {
-            std::path::PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../target/vgpu-bench/cuda-guest.json"
-            ))
-        },
-        std::path::PathBuf::from,
-    );
-    if let Some(dir) = out.parent() {
-        std::fs::create_dir_all(dir).expect("output directory");
-    }
-    std::fs::write(&out, json).expect("writing the JSON result");
-    println!("JSON: {}", out.display());
+    let doc = serde_json::json!({
+        "benchmark": "cuda-guest",
+        "cpus": cpus,
+        "machine": vgpu_bench_report::machine(),
+        "launches": args[0].parse::<u64>().ok(),
+        "copy_mib": args[1].parse::<u64>().ok(),
+        "guest": obj(&guest),
+        "host": obj(&host),
+    });
+    let out = vgpu_bench_report::out_path(Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../target/vgpu-bench/cuda-guest.json"
+    )));
+    vgpu_bench_report::write_results(&out, &doc).expect("writing the results");
 }

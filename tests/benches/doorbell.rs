@@ -4,7 +4,7 @@
 //! QEMU 11.1 runs under qtest against the server (in-process, the same library code as the
 //! `vgpu-server` binary); the guest side is the qtest virtio-pci driver, so every guest access
 //! is a qtest round trip. Prints a table and writes JSON (default
-//! `target/vgpu-bench/doorbell.json`, or `$VGPU_BENCH_OUT`).
+//! `target/vgpu-bench/doorbell.json`, or `$VGPU_BENCH_OUT`) and its figure beside it.
 //!
 //! A second section takes QEMU out: a raw vfio-user client maps a RAM file as guest memory,
 //! programs the device the way QEMU forwards a guest's register writes, and times posted
@@ -19,11 +19,16 @@
 //! the guest's ioctl, QEMU's MMIO exit and vfio-user message, our device, the fence's MSI-X
 //! through QEMU's irqfd back into the emulated CPU.
 //!
-//! `cargo bench -p vgpu-tests --bench doorbell [-- --quick]`
+//! The figure (latency percentiles and notify rates per path) goes next to the JSON (`.svg`);
+//! progress to stderr (a bar on a terminal).
+//!
+//! `cargo bench -p vgpu-tests --bench doorbell [-- [--quick] [--server-only]]`
+//! (`--server-only`: the second section alone, no QEMU or guest)
 
 use std::time::{Duration, Instant};
 
 use vfio_bindings::bindings::vfio::VFIO_PCI_MSIX_IRQ_INDEX;
+use vgpu_cli::progress::Progress;
 use vgpu_guest_drivers::virtio_gpu::{
     CONTROL_QUEUE, CTRL_HDR_SIZE, DISPLAY_INFO_SIZE, get_display_info,
 };
@@ -204,12 +209,61 @@ fn stats(samples: &mut [f64]) -> (f64, f64, f64, f64) {
     )
 }
 
-fn main() {
-    if skip_without_qemu() {
-        return;
+/// Doorbell writes and their latency: QEMU under qtest, the server alone, a TCG guest.
+#[derive(Debug, clap::Parser)]
+struct Cli {
+    /// A tenth of the notifies and round trips.
+    #[arg(long)]
+    quick: bool,
+    /// Only the server-only section (no QEMU, no guest): seconds, not minutes.
+    #[arg(long)]
+    server_only: bool,
+    #[command(flatten)]
+    _cargo: vgpu_bench_report::CargoBench,
+}
+
+/// The qtest section's figures.
+struct Qtest {
+    rate: f64,
+    floor: f64,
+    latency: (f64, f64, f64, f64),
+}
+
+/// Notify rate, write-to-used latency and the qtest floor through QEMU under qtest.
+fn qtest_section(sizes: &Sizes) -> Qtest {
+    let server = TestServer::start(1);
+    let mut guest = VgpuGuest::start(&server);
+    // Warm up both paths once.
+    notify_rate(&mut guest, 500);
+    round_trips(&mut guest, 50);
+    let floor = qtest_round_trip_us(&mut guest, 2_000);
+    let rate = notify_rate(&mut guest, sizes.notifies);
+    let latency = stats(&mut round_trips(&mut guest, sizes.round_trips));
+    let faults = server.counter("transport_faults");
+    assert_eq!(faults, 0, "the benchmark must not trip the device");
+    drop(guest);
+    server.wait(Duration::from_secs(10)).expect("server exits");
+    Qtest {
+        rate,
+        floor,
+        latency,
     }
-    let quick = std::env::args().any(|a| a == "--quick");
-    let sizes = if quick {
+}
+
+fn latency_json((p50, p99, mean, max): (f64, f64, f64, f64)) -> serde_json::Value {
+    serde_json::json!({"p50": p50, "p99": p99, "mean": mean, "max": max})
+}
+
+fn main() {
+    let cli: Cli = clap::Parser::parse();
+    let qemu = if cli.server_only {
+        None
+    } else if skip_without_qemu() {
+        return;
+    } else {
+        Some(qemu_version().unwrap_or("unknown"))
+    };
+    let sizes = if cli.quick {
         Sizes {
             notifies: 5_000,
             round_trips: 500,
@@ -220,49 +274,82 @@ fn main() {
             round_trips: 5_000,
         }
     };
-    let server = TestServer::start(1);
-    let mut guest = VgpuGuest::start(&server);
-
-    // Warm up both paths once.
-    notify_rate(&mut guest, 500);
-    round_trips(&mut guest, 50);
-
-    let floor = qtest_round_trip_us(&mut guest, 2_000);
-    let rate = notify_rate(&mut guest, sizes.notifies);
-    let (p50, p99, mean, max) = stats(&mut round_trips(&mut guest, sizes.round_trips));
-    let faults = server.counter("transport_faults");
-    assert_eq!(faults, 0, "the benchmark must not trip the device");
-    drop(guest);
-    server.wait(Duration::from_secs(10)).expect("server exits");
-    let runs: Vec<(u64, RawResults)> = [0, busy_poll::DEFAULT_MAX.as_micros() as u64]
+    let polls = [0, busy_poll::DEFAULT_MAX.as_micros() as u64];
+    let image = match qemu {
+        None => Err("--server-only".to_owned()),
+        Some(_) => GuestImage::locate().map_err(|e| e.to_string()),
+    };
+    let steps = 1 + usize::from(qemu.is_some()) + polls.len() * (1 + usize::from(image.is_ok()));
+    let progress = Progress::new("doorbell", steps as u64);
+    let qtest = qemu.map(|_| {
+        progress.step("QEMU under qtest");
+        let q = qtest_section(&sizes);
+        progress.advance();
+        q
+    });
+    let runs: Vec<(u64, RawResults)> = polls
         .into_iter()
         .map(|us| {
+            progress.step(&format!("server only, busy poll {us} µs"));
             let raw = server_only(sizes.notifies, sizes.round_trips, Duration::from_micros(us));
+            progress.advance();
             (us, raw)
         })
         .collect();
+    progress.step("eventfd ping-pong calibration");
     let wakeup = wakeup_round_trip_us(sizes.round_trips);
+    progress.advance();
+    let mut guest_runs = Vec::new();
+    if let Ok(image) = &image {
+        for us in polls {
+            progress.step(&format!("TCG guest, busy poll {us} µs"));
+            guest_runs.push((us, guest_ping(image, Duration::from_micros(us))));
+            progress.advance();
+        }
+    }
+    drop(progress);
 
-    let machine = format!(
-        "{} CPUs ({}), accelerator qtest",
-        std::thread::available_parallelism().map_or(0, |n| n.get()),
-        vgpu_tests::cpu_model()
-    );
-    let qemu = qemu_version().unwrap_or("unknown");
+    let accel = if qemu.is_some() { "qtest" } else { "none" };
+    let machine = format!("{}, accelerator {accel}", vgpu_bench_report::machine());
     let (n, m) = (sizes.notifies, sizes.round_trips);
-    println!("doorbell benchmark: {qemu}; {machine}");
+    println!(
+        "doorbell benchmark: {}; {machine}",
+        qemu.unwrap_or("no QEMU")
+    );
     println!("| path | metric | value |");
     println!("|---|---|---|");
-    println!("| QEMU qtest | notify writes/s ({n} posted writes) | {rate:.0} |");
-    println!("| QEMU qtest | write-to-used p50 / p99 (µs, {m} requests) | {p50:.1} / {p99:.1} |");
-    println!("| QEMU qtest | write-to-used mean / max (µs) | {mean:.1} / {max:.1} |");
-    println!("| QEMU qtest | qtest round trip (µs, floor of the above) | {floor:.1} |");
-    let latency = |p50: f64, p99: f64, mean: f64, max: f64| {
-        format!("{{\"p50\":{p50:.2},\"p99\":{p99:.2},\"mean\":{mean:.2},\"max\":{max:.2}}}")
-    };
+    let mut doc = serde_json::json!({
+        "benchmark": "doorbell",
+        "qemu": qemu,
+        "machine": machine,
+        "notifies": n,
+        "round_trips": m,
+        "eventfd_ping_pong_us": wakeup,
+    });
+    if let Some(q) = &qtest {
+        let (p50, p99, mean, max) = q.latency;
+        println!(
+            "| QEMU qtest | notify writes/s ({n} posted writes) | {:.0} |",
+            q.rate
+        );
+        println!(
+            "| QEMU qtest | write-to-used p50 / p99 (µs, {m} requests) | {p50:.1} / {p99:.1} |"
+        );
+        println!("| QEMU qtest | write-to-used mean / max (µs) | {mean:.1} / {max:.1} |");
+        println!(
+            "| QEMU qtest | qtest round trip (µs, floor of the above) | {:.1} |",
+            q.floor
+        );
+        doc["qtest"] = serde_json::json!({
+            "notify_writes_per_s": q.rate.round(),
+            "write_to_used_us": latency_json(q.latency),
+            "round_trip_us": q.floor,
+        });
+    }
     let mut server_json = Vec::new();
     for (us, mut raw) in runs {
-        let (r50, r99, rmean, rmax) = stats(&mut raw.latencies);
+        let latency = stats(&mut raw.latencies);
+        let (r50, r99, rmean, rmax) = latency;
         let path = format!("server only, busy poll {us} µs");
         println!(
             "| {path} | notify writes/s ({n} posted writes) | {:.0} |",
@@ -270,56 +357,38 @@ fn main() {
         );
         println!("| {path} | notify-to-MSI-X p50 / p99 (µs, {m} requests) | {r50:.1} / {r99:.1} |");
         println!("| {path} | notify-to-MSI-X mean / max (µs) | {rmean:.1} / {rmax:.1} |");
-        server_json.push(format!(
-            "{{\"busy_poll_us\":{us},\"notify_writes_per_s\":{:.0},\"notify_to_msix_us\":{}}}",
-            raw.rate,
-            latency(r50, r99, rmean, rmax)
-        ));
+        server_json.push(serde_json::json!({
+            "busy_poll_us": us,
+            "notify_writes_per_s": raw.rate.round(),
+            "notify_to_msix_us": latency_json(latency),
+        }));
     }
+    doc["server_only"] = server_json.into();
     println!("| calibration | eventfd ping-pong between two threads (µs) | {wakeup:.1} |");
     let mut guest_json = Vec::new();
-    match GuestImage::locate() {
-        Ok(image) => {
-            for us in [0, busy_poll::DEFAULT_MAX.as_micros() as u64] {
-                let path = format!("TCG guest, busy poll {us} µs");
-                match guest_ping(&image, Duration::from_micros(us)) {
-                    Ok((p50, p99, rate)) => {
-                        println!(
-                            "| {path} | 1 µs group submit-to-fence p50 / p99 (µs, {GUEST_PING_S} s) | {p50:.0} / {p99:.0} |"
-                        );
-                        println!("| {path} | groups/s back to back | {rate:.0} |");
-                        guest_json.push(format!(
-                            "{{\"busy_poll_us\":{us},\"p50_us\":{p50},\"p99_us\":{p99},\"groups_per_s\":{rate:.1}}}"
-                        ));
-                    }
-                    Err(e) => println!("| {path} | failed | {e} |"),
-                }
+    if let Err(e) = &image {
+        println!("| TCG guest | skipped | {e} |");
+    }
+    for (us, result) in guest_runs {
+        let path = format!("TCG guest, busy poll {us} µs");
+        match result {
+            Ok((p50, p99, rate)) => {
+                println!(
+                    "| {path} | 1 µs group submit-to-fence p50 / p99 (µs, {GUEST_PING_S} s) | {p50:.0} / {p99:.0} |"
+                );
+                println!("| {path} | groups/s back to back | {rate:.0} |");
+                guest_json.push(serde_json::json!({
+                    "busy_poll_us": us, "p50_us": p50, "p99_us": p99, "groups_per_s": rate,
+                }));
             }
+            Err(e) => println!("| {path} | failed | {e} |"),
         }
-        Err(e) => println!("| TCG guest | skipped | {e} |"),
     }
+    doc["tcg_guest"] = guest_json.into();
 
-    let json = format!(
-        "{{\"benchmark\":\"doorbell\",\"qemu\":{qemu:?},\"machine\":{machine:?},\
-         \"notifies\":{n},\"round_trips\":{m},\
-         \"qtest\":{{\"notify_writes_per_s\":{rate:.0},\"write_to_used_us\":{},\"round_trip_us\":{floor:.2}}},\
-         \"server_only\":[{}],\"eventfd_ping_pong_us\":{wakeup:.2},\"tcg_guest\":[{}]}}\n",
-        latency(p50, p99, mean, max),
-        server_json.join(","),
-        guest_json.join(","),
-    );
-    let out = std::env::var_os("VGPU_BENCH_OUT").map_or_else(
-        || {
-            std::path::PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../target/vgpu-bench/doorbell.json"
-            ))
-        },
-        std::path::PathBuf::from,
-    );
-    if let Some(dir) = out.parent() {
-        std::fs::create_dir_all(dir).expect("output directory");
-    }
-    std::fs::write(&out, json).expect("writing the JSON result");
-    println!("JSON: {}", out.display());
+    let out = vgpu_bench_report::out_path(std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../target/vgpu-bench/doorbell.json"
+    )));
+    vgpu_bench_report::write_results(&out, &doc).expect("writing the results");
 }

@@ -26,24 +26,26 @@
 //! jitter. (GStreamer's GBM window, `glimagesink` on the connector, stalls after a few page
 //! flips on QEMU's virtio-gpu-gl here, so the paced client does not present.) Runs alternate between the
 //! devices (default 3 each). Tables give medians and the spread (min-max); ratios compare ours
-//! with each of QEMU's devices. Writes `gl_side_by_side.json` and `.svg` to
-//! `target/vgpu-bench/` (or the directory of `$VGPU_BENCH_OUT`).
+//! with each of QEMU's devices. Writes `gl_side_by_side.json` and its figure `.svg` (whole-run
+//! scores and per-scene frame rates, a bar per device) to `target/vgpu-bench/` (or the path of
+//! `$VGPU_BENCH_OUT`). Progress goes to stderr (a bar on a terminal).
 //!
 //! `cargo bench -p vgpu-tests --bench gl_side_by_side [-- --runs N] [--scene-seconds S]
 //! [--devices a,b] [--quick]` (`--quick`: 3 scenes, 1 run).
 
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::time::Duration;
 
+use clap::builder::TypedValueParser as _;
 use serde_json::{Value, json};
+use vgpu_cli::progress::Progress;
 use vgpu_tests::guest::{
     Accel, GuestConfig, GuestError, GuestGpu, GuestImage, JobTransport, RunningGuest,
     gl_render_node, prefix_exec, qemu_gl_support, server_binary, vhost_user_gpu_binary,
 };
-use vgpu_tests::plot::{Series, grouped_bars};
 use vgpu_tests::{qemu_version, skip_without_qemu};
 
 /// Seconds each glmark2 scene runs by default.
@@ -68,8 +70,8 @@ const NO_PRESENT_VHOST: &str = "without a DRM render node Debian's vhost-user-gp
      the guest gets no 3D and renders with its own llvmpipe; only the off-screen glmark2 run is \
      made, to record that";
 
-/// The devices compared.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+/// The devices compared (their command-line names are [`Device::name`]'s).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
 enum Device {
     Vgpu,
     VgpuPrefix,
@@ -103,6 +105,25 @@ impl Device {
     }
 }
 
+/// Guest OpenGL side by side: our device against QEMU's virgl devices, like for like.
+#[derive(Debug, clap::Parser)]
+struct Cli {
+    /// Boots per device, alternating between the devices [default: 3, 1 with --quick].
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=100).map(usize::from))]
+    runs: Option<usize>,
+    /// Seconds each glmark2 scene runs.
+    #[arg(long, default_value_t = SCENE_SECONDS, value_parser = clap::value_parser!(u32).range(1..=60))]
+    scene_seconds: u32,
+    /// Three glmark2 scenes, one run per device unless --runs says otherwise.
+    #[arg(long)]
+    quick: bool,
+    /// Devices to compare, comma-separated [default: all].
+    #[arg(long, value_delimiter = ',')]
+    devices: Vec<Device>,
+    #[command(flatten)]
+    _cargo: vgpu_bench_report::CargoBench,
+}
+
 /// Options of one invocation.
 struct Options {
     runs: usize,
@@ -111,55 +132,19 @@ struct Options {
     devices: Vec<Device>,
 }
 
-fn parse_options() -> Result<Options, String> {
-    let mut o = Options {
-        runs: DEFAULT_RUNS,
-        scene_seconds: SCENE_SECONDS,
-        quick: false,
-        devices: DEVICES.to_vec(),
-    };
-    let mut args = std::env::args().skip(1);
-    let mut runs_given = false;
-    while let Some(arg) = args.next() {
-        let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
-        match arg.as_str() {
-            "--runs" => {
-                o.runs = value("--runs")?
-                    .parse()
-                    .ok()
-                    .filter(|&n| n > 0)
-                    .ok_or("--runs: a number of at least 1")?;
-                runs_given = true;
-            }
-            "--scene-seconds" => {
-                o.scene_seconds = value("--scene-seconds")?
-                    .parse()
-                    .ok()
-                    .filter(|s| (1..=60).contains(s))
-                    .ok_or("--scene-seconds: 1..=60")?
-            }
-            "--devices" => {
-                let list = value("--devices")?;
-                o.devices = list
-                    .split(',')
-                    .map(|n| {
-                        DEVICES
-                            .into_iter()
-                            .find(|d| d.name() == n)
-                            .ok_or(format!("--devices: unknown device {n:?}"))
-                    })
-                    .collect::<Result<_, _>>()?;
-            }
-            "--quick" => o.quick = true,
-            // cargo bench passes --bench to harness = false benchmarks.
-            "--bench" => {}
-            other => return Err(format!("unknown argument {other:?}")),
+impl From<Cli> for Options {
+    fn from(cli: Cli) -> Options {
+        Options {
+            runs: cli.runs.unwrap_or(if cli.quick { 1 } else { DEFAULT_RUNS }),
+            scene_seconds: cli.scene_seconds,
+            quick: cli.quick,
+            devices: if cli.devices.is_empty() {
+                DEVICES.to_vec()
+            } else {
+                cli.devices
+            },
         }
     }
-    if o.quick && !runs_given {
-        o.runs = 1;
-    }
-    Ok(o)
 }
 
 /// The glmark2 arguments: the default suite (an option-only `-b` keeps it), each scene
@@ -606,26 +591,8 @@ fn ratio(ours: Option<(f64, f64, f64)>, theirs: Option<(f64, f64, f64)>) -> Opti
     }
 }
 
-fn out_path() -> PathBuf {
-    std::env::var_os("VGPU_BENCH_OUT").map_or_else(
-        || {
-            PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../target/vgpu-bench/gl_side_by_side.json"
-            ))
-        },
-        PathBuf::from,
-    )
-}
-
 fn main() {
-    let o = match parse_options() {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("gl_side_by_side: {e}");
-            std::process::exit(2);
-        }
-    };
+    let o = Options::from(<Cli as clap::Parser>::parse());
     if skip_without_qemu() {
         return;
     }
@@ -661,18 +628,14 @@ fn main() {
         o.runs, o.scene_seconds
     );
     let mut results = Vec::new();
-    let total = o.runs * devices.len();
+    let progress = Progress::new("gl_side_by_side", (o.runs * devices.len()) as u64);
     for index in 1..=o.runs {
         for &device in &devices {
-            eprintln!(
-                "[{}/{total}] run {index}: {} ...",
-                results.len() + 1,
-                device.name()
-            );
+            progress.step(&format!("run {index}: {}", device.name()));
             let r = run_once(device, index, &o, &image, accel, &server);
-            eprintln!(
-                "[{}/{total}] run {index}: {}: off-screen {} on-screen {} kmscube {} paced sd {} ms, {:.0} s{}",
-                results.len() + 1,
+            progress.advance();
+            progress.note(&format!(
+                "run {index}: {}: off-screen {} on-screen {} kmscube {} paced sd {} ms, {:.0} s{}",
                 device.name(),
                 fmt_spread(r.off.score.map(|s| (s, s, s))),
                 fmt_spread(r.on.score.map(|s| (s, s, s))),
@@ -682,10 +645,11 @@ fn main() {
                 r.failure
                     .as_deref()
                     .map_or(String::new(), |f| format!("; FAILED: {f}"))
-            );
+            ));
             results.push(r);
         }
     }
+    drop(progress);
 
     let summaries: Vec<Summary> = devices
         .iter()
@@ -763,40 +727,10 @@ fn main() {
         }
     }
 
-    let out = out_path();
-    if let Some(dir) = out.parent() {
-        std::fs::create_dir_all(dir).expect("output directory");
-    }
-    // Per-scene chart: the off-screen suite, a bar per device.
-    let scenes: Vec<String> = summaries
-        .iter()
-        .flat_map(|s| s.off_scenes.keys().cloned())
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    let series: Vec<Series> = summaries
-        .iter()
-        .map(|s| Series {
-            name: s.device.name().to_owned(),
-            values: scenes
-                .iter()
-                .map(|k| s.off_scenes.get(k).copied())
-                .collect(),
-        })
-        .collect();
-    let svg = out.with_extension("svg");
-    if let Err(e) = grouped_bars(
-        &svg,
-        &format!(
-            "glmark2 off-screen, fps per scene at {}x{} (medians of {} runs)",
-            MODE.0, MODE.1, o.runs
-        ),
-        "frames/s",
-        &scenes,
-        &series,
-    ) {
-        eprintln!("gl_side_by_side: chart: {e}");
-    }
+    let out = vgpu_bench_report::out_path(Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../target/vgpu-bench/gl_side_by_side.json"
+    )));
     let device_json: Vec<Value> = summaries
         .iter()
         .map(|s| {
@@ -857,6 +791,5 @@ fn main() {
         "ratios": ratios,
         "runs": run_json,
     });
-    std::fs::write(&out, format!("{doc:#}\n")).expect("writing the JSON result");
-    println!("JSON: {}\nSVG: {}", out.display(), svg.display());
+    vgpu_bench_report::write_results(&out, &doc).expect("writing the results");
 }

@@ -7,7 +7,9 @@
 //! harness's `vgpu_tests::daemon::Schedd`, which finds or builds the binary) under policy
 //! none, timegraph PRT, timegraph HT and fair (the device holds a lease).
 //! Reports groups/s, p50/p99 submit-to-fence latency and the overhead of each mode against
-//! no daemon (medians of [`RUNS`] runs); JSON to `target/vgpu-bench/sched_overhead.json`.
+//! no daemon (medians of [`RUNS`] runs); JSON to `target/vgpu-bench/sched_overhead.json` and
+//! its figure (overhead, latency and rate per mode) beside it. Progress goes to stderr (a bar
+//! on a terminal).
 //!
 //! virglrenderer may be initialised once per process, so every run is a child process of this
 //! bench (the same binary, selected by [`CHILD_ENV`]).
@@ -19,11 +21,12 @@
 //!
 //! `cargo bench -p vgpu-tests --bench sched_overhead [-- --guest]`
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use vfio_bindings::bindings::vfio::VFIO_PCI_MSIX_IRQ_INDEX;
+use vgpu_cli::progress::Progress;
 use vgpu_guest_drivers::virtio_gpu::{self, CAPSET_LOAD, LOAD_OP_OCCUPY};
 use vgpu_schedd::proto::VmName;
 use vgpu_server::sched_client::SchedConfig;
@@ -157,6 +160,16 @@ fn measure(mode: usize) -> Option<Run> {
     }
 }
 
+/// Scheduling overhead per mode: raw vfio-user client, and a TCG guest's glmark2 with --guest.
+#[derive(Debug, clap::Parser)]
+struct Cli {
+    /// Also run glmark2's build scene in a TCG guest per mode (needs the guest image; minutes).
+    #[arg(long)]
+    guest: bool,
+    #[command(flatten)]
+    _cargo: vgpu_bench_report::CargoBench,
+}
+
 /// Seconds of glmark2's build scene per guest run.
 const GUEST_SCENE_S: u32 = 10;
 
@@ -193,23 +206,17 @@ fn guest_fps(image: &GuestImage, policy: Option<&str>) -> Result<f64, String> {
 }
 
 /// The guest table: glmark2 build fps per mode (medians of [`RUNS`], modes alternating) and the
-/// loss against no daemon; JSON rows.
-fn guest_overhead() -> Vec<String> {
-    let image = match GuestImage::locate() {
-        Ok(image) => image,
-        Err(e) => {
-            eprintln!("SKIPPED: guest section: {e}");
-            return Vec::new();
-        }
-    };
+/// loss against no daemon; JSON rows. The steps are counted in `progress`.
+fn guest_overhead(image: &GuestImage, progress: &Progress) -> Vec<serde_json::Value> {
     let mut fps: Vec<Vec<f64>> = vec![Vec::new(); MODES.len()];
     for run in 1..=RUNS {
         for (i, (name, policy)) in MODES.iter().enumerate() {
-            eprintln!("guest run {run}/{RUNS}: {name} ...");
-            match guest_fps(&image, *policy) {
+            progress.step(&format!("TCG guest, run {run}/{RUNS}: {name}"));
+            match guest_fps(image, *policy) {
                 Ok(f) => fps[i].push(f),
-                Err(e) => eprintln!("guest run {run}: {name} failed: {e}"),
+                Err(e) => progress.note(&format!("guest run {run}: {name} failed: {e}")),
             }
+            progress.advance();
         }
     }
     println!(
@@ -224,9 +231,7 @@ fn guest_overhead() -> Vec<String> {
             let m = median(f.clone());
             let overhead = (base / m - 1.0) * 100.0;
             println!("{name:<15} {m:>8.1} {overhead:>9.1}%");
-            format!(
-                "{{\"mode\": \"{name}\", \"fps\": {m:.1}, \"overhead_pct\": {overhead:.2}, \"runs\": {f:?}}}"
-            )
+            serde_json::json!({"mode": name, "fps": m, "overhead_pct": overhead, "runs": f})
         })
         .collect()
 }
@@ -246,6 +251,34 @@ fn main() {
         }
         return;
     }
+    let cli: Cli = clap::Parser::parse();
+    let image = if cli.guest {
+        GuestImage::locate()
+            .map_err(|e| eprintln!("SKIPPED: guest section: {e}"))
+            .ok()
+    } else {
+        None
+    };
+    let guest_steps = if image.is_some() {
+        MODES.len() * RUNS
+    } else {
+        0
+    };
+    let progress = Progress::new("sched_overhead", (MODES.len() * RUNS + guest_steps) as u64);
+    let mut measured: Vec<Vec<Run>> = Vec::new();
+    for (i, (name, _)) in MODES.iter().enumerate() {
+        let mut runs = Vec::new();
+        for run in 1..=RUNS {
+            progress.step(&format!("raw client, run {run}/{RUNS}: {name}"));
+            let Some(r) = measure(i) else {
+                progress.note("SKIPPED: no virglrenderer on this host");
+                return;
+            };
+            progress.advance();
+            runs.push(r);
+        }
+        measured.push(runs);
+    }
     println!(
         "sched overhead: back-to-back {OCCUPY_US} µs OCCUPY groups for {DURATION:?}, {RUNS} runs, medians\n\
          {:<15} {:>10} {:>9} {:>9} {:>10}",
@@ -253,11 +286,7 @@ fn main() {
     );
     let mut rows = Vec::new();
     let mut base: Option<f64> = None;
-    for (i, (name, _)) in MODES.iter().enumerate() {
-        let Some(runs) = (0..RUNS).map(|_| measure(i)).collect::<Option<Vec<Run>>>() else {
-            eprintln!("SKIPPED: no virglrenderer on this host");
-            return;
-        };
+    for ((name, _), runs) in MODES.iter().zip(&measured) {
         let gps = median(runs.iter().map(|r| r.groups_per_s).collect());
         let p50 = median(runs.iter().map(|r| r.p50_us).collect());
         let p99 = median(runs.iter().map(|r| r.p99_us).collect());
@@ -265,41 +294,32 @@ fn main() {
         let overhead = base.map_or(0.0, |b| (b / gps - 1.0) * 100.0);
         base.get_or_insert(gps);
         println!("{name:<15} {gps:>10.0} {p50:>9.1} {p99:>9.1} {overhead:>9.1}%");
-        let each: Vec<String> = runs
-            .iter()
-            .map(|r| {
-                format!(
-                    "{{\"groups_per_s\": {:.1}, \"p50_us\": {:.1}, \"p99_us\": {:.1}}}",
-                    r.groups_per_s, r.p50_us, r.p99_us
-                )
-            })
-            .collect();
-        rows.push(format!(
-            "    {{\"mode\": \"{name}\", \"groups_per_s\": {gps:.1}, \"p50_us\": {p50:.1}, \
-             \"p99_us\": {p99:.1}, \"overhead_pct\": {overhead:.2}, \"runs\": [{}]}}",
-            each.join(", ")
-        ));
+        rows.push(serde_json::json!({
+            "mode": name,
+            "groups_per_s": gps,
+            "p50_us": p50,
+            "p99_us": p99,
+            "overhead_pct": overhead,
+            "runs": runs.iter().map(|r| serde_json::json!({
+                "groups_per_s": r.groups_per_s, "p50_us": r.p50_us, "p99_us": r.p99_us,
+            })).collect::<Vec<_>>(),
+        }));
     }
-    let guest_rows = if std::env::args().any(|a| a == "--guest") {
-        guest_overhead()
-    } else {
-        Vec::new()
-    };
-    let out = PathBuf::from(concat!(
+    let guest_rows = image
+        .as_ref()
+        .map_or_else(Vec::new, |image| guest_overhead(image, &progress));
+    drop(progress);
+    let doc = serde_json::json!({
+        "bench": "sched_overhead",
+        "machine": vgpu_bench_report::machine(),
+        "occupy_us": OCCUPY_US,
+        "duration_s": DURATION.as_secs_f64(),
+        "modes": rows,
+        "guest_glmark2_build": guest_rows,
+    });
+    let out = vgpu_bench_report::out_path(Path::new(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../target/vgpu-bench/sched_overhead.json"
-    ));
-    let doc = format!(
-        "{{\n  \"bench\": \"sched_overhead\",\n  \"occupy_us\": {OCCUPY_US},\n  \"duration_s\": {},\n  \"modes\": [\n{}\n  ],\n  \"guest_glmark2_build\": [{}]\n}}\n",
-        DURATION.as_secs_f64(),
-        rows.join(",\n"),
-        guest_rows.join(",")
-    );
-    if let Some(parent) = out.parent() {
-        let _ = std::fs::create_dir_all(parent);
-    }
-    match std::fs::write(&out, doc) {
-        Ok(()) => println!("wrote {}", out.display()),
-        Err(e) => eprintln!("could not write {}: {e}", out.display()),
-    }
+    )));
+    vgpu_bench_report::write_results(&out, &doc).expect("writing the results");
 }

@@ -568,65 +568,41 @@ pub fn side_by_side(sc: &Scenario, sim: &[RunReport], vms: &[RunResult], guests:
     md
 }
 
-/// The side-by-side plot: one panel per run, per VM its GPU share in the simulator (light
-/// bar) and on guests (dark bar), named above the pair.
+/// The side-by-side figure: one panel per run, per VM its GPU share in the simulator beside
+/// the one measured on guests.
 pub fn svg(path: &Path, sim: &[RunReport], vms: &[RunResult]) -> Result<(), String> {
-    use plotters::prelude::*;
-    const PANEL: (u32, u32) = (560, 220);
-    let rows = vms.len().max(1);
-    let root = SVGBackend::new(path, (PANEL.0, PANEL.1 * rows as u32)).into_drawing_area();
-    let err = |e: DrawingAreaErrorKind<std::io::Error>| e.to_string();
-    root.fill(&WHITE).map_err(err)?;
-    for (r, area) in vms.iter().zip(root.split_evenly((rows, 1))) {
-        let s = sim.iter().find(|s| s.label == r.label);
-        let n = r.vms.len().max(1) as f64;
-        let mut chart = ChartBuilder::on(&area)
-            .caption(
-                format!(
-                    "{} ({}): GPU share, simulator (light) vs VMs (dark)",
-                    r.label, r.policy
-                ),
-                ("sans-serif", 14),
+    use vgpu_bench_report::{Kind, Panel, Series, write_svg};
+    let panels: Vec<Panel> = vms
+        .iter()
+        .map(|r| {
+            let s = sim.iter().find(|s| s.label == r.label);
+            let simulated = r
+                .vms
+                .iter()
+                .map(|v| {
+                    s.and_then(|s| s.vms.iter().find(|x| x.name == v.name))
+                        .map(|x| x.gpu_share * 100.0)
+                })
+                .collect();
+            Panel::new(
+                Kind::Bars,
+                format!("{} ({})", r.label, r.policy),
+                "VM",
+                "GPU share (% of GPU time)",
+                r.vms.iter().map(|v| v.name.clone()).collect(),
             )
-            .margin(8)
-            .x_label_area_size(8)
-            .y_label_area_size(40)
-            .build_cartesian_2d(0.0..n, 0.0..115.0)
-            .map_err(err)?;
-        chart
-            .configure_mesh()
-            .disable_x_mesh()
-            .disable_x_axis()
-            .y_desc("% of GPU time")
-            .draw()
-            .map_err(err)?;
-        for (i, v) in r.vms.iter().enumerate() {
-            let simulated = s
-                .and_then(|s| s.vms.iter().find(|x| x.name == v.name))
-                .map_or(0.0, |x| x.gpu_share * 100.0);
-            let x = i as f64;
-            chart
-                .draw_series([
-                    Rectangle::new(
-                        [(x + 0.1, 0.0), (x + 0.45, simulated)],
-                        BLUE.mix(0.35).filled(),
-                    ),
-                    Rectangle::new(
-                        [(x + 0.5, 0.0), (x + 0.85, v.gpu_share * 100.0)],
-                        BLUE.filled(),
-                    ),
-                ])
-                .map_err(err)?;
-            chart
-                .draw_series([Text::new(
-                    v.name.clone(),
-                    (x + 0.1, 112.0),
-                    ("sans-serif", 12),
-                )])
-                .map_err(err)?;
-        }
-    }
-    root.present().map_err(err)
+            .with(Series::new("simulator", simulated))
+            .with(Series::new(
+                "guests",
+                r.vms.iter().map(|v| Some(v.gpu_share * 100.0)).collect(),
+            ))
+        })
+        .collect();
+    let title = format!(
+        "GPU share per VM, simulator beside the guests — {}",
+        vgpu_bench_report::machine()
+    );
+    write_svg(path, &title, &panels, 2).map_err(|e| e.to_string())
 }
 
 /// The guests' results as CSV, one line per run and VM.
@@ -793,6 +769,19 @@ policy = { policy = "none" }
         assert!(md.contains("| pe |  | game | - | 75.0% |"), "{md}");
         assert!(md.contains("|  |  | bomb-1 | - | 25.0% |"), "{md}");
         assert!(md.contains("VMs (vms)"), "{md}");
+        let dir = crate::TempDir::new("experiment-svg").unwrap();
+        let figure = dir.path().join("t.vms.compare.svg");
+        svg(&figure, &[], std::slice::from_ref(&result)).unwrap();
+        let drawn = std::fs::read_to_string(&figure).unwrap();
+        for text in [
+            "pe (timegraph)",
+            "bomb-1",
+            "guests",
+            "GPU share (% of GPU time)",
+            "75.0",
+        ] {
+            assert!(drawn.contains(text), "{text} missing in the figure");
+        }
         let csv = csv(&[result]);
         assert_eq!(csv.lines().count(), 3);
         assert!(

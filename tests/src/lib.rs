@@ -12,7 +12,6 @@ pub mod daemon;
 pub mod experiment;
 pub mod guest;
 pub mod load_vm;
-pub mod plot;
 pub mod raw_guest;
 pub mod server;
 pub mod temp_dir;
