@@ -118,17 +118,9 @@ run_logged() {
     fi
 }
 
-# Prints one progress line per phase of debootstrap / apt-get output read on stdin.
-progress() {
-    awk -v logfile="$LOG" '
-        { print >> logfile; fflush(logfile) }
-        /^I: Retrieving / { r++; if (r % 25 == 0) { print "    retrieved " r " packages"; fflush() } next }
-        /^I: .*(\.\.\.|successfully\.?)$/ { if ($2 != last) { print "    " $0; fflush(); last = $2 } next }
-        /^Get:/ { n++; if (n % 25 == 0) { print "    downloaded " n " packages"; fflush() } next }
-        /^Setting up / { s++; if (s % 25 == 0) { print "    configured " s " packages"; fflush() } next }
-        /^(E:|W: Possible missing|update-initramfs:|Fetched )/ { print "    " $0; fflush() }
-    ' >&2
-}
+# Progress of debootstrap and apt-get (apt_progress) goes to the build log as well.
+source "$(dirname "${BASH_SOURCE[0]}")/progress.sh"
+PROGRESS_LOG=$LOG
 
 # The chroot's API file systems; only ours, found by path, and unmounted innermost first.
 chroot_mounts() { awk -v root="$ROOT" '$2 == root || index($2, root "/") == 1 { print $2 }' /proc/mounts | sort -r; }
@@ -180,7 +172,7 @@ umount_chroot
 rm -rf "$WORK"
 mkdir -p "$WORK"
 
-log "step 1/6: building vgpu-load (static, $LOAD_TRIPLE) into $LOAD_TARGET_DIR"
+log "step 1/6 ($(elapsed "$started")): building vgpu-load (static, $LOAD_TRIPLE) into $LOAD_TARGET_DIR"
 t=$SECONDS
 run_logged "building vgpu-load" env RUSTFLAGS="-C target-feature=+crt-static" \
     CARGO_TARGET_DIR="$LOAD_TARGET_DIR" cargo build --manifest-path "$REPO/Cargo.toml" --release \
@@ -197,13 +189,13 @@ run_logged "building libcuda" env CARGO_TARGET_DIR="$LOAD_TARGET_DIR" cargo buil
     --manifest-path "$REPO/Cargo.toml" --release --locked -p vgpu-libcuda --lib
 cuda_lib=$LOAD_TARGET_DIR/release/libcuda.so
 
-log "step 2/6: debootstrap --variant=minbase $SUITE"
+log "step 2/6 ($(elapsed "$started")): debootstrap --variant=minbase $SUITE"
 t=$SECONDS
-debootstrap --variant=minbase --components=main "$SUITE" "$ROOT" "$MIRROR" 2>&1 | progress ||
+debootstrap --variant=minbase --components=main "$SUITE" "$ROOT" "$MIRROR" 2>&1 | apt_progress "    " ||
     { tail -n 30 "$LOG" | sed 's/^/    /' >&2; die "debootstrap failed (full log: $LOG)"; }
 log "    done in $((SECONDS - t)) s"
 
-log "step 3/6: configuring apt, dpkg path exclusions and initramfs (MODULES=list)"
+log "step 3/6 ($(elapsed "$started")): configuring apt, dpkg path exclusions and initramfs (MODULES=list)"
 cat >"$ROOT/etc/dpkg/dpkg.cfg.d/90-vgpu-nodoc" <<'CFG'
 path-exclude=/usr/share/doc/*
 path-exclude=/usr/share/man/*
@@ -235,15 +227,15 @@ HOOK
 chmod 755 "$ROOT/etc/initramfs-tools/hooks/vgpu-edid"
 printf '/dev/vda / ext4 ro,noatime 0 1\n' >"$ROOT/etc/fstab"
 
-log "step 4/6: installing ${#PACKAGES[@]} packages and their dependencies in the chroot"
+log "step 4/6 ($(elapsed "$started")): installing ${#PACKAGES[@]} packages and their dependencies in the chroot"
 t=$SECONDS
 mount -t proc proc "$ROOT/proc"
 mount -t sysfs sysfs "$ROOT/sys"
 mount --bind /dev "$ROOT/dev"
 mount --bind /dev/pts "$ROOT/dev/pts"
 chroot_env=(env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive LC_ALL=C.UTF-8 HOME=/root)
-chroot "$ROOT" "${chroot_env[@]}" apt-get -q update 2>&1 | progress
-chroot "$ROOT" "${chroot_env[@]}" apt-get -q -y install "${PACKAGES[@]}" 2>&1 | progress ||
+chroot "$ROOT" "${chroot_env[@]}" apt-get -q update 2>&1 | apt_progress "    "
+chroot "$ROOT" "${chroot_env[@]}" apt-get -q -y install "${PACKAGES[@]}" 2>&1 | apt_progress "    " ||
     { tail -n 30 "$LOG" | sed 's/^/    /' >&2; die "apt-get install in the chroot failed (full log: $LOG)"; }
 kver=$(basename "$(ls -d "$ROOT"/lib/modules/* | sort -V | tail -n1)")
 [[ -f $ROOT/boot/vmlinuz-$kver && -f $ROOT/boot/initrd.img-$kver ]] ||
@@ -258,7 +250,7 @@ mesa=$(chroot "$ROOT" dpkg-query -W -f '${Version}' libgl1-mesa-dri)
 npkgs=$(chroot "$ROOT" dpkg-query -W -f '.\n' | wc -l)
 log "    done in $((SECONDS - t)) s: kernel $kver, Mesa $mesa, $npkgs packages"
 
-log "step 5/6: installing the init, vgpu-load and CUDA, pruning docs, locales, caches and unneeded kernel modules"
+log "step 5/6 ($(elapsed "$started")): installing the init, vgpu-load and CUDA, pruning docs, locales, caches and unneeded kernel modules"
 install -m 0755 "$INIT_SRC" "$ROOT/usr/local/sbin/vgpu-init"
 install -m 0755 "$load_bin" "$ROOT/usr/local/bin/vgpu-load"
 install -D -m 0755 "$cuda_lib" "$ROOT/usr/local/lib/libcuda.so.1"
@@ -282,7 +274,7 @@ find "$ROOT/usr/lib/firmware" -mindepth 1 -maxdepth 1 ! -name edid -exec rm -rf 
 chroot "$ROOT" depmod -a "$kver"
 umount_chroot
 
-log "step 6/6: packing the root file system with mkfs.ext4 -d"
+log "step 6/6 ($(elapsed "$started")): packing the root file system with mkfs.ext4 -d"
 used_mib=$(du -sm "$ROOT" | cut -f1)
 size_mib=$((used_mib + used_mib / 4 + 64))
 truncate -s "${size_mib}M" "$WORK/rootfs.ext4"

@@ -13,6 +13,8 @@
 # than the wheel's toolkit JIT-compiles only the PTX of a toolkit it knows).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source qemu-scripts/progress.sh
+started=$SECONDS
 cache=${VGPU_CACHE:-$HOME/.cache/vgpu}
 corpus=${VGPU_CUDA_CORPUS:-$cache/cuda-corpus}
 cuda=$cache/cuda
@@ -31,12 +33,15 @@ if [[ -n $own_nvcc ]]; then
     nvcc=("$own_nvcc")
 else
     if [[ ! -x $cuda/nvidia/cu13/bin/nvcc || $(cat "$cuda/version" 2>/dev/null) != "$stamp" ]]; then
-        echo "installing nvcc $version from PyPI wheels into $cuda"
+        echo "installing nvcc $version from PyPI wheels into $cuda (${#wheels[@]} wheels)"
         rm -rf "$cuda.tmp" && mkdir -p "$cuda.tmp/wheels"
-        python3 -m pip download -q --progress-bar on --no-deps --only-binary=:all: \
+        bar=off
+        ((PROGRESS_TTY)) && bar=on
+        python3 -m pip download -q --progress-bar "$bar" --no-deps --only-binary=:all: \
             -d "$cuda.tmp/wheels" "${wheels[@]}"
+        echo "  downloaded $(du -sh "$cuda.tmp/wheels" | cut -f1) in $(elapsed "$started")"
         for w in "$cuda.tmp/wheels"/*.whl; do
-            echo "  unpacking $(basename "$w")"
+            echo "  unpacking $(basename "$w") ($(elapsed "$started"))"
             python3 -m zipfile -e "$w" "$cuda.tmp"
         done
         rm -rf "$cuda.tmp/wheels"
@@ -57,18 +62,27 @@ else
 fi
 
 mkdir -p "$corpus"
+cu=(tests/cuda/*.cu)
+omp=(tests/cuda/omp/*.c)
+# Programs: each .cu, three compress modes, driver_bench; with the wheels' nvcc also the two
+# cudart builds, libcudart and the OpenMP offload programs.
+total=$((${#cu[@]} + 3 + 1))
+[[ -n $own_nvcc ]] || total=$((total + 3 + ${#omp[@]}))
+built=0
 # build OUT SRC COMMAND...: runs COMMAND when OUT is missing or older than SRC or this script.
 build() {
-    local out=$1 src=$2
+    local out=$1 src=$2 t=$SECONDS
     shift 2
+    built=$((built + 1))
     if [[ -e $corpus/$out && $corpus/$out -nt $src && $corpus/$out -nt $0 && $corpus/$out -nt tests/cuda/common.h ]]; then
         return 0
     fi
-    echo "  $out"
+    echo "  [$built/$total] $out"
     "$@"
+    echo "      done in $(elapsed "$t")"
 }
-echo "building the CUDA corpus in $corpus"
-for src in tests/cuda/*.cu; do
+echo "building the CUDA corpus in $corpus ($total programs; up-to-date ones are skipped)"
+for src in "${cu[@]}"; do
     name=$(basename "$src" .cu)
     build "$name" "$src" "${nvcc[@]}" -o "$corpus/$name" "$src"
 done
@@ -89,7 +103,7 @@ if [[ -z $own_nvcc ]]; then
         g++ -o "$1" "$o" "$2" -ldl -lpthread -lrt' _ "$corpus/vector_add.cudart12" \
         "$cuda/nvidia/cuda_runtime/lib/libcudart_static.a" "${nvcc[@]}"
 fi
-for src in tests/cuda/omp/*.c; do
+for src in "${omp[@]}"; do
     [[ -z $own_nvcc ]] || break
     name=omp_$(basename "$src" .c)
     build "$name" "$src" gcc -O2 -fopenmp -foffload=nvptx-none -foffload-options=-lm \
@@ -98,4 +112,4 @@ done
 # The driver-API benchmark: plain C, whatever libcuda.so.1 the loader finds.
 build driver_bench tests/cuda/bench/driver_bench.c \
     gcc -O2 -Wall -Werror -o "$corpus/driver_bench" tests/cuda/bench/driver_bench.c -ldl
-echo "corpus: $(find "$corpus" -maxdepth 1 -type f | wc -l) programs in $corpus"
+echo "corpus: $(find "$corpus" -maxdepth 1 -type f | wc -l) programs in $corpus ($(elapsed "$started"))"

@@ -29,6 +29,7 @@ GUI_FILES=(./usr/lib/qemu/vhost-user-gpu ./usr/share/qemu/vhost-user/50-qemu-gpu
 LAYOUT=3
 
 log() { printf '[setup-qemu] %s\n' "$*" >&2; }
+source "$(dirname "${BASH_SOURCE[0]}")/progress.sh"
 die() { printf '[setup-qemu] error: %s\n' "$*" >&2; exit 1; }
 
 if [[ -f $STAMP && $(head -n1 "$STAMP") == "layout $LAYOUT" && -x $PREFIX/usr/bin/qemu-system-x86_64 ]]; then
@@ -77,21 +78,21 @@ Debug::NoLocking "true";
 CONF
 export APT_CONFIG=$APTDIR/apt.conf
 
+started=$SECONDS
 log "step 1/4: reading the trixie and trixie-backports package lists from $MIRROR"
 if ! apt-get -q update --error-on=any >"$APTDIR/update.log" 2>&1; then
     sed 's/^/    /' "$APTDIR/update.log" >&2
     die "the Debian archive at $MIRROR is unreachable or incomplete (see above); check the network or set VGPU_DEBIAN_MIRROR"
 fi
 
-log "step 2/4: downloading ${PACKAGES[*]} from trixie-backports with their dependency closure"
-apt-get -q -y --download-only -t trixie-backports install "${PACKAGES[@]}" 2>&1 |
-    awk '/^Get:/ { n++; if (n % 20 == 0) { print "    downloaded " n " packages"; fflush() } next } /^(Need to get|Fetched|E:)/ { print "    " $0; fflush() }' >&2 || true
+log "step 2/4 ($(elapsed "$started")): downloading ${PACKAGES[*]} from trixie-backports with their dependency closure"
+apt-get -q -y --download-only -t trixie-backports install "${PACKAGES[@]}" 2>&1 | apt_progress "    " || true
 mapfile -t debs < <(find "$APTDIR/archives" -maxdepth 1 -name '*.deb' | sort)
 ((${#debs[@]} > 0)) || die "apt-get downloaded nothing; see the output above"
 version=$(dpkg-deb -f "$(ls "$APTDIR"/archives/qemu-system-x86_*.deb | tail -n1)" Version 2>/dev/null) ||
     die "qemu-system-x86 was not downloaded; see the output above"
 
-log "step 3/4: unpacking ${#debs[@]} packages into $PREFIX"
+log "step 3/4 ($(elapsed "$started")): unpacking ${#debs[@]} packages into $PREFIX"
 rm -rf "$PREFIX.partial"
 mkdir -p "$PREFIX.partial"
 i=0
@@ -102,7 +103,7 @@ for deb in "${debs[@]}"; do
 done
 [[ -x $PREFIX.partial/usr/bin/qemu-system-x86_64 ]] || die "qemu-system-x86_64 missing after unpacking"
 
-log "step 4/4: vhost-user-gpu from qemu-system-gui $version"
+log "step 4/4 ($(elapsed "$started")): vhost-user-gpu from qemu-system-gui $version"
 rm -f "$APTDIR"/qemu-system-gui_*.deb
 (cd "$APTDIR" && apt-get -q download "qemu-system-gui=$version" >"$APTDIR/gui.log" 2>&1) ||
     { sed 's/^/    /' "$APTDIR/gui.log" >&2; die "downloading qemu-system-gui $version failed"; }
@@ -113,4 +114,4 @@ printf 'layout %s\nqemu-system-x86 %s\n' "$LAYOUT" "$version" > "$PREFIX.partial
 rm -rf "$PREFIX"
 mv "$PREFIX.partial" "$PREFIX"
 rm -f "$APTDIR"/archives/*.deb
-log "QEMU prefix ready: qemu-system-x86 $version ($PREFIX, $(du -sh "$PREFIX" | cut -f1))"
+log "QEMU prefix ready in $(elapsed "$started"): qemu-system-x86 $version ($PREFIX, $(du -sh "$PREFIX" | cut -f1))"
