@@ -129,15 +129,16 @@ ctl list
 ) > "$run/switch.log" 2>&1 &
 switcher=$!
 pids+=("$switcher")
-# The daemon's view: the game's fps column (frames over its 5-s window) every 2 s while a
-# phase's workload runs and has drawn (fps above 0), tagged with the phase.
+# The daemon's view: the game's frame rate over its 5-s window (word 6 of its `vgpuctl show`
+# row, "game 0 connected 45.2 % 59.8 fps ...") every 2 s while a phase's workload runs and has
+# drawn (fps above 0), tagged with the phase.
 (
     while kill -0 "${vm_pid[game]}" 2>/dev/null; do
         phase=$(grep -c '^game phase [12] starts' "$run/game.out" || true)
         if ((phase > 0)) && ! grep -q "^PHASE$phase " "$run/game.out" &&
             ! grep -q "^game phase $phase done" "$run/game.out"; then
             "$bin/vgpuctl" --control "$run/control.sock" show |
-                awk -v p="$phase" '$1 == "game" && $8 > 0 { print "PHASE" p, $8 }'
+                awk -v p="$phase" '$1 == "game" && $6 > 0 { print "PHASE" p, $6 }'
         fi
         sleep 2
     done

@@ -11,6 +11,7 @@ pub mod cgroup;
 pub mod control;
 pub mod daemon;
 pub mod dashboard;
+pub mod definitions;
 pub mod http;
 pub mod metrics;
 pub mod proto;

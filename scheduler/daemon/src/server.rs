@@ -65,6 +65,7 @@ use crate::dashboard::{
     self, Dashboard, FocusBody, MAX_EVENT_STREAM_BYTES, MAX_EVENT_STREAMS, PUBLISH_PERIOD,
     ParamsBody,
 };
+use crate::definitions::Definition;
 use crate::http::{self, HttpError, HttpRequest, Received, Route};
 use crate::metrics::{self, render_metrics};
 use crate::proto::{MAX_MESSAGE_BYTES, VmName};
@@ -158,6 +159,14 @@ pub enum ServerError {
     /// The event loop failed.
     #[error("event loop: {0}")]
     EventLoop(event_manager::Error),
+    /// A persistent definition could not be started.
+    #[error("definition {name}: {why}")]
+    Definition {
+        /// Its name.
+        name: String,
+        /// Why.
+        why: String,
+    },
 }
 
 fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> ServerError {
@@ -336,6 +345,31 @@ impl Server {
         state.metrics.as_ref()?.local_addr().ok()
     }
 
+    /// Starts persistent definition `name` at boot as a control client's `set-params` and
+    /// `create` would: its parameters first (kept for the VM until it connects), then its
+    /// device process; a failure to start it later is logged.
+    pub fn start_defined(&mut self, name: &str, def: &Definition) -> Result<(), ServerError> {
+        let fail = |why: String| ServerError::Definition {
+            name: name.to_owned(),
+            why,
+        };
+        let (options, params) = def.check().map_err(fail)?;
+        let state = self
+            .manager
+            .subscriber_mut(self.id)
+            .map_err(ServerError::EventLoop)?;
+        state
+            .daemon
+            .set_params(monotonic_ns(), name, &params)
+            .map_err(|e| fail(e.to_string()))?;
+        state
+            .create(None, name, def.socket.clone(), &options)
+            .map_err(|r| match r {
+                Response::Error(e) => fail(e),
+                Response::Ok(v) => fail(v.to_string()),
+            })
+    }
+
     /// Runs until stopped, then stops the children it spawned and removes its sockets.
     pub fn run(mut self) -> Result<(), ServerError> {
         loop {
@@ -470,8 +504,12 @@ struct Written {
 enum Waiting {
     /// Nothing: it runs.
     Running,
-    /// Its socket to appear; answer the control client `token`.
-    Start { token: u32, deadline: Instant },
+    /// Its socket to appear; answer the control client `token`, if any (none for a
+    /// definition started at boot).
+    Start {
+        token: Option<u32>,
+        deadline: Instant,
+    },
     /// Its exit after SIGTERM; answer `token` if any.
     Stop {
         token: Option<u32>,
@@ -1377,7 +1415,7 @@ impl Loop {
                 socket,
                 options,
             } => {
-                return self.create(token, &name, socket, &options).err();
+                return self.create(Some(token), &name, socket, &options).err();
             }
             Request::Destroy { name } => return self.destroy(token, &name).err(),
         };
@@ -1391,7 +1429,7 @@ impl Loop {
     /// Spawns a device process; the answer comes from [`Loop::on_tick`] (`Err` answers now).
     fn create(
         &mut self,
-        token: u32,
+        token: Option<u32>,
         name: &str,
         socket: PathBuf,
         options: &ServerOptions,
@@ -1541,8 +1579,14 @@ impl Loop {
     }
 
     /// Queues a late answer for control client `token` (dropped if it has gone).
+    /// Without a client (a definition started at boot), an error is logged.
     fn answer(&mut self, now: u64, token: Option<u32>, resp: Response, ops: &mut EventOps) {
-        let Some(token) = token else { return };
+        let Some(token) = token else {
+            if let Response::Error(e) = resp {
+                error!("{e}");
+            }
+            return;
+        };
         if let Some(Source::Control(c)) = self.sources.get_mut(&token) {
             c.out.extend_from_slice(&resp.to_line());
             self.flush(now, token, ops);
@@ -1646,7 +1690,7 @@ impl Loop {
                         let info = c.info(&name);
                         c.waiting = Waiting::Running;
                         let v = serde_json::to_value(info).unwrap_or_default();
-                        self.answer(now, Some(token), Response::Ok(v), ops);
+                        self.answer(now, token, Response::Ok(v), ops);
                         continue;
                     }
                     if !late {
@@ -1655,7 +1699,7 @@ impl Loop {
                     let _ = c.child.kill();
                     let _ = c.child.wait();
                     Some((
-                        Some(token),
+                        token,
                         Response::Error(format!(
                             "{name}: socket did not appear within {CREATE_TIMEOUT:?}; stderr:\n{}",
                             c.tail()
@@ -1663,7 +1707,7 @@ impl Loop {
                     ))
                 }
                 (&Waiting::Start { token, .. }, Some(status)) => Some((
-                    Some(token),
+                    token,
                     Response::Error(format!(
                         "{name}: device process exited ({status}); stderr:\n{}",
                         c.tail()
@@ -1685,6 +1729,7 @@ impl Loop {
             };
             if let Some(c) = self.children.remove(&name) {
                 self.daemon.release_name(&name, c.child.id());
+                remove_child_socket(&c.socket);
             }
             if let Some((token, resp)) = answer {
                 self.answer(now, token, resp, ops);
@@ -1707,13 +1752,19 @@ impl Loop {
         }
         let deadline = Instant::now() + STOP_TIMEOUT;
         while !self.children.is_empty() {
-            self.children
-                .retain(|_, c| matches!(c.child.try_wait(), Ok(None)));
+            self.children.retain(|_, c| {
+                let running = matches!(c.child.try_wait(), Ok(None));
+                if !running {
+                    remove_child_socket(&c.socket);
+                }
+                running
+            });
             if Instant::now() > deadline {
                 for (name, c) in &mut self.children {
                     warn!("{name}: killing device process {}", c.child.id());
                     let _ = c.child.kill();
                     let _ = c.child.wait();
+                    remove_child_socket(&c.socket);
                 }
                 self.children.clear();
             }
@@ -1841,6 +1892,17 @@ fn remove_socket(path: &Path) {
         && e.kind() != io::ErrorKind::NotFound
     {
         warn!("removing {}: {e}", path.display());
+    }
+}
+
+/// Removes the socket a device process the daemon created left behind once it is reaped (a
+/// device process killed by a signal does not remove it), so that the VM can be created again
+/// on the same path. `create` made sure nothing was there before; only a socket is removed.
+fn remove_child_socket(path: &Path) {
+    let is_socket =
+        |m: std::fs::Metadata| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type());
+    if std::fs::symlink_metadata(path).is_ok_and(is_socket) {
+        remove_socket(path);
     }
 }
 

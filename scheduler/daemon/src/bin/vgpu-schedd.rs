@@ -1,38 +1,19 @@
-//! `vgpu-schedd --socket PATH --control PATH [--control-group NAME|GID] [--state-dir DIR]
-//! [--metrics 127.0.0.1:PORT] [--policy FILE.toml] [--capacity N] [--switch-cost-us N]
-//! [--cpu-writeback] [--server-bin PATH] [--busy-poll-us N] [--log-level LEVEL]`: the host-wide scheduler daemon.
+//! `vgpu-schedd`: the host-wide scheduler daemon (see `vgpu-schedd --help`).
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Duration;
 
+use clap::Parser;
 use vgpu_schedd::busy_poll;
 use vgpu_schedd::cgroup::CgroupFs;
 use vgpu_schedd::control::lookup_group;
 use vgpu_schedd::daemon::{DaemonConfig, MAX_GROUP_TIMEOUT_NS, MAX_SWITCH_COST_NS};
+use vgpu_schedd::definitions::{DEFAULT_CONFIG_DIR, Store};
 use vgpu_schedd::server::{DeviceIds, Server, ServerConfig};
 use vgpu_scheduler::PolicyConfig;
 use vgpu_scheduler::core::MAX_VGPUS;
-
-const USAGE: &str = "usage: vgpu-schedd --socket PATH --control PATH [--control-group NAME|GID] [--state-dir DIR] [--metrics 127.0.0.1:PORT] [--policy FILE.toml] [--capacity N] [--switch-cost-us N] [--cpu-writeback] [--group-timeout-ms N] [--server-bin PATH] [--device-uid-base UID --device-gid GID] [--busy-poll-us N] [--log-level error|warn|info|debug|trace]
-
-Schedules the GPU command groups of every vgpu-server that connects to the SOCK_SEQPACKET
-socket --socket. --control is the JSON-lines control socket vgpuctl talks to: mode 0600, only
-the daemon's user and root may use it; with --control-group (a name from /etc/group or a
-number) it is 0660 with that group and the group's members may use it too. --state-dir is the
-daemon's own directory (0700; default $XDG_RUNTIME_DIR/vgpu-schedd, else
-/run/vgpu-schedd/state): vgpuctl create -- --dump writes a VM's scanouts to DIR/dump/NAME/.
---metrics serves
-Prometheus text at http://ADDR/metrics (loopback only). --policy starts with the policy of a TOML
-file (policy = \"timegraph\" | \"fair\" | \"pegasus\" | \"vgris\" | \"none\", with its family's
-fields; default none). --capacity is how many groups the GPU runs at once (default 1);
---switch-cost-us the simulated engine's context switch cost. --group-timeout-ms is how long a
-group granted to a device may stay unfinished before the device is dropped (default 2000: the
-Windows TDR delay). --cpu-writeback writes the policy's
-CPU weights to the VMs' cgroups. vgpuctl create runs --server-bin (default: vgpu-server next to
-this binary); with --device-uid-base and --device-gid (numbers, not 0) the k-th of them runs as
-user UID+k and group GID (the daemon must be root), and --socket is 0660 with group GID. --busy-poll-us is the longest the daemon's loop spins for the next device message before it
-sleeps (default 200, 0: never; the window adapts, an idle daemon does not spin). SIGTERM or SIGINT stops the daemon, its children and removes its sockets.";
 
 /// Largest `--capacity`: every vGPU running at once.
 const MAX_CAPACITY: usize = MAX_VGPUS;
@@ -43,26 +24,137 @@ const GROUP_FILE: &str = "/etc/group";
 /// Largest group file read.
 const MAX_GROUP_FILE_BYTES: u64 = 16 * 1024 * 1024;
 
-struct Args {
-    config: ServerConfig,
+/// The host-wide scheduler daemon of vgpu.
+///
+/// Schedules the GPU command groups of every vgpu-server that connects to the SOCK_SEQPACKET
+/// socket --socket. SIGTERM or SIGINT stops the daemon, its children and removes its sockets.
+#[derive(Debug, Parser)]
+#[command(name = "vgpu-schedd", version)]
+struct Cli {
+    /// The SOCK_SEQPACKET socket device processes (vgpu-server --scheduler) connect to.
+    #[arg(long, value_name = "PATH")]
+    socket: PathBuf,
+    /// The JSON-lines control socket vgpuctl talks to: mode 0600, only the daemon's user and
+    /// root may use it (0660 with --control-group).
+    #[arg(long, value_name = "PATH")]
+    control: PathBuf,
+    /// A group (name from /etc/group, or a number) whose members may use the control socket.
+    #[arg(long, value_name = "NAME|GID", value_parser = group_id)]
+    control_group: Option<u32>,
+    /// The daemon's own directory (0700): `vgpuctl create -- --dump` writes a VM's scanouts to
+    /// DIR/dump/NAME/ [default: $XDG_RUNTIME_DIR/vgpu-schedd, else /run/vgpu-schedd/state].
+    #[arg(long, value_name = "DIR", value_parser = absolute_dir)]
+    state_dir: Option<PathBuf>,
+    /// Serve the live dashboard at http://ADDR/ and Prometheus metrics at
+    /// http://ADDR/metrics (loopback addresses only).
+    #[arg(long, visible_alias = "metrics", value_name = "ADDR", value_parser = loopback)]
+    http: Option<SocketAddr>,
+    /// Persistent vGPU definitions (DIR/vgpus/NAME.json): those marked auto are started when
+    /// the daemon starts.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_CONFIG_DIR)]
+    config_dir: PathBuf,
+    /// Start with the policy of a TOML file (policy = "timegraph" | "fair" | "pegasus" |
+    /// "vgris" | "none", with its family's fields) [default: none].
+    #[arg(long, value_name = "FILE.toml", value_parser = read_policy)]
+    policy: Option<PolicyConfig>,
+    /// How many groups the GPU runs at once.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = capacity)]
+    capacity: usize,
+    /// The simulated engine's context switch cost, µs.
+    #[arg(long, value_name = "N", value_parser = switch_cost_ns)]
+    switch_cost_us: Option<u64>,
+    /// How long a group granted to a device may stay unfinished before the device is dropped,
+    /// ms [default: 2000, the Windows TDR delay].
+    #[arg(long, value_name = "N", value_parser = group_timeout_ns)]
+    group_timeout_ms: Option<u64>,
+    /// Write the policy's CPU weights to the VMs' cgroups.
+    #[arg(long)]
+    cpu_writeback: bool,
+    /// The vgpu-server binary `vgpuctl create` runs [default: vgpu-server next to this
+    /// binary].
+    #[arg(long, value_name = "PATH")]
+    server_bin: Option<PathBuf>,
+    /// With --device-gid: the k-th created device process runs as user UID+k (the daemon must
+    /// be root; not 0).
+    #[arg(long, value_name = "UID", requires = "device_gid",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    device_uid_base: Option<u32>,
+    /// With --device-uid-base: the device processes' group, and the group of --socket (then
+    /// 0660; not 0).
+    #[arg(long, value_name = "GID", requires = "device_uid_base",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    device_gid: Option<u32>,
+    /// The longest the daemon's loop spins for the next device message before it sleeps (0:
+    /// never; the window adapts, an idle daemon does not spin) [default: 200].
+    #[arg(long, value_name = "N", value_parser = busy_poll::parse_us)]
+    busy_poll_us: Option<Duration>,
+    /// error, warn, info, debug or trace (RUST_LOG refines it).
+    #[arg(long, value_name = "LEVEL", default_value = "info", value_parser = log_level)]
     log_level: String,
 }
 
-fn number<T: std::str::FromStr>(name: &str, text: &str) -> Result<T, String> {
+fn number<T: std::str::FromStr>(text: &str) -> Result<T, String> {
     text.parse()
-        .map_err(|_| format!("{name}: {text:?} is not a valid number"))
+        .map_err(|_| format!("{text:?} is not a valid number"))
+}
+
+fn capacity(text: &str) -> Result<usize, String> {
+    let n: usize = number(text)?;
+    if !(1..=MAX_CAPACITY).contains(&n) {
+        return Err(format!("{n} is outside 1..={MAX_CAPACITY}"));
+    }
+    Ok(n)
+}
+
+/// `--switch-cost-us` in ns.
+fn switch_cost_ns(text: &str) -> Result<u64, String> {
+    let us: u64 = number(text)?;
+    us.checked_mul(1_000)
+        .filter(|&ns| ns <= MAX_SWITCH_COST_NS)
+        .ok_or(format!("{us} is above {} µs", MAX_SWITCH_COST_NS / 1_000))
+}
+
+/// `--group-timeout-ms` in ns.
+fn group_timeout_ns(text: &str) -> Result<u64, String> {
+    let ms: u64 = number(text)?;
+    ms.checked_mul(1_000_000)
+        .filter(|ns| (1..=MAX_GROUP_TIMEOUT_NS).contains(ns))
+        .ok_or(format!(
+            "{ms} is outside 1..={}",
+            MAX_GROUP_TIMEOUT_NS / 1_000_000
+        ))
+}
+
+fn loopback(text: &str) -> Result<SocketAddr, String> {
+    let addr: SocketAddr = text.parse().map_err(|e| format!("{e}"))?;
+    if !addr.ip().is_loopback() {
+        return Err(format!("{addr} is not a loopback address"));
+    }
+    Ok(addr)
+}
+
+fn absolute_dir(text: &str) -> Result<PathBuf, String> {
+    let dir = PathBuf::from(text);
+    if !dir.is_absolute() {
+        return Err(format!("{} is not absolute", dir.display()));
+    }
+    Ok(dir)
+}
+
+fn log_level(text: &str) -> Result<String, String> {
+    text.parse::<log::LevelFilter>()
+        .map(|_| text.to_owned())
+        .map_err(|_| format!("unknown level {text:?}"))
 }
 
 /// Reads a TOML policy file.
 fn read_policy(path: &str) -> Result<PolicyConfig, String> {
-    let meta = std::fs::metadata(path).map_err(|e| format!("--policy {path}: {e}"))?;
+    let meta = std::fs::metadata(path).map_err(|e| format!("{path}: {e}"))?;
     if meta.len() > MAX_POLICY_FILE_BYTES {
-        return Err(format!(
-            "--policy {path}: larger than {MAX_POLICY_FILE_BYTES} bytes"
-        ));
+        return Err(format!("{path}: larger than {MAX_POLICY_FILE_BYTES} bytes"));
     }
-    let text = std::fs::read_to_string(path).map_err(|e| format!("--policy {path}: {e}"))?;
-    toml::from_str(&text).map_err(|e| format!("--policy {path}: {e}"))
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+    toml::from_str(&text).map_err(|e| format!("{path}: {e}"))
 }
 
 /// The group id of `--control-group`: a number, or a name in [`GROUP_FILE`].
@@ -70,7 +162,7 @@ fn group_id(text: &str) -> Result<u32, String> {
     if let Ok(gid) = text.parse() {
         return Ok(gid);
     }
-    let fail = |e: String| format!("--control-group {text}: {e}");
+    let fail = |e: String| format!("{text}: {e}");
     let meta = std::fs::metadata(GROUP_FILE).map_err(|e| fail(format!("{GROUP_FILE}: {e}")))?;
     if meta.len() > MAX_GROUP_FILE_BYTES {
         return Err(fail(format!("{GROUP_FILE} is too large")));
@@ -97,123 +189,63 @@ fn default_server_bin() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("vgpu-server"))
 }
 
-fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
-    let mut socket = None;
-    let mut control = None;
-    let mut control_group = None;
-    let mut state_dir = None;
-    let mut metrics = None;
-    let mut daemon = DaemonConfig::default();
-    let mut server_bin = None;
-    let mut uid_base = None;
-    let mut device_gid = None;
-    let mut log_level = "info".to_string();
-    let mut busy_poll = busy_poll::DEFAULT_MAX;
-    while let Some(arg) = args.next() {
-        let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
-        match arg.as_str() {
-            "--socket" => socket = Some(PathBuf::from(value("--socket")?)),
-            "--control" => control = Some(PathBuf::from(value("--control")?)),
-            "--control-group" => control_group = Some(group_id(&value("--control-group")?)?),
-            "--state-dir" => {
-                let dir = PathBuf::from(value("--state-dir")?);
-                if !dir.is_absolute() {
-                    return Err(format!("--state-dir: {} is not absolute", dir.display()));
-                }
-                state_dir = Some(dir);
-            }
-            "--metrics" => {
-                let addr: SocketAddr = value("--metrics")?
-                    .parse()
-                    .map_err(|e| format!("--metrics: {e}"))?;
-                if !addr.ip().is_loopback() {
-                    return Err(format!("--metrics: {addr} is not a loopback address"));
-                }
-                metrics = Some(addr);
-            }
-            "--policy" => daemon.policy = read_policy(&value("--policy")?)?,
-            "--capacity" => {
-                let n: usize = number("--capacity", &value("--capacity")?)?;
-                if !(1..=MAX_CAPACITY).contains(&n) {
-                    return Err(format!("--capacity: {n} is outside 1..={MAX_CAPACITY}"));
-                }
-                daemon.capacity = n;
-            }
-            "--switch-cost-us" => {
-                let us: u64 = number("--switch-cost-us", &value("--switch-cost-us")?)?;
-                let ns = us.checked_mul(1_000).filter(|&ns| ns <= MAX_SWITCH_COST_NS);
-                daemon.switch_cost_ns = ns.ok_or(format!(
-                    "--switch-cost-us: {us} is above {} µs",
-                    MAX_SWITCH_COST_NS / 1_000
-                ))?;
-            }
-            "--group-timeout-ms" => {
-                let ms: u64 = number("--group-timeout-ms", &value("--group-timeout-ms")?)?;
-                let ns = ms
-                    .checked_mul(1_000_000)
-                    .filter(|ns| (1..=MAX_GROUP_TIMEOUT_NS).contains(ns));
-                daemon.group_timeout_ns = ns.ok_or(format!(
-                    "--group-timeout-ms: {ms} is outside 1..={}",
-                    MAX_GROUP_TIMEOUT_NS / 1_000_000
-                ))?;
-            }
-            "--cpu-writeback" => daemon.cpu_writeback = true,
-            "--server-bin" => server_bin = Some(PathBuf::from(value("--server-bin")?)),
-            "--device-uid-base" => {
-                uid_base = Some(number("--device-uid-base", &value("--device-uid-base")?)?)
-            }
-            "--device-gid" => device_gid = Some(number("--device-gid", &value("--device-gid")?)?),
-            "--busy-poll-us" => busy_poll = busy_poll::parse_us(&value("--busy-poll-us")?)?,
-            "--log-level" => log_level = value("--log-level")?,
-            "-h" | "--help" => return Err(String::new()),
-            other => return Err(format!("unknown argument {other:?}")),
+impl Cli {
+    /// The server's configuration and the definitions' directory.
+    fn into_config(self) -> (ServerConfig, PathBuf) {
+        let mut daemon = DaemonConfig {
+            capacity: self.capacity,
+            cpu_writeback: self.cpu_writeback,
+            ..DaemonConfig::default()
+        };
+        if let Some(policy) = self.policy {
+            daemon.policy = policy;
         }
-    }
-    if log_level.parse::<log::LevelFilter>().is_err() {
-        return Err(format!("--log-level: unknown level {log_level:?}"));
-    }
-    let device_ids = match (uid_base, device_gid) {
-        (None, None) => None,
-        (Some(0), _) | (_, Some(0)) => {
-            return Err("--device-uid-base and --device-gid must not be 0 (root)".to_string());
+        if let Some(ns) = self.switch_cost_us {
+            daemon.switch_cost_ns = ns;
         }
-        (Some(uid_base), Some(gid)) => Some(DeviceIds { uid_base, gid }),
-        _ => return Err("--device-uid-base and --device-gid go together".to_string()),
-    };
-    Ok(Args {
-        config: ServerConfig {
-            socket: socket.ok_or("--socket is required")?,
-            control: control.ok_or("--control is required")?,
-            control_group,
-            state_dir: state_dir.unwrap_or_else(default_state_dir),
-            metrics,
+        if let Some(ns) = self.group_timeout_ms {
+            daemon.group_timeout_ns = ns;
+        }
+        let device_ids = self
+            .device_uid_base
+            .zip(self.device_gid)
+            .map(|(uid_base, gid)| DeviceIds { uid_base, gid });
+        let config = ServerConfig {
+            socket: self.socket,
+            control: self.control,
+            control_group: self.control_group,
+            state_dir: self.state_dir.unwrap_or_else(default_state_dir),
+            metrics: self.http,
             daemon,
-            server_bin: server_bin.unwrap_or_else(default_server_bin),
+            server_bin: self.server_bin.unwrap_or_else(default_server_bin),
             device_ids,
             cgroups: CgroupFs::default(),
-            busy_poll,
-        },
-        log_level,
-    })
+            busy_poll: self.busy_poll_us.unwrap_or(busy_poll::DEFAULT_MAX),
+        };
+        (config, self.config_dir)
+    }
+}
+
+/// Starts the device process of every definition marked auto in `config_dir`; a definition
+/// that cannot start is logged and skipped.
+fn start_defined(server: &mut Server, config_dir: &Path) {
+    for (name, def) in Store::new(config_dir).auto_started() {
+        match server.start_defined(&name, &def) {
+            Ok(()) => log::info!("{name}: starting its definition"),
+            Err(e) => log::error!("{name}: its definition did not start: {e}"),
+        }
+    }
 }
 
 fn main() -> ExitCode {
-    let args = match parse(std::env::args().skip(1)) {
-        Ok(args) => args,
-        Err(msg) => {
-            if !msg.is_empty() {
-                eprintln!("vgpu-schedd: {msg}");
-            }
-            eprintln!("{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
+    let cli: Cli = vgpu_cli::parse();
     env_logger::Builder::new()
-        .parse_filters(&args.log_level)
+        .parse_filters(&cli.log_level)
         .parse_default_env()
         .format_timestamp_micros()
         .init();
-    let server = match Server::bind(args.config) {
+    let (config, config_dir) = cli.into_config();
+    let mut server = match Server::bind(config) {
         Ok(s) => s,
         Err(e) => {
             log::error!("{e}");
@@ -229,6 +261,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
+    start_defined(&mut server, &config_dir);
     match server.run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -1,82 +1,188 @@
-//! `vgpuctl [--control PATH] [--json] COMMAND`: the control CLI of `vgpu-schedd`.
-//! Exit codes: 0 ok, 1 the daemon refused the request, 2 usage or connection error.
+//! `vgpuctl [--control PATH] [--json] [--config-dir DIR] COMMAND`: the control CLI of
+//! `vgpu-schedd`. Exit codes: 0 ok, 1 the daemon refused the request, 2 usage or connection
+//! error.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, IsTerminal, Write};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use clap::{Parser, Subcommand};
 use serde_json::{Map, Value, json};
 use vgpu_schedd::control::{DEFAULT_CONTROL_PATH, ServerOptions, parse_assignment};
+use vgpu_schedd::definitions::{DEFAULT_CONFIG_DIR, Definition, Store};
 use vgpu_scheduler::PolicyConfig;
-
-const USAGE: &str = "usage: vgpuctl [--control PATH] [--json] COMMAND
-commands:
-  list                               VMs, their vGPUs, the parameters in force (* where
-                                     the policy overrides the VM's own), the policy
-  show [--watch SECONDS] [--count N] live statistics (repeated with --watch)
-  set-policy FILE.toml               install a policy (policy = \"fair\", ...)
-  set VM key=value...                priority, weight, sched=prt|ht, target_fps, slo=µs/s,
-                                     reserve=C_us/T_us/pe|ae
-  focus VM                           the user looks at VM
-  create NAME --socket PATH [-- OPTIONS]
-                                     start a vgpu-server for NAME; OPTIONS: --display WxH,
-                                     --renderer virgl|none, --log-level LEVEL, --exit-on-disconnect,
-                                     --dump (scanouts into the daemon's STATE_DIR/dump/NAME/)
-  destroy NAME                       stop the vgpu-server started for NAME
-exit codes: 0 ok, 1 daemon error, 2 usage or connection error";
 
 /// How long an answer may take: `create` waits up to 10 s for the device's socket.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
-/// Longest `--watch` interval (a day).
+/// Longest `--watch` or `top --interval` (a day).
 const MAX_WATCH_SECONDS: f64 = 86_400.0;
+/// Shortest `top --interval`: a redraw more often than this only flickers.
+const MIN_TOP_SECONDS: f64 = 0.1;
 /// Largest policy file read.
 const MAX_POLICY_FILE_BYTES: u64 = 1024 * 1024;
+/// Clears a terminal and puts the cursor home (`top` redraws in place).
+const CLEAR_SCREEN: &str = "\x1b[H\x1b[2J";
+
+/// The control CLI of vgpu-schedd.
+#[derive(Debug, Parser)]
+#[command(
+    name = "vgpuctl",
+    version,
+    about = "The control CLI of vgpu-schedd: VMs, statistics, policy, parameters, device \
+             processes and persistent vGPU definitions",
+    after_help = "Exit codes: 0 ok, 1 the daemon refused the request, 2 usage or connection error."
+)]
+struct Cli {
+    /// The daemon's control socket.
+    #[arg(long, global = true, value_name = "PATH", default_value = DEFAULT_CONTROL_PATH)]
+    control: PathBuf,
+    /// Print the daemon's raw answers (JSON, one per line) instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    /// Where persistent definitions live (DIR/vgpus/NAME.json).
+    #[arg(long, global = true, value_name = "DIR", default_value = DEFAULT_CONFIG_DIR)]
+    config_dir: PathBuf,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// VMs, their vGPUs and the parameters in force (* where the policy overrides the VM's
+    /// own), the policy, the device processes the daemon started.
+    List {
+        /// List the persistent definitions instead, and whether each is running.
+        #[arg(long)]
+        defined: bool,
+    },
+    /// Live statistics: GPU share, frame rate, latency, queue and each VM's standing under the
+    /// policy (one table, or one every --watch seconds).
+    Show {
+        /// Repeat every SECONDS.
+        #[arg(long, value_name = "SECONDS", value_parser = watch_interval)]
+        watch: Option<Duration>,
+        /// Stop after N tables (with --watch).
+        #[arg(long, value_name = "N", requires = "watch", value_parser = clap::value_parser!(u64).range(1..))]
+        count: Option<u64>,
+    },
+    /// Live statistics refreshed in place on a terminal (successive tables otherwise) until
+    /// Ctrl-C or --count.
+    Top {
+        /// Seconds between refreshes.
+        #[arg(long, value_name = "SECONDS", default_value = "1", value_parser = top_interval)]
+        interval: Duration,
+        /// Stop after N refreshes.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        count: Option<u64>,
+    },
+    /// Install a policy from a TOML file (policy = "timegraph" | "fair" | "pegasus" | "vgris" |
+    /// "none", with its family's fields).
+    SetPolicy {
+        /// The policy file.
+        file: PathBuf,
+    },
+    /// Change a VM's scheduling parameters: priority, weight, sched=prt|ht, target_fps,
+    /// slo=µs/s, reserve=C_us/T_us/pe|ae.
+    Set {
+        /// The VM.
+        vm: String,
+        /// The parameters to change.
+        #[arg(required = true, value_name = "KEY=VALUE")]
+        params: Vec<String>,
+    },
+    /// Tell the daemon the user looks at VM.
+    Focus {
+        /// The VM.
+        vm: String,
+    },
+    /// Start a vgpu-server for NAME through the daemon. OPTIONS: --display WxH,
+    /// --renderer virgl|none, --log-level LEVEL, --exit-on-disconnect, --dump (scanouts into the
+    /// daemon's STATE_DIR/dump/NAME/).
+    Create {
+        /// The VM's name.
+        name: String,
+        /// The vfio-user socket the device serves.
+        #[arg(long, value_name = "PATH")]
+        socket: PathBuf,
+        /// Options for the device process.
+        #[arg(last = true, value_name = "OPTIONS")]
+        options: Vec<String>,
+    },
+    /// Stop the vgpu-server the daemon started for NAME.
+    Destroy {
+        /// The VM's name.
+        name: String,
+    },
+    /// Print the address of the daemon's live web dashboard (with its access token).
+    Dashboard,
+    /// Define a persistent vGPU (CONFIG_DIR/vgpus/NAME.json): its socket, device options and
+    /// scheduling parameters; `start` creates it, and the daemon starts it at boot with --auto.
+    Define {
+        /// The vGPU's (and VM's) name: ASCII letters, digits, '_', '-', '.'.
+        name: String,
+        /// The vfio-user socket its device serves.
+        #[arg(long, value_name = "PATH")]
+        socket: PathBuf,
+        /// Start it whenever vgpu-schedd starts (vgpu-schedd --config-dir).
+        #[arg(long)]
+        auto: bool,
+        /// Scheduling parameters, as `set` takes them.
+        #[arg(value_name = "KEY=VALUE")]
+        params: Vec<String>,
+        /// Options for the device process, as `create` takes them.
+        #[arg(last = true, value_name = "OPTIONS")]
+        options: Vec<String>,
+    },
+    /// Remove a persistent definition (a running device process keeps running).
+    Undefine {
+        /// The vGPU's name.
+        name: String,
+    },
+    /// Start a defined vGPU: apply its parameters, then create its device process.
+    Start {
+        /// The vGPU's name.
+        name: String,
+    },
+    /// Stop a defined vGPU's device process (its definition stays).
+    Stop {
+        /// The vGPU's name.
+        name: String,
+    },
+}
+
+fn seconds(text: &str, min: f64) -> Result<Duration, String> {
+    text.parse()
+        .ok()
+        .filter(|s: &f64| s.is_finite() && *s >= min && *s > 0.0 && *s <= MAX_WATCH_SECONDS)
+        .map(Duration::from_secs_f64)
+        .ok_or(format!(
+            "{text:?} is not a number of seconds in ({min}, {MAX_WATCH_SECONDS}]"
+        ))
+}
+
+fn watch_interval(text: &str) -> Result<Duration, String> {
+    seconds(text, 0.0)
+}
+
+fn top_interval(text: &str) -> Result<Duration, String> {
+    seconds(text, MIN_TOP_SECONDS)
+}
 
 /// Why vgpuctl failed.
+#[derive(Debug)]
 enum Failure {
-    /// Bad arguments or no daemon: exit 2.
+    /// Bad arguments, no daemon, no definition: exit 2.
     Usage(String),
     /// The daemon refused: exit 1.
     Daemon(String),
 }
 
-struct Cli {
-    control: PathBuf,
-    json: bool,
-    command: Vec<String>,
-}
-
-fn parse(args: Vec<String>) -> Result<Cli, Failure> {
-    let mut control = PathBuf::from(DEFAULT_CONTROL_PATH);
-    let mut json = false;
-    let mut it = args.into_iter();
-    while let Some(arg) = it.next() {
-        match arg.as_str() {
-            "--control" => {
-                control = PathBuf::from(
-                    it.next()
-                        .ok_or(Failure::Usage("--control needs a value".into()))?,
-                )
-            }
-            "--json" => json = true,
-            "-h" | "--help" => return Err(Failure::Usage(String::new())),
-            _ if arg.starts_with("--") => {
-                return Err(Failure::Usage(format!("unknown option {arg:?}")));
-            }
-            _ => {
-                let mut command = vec![arg];
-                command.extend(it);
-                return Ok(Cli {
-                    control,
-                    json,
-                    command,
-                });
-            }
-        }
+impl From<vgpu_schedd::definitions::DefinitionError> for Failure {
+    fn from(e: vgpu_schedd::definitions::DefinitionError) -> Failure {
+        Failure::Usage(e.to_string())
     }
-    Err(Failure::Usage("no command".into()))
 }
 
 /// A connection to the daemon's control socket.
@@ -86,7 +192,7 @@ struct Conn {
 }
 
 impl Conn {
-    fn open(path: &PathBuf) -> Result<Conn, Failure> {
+    fn open(path: &Path) -> Result<Conn, Failure> {
         let fail = |e: std::io::Error| Failure::Usage(format!("{}: {e}", path.display()));
         let writer = UnixStream::connect(path).map_err(fail)?;
         writer
@@ -120,6 +226,7 @@ impl Conn {
     }
 }
 
+/// A JSON value as a table cell: `-` for none, numbers with one decimal.
 fn cell(v: Option<&Value>) -> String {
     match v {
         None | Some(Value::Null) => "-".into(),
@@ -132,26 +239,48 @@ fn cell(v: Option<&Value>) -> String {
     }
 }
 
-/// Prints rows as an aligned table with a header.
-fn table(header: &[&str], rows: &[Vec<String>]) {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+/// How a column's cells line up.
+#[derive(Clone, Copy)]
+enum Align {
+    Left,
+    Right,
+}
+
+/// Rows as aligned lines under a header.
+fn table(header: &[(&str, Align)], rows: &[Vec<String>]) -> Vec<String> {
+    let mut widths: Vec<usize> = header.iter().map(|(h, _)| h.chars().count()).collect();
     for row in rows {
         for (w, c) in widths.iter_mut().zip(row) {
             *w = (*w).max(c.chars().count());
         }
     }
-    let line = |cells: Vec<String>| {
+    let line = |cells: &[String]| {
         let parts: Vec<String> = cells
             .iter()
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:<w$}"))
+            .zip(header.iter().zip(&widths))
+            .map(|(c, ((_, align), w))| match align {
+                Align::Left => format!("{c:<w$}"),
+                Align::Right => format!("{c:>w$}"),
+            })
             .collect();
-        println!("{}", parts.join("  ").trim_end());
+        parts.join("  ").trim_end().to_owned()
     };
-    line(header.iter().map(|h| h.to_string()).collect());
-    for row in rows {
-        line(row.clone());
-    }
+    let names: Vec<String> = header.iter().map(|(h, _)| (*h).to_owned()).collect();
+    std::iter::once(line(&names))
+        .chain(rows.iter().map(|r| line(r)))
+        .collect()
+}
+
+/// Nanoseconds as milliseconds with one decimal.
+fn ms(ns: f64) -> String {
+    format!("{:.1}", ns / 1e6)
+}
+
+/// Nanoseconds as signed milliseconds with one decimal (`+0.0` for what rounds to zero).
+fn signed_ms(ns: f64) -> String {
+    let v = ns / 1e6;
+    let v = if v.abs() < 0.05 { 0.0 } else { v };
+    format!("{v:+.1}")
 }
 
 /// Appended to a `list` value that the policy applies in place of the VM's own.
@@ -160,35 +289,45 @@ const POLICY_MARK: char = '*';
 const POLICY_LEGEND: &str =
     "* set by the policy (spec lines, focus, its defaults, admission control), not by `set`";
 
-/// A reserve as `C_us/T_us/enforcement`, with `@name` for a Shared reserve; `-` for none.
-fn reserve_cell(r: Option<&Value>) -> String {
-    let text = r.and_then(|r| {
-        let mut text = format!(
-            "{}/{}/{}",
-            r.get("c")?.as_u64()? / 1_000,
-            r.get("t")?.as_u64()? / 1_000,
-            r.get("enforcement")?.as_str()?
-        );
-        if let Some(name) = r.get("shared").and_then(Value::as_str) {
-            text.push('@');
-            text.push_str(name);
+/// A parameter's value as `vgpuctl set` and `define` take it (`-` for none): a reserve as
+/// `C_us/T_us/pe|ae` (with `@name` for a Shared reserve), `slo` in µs of GPU time per second,
+/// a priority of `max` for the highest (a focused wildcard spec line's).
+fn param_text(key: &str, v: Option<&Value>) -> String {
+    let us = |ns: &Value| ns.as_u64().map(|ns| ns / 1_000);
+    let text = v.filter(|v| !v.is_null()).and_then(|v| match key {
+        "reserve" => {
+            let mut text = format!(
+                "{}/{}/{}",
+                us(v.get("c")?)?,
+                us(v.get("t")?)?,
+                v.get("enforcement")?.as_str()?
+            );
+            if let Some(name) = v.get("shared").and_then(Value::as_str) {
+                text.push('@');
+                text.push_str(name);
+            }
+            Some(text)
         }
-        Some(text)
+        "slo" => us(v).map(|us| us.to_string()),
+        "priority" if v.as_u64() == Some(u64::from(u32::MAX)) => Some("max".into()),
+        _ => Some(cell(Some(v))),
     });
     text.unwrap_or_else(|| "-".into())
 }
 
-/// A priority; `max` for the highest (a focused wildcard spec line's).
-fn priority_cell(p: Option<&Value>) -> String {
-    match p.and_then(Value::as_u64) {
-        Some(p) if p == u64::from(u32::MAX) => "max".into(),
-        _ => cell(p),
+/// `yes` / `no` for a flag.
+fn yes_no(v: Option<&Value>) -> String {
+    if v.and_then(Value::as_bool).unwrap_or(false) {
+        "yes".into()
+    } else {
+        "no".into()
     }
 }
 
-fn print_list(v: &Value) {
+/// The lines of `vgpuctl list`: the parameters in the units and syntax `set` takes.
+fn list_lines(v: &Value) -> Vec<String> {
     let policy = v.get("policy").and_then(|p| p.get("policy"));
-    println!("policy: {}", cell(policy));
+    let mut lines = vec![format!("policy: {}", cell(policy))];
     let empty = Vec::new();
     let vms = v.get("vms").and_then(Value::as_array).unwrap_or(&empty);
     let mut marked = false;
@@ -197,7 +336,8 @@ fn print_list(v: &Value) {
         // What the policy applies; a VM that is away has only its own parameters.
         let own = vm.get("params");
         let applied = vm.get("effective").filter(|e| !e.is_null()).or(own);
-        let mut show = |key: &str, text: String| {
+        let mut show = |key: &str| {
+            let text = param_text(key, applied.and_then(|a| a.get(key)));
             if applied.and_then(|a| a.get(key)) == own.and_then(|p| p.get(key)) {
                 text
             } else {
@@ -205,50 +345,46 @@ fn print_list(v: &Value) {
                 format!("{text}{POLICY_MARK}")
             }
         };
-        let field = |k: &str| cell(applied.and_then(|p| p.get(k)));
         rows.push(vec![
             cell(vm.get("name")),
             cell(vm.get("vgpu")),
-            cell(vm.get("connected")),
+            yes_no(vm.get("connected")),
             cell(vm.get("device_pid")),
             cell(vm.get("qemu_pid")),
-            show(
-                "priority",
-                priority_cell(applied.and_then(|p| p.get("priority"))),
-            ),
-            show("weight", field("weight")),
-            show("sched", field("sched")),
-            show(
-                "reserve",
-                reserve_cell(applied.and_then(|p| p.get("reserve"))),
-            ),
-            show("target_fps", field("target_fps")),
+            show("priority"),
+            show("weight"),
+            show("sched"),
+            show("reserve"),
+            show("slo"),
+            show("target_fps"),
         ]);
     }
-    table(
+    use Align::{Left, Right};
+    lines.extend(table(
         &[
-            "VM",
-            "vGPU",
-            "connected",
-            "pid",
-            "qemu",
-            "priority",
-            "weight",
-            "sched",
-            "reserve",
-            "fps target",
+            ("VM", Left),
+            ("vGPU", Right),
+            ("connected", Left),
+            ("pid", Right),
+            ("qemu", Right),
+            ("priority", Right),
+            ("weight", Right),
+            ("sched", Left),
+            ("reserve C/T µs", Left),
+            ("slo µs/s", Right),
+            ("fps target", Right),
         ],
         &rows,
-    );
+    ));
     if marked {
-        println!("{POLICY_LEGEND}");
+        lines.push(POLICY_LEGEND.to_owned());
     }
     let children = v
         .get("children")
         .and_then(Value::as_array)
         .unwrap_or(&empty);
     if !children.is_empty() {
-        println!();
+        lines.push(String::new());
         let rows: Vec<Vec<String>> = children
             .iter()
             .map(|c| {
@@ -259,84 +395,202 @@ fn print_list(v: &Value) {
                 ]
             })
             .collect();
-        table(&["child", "pid", "socket"], &rows);
+        lines.extend(table(
+            &[("device process", Left), ("pid", Right), ("socket", Left)],
+            &rows,
+        ));
+    }
+    lines
+}
+
+/// A policy figure of a VM's statistics.
+fn figure(figures: &Map<String, Value>, key: &str) -> Option<f64> {
+    figures.get(key).and_then(Value::as_f64)
+}
+
+/// A VM's standing under the policy family `policy`, in a few words: TimeGraph's reserve
+/// budget (`reserve 3.0/5.0 ms`) or priority (`prio 3 ht`), fair queuing's lead over the
+/// system virtual time (`vt +0.4 ms`), Pegasus's credit (`credits +1.2 ms`), VGRIS's share and
+/// budget (`share 25 % +1.0 ms`) or SLA delay (`delay 2.1 ms`); `-` where the policy reports
+/// nothing (policy none, a VM away).
+fn policy_cell(policy: &str, figures: &Map<String, Value>) -> String {
+    let f = |k| figure(figures, k);
+    let flag = |k| f(k).is_some_and(|x| x != 0.0);
+    let text = match policy {
+        "timegraph" => f("priority").map(|prio| {
+            let mut text = match (f("budget_ns"), f("capacity_ns")) {
+                (Some(b), Some(c)) if flag("admitted") => format!("reserve {}/{} ms", ms(b), ms(c)),
+                _ if flag("reserved") => format!("reserve refused, prio {prio:.0}"),
+                _ if flag("ht") => format!("prio {prio:.0} ht"),
+                _ => format!("prio {prio:.0} prt"),
+            };
+            if flag("throttled") {
+                text.push_str(", throttled");
+            }
+            text
+        }),
+        "fair" => f("lag_ms").map(|lag| {
+            let mut text = format!("vt {} ms", signed_ms(lag * 1e6));
+            if flag("over") {
+                text.push_str(", over");
+            }
+            text
+        }),
+        p if p.starts_with("pegasus") => f("credit_ns").map(|credit| {
+            let mut text = format!("credits {} ms", signed_ms(credit));
+            if flag("slo_violated") {
+                text.push_str(", SLO missed");
+            }
+            text
+        }),
+        "vgris" if flag("sla_aware") => f("delay_ns").map(|d| format!("delay {} ms", ms(d))),
+        "vgris" => f("share").map(|share| {
+            let budget = f("budget_ns").unwrap_or(0.0);
+            format!("share {:.0} % {} ms", share * 100.0, signed_ms(budget))
+        }),
+        _ => None,
+    };
+    text.unwrap_or_else(|| "-".into())
+}
+
+/// Latency percentiles in µs as `p50/p99` in ms, or in µs where both are below 1 ms.
+fn latency_cell(p50_us: f64, p99_us: f64) -> String {
+    if p99_us < 1_000.0 {
+        format!("{p50_us:.0}/{p99_us:.0} µs")
+    } else {
+        format!("{:.1}/{:.1} ms", p50_us / 1e3, p99_us / 1e3)
     }
 }
 
-/// A VM's budget as `remaining/capacity unit` ("3.2/5.0 ms", in µs below a 1 ms capacity), or
-/// `-` where it has none.
-fn budget_cell(budget: Option<&Value>) -> String {
-    let field = |k| budget.and_then(|b| b.get(k)).and_then(Value::as_f64);
-    let (Some(left), Some(capacity)) = (field("remaining_ns"), field("capacity_ns")) else {
-        return "-".to_owned();
-    };
-    let (per_unit, unit) = if capacity >= 1e6 {
-        (1e6, "ms")
-    } else {
-        (1e3, "µs")
-    };
-    format!("{:.1}/{:.1} {unit}", left / per_unit, capacity / per_unit)
-}
-
-fn print_stats(v: &Value) {
-    println!(
-        "policy: {}  engine busy: {:.1} %",
-        cell(v.get("policy")),
-        v.get("engine_busy").and_then(Value::as_f64).unwrap_or(0.0) * 100.0
-    );
+/// The lines of `vgpuctl show` for a `stats` answer.
+fn stats_lines(v: &Value) -> Vec<String> {
+    let policy = v.get("policy").and_then(Value::as_str).unwrap_or("-");
+    let busy = v.get("engine_busy").and_then(Value::as_f64).unwrap_or(0.0) * 100.0;
     let empty = Vec::new();
     let vms = v.get("vms").and_then(Value::as_array).unwrap_or(&empty);
+    let no_figures = Map::new();
     let rows: Vec<Vec<String>> = vms
         .iter()
         .map(|vm| {
-            let share = vm.get("gpu_share").and_then(Value::as_f64).unwrap_or(0.0) * 100.0;
+            let num = |k| vm.get(k).and_then(Value::as_f64).unwrap_or(0.0);
+            let connected = vm.get("connected").and_then(Value::as_bool) == Some(true);
+            let live = |text: String| if connected { text } else { "-".into() };
             let figures = vm
                 .get("figures")
                 .and_then(Value::as_object)
-                .map(|f| {
-                    f.iter()
-                        .map(|(k, x)| format!("{k}={}", cell(Some(x))))
-                        .collect::<Vec<_>>()
-                        .join(" ")
-                })
-                .unwrap_or_default();
+                .unwrap_or(&no_figures);
             vec![
                 cell(vm.get("name")),
                 cell(vm.get("vgpu")),
-                cell(vm.get("connected")),
-                format!("{share:.1}"),
-                cell(vm.get("groups_per_sec")),
-                cell(vm.get("queue_depth")),
-                cell(vm.get("in_flight")),
-                cell(vm.get("fps")),
-                cell(vm.get("latency_p50_us")),
-                cell(vm.get("latency_p99_us")),
-                budget_cell(vm.get("budget")),
-                figures,
+                (if connected { "connected" } else { "away" }).into(),
+                live(format!("{:.1} %", num("gpu_share") * 100.0)),
+                live(format!("{:.1} fps", num("fps"))),
+                live(format!("{:.1}/s", num("groups_per_sec"))),
+                live(cell(vm.get("queue_depth"))),
+                live(cell(vm.get("in_flight"))),
+                live(latency_cell(num("latency_p50_us"), num("latency_p99_us"))),
+                policy_cell(policy, figures),
             ]
         })
         .collect();
-    table(
+    use Align::{Left, Right};
+    let mut lines = vec![format!(
+        "policy: {policy}  engine busy: {busy:.1} %  VMs: {}",
+        vms.len()
+    )];
+    lines.extend(table(
         &[
-            "VM",
-            "vGPU",
-            "connected",
-            "share %",
-            "groups/s",
-            "queue",
-            "in flight",
-            "fps",
-            "p50 µs",
-            "p99 µs",
-            "budget",
-            "policy figures",
+            ("VM", Left),
+            ("vGPU", Right),
+            ("state", Left),
+            ("GPU share", Right),
+            ("frame rate", Right),
+            ("groups", Right),
+            ("queue", Right),
+            ("in flight", Right),
+            ("latency p50/p99", Right),
+            ("policy", Left),
         ],
         &rows,
-    );
+    ));
+    lines
 }
 
-fn read_policy(path: &str) -> Result<Value, Failure> {
-    let fail = |e: String| Failure::Usage(format!("{path}: {e}"));
+/// A definition's parameters as `define` takes them (`priority=3 reserve=2000/10000/pe`), `-`
+/// for none.
+fn params_summary(params: &std::collections::BTreeMap<String, Value>) -> String {
+    let parts: Vec<String> = params
+        .iter()
+        .map(|(k, v)| format!("{k}={}", param_text(k, Some(v))))
+        .collect();
+    if parts.is_empty() {
+        "-".into()
+    } else {
+        parts.join(" ")
+    }
+}
+
+/// What `list --defined` knows of one definition.
+struct DefinedRow {
+    name: String,
+    /// The definition, or why its file is not one.
+    definition: Result<Definition, String>,
+    /// The pid of its device process, if the daemon runs one.
+    pid: Option<u64>,
+}
+
+/// The lines of `vgpuctl list --defined`; `daemon_known` is false when the daemon could not be
+/// asked what runs.
+fn defined_lines(rows: &[DefinedRow], daemon_known: bool) -> Vec<String> {
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            let state = match (&r.definition, r.pid) {
+                (_, Some(pid)) => format!("running (pid {pid})"),
+                (Err(_), None) => "broken".into(),
+                (Ok(_), None) if daemon_known => "stopped".into(),
+                (Ok(_), None) => "?".into(),
+            };
+            match &r.definition {
+                Ok(d) => vec![
+                    r.name.clone(),
+                    (if d.auto { "yes" } else { "no" }).into(),
+                    state,
+                    d.socket.display().to_string(),
+                    if d.server_args.is_empty() {
+                        "-".into()
+                    } else {
+                        d.server_args.join(" ")
+                    },
+                    params_summary(&d.params),
+                ],
+                Err(why) => vec![
+                    r.name.clone(),
+                    "-".into(),
+                    state,
+                    "-".into(),
+                    "-".into(),
+                    why.clone(),
+                ],
+            }
+        })
+        .collect();
+    use Align::Left;
+    table(
+        &[
+            ("vGPU", Left),
+            ("auto", Left),
+            ("state", Left),
+            ("socket", Left),
+            ("device options", Left),
+            ("parameters", Left),
+        ],
+        &cells,
+    )
+}
+
+fn read_policy(path: &Path) -> Result<Value, Failure> {
+    let fail = |e: String| Failure::Usage(format!("{}: {e}", path.display()));
     let meta = std::fs::metadata(path).map_err(|e| fail(e.to_string()))?;
     if meta.len() > MAX_POLICY_FILE_BYTES {
         return Err(fail(format!("larger than {MAX_POLICY_FILE_BYTES} bytes")));
@@ -346,143 +600,530 @@ fn read_policy(path: &str) -> Result<Value, Failure> {
     serde_json::to_value(policy).map_err(|e| fail(e.to_string()))
 }
 
-fn usage<T>(msg: &str) -> Result<T, Failure> {
-    Err(Failure::Usage(msg.to_owned()))
+/// `key=value` assignments as the `params` of a `set-params` request.
+fn assignments(list: &[String]) -> Result<Map<String, Value>, Failure> {
+    let mut params = Map::new();
+    for a in list {
+        let (k, v) = parse_assignment(a).map_err(|e| Failure::Usage(e.to_string()))?;
+        params.insert(k.to_owned(), v);
+    }
+    Ok(params)
+}
+
+/// Checks device options as the daemon will and makes the socket path absolute.
+fn device_request(socket: &Path, options: &[String]) -> Result<PathBuf, Failure> {
+    ServerOptions::try_from(options.to_vec()).map_err(|e| Failure::Usage(e.to_string()))?;
+    std::path::absolute(socket).map_err(|e| Failure::Usage(format!("--socket: {e}")))
+}
+
+/// Prints an answer: raw with `--json`, else through `shape`.
+fn print_answer(json: bool, answer: &Value, shape: fn(&Value) -> Vec<String>) {
+    if json {
+        println!("{answer}");
+    } else {
+        for line in shape(answer) {
+            println!("{line}");
+        }
+    }
+}
+
+fn created_lines(v: &Value) -> Vec<String> {
+    let mut line = format!(
+        "{} pid {} at {}",
+        cell(v.get("name")),
+        cell(v.get("pid")),
+        cell(v.get("socket"))
+    );
+    if let Some(dir) = v.get("dump_dir").filter(|d| !d.is_null()) {
+        line.push_str(&format!(", dumps in {}", cell(Some(dir))));
+    }
+    vec![line]
+}
+
+fn destroyed_lines(v: &Value) -> Vec<String> {
+    vec![format!(
+        "{}: {}",
+        cell(v.get("name")),
+        cell(v.get("status"))
+    )]
 }
 
 fn run(cli: Cli) -> Result<(), Failure> {
-    let words: Vec<&str> = cli.command.iter().map(String::as_str).collect();
-    let (request, shape): (Value, fn(&Value)) = match words.as_slice() {
-        ["list"] => (json!({"cmd": "list"}), print_list),
-        ["show", rest @ ..] => return show(&cli, rest),
-        ["set-policy", file] => (
+    let store = Store::new(&cli.config_dir);
+    let (request, shape): (Value, fn(&Value) -> Vec<String>) = match &cli.command {
+        Cmd::List { defined: true } => return list_defined(&cli, &store),
+        Cmd::List { defined: false } => (json!({"cmd": "list"}), list_lines),
+        Cmd::Show { watch, count } => {
+            let count = if watch.is_some() { *count } else { Some(1) };
+            return show(&cli, *watch, count, false);
+        }
+        Cmd::Top { interval, count } => {
+            let in_place = std::io::stdout().is_terminal();
+            return show(&cli, Some(*interval), *count, in_place);
+        }
+        Cmd::SetPolicy { file } => (
             json!({"cmd": "set-policy", "policy": read_policy(file)?}),
-            |v| println!("policy: {}", cell(v.get("policy"))),
+            |v| vec![format!("policy: {}", cell(v.get("policy")))],
         ),
-        ["set", vm, assignments @ ..] if !assignments.is_empty() => {
-            let mut params = Map::new();
-            for a in assignments {
-                let (k, v) = parse_assignment(a).map_err(|e| Failure::Usage(e.to_string()))?;
-                params.insert(k.to_owned(), v);
-            }
+        Cmd::Set { vm, params } => (
+            json!({"cmd": "set-params", "vm": vm, "params": assignments(params)?}),
+            |v| vec![v.to_string()],
+        ),
+        Cmd::Focus { vm } => (json!({"cmd": "focus", "vm": vm}), |_| Vec::new()),
+        Cmd::Create {
+            name,
+            socket,
+            options,
+        } => {
+            let socket = device_request(socket, options)?;
             (
-                json!({"cmd": "set-params", "vm": vm, "params": params}),
-                |v| println!("{v}"),
+                json!({"cmd": "create", "name": name, "socket": socket, "args": options}),
+                created_lines,
             )
         }
-        ["focus", vm] => (json!({"cmd": "focus", "vm": vm}), |_| {}),
-        ["create", name, "--socket", socket, rest @ ..] => {
-            let extra = match rest {
-                [] => &[][..],
-                ["--", extra @ ..] => extra,
-                _ => return usage("create NAME --socket PATH [-- OPTIONS]"),
+        Cmd::Destroy { name } | Cmd::Stop { name } => {
+            if matches!(cli.command, Cmd::Stop { .. }) {
+                store.read(name)?;
+            }
+            (json!({"cmd": "destroy", "name": name}), destroyed_lines)
+        }
+        Cmd::Dashboard => (json!({"cmd": "dashboard"}), |v| vec![cell(v.get("url"))]),
+        Cmd::Define {
+            name,
+            socket,
+            auto,
+            params,
+            options,
+        } => {
+            let def = Definition {
+                socket: device_request(socket, options)?,
+                server_args: options.clone(),
+                params: assignments(params)?.into_iter().collect(),
+                auto: *auto,
             };
-            let owned: Vec<String> = extra.iter().map(|a| a.to_string()).collect();
-            if let Err(e) = ServerOptions::try_from(owned) {
-                return usage(&e.to_string());
+            store.define(name, &def)?;
+            let path = store.path(name)?;
+            if cli.json {
+                println!("{}", json!({"name": name, "path": path, "definition": def}));
+            } else {
+                let auto = if def.auto { " (started at boot)" } else { "" };
+                println!("{name} defined in {}{auto}", path.display());
             }
-            let socket = std::path::absolute(socket)
-                .map_err(|e| Failure::Usage(format!("--socket: {e}")))?;
-            (
-                json!({"cmd": "create", "name": name, "socket": socket, "args": extra}),
-                |v| {
-                    print!(
-                        "{} pid {} at {}",
-                        cell(v.get("name")),
-                        cell(v.get("pid")),
-                        cell(v.get("socket"))
-                    );
-                    match v.get("dump_dir") {
-                        Some(dir) if !dir.is_null() => println!(", dumps in {}", cell(Some(dir))),
-                        _ => println!(),
-                    }
-                },
-            )
+            return Ok(());
         }
-        ["destroy", name] => (json!({"cmd": "destroy", "name": name}), |v| {
-            println!("{}: {}", cell(v.get("name")), cell(v.get("status")))
-        }),
-        _ => return usage("unknown command or wrong arguments"),
+        Cmd::Undefine { name } => {
+            store.undefine(name)?;
+            if cli.json {
+                println!("{}", json!({"name": name}));
+            } else {
+                println!("{name} undefined");
+            }
+            return Ok(());
+        }
+        Cmd::Start { name } => return start(&cli, &store, name),
     };
     let mut conn = Conn::open(&cli.control)?;
     let answer = conn.call(&request)?;
+    print_answer(cli.json, &answer, shape);
+    Ok(())
+}
+
+/// `start NAME`: the definition's parameters first (the daemon keeps them for a VM that has
+/// not connected yet, so they are in force from its first group), then its device process.
+fn start(cli: &Cli, store: &Store, name: &str) -> Result<(), Failure> {
+    let def = store.read(name)?;
+    let mut conn = Conn::open(&cli.control)?;
+    if !def.params.is_empty() {
+        conn.call(&json!({"cmd": "set-params", "vm": name, "params": def.params}))?;
+    }
+    let answer = conn.call(&json!({
+        "cmd": "create",
+        "name": name,
+        "socket": def.socket,
+        "args": def.server_args,
+    }))?;
+    print_answer(cli.json, &answer, created_lines);
+    Ok(())
+}
+
+/// `list --defined`: every definition and whether the daemon runs its device process. The
+/// definitions are listed even when the daemon cannot be asked (state `?`).
+fn list_defined(cli: &Cli, store: &Store) -> Result<(), Failure> {
+    let listed = store.list()?;
+    let running = Conn::open(&cli.control).and_then(|mut c| c.call(&json!({"cmd": "list"})));
+    let children = match &running {
+        Ok(v) => v.get("children").and_then(Value::as_array).cloned(),
+        Err(Failure::Usage(e) | Failure::Daemon(e)) => {
+            eprintln!("vgpuctl: cannot tell what runs: {e}");
+            None
+        }
+    };
+    let pid_of = |name: &str| {
+        children
+            .iter()
+            .flatten()
+            .find(|c| c.get("name").and_then(Value::as_str) == Some(name))
+            .and_then(|c| c.get("pid"))
+            .and_then(Value::as_u64)
+    };
+    let rows: Vec<DefinedRow> = listed
+        .into_iter()
+        .map(|(name, def)| DefinedRow {
+            pid: pid_of(&name),
+            definition: def.map_err(|e| e.to_string()),
+            name,
+        })
+        .collect();
     if cli.json {
-        println!("{answer}");
+        let entries: Vec<Value> = rows
+            .iter()
+            .map(|r| match &r.definition {
+                Ok(d) => json!({"name": r.name, "definition": d, "pid": r.pid}),
+                Err(e) => json!({"name": r.name, "error": e, "pid": r.pid}),
+            })
+            .collect();
+        println!("{}", Value::Array(entries));
     } else {
-        shape(&answer);
+        for line in defined_lines(&rows, children.is_some()) {
+            println!("{line}");
+        }
     }
     Ok(())
 }
 
-fn show(cli: &Cli, rest: &[&str]) -> Result<(), Failure> {
-    let mut watch = None;
-    let mut count = None;
-    let mut it = rest.iter();
-    while let Some(opt) = it.next() {
-        let value = it
-            .next()
-            .ok_or(Failure::Usage(format!("{opt} needs a value")))?;
-        match *opt {
-            "--watch" => {
-                let s: f64 = value
-                    .parse()
-                    .ok()
-                    .filter(|s: &f64| s.is_finite() && *s > 0.0 && *s <= MAX_WATCH_SECONDS)
-                    .ok_or(Failure::Usage(format!("--watch: bad interval {value:?}")))?;
-                watch = Some(Duration::from_secs_f64(s));
-            }
-            "--count" => {
-                let n: u64 = value
-                    .parse()
-                    .ok()
-                    .filter(|&n| n > 0)
-                    .ok_or(Failure::Usage(format!("--count: bad count {value:?}")))?;
-                count = Some(n);
-            }
-            _ => return usage("show [--watch SECONDS] [--count N]"),
-        }
-    }
-    let count = match (watch, count) {
-        (None, None) => Some(1),
-        (None, Some(_)) => return usage("--count needs --watch"),
-        (Some(_), c) => c,
-    };
+/// `show` and `top`: statistics every `every` (once without), `count` times (forever
+/// without), redrawn in place when `in_place`.
+fn show(
+    cli: &Cli,
+    every: Option<Duration>,
+    count: Option<u64>,
+    in_place: bool,
+) -> Result<(), Failure> {
     let mut conn = Conn::open(&cli.control)?;
     let mut shown = 0u64;
     loop {
         let answer = conn.call(&json!({"cmd": "stats"}))?;
+        let mut out = String::new();
         if cli.json {
-            println!("{answer}");
+            out.push_str(&answer.to_string());
+            out.push('\n');
         } else {
-            if shown > 0 {
-                println!();
+            if in_place {
+                out.push_str(CLEAR_SCREEN);
+            } else if shown > 0 {
+                out.push('\n');
             }
-            print_stats(&answer);
+            for line in stats_lines(&answer) {
+                out.push_str(&line);
+                out.push('\n');
+            }
         }
+        let mut stdout = std::io::stdout().lock();
+        stdout
+            .write_all(out.as_bytes())
+            .and_then(|()| stdout.flush())
+            .map_err(|e| Failure::Usage(format!("stdout: {e}")))?;
+        drop(stdout);
         shown = shown.saturating_add(1);
         if count.is_some_and(|c| shown >= c) {
             return Ok(());
         }
-        if let Some(w) = watch {
+        if let Some(w) = every {
             std::thread::sleep(w);
         }
     }
 }
 
 fn main() -> ExitCode {
-    let result = parse(std::env::args().skip(1).collect()).and_then(run);
-    match result {
+    let cli: Cli = vgpu_cli::parse();
+    match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::Daemon(e)) => {
             eprintln!("vgpuctl: {e}");
             ExitCode::from(1)
         }
         Err(Failure::Usage(e)) => {
-            if !e.is_empty() {
-                eprintln!("vgpuctl: {e}");
-            }
-            eprintln!("{USAGE}");
+            eprintln!("vgpuctl: {e}");
             ExitCode::from(2)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vgpu_cli::{Parsed, try_parse_from};
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        match try_parse_from::<Cli, _, _>(std::iter::once("vgpuctl").chain(args.iter().copied()))? {
+            Parsed::Run(cli) => Ok(cli),
+            Parsed::Generated(_) => panic!("generated"),
+        }
+    }
+
+    #[test]
+    fn the_old_command_lines_still_parse() {
+        let cli = parse(&["--control", "/tmp/c", "--json", "show"]).unwrap();
+        assert_eq!(cli.control, Path::new("/tmp/c"));
+        assert!(cli.json);
+        assert!(matches!(
+            cli.command,
+            Cmd::Show {
+                watch: None,
+                count: None
+            }
+        ));
+        let cli = parse(&["show", "--watch", "5", "--count", "3", "--control=/x"]).unwrap();
+        assert_eq!(cli.control, Path::new("/x"));
+        assert!(matches!(
+            cli.command,
+            Cmd::Show { watch: Some(w), count: Some(3) } if w == Duration::from_secs(5)
+        ));
+        let cli = parse(&["create", "vm1", "--socket", "/run/a.sock"]).unwrap();
+        assert!(
+            matches!(cli.command, Cmd::Create { ref name, ref options, .. } if name == "vm1" && options.is_empty())
+        );
+        let cli = parse(&[
+            "create",
+            "vm1",
+            "--socket=/run/a",
+            "--",
+            "--display",
+            "640x480",
+        ])
+        .unwrap();
+        assert!(
+            matches!(cli.command, Cmd::Create { ref options, .. } if options == &["--display", "640x480"])
+        );
+        let cli = parse(&["set", "a", "priority=3", "weight=5"]).unwrap();
+        assert!(matches!(cli.command, Cmd::Set { ref params, .. } if params.len() == 2));
+        assert_eq!(parse(&["list"]).unwrap().config_dir, Path::new("/etc/vgpu"));
+    }
+
+    #[test]
+    fn definitions_parse() {
+        let cli = parse(&[
+            "--config-dir=/tmp/cfg",
+            "define",
+            "vm1",
+            "--socket",
+            "/run/vm1.sock",
+            "priority=3",
+            "--auto",
+            "--",
+            "--renderer",
+            "none",
+        ])
+        .unwrap();
+        assert_eq!(cli.config_dir, Path::new("/tmp/cfg"));
+        let Cmd::Define {
+            name,
+            auto,
+            params,
+            options,
+            ..
+        } = cli.command
+        else {
+            panic!()
+        };
+        assert_eq!((name.as_str(), auto), ("vm1", true));
+        assert_eq!(params, ["priority=3"]);
+        assert_eq!(options, ["--renderer", "none"]);
+        assert!(matches!(
+            parse(&["list", "--defined"]).unwrap().command,
+            Cmd::List { defined: true }
+        ));
+        for ok in [
+            &["start", "a"][..],
+            &["stop", "a"],
+            &["undefine", "a"],
+            &["dashboard"],
+        ] {
+            assert!(parse(ok).is_ok(), "{ok:?}");
+        }
+    }
+
+    #[test]
+    fn usage_errors_are_refused() {
+        for bad in [
+            &[][..],
+            &["show", "--count", "3"],
+            &["show", "--watch", "0"],
+            &["show", "--watch", "nan"],
+            &["show", "--watch", "1", "--count", "0"],
+            &["top", "--interval", "0.01"],
+            &["set", "a"],
+            &["create", "a"],
+            &["define", "a"],
+            &["frobnicate"],
+            &["--bogus", "list"],
+        ] {
+            let e = parse(bad).map(|_| ()).expect_err(&format!("{bad:?}"));
+            assert_eq!(e.exit_code(), 2, "{bad:?}");
+        }
+    }
+
+    fn stats() -> Value {
+        json!({
+            "now": 1, "policy": "timegraph", "engine_busy": 0.4567, "engine_switches": 3,
+            "vms": [
+                {"name": "game", "vgpu": 0, "connected": true, "gpu_share": 0.452,
+                 "groups_per_sec": 120.0, "fps": 59.84, "queue_depth": 2, "in_flight": 1,
+                 "latency_p50_us": 800, "latency_p99_us": 2400,
+                 "budget": {"remaining_ns": 3_000_000, "capacity_ns": 5_000_000, "period_ns": 10_000_000},
+                 "figures": {"priority": 3.0, "ht": 0.0, "reserved": 1.0, "admitted": 1.0,
+                             "background": 0.0, "throttled": 0.0, "budget_ns": 3.0e6,
+                             "capacity_ns": 5.0e6, "period_ns": 1.0e7}},
+                {"name": "bomb", "vgpu": 1, "connected": true, "gpu_share": 0.05,
+                 "groups_per_sec": 10.0, "fps": 0.0, "queue_depth": 12, "in_flight": 1,
+                 "latency_p50_us": 150, "latency_p99_us": 900, "budget": null,
+                 "figures": {"priority": 0.0, "ht": 1.0, "reserved": 0.0, "admitted": 0.0,
+                             "background": 1.0, "throttled": 1.0}},
+                {"name": "idle", "vgpu": null, "connected": false, "gpu_share": 0.0,
+                 "groups_per_sec": 0.0, "fps": 0.0, "queue_depth": 0, "in_flight": 0,
+                 "latency_p50_us": 0, "latency_p99_us": 0, "budget": null, "figures": {}}
+            ]
+        })
+    }
+
+    #[test]
+    fn show_is_a_table_with_units_and_one_policy_column() {
+        let lines = stats_lines(&stats());
+        let expected = [
+            "policy: timegraph  engine busy: 45.7 %  VMs: 3",
+            "VM    vGPU  state      GPU share  frame rate   groups  queue  in flight  latency p50/p99  policy",
+            "game     0  connected     45.2 %    59.8 fps  120.0/s      2          1       0.8/2.4 ms  reserve 3.0/5.0 ms",
+            "bomb     1  connected      5.0 %     0.0 fps   10.0/s     12          1       150/900 µs  prio 0 ht, throttled",
+            "idle     -  away               -           -        -      -          -                -  -",
+        ];
+        assert_eq!(lines, expected);
+        // No raw key=value policy dumps.
+        assert!(!lines.iter().any(|l| l.contains('=')));
+    }
+
+    #[test]
+    fn policy_column_per_family() {
+        let figs = |v: Value| v.as_object().unwrap().clone();
+        let cases = [
+            (
+                "fair",
+                json!({"vtime_ms": 10.0, "lag_ms": 0.4, "charged_ms": 3.0, "over": 0.0}),
+                "vt +0.4 ms",
+            ),
+            (
+                "fair",
+                json!({"vtime_ms": 10.0, "lag_ms": 6.0, "charged_ms": 3.0, "over": 1.0}),
+                "vt +6.0 ms, over",
+            ),
+            (
+                "pegasus-xc",
+                json!({"credits_x": 256.0, "credit_ns": 1.2e6, "aug_credit_ns": 0.0,
+                       "slice_ticks": 3.0, "context_established": 1.0, "slo_violated": 0.0}),
+                "credits +1.2 ms",
+            ),
+            (
+                "pegasus-slaf",
+                json!({"credit_ns": -2.5e6, "slo_violated": 1.0}),
+                "credits -2.5 ms, SLO missed",
+            ),
+            (
+                "vgris",
+                json!({"sla_aware": 0.0, "share": 0.25, "budget_ns": 1.0e6, "fps": 30.0}),
+                "share 25 % +1.0 ms",
+            ),
+            (
+                "vgris",
+                json!({"sla_aware": 1.0, "share": 0.0, "delay_ns": 2.1e6}),
+                "delay 2.1 ms",
+            ),
+            (
+                "timegraph",
+                json!({"priority": 5.0, "reserved": 1.0, "admitted": 0.0}),
+                "reserve refused, prio 5",
+            ),
+            ("timegraph", json!({"priority": 2.0}), "prio 2 prt"),
+            ("none", json!({}), "-"),
+            ("fair", json!({}), "-"),
+        ];
+        for (policy, figures, expected) in cases {
+            assert_eq!(
+                policy_cell(policy, &figs(figures.clone())),
+                expected,
+                "{policy} {figures}"
+            );
+        }
+        assert_eq!(signed_ms(-10.0), "+0.0");
+    }
+
+    #[test]
+    fn list_is_readable() {
+        let v = json!({
+            "policy": {"policy": "timegraph"},
+            "vms": [
+                {"name": "a", "connected": true, "vgpu": 0, "device_pid": 42, "qemu_pid": 7,
+                 "params": {"name": "a", "priority": 3, "sched": "prt", "reserve":
+                     {"c": 2_000_000, "t": 10_000_000, "enforcement": "pe", "shared": null},
+                     "weight": 256, "slo": null, "target_fps": null},
+                 "effective": {"name": "a", "priority": 4294967295u64, "sched": "prt", "reserve":
+                     {"c": 2_000_000, "t": 10_000_000, "enforcement": "pe", "shared": null},
+                     "weight": 256, "slo": null, "target_fps": null}},
+                {"name": "b", "connected": false, "vgpu": null, "device_pid": null, "qemu_pid": null,
+                 "params": {"name": "b", "priority": 0, "sched": null, "reserve": null,
+                     "weight": 512, "slo": 250_000_000u64, "target_fps": 30.0},
+                 "effective": null}
+            ],
+            "children": [{"name": "a", "pid": 42, "socket": "/run/a.sock"}]
+        });
+        let expected = [
+            "policy: timegraph",
+            "VM  vGPU  connected  pid  qemu  priority  weight  sched  reserve C/T µs  slo µs/s  fps target",
+            "a      0  yes         42     7      max*     256  prt    2000/10000/pe          -           -",
+            "b      -  no           -     -         0     512  -      -                 250000        30.0",
+            POLICY_LEGEND,
+            "",
+            "device process  pid  socket",
+            "a                42  /run/a.sock",
+        ];
+        assert_eq!(list_lines(&v), expected);
+    }
+
+    #[test]
+    fn defined_list_says_what_runs() {
+        let def = Definition {
+            socket: PathBuf::from("/run/a.sock"),
+            server_args: vec!["--renderer".into(), "none".into()],
+            params: [("priority".to_owned(), json!(3))].into_iter().collect(),
+            auto: true,
+        };
+        let rows = [
+            DefinedRow {
+                name: "a".into(),
+                definition: Ok(def.clone()),
+                pid: Some(42),
+            },
+            DefinedRow {
+                name: "b".into(),
+                definition: Ok(Definition {
+                    auto: false,
+                    server_args: Vec::new(),
+                    params: Default::default(),
+                    ..def
+                }),
+                pid: None,
+            },
+            DefinedRow {
+                name: "c".into(),
+                definition: Err("c.json: bad".into()),
+                pid: None,
+            },
+        ];
+        let expected = [
+            "vGPU  auto  state             socket       device options   parameters",
+            "a     yes   running (pid 42)  /run/a.sock  --renderer none  priority=3",
+            "b     no    stopped           /run/a.sock  -                -",
+            "c     -     broken            -            -                c.json: bad",
+        ];
+        assert_eq!(defined_lines(&rows, true), expected);
+        assert!(defined_lines(&rows, false)[2].contains(" ? "));
     }
 }

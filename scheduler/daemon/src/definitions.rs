@@ -1,0 +1,589 @@
+//! Persistent vGPU definitions, in the style of mdevctl: one JSON file per vGPU at
+//! `<config-dir>/vgpus/<NAME>.json` (config dir `/etc/vgpu` unless told), holding what a
+//! `vgpuctl create` and `vgpuctl set` would say for it and whether the daemon starts it at boot.
+//!
+//! ```json
+//! {
+//!   "socket": "/run/vgpu/vm1.sock",
+//!   "server_args": ["--renderer", "none"],
+//!   "params": {"priority": 3, "reserve": {"c": 2000000, "t": 10000000, "enforcement": "pe"}},
+//!   "auto": true
+//! }
+//! ```
+//!
+//! `vgpuctl define/undefine/start/stop/list --defined` and `vgpu-schedd --config-dir` both read
+//! them through [`Store`], so a definition is checked the same way wherever it is used: the
+//! name as a file-safe VM name ([`check_name`]), the file's size ([`MAX_DEFINITION_BYTES`]), no
+//! unknown fields, the socket as `create` takes it ([`check_socket_path`]), the device options
+//! as `create` takes them ([`ServerOptions`]) and the parameters as `set-params` takes them
+//! ([`ParamsOverride`]). Files are written atomically (a temporary file renamed or linked into
+//! place), mode 0644 in a directory made 0755. The JSON Schema is `docs/vgpu-definition.schema.json`.
+
+use std::collections::BTreeMap;
+use std::fs::{DirBuilder, OpenOptions, Permissions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use thiserror::Error;
+use vgpu_scheduler::sim::ParamsOverride;
+
+use crate::control::{ServerOptions, check_socket_path};
+use crate::proto::VmName;
+
+/// Where definitions live when no `--config-dir` is given.
+pub const DEFAULT_CONFIG_DIR: &str = "/etc/vgpu";
+/// The directory under the config dir that holds one file per definition.
+pub const DEFINITIONS_DIR: &str = "vgpus";
+/// Largest definition file read: a definition is a few hundred bytes; this bounds what a
+/// stray file makes the daemon read at boot.
+pub const MAX_DEFINITION_BYTES: u64 = 64 * 1024;
+/// Most definitions listed (files looked at): the daemon runs at most a few hundred device
+/// processes, and a directory full of junk must not stall its boot.
+pub const MAX_DEFINITIONS: usize = 1024;
+/// Longest definition name: it is a file name and a VM name.
+pub const MAX_NAME_BYTES: usize = 64;
+/// The file name suffix of a definition.
+const SUFFIX: &str = ".json";
+
+/// Why a definition could not be read, written or used.
+#[derive(Debug, Error)]
+pub enum DefinitionError {
+    /// The name is not a file-safe VM name.
+    #[error("invalid vGPU name {name:?}: {why}")]
+    BadName {
+        /// The name as given.
+        name: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// A file system operation failed.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The error.
+        source: io::Error,
+    },
+    /// The file is larger than [`MAX_DEFINITION_BYTES`].
+    #[error("{}: larger than {MAX_DEFINITION_BYTES} bytes", path.display())]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file is not a definition (bad JSON, unknown or missing fields, bad values).
+    #[error("{}: {why}", path.display())]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// `define` of a name that is defined already.
+    #[error("{0} is already defined")]
+    Exists(String),
+    /// A name without a definition.
+    #[error("{0} is not defined")]
+    NotDefined(String),
+    /// More than [`MAX_DEFINITIONS`] files in the directory.
+    #[error("{}: more than {MAX_DEFINITIONS} entries", path.display())]
+    TooMany {
+        /// The directory.
+        path: PathBuf,
+    },
+}
+
+/// One persistent vGPU, as its file holds it. Its name is the file's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Definition {
+    /// The vfio-user socket its device process serves (absolute, no `.`/`..`).
+    pub socket: PathBuf,
+    /// Options for the device process, as `vgpuctl create NAME --socket PATH -- OPTIONS`
+    /// takes them ([`ServerOptions`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub server_args: Vec<String>,
+    /// Scheduling parameters applied when it starts, as `set-params` takes them: `priority`,
+    /// `weight`, `sched`, `target_fps`, `slo` (ns of GPU time per second), `reserve`
+    /// (`{"c": ns, "t": ns, "enforcement": "pe"|"ae", "shared": name}`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub params: BTreeMap<String, Value>,
+    /// Whether `vgpu-schedd --config-dir` starts it when the daemon starts.
+    #[serde(default)]
+    pub auto: bool,
+}
+
+impl Definition {
+    /// Checks the definition as the daemon would take it: the socket path, the device options
+    /// and the parameters. Returns the options and parameters to start it with.
+    pub fn check(&self) -> Result<(ServerOptions, ParamsOverride), String> {
+        check_socket_path(&self.socket).map_err(|e| format!("socket: {e}"))?;
+        let options =
+            ServerOptions::try_from(self.server_args.clone()).map_err(|e| e.to_string())?;
+        let params = self.params_override()?;
+        Ok((options, params))
+    }
+
+    /// The parameters as a `set-params` request's `params`.
+    fn params_override(&self) -> Result<ParamsOverride, String> {
+        let map: serde_json::Map<String, Value> = self
+            .params
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        serde_json::from_value(Value::Object(map)).map_err(|e| format!("params: {e}"))
+    }
+}
+
+/// Checks that `name` may name a definition: a valid VM name of at most [`MAX_NAME_BYTES`]
+/// ASCII letters, digits, `_`, `-` and `.`, not starting with `.` (so it is a plain file name,
+/// never hidden, never `..`).
+pub fn check_name(name: &str) -> Result<(), DefinitionError> {
+    let bad = |why: &str| {
+        Err(DefinitionError::BadName {
+            name: name.chars().take(MAX_NAME_BYTES).collect(),
+            why: why.to_owned(),
+        })
+    };
+    if name.is_empty() || name.len() > MAX_NAME_BYTES {
+        return bad(&format!("must be 1 to {MAX_NAME_BYTES} bytes"));
+    }
+    if name.starts_with('.') {
+        return bad("must not start with '.'");
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+    {
+        return bad("only ASCII letters, digits, '_', '-' and '.' are allowed");
+    }
+    if let Err(e) = VmName::new(name) {
+        return bad(&e.to_string());
+    }
+    Ok(())
+}
+
+/// The definitions under one config directory.
+#[derive(Debug, Clone)]
+pub struct Store {
+    dir: PathBuf,
+}
+
+/// One entry of [`Store::list`]: a definition's name and the definition, or why its file is
+/// not one.
+pub type Listed = (String, Result<Definition, DefinitionError>);
+
+impl Store {
+    /// The definitions of config directory `config_dir` (in its [`DEFINITIONS_DIR`]).
+    pub fn new(config_dir: &Path) -> Store {
+        Store {
+            dir: config_dir.join(DEFINITIONS_DIR),
+        }
+    }
+
+    /// The directory holding the files.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The file of definition `name`.
+    pub fn path(&self, name: &str) -> Result<PathBuf, DefinitionError> {
+        check_name(name)?;
+        Ok(self.dir.join(format!("{name}{SUFFIX}")))
+    }
+
+    /// Reads and checks definition `name`.
+    pub fn read(&self, name: &str) -> Result<Definition, DefinitionError> {
+        let path = self.path(name)?;
+        let io_err = |source: io::Error| match source.kind() {
+            io::ErrorKind::NotFound => DefinitionError::NotDefined(name.to_owned()),
+            _ => DefinitionError::Io {
+                path: path.clone(),
+                source,
+            },
+        };
+        let file = std::fs::File::open(&path).map_err(io_err)?;
+        let mut text = String::new();
+        // One byte more than allowed tells an oversized file from one of the largest size.
+        file.take(MAX_DEFINITION_BYTES.saturating_add(1))
+            .read_to_string(&mut text)
+            .map_err(io_err)?;
+        if u64::try_from(text.len()).unwrap_or(u64::MAX) > MAX_DEFINITION_BYTES {
+            return Err(DefinitionError::TooLarge { path });
+        }
+        let invalid = |why: String| DefinitionError::Invalid {
+            path: path.clone(),
+            why,
+        };
+        let def: Definition = serde_json::from_str(&text).map_err(|e| invalid(e.to_string()))?;
+        def.check().map_err(invalid)?;
+        Ok(def)
+    }
+
+    /// Writes definition `name` atomically after checking it; refuses a name that is defined
+    /// already. Makes the directory (0755) when missing; the file is 0644.
+    pub fn define(&self, name: &str, def: &Definition) -> Result<(), DefinitionError> {
+        let path = self.path(name)?;
+        def.check().map_err(|why| DefinitionError::Invalid {
+            path: path.clone(),
+            why,
+        })?;
+        self.make_dir()?;
+        let mut text = serde_json::to_vec_pretty(def).map_err(|e| DefinitionError::Invalid {
+            path: path.clone(),
+            why: e.to_string(),
+        })?;
+        text.push(b'\n');
+        let tmp = self
+            .dir
+            .join(format!(".{name}{SUFFIX}.tmp-{}", std::process::id()));
+        let io_at = |p: &Path| {
+            let p = p.to_owned();
+            move |source| DefinitionError::Io { path: p, source }
+        };
+        // A leftover of a crashed writer with this pid is ours to replace.
+        match std::fs::remove_file(&tmp) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(io_at(&tmp)(e)),
+            _ => {}
+        }
+        let written = (|| {
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o644)
+                .open(&tmp)?;
+            // The umask may have narrowed the mode; definitions are world-readable config.
+            f.set_permissions(Permissions::from_mode(0o644))?;
+            f.write_all(&text)?;
+            f.sync_all()
+        })();
+        let placed = written.map_err(io_at(&tmp)).and_then(|()| {
+            // A hard link fails where the name exists: no definition is ever replaced.
+            std::fs::hard_link(&tmp, &path).map_err(|e| match e.kind() {
+                io::ErrorKind::AlreadyExists => DefinitionError::Exists(name.to_owned()),
+                _ => io_at(&path)(e),
+            })
+        });
+        if let Err(e) = std::fs::remove_file(&tmp) {
+            log::warn!("removing {}: {e}", tmp.display());
+        }
+        placed
+    }
+
+    /// Removes definition `name`.
+    pub fn undefine(&self, name: &str) -> Result<(), DefinitionError> {
+        let path = self.path(name)?;
+        std::fs::remove_file(&path).map_err(|source| match source.kind() {
+            io::ErrorKind::NotFound => DefinitionError::NotDefined(name.to_owned()),
+            _ => DefinitionError::Io { path, source },
+        })
+    }
+
+    /// Every definition, by name, each read and checked on its own: a broken file is an `Err`
+    /// entry, not a failure of the whole list. A missing directory lists nothing. Hidden files
+    /// (temporary files among them) and files without the `.json` suffix are not looked at.
+    pub fn list(&self) -> Result<Vec<Listed>, DefinitionError> {
+        let io_err = |source| DefinitionError::Io {
+            path: self.dir.clone(),
+            source,
+        };
+        let entries = match std::fs::read_dir(&self.dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io_err(e)),
+        };
+        let mut names = Vec::new();
+        for (i, entry) in entries.enumerate() {
+            if i >= MAX_DEFINITIONS {
+                return Err(DefinitionError::TooMany {
+                    path: self.dir.clone(),
+                });
+            }
+            let file = entry.map_err(io_err)?.file_name();
+            let Some(name) = file.to_str().and_then(|f| f.strip_suffix(SUFFIX)) else {
+                continue;
+            };
+            if !name.starts_with('.') {
+                names.push(name.to_owned());
+            }
+        }
+        names.sort();
+        Ok(names
+            .into_iter()
+            .map(|name| {
+                let def = self.read(&name);
+                (name, def)
+            })
+            .collect())
+    }
+
+    /// The definitions marked `auto`, in name order; broken files are logged and skipped.
+    pub fn auto_started(&self) -> Vec<(String, Definition)> {
+        let listed = match self.list() {
+            Ok(l) => l,
+            Err(e) => {
+                log::error!("definitions: {e}");
+                return Vec::new();
+            }
+        };
+        listed
+            .into_iter()
+            .filter_map(|(name, def)| match def {
+                Ok(def) => def.auto.then_some((name, def)),
+                Err(e) => {
+                    log::error!("definition {name} skipped: {e}");
+                    None
+                }
+            })
+            .collect()
+    }
+
+    fn make_dir(&self) -> Result<(), DefinitionError> {
+        if self.dir.is_dir() {
+            return Ok(());
+        }
+        DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(&self.dir)
+            .and_then(|()| std::fs::set_permissions(&self.dir, Permissions::from_mode(0o755)))
+            .map_err(|source| DefinitionError::Io {
+                path: self.dir.clone(),
+                source,
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use std::os::unix::fs::MetadataExt;
+
+    fn def(auto: bool) -> Definition {
+        Definition {
+            socket: PathBuf::from("/run/vgpu/a.sock"),
+            server_args: vec!["--renderer".into(), "none".into()],
+            params: BTreeMap::from([
+                ("priority".to_owned(), json!(3)),
+                (
+                    "reserve".to_owned(),
+                    json!({"c": 2_000_000, "t": 10_000_000, "enforcement": "pe"}),
+                ),
+            ]),
+            auto,
+        }
+    }
+
+    #[test]
+    fn names_are_file_safe_vm_names() {
+        for good in [
+            "vm1",
+            "a",
+            "web-01.prod",
+            "A_b",
+            &"x".repeat(MAX_NAME_BYTES),
+        ] {
+            assert!(check_name(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "",
+            ".",
+            "..",
+            ".hidden",
+            "a/b",
+            "a b",
+            "vm:1",
+            "é",
+            "a\n",
+            &"x".repeat(MAX_NAME_BYTES + 1),
+        ] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn define_read_list_undefine() {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = tmp.path().join("etc");
+        let store = Store::new(&config);
+        assert!(
+            store.list().unwrap().is_empty(),
+            "a missing dir lists nothing"
+        );
+        store.define("b", &def(true)).unwrap();
+        store.define("a", &def(false)).unwrap();
+        assert!(matches!(
+            store.define("a", &def(true)),
+            Err(DefinitionError::Exists(_))
+        ));
+        assert_eq!(store.read("b").unwrap(), def(true));
+        let dir_mode = std::fs::metadata(store.dir()).unwrap().mode() & 0o777;
+        let file_mode = std::fs::metadata(store.path("a").unwrap()).unwrap().mode() & 0o777;
+        assert_eq!((dir_mode, file_mode), (0o755, 0o644));
+        let names: Vec<String> = store.list().unwrap().into_iter().map(|l| l.0).collect();
+        assert_eq!(names, ["a", "b"]);
+        let auto: Vec<String> = store.auto_started().into_iter().map(|l| l.0).collect();
+        assert_eq!(auto, ["b"]);
+        // Nothing but the two files: the temporary files are gone.
+        assert_eq!(std::fs::read_dir(store.dir()).unwrap().count(), 2);
+        store.undefine("a").unwrap();
+        assert!(matches!(
+            store.undefine("a"),
+            Err(DefinitionError::NotDefined(_))
+        ));
+        assert!(matches!(
+            store.read("a"),
+            Err(DefinitionError::NotDefined(_))
+        ));
+        assert!(matches!(
+            store.read("../x"),
+            Err(DefinitionError::BadName { .. })
+        ));
+    }
+
+    #[test]
+    fn broken_files_are_listed_as_errors_and_skipped_at_boot() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::new(tmp.path());
+        store.define("good", &def(true)).unwrap();
+        let write = |name: &str, text: &[u8]| std::fs::write(store.dir().join(name), text).unwrap();
+        write("junk.json", b"{not json");
+        write("extra.json", br#"{"socket":"/run/x","colour":"red"}"#);
+        write("nosocket.json", br#"{"auto":true}"#);
+        write("relsock.json", br#"{"socket":"x.sock","auto":true}"#);
+        write(
+            "badopt.json",
+            br#"{"socket":"/run/x","server_args":["--virgl-library","/tmp/evil.so"],"auto":true}"#,
+        );
+        write(
+            "badparam.json",
+            br#"{"socket":"/run/x","params":{"colour":1},"auto":true}"#,
+        );
+        write(
+            "badtype.json",
+            br#"{"socket":"/run/x","params":{"priority":-1},"auto":true}"#,
+        );
+        let mut big = br#"{"socket":"/run/x","auto":true}"#.to_vec();
+        big.resize(usize::try_from(MAX_DEFINITION_BYTES).unwrap() + 1, b' ');
+        write("big.json", &big);
+        write("bad name.json", br#"{"socket":"/run/x","auto":true}"#);
+        write(".hidden.json", b"{}");
+        write("notes.txt", b"hello");
+        let listed = store.list().unwrap();
+        let ok: Vec<&str> = listed
+            .iter()
+            .filter(|(_, d)| d.is_ok())
+            .map(|(n, _)| n.as_str())
+            .collect();
+        assert_eq!(ok, ["good"]);
+        assert_eq!(listed.len(), 10, "{listed:?}");
+        assert!(
+            listed
+                .iter()
+                .any(|(n, d)| n == "big" && matches!(d, Err(DefinitionError::TooLarge { .. })))
+        );
+        let auto: Vec<String> = store.auto_started().into_iter().map(|l| l.0).collect();
+        assert_eq!(auto, ["good"]);
+    }
+
+    /// The schema documented for operators.
+    const SCHEMA: &str = include_str!("../../../docs/vgpu-definition.schema.json");
+
+    /// The `properties` of the schema object at `path` (property names, descending).
+    fn schema_properties<'a>(
+        schema: &'a Value,
+        path: &[&str],
+    ) -> &'a serde_json::Map<String, Value> {
+        let mut node = schema;
+        for key in path {
+            node = &node["properties"][key];
+        }
+        assert_eq!(
+            node["additionalProperties"],
+            json!(false),
+            "{path:?} must refuse unknown fields as the reader does"
+        );
+        node["properties"].as_object().expect("properties")
+    }
+
+    #[test]
+    fn the_schema_documents_every_field() {
+        let schema: Value = serde_json::from_str(SCHEMA).expect("the schema is JSON");
+        // Every field a definition serialises, with every parameter set.
+        let mut full = def(true);
+        full.params.extend([
+            ("weight".to_owned(), json!(512)),
+            ("sched".to_owned(), json!("ht")),
+            ("slo".to_owned(), json!(250_000_000)),
+            ("target_fps".to_owned(), json!(30.0)),
+        ]);
+        full.check().expect("a full definition is valid");
+        let value = serde_json::to_value(&full).unwrap();
+        let top = schema_properties(&schema, &[]);
+        for key in value.as_object().unwrap().keys() {
+            assert!(top.contains_key(key), "{key} is not in the schema");
+        }
+        // Every parameter the daemon keeps for a VM (its name aside) and every reserve field.
+        let params = schema_properties(&schema, &["params"]);
+        let vgpu = serde_json::to_value(vgpu_scheduler::model::VgpuParams::default()).unwrap();
+        for key in vgpu.as_object().unwrap().keys().filter(|k| *k != "name") {
+            assert!(
+                params.contains_key(key),
+                "params.{key} is not in the schema"
+            );
+            assert!(
+                full.params.contains_key(key),
+                "the full definition lacks {key}"
+            );
+        }
+        let reserve = vgpu_scheduler::model::Reserve {
+            c: 1,
+            t: 2,
+            enforcement: vgpu_scheduler::model::Enforcement::Ae,
+            shared: Some("s".into()),
+        };
+        let in_schema = schema_properties(&schema, &["params", "reserve"]);
+        for key in serde_json::to_value(reserve)
+            .unwrap()
+            .as_object()
+            .unwrap()
+            .keys()
+        {
+            assert!(
+                in_schema.contains_key(key),
+                "reserve.{key} is not in the schema"
+            );
+        }
+        // And nothing more: every field the schema names is one a definition takes.
+        for key in params.keys() {
+            assert!(vgpu.get(key).is_some(), "params.{key} is not a parameter");
+        }
+        for key in top.keys() {
+            assert!(value.get(key).is_some(), "{key} is not a definition field");
+        }
+        // Its examples are valid definitions.
+        for example in schema["examples"].as_array().expect("examples") {
+            let d: Definition = serde_json::from_value(example.clone()).expect("example parses");
+            d.check().expect("example checks");
+        }
+    }
+
+    #[test]
+    fn check_returns_what_create_and_set_params_take() {
+        let (options, params) = def(false).check().unwrap();
+        assert_eq!(options.renderer, Some(crate::control::Renderer::None));
+        assert_eq!(params.priority, Some(3));
+        assert_eq!(params.reserve.map(|r| r.c), Some(2_000_000));
+        let mut bad = def(false);
+        bad.socket = PathBuf::from("/run/../etc/x");
+        assert!(bad.check().is_err());
+        let tmp = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            Store::new(tmp.path()).define("x", &bad),
+            Err(DefinitionError::Invalid { .. })
+        ));
+    }
+}

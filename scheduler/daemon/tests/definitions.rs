@@ -1,0 +1,356 @@
+//! Persistent vGPU definitions end to end, with the real binaries: `vgpuctl define` two vGPUs
+//! (one `--auto`), `start`/`stop`/`list --defined`, a daemon restart (SIGTERM by pid, then a
+//! fresh `vgpu-schedd` on the same config dir) after which the auto one runs again, the other
+//! does not, a broken definition file is skipped and every definition is still there. The
+//! device processes are the workspace's `vgpu-server` (`--server-bin`). The transcript of the
+//! human-readable commands goes to stderr (`cargo test -- --nocapture` shows it).
+
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+const SCHEDD: &str = env!("CARGO_BIN_EXE_vgpu-schedd");
+const VGPUCTL: &str = env!("CARGO_BIN_EXE_vgpuctl");
+/// How long the daemon, a device process or an exit may take.
+const WAIT: Duration = Duration::from_secs(20);
+const POLL: Duration = Duration::from_millis(20);
+
+/// The workspace's `vgpu-server`, beside this package's binaries: built first (once per test
+/// process) with the same profile when cargo runs the test (it belongs to another package, so
+/// cargo does not build it for this one's tests); taken as it is otherwise.
+fn server_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(build_server).clone()
+}
+
+fn build_server() -> PathBuf {
+    let profile_dir = Path::new(SCHEDD).parent().expect("binary directory");
+    if let Some(cargo) = std::env::var_os("CARGO") {
+        let profile = match profile_dir.file_name().and_then(|p| p.to_str()) {
+            Some("debug") | None => "dev".to_owned(),
+            Some(p) => p.to_owned(),
+        };
+        let target = profile_dir.parent().expect("target directory");
+        let status = Command::new(cargo)
+            .args(["build", "--quiet", "--profile", &profile])
+            .args(["-p", "vgpu-server", "--bin", "vgpu-server"])
+            .env("CARGO_TARGET_DIR", target)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("running cargo");
+        assert!(status.success(), "building vgpu-server: {status}");
+    }
+    let bin = profile_dir.join("vgpu-server");
+    assert!(bin.is_file(), "no {}", bin.display());
+    bin
+}
+
+/// A running `vgpu-schedd` on fixed paths under `dir` (so a restart serves the same sockets),
+/// killed by pid on drop.
+struct Schedd {
+    dir: PathBuf,
+    child: Option<Child>,
+    starts: u32,
+}
+
+impl Schedd {
+    fn start(dir: &Path) -> Schedd {
+        let mut d = Schedd {
+            dir: dir.to_owned(),
+            child: None,
+            starts: 0,
+        };
+        d.spawn();
+        d
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.join(format!("schedd-{}.log", self.starts))
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    fn spawn(&mut self) {
+        self.starts += 1;
+        let log = std::fs::File::create(self.log_path()).unwrap();
+        let child = Command::new(SCHEDD)
+            .arg(format!(
+                "--socket={}",
+                self.dir.join("sched.sock").display()
+            ))
+            .arg("--control")
+            .arg(self.dir.join("control.sock"))
+            .arg("--state-dir")
+            .arg(self.dir.join("state"))
+            .arg("--config-dir")
+            .arg(self.dir.join("etc"))
+            .arg("--server-bin")
+            .arg(server_bin())
+            .args(["--log-level", "debug"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let start = Instant::now();
+        while UnixStream::connect(self.dir.join("control.sock")).is_err() {
+            let exited = self.child.as_mut().and_then(|c| c.try_wait().unwrap());
+            assert!(
+                exited.is_none(),
+                "the daemon exited: {exited:?}\n{}",
+                self.log()
+            );
+            assert!(start.elapsed() < WAIT, "no control socket:\n{}", self.log());
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// SIGTERM by pid and the exit, as `systemctl restart` would; then a fresh daemon.
+    fn restart(&mut self) {
+        let mut child = self.child.take().expect("running");
+        let pid = child.id().to_string();
+        let o = Command::new("kill").args(["-TERM", &pid]).output().unwrap();
+        assert!(o.status.success(), "{o:?}");
+        let start = Instant::now();
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(start.elapsed() < WAIT, "the daemon did not stop");
+            std::thread::sleep(POLL);
+        };
+        assert!(status.success(), "{status}\n{}", self.log());
+        self.spawn();
+    }
+
+    /// `vgpuctl --control SOCK --config-dir DIR ARGS`.
+    fn ctl(&self, args: &[&str]) -> Output {
+        Command::new(VGPUCTL)
+            .arg("--control")
+            .arg(self.dir.join("control.sock"))
+            .arg(format!("--config-dir={}", self.dir.join("etc").display()))
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    /// `ctl ARGS`, which must succeed, printed as a transcript line; its stdout.
+    fn say(&self, args: &[&str]) -> String {
+        let o = self.ctl(args);
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        let shown: Vec<String> = args
+            .iter()
+            .map(|a| a.replace(&self.dir.display().to_string(), "$T"))
+            .collect();
+        let _ = write!(
+            std::io::stderr(),
+            "$ vgpuctl {}\n{}",
+            shown.join(" "),
+            out.replace(&self.dir.display().to_string(), "$T")
+        );
+        assert!(
+            o.status.success(),
+            "vgpuctl {args:?}: {o:?}\n{}",
+            self.log()
+        );
+        out
+    }
+
+    /// `ctl --json ARGS`, which must succeed, parsed.
+    fn json(&self, args: &[&str]) -> Value {
+        let mut all = vec!["--json"];
+        all.extend_from_slice(args);
+        let o = self.ctl(&all);
+        assert!(o.status.success(), "vgpuctl {all:?}: {o:?}\n{}", self.log());
+        serde_json::from_slice(&o.stdout).unwrap()
+    }
+
+    /// The names of the device processes the daemon runs.
+    fn children(&self) -> Vec<String> {
+        let list = self.json(&["list"]);
+        let children = list["children"].as_array().unwrap();
+        children
+            .iter()
+            .map(|c| c["name"].as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    /// VM `name`'s own parameters in `list`.
+    fn params(&self, name: &str) -> Value {
+        let list = self.json(&["list"]);
+        let vms = list["vms"].as_array().unwrap();
+        let vm = vms.iter().find(|v| v["name"] == name);
+        vm.map(|v| v["params"].clone()).unwrap_or(Value::Null)
+    }
+
+    fn wait_children(&self, want: &[&str]) {
+        let start = Instant::now();
+        while self.children() != want {
+            assert!(
+                start.elapsed() < WAIT,
+                "device processes {:?}, want {want:?}\n{}",
+                self.children(),
+                self.log()
+            );
+            std::thread::sleep(POLL);
+        }
+    }
+}
+
+impl Drop for Schedd {
+    fn drop(&mut self) {
+        // SIGTERM first so that the daemon stops its device processes.
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status();
+            let start = Instant::now();
+            while c.try_wait().ok().flatten().is_none() && start.elapsed() < WAIT {
+                std::thread::sleep(POLL);
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("--- vgpu-schedd stderr ---\n{}", self.log());
+        }
+    }
+}
+
+/// `list --defined --json` as name → (state, pid).
+fn defined(d: &Schedd) -> Vec<(String, bool, Option<u64>)> {
+    let v = d.json(&["list", "--defined"]);
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap().to_owned(),
+                e.get("error").is_none(),
+                e["pid"].as_u64(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn definitions_survive_a_daemon_restart_and_auto_ones_start_again() {
+    let tmp = TempDir::new().unwrap();
+    let dir = tmp.path();
+    let mut d = Schedd::start(dir);
+    let sock = |n: &str| dir.join(format!("{n}.sock")).display().to_string();
+    let (s1, s2) = (sock("vm1"), sock("vm2"));
+    d.say(&[
+        "define",
+        "vm1",
+        "--socket",
+        &s1,
+        "--auto",
+        "priority=3",
+        "weight=512",
+        "--",
+        "--renderer",
+        "none",
+    ]);
+    d.say(&[
+        "define",
+        "vm2",
+        &format!("--socket={s2}"),
+        "reserve=2000/10000/pe",
+        "--",
+        "--renderer",
+        "none",
+    ]);
+    // Refused: a second definition of a name, a bad name, a bad parameter, a bad option.
+    for (bad, code) in [
+        (vec!["define", "vm1", "--socket", &s2], 2),
+        (vec!["define", "../x", "--socket", &s2], 2),
+        (vec!["define", "vm3", "--socket", &s2, "colour=red"], 2),
+        (
+            vec!["define", "vm3", "--socket", &s2, "--", "--dump-dir", "/etc"],
+            2,
+        ),
+        (vec!["start", "nosuch"], 2),
+        (vec!["stop", "nosuch"], 2),
+    ] {
+        assert_eq!(d.ctl(&bad).status.code(), Some(code), "{bad:?}");
+    }
+    let file = dir.join("etc/vgpus/vm1.json");
+    let saved: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(
+        saved,
+        json!({"socket": s1, "server_args": ["--renderer", "none"],
+               "params": {"priority": 3, "weight": 512}, "auto": true})
+    );
+    // A broken file, even marked auto, is listed as broken and never fatal.
+    std::fs::write(
+        dir.join("etc/vgpus/broken.json"),
+        br#"{"socket": "relative.sock", "auto": true}"#,
+    )
+    .unwrap();
+    d.say(&["list", "--defined"]);
+    assert_eq!(
+        defined(&d),
+        [
+            ("broken".to_owned(), false, None),
+            ("vm1".to_owned(), true, None),
+            ("vm2".to_owned(), true, None)
+        ]
+    );
+    let broken = d.ctl(&["start", "broken"]);
+    assert_eq!(broken.status.code(), Some(2), "{broken:?}");
+
+    d.say(&["start", "vm1"]);
+    d.say(&["start", "vm2"]);
+    // Started twice: the daemon refuses (exit 1).
+    assert_eq!(d.ctl(&["start", "vm1"]).status.code(), Some(1));
+    d.say(&["list", "--defined"]);
+    assert_eq!(d.children(), ["vm1", "vm2"]);
+    // The parameters are in force for the VMs before their devices connect.
+    assert_eq!(d.params("vm1")["priority"], 3);
+    assert_eq!(d.params("vm1")["weight"], 512);
+    assert_eq!(d.params("vm2")["reserve"]["c"], 2_000_000);
+    d.say(&["list"]);
+    d.say(&["stop", "vm2"]);
+    d.say(&["list", "--defined"]);
+    assert_eq!(d.children(), ["vm1"]);
+
+    let _ = writeln!(std::io::stderr(), "--- vgpu-schedd restarts ---");
+    d.restart();
+    // vm1 (auto) runs again, vm2 does not; the definitions are all there.
+    d.wait_children(&["vm1"]);
+    d.say(&["list", "--defined"]);
+    assert_eq!(
+        defined(&d)
+            .into_iter()
+            .map(|(n, ok, pid)| (n, ok, pid.is_some()))
+            .collect::<Vec<_>>(),
+        [
+            ("broken".to_owned(), false, false),
+            ("vm1".to_owned(), true, true),
+            ("vm2".to_owned(), true, false)
+        ]
+    );
+    assert_eq!(d.params("vm1")["priority"], 3, "applied at boot");
+    assert!(
+        d.log().contains("broken") && d.log().contains("skipped"),
+        "{}",
+        d.log()
+    );
+    d.say(&["start", "vm2"]);
+    assert_eq!(d.children(), ["vm1", "vm2"]);
+    d.say(&["stop", "vm2"]);
+    d.say(&["undefine", "vm2"]);
+    d.say(&["list", "--defined"]);
+    assert!(!dir.join("etc/vgpus/vm2.json").exists());
+    assert_eq!(d.ctl(&["undefine", "vm2"]).status.code(), Some(2));
+}
