@@ -40,14 +40,7 @@ struct Args {
     /// The scenario file
     #[arg(value_name = "SCENARIO.toml")]
     scenario: PathBuf,
-    /// Where the runs go. sim: the simulator (vgpu-sim): every run, JSON/CSV/markdown/SVG in
-    /// DIR. vms: real guests: per run a vgpu-schedd with the run's policy, one vgpu-server and
-    /// one TCG QEMU per VM (each in its own CPU cgroup with the scenario's CPU weight) running
-    /// the VM's workload with vgpu-load; then the simulator's figures for the same runs beside
-    /// the guests' (DIR/NAME.vms.json, .vms.csv, .vms.compare.md, .svg). qtest: as vms, with
-    /// qtest guests (no guest OS) whose load requests a host thread per VM issues through the
-    /// harness's virtio-gpu driver: up to 64 VMs per run, and the coupled workload
-    /// (DIR/NAME.qtest.json, ...)
+    /// Where the runs go
     #[arg(long, value_enum, value_name = "WHERE", default_value_t = On::Sim)]
     on: On,
     /// The scenario's [vms] quick_runs with its quick_window_s
@@ -63,11 +56,16 @@ struct Args {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum On {
-    /// The simulator
+    /// The simulator (vgpu-sim): every run, JSON/CSV/markdown/SVG in DIR
     Sim,
-    /// TCG guests booted from the test image
+    /// Real guests: per run a vgpu-schedd with the run's policy, one vgpu-server and one TCG
+    /// QEMU per VM (each in its own CPU cgroup with the scenario's CPU weight) running the VM's
+    /// workload with vgpu-load; then the simulator's figures for the same runs beside the
+    /// guests' (DIR/NAME.vms.json, .vms.csv, .vms.compare.md, .svg)
     Vms,
-    /// qtest guests driven by host threads
+    /// As vms, with qtest guests (no guest OS) whose load requests a host thread per VM issues
+    /// through the harness's virtio-gpu driver: up to 64 VMs per run, and the coupled workload
+    /// (DIR/NAME.qtest.json, ...)
     Qtest,
 }
 
