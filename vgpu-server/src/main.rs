@@ -35,7 +35,8 @@ Once started (socket bound, renderer ready) the process closes inherited descrip
 no_new_privs, drops to --run-as UID:GID when run as root, and installs a seccomp filter that \
 kills it on any syscall outside its measured list (--no-sandbox: no filter, for debugging).";
 
-/// The command line.
+/// The command line. Options with free-form values (paths, the VM name) take the next argument
+/// whatever it starts with, as the daemon passes them: a VM may be named `-x`.
 #[derive(Debug, Parser)]
 // A repeated option takes its last value, as before clap: test harnesses add their own
 // `--log-level` after a default one.
@@ -48,14 +49,14 @@ kills it on any syscall outside its measured list (--no-sandbox: no filter, for 
 )]
 struct Cli {
     /// The Unix socket QEMU connects to (it must not exist; removed at exit)
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", allow_hyphen_values = true)]
     socket: PathBuf,
     /// The scanout mode reported to the guest
     #[arg(long, value_name = "WIDTHxHEIGHT")]
     display: Option<DisplayConfig>,
     /// Write what the guest shows to DIR/scanout0.png (after a flush at most once a second, on
     /// SIGUSR1, and when the client disconnects)
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", allow_hyphen_values = true)]
     dump_dir: Option<PathBuf>,
     /// With virgl (3D) or without (2D only)
     #[arg(
@@ -84,10 +85,21 @@ struct Cli {
     exit_on_disconnect: bool,
     /// GPU work waits for the vgpu-schedd daemon at SOCKET (as --vm-name); while it is
     /// unreachable the VM runs unscheduled
-    #[arg(long, value_name = "SOCKET", requires = "vm_name")]
+    #[arg(
+        long,
+        value_name = "SOCKET",
+        requires = "vm_name",
+        allow_hyphen_values = true
+    )]
     scheduler: Option<PathBuf>,
     /// The VM's name for the scheduler daemon
-    #[arg(long, value_name = "NAME", requires = "scheduler", value_parser = vm_name)]
+    #[arg(
+        long,
+        value_name = "NAME",
+        requires = "scheduler",
+        value_parser = vm_name,
+        allow_hyphen_values = true
+    )]
     vm_name: Option<VmName>,
     /// Host memory the guest's 2D and 3D resources may take, in MiB (past it, creates fail with
     /// ERR_OUT_OF_MEMORY)
@@ -397,6 +409,12 @@ mod tests {
                     gid: 70100
                 })
             );
+        }
+        // A VM name that looks like an option is the name, nothing more.
+        for name in ["--no-sandbox", "-x"] {
+            let a = parse(["--socket", "/s", "--scheduler", "/d", "--vm-name", name]).unwrap();
+            assert_eq!(a.config.scheduler.unwrap().vm_name.as_str(), name);
+            assert!(a.sandbox.filter);
         }
         // With no options the daemon's own part alone.
         let line = ServerOptions::default().to_args(None);

@@ -39,7 +39,12 @@ struct Args {
     #[arg(long, value_name = "PATH")]
     socket: PathBuf,
     /// The VM name to claim
-    #[arg(long, value_name = "NAME", value_parser = vm_name)]
+    #[arg(
+        long,
+        value_name = "NAME",
+        value_parser = vm_name,
+        allow_hyphen_values = true
+    )]
     name: VmName,
     /// Groups kept asking for a grant
     #[arg(long, value_name = "N", default_value_t = 0)]

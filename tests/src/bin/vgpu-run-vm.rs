@@ -73,7 +73,12 @@ struct Cli {
     #[arg(long, value_name = "SOCKET", requires = "vm_name")]
     scheduler: Option<String>,
     /// The VM's name for the daemon (vgpuctl addresses it by NAME)
-    #[arg(long, value_name = "NAME", requires = "scheduler")]
+    #[arg(
+        long,
+        value_name = "NAME",
+        requires = "scheduler",
+        allow_hyphen_values = true
+    )]
     vm_name: Option<String>,
     /// Run QEMU in a new CPU cgroup NAME (cgroup v2 where the root delegates cpu, else the v1
     /// cpu hierarchy), removed at exit
