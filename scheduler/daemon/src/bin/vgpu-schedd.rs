@@ -270,3 +270,88 @@ fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vgpu_cli::{Parsed, try_parse_from};
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        let all = ["vgpu-schedd", "--socket", "/run/s", "--control", "/run/c"];
+        match try_parse_from::<Cli, _, _>(all.iter().chain(args).copied())? {
+            Parsed::Run(cli) => Ok(cli),
+            Parsed::Generated(_) => panic!("generated"),
+        }
+    }
+
+    #[test]
+    fn command_line_conventions() {
+        vgpu_cli::check::conventions::<Cli>(env!("CARGO_PKG_VERSION")).unwrap();
+    }
+
+    #[test]
+    fn flags_keep_their_meaning() {
+        let (config, dir) = parse(&[]).unwrap().into_config();
+        assert_eq!(dir, Path::new(DEFAULT_CONFIG_DIR));
+        assert_eq!(config.metrics, None);
+        assert_eq!(config.daemon.capacity, 1);
+        assert_eq!(config.busy_poll, busy_poll::DEFAULT_MAX);
+        assert_eq!(config.device_ids, None);
+        // --http is the listener's name, --metrics its alias; --opt=value works.
+        for flag in ["--http", "--metrics"] {
+            let (config, _) = parse(&[&format!("{flag}=127.0.0.1:9470")])
+                .unwrap()
+                .into_config();
+            assert_eq!(config.metrics, Some("127.0.0.1:9470".parse().unwrap()));
+        }
+        let (config, dir) = parse(&[
+            "--config-dir=/tmp/cfg",
+            "--capacity",
+            "2",
+            "--switch-cost-us=30",
+            "--group-timeout-ms",
+            "500",
+            "--busy-poll-us=0",
+            "--device-uid-base=70000",
+            "--device-gid=70100",
+            "--cpu-writeback",
+        ])
+        .unwrap()
+        .into_config();
+        assert_eq!(dir, Path::new("/tmp/cfg"));
+        assert_eq!(config.daemon.capacity, 2);
+        assert_eq!(config.daemon.switch_cost_ns, 30_000);
+        assert_eq!(config.daemon.group_timeout_ns, 500_000_000);
+        assert!(config.daemon.cpu_writeback);
+        assert_eq!(config.busy_poll, Duration::ZERO);
+        assert_eq!(
+            config.device_ids,
+            Some(DeviceIds {
+                uid_base: 70000,
+                gid: 70100
+            })
+        );
+    }
+
+    #[test]
+    fn bad_flags_are_usage_errors() {
+        for bad in [
+            &["--http", "0.0.0.0:9470"][..],
+            &["--metrics", "192.168.1.1:80"],
+            &["--capacity", "0"],
+            &["--switch-cost-us", "18446744073709551615"],
+            &["--group-timeout-ms", "0"],
+            &["--state-dir", "relative"],
+            &["--device-uid-base", "70000"],
+            &["--device-uid-base", "0", "--device-gid", "5"],
+            &["--log-level", "loud"],
+            &["--policy", "/nonexistent.toml"],
+            &["--frobnicate"],
+        ] {
+            let e = parse(bad).map(|_| ()).expect_err(&format!("{bad:?}"));
+            assert_eq!(e.exit_code(), 2, "{bad:?}");
+        }
+        let e = try_parse_from::<Cli, _, _>(["vgpu-schedd", "--socket", "/s"]).unwrap_err();
+        assert_eq!(e.exit_code(), 2, "--control is required");
+    }
+}

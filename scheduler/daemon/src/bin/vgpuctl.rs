@@ -817,6 +817,12 @@ fn show(
                 out.push_str(&line);
                 out.push('\n');
             }
+            if let (true, Some(every)) = (in_place, every) {
+                out.push_str(&format!(
+                    "\nevery {:.1} s; Ctrl-C stops\n",
+                    every.as_secs_f64()
+                ));
+            }
         }
         let mut stdout = std::io::stdout().lock();
         stdout
@@ -859,6 +865,11 @@ mod tests {
             Parsed::Run(cli) => Ok(cli),
             Parsed::Generated(_) => panic!("generated"),
         }
+    }
+
+    #[test]
+    fn command_line_conventions() {
+        vgpu_cli::check::conventions::<Cli>(env!("CARGO_PKG_VERSION")).unwrap();
     }
 
     #[test]
