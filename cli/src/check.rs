@@ -3,6 +3,8 @@
 //! offers every visible long option, the man page names the program), and clap finds no
 //! mistake in the definition (`Command::debug_assert`, which panics on one).
 
+use std::ffi::OsString;
+
 use clap::Parser;
 use clap::error::ErrorKind;
 
@@ -44,4 +46,23 @@ pub fn conventions<P: Parser + std::fmt::Debug>(version: &str) -> Result<(), Str
         return Err(format!("the man page does not name {name}:\n{man}"));
     }
     Ok(())
+}
+
+/// Parses `line`, the arguments after the program's name, as the binary does (for its tests):
+/// `Err` for a usage error, and for `--completions` or `--man`, which print instead of running.
+pub fn arguments<P, I, T>(line: I) -> Result<P, clap::Error>
+where
+    P: Parser,
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let name = OsString::from(command::<P>().get_name());
+    let line = std::iter::once(name).chain(line.into_iter().map(Into::into));
+    match try_parse_from::<P, _, _>(line)? {
+        Parsed::Run(p) => Ok(p),
+        Parsed::Generated(_) => Err(clap::Error::raw(
+            ErrorKind::ArgumentConflict,
+            "--completions and --man print; they run nothing",
+        )),
+    }
 }

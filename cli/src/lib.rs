@@ -175,6 +175,10 @@ mod tests {
             x: bool,
         }
         assert!(check::conventions::<NoVersion>("0.1.0").is_err());
+        let d: Demo = check::arguments(["--control", "/c", "list"]).unwrap();
+        assert_eq!(d.control, "/c");
+        assert!(check::arguments::<Demo, _, _>(["--man"]).is_err());
+        assert!(check::arguments::<Demo, _, _>(["--bogus"]).is_err());
     }
 
     #[test]

@@ -262,7 +262,6 @@ mod tests {
     use std::path::Path;
 
     use log::LevelFilter;
-    use vgpu_cli::Parsed;
     use vgpu_schedd::control::{Renderer, ServerOptions};
 
     use super::*;
@@ -272,12 +271,7 @@ mod tests {
         I: IntoIterator<Item = T>,
         T: Into<OsString> + Clone,
     {
-        let line =
-            std::iter::once(OsString::from("vgpu-server")).chain(line.into_iter().map(Into::into));
-        match vgpu_cli::try_parse_from::<Cli, _, _>(line)? {
-            Parsed::Run(cli) => args(cli),
-            Parsed::Generated(_) => panic!("generated output instead of arguments"),
-        }
+        args(vgpu_cli::check::arguments(line)?)
     }
 
     fn refused(line: &[&str]) -> clap::Error {

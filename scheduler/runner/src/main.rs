@@ -184,19 +184,13 @@ fn main() -> ExitCode {
 mod tests {
     use super::*;
     use clap::error::ErrorKind;
-    use vgpu_cli::Parsed;
 
-    fn parse(args: &[&str]) -> Result<Parsed<Cli>, clap::Error> {
-        vgpu_cli::try_parse_from::<Cli, _, _>(
-            std::iter::once("vgpu-sim").chain(args.iter().copied()),
-        )
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        vgpu_cli::check::arguments(args)
     }
 
     fn cli(args: &[&str]) -> Cli {
-        match parse(args) {
-            Ok(Parsed::Run(c)) => c,
-            other => panic!("{args:?}: {other:?}"),
-        }
+        parse(args).unwrap_or_else(|e| panic!("{args:?}: {e}"))
     }
 
     #[test]

@@ -271,15 +271,9 @@ fn main() -> ExitCode {
 mod tests {
     use super::*;
 
-    use vgpu_cli::Parsed;
-
     fn args(list: &[&str]) -> Result<Args, clap::Error> {
-        match vgpu_cli::try_parse_from::<Cli, _, _>(
-            std::iter::once("vgpu-bench").chain(list.iter().copied()),
-        )? {
-            Parsed::Run(Cli { cmd: Cmd::Run(a) }) => Ok(a),
-            Parsed::Generated(_) => panic!("{list:?}: generated"),
-        }
+        let Cli { cmd: Cmd::Run(a) } = vgpu_cli::check::arguments(list)?;
+        Ok(a)
     }
 
     #[test]

@@ -143,16 +143,9 @@ fn main() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vgpu_cli::Parsed;
 
     fn parse(line: &[&str]) -> Result<Args, clap::error::ErrorKind> {
-        match vgpu_cli::try_parse_from::<Args, _, _>(
-            std::iter::once("vgpu-fake-device").chain(line.iter().copied()),
-        ) {
-            Ok(Parsed::Run(a)) => Ok(a),
-            Ok(Parsed::Generated(_)) => panic!("{line:?}: generated"),
-            Err(e) => Err(e.kind()),
-        }
+        vgpu_cli::check::arguments(line).map_err(|e| e.kind())
     }
 
     #[test]

@@ -88,22 +88,16 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vgpu_cli::Parsed;
+    use vgpu_cli::check;
 
     #[test]
     fn keeps_the_command_line_conventions() {
-        vgpu_cli::check::conventions::<Cli>(env!("CARGO_PKG_VERSION")).unwrap();
-        let parse = |line: &[&str]| {
-            vgpu_cli::try_parse_from::<Cli, _, _>(
-                std::iter::once("vgpu-probe").chain(line.iter().copied()),
-            )
-        };
+        check::conventions::<Cli>(env!("CARGO_PKG_VERSION")).unwrap();
         for line in [&["--socket", "/s"][..], &["--socket=/s"]] {
-            let Ok(Parsed::Run(cli)) = parse(line) else {
-                panic!("{line:?} refused")
-            };
+            let cli: Cli = check::arguments(line).unwrap();
             assert_eq!(cli.socket, PathBuf::from("/s"));
         }
-        assert!(parse(&[]).is_err() && parse(&["/s"]).is_err());
+        assert!(check::arguments::<Cli, _, _>([""; 0]).is_err());
+        assert!(check::arguments::<Cli, _, _>(["/s"]).is_err());
     }
 }

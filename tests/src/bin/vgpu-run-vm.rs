@@ -349,16 +349,9 @@ fn main() -> ExitCode {
 mod tests {
     use super::*;
     use clap::error::ErrorKind;
-    use vgpu_cli::Parsed;
 
     fn parse(line: &[&str]) -> Result<Cli, ErrorKind> {
-        match vgpu_cli::try_parse_from::<Cli, _, _>(
-            std::iter::once("vgpu-run-vm").chain(line.iter().copied()),
-        ) {
-            Ok(Parsed::Run(cli)) => Ok(cli),
-            Ok(Parsed::Generated(_)) => panic!("{line:?}: generated"),
-            Err(e) => Err(e.kind()),
-        }
+        vgpu_cli::check::arguments(line).map_err(|e| e.kind())
     }
 
     #[test]

@@ -178,19 +178,13 @@ fn seconds(value: &str) -> Result<Duration, ArgError> {
 mod tests {
     use super::*;
     use clap::error::ErrorKind;
-    use vgpu_cli::Parsed;
 
-    fn parse_str(line: &str) -> Result<Parsed<Config>, clap::Error> {
-        vgpu_cli::try_parse_from::<Config, _, _>(
-            std::iter::once("vgpu-load").chain(line.split_whitespace()),
-        )
+    fn parse_str(line: &str) -> Result<Config, clap::Error> {
+        vgpu_cli::check::arguments(line.split_whitespace())
     }
 
     fn config(line: &str) -> Config {
-        match parse_str(line) {
-            Ok(Parsed::Run(c)) => c,
-            other => panic!("{line}: {other:?}"),
-        }
+        parse_str(line).unwrap_or_else(|e| panic!("{line}: {e}"))
     }
 
     fn refused(line: &str) -> ErrorKind {
