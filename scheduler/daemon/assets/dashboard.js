@@ -135,7 +135,10 @@ function showPolicy(s) {
   const params = $("#policy-params");
   const rows = [];
   for (const [k, v] of Object.entries(s.policy)) {
-    rows.push(el("dt", { text: k }), el("dd", { text: typeof v === "object" ? JSON.stringify(v) : String(v) }));
+    let text = typeof v === "object" ? JSON.stringify(v) : String(v);
+    // Durations are nanoseconds on the wire: shown in ms.
+    if (k.endsWith("_ns") && typeof v === "number") text = fmt(v / 1e6, 3).replace(/\.?0+$/, "") + " ms";
+    rows.push(el("dt", { text: k.replace(/_ns$/, "") }), el("dd", { text }));
   }
   params.replaceChildren(...rows);
   if (state.policyDirty || state.policies.length === 0) return;
@@ -257,7 +260,8 @@ const CHARTS = [
   { id: "chart-budget", legend: "budget", series: [["budget_ms", []]] },
 ];
 
-// Round numbers for an axis from lo to hi: about `count` steps of 1, 2 or 5 times 10^k.
+// Round numbers for an axis covering lo to hi: about `count` steps of 1, 2 or 5 times 10^k,
+// the axis widened to whole steps so that both ends are labelled.
 function ticks(lo, hi, count, integer) {
   const span = hi - lo || 1;
   let step = Math.pow(10, Math.floor(Math.log10(span / count)));
@@ -265,9 +269,11 @@ function ticks(lo, hi, count, integer) {
     if (span / (step * m) <= count) { step *= m; break; }
   }
   if (integer) step = Math.max(1, Math.round(step));
-  const out = [];
-  for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) out.push(v);
-  return { step, values: out };
+  const first = Math.floor(lo / step + 1e-9);
+  const last = Math.max(first + 1, Math.ceil(hi / step - 1e-9));
+  const values = [];
+  for (let k = first; k <= last; k++) values.push(k * step);
+  return { step, values, lo: first * step, hi: last * step };
 }
 
 function sizeCanvas(canvas) {
@@ -312,9 +318,8 @@ function drawChart(chart, names, now) {
   if (!Number.isFinite(lo)) lo = 0;
   if (!Number.isFinite(hi) || hi <= lo) hi = lo + (chart.integer ? 4 : 1);
   const yt = ticks(lo, hi, 4, chart.integer);
-  lo = Math.min(lo, yt.values[0]);
-  hi = Math.max(hi, yt.values[yt.values.length - 1]);
-  if (hi <= lo) hi = lo + yt.step;
+  lo = yt.lo;
+  hi = yt.hi;
   const X = (t) => pad.left + ((t - t0) / WINDOW_S) * pw;
   const Y = (v) => pad.top + ph - ((v - lo) / (hi - lo)) * ph;
 
