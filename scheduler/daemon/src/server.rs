@@ -2078,4 +2078,21 @@ mod tests {
         assert!(out.is_empty());
         assert_eq!(sink, b"hello");
     }
+
+    #[test]
+    fn a_client_that_does_not_read_is_closed_past_its_output_limit() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        let mut c = Client::new(ours);
+        c.max_out = MAX_EVENT_STREAM_BYTES;
+        // Within the limit: kept, watched for output, whatever the socket did not take.
+        c.out = vec![b'x'; MAX_EVENT_STREAM_BYTES];
+        assert!(matches!(c.flush(), Flushed::Watch(_, set) if set.contains(EventSet::OUT)));
+        assert!(!c.out.is_empty(), "the peer reads nothing, the socket filled");
+        // Past it (one more snapshot, say): closed.
+        let room = MAX_EVENT_STREAM_BYTES - c.out.len();
+        c.out.extend(std::iter::repeat_n(b'y', room + 1));
+        assert!(matches!(c.flush(), Flushed::Close));
+        drop(theirs);
+    }
 }
