@@ -2088,7 +2088,10 @@ mod tests {
         // Within the limit: kept, watched for output, whatever the socket did not take.
         c.out = vec![b'x'; MAX_EVENT_STREAM_BYTES];
         assert!(matches!(c.flush(), Flushed::Watch(_, set) if set.contains(EventSet::OUT)));
-        assert!(!c.out.is_empty(), "the peer reads nothing, the socket filled");
+        assert!(
+            !c.out.is_empty(),
+            "the peer reads nothing, the socket filled"
+        );
         // Past it (one more snapshot, say): closed.
         let room = MAX_EVENT_STREAM_BYTES - c.out.len();
         c.out.extend(std::iter::repeat_n(b'y', room + 1));
