@@ -115,8 +115,10 @@ pub struct Summary<'a> {
     pub title: &'a str,
     /// The x axis: what the benchmarks' parameters are (with units).
     pub x_label: &'a str,
-    /// The y axis: what one iteration is.
+    /// The y axis: what one iteration is, in the unit of `unit_ns`.
     pub y_label: &'a str,
+    /// Nanoseconds per unit of the y axis (1 for ns, 1e3 for µs, 1e6 for ms).
+    pub unit_ns: f64,
 }
 
 /// The summary JSON of `estimates` (the figure's input).
@@ -126,6 +128,7 @@ pub fn document(summary: &Summary, estimates: &[Estimate]) -> Value {
         "title": format!("{} — {}", summary.title, crate::machine()),
         "x_label": summary.x_label,
         "y_label": summary.y_label,
+        "unit_ns": summary.unit_ns,
         "estimates": estimates.iter().map(|e| json!({
             "series": e.series,
             "category": e.category,
@@ -208,7 +211,8 @@ mod tests {
             prefix: "decision/",
             title: "decision cost",
             x_label: "vGPUs",
-            y_label: "ns per decision",
+            y_label: "µs per decision",
+            unit_ns: 1e3,
         };
         let json = dir.path().join("decision.json");
         write_results(&json, &document(&summary, &found)).unwrap();
@@ -216,13 +220,19 @@ mod tests {
         for text in [
             "decision cost",
             "vGPUs",
-            "ns per decision",
+            "µs per decision",
             "fair",
             "none",
             "64",
         ] {
             assert!(svg.contains(text), "{text} missing");
         }
+        // Drawn in the summary's unit: none at 64 vGPUs, 300 ns, is 0.3 µs.
+        let figure = crate::figure::figure(&document(&summary, &found)).unwrap();
+        let none = &figure.panels[0].series[1];
+        assert_eq!(none.name, "none");
+        assert_eq!(figure.panels[0].categories, ["4", "64"]);
+        assert!((none.values[1].unwrap() - 0.3).abs() < 1e-9, "{none:?}");
         // Nothing measured: the JSON says so and no figure is drawn.
         let empty = dir.path().join("empty.json");
         write_results(&empty, &document(&summary, &[])).unwrap();

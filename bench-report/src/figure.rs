@@ -749,7 +749,11 @@ fn criterion(doc: &Value) -> Result<Figure, FigureError> {
         }
         None => Kind::Bars,
     };
-    // Categories compared as numbers when they are.
+    // Means in the summary's unit (ns unless it says otherwise); categories compared as
+    // numbers when they are.
+    let unit = num(doc, "unit_ns")
+        .filter(|u| u.is_finite() && *u > 0.0)
+        .unwrap_or(1.0);
     let rows: Vec<Value> = rows
         .iter()
         .map(|r| {
@@ -758,6 +762,9 @@ fn criterion(doc: &Value) -> Result<Figure, FigureError> {
                 && let Some(n) = text(&r, "category").and_then(|c| c.parse::<f64>().ok())
             {
                 r["category"] = Value::String(n.to_string());
+            }
+            if let Some(ns) = num(&r, "mean_ns") {
+                r["mean"] = Value::from(ns / unit);
             }
             r
         })
@@ -768,7 +775,7 @@ fn criterion(doc: &Value) -> Result<Figure, FigureError> {
         "category",
         "series",
         &str::to_owned,
-        "mean_ns",
+        "mean",
     );
     Ok(Figure {
         title: text(doc, "title").unwrap_or("criterion").to_owned(),

@@ -200,8 +200,8 @@ fn label(category: &str) -> String {
     }
 }
 
-/// Series colours, in order (repeating past the end).
-const COLOURS: [RGBColor; 8] = [
+/// Series colours, in order: one for each of [`MAX_SERIES`] series, told apart by hue first.
+const COLOURS: [RGBColor; MAX_SERIES] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),
@@ -210,21 +210,29 @@ const COLOURS: [RGBColor; 8] = [
     RGBColor(140, 86, 75),
     RGBColor(227, 119, 194),
     RGBColor(127, 127, 127),
+    RGBColor(188, 189, 34),
+    RGBColor(23, 190, 207),
+    RGBColor(0, 0, 0),
+    RGBColor(255, 215, 0),
 ];
 
-/// A value for a label: thousands and millions shortened, small values with decimals.
+/// A value for a label, to three significant digits or so: thousands and millions shortened.
 pub fn short(v: f64) -> String {
     let a = v.abs();
     if a >= 1e6 {
         format!("{:.1}M", v / 1e6)
-    } else if a >= 1e4 {
+    } else if a >= 1e5 {
         format!("{:.0}k", v / 1e3)
+    } else if a >= 1e4 {
+        format!("{:.1}k", v / 1e3)
     } else if a >= 100.0 || a == 0.0 {
         format!("{v:.0}")
     } else if a >= 10.0 {
         format!("{v:.1}")
-    } else {
+    } else if a >= 1.0 {
         format!("{v:.2}")
+    } else {
+        format!("{v:.3}")
     }
 }
 
@@ -328,7 +336,7 @@ fn draw_panel<DB: DrawingBackend>(
     let lift = (hi - lo) * 0.01;
     let above = TextStyle::from(("sans-serif", 10)).pos(Pos::new(HPos::Center, VPos::Bottom));
     for (j, s) in panel.series.iter().enumerate() {
-        let colour = COLOURS[j % COLOURS.len()];
+        let colour = COLOURS[j];
         let points: Vec<(usize, f64)> = s
             .values
             .iter()
@@ -520,6 +528,8 @@ mod tests {
         assert_eq!(short(123.4), "123");
         assert_eq!(short(12.34), "12.3");
         assert_eq!(short(1.234), "1.23");
+        assert_eq!(short(10_830.0), "10.8k");
+        assert_eq!(short(0.0434), "0.043");
         assert_eq!(short(0.0), "0");
     }
 }
