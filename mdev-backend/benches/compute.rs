@@ -7,9 +7,12 @@
 //!
 //! Launch and copy costs through the trait and the executor: `benches/compute_backend.rs`.
 //!
+//! Besides criterion's own output, the means go to `target/compute-bench.json` and its figure
+//! `.svg` (time per launch against the threads).
+//!
 //! `cargo bench -p mdev-backend --bench compute`
 
-use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group};
 use mdev_backend::compute::backend::*;
 use mdev_backend::compute::fatbin::extract_ptx;
 use mdev_backend::compute::ptx::{Launch, Module, launch};
@@ -88,4 +91,20 @@ fn executor(c: &mut Criterion) {
 }
 
 criterion_group!(benches, executor);
-criterion_main!(benches);
+
+/// criterion's `criterion_main!`, then the summary JSON and figure.
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    let summary = vgpu_bench_report::criterion::Summary {
+        name: "compute-bench",
+        prefix: "executor/matmul",
+        title: "PTX executor: the corpus's 128x128 tiled matmul (8x8 blocks of 16x16 threads) on the CPU backend",
+        x_label: "host threads",
+        y_label: "ms per launch (mean)",
+        unit_ns: 1e6,
+    };
+    if let Err(e) = vgpu_bench_report::criterion::write_summary(&summary) {
+        eprintln!("no summary: {e}");
+    }
+}

@@ -5,10 +5,15 @@
 //! submits a new group, and a due timer (replenishment, credit period, controller) is delivered.
 //! That is two or three events and one dispatch decision. The GPU is simulated by completing
 //! groups in dispatch order after a fixed cost.
+//!
+//! Besides criterion's own output, the means go to `target/decision-bench.json` and its figure
+//! `.svg` (a line per policy against the vGPUs).
+//!
+//! `cargo bench -p vgpu-scheduler --bench decision`
 
 use std::hint::black_box;
 
-use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use criterion::{BenchmarkId, Criterion, criterion_group};
 use vgpu_scheduler::model::{Enforcement, NS_PER_MS, NS_PER_US, Reserve};
 use vgpu_scheduler::{
     CommandGroup, Decision, Event, GroupKind, PolicyConfig, Scheduler, Time, VgpuId, VgpuParams,
@@ -162,4 +167,20 @@ fn decision_cost(c: &mut Criterion) {
 }
 
 criterion_group!(benches, decision_cost);
-criterion_main!(benches);
+
+/// criterion's `criterion_main!`, then the summary JSON and figure.
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    let summary = vgpu_bench_report::criterion::Summary {
+        name: "decision-bench",
+        prefix: "decision/",
+        title: "one scheduling decision at steady state (a completion, a submit, a due timer), per policy",
+        x_label: "backlogged vGPUs",
+        y_label: "µs per decision (mean)",
+        unit_ns: 1e3,
+    };
+    if let Err(e) = vgpu_bench_report::criterion::write_summary(&summary) {
+        eprintln!("no summary: {e}");
+    }
+}

@@ -3,11 +3,14 @@
 //! under the policies none, timegraph PRT, timegraph HT and fair. Pure core: no sockets, time
 //! is an input.
 //!
+//! Besides criterion's own output, the means go to `target/daemon-decision-bench.json` and its
+//! figure `.svg` (a line per policy against the devices).
+//!
 //! `cargo bench -p vgpu-schedd --bench decision`
 
 use std::hint::black_box;
 
-use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use criterion::{BenchmarkId, Criterion, criterion_group};
 use vgpu_schedd::daemon::{ConnId, Daemon, DaemonConfig, Peer};
 use vgpu_schedd::proto::{self, Exec, Msg, PROTOCOL_VERSION, VmName};
 use vgpu_scheduler::model::PrioPolicy;
@@ -106,4 +109,20 @@ fn bench(c: &mut Criterion) {
 }
 
 criterion_group!(benches, bench);
-criterion_main!(benches);
+
+/// criterion's `criterion_main!`, then the summary JSON and figure.
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    let summary = vgpu_bench_report::criterion::Summary {
+        name: "daemon-decision-bench",
+        prefix: "daemon_receive_submit_completed",
+        title: "vgpu-schedd's core: Submit + Completed received and the outbox drained, per policy",
+        x_label: "connected devices (taking turns)",
+        y_label: "µs per group (mean)",
+        unit_ns: 1e3,
+    };
+    if let Err(e) = vgpu_bench_report::criterion::write_summary(&summary) {
+        eprintln!("no summary: {e}");
+    }
+}

@@ -9,26 +9,46 @@
 //! in `epoll_wait` between messages, so each Submit costs it a wake-up) and at its default.
 //!
 //! Prints a table (p50/p99 µs of Submit -> Grant, µs per group) of the median of
-//! [`RUNS`] runs and writes the same as JSON to `target/grant-bench.json`.
+//! `--runs` runs (default [`RUNS`]) and writes the same as JSON to `target/grant-bench.json`
+//! and its figure to `target/grant-bench.svg`. Progress goes to stderr (a bar on a terminal).
 //!
-//! `cargo bench -p vgpu-schedd --bench grant`
+//! `cargo bench -p vgpu-schedd --bench grant [-- [--runs N] [--groups N] [POLICY...]]`
+//! (POLICY: a substring of a policy's name)
 
 mod common;
 
 use std::time::Instant;
 
+use clap::builder::TypedValueParser as _;
 use serde_json::json;
 use tempfile::TempDir;
 use vgpu_schedd::busy_poll;
 use vgpu_schedd::proto::Msg;
 
 use common::{Device, Schedd};
-/// Groups per run, after [`WARMUP`] unmeasured ones.
+use vgpu_cli::progress::Progress;
+
+/// Groups per run by default, after [`WARMUP`] unmeasured ones.
 const GROUPS: u64 = 5_000;
 /// Unmeasured groups at the start of every run.
 const WARMUP: u64 = 200;
-/// Runs per policy; the table shows their medians.
+/// Runs per policy by default; the table shows their medians.
 const RUNS: usize = 3;
+
+/// Grant round trip through a real vgpu-schedd, per policy and busy polling.
+#[derive(Debug, clap::Parser)]
+struct Cli {
+    /// Runs per configuration (the table shows their medians).
+    #[arg(long, default_value_t = RUNS, value_parser = clap::value_parser!(u16).range(1..=100).map(usize::from))]
+    runs: usize,
+    /// Measured groups per run.
+    #[arg(long, default_value_t = GROUPS, value_parser = clap::value_parser!(u64).range(10..=10_000_000))]
+    groups: u64,
+    /// Policies to measure: substrings of their names (all when none is given).
+    filter: Vec<String>,
+    #[command(flatten)]
+    _cargo: vgpu_bench_report::CargoBench,
+}
 
 /// One group that must not stay suspended past [`common::WAIT`].
 fn group(dev: &mut Device, id: u64, lease: bool) -> u64 {
@@ -54,7 +74,7 @@ fn percentile(sorted: &[u64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)] as f64 / 1_000.0
 }
 
-fn run(policy: &str, lease: bool, busy_poll_us: u64) -> Run {
+fn run(policy: &str, lease: bool, busy_poll_us: u64, groups: u64) -> Run {
     let dir = TempDir::new().expect("temporary directory");
     let schedd = Schedd::start(dir.path(), policy, busy_poll_us);
     let mut dev = Device::connect(&schedd, "bench", lease);
@@ -63,10 +83,10 @@ fn run(policy: &str, lease: bool, busy_poll_us: u64) -> Run {
         id += 1;
         group(&mut dev, id, lease);
     }
-    let mut rtt = Vec::with_capacity(GROUPS as usize);
+    let mut rtt = Vec::with_capacity(usize::try_from(groups).unwrap_or(0));
     let cpu_before = schedd.cpu_time();
     let start = Instant::now();
-    for _ in 0..GROUPS {
+    for _ in 0..groups {
         id += 1;
         rtt.push(group(&mut dev, id, lease));
     }
@@ -88,8 +108,8 @@ fn run(policy: &str, lease: bool, busy_poll_us: u64) -> Run {
     Run {
         p50,
         p99,
-        per_group: total.as_secs_f64() * 1e6 / GROUPS as f64,
-        cpu_per_group: cpu.as_secs_f64() * 1e6 / GROUPS as f64,
+        per_group: total.as_secs_f64() * 1e6 / groups as f64,
+        cpu_per_group: cpu.as_secs_f64() * 1e6 / groups as f64,
     }
 }
 
@@ -99,32 +119,42 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    // `cargo bench` passes `--bench`; a filter argument selects policies by substring.
-    let filter = common::filter();
-    let mut rows = Vec::new();
-    println!(
-        "grant round trip: {GROUPS} groups x {RUNS} runs, medians (µs)\n{:<15} {:>9} {:>8} {:>8} {:>10} {:>12}",
-        "policy", "busy poll", "p50", "p99", "per group", "daemon CPU"
-    );
+    let cli: Cli = clap::Parser::parse();
+    let policies = common::policies(&cli.filter);
     let polls = [0, busy_poll::DEFAULT_MAX.as_micros() as u64];
-    for (name, text, lease) in common::POLICIES {
-        if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
-            continue;
-        }
+    let mut table = vec![format!(
+        "grant round trip: {} groups x {} runs, medians (µs)\n{:<15} {:>9} {:>8} {:>8} {:>10} {:>12}",
+        cli.groups, cli.runs, "policy", "busy poll", "p50", "p99", "per group", "daemon CPU"
+    )];
+    let steps = policies.len() * polls.len() * cli.runs;
+    let progress = Progress::new("grant", steps as u64);
+    let mut rows = Vec::new();
+    for (name, text, lease) in policies {
         for busy_poll_us in polls {
-            let runs: Vec<Run> = (0..RUNS).map(|_| run(text, lease, busy_poll_us)).collect();
+            let runs: Vec<Run> = (1..=cli.runs)
+                .map(|i| {
+                    progress.step(&format!(
+                        "{name}, busy poll {busy_poll_us} µs, run {i}/{}",
+                        cli.runs
+                    ));
+                    let r = run(text, lease, busy_poll_us, cli.groups);
+                    progress.advance();
+                    r
+                })
+                .collect();
             let p50 = median(runs.iter().map(|r| r.p50).collect());
             let p99 = median(runs.iter().map(|r| r.p99).collect());
             let per = median(runs.iter().map(|r| r.per_group).collect());
             let cpu = median(runs.iter().map(|r| r.cpu_per_group).collect());
-            println!(
+            table.push(format!(
                 "{name:<15} {:>9} {:>8} {:>8} {:>10} {:>12}",
                 format!("{busy_poll_us} µs"),
                 common::fmt(p50),
                 common::fmt(p99),
                 common::fmt(per),
                 common::fmt(cpu)
-            );
+            ));
+            progress.note(&table[table.len() - 1]);
             let all: Vec<_> = runs
                 .iter()
                 .map(|r| {
@@ -144,17 +174,17 @@ fn main() {
             }));
         }
     }
-    // The binary lives in target/<profile>/: the JSON goes next to the profile folders.
-    let out = common::out_path("grant-bench.json");
-    let doc = json!({
-        "bench": "grant",
-        "groups": GROUPS,
-        "runs": RUNS,
-        "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
-        "policies": rows,
-    });
-    match std::fs::write(&out, format!("{doc:#}\n")) {
-        Ok(()) => println!("wrote {}", out.display()),
-        Err(e) => eprintln!("could not write {}: {e}", out.display()),
-    }
+    drop(progress);
+    println!("{}", table.join("\n"));
+    common::write_results(
+        "grant-bench",
+        &json!({
+            "bench": "grant",
+            "groups": cli.groups,
+            "runs": cli.runs,
+            "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
+            "machine": vgpu_bench_report::machine(),
+            "policies": rows,
+        }),
+    );
 }

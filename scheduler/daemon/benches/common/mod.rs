@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use vgpu_schedd::proto::{self, Exec, MAX_MESSAGE_BYTES, Msg, PROTOCOL_VERSION, VmName};
+use vgpu_schedd::proto::{
+    self, Exec, MAX_MESSAGE_BYTES, Msg, PROTOCOL_VERSION, RefuseCode, VmName,
+};
 use vgpu_schedd::seqpacket::{SeqStream, monotonic_ns};
 use vgpu_scheduler::{CostSignature, GroupId, GroupKind};
 
@@ -29,23 +31,27 @@ pub const POLICIES: [(&str, &str, bool); 4] = [
     ("fair (lease)", "policy = \"fair\"\n", true),
 ];
 
-/// The command line's policy filters (substrings of a policy's name; `cargo bench` adds
-/// `--bench`, which is not one).
-pub fn filter() -> Vec<String> {
-    std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with("--"))
+/// The policies whose name contains one of `filter` (all when it is empty).
+pub fn policies(filter: &[String]) -> Vec<(&'static str, &'static str, bool)> {
+    POLICIES
+        .into_iter()
+        .filter(|(name, _, _)| {
+            filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str()))
+        })
         .collect()
 }
 
-/// Where a bench's JSON goes: beside the profile folders (`target/`), found from the daemon
-/// binary in `target/<profile>/`.
-pub fn out_path(name: &str) -> PathBuf {
-    Path::new(SCHEDD)
+/// Writes a bench's results as JSON beside the profile folders (`target/`, found from the
+/// daemon binary in `target/<profile>/`) and its figure next to it.
+pub fn write_results(name: &str, doc: &serde_json::Value) {
+    let out = Path::new(SCHEDD)
         .parent()
         .and_then(Path::parent)
         .unwrap_or(Path::new("."))
-        .join(name)
+        .join(format!("{name}.json"));
+    if let Err(e) = vgpu_bench_report::write_results(&out, doc) {
+        eprintln!("{e}");
+    }
 }
 
 /// A figure with one decimal, `-` when there is none.
@@ -86,22 +92,17 @@ impl Schedd {
 }
 
 impl Schedd {
-    /// The daemon's CPU time so far (user + system), from `/proc/PID/stat`.
+    /// The daemon's CPU time so far, all its threads, in ns: the first field of each
+    /// `/proc/PID/task/TID/schedstat` (the scheduler's run time; `/proc/PID/stat` counts in
+    /// clock ticks of 10 ms, too coarse for a run of a few milliseconds).
     pub fn cpu_time(&self) -> Duration {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))
-            .expect("the daemon's stat");
-        // Fields after the command name (which may hold spaces) start after the last ')'.
-        let fields: Vec<&str> = stat
-            .rsplit_once(')')
-            .map_or("", |(_, rest)| rest)
-            .split_whitespace()
-            .collect();
-        // utime and stime are fields 14 and 15 of stat: 12 and 13 after the name.
-        let ticks: u64 =
-            fields[11].parse::<u64>().unwrap_or(0) + fields[12].parse::<u64>().unwrap_or(0);
-        // SAFETY: sysconf has no memory effects.
-        let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap_or(100);
-        Duration::from_nanos(ticks * 1_000_000_000 / hz.max(1))
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", self.child.id()))
+            .expect("the daemon's threads");
+        let ns: u64 = tasks
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
+            .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+            .sum();
+        Duration::from_nanos(ns)
     }
 }
 
@@ -121,6 +122,9 @@ pub struct Device {
     out: Vec<u8>,
     leased: bool,
     suspended: bool,
+    /// Groups the daemon refused as dispatched without a lease: a thread of this process ran
+    /// too late to see the Revoke in time (past the daemon's grace, on an overloaded host).
+    pub refused: usize,
 }
 
 impl Device {
@@ -144,6 +148,7 @@ impl Device {
             out: Vec::new(),
             leased: false,
             suspended: false,
+            refused: 0,
         };
         d.send(&Msg::Hello {
             version: PROTOCOL_VERSION,
@@ -195,11 +200,19 @@ impl Device {
         }
     }
 
-    /// Takes a lease or suspension change; false for any other message.
+    /// Takes a lease or suspension change, or a refused dispatch (the lease was gone: ask
+    /// from now on); false for any other message.
     fn follow(&mut self, m: &Msg) -> bool {
         match m {
             Msg::Lease { .. } => self.leased = true,
             Msg::Revoke => self.leased = false,
+            Msg::Refused {
+                code: RefuseCode::NotLeased,
+                ..
+            } => {
+                self.leased = false;
+                self.refused += 1;
+            }
             Msg::Suspend => self.suspended = true,
             Msg::Resume => self.suspended = false,
             _ => return false,
