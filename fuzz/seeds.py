@@ -93,10 +93,17 @@ write("control_requests", "policy_create",
             {"cmd": "create", "name": "a", "socket": "/run/a.sock", "args": ["--width", "800"]},
             {"cmd": "destroy", "name": "a"}))
 
-# --- metrics HTTP head (fuzz_targets/http_head.rs) ------------------------------------------
+# --- the daemon's HTTP requests (fuzz_targets/http_head.rs) ---------------------------------
 write("http_head", "get_metrics", chunk(b"GET /metrics HTTP/1.1\r\nHost: h\r\n") + chunk(b"\r\n"))
 write("http_head", "post", chunk(b"POST / HTTP/1.0\n\n"))
 write("http_head", "trickle", b"".join(chunk(bytes([c])) for c in b"GET / HTTP/1.1\r\n\r\n"))
+# The dashboard's requests (the target's listener is 127.0.0.1:9100 with token 0123456789abcdef).
+BODY = b'{"vm":"a","params":{"priority":3,"weight":512}}'
+write("http_head", "dashboard_params",
+      chunk(b"POST /api/params HTTP/1.1\r\nHost: 127.0.0.1:9100\r\nX-Vgpu-Token: 0123456789abcdef\r\n")
+      + chunk(b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(BODY))
+      + chunk(BODY[:20]) + chunk(BODY[20:]))
+write("http_head", "dashboard_events", chunk(b"GET /events HTTP/1.1\r\nHost: localhost:9100\r\n\r\n"))
 
 # --- cgroup and /proc parsers (fuzz_targets/cgroup_proc.rs) ---------------------------------
 write("cgroup_proc", "proc_cgroup_v2", u8(0) + b"0::/machine.slice/vm1.scope\n")
