@@ -598,8 +598,14 @@ pub fn svg(path: &Path, sim: &[RunReport], vms: &[RunResult]) -> Result<(), Stri
             ))
         })
         .collect();
+    // The scenario's name starts the file's (NAME.KIND.compare.svg).
+    let scenario = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.split('.').next())
+        .unwrap_or("experiment");
     let title = format!(
-        "GPU share per VM, simulator beside the guests — {}",
+        "{scenario}: GPU share per VM, simulator beside the guests — {}",
         vgpu_bench_report::machine()
     );
     write_svg(path, &title, &panels, 2).map_err(|e| e.to_string())
@@ -774,6 +780,7 @@ policy = { policy = "none" }
         svg(&figure, &[], std::slice::from_ref(&result)).unwrap();
         let drawn = std::fs::read_to_string(&figure).unwrap();
         for text in [
+            "t: GPU share per VM",
             "pe (timegraph)",
             "bomb-1",
             "guests",
