@@ -32,9 +32,10 @@ WORK=$CACHE/guest.partial
 ROOT=$WORK/root
 STAMP=$OUT/.vgpu-guest-complete
 INIT_SRC=$HERE/guest/vgpu-init
-# vgpu-load's sources: the image is rebuilt when they change (not for other crates' changes).
+# vgpu-load's sources, with the command-line crate it parses its arguments with: the image is
+# rebuilt when they change (not for other crates' changes).
 LOAD_SRC=("$REPO/guest-drivers/Cargo.toml" "$REPO/guest-drivers/src/bin/vgpu-load"
-    "$REPO/guest-drivers/src/virtgpu.rs")
+    "$REPO/guest-drivers/src/virtgpu.rs" "$REPO/cli/Cargo.toml" "$REPO/cli/src")
 LOAD_TARGET_DIR=$CACHE/vgpu-load-target
 # The guest CUDA driver's sources (with the wire protocol it speaks) and the corpus: the image is
 # rebuilt when they change.
