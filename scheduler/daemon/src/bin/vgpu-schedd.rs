@@ -274,14 +274,10 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vgpu_cli::{Parsed, try_parse_from};
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
-        let all = ["vgpu-schedd", "--socket", "/run/s", "--control", "/run/c"];
-        match try_parse_from::<Cli, _, _>(all.iter().chain(args).copied())? {
-            Parsed::Run(cli) => Ok(cli),
-            Parsed::Generated(_) => panic!("generated"),
-        }
+        let all = ["--socket", "/run/s", "--control", "/run/c"];
+        vgpu_cli::check::arguments(all.iter().chain(args))
     }
 
     #[test]
@@ -351,7 +347,7 @@ mod tests {
             let e = parse(bad).map(|_| ()).expect_err(&format!("{bad:?}"));
             assert_eq!(e.exit_code(), 2, "{bad:?}");
         }
-        let e = try_parse_from::<Cli, _, _>(["vgpu-schedd", "--socket", "/s"]).unwrap_err();
+        let e = vgpu_cli::check::arguments::<Cli, _, _>(["--socket", "/s"]).unwrap_err();
         assert_eq!(e.exit_code(), 2, "--control is required");
     }
 }

@@ -858,13 +858,9 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vgpu_cli::{Parsed, try_parse_from};
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
-        match try_parse_from::<Cli, _, _>(std::iter::once("vgpuctl").chain(args.iter().copied()))? {
-            Parsed::Run(cli) => Ok(cli),
-            Parsed::Generated(_) => panic!("generated"),
-        }
+        vgpu_cli::check::arguments(args)
     }
 
     #[test]
