@@ -66,6 +66,15 @@ impl SeqError {
             SeqError::Sys { call, source }
         }
     }
+
+    /// Whether the peer closed its end (EPIPE, ECONNRESET): a disconnect, not a misbehaving
+    /// peer.
+    pub fn peer_gone(&self) -> bool {
+        matches!(self, SeqError::Sys { source, .. } if matches!(
+            source.kind(),
+            io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+        ))
+    }
 }
 
 /// Result of the socket layer.
@@ -761,6 +770,24 @@ mod tests {
     fn open(fd: RawFd) -> bool {
         // SAFETY: F_GETFD takes no pointers.
         unsafe { libc::fcntl(fd, libc::F_GETFD) >= 0 }
+    }
+
+    #[test]
+    fn a_closed_peer_is_told_from_a_full_queue() {
+        let (a, b) = pair();
+        a.set_nonblocking(true).unwrap();
+        // Nobody reads b: the queue fills and a send would block, which is not a closed peer.
+        let full = (0..100_000)
+            .map(|_| a.send(&[0u8; 1024]))
+            .find_map(Result::err)
+            .expect("the queue fills");
+        assert!(
+            matches!(full, SeqError::WouldBlock) && !full.peer_gone(),
+            "{full}"
+        );
+        drop(b);
+        let gone = a.send(b"bye").unwrap_err();
+        assert!(gone.peer_gone(), "{gone}");
     }
 
     #[test]

@@ -886,7 +886,12 @@ impl Loop {
                 packet.clear();
                 crate::proto::encode(msg, &mut packet);
                 if let Err(e) = stream.send(&packet) {
-                    warn!("{conn}: send failed, dropping it: {e}");
+                    // A device that said Bye and closed is gone, not misbehaving.
+                    if e.peer_gone() {
+                        debug!("{conn}: closed its end, dropping it: {e}");
+                    } else {
+                        warn!("{conn}: send failed, dropping it: {e}");
+                    }
                     failed.push(*conn);
                 }
             }
