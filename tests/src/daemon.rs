@@ -120,6 +120,8 @@ fn build_binaries(profile_dir: &Path) -> bool {
         "vgpu-server",
         "-p",
         "mdev-backend",
+        "-p",
+        "vgpu-sim",
         "--bins",
     ]) && build(&["-p", "vgpu-libcuda", "--lib"])
 }
