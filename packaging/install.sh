@@ -289,17 +289,9 @@ for unit in vgpu-schedd.service vgpu-server@.service; do
     put_file "$tmp/unit" "$unit_dir/$unit" 0644
 done
 
-# Configuration skeleton: the daemon's options (with the device group's id when the group
-# exists here), a per-VM example, an example definition, and the directories the units and
-# vgpuctl use.
-gid=$(getent group vgpu-device | cut -d: -f3 || true)
-if [[ -z $destdir && -n $gid ]]; then
-    sed "s/@VGPU_DEVICE_GID@/$gid/" "$here/config/schedd.env" >"$tmp/schedd.env"
-else
-    # Staged for a package (or no group): its post-install step fills in the id.
-    cp "$here/config/schedd.env" "$tmp/schedd.env"
-fi
-put_config "$tmp/schedd.env" "$sysconfdir/vgpu/schedd.env"
+# Configuration skeleton: the daemon's options, a per-VM example, an example definition, and
+# the directories the units and vgpuctl use.
+put_config "$here/config/schedd.env" "$sysconfdir/vgpu/schedd.env"
 put_config "$here/config/server.env.example" "$sysconfdir/vgpu/server/vm.env.example"
 put_config "$here/config/vm1.json" "$sysconfdir/vgpu/examples/vm1.json"
 make_dir "$sysconfdir/vgpu/vgpus"
@@ -319,9 +311,6 @@ done < <(old_entries)
 make_dir "$(dirname "$manifest")"
 printf '%s\n' "${entries[@]}" >"$staged_manifest"
 echo "installed to ${destdir:-/} (prefix $prefix, units in $unit_dir, configuration in $sysconfdir/vgpu); manifest $manifest"
-if [[ -z $gid || -n $destdir ]]; then
-    echo "note: set VGPU_DEVICE_GID in $sysconfdir/vgpu/schedd.env to the id of group vgpu-device"
-fi
 if ((${#failed[@]})); then
     echo "install.sh: these binaries cannot generate their completions or man pages:" >&2
     printf '  %s\n' "${failed[@]}" >&2

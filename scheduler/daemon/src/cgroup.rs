@@ -418,7 +418,7 @@ impl CgroupFs {
         check_pid(pid)?;
         let path = self.proc_root.join(pid.to_string()).join("cgroup");
         let paths = parse_proc_cgroup(&path, &read_bounded(&path)?)?;
-        if let Some(rel) = paths.v2 {
+        if let Some(rel) = paths.v2.map(vm_level) {
             let dir = CgDir {
                 root: self.v2_root.clone(),
                 rel,
@@ -434,7 +434,10 @@ impl CgroupFs {
                 });
             }
         }
-        let rel = paths.v1_cpu.ok_or(CgroupError::NoCpuController(pid))?;
+        let rel = paths
+            .v1_cpu
+            .map(vm_level)
+            .ok_or(CgroupError::NoCpuController(pid))?;
         let cpu = CgDir {
             root: self.v1_cpu_root.clone(),
             rel,
@@ -447,7 +450,7 @@ impl CgroupFs {
             (true, Some(rel)) => (
                 Some(CgDir {
                     root: self.v1_cpuacct_root.clone(),
-                    rel,
+                    rel: vm_level(rel),
                 }),
                 false,
             ),
@@ -711,6 +714,44 @@ pub fn parse_proc_cgroup(path: &Path, text: &str) -> Result<ProcCgroups> {
         }
     }
     Ok(out)
+}
+
+/// The cgroup that stands for the whole VM when QEMU runs in one of libvirt's per-thread
+/// groups: libvirt puts a domain in a scope (`machine.slice/machine-qemu\x2d1\x2dvm1.scope`
+/// under systemd, `machine/qemu-1-vm1.libvirt-qemu` without it) and moves QEMU's main thread to
+/// `libvirt/emulator` below it (`emulator` directly below it in cgroup v1), its vCPU threads to
+/// `vcpuN` and its I/O threads to `iothreadN`. A weight written there would only set QEMU's own
+/// threads against each other and the usage read there would miss the vCPUs, so the scope is
+/// the VM's cgroup. Any other layout is taken as it is.
+fn vm_level(rel: PathBuf) -> PathBuf {
+    let numbered = |name: &str, prefix: &str| {
+        name.strip_prefix(prefix)
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    let per_thread = |name: &str| {
+        matches!(name, "libvirt" | "emulator")
+            || numbered(name, "vcpu")
+            || numbered(name, "iothread")
+    };
+    let mut scope = rel.as_path();
+    while let Some(name) = scope.file_name().and_then(|n| n.to_str()) {
+        if !per_thread(name) {
+            break;
+        }
+        match scope.parent() {
+            Some(up) => scope = up,
+            None => return rel,
+        }
+    }
+    let is_domain = scope
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.ends_with(".scope") || n.ends_with(".libvirt-qemu"));
+    if scope != rel && is_domain {
+        scope.to_path_buf()
+    } else {
+        rel
+    }
 }
 
 /// An absolute cgroup path made relative, refused unless it is made of plain components.
@@ -1125,6 +1166,68 @@ mod tests {
             Err(CgroupError::InvalidWeight(_))
         ));
         assert_eq!(cg.pids().unwrap(), vec![100]);
+    }
+
+    #[test]
+    fn a_libvirt_domain_is_weighted_at_its_scope() {
+        let fake = Fake::new();
+        let scope = "machine.slice/machine-qemu\\x2d1\\x2dvm1.scope";
+        // cgroup v2: QEMU's main thread in libvirt/emulator, the scope has the cpu controller.
+        fake.write(
+            "proc/300/cgroup",
+            &format!("0::/{scope}/libvirt/emulator\n"),
+        );
+        for dir in [scope.to_owned(), format!("{scope}/libvirt/emulator")] {
+            fake.write(
+                &format!("unified/{dir}/cgroup.controllers"),
+                "cpu io memory\n",
+            );
+            fake.write(&format!("unified/{dir}/cpu.weight"), "100\n");
+        }
+        let cg = fake.fs.locate(300).unwrap();
+        assert_eq!(cg.path(), fake.fs.v2_root.join(scope));
+        cg.set_weight(400).unwrap();
+        assert_eq!(fake.read(&format!("unified/{scope}/cpu.weight")), "400\n");
+        assert_eq!(
+            fake.read(&format!("unified/{scope}/libvirt/emulator/cpu.weight")),
+            "100\n"
+        );
+        // cgroup v1 without systemd: emulator directly below the domain's group.
+        fake.write(
+            "proc/301/cgroup",
+            "2:cpu,cpuacct:/machine/qemu-2-vm2.libvirt-qemu/emulator\n0::/\n",
+        );
+        fake.write("cpu/machine/qemu-2-vm2.libvirt-qemu/cpu.shares", "1024\n");
+        let cg = fake.fs.locate(301).unwrap();
+        assert_eq!(
+            cg.path(),
+            fake.fs.v1_cpu_root.join("machine/qemu-2-vm2.libvirt-qemu")
+        );
+    }
+
+    #[test]
+    fn only_libvirt_layouts_are_lifted() {
+        for (rel, vm) in [
+            (
+                "machine.slice/machine-qemu.scope/libvirt/emulator",
+                "machine.slice/machine-qemu.scope",
+            ),
+            (
+                "machine.slice/m.scope/libvirt/vcpu12",
+                "machine.slice/m.scope",
+            ),
+            ("machine.slice/m.scope/iothread1", "machine.slice/m.scope"),
+            ("vms/a", "vms/a"),
+            ("vms/emulator", "vms/emulator"),
+            ("emulator", "emulator"),
+            ("libvirt/emulator", "libvirt/emulator"),
+            ("m.scope/vcpu", "m.scope/vcpu"),
+            ("m.scope/vcpuX", "m.scope/vcpuX"),
+            ("m.scope", "m.scope"),
+            ("", ""),
+        ] {
+            assert_eq!(vm_level(PathBuf::from(rel)), PathBuf::from(vm), "{rel}");
+        }
     }
 
     #[test]

@@ -79,10 +79,10 @@ struct Cli {
     #[arg(long, value_name = "UID", requires = "device_gid",
           value_parser = clap::value_parser!(u32).range(1..))]
     device_uid_base: Option<u32>,
-    /// With --device-uid-base: the device processes' group, and the group of --socket (then
-    /// 0660; not 0).
-    #[arg(long, value_name = "GID", requires = "device_uid_base",
-          value_parser = clap::value_parser!(u32).range(1..))]
+    /// With --device-uid-base: the device processes' group (name from /etc/group, or a
+    /// number), and the group of --socket (then 0660; not 0).
+    #[arg(long, value_name = "NAME|GID", requires = "device_uid_base",
+          value_parser = device_group)]
     device_gid: Option<u32>,
     /// The longest the daemon's loop spins for the next device message before it sleeps (0:
     /// never; the window adapts, an idle daemon does not spin) [default: 200].
@@ -170,6 +170,14 @@ fn group_id(text: &str) -> Result<u32, String> {
     let groups =
         std::fs::read_to_string(GROUP_FILE).map_err(|e| fail(format!("{GROUP_FILE}: {e}")))?;
     lookup_group(&groups, text).ok_or_else(|| fail(format!("no such group in {GROUP_FILE}")))
+}
+
+/// The group of `--device-gid`: as [`group_id`], but never root's group.
+fn device_group(text: &str) -> Result<u32, String> {
+    match group_id(text)? {
+        0 => Err(format!("{text}: the device processes never run in group 0")),
+        gid => Ok(gid),
+    }
 }
 
 /// `$XDG_RUNTIME_DIR/vgpu-schedd` when that is set to an absolute path, else
@@ -330,6 +338,16 @@ mod tests {
     }
 
     #[test]
+    fn the_device_group_may_be_named() {
+        let groups = std::fs::read_to_string(GROUP_FILE).unwrap();
+        let daemon = lookup_group(&groups, "daemon").expect("Debian's daemon group");
+        let (config, _) = parse(&["--device-uid-base=70000", "--device-gid=daemon"])
+            .unwrap()
+            .into_config();
+        assert_eq!(config.device_ids.map(|d| d.gid), Some(daemon));
+    }
+
+    #[test]
     fn bad_flags_are_usage_errors() {
         for bad in [
             &["--http", "0.0.0.0:9470"][..],
@@ -340,6 +358,14 @@ mod tests {
             &["--state-dir", "relative"],
             &["--device-uid-base", "70000"],
             &["--device-uid-base", "0", "--device-gid", "5"],
+            &["--device-uid-base", "70000", "--device-gid", "0"],
+            &["--device-uid-base", "70000", "--device-gid", "root"],
+            &[
+                "--device-uid-base",
+                "70000",
+                "--device-gid",
+                "no-such-group-here",
+            ],
             &["--log-level", "loud"],
             &["--policy", "/nonexistent.toml"],
             &["--frobnicate"],
