@@ -354,6 +354,7 @@ impl Server {
             why,
         };
         let (options, params) = def.check().map_err(fail)?;
+        remove_stale_socket(&def.socket);
         let state = self
             .manager
             .subscriber_mut(self.id)
@@ -1908,6 +1909,27 @@ fn remove_child_socket(path: &Path) {
         |m: std::fs::Metadata| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type());
     if std::fs::symlink_metadata(path).is_ok_and(is_socket) {
         remove_socket(path);
+    }
+}
+
+/// Removes a definition's socket that nobody serves any more (a connection is refused): what a
+/// device process killed with its daemon leaves behind (systemd kills the unit's whole cgroup
+/// when the daemon crashes, and nobody removes the sockets), so that the daemon's restart can
+/// start the definition again. Only for definitions, which the administrator wrote; a live
+/// socket, or anything that is not a socket, is left alone and `create` refuses the path.
+fn remove_stale_socket(path: &Path) {
+    let is_socket =
+        |m: std::fs::Metadata| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type());
+    if !std::fs::symlink_metadata(path).is_ok_and(is_socket) {
+        return;
+    }
+    match UnixStream::connect(path) {
+        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+            info!("{}: nobody serves it, removing it", path.display());
+            remove_socket(path);
+        }
+        Err(e) => debug!("{}: {e}; left alone", path.display()),
+        Ok(_) => debug!("{}: served by a live process; left alone", path.display()),
     }
 }
 

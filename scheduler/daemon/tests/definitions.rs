@@ -132,6 +132,37 @@ impl Schedd {
         self.spawn();
     }
 
+    /// A crash under systemd: the daemon and then its device processes (the unit's cgroup) are
+    /// killed with SIGKILL, so nobody removes the device sockets; then a fresh daemon.
+    fn crash(&mut self) {
+        let pids: Vec<String> = self.json(&["list"])["children"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["pid"].to_string())
+            .collect();
+        let mut child = self.child.take().expect("running");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        for pid in &pids {
+            let o = Command::new("kill").args(["-KILL", pid]).output().unwrap();
+            assert!(o.status.success(), "{o:?}");
+        }
+        // The killed device processes are reparented and reaped by whoever adopts them.
+        let start = Instant::now();
+        while pids
+            .iter()
+            .any(|p| Path::new("/proc").join(p).join("exe").exists())
+        {
+            assert!(
+                start.elapsed() < WAIT,
+                "device processes {pids:?} still run"
+            );
+            std::thread::sleep(POLL);
+        }
+        self.spawn();
+    }
+
     /// `vgpuctl --control SOCK --config-dir DIR ARGS`.
     fn ctl(&self, args: &[&str]) -> Output {
         Command::new(VGPUCTL)
@@ -353,4 +384,11 @@ fn definitions_survive_a_daemon_restart_and_auto_ones_start_again() {
     d.say(&["list", "--defined"]);
     assert!(!dir.join("etc/vgpus/vm2.json").exists());
     assert_eq!(d.ctl(&["undefine", "vm2"]).status.code(), Some(2));
+
+    let _ = writeln!(std::io::stderr(), "--- vgpu-schedd crashes ---");
+    d.crash();
+    // vm1's socket was left behind by its killed device process: the new daemon removes it
+    // (nobody serves it) and starts vm1 again.
+    d.wait_children(&["vm1"]);
+    assert!(d.log().contains("nobody serves it"), "{}", d.log());
 }
