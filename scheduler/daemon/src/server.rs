@@ -1905,11 +1905,15 @@ fn remove_socket(path: &Path) {
 /// device process killed by a signal does not remove it), so that the VM can be created again
 /// on the same path. `create` made sure nothing was there before; only a socket is removed.
 fn remove_child_socket(path: &Path) {
-    let is_socket =
-        |m: std::fs::Metadata| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type());
-    if std::fs::symlink_metadata(path).is_ok_and(is_socket) {
+    if is_socket(path) {
         remove_socket(path);
     }
+}
+
+/// Whether a socket (not a link to one) is at `path`.
+fn is_socket(path: &Path) -> bool {
+    std::fs::symlink_metadata(path)
+        .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
 }
 
 /// Removes a definition's socket that nobody serves any more (a connection is refused): what a
@@ -1918,9 +1922,7 @@ fn remove_child_socket(path: &Path) {
 /// start the definition again. Only for definitions, which the administrator wrote; a live
 /// socket, or anything that is not a socket, is left alone and `create` refuses the path.
 fn remove_stale_socket(path: &Path) {
-    let is_socket =
-        |m: std::fs::Metadata| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type());
-    if !std::fs::symlink_metadata(path).is_ok_and(is_socket) {
+    if !is_socket(path) {
         return;
     }
     match UnixStream::connect(path) {
