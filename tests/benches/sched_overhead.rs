@@ -5,7 +5,9 @@
 //! [`OCCUPY_US`] µs, one in flight at a time, each with a fence, for [`DURATION`]. Modes: no
 //! daemon (the device's local engine), and a real `vgpu-schedd` process (started by the test
 //! harness's `vgpu_tests::daemon::Schedd`, which finds or builds the binary) under policy
-//! none, timegraph PRT, timegraph HT and fair (the device holds a lease).
+//! none, timegraph PRT, timegraph HT and fair (the device holds a lease), HT and fair also with
+//! the daemon's busy polling off (`--busy-poll-us 0`: on a host with few CPUs its spinning
+//! competes with the device path).
 //! Reports groups/s, p50/p99 submit-to-fence latency and the overhead of each mode against
 //! no daemon (medians of [`RUNS`] runs); JSON to `target/vgpu-bench/sched_overhead.json` and
 //! its figure (overhead, latency and rate per mode) beside it. Progress goes to stderr (a bar
@@ -49,20 +51,67 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 const RESP_OK_NODATA: u32 = 0x1100;
 const LOAD_CTX: u32 = 7;
 const VM: &str = "vm-overhead";
-/// Modes: name and the daemon's policy file (none: no daemon).
-const MODES: [(&str, Option<&str>); 5] = [
-    ("no daemon", None),
-    ("none", Some("policy = \"none\"\n")),
-    (
-        "timegraph prt",
-        Some("policy = \"timegraph\"\nsched = \"prt\"\n"),
-    ),
-    (
-        "timegraph ht",
-        Some("policy = \"timegraph\"\nsched = \"ht\"\n"),
-    ),
-    ("fair (lease)", Some("policy = \"fair\"\n")),
+/// One way to run the device: its name, the daemon's policy file (none: no daemon) and the
+/// daemon's further arguments.
+#[derive(Clone, Copy, Debug)]
+struct Mode {
+    name: &'static str,
+    policy: Option<&'static str>,
+    daemon_args: &'static [&'static str],
+}
+
+const HT: &str = "policy = \"timegraph\"\nsched = \"ht\"\n";
+const FAIR: &str = "policy = \"fair\"\n";
+/// The daemon without busy polling: on a host with few CPUs its spinning competes with the
+/// device path for them.
+const NO_POLL: &[&str] = &["--busy-poll-us", "0"];
+
+const MODES: [Mode; 7] = [
+    Mode {
+        name: "no daemon",
+        policy: None,
+        daemon_args: &[],
+    },
+    Mode {
+        name: "none",
+        policy: Some("policy = \"none\"\n"),
+        daemon_args: &[],
+    },
+    Mode {
+        name: "timegraph prt",
+        policy: Some("policy = \"timegraph\"\nsched = \"prt\"\n"),
+        daemon_args: &[],
+    },
+    Mode {
+        name: "timegraph ht",
+        policy: Some(HT),
+        daemon_args: &[],
+    },
+    Mode {
+        name: "ht, no poll",
+        policy: Some(HT),
+        daemon_args: NO_POLL,
+    },
+    Mode {
+        name: "fair (lease)",
+        policy: Some(FAIR),
+        daemon_args: &[],
+    },
+    Mode {
+        name: "fair, no poll",
+        policy: Some(FAIR),
+        daemon_args: NO_POLL,
+    },
 ];
+
+impl Mode {
+    /// The daemon of this mode, if it has one.
+    fn daemon(&self) -> Option<Result<Schedd, String>> {
+        self.policy.map(|p| {
+            Schedd::start_with(Some(p), "warn", self.daemon_args).map_err(|e| e.to_string())
+        })
+    }
+}
 
 /// One run's figures.
 #[derive(Clone, Copy, Debug)]
@@ -92,8 +141,8 @@ fn call(guest: &mut RawGuest, irq: &EventFd, request: &[u8]) -> f64 {
 }
 
 /// One measurement in this process; `None` when this host has no virglrenderer.
-fn child(policy: Option<&str>) -> Option<Run> {
-    let schedd = policy.map(|p| Schedd::start_logging(Some(p), "warn").expect("vgpu-schedd"));
+fn child(mode: Mode) -> Option<Run> {
+    let schedd = mode.daemon().transpose().expect("vgpu-schedd");
     let server = match &schedd {
         None => TestServer::start_3d(),
         Some(daemon) => TestServer::start_3d_scheduled(SchedConfig {
@@ -173,12 +222,9 @@ struct Cli {
 /// Seconds of glmark2's build scene per guest run.
 const GUEST_SCENE_S: u32 = 10;
 
-/// glmark2's build scene fps in a TCG guest whose server asks a daemon with `policy` (or none).
-fn guest_fps(image: &GuestImage, policy: Option<&str>) -> Result<f64, String> {
-    let schedd = policy
-        .map(|p| Schedd::start_logging(Some(p), "warn"))
-        .transpose()
-        .map_err(|e| e.to_string())?;
+/// glmark2's build scene fps in a TCG guest whose server asks the daemon of `mode` (if any).
+fn guest_fps(image: &GuestImage, mode: Mode) -> Result<f64, String> {
+    let schedd = mode.daemon().transpose()?;
     let job = format!(
         "glmark2-es2-drm --off-screen --visual-config alpha=0 -b build:duration={GUEST_SCENE_S} 2>&1 | grep 'FPS:'"
     );
@@ -210,9 +256,10 @@ fn guest_fps(image: &GuestImage, policy: Option<&str>) -> Result<f64, String> {
 fn guest_overhead(image: &GuestImage, progress: &Progress) -> Vec<serde_json::Value> {
     let mut fps: Vec<Vec<f64>> = vec![Vec::new(); MODES.len()];
     for run in 1..=RUNS {
-        for (i, (name, policy)) in MODES.iter().enumerate() {
+        for (i, mode) in MODES.iter().enumerate() {
+            let name = mode.name;
             progress.step(&format!("TCG guest, run {run}/{RUNS}: {name}"));
-            match guest_fps(image, *policy) {
+            match guest_fps(image, *mode) {
                 Ok(f) => fps[i].push(f),
                 Err(e) => progress.note(&format!("guest run {run}: {name} failed: {e}")),
             }
@@ -227,7 +274,7 @@ fn guest_overhead(image: &GuestImage, progress: &Progress) -> Vec<serde_json::Va
     MODES
         .iter()
         .zip(&fps)
-        .map(|((name, _), f)| {
+        .map(|(Mode { name, .. }, f)| {
             let m = median(f.clone());
             let overhead = (base / m - 1.0) * 100.0;
             println!("{name:<15} {m:>8.1} {overhead:>9.1}%");
@@ -244,8 +291,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn main() {
     if let Some(mode) = std::env::var_os(CHILD_ENV) {
         let mode: usize = mode.to_str().and_then(|m| m.parse().ok()).expect("mode");
-        let (_, policy) = MODES.get(mode).copied().expect("known mode");
-        match child(policy) {
+        let mode = MODES.get(mode).copied().expect("known mode");
+        match child(mode) {
             Some(r) => println!("RESULT {} {} {}", r.groups_per_s, r.p50_us, r.p99_us),
             None => eprintln!("SKIPPED: no virglrenderer on this host"),
         }
@@ -266,7 +313,7 @@ fn main() {
     };
     let progress = Progress::new("sched_overhead", (MODES.len() * RUNS + guest_steps) as u64);
     let mut measured: Vec<Vec<Run>> = Vec::new();
-    for (i, (name, _)) in MODES.iter().enumerate() {
+    for (i, Mode { name, .. }) in MODES.iter().enumerate() {
         let mut runs = Vec::new();
         for run in 1..=RUNS {
             progress.step(&format!("raw client, run {run}/{RUNS}: {name}"));
@@ -286,7 +333,7 @@ fn main() {
     );
     let mut rows = Vec::new();
     let mut base: Option<f64> = None;
-    for ((name, _), runs) in MODES.iter().zip(&measured) {
+    for (Mode { name, .. }, runs) in MODES.iter().zip(&measured) {
         let gps = median(runs.iter().map(|r| r.groups_per_s).collect());
         let p50 = median(runs.iter().map(|r| r.p50_us).collect());
         let p99 = median(runs.iter().map(|r| r.p99_us).collect());
