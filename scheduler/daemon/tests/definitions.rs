@@ -148,12 +148,20 @@ impl Schedd {
             let o = Command::new("kill").args(["-KILL", pid]).output().unwrap();
             assert!(o.status.success(), "{o:?}");
         }
-        // The killed device processes are reparented and reaped by whoever adopts them.
+        // The killed device processes are reparented and reaped by whoever adopts them; once
+        // gone or a zombie they have closed their sockets (their executable's link goes
+        // earlier, while they still exit).
+        let exiting = |pid: &String| {
+            std::fs::read_to_string(Path::new("/proc").join(pid).join("stat")).is_ok_and(|s| {
+                !matches!(
+                    s.rsplit_once(") ")
+                        .and_then(|(_, rest)| rest.chars().next()),
+                    Some('Z' | 'X')
+                )
+            })
+        };
         let start = Instant::now();
-        while pids
-            .iter()
-            .any(|p| Path::new("/proc").join(p).join("exe").exists())
-        {
+        while pids.iter().any(exiting) {
             assert!(
                 start.elapsed() < WAIT,
                 "device processes {pids:?} still run"
