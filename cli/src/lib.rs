@@ -93,6 +93,14 @@ fn generated(cmd: &mut Command, matches: &ArgMatches) -> Result<Option<Vec<u8>>,
     Ok(None)
 }
 
+/// The value parser of every binary's `--log-level`: `off`, `error`, `warn`, `info`, `debug`
+/// or `trace` (any case), listed in the help and the completions.
+pub fn log_level() -> impl clap::builder::TypedValueParser<Value = log::LevelFilter> {
+    use clap::builder::{PossibleValuesParser, TypedValueParser};
+    PossibleValuesParser::new(["off", "error", "warn", "info", "debug", "trace"])
+        .try_map(|l| l.parse::<log::LevelFilter>().map_err(|e| e.to_string()))
+}
+
 /// Parses the process's arguments: prints help, version, usage errors, completions and man
 /// pages and exits as clap does (0, or 2 for a usage error); otherwise returns the arguments.
 pub fn parse<P: Parser>() -> P {

@@ -75,8 +75,7 @@ struct Cli {
         long,
         value_name = "LEVEL",
         default_value = "info",
-        value_parser = PossibleValuesParser::new(["off", "error", "warn", "info", "debug", "trace"])
-            .try_map(|l| l.parse::<log::LevelFilter>().map_err(|e| e.to_string())),
+        value_parser = vgpu_cli::log_level(),
         ignore_case = true,
     )]
     log_level: log::LevelFilter,

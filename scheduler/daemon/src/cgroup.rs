@@ -959,13 +959,7 @@ fn check_pid(pid: u32) -> Result<()> {
 /// A cgroup name: 1..=[`MAX_NAME_LEN`] bytes of `[A-Za-z0-9_.-]`, not starting with `.` (which
 /// also rules out `.` and `..`).
 fn check_name(name: &str) -> Result<()> {
-    let ok = !name.is_empty()
-        && name.len() <= MAX_NAME_LEN
-        && !name.starts_with('.')
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
-    if ok {
+    if crate::proto::is_plain_name(name, MAX_NAME_LEN) {
         Ok(())
     } else {
         Err(CgroupError::InvalidName(name.to_owned()))

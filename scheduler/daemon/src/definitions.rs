@@ -31,7 +31,7 @@ use thiserror::Error;
 use vgpu_scheduler::sim::ParamsOverride;
 
 use crate::control::{ServerOptions, check_socket_path};
-use crate::proto::VmName;
+use crate::proto::{VmName, is_plain_name};
 
 /// Where definitions live when no `--config-dir` is given.
 pub const DEFAULT_CONFIG_DIR: &str = "/etc/vgpu";
@@ -147,17 +147,11 @@ pub fn check_name(name: &str) -> Result<(), DefinitionError> {
             why: why.to_owned(),
         })
     };
-    if name.is_empty() || name.len() > MAX_NAME_BYTES {
-        return bad(&format!("must be 1 to {MAX_NAME_BYTES} bytes"));
-    }
-    if name.starts_with('.') {
-        return bad("must not start with '.'");
-    }
-    if !name
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
-    {
-        return bad("only ASCII letters, digits, '_', '-' and '.' are allowed");
+    if !is_plain_name(name, MAX_NAME_BYTES) {
+        return bad(&format!(
+            "must be 1 to {MAX_NAME_BYTES} bytes of ASCII letters, digits, '_', '-' and '.', \
+             not starting with '.'"
+        ));
     }
     if let Err(e) = VmName::new(name) {
         return bad(&e.to_string());

@@ -353,6 +353,18 @@ fn check_text(field: &'static str, s: &str, max: usize, empty_ok: bool) -> Resul
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct VmName(String);
 
+/// Whether `name` can be one plain directory entry the daemon makes from it (a cgroup, a
+/// definition file): 1 to `max_len` bytes of ASCII letters, digits, `_`, `-` and `.`, not
+/// starting with `.` (so neither `.`, `..` nor hidden).
+pub fn is_plain_name(name: &str, max_len: usize) -> bool {
+    !name.is_empty()
+        && name.len() <= max_len
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
 impl VmName {
     /// The name `name`, if valid.
     pub fn new(name: &str) -> Result<VmName, ProtoError> {

@@ -89,8 +89,9 @@ struct Cli {
     #[arg(long, value_name = "N", value_parser = busy_poll::parse_us)]
     busy_poll_us: Option<Duration>,
     /// error, warn, info, debug or trace (RUST_LOG refines it).
-    #[arg(long, value_name = "LEVEL", default_value = "info", value_parser = log_level)]
-    log_level: String,
+    #[arg(long, value_name = "LEVEL", default_value = "info", value_parser = vgpu_cli::log_level(),
+          ignore_case = true)]
+    log_level: log::LevelFilter,
 }
 
 fn number<T: std::str::FromStr>(text: &str) -> Result<T, String> {
@@ -139,12 +140,6 @@ fn absolute_dir(text: &str) -> Result<PathBuf, String> {
         return Err(format!("{} is not absolute", dir.display()));
     }
     Ok(dir)
-}
-
-fn log_level(text: &str) -> Result<String, String> {
-    text.parse::<log::LevelFilter>()
-        .map(|_| text.to_owned())
-        .map_err(|_| format!("unknown level {text:?}"))
 }
 
 /// Reads a TOML policy file.
@@ -248,7 +243,7 @@ fn start_defined(server: &mut Server, config_dir: &Path) {
 fn main() -> ExitCode {
     let cli: Cli = vgpu_cli::parse();
     env_logger::Builder::new()
-        .parse_filters(&cli.log_level)
+        .filter_level(cli.log_level)
         .parse_default_env()
         .format_timestamp_micros()
         .init();
