@@ -78,6 +78,10 @@ pub struct TimeGraphConfig {
     /// attach; they override the vGPU's own priority, sched and reserve. At most
     /// [`MAX_SPECS`]; malformed lines are ignored (see [`TimeGraphConfig::validate`]).
     pub specs: Vec<String>,
+    /// `ht_lease`: the HT vGPU that owns the GPU holds a lease while no other vGPU waits at
+    /// its priority or above, so its groups reach the GPU without a round trip each (default
+    /// true; false asks for every group, as the paper's scheduler decides each one).
+    pub ht_lease: bool,
 }
 
 impl Default for TimeGraphConfig {
@@ -90,6 +94,7 @@ impl Default for TimeGraphConfig {
             wildcard_priority: 0,
             shared: Vec::new(),
             specs: Vec::new(),
+            ht_lease: true,
         }
     }
 }
@@ -236,6 +241,11 @@ pub struct TimeGraph {
     predictor: Predictor,
     /// The (vGPU, context) of the group that completed last.
     last_done: Option<(VgpuId, u32)>,
+    /// Whether HT vGPUs stream under a lease (`ht_lease`).
+    ht_lease: bool,
+    /// The HT vGPU streaming under a lease: at most one, so that a lower priority never
+    /// streams beside a higher one.
+    lessee: Option<VgpuId>,
 }
 
 impl TimeGraph {
@@ -273,6 +283,8 @@ impl TimeGraph {
             focused: None,
             predictor: Predictor::new(config.predictor_entries, config.preemption_cost),
             last_done: None,
+            ht_lease: config.ht_lease,
+            lessee: None,
         }
     }
 
@@ -316,6 +328,73 @@ impl TimeGraph {
     fn rekey(&mut self, cx: &Cx<'_>, v: VgpuId) {
         if self.ready.contains(v) {
             self.index(cx, v);
+        }
+    }
+
+    /// Takes `v` out of the policy's tables (its lease is the caller's business).
+    fn forget(&mut self, v: VgpuId) {
+        self.ready.remove(v);
+        if let Some(m) = self.members.get_mut(v.index()) {
+            let reserve = m.reserve;
+            *m = Member::default();
+            if let Some(slot) = reserve {
+                self.leave(slot, v);
+            }
+        }
+        if self.focused == Some(v) {
+            self.focused = None;
+        }
+    }
+
+    /// True if `v` may stream under HT's lease: an HT vGPU without a reserve (reserved ones
+    /// run PRT, §5) and no other vGPU waiting at its priority or above (the paper's HT
+    /// condition (ii), §4.1). A waiter at the same priority counts, so that equal priorities
+    /// still take turns at group boundaries.
+    fn may_stream(&self, v: VgpuId) -> bool {
+        let Some(m) = self.member(v) else {
+            return false;
+        };
+        if !m.ht || m.reserve.is_some() {
+            return false;
+        }
+        let p = self.effective_priority(v, m);
+        // At most two entries are looked at: `v` itself and the next one.
+        let rival = self
+            .ready
+            .iter()
+            .take_while(|((Reverse(q), _, _), _)| *q >= p)
+            .any(|(_, w)| w != v);
+        !rival
+    }
+
+    /// Brings the lease in line with HT's condition: the lessee loses it as soon as a rival
+    /// waits (its groups in flight finish, the next ones ask) or another vGPU's group runs
+    /// while it has none in flight; otherwise the vGPU that alone
+    /// owns the GPU-online list gets it when it may stream (the paper's condition (i): the
+    /// group executing is its own).
+    fn settle_lease(&mut self, cx: &mut Cx<'_>) {
+        // The GPU moved on to another vGPU while the lessee had nothing in flight: condition
+        // (i) no longer holds, and an idle lessee must not keep the lease from the new owner.
+        let passed = |h: VgpuId| {
+            cx.vgpu(h).is_some_and(|s| s.in_flight() == 0)
+                && cx.online().first().is_some_and(|o| o.group.vgpu != h)
+        };
+        if let Some(h) = self.lessee
+            && (!self.may_stream(h) || passed(h))
+        {
+            cx.revoke(h);
+            self.lessee = None;
+        }
+        if self.lessee.is_some() || !self.ht_lease {
+            return;
+        }
+        let online = cx.online();
+        let Some(owner) = online.first().map(|o| o.group.vgpu) else {
+            return;
+        };
+        if online.iter().all(|o| o.group.vgpu == owner) && self.may_stream(owner) {
+            cx.lease(owner, None, None);
+            self.lessee = Some(owner);
         }
     }
 
@@ -528,42 +607,40 @@ impl Policy for TimeGraph {
         self.index(cx, v);
     }
 
-    fn detach(&mut self, _cx: &mut Cx<'_>, v: VgpuId) {
-        self.ready.remove(v);
-        if let Some(m) = self.members.get_mut(v.index()) {
-            let reserve = m.reserve;
-            *m = Member::default();
-            if let Some(slot) = reserve {
-                self.leave(slot, v);
-            }
-        }
-        if self.focused == Some(v) {
-            self.focused = None;
+    fn detach(&mut self, cx: &mut Cx<'_>, v: VgpuId) {
+        self.forget(v);
+        if self.lessee == Some(v) {
+            cx.revoke(v);
+            self.lessee = None;
         }
     }
 
     fn params_changed(&mut self, cx: &mut Cx<'_>, v: VgpuId) {
         let focused = self.focused == Some(v);
-        self.detach(cx, v);
+        self.forget(v);
         self.attach(cx, v);
         if focused && self.member(v).is_some_and(|m| m.wildcard) {
             self.focused = Some(v);
             self.rekey(cx, v);
         }
+        self.settle_lease(cx);
     }
 
     fn submitted(&mut self, cx: &mut Cx<'_>, v: VgpuId) {
         if !self.ready.contains(v) {
             self.index(cx, v);
+            self.settle_lease(cx);
         }
     }
 
     fn withdrawn(&mut self, cx: &mut Cx<'_>, v: VgpuId) {
         self.index(cx, v);
+        self.settle_lease(cx);
     }
 
     fn dispatched(&mut self, cx: &mut Cx<'_>, v: VgpuId, _leased: bool) {
         self.index(cx, v);
+        self.settle_lease(cx);
     }
 
     fn completed(&mut self, _cx: &mut Cx<'_>, done: &Completion) {
@@ -591,6 +668,7 @@ impl Policy for TimeGraph {
         for slot in due {
             self.replenish(cx, slot, now);
         }
+        self.settle_lease(cx);
     }
 
     fn focus(&mut self, cx: &mut Cx<'_>, v: VgpuId) {
@@ -604,6 +682,7 @@ impl Policy for TimeGraph {
             self.rekey(cx, o);
         }
         self.rekey(cx, v);
+        self.settle_lease(cx);
     }
 
     fn pick(&mut self, cx: &mut Cx<'_>) -> Option<VgpuId> {
@@ -810,7 +889,12 @@ mod tests {
 
     #[test]
     fn ht_lets_the_owner_go_back_to_back_until_a_higher_priority_waits() {
-        let mut s = sched(TimeGraphConfig::default(), 4);
+        // Every group asks here; the lease that spares the asking is tested below.
+        let asking = TimeGraphConfig {
+            ht_lease: false,
+            ..TimeGraphConfig::default()
+        };
+        let mut s = sched(asking, 4);
         let a = add(&mut s, vm("a", 1));
         let b = add(&mut s, vm("b", 5));
         let c = add(
@@ -838,6 +922,128 @@ mod tests {
         assert_eq!(fig(&s, c, "ht"), Some(0.0));
         assert_eq!(fig(&s, a, "ht"), Some(1.0));
         assert_eq!(complete(&mut s, 12, c, 10, 9), d(a, 4));
+    }
+
+    fn leased(v: VgpuId, id: u64) -> Decision {
+        Decision::Dispatch {
+            vgpu: v,
+            group: GroupId(id),
+            leased: true,
+        }
+    }
+
+    fn lease(v: VgpuId) -> Decision {
+        Decision::Lease {
+            vgpu: v,
+            budget: None,
+            until: None,
+        }
+    }
+
+    #[test]
+    fn the_ht_owner_streams_under_a_lease_until_a_rival_at_its_priority_or_above_waits() {
+        let mut s = sched(TimeGraphConfig::default(), 4);
+        let a = add(&mut s, vm("a", 1));
+        let b = add(&mut s, vm("b", 5));
+        let low = add(&mut s, vm("low", 0));
+        let c = add(
+            &mut s,
+            VgpuParams {
+                sched: Some(PrioPolicy::Prt),
+                ..vm("c", 1)
+            },
+        );
+        // a owns the GPU and nobody waits: its first group is granted with a lease, and the
+        // next ones go without asking.
+        assert_eq!(submit(&mut s, 0, a, 1), vec![d(a, 1)[0].clone(), lease(a)]);
+        assert_eq!(submit(&mut s, 1, a, 2), vec![leased(a, 2)]);
+        // A lower priority waiting does not end it (HT's condition (ii)), and does not get a
+        // lease of its own when the GPU goes idle for a moment.
+        assert!(submit(&mut s, 2, low, 30).is_empty());
+        assert_eq!(submit(&mut s, 3, a, 3), vec![leased(a, 3)]);
+        // A higher priority waiting ends it; a's groups in flight finish first.
+        assert_eq!(
+            submit(&mut s, 4, b, 20),
+            vec![Decision::Revoke { vgpu: a }]
+        );
+        assert!(submit(&mut s, 5, a, 4).is_empty());
+        assert!(complete(&mut s, 6, a, 1, 0).is_empty());
+        assert!(complete(&mut s, 7, a, 2, 6).is_empty());
+        // b goes, alone at its priority: it streams now.
+        assert_eq!(
+            complete(&mut s, 8, a, 3, 7),
+            vec![d(b, 20)[0].clone(), lease(b)]
+        );
+        // b leaves; a (older than low, higher priority) goes next, but c (PRT, priority 1)
+        // waits beside it at the same priority: no lease, equal priorities take turns.
+        // b's lease ends when the GPU goes to another vGPU while b has nothing in flight.
+        assert!(submit(&mut s, 9, c, 10).is_empty());
+        assert_eq!(
+            complete(&mut s, 10, b, 20, 8),
+            vec![d(a, 4)[0].clone(), Decision::Revoke { vgpu: b }]
+        );
+        assert_eq!(complete(&mut s, 11, a, 4, 10), d(c, 10));
+        // c is PRT: it never streams, even alone.
+        assert!(submit(&mut s, 12, c, 11).is_empty());
+        assert_eq!(complete(&mut s, 13, c, 10, 11), d(c, 11));
+        // low, alone now, streams.
+        assert_eq!(
+            complete(&mut s, 14, c, 11, 13),
+            vec![d(low, 30)[0].clone(), lease(low)]
+        );
+    }
+
+    #[test]
+    fn a_rival_at_the_same_priority_ends_the_lease_and_a_reserve_never_gets_one() {
+        let mut s = sched(TimeGraphConfig::default(), 4);
+        let a = add(&mut s, vm("a", 3));
+        let b = add(&mut s, vm("b", 3));
+        let r = add(&mut s, reserved("r", 9, 50, 100, Enforcement::Pe));
+        assert_eq!(submit(&mut s, 0, a, 1), vec![d(a, 1)[0].clone(), lease(a)]);
+        assert_eq!(submit(&mut s, 1, b, 10), vec![Decision::Revoke { vgpu: a }]);
+        // a has nothing queued: b streams once it has the GPU.
+        assert_eq!(
+            complete(&mut s, 2, a, 1, 0),
+            vec![d(b, 10)[0].clone(), lease(b)]
+        );
+        assert!(complete(&mut s, 3, b, 10, 2).is_empty());
+        // a waiting beside it ends b's lease, and a streams once it has the GPU.
+        assert_eq!(
+            submit(&mut s, 4, a, 2),
+            vec![
+                Decision::Revoke { vgpu: b },
+                d(a, 2)[0].clone(),
+                lease(a)
+            ]
+        );
+        // Parameters that make a PRT take the lease away.
+        let mut out = Vec::new();
+        let prt = VgpuParams {
+            sched: Some(PrioPolicy::Prt),
+            ..vm("a", 3)
+        };
+        s.handle(5, Event::Config(ConfigChange::Params(a, prt)), &mut out)
+            .unwrap();
+        assert_eq!(out, vec![Decision::Revoke { vgpu: a }]);
+        assert_eq!(complete(&mut s, 6, a, 2, 4), Vec::<Decision>::new());
+        // A reserved vGPU runs PRT: granted group by group, never leased.
+        assert_eq!(submit(&mut s, 7, r, 30), d(r, 30));
+        assert!(submit(&mut s, 8, r, 31).is_empty());
+        assert_eq!(complete(&mut s, 9, r, 30, 7), d(r, 31));
+        assert!(s.vgpu(r).and_then(|st| st.lease().copied()).is_none());
+    }
+
+    #[test]
+    fn without_ht_lease_every_group_asks() {
+        let config = TimeGraphConfig {
+            ht_lease: false,
+            ..TimeGraphConfig::default()
+        };
+        let mut s = sched(config, 4);
+        let a = add(&mut s, vm("a", 1));
+        assert_eq!(submit(&mut s, 0, a, 1), d(a, 1));
+        assert_eq!(submit(&mut s, 1, a, 2), d(a, 2));
+        assert!(s.vgpu(a).and_then(|st| st.lease().copied()).is_none());
     }
 
     #[test]
