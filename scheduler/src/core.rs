@@ -176,6 +176,10 @@ struct CoreState {
     next_seq: u64,
     lease_ends: BTreeSet<(Time, VgpuId)>,
     last_on_gpu: Option<(VgpuId, u32)>,
+    /// vGPUs holding a lease.
+    leased: usize,
+    /// vGPUs suspended (never leased at the same time).
+    suspended: usize,
 }
 
 impl CoreState {
@@ -233,6 +237,7 @@ impl Cx<'_> {
             && !s.suspended
         {
             s.suspended = true;
+            self.st.suspended += 1;
             self.out.push(Decision::Suspend { vgpu: v });
         }
     }
@@ -242,6 +247,7 @@ impl Cx<'_> {
             && s.suspended
         {
             s.suspended = false;
+            self.st.suspended -= 1;
             self.out.push(Decision::Resume { vgpu: v });
         }
     }
@@ -260,8 +266,12 @@ impl Cx<'_> {
         if s.lease == Some(new) {
             return;
         }
-        if let Some(Lease { until: Some(t), .. }) = s.lease.replace(new) {
-            self.st.lease_ends.remove(&(t, v));
+        match s.lease.replace(new) {
+            Some(Lease { until: Some(t), .. }) => {
+                self.st.lease_ends.remove(&(t, v));
+            }
+            Some(_) => {}
+            None => self.st.leased += 1,
         }
         if let Some(t) = until {
             self.st.lease_ends.insert((t, v));
@@ -276,6 +286,7 @@ impl Cx<'_> {
     pub fn revoke(&mut self, v: VgpuId) {
         let Some(s) = self.st.get_mut(v) else { return };
         if let Some(old) = s.lease.take() {
+            self.st.leased -= 1;
             if let Some(t) = old.until {
                 self.st.lease_ends.remove(&(t, v));
             }
@@ -328,6 +339,8 @@ impl Scheduler {
                 next_seq: 0,
                 lease_ends: BTreeSet::new(),
                 last_on_gpu: None,
+                leased: 0,
+                suspended: 0,
             },
             policy,
         }
@@ -346,6 +359,12 @@ impl Scheduler {
     /// The groups in flight.
     pub fn online(&self) -> &[Online] {
         &self.st.online
+    }
+
+    /// True while some vGPU may ask for a grant: one that holds no lease and is not
+    /// suspended. An event loop need not hurry for devices that dispatch on their own.
+    pub fn may_ask(&self) -> bool {
+        self.st.count > self.st.leased + self.st.suspended
     }
 
     /// The latest time handled.
@@ -460,6 +479,9 @@ impl Scheduler {
         self.policy.detach(&mut cx, v);
         let state = self.st.vgpus[v.index()].take();
         self.st.count -= 1;
+        if state.as_ref().is_some_and(|s| s.suspended) {
+            self.st.suspended -= 1;
+        }
         if self.st.last_on_gpu.is_some_and(|(owner, _)| owner == v) {
             self.st.last_on_gpu = None;
         }

@@ -36,22 +36,29 @@ pub const LIMIT_MAX: Duration = Duration::from_millis(1);
 
 /// One round of an `event-manager` loop: rounds that do not block (`epoll_wait` with a zero
 /// timeout) while `busy`'s window lasts, then one that blocks until an event if none came.
-/// Returns how many events were handled.
+/// With `awaited` false (no peer waits for this thread's answer) it blocks at once and the
+/// window is left as it is. `before_block` runs just before the loop would block (work to do
+/// when idle: it may make an event ready, and then the loop does not block). Returns how many
+/// events were handled.
 pub fn run_round<S: MutEventSubscriber>(
     busy: &mut BusyPoll,
     manager: &mut EventManager<S>,
+    awaited: bool,
+    before_block: impl FnOnce(&mut EventManager<S>),
 ) -> event_manager::Result<usize> {
     let mut outcome = Ok(0);
-    let caught = busy.spin(|| match manager.run_with_timeout(0) {
-        Ok(0) => false,
-        other => {
-            outcome = other;
-            true
-        }
-    });
+    let caught = awaited
+        && busy.spin(|| match manager.run_with_timeout(0) {
+            Ok(0) => false,
+            other => {
+                outcome = other;
+                true
+            }
+        });
     if caught {
         return outcome;
     }
+    before_block(manager);
     let outcome = manager.run();
     busy.woken();
     outcome

@@ -54,6 +54,10 @@ pub const MAX_SIMULATED_COST_NS: Nanos = 1_000_000_000;
 pub const STATS_INTERVAL_NS: Nanos = 1_000_000_000;
 /// Snapshots kept per VM: rates are taken over the last this-many intervals (a 5 s window).
 pub const STATS_WINDOW_SNAPSHOTS: usize = 5;
+/// A device that asked this recently is likely to ask again soon (a device-executed group
+/// held for its grant, or the load groups that are submitted even under a lease): 1 ms, a
+/// few group round trips on the project's machine (docs/PERFORMANCE.md).
+pub const SUBMIT_RECENT_NS: Time = 1_000_000;
 /// Most timer steps (engine completions, scheduler timers, snapshots) one [`Daemon::timer`]
 /// call handles. A call that is late by a lot stops here and leaves the rest to the next call
 /// (its deadline is then already due) instead of running without bound.
@@ -565,6 +569,8 @@ pub struct Daemon {
     backoff: BTreeMap<String, (Time, u32)>,
     engine: Engine,
     engine_due: Option<Time>,
+    /// When the last `Submit` arrived (see [`Daemon::answers_awaited`]).
+    last_submit: Option<Time>,
     next_snapshot: Time,
     /// Device groups in flight by deadline: the first one is the oldest group in flight of any
     /// device, so a device that completes newer groups does not keep an old one alive.
@@ -599,6 +605,7 @@ impl Daemon {
             reserved: BTreeMap::new(),
             backoff: BTreeMap::new(),
             engine_due: None,
+            last_submit: None,
             next_snapshot: now.saturating_add(STATS_INTERVAL_NS),
             expiry: BTreeSet::new(),
             out: Outbox::default(),
@@ -942,6 +949,7 @@ impl Daemon {
         if exec == Exec::Simulated && !(1..=MAX_SIMULATED_COST_NS).contains(&cost) {
             return Err(DaemonError::BadCost(cost));
         }
+        self.last_submit = Some(now);
         if let Some(vm) = self.attached(conn) {
             vm.groups.insert(
                 group,
@@ -1161,6 +1169,19 @@ impl Daemon {
         if let Some(finish) = self.engine.kick(now) {
             self.engine_due = Some(finish);
         }
+    }
+
+    /// True while a device may be waiting for an answer soon at `now`: some vGPU asks for its
+    /// grants, the engine runs a group whose `Done` a device waits for, or a `Submit` came
+    /// within [`SUBMIT_RECENT_NS`] (load groups are submitted even under a lease). When every
+    /// device dispatches under a lease (or is suspended), the engine is idle and nobody asked
+    /// lately, the event loop need not spin for the next packet.
+    pub fn answers_awaited(&self, now: Time) -> bool {
+        self.sched.may_ask()
+            || self.engine_due.is_some()
+            || self
+                .last_submit
+                .is_some_and(|t| now.saturating_sub(t) < SUBMIT_RECENT_NS)
     }
 
     /// When [`Daemon::timer`] must be called next.

@@ -373,14 +373,17 @@ impl Server {
 
     /// Runs until stopped, then stops the children it spawned and removes its sockets.
     pub fn run(mut self) -> Result<(), ServerError> {
+        let mut awaited = true;
         loop {
             // Work that comes soon after the last is caught without a wake-up (a device's next
-            // Submit, the Completed of a short group).
-            let result = busy_poll::run_round(&mut self.busy, &mut self.manager);
+            // Submit, the Completed of a short group), while some device waits for answers:
+            // devices that all dispatch under leases are not worth a spinning CPU.
+            let result = busy_poll::run_round(&mut self.busy, &mut self.manager, awaited, |_| {});
             let state = self
                 .manager
                 .subscriber_mut(self.id)
                 .map_err(ServerError::EventLoop)?;
+            awaited = state.daemon.answers_awaited(monotonic_ns());
             if let Err(e) = result {
                 error!("event loop: {e}");
                 state.shutdown();

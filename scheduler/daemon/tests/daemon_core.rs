@@ -5,7 +5,7 @@ mod common;
 
 use vgpu_schedd::daemon::{
     ConnId, DEFAULT_GROUP_TIMEOUT_NS, DISPATCH_GRACE_NS, Daemon, DaemonConfig, MAX_CONNECTIONS,
-    MAX_SIMULATED_COST_NS, Outbox, Peer, Stats,
+    MAX_SIMULATED_COST_NS, Outbox, Peer, SUBMIT_RECENT_NS, Stats,
 };
 use vgpu_schedd::metrics::{family_names, figure_is_known, render_metrics};
 use vgpu_schedd::proto::{
@@ -241,6 +241,57 @@ fn fair_leases_let_devices_dispatch_without_asking() {
         (s.vms[0].completed, s.vms[0].dispatched, s.vms[0].in_flight),
         (1, 2, 1)
     );
+}
+
+#[test]
+fn a_lone_ht_vm_streams_under_a_lease_and_the_daemon_stops_hurrying() {
+    let mut d = daemon(PolicyConfig::TimeGraph(TimeGraphConfig::default()));
+    let (a, _) = attach(&mut d, 0, "a", PID);
+    // A vGPU that asks for its grants: the loop spins for its packets.
+    assert!(d.answers_awaited(0));
+    let out = send(&mut d, 10, a, &device(1));
+    assert_eq!(grants(&out, a), [1]);
+    assert!(out.messages.contains(&(
+        a,
+        Msg::Lease {
+            budget_ns: 0,
+            until: 0
+        }
+    )));
+    // It just asked: it may ask again soon.
+    assert!(d.answers_awaited(10 + SUBMIT_RECENT_NS - 1));
+    // Under the lease it dispatches itself; once nobody asked for a while, nothing needs a
+    // prompt answer.
+    assert_eq!(
+        refused(&send(&mut d, 20, a, &completed(1, 10, 20)), a),
+        None
+    );
+    let later = 10 + SUBMIT_RECENT_NS;
+    assert_eq!(
+        send(&mut d, later, a, &dispatched_msg(2)),
+        Outbox::default()
+    );
+    assert!(!d.answers_awaited(later));
+    // A second VM at the same priority asks: the lease ends and the loop hurries again.
+    let (b, _) = attach(&mut d, later, "b", PID + 10);
+    assert!(d.answers_awaited(later));
+    let out = send(&mut d, later + 1, b, &device(1));
+    assert_eq!(out.messages, [(a, Msg::Revoke)]);
+    let out = send(&mut d, later + 2, a, &completed(2, later, later + 2));
+    assert_eq!(grants(&out, b), [1]);
+    // Simulated groups keep the loop hurrying while the engine runs them.
+    let mut f = daemon(PolicyConfig::Fair(FairConfig::default()));
+    let (c, _) = attach(&mut f, 0, "c", PID + 20);
+    assert!(!f.answers_awaited(SUBMIT_RECENT_NS));
+    send(
+        &mut f,
+        SUBMIT_RECENT_NS,
+        c,
+        &submit(1, Exec::Simulated, 50 * NS_PER_MS),
+    );
+    assert!(f.answers_awaited(3 * SUBMIT_RECENT_NS));
+    run_until(&mut f, 100 * NS_PER_MS, |_, _, _, _| {});
+    assert!(!f.answers_awaited(100 * NS_PER_MS));
 }
 
 #[test]

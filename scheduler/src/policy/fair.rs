@@ -693,6 +693,8 @@ mod tests {
         assert_eq!(submit(&mut s, 3, v[0], 3), vec![dispatch(v[0], 3, true)]);
         assert_eq!(s.online().len(), 3);
         assert_eq!(s.next_deadline(), None);
+        // Nobody asks: the daemon need not hurry for them.
+        assert!(!s.may_ask());
     }
 
     #[test]
@@ -734,6 +736,8 @@ mod tests {
             ]
         );
         assert_eq!(figure(&s, v[0], "over"), 1.0);
+        // Suspended, it does not ask either.
+        assert!(!s.may_ask());
         // Suspended: its groups queue instead of going to the GPU.
         assert!(submit(&mut s, 3 * MS / 2, v[0], 4).is_empty());
         // vm1 reaches 0.4 ms: 1.1 ms behind, vm0 stays suspended.

@@ -962,10 +962,7 @@ mod tests {
         assert!(submit(&mut s, 2, low, 30).is_empty());
         assert_eq!(submit(&mut s, 3, a, 3), vec![leased(a, 3)]);
         // A higher priority waiting ends it; a's groups in flight finish first.
-        assert_eq!(
-            submit(&mut s, 4, b, 20),
-            vec![Decision::Revoke { vgpu: a }]
-        );
+        assert_eq!(submit(&mut s, 4, b, 20), vec![Decision::Revoke { vgpu: a }]);
         assert!(submit(&mut s, 5, a, 4).is_empty());
         assert!(complete(&mut s, 6, a, 1, 0).is_empty());
         assert!(complete(&mut s, 7, a, 2, 6).is_empty());
@@ -1010,11 +1007,7 @@ mod tests {
         // a waiting beside it ends b's lease, and a streams once it has the GPU.
         assert_eq!(
             submit(&mut s, 4, a, 2),
-            vec![
-                Decision::Revoke { vgpu: b },
-                d(a, 2)[0].clone(),
-                lease(a)
-            ]
+            vec![Decision::Revoke { vgpu: b }, d(a, 2)[0].clone(), lease(a)]
         );
         // Parameters that make a PRT take the lease away.
         let mut out = Vec::new();
@@ -1044,6 +1037,18 @@ mod tests {
         assert_eq!(submit(&mut s, 0, a, 1), d(a, 1));
         assert_eq!(submit(&mut s, 1, a, 2), d(a, 2));
         assert!(s.vgpu(a).and_then(|st| st.lease().copied()).is_none());
+        assert!(s.may_ask());
+    }
+
+    #[test]
+    fn a_lone_ht_vgpu_streams_and_nobody_asks_until_another_vgpu_comes() {
+        let mut s = sched(TimeGraphConfig::default(), 1);
+        let a = add(&mut s, vm("a", 1));
+        assert!(s.may_ask());
+        assert_eq!(submit(&mut s, 0, a, 1), vec![d(a, 1)[0].clone(), lease(a)]);
+        assert!(!s.may_ask());
+        add(&mut s, vm("b", 0));
+        assert!(s.may_ask());
     }
 
     #[test]
