@@ -226,22 +226,26 @@ fn scheduled_device_asks_the_daemon() {
     finished(&mut guest, head);
     assert!(monotonic_ns() >= at, "presented before its time");
 
-    // A virgl SUBMIT_3D waits for its Grant, then Completed reports it.
-    let head = start(&mut guest, &gl_submit(3));
-    let (group, _) = submitted(&daemon, Exec::Device);
-    still_held(&mut guest);
-    send(&daemon, &Msg::Grant { group });
-    finished(&mut guest, head);
-    match recv(&daemon) {
-        Msg::Completed {
-            group: g,
-            start,
-            finish,
-        } => {
-            assert_eq!(g, group);
-            assert!(start <= finish);
+    // A virgl SUBMIT_3D waits for its Grant, then Completed reports it: fenced (its
+    // completion rides on the guest's renderer fence) and unfenced (a renderer fence of its
+    // own).
+    for submit in [gl_submit(3), virtio_gpu::submit_3d(GL_CTX, &[0])] {
+        let head = start(&mut guest, &submit);
+        let (group, _) = submitted(&daemon, Exec::Device);
+        still_held(&mut guest);
+        send(&daemon, &Msg::Grant { group });
+        finished(&mut guest, head);
+        match recv(&daemon) {
+            Msg::Completed {
+                group: g,
+                start,
+                finish,
+            } => {
+                assert_eq!(g, group);
+                assert!(start <= finish);
+            }
+            other => panic!("expected Completed, got {other:?}"),
         }
-        other => panic!("expected Completed, got {other:?}"),
     }
 
     // Under a lease the device dispatches at once and says so.

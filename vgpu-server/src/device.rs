@@ -149,15 +149,21 @@ enum GateFor {
 
 /// What a renderer fence signals.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Issued {
+struct Issued {
     /// The guest's fence with this id.
-    Guest(u64),
-    /// A scheduled group of scheduler session `session` finished; it started at `start`.
-    Group {
-        group: GroupId,
-        session: u64,
-        start: u64,
-    },
+    guest: Option<u64>,
+    /// A scheduled group finished. A fenced group's completion rides on the guest's fence:
+    /// one renderer fence (and one wake-up of the renderer's fence thread) serves both.
+    group: Option<Ran>,
+}
+
+/// A scheduled group handed to the renderer: of scheduler session `session`, started at
+/// `start`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Ran {
+    group: GroupId,
+    session: u64,
+    start: u64,
 }
 
 /// Most virgl command headers a cost signature covers: the rest of a long stream adds nothing
@@ -322,13 +328,8 @@ impl Device {
         // them complete now, so the daemon never waits on a group the reset made us forget.
         let now = monotonic_ns();
         for (_, issued) in self.issued.drain(..) {
-            if let Issued::Group {
-                group,
-                session,
-                start,
-            } = issued
-            {
-                self.sched.completed(group, session, start, now);
+            if let Some(r) = issued.group {
+                self.sched.completed(r.group, r.session, r.start, now);
             }
         }
         self.backlog = None;
@@ -554,6 +555,7 @@ impl Device {
                 }
             };
             budget.charge(chain.request().len());
+            let mut rider = None;
             let (len, fence) = match q {
                 CONTROL_QUEUE => {
                     let group = match self.gate(&chain, virgl.is_some()) {
@@ -569,13 +571,27 @@ impl Device {
                         .filter(|&(_, ctx)| self.gpu.is_compute_context(ctx))
                         .map(|(g, _)| g);
                     let result = self.control_request(&chain, &mem, virgl, compute);
-                    if let (None, Some((group, ctx_id)), Some(v)) = (compute, group, virgl) {
-                        self.group_fence(v, group, ctx_id, start);
+                    if let (None, Some((group, ctx_id))) = (compute, group) {
+                        let ran = Ran {
+                            group,
+                            session: self.sched.session(),
+                            start,
+                        };
+                        rider = Some((ran, ctx_id));
                     }
                     result
                 }
                 _ => (self.cursor_request(&chain), None),
             };
+            // A scheduled group's completion rides on the guest's fence of the same context,
+            // or gets a renderer fence of its own.
+            let rides = match (rider, &fence) {
+                (Some((_, ctx)), Some((_, FenceWait::Renderer(c)))) => *c == ctx,
+                _ => false,
+            };
+            if let (Some((ran, ctx_id)), false, Some(v)) = (rider, rides, virgl) {
+                self.group_fence(v, ran, ctx_id);
+            }
             if let Some((fence_id, wait)) = fence {
                 let entry = Parked {
                     fence_id,
@@ -585,7 +601,10 @@ impl Device {
                     wait: Wait::Renderer,
                 };
                 let parked = match (wait, virgl) {
-                    (FenceWait::Renderer(ctx_id), Some(v)) => self.park(v, entry, ctx_id),
+                    (FenceWait::Renderer(ctx_id), Some(v)) => {
+                        let ran = rider.filter(|_| rides).map(|(ran, _)| ran);
+                        self.park(v, entry, ctx_id, ran)
+                    }
                     // Without a renderer, fenced 2D work is done when it returns.
                     (FenceWait::Renderer(_), None) => false,
                     (FenceWait::Load(token), _) => self.park_load(entry, token),
@@ -658,11 +677,26 @@ impl Device {
         })
     }
 
-    /// Parks a fenced completion behind a renderer fence; false if it must complete now
-    /// (its fence already signalled, or the renderer refused the fence).
-    fn park(&mut self, virgl: &dyn GpuBackend, entry: Parked, ctx_id: u32) -> bool {
-        if let Err(e) = self.renderer_fence(virgl, ctx_id, Issued::Guest(entry.fence_id)) {
+    /// Parks a fenced completion behind a renderer fence, which also reports the scheduled
+    /// group `ran` complete; false if it must complete now (its fence already signalled, or
+    /// the renderer refused the fence).
+    fn park(
+        &mut self,
+        virgl: &dyn GpuBackend,
+        entry: Parked,
+        ctx_id: u32,
+        ran: Option<Ran>,
+    ) -> bool {
+        let what = Issued {
+            guest: Some(entry.fence_id),
+            group: ran,
+        };
+        if let Err(e) = self.renderer_fence(virgl, ctx_id, what) {
             guest_fault!("fence {}: {e}; completing at once", entry.fence_id);
+            if let Some(r) = ran {
+                self.sched
+                    .completed(r.group, r.session, r.start, monotonic_ns());
+            }
             return false;
         }
         match self.fences.park(entry) {
@@ -691,17 +725,17 @@ impl Device {
         Ok(())
     }
 
-    /// After a scheduled group ran: a renderer fence whose signal reports its completion.
-    fn group_fence(&mut self, virgl: &dyn GpuBackend, group: GroupId, ctx_id: u32, start: u64) {
-        let session = self.sched.session();
-        let what = Issued::Group {
-            group,
-            session,
-            start,
+    /// After a scheduled group without a guest fence ran: a renderer fence whose signal
+    /// reports its completion.
+    fn group_fence(&mut self, virgl: &dyn GpuBackend, ran: Ran, ctx_id: u32) {
+        let what = Issued {
+            guest: None,
+            group: Some(ran),
         };
         if let Err(e) = self.renderer_fence(virgl, ctx_id, what) {
-            guest_fault!("group {}: fence: {e}; reported complete now", group.0);
-            self.sched.completed(group, session, start, monotonic_ns());
+            guest_fault!("group {}: fence: {e}; reported complete now", ran.group.0);
+            self.sched
+                .completed(ran.group, ran.session, ran.start, monotonic_ns());
         }
     }
 
@@ -856,9 +890,18 @@ impl Device {
         self.loads_done(lost);
     }
 
-    /// The messages for the scheduler daemon, oldest first.
-    pub fn sched_outbox(&mut self) -> Result<Vec<Msg>, SchedError> {
-        self.sched.take_outbox()
+    /// The messages for the scheduler daemon due now, oldest first (`all`: held reports too;
+    /// see [`Scheduling::due_outbox`]).
+    pub fn sched_outbox(&mut self, all: bool) -> Result<Vec<Msg>, SchedError> {
+        if all {
+            return self.sched.take_outbox();
+        }
+        self.sched.due_outbox(monotonic_ns())
+    }
+
+    /// Whether reports for the scheduler daemon are held back.
+    pub fn sched_holds_reports(&self) -> bool {
+        self.sched.holds_reports()
     }
 
     /// The renderer signalled fence `newest` (and every earlier one): the parked completions
@@ -872,14 +915,10 @@ impl Device {
         let now = monotonic_ns();
         let mut guest_id = None;
         while let Some((id, what)) = self.issued.pop_front() {
-            match what {
-                Issued::Guest(g) => guest_id = Some(g),
-                Issued::Group {
-                    group,
-                    session,
-                    start,
-                } => self.sched.completed(group, session, start, now),
+            if let Some(r) = what.group {
+                self.sched.completed(r.group, r.session, r.start, now);
             }
+            guest_id = what.guest.or(guest_id);
             if id == newest {
                 break;
             }

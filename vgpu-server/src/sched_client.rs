@@ -5,7 +5,12 @@
 //! owned by the worker thread, whose epoll watches it. [`Scheduling`] is the device's side of
 //! the protocol, pure and kept under the device lock: it decides whether a group may run now
 //! ([`Scheduling::gate`]), tracks the load groups the daemon's engine runs and the frames
-//! waiting for their present, and queues the messages to send ([`Scheduling::take_outbox`]).
+//! waiting for their present, and queues the messages to send ([`Scheduling::due_outbox`]).
+//! Reports of groups run under a lease (`Dispatched`, and `Completed` while nothing waits on
+//! it) are held back while the worker is busy, up to [`MAX_REPORT_DELAY_NS`] or
+//! [`MAX_HELD_REPORTS`], and go together when the worker idles: a device streaming groups back
+//! to back wakes the daemon once per batch instead of twice per group. Anything the daemon
+//! must answer or act on goes at once and takes the held reports with it, in order.
 //!
 //! While the daemon is unreachable (never connected, gone, or it refused us) scheduling is
 //! off: every group runs at once and load groups run on the device's local engine, as without
@@ -40,6 +45,14 @@ pub const MAX_OUTBOX: usize = 2 * MAX_PENDING_GROUPS;
 /// Most frames waiting for their present at once; past it a frame is not announced (its
 /// submit completes without waiting for a present).
 pub const MAX_PENDING_FRAMES: usize = 1024;
+/// Longest a leased group's report waits to go with others while the worker stays busy. The
+/// daemon then learns of leased work at most this late: far inside its `DISPATCH_GRACE_NS`
+/// (250 ms) and group timeout (2 s), and half of fair queuing's default idle grace (500 µs),
+/// so a streaming VM does not look idle to it for longer than it really was.
+pub const MAX_REPORT_DELAY_NS: Time = 250_000;
+/// Most reports held back at once: past it they go at once (a batch the daemon reads in one
+/// wake-up, well under its per-wake limit).
+pub const MAX_HELD_REPORTS: usize = 32;
 /// Receive buffer: one byte over the largest valid message, so that a longer one is detected.
 const RECV_BYTES: usize = proto::MAX_MESSAGE_BYTES + 1;
 
@@ -262,6 +275,10 @@ pub struct Scheduling {
     /// Presents received: (when, submit), waiting for their time.
     presents: Vec<(Time, LoadToken)>,
     outbox: Vec<Msg>,
+    /// The outbox holds a message the daemon must see now.
+    urgent: bool,
+    /// When the oldest report held back was queued.
+    held_since: Option<Time>,
 }
 
 /// What a daemon message changed, for the worker.
@@ -331,15 +348,18 @@ impl Scheduling {
         }
         let group = self.new_group();
         if self.lease_valid(now) {
-            self.outbox.push(Msg::Dispatched {
-                group,
-                context,
-                kind,
-                signature,
-            });
+            self.hold_report(
+                Msg::Dispatched {
+                    group,
+                    context,
+                    kind,
+                    signature,
+                },
+                now,
+            );
             return Gate::Run(Some(group));
         }
-        self.outbox.push(Msg::Submit {
+        self.send(Msg::Submit {
             group,
             context,
             kind,
@@ -363,11 +383,30 @@ impl Scheduling {
         {
             *b = b.saturating_sub(finish - start);
         }
-        self.outbox.push(Msg::Completed {
+        let msg = Msg::Completed {
             group,
             start,
             finish,
-        });
+        };
+        // Streaming under a lease, nobody waits on this completion; a group held for its
+        // grant may (the GPU the daemon hands out next is this one's).
+        if self.lease.is_some() && self.asked.is_none() && !self.suspended {
+            self.hold_report(msg, finish);
+        } else {
+            self.send(msg);
+        }
+    }
+
+    /// Queues a message the daemon must see now.
+    fn send(&mut self, msg: Msg) {
+        self.outbox.push(msg);
+        self.urgent = true;
+    }
+
+    /// Queues a leased group's report, which may wait for others (see [`Self::due_outbox`]).
+    fn hold_report(&mut self, msg: Msg, now: Time) {
+        self.outbox.push(msg);
+        self.held_since.get_or_insert(now);
     }
 
     /// Sends a load submit's groups (`Submit{Simulated}`) and frames (`Frame`) to the daemon.
@@ -392,7 +431,7 @@ impl Scheduling {
                     let group = self.new_group();
                     let us = u32::try_from(cost_ns / 1000).unwrap_or(u32::MAX);
                     let mut methods = [(crate::gpu::load::OP_OCCUPY, us)];
-                    self.outbox.push(Msg::Submit {
+                    self.send(Msg::Submit {
                         group,
                         context,
                         kind: GroupKind::Load,
@@ -435,7 +474,7 @@ impl Scheduling {
             return false;
         }
         self.frames_full = false;
-        self.outbox.push(Msg::Frame);
+        self.send(Msg::Frame);
         self.frames.push_back(token);
         true
     }
@@ -495,7 +534,7 @@ impl Scheduling {
                     "scheduler daemon granted unknown group {}: cancelled",
                     group.0
                 );
-                self.outbox.push(Msg::Cancel { group });
+                self.send(Msg::Cancel { group });
             }
             Msg::Done { group, .. } => match self.remote.remove(&group) {
                 Some(r) => {
@@ -512,8 +551,16 @@ impl Scheduling {
                 });
                 out.resume_queue = true;
             }
-            Msg::Revoke => self.lease = None,
-            Msg::Suspend => self.suspended = true,
+            // The daemon is about to hand the GPU to someone else once it knows what ran
+            // under the lease: held reports go now.
+            Msg::Revoke => {
+                self.lease = None;
+                self.urgent = true;
+            }
+            Msg::Suspend => {
+                self.suspended = true;
+                self.urgent = true;
+            }
             Msg::Resume => {
                 self.suspended = false;
                 out.resume_queue = true;
@@ -560,6 +607,8 @@ impl Scheduling {
         self.asked = None;
         self.granted = None;
         self.outbox.clear();
+        self.urgent = false;
+        self.held_since = None;
         self.frames.clear();
         self.presents.clear();
         let back: Vec<_> = std::mem::take(&mut self.remote)
@@ -582,8 +631,9 @@ impl Scheduling {
         let held = self.asked.take().into_iter().chain(self.granted.take());
         let at_daemon: Vec<GroupId> = held.chain(self.remote.keys().copied()).collect();
         if self.connected {
-            self.outbox
-                .extend(at_daemon.into_iter().map(|group| Msg::Cancel { group }));
+            for group in at_daemon {
+                self.send(Msg::Cancel { group });
+            }
         }
         self.remote.clear();
         self.waiting.clear();
@@ -591,13 +641,36 @@ impl Scheduling {
         self.presents.clear();
     }
 
-    /// The messages to send, oldest first; [`SchedError::Backlog`] past [`MAX_OUTBOX`].
+    /// Every message queued, oldest first (held reports too); [`SchedError::Backlog`] past
+    /// [`MAX_OUTBOX`].
     pub fn take_outbox(&mut self) -> Result<Vec<Msg>, SchedError> {
         if self.outbox.len() > MAX_OUTBOX {
             self.outbox.clear();
+            self.urgent = false;
+            self.held_since = None;
             return Err(SchedError::Backlog);
         }
+        self.urgent = false;
+        self.held_since = None;
         Ok(std::mem::take(&mut self.outbox))
+    }
+
+    /// The messages to send at `now`: the whole outbox when something in it is urgent, when
+    /// [`MAX_HELD_REPORTS`] reports are held or the oldest has waited [`MAX_REPORT_DELAY_NS`];
+    /// else nothing (the worker sends held reports anyway before it blocks).
+    pub fn due_outbox(&mut self, now: Time) -> Result<Vec<Msg>, SchedError> {
+        let due = self
+            .held_since
+            .is_none_or(|t| now >= t.saturating_add(MAX_REPORT_DELAY_NS));
+        if self.urgent || self.outbox.len() >= MAX_HELD_REPORTS || due {
+            return self.take_outbox();
+        }
+        Ok(Vec::new())
+    }
+
+    /// Whether messages are queued (held reports, between two flushes).
+    pub fn holds_reports(&self) -> bool {
+        !self.outbox.is_empty()
     }
 }
 
@@ -728,6 +801,60 @@ mod tests {
         assert!(s.handle(Msg::Resume, 0).resume_queue);
         assert_eq!(s.gate(1, GroupKind::Render, SIG, 0), Gate::Hold);
         assert_eq!(s.take_outbox().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn leased_reports_are_held_until_due_and_anything_urgent_takes_them_along() {
+        let unbounded = Msg::Lease {
+            budget_ns: 0,
+            until: 0,
+        };
+        let mut s = connected();
+        s.handle(unbounded.clone(), 0);
+        let Gate::Run(Some(g1)) = s.gate(1, GroupKind::Render, SIG, 10) else {
+            panic!("leased groups run")
+        };
+        s.completed(g1, s.session(), 10, 20);
+        // Held: nothing to send yet (the worker sends them when it idles).
+        assert!(s.due_outbox(30).unwrap().is_empty());
+        assert!(s.holds_reports());
+        let sent = s.due_outbox(10 + MAX_REPORT_DELAY_NS).unwrap();
+        assert!(matches!(
+            sent[..],
+            [Msg::Dispatched { group, .. }, Msg::Completed { group: done, .. }]
+                if group == g1 && done == g1
+        ));
+        assert!(!s.holds_reports());
+        // A batch that reaches the limit goes at once.
+        for i in 0..MAX_HELD_REPORTS / 2 {
+            let now = 100 + i as Time;
+            let Gate::Run(Some(g)) = s.gate(1, GroupKind::Render, SIG, now) else {
+                panic!("leased groups run")
+            };
+            s.completed(g, s.session(), now, now);
+        }
+        assert_eq!(s.due_outbox(200).unwrap().len(), MAX_HELD_REPORTS);
+        // A revoke sends what was held at once, and the next group asks.
+        let Gate::Run(Some(g2)) = s.gate(1, GroupKind::Render, SIG, 300) else {
+            panic!("leased groups run")
+        };
+        s.handle(Msg::Revoke, 310);
+        assert!(matches!(
+            s.due_outbox(310).unwrap()[..],
+            [Msg::Dispatched { .. }]
+        ));
+        // Completed while a group waits for its grant: the daemon needs it now.
+        assert_eq!(s.gate(1, GroupKind::Render, SIG, 320), Gate::Hold);
+        s.handle(unbounded, 330);
+        s.completed(g2, s.session(), 300, 340);
+        assert!(matches!(
+            s.due_outbox(340).unwrap()[..],
+            [Msg::Submit { .. }, Msg::Completed { group, .. }] if group == g2
+        ));
+        // Without a lease nothing is held.
+        let mut s = connected();
+        assert_eq!(s.gate(1, GroupKind::Render, SIG, 0), Gate::Hold);
+        assert_eq!(s.due_outbox(0).unwrap().len(), 1);
     }
 
     #[test]

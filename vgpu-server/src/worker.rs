@@ -53,12 +53,15 @@ const DUMP_TIMER_TOKEN: u32 = 0x102;
 const DUMP_REQUEST_TOKEN: u32 = 0x103;
 /// Event data of the load engine's timer.
 const LOAD_TIMER_TOKEN: u32 = 0x105;
-/// Shortest load timer: a zero interval would disarm a timerfd instead of firing it.
-const MIN_LOAD_TIMER: Duration = Duration::from_micros(1);
+/// Shortest timer interval: a zero one would disarm a timerfd instead of firing it.
+const MIN_TIMER: Duration = Duration::from_micros(1);
 /// Event data of the scheduler daemon socket.
 const SCHED_TOKEN: u32 = 0x106;
 /// Event data of the scheduler daemon reconnect timer.
 const SCHED_RETRY_TOKEN: u32 = 0x107;
+/// Event data of the eventfd the worker signals itself with, before it blocks, to send held
+/// scheduler reports.
+const SCHED_REPORT_TOKEN: u32 = 0x108;
 /// How often a device retries connecting to a scheduler daemon that is not there.
 pub const SCHED_RETRY: Duration = Duration::from_secs(1);
 /// How often the worker looks for QEMU's connection before it says `Hello` to the daemon.
@@ -139,19 +142,22 @@ impl WorkerHandle {
                     }
                 });
                 let has_renderer = virgl.is_some();
-                let (load_timer, retry_timer) = match (new_timer(), new_timer()) {
-                    (Ok(a), Ok(b)) => (a, b),
-                    (Err(e), _) | (_, Err(e)) => {
-                        let _ = ready.send(Err(WorkerError::Setup(e)));
-                        return;
-                    }
-                };
+                let report_kick = EventFd::new(libc::EFD_NONBLOCK);
+                let (load_timer, retry_timer, report_kick) =
+                    match (new_timer(), new_timer(), report_kick) {
+                        (Ok(a), Ok(b), Ok(c)) => (a, b, c),
+                        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+                            let _ = ready.send(Err(WorkerError::Setup(e)));
+                            return;
+                        }
+                    };
                 let worker = Worker {
                     load_timer,
                     sched: scheduler.map(|config| Sched {
                         link: SchedLink::new(config),
                         vfio_socket,
                         retry_timer,
+                        report_kick,
                         watched: None,
                         warned: false,
                     }),
@@ -171,13 +177,18 @@ impl WorkerHandle {
                         return;
                     }
                 };
-                manager.add_subscriber(worker);
+                let id = manager.add_subscriber(worker);
                 let _ = ready.send(Ok(has_renderer));
                 // A kick, fence or grant that follows soon after the last is caught without a
                 // wake-up (see vgpu_schedd::busy_poll).
                 let mut busy = BusyPoll::new(busy_poll);
                 while !stop_loop.load(Ordering::Acquire) {
-                    if let Err(e) = busy_poll::run_round(&mut busy, &mut manager) {
+                    let idle = |m: &mut EventManager<Worker>| {
+                        if let Ok(w) = m.subscriber_mut(id) {
+                            w.before_block();
+                        }
+                    };
+                    if let Err(e) = busy_poll::run_round(&mut busy, &mut manager, true, idle) {
                         error!("worker event loop: {e}");
                         break;
                     }
@@ -408,6 +419,9 @@ struct Sched {
     vfio_socket: PathBuf,
     /// Fires every [`SCHED_RETRY`] while the daemon is unreachable.
     retry_timer: TimerFd,
+    /// Signalled by the worker itself before it blocks while reports are held
+    /// (`Scheduling::due_outbox`): an idle worker sends them.
+    report_kick: EventFd,
     /// The socket fd in the poll set.
     watched: Option<std::os::fd::RawFd>,
     /// A warning about the daemon being unreachable was logged (until it is back).
@@ -495,16 +509,28 @@ impl Worker {
         self.run_load();
     }
 
-    /// Sends what the device queued for the daemon.
-    fn sched_flush(&mut self, ops: &mut EventOps) {
+    /// Sends what the device queued for the daemon and is due (`all`: everything, held
+    /// reports too).
+    fn sched_flush(&mut self, ops: &mut EventOps, all: bool) {
         let (Some(s), Some(device)) = (&self.sched, &self.device) else {
             return;
         };
         let result = device_lock(device)
-            .sched_outbox()
+            .sched_outbox(all)
             .and_then(|msgs| msgs.iter().try_for_each(|m| s.link.send(m)));
         if let Err(e) = result {
             self.sched_gone(&e, ops);
+        }
+    }
+
+    /// The worker is about to block: held reports go first (through its own eventfd, so that
+    /// a send that fails is handled in the event loop).
+    fn before_block(&self) {
+        if let (Some(s), Some(device)) = (&self.sched, &self.device)
+            && device_lock(device).sched_holds_reports()
+            && let Err(e) = s.report_kick.write(1)
+        {
+            warn!("signalling held scheduler reports: {e}");
         }
     }
 
@@ -533,6 +559,8 @@ impl Worker {
             self.kick_control();
         }
         self.run_load();
+        // A revoke or suspend sends the held reports now; a stray grant queued a cancel.
+        self.sched_flush(ops, false);
     }
 
     /// Has the control queue processed again (a held group may go on).
@@ -554,7 +582,7 @@ impl Worker {
         let next = locked.load_deadline();
         drop(locked);
         if let Some(wait) = next
-            && let Err(e) = self.load_timer.reset(wait.max(MIN_LOAD_TIMER), None)
+            && let Err(e) = self.load_timer.reset(wait.max(MIN_TIMER), None)
         {
             error!("arming the load timer: {e}");
         }
@@ -589,7 +617,7 @@ impl Worker {
                     if let Some(device) = &self.device {
                         device_lock(device).withdraw_from_scheduler();
                     }
-                    self.sched_flush(ops);
+                    self.sched_flush(ops, true);
                     if let Some(s) = &mut self.sched {
                         Self::sched_close(s, ops, true);
                         let _ = s.retry_timer.reset(Duration::ZERO, None);
@@ -650,6 +678,15 @@ impl MutEventSubscriber for Worker {
         {
             error!("watching the scheduler reconnect timer: {e}");
         }
+        if let Some(s) = &self.sched
+            && let Err(e) = ops.add(Events::with_data(
+                &s.report_kick,
+                SCHED_REPORT_TOKEN,
+                EventSet::IN,
+            ))
+        {
+            error!("watching the scheduler report eventfd: {e}");
+        }
         if let Some(fd) = self.virgl.as_deref().and_then(GpuBackend::poll_fd)
             && let Err(e) = ops.add(Events::with_data_raw(fd, VIRGL_TOKEN, EventSet::IN))
         {
@@ -691,9 +728,15 @@ impl MutEventSubscriber for Worker {
                 if let (Some(n), Some(device)) = (newest, &self.device) {
                     device_lock(device).fences_signalled(n);
                 }
-                self.sched_flush(ops);
+                self.sched_flush(ops, false);
             }
             SCHED_TOKEN => self.sched_readable(ops),
+            SCHED_REPORT_TOKEN => {
+                if let Some(s) = &self.sched {
+                    let _ = s.report_kick.read();
+                }
+                self.sched_flush(ops, true);
+            }
             SCHED_RETRY_TOKEN => {
                 // Non-blocking: a timer disarmed since it fired reads as nothing due.
                 if let Some(s) = &mut self.sched {
@@ -747,7 +790,7 @@ impl MutEventSubscriber for Worker {
                     if let Some(d) = &mut self.dumper {
                         d.flushed(device, self.virgl.as_deref());
                     }
-                    self.sched_flush(ops);
+                    self.sched_flush(ops, false);
                     self.run_load();
                 }
             }
