@@ -498,6 +498,11 @@ fn sched_overhead(doc: &Value) -> Result<Figure, FigureError> {
         format!("raw client, {occupy} µs groups"),
         of(raw, "overhead_pct"),
     ));
+    let virgl = doc
+        .get("virgl_modes")
+        .and_then(Value::as_array)
+        .map_or(&[][..], Vec::as_slice);
+    let virgl_added = of(virgl, "added_us_per_group");
     let guest_fps = of(guest, "fps");
     if guest_fps.iter().any(Option::is_some) {
         overhead = overhead.with(Series::new(
@@ -525,6 +530,18 @@ fn sched_overhead(doc: &Value) -> Result<Figure, FigureError> {
         )
         .with(Series::new("groups/s", of(raw, "groups_per_s"))),
     ];
+    if virgl_added.iter().any(Option::is_some) {
+        panels.push(
+            Panel::new(
+                Kind::Bars,
+                "raw client: virgl submits (device-executed, fenced)",
+                "mode",
+                "µs added per group",
+                modes.clone(),
+            )
+            .with(Series::new("against no daemon", virgl_added)),
+        );
+    }
     if guest_fps.iter().any(Option::is_some) {
         panels.push(
             Panel::new(
@@ -882,6 +899,7 @@ mod tests {
         has(&drawn("doorbell-server", &server_only), &["no QEMU"]);
         let mode = |m: &str, o: f64| json!({"mode": m, "groups_per_s": 9000.0, "p50_us": 102.1, "p99_us": 176.3, "overhead_pct": o});
         let sched = json!({"bench":"sched_overhead","occupy_us":50,"modes":[mode("no daemon", 0.0), mode("fair (lease)", 31.0)],
+            "virgl_modes":[{"mode":"no daemon","added_us_per_group":0.0},{"mode":"fair (lease)","added_us_per_group":4.0}],
             "guest_glmark2_build":[{"mode":"no daemon","fps":336.0,"overhead_pct":0.0},{"mode":"fair (lease)","fps":320.0,"overhead_pct":5.0}]});
         has(
             &drawn("sched_overhead", &sched),
@@ -890,6 +908,7 @@ mod tests {
                 "raw client, 50 µs groups",
                 "throughput lost (%)",
                 "frames/s",
+                "µs added per group",
             ],
         );
         let cuda = json!({"benchmark":"cuda-guest","cpus":2,"launches":2000,"copy_mib":16,

@@ -4,6 +4,15 @@
 use crate::core::Scheduler;
 use crate::model::{CommandGroup, Decision, Event, GroupId, GroupKind, Time, VgpuId};
 
+/// The decision of an unbounded lease for `v` (no budget, no end).
+pub(crate) fn lease(v: VgpuId) -> Decision {
+    Decision::Lease {
+        vgpu: v,
+        budget: None,
+        until: None,
+    }
+}
+
 /// Handles `ev` at `now` (it must be accepted); returns the decisions.
 pub(crate) fn event(s: &mut Scheduler, now: Time, ev: Event) -> Vec<Decision> {
     let mut out = Vec::new();

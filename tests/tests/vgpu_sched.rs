@@ -169,6 +169,21 @@ fn load(fence: u64, commands: &[(u32, u32, u64)]) -> Vec<u8> {
     virtio_gpu::with_fence(virtio_gpu::load_submit(LOAD_CTX, commands), fence)
 }
 
+/// The next message is `Completed` for `group`, with sane times.
+fn completed_reported(daemon: &SeqStream, group: vgpu_scheduler::GroupId) {
+    match recv(daemon) {
+        Msg::Completed {
+            group: g,
+            start,
+            finish,
+        } => {
+            assert_eq!(g, group);
+            assert!(start <= finish);
+        }
+        other => panic!("expected Completed, got {other:?}"),
+    }
+}
+
 fn gl_submit(fence: u64) -> Vec<u8> {
     virtio_gpu::with_fence(virtio_gpu::submit_3d(GL_CTX, &[0]), fence)
 }
@@ -235,17 +250,7 @@ fn scheduled_device_asks_the_daemon() {
         still_held(&mut guest);
         send(&daemon, &Msg::Grant { group });
         finished(&mut guest, head);
-        match recv(&daemon) {
-            Msg::Completed {
-                group: g,
-                start,
-                finish,
-            } => {
-                assert_eq!(g, group);
-                assert!(start <= finish);
-            }
-            other => panic!("expected Completed, got {other:?}"),
-        }
+        completed_reported(&daemon, group);
     }
 
     // Under a lease the device dispatches at once and says so.
@@ -363,17 +368,7 @@ fn compute_groups(guest: &mut VgpuGuest, daemon: &SeqStream) {
         ),
         "the launch ran once granted"
     );
-    match recv(daemon) {
-        Msg::Completed {
-            group: g,
-            start,
-            finish,
-        } => {
-            assert_eq!(g, group);
-            assert!(start <= finish);
-        }
-        other => panic!("expected Completed, got {other:?}"),
-    }
+    completed_reported(daemon, group);
     // Under a lease a launch-heavy app pays no grant round trip: dispatched at once.
     let submit = blob.put(guest, CTX, &launch, 21);
     dispatched_under_a_lease(guest, daemon, &submit);

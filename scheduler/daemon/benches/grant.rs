@@ -1,9 +1,11 @@
 //! Grant round trip through a real `vgpu-schedd` process: one fake device over
 //! SOCK_SEQPACKET sends `Hello`, then for every group `Submit{exec: Device}`, waits for
-//! `Grant` and reports `Completed`, under the policies none, timegraph PRT, timegraph HT and
-//! fair. Under fair the device holds a lease and reports `Dispatched` + `Completed` without
-//! waiting (no round trip); one final `Submit` (granted at once under the lease) makes sure
-//! the daemon has handled everything before the clock stops.
+//! `Grant` and reports `Completed`, under the policies none, timegraph PRT, timegraph HT, HT
+//! asking for every group (`ht_lease = false`) and fair. Under fair, and under HT (alone, the
+//! device streams after its first grant), the device holds a lease and reports `Dispatched` +
+//! `Completed` without waiting (no round trip; the latency columns cover the groups that
+//! asked); one final `Submit` (granted at once under the lease) makes sure the daemon has
+//! handled everything before the clock stops.
 //!
 //! Every policy runs with the daemon's busy polling off (`--busy-poll-us 0`: the daemon sleeps
 //! in `epoll_wait` between messages, so each Submit costs it a wake-up) and at its default.
@@ -66,14 +68,6 @@ struct Run {
     cpu_per_group: f64,
 }
 
-fn percentile(sorted: &[u64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)] as f64 / 1_000.0
-}
-
 fn run(policy: &str, lease: bool, busy_poll_us: u64, groups: u64) -> Run {
     let dir = TempDir::new().expect("temporary directory");
     let schedd = Schedd::start(dir.path(), policy, busy_poll_us);
@@ -99,12 +93,7 @@ fn run(policy: &str, lease: bool, busy_poll_us: u64, groups: u64) -> Run {
     let total = start.elapsed();
     let cpu = schedd.cpu_time().saturating_sub(cpu_before);
     dev.send(&Msg::Bye);
-    rtt.sort_unstable();
-    let (p50, p99) = if lease {
-        (f64::NAN, f64::NAN)
-    } else {
-        (percentile(&rtt, 0.5), percentile(&rtt, 0.99))
-    };
+    let (p50, p99) = common::asked_percentiles(&rtt);
     Run {
         p50,
         p99,

@@ -1,15 +1,16 @@
 //! Scale: one real `vgpu-schedd` process and 64 or 256 fake devices (threads of this process,
 //! each its own SOCK_SEQPACKET connection and VM name), every one submitting groups back to
 //! back at its maximum rate (`Submit{exec: Device}` -> `Grant` -> `Completed`, no GPU work)
-//! for [`SECONDS`] s, under the policies none, timegraph PRT, timegraph HT and fair (leases:
-//! `Dispatched` + `Completed`, no waiting).
+//! for [`SECONDS`] s, under the policies none, timegraph PRT, timegraph HT (a lease only for a
+//! vGPU alone at its priority, so among equals every group asks), HT asking always, and fair
+//! (leases: `Dispatched` + `Completed`, no waiting).
 //!
 //! Each runs with the daemon's busy polling off and at its default: with it on, a loaded daemon
 //! spins between messages, so its CPU use says little about what deciding costs; with it off,
 //! the CPU use is the work.
 //!
 //! Reports per configuration: decisions/s (groups completed per second, all devices
-//! together), Submit -> Grant p50/p99 over every group (under a capacity of one GPU, a group
+//! together), Submit -> Grant p50/p99 over every group that asked (under a capacity of one GPU, a group
 //! waits for the groups of the other devices granted before it: that is queueing, not
 //! overhead), the daemon's CPU use (user + system from `/proc`) and its CPU time per decision.
 //! Prints a table and writes `target/scale-bench.json` and its figure `target/scale-bench.svg`
@@ -67,14 +68,6 @@ struct Outcome {
     cpu_per_decision_us: f64,
 }
 
-fn percentile(sorted: &[u64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)] as f64 / 1_000.0
-}
-
 fn run(devices: usize, policy: &str, lease: bool, busy_poll_us: u64, seconds: u64) -> Outcome {
     let dir = TempDir::new().expect("temporary directory");
     let schedd = Schedd::start(dir.path(), policy, busy_poll_us);
@@ -120,12 +113,7 @@ fn run(devices: usize, policy: &str, lease: bool, busy_poll_us: u64, seconds: u6
     let cpu = schedd.cpu_time().saturating_sub(cpu_before);
     // A refused group was not run: it is no decision.
     let decisions = all.len().saturating_sub(refused) as f64;
-    all.sort_unstable();
-    let (p50_us, p99_us) = if lease {
-        (f64::NAN, f64::NAN)
-    } else {
-        (percentile(&all, 0.5), percentile(&all, 0.99))
-    };
+    let (p50_us, p99_us) = common::asked_percentiles(&all);
     Outcome {
         suspended_at_end: suspended,
         refused,

@@ -624,7 +624,7 @@ mod tests {
     use crate::core::Scheduler;
     use crate::model::{CommandGroup, Decision, Event, GroupId, GroupKind, VgpuParams};
     use crate::policy::PolicyConfig;
-    use crate::testkit::{self, submit};
+    use crate::testkit::{self, lease, submit};
 
     const MS: Nanos = NS_PER_MS;
 
@@ -672,14 +672,6 @@ mod tests {
             vgpu: v,
             group: GroupId(id),
             leased,
-        }
-    }
-
-    fn lease(v: VgpuId) -> Decision {
-        Decision::Lease {
-            vgpu: v,
-            budget: None,
-            until: None,
         }
     }
 

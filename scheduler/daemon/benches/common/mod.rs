@@ -15,8 +15,9 @@ pub const SCHEDD: &str = env!("CARGO_BIN_EXE_vgpu-schedd");
 /// Longest wait for the daemon to start or answer.
 pub const WAIT: Duration = Duration::from_secs(10);
 
-/// The policies measured: name, policy file text, whether devices hold a lease.
-pub const POLICIES: [(&str, &str, bool); 4] = [
+/// The policies measured: name, policy file text, whether devices may hold a lease (HT leases
+/// to a vGPU alone at its priority, fair to everyone).
+pub const POLICIES: [(&str, &str, bool); 5] = [
     ("none", "policy = \"none\"\n", false),
     (
         "timegraph prt",
@@ -26,6 +27,11 @@ pub const POLICIES: [(&str, &str, bool); 4] = [
     (
         "timegraph ht",
         "policy = \"timegraph\"\nsched = \"ht\"\n",
+        true,
+    ),
+    (
+        "ht, asking",
+        "policy = \"timegraph\"\nsched = \"ht\"\nht_lease = false\n",
         false,
     ),
     ("fair (lease)", "policy = \"fair\"\n", true),
@@ -52,6 +58,19 @@ pub fn write_results(name: &str, doc: &serde_json::Value) {
     if let Err(e) = vgpu_bench_report::write_results(&out, doc) {
         eprintln!("{e}");
     }
+}
+
+/// The p50 and p99 in µs of the Submit -> Grant times (ns) of the groups that asked; a leased
+/// group counts 0 ns (no round trip) and is left out. NaN when no group asked.
+pub fn asked_percentiles(latencies: &[u64]) -> (f64, f64) {
+    let mut asked: Vec<u64> = latencies.iter().copied().filter(|&ns| ns > 0).collect();
+    asked.sort_unstable();
+    let at = |p: f64| {
+        let last = asked.len().checked_sub(1)?;
+        let i = ((last as f64 * p).round() as usize).min(last);
+        Some(asked[i] as f64 / 1_000.0)
+    };
+    (at(0.5).unwrap_or(f64::NAN), at(0.99).unwrap_or(f64::NAN))
 }
 
 /// A figure with one decimal, `-` when there is none.
@@ -158,8 +177,8 @@ impl Device {
         });
         assert!(matches!(d.recv(), Msg::Welcome { .. }), "no Welcome");
         if lease {
-            assert!(matches!(d.recv(), Msg::Lease { .. }), "no Lease");
-            d.leased = true;
+            // Fair leases at once (in the Welcome's round); HT after the first grant.
+            d.drain();
         }
         d
     }

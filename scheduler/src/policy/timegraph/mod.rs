@@ -807,7 +807,7 @@ mod tests {
     };
     use crate::policy::PolicyConfig;
     use crate::policy::fcfs::Fcfs;
-    use crate::testkit::{complete, event, submit};
+    use crate::testkit::{complete, event, lease, submit};
 
     fn sched(config: TimeGraphConfig, capacity: usize) -> Scheduler {
         Scheduler::new(PolicyConfig::TimeGraph(config).build(), capacity)
@@ -929,14 +929,6 @@ mod tests {
             vgpu: v,
             group: GroupId(id),
             leased: true,
-        }
-    }
-
-    fn lease(v: VgpuId) -> Decision {
-        Decision::Lease {
-            vgpu: v,
-            budget: None,
-            until: None,
         }
     }
 
