@@ -8,6 +8,7 @@
 //! - [`CargoBench`]: the `--bench` flag cargo passes to `harness = false` benchmarks, for
 //!   their clap definitions to flatten.
 //! - [`machine`]: the CPUs a figure was measured on, for titles and JSON.
+//! - [`stats`]: percentiles and medians, one definition for every benchmark.
 //!
 //! It is its own crate because benchmarks of several crates use it (`vgpu-tests`,
 //! `vgpu-schedd`, `vgpu-scheduler`, `mdev-backend`) and none of them is below all the others
@@ -19,6 +20,7 @@
 pub mod criterion;
 pub mod figure;
 pub mod plot;
+pub mod stats;
 
 pub use figure::{FigureError, out_path, write_for, write_results};
 pub use plot::{Kind, Panel, PlotError, Series, write_svg};

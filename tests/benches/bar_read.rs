@@ -10,6 +10,7 @@
 
 use std::path::Path;
 use std::time::{Duration, Instant};
+use vgpu_bench_report::stats::percentile;
 
 use vfio_bindings::bindings::vfio::VFIO_PCI_BAR4_REGION_INDEX;
 use vgpu_tests::server::TestServer;
@@ -17,11 +18,6 @@ use vgpu_tests::vfio_user_raw::RawClient;
 
 /// device_status in the virtio common configuration.
 const STATUS: u64 = 0x14;
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
-    sorted[rank.min(sorted.len() - 1)]
-}
 
 /// BAR read round trip from a raw vfio-user client.
 #[derive(Debug, clap::Parser)]

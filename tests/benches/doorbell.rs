@@ -26,6 +26,7 @@
 //! (`--server-only`: the second section alone, no QEMU or guest)
 
 use std::time::{Duration, Instant};
+use vgpu_bench_report::stats::percentile;
 
 use vfio_bindings::bindings::vfio::VFIO_PCI_MSIX_IRQ_INDEX;
 use vgpu_cli::progress::Progress;
@@ -44,11 +45,6 @@ const POLL_TIMEOUT: Duration = Duration::from_secs(5);
 struct Sizes {
     notifies: u32,
     round_trips: u32,
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
-    sorted[rank.min(sorted.len() - 1)]
 }
 
 /// Notify writes per second: posted writes with nothing queued, then a BAR read that returns

@@ -36,6 +36,7 @@
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use vgpu_bench_report::stats::{median, percentile};
 
 use vfio_bindings::bindings::vfio::VFIO_PCI_MSIX_IRQ_INDEX;
 use vgpu_cli::progress::Progress;
@@ -161,14 +162,6 @@ struct Run {
     groups_per_s: f64,
     p50_us: f64,
     p99_us: f64,
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let rank = ((p / 100.0) * (sorted.len().saturating_sub(1)) as f64).round() as usize;
-    sorted
-        .get(rank.min(sorted.len().saturating_sub(1)))
-        .copied()
-        .unwrap_or(f64::NAN)
 }
 
 /// Sends one request and waits for it; returns its latency in µs.
@@ -465,16 +458,6 @@ fn guest_table(results: &[Slot], rounds: usize) -> Vec<serde_json::Value> {
         }));
     }
     rows
-}
-
-/// The median (the mean of the middle two for an even count); NaN for none.
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match (v.get(n.wrapping_sub(1) / 2), v.get(n / 2)) {
-        (Some(a), Some(b)) => (a + b) / 2.0,
-        _ => f64::NAN,
-    }
 }
 
 /// The raw client's table for `workload` (medians of `runs`): printed, and its JSON rows.

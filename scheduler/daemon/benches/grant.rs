@@ -20,6 +20,7 @@
 mod common;
 
 use std::time::Instant;
+use vgpu_bench_report::stats::median;
 
 use clap::builder::TypedValueParser as _;
 use serde_json::json;
@@ -100,11 +101,6 @@ fn run(policy: &str, lease: bool, busy_poll_us: u64, groups: u64) -> Run {
         per_group: total.as_secs_f64() * 1e6 / groups as f64,
         cpu_per_group: cpu.as_secs_f64() * 1e6 / groups as f64,
     }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 fn main() {
