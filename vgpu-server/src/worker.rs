@@ -669,23 +669,24 @@ impl MutEventSubscriber for Worker {
         )) {
             error!("watching the load timer: {e}");
         }
-        if let Some(s) = &self.sched
-            && let Err(e) = ops.add(Events::with_data(
-                &s.retry_timer,
-                SCHED_RETRY_TOKEN,
-                EventSet::IN,
-            ))
-        {
-            error!("watching the scheduler reconnect timer: {e}");
-        }
-        if let Some(s) = &self.sched
-            && let Err(e) = ops.add(Events::with_data(
-                &s.report_kick,
-                SCHED_REPORT_TOKEN,
-                EventSet::IN,
-            ))
-        {
-            error!("watching the scheduler report eventfd: {e}");
+        if let Some(s) = &self.sched {
+            let fds = [
+                (
+                    s.retry_timer.as_raw_fd(),
+                    SCHED_RETRY_TOKEN,
+                    "reconnect timer",
+                ),
+                (
+                    s.report_kick.as_raw_fd(),
+                    SCHED_REPORT_TOKEN,
+                    "report eventfd",
+                ),
+            ];
+            for (fd, token, what) in fds {
+                if let Err(e) = ops.add(Events::with_data_raw(fd, token, EventSet::IN)) {
+                    error!("watching the scheduler {what}: {e}");
+                }
+            }
         }
         if let Some(fd) = self.virgl.as_deref().and_then(GpuBackend::poll_fd)
             && let Err(e) = ops.add(Events::with_data_raw(fd, VIRGL_TOKEN, EventSet::IN))

@@ -820,6 +820,22 @@ mod tests {
         }
     }
 
+    /// HT without its lease: every group asks.
+    fn asking() -> TimeGraphConfig {
+        TimeGraphConfig {
+            ht_lease: false,
+            ..TimeGraphConfig::default()
+        }
+    }
+
+    /// A vGPU that names PRT for itself.
+    fn prt_vm(name: &str, priority: u32) -> VgpuParams {
+        VgpuParams {
+            sched: Some(PrioPolicy::Prt),
+            ..vm(name, priority)
+        }
+    }
+
     fn vm(name: &str, priority: u32) -> VgpuParams {
         VgpuParams {
             priority,
@@ -890,20 +906,10 @@ mod tests {
     #[test]
     fn ht_lets_the_owner_go_back_to_back_until_a_higher_priority_waits() {
         // Every group asks here; the lease that spares the asking is tested below.
-        let asking = TimeGraphConfig {
-            ht_lease: false,
-            ..TimeGraphConfig::default()
-        };
-        let mut s = sched(asking, 4);
+        let mut s = sched(asking(), 4);
         let a = add(&mut s, vm("a", 1));
         let b = add(&mut s, vm("b", 5));
-        let c = add(
-            &mut s,
-            VgpuParams {
-                sched: Some(PrioPolicy::Prt),
-                ..vm("c", 1)
-            },
-        );
+        let c = add(&mut s, prt_vm("c", 1));
         assert_eq!(submit(&mut s, 0, a, 1), d(a, 1));
         assert_eq!(submit(&mut s, 1, a, 2), d(a, 2));
         // c waits; its equal priority does not stop the owner a.
@@ -938,13 +944,7 @@ mod tests {
         let a = add(&mut s, vm("a", 1));
         let b = add(&mut s, vm("b", 5));
         let low = add(&mut s, vm("low", 0));
-        let c = add(
-            &mut s,
-            VgpuParams {
-                sched: Some(PrioPolicy::Prt),
-                ..vm("c", 1)
-            },
-        );
+        let c = add(&mut s, prt_vm("c", 1));
         // a owns the GPU and nobody waits: its first group is granted with a lease, and the
         // next ones go without asking.
         assert_eq!(submit(&mut s, 0, a, 1), vec![d(a, 1)[0].clone(), lease(a)]);
@@ -1020,11 +1020,7 @@ mod tests {
 
     #[test]
     fn without_ht_lease_every_group_asks() {
-        let config = TimeGraphConfig {
-            ht_lease: false,
-            ..TimeGraphConfig::default()
-        };
-        let mut s = sched(config, 4);
+        let mut s = sched(asking(), 4);
         let a = add(&mut s, vm("a", 1));
         assert_eq!(submit(&mut s, 0, a, 1), d(a, 1));
         assert_eq!(submit(&mut s, 1, a, 2), d(a, 2));
