@@ -84,8 +84,9 @@ struct Cli {
     #[arg(long, value_name = "NAME|GID", requires = "device_uid_base",
           value_parser = device_group)]
     device_gid: Option<u32>,
-    /// The longest the daemon's loop spins for the next device message before it sleeps (0:
-    /// never; the window adapts, an idle daemon does not spin) [default: 200].
+    /// The longest the daemon's loop spins for the next device message before it sleeps, while
+    /// a device may be waiting for its answer (0: never; the window adapts, an idle daemon and
+    /// one whose devices all stream under leases do not spin) [default: 200].
     #[arg(long, value_name = "N", value_parser = busy_poll::parse_us)]
     busy_poll_us: Option<Duration>,
     /// error, warn, info, debug or trace (RUST_LOG refines it).
