@@ -570,6 +570,25 @@ pub struct Transfer3d {
     pub layer_stride: u32,
 }
 
+impl Transfer3d {
+    /// All of a `w` x `h` 2D resource, its backing rows `w * bytes_per_pixel` bytes apart.
+    pub fn whole_2d(resource_id: u32, w: u32, h: u32, bytes_per_pixel: u32) -> Transfer3d {
+        Transfer3d {
+            resource_id,
+            bbox: Box3d {
+                x: 0,
+                y: 0,
+                z: 0,
+                w,
+                h,
+                d: 1,
+            },
+            stride: w.saturating_mul(bytes_per_pixel),
+            ..Transfer3d::default()
+        }
+    }
+}
+
 fn transfer_3d(ctrl_type: u32, ctx_id: u32, t: &Transfer3d) -> Vec<u8> {
     let b = t.bbox;
     let mut bytes = request_in(ctx_id, ctrl_type, &[b.x, b.y, b.z, b.w, b.h, b.d]);

@@ -176,9 +176,10 @@ struct CoreState {
     next_seq: u64,
     lease_ends: BTreeSet<(Time, VgpuId)>,
     last_on_gpu: Option<(VgpuId, u32)>,
-    /// vGPUs holding a lease.
+    /// vGPUs holding a lease, and vGPUs suspended (never both at once): counted where they
+    /// change, so that [`Scheduler::may_ask`], asked on every round of the daemon's loop, is
+    /// O(1) instead of a walk over the table.
     leased: usize,
-    /// vGPUs suspended (never leased at the same time).
     suspended: usize,
 }
 

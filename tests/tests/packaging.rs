@@ -620,19 +620,7 @@ fn virgl_session(socket: &Path) {
         &mut guest,
         &virtio_gpu::resource_attach_backing(10, &[(backing, len as u32)]),
     );
-    let whole = Transfer3d {
-        resource_id: 10,
-        bbox: virtio_gpu::Box3d {
-            x: 0,
-            y: 0,
-            z: 0,
-            w: 64,
-            h: 64,
-            d: 1,
-        },
-        stride: 64 * 4,
-        ..Default::default()
-    };
+    let whole = Transfer3d::whole_2d(10, 64, 64, 4);
     let upload = virtio_gpu::with_fence(virtio_gpu::transfer_to_host_3d(1, &whole), 1);
     ok(&mut guest, &upload);
     let download = virtio_gpu::with_fence(virtio_gpu::transfer_from_host_3d(1, &whole), 2);

@@ -86,19 +86,7 @@ fn virgl_contexts_textures_fences_and_errors() {
     guest.vm.qtest().memwrite(backing, &pattern).unwrap();
     let attach = virtio_gpu::resource_attach_backing(10, &[(backing, len as u32)]);
     assert_eq!(response_type(&mut guest, &attach), RESP_OK_NODATA);
-    let whole = Transfer3d {
-        resource_id: 10,
-        bbox: virtio_gpu::Box3d {
-            x: 0,
-            y: 0,
-            z: 0,
-            w: 64,
-            h: 64,
-            d: 1,
-        },
-        stride: 64 * 4,
-        ..Default::default()
-    };
+    let whole = Transfer3d::whole_2d(10, 64, 64, 4);
     let upload = virtio_gpu::with_fence(virtio_gpu::transfer_to_host_3d(1, &whole), 1);
     assert_eq!(response_type(&mut guest, &upload), RESP_OK_NODATA);
     guest.vm.qtest().memset(backing, len as usize, 0).unwrap();

@@ -693,10 +693,6 @@ impl Device {
         };
         if let Err(e) = self.renderer_fence(virgl, ctx_id, what) {
             guest_fault!("fence {}: {e}; completing at once", entry.fence_id);
-            if let Some(r) = ran {
-                self.sched
-                    .completed(r.group, r.session, r.start, monotonic_ns());
-            }
             return false;
         }
         match self.fences.park(entry) {
@@ -711,7 +707,8 @@ impl Device {
 
     /// Creates the next renderer fence in context `ctx_id`, signalling `what`. The renderer's
     /// fence ids are 32-bit and ours count up, so their order holds within any 2^32 fences in
-    /// flight.
+    /// flight. When the renderer refuses it, nothing will signal it: a scheduled group that
+    /// was to ride on it is reported complete now (the caller completes the guest's fence).
     fn renderer_fence(
         &mut self,
         virgl: &dyn GpuBackend,
@@ -719,7 +716,13 @@ impl Device {
         what: Issued,
     ) -> mdev_backend::BackendResult<()> {
         let id = self.last_fence.wrapping_add(1).max(1);
-        virgl.create_fence(id, ctx_id)?;
+        if let Err(e) = virgl.create_fence(id, ctx_id) {
+            if let Some(r) = what.group {
+                self.sched
+                    .completed(r.group, r.session, r.start, monotonic_ns());
+            }
+            return Err(e);
+        }
         self.last_fence = id;
         self.issued.push_back((id, what));
         Ok(())
@@ -734,8 +737,6 @@ impl Device {
         };
         if let Err(e) = self.renderer_fence(virgl, ctx_id, what) {
             guest_fault!("group {}: fence: {e}; reported complete now", ran.group.0);
-            self.sched
-                .completed(ran.group, ran.session, ran.start, monotonic_ns());
         }
     }
 

@@ -606,9 +606,8 @@ impl Scheduling {
         self.lease = None;
         self.asked = None;
         self.granted = None;
-        self.outbox.clear();
-        self.urgent = false;
-        self.held_since = None;
+        // Nobody to send them to: whatever was queued is dropped.
+        let _ = self.take_outbox();
         self.frames.clear();
         self.presents.clear();
         let back: Vec<_> = std::mem::take(&mut self.remote)
@@ -644,15 +643,13 @@ impl Scheduling {
     /// Every message queued, oldest first (held reports too); [`SchedError::Backlog`] past
     /// [`MAX_OUTBOX`].
     pub fn take_outbox(&mut self) -> Result<Vec<Msg>, SchedError> {
-        if self.outbox.len() > MAX_OUTBOX {
-            self.outbox.clear();
-            self.urgent = false;
-            self.held_since = None;
-            return Err(SchedError::Backlog);
-        }
         self.urgent = false;
         self.held_since = None;
-        Ok(std::mem::take(&mut self.outbox))
+        let out = std::mem::take(&mut self.outbox);
+        if out.len() > MAX_OUTBOX {
+            return Err(SchedError::Backlog);
+        }
+        Ok(out)
     }
 
     /// The messages to send at `now`: the whole outbox when something in it is urgent, when

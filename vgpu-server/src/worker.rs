@@ -53,8 +53,8 @@ const DUMP_TIMER_TOKEN: u32 = 0x102;
 const DUMP_REQUEST_TOKEN: u32 = 0x103;
 /// Event data of the load engine's timer.
 const LOAD_TIMER_TOKEN: u32 = 0x105;
-/// Shortest timer interval: a zero one would disarm a timerfd instead of firing it.
-const MIN_TIMER: Duration = Duration::from_micros(1);
+/// Shortest load timer: a zero interval would disarm a timerfd instead of firing it.
+const MIN_LOAD_TIMER: Duration = Duration::from_micros(1);
 /// Event data of the scheduler daemon socket.
 const SCHED_TOKEN: u32 = 0x106;
 /// Event data of the scheduler daemon reconnect timer.
@@ -182,12 +182,12 @@ impl WorkerHandle {
                 // A kick, fence or grant that follows soon after the last is caught without a
                 // wake-up (see vgpu_schedd::busy_poll).
                 let mut busy = BusyPoll::new(busy_poll);
+                let idle = |m: &mut EventManager<Worker>| {
+                    if let Ok(w) = m.subscriber_mut(id) {
+                        w.before_block();
+                    }
+                };
                 while !stop_loop.load(Ordering::Acquire) {
-                    let idle = |m: &mut EventManager<Worker>| {
-                        if let Ok(w) = m.subscriber_mut(id) {
-                            w.before_block();
-                        }
-                    };
                     if let Err(e) = busy_poll::run_round(&mut busy, &mut manager, true, idle) {
                         error!("worker event loop: {e}");
                         break;
@@ -582,7 +582,7 @@ impl Worker {
         let next = locked.load_deadline();
         drop(locked);
         if let Some(wait) = next
-            && let Err(e) = self.load_timer.reset(wait.max(MIN_TIMER), None)
+            && let Err(e) = self.load_timer.reset(wait.max(MIN_LOAD_TIMER), None)
         {
             error!("arming the load timer: {e}");
         }

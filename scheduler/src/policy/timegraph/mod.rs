@@ -1003,12 +1003,8 @@ mod tests {
         );
         // Parameters that make a PRT take the lease away.
         let mut out = Vec::new();
-        let prt = VgpuParams {
-            sched: Some(PrioPolicy::Prt),
-            ..vm("a", 3)
-        };
-        s.handle(5, Event::Config(ConfigChange::Params(a, prt)), &mut out)
-            .unwrap();
+        let prt = Event::Config(ConfigChange::Params(a, prt_vm("a", 3)));
+        s.handle(5, prt, &mut out).unwrap();
         assert_eq!(out, vec![Decision::Revoke { vgpu: a }]);
         assert_eq!(complete(&mut s, 6, a, 2, 4), Vec::<Decision>::new());
         // A reserved vGPU runs PRT: granted group by group, never leased.
