@@ -4,9 +4,21 @@
 # beyond the renderer's.
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 step_no=0
+# Free space (GiB, rounded down) on the file system holding the repository: its build
+# directories are the largest thing these commands write.
+free_gib() { df -Pk . | awk 'NR == 2 { print int($4 / 1048576) }'; }
 step() {
     step_no=$((step_no + 1))
-    printf '\n== [%s/%s] %s\n' "$step_no" "$STEPS" "$1"
+    printf '\n== [%s/%s] %s (%s GiB free)\n' "$step_no" "$STEPS" "$1" "$(free_gib)"
+}
+# need_disk GIB WHAT: stops at once when less than GIB GiB are free, instead of minutes later
+# with "No space left on device" in the middle of a build.
+need_disk() {
+    local free
+    free=$(free_gib)
+    ((free >= $1)) && return 0
+    echo "$(basename "$0"): only $free GiB free on the file system of $PWD; $2 needs about $1 GiB" >&2
+    exit 1
 }
 command -v cargo >/dev/null || {
     echo "$(basename "$0"): cargo not found; install the Rust toolchain (rustup)" >&2

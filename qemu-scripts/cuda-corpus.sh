@@ -6,8 +6,8 @@
 # the driver-API benchmark tests/cuda/bench/driver_bench.c with plain gcc) into
 # ${VGPU_CUDA_CORPUS:-$CACHE/cuda-corpus}. nvcc comes from NVIDIA's PyPI wheels, unpacked into
 # $CACHE/cuda; GCC's offloading from Debian's gcc-offload-nvptx. Nothing needs a GPU; nothing
-# NVIDIA ships enters the repository. Idempotent: a program is rebuilt only when its source
-# changed. docs/PTX.md says what the tests do with the corpus.
+# NVIDIA ships enters the repository. Idempotent: a program is rebuilt only when what it is built
+# from changed (by content). docs/PTX.md says what the tests do with the corpus.
 #   qemu-scripts/cuda-corpus.sh [--nvcc PATH]
 # --nvcc PATH: the nvcc programs only, built by that compiler (a GPU host whose driver is older
 # than the wheel's toolkit JIT-compiles only the PTX of a toolkit it knows).
@@ -69,16 +69,26 @@ omp=(tests/cuda/omp/*.c)
 total=$((${#cu[@]} + 3 + 1))
 [[ -n $own_nvcc ]] || total=$((total + 3 + ${#omp[@]}))
 built=0
-# build OUT SRC COMMAND...: runs COMMAND when OUT is missing or older than SRC or this script.
+# What a program is built with besides its source and this script: the compilers.
+toolchain="${own_nvcc:-nvcc $stamp} / $(gcc -dumpfullversion)"
+keys=$corpus/.keys
+mkdir -p "$keys"
+# build OUT SRC COMMAND...: runs COMMAND when OUT is missing or was built from other inputs. The
+# key hashes contents (SRC, tests/cuda/common.h, this script, the toolchain), not times: in a fresh
+# clone every source is newer than the cache, and a rebuilt program differs in its bytes, which
+# would change the guest image's fingerprint (it hashes the corpus) and rebuild the image too.
 build() {
-    local out=$1 src=$2 t=$SECONDS
+    local out=$1 src=$2 t=$SECONDS key
     shift 2
     built=$((built + 1))
-    if [[ -e $corpus/$out && $corpus/$out -nt $src && $corpus/$out -nt $0 && $corpus/$out -nt tests/cuda/common.h ]]; then
+    key=$({ printf '%s\n' "$toolchain"; cat "$src" tests/cuda/common.h "$0"; } | sha256sum | cut -d' ' -f1)
+    if [[ -e $corpus/$out && $(cat "$keys/$out" 2>/dev/null) == "$key" ]]; then
         return 0
     fi
     echo "  [$built/$total] $out"
+    rm -f "$keys/$out"
     "$@"
+    echo "$key" >"$keys/$out"
     echo "      done in $(elapsed "$t")"
 }
 echo "building the CUDA corpus in $corpus ($total programs; up-to-date ones are skipped)"
