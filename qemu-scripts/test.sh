@@ -13,7 +13,7 @@ STEPS=6
 # against what the daemon and the device process call).
 EXTRA_DEBS=(chromium prometheus libvirt-clients libvirt0 libxml2-utils systemd man-db strace)
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-# Measured 2026-11-27: target/ 2.3 GiB after the build, fuzz/target 0.6 GiB, the cache 1.5 GiB
+# Measured 2026-11-27: target/ 2.5 GiB after the tests, fuzz/target 0.9 GiB, the cache 1.5 GiB
 # (QEMU prefix, nvcc wheels, guest image) plus about 1 GiB while the image is built.
 need_disk 6 "the test run (build directories, cache, guest image)"
 # One build, then tests: incremental compilation would only add its 2 GiB of state.

@@ -149,15 +149,23 @@ impl Schedd {
             assert!(o.status.success(), "{o:?}");
         }
         // The killed device processes are reparented and reaped by whoever adopts them; once
-        // gone or a zombie they have closed their sockets (their executable's link goes
-        // earlier, while they still exit).
-        let exiting = |pid: &String| {
-            std::fs::read_to_string(Path::new("/proc").join(pid).join("stat")).is_ok_and(|s| {
+        // every thread of one is gone or a zombie it has closed its sockets. The leader alone
+        // is not enough: it turns zombie while its other threads are still exiting with the
+        // descriptor table (CI saw the restarted daemon find the socket still served).
+        let running = |stat: &Path| {
+            std::fs::read_to_string(stat).is_ok_and(|s| {
                 !matches!(
                     s.rsplit_once(") ")
                         .and_then(|(_, rest)| rest.chars().next()),
                     Some('Z' | 'X')
                 )
+            })
+        };
+        let exiting = |pid: &String| {
+            std::fs::read_dir(Path::new("/proc").join(pid).join("task")).is_ok_and(|tasks| {
+                tasks
+                    .filter_map(Result::ok)
+                    .any(|t| running(&t.path().join("stat")))
             })
         };
         let start = Instant::now();
