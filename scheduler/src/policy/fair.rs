@@ -570,12 +570,24 @@ impl Policy for Fair {
         self.ready.first().map(|(_, v)| v)
     }
 
+    /// An idle grace running out needs the timer only while a vGPU is suspended for being
+    /// ahead: the expiry may raise `t_sys` and release it. Otherwise nothing waits on it, and
+    /// it is applied at the next event (each one expires the graces that ran out before it
+    /// acts), or at the daemon's next statistics snapshot. A streaming vGPU goes idle between
+    /// every two groups, so timing its grace meant re-arming the daemon's timer around every
+    /// group (a grace at each completion, none at the next submission): on a virtualised host
+    /// about 12 µs per group (`sched_overhead`, OCCUPY groups, docs/PERFORMANCE.md).
     fn next_deadline(&self) -> Option<Time> {
         let phase = match &self.phase {
             Phase::Free { next_sample } => *next_sample,
             Phase::Drain { until, .. } | Phase::Window { until, .. } => Some(*until),
         };
-        earliest([self.grace.first().map(|&(t, _)| t), phase])
+        let grace = if self.over.is_empty() {
+            None
+        } else {
+            self.grace.first().map(|&(t, _)| t)
+        };
+        earliest([grace, phase])
     }
 
     /// The GPU time the vGPU may still use before it runs more than `threshold_ns` ahead of
@@ -828,20 +840,32 @@ mod tests {
         let (mut s, v, _) = sched(config(MS, 2 * MS), &[256, 256]);
         submit(&mut s, 0, v[0], 1);
         submit(&mut s, 0, v[1], 2);
-        // vm0 finishes a short group and goes idle at 0.1 ms: its grace ends at 2.1 ms.
+        // vm0 finishes a short group and goes idle at 0.1 ms: its grace ends at 2.1 ms, but
+        // nobody waits for that, so it needs no timer.
         complete(&mut s, v[0], 1, 0, MS / 10);
-        assert_eq!(s.next_deadline(), Some(21 * MS / 10));
-        // Within the grace vm0 still holds t_sys at 0.1 ms: vm1 at 1.4 ms is suspended.
+        assert_eq!(s.next_deadline(), None);
+        // Within the grace vm0 still holds t_sys at 0.1 ms: vm1 at 1.4 ms is suspended, and
+        // now the grace's end matters.
         let out = complete(&mut s, v[1], 2, MS / 10, 15 * MS / 10);
         assert_eq!(out.last(), Some(&Decision::Suspend { vgpu: v[1] }));
+        assert_eq!(s.next_deadline(), Some(21 * MS / 10));
         // When the grace ends, t_sys moves to vm1 and vm1 resumes.
         let out = timer(&mut s, 21 * MS / 10);
         assert_eq!(out, vec![Decision::Resume { vgpu: v[1] }, lease(v[1])]);
-        // vm1 itself is idle since 1.5 ms: its grace ends at 3.5 ms.
-        assert_eq!(s.next_deadline(), Some(35 * MS / 10));
-        // vm0 comes back after its grace and is brought up to t_sys (vm1 at 1.4 ms).
+        // vm1 itself is idle since 1.5 ms (grace until 3.5 ms); nobody is suspended.
+        assert_eq!(s.next_deadline(), None);
+        // vm0 comes back before vm1's grace ends and is brought up to t_sys (vm1 at 1.4 ms).
         submit(&mut s, 3 * MS, v[0], 3);
         assert_eq!(figure(&s, v[0], "vtime_ms"), 1.4);
+        // vm0 runs 2 ms and idles (grace until 7 ms); vm1's grace ran out at 3.5 ms without a
+        // timer: the next event applies it, so vm1 no longer holds t_sys and vm0 (3.4 ms) is
+        // not suspended.
+        let out = complete(&mut s, v[0], 3, 3 * MS, 5 * MS);
+        assert!(!out.contains(&Decision::Suspend { vgpu: v[0] }), "{out:?}");
+        assert_eq!(figure(&s, v[0], "lag_ms"), 0.0);
+        // vm1 comes back: brought up to t_sys, not left 2 ms behind with credit it saved.
+        submit(&mut s, 6 * MS, v[1], 4);
+        assert_eq!(figure(&s, v[1], "vtime_ms"), 3.4);
     }
 
     #[test]
