@@ -780,7 +780,7 @@ mod tests {
     use super::*;
     use crate::model::{CostSignature, Enforcement, GroupKind, Reserve};
     use crate::policy::fcfs::Fcfs;
-    use crate::testkit::{complete, submit};
+    use crate::testkit::{complete, dispatch, submit};
 
     fn sched(capacity: usize, n: usize) -> (Scheduler, Vec<VgpuId>) {
         let mut s = Scheduler::new(Box::new(Fcfs::default()), capacity);
@@ -795,22 +795,20 @@ mod tests {
         (s, ids)
     }
 
-    fn dispatch(v: VgpuId, id: u64) -> Decision {
-        Decision::Dispatch {
-            vgpu: v,
-            group: GroupId(id),
-            leased: false,
-        }
-    }
-
     #[test]
     fn fcfs_dispatches_in_arrival_order_within_capacity() {
         let (mut s, v) = sched(1, 2);
-        assert_eq!(submit(&mut s, 1, v[1], 10), vec![dispatch(v[1], 10)]);
+        assert_eq!(submit(&mut s, 1, v[1], 10), vec![dispatch(v[1], 10, false)]);
         assert!(submit(&mut s, 2, v[0], 20).is_empty());
         assert!(submit(&mut s, 3, v[1], 11).is_empty());
-        assert_eq!(complete(&mut s, 5, v[1], 10, 1), vec![dispatch(v[0], 20)]);
-        assert_eq!(complete(&mut s, 9, v[0], 20, 5), vec![dispatch(v[1], 11)]);
+        assert_eq!(
+            complete(&mut s, 5, v[1], 10, 1),
+            vec![dispatch(v[0], 20, false)]
+        );
+        assert_eq!(
+            complete(&mut s, 9, v[0], 20, 5),
+            vec![dispatch(v[1], 11, false)]
+        );
         let a = s.vgpu(v[1]).unwrap().account().clone();
         assert_eq!(
             (a.submitted, a.dispatched, a.completed, a.gpu_time),
@@ -920,7 +918,7 @@ mod tests {
         let mut out = Vec::new();
         let acct = s.remove_vgpu(4, v[0], &mut out).unwrap();
         assert_eq!(acct.submitted, 2);
-        assert_eq!(out, vec![dispatch(v[1], 3)]);
+        assert_eq!(out, vec![dispatch(v[1], 3, false)]);
         let again = s.add_vgpu(5, VgpuParams::named("new"), &mut out).unwrap();
         assert_eq!(again, v[0]);
         assert_eq!(s.vgpu(again).unwrap().account().submitted, 0);
@@ -934,7 +932,10 @@ mod tests {
         let mut out = Vec::new();
         s.set_policy(3, Box::new(Fcfs::default()), &mut out);
         assert!(out.is_empty());
-        assert_eq!(complete(&mut s, 4, v[0], 1, 1), vec![dispatch(v[1], 2)]);
+        assert_eq!(
+            complete(&mut s, 4, v[0], 1, 1),
+            vec![dispatch(v[1], 2, false)]
+        );
         assert_eq!(s.vgpu(v[0]).unwrap().account().completed, 1);
     }
 
@@ -1017,7 +1018,7 @@ mod tests {
             vec![Decision::Revoke { vgpu: a }]
         );
         assert_eq!(s.budget(a, 11), None);
-        assert_eq!(submit(&mut s, 12, a, 3), vec![dispatch(a, 3)]);
+        assert_eq!(submit(&mut s, 12, a, 3), vec![dispatch(a, 3, false)]);
         // A lease that expires by time.
         out.clear();
         s.handle(13, Event::Config(ConfigChange::Focus(a)), &mut out)
@@ -1060,7 +1061,10 @@ mod tests {
         assert!(submit(&mut s, 1, a, 1).is_empty());
         out.clear();
         focus(&mut s, &mut out);
-        assert_eq!(out, vec![Decision::Resume { vgpu: a }, dispatch(a, 1)]);
+        assert_eq!(
+            out,
+            vec![Decision::Resume { vgpu: a }, dispatch(a, 1, false)]
+        );
     }
 
     #[test]

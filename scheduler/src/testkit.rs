@@ -13,6 +13,15 @@ pub(crate) fn lease(v: VgpuId) -> Decision {
     }
 }
 
+/// The decision that sends group `id` of `v` to the GPU (`leased`: under `v`'s lease).
+pub(crate) fn dispatch(v: VgpuId, id: u64, leased: bool) -> Decision {
+    Decision::Dispatch {
+        vgpu: v,
+        group: GroupId(id),
+        leased,
+    }
+}
+
 /// Handles `ev` at `now` (it must be accepted); returns the decisions.
 pub(crate) fn event(s: &mut Scheduler, now: Time, ev: Event) -> Vec<Decision> {
     let mut out = Vec::new();

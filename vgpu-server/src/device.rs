@@ -585,11 +585,12 @@ impl Device {
             };
             // A scheduled group's completion rides on the guest's fence of the same context,
             // or gets a renderer fence of its own.
-            let rides = match (rider, &fence) {
-                (Some((_, ctx)), Some((_, FenceWait::Renderer(c)))) => *c == ctx,
-                _ => false,
-            };
-            if let (Some((ran, ctx_id)), false, Some(v)) = (rider, rides, virgl) {
+            let riding = rider
+                .filter(|&(_, ctx)| matches!(fence, Some((_, FenceWait::Renderer(c))) if c == ctx))
+                .map(|(ran, _)| ran);
+            if riding.is_none()
+                && let (Some((ran, ctx_id)), Some(v)) = (rider, virgl)
+            {
                 self.group_fence(v, ran, ctx_id);
             }
             if let Some((fence_id, wait)) = fence {
@@ -601,10 +602,7 @@ impl Device {
                     wait: Wait::Renderer,
                 };
                 let parked = match (wait, virgl) {
-                    (FenceWait::Renderer(ctx_id), Some(v)) => {
-                        let ran = rider.filter(|_| rides).map(|(ran, _)| ran);
-                        self.park(v, entry, ctx_id, ran)
-                    }
+                    (FenceWait::Renderer(ctx_id), Some(v)) => self.park(v, entry, ctx_id, riding),
                     // Without a renderer, fenced 2D work is done when it returns.
                     (FenceWait::Renderer(_), None) => false,
                     (FenceWait::Load(token), _) => self.park_load(entry, token),

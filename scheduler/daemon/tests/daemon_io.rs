@@ -873,8 +873,10 @@ fn idle_metrics_connections_never_lock_out_a_scraper() {
     drop(idle);
 
     // A client trickling its head is closed once its time to send it is up.
-    let mut slow = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    // Timed from before the connect: the daemon may accept it (and start its clock) before
+    // connect returns here.
     let start = Instant::now();
+    let mut slow = TcpStream::connect(("127.0.0.1", port)).unwrap();
     slow.write_all(b"GET /metr").unwrap();
     slow.set_read_timeout(Some(HTTP_HEAD_TIMEOUT + Duration::from_secs(2)))
         .unwrap();

@@ -636,7 +636,7 @@ mod tests {
     use crate::core::Scheduler;
     use crate::model::{CommandGroup, Decision, Event, GroupId, GroupKind, VgpuParams};
     use crate::policy::PolicyConfig;
-    use crate::testkit::{self, lease, submit};
+    use crate::testkit::{self, dispatch, lease, submit};
 
     const MS: Nanos = NS_PER_MS;
 
@@ -677,14 +677,6 @@ mod tests {
     fn figure(s: &Scheduler, v: VgpuId, name: &str) -> f64 {
         let f = s.figures(v);
         f.iter().find(|(n, _)| *n == name).map(|&(_, x)| x).unwrap()
-    }
-
-    fn dispatch(v: VgpuId, id: u64, leased: bool) -> Decision {
-        Decision::Dispatch {
-            vgpu: v,
-            group: GroupId(id),
-            leased,
-        }
     }
 
     #[test]

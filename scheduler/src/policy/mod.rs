@@ -59,7 +59,8 @@ pub trait Policy: std::fmt::Debug + Send {
     /// A vGPU joins, or the policy was just installed and the vGPU already existed (then its
     /// queue may be non-empty and its accounting is the core's history).
     fn attach(&mut self, cx: &mut Cx<'_>, vgpu: VgpuId);
-    /// A vGPU leaves. Its queue is already empty and nothing of it is online.
+    /// A vGPU leaves. Its queue is already empty, nothing of it is online and its lease is
+    /// revoked.
     fn detach(&mut self, cx: &mut Cx<'_>, vgpu: VgpuId);
     /// The vGPU's parameters changed (they are already in the core).
     fn params_changed(&mut self, cx: &mut Cx<'_>, vgpu: VgpuId) {

@@ -1263,7 +1263,7 @@ mod tests {
         CommandGroup, ConfigChange, CpuHint, Decision, Event, GroupId, GroupKind, VgpuParams,
     };
     use crate::policy::PolicyConfig;
-    use crate::testkit::{complete, submit};
+    use crate::testkit::{complete, dispatch, submit};
 
     const MS: Nanos = NS_PER_MS;
 
@@ -1489,14 +1489,6 @@ mod tests {
         s.handle(now, Event::Timer, &mut Vec::new()).unwrap();
     }
 
-    fn dispatch(v: VgpuId, id: u64) -> Decision {
-        Decision::Dispatch {
-            vgpu: v,
-            group: GroupId(id),
-            leased: false,
-        }
-    }
-
     #[test]
     fn credits_are_debited_by_gpu_time_and_refilled_each_period() {
         let (mut s, v) = sched(
@@ -1504,11 +1496,11 @@ mod tests {
             1,
             &[weighted(256), weighted(768)],
         );
-        assert_eq!(submit(&mut s, 0, v[0], 1), vec![dispatch(v[0], 1)]);
+        assert_eq!(submit(&mut s, 0, v[0], 1), vec![dispatch(v[0], 1, false)]);
         assert!(submit(&mut s, 1, v[1], 2).is_empty());
         assert_eq!(
             complete(&mut s, 8 * MS, v[0], 1, 0),
-            vec![dispatch(v[1], 2)]
+            vec![dispatch(v[1], 2, false)]
         );
         assert_eq!(figure(&s, v[0], "credit_ns"), -8e6);
         complete(&mut s, 20 * MS, v[1], 2, 8 * MS);
@@ -1524,7 +1516,10 @@ mod tests {
         assert_eq!(figure(&s, v[0], "context_established"), 0.0);
         // A group spanning three periods is debited at once; the refill would give v1 three
         // quarters of it, but v1 is idle and keeps only its share of one period (22.5 ms).
-        assert_eq!(submit(&mut s, 61 * MS, v[0], 3), vec![dispatch(v[0], 3)]);
+        assert_eq!(
+            submit(&mut s, 61 * MS, v[0], 3),
+            vec![dispatch(v[0], 3, false)]
+        );
         timer(&mut s, 90 * MS);
         timer(&mut s, 120 * MS);
         assert!(submit(&mut s, 125 * MS, v[1], 4).is_empty());
@@ -1577,14 +1572,14 @@ mod tests {
         };
         let (mut s, v) = sched(cfg, 1, &[weighted(256), weighted(768)]);
         let (v0, v2) = (v[0], v[1]);
-        assert_eq!(submit(&mut s, 0, v0, 1), vec![dispatch(v0, 1)]);
+        assert_eq!(submit(&mut s, 0, v0, 1), vec![dispatch(v0, 1, false)]);
         assert!(complete(&mut s, 10 * MS, v0, 1, 0).is_empty());
-        assert_eq!(submit(&mut s, 10 * MS, v2, 2), vec![dispatch(v2, 2)]);
+        assert_eq!(submit(&mut s, 10 * MS, v2, 2), vec![dispatch(v2, 2, false)]);
         assert!(submit(&mut s, 11 * MS, v0, 3).is_empty());
         submit(&mut s, 11 * MS, v2, 4);
         assert_eq!(
             complete(&mut s, 20 * MS, v2, 2, 10 * MS),
-            vec![dispatch(v2, 4)]
+            vec![dispatch(v2, 4, false)]
         );
         submit(&mut s, 20 * MS, v2, 5);
         // 20 ms debited, handed back 1:3.
@@ -1593,12 +1588,12 @@ mod tests {
         assert_eq!(figure(&s, v2, "credit_ns"), 5e6);
         assert_eq!(
             complete(&mut s, 40 * MS, v2, 4, 20 * MS),
-            vec![dispatch(v2, 5)]
+            vec![dispatch(v2, 5, false)]
         );
         submit(&mut s, 40 * MS, v2, 6);
         assert_eq!(
             complete(&mut s, 55 * MS, v2, 5, 40 * MS),
-            vec![dispatch(v2, 6)]
+            vec![dispatch(v2, 6, false)]
         );
         // v0 saw no event in this period, yet takes a quarter of the 35 ms and turns UNDER.
         timer(&mut s, 60 * MS);
@@ -1610,7 +1605,7 @@ mod tests {
         submit(&mut s, 100 * MS, v2, 7);
         assert_eq!(
             complete(&mut s, 110 * MS, v2, 6, 55 * MS),
-            vec![dispatch(v0, 3)]
+            vec![dispatch(v0, 3, false)]
         );
         assert_eq!(figure(&s, v2, "credit_ns"), -58.75e6);
     }
@@ -1700,14 +1695,14 @@ mod tests {
         };
         let (mut s, v) = sched(cfg, 1, &[slo, weighted(768)]);
         let (v0, v1) = (v[0], v[1]);
-        assert_eq!(submit(&mut s, 0, v0, 1), vec![dispatch(v0, 1)]);
+        assert_eq!(submit(&mut s, 0, v0, 1), vec![dispatch(v0, 1, false)]);
         assert!(complete(&mut s, 10 * MS, v0, 1, 0).is_empty());
-        assert_eq!(submit(&mut s, 10 * MS, v1, 2), vec![dispatch(v1, 2)]);
+        assert_eq!(submit(&mut s, 10 * MS, v1, 2), vec![dispatch(v1, 2, false)]);
         assert!(submit(&mut s, 11 * MS, v0, 3).is_empty());
         submit(&mut s, 11 * MS, v1, 4);
         assert_eq!(
             complete(&mut s, 20 * MS, v1, 2, 10 * MS),
-            vec![dispatch(v1, 4)]
+            vec![dispatch(v1, 4, false)]
         );
         submit(&mut s, 20 * MS, v1, 5);
         // 20 ms debited: v0 missed its SLO by 5 ms and gets them first, the rest goes 1:3.
@@ -1716,12 +1711,12 @@ mod tests {
         assert_eq!(figure(&s, v1, "credit_ns"), 1.25e6);
         assert_eq!(
             complete(&mut s, 40 * MS, v1, 4, 20 * MS),
-            vec![dispatch(v1, 5)]
+            vec![dispatch(v1, 5, false)]
         );
         submit(&mut s, 40 * MS, v1, 6);
         assert_eq!(
             complete(&mut s, 55 * MS, v1, 5, 40 * MS),
-            vec![dispatch(v1, 6)]
+            vec![dispatch(v1, 6, false)]
         );
         // v0 saw no event and had no GPU time: it misses its whole 15 ms, takes them out of the
         // 35 ms and a quarter of the other 20 ms, and turns UNDER with a compensation tick.
@@ -1737,7 +1732,7 @@ mod tests {
         submit(&mut s, 100 * MS, v1, 7);
         assert_eq!(
             complete(&mut s, 110 * MS, v1, 6, 55 * MS),
-            vec![dispatch(v0, 3)]
+            vec![dispatch(v0, 3, false)]
         );
         assert_eq!(figure(&s, v1, "credit_ns"), -73.75e6);
     }
@@ -1747,7 +1742,7 @@ mod tests {
         let run = |mode| {
             let (mut s, v) = sched(config(mode), 1, &vec![VgpuParams::default(); 3]);
             // v2 holds the GPU across the period boundary; v0 and v1 wait.
-            assert_eq!(submit(&mut s, 0, v[2], 1), vec![dispatch(v[2], 1)]);
+            assert_eq!(submit(&mut s, 0, v[2], 1), vec![dispatch(v[2], 1, false)]);
             submit(&mut s, 1, v[0], 2);
             submit(&mut s, 1, v[1], 3);
             hint(&mut s, 1, v[0], 100, false, 0);
@@ -1761,9 +1756,9 @@ mod tests {
             (s, v, first)
         };
         let (_, v, first) = run(PegasusMode::Accc);
-        assert_eq!(first, vec![dispatch(v[0], 2)]);
+        assert_eq!(first, vec![dispatch(v[0], 2, false)]);
         let (mut s, v, first) = run(PegasusMode::Augc);
-        assert_eq!(first, vec![dispatch(v[1], 3)]);
+        assert_eq!(first, vec![dispatch(v[1], 3, false)]);
         assert_eq!(figure(&s, v[0], "aug_credit_ns"), 0.0);
         // The boost is spent before the balance and lasts one period.
         complete(&mut s, 45 * MS, v[1], 3, 40 * MS);
@@ -1781,7 +1776,7 @@ mod tests {
             1,
             &vec![VgpuParams::default(); 3],
         );
-        assert_eq!(submit(&mut s, 0, v[2], 1), vec![dispatch(v[2], 1)]);
+        assert_eq!(submit(&mut s, 0, v[2], 1), vec![dispatch(v[2], 1, false)]);
         submit(&mut s, 1, v[0], 2);
         submit(&mut s, 1, v[1], 3);
         hint(&mut s, 1, v[0], 100, false, 0);
@@ -1789,7 +1784,7 @@ mod tests {
         // v0 is first by id and arrival, but only v1's vCPUs are on a CPU.
         assert_eq!(
             complete(&mut s, 5 * MS, v[2], 1, 0),
-            vec![dispatch(v[1], 3)]
+            vec![dispatch(v[1], 3, false)]
         );
         // None of the ready vGPUs is on a CPU: the GPU stays busy with the highest credit.
         hint(&mut s, 6 * MS, v[1], 100, false, 0);
@@ -1797,14 +1792,14 @@ mod tests {
         assert_eq!(figure(&s, v[2], "credit_ns"), -5e6);
         assert_eq!(
             complete(&mut s, 7 * MS, v[1], 3, 5 * MS),
-            vec![dispatch(v[0], 2)]
+            vec![dispatch(v[0], 2, false)]
         );
         // A vGPU holding the slice off-CPU yields as soon as a waiting one gets on a CPU.
         submit(&mut s, 8 * MS, v[0], 5);
         hint(&mut s, 8 * MS, v[2], 100, true, 0);
         assert_eq!(
             complete(&mut s, 9 * MS, v[0], 2, 7 * MS),
-            vec![dispatch(v[2], 4)]
+            vec![dispatch(v[2], 4, false)]
         );
     }
 
@@ -1818,17 +1813,23 @@ mod tests {
         };
         let params = [weighted(256), weighted(768), weighted(256)];
         let (mut s, v) = sched(cfg, 1, &params);
-        assert_eq!(submit(&mut s, 0, v[0], 1), vec![dispatch(v[0], 1)]);
+        assert_eq!(submit(&mut s, 0, v[0], 1), vec![dispatch(v[0], 1, false)]);
         assert!(complete(&mut s, 2 * MS, v[0], 1, 0).is_empty());
-        assert_eq!(submit(&mut s, 2 * MS, v[1], 2), vec![dispatch(v[1], 2)]);
+        assert_eq!(
+            submit(&mut s, 2 * MS, v[1], 2),
+            vec![dispatch(v[1], 2, false)]
+        );
         assert!(complete(&mut s, 16 * MS, v[1], 2, 2 * MS).is_empty());
-        assert_eq!(submit(&mut s, 16 * MS, v[2], 3), vec![dispatch(v[2], 3)]);
+        assert_eq!(
+            submit(&mut s, 16 * MS, v[2], 3),
+            vec![dispatch(v[2], 3, false)]
+        );
         for (w, id) in [(v[0], 4), (v[1], 5), (v[2], 6)] {
             assert!(submit(&mut s, 17 * MS, w, id).is_empty());
         }
         assert_eq!(
             complete(&mut s, 28 * MS, v[2], 3, 16 * MS),
-            vec![dispatch(v[2], 6)]
+            vec![dispatch(v[2], 6, false)]
         );
         submit(&mut s, 28 * MS, v[2], 7);
         // 28 ms handed back 1:3:1: v0 is ahead of v1.
@@ -1837,7 +1838,7 @@ mod tests {
         assert_eq!(figure(&s, v[1], "credit_ns"), 2.8e6);
         assert_eq!(
             complete(&mut s, 48 * MS, v[2], 6, 28 * MS),
-            vec![dispatch(v[2], 7)]
+            vec![dispatch(v[2], 7, false)]
         );
         // 20 ms handed back 1:3:1: v1 overtakes v0 without an event of its own.
         timer(&mut s, 60 * MS);
@@ -1847,7 +1848,7 @@ mod tests {
         assert_eq!(left, Some(14_800_000));
         assert_eq!(
             complete(&mut s, 70 * MS, v[2], 7, 48 * MS),
-            vec![dispatch(v[1], 5)]
+            vec![dispatch(v[1], 5, false)]
         );
     }
 
@@ -1877,7 +1878,7 @@ mod tests {
             // An idle GPU with only a waiter whose vCPUs halt still runs its work.
             assert_eq!(
                 submit(&mut s, 0, halted, 1_000),
-                vec![dispatch(halted, 1_000)]
+                vec![dispatch(halted, 1_000, false)]
             );
             assert!(complete(&mut s, MS, halted, 1_000, 0).is_empty());
             hint(&mut s, MS, busy, 100, true, 0);
@@ -2030,7 +2031,7 @@ mod tests {
         };
         let (mut s, v) = sched(cfg, 1, &[p, weighted(1)]);
         assert_eq!(s.next_deadline(), Some(MIN_PERIOD));
-        assert_eq!(submit(&mut s, 0, v[0], 1), vec![dispatch(v[0], 1)]);
+        assert_eq!(submit(&mut s, 0, v[0], 1), vec![dispatch(v[0], 1, false)]);
         complete(&mut s, u64::MAX / 2, v[0], 1, 0);
         s.handle(u64::MAX / 2, Event::Timer, &mut Vec::new())
             .unwrap();

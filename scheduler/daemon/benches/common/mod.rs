@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use vgpu_bench_report::stats::percentile;
 
 use vgpu_schedd::proto::{
     self, Exec, MAX_MESSAGE_BYTES, Msg, PROTOCOL_VERSION, RefuseCode, VmName,
@@ -63,14 +64,13 @@ pub fn write_results(name: &str, doc: &serde_json::Value) {
 /// The p50 and p99 in µs of the Submit -> Grant times (ns) of the groups that asked; a leased
 /// group counts 0 ns (no round trip) and is left out. NaN when no group asked.
 pub fn asked_percentiles(latencies: &[u64]) -> (f64, f64) {
-    let mut asked: Vec<u64> = latencies.iter().copied().filter(|&ns| ns > 0).collect();
-    asked.sort_unstable();
-    let at = |p: f64| {
-        let last = asked.len().checked_sub(1)?;
-        let i = ((last as f64 * p).round() as usize).min(last);
-        Some(asked[i] as f64 / 1_000.0)
-    };
-    (at(0.5).unwrap_or(f64::NAN), at(0.99).unwrap_or(f64::NAN))
+    let mut asked: Vec<f64> = latencies
+        .iter()
+        .filter(|&&ns| ns > 0)
+        .map(|&ns| ns as f64 / 1_000.0)
+        .collect();
+    asked.sort_by(f64::total_cmp);
+    (percentile(&asked, 50.0), percentile(&asked, 99.0))
 }
 
 /// A figure with one decimal, `-` when there is none.

@@ -331,7 +331,7 @@ impl TimeGraph {
         }
     }
 
-    /// Takes `v` out of the policy's tables (its lease is the caller's business).
+    /// Takes `v` out of the policy's tables, but not its lease.
     fn forget(&mut self, v: VgpuId) {
         self.ready.remove(v);
         if let Some(m) = self.members.get_mut(v.index()) {
@@ -607,10 +607,9 @@ impl Policy for TimeGraph {
         self.index(cx, v);
     }
 
-    fn detach(&mut self, cx: &mut Cx<'_>, v: VgpuId) {
+    fn detach(&mut self, _cx: &mut Cx<'_>, v: VgpuId) {
         self.forget(v);
         if self.lessee == Some(v) {
-            cx.revoke(v);
             self.lessee = None;
         }
     }
@@ -802,12 +801,10 @@ impl Policy for TimeGraph {
 mod tests {
     use super::*;
     use crate::core::Scheduler;
-    use crate::model::{
-        CommandGroup, ConfigChange, Decision, Event, GroupId, GroupKind, NS_PER_US,
-    };
+    use crate::model::{CommandGroup, ConfigChange, Decision, Event, GroupKind, NS_PER_US};
     use crate::policy::PolicyConfig;
     use crate::policy::fcfs::Fcfs;
-    use crate::testkit::{complete, event, lease, submit};
+    use crate::testkit::{complete, dispatch, event, lease, submit};
 
     fn sched(config: TimeGraphConfig, capacity: usize) -> Scheduler {
         Scheduler::new(PolicyConfig::TimeGraph(config).build(), capacity)
@@ -868,11 +865,7 @@ mod tests {
     }
 
     fn d(v: VgpuId, id: u64) -> Vec<Decision> {
-        vec![Decision::Dispatch {
-            vgpu: v,
-            group: GroupId(id),
-            leased: false,
-        }]
+        vec![dispatch(v, id, false)]
     }
 
     fn fig(s: &Scheduler, v: VgpuId, name: &str) -> Option<f64> {
@@ -930,14 +923,6 @@ mod tests {
         assert_eq!(complete(&mut s, 12, c, 10, 9), d(a, 4));
     }
 
-    fn leased(v: VgpuId, id: u64) -> Decision {
-        Decision::Dispatch {
-            vgpu: v,
-            group: GroupId(id),
-            leased: true,
-        }
-    }
-
     #[test]
     fn the_ht_owner_streams_under_a_lease_until_a_rival_at_its_priority_or_above_waits() {
         let mut s = sched(TimeGraphConfig::default(), 4);
@@ -948,11 +933,11 @@ mod tests {
         // a owns the GPU and nobody waits: its first group is granted with a lease, and the
         // next ones go without asking.
         assert_eq!(submit(&mut s, 0, a, 1), vec![d(a, 1)[0].clone(), lease(a)]);
-        assert_eq!(submit(&mut s, 1, a, 2), vec![leased(a, 2)]);
+        assert_eq!(submit(&mut s, 1, a, 2), vec![dispatch(a, 2, true)]);
         // A lower priority waiting does not end it (HT's condition (ii)), and does not get a
         // lease of its own when the GPU goes idle for a moment.
         assert!(submit(&mut s, 2, low, 30).is_empty());
-        assert_eq!(submit(&mut s, 3, a, 3), vec![leased(a, 3)]);
+        assert_eq!(submit(&mut s, 3, a, 3), vec![dispatch(a, 3, true)]);
         // A higher priority waiting ends it; a's groups in flight finish first.
         assert_eq!(submit(&mut s, 4, b, 20), vec![Decision::Revoke { vgpu: a }]);
         assert!(submit(&mut s, 5, a, 4).is_empty());
