@@ -909,13 +909,29 @@ impl<'s, 'a> Block<'s, 'a> {
                 addr,
             } => {
                 let size = ty.bytes() as usize;
+                let total = size * usize::from(*n);
+                // A lane that loads the global address the lane before it loaded gets the same
+                // bytes, as on the hardware, which serves an address once per instruction:
+                // the lanes of one load never see two values of a location that another block
+                // writes meanwhile. GCC's uniform-SIMT code relies on it (every lane loads a
+                // shared variable, one lane's atomic decides, every lane compares), and lanes
+                // that saw different values would split where the code assumes they cannot.
+                let mut last: Option<(u64, [u8; 32])> = None;
                 for lane in lanes {
                     let a = self.address(w, lane, *addr);
-                    check_align(a, size as u64 * u64::from(*n))?;
+                    check_align(a, total as u64)?;
                     let loc = self.locate(*space, a, *addr);
-                    let mut buf = [0u8; 32];
-                    let total = size * usize::from(*n);
-                    self.read(w, lane, loc, &mut buf[..total])?;
+                    let buf = match (loc, last) {
+                        (Loc::Global(g), Some((at, bytes))) if g == at => bytes,
+                        _ => {
+                            let mut buf = [0u8; 32];
+                            self.read(w, lane, loc, &mut buf[..total])?;
+                            if let Loc::Global(g) = loc {
+                                last = Some((g, buf));
+                            }
+                            buf
+                        }
+                    };
                     for (i, d) in ds.iter().take(usize::from(*n)).enumerate() {
                         let mut le = [0u8; 8];
                         le[..size].copy_from_slice(&buf[i * size..(i + 1) * size]);

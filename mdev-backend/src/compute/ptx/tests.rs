@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::compute::memory::DeviceHeap;
-use crate::compute::{DeviceMemory, GlobalMemory};
+use crate::compute::{DeviceMemory, Fault, GlobalMemory};
 
 const HEADER: &str = ".version 8.5\n.target sm_75\n.address_size 64\n";
 
@@ -88,6 +88,31 @@ impl<'m> Run<'m> {
         threads: usize,
         instruction_budget: u64,
     ) -> ComputeResult<LaunchStats> {
+        self.launch_on(
+            &self.mem,
+            kernel,
+            grid,
+            block,
+            dynamic_shared_bytes,
+            params,
+            threads,
+            instruction_budget,
+        )
+    }
+
+    /// As [`Run::launch_with`], over `memory` instead of the run's own (a wrapper of it).
+    #[allow(clippy::too_many_arguments)]
+    fn launch_on(
+        &self,
+        memory: &dyn GlobalMemory,
+        kernel: &str,
+        grid: [u32; 3],
+        block: [u32; 3],
+        dynamic_shared_bytes: u32,
+        params: &[u8],
+        threads: usize,
+        instruction_budget: u64,
+    ) -> ComputeResult<LaunchStats> {
         let l = Launch {
             grid,
             block,
@@ -99,7 +124,7 @@ impl<'m> Run<'m> {
             instruction_budget,
             threads,
         };
-        launch(self.m, kernel, &l, &self.mem)
+        launch(self.m, kernel, &l, memory)
     }
 }
 
@@ -599,6 +624,82 @@ fn a_huge_grid_of_empty_blocks_stops_at_the_budget_too() {
     // A small grid of the same kernel fits.
     r.launch_with("nothing", [1000, 1, 1], [1, 1, 1], 0, &[], 2, 100_000)
         .unwrap();
+}
+
+/// Device memory where another block adds 1 to the word at `watched` before every read of
+/// it, as a block running on another host thread may between any two reads.
+struct Contended<'a> {
+    mem: &'a DeviceMemory,
+    watched: u64,
+}
+
+impl GlobalMemory for Contended<'_> {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), Fault> {
+        if addr == self.watched {
+            self.mem.atomic_update(addr, 4, &mut |v| v + 1)?;
+        }
+        self.mem.read(addr, buf)
+    }
+    fn write(&self, addr: u64, data: &[u8]) -> Result<(), Fault> {
+        self.mem.write(addr, data)
+    }
+    fn atomic_update(
+        &self,
+        addr: u64,
+        width: u8,
+        update: &mut dyn FnMut(u64) -> u64,
+    ) -> Result<u64, Fault> {
+        self.mem.atomic_update(addr, width, update)
+    }
+}
+
+#[test]
+fn the_lanes_of_one_load_see_one_value_while_another_block_writes_it() {
+    // GCC's uniform-SIMT code (OpenMP offloading) has every lane load a shared variable, one
+    // lane's atomic compare-exchange decide, and every lane compare its own loaded value with
+    // the result: lanes that saw two values of one load split where the code assumes they
+    // cannot (omp_features hung at a barrier about once in 300 runs). Each thread stores the
+    // value its load of the contended word returned.
+    let m = module(
+        r#"
+.visible .entry k(.param .u64 word, .param .u64 out)
+{
+	.reg .b32 %r<3>;
+	.reg .b64 %rd<6>;
+	ld.param.u64 %rd1, [word];
+	ld.param.u64 %rd2, [out];
+	mov.u32 %r1, %tid.x;
+	ld.global.u32 %r2, [%rd1];
+	mul.wide.u32 %rd3, %r1, 4;
+	add.s64 %rd4, %rd2, %rd3;
+	st.global.u32 [%rd4], %r2;
+	ret;
+}
+"#,
+    );
+    let mut r = Run::new(&m);
+    let word = r.buffer(&[0; 4]);
+    let out = r.buffer(&[0; 64 * 4]);
+    let params = pack(&m, "k", &[word, out]);
+    let contended = Contended {
+        mem: &r.mem,
+        watched: word,
+    };
+    r.launch_on(
+        &contended,
+        "k",
+        [1, 1, 1],
+        [64, 1, 1],
+        0,
+        &params,
+        1,
+        1 << 30,
+    )
+    .unwrap();
+    let seen = to_u32s(&r.read(out, 64 * 4));
+    // One read per warp: the first warp's lanes all saw 1, the second warp's all 2.
+    assert_eq!(seen[..32], [1; 32], "{seen:?}");
+    assert_eq!(seen[32..], [2; 32], "{seen:?}");
 }
 
 /// Runs a one-thread kernel `body` with `%r1..` loaded from `inputs` (u64 words at param
