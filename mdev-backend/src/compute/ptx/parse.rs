@@ -188,9 +188,12 @@ pub(crate) fn parse(images: &[&str]) -> Result<Parsed, (usize, u32, String)> {
 }
 
 impl Parser {
+    /// The line of the next token that is not a newline (that of a newline still to be
+    /// skipped is the line before: an instruction would be blamed on the one above it).
     fn line(&self) -> u32 {
         self.toks
-            .get(self.pos)
+            .get(self.pos..)
+            .and_then(|rest| rest.iter().find(|t| t.tok != Tok::Newline))
             .or(self.toks.last())
             .map_or(0, |t| t.line)
     }

@@ -1028,6 +1028,31 @@ fn launch_arguments_are_validated_before_anything_runs() {
 }
 
 #[test]
+fn errors_name_the_line_of_their_instruction_after_comments_and_blank_lines() {
+    // Line 4 (after the three-line header) holds the entry; the faulting store is on line 11.
+    let m = module(
+        ".visible .entry k(.param .u64 p)\n{\n.reg .b64 %rd<2>;\nld.param.u64 %rd1, [p];\n\
+         // a comment line\n\n// #APP\nst.global.u32 [%rd1], 1;\nret;\n}\n",
+    );
+    let r = Run::new(&m);
+    let err = r
+        .launch("k", [1, 1, 1], [1, 1, 1], &pack(&m, "k", &[0x10]), 1)
+        .unwrap_err();
+    assert!(
+        matches!(&err, ComputeError::IllegalAddress(msg) if msg.ends_with("(PTX line 11)")),
+        "{err:?}"
+    );
+    let err = Module::parse(&format!(
+        "{HEADER}.visible .entry k()\n{{\n.reg .b32 %r1;\n// why\n\nfrobnicate.b32 %r1;\n}}\n"
+    ))
+    .unwrap_err();
+    assert!(
+        matches!(&err, ComputeError::InvalidPtx(msg) if msg.starts_with("line 9:")),
+        "{err:?}"
+    );
+}
+
+#[test]
 fn malformed_or_unsupported_ptx_is_refused_with_its_line_and_never_panics() {
     for (text, what) in [
         (
