@@ -16,6 +16,8 @@ struct Run<'m> {
     mem: DeviceMemory,
     symbols: Vec<u64>,
     heap: DeviceHeap,
+    /// Launches run over [`Contended`] memory watching this address.
+    contended: Option<u64>,
 }
 
 impl<'m> Run<'m> {
@@ -40,6 +42,7 @@ impl<'m> Run<'m> {
             mem,
             symbols,
             heap,
+            contended: None,
         }
     }
 
@@ -88,31 +91,6 @@ impl<'m> Run<'m> {
         threads: usize,
         instruction_budget: u64,
     ) -> ComputeResult<LaunchStats> {
-        self.launch_on(
-            &self.mem,
-            kernel,
-            grid,
-            block,
-            dynamic_shared_bytes,
-            params,
-            threads,
-            instruction_budget,
-        )
-    }
-
-    /// As [`Run::launch_with`], over `memory` instead of the run's own (a wrapper of it).
-    #[allow(clippy::too_many_arguments)]
-    fn launch_on(
-        &self,
-        memory: &dyn GlobalMemory,
-        kernel: &str,
-        grid: [u32; 3],
-        block: [u32; 3],
-        dynamic_shared_bytes: u32,
-        params: &[u8],
-        threads: usize,
-        instruction_budget: u64,
-    ) -> ComputeResult<LaunchStats> {
         let l = Launch {
             grid,
             block,
@@ -124,7 +102,16 @@ impl<'m> Run<'m> {
             instruction_budget,
             threads,
         };
-        launch(self.m, kernel, &l, memory)
+        match self.contended {
+            Some(watched) => {
+                let contended = Contended {
+                    mem: &self.mem,
+                    watched,
+                };
+                launch(self.m, kernel, &l, &contended)
+            }
+            None => launch(self.m, kernel, &l, &self.mem),
+        }
     }
 }
 
@@ -681,21 +668,8 @@ fn the_lanes_of_one_load_see_one_value_while_another_block_writes_it() {
     let word = r.buffer(&[0; 4]);
     let out = r.buffer(&[0; 64 * 4]);
     let params = pack(&m, "k", &[word, out]);
-    let contended = Contended {
-        mem: &r.mem,
-        watched: word,
-    };
-    r.launch_on(
-        &contended,
-        "k",
-        [1, 1, 1],
-        [64, 1, 1],
-        0,
-        &params,
-        1,
-        1 << 30,
-    )
-    .unwrap();
+    r.contended = Some(word);
+    r.launch("k", [1, 1, 1], [64, 1, 1], &params, 1).unwrap();
     let seen = to_u32s(&r.read(out, 64 * 4));
     // One read per warp: the first warp's lanes all saw 1, the second warp's all 2.
     assert_eq!(seen[..32], [1; 32], "{seen:?}");
