@@ -916,22 +916,17 @@ impl<'s, 'a> Block<'s, 'a> {
                 // writes meanwhile. GCC's uniform-SIMT code relies on it (every lane loads a
                 // shared variable, one lane's atomic decides, every lane compares), and lanes
                 // that saw different values would split where the code assumes they cannot.
-                let mut last: Option<(u64, [u8; 32])> = None;
+                let mut buf = [0u8; 32];
+                // The global address whose bytes `buf` holds, if it holds some.
+                let mut held: Option<u64> = None;
                 for lane in lanes {
                     let a = self.address(w, lane, *addr);
-                    check_align(a, total as u64)?;
-                    let loc = self.locate(*space, a, *addr);
-                    let buf = match (loc, last) {
-                        (Loc::Global(g), Some((at, bytes))) if g == at => bytes,
-                        _ => {
-                            let mut buf = [0u8; 32];
-                            self.read(w, lane, loc, &mut buf[..total])?;
-                            if let Loc::Global(g) = loc {
-                                last = Some((g, buf));
-                            }
-                            buf
-                        }
-                    };
+                    if held != Some(a) {
+                        check_align(a, total as u64)?;
+                        let loc = self.locate(*space, a, *addr);
+                        self.read(w, lane, loc, &mut buf[..total])?;
+                        held = matches!(loc, Loc::Global(_)).then_some(a);
+                    }
                     for (i, d) in ds.iter().take(usize::from(*n)).enumerate() {
                         let mut le = [0u8; 8];
                         le[..size].copy_from_slice(&buf[i * size..(i + 1) * size]);
