@@ -6,6 +6,7 @@
 //! driver behind one trait.
 
 pub mod backend;
+pub mod budget;
 pub mod compute;
 pub mod virgl;
 
