@@ -20,8 +20,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use clap::Parser;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
-use mdev_backend::compute::one_guest_backend;
 use mdev_backend::compute::remote::serve;
+use mdev_backend::compute::{CpuConfig, one_guest_backend};
 
 /// Connections served at once; more are closed at accept.
 const MAX_CONNECTIONS: usize = 16;
@@ -74,7 +74,8 @@ fn serve_stdin(n: usize, nvcuda: bool) -> ! {
         .try_clone_to_owned()
         .unwrap_or_else(|e| fail(&format!("connection {n}: {e}")));
     let mut stream = UnixStream::from(fd);
-    let mut be = one_guest_backend(nvcuda).unwrap_or_else(|e| fail(&e.to_string()));
+    let mut be =
+        one_guest_backend(nvcuda, CpuConfig::default()).unwrap_or_else(|e| fail(&e.to_string()));
     let (stats, result) = serve(&mut stream, be.as_mut());
     let end = match result {
         Ok(()) => "closed".to_string(),

@@ -193,6 +193,7 @@ fn the_conformance_sequence_on_the_cpu_backend() {
         memory_per_context: 16 << 20,
         instruction_budget: 1 << 20,
         threads: 2,
+        ..super::CpuConfig::default()
     });
     run(&mut b, true);
 }

@@ -12,17 +12,42 @@ use log::{debug, warn};
 
 use super::backend::*;
 use super::fatbin::{extract_ptx, ptx_of_all};
-use super::memory::{DEVICE_HEAP_BYTES, DeviceHeap, DeviceMemory};
+use super::memory::{DEVICE_HEAP_BYTES, DeviceHeap, DeviceMemory, MAX_HEAP_BLOCKS};
 use super::ptx::{self, Launch, MAX_PRINTF_BYTES};
 use super::{ComputeError, ComputeResult, GlobalMemory};
+use crate::budget::{Charge, MemoryBudget};
 
 /// Bytes moved per step of a device-to-device copy or a memset (bounds the host buffer).
 const COPY_CHUNK: u64 = 1 << 20;
 
+/// The memory budget of a backend not given its VM's ([`CpuConfig::default`]: a benchmark,
+/// a test, a `vgpu-cuda-host` connection): 1 GiB, the device process's default
+/// `--resource-memory-mb`, so a backend made without one holds no more than a VM may.
+pub const DEFAULT_MEMORY_BUDGET_BYTES: u64 = 1 << 30;
+/// Most device memory one context may hold by default: the whole default budget (the VM's
+/// budget bounds all contexts together; this bounds one, and is the `total_memory` reported).
+pub const DEFAULT_MEMORY_PER_CONTEXT: u64 = DEFAULT_MEMORY_BUDGET_BYTES;
+/// Host bytes of one entry of a context's tables (a stream, an event, a function handle, a
+/// device-`malloc` block) with the tables' slack.
+const TABLE_ENTRY_BYTES: u64 = 48;
+/// Host memory a context holds besides its allocations, charged to the budget when it is
+/// created: its `printf` output ([`MAX_PRINTF_BYTES`]) and its tables at their limits (about
+/// 4.4 MiB; 281 MiB for the [`MAX_CONTEXTS`] a backend may hold).
+pub const CONTEXT_RESERVE_BYTES: u64 = MAX_PRINTF_BYTES as u64
+    + (MAX_STREAMS_PER_CONTEXT
+        + MAX_EVENTS_PER_CONTEXT
+        + MAX_FUNCTIONS_PER_CONTEXT
+        + MAX_HEAP_BLOCKS) as u64
+        * TABLE_ENTRY_BYTES;
+
 /// How the CPU backend runs.
 #[derive(Debug, Clone)]
 pub struct CpuConfig {
-    /// Device memory of one context.
+    /// The VM's memory budget, shared with everything else the VM holds: every context's
+    /// reserve and allocations (memory allocations, module variables, the device heap) are
+    /// charged to it; past it they fail with CUDA_ERROR_OUT_OF_MEMORY.
+    pub budget: Arc<MemoryBudget>,
+    /// Most device memory one context may hold (within the budget).
     pub memory_per_context: u64,
     /// Warp-instructions one launch may execute before it is a launch timeout (the CPU's
     /// counterpart of the driver's watchdog).
@@ -34,7 +59,8 @@ pub struct CpuConfig {
 impl Default for CpuConfig {
     fn default() -> Self {
         CpuConfig {
-            memory_per_context: 1 << 30,
+            budget: MemoryBudget::new(DEFAULT_MEMORY_BUDGET_BYTES),
+            memory_per_context: DEFAULT_MEMORY_PER_CONTEXT,
             instruction_budget: 1 << 30,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         }
@@ -60,6 +86,8 @@ struct Context {
     heap: Option<DeviceHeap>,
     output: String,
     next_id: u32,
+    /// [`CONTEXT_RESERVE_BYTES`] of the budget, given back when the context is destroyed.
+    _reserve: Charge,
 }
 
 impl Context {
@@ -136,9 +164,14 @@ pub struct CpuBackend {
 }
 
 impl CpuBackend {
-    /// A new context over `memory`.
+    /// A new context over `memory`, its reserve charged to the budget.
     fn context_with(&mut self, memory: DeviceMemory) -> ComputeResult<ContextId> {
         self.contexts.check_room()?;
+        let reserve = self
+            .config
+            .budget
+            .charge(CONTEXT_RESERVE_BYTES)
+            .map_err(|e| ComputeError::OutOfMemory(format!("a context's reserve: {e}")))?;
         Ok(self.contexts.insert(Context {
             memory,
             modules: HashMap::new(),
@@ -149,6 +182,7 @@ impl CpuBackend {
             heap: None,
             output: String::new(),
             next_id: 0,
+            _reserve: reserve,
         }))
     }
 
@@ -158,6 +192,13 @@ impl CpuBackend {
             contexts: ContextTable::new(),
             cancel: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// Most device memory one context may hold: the configured limit, within the budget.
+    fn memory_per_context(&self) -> u64 {
+        self.config
+            .memory_per_context
+            .min(self.config.budget.limit())
     }
 
     /// The context, unless it is unknown or broken by an earlier fault.
@@ -175,7 +216,7 @@ impl ComputeBackend for CpuBackend {
         DeviceAttributes {
             name: "vgpu PTX executor (CPU)".into(),
             placement: true,
-            total_memory: self.config.memory_per_context,
+            total_memory: self.memory_per_context(),
             compute_capability: (7, 5),
             multiprocessors: self.config.threads as u32,
             max_threads_per_block: ptx::MAX_THREADS_PER_BLOCK,
@@ -188,12 +229,14 @@ impl ComputeBackend for CpuBackend {
     }
 
     fn context_create(&mut self) -> ComputeResult<ContextId> {
-        self.context_with(DeviceMemory::new(self.config.memory_per_context))
+        let memory = DeviceMemory::charged_to(self.memory_per_context(), &self.config.budget);
+        self.context_with(memory)
     }
 
     fn context_create_at(&mut self, base: u64, size: u64) -> ComputeResult<ContextId> {
         check_window(base, size)?;
-        let memory = DeviceMemory::in_window(base, size, self.config.memory_per_context);
+        let memory =
+            DeviceMemory::in_window(base, size, self.memory_per_context(), &self.config.budget)?;
         self.context_with(memory)
     }
 
@@ -350,16 +393,8 @@ impl ComputeBackend for CpuBackend {
         let bytes = count
             .checked_mul(4)
             .ok_or_else(|| ComputeError::InvalidValue("count".into()))?;
-        if c.memory
-            .range_of(addr)
-            .is_none_or(|(base, len)| addr - base + bytes > len)
-        {
-            return Err(fault(super::Fault {
-                kind: super::FaultKind::OutOfRange,
-                addr,
-                size: bytes,
-            }));
-        }
+        // The whole range is checked before a byte is written.
+        c.memory.check(addr, bytes).map_err(fault)?;
         let chunk: Vec<u8> = value.to_le_bytes().repeat((COPY_CHUNK / 4) as usize);
         let mut done = 0;
         while done < bytes {
@@ -408,14 +443,9 @@ impl ComputeBackend for CpuBackend {
         c.stream(stream)?;
         // Both ranges are checked whole before a byte moves.
         for (a, what) in [(src, "source"), (dst, "destination")] {
-            if c.memory
-                .range_of(a)
-                .is_none_or(|(base, len)| a - base + bytes > len)
-            {
-                return Err(ComputeError::InvalidValue(format!(
-                    "copy {what} {a:#x}+{bytes} outside an allocation"
-                )));
-            }
+            c.memory.check(a, bytes).map_err(|f| {
+                ComputeError::InvalidValue(format!("copy {what} outside an allocation: {f}"))
+            })?;
         }
         let mut buf = vec![0u8; bytes.min(COPY_CHUNK) as usize];
         let mut done = 0;

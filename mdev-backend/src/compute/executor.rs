@@ -323,6 +323,7 @@ mod tests {
                     memory_per_context: 1 << 20,
                     instruction_budget: budget,
                     threads: 1,
+                    ..CpuConfig::default()
                 })) as Box<dyn ComputeBackend>)
             },
             Box::new(move |d| {

@@ -8,15 +8,35 @@
 //! unsafe code: plain loads and stores are relaxed word accesses (a partial word is merged with
 //! a compare-exchange loop, so neighbouring bytes written by other threads survive), and the
 //! PTX `atom`/`red` instructions are compare-exchange loops on one word.
+//!
+//! Every allocation is charged to the VM's [`MemoryBudget`] before its words are made, and
+//! gives its bytes back when it is freed (or its context destroyed): a guest's device memory
+//! is host memory of its device process and counts against the same budget as its other
+//! resources.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use thiserror::Error;
 
+use crate::budget::{Charge, MemoryBudget};
+use crate::compute::{ComputeError, ComputeResult};
+
 /// Device addresses start here, as on the real driver (a null or small pointer is never valid).
 pub const DEVICE_ADDRESS_BASE: u64 = 0x7f00_0000_0000;
+/// Generic addresses the PTX executor gives what is not global memory: shared memory
+/// (`SHARED_WINDOW`), a thread's local memory (`LOCAL_WINDOW`), each decoded 4 GiB wide, and
+/// function addresses (`FUNC_WINDOW`, 64 GiB). No device allocation may lie here, or a generic
+/// access to it would reach shared or local memory instead: a placed window that overlaps this
+/// range is refused ([`DeviceMemory::in_window`]), and the default window lies above it.
+pub const GENERIC_RESERVED: Range<u64> = 0x1000_0000_0000..0x4000_0000_0000;
+const _: () = assert!(DEVICE_ADDRESS_BASE >= GENERIC_RESERVED.end);
+/// Host bytes an allocation's entry in its context's table takes beside its words (the entry,
+/// its share of the table's nodes, the words' heap header), charged with it so that
+/// [`MAX_ALLOCATIONS`] tiny allocations count for what they hold too.
+pub const ALLOCATION_RECORD_BYTES: u64 = 128;
 /// Allocation granularity and alignment (the driver's `cuMemAlloc` alignment).
 pub const ALLOCATION_ALIGN: u64 = 256;
 /// Unmapped bytes kept after every allocation, so running just past its end faults.
@@ -137,11 +157,13 @@ pub trait GlobalMemory: Sync {
     ) -> Result<u64, Fault>;
 }
 
-/// One allocation: its words and its length in bytes.
+/// One allocation: its words, its length in bytes, and what it holds of the budget.
 #[derive(Debug)]
 struct Allocation {
     len: u64,
     words: Box<[AtomicU64]>,
+    /// Given back when the allocation is dropped (freed, or its context destroyed).
+    _charge: Charge,
 }
 
 /// The allocations of one context.
@@ -153,25 +175,59 @@ pub struct DeviceMemory {
     /// End of the address window (exclusive): allocations never reach past it.
     end: u64,
     used: u64,
-    budget: u64,
+    /// Most bytes this context may hold (rounded allocation sizes counted).
+    limit: u64,
+    /// The VM's budget, charged for every allocation.
+    budget: Arc<MemoryBudget>,
 }
 
 impl DeviceMemory {
-    /// A context memory of at most `budget` bytes (rounded allocation sizes counted).
-    pub fn new(budget: u64) -> Self {
-        Self::in_window(DEVICE_ADDRESS_BASE, u64::MAX - DEVICE_ADDRESS_BASE, budget)
+    /// A context memory of at most `limit` bytes with a budget of its own, room for `limit`
+    /// and the records of [`MAX_ALLOCATIONS`] allocations (a test's or a benchmark's memory;
+    /// a backend's contexts share their VM's through [`DeviceMemory::charged_to`]).
+    pub fn new(limit: u64) -> Self {
+        let records = MAX_ALLOCATIONS as u64 * ALLOCATION_RECORD_BYTES;
+        Self::charged_to(limit, &MemoryBudget::new(limit.saturating_add(records)))
     }
 
-    /// As [`DeviceMemory::new`], every allocation (and its guard) inside
-    /// `[base, base + size)`: a placed context, whose window the guest library reserved.
-    pub fn in_window(base: u64, size: u64, budget: u64) -> Self {
+    /// A context memory of at most `limit` bytes, every allocation charged to `budget`, at
+    /// addresses from [`DEVICE_ADDRESS_BASE`] up.
+    pub fn charged_to(limit: u64, budget: &Arc<MemoryBudget>) -> Self {
         DeviceMemory {
             allocations: BTreeMap::new(),
-            start: base,
-            end: base.saturating_add(size),
+            start: DEVICE_ADDRESS_BASE,
+            end: u64::MAX,
             used: 0,
-            budget,
+            limit,
+            budget: Arc::clone(budget),
         }
+    }
+
+    /// As [`DeviceMemory::charged_to`], every allocation (and its guard) inside
+    /// `[base, base + size)`: a placed context, whose window the guest library reserved. A
+    /// window that wraps around or overlaps [`GENERIC_RESERVED`] is refused.
+    pub fn in_window(
+        base: u64,
+        size: u64,
+        limit: u64,
+        budget: &Arc<MemoryBudget>,
+    ) -> ComputeResult<Self> {
+        let window = |why: &str| {
+            ComputeError::InvalidValue(format!("device window {base:#x}+{size:#x} {why}"))
+        };
+        let end = base
+            .checked_add(size)
+            .ok_or_else(|| window("wraps around"))?;
+        if base < GENERIC_RESERVED.end && GENERIC_RESERVED.start < end {
+            return Err(window(
+                "overlaps the generic addresses of shared and local memory",
+            ));
+        }
+        Ok(DeviceMemory {
+            start: base,
+            end,
+            ..Self::charged_to(limit, budget)
+        })
     }
 
     /// Bytes allocated (rounded to [`ALLOCATION_ALIGN`]).
@@ -180,9 +236,10 @@ impl DeviceMemory {
     }
 
     /// Allocates `size` zeroed bytes; returns the device address. `size` 0 is refused, as by
-    /// `cuMemAlloc`.
-    pub fn alloc(&mut self, size: u64) -> Result<u64, crate::compute::ComputeError> {
-        use crate::compute::ComputeError;
+    /// `cuMemAlloc`. The rounded size and [`ALLOCATION_RECORD_BYTES`] are charged to the budget
+    /// before the words are made; past the budget or the context's limit it is
+    /// [`ComputeError::OutOfMemory`].
+    pub fn alloc(&mut self, size: u64) -> ComputeResult<u64> {
         if size == 0 {
             return Err(ComputeError::InvalidValue("allocation of 0 bytes".into()));
         }
@@ -195,10 +252,10 @@ impl DeviceMemory {
             )));
         }
         let used = self.used.saturating_add(rounded);
-        if used > self.budget {
+        if used > self.limit {
             return Err(ComputeError::OutOfMemory(format!(
-                "{size} bytes past the context's {} byte budget ({} in use)",
-                self.budget, self.used
+                "{size} bytes past the context's {} byte limit ({} in use)",
+                self.limit, self.used
             )));
         }
         // The lowest gap of the window that holds the block and its guard (first fit: freed
@@ -221,18 +278,36 @@ impl DeviceMemory {
         }
         let words = usize::try_from(rounded / 8)
             .map_err(|_| ComputeError::OutOfMemory(format!("{size} bytes")))?;
+        let charge = rounded
+            .checked_add(ALLOCATION_RECORD_BYTES)
+            .and_then(|bytes| self.budget.charge(bytes).ok())
+            .ok_or_else(|| {
+                ComputeError::OutOfMemory(format!(
+                    "{size} bytes past the VM's memory budget ({} of {} in use)",
+                    self.budget.used(),
+                    self.budget.limit()
+                ))
+            })?;
+        // Charged: now the words (zero-filled, so committed at once).
         let words: Box<[AtomicU64]> = (0..words).map(|_| AtomicU64::new(0)).collect();
-        self.allocations
-            .insert(base, Allocation { len: size, words });
+        self.allocations.insert(
+            base,
+            Allocation {
+                len: size,
+                words,
+                _charge: charge,
+            },
+        );
         self.used = used;
         Ok(base)
     }
 
-    /// Frees the allocation that starts at `addr`.
-    pub fn free(&mut self, addr: u64) -> Result<(), crate::compute::ComputeError> {
-        let alloc = self.allocations.remove(&addr).ok_or_else(|| {
-            crate::compute::ComputeError::InvalidValue(format!("{addr:#x} is not an allocation"))
-        })?;
+    /// Frees the allocation that starts at `addr`, giving its bytes back to the budget.
+    pub fn free(&mut self, addr: u64) -> ComputeResult<()> {
+        let alloc = self
+            .allocations
+            .remove(&addr)
+            .ok_or_else(|| ComputeError::InvalidValue(format!("{addr:#x} is not an allocation")))?;
         self.used -= alloc.len.next_multiple_of(ALLOCATION_ALIGN);
         Ok(())
     }
@@ -251,15 +326,15 @@ impl DeviceMemory {
         }
     }
 
-    /// The start and length of the allocation holding `addr` (`cuMemGetAddressRange`).
-    pub fn range_of(&self, addr: u64) -> Option<(u64, u64)> {
-        let (base, alloc) = self.allocations.range(..=addr).next_back()?;
-        (addr - base < alloc.len).then_some((*base, alloc.len))
+    /// Checks that `[addr, addr + size)` lies wholly inside one allocation (no arithmetic
+    /// wraps): what a copy or a memset checks of each range before it moves a byte.
+    pub fn check(&self, addr: u64, size: u64) -> Result<(), Fault> {
+        self.find(addr, size).map(drop)
     }
 
     /// Sets `count` bytes at `addr` to `value` (`cuMemsetD8`).
     pub fn fill(&self, addr: u64, value: u8, count: u64) -> Result<(), Fault> {
-        self.find(addr, count)?;
+        self.check(addr, count)?;
         const CHUNK: u64 = 64 * 1024;
         let pattern = [value; CHUNK as usize];
         let mut done = 0;
@@ -460,7 +535,8 @@ mod tests {
     fn freed_ranges_are_reused_so_a_window_serves_an_alloc_free_loop() {
         let base = 0x5555_0000_0000;
         let window = 4 * 65536;
-        let mut m = DeviceMemory::in_window(base, window, 1 << 30);
+        let budget = MemoryBudget::new(1 << 30);
+        let mut m = DeviceMemory::in_window(base, window, 1 << 30, &budget).unwrap();
         // The same block allocated and freed far more often than the window holds blocks.
         for _ in 0..1000 {
             let a = m.alloc(65536).unwrap();
@@ -476,10 +552,9 @@ mod tests {
         assert_eq!(m.alloc(50).unwrap(), b);
         // Every block keeps its guard: nothing fits past the window's end.
         assert!(m.alloc(65536).is_err());
-        assert_eq!(m.range_of(a + 99), Some((a, 100)));
-        assert_eq!(
-            m.range_of(a + 256),
-            None,
+        m.check(a + 99, 1).unwrap();
+        assert!(
+            m.check(a + 256, 1).is_err(),
             "the guard after a block is no block's"
         );
     }
@@ -496,5 +571,102 @@ mod tests {
         let b = mem.alloc(300).unwrap();
         mem.fill(b, 7, 300).unwrap();
         assert_eq!(mem.fill(b, 7, 301).unwrap_err().kind, FaultKind::OutOfRange);
+    }
+
+    #[test]
+    fn allocations_are_charged_to_the_shared_budget_and_give_it_back() {
+        let budget = MemoryBudget::new(1 << 20);
+        let mut one = DeviceMemory::charged_to(1 << 30, &budget);
+        let mut two = DeviceMemory::charged_to(1 << 30, &budget);
+        let a = one.alloc(1000).unwrap();
+        assert_eq!(budget.used(), 1024 + ALLOCATION_RECORD_BYTES);
+        // The other context shares the budget: what is left, and not a byte more.
+        let left = budget.limit() - budget.used() - ALLOCATION_RECORD_BYTES;
+        assert!(matches!(
+            two.alloc(left + 1),
+            Err(ComputeError::OutOfMemory(_))
+        ));
+        assert_eq!(
+            budget.used(),
+            1024 + ALLOCATION_RECORD_BYTES,
+            "refused: nothing held"
+        );
+        let b = two.alloc(left).unwrap();
+        assert_eq!(budget.used(), budget.limit());
+        assert!(matches!(one.alloc(1), Err(ComputeError::OutOfMemory(_))));
+        two.free(b).unwrap();
+        one.free(a).unwrap();
+        assert_eq!(budget.used(), 0);
+        // Dropping a memory (a destroyed context) gives back all it held.
+        for _ in 0..10 {
+            one.alloc(4096).unwrap();
+        }
+        drop(one);
+        assert_eq!(budget.used(), 0);
+        // Sizes that would wrap when rounded or charged are refused.
+        for size in [u64::MAX, u64::MAX - ALLOCATION_ALIGN, u64::MAX - 100] {
+            assert!(matches!(two.alloc(size), Err(ComputeError::OutOfMemory(_))));
+        }
+    }
+
+    #[test]
+    fn a_placed_window_never_overlaps_the_generic_reserved_addresses() {
+        let budget = MemoryBudget::new(1 << 20);
+        let (start, end) = (GENERIC_RESERVED.start, GENERIC_RESERVED.end);
+        for (base, size) in [
+            (start, 1 << 16),
+            (start - (1 << 16), 2 << 16),
+            (end - (1 << 16), 1 << 16),
+            (start - (1 << 16), end - start + (2 << 16)),
+            (0x2000_0000_0000, 1 << 16),
+            (u64::MAX - 0xffff, 1 << 16),
+        ] {
+            assert!(
+                matches!(
+                    DeviceMemory::in_window(base, size, 1 << 20, &budget),
+                    Err(ComputeError::InvalidValue(_))
+                ),
+                "{base:#x}+{size:#x}"
+            );
+        }
+        // Room for a block and its guard, just outside.
+        for (base, size) in [(start - (2 << 16), 2 << 16), (end, 2 << 16)] {
+            let mut m = DeviceMemory::in_window(base, size, 1 << 20, &budget).unwrap();
+            let a = m.alloc(64).unwrap();
+            assert!(a + 64 <= start || a >= end, "{a:#x}");
+        }
+        // The default window lies above it.
+        let a = DeviceMemory::charged_to(1 << 20, &budget)
+            .alloc(64)
+            .unwrap();
+        assert!(a >= end);
+    }
+
+    #[test]
+    fn ranges_that_wrap_around_2_64_are_faults_not_panics() {
+        let mut mem = DeviceMemory::new(1 << 20);
+        let a = mem.alloc(4096).unwrap();
+        mem.fill(a, 5, 4096).unwrap();
+        let wrap = 0u64.wrapping_sub(16);
+        for (addr, size) in [
+            (a + 16, wrap),
+            (a + 16, u64::MAX),
+            (a, u64::MAX),
+            (u64::MAX, 1),
+            (u64::MAX - 3, 8),
+            (u64::MAX, u64::MAX),
+        ] {
+            assert_eq!(
+                mem.check(addr, size).unwrap_err().kind,
+                FaultKind::OutOfRange
+            );
+            assert_eq!(
+                mem.fill(addr, 9, size).unwrap_err().kind,
+                FaultKind::OutOfRange
+            );
+        }
+        let mut back = vec![0; 4096];
+        mem.read(a, &mut back).unwrap();
+        assert!(back.iter().all(|&v| v == 5));
     }
 }

@@ -52,13 +52,17 @@ pub fn backend_from_env(cpu: CpuConfig) -> (&'static str, Box<dyn ComputeBackend
 
 /// The backend of a process that serves one guest (a VM's device process, a
 /// `vgpu-cuda-host` connection): the real driver with its printf output captured, which in
-/// such a process is that guest's, or the PTX executor.
-pub fn one_guest_backend(nvcuda: bool) -> ComputeResult<Box<dyn ComputeBackend>> {
+/// such a process is that guest's, or the PTX executor configured by `config`. Either charges
+/// device memory to `config.budget`, the guest's memory budget.
+pub fn one_guest_backend(
+    nvcuda: bool,
+    config: CpuConfig,
+) -> ComputeResult<Box<dyn ComputeBackend>> {
     if nvcuda {
-        let mut b = NvCuda::new(0)?;
+        let mut b = NvCuda::new(0)?.charged_to(&config.budget);
         b.capture_printf()?;
         Ok(Box::new(b))
     } else {
-        Ok(Box::new(CpuBackend::new(CpuConfig::default())))
+        Ok(Box::new(CpuBackend::new(config)))
     }
 }

@@ -21,6 +21,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{CString, c_char, c_int, c_uint, c_void};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use libloading::Library;
@@ -29,6 +30,7 @@ use log::{info, warn};
 use super::backend::*;
 use super::fatbin::{extract_ptx, ptx_of_all};
 use super::{ComputeError, ComputeResult};
+use crate::budget::{Charge, MemoryBudget};
 
 type CuResult = c_int;
 type Handle = *mut c_void;
@@ -249,12 +251,13 @@ struct Context {
     functions: HashMap<u32, (usize, usize)>,
     streams: HashMap<u32, usize>,
     events: HashMap<u32, usize>,
-    /// Device address → size of every allocation of this context.
-    allocations: BTreeMap<u64, u64>,
+    /// Device address → size of every allocation of this context, and its charge to the
+    /// budget (given back when it is freed or the context destroyed).
+    allocations: BTreeMap<u64, (u64, Charge)>,
     /// Device address → (size, module) of every module global the guest looked up: memory
     /// of this context that copies may name too (as libgomp does to set its variables).
     globals: BTreeMap<u64, (u64, u32)>,
-    /// Bytes of those allocations, at most the device's `total_memory` (the budget).
+    /// Bytes of those allocations, at most the device's `total_memory` (the per-context limit).
     used: u64,
     broken: Option<ComputeError>,
     next_id: u32,
@@ -293,7 +296,7 @@ impl Context {
             .allocations
             .range(..=addr)
             .next_back()
-            .is_some_and(|(&base, &len)| within(base, len));
+            .is_some_and(|(&base, &(len, _))| within(base, len));
         let global = self
             .globals
             .range(..=addr)
@@ -324,6 +327,9 @@ pub struct NvCuda {
     /// When device printf is captured: the read end of the pipe standard output goes to,
     /// and the standard output it replaced (put back when the backend is dropped).
     printf: Option<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)>,
+    /// What every allocation is charged to: the VM's budget ([`NvCuda::charged_to`]), or one
+    /// of the device's memory.
+    budget: Arc<MemoryBudget>,
 }
 
 impl std::fmt::Debug for NvCuda {
@@ -421,11 +427,20 @@ impl NvCuda {
         Ok(NvCuda {
             api,
             device,
+            budget: MemoryBudget::new(attributes.total_memory),
             attributes,
             contexts: ContextTable::new(),
             poisoned: None,
             printf: None,
         })
+    }
+
+    /// Charges every allocation to `budget` (the VM's, shared with all else it holds) from now
+    /// on; a context may then allocate at most the budget's limit too.
+    pub fn charged_to(mut self, budget: &Arc<MemoryBudget>) -> NvCuda {
+        self.budget = Arc::clone(budget);
+        self.attributes.total_memory = self.attributes.total_memory.min(budget.limit());
+        self
     }
 
     /// Captures device `printf`, which the driver writes to the process's standard output at
@@ -727,11 +742,12 @@ impl ComputeBackend for NvCuda {
     }
 
     fn mem_alloc(&mut self, ctx: ContextId, bytes: u64) -> ComputeResult<u64> {
-        let budget = self.attributes.total_memory;
+        let limit = self.attributes.total_memory;
+        let budget = Arc::clone(&self.budget);
         self.on(ctx, |api, c| {
-            if c.used.saturating_add(bytes) > budget {
+            if c.used.saturating_add(bytes) > limit {
                 return Err(ComputeError::OutOfMemory(format!(
-                    "{bytes} bytes past the context budget of {budget}"
+                    "{bytes} bytes past the context limit of {limit}"
                 )));
             }
             if bytes == 0 || c.allocations.len() >= super::memory::MAX_ALLOCATIONS {
@@ -739,12 +755,15 @@ impl ComputeBackend for NvCuda {
                     "allocation of {bytes} bytes"
                 )));
             }
-            let mut addr = 0u64;
             let size = usize::try_from(bytes)
                 .map_err(|_| ComputeError::OutOfMemory(format!("{bytes}")))?;
+            let charge = budget
+                .charge(bytes)
+                .map_err(|e| ComputeError::OutOfMemory(format!("{bytes} bytes: {e}")))?;
+            let mut addr = 0u64;
             // SAFETY: `addr` is a valid out-pointer.
             check("cuMemAlloc", unsafe { (api.mem_alloc)(&mut addr, size) })?;
-            c.allocations.insert(addr, bytes);
+            c.allocations.insert(addr, (bytes, charge));
             c.used += bytes;
             Ok(addr)
         })
@@ -752,7 +771,7 @@ impl ComputeBackend for NvCuda {
 
     fn mem_free(&mut self, ctx: ContextId, addr: u64) -> ComputeResult<()> {
         self.on(ctx, |api, c| {
-            let bytes = c.allocations.remove(&addr).ok_or_else(|| {
+            let (bytes, _charge) = c.allocations.remove(&addr).ok_or_else(|| {
                 ComputeError::InvalidValue(format!("{addr:#x} is not an allocation"))
             })?;
             c.used -= bytes;

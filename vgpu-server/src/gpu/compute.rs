@@ -17,7 +17,7 @@ use log::{debug, info, warn};
 use mdev_backend::compute::remote::{Owned, Stats, dispatch};
 use mdev_backend::compute::wire::{self, Reply, Request};
 use mdev_backend::compute::{
-    ComputeBackend, ComputeError, Executor, ExecutorConfig, one_guest_backend,
+    ComputeBackend, ComputeError, CpuConfig, Executor, ExecutorConfig, one_guest_backend,
 };
 use vgpu_schedd::seqpacket::monotonic_ns;
 use vgpu_scheduler::{CostSignature, GroupId};
@@ -562,7 +562,7 @@ fn spawn_executor(
 ) {
     let (cancel_tx, cancel_rx) = channel();
     let make = move || -> Result<Box<dyn ComputeBackend>, ComputeError> {
-        let b = one_guest_backend(kind == ComputeKind::NvCuda)?;
+        let b = one_guest_backend(kind == ComputeKind::NvCuda, CpuConfig::default())?;
         let _ = cancel_tx.send(b.canceller());
         Ok(b)
     };

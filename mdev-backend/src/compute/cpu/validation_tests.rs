@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::compute::ComputeResult;
+use crate::compute::memory::{ALLOCATION_ALIGN, ALLOCATION_RECORD_BYTES};
 
 /// `c[i] = a[i] + b[i]` for `i < n`, a kernel that spins forever, and one that writes at the
 /// address it is given.
@@ -66,9 +67,10 @@ LOOP:
 
 fn backend() -> CpuBackend {
     CpuBackend::new(CpuConfig {
+        budget: MemoryBudget::new(1 << 30),
         memory_per_context: 16 << 20,
         instruction_budget: 1 << 20,
-        threads: 2,
+        ..CpuConfig::default()
     })
 }
 
@@ -400,4 +402,273 @@ fn faults_and_runaway_kernels_break_only_their_context() {
         b.mem_alloc(other, 16),
         Err(ComputeError::ContextBroken(_))
     ));
+}
+
+/// Two allocations of 2 MiB (more than one copy chunk), filled with 1s and 2s.
+fn two_filled(b: &mut CpuBackend, c: ContextId) -> (u64, u64) {
+    let x = b.mem_alloc(c, 2 << 20).unwrap();
+    let y = b.mem_alloc(c, 2 << 20).unwrap();
+    b.memset_d8(c, x, 1, 2 << 20, DEFAULT_STREAM).unwrap();
+    b.memset_d8(c, y, 2, 2 << 20, DEFAULT_STREAM).unwrap();
+    (x, y)
+}
+
+/// Every byte of the allocation at `a` (2 MiB) is still `value`.
+fn unchanged(b: &mut CpuBackend, c: ContextId, a: u64, value: u8) {
+    let mut out = vec![0; 2 << 20];
+    b.copy_dtoh(c, &mut out, a, DEFAULT_STREAM).unwrap();
+    assert!(
+        out.iter().all(|&v| v == value),
+        "the allocation was written"
+    );
+}
+
+#[test]
+fn copy_and_memset_lengths_that_wrap_around_2_64_are_refused_before_any_write() {
+    let mut b = backend();
+    let c = b.context_create().unwrap();
+    let (x, y) = two_filled(&mut b, c);
+    let s = DEFAULT_STREAM;
+    // `offset + bytes` wraps to 0: 16 bytes into an allocation, 2^64 - 16 bytes long.
+    let wrap = 0u64.wrapping_sub(16);
+    invalid_value(b.copy_dtod(c, y + 16, x + 16, wrap, s));
+    invalid_value(b.copy_dtod(c, y + 16, x, wrap, s));
+    invalid_value(b.copy_dtod(c, y, x + 16, wrap, s));
+    invalid_value(b.copy_dtod(c, y + 16, x + 16, u64::MAX, s));
+    invalid_value(b.memset_d32(c, y + 16, 0xdead_beef, wrap / 4, s));
+    invalid_value(b.memset_d32(c, y + 16, 0xdead_beef, wrap / 4 + 1, s));
+    invalid_value(b.memset_d8(c, y + 16, 0xee, wrap, s));
+    // Addresses near the top of the address space.
+    for a in [u64::MAX, u64::MAX - 3, u64::MAX - 15] {
+        invalid_value(b.copy_dtod(c, a, x, 16, s));
+        invalid_value(b.copy_dtod(c, y, a, 16, s));
+        invalid_value(b.memset_d32(c, a & !3, 1, 4, s));
+        invalid_value(b.memset_d8(c, a, 1, 16, s));
+        invalid_value(b.copy_htod(c, a, &[3; 16], s));
+        invalid_value(b.copy_dtoh(c, &mut [0; 16], a, s));
+    }
+    unchanged(&mut b, c, x, 1);
+    unchanged(&mut b, c, y, 2);
+    // The context is not broken by any of it.
+    b.copy_dtod(c, y, x, 2 << 20, s).unwrap();
+    unchanged(&mut b, c, y, 1);
+}
+
+/// A kernel that stores 7 through a generic address (no state space), as nvcc emits for a
+/// pointer it cannot prove global.
+const GENERIC_POKE: &str = ".version 8.5\n.target sm_75\n.address_size 64\n\
+    .visible .entry gpoke(.param .u64 p)\n{\n.reg .b32 %r<2>;\n.reg .b64 %rd<2>;\n\
+    ld.param.u64 %rd1, [p];\nmov.u32 %r1, 7;\nst.u32 [%rd1], %r1;\nret;\n}\n";
+
+/// Places a context at `base`, allocates in it and stores through a generic pointer there:
+/// the value must land in the allocation.
+fn generic_store_in_window(b: &mut CpuBackend, base: u64, size: u64) -> ComputeResult<()> {
+    let c = b.context_create_at(base, size)?;
+    let a = b.mem_alloc(c, 64)?;
+    let m = b.module_load(c, GENERIC_POKE.as_bytes())?;
+    let f = b.function(c, m, "gpoke")?;
+    let params = a.to_le_bytes();
+    b.launch(
+        c,
+        &KernelLaunch {
+            function: f.0,
+            grid: [1; 3],
+            block: [1, 1, 1],
+            shared_bytes: 0,
+            stream: DEFAULT_STREAM,
+            params: &params,
+        },
+    )?;
+    let mut out = [0; 4];
+    b.copy_dtoh(c, &mut out, a, DEFAULT_STREAM)?;
+    assert_eq!(u32::from_le_bytes(out), 7, "context at {base:#x}");
+    b.context_destroy(c)
+}
+
+#[test]
+fn placed_windows_never_overlap_the_executors_generic_shared_local_and_function_windows() {
+    let mut b = backend();
+    let size = 4 * WINDOW_ALIGN;
+    // Where the executor decodes generic addresses as shared memory, local memory and
+    // functions (ptx::exec's SHARED_WINDOW, LOCAL_WINDOW, ir's FUNC_WINDOW): a placed window
+    // there is refused (an allocation there would read and write shared or local memory).
+    for base in [
+        0x1000_0000_0000u64,
+        0x2000_0000_0000,
+        0x3000_0000_0000,
+        0x1000_0000_0000 - WINDOW_ALIGN,
+        0x3fff_ffff_0000,
+    ] {
+        let r = generic_store_in_window(&mut b, base, size);
+        assert!(
+            matches!(r, Err(ComputeError::InvalidValue(_))),
+            "window {base:#x}: {r:?}"
+        );
+    }
+    // Just outside, generic accesses reach the allocation.
+    generic_store_in_window(&mut b, 0x1000_0000_0000 - size, size).unwrap();
+    generic_store_in_window(&mut b, 0x4000_0000_0000, size).unwrap();
+    generic_store_in_window(&mut b, 0x7fff_0000_0000, size).unwrap();
+}
+
+/// A backend whose contexts share a budget of `limit` bytes, each allowed 1 GiB.
+fn budgeted(limit: u64) -> (CpuBackend, Arc<MemoryBudget>) {
+    let budget = MemoryBudget::new(limit);
+    let b = CpuBackend::new(CpuConfig {
+        budget: Arc::clone(&budget),
+        memory_per_context: 1 << 30,
+        instruction_budget: 1 << 20,
+        ..CpuConfig::default()
+    });
+    (b, budget)
+}
+
+fn out_of_memory<T: std::fmt::Debug>(r: ComputeResult<T>) {
+    assert!(
+        matches!(r, Err(ComputeError::OutOfMemory(_))),
+        "expected OutOfMemory, got {r:?}"
+    );
+}
+
+/// This process's resident set, in KiB.
+fn vm_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+#[test]
+fn four_contexts_asking_1_gib_each_get_no_more_than_the_vms_256_mib_budget() {
+    let (mut b, budget) = budgeted(256 << 20);
+    assert_eq!(
+        b.attributes().total_memory,
+        256 << 20,
+        "what a context may hold"
+    );
+    let before = vm_rss_kib();
+    let cs: Vec<_> = (0..4).map(|_| b.context_create().unwrap()).collect();
+    assert_eq!(budget.used(), 4 * CONTEXT_RESERVE_BYTES);
+    // 1 GiB at once is past the budget: refused before anything is committed.
+    for &c in &cs {
+        let r = b.mem_alloc(c, 1 << 30);
+        assert_eq!(
+            r.as_ref().map_err(ComputeError::cuda_status),
+            Err(2),
+            "{r:?}"
+        );
+    }
+    assert_eq!(budget.used(), 4 * CONTEXT_RESERVE_BYTES);
+    // In 16 MiB steps, the four contexts together get what the budget holds, then no more.
+    let mut held = Vec::new();
+    'fill: loop {
+        for &c in &cs {
+            match b.mem_alloc(c, 16 << 20) {
+                Ok(a) => held.push((c, a)),
+                Err(e) => {
+                    assert!(matches!(e, ComputeError::OutOfMemory(_)), "{e:?}");
+                    break 'fill;
+                }
+            }
+        }
+    }
+    let step = (16 << 20) + ALLOCATION_RECORD_BYTES;
+    let room = (256 << 20) - 4 * CONTEXT_RESERVE_BYTES;
+    assert_eq!(held.len() as u64, room / step);
+    assert!(budget.used() <= budget.limit());
+    let after = vm_rss_kib();
+    eprintln!(
+        "4 contexts x 1 GiB asked under a 256 MiB budget: {} allocated, VmRSS {} MiB -> {} MiB",
+        held.len() * 16,
+        before >> 10,
+        after >> 10
+    );
+    // Freeing gives back what the allocation held; a freed block can be allocated again.
+    let (c, a) = held.pop().unwrap();
+    let used = budget.used();
+    b.mem_free(c, a).unwrap();
+    assert_eq!(budget.used(), used - step);
+    held.push((c, b.mem_alloc(c, 16 << 20).unwrap()));
+    // Destroying the contexts gives back everything.
+    for c in cs {
+        b.context_destroy(c).unwrap();
+    }
+    assert_eq!(budget.used(), 0);
+}
+
+#[test]
+fn module_variables_the_device_heap_and_the_context_reserve_are_charged() {
+    let (mut b, budget) = budgeted(64 << 20);
+    // Past the budget, a context is refused.
+    let (mut small, _) = budgeted(CONTEXT_RESERVE_BYTES - 1);
+    out_of_memory(small.context_create());
+    let c = b.context_create().unwrap();
+    let base = budget.used();
+    // A module's variables are allocated at load: charged, and given back at unload.
+    let big = |bytes: u64| {
+        format!(
+            ".version 8.5\n.target sm_75\n.address_size 64\n\
+             .visible .global .align 8 .b8 big[{bytes}];\n.visible .entry k()\n{{\nret;\n}}\n"
+        )
+    };
+    let m = b.module_load(c, big(1 << 20).as_bytes()).unwrap();
+    assert!(budget.used() >= base + (1 << 20));
+    b.module_unload(c, m).unwrap();
+    assert_eq!(budget.used(), base);
+    out_of_memory(b.module_load(c, big(96 << 20).as_bytes()));
+    assert_eq!(budget.used(), base, "a refused load holds nothing");
+    // The device heap is allocated at the first launch that needs it: charged too.
+    let heap = ".version 8.5\n.target sm_75\n.address_size 64\n\
+        .extern .func (.param .u64 r) malloc (.param .u64 n);\n\
+        .visible .entry k()\n{\n.reg .u64 %m, %n;\nmov.u64 %n, 64;\n\
+        { .param .u64 %value_in; .param .u64 %a; st.param.u64 [%a], %n;\n\
+          call (%value_in), malloc, (%a); ld.param.u64 %m, [%value_in]; }\nret;\n}\n";
+    let m = b.module_load(c, heap.as_bytes()).unwrap();
+    let with_module = budget.used();
+    // Fill the budget so the heap no longer fits, and the launch fails out of memory.
+    let fits = budget.limit() - with_module - ALLOCATION_RECORD_BYTES - DEVICE_HEAP_BYTES;
+    let filler = b
+        .mem_alloc(
+            c,
+            fits.next_multiple_of(ALLOCATION_ALIGN) + ALLOCATION_ALIGN,
+        )
+        .unwrap();
+    let f = b.function(c, m, "k").unwrap();
+    let launch = KernelLaunch {
+        function: f.0,
+        grid: [1; 3],
+        block: [1; 3],
+        shared_bytes: 0,
+        stream: DEFAULT_STREAM,
+        params: &[],
+    };
+    out_of_memory(b.launch(c, &launch));
+    b.mem_free(c, filler).unwrap();
+    b.launch(c, &launch).unwrap();
+    assert!(budget.used() >= with_module + DEVICE_HEAP_BYTES);
+    b.context_destroy(c).unwrap();
+    assert_eq!(budget.used(), 0);
+}
+
+#[test]
+fn two_backends_given_one_budget_share_it() {
+    let (mut one, budget) = budgeted(64 << 20);
+    let mut two = CpuBackend::new(CpuConfig {
+        budget: Arc::clone(&budget),
+        ..CpuConfig::default()
+    });
+    let c1 = one.context_create().unwrap();
+    let c2 = two.context_create().unwrap();
+    let a = one.mem_alloc(c1, 32 << 20).unwrap();
+    out_of_memory(two.mem_alloc(c2, 32 << 20));
+    one.mem_free(c1, a).unwrap();
+    two.mem_alloc(c2, 32 << 20).unwrap();
+    drop(two);
+    assert_eq!(
+        budget.used(),
+        CONTEXT_RESERVE_BYTES,
+        "a dropped backend gives back all"
+    );
 }
