@@ -23,6 +23,17 @@ pub struct ComputeBlob {
 impl ComputeBlob {
     /// Allocates the pieces and creates the blob (RESOURCE_CREATE_BLOB must succeed).
     pub fn create(guest: &mut VgpuGuest, id: u32, pieces: usize, piece: u32) -> ComputeBlob {
+        let blob = ComputeBlob::allocate(guest, id, pieces, piece);
+        assert_eq!(
+            guest.control_header(&blob.create_request()).ctrl_type,
+            RESP_OK_NODATA
+        );
+        blob
+    }
+
+    /// Allocates the pieces in guest RAM without creating the blob (see
+    /// [`ComputeBlob::create_request`]).
+    pub fn allocate(guest: &mut VgpuGuest, id: u32, pieces: usize, piece: u32) -> ComputeBlob {
         let mut entries: Vec<(u64, u32)> = (0..pieces)
             .map(|_| {
                 (
@@ -32,16 +43,18 @@ impl ComputeBlob {
             })
             .collect();
         entries.reverse();
-        let blob = ComputeBlob { id, entries };
-        let create = virtio_gpu::resource_create_blob(
-            id,
+        ComputeBlob { id, entries }
+    }
+
+    /// The RESOURCE_CREATE_BLOB that creates it (again, after a device reset).
+    pub fn create_request(&self) -> Vec<u8> {
+        virtio_gpu::resource_create_blob(
+            self.id,
             BLOB_MEM_GUEST,
             BLOB_FLAG_USE_MAPPABLE,
-            u64::from(blob.capacity()),
-            &blob.entries,
-        );
-        assert_eq!(guest.control_header(&create).ctrl_type, RESP_OK_NODATA);
-        blob
+            u64::from(self.capacity()),
+            &self.entries,
+        )
     }
 
     /// Its size, the reply capacity its submits give.
@@ -82,21 +95,47 @@ impl ComputeBlob {
     /// bytes never pass for a reply); returns the fenced SUBMIT_3D of context `ctx` that sends
     /// it.
     pub fn put(&self, guest: &mut VgpuGuest, ctx: u32, req: &Request, fence: u64) -> Vec<u8> {
-        let bytes = req.encode();
+        self.put_message(guest, ctx, &req.encode(), fence)
+    }
+
+    /// [`ComputeBlob::put`] of a framed message given as bytes (which a guest may craft by
+    /// hand, e.g. nestings `Request::encode` would need deep recursion for).
+    pub fn put_message(
+        &self,
+        guest: &mut VgpuGuest,
+        ctx: u32,
+        message: &[u8],
+        fence: u64,
+    ) -> Vec<u8> {
         self.write(guest, &[0xff; 4]);
-        self.write(guest, &bytes);
+        self.write(guest, message);
         virtio_gpu::with_fence(
-            virtio_gpu::compute_submit(ctx, self.id, bytes.len() as u32, self.capacity()),
+            virtio_gpu::compute_submit(ctx, self.id, message.len() as u32, self.capacity()),
             fence,
         )
     }
 
     /// The reply the device wrote at the start.
     pub fn reply(&self, guest: &mut VgpuGuest) -> Reply {
-        let len = u32::from_le_bytes(self.read(guest, 4).try_into().expect("4 bytes")) as usize;
-        assert!(len + 4 <= self.capacity() as usize, "reply of {len} bytes");
+        self.try_reply(guest).expect("a reply")
+    }
+
+    /// The reply the device wrote at the start, or why there is none (the stale length
+    /// [`ComputeBlob::put`] left, or bytes that do not decode).
+    pub fn try_reply(&self, guest: &mut VgpuGuest) -> Result<Reply, String> {
+        let head: [u8; 4] = self
+            .read(guest, 4)
+            .try_into()
+            .map_err(|_| "a blob of under 4 bytes")?;
+        let len = u32::from_le_bytes(head) as usize;
+        if len
+            .checked_add(4)
+            .is_none_or(|n| n > self.capacity() as usize)
+        {
+            return Err(format!("no reply written (length word {len:#x})"));
+        }
         let framed = self.read(guest, 4 + len);
-        Reply::decode(&framed[4..]).expect("a reply")
+        Reply::decode(&framed[4..]).map_err(|e| format!("reply does not decode: {e}"))
     }
 
     /// One exchange of compute context `ctx`: the request in, a fenced submit (its completion
