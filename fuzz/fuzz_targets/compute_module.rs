@@ -13,7 +13,12 @@ use mdev_backend::compute::ptx::Module;
 use mdev_backend::compute::{ComputeBackend, CpuBackend, CpuConfig};
 
 fuzz_target!(|data: &[u8]| {
-    let config = CpuConfig { memory_per_context: 1 << 20, instruction_budget: 20_000, threads: 1 };
+    let config = CpuConfig {
+        memory_per_context: 1 << 20,
+        instruction_budget: 20_000,
+        threads: 1,
+        ..CpuConfig::default()
+    };
     let mut be = CpuBackend::new(config);
     let ctx = be.context_create().expect("a first context");
     let guard = be.mem_alloc(ctx, 4096).expect("a small allocation");

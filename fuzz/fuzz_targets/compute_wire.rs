@@ -14,7 +14,12 @@ use mdev_backend::compute::{CpuBackend, CpuConfig};
 const MAX_MESSAGES: usize = 64;
 
 fuzz_target!(|data: &[u8]| {
-    let config = CpuConfig { memory_per_context: 1 << 20, instruction_budget: 20_000, threads: 1 };
+    let config = CpuConfig {
+        memory_per_context: 1 << 20,
+        instruction_budget: 20_000,
+        threads: 1,
+        ..CpuConfig::default()
+    };
     let mut be = CpuBackend::new(config);
     let (mut owned, mut stats) = (Owned::default(), Stats::default());
     let mut rest = data;
