@@ -11,7 +11,7 @@ use std::time::Instant;
 use log::{debug, warn};
 
 use super::backend::*;
-use super::fatbin::{extract_ptx, ptx_of_all};
+use super::fatbin::{ptx_entries, ptx_of_all};
 use super::memory::{DEVICE_HEAP_BYTES, DeviceHeap, DeviceMemory, MAX_HEAP_BLOCKS};
 use super::ptx::{self, Launch, MAX_PRINTF_BYTES};
 use super::{ComputeError, ComputeResult, GlobalMemory};
@@ -72,6 +72,9 @@ struct LoadedModule {
     ptx: ptx::Module,
     /// Device address of each module variable, in `globals()` order.
     symbols: Vec<u64>,
+    /// The host bytes the parsed module holds, given back to the budget when it is unloaded
+    /// or its context destroyed.
+    _charge: Charge,
 }
 
 #[derive(Debug)]
@@ -92,8 +95,13 @@ struct Context {
 
 impl Context {
     /// Allocates and initialises a parsed module's variables (patching the addresses that
-    /// initialisers name) and keeps the module.
-    fn install(&mut self, ctx: ContextId, module: ptx::Module) -> ComputeResult<ModuleId> {
+    /// initialisers name) and keeps the module with the charge for its host bytes.
+    fn install(
+        &mut self,
+        ctx: ContextId,
+        module: ptx::Module,
+        charge: Charge,
+    ) -> ComputeResult<ModuleId> {
         let mut symbols = Vec::with_capacity(module.globals().len());
         let placed = (|| {
             for g in module.globals() {
@@ -126,6 +134,7 @@ impl Context {
             LoadedModule {
                 ptx: module,
                 symbols,
+                _charge: charge,
             },
         );
         Ok(ModuleId(id))
@@ -249,33 +258,31 @@ impl ComputeBackend for CpuBackend {
     }
 
     fn module_load(&mut self, ctx: ContextId, image: &[u8]) -> ComputeResult<ModuleId> {
+        let (budget, cancel) = (Arc::clone(&self.config.budget), Arc::clone(&self.cancel));
         let c = self.ctx(ctx)?;
         room_for_module(c.modules.len())?;
-        // The most portable PTX the executor accepts.
+        // The most portable PTX the executor accepts: each entry decompressed (and charged)
+        // only once the ones before it failed to parse, and given back before the next.
         let mut last = None;
-        let mut parsed = None;
-        for p in extract_ptx(image)? {
-            match ptx::Module::parse(&p.text) {
-                Ok(m) => {
-                    parsed = Some(m);
-                    break;
-                }
-                Err(e) => last = Some(e),
+        for entry in ptx_entries(image)? {
+            let text = entry.text(&budget, &cancel)?;
+            match ptx::Module::load(&[&text], &budget, &cancel) {
+                Ok((module, charge)) => return c.install(ctx, module, charge),
+                Err(e @ ComputeError::InvalidPtx(_)) => last = Some(e),
+                Err(e) => return Err(e),
             }
         }
-        let Some(module) = parsed else {
-            return Err(last.unwrap_or_else(|| ComputeError::InvalidImage("no PTX".into())));
-        };
-        c.install(ctx, module)
+        Err(last.unwrap_or_else(|| ComputeError::InvalidImage("no PTX".into())))
     }
 
     fn module_link(&mut self, ctx: ContextId, images: &[&[u8]]) -> ComputeResult<ModuleId> {
+        let (budget, cancel) = (Arc::clone(&self.config.budget), Arc::clone(&self.cancel));
         let c = self.ctx(ctx)?;
         room_for_module(c.modules.len())?;
-        let texts = ptx_of_all(images)?;
-        let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
-        let module = ptx::Module::link(&texts)?;
-        c.install(ctx, module)
+        let texts = ptx_of_all(images, &budget, &cancel)?;
+        let texts: Vec<&str> = texts.iter().map(|t| &**t).collect();
+        let (module, charge) = ptx::Module::load(&texts, &budget, &cancel)?;
+        c.install(ctx, module, charge)
     }
 
     fn module_unload(&mut self, ctx: ContextId, module: ModuleId) -> ComputeResult<()> {

@@ -22,13 +22,15 @@
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{CString, c_char, c_int, c_uint, c_void};
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use libloading::Library;
 use log::{info, warn};
 
 use super::backend::*;
-use super::fatbin::{extract_ptx, ptx_of_all};
+use super::fatbin::{ptx_entries, ptx_of_all};
+use super::ptx::Stop;
 use super::{ComputeError, ComputeResult};
 use crate::budget::{Charge, MemoryBudget};
 
@@ -217,6 +219,25 @@ fn wait_stream(api: &Api, s: Handle) -> ComputeResult<()> {
     check("cuStreamSynchronize", unsafe {
         (api.stream_synchronize)(s)
     })
+}
+
+/// PTX texts NUL-terminated for the driver, the copies charged to `budget` while held.
+fn driver_texts(
+    texts: &[&str],
+    budget: &Arc<MemoryBudget>,
+) -> ComputeResult<(Vec<CString>, Charge)> {
+    let bytes = texts
+        .iter()
+        .try_fold(0u64, |total, t| total.checked_add(t.len() as u64 + 1))
+        .unwrap_or(u64::MAX);
+    let held = budget
+        .charge(bytes)
+        .map_err(|e| Stop::OverBudget(e).error())?;
+    let texts = texts
+        .iter()
+        .map(|&t| CString::new(t).map_err(|_| ComputeError::InvalidPtx("NUL inside PTX".into())))
+        .collect::<ComputeResult<_>>()?;
+    Ok((texts, held))
 }
 
 fn check(what: &str, r: CuResult) -> ComputeResult<()> {
@@ -550,12 +571,15 @@ impl ComputeBackend for NvCuda {
     }
 
     fn module_load(&mut self, ctx: ContextId, image: &[u8]) -> ComputeResult<ModuleId> {
-        let ptx = extract_ptx(image)?
-            .into_iter()
-            .next_back()
-            .expect("extract_ptx returns at least one");
-        let text = CString::new(ptx.text)
-            .map_err(|_| ComputeError::InvalidPtx("NUL inside PTX".into()))?;
+        // The newest architecture's PTX, the only entry decompressed; the driver's own load
+        // is not cancellable, so neither is this.
+        let never = AtomicBool::new(false);
+        let entries = ptx_entries(image)?;
+        let newest = entries.last().expect("ptx_entries returns at least one");
+        let ptx = newest.text(&self.budget, &never)?;
+        let (texts, _held) = driver_texts(&[&ptx], &self.budget)?;
+        drop(ptx);
+        let text = &texts[0];
         self.on(ctx, |api, c| {
             room_for_module(c.modules.len())?;
             let mut m: Handle = std::ptr::null_mut();
@@ -571,10 +595,10 @@ impl ComputeBackend for NvCuda {
     }
 
     fn module_link(&mut self, ctx: ContextId, images: &[&[u8]]) -> ComputeResult<ModuleId> {
-        let texts = ptx_of_all(images)?
-            .into_iter()
-            .map(|t| CString::new(t).map_err(|_| ComputeError::InvalidPtx("NUL inside PTX".into())))
-            .collect::<ComputeResult<Vec<_>>>()?;
+        let never = AtomicBool::new(false);
+        let ptx = ptx_of_all(images, &self.budget, &never)?;
+        let ptx: Vec<&str> = ptx.iter().map(|t| &**t).collect();
+        let (texts, _held) = driver_texts(&ptx, &self.budget)?;
         self.on(ctx, |api, c| {
             room_for_module(c.modules.len())?;
             let mut state: Handle = std::ptr::null_mut();

@@ -13,12 +13,15 @@ mod lex;
 mod parse;
 mod printf;
 
+use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use super::memory::DeviceHeap;
 use super::{ComputeError, ComputeResult};
+use crate::budget::{Charge, MemoryBudget};
 
 pub use exec::launch;
+pub(crate) use parse::Stop;
 
 /// Largest PTX text accepted (bytes): nvcc's PTX for a large program is a few MiB.
 pub const MAX_PTX_BYTES: usize = 64 << 20;
@@ -95,14 +98,30 @@ pub struct Module {
 
 impl Module {
     /// Parses PTX text. Refuses (`InvalidPtx`, with the line) what the executor cannot run.
+    /// Uncharged: for tools and tests; a guest's module goes through [`Module::load`].
     pub fn parse(text: &str) -> ComputeResult<Module> {
         Module::link(&[text])
+    }
+
+    /// [`Module::load`] uncharged and never cancelled: for tools and tests.
+    pub fn link(images: &[&str]) -> ComputeResult<Module> {
+        let never = AtomicBool::new(false);
+        Module::load(images, &MemoryBudget::new(u64::MAX), &never).map(|(m, _)| m)
     }
 
     /// Parses PTX images and links them into one module (what `cuLinkAddData` for each and
     /// `cuLinkComplete` do): `.extern` functions and variables resolve to another image's
     /// `.visible` or `.weak` definitions; names without linkage stay their image's own.
-    pub fn link(images: &[&str]) -> ComputeResult<Module> {
+    ///
+    /// Every host byte the parse holds is charged to `budget` before it is made (past it, an
+    /// `OutOfMemory` error); the returned charge is what the module keeps, to hold as long as
+    /// the module. The parse costs time linear in the text and stops within a few thousand
+    /// tokens once `cancel` is set.
+    pub fn load(
+        images: &[&str],
+        budget: &Arc<MemoryBudget>,
+        cancel: &AtomicBool,
+    ) -> ComputeResult<(Module, Charge)> {
         if images.is_empty() || images.len() > MAX_LINKED_IMAGES {
             return Err(ComputeError::InvalidPtx(format!(
                 "{} images to link (1 to {MAX_LINKED_IMAGES})",
@@ -115,12 +134,16 @@ impl Module {
                 "{bytes} bytes of PTX, more than {MAX_PTX_BYTES}"
             )));
         }
-        let parsed = parse::parse(images).map_err(|(image, line, msg)| {
-            ComputeError::InvalidPtx(if images.len() == 1 {
-                format!("line {line}: {msg}")
-            } else {
-                format!("image {image}, line {line}: {msg}")
-            })
+        let meter = parse::Meter::new(budget, cancel);
+        let (parsed, charge) = parse::parse(images, meter).map_err(|f| match f {
+            parse::Failure::Invalid(image, line, msg) => {
+                ComputeError::InvalidPtx(if images.len() == 1 {
+                    format!("line {line}: {msg}")
+                } else {
+                    format!("image {image}, line {line}: {msg}")
+                })
+            }
+            parse::Failure::Stopped(stop) => stop.error(),
         })?;
         let mut kernels = Vec::new();
         for (i, f) in parsed.funcs.iter().enumerate() {
@@ -150,7 +173,7 @@ impl Module {
                 i as u32,
             ));
         }
-        Ok(Module { parsed, kernels })
+        Ok((Module { parsed, kernels }, charge))
     }
 
     /// The names of the module's kernels (`.entry`).

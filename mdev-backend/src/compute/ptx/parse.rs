@@ -1,13 +1,129 @@
 //! PTX text → [`Parsed`]: directives, declarations and instructions decoded, every register,
 //! label, variable and function resolved. Anything the executor does not implement is refused
 //! here with its line, never met at run time.
+//!
+//! A guest's text is hostile: the parse costs time linear in it (a name is one map probe
+//! whatever the nesting of scopes), every host byte it makes is charged to the VM's budget
+//! through a [`Meter`] before it is made, and the meter's cancel flag stops it within a few
+//! thousand tokens.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::ir::*;
-use super::lex::{Tok, Token, tokens};
+use super::lex::{Lexer, Tok, Token};
 use super::{GlobalVar, VarSpace};
 use super::{MAX_INSTRUCTIONS_PER_MODULE, MAX_REGISTERS_PER_THREAD, MAX_VARIABLE_BYTES};
+use crate::budget::{Charge, MemoryBudget, OverBudget};
+use crate::compute::ComputeError;
+
+/// Bytes a [`Meter`] reserves from the budget at a time: the shared counter is touched once
+/// per step, and a parse holds at most one step it has not used.
+const METER_STEP: u64 = 64 << 10;
+/// Tokens read between two looks at the cancel flag (tens of microseconds of parsing).
+const CANCEL_CHECK_TOKENS: u32 = 4096;
+/// Tokens in one instruction's operands: they are copied while it is decoded, so this bounds
+/// that copy without charging it. nvcc's longest, a call with its parameter list, has a few
+/// hundred.
+pub(crate) const MAX_INSTRUCTION_TOKENS: usize = 4096;
+/// Host bytes one entry of a name table costs besides its name's bytes (the entry, the
+/// table's control byte and spare room): the estimate charged per name.
+const MAP_ENTRY_BYTES: u64 = 64;
+
+/// Why a parse (or a module load's decompression) stopped before its end: not the text's
+/// fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stop {
+    /// What it would hold takes the VM past its memory budget.
+    OverBudget(OverBudget),
+    /// The load was cancelled: the VM's device was reset or went away.
+    Cancelled,
+}
+
+impl Stop {
+    /// The error a guest is answered with.
+    pub(crate) fn error(self) -> ComputeError {
+        match self {
+            Stop::OverBudget(e) => ComputeError::OutOfMemory(format!("module: {e}")),
+            Stop::Cancelled => {
+                ComputeError::LaunchTimeout("module load cancelled: its owner went away".into())
+            }
+        }
+    }
+}
+
+/// The host bytes a module load holds, charged to the VM's budget before they are held (in
+/// steps of [`METER_STEP`]), and the flag that cancels the load.
+#[derive(Debug)]
+pub(crate) struct Meter<'a> {
+    charge: Charge,
+    /// Bytes counted; `charge` holds these and at most one step more.
+    used: u64,
+    cancel: &'a AtomicBool,
+}
+
+impl<'a> Meter<'a> {
+    pub(crate) fn new(budget: &Arc<MemoryBudget>, cancel: &'a AtomicBool) -> Meter<'a> {
+        Meter {
+            charge: Charge::empty(budget),
+            used: 0,
+            cancel,
+        }
+    }
+
+    /// Fails once the load is cancelled.
+    pub(crate) fn check(&self) -> Result<(), Stop> {
+        if self.cancel.load(Ordering::Relaxed) {
+            Err(Stop::Cancelled)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Counts `bytes` more, reserving them first; looks at the cancel flag at each step.
+    pub(crate) fn take(&mut self, bytes: u64) -> Result<(), Stop> {
+        // Saturated, it is more than any budget grants.
+        let used = self.used.saturating_add(bytes);
+        if used > self.charge.bytes() {
+            self.check()?;
+            let short = used - self.charge.bytes();
+            // A step ahead when it fits, else exactly what is needed.
+            if self.charge.grow(short.max(METER_STEP)).is_err() {
+                self.charge.grow(short).map_err(Stop::OverBudget)?;
+            }
+        }
+        self.used = used;
+        Ok(())
+    }
+
+    /// Counts `bytes` fewer (what was freed), giving the budget back all but a step.
+    pub(crate) fn give_back(&mut self, bytes: u64) {
+        self.used = self.used.saturating_sub(bytes);
+        let spare = self.charge.bytes() - self.used;
+        if spare > METER_STEP {
+            self.charge.shrink(spare - METER_STEP);
+        }
+    }
+
+    /// The charge of exactly the bytes still counted.
+    pub(crate) fn finish(mut self) -> Charge {
+        let spare = self.charge.bytes() - self.used;
+        self.charge.shrink(spare);
+        self.charge
+    }
+}
+
+/// Pushes `item`, growing `v` by charged steps: its spare capacity is counted too.
+pub(crate) fn push_charged<T>(v: &mut Vec<T>, item: T, meter: &mut Meter<'_>) -> Result<(), Stop> {
+    if v.len() == v.capacity() {
+        let more = v.capacity().max(64);
+        meter.take((more as u64).saturating_mul(size_of::<T>() as u64))?;
+        v.reserve_exact(more);
+    }
+    v.push(item);
+    Ok(())
+}
 
 /// Kernel parameter layouts by function index: (offset, size, align) each, and total bytes.
 pub(crate) type KernelParams = HashMap<u32, (Vec<(u32, u32, u32)>, u32)>;
@@ -60,17 +176,93 @@ pub(crate) struct Parsed {
 enum Name {
     Reg(u32),
     Var(SymRef, u32),
-    /// A `.v2`/`.v4` register: its elements are the registers named `NAME.x`, `NAME.y`, ...
-    Vector(u8),
+    /// A `.v2`/`.v4` register of this many elements, from this register on: they are also
+    /// named `NAME.x`, `NAME.y`, ...
+    Vector(u8, u32),
     Func(u32),
 }
+
+/// Module `.global` and `.const` variables of one module (each is an allocation at load).
+const MAX_MODULE_VARIABLES: usize = 4096;
 
 /// Element names of vector registers.
 const VECTOR_ELEMENTS: [&str; 4] = ["x", "y", "z", "w"];
 
-struct Parser {
-    toks: Vec<Token>,
-    pos: usize,
+/// Host bytes one definition of a function-scope name holds (its place in a name's stack and
+/// in the order of definitions).
+const DEFINITION_BYTES: u64 = (size_of::<Name>() + size_of::<u32>()) as u64;
+/// Host bytes one open scope holds.
+const OPEN_SCOPE_BYTES: u64 = size_of::<usize>() as u64;
+
+/// The names of a function's nested scopes. A name maps to a slot whose stack holds its
+/// definitions, innermost last: a lookup is one map probe whatever the nesting, and closing a
+/// scope pops exactly the definitions it made, so scopes cost time linear in the text.
+#[derive(Debug, Default)]
+struct Scopes {
+    slots: HashMap<String, u32>,
+    stacks: Vec<Vec<Name>>,
+    /// The slot of each definition in the open scopes, in the order they were made.
+    made: Vec<u32>,
+    /// Where each open scope's definitions start in `made`.
+    open: Vec<usize>,
+}
+
+impl Scopes {
+    fn get(&self, name: &str) -> Option<Name> {
+        let &slot = self.slots.get(name)?;
+        self.stacks[slot as usize].last().copied()
+    }
+
+    fn open(&mut self) {
+        self.open.push(self.made.len());
+    }
+
+    /// Closes the innermost scope: its definitions are gone. The bytes that freed.
+    fn close(&mut self) -> u64 {
+        let Some(from) = self.open.pop() else {
+            return 0;
+        };
+        let gone = self.made.len() - from;
+        for slot in self.made.drain(from..) {
+            self.stacks[slot as usize].pop();
+        }
+        OPEN_SCOPE_BYTES + gone as u64 * DEFINITION_BYTES
+    }
+
+    fn is_open(&self) -> bool {
+        !self.open.is_empty()
+    }
+
+    /// Defines `name` in the innermost scope, hiding any outer definition until it closes.
+    fn define(&mut self, name: String, n: Name) {
+        let next = self.stacks.len() as u32;
+        let slot = *self.slots.entry(name).or_insert(next);
+        if slot == next {
+            self.stacks.push(Vec::new());
+        }
+        self.stacks[slot as usize].push(n);
+        self.made.push(slot);
+    }
+}
+
+struct Parser<'a> {
+    lexer: Lexer<'a>,
+    /// The next token, lexed but not consumed.
+    ahead: Option<Token<'a>>,
+    /// Tokens read since the cancel flag was last looked at.
+    since_check: u32,
+    meter: Meter<'a>,
+    /// Why the parse stopped, when it was not the text's fault.
+    stop: Option<Stop>,
+    /// Bytes charged for what lives until the current function ends (scopes, labels).
+    function_bytes: u64,
+    /// Bytes charged for what lives until the parse ends (name tables, fixups).
+    parse_bytes: u64,
+    scopes: Scopes,
+    /// The current function's labels.
+    labels: HashMap<String, u32>,
+    /// The current function's branches: (instruction, label, line).
+    bra_fixups: Vec<(usize, String, u32)>,
     code: Vec<Inst>,
     funcs: Vec<Function>,
     /// Functions with linkage (`.visible`, `.extern`, `.weak`), shared by all images.
@@ -102,13 +294,47 @@ fn align_up(v: u32, align: u32, line: u32) -> PResult<u32> {
         .ok_or((line, "variable layout overflows".to_string()))
 }
 
+/// Bytes of a parse error's message: it may quote a guest's name, which can be as long as
+/// its text.
+const MAX_MESSAGE_BYTES: usize = 256;
+
+/// Why a parse failed.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// The text: the image (by index), the line and what is wrong.
+    Invalid(usize, u32, String),
+    Stopped(Stop),
+}
+
+/// A failure of the text, its message cut to [`MAX_MESSAGE_BYTES`].
+fn invalid(image: usize, line: u32, mut msg: String) -> Failure {
+    if msg.len() > MAX_MESSAGE_BYTES {
+        let mut cut = MAX_MESSAGE_BYTES;
+        while !msg.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        msg.truncate(cut);
+        msg.push_str("...");
+    }
+    Failure::Invalid(image, line, msg)
+}
+
 /// Parses PTX modules and links them into one: each image's internal names stay its own,
 /// `.extern` declarations resolve to the `.visible` (or `.weak`) definitions of any image, as
-/// `cuLinkAddData` + `cuLinkComplete` do. A failure names the image (by index) and the line.
-pub(crate) fn parse(images: &[&str]) -> Result<Parsed, (usize, u32, String)> {
+/// `cuLinkAddData` + `cuLinkComplete` do. Every byte the parse holds is charged to `meter`
+/// first; the returned charge holds what the parsed module keeps, the rest given back.
+pub(crate) fn parse<'a>(images: &[&'a str], meter: Meter<'a>) -> Result<(Parsed, Charge), Failure> {
     let mut p = Parser {
-        toks: Vec::new(),
-        pos: 0,
+        lexer: Lexer::new(""),
+        ahead: None,
+        since_check: 0,
+        meter,
+        stop: None,
+        function_bytes: 0,
+        parse_bytes: 0,
+        scopes: Scopes::default(),
+        labels: HashMap::new(),
+        bra_fixups: Vec::new(),
         code: Vec::new(),
         funcs: Vec::new(),
         func_index: HashMap::new(),
@@ -124,16 +350,20 @@ pub(crate) fn parse(images: &[&str]) -> Result<Parsed, (usize, u32, String)> {
         call_fixups: Vec::new(),
     };
     for (i, text) in images.iter().enumerate() {
-        p.toks = tokens(text);
-        p.pos = 0;
+        p.lexer = Lexer::new(text);
+        p.ahead = None;
         p.module_names.clear();
         p.image_funcs.push(HashMap::new());
-        p.module().map_err(|(line, msg)| (i, line, msg))?;
+        let parsed = p.module();
+        if let Some(stop) = p.stop {
+            return Err(Failure::Stopped(stop));
+        }
+        parsed.map_err(|(line, msg)| invalid(i, line, msg))?;
     }
     let last = images.len().saturating_sub(1);
     for (name, (_, defined, line)) in &p.linked_vars {
         if !defined {
-            return Err((
+            return Err(invalid(
                 last,
                 *line,
                 format!("variable {name} is declared but never defined"),
@@ -141,7 +371,7 @@ pub(crate) fn parse(images: &[&str]) -> Result<Parsed, (usize, u32, String)> {
         }
     }
     for (at, name, line, image) in std::mem::take(&mut p.call_fixups) {
-        let fail = |msg: String| Err((image, line, msg));
+        let fail = |msg: String| Err(invalid(image, line, msg));
         let Some(&f) = p.image_funcs[image]
             .get(&name)
             .or_else(|| p.func_index.get(&name))
@@ -175,7 +405,9 @@ pub(crate) fn parse(images: &[&str]) -> Result<Parsed, (usize, u32, String)> {
             *c = callee;
         }
     }
-    Ok(Parsed {
+    p.meter.give_back(p.parse_bytes);
+    let charge = p.meter.finish();
+    let parsed = Parsed {
         code: p.code,
         funcs: p.funcs,
         globals: p.globals,
@@ -184,43 +416,109 @@ pub(crate) fn parse(images: &[&str]) -> Result<Parsed, (usize, u32, String)> {
         local_bytes: p.local_bytes,
         fparam_bytes: p.fparam_bytes,
         kernel_params: p.kernel_params,
-    })
+    };
+    Ok((parsed, charge))
 }
 
-impl Parser {
+impl<'a> Parser<'a> {
+    /// Charges `bytes` more for what the parse builds; the parse stops when they do not fit
+    /// or the load is cancelled.
+    fn spend(&mut self, bytes: u64) -> PResult<()> {
+        self.meter.take(bytes).map_err(|s| self.stopped(s))
+    }
+
+    /// Records why the parse stops; the error it returns is replaced by that reason.
+    fn stopped(&mut self, stop: Stop) -> (u32, String) {
+        self.stop = Some(stop);
+        (0, format!("{stop:?}"))
+    }
+
+    /// [`Parser::spend`] for what lives until the current function ends.
+    fn spend_for_function(&mut self, bytes: u64) -> PResult<()> {
+        self.spend(bytes)?;
+        self.function_bytes += bytes;
+        Ok(())
+    }
+
+    /// [`Parser::spend`] for what lives until the parse ends.
+    fn spend_for_parse(&mut self, bytes: u64) -> PResult<()> {
+        self.spend(bytes)?;
+        self.parse_bytes += bytes;
+        Ok(())
+    }
+
+    /// Defines a function-scope name, charged until its scope closes.
+    fn define(&mut self, name: String, n: Name) -> PResult<()> {
+        if !self.scopes.slots.contains_key(&name) {
+            self.spend_for_function(
+                name.len() as u64 + MAP_ENTRY_BYTES + size_of::<Vec<Name>>() as u64,
+            )?;
+        }
+        self.spend(DEFINITION_BYTES)?;
+        self.scopes.define(name, n);
+        Ok(())
+    }
+
+    fn open_scope(&mut self) -> PResult<()> {
+        self.spend(OPEN_SCOPE_BYTES)?;
+        self.scopes.open();
+        Ok(())
+    }
+
+    /// Closes the innermost scope; whether one is still open.
+    fn close_scope(&mut self) -> bool {
+        let freed = self.scopes.close();
+        self.meter.give_back(freed);
+        self.scopes.is_open()
+    }
+
     /// The line of the next token that is not a newline (that of a newline still to be
     /// skipped is the line before: an instruction would be blamed on the one above it).
-    fn line(&self) -> u32 {
-        self.toks
-            .get(self.pos..)
-            .and_then(|rest| rest.iter().find(|t| t.tok != Tok::Newline))
-            .or(self.toks.last())
-            .map_or(0, |t| t.line)
+    fn line(&mut self) -> u32 {
+        self.peek();
+        self.ahead.map_or(self.lexer.line(), |t| t.line)
+    }
+
+    /// Lexes the next token into `ahead` unless it holds one; `None` at the end of the text,
+    /// or when the load was cancelled (recorded: the parse then stops).
+    fn fill(&mut self) -> Option<Token<'a>> {
+        if self.ahead.is_none() && self.stop.is_none() {
+            match self.lexer.next(&self.meter) {
+                Ok(t) => self.ahead = t,
+                Err(stop) => self.stop = Some(stop),
+            }
+        }
+        self.ahead
     }
 
     /// The next token that is not a newline.
-    fn peek(&mut self) -> Option<&Tok> {
-        while matches!(
-            self.toks.get(self.pos),
-            Some(Token {
-                tok: Tok::Newline,
-                ..
-            })
-        ) {
-            self.pos += 1;
+    fn peek(&mut self) -> Option<&Tok<'a>> {
+        while let Some(Token {
+            tok: Tok::Newline, ..
+        }) = self.fill()
+        {
+            self.ahead = None;
         }
-        self.toks.get(self.pos).map(|t| &t.tok)
+        self.ahead.as_ref().map(|t| &t.tok)
     }
 
-    fn next(&mut self) -> PResult<Tok> {
-        self.peek();
+    /// Consumes the token [`Parser::peek`] returned.
+    fn bump(&mut self) {
+        self.ahead = None;
+    }
+
+    fn next(&mut self) -> PResult<Tok<'a>> {
+        self.since_check += 1;
+        if self.since_check >= CANCEL_CHECK_TOKENS {
+            self.since_check = 0;
+            self.meter.check().map_err(|s| self.stopped(s))?;
+        }
         let line = self.line();
         let t = self
-            .toks
-            .get(self.pos)
+            .ahead
+            .take()
             .ok_or((line, "unexpected end of text".to_string()))?;
-        self.pos += 1;
-        Ok(t.tok.clone())
+        Ok(t.tok)
     }
 
     fn expect(&mut self, c: char) -> PResult<()> {
@@ -233,14 +531,14 @@ impl Parser {
 
     fn eat(&mut self, c: char) -> bool {
         if self.peek() == Some(&Tok::Punct(c)) {
-            self.pos += 1;
+            self.bump();
             true
         } else {
             false
         }
     }
 
-    fn word(&mut self) -> PResult<String> {
+    fn word(&mut self) -> PResult<&'a str> {
         let line = self.line();
         match self.next()? {
             Tok::Word(w) => Ok(w),
@@ -258,8 +556,8 @@ impl Parser {
 
     /// Skips to the end of the current line (directives without a semicolon).
     fn skip_line(&mut self) {
-        while let Some(t) = self.toks.get(self.pos) {
-            self.pos += 1;
+        while let Some(t) = self.fill() {
+            self.bump();
             if t.tok == Tok::Newline {
                 break;
             }
@@ -276,38 +574,38 @@ impl Parser {
 
     fn module(&mut self) -> PResult<()> {
         let mut linkage = Linkage::Internal;
-        while let Some(tok) = self.peek().cloned() {
+        while let Some(tok) = self.peek().copied() {
             let line = self.line();
             match tok {
-                Tok::Directive(d) => match d.as_str() {
+                Tok::Directive(d) => match d {
                     ".version" | ".target" | ".address_size" | ".file" | ".loc" => self.skip_line(),
                     ".visible" => {
-                        self.pos += 1;
+                        self.bump();
                         linkage = Linkage::Visible;
                     }
                     ".extern" => {
-                        self.pos += 1;
+                        self.bump();
                         linkage = Linkage::Extern;
                     }
                     ".weak" | ".common" => {
-                        self.pos += 1;
+                        self.bump();
                         linkage = Linkage::Weak;
                     }
                     ".entry" | ".func" => {
-                        self.pos += 1;
+                        self.bump();
                         self.function(
                             d == ".entry",
                             std::mem::replace(&mut linkage, Linkage::Internal),
                         )?;
                     }
                     ".global" | ".const" | ".shared" => {
-                        self.pos += 1;
-                        self.module_var(&d, std::mem::replace(&mut linkage, Linkage::Internal))?;
+                        self.bump();
+                        self.module_var(d, std::mem::replace(&mut linkage, Linkage::Internal))?;
                     }
                     ".section" => return err(line, "debug sections are not supported"),
                     _ => return err(line, format!("unsupported module directive {d}")),
                 },
-                Tok::Punct(';') => self.pos += 1,
+                Tok::Punct(';') => self.bump(),
                 t => return err(line, format!("unexpected {t:?} at module scope")),
             }
         }
@@ -319,9 +617,9 @@ impl Parser {
         let line = self.line();
         let mut align = 0;
         let mut ty = None;
-        while let Some(Tok::Directive(d)) = self.peek().cloned() {
-            self.pos += 1;
-            match d.as_str() {
+        while let Some(Tok::Directive(d)) = self.peek().copied() {
+            self.bump();
+            match d {
                 ".align" => align = u32::try_from(self.int()?).unwrap_or(u32::MAX),
                 ".ptr" | ".global" | ".const" | ".shared" | ".local" => {}
                 ".v2" | ".v4" => return err(line, "vector variables are not supported"),
@@ -376,7 +674,7 @@ impl Parser {
             None
         };
         Ok(VarDecl {
-            name,
+            name: name.to_string(),
             size,
             align,
             init,
@@ -388,6 +686,8 @@ impl Parser {
     /// bytes, zero-filled to `size`, and where a variable's device address goes.
     fn initializer(&mut self, ty: Ty, size: u32) -> PResult<Init> {
         let line = self.line();
+        // The bytes are the variable's: charged whole, as they end `size` long.
+        self.spend(u64::from(size))?;
         let mut out = Vec::new();
         let mut relocs = Vec::new();
         let mut depth = 0;
@@ -401,9 +701,7 @@ impl Parser {
                     out.extend_from_slice(&v.to_le_bytes()[..ty.bytes() as usize]);
                 }
                 t @ (Tok::Int(_) | Tok::F32(_) | Tok::F64(_) | Tok::Float(_)) => {
-                    self.pos -= 1;
-                    let _ = t;
-                    let v = self.literal_value(ty, false, line)?;
+                    let v = literal_of(t, ty, false, line)?;
                     out.extend_from_slice(&v.to_le_bytes()[..ty.bytes() as usize]);
                 }
                 Tok::Word(mut w) => {
@@ -416,8 +714,9 @@ impl Parser {
                         self.expect(')')?;
                     }
                     let offset = u32::try_from(out.len()).unwrap_or(u32::MAX);
-                    let value = match self.lookup(&[], &w) {
+                    let value = match self.lookup(w) {
                         Some(Name::Var(SymRef::Global(g), _)) => {
+                            self.spend(size_of::<(u32, u32)>() as u64)?;
                             relocs.push((offset, g));
                             0
                         }
@@ -440,13 +739,12 @@ impl Parser {
     }
 
     fn literal_value(&mut self, ty: Ty, negative: bool, line: u32) -> PResult<u64> {
-        let t = self.next()?;
-        literal(&t, ty, negative).ok_or((line, format!("bad literal {t:?} for .{ty:?}")))
+        literal_of(self.next()?, ty, negative, line)
     }
 
     fn module_var(&mut self, space: &str, linkage: Linkage) -> PResult<()> {
         let line = self.line();
-        let v = self.var_decl()?;
+        let mut v = self.var_decl()?;
         self.expect(';')?;
         if v.copies.is_some() {
             return err(line, "parameterized module variables are not supported");
@@ -462,7 +760,7 @@ impl Parser {
                 }
                 if defines && !defined {
                     match sym {
-                        SymRef::Global(g) => self.define_global(g, space, &v),
+                        SymRef::Global(g) => self.define_global(g, space, &mut v)?,
                         _ if v.size > size => {
                             return err(line, format!("{} is larger than declared", v.name));
                         }
@@ -470,7 +768,7 @@ impl Parser {
                     }
                     self.linked_vars.insert(v.name.clone(), (name, true, line));
                 }
-                self.module_names.insert(v.name, name);
+                self.module_name(v.name, name)?;
                 return Ok(());
             }
         }
@@ -478,18 +776,20 @@ impl Parser {
             ".shared" => self.shared_var(v.size, v.align, line)?,
             _ => {
                 let index = u32::try_from(self.globals.len()).unwrap_or(u32::MAX);
-                if self.globals.len() >= 4096 {
+                if self.globals.len() >= MAX_MODULE_VARIABLES {
                     return err(line, "too many module variables");
                 }
-                self.globals.push(GlobalVar {
+                self.spend(v.name.len() as u64)?;
+                let g = GlobalVar {
                     name: v.name.clone(),
                     space: VarSpace::Global,
                     size: 0,
                     align: 1,
                     init: Vec::new(),
                     relocs: Vec::new(),
-                });
-                self.define_global(index, space, &v);
+                };
+                push_charged(&mut self.globals, g, &mut self.meter).map_err(|s| self.stopped(s))?;
+                self.define_global(index, space, &mut v)?;
                 SymRef::Global(index)
             }
         };
@@ -497,16 +797,30 @@ impl Parser {
         if linkage != Linkage::Internal {
             // An `.extern .shared` array without a size is the dynamic shared memory.
             let defined = defines || sym == SymRef::DynShared;
+            self.spend_for_parse(v.name.len() as u64 + MAP_ENTRY_BYTES)?;
             self.linked_vars
                 .insert(v.name.clone(), (name, defined, line));
         }
-        self.module_names.insert(v.name, name);
+        self.module_name(v.name, name)
+    }
+
+    /// Names a module-scope variable for the rest of the image.
+    fn module_name(&mut self, name: String, n: Name) -> PResult<()> {
+        self.spend_for_parse(name.len() as u64 + MAP_ENTRY_BYTES)?;
+        self.module_names.insert(name, n);
         Ok(())
     }
 
-    /// Gives module variable `g` the declaration's space, size and initial value.
-    fn define_global(&mut self, g: u32, space: &str, v: &VarDecl) {
-        let (init, relocs) = v.init.clone().unwrap_or_default();
+    /// Gives module variable `g` the declaration's space, size and initial value (taken from
+    /// the declaration; zeros, charged here, where it has none).
+    fn define_global(&mut self, g: u32, space: &str, v: &mut VarDecl) -> PResult<()> {
+        let (init, relocs) = match v.init.take() {
+            Some(init) => init,
+            None => {
+                self.spend(u64::from(v.size))?;
+                Default::default()
+            }
+        };
         let size = v.size as usize;
         let g = &mut self.globals[g as usize];
         g.space = if space == ".const" {
@@ -518,6 +832,7 @@ impl Parser {
         g.align = v.align;
         g.init = if init.is_empty() { vec![0; size] } else { init };
         g.relocs = relocs;
+        Ok(())
     }
 
     fn shared_var(&mut self, size: u32, align: u32, line: u32) -> PResult<SymRef> {
@@ -532,12 +847,9 @@ impl Parser {
         Ok(SymRef::Shared(offset))
     }
 
-    /// `(.param ...)` lists of a function head: offsets in `area` (kernel buffer or scratch).
-    fn param_list(
-        &mut self,
-        kernel: bool,
-        names: &mut HashMap<String, Name>,
-    ) -> PResult<Vec<(u32, u32, u32)>> {
+    /// `(.param ...)` lists of a function head: offsets in `area` (kernel buffer or scratch),
+    /// each name defined in the function's (open) scope.
+    fn param_list(&mut self, kernel: bool) -> PResult<Vec<(u32, u32, u32)>> {
         let mut out = Vec::new();
         let mut kernel_offset = 0u32;
         self.expect('(')?;
@@ -575,7 +887,8 @@ impl Parser {
             } else {
                 SymRef::FuncParam(offset)
             };
-            names.insert(name, Name::Var(sym, size));
+            self.define(name, Name::Var(sym, size))?;
+            self.spend(size_of::<(u32, u32, u32)>() as u64)?;
             out.push((offset, size, align));
             if self.eat(')') {
                 return Ok(out);
@@ -595,10 +908,11 @@ impl Parser {
 
     fn function(&mut self, entry: bool, linkage: Linkage) -> PResult<()> {
         let line = self.line();
-        let mut scope = HashMap::new();
+        // The parameters' scope, which the body's braces close.
+        self.open_scope()?;
         let mut ret = None;
         if !entry && self.peek() == Some(&Tok::Punct('(')) {
-            let r = self.param_list(false, &mut scope)?;
+            let r = self.param_list(false)?;
             match r.as_slice() {
                 [] => {}
                 [(o, s, _)] => ret = Some((*o, *s)),
@@ -607,24 +921,24 @@ impl Parser {
         }
         let name = self.word()?;
         let params = if self.peek() == Some(&Tok::Punct('(')) {
-            self.param_list(entry, &mut scope)?
+            self.param_list(entry)?
         } else {
             Vec::new()
         };
         // Performance directives (.maxntid, .reqntid, .minnctapersm, .noreturn, ...).
         while let Some(Tok::Directive(_)) = self.peek() {
-            self.pos += 1;
+            self.bump();
             while matches!(self.peek(), Some(Tok::Int(_) | Tok::Punct(','))) {
-                self.pos += 1;
+                self.bump();
             }
         }
         let known = self
             .image_funcs
             .last()
-            .and_then(|m| m.get(&name))
+            .and_then(|m| m.get(name))
             .or_else(|| {
                 (linkage != Linkage::Internal)
-                    .then(|| self.func_index.get(&name))
+                    .then(|| self.func_index.get(name))
                     .flatten()
             })
             .copied();
@@ -634,21 +948,23 @@ impl Parser {
             // A declaration of what is defined already, or a second weak definition (which
             // is parsed and left unused).
             Some(i) if declaration => i,
-            Some(_) if linkage == Linkage::Weak => self.new_function(&name, entry),
+            Some(_) if linkage == Linkage::Weak => self.new_function(name, entry)?,
             Some(_) => return err(line, format!("{name} defined twice")),
             None => {
-                let i = self.new_function(&name, entry);
+                let i = self.new_function(name, entry)?;
                 if linkage == Linkage::Internal {
+                    self.spend_for_parse(name.len() as u64 + MAP_ENTRY_BYTES)?;
                     self.image_funcs
                         .last_mut()
                         .expect("an image")
-                        .insert(name.clone(), i);
+                        .insert(name.to_string(), i);
                 }
                 i
             }
         };
-        if linkage != Linkage::Internal {
-            self.func_index.entry(name).or_insert(index);
+        if linkage != Linkage::Internal && !self.func_index.contains_key(name) {
+            self.spend_for_parse(name.len() as u64 + MAP_ENTRY_BYTES)?;
+            self.func_index.insert(name.to_string(), index);
         }
         if self.eat(';') {
             // A declaration (prototype); its parameters are laid out again at the definition.
@@ -657,16 +973,20 @@ impl Parser {
                 f.params = params;
                 f.ret = ret;
             }
+            self.end_function();
             return Ok(());
+        }
+        // The function keeps its parameters; a kernel's are kept twice more (its layout and
+        // the module's kernel list, with its name).
+        let param_bytes = (params.len() * size_of::<(u32, u32, u32)>()) as u64;
+        if entry {
+            self.spend(2 * param_bytes + MAP_ENTRY_BYTES + name.len() as u64)?;
         }
         let start = self.code.len();
         self.expect('{')?;
-        let mut scopes = vec![scope];
-        let mut labels: HashMap<String, u32> = HashMap::new();
-        let mut bra_fixups: Vec<(usize, String, u32)> = Vec::new();
-        self.body(&mut scopes, &mut labels, &mut bra_fixups)?;
-        for (at, label, line) in bra_fixups {
-            let Some(&target) = labels.get(&label) else {
+        self.body()?;
+        for (at, label, line) in std::mem::take(&mut self.bra_fixups) {
+            let Some(&target) = self.labels.get(&label) else {
                 return err(line, format!("branch to undefined label {label}"));
             };
             if let Op::Bra { target: t } = &mut self.code[at].op {
@@ -689,35 +1009,55 @@ impl Parser {
             let bytes = params.iter().map(|&(o, s, _)| o + s).max().unwrap_or(0);
             self.kernel_params.insert(index, (params, bytes));
         }
+        self.end_function();
         Ok(())
     }
 
-    fn new_function(&mut self, name: &str, entry: bool) -> u32 {
+    /// Frees what lived for the function just parsed (its scopes, labels and branches).
+    fn end_function(&mut self) {
+        while self.close_scope() {}
+        self.scopes = Scopes::default();
+        self.labels = HashMap::new();
+        self.bra_fixups = Vec::new();
+        self.meter
+            .give_back(std::mem::take(&mut self.function_bytes));
+    }
+
+    fn new_function(&mut self, name: &str, entry: bool) -> PResult<u32> {
         let i = u32::try_from(self.funcs.len()).unwrap_or(u32::MAX);
-        self.funcs.push(Function {
+        self.spend(name.len() as u64)?;
+        let f = Function {
             name: name.to_string(),
             entry,
             start: 0,
             end: 0,
             params: Vec::new(),
             ret: None,
-        });
-        i
+        };
+        push_charged(&mut self.funcs, f, &mut self.meter).map_err(|s| self.stopped(s))?;
+        Ok(i)
     }
 
+    /// Appends an instruction, charged with what its operation holds besides itself.
     fn push(&mut self, inst: Inst) -> PResult<()> {
         if self.code.len() >= MAX_INSTRUCTIONS_PER_MODULE {
             return err(inst.line, "module has too many instructions");
         }
-        self.code.push(inst);
-        Ok(())
+        let held = match &inst.op {
+            Op::Pack { parts, .. } => parts.capacity() * size_of::<Src>(),
+            Op::Unpack { ds, .. } => ds.capacity() * size_of::<u32>(),
+            Op::Call { args, .. } => args.capacity() * size_of::<(u32, u32)>(),
+            _ => 0,
+        };
+        self.spend(held as u64)?;
+        push_charged(&mut self.code, inst, &mut self.meter).map_err(|s| self.stopped(s))
     }
 
-    fn lookup(&self, scopes: &[HashMap<String, Name>], name: &str) -> Option<Name> {
-        scopes
-            .iter()
-            .rev()
-            .find_map(|s| s.get(name).copied())
+    /// What `name` means here: the innermost function-scope definition, else the image's
+    /// module-scope names, else a function.
+    fn lookup(&self, name: &str) -> Option<Name> {
+        self.scopes
+            .get(name)
             .or_else(|| self.module_names.get(name).copied())
             .or_else(|| {
                 let funcs = self.image_funcs.last()?;
@@ -728,26 +1068,22 @@ impl Parser {
             })
     }
 
-    fn body(
-        &mut self,
-        scopes: &mut Vec<HashMap<String, Name>>,
-        labels: &mut HashMap<String, u32>,
-        bra_fixups: &mut Vec<(usize, String, u32)>,
-    ) -> PResult<()> {
+    /// A function's body after its `{`, up to the `}` that closes the function's scope.
+    /// Nested braces open scopes without recursion, so nesting costs no stack.
+    fn body(&mut self) -> PResult<()> {
         loop {
             let line = self.line();
             let tok = self.next()?;
             match tok {
                 Tok::Punct('}') => {
-                    scopes.pop();
-                    if scopes.is_empty() {
+                    if !self.close_scope() {
                         return Ok(());
                     }
                 }
-                Tok::Punct('{') => scopes.push(HashMap::new()),
+                Tok::Punct('{') => self.open_scope()?,
                 Tok::Punct(';') => {}
-                Tok::Directive(d) => match d.as_str() {
-                    ".reg" => self.reg_decl(scopes)?,
+                Tok::Directive(d) => match d {
+                    ".reg" => self.reg_decl()?,
                     ".local" | ".shared" | ".param" => {
                         let VarDecl {
                             name,
@@ -765,7 +1101,7 @@ impl Parser {
                             None => vec![name],
                         };
                         for name in names {
-                            let sym = match d.as_str() {
+                            let sym = match d {
                                 ".local" => {
                                     let o = align_up(self.local_bytes, align, line)?;
                                     self.local_bytes = o
@@ -777,10 +1113,7 @@ impl Parser {
                                 ".shared" => self.shared_var(size, align, line)?,
                                 _ => SymRef::FuncParam(self.fparam(size, align, line)?),
                             };
-                            scopes
-                                .last_mut()
-                                .expect("a scope")
-                                .insert(name, Name::Var(sym, size));
+                            self.define(name, Name::Var(sym, size))?;
                         }
                     }
                     ".loc" | ".file" => self.skip_line(),
@@ -790,25 +1123,26 @@ impl Parser {
                     _ => return err(line, format!("unsupported directive {d} in a function")),
                 },
                 Tok::Word(w) if self.peek() == Some(&Tok::Punct(':')) => {
-                    self.pos += 1;
-                    labels.insert(w, self.code.len() as u32);
+                    self.bump();
+                    self.spend_for_function(w.len() as u64 + MAP_ENTRY_BYTES)?;
+                    self.labels.insert(w.to_string(), self.code.len() as u32);
                 }
                 Tok::Punct('@') => {
                     let negate = self.eat('!');
                     let pname = self.word()?;
-                    let Some(Name::Reg(p)) = self.lookup(scopes, &pname) else {
+                    let Some(Name::Reg(p)) = self.lookup(pname) else {
                         return err(line, format!("guard {pname} is not a register"));
                     };
                     let opcode = self.word()?;
-                    self.instruction(&opcode, Some((p, negate)), scopes, bra_fixups, line)?;
+                    self.instruction(opcode, Some((p, negate)), line)?;
                 }
-                Tok::Word(opcode) => self.instruction(&opcode, None, scopes, bra_fixups, line)?,
+                Tok::Word(opcode) => self.instruction(opcode, None, line)?,
                 t => return err(line, format!("unexpected {t:?}")),
             }
         }
     }
 
-    fn reg_decl(&mut self, scopes: &mut [HashMap<String, Name>]) -> PResult<()> {
+    fn reg_decl(&mut self) -> PResult<()> {
         let line = self.line();
         let mut width = 1u8;
         let mut tok = self.next()?;
@@ -847,24 +1181,22 @@ impl Parser {
             }
             let names: Vec<String> = match count {
                 Some(n) => (0..n).map(|i| format!("{name}{i}")).collect(),
-                None => vec![name],
+                None => vec![name.to_string()],
             };
             if self.reg_bits.len() + names.len() * usize::from(width) > MAX_REGISTERS_PER_THREAD {
                 return err(line, "too many registers");
             }
             for n in names {
-                let scope = scopes.last_mut().expect("a scope");
                 if width > 1 {
+                    let first = self.reg_bits.len() as u32;
                     for e in &VECTOR_ELEMENTS[..usize::from(width)] {
-                        let r = self.reg_bits.len() as u32;
-                        self.reg_bits.push(ty.bits() as u8);
-                        scope.insert(format!("{n}.{e}"), Name::Reg(r));
+                        let r = self.new_register(ty)?;
+                        self.define(format!("{n}.{e}"), Name::Reg(r))?;
                     }
-                    scope.insert(n, Name::Vector(width));
+                    self.define(n, Name::Vector(width, first))?;
                 } else {
-                    let r = self.reg_bits.len() as u32;
-                    self.reg_bits.push(ty.bits() as u8);
-                    scope.insert(n, Name::Reg(r));
+                    let r = self.new_register(ty)?;
+                    self.define(n, Name::Reg(r))?;
                 }
             }
             if self.eat(';') {
@@ -874,11 +1206,26 @@ impl Parser {
         }
     }
 
+    fn new_register(&mut self, ty: Ty) -> PResult<u32> {
+        let r = self.reg_bits.len() as u32;
+        push_charged(&mut self.reg_bits, ty.bits() as u8, &mut self.meter)
+            .map_err(|s| self.stopped(s))?;
+        Ok(r)
+    }
+
     /// The operand groups up to `;`, split at top-level commas.
-    fn operands(&mut self) -> PResult<Vec<Vec<Tok>>> {
-        let mut out: Vec<Vec<Tok>> = vec![Vec::new()];
+    fn operands(&mut self) -> PResult<Vec<Vec<Tok<'a>>>> {
+        let mut out: Vec<Vec<Tok<'a>>> = vec![Vec::new()];
         let mut depth = 0i32;
+        let mut count = 0usize;
         loop {
+            count += 1;
+            if count > MAX_INSTRUCTION_TOKENS {
+                return err(
+                    self.line(),
+                    format!("more than {MAX_INSTRUCTION_TOKENS} tokens in an instruction"),
+                );
+            }
             let t = self.next()?;
             match t {
                 Tok::Punct(';') if depth == 0 => break,
@@ -903,26 +1250,19 @@ impl Parser {
         Ok(out)
     }
 
-    fn instruction(
-        &mut self,
-        opcode: &str,
-        guard: Option<(u32, bool)>,
-        scopes: &[HashMap<String, Name>],
-        bra_fixups: &mut Vec<(usize, String, u32)>,
-        line: u32,
-    ) -> PResult<()> {
+    fn instruction(&mut self, opcode: &str, guard: Option<(u32, bool)>, line: u32) -> PResult<()> {
         let mut groups = self.operands()?;
         // A vector register stands for the braced list of its elements.
         for g in &mut groups {
             if let [Tok::Word(w)] = g.as_slice()
-                && let Some(Name::Vector(n)) = self.lookup(scopes, w)
+                && let Some(Name::Vector(n, first)) = self.lookup(w)
             {
                 let mut list = vec![Tok::Punct('{')];
-                for (i, e) in VECTOR_ELEMENTS[..usize::from(n)].iter().enumerate() {
+                for i in 0..u32::from(n) {
                     if i > 0 {
                         list.push(Tok::Punct(','));
                     }
-                    list.push(Tok::Word(format!("{w}.{e}")));
+                    list.push(Tok::Reg(first + i));
                 }
                 list.push(Tok::Punct('}'));
                 *g = list;
@@ -931,11 +1271,7 @@ impl Parser {
         let mut parts = opcode.split('.');
         let base = parts.next().unwrap_or_default();
         let mods: Vec<&str> = parts.collect();
-        let cx = Cx {
-            scopes,
-            p: self,
-            line,
-        };
+        let cx = Cx { p: self, line };
         let op = match base {
             "bra" => {
                 let [g] = groups.as_slice() else {
@@ -944,13 +1280,21 @@ impl Parser {
                 let [Tok::Word(label)] = g.as_slice() else {
                     return err(line, "bra takes a label");
                 };
-                bra_fixups.push((self.code.len(), label.clone(), line));
+                let label = *label;
+                self.spend_for_function(
+                    label.len() as u64 + size_of::<(usize, String, u32)>() as u64,
+                )?;
+                self.bra_fixups
+                    .push((self.code.len(), label.to_string(), line));
                 Op::Bra { target: 0 }
             }
             "call" => {
                 let (op, fixup) = cx.call(&groups)?;
                 if let Some(name) = fixup {
                     let image = self.image_funcs.len() - 1;
+                    self.spend_for_parse(
+                        name.len() as u64 + size_of::<(usize, String, u32, usize)>() as u64,
+                    )?;
                     self.call_fixups.push((self.code.len(), name, line, image));
                 }
                 op
@@ -959,6 +1303,11 @@ impl Parser {
         };
         self.push(Inst { guard, op, line })
     }
+}
+
+/// [`literal`], or the error of a token that is not one.
+fn literal_of(t: Tok<'_>, ty: Ty, negative: bool, line: u32) -> PResult<u64> {
+    literal(&t, ty, negative).ok_or((line, format!("bad literal {t:?} for .{ty:?}")))
 }
 
 /// A literal token as the raw bits of type `ty`.
@@ -1028,8 +1377,7 @@ fn special(name: &str) -> Option<Sreg> {
 
 /// Operand decoding for one instruction.
 struct Cx<'a> {
-    scopes: &'a [HashMap<String, Name>],
-    p: &'a Parser,
+    p: &'a Parser<'a>,
     line: u32,
 }
 
@@ -1070,7 +1418,7 @@ impl Cx<'_> {
 
     fn name(&self, n: &str) -> PResult<Name> {
         self.p
-            .lookup(self.scopes, n)
+            .lookup(n)
             .ok_or((self.line, format!("undefined name {n}")))
     }
 
@@ -1083,6 +1431,7 @@ impl Cx<'_> {
 
     fn reg(&self, g: &[Tok]) -> PResult<u32> {
         match g {
+            [Tok::Reg(r)] => Ok(*r),
             [Tok::Word(w)] => match self.name(w)? {
                 Name::Reg(r) => Ok(r),
                 _ => self.fail(format!("{w} is not a register")),
@@ -1094,18 +1443,19 @@ impl Cx<'_> {
     /// A destination: a register or the sink `_`.
     fn dst(&self, g: &[Tok]) -> PResult<u32> {
         match g {
-            [Tok::Word(w)] if w == "_" => Ok(SINK),
+            [Tok::Word(w)] if *w == "_" => Ok(SINK),
             _ => self.reg(g),
         }
     }
 
     fn src(&self, g: &[Tok], ty: Ty) -> PResult<Src> {
         let imm = match g {
+            [Tok::Reg(r)] => return Ok(Src::Reg(*r)),
             [Tok::Word(w)] => {
                 if let Some(s) = special(w) {
                     return Ok(Src::Special(s));
                 }
-                if w == "WARP_SZ" {
+                if *w == "WARP_SZ" {
                     return Ok(Src::Imm(32));
                 }
                 return match self.name(w)? {
@@ -1115,7 +1465,7 @@ impl Cx<'_> {
                     }
                     Name::Var(sym, _) => Ok(Src::Sym(sym, 0)),
                     Name::Func(f) => Ok(Src::Imm(func_address(f))),
-                    Name::Vector(_) => self.fail(format!("vector register {w} as a scalar")),
+                    Name::Vector(..) => self.fail(format!("vector register {w} as a scalar")),
                 };
             }
             [Tok::Punct('-'), t] => literal(t, ty, true),
@@ -1167,7 +1517,7 @@ impl Cx<'_> {
     }
 
     /// `{a, b, ...}` groups, split at commas.
-    fn vector<'g>(&self, g: &'g [Tok]) -> PResult<Vec<&'g [Tok]>> {
+    fn vector<'g, 't>(&self, g: &'g [Tok<'t>]) -> PResult<Vec<&'g [Tok<'t>]>> {
         let [Tok::Punct('{'), inner @ .., Tok::Punct('}')] = g else {
             return self.fail("expected a vector");
         };
@@ -1178,7 +1528,7 @@ impl Cx<'_> {
         g.first() == Some(&Tok::Punct('{'))
     }
 
-    fn n_ops<'g>(&self, groups: &'g [Vec<Tok>], n: usize) -> PResult<&'g [Vec<Tok>]> {
+    fn n_ops<'g, 't>(&self, groups: &'g [Vec<Tok<'t>>], n: usize) -> PResult<&'g [Vec<Tok<'t>>]> {
         if groups.len() == n {
             Ok(groups)
         } else {
@@ -1231,7 +1581,7 @@ impl Cx<'_> {
         let [Tok::Word(name)] = target.as_slice() else {
             return self.fail("bad call target");
         };
-        let callee = match self.p.lookup(self.scopes, name) {
+        let callee = match self.p.lookup(name) {
             Some(Name::Reg(r)) => {
                 if extra != 1 {
                     return self.fail("an indirect call names a prototype");
@@ -1239,7 +1589,7 @@ impl Cx<'_> {
                 Callee::Indirect(r)
             }
             _ if extra != 0 => return self.fail("bad call"),
-            _ if name == "vprintf" => {
+            _ if *name == "vprintf" => {
                 if args.len() != 2 {
                     return self.fail("vprintf takes two arguments");
                 }
@@ -1251,7 +1601,7 @@ impl Cx<'_> {
                     ret,
                     args,
                 };
-                return Ok((op, Some(name.clone())));
+                return Ok((op, Some(name.to_string())));
             }
             Some(_) => return self.fail(format!("{name} is not a function")),
         };
@@ -1882,4 +2232,206 @@ fn cmp_of(m: &str) -> Option<Cmp> {
         "nan" => Cmp::Nan,
         _ => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, mpsc};
+    use std::time::{Duration, Instant};
+
+    use super::super::Module;
+    use super::*;
+    use crate::budget::MemoryBudget;
+    use crate::compute::{ComputeBackend, CpuBackend, CpuConfig};
+
+    const HEAD: &str = ".version 8.5\n.target sm_75\n.address_size 64\n";
+
+    /// A kernel `depth` scopes deep with `insts` instructions at the innermost that name
+    /// registers of the outermost.
+    fn deep(depth: usize, insts: usize) -> String {
+        let mut t = format!("{HEAD}.visible .entry k()\n{{\n.reg .b32 %r<3>;\n");
+        t.push_str(&"{\n".repeat(depth));
+        t.push_str(&"add.s32 %r2, %r1, %r0;\n".repeat(insts));
+        t.push_str(&"}\n".repeat(depth));
+        t.push_str("ret;\n}\n");
+        t
+    }
+
+    /// A kernel of `insts` instructions.
+    fn long(insts: usize) -> String {
+        deep(0, insts)
+    }
+
+    #[test]
+    fn inner_scopes_hide_outer_names_until_they_close() {
+        let text = format!(
+            "{HEAD}.visible .entry k(.param .u64 p)\n{{\n.reg .b32 %r<2>;\n.reg .b64 %rd<2>;\n\
+             ld.param.u64 %rd1, [p];\nmov.u32 %r1, 1;\n\
+             {{\n.reg .b32 %r1;\nmov.u32 %r1, 2;\n{{\nmov.u32 %r1, 3;\n}}\n}}\n\
+             st.global.u32 [%rd1], %r1;\nret;\n}}\n"
+        );
+        let (budget, never) = (MemoryBudget::new(u64::MAX), AtomicBool::new(false));
+        let (parsed, _) = parse(&[&text], Meter::new(&budget, &never)).unwrap();
+        let movs: Vec<u32> = parsed
+            .code
+            .iter()
+            .filter_map(|i| match i.op {
+                Op::Mov { d, .. } => Some(d),
+                _ => None,
+            })
+            .collect();
+        let [outer, inner, innermost] = movs[..] else {
+            panic!("{movs:?}");
+        };
+        assert_ne!(outer, inner);
+        assert_eq!(inner, innermost, "a nested scope sees its parent's names");
+        let stored = parsed.code.iter().find_map(|i| match i.op {
+            Op::St { srcs, .. } => Some(srcs[0]),
+            _ => None,
+        });
+        assert_eq!(stored, Some(Src::Reg(outer)), "the outer %r1 is back");
+    }
+
+    #[test]
+    fn names_cost_one_lookup_whatever_the_nesting() {
+        // 200k scopes x 20k instructions: each name looked up through every scope took 16.8
+        // CPU-s in a release build. A watchdog cancels the parse after a minute, far more
+        // than a parse linear in its 1.3 MB needs even in a debug build.
+        let text = deep(200_000, 20_000);
+        let cancel = Arc::new(AtomicBool::new(false));
+        let (done, wait) = mpsc::channel::<()>();
+        let watchdog = {
+            let cancel = Arc::clone(&cancel);
+            std::thread::spawn(move || {
+                if wait.recv_timeout(Duration::from_secs(60)).is_err() {
+                    cancel.store(true, Ordering::Relaxed);
+                }
+            })
+        };
+        let budget = MemoryBudget::new(u64::MAX);
+        let loaded = Module::load(&[&text], &budget, &cancel);
+        drop(done);
+        watchdog.join().unwrap();
+        let (module, charge) = loaded.expect("parsed before the watchdog");
+        assert_eq!(
+            module.parsed.code.len(),
+            20_002,
+            "the adds, ret and the implicit exit"
+        );
+        assert_eq!(budget.used(), charge.bytes());
+    }
+
+    #[test]
+    fn a_parse_is_charged_while_it_runs_and_past_its_budget_is_out_of_memory() {
+        let text = long(10_000);
+        let never = AtomicBool::new(false);
+        let budget = MemoryBudget::new(u64::MAX);
+        let (module, charge) = Module::load(&[&text], &budget, &never).unwrap();
+        let code = (module.parsed.code.len() * size_of::<Inst>()) as u64;
+        assert!(charge.bytes() >= code, "{} < {code}", charge.bytes());
+        assert!(charge.bytes() < 2 * code + METER_STEP, "{}", charge.bytes());
+        assert_eq!(budget.used(), charge.bytes());
+        drop((module, charge));
+        assert_eq!(budget.used(), 0);
+
+        let small = MemoryBudget::new(256 << 10);
+        let e = Module::load(&[&text], &small, &never).unwrap_err();
+        assert_eq!(e.cuda_status(), 2, "{e}");
+        assert_eq!(small.used(), 0, "everything given back");
+        // Zero-filled variables are charged too: 64 of 256 MiB each would be 16 GiB.
+        let vars: String = (0..64)
+            .map(|i| format!(".global .align 4 .b8 v{i}[268435456];\n"))
+            .collect();
+        let e = Module::load(&[&format!("{HEAD}{vars}")], &small, &never).unwrap_err();
+        assert_eq!(e.cuda_status(), 2, "{e}");
+        assert_eq!(small.used(), 0);
+    }
+
+    #[test]
+    fn a_module_load_past_the_vms_budget_is_out_of_memory_and_gives_it_back() {
+        // What a context holds of the budget before any module.
+        let probe = MemoryBudget::new(u64::MAX);
+        let mut be = CpuBackend::new(CpuConfig {
+            budget: Arc::clone(&probe),
+            ..CpuConfig::default()
+        });
+        be.context_create().unwrap();
+        let budget = MemoryBudget::new(probe.used() + (256 << 10));
+        let mut be = CpuBackend::new(CpuConfig {
+            budget: Arc::clone(&budget),
+            ..CpuConfig::default()
+        });
+        let ctx = be.context_create().unwrap();
+        let before = budget.used();
+        let e = be.module_load(ctx, long(10_000).as_bytes()).unwrap_err();
+        assert_eq!(e.cuda_status(), 2, "{e}");
+        assert_eq!(budget.used(), before);
+        // A small module fits, is charged while loaded and given back at unload.
+        let m = be.module_load(ctx, long(10).as_bytes()).unwrap();
+        assert!(budget.used() > before);
+        be.module_unload(ctx, m).unwrap();
+        assert_eq!(budget.used(), before);
+        let m = be.module_load(ctx, long(10).as_bytes()).unwrap();
+        be.function(ctx, m, "k").unwrap();
+        be.context_destroy(ctx).unwrap();
+        assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn a_cancelled_parse_stops_and_gives_everything_back() {
+        let text = long(1_000_000);
+        let budget = MemoryBudget::new(u64::MAX);
+        let cancel = Arc::new(AtomicBool::new(false));
+        let (started, latency) = {
+            let (b, c) = (Arc::clone(&budget), Arc::clone(&cancel));
+            let (tx, rx) = mpsc::channel();
+            let parser = std::thread::spawn(move || {
+                let r = Module::load(&[&text], &b, &c).map(drop);
+                tx.send(Instant::now()).unwrap();
+                r
+            });
+            // Once the parse holds a megabyte it is under way: cancel it.
+            while budget.used() < 1 << 20 {
+                std::thread::yield_now();
+            }
+            let at = Instant::now();
+            cancel.store(true, Ordering::Relaxed);
+            let r = parser.join().unwrap();
+            assert_eq!(r.unwrap_err(), Stop::Cancelled.error());
+            (at, rx.recv().unwrap())
+        };
+        eprintln!(
+            "cancelled parse returned {:?} after the flag",
+            latency - started
+        );
+        assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn the_lexer_stops_when_cancelled_and_takes_any_white_space() {
+        let budget = MemoryBudget::new(u64::MAX);
+        let cancelled = AtomicBool::new(true);
+        let meter = Meter::new(&budget, &cancelled);
+        let text = long(10);
+        assert_eq!(Lexer::new(&text).next(&meter), Err(Stop::Cancelled));
+        let never = AtomicBool::new(false);
+        let e = Module::load(&[&text], &budget, &cancelled).unwrap_err();
+        assert_eq!(e, Stop::Cancelled.error());
+        assert_eq!(budget.used(), 0);
+        let spaced = format!("{HEAD}\u{a0}.visible .entry k() {{ ret; }}\n");
+        assert!(
+            Module::load(&[&spaced], &budget, &never).is_ok(),
+            "U+00A0 is white space"
+        );
+    }
+
+    #[test]
+    fn an_error_quotes_at_most_a_little_of_a_name() {
+        let name = "a".repeat(1 << 20);
+        let e = Module::parse(&format!("{HEAD}{name}")).unwrap_err();
+        assert!(e.to_string().len() < 2 * MAX_MESSAGE_BYTES, "{e}");
+        let e = Module::parse(&format!("{HEAD}.visible .entry k() {{ bra {name}; }}")).unwrap_err();
+        assert!(e.to_string().len() < 2 * MAX_MESSAGE_BYTES, "{e}");
+    }
 }
