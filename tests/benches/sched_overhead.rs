@@ -183,6 +183,7 @@ fn child(mode: Mode, workload: Workload) -> Option<Run> {
         Some(daemon) => TestServer::start_3d_scheduled(SchedConfig {
             socket: daemon.socket(),
             vm_name: VmName::new(VM).expect("name"),
+            fallback: Default::default(),
         }),
     };
     let mut guest = RawGuest::connect_with(server.socket(), 1, FEATURES_3D).expect("client");

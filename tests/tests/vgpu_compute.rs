@@ -13,6 +13,7 @@ use mdev_backend::compute::wire::{Reply, Request};
 use vgpu_guest_drivers::virtio_gpu::{
     self, BLOB_MEM_GUEST, BLOB_MEM_HOST3D, CAPSET_COMPUTE, CTRL_HDR_SIZE, Capset, CapsetInfo,
 };
+use vgpu_server::gpu::device::DEFAULT_RESOURCE_MEMORY_MB;
 use vgpu_tests::compute::ComputeBlob;
 use vgpu_tests::server::{TestServer, VgpuGuest};
 use vgpu_tests::skip_without_qemu;
@@ -20,6 +21,9 @@ use vgpu_tests::skip_without_qemu;
 const RESP_OK_NODATA: u32 = 0x1100;
 const ERR_INVALID_RESOURCE_ID: u32 = 0x1203;
 const ERR_INVALID_PARAMETER: u32 = 0x1205;
+const ERR_UNSPEC: u32 = 0x1200;
+/// A guest-physical address far outside the test VM's RAM.
+const OUTSIDE_RAM: u64 = 0x7fff_0000_0000;
 /// The blob: four scattered pieces of this many bytes.
 const PIECE: u32 = 64 << 10;
 const BLOB: u32 = 40;
@@ -138,10 +142,30 @@ fn compute_capset_runs_guest_cuda_requests_through_a_blob() {
         assert_eq!(code(&mut guest, &create), RESP_OK_NODATA);
     }
 
-    // Bad blobs refused; a blob of four scattered pieces.
+    // Bad blobs refused; a blob of four scattered pieces. An entry outside guest RAM is
+    // refused when the blob is made (issue 24, finding 8: ERR_UNSPEC, as QEMU's device),
+    // so no submit can name the blob and be answered OK with nothing written.
     let pieces = [(0x10_0000, PIECE)];
     let size = u64::from(CAPACITY);
     for (req, want) in [
+        (
+            virtio_gpu::resource_create_blob(41, BLOB_MEM_GUEST, 0, 4096, &[(OUTSIDE_RAM, 4096)]),
+            ERR_UNSPEC,
+        ),
+        (
+            virtio_gpu::resource_create_blob(
+                41,
+                BLOB_MEM_GUEST,
+                0,
+                4096,
+                &[(0x10_0000, 2048), (OUTSIDE_RAM, 2048)],
+            ),
+            ERR_UNSPEC,
+        ),
+        (
+            virtio_gpu::compute_submit(5, 41, 8, 4096),
+            ERR_INVALID_RESOURCE_ID,
+        ),
         (
             virtio_gpu::resource_create_blob(41, BLOB_MEM_HOST3D, 0, 4096, &pieces),
             ERR_INVALID_PARAMETER,
@@ -205,6 +229,14 @@ fn compute_capset_runs_guest_cuda_requests_through_a_blob() {
         );
         bufs.push(address(r));
     }
+    // One budget for the VM (`--resource-memory-mb`): the blob's entry list and the compute
+    // memory are charged to it, and the device's metrics show it.
+    assert_eq!(
+        server.counter("memory_limit_bytes"),
+        DEFAULT_RESOURCE_MEMORY_MB << 20
+    );
+    let entry_lists = blob.entries.len() as u64 * 16;
+    assert!(server.counter("memory_used_bytes") >= 3 * u64::from(n) * 4 + entry_lists);
     for (dst, data) in [(bufs[0], &a), (bufs[1], &b)] {
         let r = exchange(
             &mut guest,

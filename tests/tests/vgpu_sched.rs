@@ -4,7 +4,8 @@
 //! Present, scanout flushes as presented frames (Frame, held until Present), virgl groups
 //! waiting for Grant and reported with Completed, compute-capset launches likewise (control
 //! work not asked for), leases, garbage from
-//! the daemon, and the daemon going away and coming back. virglrenderer may be initialised
+//! the daemon, and the daemon going away (the device falls back to its fallback budget, never
+//! unscheduled) and coming back. virglrenderer may be initialised
 //! once per process, so everything runs in one test.
 
 use std::path::Path;
@@ -199,6 +200,7 @@ fn scheduled_device_asks_the_daemon() {
     let server = TestServer::start_3d_scheduled(SchedConfig {
         socket: path.clone(),
         vm_name: VmName::new(VM).unwrap(),
+        fallback: Default::default(),
     });
     let mut guest = VgpuGuest::start(&server);
     let daemon = accept(&listener);
@@ -283,8 +285,8 @@ fn scheduled_device_asks_the_daemon() {
     presented_frames(&mut guest, &daemon);
     compute_groups(&mut guest, &daemon);
 
-    // The daemon goes away with a load group and a virgl group waiting: both complete
-    // (scheduling off; the load group runs on the local engine).
+    // The daemon goes away with a load group and a virgl group waiting: both complete (the
+    // load group on the local engine, the virgl group under the fallback budget).
     let first = start(&mut guest, &load(6, &[occupy(3000)]));
     submitted(&daemon, Exec::Simulated);
     let second = start(&mut guest, &gl_submit(7));
@@ -293,9 +295,17 @@ fn scheduled_device_asks_the_daemon() {
     drop(listener);
     finished(&mut guest, first);
     finished(&mut guest, second);
-    // Unscheduled, the device keeps serving.
+    // Under the fallback budget the device keeps serving, one group at a time.
     call(&mut guest, &load(8, &[occupy(1000)]));
     call(&mut guest, &gl_submit(9));
+    let fallback = |name: &str| server.counter(name);
+    assert_eq!(fallback("sched_fallback"), 1, "not admitted: fallback");
+    assert_eq!(fallback("sched_fallback_entered"), 1, "said once");
+    assert_eq!(
+        fallback("sched_fallback_groups"),
+        2,
+        "the held virgl group and the next one ran under the fallback budget"
+    );
 
     // The daemon is back: the device says Hello again and asks again.
     let listener = SeqListener::bind(&path).expect("fake daemon listens again");
@@ -305,6 +315,12 @@ fn scheduled_device_asks_the_daemon() {
     let (group, _) = submitted(&daemon, Exec::Device);
     send(&daemon, &Msg::Grant { group });
     finished(&mut guest, head);
+    assert_eq!(
+        fallback("sched_fallback"),
+        0,
+        "admitted again by the Welcome"
+    );
+    assert_eq!(fallback("sched_fallback_groups"), 2);
     cleanup(guest, server, &path);
 }
 

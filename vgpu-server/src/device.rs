@@ -6,7 +6,7 @@
 //! ([`crate::transport`]); this module decodes BAR offsets into virtio structures, processes
 //! queues, and turns every protocol violation into DEVICE_NEEDS_RESET.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Display;
 use std::fs::File;
 use std::sync::Arc;
@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use log::{debug, error, info, warn};
 use mdev_backend::GpuBackend;
+use mdev_backend::budget::Charge;
 use vgpu_schedd::proto::Msg;
 use vgpu_schedd::seqpacket::monotonic_ns;
 use vgpu_scheduler::{CostSignature, GroupId, GroupKind};
@@ -29,7 +30,7 @@ use crate::gpu::three_d::Renderer;
 use crate::gpu::{DisplayConfig, GpuDevice};
 use crate::irq::{Interrupts, IrqChange, IrqError};
 use crate::memory::{GuestRam, MemoryError};
-use crate::metrics::{DeviceMetrics, add, inc};
+use crate::metrics::{DeviceMetrics, add, inc, set};
 use crate::pci::{self, ConfigSpace};
 use crate::queue::{CheckedChain, DescTable};
 use crate::ratelimit::guest_fault;
@@ -138,6 +139,9 @@ pub struct Device {
     /// The compute request `gate` read for the chain with this head, so that the execution
     /// that follows runs what was scheduled without reading the guest's blob again.
     gated_compute: Option<(u16, compute::Submit)>,
+    /// What the compute requests on the executor are charged to the VM's budget, by the
+    /// token of their submit: each is given back when its request is done.
+    compute_charges: BTreeMap<LoadToken, Charge>,
 }
 
 /// [`Gate`] with the context of a scheduled group.
@@ -205,7 +209,6 @@ impl Device {
         Device {
             config: ConfigSpace::new(),
             transport: VirtioPciTransport::new(gpu.features(), pci::MSIX_VECTORS),
-            gpu,
             irqs: Interrupts::new(pci::MSIX_VECTORS),
             ram: GuestRam::new(),
             metrics,
@@ -218,14 +221,17 @@ impl Device {
             sched: Scheduling::default(),
             load: LoadRunner::default(),
             epoch: Instant::now(),
-            compute: ComputeRuntime::new(ComputeKind::Cpu),
+            compute: ComputeRuntime::new(ComputeKind::Cpu, Arc::clone(gpu.budget())),
+            gpu,
             gated_compute: None,
+            compute_charges: BTreeMap::new(),
         }
     }
 
-    /// The backend compute-capset requests run on (`--compute`; the PTX executor by default).
+    /// The backend compute-capset requests run on (`--compute`; the PTX executor by default),
+    /// charging the VM's budget.
     pub fn set_compute(&mut self, kind: ComputeKind) {
-        self.compute = ComputeRuntime::new(kind);
+        self.compute = ComputeRuntime::new(kind, Arc::clone(self.gpu.budget()));
     }
 
     /// The eventfd written when a compute request finished: the worker's control-queue kick,
@@ -248,6 +254,7 @@ impl Device {
         let mem = self.ram.atomic().memory();
         let mut tokens = Vec::with_capacity(done.len());
         for d in done {
+            self.compute_charges.remove(&d.token);
             if let Err(e) = self.gpu.blobs().write(&*mem, d.resource_id, &d.reply) {
                 guest_fault!("compute reply: {e}");
             }
@@ -256,13 +263,24 @@ impl Device {
             }
             tokens.push(d.token);
         }
+        self.note_memory();
         self.loads_done(tokens);
     }
 
-    /// Sets the host-memory budget of the guest's 2D and 3D resources, in bytes
-    /// (`--resource-memory-mb`).
+    /// Sets the VM's host-memory budget, in bytes (`--resource-memory-mb`): one budget for
+    /// its 2D and 3D resources, blobs and entry lists, queued compute requests, and the
+    /// compute backend's device memory and modules. Set before the guest runs.
     pub fn set_resource_budget(&mut self, bytes: u64) {
         self.gpu.set_resource_budget(bytes);
+        self.compute = ComputeRuntime::new(self.compute.kind(), Arc::clone(self.gpu.budget()));
+        self.note_memory();
+    }
+
+    /// Puts the VM's budget figures into the metrics.
+    fn note_memory(&self) {
+        let budget = self.gpu.budget();
+        set(&self.metrics.memory_used_bytes, budget.used());
+        set(&self.metrics.memory_limit_bytes, budget.limit());
     }
 
     /// Scanout images are being dumped: a reset keeps the images flushed since the last dump
@@ -337,6 +355,9 @@ impl Device {
         self.load.reset();
         self.compute.reset();
         self.gated_compute = None;
+        // The reset cancelled the requests: they are answered without running, and dropped.
+        self.compute_charges.clear();
+        self.note_memory();
         self.config.set_interrupt_status(false);
         info!("device reset");
     }
@@ -757,12 +778,13 @@ impl Device {
                     .gated_compute
                     .as_ref()
                     .filter(|(head, _)| *head == chain.head())
-                    .map(|(_, (_, req))| req.work());
+                    .map(|(_, (_, req, _))| req.work());
                 let work = match held {
                     Some(work) => work,
                     None => {
                         let mem = self.ram.atomic().memory();
-                        match self.gpu.blobs().request(commands.dwords(), &*mem) {
+                        let budget = self.gpu.budget();
+                        match self.gpu.blobs().request(commands.dwords(), &*mem, budget) {
                             Ok(submit) => {
                                 let work = submit.1.work();
                                 self.gated_compute = Some((chain.head(), submit));
@@ -1046,6 +1068,7 @@ impl Device {
         {
             wait = Some(FenceWait::Present(token));
         }
+        self.note_memory();
         let bytes = response.encode(&hdr);
         if (bytes.len() as u64) > chain.response_capacity() {
             debug!(
@@ -1112,20 +1135,24 @@ impl Device {
         let now = monotonic_ns();
         // What the gate read for this chain (its header is the same words), else read now.
         let read = match gated {
-            Some((header, req)) if compute::decode_header(dwords) == Ok(header) => {
-                Ok((header, req))
+            Some((header, req, charge)) if compute::decode_header(dwords) == Ok(header) => {
+                Ok((header, req, charge))
             }
-            _ => self.gpu.blobs().request(dwords, mem),
+            _ => self.gpu.blobs().request(dwords, mem, self.gpu.budget()),
         };
         let (header, reply) = match read {
-            Ok((header, req)) => {
+            Ok((header, req, charge)) => {
                 let token = self.load.token();
                 let target = (header.resource_id, header.reply_capacity);
                 match self
                     .compute
                     .post(ctx, req, token, target, group.map(|g| (g, session)))
                 {
-                    Ok(()) => return (Response::OkNoData, Some(token)),
+                    Ok(()) => {
+                        // Its bytes stay charged until it is done.
+                        self.compute_charges.insert(token, charge);
+                        return (Response::OkNoData, Some(token));
+                    }
                     Err(reply) => (header, reply),
                 }
             }
@@ -1142,7 +1169,10 @@ impl Device {
         }
         let bytes = compute::fitted(&reply, header.reply_capacity);
         if let Err(e) = self.gpu.blobs().write(mem, header.resource_id, &bytes) {
+            // Not OK with nothing written: the submit fails (its blob left guest RAM since
+            // the gate read it).
             guest_fault!("compute reply: {e}");
+            return (Response::Err(e.response_code()), None);
         }
         (Response::OkNoData, None)
     }

@@ -63,8 +63,10 @@ pub struct ServerConfig {
     /// The scheduler daemon to ask before GPU work runs (`--scheduler`, `--vm-name`); `None`
     /// runs everything at once.
     pub scheduler: Option<crate::sched_client::SchedConfig>,
-    /// Host-memory budget of the guest's 2D and 3D resources, in bytes
-    /// (`--resource-memory-mb`; [`gpu::device::DEFAULT_RESOURCE_MEMORY_MB`] MiB by default).
+    /// The VM's host-memory budget, in bytes (`--resource-memory-mb`;
+    /// [`gpu::device::DEFAULT_RESOURCE_MEMORY_MB`] MiB by default): one budget for its 2D
+    /// and 3D resources, blobs and entry lists, queued compute requests, and the compute
+    /// backend's device memory and modules.
     pub resource_memory: u64,
     /// The backend of the compute capset (`--compute cpu|nvcuda`).
     pub compute: gpu::compute::ComputeKind,

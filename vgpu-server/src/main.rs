@@ -100,8 +100,9 @@ struct Cli {
         allow_hyphen_values = true
     )]
     vm_name: Option<VmName>,
-    /// Host memory the guest's 2D and 3D resources may take, in MiB (past it, creates fail with
-    /// ERR_OUT_OF_MEMORY)
+    /// Host memory the guest may make the device hold, in MiB: 2D and 3D resources, blobs and
+    /// their entry lists, queued CUDA requests, CUDA device memory and modules (past it,
+    /// creates fail with ERR_OUT_OF_MEMORY, CUDA requests with CUDA_ERROR_OUT_OF_MEMORY)
     #[arg(
         long,
         value_name = "N",

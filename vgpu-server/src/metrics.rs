@@ -61,6 +61,12 @@ metrics! {
     scanout_dumps,
     /// Scanout images that could not be written.
     dump_errors,
+    /// Host bytes charged to the VM's memory budget (`--resource-memory-mb`): resources,
+    /// blobs and entry lists, queued compute requests, compute memory and modules (a gauge,
+    /// as of the last request the device handled).
+    memory_used_bytes,
+    /// The VM's memory budget, in bytes (a gauge).
+    memory_limit_bytes,
 }
 
 /// Adds one to a counter.
@@ -73,6 +79,11 @@ pub fn add(counter: &AtomicU64, n: u64) {
     if n != 0 {
         counter.fetch_add(n, Ordering::Relaxed);
     }
+}
+
+/// Sets a gauge.
+pub fn set(gauge: &AtomicU64, value: u64) {
+    gauge.store(value, Ordering::Relaxed);
 }
 
 /// Reads a counter.

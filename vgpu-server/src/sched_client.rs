@@ -12,21 +12,32 @@
 //! to back wakes the daemon once per batch instead of twice per group. Anything the daemon
 //! must answer or act on goes at once and takes the held reports with it, in order.
 //!
-//! While the daemon is unreachable (never connected, gone, or it refused us) scheduling is
-//! off: every group runs at once and load groups run on the device's local engine, as without
-//! `--scheduler`. Daemon messages are untrusted: a grant or completion for a group the device
-//! did not ask about, or a present nobody waits for, is logged and ignored.
+//! Fail closed: a device started with `--scheduler` that the daemon has not admitted (not
+//! connected yet, the daemon gone, or it refused or dropped us) dispatches its GPU groups
+//! only under a conservative budget, [`FallbackShare`] of the GPU: one group at a time, a
+//! group may start while the budget is positive, its measured GPU time is charged when it
+//! completes (a debt carries over), and the budget grows by its share every
+//! [`FALLBACK_PERIOD_NS`] up to one period's worth. Scheduling is a promise to the other VMs:
+//! a guest cannot escape the scheduler by being slow enough to be dropped. Once the daemon's
+//! `Welcome` admits the device again, groups ask it as before. Load groups (the simulated
+//! engine, no GPU) run on the device's local engine meanwhile, and frames are not paced.
+//! Without `--scheduler` every group runs at once. Daemon messages are untrusted: a grant or
+//! completion for a group the device did not ask about, or a present nobody waits for, is
+//! logged and ignored.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
-use log::warn;
+use log::{debug, error, info, warn};
 use vgpu_schedd::proto::{self, Exec, Msg, PROTOCOL_VERSION, ProtoError, RefuseCode, VmName};
 use vgpu_schedd::seqpacket::{SeqError, SeqStream};
 use vgpu_scheduler::{CostSignature, GroupId, GroupKind, Time};
 
 use crate::gpu::load::{LoadCommand, LoadToken, MAX_PENDING_GROUPS};
+use crate::metrics::{DeviceMetrics, add, inc};
 use crate::virtio_pci::MAX_QUEUE_SIZE;
 
 /// Load groups one device keeps at the daemon at most: the per-device bound both sides agree
@@ -55,6 +66,18 @@ pub const MAX_REPORT_DELAY_NS: Time = 250_000;
 pub const MAX_HELD_REPORTS: usize = 32;
 /// Receive buffer: one byte over the largest valid message, so that a longer one is detected.
 const RECV_BYTES: usize = proto::MAX_MESSAGE_BYTES + 1;
+/// The fallback budget's period: every period adds the device's share of it to the budget,
+/// which holds at most one period's worth. Short against a guest's frame (16.7 ms at 60 Hz)
+/// so that a held group waits about as long as the share implies, not a long burst; long
+/// against a wake-up of the worker, which its timer costs each period a group waits.
+pub const FALLBACK_PERIOD_NS: Time = 20_000_000;
+/// The share of the GPU a device dispatches under while it is not admitted, unless
+/// `--fallback-share` says otherwise: an equal split among four vGPUs. The protocol does not
+/// tell a device how many vGPUs the daemon serves (`Welcome` carries none, and a field added
+/// to it would make older devices refuse the message), so the device cannot compute the
+/// split itself; four is the split of a small host's usual load, and an operator who runs
+/// more VMs per GPU passes the equal split of theirs.
+pub const DEFAULT_FALLBACK_PERCENT: u8 = 25;
 
 /// Errors of the daemon link.
 #[derive(Debug, thiserror::Error)]
@@ -88,6 +111,41 @@ pub enum SchedError {
     /// Not connected.
     #[error("not connected to the scheduler daemon")]
     NotConnected,
+    /// A fallback share outside 1 to 100 percent.
+    #[error("a fallback share of {0}% is not 1 to 100")]
+    BadShare(u64),
+}
+
+/// The share of the GPU, in percent (1 to 100), a scheduled device dispatches under while
+/// the daemon has not admitted it (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FallbackShare(u8);
+
+impl FallbackShare {
+    /// `percent` of the GPU; [`SchedError::BadShare`] outside 1 to 100.
+    pub fn new(percent: u64) -> Result<FallbackShare, SchedError> {
+        match u8::try_from(percent) {
+            Ok(p @ 1..=100) => Ok(FallbackShare(p)),
+            _ => Err(SchedError::BadShare(percent)),
+        }
+    }
+
+    /// The share in percent.
+    pub fn percent(self) -> u8 {
+        self.0
+    }
+
+    /// GPU time one [`FALLBACK_PERIOD_NS`] adds to the budget.
+    fn per_period_ns(self) -> i64 {
+        // At most 20 ms: fits an i64 with room to spare.
+        (FALLBACK_PERIOD_NS * u64::from(self.0) / 100) as i64
+    }
+}
+
+impl Default for FallbackShare {
+    fn default() -> FallbackShare {
+        FallbackShare(DEFAULT_FALLBACK_PERCENT)
+    }
 }
 
 /// Where the daemon listens and who we are.
@@ -97,6 +155,8 @@ pub struct SchedConfig {
     pub socket: PathBuf,
     /// This VM's name (sent in `Hello`).
     pub vm_name: VmName,
+    /// The share of the GPU the device dispatches under while not admitted.
+    pub fallback: FallbackShare,
 }
 
 /// The connection to the daemon (worker thread).
@@ -120,6 +180,11 @@ impl SchedLink {
     /// The daemon's socket path.
     pub fn path(&self) -> &std::path::Path {
         &self.config.socket
+    }
+
+    /// The share the device dispatches under while not admitted.
+    pub fn fallback(&self) -> FallbackShare {
+        self.config.fallback
     }
 
     /// Connects and sends `Hello` with our pid and QEMU's (`qemu_pid`, 0 when unknown). With
@@ -242,6 +307,132 @@ struct Lease {
     until: Option<Time>,
 }
 
+/// A device-executed group dispatched and not reported complete yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Running {
+    /// When it was dispatched.
+    start: Time,
+    /// The daemon session it was dispatched in (a group started under the fallback budget
+    /// carries the session of the connection that was lost).
+    session: u64,
+}
+
+/// Most device-executed groups dispatched and not complete at once: the daemon drops a device
+/// with more groups in flight than [`proto::MAX_GROUPS_PER_DEVICE`] (`QueueFull`), so a
+/// device never needs more, and past it the next group waits for one to complete.
+const MAX_RUNNING: usize = proto::MAX_GROUPS_PER_DEVICE;
+
+/// The conservative budget of a device started with `--scheduler` while the daemon has not
+/// admitted it (see the module documentation).
+#[derive(Debug)]
+struct Fallback {
+    share: FallbackShare,
+    metrics: Arc<DeviceMetrics>,
+    /// GPU time the device may still start groups with, ns; negative while a group's charge
+    /// is paid off.
+    budget_ns: i64,
+    /// When the budget last grew: whole periods after it entered fallback.
+    replenished: Time,
+    /// When the device last entered fallback; `None` while admitted.
+    since: Option<Time>,
+    /// Entering fallback was logged (once until the daemon admits the device again).
+    warned: bool,
+}
+
+impl Fallback {
+    /// Not admitted from `now` (a no-op while already in fallback): a full budget.
+    fn enter(&mut self, now: Time) {
+        if self.since.is_some() {
+            return;
+        }
+        self.since = Some(now);
+        self.budget_ns = self.share.per_period_ns();
+        self.replenished = now;
+        self.metrics.sched_fallback.store(1, Ordering::Relaxed);
+    }
+
+    /// The daemon lost, refused or dropped the device (`why`): logged once until admitted.
+    fn fell_back(&mut self, now: Time, why: &SchedError) {
+        self.enter(now);
+        if self.warned {
+            debug!("{why}");
+            return;
+        }
+        self.warned = true;
+        inc(&self.metrics.sched_fallback_entered);
+        let share = self.share.percent();
+        let what = "until the daemon admits the device again (reconnecting)";
+        match why {
+            SchedError::Refused { .. } => {
+                error!("{why}; dispatching under the fallback budget ({share}% of the GPU) {what}")
+            }
+            _ => warn!("{why}; dispatching under the fallback budget ({share}% of the GPU) {what}"),
+        }
+    }
+
+    /// Admitted (`admitted`: by the daemon's `Welcome`; else the client went away) at `now`.
+    fn leave(&mut self, now: Time, admitted: bool) {
+        let Some(since) = self.since.take() else {
+            return;
+        };
+        let spent = now.saturating_sub(since);
+        add(&self.metrics.sched_fallback_ns, spent);
+        self.metrics.sched_fallback.store(0, Ordering::Relaxed);
+        if admitted && self.warned {
+            info!(
+                "the scheduler daemon admitted the device again after {} ms under the fallback budget",
+                spent / 1_000_000
+            );
+        }
+        self.warned = false;
+    }
+
+    /// Adds the share of every whole period since the last growth, up to one period's worth.
+    fn replenish(&mut self, now: Time) {
+        let periods = now.saturating_sub(self.replenished) / FALLBACK_PERIOD_NS;
+        if periods == 0 {
+            return;
+        }
+        self.replenished = self
+            .replenished
+            .saturating_add(periods.saturating_mul(FALLBACK_PERIOD_NS));
+        let grown = i64::try_from(periods)
+            .unwrap_or(i64::MAX)
+            .saturating_mul(self.share.per_period_ns());
+        self.budget_ns = self
+            .budget_ns
+            .saturating_add(grown)
+            .min(self.share.per_period_ns());
+    }
+
+    /// When the budget is positive again (as of the last [`Fallback::replenish`]).
+    fn positive_at(&self) -> Time {
+        if self.budget_ns > 0 {
+            return self.replenished;
+        }
+        // Periods until the debt is paid and some budget is left; the share per period is
+        // at least 200 µs (1% of 20 ms).
+        let per = self.share.per_period_ns().unsigned_abs();
+        let periods = (self.budget_ns.unsigned_abs() / per).saturating_add(1);
+        self.replenished
+            .saturating_add(periods.saturating_mul(FALLBACK_PERIOD_NS))
+    }
+
+    /// A group ran `ns` of GPU time while not admitted.
+    fn charge(&mut self, ns: u64) {
+        self.budget_ns = self
+            .budget_ns
+            .saturating_sub(i64::try_from(ns).unwrap_or(i64::MAX));
+        add(&self.metrics.sched_fallback_gpu_ns, ns);
+    }
+
+    /// GPU time from `start` to `finish` that fell within this fallback.
+    fn charge_span(&mut self, start: Time, finish: Time) {
+        let from = self.since.map_or(start, |since| start.max(since));
+        self.charge(finish.saturating_sub(from));
+    }
+}
+
 /// A load group the daemon's engine runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct RemoteGroup {
@@ -255,6 +446,19 @@ struct RemoteGroup {
 #[derive(Debug, Default)]
 pub struct Scheduling {
     connected: bool,
+    /// The daemon's `Welcome` came on the current connection.
+    admitted: bool,
+    /// With `--scheduler`: the budget groups dispatch under while not admitted.
+    fallback: Option<Fallback>,
+    /// Device-executed groups dispatched and not reported complete.
+    running: BTreeMap<GroupId, Running>,
+    /// How many of them the current connection's daemon does not know of (dispatched under
+    /// the fallback budget or in an earlier session).
+    unknown_running: usize,
+    /// The group at the front of the control queue is held by the device itself (the
+    /// fallback budget, or groups the daemon does not know of still running), not by the
+    /// daemon: [`Scheduling::retry_at`] says when to gate it again.
+    holding: bool,
     /// Connections so far: a completion of a group from an earlier one is not reported.
     session: u64,
     suspended: bool,
@@ -293,15 +497,44 @@ pub struct Handled {
 }
 
 impl Scheduling {
-    /// Whether a daemon connection is up (scheduling on).
+    /// The device runs with `--scheduler` (sharing `metrics`): until the daemon's `Welcome`
+    /// admits it, from `now`, its groups dispatch under `share` of the GPU.
+    pub fn configure(&mut self, share: FallbackShare, metrics: Arc<DeviceMetrics>, now: Time) {
+        let mut fallback = Fallback {
+            share,
+            metrics,
+            budget_ns: 0,
+            replenished: now,
+            since: None,
+            warned: false,
+        };
+        fallback.enter(now);
+        self.fallback = Some(fallback);
+    }
+
+    /// Whether a daemon connection is up (groups ask the daemon).
     pub fn connected(&self) -> bool {
         self.connected
     }
 
-    /// The link came up (`Hello` sent).
+    /// Whether the daemon admitted the device on the current connection.
+    pub fn admitted(&self) -> bool {
+        self.admitted
+    }
+
+    /// Whether GPU groups go through [`Scheduling::gate`]: while connected, or at all times
+    /// with `--scheduler` (under the fallback budget while not admitted).
+    pub fn gating(&self) -> bool {
+        self.connected || self.fallback.is_some()
+    }
+
+    /// The link came up (`Hello` sent): groups ask the daemon from now on; the device is
+    /// admitted when its `Welcome` comes.
     pub fn connect(&mut self) {
         self.connected = true;
+        self.admitted = false;
         self.session = self.session.wrapping_add(1);
+        self.unknown_running = self.running.len();
         self.suspended = false;
         self.lease = None;
     }
@@ -327,9 +560,47 @@ impl Scheduling {
         valid
     }
 
+    /// Whether groups still running keep the next one from starting: under the fallback
+    /// budget any group (one at a time); while connected one the daemon does not know of
+    /// (started under the fallback budget, or in an earlier connection); always past
+    /// [`MAX_RUNNING`].
+    fn waits_for_running(&self) -> bool {
+        self.running.len() >= MAX_RUNNING
+            || match self.connected {
+                true => self.unknown_running > 0,
+                false => !self.running.is_empty(),
+            }
+    }
+
+    /// Holds the front group for a reason of the device's own (see [`Scheduling::retry_at`]).
+    fn hold_here(&mut self) -> Gate {
+        if !self.holding
+            && !self.connected
+            && let Some(f) = &self.fallback
+        {
+            inc(&f.metrics.sched_fallback_delayed);
+        }
+        self.holding = true;
+        Gate::Hold
+    }
+
+    /// A group dispatched at `now`, to be reported with [`Scheduling::completed`].
+    fn run(&mut self, group: GroupId, now: Time) -> Gate {
+        self.holding = false;
+        self.running.insert(
+            group,
+            Running {
+                start: now,
+                session: self.session,
+            },
+        );
+        Gate::Run(Some(group))
+    }
+
     /// Whether the device-executed group at the front of the control queue may run now.
     /// Asks the daemon (`Submit`) the first time it is held, reports `Dispatched` under a
-    /// lease; while not connected everything runs.
+    /// lease. Not admitted, with `--scheduler`, a group runs while the fallback budget is
+    /// positive and no other group runs; without `--scheduler` everything runs.
     pub fn gate(
         &mut self,
         context: u32,
@@ -338,14 +609,29 @@ impl Scheduling {
         now: Time,
     ) -> Gate {
         if let Some(g) = self.granted.take() {
-            return Gate::Run(Some(g));
+            return self.run(g, now);
         }
         if !self.connected {
-            return Gate::Run(None);
+            let wait = self.waits_for_running();
+            let Some(f) = &mut self.fallback else {
+                return Gate::Run(None);
+            };
+            f.replenish(now);
+            if f.budget_ns <= 0 || wait {
+                return self.hold_here();
+            }
+            inc(&f.metrics.sched_fallback_groups);
+            let group = self.new_group();
+            return self.run(group, now);
         }
         if self.asked.is_some() || self.suspended {
+            self.holding = false;
             return Gate::Hold;
         }
+        if self.waits_for_running() {
+            return self.hold_here();
+        }
+        self.holding = false;
         let group = self.new_group();
         if self.lease_valid(now) {
             self.hold_report(
@@ -357,7 +643,7 @@ impl Scheduling {
                 },
                 now,
             );
-            return Gate::Run(Some(group));
+            return self.run(group, now);
         }
         self.send(Msg::Submit {
             group,
@@ -371,12 +657,50 @@ impl Scheduling {
         Gate::Hold
     }
 
+    /// When the group the device holds itself may be gated again: `None` when no group is
+    /// held so, or when it waits for a running group to complete (the completion is the
+    /// time to look again).
+    pub fn retry_at(&mut self, now: Time) -> Option<Time> {
+        if !self.holding || self.waits_for_running() {
+            return None;
+        }
+        match (&mut self.fallback, self.connected) {
+            (Some(f), false) => {
+                f.replenish(now);
+                Some(f.positive_at().max(now))
+            }
+            _ => Some(now),
+        }
+    }
+
+    /// Whether the group the device holds itself may be gated again at `now`: true once per
+    /// hold (the caller processes the control queue, whose gate holds it again if it must),
+    /// so a queue that cannot be processed (a device needing reset) is not kicked in a loop.
+    pub fn release_due(&mut self, now: Time) -> bool {
+        let due = self.retry_at(now).is_some_and(|at| at <= now);
+        if due {
+            self.holding = false;
+        }
+        due
+    }
+
     /// A device-executed group of session `session` ran on the GPU from `start` to `finish`.
+    /// Not admitted, what it ran in fallback is charged to the fallback budget.
     pub fn completed(&mut self, group: GroupId, session: u64, start: Time, finish: Time) {
-        if !self.connected || session != self.session {
+        let finish = finish.max(start);
+        let ran = self.running.remove(&group);
+        if ran.is_some_and(|r| r.session != self.session) {
+            self.unknown_running = self.unknown_running.saturating_sub(1);
+        }
+        if !self.connected {
+            if let (Some(_), Some(f)) = (ran, &mut self.fallback) {
+                f.charge_span(start, finish);
+            }
             return;
         }
-        let finish = finish.max(start);
+        if session != self.session {
+            return;
+        }
         if let Some(Lease {
             budget_ns: Some(b), ..
         }) = &mut self.lease
@@ -512,10 +836,14 @@ impl Scheduling {
         let mut out = Handled::default();
         match msg {
             Msg::Welcome { version, vgpu } => {
-                log::info!(
+                info!(
                     "scheduler daemon: welcome (protocol {version}, vGPU {})",
                     vgpu.0
                 );
+                self.admitted = true;
+                if let Some(f) = &mut self.fallback {
+                    f.leave(now, true);
+                }
             }
             Msg::Grant { group } if self.asked == Some(group) => {
                 self.asked = None;
@@ -597,11 +925,23 @@ impl Scheduling {
         self.presents.iter().map(|&(at, _)| at).min()
     }
 
-    /// The daemon is gone: scheduling is off. The held group runs, presents are released,
+    /// The daemon is gone, or it refused or dropped the device (`why`, at `now`): with
+    /// `--scheduler` the device dispatches under the fallback budget (logged once until
+    /// admitted again). The held group goes through the gate again, presents are released,
     /// and the remote load groups come back as `(token, ctx, cost_ns)` for the local engine;
     /// also returns the submits that nothing else waits for any more.
-    pub fn disconnect(&mut self) -> (Vec<(LoadToken, u32, u64)>, Vec<LoadToken>) {
+    pub fn disconnect(
+        &mut self,
+        now: Time,
+        why: &SchedError,
+    ) -> (Vec<(LoadToken, u32, u64)>, Vec<LoadToken>) {
+        match &mut self.fallback {
+            Some(f) => f.fell_back(now, why),
+            None => debug!("{why}"),
+        }
         self.connected = false;
+        self.admitted = false;
+        self.holding = false;
         self.suspended = false;
         self.lease = None;
         self.asked = None;
@@ -623,10 +963,19 @@ impl Scheduling {
         (back, released)
     }
 
-    /// Forgets every group and frame (device reset); the connection stays, and every
-    /// group the daemon holds for this device (asked, granted or on its engine) is
-    /// cancelled there so its queue slot and GPU time are given back.
-    pub fn reset(&mut self) {
+    /// Forgets every group and frame (device reset at `now`); the connection stays, and
+    /// every group the daemon holds for this device (asked, granted or on its engine) is
+    /// cancelled there so its queue slot and GPU time are given back. Groups still running
+    /// are forgotten too; not admitted, what they ran so far is charged to the fallback budget.
+    pub fn reset(&mut self, now: Time) {
+        let running = std::mem::take(&mut self.running);
+        self.unknown_running = 0;
+        if let (false, Some(f)) = (self.connected, &mut self.fallback) {
+            for r in running.values() {
+                f.charge_span(r.start, now);
+            }
+        }
+        self.holding = false;
         let held = self.asked.take().into_iter().chain(self.granted.take());
         let at_daemon: Vec<GroupId> = held.chain(self.remote.keys().copied()).collect();
         if self.connected {
@@ -638,6 +987,15 @@ impl Scheduling {
         self.waiting.clear();
         self.frames.clear();
         self.presents.clear();
+    }
+
+    /// The client is going away (at `now`): like [`Scheduling::reset`], and the time spent
+    /// under the fallback budget so far is counted.
+    pub fn withdraw(&mut self, now: Time) {
+        self.reset(now);
+        if let Some(f) = &mut self.fallback {
+            f.leave(now, false);
+        }
     }
 
     /// Every message queued, oldest first (held reports too); [`SchedError::Backlog`] past
@@ -684,6 +1042,220 @@ mod tests {
         let mut s = Scheduling::default();
         s.connect();
         s
+    }
+
+    /// A device started with `--scheduler` (the default share) at time 0, and its counters.
+    fn scheduled() -> (Scheduling, Arc<DeviceMetrics>) {
+        let metrics = Arc::new(DeviceMetrics::default());
+        let mut s = Scheduling::default();
+        s.configure(FallbackShare::default(), metrics.clone(), 0);
+        (s, metrics)
+    }
+
+    /// The fallback budget's share of one period, ns.
+    const SHARE_NS: Time = FALLBACK_PERIOD_NS * DEFAULT_FALLBACK_PERCENT as Time / 100;
+    const MS: Time = 1_000_000;
+
+    fn welcome() -> Msg {
+        Msg::Welcome {
+            version: PROTOCOL_VERSION,
+            vgpu: vgpu_scheduler::VgpuId(0),
+        }
+    }
+
+    fn refused(code: RefuseCode) -> SchedError {
+        SchedError::Refused {
+            code,
+            detail: "x".into(),
+        }
+    }
+
+    fn run(s: &mut Scheduling, now: Time) -> GroupId {
+        match s.gate(1, GroupKind::Compute, SIG, now) {
+            Gate::Run(Some(g)) => g,
+            other => panic!("expected a group to run at {now}, got {other:?}"),
+        }
+    }
+
+    fn counter(m: &DeviceMetrics, name: &str) -> u64 {
+        m.snapshot()
+            .into_iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v)
+            .unwrap()
+    }
+
+    #[test]
+    fn not_admitted_a_scheduled_device_dispatches_under_the_fallback_budget() {
+        let (mut s, m) = scheduled();
+        assert_eq!(counter(&m, "sched_fallback"), 1, "not admitted yet");
+        // One group at a time, reported complete with its GPU time; nothing goes to a daemon.
+        let g1 = run(&mut s, 0);
+        assert_eq!(
+            s.gate(1, GroupKind::Render, SIG, MS),
+            Gate::Hold,
+            "one at a time"
+        );
+        assert_eq!(
+            s.retry_at(MS),
+            None,
+            "the running group's completion says when"
+        );
+        assert_eq!(s.gate(1, GroupKind::Render, SIG, MS), Gate::Hold);
+        s.completed(g1, s.session(), 0, SHARE_NS - MS);
+        assert_eq!(s.retry_at(SHARE_NS), Some(SHARE_NS), "budget left: at once");
+        assert!(s.release_due(SHARE_NS));
+        assert!(!s.release_due(SHARE_NS), "once per hold");
+        // The budget is still positive: the next group runs and overdraws it.
+        let g2 = run(&mut s, SHARE_NS);
+        s.completed(g2, s.session(), SHARE_NS, SHARE_NS + 10 * MS);
+        let now = SHARE_NS + 10 * MS;
+        assert_eq!(
+            s.gate(1, GroupKind::Render, SIG, now),
+            Gate::Hold,
+            "overdrawn"
+        );
+        // Owed 9 ms: paid by two periods' shares (5 ms each), the budget is positive at 40 ms.
+        assert_eq!(s.retry_at(now), Some(2 * FALLBACK_PERIOD_NS));
+        let almost = 2 * FALLBACK_PERIOD_NS - 1;
+        assert_eq!(s.gate(1, GroupKind::Render, SIG, almost), Gate::Hold);
+        run(&mut s, 2 * FALLBACK_PERIOD_NS);
+        assert!(s.take_outbox().unwrap().is_empty(), "no daemon to tell");
+        assert_eq!(counter(&m, "sched_fallback_groups"), 3);
+        assert_eq!(
+            counter(&m, "sched_fallback_delayed"),
+            2,
+            "once per held group"
+        );
+        assert_eq!(counter(&m, "sched_fallback_gpu_ns"), SHARE_NS + 9 * MS);
+        assert_eq!(
+            counter(&m, "sched_fallback_entered"),
+            0,
+            "not an event: not connected yet"
+        );
+    }
+
+    #[test]
+    fn the_fallback_budget_holds_one_period_at_most() {
+        let (mut s, _) = scheduled();
+        // Idle for a long while: no credit piles up.
+        let late = 1_000 * FALLBACK_PERIOD_NS;
+        let g = run(&mut s, late);
+        s.completed(g, s.session(), late, late + SHARE_NS);
+        assert_eq!(
+            s.gate(1, GroupKind::Render, SIG, late + SHARE_NS),
+            Gate::Hold
+        );
+        assert_eq!(
+            s.retry_at(late + SHARE_NS),
+            Some(late + FALLBACK_PERIOD_NS),
+            "one period's share repays it"
+        );
+        // A wild completion time saturates instead of wrapping.
+        let g = run(&mut s, late + FALLBACK_PERIOD_NS);
+        s.completed(g, s.session(), 0, Time::MAX);
+        assert_eq!(s.gate(1, GroupKind::Render, SIG, Time::MAX - 1), Gate::Hold);
+        assert!(s.retry_at(Time::MAX - 1).is_some());
+    }
+
+    #[test]
+    fn a_device_the_daemon_drops_for_a_timeout_falls_back_instead_of_running_unscheduled() {
+        let (mut s, m) = scheduled();
+        s.connect();
+        s.handle(welcome(), 0);
+        assert!(s.admitted());
+        assert_eq!(counter(&m, "sched_fallback"), 0);
+        // A slow group, granted, outlives the daemon's group timeout: the daemon drops us.
+        assert_eq!(s.gate(1, GroupKind::Compute, SIG, 0), Gate::Hold);
+        let Some(Msg::Submit { group: slow, .. }) = s.take_outbox().unwrap().pop() else {
+            panic!("asked")
+        };
+        s.handle(Msg::Grant { group: slow }, 0);
+        assert_eq!(run(&mut s, 0), slow);
+        let dropped = 2_000 * MS;
+        s.disconnect(dropped, &refused(RefuseCode::Timeout));
+        assert!(!s.admitted());
+        assert_eq!(counter(&m, "sched_fallback"), 1);
+        assert_eq!(counter(&m, "sched_fallback_entered"), 1);
+        // Not unscheduled: nothing runs beside the slow group...
+        assert_eq!(s.gate(1, GroupKind::Compute, SIG, dropped), Gate::Hold);
+        assert_eq!(s.retry_at(dropped), None);
+        // ...and the 3 s it ran after the drop are charged to the fallback budget.
+        let finish = 5_000 * MS;
+        s.completed(slow, 1, 0, finish);
+        assert_eq!(counter(&m, "sched_fallback_gpu_ns"), 3_000 * MS);
+        assert_eq!(s.gate(1, GroupKind::Compute, SIG, finish), Gate::Hold);
+        // 3 s owed at 5 ms per 20 ms: 12 s of waiting.
+        let owed = 3_000 * MS - SHARE_NS;
+        let periods = owed / SHARE_NS + 1;
+        let at = dropped + periods * FALLBACK_PERIOD_NS;
+        assert_eq!(s.retry_at(finish), Some(at));
+        assert_eq!(s.gate(1, GroupKind::Compute, SIG, at - 1), Gate::Hold);
+        run(&mut s, at);
+        // Failing again while in fallback is not a new event.
+        s.disconnect(at, &SchedError::Closed);
+        assert_eq!(counter(&m, "sched_fallback_entered"), 1);
+    }
+
+    #[test]
+    fn admitted_again_the_device_asks_the_daemon_once_its_fallback_group_is_done() {
+        let (mut s, m) = scheduled();
+        s.connect();
+        s.handle(welcome(), 0);
+        s.disconnect(MS, &SchedError::Closed);
+        let fallback_group = run(&mut s, MS);
+        // The daemon is back while a group the daemon never heard of runs: the next group
+        // waits for it, then asks.
+        s.connect();
+        assert!(s.take_outbox().unwrap().is_empty());
+        assert_eq!(s.gate(1, GroupKind::Render, SIG, 2 * MS), Gate::Hold);
+        assert!(s.take_outbox().unwrap().is_empty(), "not asked yet");
+        assert_eq!(s.retry_at(2 * MS), None);
+        s.completed(fallback_group, s.session() - 1, MS, 3 * MS);
+        assert!(
+            s.take_outbox().unwrap().is_empty(),
+            "not reported: the daemon never knew it"
+        );
+        assert_eq!(s.retry_at(3 * MS), Some(3 * MS));
+        assert_eq!(s.gate(1, GroupKind::Render, SIG, 3 * MS), Gate::Hold);
+        assert!(matches!(
+            s.take_outbox().unwrap()[..],
+            [Msg::Submit {
+                exec: Exec::Device,
+                ..
+            }]
+        ));
+        assert_eq!(s.retry_at(3 * MS), None, "held by the daemon now");
+        assert_eq!(
+            counter(&m, "sched_fallback"),
+            1,
+            "connected, not admitted yet"
+        );
+        s.handle(welcome(), 10 * MS);
+        assert_eq!(counter(&m, "sched_fallback"), 0);
+        assert_eq!(counter(&m, "sched_fallback_ns"), 9 * MS);
+        // Refused by name: fallback again (never unscheduled), and once more admitted.
+        s.disconnect(11 * MS, &refused(RefuseCode::Forbidden));
+        assert_eq!(counter(&m, "sched_fallback"), 1);
+        assert_eq!(counter(&m, "sched_fallback_entered"), 2);
+        assert!(matches!(
+            s.gate(1, GroupKind::Render, SIG, 11 * MS),
+            Gate::Run(Some(_))
+        ));
+    }
+
+    #[test]
+    fn a_reset_under_the_fallback_budget_charges_what_ran_and_forgets_it() {
+        let (mut s, m) = scheduled();
+        let g = run(&mut s, 0);
+        s.reset(2 * MS);
+        assert_eq!(counter(&m, "sched_fallback_gpu_ns"), 2 * MS);
+        // The group the reset forgot does not hold the next one, budget permitting.
+        assert_eq!(run(&mut s, 2 * MS).0, g.0 + 1);
+        s.withdraw(4 * MS);
+        assert_eq!(counter(&m, "sched_fallback"), 0, "the client went away");
+        assert_eq!(counter(&m, "sched_fallback_ns"), 4 * MS);
+        assert_eq!(counter(&m, "sched_fallback_gpu_ns"), 4 * MS);
     }
 
     #[test]
@@ -929,7 +1501,7 @@ mod tests {
         let h = s.handle(Msg::Present { at: 0 }, 0);
         assert_eq!(h.done.len(), 1, "the oldest frame goes");
         assert!(s.present_frame(over), "room again");
-        let (back, released) = s.disconnect();
+        let (back, released) = s.disconnect(0, &SchedError::Closed);
         assert!(back.is_empty());
         assert_eq!(
             released.len(),
@@ -941,18 +1513,27 @@ mod tests {
     #[test]
     fn disconnect_gives_back_what_waited() {
         let mut runner = LoadRunner::default();
-        let mut s = connected();
+        let (mut s, _) = scheduled();
+        s.connect();
         let (a, b) = (runner.token(), runner.token());
         s.submit_load(a, 1, &[LoadCommand::Occupy { us: 3 }])
             .unwrap();
         s.submit_load(b, 1, &[LoadCommand::EndFrame]).unwrap();
         assert_eq!(s.gate(1, GroupKind::Render, SIG, 0), Gate::Hold);
-        let (back, released) = s.disconnect();
+        let (back, released) = s.disconnect(0, &SchedError::Closed);
         assert_eq!(back, [(a, 1, 3_000)]);
         assert_eq!(released, [b]);
         assert!(!s.connected());
-        assert_eq!(s.gate(1, GroupKind::Render, SIG, 0), Gate::Run(None));
+        // The held group goes under the fallback budget, not unscheduled.
+        assert!(matches!(
+            s.gate(1, GroupKind::Render, SIG, 0),
+            Gate::Run(Some(_))
+        ));
         assert!(s.take_outbox().unwrap().is_empty());
+        // Without --scheduler nothing is gated.
+        let mut s = connected();
+        s.disconnect(0, &SchedError::Closed);
+        assert_eq!(s.gate(1, GroupKind::Render, SIG, 0), Gate::Run(None));
     }
 
     #[test]
@@ -973,7 +1554,7 @@ mod tests {
             })
             .collect();
         assert_eq!(at_daemon.len(), 2, "one load group and the held group");
-        s.reset();
+        s.reset(0);
         let mut cancelled: Vec<GroupId> = s
             .take_outbox()
             .unwrap()
@@ -1000,7 +1581,7 @@ mod tests {
             }],
             "a grant crossing the reset is given back"
         );
-        s.reset();
+        s.reset(0);
         assert!(
             s.take_outbox().unwrap().is_empty(),
             "nothing left to cancel"
@@ -1055,6 +1636,7 @@ mod tests {
         let mut link = SchedLink::new(SchedConfig {
             socket: path.clone(),
             vm_name: VmName::new("vm").unwrap(),
+            fallback: FallbackShare::default(),
         });
         assert!(matches!(
             link.connect(5, None),

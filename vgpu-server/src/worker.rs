@@ -33,7 +33,7 @@ use vmm_sys_util::timerfd::TimerFd;
 use mdev_backend::GpuBackend;
 use mdev_backend::virgl::Virgl;
 use vgpu_schedd::busy_poll::{self, BusyPoll};
-use vgpu_schedd::proto::Msg;
+use vgpu_schedd::proto::{Msg, RefuseCode};
 
 use crate::device::Device;
 use crate::gpu::dump::{self, DumpConfig};
@@ -62,8 +62,16 @@ const SCHED_RETRY_TOKEN: u32 = 0x107;
 /// Event data of the eventfd the worker signals itself with, before it blocks, to send held
 /// scheduler reports.
 const SCHED_REPORT_TOKEN: u32 = 0x108;
-/// How often a device retries connecting to a scheduler daemon that is not there.
+/// How soon a device reconnects to a scheduler daemon it lost after being admitted, and the
+/// first wait of the backoff while the daemon stays unreachable or refuses it.
 pub const SCHED_RETRY: Duration = Duration::from_secs(1);
+/// The longest wait between two reconnects: the backoff doubles from [`SCHED_RETRY`] up to
+/// it, and a device refused its name (`Forbidden`, `NameInUse`) waits this long at once. A
+/// device that is not admitted dispatches under the fallback budget, so a slow retry costs
+/// its guest speed, not its neighbours; at most this long after the daemon is back and
+/// willing, the device is admitted again. Within the daemon's longest rejoin hold-back
+/// after a group timeout (60 s), so a dropped device is not the one that waits longest.
+pub const MAX_SCHED_RETRY: Duration = Duration::from_secs(8);
 /// How often the worker looks for QEMU's connection before it says `Hello` to the daemon.
 const QEMU_POLL: Duration = Duration::from_millis(20);
 
@@ -159,7 +167,7 @@ impl WorkerHandle {
                         retry_timer,
                         report_kick,
                         watched: None,
-                        warned: false,
+                        retry: SCHED_RETRY,
                     }),
                     virgl,
                     device: None,
@@ -417,15 +425,39 @@ struct Sched {
     link: SchedLink,
     /// The vfio-user socket QEMU connects to: its accepted connection gives QEMU's pid.
     vfio_socket: PathBuf,
-    /// Fires every [`SCHED_RETRY`] while the daemon is unreachable.
+    /// Fires when the device reconnects while the daemon is unreachable or refused it.
     retry_timer: TimerFd,
     /// Signalled by the worker itself before it blocks while reports are held
     /// (`Scheduling::due_outbox`): an idle worker sends them.
     report_kick: EventFd,
     /// The socket fd in the poll set.
     watched: Option<std::os::fd::RawFd>,
-    /// A warning about the daemon being unreachable was logged (until it is back).
-    warned: bool,
+    /// The wait before the next reconnect: doubles from [`SCHED_RETRY`] up to
+    /// [`MAX_SCHED_RETRY`] while the daemon does not admit the device.
+    retry: Duration,
+}
+
+impl Sched {
+    /// Arms the reconnect after the link failed with `why`; `admitted`: the daemon had
+    /// admitted the device on the link that failed (reconnect soon, the backoff restarts).
+    fn retry_later(&mut self, why: &SchedError, admitted: bool) {
+        let refused_name = matches!(
+            why,
+            SchedError::Refused {
+                code: RefuseCode::Forbidden | RefuseCode::NameInUse,
+                ..
+            }
+        );
+        let wait = match (admitted, refused_name) {
+            (_, true) => MAX_SCHED_RETRY,
+            (true, false) => SCHED_RETRY,
+            (false, false) => self.retry,
+        };
+        self.retry = wait.saturating_mul(2).min(MAX_SCHED_RETRY);
+        if let Err(e) = self.retry_timer.reset(wait, None) {
+            error!("arming the scheduler reconnect timer: {e}");
+        }
+    }
 }
 
 impl Worker {
@@ -456,24 +488,21 @@ impl Worker {
                         Err(e) => error!("watching the scheduler daemon socket: {e}"),
                     }
                 }
-                info!(
+                // Admission (the daemon's Welcome) is logged, with the time spent under the
+                // fallback budget when there was one to speak of.
+                debug!(
                     "connected to the scheduler daemon at {}",
                     s.link.path().display()
                 );
-                s.warned = false;
                 let _ = s.retry_timer.reset(Duration::ZERO, None);
                 device_lock(device).sched_connected();
+                // A group the fallback budget held may ask the daemon now.
+                self.run_load();
             }
             Err(e) => {
-                if !s.warned {
-                    warn!("{e}; running unscheduled, retrying every second");
-                    s.warned = true;
-                } else {
-                    debug!("{e}");
-                }
-                if let Err(e) = s.retry_timer.reset(SCHED_RETRY, None) {
-                    error!("arming the scheduler reconnect timer: {e}");
-                }
+                // Logged once until admitted (the device stays under the fallback budget).
+                device_lock(device).sched_gone(&e);
+                s.retry_later(&e, false);
             }
         }
     }
@@ -490,21 +519,22 @@ impl Worker {
         }
     }
 
-    /// The daemon link failed: scheduling off for the attached device, retry later.
+    /// The daemon link failed, or the daemon refused or dropped the device: the attached
+    /// device dispatches under the fallback budget (it says so, once) until a reconnect,
+    /// after a bounded backoff, is admitted again.
     fn sched_gone(&mut self, why: &SchedError, ops: &mut EventOps) {
         let Some(s) = &mut self.sched else { return };
         Self::sched_close(s, ops, false);
-        match why {
-            SchedError::Refused { .. } => error!("{why}; running unscheduled"),
-            _ => warn!("{why}; running unscheduled, retrying every second"),
-        }
-        s.warned = true;
-        if let Err(e) = s.retry_timer.reset(SCHED_RETRY, None) {
-            error!("arming the scheduler reconnect timer: {e}");
-        }
-        if let Some(device) = &self.device {
-            device_lock(device).sched_gone();
-        }
+        let admitted = match &self.device {
+            Some(device) => {
+                let mut locked = device_lock(device);
+                let admitted = locked.sched_admitted();
+                locked.sched_gone(why);
+                admitted
+            }
+            None => false,
+        };
+        s.retry_later(why, admitted);
         self.kick_control();
         self.run_load();
     }
@@ -572,15 +602,21 @@ impl Worker {
         }
     }
 
-    /// Runs the device's load engine up to now and arms the timer for its next finish.
+    /// Runs the device's load engine up to now and arms the timer for its next finish (or
+    /// for when a group the fallback budget holds may go); the control queue is processed
+    /// again when such a group may go now.
     fn run_load(&mut self) {
         let Some(device) = &self.device else {
             return;
         };
         let mut locked = device_lock(device);
         locked.load_tick();
+        let release = locked.sched_release_due();
         let next = locked.load_deadline();
         drop(locked);
+        if release {
+            self.kick_control();
+        }
         if let Some(wait) = next
             && let Err(e) = self.load_timer.reset(wait.max(MIN_LOAD_TIMER), None)
         {
@@ -604,6 +640,10 @@ impl Worker {
                     match self.kicks[usize::from(CONTROL_QUEUE)].try_clone() {
                         Ok(kick) => device_lock(&device).set_compute_notify(Arc::new(kick)),
                         Err(e) => error!("compute completion eventfd: {e}"),
+                    }
+                    if let Some(s) = &mut self.sched {
+                        device_lock(&device).sched_configure(s.link.fallback());
+                        s.retry = SCHED_RETRY;
                     }
                     self.device = Some(device);
                     self.sched_connect(ops);
@@ -730,6 +770,8 @@ impl MutEventSubscriber for Worker {
                     device_lock(device).fences_signalled(n);
                 }
                 self.sched_flush(ops, false);
+                // A completed group may let one the device held go.
+                self.run_load();
             }
             SCHED_TOKEN => self.sched_readable(ops),
             SCHED_REPORT_TOKEN => {

@@ -14,6 +14,7 @@ use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use log::{debug, info, warn};
+use mdev_backend::budget::{Charge, MemoryBudget, OverBudget};
 use mdev_backend::compute::remote::{Owned, Stats, dispatch};
 use mdev_backend::compute::wire::{self, Reply, Request};
 use mdev_backend::compute::{
@@ -21,9 +22,10 @@ use mdev_backend::compute::{
 };
 use vgpu_schedd::seqpacket::monotonic_ns;
 use vgpu_scheduler::{CostSignature, GroupId};
-use vm_memory::{Bytes, GuestAddress, GuestMemory};
+use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
 use vmm_sys_util::eventfd::EventFd;
 
+use super::device::entry_outside;
 use super::load::LoadToken;
 use super::protocol::{MemEntry, ResourceCreateBlob, ty};
 
@@ -43,8 +45,11 @@ pub const BLOB_MEM_GUEST: u32 = 1;
 /// Largest blob: bounds what one request makes the device copy out of guest memory (a
 /// module of `ptx::MAX_PTX_BYTES` with its framing fits).
 pub const MAX_BLOB_BYTES: u64 = 128 << 20;
-/// Most blobs a guest holds at once (each costs the device its entry list only).
+/// Most blobs a guest holds at once (each costs the device its entry list, charged to the
+/// VM's budget).
 pub const MAX_BLOBS: usize = 4096;
+/// Host bytes one entry of a blob's list costs.
+const BLOB_ENTRY_BYTES: u64 = std::mem::size_of::<MemEntry>() as u64;
 /// Most compute requests of one VM queued or running on its executor: a guest that does not
 /// wait for its replies gets errors past this, never an unbounded queue.
 pub const MAX_IN_FLIGHT: usize = 32;
@@ -90,6 +95,20 @@ pub enum ComputeSubmitError {
     /// Guest memory named by a blob's entries could not be read or written.
     #[error("blob {0}: guest memory outside RAM")]
     Memory(u32),
+    /// A blob entry is not guest RAM now: at RESOURCE_CREATE_BLOB, or (after a DMA_UNMAP) at
+    /// a submit that needs it.
+    #[error("blob {id}: entry {addr:#x}+{length:#x} is not in guest RAM")]
+    NotInRam {
+        /// The resource id.
+        id: u32,
+        /// The entry's guest address.
+        addr: u64,
+        /// Its length.
+        length: u32,
+    },
+    /// The blob's entry list would take the VM past its host-memory budget.
+    #[error(transparent)]
+    OutOfMemory(#[from] OverBudget),
 }
 
 impl ComputeSubmitError {
@@ -98,7 +117,11 @@ impl ComputeSubmitError {
         match self {
             ComputeSubmitError::NotABlob(_) => ty::ERR_INVALID_RESOURCE_ID,
             ComputeSubmitError::IdTaken(_) => ty::ERR_INVALID_RESOURCE_ID,
-            ComputeSubmitError::TooMany => ty::ERR_OUT_OF_MEMORY,
+            ComputeSubmitError::TooMany | ComputeSubmitError::OutOfMemory(_) => {
+                ty::ERR_OUT_OF_MEMORY
+            }
+            // What QEMU's device answers for an entry it cannot map.
+            ComputeSubmitError::NotInRam { .. } | ComputeSubmitError::Memory(_) => ty::ERR_UNSPEC,
             _ => ty::ERR_INVALID_PARAMETER,
         }
     }
@@ -183,15 +206,16 @@ pub enum Refused {
     Request(SubmitHeader, Reply),
 }
 
-/// A compute submit's header and the request it carries.
-pub type Submit = (SubmitHeader, Request);
+/// A compute submit's header, the request it carries, and what the request's bytes are
+/// charged to the VM's budget until it has run.
+pub type Submit = (SubmitHeader, Request, Charge);
 
 /// A guest blob: guest pages the device reads and writes in place.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 struct Blob {
     size: u64,
-    /// `None` once its backing was detached.
-    entries: Option<Vec<MemEntry>>,
+    /// Its entries and what the list is charged; `None` once its backing was detached.
+    entries: Option<(Vec<MemEntry>, Charge)>,
 }
 
 /// The guest blobs of one VM.
@@ -199,11 +223,15 @@ struct Blob {
 pub struct Blobs(BTreeMap<u32, Blob>);
 
 impl Blobs {
-    /// RESOURCE_CREATE_BLOB; `taken`: the id names another resource.
-    pub fn create(
+    /// RESOURCE_CREATE_BLOB; `taken`: the id names another resource. Every entry must be
+    /// guest memory `mem` now (as QEMU's device checks when it maps a blob), and the entry
+    /// list is charged to `budget`, the VM's, before the device keeps a copy.
+    pub fn create<M: GuestMemory>(
         &mut self,
         c: &ResourceCreateBlob,
         taken: bool,
+        mem: &M,
+        budget: &Arc<MemoryBudget>,
     ) -> Result<(), ComputeSubmitError> {
         let id = c.resource_id;
         if id == 0 || taken || self.0.contains_key(&id) {
@@ -226,11 +254,20 @@ impl Blobs {
         if self.0.len() >= MAX_BLOBS {
             return Err(ComputeSubmitError::TooMany);
         }
+        if let Some(e) = entry_outside(&c.entries, mem, Permissions::ReadWrite) {
+            return Err(ComputeSubmitError::NotInRam {
+                id,
+                addr: e.addr,
+                length: e.length,
+            });
+        }
+        // At most MAX_BACKING_ENTRIES entries (the decoder's bound): no overflow.
+        let charge = budget.charge(c.entries.len() as u64 * BLOB_ENTRY_BYTES)?;
         self.0.insert(
             id,
             Blob {
                 size: c.size,
-                entries: Some(c.entries.clone()),
+                entries: Some((c.entries.clone(), charge)),
             },
         );
         Ok(())
@@ -256,22 +293,34 @@ impl Blobs {
         self.0.clear();
     }
 
-    /// A compute submit: its header (`dwords`) checked against its blob, and the request read
-    /// from the blob in guest memory and decoded.
-    pub fn request<M: GuestMemory>(&self, dwords: &[u32], mem: &M) -> Result<Submit, Refused> {
+    /// A compute submit: its header (`dwords`) checked against its blob, the blob's request
+    /// and reply bytes checked to be guest memory `mem` (a DMA_UNMAP may have taken them
+    /// since the blob was made: then the submit fails, as nothing can be answered there),
+    /// and the request charged to `budget`, read from the blob and decoded.
+    pub fn request<M: GuestMemory>(
+        &self,
+        dwords: &[u32],
+        mem: &M,
+        budget: &Arc<MemoryBudget>,
+    ) -> Result<Submit, Refused> {
         let header = decode_header(dwords)
             .and_then(|h| self.check(&h).map(|()| h))
+            .and_then(|h| self.check_in_ram(&h, mem).map(|()| h))
             .map_err(|e| {
                 debug!("compute submit refused: {e}");
                 Refused::Submit(e.response_code())
             })?;
-        let bad =
-            |why: String| Refused::Request(header, Reply::error(&ComputeError::InvalidValue(why)));
+        let answer = |e: ComputeError| Refused::Request(header, Reply::error(&e));
+        let bad = |why: String| answer(ComputeError::InvalidValue(why));
+        // The copy and the request decoded from it live until the request has run.
+        let charge = budget
+            .charge(u64::from(header.request_bytes))
+            .map_err(|e| answer(ComputeError::OutOfMemory(format!("compute request: {e}"))))?;
         let bytes = self
             .read(mem, header.resource_id, header.request_bytes as usize)
             .map_err(|e| bad(e.to_string()))?;
         let req = decode_request(&bytes).map_err(|e| bad(format!("compute request: {e}")))?;
-        Ok((header, req))
+        Ok((header, req, charge))
     }
 
     /// Checks a submit's header against its blob.
@@ -296,9 +345,28 @@ impl Blobs {
         Ok(())
     }
 
+    /// Checks that the guest memory a submit's request and reply take of its blob is in
+    /// `mem` now.
+    fn check_in_ram<M: GuestMemory>(
+        &self,
+        h: &SubmitHeader,
+        mem: &M,
+    ) -> Result<(), ComputeSubmitError> {
+        let len = h.request_bytes.max(h.reply_capacity) as usize;
+        let id = h.resource_id;
+        match entry_outside(&self.ranges(id, len)?, mem, Permissions::ReadWrite) {
+            Some(e) => Err(ComputeSubmitError::NotInRam {
+                id,
+                addr: e.addr,
+                length: e.length,
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// The guest ranges of `len` bytes from the start of blob `id`.
-    fn ranges(&self, id: u32, len: usize) -> Result<Vec<(u64, usize)>, ComputeSubmitError> {
-        let entries = self
+    fn ranges(&self, id: u32, len: usize) -> Result<Vec<MemEntry>, ComputeSubmitError> {
+        let (entries, _) = self
             .0
             .get(&id)
             .filter(|b| len as u64 <= b.size)
@@ -310,8 +378,12 @@ impl Blobs {
             if left == 0 {
                 break;
             }
+            // At most the entry's own u32 length.
             let n = left.min(e.length as usize);
-            out.push((e.addr, n));
+            out.push(MemEntry {
+                addr: e.addr,
+                length: n as u32,
+            });
             left -= n;
         }
         Ok(out)
@@ -326,8 +398,9 @@ impl Blobs {
     ) -> Result<Vec<u8>, ComputeSubmitError> {
         let mut out = vec![0u8; len];
         let mut at = 0;
-        for (addr, n) in self.ranges(id, len)? {
-            mem.read_slice(&mut out[at..at + n], GuestAddress(addr))
+        for e in self.ranges(id, len)? {
+            let n = e.length as usize;
+            mem.read_slice(&mut out[at..at + n], GuestAddress(e.addr))
                 .map_err(|_| ComputeSubmitError::Memory(id))?;
             at += n;
         }
@@ -342,8 +415,9 @@ impl Blobs {
         bytes: &[u8],
     ) -> Result<(), ComputeSubmitError> {
         let mut at = 0;
-        for (addr, n) in self.ranges(id, bytes.len())? {
-            mem.write_slice(&bytes[at..at + n], GuestAddress(addr))
+        for e in self.ranges(id, bytes.len())? {
+            let n = e.length as usize;
+            mem.write_slice(&bytes[at..at + n], GuestAddress(e.addr))
                 .map_err(|_| ComputeSubmitError::Memory(id))?;
             at += n;
         }
@@ -389,6 +463,8 @@ struct Session {
 /// of its guest compute contexts, and the requests in flight.
 pub struct ComputeRuntime {
     kind: ComputeKind,
+    /// The VM's host-memory budget: the backend charges device memory and modules to it.
+    budget: Arc<MemoryBudget>,
     executor: Option<Result<Executor, ComputeError>>,
     sessions: HashMap<u32, Arc<Mutex<Session>>>,
     done_tx: Sender<Done>,
@@ -413,10 +489,13 @@ impl std::fmt::Debug for ComputeRuntime {
 }
 
 impl ComputeRuntime {
-    pub fn new(kind: ComputeKind) -> ComputeRuntime {
+    /// The compute runtime of a VM whose backend is `kind` and whose host-memory budget is
+    /// `budget` (the device's: one budget per VM). Its executor starts at the first request.
+    pub fn new(kind: ComputeKind, budget: Arc<MemoryBudget>) -> ComputeRuntime {
         let (done_tx, done_rx) = channel();
         ComputeRuntime {
             kind,
+            budget,
             executor: None,
             sessions: HashMap::new(),
             done_tx,
@@ -433,9 +512,14 @@ impl ComputeRuntime {
         self.notify = Some(notify);
     }
 
+    /// The backend this runtime runs requests on.
+    pub fn kind(&self) -> ComputeKind {
+        self.kind
+    }
+
     fn executor(&mut self) -> Result<&Executor, ComputeError> {
         if self.executor.is_none() {
-            let (executor, cancel) = spawn_executor(self.kind);
+            let (executor, cancel) = spawn_executor(self.kind, Arc::clone(&self.budget));
             self.executor = Some(executor);
             self.cancel = cancel;
         }
@@ -552,17 +636,23 @@ impl ComputeRuntime {
     }
 }
 
-/// Starts a VM's executor thread with its backend; also returns the backend's canceller.
+/// Starts a VM's executor thread with its backend, which charges `budget`, the VM's; also
+/// returns the backend's canceller.
 #[allow(clippy::type_complexity)]
 fn spawn_executor(
     kind: ComputeKind,
+    budget: Arc<MemoryBudget>,
 ) -> (
     Result<Executor, ComputeError>,
     Option<Arc<std::sync::atomic::AtomicBool>>,
 ) {
     let (cancel_tx, cancel_rx) = channel();
     let make = move || -> Result<Box<dyn ComputeBackend>, ComputeError> {
-        let b = one_guest_backend(kind == ComputeKind::NvCuda, CpuConfig::default())?;
+        let config = CpuConfig {
+            budget,
+            ..CpuConfig::default()
+        };
+        let b = one_guest_backend(kind == ComputeKind::NvCuda, config)?;
         let _ = cancel_tx.send(b.canceller());
         Ok(b)
     };
@@ -606,6 +696,16 @@ mod tests {
     use mdev_backend::compute::backend::ContextId;
     use vm_memory::GuestMemoryMmap;
 
+    /// `bytes` of guest RAM at 0.
+    fn ram(bytes: usize) -> GuestMemoryMmap {
+        GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), bytes)]).unwrap()
+    }
+
+    /// A budget no test here reaches.
+    fn budget() -> Arc<MemoryBudget> {
+        MemoryBudget::new(1 << 30)
+    }
+
     fn blob(id: u32, size: u64, entries: &[(u64, u32)]) -> ResourceCreateBlob {
         ResourceCreateBlob {
             resource_id: id,
@@ -647,11 +747,12 @@ mod tests {
 
     #[test]
     fn blobs_are_guest_memory_covered_by_their_entries_and_bounded() {
+        let (mem, budget) = (ram(0x10000), budget());
         let mut b = Blobs::default();
         let mut host = blob(1, 4096, &[(0, 4096)]);
         host.blob_mem = 2;
         assert!(matches!(
-            b.create(&host, false),
+            b.create(&host, false, &mem, &budget),
             Err(ComputeSubmitError::BadBlob { .. })
         ));
         for bad in [
@@ -660,22 +761,27 @@ mod tests {
             blob(1, MAX_BLOB_BYTES + 1, &[(0, u32::MAX), (0, u32::MAX)]),
         ] {
             assert!(matches!(
-                b.create(&bad, false),
+                b.create(&bad, false, &mem, &budget),
                 Err(ComputeSubmitError::BadBlob { .. })
             ));
         }
         assert_eq!(
-            b.create(&blob(0, 4096, &[(0, 4096)]), false),
+            b.create(&blob(0, 4096, &[(0, 4096)]), false, &mem, &budget),
             Err(ComputeSubmitError::IdTaken(0))
         );
         assert_eq!(
-            b.create(&blob(1, 4096, &[(0, 4096)]), true),
+            b.create(&blob(1, 4096, &[(0, 4096)]), true, &mem, &budget),
             Err(ComputeSubmitError::IdTaken(1))
         );
-        b.create(&blob(1, 8192, &[(0, 4096), (0x4000, 4096)]), false)
-            .unwrap();
+        b.create(
+            &blob(1, 8192, &[(0, 4096), (0x4000, 4096)]),
+            false,
+            &mem,
+            &budget,
+        )
+        .unwrap();
         assert_eq!(
-            b.create(&blob(1, 4096, &[(0, 4096)]), false),
+            b.create(&blob(1, 4096, &[(0, 4096)]), false, &mem, &budget),
             Err(ComputeSubmitError::IdTaken(1))
         );
         let h = |request_bytes, reply_capacity| SubmitHeader {
@@ -694,21 +800,27 @@ mod tests {
         assert_eq!(b.check(&h(8, 64)), Err(ComputeSubmitError::NotABlob(1)));
         assert!(b.remove(1) && !b.remove(1) && !b.detach(1));
         for id in 1..=MAX_BLOBS as u32 {
-            b.create(&blob(id, 4096, &[(0, 4096)]), false).unwrap();
+            b.create(&blob(id, 4096, &[(0, 4096)]), false, &mem, &budget)
+                .unwrap();
         }
         assert_eq!(
-            b.create(&blob(0xffff, 4096, &[(0, 4096)]), false),
+            b.create(&blob(0xffff, 4096, &[(0, 4096)]), false, &mem, &budget),
             Err(ComputeSubmitError::TooMany)
         );
     }
 
     #[test]
     fn blob_reads_and_writes_follow_the_entries_and_stay_in_guest_memory() {
-        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+        let (mem, budget) = (ram(0x10000), budget());
         let mut b = Blobs::default();
         // Two pieces in reverse order of address.
-        b.create(&blob(1, 8, &[(0x2000, 4), (0x1000, 4)]), false)
-            .unwrap();
+        b.create(
+            &blob(1, 8, &[(0x2000, 4), (0x1000, 4)]),
+            false,
+            &mem,
+            &budget,
+        )
+        .unwrap();
         b.write(&mem, 1, &[1, 2, 3, 4, 5, 6]).unwrap();
         assert_eq!(
             mem.read_obj::<[u8; 4]>(GuestAddress(0x2000)).unwrap(),
@@ -720,7 +832,9 @@ mod tests {
         );
         assert_eq!(b.read(&mem, 1, 6).unwrap(), [1, 2, 3, 4, 5, 6]);
         assert_eq!(b.read(&mem, 1, 9), Err(ComputeSubmitError::NotABlob(1)));
-        b.create(&blob(2, 8, &[(0xfffc, 8)]), false).unwrap();
+        // Made while RAM went further; read and written after a DMA_UNMAP took its end.
+        b.create(&blob(2, 8, &[(0xfffc, 8)]), false, &ram(0x20000), &budget)
+            .unwrap();
         assert_eq!(
             b.write(&mem, 2, &[0; 8]),
             Err(ComputeSubmitError::Memory(2))
@@ -730,29 +844,95 @@ mod tests {
 
     #[test]
     fn a_submit_is_refused_whole_for_a_bad_header_and_answered_for_a_bad_request() {
-        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+        let (mem, budget) = (ram(0x10000), budget());
         let mut b = Blobs::default();
-        b.create(&blob(1, 4096, &[(0x1000, 4096)]), false).unwrap();
+        b.create(&blob(1, 4096, &[(0x1000, 4096)]), false, &mem, &budget)
+            .unwrap();
         let req = Request::ContextCreate.encode();
         b.write(&mem, 1, &req).unwrap();
         let header = |n: usize| [SUBMIT_MAGIC, 1, n as u32, 4096, 0];
-        let (h, got) = b.request(&header(req.len()), &mem).unwrap();
+        let (h, got, charge) = b.request(&header(req.len()), &mem, &budget).unwrap();
         assert_eq!((h.resource_id, got), (1, Request::ContextCreate));
+        assert_eq!(charge.bytes(), req.len() as u64, "its bytes are charged");
+        drop(charge);
         assert_eq!(
-            b.request(&[SUBMIT_MAGIC, 2, 8, 4096, 0], &mem),
-            Err(Refused::Submit(ty::ERR_INVALID_RESOURCE_ID))
+            b.request(&[SUBMIT_MAGIC, 2, 8, 4096, 0], &mem, &budget)
+                .err(),
+            Some(Refused::Submit(ty::ERR_INVALID_RESOURCE_ID))
         );
         assert_eq!(
-            b.request(&header(4097), &mem),
-            Err(Refused::Submit(ty::ERR_INVALID_PARAMETER))
+            b.request(&header(4097), &mem, &budget).err(),
+            Some(Refused::Submit(ty::ERR_INVALID_PARAMETER))
         );
         // A request one byte short: answered with an error reply in the blob.
         let Err(Refused::Request(h, Reply::Error { status, .. })) =
-            b.request(&header(req.len() - 1), &mem)
+            b.request(&header(req.len() - 1), &mem, &budget)
         else {
             panic!("an error reply")
         };
         assert_eq!((h.resource_id, status), (1, 1));
+        // A request past the budget: answered CUDA_ERROR_OUT_OF_MEMORY, nothing read.
+        let full = MemoryBudget::new(req.len() as u64 - 1);
+        let Err(Refused::Request(_, Reply::Error { status, .. })) =
+            b.request(&header(req.len()), &mem, &full)
+        else {
+            panic!("an error reply")
+        };
+        assert_eq!((status, full.used()), (2, 0));
+    }
+
+    #[test]
+    fn a_submit_on_a_blob_whose_memory_was_unmapped_fails_whole() {
+        // Issue 24, finding 8: a blob made in guest RAM whose second piece a DMA_UNMAP took
+        // since. Its reply could not be written: the submit fails, it is not answered OK with
+        // nothing written.
+        let (before, after, budget) = (ram(0x20000), ram(0x10000), budget());
+        let mut b = Blobs::default();
+        let pieces = [(0x1000, 4096), (0x10000, 4096)];
+        b.create(&blob(1, 8192, &pieces), false, &before, &budget)
+            .unwrap();
+        let req = Request::ContextCreate.encode();
+        b.write(&after, 1, &req).unwrap();
+        let submit = |reply: u32| [SUBMIT_MAGIC, 1, req.len() as u32, reply, 0];
+        assert_eq!(
+            b.request(&submit(8192), &after, &budget).err(),
+            Some(Refused::Submit(ty::ERR_UNSPEC))
+        );
+        assert_eq!(budget.used(), 2 * BLOB_ENTRY_BYTES, "nothing more charged");
+        // A submit within the piece still in RAM runs.
+        let (_, got, _) = b.request(&submit(4096), &after, &budget).unwrap();
+        assert_eq!(got, Request::ContextCreate);
+    }
+
+    #[test]
+    fn blob_entries_are_checked_against_guest_ram_and_charged() {
+        let (mem, budget) = (ram(0x10000), MemoryBudget::new(4 * BLOB_ENTRY_BYTES));
+        let mut b = Blobs::default();
+        for entries in [
+            &[(0x7fff_0000_0000, 4096)][..],
+            &[(0x1000, 2048), (0xf800, 4096)],
+            &[(u64::MAX - 8, 4096)],
+        ] {
+            assert!(matches!(
+                b.create(&blob(1, 4096, entries), false, &mem, &budget),
+                Err(ComputeSubmitError::NotInRam { .. })
+            ));
+        }
+        assert_eq!(budget.used(), 0);
+        let four = [(0x1000, 1024); 4];
+        b.create(&blob(1, 4096, &four), false, &mem, &budget)
+            .unwrap();
+        assert_eq!(budget.used(), 4 * BLOB_ENTRY_BYTES);
+        assert!(matches!(
+            b.create(&blob(2, 1024, &[(0x1000, 1024)]), false, &mem, &budget),
+            Err(ComputeSubmitError::OutOfMemory(_))
+        ));
+        assert!(b.detach(1));
+        assert_eq!(budget.used(), 0, "a detach gives the list back");
+        b.create(&blob(2, 1024, &[(0x1000, 1024)]), false, &mem, &budget)
+            .unwrap();
+        b.clear();
+        assert_eq!(budget.used(), 0, "so does a reset");
     }
 
     #[test]
@@ -808,8 +988,34 @@ mod tests {
     }
 
     #[test]
+    fn the_backend_charges_device_memory_to_the_vms_budget() {
+        const BUDGET: u64 = 64 << 20;
+        let budget = MemoryBudget::new(BUDGET);
+        let mut rt = ComputeRuntime::new(ComputeKind::Cpu, Arc::clone(&budget));
+        let mut runner = super::super::load::LoadRunner::default();
+        let mut ask = |rt: &mut ComputeRuntime, req: Request| {
+            rt.post(1, req, runner.token(), (9, 4096), None).unwrap();
+            Reply::decode(&wait_done(rt, 1)[0].reply[4..]).unwrap()
+        };
+        let Reply::Id(ctx) = ask(&mut rt, Request::ContextCreate) else {
+            panic!("a context")
+        };
+        let ctx = ContextId(ctx);
+        let with_context = budget.used();
+        assert!(with_context > 0, "the context's reserve is the VM's");
+        let alloc = |bytes| Request::MemAlloc { ctx, bytes };
+        assert!(matches!(ask(&mut rt, alloc(1 << 20)), Reply::Address(_)));
+        assert!(budget.used() >= with_context + (1 << 20));
+        // Past the VM's budget: CUDA_ERROR_OUT_OF_MEMORY.
+        let Reply::Error { status, .. } = ask(&mut rt, alloc(BUDGET)) else {
+            panic!("past the budget")
+        };
+        assert_eq!(status, 2);
+    }
+
+    #[test]
     fn the_runtime_answers_each_request_bounds_what_is_in_flight_and_forgets_across_a_reset() {
-        let mut rt = ComputeRuntime::new(ComputeKind::Cpu);
+        let mut rt = ComputeRuntime::new(ComputeKind::Cpu, budget());
         let mut runner = super::super::load::LoadRunner::default();
         rt.post(1, Request::ContextCreate, runner.token(), (9, 4096), None)
             .unwrap();
@@ -851,7 +1057,7 @@ mod tests {
     fn a_vm_that_goes_away_stops_its_running_kernel() {
         const SPIN: &str = ".version 7.0\n.target sm_70\n.address_size 64\n\
             .visible .entry spin()\n{\nLOOP:\nbra LOOP;\n}\n";
-        let mut rt = ComputeRuntime::new(ComputeKind::Cpu);
+        let mut rt = ComputeRuntime::new(ComputeKind::Cpu, budget());
         let mut runner = super::super::load::LoadRunner::default();
         let mut ask = |rt: &mut ComputeRuntime, req: Request| {
             rt.post(1, req, runner.token(), (9, 4096), None).unwrap();

@@ -11,11 +11,13 @@
 //! ever concerns the resource or scanout it names.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use log::{debug, trace};
 use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
 
 use mdev_backend::GpuBackend;
+use mdev_backend::budget::{Charge, MemoryBudget, OverBudget};
 use mdev_backend::virgl::{Transfer, TransferBox};
 
 use super::compute::{Blobs, ComputeSubmitError};
@@ -57,9 +59,11 @@ pub const NUM_SCANOUTS: u32 = 1;
 /// desktop session uses tens to hundreds. The bound keeps the resource table and its per-entry
 /// bookkeeping small whatever ids a guest invents.
 pub const MAX_RESOURCES: usize = 16384;
-/// Default host-memory budget of one guest's resources (`--resource-memory-mb`), in MiB: the 2D
-/// images and backing entry lists the device holds, and what 3D resources are charged
-/// ([`super::three_d::resource_bytes`]: every level, layer and sample). QEMU's virtio-gpu
+/// Default host-memory budget of one guest (`--resource-memory-mb`), in MiB: the 2D images and
+/// backing entry lists the device holds, what 3D resources are charged
+/// ([`super::three_d::resource_bytes`]: every level, layer and sample), guest blobs' entry
+/// lists, queued compute requests, and the compute backend's device memory and modules (one
+/// [`MemoryBudget`] for all of them). QEMU's virtio-gpu
 /// holds 256 MiB of 2D images (`max_hostmem`); a GL desktop adds its textures and render
 /// targets (a 4K compositor's buffers alone are over 100 MiB, and unknown formats are charged
 /// at the widest pixel), so 1 GiB keeps real sessions clear of the limit while a guest can
@@ -127,16 +131,12 @@ pub enum DeviceError {
     /// [`MAX_RESOURCES`] resources exist already.
     #[error("{MAX_RESOURCES} resources exist already")]
     TooManyResources,
-    /// The request would take host memory past the resource budget, or the allocation failed.
-    #[error("{need} more host bytes refused ({used} of {budget} in use)")]
-    OutOfMemory {
-        /// Bytes requested.
-        need: u64,
-        /// Bytes held before the request.
-        used: u64,
-        /// The budget.
-        budget: u64,
-    },
+    /// The request would take host memory past the VM's budget.
+    #[error(transparent)]
+    OutOfMemory(#[from] OverBudget),
+    /// The host could not allocate an image the budget allowed.
+    #[error("allocating {0} bytes failed")]
+    Allocation(u64),
     /// A scanout read-back of a rectangle larger than [`MAX_READBACK_BYTES`].
     #[error("read-back of {width}x{height} pixels is larger than any scanout image")]
     ReadBackTooLarge {
@@ -170,7 +170,8 @@ pub enum DeviceError {
         /// Backing length.
         len: u64,
     },
-    /// A backing entry a transfer needs is not in guest memory (now).
+    /// A backing entry is not in guest memory: at ATTACH_BACKING, or (after a DMA_UNMAP) at a
+    /// transfer that needs it.
     #[error("backing entry {addr:#x}+{length:#x} is not in guest memory")]
     BackingNotInMemory {
         /// Guest address.
@@ -196,9 +197,9 @@ impl DeviceError {
             | DeviceError::BadEntry { .. }
             | DeviceError::PastBacking { .. }
             | DeviceError::EdidScanout(_) => ty::ERR_INVALID_PARAMETER,
-            DeviceError::TooManyResources | DeviceError::OutOfMemory { .. } => {
-                ty::ERR_OUT_OF_MEMORY
-            }
+            DeviceError::TooManyResources
+            | DeviceError::OutOfMemory(_)
+            | DeviceError::Allocation(_) => ty::ERR_OUT_OF_MEMORY,
             DeviceError::BadMode(..)
             | DeviceError::BadModeSyntax(_)
             | DeviceError::Edid(_)
@@ -247,6 +248,19 @@ pub struct CursorState {
     pub resource_id: u32,
 }
 
+/// The first of `entries` that is not wholly guest memory `mem` grants `access` to. `mem` is
+/// the guest memory of this moment: an entry checked when it was made can be unmapped later
+/// (DMA_UNMAP), so whoever uses entries checks them again against the memory of the use.
+pub fn entry_outside<'a, M: GuestMemory>(
+    entries: &'a [MemEntry],
+    mem: &M,
+    access: Permissions,
+) -> Option<&'a MemEntry> {
+    entries
+        .iter()
+        .find(|e| !mem.check_range(GuestAddress(e.addr), e.length as usize, access))
+}
+
 /// A resource's guest backing: the entries and where each starts in the backing's bytes.
 #[derive(Debug)]
 struct Backing {
@@ -254,23 +268,45 @@ struct Backing {
     /// `starts[i]` is the backing offset of `entries[i]`; strictly increasing (no empty entry).
     starts: Vec<u64>,
     len: u64,
+    /// What the two lists are charged to the VM's budget.
+    _charge: Charge,
 }
 
 impl Backing {
-    fn new(resource_id: u32, entries: Vec<MemEntry>) -> Result<Backing, DeviceError> {
+    /// ATTACH_BACKING's entries, checked whole (none empty or wrapping, every one in guest
+    /// memory `mem` now, as QEMU's device checks at attach) and charged to `budget` before
+    /// the device copies them.
+    fn new<M: GuestMemory>(
+        resource_id: u32,
+        entries: &[MemEntry],
+        mem: &M,
+        budget: &Arc<MemoryBudget>,
+    ) -> Result<Backing, DeviceError> {
         if entries.is_empty() {
             debug!("resource {resource_id}: ATTACH_BACKING without entries");
             return Err(DeviceError::BadEntry { addr: 0, length: 0 });
         }
+        if let Some(e) = entries
+            .iter()
+            .find(|e| e.length == 0 || e.addr.checked_add(u64::from(e.length)).is_none())
+        {
+            return Err(DeviceError::BadEntry {
+                addr: e.addr,
+                length: e.length,
+            });
+        }
+        if let Some(e) = entry_outside(entries, mem, Permissions::Read) {
+            debug!("resource {resource_id}: backing entry outside guest RAM");
+            return Err(DeviceError::BackingNotInMemory {
+                addr: e.addr,
+                length: e.length,
+            });
+        }
+        // At most MAX_BACKING_ENTRIES entries: far from overflowing.
+        let charge = budget.charge(entries.len() as u64 * BACKING_ENTRY_COST)?;
         let mut starts = Vec::with_capacity(entries.len());
         let mut len = 0u64;
-        for e in &entries {
-            if e.length == 0 || e.addr.checked_add(u64::from(e.length)).is_none() {
-                return Err(DeviceError::BadEntry {
-                    addr: e.addr,
-                    length: e.length,
-                });
-            }
+        for e in entries {
             starts.push(len);
             // At most MAX_BACKING_ENTRIES entries of u32 lengths: far from overflowing.
             len = len
@@ -281,14 +317,11 @@ impl Backing {
                 })?;
         }
         Ok(Backing {
-            entries,
+            entries: entries.to_vec(),
             starts,
             len,
+            _charge: charge,
         })
-    }
-
-    fn host_bytes(&self) -> u64 {
-        self.entries.len() as u64 * BACKING_ENTRY_COST
     }
 
     /// Index of the entry holding backing byte `offset` (< `self.len`).
@@ -307,15 +340,14 @@ impl Backing {
         end: u64,
     ) -> Result<(), DeviceError> {
         let (first, last) = (self.entry_at(start), self.entry_at(end.saturating_sub(1)));
-        for e in self.entries.get(first..=last).unwrap_or_default() {
-            if !mem.check_range(GuestAddress(e.addr), e.length as usize, Permissions::Read) {
-                return Err(DeviceError::BackingNotInMemory {
-                    addr: e.addr,
-                    length: e.length,
-                });
-            }
+        let needed = self.entries.get(first..=last).unwrap_or_default();
+        match entry_outside(needed, mem, Permissions::Read) {
+            Some(e) => Err(DeviceError::BackingNotInMemory {
+                addr: e.addr,
+                length: e.length,
+            }),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// Copies backing bytes `offset..offset + out.len()` (inside the backing) into `out`.
@@ -361,14 +393,12 @@ struct Resource {
     height: u32,
     /// `width * height * 4` bytes, rows of `width * 4` bytes.
     image: Vec<u8>,
+    /// What the image is charged to the VM's budget.
+    _charge: Charge,
     backing: Option<Backing>,
 }
 
 impl Resource {
-    fn host_bytes(&self) -> u64 {
-        self.image.len() as u64 + self.backing.as_ref().map_or(0, Backing::host_bytes)
-    }
-
     fn stride(&self) -> u64 {
         u64::from(self.width) * u64::from(PixelFormat::BYTES_PER_PIXEL)
     }
@@ -465,10 +495,10 @@ pub struct GpuDevice {
     events_read: u32,
     cursor: CursorState,
     resources: BTreeMap<u32, Resource>,
-    /// Sum of the resources' host bytes (2D images and entry lists, 3D resources' charges).
-    host_bytes: u64,
-    /// Most host bytes the resources may take (`--resource-memory-mb`).
-    budget: u64,
+    /// The VM's host-memory budget (`--resource-memory-mb`): 2D images and entry lists, 3D
+    /// resources and backings, blobs' entry lists here; queued compute requests and the
+    /// compute backend's memory share it.
+    budget: Arc<MemoryBudget>,
     scanouts: [ScanoutState; NUM_SCANOUTS as usize],
     /// Guest-memory blobs (offered with 3D, for the compute capset).
     blobs: Blobs,
@@ -485,8 +515,7 @@ impl GpuDevice {
             events_read: 0,
             cursor: CursorState::default(),
             resources: BTreeMap::new(),
-            host_bytes: 0,
-            budget: DEFAULT_RESOURCE_MEMORY_MB << 20,
+            budget: MemoryBudget::new(DEFAULT_RESOURCE_MEMORY_MB << 20),
             scanouts: [ScanoutState::default(); NUM_SCANOUTS as usize],
             blobs: Blobs::default(),
         }
@@ -502,10 +531,17 @@ impl GpuDevice {
         self.virgl && self.three_d.is_compute_context(ctx)
     }
 
-    /// Sets the host-memory budget of the resources, in bytes (default
-    /// [`DEFAULT_RESOURCE_MEMORY_MB`] MiB).
+    /// Gives the VM a host-memory budget of `bytes` (default [`DEFAULT_RESOURCE_MEMORY_MB`]
+    /// MiB), kept across resets. Made before the guest runs: what is already charged stays
+    /// charged to the budget it was charged to.
     pub fn set_resource_budget(&mut self, bytes: u64) {
-        self.budget = bytes;
+        self.budget = MemoryBudget::new(bytes);
+    }
+
+    /// The VM's host-memory budget, for everything else the guest makes the device process
+    /// hold (the compute backend's).
+    pub fn budget(&self) -> &Arc<MemoryBudget> {
+        &self.budget
     }
 
     /// Whether resource `id` is a 3D (virgl) resource.
@@ -524,7 +560,7 @@ impl GpuDevice {
         let frames = self.scanouts.map(|s| s.frames);
         let mut three_d = std::mem::take(&mut self.three_d);
         three_d.reset();
-        let budget = self.budget;
+        let budget = Arc::clone(&self.budget);
         *self = GpuDevice::new(self.display, self.virgl);
         self.three_d = three_d;
         self.budget = budget;
@@ -585,9 +621,9 @@ impl GpuDevice {
         self.resources.len()
     }
 
-    /// Host bytes held for resources.
+    /// Host bytes charged to the VM's budget (resources, blobs, and what compute holds).
     pub fn host_bytes(&self) -> u64 {
-        self.host_bytes
+        self.budget.used()
     }
 
     /// Whether a scanout was flushed since its image was last taken.
@@ -693,13 +729,9 @@ impl GpuDevice {
             ControlCommand::ResourceCreate3d(c) => {
                 let taken = self.resources.contains_key(&c.resource_id)
                     || self.blobs.contains(c.resource_id);
-                let room = self.budget.saturating_sub(self.host_bytes);
                 self.three_d
-                    .resource_create(c, taken, room, r)
-                    .map(|bytes| {
-                        self.host_bytes = self.host_bytes.saturating_add(bytes);
-                        Response::OkNoData
-                    })
+                    .resource_create(c, taken, &self.budget, r)
+                    .map(|()| Response::OkNoData)
             }
             ControlCommand::TransferToHost3d(x) => t.transfer(x, true, r),
             ControlCommand::TransferFromHost3d(x) => t.transfer(x, false, r),
@@ -709,14 +741,12 @@ impl GpuDevice {
             ControlCommand::ResourceUnref { resource_id } if is_3d(*resource_id) => {
                 let id = *resource_id;
                 self.disable_scanouts_of(id);
-                let freed = self.three_d.resource(id).map_or(0, |size| size.bytes);
-                self.host_bytes = self.host_bytes.saturating_sub(freed);
                 self.three_d.resource_unref(id, r)
             }
             ControlCommand::AttachBacking {
                 resource_id,
                 entries,
-            } if is_3d(*resource_id) => t.attach_backing(*resource_id, entries, r),
+            } if is_3d(*resource_id) => t.attach_backing(*resource_id, entries, &self.budget, r),
             ControlCommand::DetachBacking { resource_id } if is_3d(*resource_id) => {
                 t.detach_backing(*resource_id, r)
             }
@@ -767,7 +797,7 @@ impl GpuDevice {
             ControlCommand::AttachBacking {
                 resource_id,
                 ref entries,
-            } => self.attach_backing(resource_id, entries),
+            } => self.attach_backing(resource_id, entries, mem),
             ControlCommand::DetachBacking { resource_id } if self.blobs.detach(resource_id) => {
                 Ok(Response::OkNoData)
             }
@@ -775,7 +805,7 @@ impl GpuDevice {
             ControlCommand::ResourceCreateBlob(ref c) if self.virgl => {
                 let taken = self.resources.contains_key(&c.resource_id)
                     || self.is_3d_resource(c.resource_id);
-                self.blobs.create(c, taken)?;
+                self.blobs.create(c, taken, mem, &self.budget)?;
                 Ok(Response::OkNoData)
             }
             ControlCommand::GetCapsetInfo { .. }
@@ -808,22 +838,6 @@ impl GpuDevice {
             .ok_or(DeviceError::UnknownResource(id))
     }
 
-    /// Checks that `need` more host bytes fit in the budget.
-    fn check_host_bytes(&self, need: u64) -> Result<(), DeviceError> {
-        match self.host_bytes.checked_add(need) {
-            Some(total) if total <= self.budget => Ok(()),
-            _ => Err(self.out_of_memory(need)),
-        }
-    }
-
-    fn out_of_memory(&self, need: u64) -> DeviceError {
-        DeviceError::OutOfMemory {
-            need,
-            used: self.host_bytes,
-            budget: self.budget,
-        }
-    }
-
     fn create_2d(
         &mut self,
         id: u32,
@@ -847,13 +861,13 @@ impl GpuDevice {
         }
         // Both edges <= 2^14: at most 2^30 bytes, no overflow in u64.
         let bytes = u64::from(width) * u64::from(height) * u64::from(PixelFormat::BYTES_PER_PIXEL);
-        self.check_host_bytes(bytes)?;
-        let oom = || self.out_of_memory(bytes);
-        let len = usize::try_from(bytes).map_err(|_| oom())?;
+        let charge = self.budget.charge(bytes)?;
+        let len = usize::try_from(bytes).map_err(|_| DeviceError::Allocation(bytes))?;
         let mut image = Vec::new();
-        image.try_reserve_exact(len).map_err(|_| oom())?;
+        image
+            .try_reserve_exact(len)
+            .map_err(|_| DeviceError::Allocation(bytes))?;
         image.resize(len, 0);
-        self.host_bytes += bytes;
         self.resources.insert(
             id,
             Resource {
@@ -861,6 +875,7 @@ impl GpuDevice {
                 width,
                 height,
                 image,
+                _charge: charge,
                 backing: None,
             },
         );
@@ -869,11 +884,10 @@ impl GpuDevice {
     }
 
     fn unref(&mut self, id: u32) -> Result<Response, DeviceError> {
-        let res = self
-            .resources
+        // Its charges go back to the budget with it.
+        self.resources
             .remove(&id)
             .ok_or(DeviceError::UnknownResource(id))?;
-        self.host_bytes = self.host_bytes.saturating_sub(res.host_bytes());
         self.disable_scanouts_of(id);
         debug!("resource {id} unreferenced");
         Ok(Response::OkNoData)
@@ -982,14 +996,17 @@ impl GpuDevice {
         Ok(Response::OkNoData)
     }
 
-    fn attach_backing(&mut self, id: u32, entries: &[MemEntry]) -> Result<Response, DeviceError> {
+    fn attach_backing<M: GuestMemory>(
+        &mut self,
+        id: u32,
+        entries: &[MemEntry],
+        mem: &M,
+    ) -> Result<Response, DeviceError> {
         let res = self.resource(id)?;
         if res.backing.is_some() {
             return Err(DeviceError::BackingAttached(id));
         }
-        let backing = Backing::new(id, entries.to_vec())?;
-        self.check_host_bytes(backing.host_bytes())?;
-        self.host_bytes += backing.host_bytes();
+        let backing = Backing::new(id, entries, mem, &self.budget)?;
         debug!(
             "resource {id}: {} backing entries, {:#x} bytes",
             backing.entries.len(),
@@ -1000,12 +1017,11 @@ impl GpuDevice {
     }
 
     fn detach_backing(&mut self, id: u32) -> Result<Response, DeviceError> {
-        let backing = self
-            .resource_mut(id)?
+        // Its charge goes back to the budget with it.
+        self.resource_mut(id)?
             .backing
             .take()
             .ok_or(DeviceError::NoBacking(id))?;
-        self.host_bytes = self.host_bytes.saturating_sub(backing.host_bytes());
         debug!("resource {id}: backing detached");
         Ok(Response::OkNoData)
     }
@@ -1279,23 +1295,25 @@ mod tests {
     }
 
     #[test]
-    fn backing_outside_guest_memory_fails_at_transfer_time() {
+    fn backing_unmapped_after_attach_fails_at_transfer_time() {
         let m = mem();
         let mut dev = GpuDevice::new(DisplayConfig::default(), false);
         backed(&mut dev, &m, 1, 8, 8, 0x1_0000);
         ok(&mut dev, &m, create(2, 8, 8));
-        // Half in memory, half past its end: attaching is fine, transferring is not.
+        // In guest RAM when attached; a DMA_UNMAP of the top half of RAM takes the second
+        // half of the backing away, and a transfer of it fails then.
         ok(
             &mut dev,
             &m,
-            attach(2, &[(0xf_ff80, 0x80), (0x20_0000, 0x80)]),
+            attach(2, &[(0x7_ff80, 0x80), (0x8_0000, 0x80)]),
         );
+        let unmapped = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x8_0000)]).unwrap();
         assert_eq!(
-            err(&mut dev, &m, transfer(2, rect(0, 0, 8, 8), 0)),
+            err(&mut dev, &unmapped, transfer(2, rect(0, 0, 8, 8), 0)),
             ty::ERR_UNSPEC
         );
-        // The part of the backing that is in memory still works.
-        ok(&mut dev, &m, transfer(2, rect(0, 0, 8, 4), 0));
+        // The part of the backing still in memory still works.
+        ok(&mut dev, &unmapped, transfer(2, rect(0, 0, 8, 4), 0));
         // The neighbour is untouched and still works.
         ok(&mut dev, &m, transfer(1, rect(0, 0, 8, 8), 0));
         assert_eq!(pixel(&dev, 1, 7, 7), [7, 7, 1, 0xff]);
@@ -1461,8 +1479,9 @@ mod tests {
         ok(&mut dev, &m, create(MAX_RESOURCES as u32 + 1, 1, 1));
     }
 
+    use crate::gpu::compute::BLOB_MEM_GUEST;
     use crate::gpu::fake_backend::FakeBackend;
-    use crate::gpu::protocol::ResourceCreate3d;
+    use crate::gpu::protocol::{ResourceCreate3d, ResourceCreateBlob};
     use mdev_backend::virgl::{self as virgl, TARGET_BUFFER, TARGET_TEXTURE_2D};
     use std::sync::Arc;
 
@@ -1621,6 +1640,170 @@ mod tests {
         let frames = dev.take_frames(true, Some(&fake));
         assert_eq!(frames.len(), 1);
         assert_eq!(frames[0].pixels.len(), 64 * 32 * 4);
+    }
+
+    /// This process's resident set in KiB, for the figures a test prints (never asserted: the
+    /// tests of this binary run side by side).
+    fn rss_kib() -> u64 {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// RESOURCE_CREATE_BLOB of a 4 KiB guest blob with `entries`.
+    fn create_blob(id: u32, entries: &[MemEntry]) -> ControlCommand {
+        ControlCommand::ResourceCreateBlob(ResourceCreateBlob {
+            resource_id: id,
+            blob_mem: BLOB_MEM_GUEST,
+            blob_flags: 1,
+            blob_id: 0,
+            size: 4096,
+            entries: entries.to_vec(),
+        })
+    }
+
+    /// `n` entries of 16 bytes each in guest RAM.
+    fn entries(n: usize) -> Vec<MemEntry> {
+        vec![
+            MemEntry {
+                addr: 0x1000,
+                length: 16
+            };
+            n
+        ]
+    }
+
+    #[test]
+    fn blob_entry_lists_are_charged_and_stop_at_the_budget() {
+        // Issue 24, finding 6: 4,095 blobs of 10,000 entries each against 256 MiB.
+        const BLOBS: u32 = 4095;
+        const ENTRIES: usize = 10_000;
+        const BUDGET: u64 = 256 << 20;
+        let m = mem();
+        let mut dev = GpuDevice::new(DisplayConfig::default(), true);
+        dev.set_resource_budget(BUDGET);
+        let list = entries(ENTRIES);
+        let before = rss_kib();
+        let mut created = 0u64;
+        for id in 1..=BLOBS {
+            match run(&mut dev, &m, create_blob(id, &list)) {
+                Response::OkNoData => created += 1,
+                r => assert_eq!(r, Response::Err(ty::ERR_OUT_OF_MEMORY), "blob {id}"),
+            }
+        }
+        eprintln!(
+            "{created} of {BLOBS} blobs of {ENTRIES} entries created: {} bytes charged, \
+             RSS {before} -> {} KiB",
+            dev.host_bytes(),
+            rss_kib()
+        );
+        let per_blob = (ENTRIES * std::mem::size_of::<MemEntry>()) as u64;
+        assert_eq!(created, BUDGET / per_blob, "the budget stops them");
+        assert!(dev.host_bytes() <= BUDGET);
+        // An unref gives its list back, and another blob fits.
+        ok(
+            &mut dev,
+            &m,
+            ControlCommand::ResourceUnref { resource_id: 1 },
+        );
+        ok(&mut dev, &m, create_blob(1, &list));
+        assert_eq!(
+            err(&mut dev, &m, create_blob(BLOBS + 1, &list)),
+            ty::ERR_OUT_OF_MEMORY
+        );
+        // A detach gives it back too.
+        ok(
+            &mut dev,
+            &m,
+            ControlCommand::DetachBacking { resource_id: 1 },
+        );
+        ok(&mut dev, &m, create_blob(BLOBS + 1, &list));
+        dev.reset();
+        assert_eq!(dev.host_bytes(), 0, "a reset returns every list");
+    }
+
+    #[test]
+    fn gl_resources_and_blobs_share_one_budget() {
+        let m = Arc::new(mem());
+        let fake = FakeBackend::default();
+        let mut dev = GpuDevice::new(DisplayConfig::default(), true);
+        dev.set_resource_budget(16 << 20);
+        // 60 textures of 256 KiB: 15 MiB of the 16.
+        for id in 1..=60 {
+            let r = run_3d(&mut dev, &m, &fake, create_3d(id, 256, 256, 1));
+            assert_eq!(r, Response::OkNoData);
+        }
+        // The last MiB holds four blobs of 16,384 entries (256 KiB of entries each).
+        let list = entries(16384);
+        let mut blobs = 0;
+        for id in 100..110 {
+            match run_3d(&mut dev, &m, &fake, create_blob(id, &list)) {
+                Response::OkNoData => blobs += 1,
+                r => assert_eq!(r, Response::Err(ty::ERR_OUT_OF_MEMORY), "blob {id}"),
+            }
+        }
+        assert_eq!(blobs, 4);
+        assert_eq!(dev.host_bytes(), 16 << 20);
+        // Neither a 2D image, a 2D or 3D backing nor another texture fits now.
+        assert_eq!(
+            run_3d(&mut dev, &m, &fake, create(200, 1, 1)),
+            Response::Err(ty::ERR_OUT_OF_MEMORY)
+        );
+        assert_eq!(
+            run_3d(&mut dev, &m, &fake, attach(1, &[(0x1000, 4096)])),
+            Response::Err(ty::ERR_OUT_OF_MEMORY)
+        );
+        assert_eq!(
+            run_3d(&mut dev, &m, &fake, create_3d(201, 1, 1, 1)),
+            Response::Err(ty::ERR_OUT_OF_MEMORY)
+        );
+        // A blob's unref makes room for a texture, a texture's for a blob.
+        let unref = |id| ControlCommand::ResourceUnref { resource_id: id };
+        assert_eq!(run_3d(&mut dev, &m, &fake, unref(100)), Response::OkNoData);
+        assert_eq!(
+            run_3d(&mut dev, &m, &fake, create_3d(201, 256, 256, 1)),
+            Response::OkNoData
+        );
+        assert_eq!(run_3d(&mut dev, &m, &fake, unref(1)), Response::OkNoData);
+        assert_eq!(
+            run_3d(&mut dev, &m, &fake, create_blob(100, &list)),
+            Response::OkNoData
+        );
+        dev.reset();
+        assert_eq!(dev.host_bytes(), 0, "a reset returns the whole budget");
+        assert_eq!(
+            run_3d(&mut dev, &m, &fake, create_3d(1, 2048, 2048, 1)),
+            Response::OkNoData,
+            "all 16 MiB again after the reset"
+        );
+    }
+
+    #[test]
+    fn entries_outside_guest_ram_are_refused_when_they_are_made() {
+        // Issue 24, finding 8: an entry outside guest RAM answers ERR_UNSPEC at once, as
+        // QEMU's virtio_gpu_create_mapping_iov does, not OK and an error at transfer.
+        let m = mem();
+        let mut dev = GpuDevice::new(DisplayConfig::default(), true);
+        ok(&mut dev, &m, create(1, 8, 8));
+        let outside = 0x7fff_0000_0000;
+        for entries in [
+            vec![(outside, 4096)],
+            vec![(0x1000, 2048), (outside, 2048)],
+            vec![(0xf_f800, 4096)],
+        ] {
+            assert_eq!(err(&mut dev, &m, attach(1, &entries)), ty::ERR_UNSPEC);
+            let list: Vec<MemEntry> = entries
+                .iter()
+                .map(|&(addr, length)| MemEntry { addr, length })
+                .collect();
+            assert_eq!(err(&mut dev, &m, create_blob(2, &list)), ty::ERR_UNSPEC);
+        }
+        assert_eq!(dev.host_bytes(), 8 * 8 * 4, "nothing charged for them");
+        ok(&mut dev, &m, attach(1, &[(0x1000, 256)]));
+        ok(&mut dev, &m, create_blob(2, &entries(256)));
     }
 
     #[test]

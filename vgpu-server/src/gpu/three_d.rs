@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use log::debug;
+use mdev_backend::budget::{Charge, MemoryBudget, OverBudget};
 use mdev_backend::virgl::{
     self as virgl, BackingMemory, CAPSET_VIRGL, CAPSET_VIRGL2, TARGET_BUFFER, TARGET_TEXTURE_3D,
 };
@@ -134,14 +135,9 @@ pub enum ThreeDError {
         /// Samples.
         samples: u32,
     },
-    /// The resource would take the guest's resources past its host-memory budget.
-    #[error("3D resource of {need} bytes refused: {room} bytes left in the budget")]
-    OutOfMemory {
-        /// Bytes the resource is charged.
-        need: u64,
-        /// Bytes left in the budget.
-        room: u64,
-    },
+    /// The resource or backing would take the VM past its host-memory budget.
+    #[error("3D: {0}")]
+    OutOfMemory(#[from] OverBudget),
     /// virglrenderer refused the call.
     #[error("renderer: {0}")]
     Renderer(String),
@@ -170,7 +166,7 @@ impl ThreeDError {
             | ThreeDError::CapsetVersion(_)
             | ThreeDError::BadEntry { .. }
             | ThreeDError::BadSize { .. } => ty::ERR_INVALID_PARAMETER,
-            ThreeDError::Limit(_) | ThreeDError::OutOfMemory { .. } => ty::ERR_OUT_OF_MEMORY,
+            ThreeDError::Limit(_) | ThreeDError::OutOfMemory(_) => ty::ERR_OUT_OF_MEMORY,
             ThreeDError::Renderer(_) => ty::ERR_UNSPEC,
         }
     }
@@ -182,6 +178,9 @@ struct GuestBacking {
     /// Keeps every mapping the iovecs point into alive, even after a DMA_UNMAP.
     _mem: Arc<GuestMemoryMmap>,
     iovecs: Vec<libc::iovec>,
+    /// What the iovecs are charged to the VM's budget, given back when the renderer drops
+    /// the backing (detach, unref, reset).
+    _charge: Charge,
 }
 
 // SAFETY: each iovec was taken from a region of `_mem` and lies inside that one region
@@ -194,8 +193,16 @@ unsafe impl BackingMemory for GuestBacking {
     }
 }
 
+/// Host bytes one backing entry of a 3D resource costs: its iovec.
+const IOVEC_BYTES: u64 = std::mem::size_of::<libc::iovec>() as u64;
+
 impl GuestBacking {
-    fn new(mem: Arc<GuestMemoryMmap>, entries: &[MemEntry]) -> Result<GuestBacking, ThreeDError> {
+    /// The iovecs of `entries`, each inside one region of `mem`; `charge` pays for them.
+    fn new(
+        mem: Arc<GuestMemoryMmap>,
+        entries: &[MemEntry],
+        charge: Charge,
+    ) -> Result<GuestBacking, ThreeDError> {
         let mut iovecs = Vec::with_capacity(entries.len().min(MAX_BACKING_ENTRIES as usize));
         for e in entries {
             let bad = || ThreeDError::BadEntry {
@@ -216,7 +223,11 @@ impl GuestBacking {
                 iov_len: e.length as usize,
             });
         }
-        Ok(GuestBacking { _mem: mem, iovecs })
+        Ok(GuestBacking {
+            _mem: mem,
+            iovecs,
+            _charge: charge,
+        })
     }
 }
 
@@ -230,7 +241,7 @@ pub struct Renderer<'a> {
     pub mem: &'a Arc<GuestMemoryMmap>,
 }
 
-/// Size of a 3D resource, for scanout checks, and what it is charged.
+/// Size of a 3D resource, for scanout checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Size3d {
     /// Width.
@@ -239,8 +250,6 @@ pub struct Size3d {
     pub height: u32,
     /// virgl format (the same numbers as virtio_gpu_formats for the scanout formats).
     pub format: u32,
-    /// Host bytes charged to the guest's resource budget ([`resource_bytes`]).
-    pub bytes: u64,
 }
 
 /// Bytes per pixel of virgl format `format`, or an upper bound ([`WIDEST_PIXEL`]) for formats
@@ -321,7 +330,8 @@ pub struct ThreeD {
     /// Load- and compute-capset contexts (the device's own; virglrenderer never sees them),
     /// with their capset.
     private_contexts: BTreeMap<u32, u32>,
-    resources: BTreeMap<u32, Size3d>,
+    /// 3D resources, with what each is charged to the VM's budget ([`resource_bytes`]).
+    resources: BTreeMap<u32, (Size3d, Charge)>,
     /// Left behind by a reset, destroyed by the worker in [`ThreeD::reap`].
     doomed_contexts: Vec<u32>,
     doomed_resources: Vec<u32>,
@@ -330,7 +340,7 @@ pub struct ThreeD {
 impl ThreeD {
     /// The size of 3D resource `id`, if it exists.
     pub fn resource(&self, id: u32) -> Option<Size3d> {
-        self.resources.get(&id).copied()
+        self.resources.get(&id).map(|(size, _)| *size)
     }
 
     /// Whether `ctx` is a load-capset context.
@@ -488,16 +498,16 @@ impl ThreeD {
         Ok(Response::OkNoData)
     }
 
-    /// RESOURCE_CREATE_3D; `taken` says whether a 2D resource already uses the id, `room` how
-    /// many bytes are left in the guest's resource budget. Returns the bytes charged
-    /// ([`resource_bytes`]); nothing reaches the renderer unless they fit.
+    /// RESOURCE_CREATE_3D; `taken` says whether a 2D resource already uses the id. The
+    /// resource is charged [`resource_bytes`] to `budget`, the VM's; nothing reaches the
+    /// renderer unless they fit.
     pub fn resource_create(
         &mut self,
         c: &ResourceCreate3d,
         taken: bool,
-        room: u64,
+        budget: &Arc<MemoryBudget>,
         r: Renderer<'_>,
-    ) -> Result<u64, ThreeDError> {
+    ) -> Result<(), ThreeDError> {
         let id = c.resource_id;
         if id == 0 || taken || self.resources.contains_key(&id) {
             return Err(ThreeDError::ResourceIdTaken(id));
@@ -506,24 +516,19 @@ impl ThreeD {
             return Err(ThreeDError::Limit("3D resources"));
         }
         let bytes = resource_bytes(&c.args)?;
-        if bytes > room {
-            return Err(ThreeDError::OutOfMemory { need: bytes, room });
-        }
+        let charge = budget.charge(bytes)?;
         r.virgl.resource_create(id, &c.args)?;
-        self.resources.insert(
-            id,
-            Size3d {
-                width: c.args.width,
-                height: c.args.height,
-                format: c.args.format,
-                bytes,
-            },
-        );
+        let size = Size3d {
+            width: c.args.width,
+            height: c.args.height,
+            format: c.args.format,
+        };
+        self.resources.insert(id, (size, charge));
         debug!(
             "3D resource {id}: {}x{} format {}, {bytes} bytes charged",
             c.args.width, c.args.height, c.args.format
         );
-        Ok(bytes)
+        Ok(())
     }
 
     /// RESOURCE_UNREF of a 3D resource.
@@ -533,14 +538,18 @@ impl ThreeD {
         Ok(Response::OkNoData)
     }
 
-    /// RESOURCE_ATTACH_BACKING of a 3D resource.
+    /// RESOURCE_ATTACH_BACKING of a 3D resource: its iovecs are charged to `budget`, the
+    /// VM's, before they are made.
     pub fn attach_backing(
         &mut self,
         id: u32,
         entries: &[MemEntry],
+        budget: &Arc<MemoryBudget>,
         r: Renderer<'_>,
     ) -> Result<Response, ThreeDError> {
-        let backing = GuestBacking::new(r.mem.clone(), entries)?;
+        // At most MAX_BACKING_ENTRIES entries (the decoder's bound): no overflow.
+        let charge = budget.charge(entries.len() as u64 * IOVEC_BYTES)?;
+        let backing = GuestBacking::new(r.mem.clone(), entries, charge)?;
         r.virgl.attach_backing(id, Box::new(backing))?;
         Ok(Response::OkNoData)
     }
@@ -647,19 +656,25 @@ mod tests {
             ])
             .unwrap(),
         );
+        let budget = MemoryBudget::new(1 << 20);
         let ok = GuestBacking::new(
             mem.clone(),
             &[MemEntry {
                 addr: 0x1000,
                 length: 0x2000,
             }],
+            Charge::empty(&budget),
         )
         .unwrap();
         assert_eq!(ok.iovecs().len(), 1);
         assert_eq!(ok.iovecs()[0].iov_len, 0x2000);
         for (addr, length) in [(0xf000, 0x2000), (0x30000, 16), (u64::MAX - 4, 16)] {
             assert!(matches!(
-                GuestBacking::new(mem.clone(), &[MemEntry { addr, length }]),
+                GuestBacking::new(
+                    mem.clone(),
+                    &[MemEntry { addr, length }],
+                    Charge::empty(&budget)
+                ),
                 Err(ThreeDError::BadEntry { .. })
             ));
         }
@@ -668,18 +683,17 @@ mod tests {
     #[test]
     fn reset_dooms_everything_for_the_worker() {
         let mut t = ThreeD::default();
+        let budget = MemoryBudget::new(1 << 20);
         t.contexts.insert(1);
-        t.resources.insert(
-            5,
-            Size3d {
-                width: 1,
-                height: 1,
-                format: 1,
-                bytes: 4,
-            },
-        );
+        let size = Size3d {
+            width: 1,
+            height: 1,
+            format: 1,
+        };
+        t.resources.insert(5, (size, budget.charge(4).unwrap()));
         t.reset();
         assert!(t.resource(5).is_none());
+        assert_eq!(budget.used(), 0, "its charge goes with it");
         assert_eq!((t.doomed_contexts.len(), t.doomed_resources.len()), (1, 1));
     }
 }
