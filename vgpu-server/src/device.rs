@@ -34,7 +34,7 @@ use crate::metrics::{DeviceMetrics, add, inc, set};
 use crate::pci::{self, ConfigSpace};
 use crate::queue::{CheckedChain, DescTable};
 use crate::ratelimit::guest_fault;
-use crate::sched_client::{Gate, SchedError, Scheduling};
+use crate::sched_client::{FallbackShare, Gate, SchedError, Scheduling};
 use crate::virtio_pci::{
     CONTROL_QUEUE, Effect, ISR_CONFIG, ISR_QUEUE, NO_VECTOR, NUM_QUEUES, VirtioPciTransport,
 };
@@ -351,7 +351,7 @@ impl Device {
             }
         }
         self.backlog = None;
-        self.sched.reset();
+        self.sched.reset(now);
         self.load.reset();
         self.compute.reset();
         self.gated_compute = None;
@@ -365,7 +365,7 @@ impl Device {
     /// The client is going away: every group this device has at the daemon is cancelled
     /// (the cancels wait in the scheduler outbox for the worker's next flush).
     pub fn withdraw_from_scheduler(&mut self) {
-        self.sched.reset();
+        self.sched.withdraw(monotonic_ns());
     }
 
     /// Reads configuration space.
@@ -760,10 +760,11 @@ impl Device {
     }
 
     /// Whether the control request `chain` may run now: GPU-executing commands (SUBMIT_3D on
-    /// a virgl context, TRANSFER_*_3D) ask the scheduler daemon while one is connected.
-    /// `Run(Some((group, ctx)))` for a scheduled group.
+    /// a virgl context, TRANSFER_*_3D) ask the scheduler daemon while one is connected, and
+    /// go under the fallback budget while a daemon given with `--scheduler` has not admitted
+    /// the device. `Run(Some((group, ctx)))` for a scheduled group.
     fn gate(&mut self, chain: &CheckedChain, renderer: bool) -> GateFor {
-        if !renderer || !self.sched.connected() {
+        if !renderer || !self.sched.gating() {
             return GateFor::Run(None);
         }
         let (ctx, kind, signature) = match protocol::decode_control(chain.request()) {
@@ -849,18 +850,20 @@ impl Device {
     }
 
     /// When the load engine's running group finishes, as a delay from now (`None`: idle).
-    /// Scheduled presents count too.
-    pub fn load_deadline(&self) -> Option<std::time::Duration> {
+    /// Scheduled presents count too, and when a group the fallback budget holds may go.
+    pub fn load_deadline(&mut self) -> Option<std::time::Duration> {
+        let now = monotonic_ns();
         let engine = self.load.deadline().map(|d| d.saturating_sub(self.now()));
-        let present = self
-            .sched
-            .next_present()
-            .map(|at| at.saturating_sub(monotonic_ns()));
-        let wait = match (engine, present) {
-            (Some(a), Some(b)) => a.min(b),
-            (a, b) => a.or(b)?,
-        };
+        let sched = [self.sched.next_present(), self.sched.retry_at(now)];
+        let waits = sched.into_iter().flatten().map(|at| at.saturating_sub(now));
+        let wait = engine.into_iter().chain(waits).min()?;
         Some(std::time::Duration::from_nanos(wait))
+    }
+
+    /// Whether the control-queue group the device holds itself (the fallback budget, or a
+    /// group the daemon does not know of still running) may be gated again now.
+    pub fn sched_release_due(&mut self) -> bool {
+        self.sched.release_due(monotonic_ns())
     }
 
     /// Runs the load engine up to now: the fenced submits whose groups have all finished
@@ -882,9 +885,20 @@ impl Device {
         }
     }
 
+    /// The device runs with `--scheduler`: until the daemon admits it, its GPU groups
+    /// dispatch under `share` of the GPU (see [`crate::sched_client`]).
+    pub fn sched_configure(&mut self, share: FallbackShare) {
+        self.sched.configure(share, self.metrics.clone(), monotonic_ns());
+    }
+
     /// The scheduler daemon link came up (`Hello` sent): groups ask it from now on.
     pub fn sched_connected(&mut self) {
         self.sched.connect();
+    }
+
+    /// Whether the scheduler daemon admitted the device on the current connection.
+    pub fn sched_admitted(&self) -> bool {
+        self.sched.admitted()
     }
 
     /// A message from the scheduler daemon; true when the control queue should be processed
@@ -895,10 +909,11 @@ impl Device {
         handled.resume_queue
     }
 
-    /// The scheduler daemon is gone: everything waiting for it goes on as if granted, load
-    /// groups it was running run on the local engine.
-    pub fn sched_gone(&mut self) {
-        let (back, released) = self.sched.disconnect();
+    /// The scheduler daemon is gone, or refused or dropped the device (`why`): the group
+    /// waiting for it goes under the fallback budget, load groups it was running run on the
+    /// local engine.
+    pub fn sched_gone(&mut self, why: &SchedError) {
+        let (back, released) = self.sched.disconnect(monotonic_ns(), why);
         let now = self.now();
         let mut lost = Vec::new();
         for (token, ctx, cost) in back {

@@ -17,7 +17,7 @@ use vgpu_server::gpu::compute::ComputeKind;
 use vgpu_server::gpu::device::{DEFAULT_RESOURCE_MEMORY_MB, MAX_RESOURCE_MEMORY_MB};
 use vgpu_server::gpu::dump::DumpConfig;
 use vgpu_server::sandbox::{self, RunAs, SandboxConfig};
-use vgpu_server::sched_client::SchedConfig;
+use vgpu_server::sched_client::{FallbackShare, SchedConfig};
 use vgpu_server::{ServerConfig, VgpuServer};
 
 const ABOUT: &str = "Serves one virtio-gpu PCI function over vfio-user on a Unix socket";
@@ -82,8 +82,9 @@ struct Cli {
     /// Serve one QEMU connection, then exit
     #[arg(long)]
     exit_on_disconnect: bool,
-    /// GPU work waits for the vgpu-schedd daemon at SOCKET (as --vm-name); while it is
-    /// unreachable the VM runs unscheduled
+    /// GPU work waits for the vgpu-schedd daemon at SOCKET (as --vm-name); until it admits
+    /// the device (unreachable, or it refused or dropped the device) GPU work runs under
+    /// --fallback-share of the GPU
     #[arg(
         long,
         value_name = "SOCKET",
@@ -100,6 +101,15 @@ struct Cli {
         allow_hyphen_values = true
     )]
     vm_name: Option<VmName>,
+    /// The share of the GPU, in percent, GPU work runs under while the scheduler daemon has
+    /// not admitted the device (default: an equal split among four VMs)
+    #[arg(
+        long,
+        value_name = "PERCENT",
+        requires = "scheduler",
+        value_parser = fallback_share,
+    )]
+    fallback_share: Option<FallbackShare>,
     /// Host memory the guest may make the device hold, in MiB: 2D and 3D resources, blobs and
     /// their entry lists, queued CUDA requests, CUDA device memory and modules (past it,
     /// creates fail with ERR_OUT_OF_MEMORY, CUDA requests with CUDA_ERROR_OUT_OF_MEMORY)
@@ -145,6 +155,11 @@ fn compute(name: String) -> Result<ComputeKind, String> {
     }
 }
 
+fn fallback_share(text: &str) -> Result<FallbackShare, String> {
+    let percent: u64 = text.parse().map_err(|e| format!("{text:?}: {e}"))?;
+    FallbackShare::new(percent).map_err(|e| e.to_string())
+}
+
 fn vm_name(name: &str) -> Result<VmName, String> {
     VmName::new(name).map_err(|e| e.to_string())
 }
@@ -170,7 +185,11 @@ fn args(cli: Cli) -> Result<Args, clap::Error> {
         }
     };
     let scheduler = match (cli.scheduler, cli.vm_name) {
-        (Some(socket), Some(vm_name)) => Some(SchedConfig { socket, vm_name }),
+        (Some(socket), Some(vm_name)) => Some(SchedConfig {
+            socket,
+            vm_name,
+            fallback: cli.fallback_share.unwrap_or_default(),
+        }),
         // clap's `requires` refuses one without the other.
         _ => None,
     };
@@ -314,6 +333,7 @@ mod tests {
                 ("--log-level", "TRACE"),
                 ("--scheduler", "/sched"),
                 ("--vm-name", "vm-1"),
+                ("--fallback-share", "50"),
                 ("--resource-memory-mb", "1048576"),
                 ("--compute", "nvcuda"),
                 ("--run-as", "1000:1000"),
@@ -337,6 +357,7 @@ mod tests {
             let sched = c.scheduler.as_ref().unwrap();
             assert_eq!(sched.socket, PathBuf::from("/sched"));
             assert_eq!(sched.vm_name.as_str(), "vm-1");
+            assert_eq!(sched.fallback.percent(), 50);
             assert_eq!(c.resource_memory, MAX_RESOURCE_MEMORY_MB << 20);
             assert_eq!(c.compute, ComputeKind::NvCuda);
             assert_eq!(c.busy_poll, Duration::ZERO);
@@ -439,6 +460,9 @@ mod tests {
             &["--busy-poll-us", "1001"],
             &["--busy-poll-us", "-1"],
             &["--scheduler", "/x", "--vm-name", "a:b"],
+            &["--fallback-share", "0"],
+            &["--fallback-share", "101"],
+            &["--fallback-share", "half"],
         ] {
             let e = refused(&with(bad));
             assert!(

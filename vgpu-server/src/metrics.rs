@@ -61,6 +61,22 @@ metrics! {
     scanout_dumps,
     /// Scanout images that could not be written.
     dump_errors,
+    /// 1 while a device started with `--scheduler` is not admitted by the daemon (not
+    /// connected yet, the daemon gone, or it refused or dropped the device) and dispatches
+    /// under the fallback budget; else 0 (a gauge).
+    sched_fallback,
+    /// Times the device fell back after the daemon lost, refused or dropped it, or was not
+    /// there at the first try (each logged once).
+    sched_fallback_entered,
+    /// GPU groups the fallback budget held back (each counted once however long it waited).
+    sched_fallback_delayed,
+    /// GPU groups dispatched under the fallback budget.
+    sched_fallback_groups,
+    /// GPU time, ns, of groups run under the fallback budget (what the budget was charged).
+    sched_fallback_gpu_ns,
+    /// Time, ns, spent under the fallback budget, added when the daemon admits the device or
+    /// the client goes away.
+    sched_fallback_ns,
     /// Host bytes charged to the VM's memory budget (`--resource-memory-mb`): resources,
     /// blobs and entry lists, queued compute requests, compute memory and modules (a gauge,
     /// as of the last request the device handled).
