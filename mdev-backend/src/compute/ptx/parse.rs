@@ -23,10 +23,10 @@ use crate::compute::ComputeError;
 const METER_STEP: u64 = 64 << 10;
 /// Tokens read between two looks at the cancel flag (tens of microseconds of parsing).
 const CANCEL_CHECK_TOKENS: u32 = 4096;
-/// Tokens in one instruction's operands: they are copied while it is decoded, so this bounds
-/// that copy without charging it. nvcc's longest, a call with its parameter list, has a few
+/// Tokens in one instruction's operands: they are held while it is decoded, so this bounds
+/// them without charging them. nvcc's longest, a call with its parameter list, has a few
 /// hundred.
-pub(crate) const MAX_INSTRUCTION_TOKENS: usize = 4096;
+const MAX_INSTRUCTION_TOKENS: usize = 4096;
 /// Host bytes one entry of a name table costs besides its name's bytes (the entry, the
 /// table's control byte and spare room): the estimate charged per name.
 const MAP_ENTRY_BYTES: u64 = 64;
@@ -82,7 +82,7 @@ impl<'a> Meter<'a> {
     }
 
     /// Counts `bytes` more, reserving them first; looks at the cancel flag at each step.
-    pub(crate) fn take(&mut self, bytes: u64) -> Result<(), Stop> {
+    fn take(&mut self, bytes: u64) -> Result<(), Stop> {
         // Saturated, it is more than any budget grants.
         let used = self.used.saturating_add(bytes);
         if used > self.charge.bytes() {
@@ -98,7 +98,7 @@ impl<'a> Meter<'a> {
     }
 
     /// Counts `bytes` fewer (what was freed), giving the budget back all but a step.
-    pub(crate) fn give_back(&mut self, bytes: u64) {
+    fn give_back(&mut self, bytes: u64) {
         self.used = self.used.saturating_sub(bytes);
         let spare = self.charge.bytes() - self.used;
         if spare > METER_STEP {
@@ -107,7 +107,7 @@ impl<'a> Meter<'a> {
     }
 
     /// The charge of exactly the bytes still counted.
-    pub(crate) fn finish(mut self) -> Charge {
+    fn finish(mut self) -> Charge {
         let spare = self.charge.bytes() - self.used;
         self.charge.shrink(spare);
         self.charge
@@ -115,7 +115,7 @@ impl<'a> Meter<'a> {
 }
 
 /// Pushes `item`, growing `v` by charged steps: its spare capacity is counted too.
-pub(crate) fn push_charged<T>(v: &mut Vec<T>, item: T, meter: &mut Meter<'_>) -> Result<(), Stop> {
+fn push_charged<T>(v: &mut Vec<T>, item: T, meter: &mut Meter<'_>) -> Result<(), Stop> {
     if v.len() == v.capacity() {
         let more = v.capacity().max(64);
         meter.take((more as u64).saturating_mul(size_of::<T>() as u64))?;
