@@ -254,6 +254,10 @@ impl Blobs {
         if self.0.len() >= MAX_BLOBS {
             return Err(ComputeSubmitError::TooMany);
         }
+        // Reserved before the entries are walked, so that a guest past its budget is refused
+        // at once (dropped again if an entry is refused). At most MAX_BACKING_ENTRIES entries
+        // (the decoder's bound): no overflow.
+        let charge = budget.charge(c.entries.len() as u64 * BLOB_ENTRY_BYTES)?;
         if let Some(e) = entry_outside(&c.entries, mem, Permissions::ReadWrite) {
             return Err(ComputeSubmitError::NotInRam {
                 id,
@@ -261,8 +265,6 @@ impl Blobs {
                 length: e.length,
             });
         }
-        // At most MAX_BACKING_ENTRIES entries (the decoder's bound): no overflow.
-        let charge = budget.charge(c.entries.len() as u64 * BLOB_ENTRY_BYTES)?;
         self.0.insert(
             id,
             Blob {

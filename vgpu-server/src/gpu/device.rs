@@ -295,6 +295,10 @@ impl Backing {
                 length: e.length,
             });
         }
+        // Reserved before the entries are walked, so that a guest past its budget is refused
+        // at once (dropped again if an entry is refused). At most MAX_BACKING_ENTRIES
+        // entries: far from overflowing.
+        let charge = budget.charge(entries.len() as u64 * BACKING_ENTRY_COST)?;
         if let Some(e) = entry_outside(entries, mem, Permissions::Read) {
             debug!("resource {resource_id}: backing entry outside guest RAM");
             return Err(DeviceError::BackingNotInMemory {
@@ -302,8 +306,6 @@ impl Backing {
                 length: e.length,
             });
         }
-        // At most MAX_BACKING_ENTRIES entries: far from overflowing.
-        let charge = budget.charge(entries.len() as u64 * BACKING_ENTRY_COST)?;
         let mut starts = Vec::with_capacity(entries.len());
         let mut len = 0u64;
         for e in entries {
