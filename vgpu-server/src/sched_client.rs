@@ -939,9 +939,13 @@ impl Scheduling {
             Some(f) => f.fell_back(now, why),
             None => debug!("{why}"),
         }
+        // A group held for the daemon goes through the gate again (the worker processes the
+        // control queue); one the fallback budget holds stays held (a reconnect that failed).
+        if self.connected {
+            self.holding = false;
+        }
         self.connected = false;
         self.admitted = false;
-        self.holding = false;
         self.suspended = false;
         self.lease = None;
         self.asked = None;
@@ -1190,11 +1194,13 @@ mod tests {
         let periods = owed / SHARE_NS + 1;
         let at = dropped + periods * FALLBACK_PERIOD_NS;
         assert_eq!(s.retry_at(finish), Some(at));
+        // A reconnect that fails while the group waits is not a new event, and the group
+        // stays held for its time.
+        s.disconnect(finish, &SchedError::Closed);
+        assert_eq!(counter(&m, "sched_fallback_entered"), 1);
+        assert_eq!(s.retry_at(finish), Some(at));
         assert_eq!(s.gate(1, GroupKind::Compute, SIG, at - 1), Gate::Hold);
         run(&mut s, at);
-        // Failing again while in fallback is not a new event.
-        s.disconnect(at, &SchedError::Closed);
-        assert_eq!(counter(&m, "sched_fallback_entered"), 1);
     }
 
     #[test]
