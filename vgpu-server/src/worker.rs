@@ -846,6 +846,45 @@ mod tests {
     use super::*;
 
     #[test]
+    fn reconnects_back_off_up_to_the_bound_and_refused_names_wait_longest() {
+        let config = SchedConfig {
+            socket: "/nonexistent".into(),
+            vm_name: vgpu_schedd::proto::VmName::new("vm").unwrap(),
+            fallback: Default::default(),
+        };
+        let mut s = Sched {
+            link: SchedLink::new(config),
+            vfio_socket: "/nonexistent".into(),
+            retry_timer: new_timer().unwrap(),
+            report_kick: EventFd::new(libc::EFD_NONBLOCK).unwrap(),
+            watched: None,
+            retry: SCHED_RETRY,
+        };
+        let refused = |code| SchedError::Refused {
+            code,
+            detail: String::new(),
+        };
+        // Not admitted: 1 s, 2 s, 4 s, 8 s, 8 s...
+        let mut waits = Vec::new();
+        for _ in 0..5 {
+            waits.push(s.retry);
+            s.retry_later(&SchedError::Closed, false);
+            assert!(s.retry_timer.is_armed().unwrap());
+        }
+        let secs = |n| Duration::from_secs(n);
+        assert_eq!(waits, [secs(1), secs(2), secs(4), secs(8), secs(8)]);
+        // Lost after an admission: soon again, and the backoff starts over.
+        s.retry_later(&refused(RefuseCode::Timeout), true);
+        assert_eq!(s.retry, secs(2));
+        // A name refused: the longest wait at once, admitted before or not.
+        for code in [RefuseCode::Forbidden, RefuseCode::NameInUse] {
+            s.retry = SCHED_RETRY;
+            s.retry_later(&refused(code), true);
+            assert_eq!(s.retry, MAX_SCHED_RETRY);
+        }
+    }
+
+    #[test]
     fn a_timer_disarmed_after_expiry_reads_as_nothing_due() {
         let mut timer = new_timer().unwrap();
         timer.reset(Duration::from_millis(1), None).unwrap();
