@@ -42,9 +42,10 @@ fn matmul_warp_instructions(program: &[u8]) -> u64 {
         params: &args,
         symbols: &[],
         heap: None,
-        cancel: None,
+        interrupt: None,
         instruction_budget: u64::MAX,
         threads: 1,
+        budget: &mdev_backend::budget::MemoryBudget::new(u64::MAX),
     };
     launch(&module, MATMUL, &l, &mem as &dyn GlobalMemory)
         .expect("launch")

@@ -4,8 +4,13 @@
 //! leaves that context answering `ContextBroken` until it is destroyed, as the real driver's
 //! sticky errors do, and never touches another context.
 
-use super::ComputeResult;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::time::{Duration, Instant};
+
 pub use super::ptx::ParamInfo;
+use super::{ComputeError, ComputeResult};
 
 /// Contexts of one backend (one VM's guest contexts).
 pub const MAX_CONTEXTS: usize = 64;
@@ -55,7 +60,7 @@ pub const MAX_WINDOW_BYTES: u64 = 1 << 40;
 pub const WINDOW_RANGE: std::ops::Range<u64> = (1 << 32)..0x7fff_ffff_0000;
 
 /// Checks a requested window: aligned, sized, inside [`WINDOW_RANGE`].
-pub fn check_window(base: u64, size: u64) -> super::ComputeResult<()> {
+pub fn check_window(base: u64, size: u64) -> ComputeResult<()> {
     let end = base.checked_add(size);
     let ok = base % WINDOW_ALIGN == 0
         && size % WINDOW_ALIGN == 0
@@ -65,7 +70,7 @@ pub fn check_window(base: u64, size: u64) -> super::ComputeResult<()> {
     if ok {
         Ok(())
     } else {
-        Err(super::ComputeError::InvalidValue(format!(
+        Err(ComputeError::InvalidValue(format!(
             "device window {base:#x}+{size:#x}"
         )))
     }
@@ -115,7 +120,7 @@ pub trait ComputeBackend: Send {
     /// [`check_window`]); backends without [`DeviceAttributes::placement`] refuse.
     fn context_create_at(&mut self, base: u64, size: u64) -> ComputeResult<ContextId> {
         let _ = (base, size);
-        Err(super::ComputeError::InvalidValue(
+        Err(ComputeError::InvalidValue(
             "this backend does not place device memory".into(),
         ))
     }
@@ -222,11 +227,12 @@ pub trait ComputeBackend: Send {
     /// Device `printf` output of the context since the last call.
     fn take_output(&mut self, ctx: ContextId) -> ComputeResult<String>;
 
-    /// A flag that, once set from another thread, stops the backend's running kernels at
-    /// their next check and fails its later launches: for when the guest that owns the
-    /// backend went away mid-kernel. `None` where kernels cannot be stopped that way (the
-    /// real driver ends them when their context is destroyed).
-    fn canceller(&self) -> Option<std::sync::Arc<std::sync::atomic::AtomicBool>> {
+    /// What bounds the backend's requests in time and stops them from another thread (see
+    /// [`Interrupt`]): whoever serves the backend calls [`Interrupt::begin`] and
+    /// [`Interrupt::end`] around each request, and the backend's long work (a kernel, waiting
+    /// for one) checks it. `None` where the backend cannot be interrupted; its requests are
+    /// then bounded by its own watchdog only.
+    fn interrupt(&self) -> Option<Arc<Interrupt>> {
         None
     }
 
@@ -239,10 +245,173 @@ pub trait ComputeBackend: Send {
     }
 }
 
+/// Longest a request may run by default ([`Interrupt::begin`] to its deadline): under the
+/// scheduler daemon's default group timeout (2 s, `vgpu-schedd --group-timeout-ms`) by half a
+/// second, so a compute group ends, answered, before the daemon would drop the device for
+/// holding the GPU. The guest corpus' longest request, `bandwidth`'s 64 MiB copy kernel,
+/// takes 0.6 to 0.9 s on one host thread of a loaded 2-core host (a VM's share there).
+pub const DEFAULT_REQUEST_TIME: Duration = Duration::from_millis(1500);
+
+/// Bounds each request of a backend in time and stops its work from another thread: a
+/// device reset, a VM or a client that went away, a destroyed guest context.
+///
+/// Whoever serves the backend marks each request with [`Interrupt::begin`] and
+/// [`Interrupt::end`]: its deadline is [`Interrupt::time_limit`] after `begin` (a `Batch` is
+/// one request: its launches share the deadline and the instruction budget
+/// ([`Interrupt::spend`])). A running kernel calls [`Interrupt::check`] every few thousand
+/// warp-instructions' worth of cost, so it stops within a millisecond or so of
+/// [`Interrupt::stop`] or of its deadline. A backend used directly (a benchmark, a test, a
+/// fuzz target) makes each launch a request of its own without a deadline
+/// ([`Interrupt::scope`]): bounded by its instruction budget, deterministically.
+#[derive(Debug)]
+pub struct Interrupt {
+    /// The running request is to stop; cleared when the next one begins.
+    stop: AtomicBool,
+    /// Every request, running and later, is to stop: the owner went away for good.
+    closed: AtomicBool,
+    time_limit: Duration,
+    origin: Instant,
+    /// The running request's deadline in nanoseconds after `origin`; 0 while none runs,
+    /// [`NO_DEADLINE`] for a request without one.
+    deadline_ns: AtomicU64,
+    /// Cost units (warp-instructions and their equivalents) the running request has spent.
+    spent: AtomicU64,
+}
+
+/// [`Interrupt`]'s deadline of a request that has none.
+const NO_DEADLINE: u64 = u64::MAX;
+
+/// Why [`Interrupt::check`] stopped a request: as the driver reports a kernel its watchdog
+/// ended (sticky: the context's state is unknown once a kernel stopped midway).
+fn interrupted(why: &str) -> ComputeError {
+    ComputeError::LaunchTimeout(why.into())
+}
+
+impl Interrupt {
+    /// An interrupt whose requests may each run `time_limit`.
+    pub fn new(time_limit: Duration) -> Arc<Interrupt> {
+        Arc::new(Interrupt {
+            stop: Default::default(),
+            closed: Default::default(),
+            time_limit,
+            origin: Instant::now(),
+            deadline_ns: Default::default(),
+            spent: Default::default(),
+        })
+    }
+
+    /// How long one request may run.
+    pub fn time_limit(&self) -> Duration {
+        self.time_limit
+    }
+
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// A request begins: not stopped, nothing spent, its deadline [`Interrupt::time_limit`]
+    /// from now.
+    pub fn begin(&self) {
+        let limit = u64::try_from(self.time_limit.as_nanos()).unwrap_or(u64::MAX);
+        // Never 0, which means "no request".
+        self.begin_until(self.now_ns().saturating_add(limit).max(1));
+    }
+
+    /// A request begins, its deadline `deadline_ns` after `origin`.
+    fn begin_until(&self, deadline_ns: u64) {
+        self.spent.store(0, Relaxed);
+        // A closed interrupt stays stopped.
+        self.stop.store(self.closed.load(Acquire), Release);
+        self.deadline_ns.store(deadline_ns, Release);
+    }
+
+    /// The running request ended.
+    pub fn end(&self) {
+        self.deadline_ns.store(0, Release);
+    }
+
+    /// Whether a request is running (begun, not ended).
+    pub fn in_request(&self) -> bool {
+        self.deadline_ns.load(Acquire) != 0
+    }
+
+    /// Runs `f` in the running request, or as a request of its own without a deadline where
+    /// none runs: what a backend does around each launch, so that one used directly is
+    /// bounded by its instruction budget alone (deterministic, whatever the host's load).
+    pub fn scope<R>(&self, f: impl FnOnce() -> R) -> R {
+        if self.in_request() {
+            return f();
+        }
+        self.begin_until(NO_DEADLINE);
+        let r = f();
+        self.end();
+        r
+    }
+
+    /// Runs `f` as one request (its deadline [`Interrupt::time_limit`] from now): what
+    /// whoever serves the backend does around each request.
+    pub fn request<R>(&self, f: impl FnOnce() -> R) -> R {
+        self.begin();
+        let r = f();
+        self.end();
+        r
+    }
+
+    /// Stops the running request at its next check; the next request runs.
+    pub fn stop(&self) {
+        self.stop.store(true, Release);
+    }
+
+    /// Stops the running request and every later one: the owner went away.
+    pub fn close(&self) {
+        self.closed.store(true, Release);
+        self.stop();
+    }
+
+    /// A flag that is set whenever the running request is to stop, for work that looks at a
+    /// flag only (a module parse). Its deadline is not in it: see [`Interrupt::check`].
+    pub fn flag(&self) -> &AtomicBool {
+        &self.stop
+    }
+
+    /// `LaunchTimeout` when the running request was stopped or is past its deadline.
+    pub fn check(&self) -> ComputeResult<()> {
+        if self.closed.load(Relaxed) {
+            return Err(interrupted("cancelled: its owner went away"));
+        }
+        if self.stop.load(Relaxed) {
+            return Err(interrupted(
+                "cancelled: the device was reset or its context destroyed",
+            ));
+        }
+        let deadline = self.deadline_ns.load(Relaxed);
+        if deadline != 0 && deadline != NO_DEADLINE && self.now_ns() >= deadline {
+            return Err(interrupted(&format!(
+                "request ran past its time limit of {:?}",
+                self.time_limit
+            )));
+        }
+        Ok(())
+    }
+
+    /// Cost units the running request spent so far.
+    pub fn spent(&self) -> u64 {
+        self.spent.load(Relaxed)
+    }
+
+    /// Adds `units` to what the running request spent.
+    pub fn spend(&self, units: u64) {
+        // Saturating: a request never wraps back under its budget.
+        let _ = self
+            .spent
+            .fetch_update(Relaxed, Relaxed, |s| Some(s.saturating_add(units)));
+    }
+}
+
 /// Refuses a module load when a context already holds [`MAX_MODULES_PER_CONTEXT`].
 pub(crate) fn room_for_module(loaded: usize) -> ComputeResult<()> {
     if loaded >= MAX_MODULES_PER_CONTEXT {
-        return Err(super::ComputeError::OutOfMemory(format!(
+        return Err(ComputeError::OutOfMemory(format!(
             "{MAX_MODULES_PER_CONTEXT} modules"
         )));
     }
@@ -283,9 +452,9 @@ impl<C> ContextTable<C> {
     }
 
     /// Refuses a context past the bound before the backend creates anything.
-    pub fn check_room(&self) -> super::ComputeResult<()> {
+    pub fn check_room(&self) -> ComputeResult<()> {
         if self.contexts.len() >= MAX_CONTEXTS {
-            return Err(super::ComputeError::OutOfMemory(format!(
+            return Err(ComputeError::OutOfMemory(format!(
                 "{MAX_CONTEXTS} contexts"
             )));
         }
@@ -299,16 +468,16 @@ impl<C> ContextTable<C> {
         ContextId(self.next)
     }
 
-    pub fn get_mut(&mut self, ctx: ContextId) -> super::ComputeResult<&mut C> {
+    pub fn get_mut(&mut self, ctx: ContextId) -> ComputeResult<&mut C> {
         self.contexts
             .get_mut(&ctx.0)
-            .ok_or_else(|| super::ComputeError::InvalidHandle(format!("context {}", ctx.0)))
+            .ok_or_else(|| ComputeError::InvalidHandle(format!("context {}", ctx.0)))
     }
 
-    pub fn remove(&mut self, ctx: ContextId) -> super::ComputeResult<C> {
+    pub fn remove(&mut self, ctx: ContextId) -> ComputeResult<C> {
         self.contexts
             .remove(&ctx.0)
-            .ok_or_else(|| super::ComputeError::InvalidHandle(format!("context {}", ctx.0)))
+            .ok_or_else(|| ComputeError::InvalidHandle(format!("context {}", ctx.0)))
     }
 
     pub fn drain(&mut self) -> impl Iterator<Item = C> + '_ {

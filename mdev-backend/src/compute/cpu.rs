@@ -5,7 +5,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use log::{debug, warn};
@@ -49,11 +48,29 @@ pub struct CpuConfig {
     pub budget: Arc<MemoryBudget>,
     /// Most device memory one context may hold (within the budget).
     pub memory_per_context: u64,
-    /// Warp-instructions one launch may execute before it is a launch timeout (the CPU's
-    /// counterpart of the driver's watchdog).
+    /// Cost units (warp-instructions, and what `printf` and block setup cost in them: see
+    /// `ptx::exec`) one request may spend on launches before it is a launch timeout: the
+    /// deterministic bound, shared by the launches of a `Batch`.
     pub instruction_budget: u64,
-    /// Host threads a launch spreads its blocks over.
+    /// Host threads a launch spreads its blocks over ([`vm_share_of_host_threads`] by
+    /// default).
     pub threads: usize,
+    /// Wall-clock time one request may run (the CPU's counterpart of the driver's watchdog):
+    /// past it, its running kernel stops with CUDA_ERROR_LAUNCH_TIMEOUT. Requests are what
+    /// whoever serves the backend marks (`Executor`, `remote::serve`); a backend used
+    /// directly is bounded by `instruction_budget` alone.
+    pub request_time: std::time::Duration,
+}
+
+/// How many of the host's CPUs one VM's device process holds at most by default:
+/// `1 / VM_SHARE_DIVISOR` of them.
+pub const VM_SHARE_DIVISOR: usize = 2;
+
+/// The host threads one VM's launches may use by default: half the host's CPUs, at least 1,
+/// so that one guest's kernels leave the other half to its neighbours and the host.
+pub fn vm_share_of_host_threads() -> usize {
+    let host = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (host / VM_SHARE_DIVISOR).max(1)
 }
 
 impl Default for CpuConfig {
@@ -62,7 +79,8 @@ impl Default for CpuConfig {
             budget: MemoryBudget::new(DEFAULT_MEMORY_BUDGET_BYTES),
             memory_per_context: DEFAULT_MEMORY_PER_CONTEXT,
             instruction_budget: 1 << 30,
-            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            threads: vm_share_of_host_threads(),
+            request_time: DEFAULT_REQUEST_TIME,
         }
     }
 }
@@ -168,8 +186,8 @@ fn fault(f: super::Fault) -> ComputeError {
 pub struct CpuBackend {
     config: CpuConfig,
     contexts: ContextTable<Context>,
-    /// Once set, running launches stop at their next check and new ones fail at once.
-    cancel: Arc<AtomicBool>,
+    /// Bounds each request in time and stops its kernels from another thread.
+    interrupt: Arc<Interrupt>,
 }
 
 impl CpuBackend {
@@ -197,9 +215,9 @@ impl CpuBackend {
 
     pub fn new(config: CpuConfig) -> Self {
         CpuBackend {
+            interrupt: Interrupt::new(config.request_time),
             config,
             contexts: ContextTable::new(),
-            cancel: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -258,15 +276,16 @@ impl ComputeBackend for CpuBackend {
     }
 
     fn module_load(&mut self, ctx: ContextId, image: &[u8]) -> ComputeResult<ModuleId> {
-        let (budget, cancel) = (Arc::clone(&self.config.budget), Arc::clone(&self.cancel));
+        let (budget, interrupt) = (Arc::clone(&self.config.budget), Arc::clone(&self.interrupt));
+        let cancel = interrupt.flag();
         let c = self.ctx(ctx)?;
         room_for_module(c.modules.len())?;
         // The most portable PTX the executor accepts: each entry decompressed (and charged)
         // only once the ones before it failed to parse, and given back before the next.
         let mut last = None;
         for entry in ptx_entries(image)? {
-            let text = entry.text(&budget, &cancel)?;
-            match ptx::Module::load(&[&text], &budget, &cancel) {
+            let text = entry.text(&budget, cancel)?;
+            match ptx::Module::load(&[&text], &budget, cancel) {
                 Ok((module, charge)) => return c.install(ctx, module, charge),
                 Err(e @ ComputeError::InvalidPtx(_)) => last = Some(e),
                 Err(e) => return Err(e),
@@ -276,12 +295,13 @@ impl ComputeBackend for CpuBackend {
     }
 
     fn module_link(&mut self, ctx: ContextId, images: &[&[u8]]) -> ComputeResult<ModuleId> {
-        let (budget, cancel) = (Arc::clone(&self.config.budget), Arc::clone(&self.cancel));
+        let (budget, interrupt) = (Arc::clone(&self.config.budget), Arc::clone(&self.interrupt));
+        let cancel = interrupt.flag();
         let c = self.ctx(ctx)?;
         room_for_module(c.modules.len())?;
-        let texts = ptx_of_all(images, &budget, &cancel)?;
+        let texts = ptx_of_all(images, &budget, cancel)?;
         let texts: Vec<&str> = texts.iter().map(|t| &**t).collect();
-        let (module, charge) = ptx::Module::load(&texts, &budget, &cancel)?;
+        let (module, charge) = ptx::Module::load(&texts, &budget, cancel)?;
         c.install(ctx, module, charge)
     }
 
@@ -552,8 +572,34 @@ impl ComputeBackend for CpuBackend {
     }
 
     fn launch(&mut self, ctx: ContextId, l: &KernelLaunch<'_>) -> ComputeResult<()> {
-        let (budget, threads) = (self.config.instruction_budget, self.config.threads);
-        let cancel = Arc::clone(&self.cancel);
+        let interrupt = Arc::clone(&self.interrupt);
+        interrupt.scope(|| self.launch_in_request(ctx, l, &interrupt))
+    }
+
+    fn interrupt(&self) -> Option<Arc<Interrupt>> {
+        Some(Arc::clone(&self.interrupt))
+    }
+
+    fn take_output(&mut self, ctx: ContextId) -> ComputeResult<String> {
+        Ok(std::mem::take(&mut self.contexts.get_mut(ctx)?.output))
+    }
+}
+
+impl CpuBackend {
+    /// A launch inside its request: what the request has left of the instruction budget,
+    /// stopped by the request's interrupt; a request already stopped launches nothing.
+    fn launch_in_request(
+        &mut self,
+        ctx: ContextId,
+        l: &KernelLaunch<'_>,
+        interrupt: &Interrupt,
+    ) -> ComputeResult<()> {
+        let budget = self
+            .config
+            .instruction_budget
+            .saturating_sub(interrupt.spent());
+        let (threads, memory_budget) = (self.config.threads, Arc::clone(&self.config.budget));
+        interrupt.check()?;
         let c = self.ctx(ctx)?;
         c.stream(l.stream)?;
         let (module, name) = c
@@ -572,13 +618,15 @@ impl ComputeBackend for CpuBackend {
             params: l.params,
             symbols: &m.symbols,
             heap: c.heap.as_ref(),
-            cancel: Some(&cancel),
+            interrupt: Some(interrupt),
             instruction_budget: budget,
             threads,
+            budget: &memory_budget,
         };
         let result = ptx::launch(&m.ptx, name, &launch, &c.memory as &dyn GlobalMemory);
         match result {
             Ok(stats) => {
+                interrupt.spend(stats.warp_instructions);
                 let room = MAX_PRINTF_BYTES.saturating_sub(c.output.len());
                 let mut cut = stats.output.len().min(room);
                 while !stats.output.is_char_boundary(cut) {
@@ -598,14 +646,6 @@ impl ComputeBackend for CpuBackend {
                 Err(e)
             }
         }
-    }
-
-    fn canceller(&self) -> Option<Arc<AtomicBool>> {
-        Some(Arc::clone(&self.cancel))
-    }
-
-    fn take_output(&mut self, ctx: ContextId) -> ComputeResult<String> {
-        Ok(std::mem::take(&mut self.contexts.get_mut(ctx)?.output))
     }
 }
 
@@ -706,6 +746,20 @@ mod tests {
             be.launch(ctx, &launch(&full)).unwrap_err().cuda_status(),
             400,
             "functions go with their module"
+        );
+    }
+
+    #[test]
+    fn a_vm_takes_its_share_of_the_host_cpus_by_default() {
+        let host = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = CpuConfig::default().threads;
+        assert_eq!(threads, (host / VM_SHARE_DIVISOR).max(1));
+        assert!(threads < host || host == 1, "{threads} of {host} CPUs");
+        assert_eq!(
+            CpuBackend::new(CpuConfig::default())
+                .attributes()
+                .multiprocessors,
+            threads as u32
         );
     }
 }

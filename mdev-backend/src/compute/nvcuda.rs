@@ -59,9 +59,13 @@ const ATTR_PAGEABLE_MEMORY_ACCESS: c_int = 88;
 const ATTR_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
 const ATTR_COMPUTE_CAPABILITY_MINOR: c_int = 76;
 
-/// The driver entry points used, resolved once.
+/// The driver entry points used, resolved once, and the interrupt every wait in the driver
+/// looks at.
 struct Api {
     _lib: Library,
+    /// The backend's [`Interrupt`]: the driver cannot stop a running kernel, but a wait for
+    /// one ([`wait`]) ends as soon as its request is cancelled.
+    interrupt: Arc<Interrupt>,
     init: unsafe extern "C" fn(c_uint) -> CuResult,
     device_get: unsafe extern "C" fn(*mut c_int, c_int) -> CuResult,
     device_get_name: unsafe extern "C" fn(*mut c_char, c_int, c_int) -> CuResult,
@@ -177,6 +181,7 @@ impl Api {
             event_elapsed_time: sym!("cuEventElapsedTime"),
             launch_kernel: sym!("cuLaunchKernel"),
             _lib: lib,
+            interrupt: Interrupt::new(SYNC_TIMEOUT),
         })
     }
 }
@@ -187,13 +192,24 @@ impl Api {
 /// calls instead of blocking in it, so a hung kernel never holds the executor thread longer.
 pub const SYNC_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Polls `query` until it stops answering NOT_READY, at most [`SYNC_TIMEOUT`].
-fn wait(what: &str, query: impl Fn() -> CuResult) -> ComputeResult<()> {
+/// Polls `query` until it stops answering NOT_READY, at most [`SYNC_TIMEOUT`], or until the
+/// request is cancelled ([`Interrupt::stop`]): then `Busy`, not sticky, for the kernel was not
+/// faulted and runs on on the GPU (the driver cannot stop it; destroying its context does).
+fn wait(api: &Api, what: &str, query: impl Fn() -> CuResult) -> ComputeResult<()> {
     let start = Instant::now();
     loop {
         match query() {
             CUDA_ERROR_NOT_READY => {}
             r => return check(what, r),
+        }
+        if api
+            .interrupt
+            .flag()
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            return Err(ComputeError::Busy(format!(
+                "{what}: wait cancelled; the kernel is left to its context's destruction"
+            )));
         }
         let waited = start.elapsed();
         if waited >= SYNC_TIMEOUT {
@@ -212,7 +228,7 @@ fn wait(what: &str, query: impl Fn() -> CuResult) -> ComputeResult<()> {
 /// Waits, bounded, for a stream's work (`s` null: the context's default stream).
 fn wait_stream(api: &Api, s: Handle) -> ComputeResult<()> {
     // SAFETY: `s` is null or a live stream of the context current on this thread.
-    wait("cuStreamQuery", || unsafe { (api.stream_query)(s) })?;
+    wait(api, "cuStreamQuery", || unsafe { (api.stream_query)(s) })?;
     // The stream is idle, so the driver's own synchronisation returns at once; it is made
     // for its side effects: device printf is flushed there, not at queries.
     // SAFETY: as above.
@@ -995,7 +1011,7 @@ impl ComputeBackend for NvCuda {
         self.on(ctx, |api, c| {
             let e = c.event(event)?;
             // SAFETY: a live event of the current context.
-            wait("cuEventQuery", || unsafe { (api.event_query)(e) })
+            wait(api, "cuEventQuery", || unsafe { (api.event_query)(e) })
         })
     }
 
@@ -1068,6 +1084,10 @@ impl ComputeBackend for NvCuda {
                 )
             })
         })
+    }
+
+    fn interrupt(&self) -> Option<Arc<Interrupt>> {
+        Some(Arc::clone(&self.api.interrupt))
     }
 
     fn take_output(&mut self, ctx: ContextId) -> ComputeResult<String> {

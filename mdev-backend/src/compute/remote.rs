@@ -16,7 +16,7 @@ use std::time::Duration;
 use log::{debug, warn};
 use thiserror::Error;
 
-use super::backend::{ComputeBackend, ContextId, KernelLaunch};
+use super::backend::{ComputeBackend, ContextId, Interrupt, KernelLaunch};
 use super::wire::{self, Reply, Request, WireError};
 use super::{ComputeError, ComputeResult};
 
@@ -271,9 +271,11 @@ fn output(be: &mut dyn ComputeBackend, ctx: ContextId) -> ComputeResult<Reply> {
 /// Serves one connection until the peer closes it (`Ok`) or breaks the protocol; the
 /// connection's contexts are destroyed either way.
 ///
-/// While it is served, a watcher thread polls the peer for a hang-up: a guest killed in the
-/// middle of a kernel stops that kernel within [`HANGUP_POLL`] (where the backend can stop
-/// kernels), instead of the kernel running on to its budget.
+/// Each request is bounded in time by the backend's [`Interrupt`] (its deadline and
+/// instruction budget; a `Batch` is one request). While the connection is served, a watcher
+/// thread polls the peer for a hang-up: a guest killed in the middle of a kernel stops that
+/// kernel within [`HANGUP_POLL`] (where the backend can stop kernels), instead of the kernel
+/// running on to its deadline.
 pub fn serve(
     stream: &mut UnixStream,
     be: &mut dyn ComputeBackend,
@@ -281,14 +283,15 @@ pub fn serve(
     let mut owned = Owned::default();
     let mut stats = Stats::default();
     let done = Arc::new(AtomicBool::new(false));
-    let watcher = be
-        .canceller()
-        .and_then(|cancel| Some((cancel, stream.try_clone().ok()?)))
-        .map(|(cancel, peer)| {
+    let interrupt = be.interrupt();
+    let watcher = interrupt
+        .clone()
+        .and_then(|interrupt| Some((interrupt, stream.try_clone().ok()?)))
+        .map(|(interrupt, peer)| {
             let done = Arc::clone(&done);
-            std::thread::spawn(move || watch_hangup(&peer, &cancel, &done))
+            std::thread::spawn(move || watch_hangup(&peer, &interrupt, &done))
         });
-    let result = serve_requests(stream, be, &mut owned, &mut stats);
+    let result = serve_requests(stream, be, interrupt.as_deref(), &mut owned, &mut stats);
     done.store(true, Ordering::Release);
     if let Some(w) = watcher {
         let _ = w.join();
@@ -300,8 +303,8 @@ pub fn serve(
 /// How often the watcher looks for the peer's hang-up.
 pub const HANGUP_POLL: Duration = Duration::from_millis(100);
 
-/// Sets `cancel` when the peer hangs up, until `done`.
-fn watch_hangup(peer: &UnixStream, cancel: &AtomicBool, done: &AtomicBool) {
+/// Closes `interrupt` when the peer hangs up, until `done`.
+fn watch_hangup(peer: &UnixStream, interrupt: &Interrupt, done: &AtomicBool) {
     use rustix::event::{PollFd, PollFlags, Timespec, poll};
     let timeout = Timespec {
         tv_sec: 0,
@@ -315,7 +318,7 @@ fn watch_hangup(peer: &UnixStream, cancel: &AtomicBool, done: &AtomicBool) {
                 let gone = PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR;
                 if fds[0].revents().intersects(gone) {
                     debug!("compute peer hung up; stopping its kernels");
-                    cancel.store(true, Ordering::Release);
+                    interrupt.close();
                     return;
                 }
             }
@@ -331,6 +334,7 @@ fn watch_hangup(peer: &UnixStream, cancel: &AtomicBool, done: &AtomicBool) {
 fn serve_requests(
     stream: &mut UnixStream,
     be: &mut dyn ComputeBackend,
+    interrupt: Option<&Interrupt>,
     owned: &mut Owned,
     stats: &mut Stats,
 ) -> Result<(), RemoteError> {
@@ -343,7 +347,10 @@ fn serve_requests(
         let mut body = vec![0u8; len];
         stream.read_exact(&mut body)?;
         let reply = match Request::decode(&body) {
-            Ok(req) => dispatch(be, owned, stats, req),
+            Ok(req) => match interrupt {
+                Some(i) => i.request(|| dispatch(be, owned, stats, req)),
+                None => dispatch(be, owned, stats, req),
+            },
             Err(e) => {
                 // Answer, then drop the peer: it does not speak the protocol.
                 let reply = Reply::error(&ComputeError::InvalidValue(e.to_string()));
@@ -444,17 +451,32 @@ mod tests {
         assert_eq!((stats.requests, stats.launches, stats.failed), (7, 1, 1));
     }
 
-    #[test]
-    fn a_peer_that_hangs_up_mid_kernel_stops_the_kernel() {
+    /// The result of a served connection, once it ends.
+    type Served = std::sync::mpsc::Receiver<(Stats, Result<(), RemoteError>)>;
+
+    /// Sends `r` and reads its reply.
+    fn roundtrip(a: &mut UnixStream, r: &Request) -> Reply {
+        a.write_all(&r.encode()).unwrap();
+        let mut h = [0u8; 4];
+        a.read_exact(&mut h).unwrap();
+        let mut body = vec![0; wire::body_len(h).unwrap()];
+        a.read_exact(&mut body).unwrap();
+        Reply::decode(&body).unwrap()
+    }
+
+    /// A connection to a backend without an instruction budget whose requests may each run
+    /// `request_time`, with a never-ending kernel loaded; returns the client's end, the
+    /// connection's result and the request launching the kernel.
+    fn spin_connection(request_time: Duration) -> (UnixStream, Served, Request) {
         const SPIN: &str = ".version 8.5\n.target sm_75\n.address_size 64\n\
             .visible .entry spin()\n{\n$L:\nbra $L;\n}\n";
         let (mut a, mut b) = UnixStream::pair().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            // No budget: only the hang-up can stop this kernel.
             let mut be = CpuBackend::new(CpuConfig {
                 instruction_budget: u64::MAX,
                 threads: 1,
+                request_time,
                 ..CpuConfig::default()
             });
             let _ = tx.send(serve(&mut b, &mut be));
@@ -473,11 +495,7 @@ mod tests {
                 name: "spin".into(),
             },
         ] {
-            a.write_all(&r.encode()).unwrap();
-            let mut h = [0u8; 4];
-            a.read_exact(&mut h).unwrap();
-            let mut body = vec![0; wire::body_len(h).unwrap()];
-            a.read_exact(&mut body).unwrap();
+            roundtrip(&mut a, &r);
         }
         let launch = Launch {
             ctx,
@@ -488,12 +506,42 @@ mod tests {
             stream: super::super::backend::DEFAULT_STREAM,
             params: vec![],
         };
+        (a, rx, launch)
+    }
+
+    #[test]
+    fn a_peer_that_hangs_up_mid_kernel_stops_the_kernel() {
+        // No budget and no deadline to speak of: only the hang-up can stop this kernel.
+        let (mut a, served, launch) = spin_connection(Duration::from_secs(3600));
         a.write_all(&launch.encode()).unwrap();
         std::thread::sleep(Duration::from_millis(200));
         drop(a);
-        let (stats, _) = rx
+        let (stats, _) = served
             .recv_timeout(Duration::from_secs(60))
             .expect("the served connection ends once its peer is gone");
+        assert_eq!((stats.launches, stats.failed), (1, 1));
+    }
+
+    #[test]
+    fn each_request_ends_at_its_deadline_and_the_connection_goes_on() {
+        let (mut a, served, launch) = spin_connection(Duration::from_millis(200));
+        let start = std::time::Instant::now();
+        let reply = roundtrip(&mut a, &launch);
+        println!(
+            "spin kernel over the socket answered after {:?}",
+            start.elapsed()
+        );
+        assert!(
+            matches!(&reply, Reply::Error { status: 702, message } if message.contains("time limit")),
+            "{reply:?}"
+        );
+        assert!(matches!(
+            roundtrip(&mut a, &Request::ContextCreate),
+            Reply::Id(_)
+        ));
+        drop(a);
+        let (stats, result) = served.recv_timeout(Duration::from_secs(60)).unwrap();
+        result.unwrap();
         assert_eq!((stats.launches, stats.failed), (1, 1));
     }
 

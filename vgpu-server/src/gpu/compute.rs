@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use log::{debug, info, warn};
 use mdev_backend::budget::{Charge, MemoryBudget, OverBudget};
+use mdev_backend::compute::executor::Scope;
 use mdev_backend::compute::remote::{Owned, Stats, dispatch};
 use mdev_backend::compute::wire::{self, Reply, Request};
 use mdev_backend::compute::{
@@ -473,11 +474,12 @@ pub struct ComputeRuntime {
     done_rx: Receiver<Done>,
     /// Written once per finished request: wakes the device's worker.
     notify: Option<Arc<EventFd>>,
+    /// Requests posted to the executor and not yet reported back by it, of every generation:
+    /// what the executor really holds for this VM (a reset cancels them, and they are
+    /// answered within milliseconds, but until then they hold their place).
     in_flight: usize,
     /// Bumped at every reset: what finishes from before is dropped.
     generation: u64,
-    /// Stops the backend's running kernels (where it can) when the VM goes away.
-    cancel: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl std::fmt::Debug for ComputeRuntime {
@@ -505,7 +507,6 @@ impl ComputeRuntime {
             notify: None,
             in_flight: 0,
             generation: 0,
-            cancel: None,
         }
     }
 
@@ -521,9 +522,7 @@ impl ComputeRuntime {
 
     fn executor(&mut self) -> Result<&Executor, ComputeError> {
         if self.executor.is_none() {
-            let (executor, cancel) = spawn_executor(self.kind, Arc::clone(&self.budget));
-            self.executor = Some(executor);
-            self.cancel = cancel;
+            self.executor = Some(spawn_executor(self.kind, Arc::clone(&self.budget)));
         }
         match &self.executor {
             Some(Ok(executor)) => Ok(executor),
@@ -554,12 +553,16 @@ impl ComputeRuntime {
         let (resource_id, reply_capacity) = target;
         let executor = self.executor().map_err(|e| Reply::error(&e))?;
         executor
-            .post(move |be| {
+            .post(Scope::Client(u64::from(ctx)), move |be| {
                 let start = monotonic_ns();
-                let reply = {
-                    let mut s = session.lock().unwrap_or_else(PoisonError::into_inner);
-                    let Session { owned, stats } = &mut *s;
-                    dispatch(be, owned, stats, req)
+                let reply = match be {
+                    Ok(be) => {
+                        let mut s = session.lock().unwrap_or_else(PoisonError::into_inner);
+                        let Session { owned, stats } = &mut *s;
+                        dispatch(be, owned, stats, req)
+                    }
+                    // Cancelled before it ran (a reset, its context destroyed).
+                    Err(e) => Reply::error(&e),
                 };
                 let finish = monotonic_ns();
                 let _ = tx.send(Done {
@@ -583,54 +586,70 @@ impl ComputeRuntime {
         Ok(())
     }
 
-    /// The requests that finished since the last call (those from before a reset dropped).
+    /// The requests that finished since the last call (those from before a reset dropped,
+    /// though they are counted out of what is in flight).
     pub fn take_done(&mut self) -> Vec<Done> {
         let mut out = Vec::new();
         while let Ok(d) = self.done_rx.try_recv() {
+            self.in_flight = self.in_flight.saturating_sub(1);
             if d.generation == self.generation {
-                self.in_flight = self.in_flight.saturating_sub(1);
                 out.push(d);
             }
         }
         out
     }
 
-    /// Guest compute context `ctx` is destroyed: the backend contexts it made go too.
+    /// Guest compute context `ctx` is destroyed (its program exited or was killed): its
+    /// running kernel stops and its queued requests are answered without running, then the
+    /// backend contexts it made go, before any other queued work.
     pub fn destroy(&mut self, ctx: u32) {
+        if let Some(Ok(executor)) = &self.executor {
+            let cancelled = executor.cancel_scope(Scope::Client(u64::from(ctx)));
+            debug!("compute context {ctx} destroyed: {cancelled} queued requests cancelled");
+        }
         if let Some(session) = self.sessions.remove(&ctx) {
             self.release(session);
         }
     }
 
-    /// A device reset or QEMU's disconnect: every session's backend contexts are destroyed
-    /// and what is in flight is forgotten.
+    /// A device reset or QEMU's disconnect: everything in flight is cancelled (the running
+    /// kernel stops within milliseconds, queued requests are answered without running, and
+    /// their replies dropped), then every session's backend contexts are destroyed, before
+    /// anything queued later.
     pub fn reset(&mut self) {
         self.generation = self.generation.wrapping_add(1);
-        self.in_flight = 0;
+        self.cancel();
         for (_, session) in std::mem::take(&mut self.sessions) {
             self.release(session);
         }
     }
 
-    /// The VM is gone (QEMU disconnected or was killed): a kernel still running stops at its
-    /// next check instead of running to its budget, and nothing more runs. Also when dropped.
+    /// Stops everything of the VM on the executor: the running kernel at its next check,
+    /// the queued requests answered without running. Later requests run. Dropping the
+    /// runtime does this and ends the executor.
     pub fn cancel(&mut self) {
-        if let Some(c) = &self.cancel {
-            c.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(Ok(executor)) = &self.executor {
+            let cancelled = executor.cancel_all();
+            debug!("compute: {cancelled} queued requests cancelled");
         }
     }
 
+    /// Destroys a session's backend contexts on the executor, ahead of queued work and never
+    /// cancelled, so a release happens however full the queue is.
     fn release(&mut self, session: Arc<Mutex<Session>>) {
         let Some(Ok(executor)) = &self.executor else {
             return;
         };
-        let r = executor.post(move |be| {
+        let r = executor.post_urgent(Scope::Device, move |be| {
             let mut s = session.lock().unwrap_or_else(PoisonError::into_inner);
             debug!(
                 "compute session ends: {} requests, {} launches, {} failed",
                 s.stats.requests, s.stats.launches, s.stats.failed
             );
-            s.owned.release(be);
+            match be {
+                Ok(be) => s.owned.release(be),
+                Err(e) => warn!("a compute session's contexts not released: {e}"),
+            }
         });
         if let Err(e) = r {
             warn!("releasing a compute session's contexts: {e}");
@@ -638,25 +657,14 @@ impl ComputeRuntime {
     }
 }
 
-/// Starts a VM's executor thread with its backend, which charges `budget`, the VM's; also
-/// returns the backend's canceller.
-#[allow(clippy::type_complexity)]
-fn spawn_executor(
-    kind: ComputeKind,
-    budget: Arc<MemoryBudget>,
-) -> (
-    Result<Executor, ComputeError>,
-    Option<Arc<std::sync::atomic::AtomicBool>>,
-) {
-    let (cancel_tx, cancel_rx) = channel();
+/// Starts a VM's executor thread with its backend, which charges `budget`, the VM's.
+fn spawn_executor(kind: ComputeKind, budget: Arc<MemoryBudget>) -> Result<Executor, ComputeError> {
     let make = move || -> Result<Box<dyn ComputeBackend>, ComputeError> {
         let config = CpuConfig {
             budget,
             ..CpuConfig::default()
         };
-        let b = one_guest_backend(kind == ComputeKind::NvCuda, config)?;
-        let _ = cancel_tx.send(b.canceller());
-        Ok(b)
+        one_guest_backend(kind == ComputeKind::NvCuda, config)
     };
     let e = Executor::spawn(
         "vgpu-compute",
@@ -668,14 +676,7 @@ fn spawn_executor(
         Ok(_) => info!("compute backend {kind:?} ready"),
         Err(err) => warn!("compute backend {kind:?} unavailable: {err}"),
     }
-    // Sent before `spawn` returned: the backend exists by then.
-    (e, cancel_rx.try_recv().ok().flatten())
-}
-
-impl Drop for ComputeRuntime {
-    fn drop(&mut self) {
-        self.cancel();
-    }
+    e
 }
 
 /// The encoded reply if it fits `capacity`, else a short error reply
@@ -695,7 +696,7 @@ pub fn fitted(reply: &Reply, capacity: u32) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mdev_backend::compute::backend::ContextId;
+    use mdev_backend::compute::backend::{ContextId, DEFAULT_REQUEST_TIME};
     use vm_memory::GuestMemoryMmap;
 
     /// `bytes` of guest RAM at 0.
@@ -1055,18 +1056,29 @@ mod tests {
         assert_eq!(wait_done(&mut rt, 1).len(), 1);
     }
 
-    #[test]
-    fn a_vm_that_goes_away_stops_its_running_kernel() {
+    /// Posts `req` of guest context `guest` and waits for its reply.
+    fn ask(
+        rt: &mut ComputeRuntime,
+        runner: &mut super::super::load::LoadRunner,
+        guest: u32,
+        req: Request,
+    ) -> Reply {
+        rt.post(guest, req, runner.token(), (9, 4096), None)
+            .unwrap();
+        let done = wait_done(rt, 1);
+        Reply::decode(&done[0].reply[4..]).unwrap()
+    }
+
+    /// A backend context of guest context `guest` holding a kernel that never ends, and the
+    /// request launching it.
+    fn spin_launch(
+        rt: &mut ComputeRuntime,
+        runner: &mut super::super::load::LoadRunner,
+        guest: u32,
+    ) -> (ContextId, Request) {
         const SPIN: &str = ".version 7.0\n.target sm_70\n.address_size 64\n\
             .visible .entry spin()\n{\nLOOP:\nbra LOOP;\n}\n";
-        let mut rt = ComputeRuntime::new(ComputeKind::Cpu, budget());
-        let mut runner = super::super::load::LoadRunner::default();
-        let mut ask = |rt: &mut ComputeRuntime, req: Request| {
-            rt.post(1, req, runner.token(), (9, 4096), None).unwrap();
-            let done = wait_done(rt, 1);
-            Reply::decode(&done[0].reply[4..]).unwrap()
-        };
-        let Reply::Id(ctx) = ask(&mut rt, Request::ContextCreate) else {
+        let Reply::Id(ctx) = ask(rt, runner, guest, Request::ContextCreate) else {
             panic!("context")
         };
         let ctx = ContextId(ctx);
@@ -1074,7 +1086,7 @@ mod tests {
             ctx,
             image: SPIN.as_bytes().to_vec(),
         };
-        let Reply::Id(m) = ask(&mut rt, module) else {
+        let Reply::Id(m) = ask(rt, runner, guest, module) else {
             panic!("module")
         };
         let function = Request::Function {
@@ -1082,7 +1094,7 @@ mod tests {
             module: mdev_backend::compute::backend::ModuleId(m),
             name: "spin".into(),
         };
-        let Reply::Function { id, .. } = ask(&mut rt, function) else {
+        let Reply::Function { id, .. } = ask(rt, runner, guest, function) else {
             panic!("function")
         };
         let launch = Request::Launch {
@@ -1094,6 +1106,26 @@ mod tests {
             stream: mdev_backend::compute::backend::DEFAULT_STREAM,
             params: vec![],
         };
+        (ctx, launch)
+    }
+
+    /// Waits (bounded) until `done` holds of the runtime, taking what finishes meanwhile.
+    fn wait_until(rt: &mut ComputeRuntime, done: impl Fn(&mut ComputeRuntime) -> bool) {
+        let start = std::time::Instant::now();
+        while !done(rt) {
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(30),
+                "{rt:?} never got there"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn a_vm_that_goes_away_stops_its_running_kernel() {
+        let mut rt = ComputeRuntime::new(ComputeKind::Cpu, budget());
+        let mut runner = super::super::load::LoadRunner::default();
+        let (_, launch) = spin_launch(&mut rt, &mut runner, 1);
         rt.post(1, launch, runner.token(), (9, 4096), None).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(100));
         assert!(rt.take_done().is_empty(), "still spinning");
@@ -1105,5 +1137,82 @@ mod tests {
             Reply::decode(&done[0].reply[4..]),
             Ok(Reply::Error { .. })
         ));
+    }
+
+    #[test]
+    fn a_reset_with_a_running_kernel_and_a_full_queue_cancels_all_and_releases_every_context() {
+        let mut rt = ComputeRuntime::new(ComputeKind::Cpu, budget());
+        let mut runner = super::super::load::LoadRunner::default();
+        let (ctx, launch) = spin_launch(&mut rt, &mut runner, 1);
+        rt.post(1, launch, runner.token(), (9, 4096), None).unwrap();
+        wait_until(&mut rt, |rt| rt.executor().is_ok_and(Executor::busy));
+        for _ in 1..MAX_IN_FLIGHT {
+            rt.post(1, Request::Attributes, runner.token(), (9, 4096), None)
+                .unwrap();
+        }
+        let busy = rt.post(2, Request::Attributes, runner.token(), (9, 4096), None);
+        assert!(matches!(busy, Err(Reply::Error { .. })), "{busy:?}");
+        let start = std::time::Instant::now();
+        rt.reset();
+        // What was in flight is answered (and dropped) at once, the kernel stopped: what the
+        // runtime counts in flight is what the executor holds, down to nothing.
+        wait_until(&mut rt, |rt| {
+            assert!(rt.take_done().is_empty(), "replies from before the reset");
+            rt.in_flight == 0 && rt.executor().is_ok_and(|e| e.held() == 0)
+        });
+        let took = start.elapsed();
+        println!("reset to an idle executor: {took:?}");
+        // Cancelled, not ended by its deadline (the only other end of that kernel, a second
+        // after it began, hundreds of times what a cancel takes).
+        assert!(took < DEFAULT_REQUEST_TIME / 2, "{took:?}");
+        // The session's backend context was released, not left behind the queue.
+        let gone = rt
+            .executor()
+            .unwrap()
+            .call(None, move |b| b.context_synchronize(ctx));
+        assert!(
+            matches!(gone, Err(ComputeError::InvalidHandle(_))),
+            "{gone:?}"
+        );
+        // The next request is served.
+        assert!(matches!(
+            ask(&mut rt, &mut runner, 1, Request::ContextCreate),
+            Reply::Id(_)
+        ));
+    }
+
+    #[test]
+    fn destroying_a_killed_programs_context_cancels_its_kernel_and_the_next_is_served() {
+        let mut rt = ComputeRuntime::new(ComputeKind::Cpu, budget());
+        let mut runner = super::super::load::LoadRunner::default();
+        let (ctx, launch) = spin_launch(&mut rt, &mut runner, 1);
+        rt.post(1, launch, runner.token(), (9, 4096), None).unwrap();
+        wait_until(&mut rt, |rt| rt.executor().is_ok_and(Executor::busy));
+        // The program is killed mid-kernel: its DRM file closes and its context goes.
+        rt.destroy(1);
+        let start = std::time::Instant::now();
+        rt.post(2, Request::ContextCreate, runner.token(), (9, 4096), None)
+            .unwrap();
+        let replies: Vec<Reply> = wait_done(&mut rt, 2)
+            .iter()
+            .map(|d| Reply::decode(&d.reply[4..]).unwrap())
+            .collect();
+        println!(
+            "next program's first request served after {:?}",
+            start.elapsed()
+        );
+        assert!(
+            matches!(&replies[..], [Reply::Error { message, .. }, Reply::Id(_)]
+                if message.contains("cancelled")),
+            "{replies:?}"
+        );
+        let gone = rt
+            .executor()
+            .unwrap()
+            .call(None, move |b| b.context_synchronize(ctx));
+        assert!(
+            matches!(gone, Err(ComputeError::InvalidHandle(_))),
+            "{gone:?}"
+        );
     }
 }

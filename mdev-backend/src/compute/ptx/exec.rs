@@ -11,10 +11,20 @@
 //!
 //! Blocks are independent: host threads take the next block from a shared counter. The first
 //! error (a memory fault, a trap, the instruction budget) stops every thread at its next check.
+//!
+//! Cost model: the budget and the checks count cost units. An instruction costs one per
+//! warp step; what costs more host time is charged what it costs: a `printf` by the bytes it
+//! reads and formats ([`PRINTF_BYTES_PER_UNIT`]), a block's setup by the host bytes it
+//! allocates and clears ([`SETUP_BYTES_PER_UNIT`]). Every [`CHECK_EVERY`] units (and inside a
+//! `printf`, after each string) a block looks at the stop flag, the launch's interrupt and
+//! the budget, so no stretch between two checks costs more than a fraction of a millisecond.
 
+use std::cell::Cell;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
+
+use log::debug;
 
 use super::ir::*;
 use super::parse::{Parsed, wide};
@@ -35,11 +45,22 @@ const MAX_FORMAT_BYTES: usize = 4096;
 /// Register values of one block (registers × threads), bounding a block's host memory at
 /// 32 MiB. PTX names virtual registers, so the hardware's 64 Ki per block does not apply.
 pub const MAX_BLOCK_REGISTER_VALUES: u64 = 4 << 20;
-/// Warp-instructions charged per warp for setting a block up (its registers, local memory
-/// and parameters), so that a grid of empty blocks is bounded by the budget too.
+/// Cost units charged per warp for setting a block up besides its bytes, so that a grid of
+/// empty blocks is bounded by the budget too.
 const BLOCK_SETUP_COST: u64 = 16;
-/// Warp-instructions a block executes between checks of the launch budget and stop flag.
-const CHECK_EVERY: u64 = 4096;
+/// Host bytes a block's setup allocates and clears per cost unit: a warp-instruction of the
+/// interpreter takes about 100 ns, clearing fresh memory about 0.65 ns a byte (measured on a
+/// 2-core x86-64 host: a block of 64 MiB takes 43 ms to set up, charged 52 ms).
+pub const SETUP_BYTES_PER_UNIT: u64 = 128;
+/// Bytes a `printf` reads (format string, arguments, `%s` strings, byte by byte through the
+/// checked memory) or writes per cost unit: about a quarter of a warp-instruction's time
+/// each (measured: 64 `%s` of 4000 bytes in 32 lanes, 8 MB read and formatted, took 0.49 s
+/// and is charged 4.1 M units, about 0.41 s of instructions).
+pub const PRINTF_BYTES_PER_UNIT: u64 = 4;
+/// Cost units a block spends between checks of the launch's budget, stop flag and
+/// interrupt: about 0.4 ms of the interpreter (measured: a cancelled spin kernel stops
+/// 0.3-0.4 ms after the cancel), so a cancelled or timed-out launch stops well within 10 ms.
+pub const CHECK_EVERY: u64 = 4096;
 /// Alignment of dynamic shared memory after the static variables.
 const DYN_SHARED_ALIGN: u32 = 16;
 
@@ -105,6 +126,22 @@ pub fn launch(
         )));
     }
     let blocks = u64::from(gx) * u64::from(gy) * u64::from(gz);
+    let nwarps = u64::from(nthreads.div_ceil(WARP as u32));
+    let block_bytes = block_bytes(m, nwarps, shared);
+    // The blocks running at once hold their memory for the launch: charged to the VM's
+    // budget before any is made, with fewer threads when all of them would not fit.
+    let mut threads = l.threads.clamp(1, blocks.min(MAX_LAUNCH_THREADS) as usize);
+    let _held = loop {
+        match l.budget.charge(block_bytes.saturating_mul(threads as u64)) {
+            Ok(charge) => break charge,
+            Err(e) if threads == 1 => {
+                return Err(ComputeError::OutOfMemory(format!(
+                    "{block_bytes} bytes of host memory for a block: {e}"
+                )));
+            }
+            Err(_) => threads /= 2,
+        }
+    };
     let shared_launch = Shared {
         m,
         l,
@@ -126,8 +163,11 @@ pub fn launch(
         output: Mutex::new(Vec::new()),
         output_bytes: AtomicUsize::new(0),
         started: Instant::now(),
+        setup_cost: BLOCK_SETUP_COST
+            .saturating_mul(nwarps)
+            .saturating_add(block_bytes / SETUP_BYTES_PER_UNIT),
     };
-    let threads = l.threads.clamp(1, blocks.min(1024) as usize);
+    debug!("launch of {blocks} blocks of {block_bytes} host bytes on {threads} threads");
     if threads == 1 {
         shared_launch.worker(blocks);
     } else {
@@ -152,8 +192,27 @@ pub fn launch(
     Ok(LaunchStats {
         warp_instructions: shared_launch.executed.load(Ordering::Relaxed),
         blocks,
+        threads,
+        block_bytes,
         output: outputs.into_iter().map(|(_, s)| s).collect(),
     })
+}
+
+/// Most host threads one launch runs on, whatever its configuration asks.
+const MAX_LAUNCH_THREADS: u64 = 1024;
+
+/// Host bytes one block holds while it runs: per warp its registers (8 bytes a lane), local
+/// and `.param` memory and its lanes' call stacks; its shared memory.
+fn block_bytes(m: &Parsed, warps: u64, shared: u32) -> u64 {
+    let lane = (m.reg_bits.len() as u64)
+        .saturating_mul(8)
+        .saturating_add(u64::from(m.local_bytes))
+        .saturating_add(u64::from(m.fparam_bytes))
+        .saturating_add(std::mem::size_of::<Vec<Frame>>() as u64);
+    let warp = lane
+        .saturating_mul(WARP as u64)
+        .saturating_add(std::mem::size_of::<Warp>() as u64);
+    warp.saturating_mul(warps).saturating_add(u64::from(shared))
 }
 
 /// What every block of a launch shares.
@@ -174,16 +233,48 @@ struct Shared<'a> {
     output: Mutex<Vec<(u64, String)>>,
     output_bytes: AtomicUsize,
     started: Instant,
+    /// What setting one block up costs, in cost units.
+    setup_cost: u64,
 }
 
 impl Shared<'_> {
-    fn check_cancel(&self) -> ComputeResult<()> {
-        match self.l.cancel {
-            Some(c) if c.load(Ordering::Relaxed) => Err(ComputeError::LaunchTimeout(
-                "launch cancelled: its owner went away".into(),
-            )),
-            _ => Ok(()),
+    /// Records the launch's first error and stops every thread at its next check.
+    fn fail(&self, e: ComputeError) {
+        let mut slot = self.error.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = Some(e);
         }
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
+    /// Fails once another thread of the launch failed, or its request was cancelled or is
+    /// past its deadline.
+    fn interrupted(&self) -> ComputeResult<()> {
+        if self.stop.load(Ordering::Relaxed) {
+            return Err(ComputeError::LaunchTimeout("launch stopped".into()));
+        }
+        self.l.interrupt.map_or(Ok(()), |i| i.check())
+    }
+
+    /// Whether the launch may go on with `total` cost units spent: not interrupted, within
+    /// its budget.
+    fn check(&self, total: u64) -> ComputeResult<()> {
+        self.interrupted()?;
+        if total > self.l.instruction_budget {
+            return Err(ComputeError::LaunchTimeout(format!(
+                "kernel ran past its budget of {} cost units ({:.1} s)",
+                self.l.instruction_budget,
+                self.started.elapsed().as_secs_f64()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Adds `cost` to what the launch spent; the new total.
+    fn spend(&self, cost: u64) -> u64 {
+        self.executed
+            .fetch_add(cost, Ordering::Relaxed)
+            .saturating_add(cost)
     }
 
     fn worker(&self, blocks: u64) {
@@ -195,31 +286,27 @@ impl Shared<'_> {
             if b >= blocks {
                 return;
             }
-            let mut block = Block::new(self, b);
-            let mut result = self.check_cancel().and_then(|()| block.run());
-            // Setting a block up is work too: charged, and the budget checked after every
-            // block, so a huge grid of trivial blocks ends at the budget like a long kernel.
-            let charged = block.unflushed + BLOCK_SETUP_COST * block.warps.len() as u64;
-            let total = self.executed.fetch_add(charged, Ordering::Relaxed) + charged;
-            if result.is_ok() && total > self.l.instruction_budget {
-                result = Err(ComputeError::LaunchTimeout(format!(
-                    "grid ran past its budget of {} warp-instructions ({:.1} s)",
-                    self.l.instruction_budget,
-                    self.started.elapsed().as_secs_f64()
-                )));
-            }
-            if !block.out.is_empty() {
-                self.output
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push((b, block.out));
+            // Setting a block up is work too: charged, and checked, before its memory is
+            // made, so a huge grid of trivial blocks ends at the budget like a long kernel.
+            let mut result = self.check(self.spend(self.setup_cost));
+            if result.is_ok() {
+                result = Block::new(self, b).and_then(|mut block| {
+                    let mut r = block.run();
+                    let total = self.spend(block.unflushed.get());
+                    if r.is_ok() {
+                        r = self.check(total);
+                    }
+                    if !block.out.is_empty() {
+                        self.output
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push((b, block.out));
+                    }
+                    r
+                });
             }
             if let Err(e) = result {
-                let mut slot = self.error.lock().unwrap_or_else(|p| p.into_inner());
-                if slot.is_none() {
-                    *slot = Some(e);
-                }
-                self.stop.store(true, Ordering::Relaxed);
+                self.fail(e);
                 return;
             }
         }
@@ -275,7 +362,8 @@ struct Block<'s, 'a> {
     barriers: [Barrier; BARRIERS],
     shared: Vec<u8>,
     out: String,
-    unflushed: u64,
+    /// Cost units spent since the last check.
+    unflushed: Cell<u64>,
 }
 
 /// A lane's value of a 32-bit float register, with `.ftz` applied.
@@ -361,7 +449,9 @@ fn saturate01(v: f64) -> f64 {
 }
 
 impl<'s, 'a> Block<'s, 'a> {
-    fn new(s: &'s Shared<'a>, linear: u64) -> Self {
+    /// A block's warps, made one after the other with a look at the launch's interrupt
+    /// between two (a warp's memory takes up to a few milliseconds to clear).
+    fn new(s: &'s Shared<'a>, linear: u64) -> ComputeResult<Self> {
         let [gx, gy, _] = s.l.grid;
         let ctaid = [
             (linear % u64::from(gx)) as u32,
@@ -372,8 +462,9 @@ impl<'s, 'a> Block<'s, 'a> {
         let nwarps = s.nthreads.div_ceil(WARP as u32);
         let warps = (0..nwarps)
             .map(|w| {
+                s.interrupted()?;
                 let lanes = (s.nthreads - w * WARP as u32).min(WARP as u32);
-                Warp {
+                Ok(Warp {
                     regs: vec![0; nregs * WARP],
                     pc: [s.entry; WARP],
                     valid: if lanes == 32 {
@@ -389,18 +480,18 @@ impl<'s, 'a> Block<'s, 'a> {
                     parked: 0,
                     at_barrier: 0,
                     barrier: 0,
-                }
+                })
             })
-            .collect();
-        Block {
+            .collect::<ComputeResult<_>>()?;
+        Ok(Block {
             s,
             ctaid,
             warps,
             barriers: [Barrier::default(); BARRIERS],
             shared: vec![0; s.shared_bytes as usize],
             out: String::new(),
-            unflushed: 0,
-        }
+            unflushed: Cell::new(0),
+        })
     }
 
     fn run(&mut self) -> ComputeResult<()> {
@@ -497,25 +588,20 @@ impl<'s, 'a> Block<'s, 'a> {
         Ok(id)
     }
 
-    fn count(&mut self) -> ComputeResult<()> {
-        self.unflushed += 1;
-        if self.unflushed >= CHECK_EVERY {
-            let total =
-                self.s.executed.fetch_add(self.unflushed, Ordering::Relaxed) + self.unflushed;
-            self.unflushed = 0;
-            if self.s.stop.load(Ordering::Relaxed) {
-                return Err(ComputeError::LaunchTimeout("launch stopped".into()));
-            }
-            self.s.check_cancel()?;
-            if total > self.s.l.instruction_budget {
-                return Err(ComputeError::LaunchTimeout(format!(
-                    "kernel ran past its budget of {} warp-instructions ({:.1} s)",
-                    self.s.l.instruction_budget,
-                    self.s.started.elapsed().as_secs_f64()
-                )));
-            }
+    /// Charges `cost` units; every [`CHECK_EVERY`] units, checks that the launch may go on.
+    fn count(&self, cost: u64) -> ComputeResult<()> {
+        let unflushed = self.unflushed.get().saturating_add(cost);
+        if unflushed < CHECK_EVERY {
+            self.unflushed.set(unflushed);
+            return Ok(());
         }
-        Ok(())
+        self.unflushed.set(0);
+        self.s.check(self.s.spend(unflushed))
+    }
+
+    /// Charges `bytes` a `printf` read or wrote.
+    fn count_bytes(&self, bytes: usize) -> ComputeResult<()> {
+        self.count((bytes as u64).div_ceil(PRINTF_BYTES_PER_UNIT))
     }
 
     /// Runs warp `w` until it is done, parks at a barrier, or has run its time slice (it may
@@ -575,7 +661,7 @@ impl<'s, 'a> Block<'s, 'a> {
             }
             let min = key.1;
             let inst = &s.m.code[min as usize];
-            self.count()?;
+            self.count(1)?;
             // Volta's `.sync` semantics: the lanes of the member mask execute a
             // warp-synchronous instruction together, however they got to it.
             if let Op::Shfl { mask: m, .. } | Op::Vote { mask: m, .. } | Op::WarpSync { mask: m } =
@@ -727,7 +813,9 @@ impl<'s, 'a> Block<'s, 'a> {
             Sreg::NWarpId => self.warps.len() as u64,
             Sreg::SmId | Sreg::GridId => 0,
             Sreg::NSmId => 1,
-            Sreg::Clock | Sreg::Clock64 => self.s.executed.load(Ordering::Relaxed) + self.unflushed,
+            Sreg::Clock | Sreg::Clock64 => {
+                self.s.executed.load(Ordering::Relaxed) + self.unflushed.get()
+            }
             Sreg::GlobalTimer => self.s.started.elapsed().as_nanos() as u64,
             Sreg::LaneMaskEq => lane_bit,
             Sreg::LaneMaskLt => lane_bit - 1,
@@ -1380,6 +1468,7 @@ impl<'s, 'a> Block<'s, 'a> {
         self.read(w, lane, Loc::FParam(u64::from(args_slot)), &mut slot)?;
         let args_addr = u64::from_le_bytes(slot);
         let fmt = self.c_string(w, lane, fmt_addr)?;
+        self.count_bytes(fmt.len() + 1)?;
         let mut args = ArgReader {
             block: self,
             w,
@@ -1389,6 +1478,7 @@ impl<'s, 'a> Block<'s, 'a> {
         };
         let text = super::printf::format(&fmt, &mut args)?;
         let count = args.count;
+        self.count_bytes(text.len())?;
         let room = MAX_PRINTF_BYTES
             .saturating_sub(self.s.output_bytes.fetch_add(text.len(), Ordering::Relaxed));
         let mut cut = text.len().min(room);
@@ -1450,11 +1540,14 @@ impl super::printf::Args for ArgReader<'_, '_, '_> {
             .read(self.w, self.lane, loc, &mut buf[..size as usize])?;
         self.addr = a + size;
         self.count += 1;
+        self.block.count_bytes(size as usize)?;
         Ok(u64::from_le_bytes(buf))
     }
 
     fn string(&mut self, addr: u64) -> ComputeResult<Vec<u8>> {
-        self.block.c_string(self.w, self.lane, addr)
+        let s = self.block.c_string(self.w, self.lane, addr)?;
+        self.block.count_bytes(s.len() + 1)?;
+        Ok(s)
     }
 }
 

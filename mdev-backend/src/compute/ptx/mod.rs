@@ -16,11 +16,12 @@ mod printf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
+use super::backend::Interrupt;
 use super::memory::DeviceHeap;
 use super::{ComputeError, ComputeResult};
 use crate::budget::{Charge, MemoryBudget};
 
-pub use exec::launch;
+pub use exec::{CHECK_EVERY, launch};
 pub(crate) use parse::Stop;
 
 /// Largest PTX text accepted (bytes): nvcc's PTX for a large program is a few MiB.
@@ -227,20 +228,30 @@ pub struct Launch<'a> {
     pub symbols: &'a [u64],
     /// The context's device heap for `malloc`/`free` (`malloc` returns NULL without one).
     pub heap: Option<&'a DeviceHeap>,
-    /// Warp-instructions the whole launch may execute; past it the launch fails with
-    /// `LaunchTimeout`.
+    /// Cost units (warp-instructions, and what a `printf` or a block's setup costs in them)
+    /// the whole launch may spend; past it the launch fails with `LaunchTimeout`.
     pub instruction_budget: u64,
     /// Host threads the blocks are spread over (at least 1).
     pub threads: usize,
-    /// Set by another thread to stop the launch at its next check (its owner went away).
-    pub cancel: Option<&'a AtomicBool>,
+    /// Checked every [`CHECK_EVERY`] cost units: stops the launch when its request is
+    /// cancelled or past its deadline. `None`: bounded by the budget alone (tools, tests).
+    pub interrupt: Option<&'a Interrupt>,
+    /// Where the host memory of the blocks running at once (registers, local, shared and
+    /// `.param` memory) is charged for the launch's duration.
+    pub budget: &'a Arc<MemoryBudget>,
 }
 
 /// What a launch did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LaunchStats {
+    /// Cost units spent: warp-instructions and their equivalents (see
+    /// [`Launch::instruction_budget`]).
     pub warp_instructions: u64,
     pub blocks: u64,
+    /// Host threads the blocks ran on.
+    pub threads: usize,
+    /// Host bytes one block held while it ran (charged per thread for the launch).
+    pub block_bytes: u64,
     /// `printf` output, in block order, at most [`MAX_PRINTF_BYTES`].
     pub output: String,
 }

@@ -2,6 +2,7 @@
 //! checked against host computations.
 
 use super::*;
+use crate::compute::backend::Interrupt;
 use crate::compute::memory::DeviceHeap;
 use crate::compute::{DeviceMemory, Fault, GlobalMemory};
 
@@ -18,6 +19,10 @@ struct Run<'m> {
     heap: DeviceHeap,
     /// Launches run over [`Contended`] memory watching this address.
     contended: Option<u64>,
+    /// Where launches charge their blocks' host memory.
+    budget: Arc<MemoryBudget>,
+    /// What stops launches besides their instruction budget.
+    interrupt: Option<Arc<Interrupt>>,
 }
 
 impl<'m> Run<'m> {
@@ -43,6 +48,8 @@ impl<'m> Run<'m> {
             symbols,
             heap,
             contended: None,
+            budget: MemoryBudget::new(u64::MAX),
+            interrupt: None,
         }
     }
 
@@ -98,9 +105,10 @@ impl<'m> Run<'m> {
             params,
             symbols: &self.symbols,
             heap: Some(&self.heap),
-            cancel: None,
+            interrupt: self.interrupt.as_deref(),
             instruction_budget,
             threads,
+            budget: &self.budget,
         };
         match self.contended {
             Some(watched) => {
@@ -1443,4 +1451,156 @@ $cold:
         run_linked(&[text], 32, 1).unwrap(),
         [(2..=32).sum::<u32>() + 100]
     );
+}
+
+/// A kernel that never ends: one warp spinning on a branch to itself.
+const SPIN: &str = ".visible .entry spin()\n{\n$L__spin:\nbra $L__spin;\n}\n";
+
+#[test]
+fn a_spin_kernel_stops_at_its_requests_deadline() {
+    let m = module(SPIN);
+    let mut r = Run::new(&m);
+    let interrupt = Interrupt::new(std::time::Duration::from_millis(200));
+    r.interrupt = Some(Arc::clone(&interrupt));
+    interrupt.begin();
+    let start = std::time::Instant::now();
+    // No instruction budget to speak of: only the deadline ends it.
+    let err = r
+        .launch_with("spin", [4, 1, 1], [64, 1, 1], 0, &[], 2, u64::MAX)
+        .unwrap_err();
+    let took = start.elapsed();
+    assert!(
+        matches!(&err, ComputeError::LaunchTimeout(m) if m.contains("time limit")),
+        "{err:?}"
+    );
+    assert!(took < std::time::Duration::from_secs(20), "{took:?}");
+    println!("spin kernel with a 200 ms deadline stopped after {took:?}");
+    // Stopped from another thread: within a few check intervals.
+    interrupt.begin();
+    let stopper = {
+        let interrupt = Arc::clone(&interrupt);
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            interrupt.stop();
+            std::time::Instant::now()
+        })
+    };
+    let err = r
+        .launch_with("spin", [1, 1, 1], [32, 1, 1], 0, &[], 1, u64::MAX)
+        .unwrap_err();
+    let stopped = stopper.join().unwrap().elapsed();
+    assert!(
+        matches!(&err, ComputeError::LaunchTimeout(m) if m.contains("cancelled")),
+        "{err:?}"
+    );
+    println!("spin kernel stopped {stopped:?} after Interrupt::stop");
+}
+
+/// A kernel printing `fmt` with the argument buffer `args` once per thread.
+const PRINTF_ARGS: &str = r#"
+.extern .func (.param .b32 func_retval0) vprintf
+(
+	.param .b64 vprintf_param_0,
+	.param .b64 vprintf_param_1
+)
+;
+.visible .entry print(.param .u64 fmt, .param .u64 args)
+{
+	.reg .b32 	%r<2>;
+	.reg .b64 	%rd<3>;
+	ld.param.u64 	%rd1, [fmt];
+	ld.param.u64 	%rd2, [args];
+	{
+	.param .b64 param0;
+	st.param.b64 	[param0], %rd1;
+	.param .b64 param1;
+	st.param.b64 	[param1], %rd2;
+	.param .b32 retval0;
+	call.uni (retval0), vprintf, (param0, param1);
+	ld.param.b32 	%r1, [retval0];
+	}
+	ret;
+}
+"#;
+
+#[test]
+fn a_printf_is_charged_by_the_bytes_it_reads_and_formats() {
+    let m = module(PRINTF_ARGS);
+    let mut r = Run::new(&m);
+    // 64 `%s` of a 4000-byte string in each of 32 lanes: 8 MB read for one instruction.
+    let fmt = r.buffer(&[b"%s".repeat(64), vec![0]].concat());
+    let string = r.buffer(&[vec![b'a'; 4000], vec![0]].concat());
+    let args = r.buffer(&string.to_le_bytes().repeat(64));
+    let params = pack(&m, "print", &[fmt, args]);
+    let read = 32 * 64 * 4001;
+    let start = std::time::Instant::now();
+    let stats = r
+        .launch_with("print", [1, 1, 1], [32, 1, 1], 0, &params, 1, u64::MAX)
+        .unwrap();
+    println!(
+        "32 lanes x 64 %s of 4000 bytes: {:?}, {} cost units",
+        start.elapsed(),
+        stats.warp_instructions
+    );
+    assert!(
+        stats.warp_instructions >= read / exec::PRINTF_BYTES_PER_UNIT,
+        "{} cost units",
+        stats.warp_instructions
+    );
+    // Under a budget smaller than its cost it stops, inside the instruction.
+    let err = r
+        .launch_with("print", [1, 1, 1], [32, 1, 1], 0, &params, 1, 100_000)
+        .unwrap_err();
+    assert!(matches!(err, ComputeError::LaunchTimeout(_)), "{err:?}");
+}
+
+/// A kernel of 64 KiB of local memory per thread that does nothing.
+const FAT_BLOCK: &str = ".visible .entry fat()\n{\n.local .align 4 .b8 depot[65536];\nret;\n}\n";
+
+#[test]
+fn a_blocks_host_memory_is_charged_to_the_budget_and_as_cost() {
+    let m = module(FAT_BLOCK);
+    let mut r = Run::new(&m);
+    let stats = r
+        .launch_with("fat", [2, 1, 1], [1024, 1, 1], 0, &[], 1, u64::MAX)
+        .unwrap();
+    // 1024 threads x 64 KiB of local memory.
+    assert!(stats.block_bytes >= 64 << 20, "{}", stats.block_bytes);
+    assert!(
+        stats.warp_instructions >= 2 * (64 << 20) / exec::SETUP_BYTES_PER_UNIT,
+        "{} cost units",
+        stats.warp_instructions
+    );
+    // Two blocks at once do not fit 100 MiB: one thread runs them.
+    r.budget = MemoryBudget::new(100 << 20);
+    let stats = r
+        .launch_with("fat", [8, 1, 1], [1024, 1, 1], 0, &[], 4, u64::MAX)
+        .unwrap();
+    assert_eq!(stats.threads, 1);
+    assert_eq!(r.budget.used(), 0, "given back after the launch");
+    // One block does not fit 32 MiB.
+    r.budget = MemoryBudget::new(32 << 20);
+    let err = r
+        .launch_with("fat", [1, 1, 1], [1024, 1, 1], 0, &[], 1, u64::MAX)
+        .unwrap_err();
+    assert!(matches!(err, ComputeError::OutOfMemory(_)), "{err:?}");
+}
+
+#[test]
+fn a_launch_runs_on_at_most_its_threads() {
+    let m = module(VECADD);
+    let r = Run::new(&m);
+    let params = pack(&m, "_Z6vecAddPKfS0_Pfi", &[0, 0, 0, 0]);
+    for threads in [1, 2, 3] {
+        let stats = r
+            .launch(
+                "_Z6vecAddPKfS0_Pfi",
+                [64, 1, 1],
+                [32, 1, 1],
+                &params,
+                threads,
+            )
+            .unwrap();
+        assert_eq!(stats.threads, threads);
+    }
 }
