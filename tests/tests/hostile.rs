@@ -1127,6 +1127,11 @@ impl Kind {
         (self.resource_mb() + HOSTILE_RSS_SLACK_MB) << 10
     }
 
+    /// How long each window of the neighbour's GL rate lasts.
+    fn window(self) -> Duration {
+        if self.cuda() { CUDA_WINDOW } else { WINDOW }
+    }
+
     /// Attacked windows (each between two windows alone).
     fn rounds(self) -> usize {
         if self.cuda() { CUDA_ROUNDS } else { ROUNDS }
@@ -1331,7 +1336,7 @@ fn run_case(case: &'static str, kind: Kind) -> Option<Row> {
     }
     let mut good = GoodVm::start(&daemon, kind.cuda())?;
     good.measure(WARM_UP);
-    good.measure_cuda(WARM_UP);
+    good.measure_cuda(CUDA_WINDOW);
     if before_good {
         check_name(&daemon, &good, &mut failures);
     }
@@ -1339,7 +1344,7 @@ fn run_case(case: &'static str, kind: Kind) -> Option<Row> {
     let watched = std::sync::atomic::AtomicU32::new(hostile.pid());
     let peak = std::sync::atomic::AtomicU64::new(0);
     let sampling = std::sync::atomic::AtomicBool::new(true);
-    let rounds = kind.rounds();
+    let (rounds, window) = (kind.rounds(), kind.window());
     let (alone, attacked, cuda_rates, hostile_rss, hostile_cpu_s, attack) =
         std::thread::scope(|s| {
             let attacker = s.spawn(|| {
@@ -1360,7 +1365,7 @@ fn run_case(case: &'static str, kind: Kind) -> Option<Row> {
             let (mut cuda_alone, mut cuda_attacked) = (Vec::new(), Vec::new());
             let (mut rss_before, mut rss_after, mut cpu_before) = (None, None, None);
             for round in 0..rounds {
-                alone.push(good.measure(WINDOW));
+                alone.push(good.measure(window));
                 cuda_alone.extend(good.measure_cuda(CUDA_WINDOW));
                 gate.set(Gate::ATTACK);
                 if round == 0 {
@@ -1372,7 +1377,7 @@ fn run_case(case: &'static str, kind: Kind) -> Option<Row> {
                     rss_before = rss_kib(watched.load(Ordering::SeqCst));
                     cpu_before = cpu_seconds(watched.load(Ordering::SeqCst));
                 }
-                attacked.push(good.measure(WINDOW));
+                attacked.push(good.measure(window));
                 cuda_attacked.extend(good.measure_cuda(CUDA_WINDOW));
                 if round + 1 == rounds {
                     rss_after = rss_kib(watched.load(Ordering::SeqCst));
@@ -1382,7 +1387,7 @@ fn run_case(case: &'static str, kind: Kind) -> Option<Row> {
                 }
                 gate.set(Gate::PAUSE);
             }
-            alone.push(good.measure(WINDOW));
+            alone.push(good.measure(window));
             cuda_alone.extend(good.measure_cuda(CUDA_WINDOW));
             gate.set(Gate::STOP);
             let attack = attacker.join().map_or_else(
@@ -1647,10 +1652,12 @@ const CUDA_BLOB_PIECES: usize = 4;
 /// module, about 1.3 MB) and the printf kernel's output.
 const CUDA_BLOB_PIECE: u32 = 512 << 10;
 /// Rounds of the CUDA cases (each an attacked window between two windows alone): two keep
-/// the section within a couple of minutes, since every window is measured twice (GL, CUDA).
+/// the section short, since every window is measured twice (GL, then CUDA).
 const CUDA_ROUNDS: usize = 2;
-/// How long each CUDA window of the well-behaved VM lasts.
-const CUDA_WINDOW: Duration = Duration::from_secs(1);
+/// How long each window of the well-behaved VM lasts in the CUDA cases, for its GL and for
+/// its CUDA rate each: 24 requests of either at their paces, an even number so that every
+/// GL window holds as many frames as virgl submits (they alternate).
+const CUDA_WINDOW: Duration = Duration::from_millis(480);
 /// The well-behaved VM's paced GL demand in the CUDA cases, one request each this often (50
 /// groups/s: 25 frames of 10 ms, a quarter of the engine): below its fair share of the
 /// engine, so that keeping [`MIN_RATIO`] of its rate is what a working scheduler guarantees
@@ -1658,7 +1665,7 @@ const CUDA_WINDOW: Duration = Duration::from_secs(1);
 const GOOD_GL_PACE: Duration = Duration::from_millis(20);
 /// The well-behaved VM's paced CUDA demand: one small launch (a Batch of a launch and a
 /// context synchronise) this often.
-const GOOD_CUDA_PACE: Duration = Duration::from_millis(40);
+const GOOD_CUDA_PACE: Duration = Duration::from_millis(20);
 /// Longest wait for the hostile device's answer to one compute request: far past any
 /// request's deadline, so a device silent for this long counts as hung.
 const CUDA_ANSWER_WAIT: Duration = TIMEOUT;
