@@ -381,7 +381,7 @@ impl Interrupt {
         }
         if self.stop.load(Relaxed) {
             return Err(interrupted(
-                "cancelled: the device was reset or its context destroyed",
+                "cancelled: a device reset, its context destroyed or its caller gone",
             ));
         }
         let deadline = self.deadline_ns.load(Relaxed);
