@@ -28,6 +28,8 @@ pub const MAX_PARAMS: usize = 4096;
 pub const MAX_TEXT_BYTES: usize = 2 << 20;
 /// Requests in one [`Request::Batch`].
 pub const MAX_BATCH: usize = 1024;
+/// Opcode of [`Request::Batch`].
+const BATCH_OPCODE: u16 = 29;
 
 /// Why bytes are not a valid message.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -609,7 +611,7 @@ impl Request {
                 o.u64(*base).u64(*size);
             }
             Batch(requests) => {
-                o = Out::new(29);
+                o = Out::new(BATCH_OPCODE);
                 o.u32(u32::try_from(requests.len()).unwrap_or(u32::MAX));
                 for r in requests {
                     o.bytes(&r.encode()[4..]);
@@ -769,7 +771,7 @@ impl Request {
                 base: i.u64()?,
                 size: i.u64()?,
             },
-            29 => {
+            BATCH_OPCODE => {
                 let n = i.u32()? as usize;
                 if n > MAX_BATCH {
                     return Err(WireError::TooLong {
@@ -781,12 +783,16 @@ impl Request {
                 let mut requests = Vec::new();
                 for _ in 0..n {
                     let body = i.bytes("batched request", MAX_MESSAGE_BYTES)?;
+                    let op = In(body).u16()?;
+                    // A batch inside a batch is refused from its opcode, before it is decoded:
+                    // decoding recurses at most once, whatever a guest nests (20,000 levels in
+                    // a 200 KB message overflowed the worker's stack).
+                    if op == BATCH_OPCODE {
+                        return Err(WireError::NotBatchable(op));
+                    }
                     let r = Request::decode(body)?;
                     if !r.batchable() {
-                        // A decoded body starts with its opcode.
-                        return Err(WireError::NotBatchable(u16::from_le_bytes([
-                            body[0], body[1],
-                        ])));
+                        return Err(WireError::NotBatchable(op));
                     }
                     requests.push(r);
                 }
@@ -1206,6 +1212,19 @@ mod tests {
                 "{inner:?}"
             );
         }
+        // 20,000 batches nested in a 200 KB message (each level a batch of one): refused at
+        // the first inner batch, before it is decoded. Decoding it recursively overflowed the
+        // stack of the thread decoding it (abort of the whole device process).
+        let mut m = Request::Batch(vec![]).encode()[4..].to_vec();
+        for _ in 0..20_000 {
+            let mut outer = Request::Batch(vec![]).encode()[4..].to_vec();
+            outer[2..6].copy_from_slice(&1u32.to_le_bytes());
+            outer.extend_from_slice(&(m.len() as u32).to_le_bytes());
+            outer.extend_from_slice(&m);
+            m = outer;
+        }
+        assert!(m.len() > 200_000);
+        assert_eq!(Request::decode(&m), Err(WireError::NotBatchable(29)));
         assert!(body_len(u32::MAX.to_le_bytes()).is_err());
         // A copy announcing more than a message may carry is refused before any allocation.
         let mut m = Request::CopyDtoH {
