@@ -30,6 +30,13 @@ pub const MAX_TEXT_BYTES: usize = 2 << 20;
 pub const MAX_BATCH: usize = 1024;
 /// Opcode of [`Request::Batch`].
 const BATCH_OPCODE: u16 = 29;
+/// Opcodes of the requests a [`Request::Batch`] may hold, those whose reply carries nothing
+/// but success or an error: `ContextSynchronize` (4), `MemsetD8` (12), `MemsetD32` (13),
+/// `CopyHtoD` (14), `CopyDtoD` (16), `StreamSynchronize` (19), `EventRecord` (23),
+/// `EventSynchronize` (24) and `Launch` (27). A batched request is checked against it from
+/// its opcode, before it is decoded, so a batch never holds a batch and decoding recurses at
+/// most one level.
+const BATCHABLE_OPCODES: [u16; 9] = [4, 12, 13, 14, 16, 19, 23, 24, 27];
 
 /// Why bytes are not a valid message.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -191,7 +198,9 @@ pub enum Request {
     /// Asynchronous work the guest deferred to its next synchronisation point, run in order
     /// up to the first failure: only requests whose reply carries nothing but success or an
     /// error (launches, host-to-device and device-to-device copies, memsets, event records, and
-    /// the synchronisation that ends the batch).
+    /// the synchronisation that ends the batch). A decoded batch never holds a batch (the
+    /// decoder refuses one from its opcode), so what walks a decoded request (`work`, the
+    /// backends' execution, `encode`) recurses at most one level.
     Batch(Vec<Request>),
 }
 
@@ -425,22 +434,6 @@ pub fn body_len(header: [u8; 4]) -> Result<usize, WireError> {
 }
 
 impl Request {
-    /// Whether the request may be part of a [`Request::Batch`].
-    pub fn batchable(&self) -> bool {
-        matches!(
-            self,
-            Request::Launch { .. }
-                | Request::CopyHtoD { .. }
-                | Request::CopyDtoD { .. }
-                | Request::MemsetD8 { .. }
-                | Request::MemsetD32 { .. }
-                | Request::EventRecord { .. }
-                | Request::ContextSynchronize { .. }
-                | Request::StreamSynchronize { .. }
-                | Request::EventSynchronize { .. }
-        )
-    }
-
     /// The whole message: length, opcode, fields.
     pub fn encode(&self) -> Vec<u8> {
         use Request::*;
@@ -784,16 +777,13 @@ impl Request {
                 for _ in 0..n {
                     let body = i.bytes("batched request", MAX_MESSAGE_BYTES)?;
                     let op = In(body).u16()?;
-                    // A batch inside a batch is refused from its opcode, before it is decoded:
-                    // decoding recurses at most once, whatever a guest nests (20,000 levels in
-                    // a 200 KB message overflowed the worker's stack).
-                    if op == BATCH_OPCODE {
+                    // Refused from its opcode before it is decoded: 20,000 batches nested
+                    // in a 200 KB message, each decoded before it was checked, overflowed
+                    // the decoding thread's stack.
+                    if !BATCHABLE_OPCODES.contains(&op) {
                         return Err(WireError::NotBatchable(op));
                     }
                     let r = Request::decode(body)?;
-                    if !r.batchable() {
-                        return Err(WireError::NotBatchable(op));
-                    }
                     requests.push(r);
                 }
                 Batch(requests)
@@ -1212,6 +1202,42 @@ mod tests {
                 "{inner:?}"
             );
         }
+        // Batchability comes from the opcode alone, and it is what the variants say.
+        for inner in every_request() {
+            let mut m = Request::Batch(vec![]).encode();
+            m[6..10].copy_from_slice(&1u32.to_le_bytes());
+            let body = &inner.encode()[4..];
+            m.extend_from_slice(&(body.len() as u32).to_le_bytes());
+            m.extend_from_slice(body);
+            let batchable = matches!(
+                inner,
+                Request::Launch { .. }
+                    | Request::CopyHtoD { .. }
+                    | Request::CopyDtoD { .. }
+                    | Request::MemsetD8 { .. }
+                    | Request::MemsetD32 { .. }
+                    | Request::EventRecord { .. }
+                    | Request::ContextSynchronize { .. }
+                    | Request::StreamSynchronize { .. }
+                    | Request::EventSynchronize { .. }
+            );
+            let decoded = Request::decode(&m[4..]);
+            if batchable {
+                assert_eq!(decoded, Ok(Request::Batch(vec![inner])));
+            } else {
+                assert!(
+                    matches!(decoded, Err(WireError::NotBatchable(_))),
+                    "{inner:?}"
+                );
+            }
+        }
+        // A request that may not be batched is refused before its fields are read: a
+        // truncated module load in a batch is not batchable, whatever else is wrong with it.
+        let mut m = Request::Batch(vec![]).encode();
+        m[6..10].copy_from_slice(&1u32.to_le_bytes());
+        m.extend_from_slice(&6u32.to_le_bytes());
+        m.extend_from_slice(&[5, 0, 1, 0, 0, 0]);
+        assert_eq!(Request::decode(&m[4..]), Err(WireError::NotBatchable(5)));
         // 20,000 batches nested in a 200 KB message (each level a batch of one): refused at
         // the first inner batch, before it is decoded. Decoding it recursively overflowed the
         // stack of the thread decoding it (abort of the whole device process).
