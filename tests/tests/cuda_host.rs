@@ -7,9 +7,15 @@
 //! `cuGetProcAddress` and the export tables). `OMP_TARGET_OFFLOAD=MANDATORY` makes a failed offload an error instead of a silent
 //! fall-back to the host, and the host reports the launches it ran.
 
+use std::io::{Read, Write};
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+use mdev_backend::compute::wire::Request;
 
 use mdev_backend::compute::corpus::{NVCC_PROGRAMS, NVCC_REFUSED, corpus_for_tests};
 use vgpu_tests::daemon::workspace_binary;
@@ -17,6 +23,11 @@ use vgpu_tests::temp_dir::TempDir;
 
 /// Longest a program or the host may take (a cold TCG-free run takes about a second).
 const DEADLINE: Duration = Duration::from_secs(120);
+/// The user the other-user client runs as.
+const NOBODY: u32 = 65534;
+/// Set for the test binary started as [`NOBODY`]: the socket [`client_of_another_user`]
+/// connects to.
+const CLIENT_SOCKET: &str = "VGPU_TEST_CUDA_HOST_CLIENT_SOCKET";
 
 fn corpus() -> Option<PathBuf> {
     corpus_for_tests("omp_saxpy")
@@ -58,11 +69,20 @@ impl Drop for Host {
 
 impl Host {
     fn start() -> Host {
+        Host::start_under_umask("022")
+    }
+
+    /// Starts the host with `umask` (octal) and checks its socket's mode when it appears.
+    fn start_under_umask(umask: &str) -> Host {
         let dir = TempDir::new("cuda-host").expect("temp dir");
         let lib = workspace_binary("libcuda.so").expect("libcuda.so of guest-drivers/libcuda");
         std::os::unix::fs::symlink(lib, dir.path().join("libcuda.so.1")).expect("symlink");
         let socket = dir.path().join("host.sock");
-        let child = Command::new(workspace_binary("vgpu-cuda-host").expect("vgpu-cuda-host"))
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg("umask \"$0\" && exec \"$@\"")
+            .arg(umask)
+            .arg(workspace_binary("vgpu-cuda-host").expect("vgpu-cuda-host"))
             .arg("--socket")
             .arg(&socket)
             .arg("--once")
@@ -76,10 +96,20 @@ impl Host {
             child: Some(child),
         };
         let start = Instant::now();
-        while !socket.exists() {
+        let meta = loop {
+            if let Ok(meta) = std::fs::symlink_metadata(&socket) {
+                break meta;
+            }
             assert!(start.elapsed() < DEADLINE, "no socket from vgpu-cuda-host");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        // Its mode from the moment it exists, whatever the umask.
+        assert!(meta.file_type().is_socket());
+        assert_eq!(
+            meta.permissions().mode() & 0o777,
+            0o600,
+            "under umask {umask}"
+        );
         host
     }
 
@@ -204,4 +234,72 @@ fn nvcc_programs_run_unmodified_through_the_guest_library() {
     assert_eq!(out.status.code(), Some(1), "{stdout}\n{report}");
     assert!(stdout.starts_with(line), "{stdout}");
     assert!(report.contains(" 0 launches"), "{report}");
+}
+
+/// Another user who reaches the socket (its directory and mode opened, as a mistaken mode or
+/// a umask of 000 would) is refused at accept, from the connection's credentials: it gets no
+/// answer, and the host, still waiting, serves its own user next. Before the check, user
+/// nobody was served.
+#[test]
+fn another_user_is_refused_whatever_the_socket_mode() {
+    // Only root may start a process as another user.
+    if vgpu_schedd::seqpacket::effective_uid() != 0 {
+        eprintln!("skipped: not root");
+        return;
+    }
+    let host = Host::start_under_umask("000");
+    let socket = host.dir.path().join("host.sock");
+    std::fs::set_permissions(host.dir.path(), std::fs::Permissions::from_mode(0o711))
+        .expect("chmod the directory");
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666))
+        .expect("chmod the socket");
+    let client = Command::new(std::env::current_exe().expect("this test binary"))
+        .args(["--exact", "client_of_another_user", "--nocapture"])
+        .env(CLIENT_SOCKET, &socket)
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the client as nobody");
+    let out = finish(client, "the client as nobody");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(stdout.contains("client: no answer"), "{stdout}");
+    // The host still waits for its one connection: its own user's.
+    let mut own = UnixStream::connect(&socket).expect("connect as the host's user");
+    assert!(answer(&mut own).is_some(), "the host's own user is served");
+    drop(own);
+    let report = host.report();
+    assert!(
+        report.contains(&format!("refused: user {NOBODY} is not allowed")),
+        "{report}"
+    );
+    assert!(report.contains(" 1 requests"), "{report}");
+}
+
+/// Sends one `Attributes` request; its answer's length, or `None` when the host closed the
+/// connection without one.
+fn answer(stream: &mut UnixStream) -> Option<usize> {
+    stream.set_read_timeout(Some(DEADLINE)).expect("timeout");
+    stream.write_all(&Request::Attributes.encode()).ok()?;
+    let mut header = [0u8; 4];
+    stream.read_exact(&mut header).ok()?;
+    Some(u32::from_le_bytes(header) as usize)
+}
+
+/// Not a test of its own: the client [`another_user_is_refused_whatever_the_socket_mode`]
+/// starts as another user (without [`CLIENT_SOCKET`] set it does nothing).
+#[test]
+fn client_of_another_user() {
+    let Some(socket) = std::env::var_os(CLIENT_SOCKET) else {
+        return;
+    };
+    match UnixStream::connect(&socket) {
+        Ok(mut s) => match answer(&mut s) {
+            Some(len) => println!("client: served, an answer of {len} bytes"),
+            None => println!("client: no answer"),
+        },
+        Err(e) => println!("client: connect: {e}"),
+    }
 }

@@ -5,15 +5,18 @@
 //!
 //!   vgpu-cuda-host --socket PATH [--backend cpu|nvcuda] [--once]   (see --help)
 //!
-//! `--once` serves one connection and exits. The socket is created mode 0600. Each connection
-//! is served by a process of its own (this program again, the connection as its standard
+//! `--once` serves one connection and exits. The socket is bound in a private directory (mode
+//! 0700), made mode 0600 there and only then moved to its path, so under any umask no other
+//! user can reach it, even for a moment; and each connection's peer is checked
+//! (`SO_PEERCRED`): only the server's own user and those named with `--allow-uid` are served.
+//! Each connection is served by a process of its own (this program again, the connection as its standard
 //! input), so a fault that breaks CUDA for a process on the real driver stays with its guest,
 //! and ends with a line on standard error: requests, launches, failures, bytes each way.
 
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -28,6 +31,11 @@ const MAX_CONNECTIONS: usize = 16;
 /// The internal option a connection's own process is started with (`--serve-stdin N`): serve
 /// standard input.
 const SERVE_STDIN: &str = "serve-stdin";
+/// The socket's mode: its user only (the peer check then refuses any other user who reaches
+/// it through a mode changed later).
+const SOCKET_MODE: u32 = 0o600;
+/// The mode of the private directory the socket is bound in before it is moved to its path.
+const BIND_DIR_MODE: u32 = 0o700;
 
 /// The command line.
 #[derive(Debug, Parser)]
@@ -36,7 +44,8 @@ const SERVE_STDIN: &str = "serve-stdin";
     version,
     about = "Serves guest CUDA drivers on a Unix socket, each connection in a process of its own",
     long_about = "Serves guest CUDA drivers (our libcuda.so.1 with VGPU_CUDA_SOCKET set) on a \
-        Unix socket (mode 0600), each connection on its own backend in a process of its own: \
+        Unix socket (mode 0600, and only the server's user or those of --allow-uid are \
+        served), each connection on its own backend in a process of its own: \
         the PTX executor on the host's CPUs, or NVIDIA's driver with --backend nvcuda. Each \
         connection ends with a line on standard error: requests, launches, failures, bytes \
         each way."
@@ -57,12 +66,16 @@ struct Cli {
     /// Serve one connection, then exit
     #[arg(long)]
     once: bool,
+    /// Also serve connections of this user id (repeatable; the server's own user is always
+    /// served, any other is refused)
+    #[arg(long = "allow-uid", value_name = "UID")]
+    allow_uid: Vec<u32>,
     /// Internal: serve connection N on standard input (how each connection's process starts)
     #[arg(
         long = SERVE_STDIN,
         value_name = "N",
         hide = true,
-        conflicts_with_all = ["socket", "once"]
+        conflicts_with_all = ["socket", "once", "allow_uid"]
     )]
     serve_stdin: Option<usize>,
 }
@@ -98,6 +111,53 @@ fn fail(what: &str) -> ! {
     std::process::exit(1)
 }
 
+/// Listens on `socket` (which must not exist) with mode [`SOCKET_MODE`] from the moment it
+/// exists: bound in a private directory beside it, made [`SOCKET_MODE`] there, then renamed to
+/// its path without replacing anything. A socket bound at its path takes the umask's mode until
+/// a chmod (under umask 000, user nobody connected in between).
+fn listen(socket: &Path) -> Result<UnixListener, String> {
+    let shown = socket.display();
+    let name = socket
+        .file_name()
+        .ok_or_else(|| format!("{shown}: not a file name"))?;
+    let parent = match socket.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let mut private = parent.as_os_str().to_owned();
+    private.push(format!("/.{}.{}", name.display(), std::process::id()));
+    let private = PathBuf::from(private);
+    std::fs::DirBuilder::new()
+        .mode(BIND_DIR_MODE)
+        .create(&private)
+        .map_err(|e| format!("{}: {e}", private.display()))?;
+    let bound = private.join("socket");
+    let listener = UnixListener::bind(&bound)
+        .and_then(|l| {
+            std::fs::set_permissions(&bound, std::fs::Permissions::from_mode(SOCKET_MODE))?;
+            rustix::fs::renameat_with(
+                rustix::fs::CWD,
+                &bound,
+                rustix::fs::CWD,
+                socket,
+                rustix::fs::RenameFlags::NOREPLACE,
+            )?;
+            Ok(l)
+        })
+        .map_err(|e| format!("{shown}: {e}"));
+    // Empty once the socket moved; on a failure it goes with its bound socket.
+    let _ = std::fs::remove_file(&bound);
+    if let Err(e) = std::fs::remove_dir(&private) {
+        eprintln!("vgpu-cuda-host: {}: {e}", private.display());
+    }
+    listener
+}
+
+/// The user id of the process that connected `stream` (`SO_PEERCRED`).
+fn peer_uid(stream: &UnixStream) -> std::io::Result<u32> {
+    Ok(rustix::net::sockopt::socket_peercred(stream)?.uid.as_raw())
+}
+
 fn main() {
     let cli: Cli = vgpu_cli::parse();
     let nvcuda = cli.backend;
@@ -108,11 +168,9 @@ fn main() {
     let Some(socket) = cli.socket else {
         fail("--socket is required")
     };
-    let shown = socket.display();
-    let listener = UnixListener::bind(&socket).unwrap_or_else(|e| fail(&format!("{shown}: {e}")));
-    if let Err(e) = std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600)) {
-        fail(&format!("{shown}: {e}"));
-    }
+    let listener = listen(&socket).unwrap_or_else(|e| fail(&e));
+    let mut allowed = cli.allow_uid;
+    allowed.push(rustix::process::getuid().as_raw());
     let me = std::env::current_exe().unwrap_or_else(|e| fail(&format!("own executable: {e}")));
     let backend = if nvcuda { "nvcuda" } else { "cpu" };
     let live = Arc::new(AtomicUsize::new(0));
@@ -124,6 +182,17 @@ fn main() {
                 continue;
             }
         };
+        match peer_uid(&stream) {
+            Ok(uid) if allowed.contains(&uid) => {}
+            Ok(uid) => {
+                eprintln!("vgpu-cuda-host: connection {n} refused: user {uid} is not allowed");
+                continue;
+            }
+            Err(e) => {
+                eprintln!("vgpu-cuda-host: connection {n} refused: its peer's user: {e}");
+                continue;
+            }
+        }
         if live.load(Ordering::Acquire) >= MAX_CONNECTIONS {
             eprintln!("vgpu-cuda-host: connection {n} refused: {MAX_CONNECTIONS} are served");
             continue;
@@ -180,6 +249,9 @@ mod tests {
         let cli = parse(&["--socket", "/s", "--once"]).unwrap();
         assert_eq!(cli.socket, Some(PathBuf::from("/s")));
         assert!(cli.once && !cli.backend && cli.serve_stdin.is_none());
+        assert!(cli.allow_uid.is_empty());
+        let cli = parse(&["--socket", "/s", "--allow-uid", "7", "--allow-uid=8"]).unwrap();
+        assert_eq!(cli.allow_uid, [7, 8]);
         assert!(parse(&["--socket=/s", "--backend=nvcuda"]).unwrap().backend);
         // How each connection's process is started (see main).
         let cli = parse(&["--backend", "cpu", "--serve-stdin", "7"]).unwrap();
