@@ -29,8 +29,23 @@ pub const HISTORY_POINTS: usize = 300;
 /// list legibly, and what bounds a snapshot and the history (at most about 170 bytes per VM
 /// and point).
 pub const MAX_DASHBOARD_VMS: usize = 32;
-/// Most event streams at once: each is a browser tab held open; more are refused with 503.
+/// Most event streams at once: each is a browser tab held open. A new one past it closes
+/// one of those open ([`stream_to_evict`]): a local user who holds them all cannot lock the
+/// operator out (they were refused with 503 while eight were held).
 pub const MAX_EVENT_STREAMS: usize = 8;
+/// Longest an event stream lasts: then it is closed, and the page's `EventSource` reconnects
+/// (after the stream's retry delay) and gets the history again. The span of the history, so
+/// a reconnection loses no point of the chart.
+pub const MAX_EVENT_STREAM_AGE: Duration = Duration::from_secs(300);
+/// How long a new stream's client has to read what the stream starts with (the history, up
+/// to 2 MiB) before [`MAX_EVENT_STREAM_UNREAD_BYTES`] applies.
+pub const EVENT_STREAM_READ_GRACE: Duration = Duration::from_secs(10);
+/// Most bytes an event stream's client may leave unread (in the daemon's buffer and both
+/// sockets' queues) once its grace is over: a page that reads holds about nothing for more
+/// than a moment, while a client that does not read (about 1 KB a second of snapshots would
+/// take an hour to fill [`MAX_EVENT_STREAM_BYTES`] past the sockets' buffers) is closed
+/// within a minute.
+pub const MAX_EVENT_STREAM_UNREAD_BYTES: u64 = 64 * 1024;
 /// Most bytes buffered for an event stream that does not read: the history of
 /// [`MAX_DASHBOARD_VMS`] VMs with the longest names fits twice (under 2 MiB); past it the
 /// stream is closed.
@@ -328,9 +343,130 @@ pub fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, HttpError> {
     serde_json::from_slice(body).map_err(|e| HttpError::BadRequest(e.to_string()))
 }
 
+/// An open event stream, as its admission and its limits see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventStream {
+    /// The loop's token of its connection.
+    pub token: u32,
+    /// How long it has been open.
+    pub age: Duration,
+    /// Its client's user, where the sockets' table names it.
+    pub uid: Option<u32>,
+    /// Bytes sent to it and not yet read: the daemon's buffer, and both sockets' queues where
+    /// the table has them.
+    pub unread: u64,
+}
+
+/// Why an event stream is closed ([`stream_end`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamEnd {
+    /// It lasted [`MAX_EVENT_STREAM_AGE`].
+    Aged,
+    /// Its client left this many bytes unread past [`EVENT_STREAM_READ_GRACE`].
+    Unread(u64),
+}
+
+impl std::fmt::Display for StreamEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StreamEnd::Aged => write!(f, "open for {MAX_EVENT_STREAM_AGE:?}"),
+            StreamEnd::Unread(n) => write!(
+                f,
+                "{n} bytes unread (at most {MAX_EVENT_STREAM_UNREAD_BYTES} after \
+                 {EVENT_STREAM_READ_GRACE:?})"
+            ),
+        }
+    }
+}
+
+/// Whether `stream` is to be closed now, and why.
+pub fn stream_end(stream: &EventStream) -> Option<StreamEnd> {
+    if stream.age >= MAX_EVENT_STREAM_AGE {
+        Some(StreamEnd::Aged)
+    } else if stream.age >= EVENT_STREAM_READ_GRACE && stream.unread > MAX_EVENT_STREAM_UNREAD_BYTES
+    {
+        Some(StreamEnd::Unread(stream.unread))
+    } else {
+        None
+    }
+}
+
+/// The stream to close so that a new one (of user `newcomer`) is admitted, when
+/// [`MAX_EVENT_STREAMS`] are open: the oldest of the user who would hold the most with the
+/// new one (clients of no known user count as one user; between users holding as many, the
+/// one with the oldest stream). One local user cannot keep another's tab out, and a user who
+/// opens more closes its own.
+pub fn stream_to_evict(open: &[EventStream], newcomer: Option<u32>) -> Option<u32> {
+    if open.len() < MAX_EVENT_STREAMS {
+        return None;
+    }
+    let mut users: BTreeMap<Option<u32>, (usize, &EventStream)> = BTreeMap::new();
+    for s in open {
+        let entry = users.entry(s.uid).or_insert((0, s));
+        entry.0 += 1;
+        if s.age > entry.1.age {
+            entry.1 = s;
+        }
+    }
+    if let Some(entry) = users.get_mut(&newcomer) {
+        entry.0 += 1;
+    }
+    users
+        .values()
+        .max_by_key(|(held, oldest)| (*held, oldest.age))
+        .map(|(_, oldest)| oldest.token)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn stream(token: u32, age_s: u64, uid: Option<u32>, unread: u64) -> EventStream {
+        EventStream {
+            token,
+            age: Duration::from_secs(age_s),
+            uid,
+            unread,
+        }
+    }
+
+    #[test]
+    fn streams_end_when_old_or_not_read() {
+        let limit = MAX_EVENT_STREAM_UNREAD_BYTES;
+        assert_eq!(stream_end(&stream(1, 1, None, 4 << 20)), None, "its grace");
+        assert_eq!(stream_end(&stream(1, 60, None, limit)), None);
+        assert_eq!(
+            stream_end(&stream(1, 60, None, limit + 1)),
+            Some(StreamEnd::Unread(limit + 1))
+        );
+        let age = MAX_EVENT_STREAM_AGE.as_secs();
+        assert_eq!(stream_end(&stream(1, age, None, 0)), Some(StreamEnd::Aged));
+    }
+
+    #[test]
+    fn a_full_house_closes_the_oldest_of_the_user_holding_most() {
+        let few: Vec<EventStream> = (0..7).map(|t| stream(t, 100, Some(1), 0)).collect();
+        assert_eq!(stream_to_evict(&few, Some(2)), None);
+        // One user holds every slot: another user's tab closes that user's oldest.
+        let mut all: Vec<EventStream> = (0..8)
+            .map(|t| stream(t, u64::from(t), Some(1), 0))
+            .collect();
+        assert_eq!(stream_to_evict(&all, Some(0)), Some(7));
+        assert_eq!(stream_to_evict(&all, Some(1)), Some(7));
+        // The operator holds one, the other user seven: the other user opening an eighth
+        // closes its own oldest, not the operator's older one.
+        all[0] = stream(0, 1000, Some(0), 0);
+        assert_eq!(stream_to_evict(&all, Some(1)), Some(7));
+        // Four each: the newcomer's user closes its own oldest.
+        let half: Vec<EventStream> = (0..8)
+            .map(|t| stream(t, u64::from(t), Some(t % 2), 0))
+            .collect();
+        assert_eq!(stream_to_evict(&half, Some(0)), Some(6));
+        assert_eq!(stream_to_evict(&half, Some(1)), Some(7));
+        // Unknown users count as one.
+        let unknown: Vec<EventStream> = (0..8).map(|t| stream(t, u64::from(t), None, 0)).collect();
+        assert_eq!(stream_to_evict(&unknown, Some(5)), Some(7));
+    }
     use vgpu_scheduler::model::Budget;
 
     fn vm(name: &str, connected: bool, gpu_time_ns: u64, frames: u64) -> VmStats {

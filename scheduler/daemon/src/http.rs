@@ -23,7 +23,7 @@
 //! | `POST /api/params` | changes a VM's parameters (token) |
 //! | `POST /api/focus` | focuses a VM (token) |
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
 
 use thiserror::Error;
 
@@ -83,9 +83,6 @@ pub enum HttpError {
     /// The daemon refused the change.
     #[error("{0}")]
     Refused(String),
-    /// A limit of the listener is reached (event streams).
-    #[error("{0}")]
-    Busy(String),
 }
 
 impl HttpError {
@@ -99,7 +96,6 @@ impl HttpError {
             HttpError::NotFound | HttpError::UnknownVm(_) => "404 Not Found",
             HttpError::MethodNotAllowed => "405 Method Not Allowed",
             HttpError::UnsupportedType => "415 Unsupported Media Type",
-            HttpError::Busy(_) => "503 Service Unavailable",
         }
     }
 
@@ -384,6 +380,94 @@ pub fn response(status: &str, content_type: &str, body: &[u8]) -> Vec<u8> {
     out
 }
 
+/// A TCP socket of this host as `/proc/net/tcp` and `/proc/net/tcp6` list it: what the
+/// listener can learn of a loopback client, which TCP gives no `SO_PEERCRED` for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpSocket {
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+    /// Bytes sent and not yet acknowledged by the other end (`tx_queue`).
+    pub unacked: u64,
+    /// Bytes received and not yet read by the socket's owner (`rx_queue`).
+    pub unread: u64,
+    /// The user who opened it.
+    pub uid: u32,
+}
+
+/// What the sockets' table says of the client at the other end of a connection of ours on
+/// this host: its user, and the bytes we sent that it has not read (in our send queue and its
+/// receive queue).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpPeer {
+    pub uid: u32,
+    pub unread: u64,
+}
+
+/// The TCP sockets of this network namespace; a table that cannot be read adds none.
+pub fn tcp_sockets() -> Vec<TcpSocket> {
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|path| std::fs::read_to_string(path).ok())
+        .flat_map(|table| parse_tcp_table(&table))
+        .collect()
+}
+
+/// The sockets of one table's text (the heading and lines it cannot read are skipped).
+pub fn parse_tcp_table(text: &str) -> Vec<TcpSocket> {
+    text.lines().skip(1).filter_map(parse_tcp_line).collect()
+}
+
+/// One line: `sl local rem st tx_queue:rx_queue tr:when retrnsmt uid ...`.
+fn parse_tcp_line(line: &str) -> Option<TcpSocket> {
+    let fields: Vec<&str> = line.split_whitespace().take(8).collect();
+    let (tx, rx) = fields.get(4)?.split_once(':')?;
+    Some(TcpSocket {
+        local: parse_tcp_address(fields.get(1)?)?,
+        remote: parse_tcp_address(fields.get(2)?)?,
+        unacked: u64::from_str_radix(tx, 16).ok()?,
+        unread: u64::from_str_radix(rx, 16).ok()?,
+        uid: fields.get(7)?.parse().ok()?,
+    })
+}
+
+/// `ADDR:PORT` in hex: the address as 32-bit words of network-order bytes printed as the
+/// host's integers (one word for IPv4, four for IPv6), the port as a number.
+fn parse_tcp_address(text: &str) -> Option<SocketAddr> {
+    let (addr, port) = text.split_once(':')?;
+    let word = |i: usize| {
+        let hex = addr.get(i * 8..i * 8 + 8)?;
+        u32::from_str_radix(hex, 16).ok().map(u32::to_ne_bytes)
+    };
+    let ip = match addr.len() {
+        8 => IpAddr::V4(Ipv4Addr::from(word(0)?)),
+        32 => {
+            let mut bytes = [0u8; 16];
+            for (i, chunk) in bytes.chunks_exact_mut(4).enumerate() {
+                chunk.copy_from_slice(&word(i)?);
+            }
+            IpAddr::V6(Ipv6Addr::from(bytes))
+        }
+        _ => return None,
+    };
+    Some(SocketAddr::new(ip, u16::from_str_radix(port, 16).ok()?))
+}
+
+/// The client at the other end of `stream`, when it is a socket of this host in `table`.
+pub fn tcp_peer(table: &[TcpSocket], stream: &TcpStream) -> Option<TcpPeer> {
+    let (ours, theirs) = (stream.local_addr().ok()?, stream.peer_addr().ok()?);
+    let peer = table
+        .iter()
+        .find(|s| s.local == theirs && s.remote == ours)?;
+    let unacked = table
+        .iter()
+        .find(|s| s.local == ours && s.remote == theirs)
+        .map_or(0, |s| s.unacked);
+    Some(TcpPeer {
+        uid: peer.uid,
+        unread: peer.unread.saturating_add(unacked),
+    })
+}
+
 /// The head of an event stream (no length: it lasts until either side closes), with the
 /// reconnection delay the browser uses when the stream breaks.
 pub fn event_stream_head() -> Vec<u8> {
@@ -638,6 +722,60 @@ mod tests {
         assert!(v6.url().starts_with("http://[::1]:8000/#token="));
         assert!(same_secret(b"abc", b"abc") && !same_secret(b"abc", b"abd"));
         assert!(!same_secret(b"", b"a"));
+    }
+
+    #[test]
+    fn tcp_tables_are_parsed() {
+        let heading =
+            "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid\n";
+        let v4 = format!(
+            "{heading}   0: 0100007F:1F90 0100007F:D431 01 00000010:0000A000 00:00000000 \
+             00000000  65534        0 1234 1 0 20 4 30 10 -1\n   1: garbage\n"
+        );
+        assert_eq!(
+            parse_tcp_table(&v4),
+            [TcpSocket {
+                local: "127.0.0.1:8080".parse().unwrap(),
+                remote: "127.0.0.1:54321".parse().unwrap(),
+                unacked: 0x10,
+                unread: 0xa000,
+                uid: 65534,
+            }]
+        );
+        let v6 = format!(
+            "{heading}   0: 00000000000000000000000001000000:1F90 \
+             0000000000000000FFFF00000100007F:D431 01 00000000:00000002 00:00000000 00000000 \
+             0        0 1 1 0 20 4 30 10 -1\n"
+        );
+        let parsed = parse_tcp_table(&v6);
+        assert_eq!(parsed[0].local, "[::1]:8080".parse().unwrap());
+        assert_eq!(
+            parsed[0].remote,
+            "[::ffff:127.0.0.1]:54321".parse().unwrap()
+        );
+        assert_eq!((parsed[0].unread, parsed[0].uid), (2, 0));
+    }
+
+    #[test]
+    fn a_loopback_peer_is_found_with_its_user_and_what_it_left_unread() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut ours, _) = listener.accept().unwrap();
+        let sent = vec![b'x'; 100_000];
+        std::io::Write::write_all(&mut ours, &sent).unwrap();
+        // Loopback delivers at once; the bound only guards against a stuck test.
+        let start = std::time::Instant::now();
+        let peer = loop {
+            let peer = tcp_peer(&tcp_sockets(), &ours).expect("the client's socket is listed");
+            if peer.unread == sent.len() as u64 || start.elapsed().as_secs() > 10 {
+                break peer;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        assert_eq!(peer.unread, sent.len() as u64);
+        let me = std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m));
+        assert_eq!(Ok(peer.uid), me.map_err(|e| e.to_string()));
+        drop(client);
     }
 
     #[test]

@@ -20,9 +20,11 @@
 //! Every peer is untrusted: a device that sends what the core refuses is refused and dropped,
 //! a device that does not read its messages (its socket queue stays full) is dropped, control
 //! and HTTP clients are bounded in number, request size and buffered output, and so are event
-//! streams (a stream that does not read is closed). The HTTP requests that change the
-//! scheduler need the listener's random token, which only the control socket's `dashboard`
-//! request gives out, and go through the same code as the control requests.
+//! streams (a stream that does not read is closed, none lasts more than five minutes, and a new
+//! one past their number closes the oldest of the user holding the most). The HTTP requests
+//! that change the scheduler need the listener's random token, which only the control
+//! socket's `dashboard` request gives out, and go through the same code as the control
+//! requests.
 //!
 //! The control socket is created with mode 0600 (0660 and the control group as its group
 //! with [`ServerConfig::control_group`]) whatever the umask: the mode is set through the umask
@@ -1185,6 +1187,7 @@ impl Loop {
             }
         }
         if stream {
+            self.admit_stream(now, &client, ops);
             client.max_out = MAX_EVENT_STREAM_BYTES;
             client.head = Vec::new();
             self.sources.insert(token, Source::Events(client));
@@ -1196,6 +1199,40 @@ impl Loop {
         } else {
             self.flush(now, token, ops);
         }
+    }
+
+    /// Makes room for the new event stream of `client` when [`MAX_EVENT_STREAMS`] are open:
+    /// closes the one [`dashboard::stream_to_evict`] names.
+    fn admit_stream(&mut self, now: u64, client: &Client<TcpStream>, ops: &mut EventOps) {
+        let table = http::tcp_sockets();
+        let open = self.event_streams(&table);
+        let uid = http::tcp_peer(&table, &client.stream).map(|p| p.uid);
+        if let Some(token) = dashboard::stream_to_evict(&open, uid) {
+            info!(
+                "dashboard: event stream {token} closed to admit a new one \
+                 ({MAX_EVENT_STREAMS} were open)"
+            );
+            self.close(now, token, ops);
+        }
+    }
+
+    /// The open event streams, their clients' users and unread bytes from `table`.
+    fn event_streams(&self, table: &[http::TcpSocket]) -> Vec<dashboard::EventStream> {
+        self.sources
+            .iter()
+            .filter_map(|(&token, s)| match s {
+                Source::Events(c) => {
+                    let peer = http::tcp_peer(table, &c.stream);
+                    Some(dashboard::EventStream {
+                        token,
+                        age: c.since.elapsed(),
+                        uid: peer.map(|p| p.uid),
+                        unread: (c.out.len() as u64).saturating_add(peer.map_or(0, |p| p.unread)),
+                    })
+                }
+                _ => None,
+            })
+            .collect()
     }
 
     /// An event stream's client: what it sends is read and dropped; its end closes it.
@@ -1261,16 +1298,6 @@ impl Loop {
                 whole(json, choices.as_bytes())
             }
             Route::Events => {
-                let streams = self
-                    .sources
-                    .values()
-                    .filter(|s| matches!(s, Source::Events(_)))
-                    .count();
-                if streams >= MAX_EVENT_STREAMS {
-                    return Err(HttpError::Busy(format!(
-                        "too many event streams (at most {MAX_EVENT_STREAMS})"
-                    )));
-                }
                 let mut out = http::event_stream_head();
                 http::push_event(&mut out, "history", &self.dashboard.history_json());
                 http::push_event(&mut out, "snapshot", &self.snapshot_json(now));
@@ -1300,7 +1327,8 @@ impl Loop {
     }
 
     /// Every [`PUBLISH_PERIOD`] with an HTTP listener: a dashboard snapshot into the history
-    /// and to every event stream (a stream past its output limit is closed).
+    /// and to every event stream (a stream past its output limit is closed); then each stream's
+    /// limits ([`dashboard::stream_end`]: its age, the bytes its client left unread).
     fn publish(&mut self, now: u64, ops: &mut EventOps) {
         if self.http_access.is_none() || Instant::now() < self.next_publish {
             return;
@@ -1319,11 +1347,20 @@ impl Loop {
             .filter(|(_, s)| matches!(s, Source::Events(_)))
             .map(|(&t, _)| t)
             .collect();
+        if streams.is_empty() {
+            return;
+        }
         for token in streams {
             if let Some(Source::Events(c)) = self.sources.get_mut(&token) {
                 c.out.extend_from_slice(&event);
             }
             self.flush(now, token, ops);
+        }
+        for stream in self.event_streams(&http::tcp_sockets()) {
+            if let Some(end) = dashboard::stream_end(&stream) {
+                info!("dashboard: event stream {} closed: {end}", stream.token);
+                self.close(now, stream.token, ops);
+            }
         }
     }
 
