@@ -133,6 +133,10 @@ const HUGE_PER_ROUND: u32 = 16;
 const SMALL_PER_ROUND: u32 = 64;
 /// How long the hostile side waits for the used ring of a ring it abuses before moving on.
 const HOSTILE_WAIT: Duration = Duration::from_millis(500);
+/// Longest wait for the hostile side to pause before a window alone: past the longest a
+/// hostile request may take to be answered (a device that has not answered by then is
+/// judged hung anyway).
+const PARK_WAIT: Duration = Duration::from_secs(12);
 /// How long a reset case waits for the daemon to count its group dispatched.
 const DISPATCH_WAIT: Duration = Duration::from_secs(1);
 /// The unprivileged user the squatter runs as.
@@ -620,7 +624,13 @@ impl Peers {
 
 /// Whether the hostile side attacks, pauses or stops; the well-behaved VM's windows alone and
 /// under attack alternate, so that a drift of the machine's load weighs on both alike.
-struct Gate(AtomicU8);
+/// The hostile side says when it has paused (or given up), so that a window alone never
+/// measures the tail of an attack still running (a compute request lasts up to seconds).
+struct Gate {
+    state: AtomicU8,
+    /// Whether the hostile side is waiting in a pause or has returned.
+    parked: std::sync::atomic::AtomicBool,
+}
 
 impl Gate {
     const ATTACK: u8 = 0;
@@ -628,15 +638,34 @@ impl Gate {
     const STOP: u8 = 2;
 
     fn new(state: u8) -> Gate {
-        Gate(AtomicU8::new(state))
+        Gate {
+            state: AtomicU8::new(state),
+            parked: std::sync::atomic::AtomicBool::new(false),
+        }
     }
 
     fn set(&self, state: u8) {
-        self.0.store(state, Ordering::SeqCst);
+        if state == Gate::ATTACK {
+            self.parked.store(false, Ordering::SeqCst);
+        }
+        self.state.store(state, Ordering::SeqCst);
     }
 
     fn state(&self) -> u8 {
-        self.0.load(Ordering::SeqCst)
+        self.state.load(Ordering::SeqCst)
+    }
+
+    /// The hostile side is idle: paused, or returned.
+    fn park(&self) {
+        self.parked.store(true, Ordering::SeqCst);
+    }
+
+    /// Waits up to [`PARK_WAIT`] until the hostile side is idle.
+    fn wait_parked(&self) {
+        let start = Instant::now();
+        while !self.parked.load(Ordering::SeqCst) && start.elapsed() < PARK_WAIT {
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     fn attacking(&self) -> bool {
@@ -647,9 +676,15 @@ impl Gate {
     fn go(&self) -> bool {
         loop {
             match self.state() {
-                Gate::ATTACK => return true,
+                Gate::ATTACK => {
+                    self.parked.store(false, Ordering::SeqCst);
+                    return true;
+                }
                 Gate::STOP => return false,
-                _ => std::thread::sleep(Duration::from_millis(5)),
+                _ => {
+                    self.park();
+                    std::thread::sleep(Duration::from_millis(5));
+                }
             }
         }
     }
@@ -1236,7 +1271,10 @@ fn run_attack(
                         peers.start(daemon);
                         watched.store(hostile_pid(peers), Ordering::SeqCst);
                     }
-                    _ => peers.kill(),
+                    _ => {
+                        peers.kill();
+                        gate.park();
+                    }
                 }
                 std::thread::sleep(Duration::from_millis(5));
             }
@@ -1350,6 +1388,7 @@ fn run_case(case: &'static str, kind: Kind) -> Option<Row> {
             let attacker = s.spawn(|| {
                 renice(thread_id());
                 let result = run_attack(&mut hostile, kind, &daemon, metrics, &gate, &watched);
+                gate.park();
                 (result, hostile)
             });
             s.spawn(|| {
@@ -1386,6 +1425,7 @@ fn run_case(case: &'static str, kind: Kind) -> Option<Row> {
                     }
                 }
                 gate.set(Gate::PAUSE);
+                gate.wait_parked();
             }
             alone.push(good.measure(window));
             cuda_alone.extend(good.measure_cuda(CUDA_WINDOW));
