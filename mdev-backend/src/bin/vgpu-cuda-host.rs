@@ -124,9 +124,10 @@ fn listen(socket: &Path) -> Result<UnixListener, String> {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    let mut private = parent.as_os_str().to_owned();
-    private.push(format!("/.{}.{}", name.display(), std::process::id()));
-    let private = PathBuf::from(private);
+    let mut hidden = std::ffi::OsString::from(".");
+    hidden.push(name);
+    hidden.push(format!(".{}", std::process::id()));
+    let private = parent.join(hidden);
     std::fs::DirBuilder::new()
         .mode(BIND_DIR_MODE)
         .create(&private)
