@@ -1238,19 +1238,6 @@ mod tests {
         m.extend_from_slice(&6u32.to_le_bytes());
         m.extend_from_slice(&[5, 0, 1, 0, 0, 0]);
         assert_eq!(Request::decode(&m[4..]), Err(WireError::NotBatchable(5)));
-        // 20,000 batches nested in a 200 KB message (each level a batch of one): refused at
-        // the first inner batch, before it is decoded. Decoding it recursively overflowed the
-        // stack of the thread decoding it (abort of the whole device process).
-        let mut m = Request::Batch(vec![]).encode()[4..].to_vec();
-        for _ in 0..20_000 {
-            let mut outer = Request::Batch(vec![]).encode()[4..].to_vec();
-            outer[2..6].copy_from_slice(&1u32.to_le_bytes());
-            outer.extend_from_slice(&(m.len() as u32).to_le_bytes());
-            outer.extend_from_slice(&m);
-            m = outer;
-        }
-        assert!(m.len() > 200_000);
-        assert_eq!(Request::decode(&m), Err(WireError::NotBatchable(29)));
         assert!(body_len(u32::MAX.to_le_bytes()).is_err());
         // A copy announcing more than a message may carry is refused before any allocation.
         let mut m = Request::CopyDtoH {
@@ -1283,5 +1270,79 @@ mod tests {
         .encode();
         *bad_name.last_mut().unwrap() = 0xff;
         assert_eq!(Request::decode(&bad_name[4..]), Err(WireError::Utf8));
+    }
+
+    /// A body of batches nested `levels.len()` deep, each level `(before, after)` holding that
+    /// many `ContextSynchronize` requests before and after the level below it (the innermost
+    /// holds one). Written outside in, in one pass: a real guest's bytes, without the
+    /// quadratic cost of wrapping a body level by level.
+    fn nested(levels: &[(usize, usize)]) -> Vec<u8> {
+        let sync = Request::ContextSynchronize { ctx: ContextId(1) }.encode()[4..].to_vec();
+        let item = 4 + sync.len();
+        let innermost = 6 + item;
+        // The size of each level's body, from the innermost out.
+        let mut sizes = vec![innermost; levels.len() + 1];
+        for (d, &(before, after)) in levels.iter().enumerate().rev() {
+            sizes[d] = 6 + (before + after) * item + 4 + sizes[d + 1];
+        }
+        let mut m = Vec::with_capacity(sizes[0]);
+        let head = |m: &mut Vec<u8>, n: usize| {
+            m.extend_from_slice(&BATCH_OPCODE.to_le_bytes());
+            m.extend_from_slice(&(n as u32).to_le_bytes());
+        };
+        let push = |m: &mut Vec<u8>, n: usize| {
+            for _ in 0..n {
+                m.extend_from_slice(&(sync.len() as u32).to_le_bytes());
+                m.extend_from_slice(&sync);
+            }
+        };
+        for (d, &(before, _)) in levels.iter().enumerate() {
+            head(&mut m, before + 1 + levels[d].1);
+            push(&mut m, before);
+            m.extend_from_slice(&(sizes[d + 1] as u32).to_le_bytes());
+        }
+        head(&mut m, 1);
+        push(&mut m, 1);
+        for &(_, after) in levels.iter().rev() {
+            push(&mut m, after);
+        }
+        assert_eq!(m.len(), sizes[0]);
+        m
+    }
+
+    #[test]
+    fn twenty_thousand_nested_batches_are_refused_without_recursing() {
+        // 20,000 levels, each a batch of one, in a 200 KB message: refused at the first inner
+        // batch, from its opcode. Decoding each inner batch before checking it overflowed
+        // the decoding thread's stack (an abort of the whole device process).
+        let m = nested(&[(0, 0); 20_000]);
+        assert!(m.len() > 200_000);
+        assert_eq!(
+            Request::decode(&m),
+            Err(WireError::NotBatchable(BATCH_OPCODE))
+        );
+        // One level is a batch like any other.
+        assert!(matches!(Request::decode(&nested(&[])), Ok(Request::Batch(r)) if r.len() == 1));
+    }
+
+    #[test]
+    fn randomly_nested_batches_are_refused_at_their_first_inner_batch() {
+        // A fixed xorshift sequence: the same shapes on every run.
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % n) as usize
+        };
+        for _ in 0..50 {
+            let depth = 1 + next(40_000);
+            let levels: Vec<(usize, usize)> = (0..depth).map(|_| (next(4), next(4))).collect();
+            assert_eq!(
+                Request::decode(&nested(&levels)),
+                Err(WireError::NotBatchable(BATCH_OPCODE)),
+                "{depth} levels"
+            );
+        }
     }
 }
