@@ -1204,6 +1204,15 @@ impl Loop {
     /// Makes room for the new event stream of `client` when [`MAX_EVENT_STREAMS`] are open:
     /// closes the one [`dashboard::stream_to_evict`] names.
     fn admit_stream(&mut self, now: u64, client: &Client<TcpStream>, ops: &mut EventOps) {
+        let open = self
+            .sources
+            .values()
+            .filter(|s| matches!(s, Source::Events(_)))
+            .count();
+        // The sockets' table is read only when a stream is to be closed.
+        if open < MAX_EVENT_STREAMS {
+            return;
+        }
         let table = http::tcp_sockets();
         let open = self.event_streams(&table);
         let uid = http::tcp_peer(&table, &client.stream).map(|p| p.uid);
