@@ -246,6 +246,61 @@ def fatbin_of(ptx):
     return u32(0xBA55ED50) + u16(1) + u16(16) + u64(len(entry)) + entry
 
 
-write("compute_module", "ptx_add", PTX_ADD.encode())
-write("compute_module", "ptx_shared", PTX_SHARED.encode())
-write("compute_module", "fatbin_add", fatbin_of(PTX_ADD))
+# The first byte is the mode (its value modulo 3): 0 the image itself; 1 a fat binary and 2 a
+# deeply nested PTX module, both built by the generators in src/compute.rs from the layout
+# after it (documented there). The committed ptx_linked seed carries its mode byte too.
+RAW, FATBIN, DEEP_PTX = 0, 1, 2
+write("compute_module", "ptx_add", u8(RAW) + PTX_ADD.encode())
+write("compute_module", "ptx_shared", u8(RAW) + PTX_SHARED.encode())
+write("compute_module", "fatbin_add", u8(RAW) + fatbin_of(PTX_ADD))
+
+
+def deep(depth, repeats, picks, kernels=1):
+    """deep_ptx's layout: kernels, then per kernel depth, repeats and instruction picks."""
+    return u8(kernels - 1) + (u16(depth) + u16(repeats) + u8(len(picks)) + bytes(picks)) * kernels
+
+
+# Picks index INSTRUCTIONS: 0 mov, 1 add, 5 setp, 6 @p bra (a loop the budget ends), 8 ld.param.
+write("compute_module", "deep_scopes", u8(DEEP_PTX) + deep(2000, 1, [0, 1, 5, 6]))
+write("compute_module", "many_instructions", u8(DEEP_PTX) + deep(3, 500, [0, 1, 2, 3, 4, 9], kernels=2))
+
+# fatbin's entry selector: bit 0 ELF, bits 1-2 compression (1 LZ4, 2 Zstandard), bit 3 bomb,
+# bits 4-5 declared size (0 exact, 1 more by a u16, 2 less by a u16, 3 any u32), bit 6 a
+# stored size past the payload. Each entry: selector, architecture, then its bytes.
+ELF, LZ4, ZSTD, BOMB, MORE, ANY, STORED_PAST = 0x01, 0x02, 0x04, 0x08, 0x10, 0x30, 0x40
+write("compute_module", "fatbin_lz4_zstd_elf",
+      u8(FATBIN) + u8(0) + u8(3 - 1)
+      + u8(LZ4) + u8(75) + deep(200, 4, [0, 1, 5, 6])
+      + u8(ZSTD) + u8(80) + deep(2, 500, [0, 1, 2, 9, 10])
+      + u8(ELF) + u8(75) + chunk(b"\x7fELF" + bytes(40)))
+write("compute_module", "fatbin_bombs",
+      u8(FATBIN) + u8(0) + u8(4 - 1)
+      + u8(LZ4 | BOMB) + u8(60) + u32(100 << 20)
+      + u8(ZSTD | BOMB | ANY) + u8(61) + u32(200 << 20) + u32(4096)
+      + u8(LZ4 | BOMB | MORE) + u8(62) + u32(40 << 20) + u16(999)
+      + u8(ZSTD | STORED_PAST) + u8(75) + deep(1, 1, [0]) + u8(7))
+write("compute_module", "fatbin_link",
+      u8(FATBIN) + u8(1) + u8(2 - 1)
+      + u8(0) + u8(75) + deep(10, 10, [0, 1, 6])
+      + u8(ZSTD | BOMB) + u8(75) + u32(1 << 20))
+
+
+# --- compute wire (fuzz_targets/compute_wire.rs) --------------------------------------------
+# The first byte is the mode: even, the stream itself (the committed seeds attributes,
+# huge-grid and session carry a 0); odd, nested_batches' layout (src/compute.rs: depth,
+# requests per level, the nested batch's place, extra items declared, the requests), then
+# set-up messages served before the nested batch.
+def wire_msg(op, fields=b""): body = u16(op) + fields; return u32(len(body)) + body
+
+
+CONTEXT_CREATE = wire_msg(2)
+SYNC_CTX1 = u16(4) + chunk(u32(1))        # ContextSynchronize { ctx: 1 }, a batchable request
+
+
+def nested(depth, leaves, at=0, lie=0):
+    return u8(1) + u16(depth) + u8(len(leaves)) + u8(at) + u8(lie) + b"".join(leaves)
+
+
+write("compute_wire", "nested_20000", nested(20000, [SYNC_CTX1]) + CONTEXT_CREATE)
+write("compute_wire", "nested_lying_count", nested(3000, [SYNC_CTX1, SYNC_CTX1], at=1, lie=2) + CONTEXT_CREATE)
+write("compute_wire", "batch_one_level", nested(0, [SYNC_CTX1, SYNC_CTX1, SYNC_CTX1]) + CONTEXT_CREATE)

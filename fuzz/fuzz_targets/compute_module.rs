@@ -1,19 +1,98 @@
 //! A guest's compute module image: the bytes are a module image (PTX text, a fat binary or an
-//! ELF) as `cuModuleLoadData` receives it, unpacked by `fatbin::extract_ptx` and parsed by the
-//! PTX executor, or, when they are several NUL-separated PTX texts, the images
-//! `cuLinkAddData` receives, linked by `module_link`; every kernel that parses is launched on two blocks of 33 threads over a small
-//! context with zeroed parameters and a small instruction budget. Nothing may panic, loop
-//! without bound or touch memory outside the context: every failure is a `ComputeError`.
+//! ELF) as `cuModuleLoadData` receives it, unpacked from its headers (`fatbin::ptx_entries`),
+//! decompressed and parsed under the VM's memory budget ([`BUDGET_BYTES`]), or, when they are
+//! several NUL-separated PTX texts, the images `cuLinkAddData` receives, linked by
+//! `module_link`; every kernel that parses is launched on two blocks of 33 threads over a
+//! small context with zeroed parameters and a small instruction budget. Nothing may panic,
+//! loop without bound, allocate past the budget or touch memory outside the context: every
+//! failure is a `ComputeError`.
+//!
+//! The first byte picks the mode (its value modulo 3): 0, the rest is the image (or images)
+//! itself; 1, the rest describes a fat binary (`vgpu_fuzz::compute::fatbin`: several
+//! entries, LZ4 or Zstandard, bombs, declared sizes that lie), loaded, or linked when the
+//! next byte is odd; 2, the rest describes a PTX module of deeply nested scopes and many
+//! instructions (`vgpu_fuzz::compute::deep_ptx`), loaded (docs/FUZZING.md).
 #![no_main]
 
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
 use libfuzzer_sys::fuzz_target;
+use mdev_backend::budget::MemoryBudget;
 use mdev_backend::compute::backend::{DEFAULT_STREAM, KernelLaunch};
-use mdev_backend::compute::fatbin::extract_ptx;
+use mdev_backend::compute::fatbin::ptx_of_all;
 use mdev_backend::compute::ptx::Module;
 use mdev_backend::compute::{ComputeBackend, CpuBackend, CpuConfig};
+use vgpu_fuzz::Input;
+use vgpu_fuzz::compute::{deep_ptx, fatbin, kernel_name};
+
+/// The VM's memory budget: a decompression or parse bomb must be refused at it, well below
+/// the process's RSS limit (fuzz.sh), instead of being allocated.
+const BUDGET_BYTES: u64 = 64 << 20;
+/// Kernels launched per input.
+const MAX_KERNELS: usize = 4;
+
+/// How the module is made from the images.
+enum Load {
+    /// `cuModuleLoadData` of one image.
+    One(Vec<u8>),
+    /// `cuLinkAddData` of each, then `cuLinkComplete`.
+    Link(Vec<Vec<u8>>),
+}
+
+/// The kernels of what `images` hold as a guest would find them (read with the same budget,
+/// uncancelled): linked together, or the first image entry that parses alone.
+fn kernel_names(images: &[&[u8]], link: bool, budget: &Arc<MemoryBudget>) -> Vec<String> {
+    let never = AtomicBool::new(false);
+    let Ok(texts) = ptx_of_all(images, budget, &never) else {
+        return Vec::new();
+    };
+    let texts: Vec<&str> = texts.iter().map(|t| &**t).collect();
+    let module = if link {
+        Module::load(&texts, budget, &never).ok()
+    } else {
+        texts
+            .iter()
+            .find_map(|t| Module::load(&[t], budget, &never).ok())
+    };
+    module
+        .map(|(m, _)| m.kernels().take(MAX_KERNELS).map(str::to_string).collect())
+        .unwrap_or_default()
+}
 
 fuzz_target!(|data: &[u8]| {
+    let mut input = Input::new(data);
+    let budget = MemoryBudget::new(BUDGET_BYTES);
+    let (load, generated) = match input.u8() % 3 {
+        0 => {
+            let rest = input.rest();
+            let texts: Vec<&[u8]> = rest.split(|&b| b == 0).filter(|p| !p.is_empty()).collect();
+            let all_text = texts.iter().all(|t| std::str::from_utf8(t).is_ok());
+            if all_text && (2..=8).contains(&texts.len()) {
+                (
+                    Load::Link(texts.iter().map(|t| t.to_vec()).collect()),
+                    false,
+                )
+            } else {
+                (Load::One(rest.to_vec()), false)
+            }
+        }
+        1 => {
+            let link = input.u8() % 2 == 1;
+            let image = fatbin(&mut input);
+            (
+                if link {
+                    Load::Link(vec![image])
+                } else {
+                    Load::One(image)
+                },
+                true,
+            )
+        }
+        _ => (Load::One(deep_ptx(&mut input).into_bytes()), true),
+    };
     let config = CpuConfig {
+        budget: Arc::clone(&budget),
         memory_per_context: 1 << 20,
         instruction_budget: 20_000,
         threads: 1,
@@ -22,33 +101,30 @@ fuzz_target!(|data: &[u8]| {
     let mut be = CpuBackend::new(config);
     let ctx = be.context_create().expect("a first context");
     let guard = be.mem_alloc(ctx, 4096).expect("a small allocation");
-    be.copy_htod(ctx, guard, &[0xa5; 4096], DEFAULT_STREAM).expect("in range");
-    let texts: Vec<&str> = data
-        .split(|&b| b == 0)
-        .filter(|p| !p.is_empty())
-        .map(std::str::from_utf8)
-        .collect::<Result<_, _>>()
-        .unwrap_or_default();
-    let linking = (2..=8).contains(&texts.len());
-    let loaded = if linking {
-        let images: Vec<&[u8]> = texts.iter().map(|t| t.as_bytes()).collect();
-        be.module_link(ctx, &images)
-    } else {
-        be.module_load(ctx, data)
+    be.copy_htod(ctx, guard, &[0xa5; 4096], DEFAULT_STREAM)
+        .expect("in range");
+    let loaded = match &load {
+        Load::One(image) => be.module_load(ctx, image),
+        Load::Link(images) => {
+            let images: Vec<&[u8]> = images.iter().map(Vec::as_slice).collect();
+            be.module_link(ctx, &images)
+        }
     };
     let Ok(module) = loaded else {
+        be.context_destroy(ctx).expect("destroy");
         return;
     };
-    // The kernels, named as a guest would find them.
-    let names: Vec<String> = if linking {
-        Module::link(&texts).ok()
+    let names: Vec<String> = if generated {
+        (0..MAX_KERNELS).map(kernel_name).collect()
     } else {
-        extract_ptx(data)
-            .ok()
-            .and_then(|images| images.into_iter().find_map(|p| Module::parse(&p.text).ok()))
-    }
-    .map(|m| m.kernels().take(4).map(str::to_string).collect())
-    .unwrap_or_default();
+        match &load {
+            Load::One(image) => kernel_names(&[image], false, &budget),
+            Load::Link(images) => {
+                let images: Vec<&[u8]> = images.iter().map(Vec::as_slice).collect();
+                kernel_names(&images, true, &budget)
+            }
+        }
+    };
     for name in names {
         let Ok((function, params)) = be.function(ctx, module, &name) else {
             continue;
@@ -73,4 +149,6 @@ fuzz_target!(|data: &[u8]| {
     let mut back = [0u8; 16];
     let _ = be.copy_dtoh(ctx, &mut back, guard, DEFAULT_STREAM);
     be.context_destroy(ctx).expect("destroy");
+    // Everything the context held was given back with it.
+    assert_eq!(budget.used(), 0, "budget charges outlive the context");
 });

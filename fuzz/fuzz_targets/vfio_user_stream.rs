@@ -57,7 +57,7 @@ fuzz_target!(|data: &[u8]| {
     SERVER.with(|l| {
         let mut client = UnixStream::connect(&l.socket).expect("connecting");
         // The server may stop reading early (a fatal message); the rest is not sent.
-        let _ = client.write_all(&data);
+        let _ = client.write_all(data);
         let _ = client.shutdown(Shutdown::Write);
         // Ends when the server closes the connection.
         let mut sink = Vec::new();

@@ -2,6 +2,8 @@
 //! turns the fuzzer's bytes into operations, and a device brought up the way a guest driver
 //! does it, over guest memory the target can write.
 
+pub mod compute;
+
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
