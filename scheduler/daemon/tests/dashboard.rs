@@ -16,7 +16,9 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 use vgpu_schedd::cgroup::CgroupFs;
 use vgpu_schedd::daemon::DaemonConfig;
-use vgpu_schedd::dashboard::MAX_EVENT_STREAMS;
+use vgpu_schedd::dashboard::{
+    EVENT_STREAM_READ_GRACE, MAX_DASHBOARD_VMS, MAX_EVENT_STREAM_UNREAD_BYTES, MAX_EVENT_STREAMS,
+};
 use vgpu_schedd::http::MAX_HTTP_BODY_BYTES;
 use vgpu_schedd::proto::{self, Exec, MAX_MESSAGE_BYTES, Msg, PROTOCOL_VERSION, VmName};
 use vgpu_schedd::seqpacket::{SeqStream, monotonic_ns};
@@ -101,19 +103,7 @@ struct Busy {
 
 impl Busy {
     fn start(socket: &Path, name: &str) -> Busy {
-        let s = SeqStream::connect(socket).unwrap();
-        s.set_read_timeout(Some(Duration::from_millis(100)))
-            .unwrap();
-        send(
-            &s,
-            &Msg::Hello {
-                version: PROTOCOL_VERSION,
-                vm_name: VmName::new(name).unwrap(),
-                device_pid: std::process::id(),
-                qemu_pid: 0,
-            },
-        );
-        assert!(matches!(recv(&s), Some(Msg::Welcome { .. })));
+        let s = hello(socket, name);
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         let thread = std::thread::spawn(move || {
@@ -166,6 +156,25 @@ impl Drop for Busy {
             let _ = t.join();
         }
     }
+}
+
+/// A fake device of VM `name`, welcomed by the daemon (which lists the VM while it stays
+/// connected); it reads with a 100 ms timeout.
+fn hello(socket: &Path, name: &str) -> SeqStream {
+    let s = SeqStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    send(
+        &s,
+        &Msg::Hello {
+            version: PROTOCOL_VERSION,
+            vm_name: VmName::new(name).unwrap(),
+            device_pid: std::process::id(),
+            qemu_pid: 0,
+        },
+    );
+    assert!(matches!(recv(&s), Some(Msg::Welcome { .. })));
+    s
 }
 
 fn send(s: &SeqStream, m: &Msg) {
@@ -503,6 +512,53 @@ fn a_full_house_of_unread_streams_does_not_lock_a_new_client_out() {
     // The others stay.
     let mut next = held.next().unwrap();
     next.snapshot();
+}
+
+/// A client that opens a stream and reads nothing is closed once it leaves more than
+/// [`MAX_EVENT_STREAM_UNREAD_BYTES`] unread after its grace, while a page that reads stays
+/// (before, such a stream stayed until 4 MiB piled up in the daemon's buffer past both
+/// sockets' queues: over an hour at 1 KB a second).
+#[test]
+fn a_stream_that_is_not_read_is_closed_past_its_unread_limit() {
+    let d = Daemon::start(true);
+    let addr = d.http.unwrap();
+    // Many VMs with long names: snapshots of several KiB, so that the limit is passed within
+    // seconds.
+    let _vms: Vec<SeqStream> = (0..MAX_DASHBOARD_VMS)
+        .map(|i| hello(&d.sock(), &format!("{i:0>60}")))
+        .collect();
+    let mut page = Stream::open(addr);
+    let mut silent = Stream::open(addr);
+    let opened = Instant::now();
+    // What the silent client's buffered reader may have taken off its socket with the head.
+    let read_with_the_head = 16 * 1024;
+    let past_limit = MAX_EVENT_STREAM_UNREAD_BYTES + read_with_the_head;
+    // Every snapshot the page reads was sent to the silent client too: once those sent since
+    // it opened pass the limit after its grace, the next publication closes it.
+    let mut sent: u64 = 0;
+    let mut snapshots = 0u32;
+    while sent <= past_limit || opened.elapsed() <= EVENT_STREAM_READ_GRACE {
+        let (name, data) = page.next();
+        if name == "snapshot" {
+            sent = sent.saturating_add(data.len() as u64);
+            snapshots += 1;
+        }
+        assert!(
+            opened.elapsed() < EVENT_STREAM_READ_GRACE + 10 * WAIT,
+            "{sent} bytes in {snapshots} snapshots"
+        );
+    }
+    page.snapshot();
+    eprintln!(
+        "{snapshots} snapshots, {sent} bytes unread after {:?}",
+        opened.elapsed()
+    );
+    assert!(
+        silent.closed_within(WAIT),
+        "the stream left unread is closed"
+    );
+    // The page that reads stays.
+    page.snapshot();
 }
 
 #[test]
