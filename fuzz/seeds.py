@@ -302,5 +302,6 @@ def nested(depth, leaves, at=0, lie=0):
 
 
 write("compute_wire", "nested_20000", nested(20000, [SYNC_CTX1]) + CONTEXT_CREATE)
+write("compute_wire", "nested_65535", nested(65535, [SYNC_CTX1]) + CONTEXT_CREATE)
 write("compute_wire", "nested_lying_count", nested(3000, [SYNC_CTX1, SYNC_CTX1], at=1, lie=2) + CONTEXT_CREATE)
 write("compute_wire", "batch_one_level", nested(0, [SYNC_CTX1, SYNC_CTX1, SYNC_CTX1]) + CONTEXT_CREATE)

@@ -35,6 +35,18 @@ fuzz_target!(|data: &[u8]| {
         stream.extend_from_slice(&nested);
         stream
     };
+    // Served on a thread of its own with std's default stack (2 MiB, smaller than a
+    // process's main thread's 8 MiB), so that a recursion that would overflow the stack of
+    // whatever decodes a guest's messages overflows here too.
+    let served = std::thread::scope(|s| s.spawn(|| serve(&stream)).join());
+    if let Err(panic) = served {
+        std::panic::resume_unwind(panic);
+    }
+});
+
+/// Decodes and dispatches the messages of `stream` as a connection is served, until one is
+/// malformed or [`MAX_MESSAGES`] were.
+fn serve(stream: &[u8]) {
     let config = CpuConfig {
         budget: MemoryBudget::new(BUDGET_BYTES),
         memory_per_context: 1 << 20,
@@ -44,7 +56,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let mut be = CpuBackend::new(config);
     let (mut owned, mut stats) = (Owned::default(), Stats::default());
-    let mut rest = &stream[..];
+    let mut rest = stream;
     for _ in 0..MAX_MESSAGES {
         let Some((header, tail)) = rest.split_first_chunk::<4>() else {
             break;
@@ -65,4 +77,4 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(Reply::decode(&bytes[4..]).as_ref(), Ok(&reply));
     }
     owned.release(&mut be);
-});
+}
