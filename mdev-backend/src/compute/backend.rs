@@ -4,9 +4,9 @@
 //! leaves that context answering `ContextBroken` until it is destroyed, as the real driver's
 //! sticky errors do, and never touches another context.
 
-use std::sync::Arc;
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 pub use super::ptx::ParamInfo;
@@ -263,6 +263,13 @@ pub const DEFAULT_REQUEST_TIME: Duration = Duration::from_millis(1500);
 /// [`Interrupt::stop`] or of its deadline. A backend used directly (a benchmark, a test, a
 /// fuzz target) makes each launch a request of its own without a deadline
 /// ([`Interrupt::scope`]): bounded by its instruction budget, deterministically.
+///
+/// A request begun with [`Interrupt::begin_sliced`] is time-sliced, as a GPU preempts one
+/// context's compute for another's: once it has run its slice, the first check to see it
+/// pauses the request and calls its [`Slicing::on_yield`] hook (once per slice), and every
+/// thread of the request that reaches a check waits there (on a condition variable) until
+/// [`Interrupt::resume`] starts its next slice, or a stop or close ends it with the usual
+/// error. Paused time does not count against the deadline.
 #[derive(Debug)]
 pub struct Interrupt {
     /// The running request is to stop; cleared when the next one begins.
@@ -276,6 +283,42 @@ pub struct Interrupt {
     deadline_ns: AtomicU64,
     /// Cost units (warp-instructions and their equivalents) the running request has spent.
     spent: AtomicU64,
+    /// When the running request's slice ends, ns after `origin`; 0 when it is not sliced.
+    slice_end_ns: AtomicU64,
+    /// The running request's slicing and pause.
+    pause: Mutex<Pause>,
+    /// Signalled when a paused request resumes or is stopped.
+    resumed: Condvar,
+}
+
+/// What a time-sliced request does when its slice is over (see [`Interrupt::begin_sliced`]).
+#[derive(Clone)]
+pub struct Slicing {
+    /// How long it runs before it yields.
+    pub slice: Duration,
+    /// Called once per slice, by the first thread to find it over, when the request pauses:
+    /// whoever serves the backend hands the device to other work and calls
+    /// [`Interrupt::resume`] when the request's turn comes again. It must not block.
+    pub on_yield: Arc<dyn Fn() + Send + Sync>,
+}
+
+impl std::fmt::Debug for Slicing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Slicing")
+            .field("slice", &self.slice)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The slicing state of the running request.
+#[derive(Debug, Default)]
+struct Pause {
+    /// Its slicing; `None` when it is not sliced.
+    slicing: Option<Slicing>,
+    /// When it paused (ns after `origin`); `None` while it runs.
+    since: Option<u64>,
+    /// Threads waiting for it to resume.
+    waiting: usize,
 }
 
 /// [`Interrupt`]'s deadline of a request that has none.
@@ -297,7 +340,14 @@ impl Interrupt {
             origin: Instant::now(),
             deadline_ns: Default::default(),
             spent: Default::default(),
+            slice_end_ns: Default::default(),
+            pause: Default::default(),
+            resumed: Condvar::new(),
         })
+    }
+
+    fn lock_pause(&self) -> MutexGuard<'_, Pause> {
+        self.pause.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// How long one request may run.
@@ -317,8 +367,28 @@ impl Interrupt {
         self.begin_until(self.now_ns().saturating_add(limit).max(1));
     }
 
+    /// A request begins as [`Interrupt::begin`] does, time-sliced: it yields every
+    /// `slicing.slice` of running time (see [`Interrupt`]).
+    pub fn begin_sliced(&self, slicing: Slicing) {
+        self.begin();
+        let slice = u64::try_from(slicing.slice.as_nanos()).unwrap_or(u64::MAX);
+        let mut p = self.lock_pause();
+        p.slicing = Some(slicing);
+        self.slice_end_ns
+            .store(self.now_ns().saturating_add(slice).max(1), Release);
+    }
+
+    /// Forgets the slicing of the request that ended (or of the one before a new one).
+    fn unslice(&self) {
+        let mut p = self.lock_pause();
+        p.slicing = None;
+        p.since = None;
+        self.slice_end_ns.store(0, Release);
+    }
+
     /// A request begins, its deadline `deadline_ns` after `origin`.
     fn begin_until(&self, deadline_ns: u64) {
+        self.unslice();
         self.spent.store(0, Relaxed);
         // A closed interrupt stays stopped.
         self.stop.store(self.closed.load(Acquire), Release);
@@ -328,6 +398,7 @@ impl Interrupt {
     /// The running request ended.
     pub fn end(&self) {
         self.deadline_ns.store(0, Release);
+        self.unslice();
     }
 
     /// Whether a request is running (begun, not ended).
@@ -357,9 +428,13 @@ impl Interrupt {
         r
     }
 
-    /// Stops the running request at its next check; the next request runs.
+    /// Stops the running request at its next check (a paused one at once); the next request
+    /// runs.
     pub fn stop(&self) {
         self.stop.store(true, Release);
+        // Under the lock, so that a thread about to wait sees the flag or gets the signal.
+        drop(self.lock_pause());
+        self.resumed.notify_all();
     }
 
     /// Stops the running request and every later one: the owner went away.
@@ -374,8 +449,8 @@ impl Interrupt {
         &self.stop
     }
 
-    /// `LaunchTimeout` when the running request was stopped or is past its deadline.
-    pub fn check(&self) -> ComputeResult<()> {
+    /// `LaunchTimeout` when the running request was stopped.
+    fn stopped(&self) -> ComputeResult<()> {
         if self.closed.load(Relaxed) {
             return Err(interrupted("cancelled: its owner went away"));
         }
@@ -383,6 +458,17 @@ impl Interrupt {
             return Err(interrupted(
                 "cancelled: a device reset, its context destroyed or its caller gone",
             ));
+        }
+        Ok(())
+    }
+
+    /// `LaunchTimeout` when the running request was stopped or is past its deadline. A
+    /// sliced request whose slice is over pauses here until it resumes (see [`Interrupt`]).
+    pub fn check(&self) -> ComputeResult<()> {
+        self.stopped()?;
+        let slice_end = self.slice_end_ns.load(Relaxed);
+        if slice_end != 0 && self.now_ns() >= slice_end {
+            self.pause()?;
         }
         let deadline = self.deadline_ns.load(Relaxed);
         if deadline != 0 && deadline != NO_DEADLINE && self.now_ns() >= deadline {
@@ -392,6 +478,66 @@ impl Interrupt {
             )));
         }
         Ok(())
+    }
+
+    /// The running request's slice is over: the first thread here pauses it and calls its
+    /// hook; every thread waits until it resumes (`Ok`) or is stopped (the stop's error).
+    fn pause(&self) -> ComputeResult<()> {
+        let mut p = self.lock_pause();
+        if p.since.is_none() {
+            // Under the lock: a resume may have begun the next slice since this thread looked.
+            let now = self.now_ns();
+            let end = self.slice_end_ns.load(Acquire);
+            if end == 0 || now < end {
+                return Ok(());
+            }
+            let Some(on_yield) = p.slicing.as_ref().map(|s| Arc::clone(&s.on_yield)) else {
+                return Ok(());
+            };
+            p.since = Some(now);
+            on_yield();
+        }
+        p.waiting += 1;
+        while p.since.is_some() && self.stopped().is_ok() {
+            p = self.resumed.wait(p).unwrap_or_else(PoisonError::into_inner);
+        }
+        p.waiting -= 1;
+        drop(p);
+        self.stopped()
+    }
+
+    /// Starts the next slice of the paused request: its threads go on, and its deadline moves
+    /// by the time it was paused. False when no request is paused (or it was stopped).
+    pub fn resume(&self) -> bool {
+        let mut p = self.lock_pause();
+        if self.stopped().is_err() {
+            return false;
+        }
+        let Some(since) = p.since.take() else {
+            return false;
+        };
+        let now = self.now_ns();
+        let paused = now.saturating_sub(since);
+        let _ = self.deadline_ns.fetch_update(AcqRel, Acquire, |d| {
+            (d != 0 && d != NO_DEADLINE).then(|| d.saturating_add(paused))
+        });
+        let slice = p.slicing.as_ref().map_or(Duration::ZERO, |s| s.slice);
+        let slice = u64::try_from(slice.as_nanos()).unwrap_or(u64::MAX);
+        self.slice_end_ns
+            .store(now.saturating_add(slice).max(1), Release);
+        drop(p);
+        self.resumed.notify_all();
+        true
+    }
+
+    /// Whether the running request is paused at the end of a slice.
+    pub fn paused(&self) -> bool {
+        self.lock_pause().since.is_some()
+    }
+
+    /// How many threads of the running request wait for it to resume.
+    pub fn paused_threads(&self) -> usize {
+        self.lock_pause().waiting
     }
 
     /// Cost units the running request spent so far.

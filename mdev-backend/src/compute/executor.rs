@@ -15,6 +15,10 @@
 //! running them (`Busy`), freeing their queue slots; work queued afterwards runs. Either may
 //! be called from any thread.
 //!
+//! A job posted with [`Executor::post_sliced`] runs as a time-sliced request (see
+//! [`Interrupt::begin_sliced`]): at the end of each slice it pauses and calls its hook, and
+//! [`Executor::resume`] lets it go on; a cancel stops it, paused or not.
+//!
 //! [`Executor::group`] runs a work group (a launch, a copy, or a batch) between two events on
 //! its stream and reports a [`GroupDone`] with the group's `start` and `finish` to the
 //! completion callback, which the device forwards to the scheduler as `Completed`.
@@ -26,7 +30,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::backend::{ComputeBackend, ContextId, DEFAULT_REQUEST_TIME, Interrupt, StreamId};
+use super::backend::{
+    ComputeBackend, ContextId, DEFAULT_REQUEST_TIME, Interrupt, Slicing, StreamId,
+};
 use super::{ComputeError, ComputeResult};
 
 /// Requests queued to one executor thread at most.
@@ -86,12 +92,19 @@ const QUEUED: u8 = 0;
 const RUNNING: u8 = 1;
 const CANCELLED: u8 = 2;
 
+/// A queued job: whose it is, how its request is sliced (`None`: not), and what it runs.
+struct Entry {
+    scope: Scope,
+    slicing: Option<Slicing>,
+    job: Job,
+}
+
 /// The queue between the callers and the executor thread.
 #[derive(Default)]
 struct State {
     /// Urgent jobs, run before `jobs`.
-    urgent: VecDeque<(Scope, Job)>,
-    jobs: VecDeque<(Scope, Job)>,
+    urgent: VecDeque<Entry>,
+    jobs: VecDeque<Entry>,
     /// Cancelled jobs, answered by the thread before anything runs.
     refused: VecDeque<(Job, ComputeError)>,
     /// The scope of the job running.
@@ -134,13 +147,13 @@ impl Queue {
             ..
         } = &mut *st;
         let (refuse, kept): (VecDeque<_>, VecDeque<_>) =
-            jobs.drain(..).partition(|(scope, _)| which(*scope));
+            jobs.drain(..).partition(|e| which(e.scope));
         *jobs = kept;
         let cancelled = refuse.len();
         refused.extend(
             refuse
                 .into_iter()
-                .map(|(_, job)| (job, ComputeError::Busy(why.into()))),
+                .map(|e| (e.job, ComputeError::Busy(why.into()))),
         );
         if running.is_some_and(&which) {
             self.interrupt.stop();
@@ -326,7 +339,24 @@ impl Executor {
         scope: Scope,
         f: impl FnOnce(ComputeResult<&mut dyn ComputeBackend>) + Send + 'static,
     ) -> ComputeResult<()> {
-        self.enqueue(scope, false, Box::new(move |_, b| f(b)))
+        self.enqueue(scope, false, None, Box::new(move |_, b| f(b)))
+    }
+
+    /// [`Executor::post`] as a time-sliced request: it yields every `slicing.slice` of
+    /// running time, calling `slicing.on_yield`, and waits for [`Executor::resume`] (or a
+    /// cancel, which stops it as any other).
+    pub fn post_sliced(
+        &self,
+        scope: Scope,
+        slicing: Slicing,
+        f: impl FnOnce(ComputeResult<&mut dyn ComputeBackend>) + Send + 'static,
+    ) -> ComputeResult<()> {
+        self.enqueue(scope, false, Some(slicing), Box::new(move |_, b| f(b)))
+    }
+
+    /// Starts the next slice of the request that yielded; false when none is paused.
+    pub fn resume(&self) -> bool {
+        self.queue.interrupt.resume()
     }
 
     /// [`Executor::post`] before any queued work (up to [`URGENT_DEPTH`]), and not cancelled
@@ -337,10 +367,16 @@ impl Executor {
         scope: Scope,
         f: impl FnOnce(ComputeResult<&mut dyn ComputeBackend>) + Send + 'static,
     ) -> ComputeResult<()> {
-        self.enqueue(scope, true, Box::new(move |_, b| f(b)))
+        self.enqueue(scope, true, None, Box::new(move |_, b| f(b)))
     }
 
-    fn enqueue(&self, scope: Scope, urgent: bool, job: Job) -> ComputeResult<()> {
+    fn enqueue(
+        &self,
+        scope: Scope,
+        urgent: bool,
+        slicing: Option<Slicing>,
+        job: Job,
+    ) -> ComputeResult<()> {
         if self.thread.as_ref().is_none_or(JoinHandle::is_finished) {
             return Err(ComputeError::NoDevice("executor thread gone".into()));
         }
@@ -353,10 +389,15 @@ impl Executor {
         if queue.len() >= depth || (!urgent && st.held() >= MAX_HELD_JOBS) {
             return Err(ComputeError::Busy(format!("{} requests queued", st.held())));
         }
+        let entry = Entry {
+            scope,
+            slicing,
+            job,
+        };
         if urgent {
-            st.urgent.push_back((scope, job));
+            st.urgent.push_back(entry);
         } else {
-            st.jobs.push_back((scope, job));
+            st.jobs.push_back(entry);
         }
         drop(st);
         self.queue.ready.notify_one();
@@ -385,7 +426,7 @@ impl Executor {
             }
         });
         let scope = ctx.map_or(Scope::Device, Scope::Context);
-        self.enqueue(scope, false, job)?;
+        self.enqueue(scope, false, None, job)?;
         match reply_rx.recv_timeout(self.config.timeout) {
             Ok(r) => r,
             Err(RecvTimeoutError::Disconnected) => {
@@ -468,11 +509,14 @@ fn serve(queue: &Queue, backend: &mut dyn ComputeBackend, sink: &mut CompletionS
                 if let Some((job, why)) = st.refused.pop_front() {
                     break Next::Refuse(job, why);
                 }
-                if let Some((scope, job)) = st.urgent.pop_front().or_else(|| st.jobs.pop_front()) {
+                if let Some(e) = st.urgent.pop_front().or_else(|| st.jobs.pop_front()) {
                     // Under the lock: a cancel of its scope from now on stops it.
-                    st.running = Some(scope);
-                    queue.interrupt.begin();
-                    break Next::Run(job);
+                    st.running = Some(e.scope);
+                    match e.slicing {
+                        Some(slicing) => queue.interrupt.begin_sliced(slicing),
+                        None => queue.interrupt.begin(),
+                    }
+                    break Next::Run(e.job);
                 }
                 if st.closed {
                     log::debug!("compute executor thread ends");
@@ -516,7 +560,7 @@ mod tests {
     use crate::compute::backend::DEFAULT_STREAM;
     use crate::compute::backend::{FunctionId, KernelLaunch};
     use crate::compute::cpu::{CpuBackend, CpuConfig};
-    use std::sync::atomic::AtomicBool;
+    use std::sync::atomic::{AtomicBool, AtomicUsize};
     use std::sync::mpsc::{Receiver, channel};
 
     fn cpu(timeout_ms: u64, budget: u64) -> (Executor, Receiver<GroupDone>) {
@@ -660,6 +704,16 @@ mod tests {
         kernel: &str,
         name: &str,
     ) -> (Executor, ContextId, FunctionId) {
+        unbounded_on(request_time, 1, kernel, name)
+    }
+
+    /// [`unbounded`] with launches on `threads` host threads.
+    fn unbounded_on(
+        request_time: Duration,
+        threads: usize,
+        kernel: &str,
+        name: &str,
+    ) -> (Executor, ContextId, FunctionId) {
         let ex = Executor::spawn(
             "compute-test",
             ExecutorConfig {
@@ -668,7 +722,7 @@ mod tests {
             move || {
                 Ok(Box::new(CpuBackend::new(CpuConfig {
                     instruction_budget: u64::MAX,
-                    threads: 1,
+                    threads,
                     request_time,
                     ..CpuConfig::default()
                 })) as Box<dyn ComputeBackend>)
@@ -899,5 +953,108 @@ mod tests {
             .collect();
         assert!(answers.contains(&("urgent", true)), "{answers:?}");
         assert_eq!(answers.iter().filter(|a| a.1).count(), 1, "{answers:?}");
+    }
+
+    /// Posts a spin kernel of `c` on `grid` blocks as a request sliced every `slice`; returns
+    /// how many times it yielded and where its result comes.
+    fn post_sliced_spin(
+        ex: &Executor,
+        c: ContextId,
+        f: FunctionId,
+        grid: u32,
+        slice: Duration,
+    ) -> (Arc<AtomicUsize>, Receiver<ComputeResult<()>>) {
+        let (yields, (tx, rx)) = (Arc::new(AtomicUsize::new(0)), channel());
+        let counted = Arc::clone(&yields);
+        let slicing = Slicing {
+            slice,
+            on_yield: Arc::new(move || {
+                counted.fetch_add(1, Ordering::AcqRel);
+            }),
+        };
+        ex.post_sliced(Scope::Device, slicing, move |b| {
+            let launch = KernelLaunch {
+                grid: [grid, 1, 1],
+                ..one_warp(f, &[])
+            };
+            let _ = tx.send(b.and_then(|b| b.launch(c, &launch)));
+        })
+        .unwrap();
+        (yields, rx)
+    }
+
+    #[test]
+    fn a_sliced_kernel_yields_waits_resumes_and_is_cancelled_while_paused() {
+        let (ex, c, f) = unbounded(Duration::from_secs(3600), SPIN, "spin");
+        let (yields, spin) = post_sliced_spin(&ex, c, f, 1, Duration::from_millis(5));
+        wait_until(|| ex.queue.interrupt.paused());
+        assert_eq!(yields.load(Ordering::Acquire), 1);
+        wait_until(|| ex.queue.interrupt.paused_threads() == 1);
+        // Paused, it neither ends nor yields again until it is resumed.
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(spin.try_recv().is_err());
+        assert_eq!(yields.load(Ordering::Acquire), 1);
+        assert!(ex.resume());
+        wait_until(|| yields.load(Ordering::Acquire) == 2 && ex.queue.interrupt.paused());
+        // A cancel stops it where it waits.
+        ex.cancel_all();
+        let r = spin.recv_timeout(Duration::from_secs(30)).unwrap();
+        assert!(
+            matches!(&r, Err(ComputeError::LaunchTimeout(m)) if m.contains("cancelled")),
+            "{r:?}"
+        );
+        assert!(!ex.resume(), "nothing is paused any more");
+        // The next request is not sliced.
+        let (c2, f2) = function(&ex, LOOP, "count");
+        ex.call(Some(c2), move |b| {
+            b.launch(c2, &one_warp(f2, &5u32.to_le_bytes()))
+        })
+        .unwrap();
+        assert_eq!(yields.load(Ordering::Acquire), 2);
+    }
+
+    #[test]
+    fn a_sliced_launch_over_two_threads_pauses_both() {
+        let (ex, c, f) = unbounded_on(Duration::from_secs(3600), 2, SPIN, "spin");
+        let (yields, spin) = post_sliced_spin(&ex, c, f, 8, Duration::from_millis(5));
+        wait_until(|| ex.queue.interrupt.paused_threads() == 2);
+        assert_eq!(yields.load(Ordering::Acquire), 1, "one hook call per slice");
+        assert!(ex.resume());
+        wait_until(|| yields.load(Ordering::Acquire) == 2);
+        wait_until(|| ex.queue.interrupt.paused_threads() == 2);
+        drop(ex);
+        let r = spin.recv_timeout(Duration::from_secs(30)).unwrap();
+        assert!(
+            matches!(&r, Err(ComputeError::LaunchTimeout(m)) if m.contains("cancelled")),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn a_sliced_requests_deadline_counts_its_running_time_only() {
+        let limit = Duration::from_millis(100);
+        let (ex, c, f) = unbounded(limit, SPIN, "spin");
+        let (yields, spin) = post_sliced_spin(&ex, c, f, 1, Duration::from_millis(20));
+        wait_until(|| ex.queue.interrupt.paused());
+        // Paused three times its deadline, it still runs once resumed.
+        std::thread::sleep(3 * limit);
+        assert!(ex.resume());
+        wait_until(|| yields.load(Ordering::Acquire) == 2);
+        // Resumed whenever it yields, it ends at its deadline.
+        let r = loop {
+            if let Ok(r) = spin.try_recv() {
+                break r;
+            }
+            ex.resume();
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert!(
+            matches!(&r, Err(ComputeError::LaunchTimeout(m)) if m.contains("time limit")),
+            "{r:?}"
+        );
+        println!(
+            "a 100 ms request of 20 ms slices yielded {} times",
+            yields.load(Ordering::Acquire)
+        );
     }
 }
