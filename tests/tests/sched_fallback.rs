@@ -1,10 +1,10 @@
 //! Fail closed, end to end: a device started with `--scheduler` (the real library code,
 //! in-process, so its counters can be read) under a real `vgpu-schedd` process, driven by a
-//! qtest guest running CUDA launches on the compute capset. When the daemon drops the device
-//! for a group past its group timeout (`Refused{Timeout}`), and when the daemon is killed, the
-//! device dispatches under its fallback budget instead of running unscheduled: one group at a
-//! time, groups held back, at most its share of the time; once the daemon is back (or its
-//! hold-back is over) the device is admitted again and its groups ask the daemon. Everything is
+//! qtest guest running CUDA launches on the compute capset. A launch longer than the daemon's
+//! group timeout runs as time slices far shorter than it, so the daemon keeps the device. When
+//! the daemon is killed, the device dispatches under its fallback budget instead of running
+//! unscheduled: one group at a time, groups held back, at most its share of the time; once the
+//! daemon is back the device is admitted again and its groups ask the daemon. Everything is
 //! measured with the device's own accounting (`DeviceMetrics`), and every wait is for a state,
 //! bounded. virglrenderer may be initialised once per process, so everything runs in one test.
 
@@ -24,9 +24,9 @@ use vgpu_tests::skip_without_qemu;
 
 const VM: &str = "vm-fallback";
 const CTX: u32 = 9;
-/// The daemon's group timeout here: a group the test makes longer is dropped.
+/// The daemon's group timeout here: a device with a group longer than this is dropped.
 const GROUP_TIMEOUT_MS: u64 = 200;
-/// How long the slow group runs: several group timeouts, within the executor's own time
+/// How long the slow launch runs: several group timeouts, within the executor's own time
 /// limit per request.
 const SLOW: Duration = Duration::from_millis(700);
 /// How long one group of the kill case runs: far above a request's round trip through qtest,
@@ -193,38 +193,24 @@ fn a_device_the_daemon_drops_or_loses_dispatches_under_its_fallback_budget() {
     );
     assert_eq!(counter(&server, "sched_fallback_groups"), 0, "all asked");
 
-    // 1. A group past the daemon's group timeout: the daemon drops the device
-    // (Refused{Timeout}). A group queued behind the slow one is not dispatched beside it:
-    // the device holds it under the fallback budget until the slow one is done and the
-    // budget has paid for what the slow one ran after the drop (or the device is admitted
-    // again, whichever comes first).
+    // 1. A launch running several group timeouts is time-sliced (`gpu::compute::SLICE`):
+    // each slice is a group far shorter than the daemon's group timeout, so the daemon never
+    // drops the device, and a launch queued behind it waits for it and runs once it is done.
+    // (The device's fallback after a drop for a timeout is covered by the unit tests of
+    // `sched_client`; a compute group can no longer outlive the timeout.)
     let slow = spin.start(&mut guest, count(SLOW), false);
     let next = spin.start(&mut guest, count(SHORT), true);
-    wait_for("the daemon drops the device", || {
-        counter(&server, "sched_fallback_entered") == 1
-    });
-    assert_eq!(counter(&server, "sched_fallback"), 1);
     spin.finished(&mut guest, slow, false);
     spin.finished(&mut guest, next, true);
-    let delayed = counter(&server, "sched_fallback_delayed");
-    let charged = counter(&server, "sched_fallback_gpu_ns");
-    eprintln!(
-        "timeout: delayed {delayed}, charged {} ms of the slow group's run after the drop",
-        charged / 1_000_000
+    assert_eq!(
+        counter(&server, "sched_fallback_entered"),
+        0,
+        "the daemon kept the device:\n{}",
+        daemon.log()
     );
-    assert!(delayed >= 1, "the group behind the slow one was held");
     assert!(
-        charged > 0,
-        "what the slow group ran after the drop was charged"
-    );
-    // The daemon's hold-back is over after one group timeout; the device reconnects and is
-    // admitted again.
-    wait_for("the device is admitted again after its timeout", || {
-        counter(&server, "sched_fallback") == 0
-    });
-    assert!(
-        daemon.log().contains("not completed within"),
-        "the daemon dropped the device for its group timeout:\n{}",
+        !daemon.log().contains("not completed within"),
+        "no group outlived the daemon's group timeout:\n{}",
         daemon.log()
     );
 
@@ -247,7 +233,7 @@ fn a_device_the_daemon_drops_or_loses_dispatches_under_its_fallback_budget() {
     wait_for("the device notices the daemon is gone", || {
         counter(&server, "sched_fallback") == 1
     });
-    assert_eq!(counter(&server, "sched_fallback_entered"), 2);
+    assert_eq!(counter(&server, "sched_fallback_entered"), 1);
     let window = Instant::now();
     for _ in 0..GROUPS {
         spin.call(&mut guest, count(SHORT));
@@ -262,10 +248,10 @@ fn a_device_the_daemon_drops_or_loses_dispatches_under_its_fallback_budget() {
          ({:.1}% of the time; the share is {DEFAULT_FALLBACK_PERCENT}%)",
         share * 100.0
     );
-    assert_eq!(
-        groups,
-        u64::from(GROUPS),
-        "every group ran under the fallback budget"
+    // A launch longer than a slice is several groups.
+    assert!(
+        groups >= u64::from(GROUPS),
+        "every launch ran under the fallback budget ({groups} groups)"
     );
     assert!(delayed >= 1, "the budget held groups back");
     // The budget allows its share of the window, one period's worth it held at the start and

@@ -21,7 +21,7 @@ use vgpu_scheduler::{CostSignature, GroupId, GroupKind};
 use virtio_queue::{QueueOwnedT, QueueT};
 use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryMmap};
 
-use crate::gpu::compute::{self, ComputeKind, ComputeRuntime};
+use crate::gpu::compute::{self, ComputeKind, ComputeRuntime, Event};
 use crate::gpu::dump::Frame;
 use crate::gpu::fence::{FenceState, Parked, Wait};
 use crate::gpu::load::{self, LoadRunner, LoadToken};
@@ -38,6 +38,7 @@ use crate::sched_client::{FallbackShare, Gate, SchedError, Scheduling};
 use crate::virtio_pci::{
     CONTROL_QUEUE, Effect, ISR_CONFIG, ISR_QUEUE, NO_VECTOR, NUM_QUEUES, VirtioPciTransport,
 };
+use mdev_backend::compute::wire::{Reply, Request};
 
 /// Most chains one queue notification processes before the worker turns to its other work
 /// (the other queue, the scheduler daemon's socket, QEMU's messages waiting for the device
@@ -142,6 +143,32 @@ pub struct Device {
     /// What the compute requests on the executor are charged to the VM's budget, by the
     /// token of their submit: each is given back when its request is done.
     compute_charges: BTreeMap<LoadToken, Charge>,
+    /// The scheduled (time-sliced) compute request on the executor, if any: at most one, as
+    /// the executor runs one request at a time (a group dispatched behind a paused one would
+    /// hold the daemon's GPU without running).
+    sliced: Option<SlicedCompute>,
+}
+
+/// A scheduled compute request on the executor: each slice of it is a scheduler group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SlicedCompute {
+    /// The token of its submit.
+    token: LoadToken,
+    /// Its guest compute context and cost signature, which its continuation groups carry.
+    ctx: u32,
+    signature: CostSignature,
+    slice: Slice,
+}
+
+/// Where a scheduled compute request is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slice {
+    /// Running a slice, which is this group (`None`: the gate gave it none).
+    Running(Option<Ran>),
+    /// Paused at the end of a slice, its continuation waiting for the gate; `asked`: the
+    /// continuation's group is the one the scheduler holds at the front of the control queue
+    /// (asked of the daemon, or granted and not run yet).
+    Yielded { asked: bool },
 }
 
 /// [`Gate`] with the context of a scheduled group.
@@ -225,6 +252,7 @@ impl Device {
             gpu,
             gated_compute: None,
             compute_charges: BTreeMap::new(),
+            sliced: None,
         }
     }
 
@@ -241,10 +269,12 @@ impl Device {
     }
 
     /// Completes the compute requests that finished: each reply goes into its blob, its
-    /// scheduler group is reported complete, and its fenced submit is released.
+    /// scheduler group is reported complete, and its fenced submit is released. A scheduled
+    /// request that yielded completes the group of its slice; its continuation is gated when
+    /// the control queue is processed next (the worker does so after this).
     pub fn compute_done(&mut self) {
-        let done = self.compute.take_done();
-        if done.is_empty() {
+        let events = self.compute.take_events();
+        if events.is_empty() {
             return;
         }
         if let Err(e) = self.ram.check_backing() {
@@ -252,19 +282,96 @@ impl Device {
             return;
         }
         let mem = self.ram.atomic().memory();
-        let mut tokens = Vec::with_capacity(done.len());
-        for d in done {
+        let mut tokens = Vec::with_capacity(events.len());
+        for e in events {
+            let d = match e {
+                Event::Yielded { token, at } => {
+                    self.compute_yielded(token, at);
+                    continue;
+                }
+                Event::Done(d) => d,
+            };
             self.compute_charges.remove(&d.token);
             if let Err(e) = self.gpu.blobs().write(&*mem, d.resource_id, &d.reply) {
                 guest_fault!("compute reply: {e}");
             }
-            if let Some((group, session)) = d.group {
-                self.sched.completed(group, session, d.start, d.finish);
+            match self.sliced.take_if(|s| s.token == d.token) {
+                Some(s) => self.sliced_done(s, d.start, d.finish),
+                None => {
+                    if let Some((group, session)) = d.group {
+                        self.sched.completed(group, session, d.start, d.finish);
+                    }
+                }
             }
             tokens.push(d.token);
         }
         self.note_memory();
         self.loads_done(tokens);
+    }
+
+    /// The scheduled compute request of submit `token` yielded at `at`: its slice's group is
+    /// complete, and a continuation group is to be gated.
+    fn compute_yielded(&mut self, token: LoadToken, at: u64) {
+        let Some(s) = self.sliced.as_mut().filter(|s| s.token == token) else {
+            debug!("a compute request that is not the scheduled one yielded");
+            return;
+        };
+        let was = std::mem::replace(&mut s.slice, Slice::Yielded { asked: false });
+        if let Slice::Running(Some(r)) = was {
+            self.sched.completed(r.group, r.session, r.start, at);
+        }
+    }
+
+    /// The scheduled compute request `s` finished (it ran from `start` to `finish`): the
+    /// group of its last slice completes; a continuation still waiting for the gate (the
+    /// request was cancelled while paused) is withdrawn from the daemon.
+    fn sliced_done(&mut self, s: SlicedCompute, start: u64, finish: u64) {
+        match s.slice {
+            Slice::Running(Some(r)) => {
+                self.sched
+                    .completed(r.group, r.session, r.start.max(start), finish);
+            }
+            Slice::Yielded { asked: true } => self.sched.withdraw_held(),
+            Slice::Running(None) | Slice::Yielded { asked: false } => {}
+        }
+    }
+
+    /// Gates the continuation of the scheduled compute request that yielded, if one waits:
+    /// first in the control queue, unless the chain held there already asked for its group
+    /// (the grant is that chain's). Resumes the request when its group may run; false when
+    /// it is held (nothing behind it goes on).
+    fn gate_continuation(&mut self) -> bool {
+        let Some(s) = self.sliced else {
+            return true;
+        };
+        let Slice::Yielded { asked } = s.slice else {
+            return true;
+        };
+        if !asked && self.sched.asking() {
+            return true;
+        }
+        let now = monotonic_ns();
+        let gate = self.sched.gate(s.ctx, GroupKind::Compute, s.signature, now);
+        let slice = match gate {
+            Gate::Hold => Slice::Yielded {
+                asked: self.sched.asking(),
+            },
+            Gate::Run(group) => Slice::Running(group.map(|group| Ran {
+                group,
+                session: self.sched.session(),
+                start: now,
+            })),
+        };
+        self.sliced = Some(SlicedCompute { slice, ..s });
+        match gate {
+            Gate::Hold => false,
+            Gate::Run(_) => {
+                if !self.compute.resume(s.token) {
+                    debug!("a yielded compute request ended before its continuation ran");
+                }
+                true
+            }
+        }
     }
 
     /// Sets the VM's host-memory budget, in bytes (`--resource-memory-mb`): one budget for
@@ -350,11 +457,22 @@ impl Device {
                 self.sched.completed(r.group, r.session, r.start, now);
             }
         }
+        // So is the slice of the scheduled compute request running: the reset cancels it
+        // within milliseconds and its reply is dropped, so its group completes now.
+        if let Some(SlicedCompute {
+            slice: Slice::Running(Some(r)),
+            ..
+        }) = self.sliced
+        {
+            self.sched.completed(r.group, r.session, r.start, now);
+        }
         self.backlog = None;
         self.sched.reset(now);
         self.load.reset();
         self.compute.reset();
         self.gated_compute = None;
+        // Its continuation, if one was asked, was cancelled at the daemon with the others.
+        self.sliced = None;
         // The reset cancelled the requests: they are answered without running, and dropped.
         self.compute_charges.clear();
         self.note_memory();
@@ -560,6 +678,10 @@ impl Device {
                     inc(&self.metrics.kicks_deferred);
                 }
                 break left;
+            }
+            // A scheduled compute request that yielded goes on first, when its turn comes.
+            if q == CONTROL_QUEUE && !self.gate_continuation() {
+                break false;
             }
             // The control queue goes on where a group waiting for the scheduler stopped it.
             let held = if q == CONTROL_QUEUE {
@@ -800,6 +922,11 @@ impl Device {
                     // Control work runs at once.
                     return GateFor::Run(None);
                 }
+                if self.sliced.is_some() {
+                    // Scheduled compute requests run one at a time, as the executor runs
+                    // them: the next one is gated when this one is done (`compute_done`).
+                    return GateFor::Hold;
+                }
                 (ctx_id, GroupKind::Compute, compute::signature(&work))
             }
             Ok(ControlRequest {
@@ -888,7 +1015,8 @@ impl Device {
     /// The device runs with `--scheduler`: until the daemon admits it, its GPU groups
     /// dispatch under `share` of the GPU (see [`crate::sched_client`]).
     pub fn sched_configure(&mut self, share: FallbackShare) {
-        self.sched.configure(share, self.metrics.clone(), monotonic_ns());
+        self.sched
+            .configure(share, self.metrics.clone(), monotonic_ns());
     }
 
     /// The scheduler daemon link came up (`Hello` sent): groups ask it from now on.
@@ -1157,13 +1285,9 @@ impl Device {
         };
         let (header, reply) = match read {
             Ok((header, req, charge)) => {
-                let token = self.load.token();
                 let target = (header.resource_id, header.reply_capacity);
-                match self
-                    .compute
-                    .post(ctx, req, token, target, group.map(|g| (g, session)))
-                {
-                    Ok(()) => {
+                match self.compute_post(ctx, req, target, group) {
+                    Ok(token) => {
                         // Its bytes stay charged until it is done.
                         self.compute_charges.insert(token, charge);
                         return (Response::OkNoData, Some(token));
@@ -1190,6 +1314,37 @@ impl Device {
             return (Response::Err(e.response_code()), None);
         }
         (Response::OkNoData, None)
+    }
+
+    /// Posts compute request `req` of guest context `ctx` (its reply to `target`, a blob and
+    /// its room) to the executor; a scheduled one (`group`) runs sliced, each slice a group.
+    /// Returns the token its completion comes with, or the reply when it cannot run.
+    fn compute_post(
+        &mut self,
+        ctx: u32,
+        req: Request,
+        target: (u32, u32),
+        group: Option<GroupId>,
+    ) -> Result<LoadToken, Reply> {
+        let (session, start) = (self.sched.session(), monotonic_ns());
+        let token = self.load.token();
+        let signature = compute::signature(&req.work());
+        self.compute
+            .post(ctx, req, token, target, group.map(|g| (g, session)))?;
+        if let Some(group) = group {
+            let ran = Ran {
+                group,
+                session,
+                start,
+            };
+            self.sliced = Some(SlicedCompute {
+                token,
+                ctx,
+                signature,
+                slice: Slice::Running(Some(ran)),
+            });
+        }
+        Ok(token)
     }
 
     fn cursor_request(&mut self, chain: &CheckedChain) -> u32 {
@@ -1473,5 +1628,137 @@ mod tests {
         assert!(!dev.process_queue(0, None));
         assert!(!dev.process_queue(7, None));
         assert_eq!(crate::metrics::get(&metrics.notifies_ignored), 2);
+    }
+
+    /// Processes what the executor reported until the scheduled compute request is in
+    /// `want`'s state (bounded wait).
+    fn wait_slice(dev: &mut Device, want: impl Fn(&Slice) -> bool) {
+        let start = Instant::now();
+        while !dev.sliced.is_some_and(|s| want(&s.slice)) {
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(30),
+                "never happened"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            dev.compute_done();
+        }
+    }
+
+    /// A device admitted by a daemon, running a spin kernel of guest compute context 1 as a
+    /// scheduled compute request whose group (returned) the daemon granted.
+    fn scheduled_spin() -> (Device, LoadRunner, GroupId) {
+        let (mut dev, _) = live_device();
+        dev.sched_configure(FallbackShare::default());
+        dev.sched_connected();
+        dev.sched_message(Msg::Welcome {
+            version: vgpu_schedd::proto::PROTOCOL_VERSION,
+            vgpu: vgpu_scheduler::VgpuId(0),
+        });
+        let mut runner = LoadRunner::default();
+        let (_, launch) = compute::tests::spin_launch(&mut dev.compute, &mut runner, 1);
+        let sig = compute::signature(&launch.work());
+        let now = monotonic_ns();
+        assert_eq!(dev.sched.gate(1, GroupKind::Compute, sig, now), Gate::Hold);
+        let first = asked(&mut dev).expect("the launch asks the daemon");
+        dev.sched_message(Msg::Grant { group: first });
+        let now = monotonic_ns();
+        let Gate::Run(Some(group)) = dev.sched.gate(1, GroupKind::Compute, sig, now) else {
+            panic!("granted")
+        };
+        dev.compute_post(1, launch, (9, 4096), Some(group)).unwrap();
+        (dev, runner, group)
+    }
+
+    /// The compute group the device asked the daemon for since the last look.
+    fn asked(dev: &mut Device) -> Option<GroupId> {
+        let out = dev.sched_outbox(true).unwrap();
+        out.iter().find_map(|m| match m {
+            Msg::Submit { group, kind, .. } if *kind == GroupKind::Compute => Some(*group),
+            _ => None,
+        })
+    }
+
+    #[test]
+    fn a_reset_while_a_slice_runs_completes_its_group() {
+        let (mut dev, mut runner, group) = scheduled_spin();
+        dev.function_reset();
+        let out = dev.sched_outbox(true).unwrap();
+        assert!(
+            out.iter()
+                .any(|m| matches!(m, Msg::Completed { group: g, .. } if *g == group)),
+            "{out:?}"
+        );
+        let Reply::Id(_) =
+            compute::tests::ask(&mut dev.compute, &mut runner, 2, Request::ContextCreate)
+        else {
+            panic!("the next request is served")
+        };
+    }
+
+    #[test]
+    fn a_long_compute_request_runs_as_slices_each_granted_and_a_reset_cancels_the_rest() {
+        let (mut dev, mut runner, group) = scheduled_spin();
+        let mut groups = vec![group];
+        let mut spans = Vec::new();
+        for _ in 0..3 {
+            // Its slice ends: that group completes, a continuation asks the daemon.
+            wait_slice(&mut dev, |s| matches!(s, Slice::Yielded { .. }));
+            assert!(!dev.gate_continuation(), "held for its grant");
+            let out = dev.sched_outbox(true).unwrap();
+            let span = out.iter().find_map(|m| match m {
+                Msg::Completed {
+                    group,
+                    start,
+                    finish,
+                } if Some(group) == groups.last() => Some(finish - start),
+                _ => None,
+            });
+            spans.push(span.expect("the slice's group completed"));
+            let next = out.iter().find_map(|m| match m {
+                Msg::Submit { group, kind, .. } if *kind == GroupKind::Compute => Some(*group),
+                _ => None,
+            });
+            let next = next.expect("the continuation asks the daemon");
+            // Not granted, it stays paused: no further slice ends.
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            dev.compute_done();
+            assert_eq!(
+                dev.sliced.map(|s| s.slice),
+                Some(Slice::Yielded { asked: true })
+            );
+            assert!(dev.sched_outbox(true).unwrap().is_empty());
+            dev.sched_message(Msg::Grant { group: next });
+            assert!(dev.gate_continuation());
+            assert!(
+                matches!(dev.sliced.map(|s| s.slice), Some(Slice::Running(Some(r))) if r.group == next)
+            );
+            groups.push(next);
+        }
+        println!(
+            "slices of a spin kernel ({:?} each): {spans:?} ns",
+            compute::SLICE
+        );
+        for span in &spans {
+            assert!(*span < 50 * compute::SLICE.as_nanos() as u64, "{spans:?}");
+        }
+        // Paused with its continuation asked, a reset cancels that group at the daemon and
+        // answers the request: the executor serves the next one.
+        wait_slice(&mut dev, |s| matches!(s, Slice::Yielded { .. }));
+        assert!(!dev.gate_continuation());
+        let out = dev.sched_outbox(true).unwrap();
+        let pending = out.iter().find_map(|m| match m {
+            Msg::Submit { group, .. } => Some(*group),
+            _ => None,
+        });
+        let pending = pending.expect("the continuation asks the daemon");
+        dev.function_reset();
+        assert!(dev.sliced.is_none());
+        let out = dev.sched_outbox(true).unwrap();
+        assert!(out.contains(&Msg::Cancel { group: pending }), "{out:?}");
+        let Reply::Id(_) =
+            compute::tests::ask(&mut dev.compute, &mut runner, 2, Request::ContextCreate)
+        else {
+            panic!("the next request is served")
+        };
     }
 }

@@ -657,6 +657,33 @@ impl Scheduling {
         Gate::Hold
     }
 
+    /// Whether a group waits at the daemon for its grant, or its grant came and it has not
+    /// run yet (the next [`Scheduling::gate`] runs it, whatever it is gated for).
+    pub fn asking(&self) -> bool {
+        self.asked.is_some() || self.granted.is_some()
+    }
+
+    /// The held group will not run after all (the work it was for ended first): the group
+    /// asked or granted for it is cancelled at the daemon, which frees what it reserved.
+    pub fn withdraw_held(&mut self) {
+        self.holding = false;
+        let held = self.take_held();
+        if self.connected {
+            for group in held {
+                self.send(Msg::Cancel { group });
+            }
+        }
+    }
+
+    /// Forgets the held group's ask and grant; returns the group ids the daemon holds for it.
+    fn take_held(&mut self) -> Vec<GroupId> {
+        self.asked
+            .take()
+            .into_iter()
+            .chain(self.granted.take())
+            .collect()
+    }
+
     /// When the group the device holds itself may be gated again: `None` when no group is
     /// held so, or when it waits for a running group to complete (the completion is the
     /// time to look again).
@@ -980,8 +1007,8 @@ impl Scheduling {
             }
         }
         self.holding = false;
-        let held = self.asked.take().into_iter().chain(self.granted.take());
-        let at_daemon: Vec<GroupId> = held.chain(self.remote.keys().copied()).collect();
+        let mut at_daemon = self.take_held();
+        at_daemon.extend(self.remote.keys().copied());
         if self.connected {
             for group in at_daemon {
                 self.send(Msg::Cancel { group });

@@ -8,13 +8,21 @@
 //! requests run on the VM's compute executor thread (`compute::Executor`), never on the device
 //! worker; each finished request comes back as a [`Done`] the device turns into the reply in
 //! the guest's blob, the submit's fence and the scheduler's `Completed`.
+//!
+//! A request that is a scheduler group runs time-sliced: every [`SLICE`] of running time it
+//! pauses and reports [`Event::Yielded`], the device completes its group there and gates a
+//! continuation group, and [`ComputeRuntime::resume`] lets it go on once that is granted. So
+//! a guest's long kernels hold the scheduler's GPU a slice at a time, as a GPU's compute
+//! preemption time-slices contexts.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use log::{debug, info, warn};
 use mdev_backend::budget::{Charge, MemoryBudget, OverBudget};
+use mdev_backend::compute::backend::Slicing;
 use mdev_backend::compute::executor::Scope;
 use mdev_backend::compute::remote::{Owned, Stats, dispatch};
 use mdev_backend::compute::wire::{self, Reply, Request};
@@ -437,6 +445,27 @@ pub enum ComputeKind {
     NvCuda,
 }
 
+/// How long a scheduled compute request runs before it yields the GPU to the scheduler
+/// (compute time-slicing). A neighbour's group waits at most about this long behind a guest's
+/// long kernel (plus a check interval of the interpreter, under a millisecond, and the daemon's
+/// round trip), far under the daemon's 2 s group timeout and a 60 Hz frame (16.7 ms); each
+/// slice costs a `Completed` and a grant (tens of microseconds), about 1% of a slice.
+pub const SLICE: Duration = Duration::from_millis(10);
+
+/// What the executor reports about a posted request, in order.
+#[derive(Debug)]
+pub enum Event {
+    /// It finished.
+    Done(Done),
+    /// Its slice ended at `at` (monotonic ns): it is paused until [`ComputeRuntime::resume`]
+    /// (or cancelled by a reset or its context's destroy).
+    Yielded {
+        /// The token of its submit.
+        token: LoadToken,
+        at: u64,
+    },
+}
+
 /// A request that finished on the executor, for the device to complete.
 #[derive(Debug)]
 pub struct Done {
@@ -452,7 +481,6 @@ pub struct Done {
     /// When it began and ended running (monotonic ns).
     pub start: u64,
     pub finish: u64,
-    generation: u64,
 }
 
 /// What one guest compute context owns on the backend.
@@ -470,8 +498,12 @@ pub struct ComputeRuntime {
     budget: Arc<MemoryBudget>,
     executor: Option<Result<Executor, ComputeError>>,
     sessions: HashMap<u32, Arc<Mutex<Session>>>,
-    done_tx: Sender<Done>,
-    done_rx: Receiver<Done>,
+    /// What the executor reports, tagged with the generation it was posted in.
+    done_tx: Sender<(u64, Event)>,
+    done_rx: Receiver<(u64, Event)>,
+    /// The request paused at the end of a slice (its submit's token), waiting for
+    /// [`ComputeRuntime::resume`].
+    yielded: Option<LoadToken>,
     /// Written once per finished request: wakes the device's worker.
     notify: Option<Arc<EventFd>>,
     /// Requests posted to the executor and not yet reported back by it, of every generation:
@@ -504,6 +536,7 @@ impl ComputeRuntime {
             sessions: HashMap::new(),
             done_tx,
             done_rx,
+            yielded: None,
             notify: None,
             in_flight: 0,
             generation: 0,
@@ -531,10 +564,12 @@ impl ComputeRuntime {
         }
     }
 
-    /// Runs `req` of guest compute context `ctx` on the executor. When it finishes, a [`Done`]
-    /// carrying its reply (at most `reply_capacity` bytes encoded, else an error reply) comes
-    /// out of [`ComputeRuntime::take_done`]. An error here (executor unavailable or full) is
-    /// the request's reply, to be written at once.
+    /// Runs `req` of guest compute context `ctx` on the executor. When it finishes, an
+    /// [`Event::Done`] carrying its reply (at most `reply_capacity` bytes encoded, else an
+    /// error reply) comes out of [`ComputeRuntime::take_events`]. A request that is a
+    /// scheduler group (`group`) runs sliced: every [`SLICE`] it pauses and an
+    /// [`Event::Yielded`] comes out. An error here (executor unavailable or full) is the
+    /// request's reply, to be written at once.
     pub fn post(
         &mut self,
         ctx: u32,
@@ -551,52 +586,82 @@ impl ComputeRuntime {
         let session = Arc::clone(self.sessions.entry(ctx).or_default());
         let (tx, notify, generation) = (self.done_tx.clone(), self.notify.clone(), self.generation);
         let (resource_id, reply_capacity) = target;
-        let executor = self.executor().map_err(|e| Reply::error(&e))?;
-        executor
-            .post(Scope::Client(u64::from(ctx)), move |be| {
-                let start = monotonic_ns();
-                let reply = match be {
-                    Ok(be) => {
-                        let mut s = session.lock().unwrap_or_else(PoisonError::into_inner);
-                        let Session { owned, stats } = &mut *s;
-                        dispatch(be, owned, stats, req)
-                    }
-                    // Cancelled before it ran (a reset, its context destroyed).
-                    Err(e) => Reply::error(&e),
-                };
-                let finish = monotonic_ns();
-                let _ = tx.send(Done {
-                    token,
-                    resource_id,
-                    reply_capacity,
-                    reply: fitted(&reply, reply_capacity),
-                    group,
-                    start,
-                    finish,
-                    generation,
-                });
-                if let Some(n) = notify
-                    && let Err(e) = n.write(1)
-                {
-                    warn!("waking the device worker: {e}");
+        let slicing = group.map(|_| {
+            let (tx, notify) = (tx.clone(), notify.clone());
+            Slicing {
+                slice: SLICE,
+                on_yield: Arc::new(move || {
+                    let at = monotonic_ns();
+                    let _ = tx.send((generation, Event::Yielded { token, at }));
+                    wake(notify.as_deref());
+                }),
+            }
+        });
+        let job = move |be: Result<&mut dyn ComputeBackend, ComputeError>| {
+            let start = monotonic_ns();
+            let reply = match be {
+                Ok(be) => {
+                    let mut s = session.lock().unwrap_or_else(PoisonError::into_inner);
+                    let Session { owned, stats } = &mut *s;
+                    dispatch(be, owned, stats, req)
                 }
-            })
-            .map_err(|e| Reply::error(&e))?;
+                // Cancelled before it ran (a reset, its context destroyed).
+                Err(e) => Reply::error(&e),
+            };
+            let finish = monotonic_ns();
+            let done = Done {
+                token,
+                resource_id,
+                reply_capacity,
+                reply: fitted(&reply, reply_capacity),
+                group,
+                start,
+                finish,
+            };
+            let _ = tx.send((generation, Event::Done(done)));
+            wake(notify.as_deref());
+        };
+        let executor = self.executor().map_err(|e| Reply::error(&e))?;
+        let scope = Scope::Client(u64::from(ctx));
+        match slicing {
+            Some(slicing) => executor.post_sliced(scope, slicing, job),
+            None => executor.post(scope, job),
+        }
+        .map_err(|e| Reply::error(&e))?;
         self.in_flight += 1;
         Ok(())
     }
 
-    /// The requests that finished since the last call (those from before a reset dropped,
-    /// though they are counted out of what is in flight).
-    pub fn take_done(&mut self) -> Vec<Done> {
+    /// What the executor reported since the last call, in order (what is from before a reset
+    /// dropped, though its requests are counted out of what is in flight).
+    pub fn take_events(&mut self) -> Vec<Event> {
         let mut out = Vec::new();
-        while let Ok(d) = self.done_rx.try_recv() {
-            self.in_flight = self.in_flight.saturating_sub(1);
-            if d.generation == self.generation {
-                out.push(d);
+        while let Ok((generation, e)) = self.done_rx.try_recv() {
+            if let Event::Done(d) = &e {
+                self.in_flight = self.in_flight.saturating_sub(1);
+                if self.yielded == Some(d.token) {
+                    self.yielded = None;
+                }
             }
+            if generation != self.generation {
+                continue;
+            }
+            if let Event::Yielded { token, .. } = &e {
+                self.yielded = Some(*token);
+            }
+            out.push(e);
         }
         out
+    }
+
+    /// Lets the request of submit `token`, paused at the end of a slice, run its next slice;
+    /// false when it is not paused (it finished or was cancelled meanwhile).
+    pub fn resume(&mut self, token: LoadToken) -> bool {
+        if self.yielded != Some(token) {
+            return false;
+        }
+        self.yielded = None;
+        matches!(&self.executor, Some(Ok(executor)) if executor.resume())
     }
 
     /// Guest compute context `ctx` is destroyed (its program exited or was killed): its
@@ -618,6 +683,7 @@ impl ComputeRuntime {
     /// anything queued later.
     pub fn reset(&mut self) {
         self.generation = self.generation.wrapping_add(1);
+        self.yielded = None;
         self.cancel();
         for (_, session) in std::mem::take(&mut self.sessions) {
             self.release(session);
@@ -654,6 +720,15 @@ impl ComputeRuntime {
         if let Err(e) = r {
             warn!("releasing a compute session's contexts: {e}");
         }
+    }
+}
+
+/// Wakes the device's worker (a request finished or yielded).
+fn wake(notify: Option<&EventFd>) {
+    if let Some(n) = notify
+        && let Err(e) = n.write(1)
+    {
+        warn!("waking the device worker: {e}");
     }
 }
 
@@ -694,7 +769,7 @@ pub fn fitted(reply: &Reply, capacity: u32) -> Vec<u8> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use mdev_backend::compute::backend::{ContextId, DEFAULT_REQUEST_TIME};
     use vm_memory::GuestMemoryMmap;
@@ -984,7 +1059,10 @@ mod tests {
                 start.elapsed() < std::time::Duration::from_secs(10),
                 "no Done"
             );
-            done.extend(rt.take_done());
+            done.extend(rt.take_events().into_iter().filter_map(|e| match e {
+                Event::Done(d) => Some(d),
+                Event::Yielded { .. } => None,
+            }));
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         done
@@ -1050,14 +1128,14 @@ mod tests {
         // A reset forgets them: their Done never comes out.
         rt.reset();
         std::thread::sleep(std::time::Duration::from_millis(200));
-        assert!(rt.take_done().is_empty());
+        assert!(rt.take_events().is_empty());
         rt.post(1, Request::Attributes, runner.token(), (9, 4096), None)
             .unwrap();
         assert_eq!(wait_done(&mut rt, 1).len(), 1);
     }
 
     /// Posts `req` of guest context `guest` and waits for its reply.
-    fn ask(
+    pub(crate) fn ask(
         rt: &mut ComputeRuntime,
         runner: &mut super::super::load::LoadRunner,
         guest: u32,
@@ -1071,7 +1149,7 @@ mod tests {
 
     /// A backend context of guest context `guest` holding a kernel that never ends, and the
     /// request launching it.
-    fn spin_launch(
+    pub(crate) fn spin_launch(
         rt: &mut ComputeRuntime,
         runner: &mut super::super::load::LoadRunner,
         guest: u32,
@@ -1128,7 +1206,7 @@ mod tests {
         let (_, launch) = spin_launch(&mut rt, &mut runner, 1);
         rt.post(1, launch, runner.token(), (9, 4096), None).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(100));
-        assert!(rt.take_done().is_empty(), "still spinning");
+        assert!(rt.take_events().is_empty(), "still spinning");
         let start = std::time::Instant::now();
         rt.cancel();
         let done = wait_done(&mut rt, 1);
@@ -1157,7 +1235,7 @@ mod tests {
         // What was in flight is answered (and dropped) at once, the kernel stopped: what the
         // runtime counts in flight is what the executor holds, down to nothing.
         wait_until(&mut rt, |rt| {
-            assert!(rt.take_done().is_empty(), "replies from before the reset");
+            assert!(rt.take_events().is_empty(), "replies from before the reset");
             rt.in_flight == 0 && rt.executor().is_ok_and(|e| e.held() == 0)
         });
         let took = start.elapsed();
