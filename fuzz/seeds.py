@@ -279,6 +279,11 @@ write("compute_module", "fatbin_bombs",
       + u8(ZSTD | BOMB | ANY) + u8(61) + u32(200 << 20) + u32(4096)
       + u8(LZ4 | BOMB | MORE) + u8(62) + u32(40 << 20) + u16(999)
       + u8(ZSTD | STORED_PAST) + u8(75) + deep(1, 1, [0]) + u8(7))
+# Eight Zstandard entries of just under 64 MiB of spaces each, declaring 4 KiB: the code before
+# the bounded load decompressed all of them at once (600 MiB, past fuzz.sh's RSS limit).
+write("compute_module", "fatbin_zstd_bombs_lying",
+      u8(FATBIN) + u8(0) + u8(8 - 1)
+      + (u8(ZSTD | BOMB | ANY) + u8(75) + u32((64 << 20) - 100) + u32(4096)) * 8)
 write("compute_module", "fatbin_link",
       u8(FATBIN) + u8(1) + u8(2 - 1)
       + u8(0) + u8(75) + deep(10, 10, [0, 1, 6])
