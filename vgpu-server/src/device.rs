@@ -1696,6 +1696,24 @@ mod tests {
     }
 
     #[test]
+    fn a_context_destroyed_while_its_request_is_paused_cancels_the_continuation() {
+        let (mut dev, _, _) = scheduled_spin();
+        wait_slice(&mut dev, |s| matches!(s, Slice::Yielded { .. }));
+        assert!(!dev.gate_continuation());
+        let pending = asked(&mut dev).expect("the continuation asks the daemon");
+        // The guest's program is killed: its compute context goes (CTX_DESTROY).
+        dev.compute.destroy(1);
+        let start = Instant::now();
+        while dev.sliced.is_some() {
+            assert!(start.elapsed() < std::time::Duration::from_secs(30));
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            dev.compute_done();
+        }
+        let out = dev.sched_outbox(true).unwrap();
+        assert!(out.contains(&Msg::Cancel { group: pending }), "{out:?}");
+    }
+
+    #[test]
     fn a_long_compute_request_runs_as_slices_each_granted_and_a_reset_cancels_the_rest() {
         let (mut dev, mut runner, group) = scheduled_spin();
         let mut groups = vec![group];
