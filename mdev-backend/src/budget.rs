@@ -172,7 +172,11 @@ mod tests {
         c.shrink(20);
         assert_eq!(b.used(), 50);
         c.shrink(1000);
-        assert_eq!((c.bytes(), b.used()), (0, 0), "shrinks at most what it holds");
+        assert_eq!(
+            (c.bytes(), b.used()),
+            (0, 0),
+            "shrinks at most what it holds"
+        );
         let other = b.charge(30).unwrap();
         c.absorb(other);
         assert_eq!((c.bytes(), b.used()), (30, 30));
