@@ -466,19 +466,7 @@ fn generic_store_in_window(b: &mut CpuBackend, base: u64, size: u64) -> ComputeR
     let c = b.context_create_at(base, size)?;
     let a = b.mem_alloc(c, 64)?;
     let m = b.module_load(c, GENERIC_POKE.as_bytes())?;
-    let f = b.function(c, m, "gpoke")?;
-    let params = a.to_le_bytes();
-    b.launch(
-        c,
-        &KernelLaunch {
-            function: f.0,
-            grid: [1; 3],
-            block: [1, 1, 1],
-            shared_bytes: 0,
-            stream: DEFAULT_STREAM,
-            params: &params,
-        },
-    )?;
+    launch_alone(b, c, m, "gpoke", &a.to_le_bytes())?;
     let mut out = [0; 4];
     b.copy_dtoh(c, &mut out, a, DEFAULT_STREAM)?;
     assert_eq!(u32::from_le_bytes(out), 7, "context at {base:#x}");
