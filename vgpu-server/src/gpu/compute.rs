@@ -476,6 +476,8 @@ pub struct Done {
     pub reply_capacity: u32,
     /// The encoded reply.
     pub reply: Vec<u8>,
+    /// The reply's bytes, charged to the VM's budget until the reply is written and dropped.
+    pub charge: Option<Charge>,
     /// Its scheduler group and session, when it was one.
     pub group: Option<(GroupId, u64)>,
     /// When it began and ended running (monotonic ns).
@@ -586,6 +588,7 @@ impl ComputeRuntime {
         let session = Arc::clone(self.sessions.entry(ctx).or_default());
         let (tx, notify, generation) = (self.done_tx.clone(), self.notify.clone(), self.generation);
         let (resource_id, reply_capacity) = target;
+        let budget = Arc::clone(&self.budget);
         let slicing = group.map(|_| {
             let (tx, notify) = (tx.clone(), notify.clone());
             Slicing {
@@ -609,11 +612,13 @@ impl ComputeRuntime {
                 Err(e) => Reply::error(&e),
             };
             let finish = monotonic_ns();
+            let (reply, charge) = charged_reply(&budget, &reply, reply_capacity);
             let done = Done {
                 token,
                 resource_id,
                 reply_capacity,
-                reply: fitted(&reply, reply_capacity),
+                reply,
+                charge,
                 group,
                 start,
                 finish,
@@ -752,6 +757,25 @@ fn spawn_executor(kind: ComputeKind, budget: Arc<MemoryBudget>) -> Result<Execut
         Err(err) => warn!("compute backend {kind:?} unavailable: {err}"),
     }
     e
+}
+
+/// The encoded reply fitted to `capacity` ([`fitted`]) and charged to the VM's budget while it
+/// waits to be written into the guest's blob (up to [`MAX_IN_FLIGHT`] replies of up to a
+/// blob each), or, past the budget, a short `CUDA_ERROR_OUT_OF_MEMORY` reply, which is not
+/// charged (it always fits [`MIN_REPLY_CAPACITY`]).
+pub fn charged_reply(
+    budget: &Arc<MemoryBudget>,
+    reply: &Reply,
+    capacity: u32,
+) -> (Vec<u8>, Option<Charge>) {
+    let bytes = fitted(reply, capacity);
+    match budget.charge(bytes.len() as u64) {
+        Ok(charge) => (bytes, Some(charge)),
+        Err(e) => {
+            let refused = Reply::error(&ComputeError::OutOfMemory(format!("reply: {e}")));
+            (fitted(&refused, capacity), None)
+        }
+    }
 }
 
 /// The encoded reply if it fits `capacity`, else a short error reply
@@ -1036,6 +1060,24 @@ pub(crate) mod tests {
             panic!("an error reply")
         };
         assert_eq!(status, 1);
+    }
+
+    #[test]
+    fn a_reply_waiting_to_be_written_is_charged_and_past_the_budget_is_out_of_memory() {
+        let data = Reply::Data(vec![7; 1000]);
+        let b = MemoryBudget::new(2000);
+        let (bytes, charge) = charged_reply(&b, &data, 4096);
+        assert_eq!(bytes, data.encode());
+        assert_eq!(b.used(), bytes.len() as u64, "held while it waits");
+        // A second one does not fit beside the first: a short error reply, not charged.
+        let (refused, none) = charged_reply(&b, &data, 4096);
+        assert!(none.is_none());
+        let Ok(Reply::Error { status, .. }) = Reply::decode(&refused[4..]) else {
+            panic!("an error reply")
+        };
+        assert_eq!(status, 2, "CUDA_ERROR_OUT_OF_MEMORY");
+        drop(charge);
+        assert_eq!(b.used(), 0, "given back once written and dropped");
     }
 
     #[test]
