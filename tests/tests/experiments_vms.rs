@@ -167,8 +167,13 @@ fn loga_on_qtest_guests_exact_accounting_measures_the_load_and_costs_nothing() {
     // accounting; NEON's sampling suspends it in the others' windows and slows it.
     let app = |run| figure(&r, run, "app", "work_per_sec");
     let (none, exact, sampling) = (app("l10-none"), app("l10-exact"), app("l10-sampling"));
+    // The runs are sequential, each 10 s of 11 qtest drivers on the machine's CPUs, so the
+    // machine's own drift weighs on the ratio: on a 2-core host, repeated runs of one build
+    // gave exact/none from 0.84 to 1.18 (the light VMs moving with the app, so not an
+    // accounting cost). The bound sits below that spread and still catches accounting that
+    // costs the application a fifth of its rate.
     assert!(
-        exact > 0.85 * none,
+        exact > 0.8 * none,
         "exact accounting costs little: {none:.0} -> {exact:.0} iterations/s\n{log}"
     );
     assert!(
