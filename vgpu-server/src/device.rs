@@ -6,7 +6,7 @@
 //! ([`crate::transport`]); this module decodes BAR offsets into virtio structures, processes
 //! queues, and turns every protocol violation into DEVICE_NEEDS_RESET.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::fmt::Display;
 use std::fs::File;
 use std::sync::Arc;
@@ -140,9 +140,6 @@ pub struct Device {
     /// The compute request `gate` read for the chain with this head, so that the execution
     /// that follows runs what was scheduled without reading the guest's blob again.
     gated_compute: Option<(u16, compute::Submit)>,
-    /// What the compute requests on the executor are charged to the VM's budget, by the
-    /// token of their submit: each is given back when its request is done.
-    compute_charges: BTreeMap<LoadToken, Charge>,
     /// The scheduled (time-sliced) compute request on the executor, if any: at most one, as
     /// the executor runs one request at a time (a group dispatched behind a paused one would
     /// hold the daemon's GPU without running).
@@ -251,7 +248,6 @@ impl Device {
             compute: ComputeRuntime::new(ComputeKind::Cpu, Arc::clone(gpu.budget())),
             gpu,
             gated_compute: None,
-            compute_charges: BTreeMap::new(),
             sliced: None,
         }
     }
@@ -291,7 +287,6 @@ impl Device {
                 }
                 Event::Done(d) => d,
             };
-            self.compute_charges.remove(&d.token);
             if let Err(e) = self.gpu.blobs().write(&*mem, d.resource_id, &d.reply) {
                 guest_fault!("compute reply: {e}");
             }
@@ -473,8 +468,6 @@ impl Device {
         self.gated_compute = None;
         // Its continuation, if one was asked, was cancelled at the daemon with the others.
         self.sliced = None;
-        // The reset cancelled the requests: they are answered without running, and dropped.
-        self.compute_charges.clear();
         self.note_memory();
         self.config.set_interrupt_status(false);
         info!("device reset");
@@ -1286,12 +1279,8 @@ impl Device {
         let (header, reply) = match read {
             Ok((header, req, charge)) => {
                 let target = (header.resource_id, header.reply_capacity);
-                match self.compute_post(ctx, req, target, group) {
-                    Ok(token) => {
-                        // Its bytes stay charged until it is done.
-                        self.compute_charges.insert(token, charge);
-                        return (Response::OkNoData, Some(token));
-                    }
+                match self.compute_post(ctx, req, charge, target, group) {
+                    Ok(token) => return (Response::OkNoData, Some(token)),
                     Err(reply) => (header, reply),
                 }
             }
@@ -1318,11 +1307,13 @@ impl Device {
 
     /// Posts compute request `req` of guest context `ctx` (its reply to `target`, a blob and
     /// its room) to the executor; a scheduled one (`group`) runs sliced, each slice a group.
-    /// Returns the token its completion comes with, or the reply when it cannot run.
+    /// `charge` holds the request's bytes until it has run. Returns the token its completion
+    /// comes with, or the reply when it cannot run.
     fn compute_post(
         &mut self,
         ctx: u32,
         req: Request,
+        charge: Charge,
         target: (u32, u32),
         group: Option<GroupId>,
     ) -> Result<LoadToken, Reply> {
@@ -1330,7 +1321,7 @@ impl Device {
         let token = self.load.token();
         let signature = compute::signature(&req.work());
         self.compute
-            .post(ctx, req, token, target, group.map(|g| (g, session)))?;
+            .post(ctx, req, charge, token, target, group.map(|g| (g, session)))?;
         if let Some(group) = group {
             let ran = Ran {
                 group,
@@ -1665,7 +1656,9 @@ mod tests {
         let Gate::Run(Some(group)) = dev.sched.gate(1, GroupKind::Compute, sig, now) else {
             panic!("granted")
         };
-        dev.compute_post(1, launch, (9, 4096), Some(group)).unwrap();
+        let charge = Charge::empty(dev.gpu.budget());
+        dev.compute_post(1, launch, charge, (9, 4096), Some(group))
+            .unwrap();
         (dev, runner, group)
     }
 

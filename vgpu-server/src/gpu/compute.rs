@@ -571,11 +571,14 @@ impl ComputeRuntime {
     /// error reply) comes out of [`ComputeRuntime::take_events`]. A request that is a
     /// scheduler group (`group`) runs sliced: every [`SLICE`] it pauses and an
     /// [`Event::Yielded`] comes out. An error here (executor unavailable or full) is the
-    /// request's reply, to be written at once.
+    /// request's reply, to be written at once. `charge` holds the request's bytes: the job
+    /// owns it, so it is given back when the request has run, or when a cancelled job is
+    /// answered or dropped, never earlier or later.
     pub fn post(
         &mut self,
         ctx: u32,
         req: Request,
+        charge: Charge,
         token: LoadToken,
         target: (u32, u32),
         group: Option<(GroupId, u64)>,
@@ -611,6 +614,8 @@ impl ComputeRuntime {
                 // Cancelled before it ran (a reset, its context destroyed).
                 Err(e) => Reply::error(&e),
             };
+            // The request is consumed: its bytes go back before its reply's are charged.
+            drop(charge);
             let finish = monotonic_ns();
             let (reply, charge) = charged_reply(&budget, &reply, reply_capacity);
             let done = Done {
@@ -1116,21 +1121,20 @@ pub(crate) mod tests {
         let budget = MemoryBudget::new(BUDGET);
         let mut rt = ComputeRuntime::new(ComputeKind::Cpu, Arc::clone(&budget));
         let mut runner = super::super::load::LoadRunner::default();
-        let mut ask = |rt: &mut ComputeRuntime, req: Request| {
-            rt.post(1, req, runner.token(), (9, 4096), None).unwrap();
-            Reply::decode(&wait_done(rt, 1)[0].reply[4..]).unwrap()
-        };
-        let Reply::Id(ctx) = ask(&mut rt, Request::ContextCreate) else {
+        let Reply::Id(ctx) = ask(&mut rt, &mut runner, 1, Request::ContextCreate) else {
             panic!("a context")
         };
         let ctx = ContextId(ctx);
         let with_context = budget.used();
         assert!(with_context > 0, "the context's reserve is the VM's");
         let alloc = |bytes| Request::MemAlloc { ctx, bytes };
-        assert!(matches!(ask(&mut rt, alloc(1 << 20)), Reply::Address(_)));
+        assert!(matches!(
+            ask(&mut rt, &mut runner, 1, alloc(1 << 20)),
+            Reply::Address(_)
+        ));
         assert!(budget.used() >= with_context + (1 << 20));
         // Past the VM's budget: CUDA_ERROR_OUT_OF_MEMORY.
-        let Reply::Error { status, .. } = ask(&mut rt, alloc(BUDGET)) else {
+        let Reply::Error { status, .. } = ask(&mut rt, &mut runner, 1, alloc(BUDGET)) else {
             panic!("past the budget")
         };
         assert_eq!(status, 2);
@@ -1140,8 +1144,7 @@ pub(crate) mod tests {
     fn the_runtime_answers_each_request_bounds_what_is_in_flight_and_forgets_across_a_reset() {
         let mut rt = ComputeRuntime::new(ComputeKind::Cpu, budget());
         let mut runner = super::super::load::LoadRunner::default();
-        rt.post(1, Request::ContextCreate, runner.token(), (9, 4096), None)
-            .unwrap();
+        post(&mut rt, &mut runner, 1, Request::ContextCreate).unwrap();
         let done = wait_done(&mut rt, 1);
         assert_eq!((done[0].resource_id, done[0].reply_capacity), (9, 4096));
         assert!(done[0].start <= done[0].finish);
@@ -1153,8 +1156,7 @@ pub(crate) mod tests {
             ctx: ContextId(ctx),
             bytes: 4,
         };
-        rt.post(2, foreign, runner.token(), (9, 4096), None)
-            .unwrap();
+        post(&mut rt, &mut runner, 2, foreign).unwrap();
         let done = wait_done(&mut rt, 1);
         let Ok(Reply::Error { status, .. }) = Reply::decode(&done[0].reply[4..]) else {
             panic!("an error")
@@ -1162,18 +1164,27 @@ pub(crate) mod tests {
         assert_eq!(status, 400);
         // Unanswered requests past the bound are refused at once.
         for _ in 0..MAX_IN_FLIGHT {
-            rt.post(1, Request::Attributes, runner.token(), (9, 4096), None)
-                .unwrap();
+            post(&mut rt, &mut runner, 1, Request::Attributes).unwrap();
         }
-        let busy = rt.post(1, Request::Attributes, runner.token(), (9, 4096), None);
+        let busy = post(&mut rt, &mut runner, 1, Request::Attributes);
         assert!(matches!(busy, Err(Reply::Error { .. })), "{busy:?}");
         // A reset forgets them: their Done never comes out.
         rt.reset();
         std::thread::sleep(std::time::Duration::from_millis(200));
         assert!(rt.take_events().is_empty());
-        rt.post(1, Request::Attributes, runner.token(), (9, 4096), None)
-            .unwrap();
+        post(&mut rt, &mut runner, 1, Request::Attributes).unwrap();
         assert_eq!(wait_done(&mut rt, 1).len(), 1);
+    }
+
+    /// Posts `req` of guest context `guest`, unscheduled, its reply to blob 9 (4 KiB).
+    fn post(
+        rt: &mut ComputeRuntime,
+        runner: &mut super::super::load::LoadRunner,
+        guest: u32,
+        req: Request,
+    ) -> Result<(), Reply> {
+        let charge = Charge::empty(&rt.budget);
+        rt.post(guest, req, charge, runner.token(), (9, 4096), None)
     }
 
     /// Posts `req` of guest context `guest` and waits for its reply.
@@ -1183,8 +1194,7 @@ pub(crate) mod tests {
         guest: u32,
         req: Request,
     ) -> Reply {
-        rt.post(guest, req, runner.token(), (9, 4096), None)
-            .unwrap();
+        post(rt, runner, guest, req).unwrap();
         let done = wait_done(rt, 1);
         Reply::decode(&done[0].reply[4..]).unwrap()
     }
@@ -1241,12 +1251,23 @@ pub(crate) mod tests {
         }
     }
 
+    /// A runtime whose guest context 1 runs a kernel that never ends (the executor busy with
+    /// it), and that kernel's backend context.
+    fn spinning() -> (ComputeRuntime, super::super::load::LoadRunner, ContextId) {
+        let mut rt = ComputeRuntime::new(ComputeKind::Cpu, budget());
+        let mut runner = super::super::load::LoadRunner::default();
+        let (ctx, launch) = spin_launch(&mut rt, &mut runner, 1);
+        post(&mut rt, &mut runner, 1, launch).unwrap();
+        wait_until(&mut rt, |rt| rt.executor().is_ok_and(Executor::busy));
+        (rt, runner, ctx)
+    }
+
     #[test]
     fn a_vm_that_goes_away_stops_its_running_kernel() {
         let mut rt = ComputeRuntime::new(ComputeKind::Cpu, budget());
         let mut runner = super::super::load::LoadRunner::default();
         let (_, launch) = spin_launch(&mut rt, &mut runner, 1);
-        rt.post(1, launch, runner.token(), (9, 4096), None).unwrap();
+        post(&mut rt, &mut runner, 1, launch).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(100));
         assert!(rt.take_events().is_empty(), "still spinning");
         let start = std::time::Instant::now();
@@ -1261,16 +1282,11 @@ pub(crate) mod tests {
 
     #[test]
     fn a_reset_with_a_running_kernel_and_a_full_queue_cancels_all_and_releases_every_context() {
-        let mut rt = ComputeRuntime::new(ComputeKind::Cpu, budget());
-        let mut runner = super::super::load::LoadRunner::default();
-        let (ctx, launch) = spin_launch(&mut rt, &mut runner, 1);
-        rt.post(1, launch, runner.token(), (9, 4096), None).unwrap();
-        wait_until(&mut rt, |rt| rt.executor().is_ok_and(Executor::busy));
+        let (mut rt, mut runner, ctx) = spinning();
         for _ in 1..MAX_IN_FLIGHT {
-            rt.post(1, Request::Attributes, runner.token(), (9, 4096), None)
-                .unwrap();
+            post(&mut rt, &mut runner, 1, Request::Attributes).unwrap();
         }
-        let busy = rt.post(2, Request::Attributes, runner.token(), (9, 4096), None);
+        let busy = post(&mut rt, &mut runner, 2, Request::Attributes);
         assert!(matches!(busy, Err(Reply::Error { .. })), "{busy:?}");
         let start = std::time::Instant::now();
         rt.reset();
@@ -1303,16 +1319,11 @@ pub(crate) mod tests {
 
     #[test]
     fn destroying_a_killed_programs_context_cancels_its_kernel_and_the_next_is_served() {
-        let mut rt = ComputeRuntime::new(ComputeKind::Cpu, budget());
-        let mut runner = super::super::load::LoadRunner::default();
-        let (ctx, launch) = spin_launch(&mut rt, &mut runner, 1);
-        rt.post(1, launch, runner.token(), (9, 4096), None).unwrap();
-        wait_until(&mut rt, |rt| rt.executor().is_ok_and(Executor::busy));
+        let (mut rt, mut runner, ctx) = spinning();
         // The program is killed mid-kernel: its DRM file closes and its context goes.
         rt.destroy(1);
         let start = std::time::Instant::now();
-        rt.post(2, Request::ContextCreate, runner.token(), (9, 4096), None)
-            .unwrap();
+        post(&mut rt, &mut runner, 2, Request::ContextCreate).unwrap();
         let replies: Vec<Reply> = wait_done(&mut rt, 2)
             .iter()
             .map(|d| Reply::decode(&d.reply[4..]).unwrap())
