@@ -5,9 +5,11 @@
 # bootstrap with a CUDA 12 driver interface), tests/cuda/omp/*.c with GCC's nvptx offloading, and
 # the driver-API benchmark tests/cuda/bench/driver_bench.c with plain gcc) into
 # ${VGPU_CUDA_CORPUS:-$CACHE/cuda-corpus}. nvcc comes from NVIDIA's PyPI wheels, unpacked into
-# $CACHE/cuda; GCC's offloading from Debian's gcc-offload-nvptx. Nothing needs a GPU; nothing
-# NVIDIA ships enters the repository. Idempotent: a program is rebuilt only when what it is built
-# from changed (by content). docs/PTX.md says what the tests do with the corpus.
+# $CACHE/cuda with the header-only wheels a full toolkit has (CCCL: thrust, cub, <nv/target>;
+# the profiler API; NVTX 3), so stock programs using those build too; GCC's offloading from
+# Debian's gcc-offload-nvptx. Nothing needs a GPU; nothing NVIDIA ships enters the repository.
+# Idempotent: a program is rebuilt only when what it is built from changed (by content).
+# docs/PTX.md says what the tests do with the corpus.
 #   qemu-scripts/cuda-corpus.sh [--nvcc PATH]
 # --nvcc PATH: the nvcc programs only, built by that compiler (a GPU host whose driver is older
 # than the wheel's toolkit JIT-compiles only the PTX of a toolkit it knows).
@@ -21,9 +23,17 @@ cuda=$cache/cuda
 # Pinned so the corpus (and its PTX) is the same on every machine.
 version=13.5.37
 cudart12=12.9.79
+# The header-only parts of a full toolkit, unpacked into the same tree so nvcc finds them as it
+# would in /usr/local/cuda: CCCL (<nv/target> for cooperative_groups.h and cuda_fp16.h, thrust,
+# cub, cuda/std in include/cccl, which nvcc.profile already adds as a system include), the
+# profiler API (cuda_profiler_api.h) and NVTX 3 (nvtx3/). CCCL has no 13.5 wheel; 13.3.5.0.6 is
+# the newest and compiles with nvcc 13.5 (CCCL supports the toolkits of its major version).
+cccl=13.3.5.0.6
+headers=13.5.25
 wheels=("nvidia-cuda-nvcc==$version" "nvidia-cuda-crt==$version" "nvidia-cuda-runtime==$version"
-        "nvidia-nvvm==$version" "nvidia-cuda-runtime-cu12==$cudart12")
-stamp="$version cudart12 $cudart12"
+        "nvidia-nvvm==$version" "nvidia-cuda-runtime-cu12==$cudart12"
+        "nvidia-cuda-cccl==$cccl" "nvidia-cuda-profiler-api==$headers" "nvidia-nvtx==$headers")
+stamp="$version cudart12 $cudart12 cccl $cccl profiler-api nvtx $headers"
 
 own_nvcc=
 if [[ ${1:-} == --nvcc ]]; then
@@ -33,7 +43,7 @@ if [[ -n $own_nvcc ]]; then
     nvcc=("$own_nvcc")
 else
     if [[ ! -x $cuda/nvidia/cu13/bin/nvcc || $(cat "$cuda/version" 2>/dev/null) != "$stamp" ]]; then
-        echo "installing nvcc $version from PyPI wheels into $cuda (${#wheels[@]} wheels)"
+        echo "installing nvcc $version and the toolkit's headers from PyPI wheels into $cuda (${#wheels[@]} wheels)"
         rm -rf "$cuda.tmp" && mkdir -p "$cuda.tmp/wheels"
         bar=off
         ((PROGRESS_TTY)) && bar=on
@@ -46,6 +56,16 @@ else
         done
         rm -rf "$cuda.tmp/wheels"
         chmod +x "$cuda.tmp"/nvidia/cu13/bin/* "$cuda.tmp"/nvidia/cu13/nvvm/bin/*
+        # The toolkit is complete when a program using every header-only part compiles.
+        echo "  checking the headers: cooperative groups, fp16, thrust, profiler API, NVTX 3 ($(elapsed "$started"))"
+        printf '%s\n' '#include <cooperative_groups.h>' '#include <cuda_fp16.h>' \
+            '#include <thrust/device_vector.h>' '#include <cuda_profiler_api.h>' \
+            '#include <nvtx3/nvToolsExt.h>' \
+            '__global__ void k(__half *h) { cooperative_groups::this_thread_block().sync(); h[0] = __float2half(1.0f); }' \
+            'int main() { thrust::device_vector<int> v(4); nvtxRangePushA("check"); nvtxRangePop(); return cudaProfilerStart() == cudaSuccess ? 0 : v.size() > 0; }' \
+            >"$cuda.tmp/check.cu"
+        env "PATH=$cuda.tmp/nvidia/cu13/bin:$PATH" nvcc -c -o /dev/null "$cuda.tmp/check.cu"
+        rm -f "$cuda.tmp/check.cu"
         echo "$stamp" >"$cuda.tmp/version"
         rm -rf "$cuda" && mv "$cuda.tmp" "$cuda"
     fi
