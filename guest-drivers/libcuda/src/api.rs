@@ -6,19 +6,20 @@
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 use std::cell::Cell;
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::sync::{Mutex, OnceLock};
 
 use mdev_backend::compute::ptx::MAX_PTX_BYTES;
 
-use crate::driver::{CuResult, Driver, Image, LINK_TOKEN_MAGIC, LaunchParams};
+use crate::driver::{CuResult, Driver, Image, LINK_TOKEN_MAGIC, LaunchParams, StreamSettings};
 use crate::drm::DrmTransport;
 use crate::status::*;
+use crate::symbols::Resolution;
 use crate::transport::{SOCKET_ENV, SocketTransport, Transport, TransportError};
 
-type CUresult = c_uint;
-type Handle = *mut c_void;
+pub(crate) type CUresult = c_uint;
+pub(crate) type Handle = *mut c_void;
 
 /// The one device this driver presents.
 const DEVICE: c_int = 0;
@@ -32,6 +33,9 @@ const TRACE_ENV: &str = "VGPU_CUDA_TRACE";
 
 static DRIVER: Mutex<Option<Driver<Box<dyn Transport>>>> = Mutex::new(None);
 static UNSUPPORTED_SEEN: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
+static REFUSED_SEEN: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+/// Different refusals said on standard error (each once); later ones are not said.
+const MAX_REFUSALS_SAID: usize = 256;
 
 /// Contexts one thread may have pushed (`cuCtxPushCurrent`).
 const MAX_CONTEXT_STACK: usize = 32;
@@ -94,12 +98,12 @@ impl Transport for Box<dyn Transport> {
     }
 }
 
-fn with<R>(f: impl FnOnce(&mut Driver<Box<dyn Transport>>) -> CuResult<R>) -> CuResult<R> {
+pub(crate) fn with<R>(f: impl FnOnce(&mut Driver<Box<dyn Transport>>) -> CuResult<R>) -> CuResult<R> {
     let mut guard = DRIVER.lock().unwrap_or_else(|p| p.into_inner());
     f(guard.as_mut().ok_or(CUDA_ERROR_NOT_INITIALIZED)?)
 }
 
-fn current() -> CuResult<u64> {
+pub(crate) fn current() -> CuResult<u64> {
     top().ok_or(CUDA_ERROR_INVALID_CONTEXT)
 }
 
@@ -110,7 +114,7 @@ fn set_current(ctx: Option<u64>) -> CuResult<()> {
 }
 
 /// The context of a stream or event handle (the current one for the NULL stream).
-fn owner(handle: Handle) -> CuResult<u64> {
+pub(crate) fn owner(handle: Handle) -> CuResult<u64> {
     let h = handle as u64;
     if h <= 2 {
         return current();
@@ -126,7 +130,7 @@ pub(crate) fn status(r: CUresult) -> CuResult<()> {
     }
 }
 
-fn finish(r: std::thread::Result<CuResult<()>>) -> CUresult {
+pub(crate) fn finish(r: std::thread::Result<CuResult<()>>) -> CUresult {
     match r {
         Ok(Ok(())) => CUDA_SUCCESS,
         Ok(Err(status)) => status,
@@ -135,7 +139,7 @@ fn finish(r: std::thread::Result<CuResult<()>>) -> CUresult {
 }
 
 /// With [`TRACE_ENV`] set: each call on standard error, with its status when it failed.
-fn trace(name: &str, status: CUresult) {
+pub(crate) fn trace(name: &str, status: CUresult) {
     if std::env::var_os(TRACE_ENV).is_some() {
         match status {
             CUDA_SUCCESS => eprintln!("vgpu libcuda: {name}"),
@@ -144,7 +148,7 @@ fn trace(name: &str, status: CUresult) {
     }
 }
 
-fn unsupported(name: &'static str) -> CuResult<()> {
+pub(crate) fn unsupported(name: &'static str) -> CuResult<()> {
     let mut seen = UNSUPPORTED_SEEN.lock().unwrap_or_else(|p| p.into_inner());
     if seen.get_or_insert_with(HashSet::new).insert(name) {
         eprintln!("vgpu libcuda: {name} is not supported (CUDA_ERROR_NOT_SUPPORTED)");
@@ -152,8 +156,16 @@ fn unsupported(name: &'static str) -> CuResult<()> {
     Err(CUDA_ERROR_NOT_SUPPORTED)
 }
 
+/// Says once on standard error that a request was refused, naming what was refused.
+fn refused(what: &str) {
+    let mut seen = REFUSED_SEEN.lock().unwrap_or_else(|p| p.into_inner());
+    if seen.len() < MAX_REFUSALS_SAID && seen.insert(what.to_owned()) {
+        eprintln!("vgpu libcuda: refused: {what}");
+    }
+}
+
 /// Writes a result through a caller's out-pointer.
-fn put<T>(p: *mut T, v: T) -> CuResult<()> {
+pub(crate) fn put<T>(p: *mut T, v: T) -> CuResult<()> {
     if p.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -169,7 +181,7 @@ fn put_opt<T>(p: *mut T, v: T) -> CuResult<()> {
 }
 
 /// `n` bytes the caller passed.
-fn bytes<'a>(p: *const c_void, n: usize) -> CuResult<&'a [u8]> {
+pub(crate) fn bytes<'a>(p: *const c_void, n: usize) -> CuResult<&'a [u8]> {
     if n == 0 {
         return Ok(&[]);
     }
@@ -196,7 +208,7 @@ fn entry_at(array: *mut *mut c_void, i: usize) -> CuResult<usize> {
 }
 
 /// `n` bytes the caller lets the driver write.
-fn bytes_mut<'a>(p: *mut c_void, n: usize) -> CuResult<&'a mut [u8]> {
+pub(crate) fn bytes_mut<'a>(p: *mut c_void, n: usize) -> CuResult<&'a mut [u8]> {
     if n == 0 {
         return Ok(&mut []);
     }
@@ -325,6 +337,7 @@ macro_rules! entry {
         }
     };
 }
+pub(crate) use entry;
 
 macro_rules! not_supported {
     ($($name:ident | $alias:ident),* $(,)?) => {
@@ -419,6 +432,43 @@ entry!(cuDeviceGetAttribute(v: *mut c_int, attribute: c_int, dev: c_int) {
     put(v, value)
 });
 
+/// `CUdevprop`: the device's properties of CUDA 1.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct DevProp {
+    max_threads_per_block: c_int,
+    max_threads_dim: [c_int; 3],
+    max_grid_size: [c_int; 3],
+    shared_mem_per_block: c_int,
+    total_constant_memory: c_int,
+    simd_width: c_int,
+    mem_pitch: c_int,
+    regs_per_block: c_int,
+    clock_rate: c_int,
+    texture_align: c_int,
+}
+
+entry!(cuDeviceGetProperties(prop: *mut DevProp, dev: c_int) {
+    device(dev)?;
+    // Each field is the answer of the device attribute of the same meaning.
+    let props = with(|d| {
+        let a = |n| crate::attributes::device_attribute(d.attributes(), n);
+        Ok(DevProp {
+            max_threads_per_block: a(1)?,
+            max_threads_dim: [a(2)?, a(3)?, a(4)?],
+            max_grid_size: [a(5)?, a(6)?, a(7)?],
+            shared_mem_per_block: a(8)?,
+            total_constant_memory: a(9)?,
+            simd_width: a(10)?,
+            mem_pitch: a(11)?,
+            regs_per_block: a(12)?,
+            clock_rate: a(13)?,
+            texture_align: a(14)?,
+        })
+    })?;
+    put(prop, props)
+});
+
 entry!(cuDeviceGetUuid(uuid: *mut [u8; 16], dev: c_int) {
     device(dev)?;
     put(uuid, *b"vgpu-compute-000")
@@ -444,21 +494,103 @@ entry!(cuDevicePrimaryCtxRetain(pctx: *mut Handle, dev: c_int) {
 
 entry!(cuDevicePrimaryCtxRelease_v2 | cuDevicePrimaryCtxRelease(dev: c_int) { device(dev) });
 
-entry!(cuDevicePrimaryCtxSetFlags_v2 | cuDevicePrimaryCtxSetFlags(dev: c_int, _flags: c_uint) {
-    device(dev)
+entry!(cuDevicePrimaryCtxSetFlags_v2 | cuDevicePrimaryCtxSetFlags(dev: c_int, flags: c_uint) {
+    device(dev)?;
+    let flags = context_flags(flags)?;
+    with(|d| d.set_primary_flags(flags))
 });
 
 entry!(cuDevicePrimaryCtxGetState(dev: c_int, flags: *mut c_uint, active: *mut c_int) {
     device(dev)?;
-    put(flags, 0)?;
-    put(active, 1)
+    let (f, on) = with(|d| Ok(d.primary_state()))?;
+    put(flags, f)?;
+    put(active, c_int::from(on))
 });
 
-entry!(cuCtxCreate_v2 | cuCtxCreate(pctx: *mut Handle, _flags: c_uint, dev: c_int) {
+/// `CU_CTX_SCHED_MASK`: the scheduling field of the context flags, one of auto (0), spin (1),
+/// yield (2) or blocking sync (4).
+const CTX_SCHED_MASK: c_uint = 0x07;
+/// `CU_CTX_FLAGS_MASK`: every context flag (scheduling, map host, local memory resize,
+/// coredumps, synchronous memory operations).
+const CTX_FLAGS_MASK: c_uint = 0xFF;
+
+/// Context flags as given, checked.
+fn context_flags(flags: c_uint) -> CuResult<u32> {
+    if flags & !CTX_FLAGS_MASK != 0 || !matches!(flags & CTX_SCHED_MASK, 0 | 1 | 2 | 4) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(flags)
+}
+
+/// `CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY`: execution affinity (SM-count limits) needs MPS on
+/// a Volta or newer GPU; this device has none.
+const CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY: CUresult = 224;
+/// `CUDA_ERROR_UNSUPPORTED_LIMIT`: a limit the device does not have.
+const CUDA_ERROR_UNSUPPORTED_LIMIT: CUresult = 215;
+
+/// A new context with checked flags, made current (pushed) as `cuCtxCreate` does.
+fn create_context(pctx: *mut Handle, flags: c_uint, dev: c_int) -> CuResult<()> {
     device(dev)?;
-    let ctx = with(|d| d.context_create())?;
+    let flags = context_flags(flags)?;
+    if pctx.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let ctx = with(|d| {
+        let c = d.context_create()?;
+        d.settings_mut(c)?.flags = flags;
+        Ok(c)
+    })?;
     push_current(ctx)?;
     put(pctx, ctx as Handle)
+}
+
+entry!(cuCtxCreate_v2 | cuCtxCreate(pctx: *mut Handle, flags: c_uint, dev: c_int) {
+    create_context(pctx, flags, dev)
+});
+
+/// Refuses execution-affinity parameters: none can be honoured without MPS.
+fn no_exec_affinity(params: *const c_void, count: c_int) -> CuResult<()> {
+    match (params.is_null(), count) {
+        (true, 0) => Ok(()),
+        (false, 1..) => {
+            refused("cuCtxCreate with execution affinity (needs MPS)");
+            Err(CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY)
+        }
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+entry!(cuCtxCreate_v3(
+    pctx: *mut Handle,
+    params: *mut c_void,
+    count: c_int,
+    flags: c_uint,
+    dev: c_int,
+) {
+    no_exec_affinity(params, count)?;
+    create_context(pctx, flags, dev)
+});
+
+/// `CUctxCreateParams` of CUDA 12.5.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CtxCreateParams {
+    exec_affinity: *const c_void,
+    exec_affinity_count: c_int,
+    cig: *const c_void,
+}
+
+entry!(cuCtxCreate_v4(pctx: *mut Handle, params: *const CtxCreateParams, flags: c_uint, dev: c_int) {
+    if !params.is_null() {
+        let p = read_at(params, 0)?;
+        no_exec_affinity(p.exec_affinity, p.exec_affinity_count)?;
+        if !p.cig.is_null() {
+            // CUDA in Graphics shares a D3D12 or Vulkan client's context: there is none.
+            refused("cuCtxCreate with CIG parameters (no graphics client)");
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+    }
+    create_context(pctx, flags, dev)
 });
 
 entry!(cuCtxDestroy_v2 | cuCtxDestroy(ctx: Handle) {
@@ -505,8 +637,26 @@ entry!(cuCtxPopCurrent_v2 | cuCtxPopCurrent(pctx: *mut Handle) {
     put_opt(pctx, top as Handle)
 });
 
+/// A context argument: the given context, checked, or the current one for NULL.
+fn context_or_current(ctx: Handle) -> CuResult<u64> {
+    if ctx.is_null() {
+        return current();
+    }
+    let ctx = ctx as u64;
+    if with(|d| Ok(d.is_context(ctx)))? {
+        Ok(ctx)
+    } else {
+        Err(CUDA_ERROR_INVALID_CONTEXT)
+    }
+}
+
 entry!(cuCtxGetDevice(dev: *mut c_int) {
     current()?;
+    put(dev, DEVICE)
+});
+
+entry!(cuCtxGetDevice_v2(dev: *mut c_int, ctx: Handle) {
+    context_or_current(ctx)?;
     put(dev, DEVICE)
 });
 
@@ -515,9 +665,151 @@ entry!(cuCtxSynchronize() {
     with(|d| d.synchronize(ctx))
 });
 
-entry!(cuCtxSetLimit(_limit: c_int, _value: usize) {
-    // Stack, heap and printf FIFO sizes are the host backend's own.
-    current().map(drop)
+entry!(cuCtxSynchronize_v2(ctx: Handle) {
+    let ctx = context_or_current(ctx)?;
+    with(|d| d.synchronize(ctx))
+});
+
+entry!(cuCtxGetFlags(flags: *mut c_uint) {
+    let ctx = current()?;
+    let s = with(|d| d.settings(ctx))?;
+    put(flags, s.flags)
+});
+
+entry!(cuCtxSetFlags(flags: c_uint) {
+    let ctx = current()?;
+    let flags = context_flags(flags)?;
+    with(|d| {
+        d.settings_mut(ctx)?.flags = flags;
+        Ok(())
+    })
+});
+
+/// `CUlimit` values.
+const LIMIT_STACK_SIZE: c_int = 0;
+const LIMIT_PRINTF_FIFO_SIZE: c_int = 1;
+const LIMIT_MALLOC_HEAP_SIZE: c_int = 2;
+const LIMIT_DEV_RUNTIME_SYNC_DEPTH: c_int = 3;
+const LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT: c_int = 4;
+const LIMIT_MAX_L2_FETCH_GRANULARITY: c_int = 5;
+const LIMIT_PERSISTING_L2_CACHE_SIZE: c_int = 6;
+/// Largest L2 fetch granularity hint (bytes).
+const MAX_L2_FETCH_GRANULARITY: u64 = 128;
+
+/// The most each settable limit may be: what the host's executor provides (a thread's local
+/// memory, the printf buffer of a launch, the device heap), or `None` for a limit this device
+/// does not have: device-runtime limits (no dynamic parallelism) and persisting L2 (Turing
+/// has none).
+fn limit_ceiling(limit: c_int) -> CuResult<Option<u64>> {
+    use mdev_backend::compute::{memory, ptx};
+    Ok(match limit {
+        LIMIT_STACK_SIZE => Some(u64::from(ptx::MAX_LOCAL_BYTES_PER_THREAD)),
+        LIMIT_PRINTF_FIFO_SIZE => Some(ptx::MAX_PRINTF_BYTES as u64),
+        LIMIT_MALLOC_HEAP_SIZE => Some(memory::DEVICE_HEAP_BYTES),
+        LIMIT_MAX_L2_FETCH_GRANULARITY => Some(MAX_L2_FETCH_GRANULARITY),
+        LIMIT_DEV_RUNTIME_SYNC_DEPTH
+        | LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT
+        | LIMIT_PERSISTING_L2_CACHE_SIZE => None,
+        _ => return Err(CUDA_ERROR_INVALID_VALUE),
+    })
+}
+
+/// The field of a context's settings that holds `limit` (one [`limit_ceiling`] allows).
+fn limit_field(s: &mut crate::driver::ContextSettings, limit: c_int) -> &mut u64 {
+    match limit {
+        LIMIT_STACK_SIZE => &mut s.stack_bytes,
+        LIMIT_PRINTF_FIFO_SIZE => &mut s.printf_bytes,
+        LIMIT_MALLOC_HEAP_SIZE => &mut s.heap_bytes,
+        _ => &mut s.l2_fetch_granularity,
+    }
+}
+
+entry!(cuCtxSetLimit(limit: c_int, value: usize) {
+    let ctx = current()?;
+    let value = value as u64;
+    match limit_ceiling(limit)? {
+        Some(max) if value <= max => with(|d| {
+            *limit_field(d.settings_mut(ctx)?, limit) = value;
+            Ok(())
+        }),
+        Some(max) => {
+            refused(&format!("cuCtxSetLimit({limit}) to {value} bytes: the executor provides {max}"));
+            Err(CUDA_ERROR_INVALID_VALUE)
+        }
+        // Zero persisting L2 is what the device has.
+        None if limit == LIMIT_PERSISTING_L2_CACHE_SIZE && value == 0 => Ok(()),
+        None => {
+            refused(&format!("cuCtxSetLimit({limit}): no such limit on this device"));
+            Err(CUDA_ERROR_UNSUPPORTED_LIMIT)
+        }
+    }
+});
+
+entry!(cuCtxGetLimit(value: *mut usize, limit: c_int) {
+    let ctx = current()?;
+    let v = match limit_ceiling(limit)? {
+        Some(_) => with(|d| Ok(*limit_field(&mut d.settings(ctx)?, limit)))?,
+        None if limit == LIMIT_PERSISTING_L2_CACHE_SIZE => 0,
+        None => return Err(CUDA_ERROR_UNSUPPORTED_LIMIT),
+    };
+    put(value, v as usize)
+});
+
+/// `CUfunc_cache`: prefer none, shared, L1, equal.
+const MAX_FUNC_CACHE: c_int = 3;
+
+entry!(cuCtxGetCacheConfig(config: *mut c_int) {
+    let ctx = current()?;
+    let s = with(|d| d.settings(ctx))?;
+    put(config, s.cache_config as c_int)
+});
+
+entry!(cuCtxSetCacheConfig(config: c_int) {
+    let ctx = current()?;
+    if !(0..=MAX_FUNC_CACHE).contains(&config) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    with(|d| {
+        d.settings_mut(ctx)?.cache_config = config as u32;
+        Ok(())
+    })
+});
+
+/// `CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE`: Turing's shared memory banks are four bytes
+/// wide and not configurable (a setting is accepted and has no effect, as on the hardware).
+const SHARED_MEM_CONFIG_FOUR_BYTE: c_int = 1;
+/// `CUsharedconfig` values: default, four-byte, eight-byte banks.
+const MAX_SHARED_MEM_CONFIG: c_int = 2;
+
+entry!(cuCtxGetSharedMemConfig(config: *mut c_int) {
+    current()?;
+    put(config, SHARED_MEM_CONFIG_FOUR_BYTE)
+});
+
+entry!(cuCtxSetSharedMemConfig(config: c_int) {
+    current()?;
+    if !(0..=MAX_SHARED_MEM_CONFIG).contains(&config) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(())
+});
+
+entry!(cuFuncSetSharedMemConfig(f: Handle, config: c_int) {
+    let f = function(f)?;
+    if !(0..=MAX_SHARED_MEM_CONFIG).contains(&config) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    with(|d| d.params(f).map(drop))
+});
+
+/// Stream priorities of a Turing GPU: 0 is the least, -5 the greatest.
+const LEAST_STREAM_PRIORITY: c_int = 0;
+const GREATEST_STREAM_PRIORITY: c_int = -5;
+
+entry!(cuCtxGetStreamPriorityRange(least: *mut c_int, greatest: *mut c_int) {
+    current()?;
+    put_opt(least, LEAST_STREAM_PRIORITY)?;
+    put_opt(greatest, GREATEST_STREAM_PRIORITY)
 });
 
 entry!(cuCtxGetId(ctx: Handle, id: *mut u64) {
@@ -925,9 +1217,6 @@ entry!(cuMemsetD32Async(dst: u64, value: c_uint, n: usize, stream: Handle) {
 });
 
 not_supported!(
-    cuMemcpy2D_v2 | cuMemcpy2D,
-    cuMemcpy2DUnaligned_v2 | cuMemcpy2DUnaligned,
-    cuMemcpy3D_v2 | cuMemcpy3D,
     cuMemHostGetDevicePointer_v2 | cuMemHostGetDevicePointer,
     cuMemAllocManaged | cuMemPrefetchAsync,
     cuPointerGetAttribute | cuPointerGetAttributes,
@@ -936,16 +1225,65 @@ not_supported!(
 
 // Streams and events.
 
-entry!(cuStreamCreate(stream: *mut Handle, _flags: c_uint) {
+/// `CU_STREAM_NON_BLOCKING`, the only stream flag besides the default (0).
+const STREAM_NON_BLOCKING: c_uint = 1;
+
+/// A stream with checked flags and a priority clamped to the device's range, as the driver
+/// clamps it. The host runs a context's work in order, so a priority is kept and reported but
+/// orders nothing.
+fn create_stream(stream: *mut Handle, flags: c_uint, priority: c_int) -> CuResult<()> {
     let ctx = current()?;
-    let s = with(|d| d.stream_create(ctx))?;
+    if flags & !STREAM_NON_BLOCKING != 0 || stream.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let settings = StreamSettings {
+        flags,
+        priority: priority.clamp(GREATEST_STREAM_PRIORITY, LEAST_STREAM_PRIORITY),
+    };
+    let s = with(|d| d.stream_create(ctx, settings))?;
     put(stream, s as Handle)
+}
+
+entry!(cuStreamCreate(stream: *mut Handle, flags: c_uint) {
+    create_stream(stream, flags, LEAST_STREAM_PRIORITY)
 });
 
-entry!(cuStreamCreateWithPriority(stream: *mut Handle, flags: c_uint, _priority: c_int) {
-    // Stream priorities are the scheduler's business, per VM, not per stream.
-    // SAFETY: the same arguments as cuStreamCreate.
-    status(unsafe { cuStreamCreate(stream, flags) })
+entry!(cuStreamCreateWithPriority(stream: *mut Handle, flags: c_uint, priority: c_int) {
+    create_stream(stream, flags, priority)
+});
+
+/// The settings of a stream argument (the NULL stream's for 0 and the two default streams).
+fn stream_settings(stream: Handle) -> CuResult<StreamSettings> {
+    let ctx = owner(stream)?;
+    with(|d| d.stream_settings(ctx, stream as u64))
+}
+
+entry!(cuStreamGetPriority(stream: Handle, priority: *mut c_int) {
+    put(priority, stream_settings(stream)?.priority)
+});
+
+entry!(cuStreamGetFlags(stream: Handle, flags: *mut c_uint) {
+    put(flags, stream_settings(stream)?.flags)
+});
+
+entry!(cuStreamGetId(stream: Handle, id: *mut u64) {
+    // The handle is unique for the process's life (0, 1 and 2 are the NULL stream, the
+    // legacy and the per-thread default stream).
+    stream_settings(stream)?;
+    put(id, stream as u64)
+});
+
+entry!(cuStreamGetCtx(stream: Handle, pctx: *mut Handle) {
+    let ctx = owner(stream)?;
+    with(|d| d.stream_settings(ctx, stream as u64))?;
+    put(pctx, ctx as Handle)
+});
+
+entry!(cuStreamGetCtx_v2(stream: Handle, pctx: *mut Handle, green: *mut Handle) {
+    // SAFETY: our own entry point with the caller's out-pointer.
+    status(unsafe { cuStreamGetCtx(stream, pctx) })?;
+    // No green contexts: every stream belongs to an ordinary context.
+    put_opt(green, std::ptr::null_mut())
 });
 
 entry!(cuStreamDestroy_v2 | cuStreamDestroy(stream: Handle) {
@@ -1010,7 +1348,7 @@ entry!(cuEventQuery(event: Handle) {
     with(|d| d.event_query(ctx, event as u64))
 });
 
-entry!(cuEventElapsedTime(ms: *mut f32, start: Handle, end: Handle) {
+entry!(cuEventElapsedTime_v2 | cuEventElapsedTime(ms: *mut f32, start: Handle, end: Handle) {
     let ctx = owner(start)?;
     let v = with(|d| d.event_elapsed(ctx, start as u64, end as u64))?;
     put(ms, v)
@@ -1099,11 +1437,27 @@ entry!(cuGetErrorName(status: c_uint, out: *mut *const c_char) {
     put(out, n.as_ptr())
 });
 
+// Profiler control: no profiler is attached, so starting and stopping collection succeed
+// and collect nothing, as on a driver run without a profiling tool.
+
+entry!(cuProfilerInitialize(_config: *const c_char, _output: *const c_char, _mode: c_int) {
+    current().map(drop)
+});
+
+entry!(cuProfilerStart() { current().map(drop) });
+
+entry!(cuProfilerStop() { current().map(drop) });
+
 // Entry-point lookup (the CUDA runtime resolves everything through these).
 
 /// `CUdriverProcAddressQueryResult`: found, symbol not found, version not sufficient.
 const PROC_ADDRESS_SUCCESS: c_int = 0;
 const PROC_ADDRESS_SYMBOL_NOT_FOUND: c_int = 1;
+const PROC_ADDRESS_VERSION_NOT_SUFFICIENT: c_int = 2;
+/// `CUdriverProcAddress_flags`: legacy default stream (also what 0, the default, means to a
+/// driver that cannot see how the caller was compiled), per-thread default stream.
+const PROC_ADDRESS_LEGACY_STREAM: u64 = 1;
+const PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 2;
 
 /// This library's own handle: found through the path of one of its functions and opened
 /// again without loading anything, so the lookup works however the library was loaded (libgomp
@@ -1131,37 +1485,53 @@ fn own_handle() -> Option<usize> {
     })
 }
 
-/// Our own entry point `name`, preferring its `_v2` version as a CUDA ≥ 4.0 caller expects.
-fn lookup(name: &str) -> Option<*mut c_void> {
+/// Our own exported symbol `symbol`.
+fn own_symbol(symbol: &str) -> Option<*mut c_void> {
     let handle = own_handle()? as *mut c_void;
-    for candidate in [format!("{name}_v2\0"), format!("{name}\0")] {
-        // SAFETY: dlsym in our own library's handle with a NUL-terminated name; it only reads.
-        let p = unsafe { libc::dlsym(handle, candidate.as_ptr().cast()) };
-        if !p.is_null() {
-            return Some(p);
+    let c = std::ffi::CString::new(symbol).ok()?;
+    // SAFETY: dlsym in our own library's handle with a NUL-terminated name; it only reads.
+    let p = unsafe { libc::dlsym(handle, c.as_ptr()) };
+    (!p.is_null()).then_some(p)
+}
+
+/// What `cuGetProcAddress` answers for `name` asked by a caller of CUDA `version`: the symbol
+/// of the version's signature (`symbols.rs`). A per-thread default stream variant this library
+/// does not export is answered with the legacy one: every context's work runs in order on the
+/// host, so the two default streams are the same stream here.
+fn lookup(name: &str, version: u32, per_thread: bool) -> Result<*mut c_void, c_int> {
+    let found = match crate::symbols::resolve(name, version, per_thread) {
+        Resolution::Symbol { symbol, legacy } => {
+            own_symbol(symbol).or_else(|| legacy.and_then(own_symbol))
         }
-    }
-    None
+        Resolution::VersionNotSufficient => return Err(PROC_ADDRESS_VERSION_NOT_SUFFICIENT),
+        Resolution::Unknown => own_symbol(name),
+    };
+    found.ok_or(PROC_ADDRESS_SYMBOL_NOT_FOUND)
 }
 
 entry!(cuGetProcAddress_v2(
     symbol: *const c_char,
     pfn: *mut *mut c_void,
-    _cuda_version: c_int,
-    _flags: u64,
+    cuda_version: c_int,
+    flags: u64,
     status: *mut c_int,
 ) {
     let n = name(symbol)?;
-    match lookup(n) {
-        Some(p) => {
+    let version = u32::try_from(cuda_version).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+    if flags & !(PROC_ADDRESS_LEGACY_STREAM | PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let per_thread = flags & PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM != 0;
+    match lookup(n, version, per_thread) {
+        Ok(p) => {
             put_opt(status, PROC_ADDRESS_SUCCESS)?;
             put(pfn, p)
         }
-        None => {
+        Err(why) => {
             if std::env::var_os(TRACE_ENV).is_some() {
-                eprintln!("vgpu libcuda: cuGetProcAddress: no {n}");
+                eprintln!("vgpu libcuda: cuGetProcAddress: no {n} for CUDA {version} ({why})");
             }
-            put_opt(status, PROC_ADDRESS_SYMBOL_NOT_FOUND)?;
+            put_opt(status, why)?;
             put(pfn, std::ptr::null_mut())?;
             Err(CUDA_ERROR_NOT_FOUND)
         }

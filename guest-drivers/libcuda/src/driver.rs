@@ -41,6 +41,47 @@ struct Context {
     _window: Option<crate::window::Window>,
     /// Device allocations: start → size (`cuMemGetAddressRange`, `cuMemcpy` directions).
     allocations: BTreeMap<u64, u64>,
+    settings: ContextSettings,
+}
+
+/// What a program told a context: its `CU_CTX_*` flags, its cache preference and the limits
+/// it set (`cuCtxSetLimit`), each at most what the host's executor provides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContextSettings {
+    pub flags: u32,
+    /// `CUfunc_cache`: a preference the hardware may ignore, kept to be reported.
+    pub cache_config: u32,
+    /// `CU_LIMIT_STACK_SIZE`, `CU_LIMIT_PRINTF_FIFO_SIZE`, `CU_LIMIT_MALLOC_HEAP_SIZE` and
+    /// `CU_LIMIT_MAX_L2_FETCH_GRANULARITY`, in bytes.
+    pub stack_bytes: u64,
+    pub printf_bytes: u64,
+    pub heap_bytes: u64,
+    pub l2_fetch_granularity: u64,
+}
+
+/// A context's stack size before a program sets one: CUDA's default per-thread stack.
+pub const DEFAULT_STACK_BYTES: u64 = 1024;
+/// The L2 fetch granularity reported before a program sets one (a hint on every GPU).
+pub const DEFAULT_L2_FETCH_GRANULARITY: u64 = 64;
+
+impl Default for ContextSettings {
+    fn default() -> Self {
+        ContextSettings {
+            flags: 0,
+            cache_config: 0,
+            stack_bytes: DEFAULT_STACK_BYTES,
+            printf_bytes: mdev_backend::compute::ptx::MAX_PRINTF_BYTES as u64,
+            heap_bytes: mdev_backend::compute::memory::DEVICE_HEAP_BYTES,
+            l2_fetch_granularity: DEFAULT_L2_FETCH_GRANULARITY,
+        }
+    }
+}
+
+/// A created stream's `CU_STREAM_*` flags and priority (`cuStreamCreateWithPriority`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamSettings {
+    pub flags: u32,
+    pub priority: i32,
 }
 
 #[derive(Debug)]
@@ -131,7 +172,10 @@ pub struct Driver<T: Transport> {
     links: HashMap<u64, Link>,
     libraries: HashMap<u64, Library>,
     kernels: HashMap<u64, Kernel>,
+    streams: HashMap<u64, StreamSettings>,
     primary: Option<u64>,
+    /// The primary context's flags (`cuDevicePrimaryCtxSetFlags`), kept across its creation.
+    primary_flags: u32,
     next: u64,
 }
 
@@ -155,7 +199,9 @@ impl<T: Transport> Driver<T> {
             links: HashMap::new(),
             libraries: HashMap::new(),
             kernels: HashMap::new(),
+            streams: HashMap::new(),
             primary: None,
+            primary_flags: 0,
             next: 0,
         })
     }
@@ -310,6 +356,7 @@ impl<T: Transport> Driver<T> {
                 remote: ContextId(remote),
                 _window: window,
                 allocations: BTreeMap::new(),
+                settings: ContextSettings::default(),
             },
         );
         Ok(h)
@@ -319,6 +366,7 @@ impl<T: Transport> Driver<T> {
         let remote = self.remote(ctx)?;
         self.contexts.remove(&ctx);
         self.objects.retain(|_, (c, _)| *c != ctx);
+        self.streams.retain(|s, _| self.objects.contains_key(s));
         self.functions.retain(|_, f| f.ctx != ctx);
         if self.primary == Some(ctx) {
             self.primary = None;
@@ -330,16 +378,45 @@ impl<T: Transport> Driver<T> {
         self.contexts.contains_key(&ctx)
     }
 
-    /// The device's primary context, created at its first retain.
+    /// The device's primary context, created at its first retain with the flags set for it.
     pub fn primary_context(&mut self) -> CuResult<u64> {
         match self.primary {
             Some(c) => Ok(c),
             None => {
                 let c = self.context_create()?;
+                self.settings_mut(c)?.flags = self.primary_flags;
                 self.primary = Some(c);
                 Ok(c)
             }
         }
+    }
+
+    /// The primary context's flags and whether it is active (created).
+    pub fn primary_state(&self) -> (u32, bool) {
+        match self.primary.and_then(|c| self.contexts.get(&c)) {
+            Some(c) => (c.settings.flags, true),
+            None => (self.primary_flags, false),
+        }
+    }
+
+    /// Sets the primary context's flags, for it now and if it is created again.
+    pub fn set_primary_flags(&mut self, flags: u32) -> CuResult<()> {
+        self.primary_flags = flags;
+        if let Some(c) = self.primary {
+            self.settings_mut(c)?.flags = flags;
+        }
+        Ok(())
+    }
+
+    pub fn settings(&self, ctx: u64) -> CuResult<ContextSettings> {
+        self.ctx(ctx).map(|c| c.settings)
+    }
+
+    pub fn settings_mut(&mut self, ctx: u64) -> CuResult<&mut ContextSettings> {
+        self.contexts
+            .get_mut(&ctx)
+            .map(|c| &mut c.settings)
+            .ok_or(CUDA_ERROR_INVALID_CONTEXT)
     }
 
     /// Sends the deferred work with the synchronisation at its end: one round trip.
@@ -773,8 +850,17 @@ impl<T: Transport> Driver<T> {
         Ok(h)
     }
 
-    pub fn stream_create(&mut self, ctx: u64) -> CuResult<u64> {
-        self.create(ctx, Kind::Stream)
+    pub fn stream_create(&mut self, ctx: u64, settings: StreamSettings) -> CuResult<u64> {
+        let s = self.create(ctx, Kind::Stream)?;
+        self.streams.insert(s, settings);
+        Ok(s)
+    }
+
+    /// A stream's flags and priority: those it was created with, or the NULL stream's (0, 0)
+    /// for 0, `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD`.
+    pub fn stream_settings(&self, ctx: u64, stream: u64) -> CuResult<StreamSettings> {
+        self.stream(ctx, stream)?;
+        Ok(self.streams.get(&stream).copied().unwrap_or_default())
     }
 
     /// The context a stream or event handle belongs to (0 for the NULL stream).
@@ -786,6 +872,7 @@ impl<T: Transport> Driver<T> {
         let id = self.object(ctx, Kind::Stream, stream)?;
         let remote = self.remote(ctx)?;
         self.objects.remove(&stream);
+        self.streams.remove(&stream);
         self.done(Request::StreamDestroy {
             ctx: remote,
             stream: StreamId(id),
@@ -1116,7 +1203,7 @@ mod tests {
             .module_load(c1, Image::Single(PTX.as_bytes().to_vec()))
             .unwrap();
         let f = d.function(m, "put").unwrap();
-        let s = d.stream_create(c1).unwrap();
+        let s = d.stream_create(c1, StreamSettings::default()).unwrap();
         let e = d.event_create(c1).unwrap();
         let params = || LaunchParams::Packed(vec![0; 12]);
         assert_eq!(

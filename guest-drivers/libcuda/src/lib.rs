@@ -20,5 +20,6 @@ pub mod drm;
 mod export;
 mod integrity;
 pub mod status;
+mod symbols;
 pub mod transport;
 pub mod window;

@@ -4,14 +4,12 @@
 //! One test: the driver is process-global, as in a real process.
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
-use std::os::unix::net::UnixListener;
 use std::ptr::{null, null_mut};
 
 // The entry points are this crate's `#[no_mangle]` functions: link it.
 extern crate cuda;
 
-use mdev_backend::compute::remote::serve;
-use mdev_backend::compute::{CpuBackend, CpuConfig};
+mod support;
 
 type Handle = *mut c_void;
 
@@ -82,17 +80,7 @@ const PUT: &CStr = c".version 8.5\n.target sm_75\n.address_size 64\n\
 
 #[test]
 fn the_c_entry_points_work_and_refuse_bad_arguments() {
-    let dir = std::env::temp_dir().join(format!("vgpu-libcuda-c-api-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let socket = dir.join("host.sock");
-    let listener = UnixListener::bind(&socket).unwrap();
-    let host = std::thread::spawn(move || {
-        let (mut s, _) = listener.accept().unwrap();
-        let mut be = CpuBackend::new(CpuConfig::default());
-        serve(&mut s, &mut be).0
-    });
-    // SAFETY: the test's own environment, set before the driver reads it.
-    unsafe { std::env::set_var("VGPU_CUDA_SOCKET", &socket) };
+    let host = support::serve_cpu_backend("c-api");
 
     // SAFETY: every call below passes arguments as the driver API documents them (valid
     // out-pointers, buffers of the stated sizes), or NULL and wrong handles where the test
@@ -302,8 +290,5 @@ fn the_c_entry_points_work_and_refuse_bad_arguments() {
         assert_eq!(cuCtxGetCurrent(&mut cur), 0);
         assert!(cur.is_null());
     }
-    // The library keeps its connection for the process's life; the host served it until now.
-    assert!(!host.is_finished());
-    std::fs::remove_file(&socket).ok();
-    std::fs::remove_dir(&dir).ok();
+    host.close();
 }

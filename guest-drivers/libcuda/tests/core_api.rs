@@ -1,0 +1,303 @@
+//! The core driver API's C entry points against a served CPU backend: entry-point lookup by
+//! CUDA version, contexts (`_v3`/`_v4`, flags, limits, cache and shared-memory settings),
+//! stream priorities and properties, profiler control, `cuDeviceGetProperties`; each with the
+//! arguments a buggy program passes. One test of the
+//! driver (it is process-global), and one of lookups in the built shared library.
+
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::ptr::null_mut;
+
+// The entry points are this crate's `#[no_mangle]` functions: link it.
+extern crate cuda;
+
+mod support;
+
+type Handle = *mut c_void;
+
+/// `CUdevprop`.
+#[repr(C)]
+#[derive(Default)]
+struct DevProp {
+    max_threads_per_block: c_int,
+    max_threads_dim: [c_int; 3],
+    max_grid_size: [c_int; 3],
+    shared_mem_per_block: c_int,
+    total_constant_memory: c_int,
+    simd_width: c_int,
+    mem_pitch: c_int,
+    regs_per_block: c_int,
+    clock_rate: c_int,
+    texture_align: c_int,
+}
+
+/// `CUctxCreateParams`.
+#[repr(C)]
+struct CtxCreateParams {
+    exec_affinity: *const c_void,
+    exec_affinity_count: c_int,
+    cig: *const c_void,
+}
+
+unsafe extern "C" {
+    fn cuInit(flags: c_uint) -> c_uint;
+    fn cuCtxCreate_v3(
+        ctx: *mut Handle,
+        params: *mut c_void,
+        count: c_int,
+        flags: c_uint,
+        dev: c_int,
+    ) -> c_uint;
+    fn cuCtxCreate_v4(
+        ctx: *mut Handle,
+        params: *const CtxCreateParams,
+        flags: c_uint,
+        dev: c_int,
+    ) -> c_uint;
+    fn cuCtxDestroy_v2(ctx: Handle) -> c_uint;
+    fn cuCtxPopCurrent_v2(ctx: *mut Handle) -> c_uint;
+    fn cuCtxGetFlags(flags: *mut c_uint) -> c_uint;
+    fn cuCtxSetFlags(flags: c_uint) -> c_uint;
+    fn cuCtxGetDevice_v2(dev: *mut c_int, ctx: Handle) -> c_uint;
+    fn cuCtxSynchronize_v2(ctx: Handle) -> c_uint;
+    fn cuCtxSetLimit(limit: c_int, value: usize) -> c_uint;
+    fn cuCtxGetLimit(value: *mut usize, limit: c_int) -> c_uint;
+    fn cuCtxGetCacheConfig(config: *mut c_int) -> c_uint;
+    fn cuCtxSetCacheConfig(config: c_int) -> c_uint;
+    fn cuCtxGetSharedMemConfig(config: *mut c_int) -> c_uint;
+    fn cuCtxSetSharedMemConfig(config: c_int) -> c_uint;
+    fn cuCtxGetStreamPriorityRange(least: *mut c_int, greatest: *mut c_int) -> c_uint;
+    fn cuDevicePrimaryCtxSetFlags_v2(dev: c_int, flags: c_uint) -> c_uint;
+    fn cuDevicePrimaryCtxGetState(dev: c_int, flags: *mut c_uint, active: *mut c_int) -> c_uint;
+    fn cuDevicePrimaryCtxRetain(ctx: *mut Handle, dev: c_int) -> c_uint;
+    fn cuDeviceGetProperties(prop: *mut DevProp, dev: c_int) -> c_uint;
+    fn cuStreamCreate(s: *mut Handle, flags: c_uint) -> c_uint;
+    fn cuStreamCreateWithPriority(s: *mut Handle, flags: c_uint, priority: c_int) -> c_uint;
+    fn cuStreamGetPriority(s: Handle, priority: *mut c_int) -> c_uint;
+    fn cuStreamGetFlags(s: Handle, flags: *mut c_uint) -> c_uint;
+    fn cuStreamGetId(s: Handle, id: *mut u64) -> c_uint;
+    fn cuStreamGetCtx(s: Handle, ctx: *mut Handle) -> c_uint;
+    fn cuStreamGetCtx_v2(s: Handle, ctx: *mut Handle, green: *mut Handle) -> c_uint;
+    fn cuStreamDestroy_v2(s: Handle) -> c_uint;
+    fn cuProfilerStart() -> c_uint;
+    fn cuProfilerStop() -> c_uint;
+}
+
+type GetProcAddress =
+    unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> c_uint;
+
+/// The built `libcuda.so` itself (beside this test's directory), for what only a shared
+/// library has: its exported symbols, which `cuGetProcAddress` answers from.
+struct Shared(*mut c_void);
+
+impl Shared {
+    fn open() -> Shared {
+        let exe = std::env::current_exe().unwrap();
+        let path = exe.parent().unwrap().parent().unwrap().join("libcuda.so");
+        let path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        // SAFETY: dlopen of the library this crate builds, with a NUL-terminated path.
+        let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        assert!(!h.is_null(), "the built libcuda.so");
+        Shared(h)
+    }
+
+    fn symbol(&self, name: &CStr) -> usize {
+        // SAFETY: dlsym in the handle opened above with a NUL-terminated name.
+        unsafe { libc::dlsym(self.0, name.as_ptr()) as usize }
+    }
+
+    /// Its `cuGetProcAddress_v2` of `name` for CUDA `version` with `flags`: (result,
+    /// pointer, status).
+    fn lookup(&self, name: &CStr, version: c_int, flags: u64) -> (c_uint, usize, c_int) {
+        let f = self.symbol(c"cuGetProcAddress_v2");
+        assert_ne!(f, 0);
+        // SAFETY: the library's cuGetProcAddress_v2, of this signature.
+        let f: GetProcAddress = unsafe { std::mem::transmute::<usize, GetProcAddress>(f) };
+        let (mut p, mut status) = (null_mut(), -1);
+        // SAFETY: a NUL-terminated name and valid out-pointers.
+        let r = unsafe { f(name.as_ptr(), &mut p, version, flags, &mut status) };
+        (r, p as usize, status)
+    }
+}
+
+#[test]
+fn entry_points_are_looked_up_by_the_callers_cuda_version() {
+    let lib = Shared::open();
+    // Each caller gets the symbol of the signature it was built for.
+    for (name, version, symbol) in [
+        (c"cuCtxCreate", 13000, c"cuCtxCreate_v4"),
+        (c"cuCtxCreate", 12000, c"cuCtxCreate_v3"),
+        (c"cuCtxCreate", 4000, c"cuCtxCreate_v2"),
+        (c"cuCtxSynchronize", 12090, c"cuCtxSynchronize"),
+        (c"cuCtxSynchronize", 13000, c"cuCtxSynchronize_v2"),
+        (c"cuEventElapsedTime", 13000, c"cuEventElapsedTime_v2"),
+        (c"cuMemAlloc", 13000, c"cuMemAlloc_v2"),
+    ] {
+        let want = lib.symbol(symbol);
+        assert_ne!(want, 0, "{symbol:?} exported");
+        assert_eq!(
+            lib.lookup(name, version, 0),
+            (0, want, 0),
+            "{name:?} {version}"
+        );
+    }
+    // The per-thread default stream's variant is the legacy one here (in-order contexts).
+    assert_eq!(
+        lib.lookup(c"cuStreamGetCtx", 12050, 2),
+        (0, lib.symbol(c"cuStreamGetCtx_v2"), 0)
+    );
+    assert_eq!(lib.lookup(c"cuCtxCreate", 1000, 0), (500, 0, 2), "too old");
+    assert_eq!(lib.lookup(c"cuNoSuchEntry", 13000, 0), (500, 0, 1));
+    assert_eq!(lib.lookup(c"cuCtxCreate", 13000, 4).0, 1, "unknown flag");
+    assert_eq!(lib.lookup(c"cuCtxCreate", -1, 0).0, 1, "negative version");
+}
+
+#[test]
+fn the_core_entry_points_tell_the_truth_and_refuse_bad_arguments() {
+    let host = support::serve_cpu_backend("core-api");
+    // SAFETY: every call below passes arguments as the driver API documents them, or NULL,
+    // wrong handles and out-of-range values where the test checks that they are refused.
+    unsafe {
+        assert_eq!(cuInit(0), 0);
+
+        // The primary context keeps the flags set before it exists.
+        let (mut flags, mut active) = (0u32, -1);
+        assert_eq!(cuDevicePrimaryCtxSetFlags_v2(0, 4), 0);
+        assert_eq!(cuDevicePrimaryCtxSetFlags_v2(0, 3), 1, "no such schedule");
+        assert_eq!(cuDevicePrimaryCtxSetFlags_v2(1, 4), 101);
+        assert_eq!(cuDevicePrimaryCtxGetState(0, &mut flags, &mut active), 0);
+        assert_eq!((flags, active), (4, 0));
+        let mut primary: Handle = null_mut();
+        assert_eq!(cuDevicePrimaryCtxRetain(&mut primary, 0), 0);
+        assert_eq!(cuDevicePrimaryCtxGetState(0, &mut flags, &mut active), 0);
+        assert_eq!((flags, active), (4, 1));
+
+        // Contexts of CUDA 11.4 and 12.5: execution affinity needs MPS, CIG a graphics client.
+        let mut ctx: Handle = null_mut();
+        let affinity = [0u8; 16];
+        assert_eq!(
+            cuCtxCreate_v3(&mut ctx, affinity.as_ptr() as *mut c_void, 1, 0, 0),
+            224
+        );
+        assert_eq!(
+            cuCtxCreate_v3(&mut ctx, null_mut(), 1, 0, 0),
+            1,
+            "count, no array"
+        );
+        let cig = CtxCreateParams {
+            exec_affinity: null_mut(),
+            exec_affinity_count: 0,
+            cig: affinity.as_ptr().cast(),
+        };
+        assert_eq!(cuCtxCreate_v4(&mut ctx, &cig, 0, 0), 801);
+        assert_eq!(
+            cuCtxCreate_v4(&mut ctx, std::ptr::null(), 0x100, 0),
+            1,
+            "flags"
+        );
+        assert_eq!(cuCtxCreate_v4(null_mut(), std::ptr::null(), 0, 0), 1);
+        assert_eq!(cuCtxCreate_v4(&mut ctx, std::ptr::null(), 0, 1), 101);
+        let plain = CtxCreateParams {
+            exec_affinity: null_mut(),
+            exec_affinity_count: 0,
+            cig: null_mut(),
+        };
+        assert_eq!(cuCtxCreate_v4(&mut ctx, &plain, 0x04 | 0x80, 0), 0);
+        assert_eq!(cuCtxGetFlags(&mut flags), 0);
+        assert_eq!(flags, 0x84);
+        assert_eq!(cuCtxSetFlags(0x02), 0);
+        assert_eq!(cuCtxSetFlags(0x05), 1);
+        assert_eq!(cuCtxGetFlags(&mut flags), 0);
+        assert_eq!(flags, 0x02);
+        let mut dev = -1;
+        assert_eq!(cuCtxGetDevice_v2(&mut dev, ctx), 0);
+        assert_eq!(dev, 0);
+        assert_eq!(cuCtxGetDevice_v2(&mut dev, 0x1234 as Handle), 201);
+        assert_eq!(cuCtxSynchronize_v2(null_mut()), 0, "the current context");
+        assert_eq!(cuCtxSynchronize_v2(primary), 0);
+        assert_eq!(cuCtxSynchronize_v2(0x1234 as Handle), 201);
+
+        // Limits: up to what the executor provides; device-runtime limits and persisting L2
+        // do not exist on this device.
+        let mut v = 0usize;
+        assert_eq!(cuCtxGetLimit(&mut v, 0), 0);
+        assert_eq!(v, 1024, "CUDA's default stack");
+        assert_eq!(cuCtxSetLimit(0, 4096), 0);
+        assert_eq!(cuCtxGetLimit(&mut v, 0), 0);
+        assert_eq!(v, 4096);
+        assert_eq!(cuCtxSetLimit(0, 1 << 30), 1, "more stack than a thread has");
+        assert_eq!(cuCtxGetLimit(&mut v, 2), 0);
+        assert_eq!(v, 8 << 20, "the device heap");
+        assert_eq!(cuCtxSetLimit(2, usize::MAX), 1);
+        assert_eq!(cuCtxGetLimit(&mut v, 3), 215);
+        assert_eq!(cuCtxSetLimit(4, 16), 215);
+        assert_eq!(cuCtxGetLimit(&mut v, 6), 0);
+        assert_eq!(v, 0, "no persisting L2 on Turing");
+        assert_eq!(cuCtxSetLimit(6, 0), 0);
+        assert_eq!(cuCtxSetLimit(6, 1 << 20), 215);
+        assert_eq!(cuCtxGetLimit(&mut v, 99), 1);
+        assert_eq!(cuCtxGetLimit(null_mut(), 0), 1);
+
+        let mut config = -1;
+        assert_eq!(cuCtxGetCacheConfig(&mut config), 0);
+        assert_eq!(config, 0);
+        assert_eq!(cuCtxSetCacheConfig(1), 0);
+        assert_eq!(cuCtxGetCacheConfig(&mut config), 0);
+        assert_eq!(config, 1);
+        assert_eq!(cuCtxSetCacheConfig(4), 1);
+        assert_eq!(cuCtxSetSharedMemConfig(2), 0);
+        assert_eq!(cuCtxSetSharedMemConfig(3), 1);
+        assert_eq!(cuCtxGetSharedMemConfig(&mut config), 0);
+        assert_eq!(config, 1, "four-byte banks, not configurable");
+
+        // Stream priorities: Turing's range, clamped into it, kept per stream.
+        let (mut least, mut greatest) = (1, 1);
+        assert_eq!(cuCtxGetStreamPriorityRange(&mut least, &mut greatest), 0);
+        assert_eq!((least, greatest), (0, -5));
+        let (mut s1, mut s2): (Handle, Handle) = (null_mut(), null_mut());
+        assert_eq!(cuStreamCreateWithPriority(&mut s1, 1, -100), 0);
+        assert_eq!(cuStreamCreateWithPriority(&mut s2, 0, 3), 0);
+        assert_eq!(cuStreamCreateWithPriority(&mut s2, 2, 0), 1, "no such flag");
+        assert_eq!(cuStreamCreate(null_mut(), 0), 1);
+        let mut priority = 1;
+        assert_eq!(cuStreamGetPriority(s1, &mut priority), 0);
+        assert_eq!(priority, -5);
+        assert_eq!(cuStreamGetPriority(s2, &mut priority), 0);
+        assert_eq!(priority, 0);
+        assert_eq!(cuStreamGetPriority(null_mut(), &mut priority), 0);
+        assert_eq!(priority, 0, "the NULL stream");
+        assert_eq!(cuStreamGetFlags(s1, &mut flags), 0);
+        assert_eq!(flags, 1);
+        let (mut id1, mut id2) = (0u64, 0u64);
+        assert_eq!(cuStreamGetId(s1, &mut id1), 0);
+        assert_eq!(cuStreamGetId(s2, &mut id2), 0);
+        assert_ne!(id1, id2);
+        let (mut owner, mut green): (Handle, Handle) = (null_mut(), 1 as Handle);
+        assert_eq!(cuStreamGetCtx(s1, &mut owner), 0);
+        assert_eq!(owner, ctx);
+        assert_eq!(cuStreamGetCtx_v2(s1, &mut owner, &mut green), 0);
+        assert!(green.is_null());
+        assert_eq!(cuStreamGetPriority(ctx, &mut priority), 400, "a context");
+        assert_eq!(cuStreamGetPriority(s1, null_mut()), 1);
+        assert_eq!(cuStreamDestroy_v2(s1), 0);
+        assert_eq!(cuStreamGetFlags(s1, &mut flags), 400, "destroyed");
+
+        // Profiler control: no profiler attached, so it succeeds and collects nothing.
+        assert_eq!(cuProfilerStart(), 0);
+        assert_eq!(cuProfilerStop(), 0);
+
+        let mut prop = DevProp::default();
+        assert_eq!(cuDeviceGetProperties(&mut prop, 0), 0);
+        assert_eq!(prop.max_threads_per_block, 1024);
+        assert_eq!(prop.simd_width, 32);
+        assert_eq!(prop.max_threads_dim, [1024, 1024, 64]);
+        assert_eq!(prop.regs_per_block, 65536);
+        assert_eq!(cuDeviceGetProperties(&mut prop, 1), 101);
+        assert_eq!(cuDeviceGetProperties(null_mut(), 0), 1);
+
+        assert_eq!(cuCtxDestroy_v2(ctx), 0);
+        let mut top: Handle = null_mut();
+        assert_eq!(cuCtxPopCurrent_v2(&mut top), 201, "the stack is empty");
+        assert_eq!(cuProfilerStart(), 201, "no context");
+    }
+    host.close();
+}
