@@ -98,7 +98,9 @@ impl Transport for Box<dyn Transport> {
     }
 }
 
-pub(crate) fn with<R>(f: impl FnOnce(&mut Driver<Box<dyn Transport>>) -> CuResult<R>) -> CuResult<R> {
+pub(crate) fn with<R>(
+    f: impl FnOnce(&mut Driver<Box<dyn Transport>>) -> CuResult<R>,
+) -> CuResult<R> {
     let mut guard = DRIVER.lock().unwrap_or_else(|p| p.into_inner());
     f(guard.as_mut().ok_or(CUDA_ERROR_NOT_INITIALIZED)?)
 }

@@ -14,6 +14,8 @@
 //! See `docs/CUDA-GUEST.md`.
 
 mod api;
+pub mod array;
+mod array_api;
 pub mod attributes;
 pub mod driver;
 pub mod drm;

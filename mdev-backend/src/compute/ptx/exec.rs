@@ -28,6 +28,7 @@ use log::debug;
 
 use super::ir::*;
 use super::parse::{Parsed, wide};
+use super::texture;
 use super::{Launch, LaunchStats, Module};
 use super::{MAX_CALL_DEPTH, MAX_PRINTF_BYTES, MAX_SHARED_BYTES, MAX_THREADS_PER_BLOCK};
 use crate::compute::memory::{Fault, FaultKind};
@@ -1448,6 +1449,62 @@ impl<'s, 'a> Block<'s, 'a> {
                     inst.line
                 )));
             }
+            Op::Tex {
+                geom,
+                int,
+                ds,
+                handle,
+                coords,
+            } => {
+                for lane in lanes {
+                    let h = self.val(w, lane, *handle);
+                    let raw = coords.map(|c| self.val(w, lane, c) as u32);
+                    let v = texture::sample(self.s.memory, h, *geom, *int, raw)
+                        .map_err(|e| texture_fault(e, inst.line))?;
+                    for (d, v) in ds.iter().zip(v) {
+                        self.set(w, lane, *d, u64::from(v));
+                    }
+                }
+            }
+            Op::Surf {
+                store,
+                geom,
+                ty,
+                n,
+                oob,
+                vals,
+                handle,
+                coords,
+            } => {
+                let size = ty.bytes() as usize;
+                let total = size * usize::from(*n);
+                for lane in lanes {
+                    let h = self.val(w, lane, *handle);
+                    let raw = coords.map(|c| self.val(w, lane, c) as u32);
+                    let mut buf = [0u8; 16];
+                    let r = if *store {
+                        for (i, s) in vals.iter().take(usize::from(*n)).enumerate() {
+                            let v = self.val(w, lane, *s).to_le_bytes();
+                            buf[i * size..(i + 1) * size].copy_from_slice(&v[..size]);
+                        }
+                        let data = &buf[..total];
+                        texture::surface_store(self.s.memory, h, *geom, raw, *oob, data)
+                    } else {
+                        let out = &mut buf[..total];
+                        texture::surface_load(self.s.memory, h, *geom, raw, *oob, out)
+                    };
+                    r.map_err(|e| texture_fault(e, inst.line))?;
+                    if !*store {
+                        for (i, s) in vals.iter().take(usize::from(*n)).enumerate() {
+                            let mut le = [0u8; 8];
+                            le[..size].copy_from_slice(&buf[i * size..(i + 1) * size]);
+                            if let Src::Reg(d) = s {
+                                self.set(w, lane, *d, u64::from_le_bytes(le));
+                            }
+                        }
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -1583,6 +1640,12 @@ fn video(op: VideoOp, dsigned: bool, sat: bool, sec: Option<BinOp>, x: i64, y: i
         _ => t,
     };
     r as u64 & 0xffff_ffff
+}
+
+/// A refused texture or surface access: a fault of the context, as the hardware's for a bad
+/// descriptor or an out-of-range `.trap` surface access.
+fn texture_fault(e: texture::TextureError, line: u32) -> ComputeError {
+    ComputeError::IllegalAddress(format!("{e} (PTX line {line})"))
 }
 
 fn fault(f: Fault) -> ComputeError {

@@ -513,6 +513,27 @@ pub(crate) enum Op {
         d: u32,
     },
     Trap,
+    /// `tex.geom.v4.dtype.ctype d, [handle, {coords}]` (unified mode): see `texture::sample`;
+    /// `int` for `.s32` coordinates.
+    Tex {
+        geom: super::texture::Geom,
+        int: bool,
+        ds: RegVec,
+        handle: Src,
+        coords: [Src; 4],
+    },
+    /// `suld.b.geom{.vN}.bK.oob` (`store` false, `vals` the destinations) and
+    /// `sust.b.geom{.vN}.bK.oob` (`store`, `vals` the sources): `n` elements of `ty`.
+    Surf {
+        store: bool,
+        geom: super::texture::Geom,
+        ty: Ty,
+        n: u8,
+        oob: super::texture::Oob,
+        vals: [Src; 4],
+        handle: Src,
+        coords: [Src; 4],
+    },
 }
 
 /// An instruction with its guard predicate.

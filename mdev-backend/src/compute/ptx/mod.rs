@@ -12,6 +12,7 @@ mod ir;
 mod lex;
 mod parse;
 mod printf;
+pub mod texture;
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;

@@ -2195,7 +2195,122 @@ impl Cx<'_> {
                 d: self.reg(&self.n_ops(g, 1)?[0])?,
             },
             "trap" | "brkpt" => Op::Trap,
+            "tex" | "suld" | "sust" => self.texture(base, mods, g)?,
             _ => return self.fail(format!("unsupported instruction {base}")),
+        })
+    }
+}
+
+impl Cx<'_> {
+    /// `tex`, `suld.b` and `sust.b` in unified mode (the object's handle in a register or
+    /// parameter): see `texture`.
+    fn texture(&self, base: &str, mods: &[&str], g: &[Vec<Tok>]) -> PResult<Op> {
+        use super::texture::{Geom, Oob};
+        for m in ["level", "grad", "base", "p"] {
+            if has(mods, m) {
+                return self.fail(format!("{base}.{m} is not supported"));
+            }
+        }
+        let geom = mods
+            .iter()
+            .find_map(|m| Geom::parse(m))
+            .ok_or((self.line, format!("{base} without a geometry")))?;
+        let g = self.n_ops(g, 2)?;
+        let (obj, val) = if base == "sust" {
+            (&g[0], &g[1])
+        } else {
+            (&g[1], &g[0])
+        };
+        // `[handle, {c0, ...}]`
+        let [Tok::Punct('['), inner @ .., Tok::Punct(']')] = obj.as_slice() else {
+            return self.fail(format!("{base} takes [handle, {{coordinates}}]"));
+        };
+        let Some(comma) = inner.iter().position(|t| *t == Tok::Punct(',')) else {
+            return self.fail(format!("{base} takes [handle, {{coordinates}}]"));
+        };
+        let handle = self.src(&inner[..comma], Ty::U64)?;
+        let cs = self.vector(&inner[comma + 1..])?;
+        if cs.len() != geom.operands() {
+            return self.fail(format!("{base}: {} coordinates for {geom:?}", cs.len()));
+        }
+        let types: Vec<Ty> = mods.iter().filter_map(|m| Ty::parse(m)).collect();
+        let float = base == "tex" && types.last() == Some(&Ty::F32);
+        let layered = matches!(geom, Geom::A1 | Geom::A2 | Geom::ACube);
+        let mut coords = [Src::Imm(0); 4];
+        for (i, (c, t)) in coords.iter_mut().zip(&cs).enumerate() {
+            let ty = if float && !(layered && i == 0) {
+                Ty::F32
+            } else {
+                Ty::S32
+            };
+            *c = self.src(t, ty)?;
+        }
+        let n: u8 = if has(mods, "v4") {
+            4
+        } else if has(mods, "v2") {
+            2
+        } else {
+            1
+        };
+        let list = |n: usize| -> PResult<Vec<&[Tok]>> {
+            // A single value may be braced too (`sust.b.2d.b32 [...], {%r1}`).
+            let v = if Self::is_vector(val) {
+                self.vector(val)?
+            } else {
+                vec![val.as_slice()]
+            };
+            if v.len() != n {
+                return self.fail("vector width and operand count differ");
+            }
+            Ok(v)
+        };
+        if base == "tex" {
+            if n != 4 || !matches!(types.first(), Some(Ty::F32 | Ty::S32 | Ty::U32)) {
+                return self.fail("tex returns .v4.f32, .v4.s32 or .v4.u32");
+            }
+            let mut ds = [SINK; 4];
+            for (d, v) in ds.iter_mut().zip(list(4)?) {
+                *d = self.dst(v)?;
+            }
+            return Ok(Op::Tex {
+                geom,
+                int: !float,
+                ds,
+                handle,
+                coords,
+            });
+        }
+        if !has(mods, "b") || matches!(geom, Geom::Cube | Geom::ACube) {
+            return self.fail(format!("{base} of other than .b 1d/2d/3d/a1d/a2d"));
+        }
+        let ty = self.ty(mods)?;
+        if !matches!(ty, Ty::B8 | Ty::B16 | Ty::B32 | Ty::B64) || (ty == Ty::B64 && n == 4) {
+            return self.fail(format!("{base} of .{ty:?} x {n}"));
+        }
+        let oob = if has(mods, "clamp") {
+            Oob::Clamp
+        } else if has(mods, "zero") {
+            Oob::Zero
+        } else {
+            Oob::Trap
+        };
+        let mut vals = [Src::Imm(0); 4];
+        for (s, v) in vals.iter_mut().zip(list(usize::from(n))?) {
+            *s = if base == "sust" {
+                self.src(v, ty)?
+            } else {
+                Src::Reg(self.dst(v)?)
+            };
+        }
+        Ok(Op::Surf {
+            store: base == "sust",
+            geom,
+            ty,
+            n,
+            oob,
+            vals,
+            handle,
+            coords,
         })
     }
 }

@@ -1,0 +1,732 @@
+//! Texture and surface objects as the executor sees them: the descriptor a guest's driver
+//! writes into device memory (the object's handle is the descriptor's device address, so a
+//! kernel's handle is read and validated on every fetch: a bad handle is a fault of that
+//! context, never a host access), texel addressing and filtering as the CUDA Programming
+//! Guide's "Texture Fetching" appendix defines them, and the surface load/store formats.
+//! Pure logic: memory is reached through [`GlobalMemory`] only, whose accesses are checked.
+//!
+//! Formulas (N texels along a dimension, x the fetch coordinate):
+//! - normalised coordinates: `x * N` (unnormalised are used as given);
+//! - nearest-point: texel `floor(x)`;
+//! - linear: `xB = x - 0.5`, `i = floor(xB)`, `α = frac(xB)` held in 9-bit fixed point with 8
+//!   fractional bits (rounded to the nearest 1/256), `(1-α)·T[i] + α·T[i+1]` (bilinear and
+//!   trilinear the products of the per-dimension weights), each term in `f32`;
+//! - address modes per texel index: clamp to `[0, N-1]`; border gives the border colour;
+//!   wrap `i mod N`; mirror reflects every N; wrap and mirror need normalised coordinates and
+//!   are clamp otherwise, as on the hardware;
+//! - normalised-float reads: unsigned `v / (2^n - 1)`, signed `max(v / (2^(n-1) - 1), -1)`;
+//!   sRGB the standard curve on red, green and blue; `f16` widened exactly.
+
+use thiserror::Error;
+
+use crate::compute::memory::GlobalMemory;
+
+/// Bytes of a descriptor in device memory.
+pub const DESCRIPTOR_BYTES: usize = 80;
+/// The first word of a texture object's descriptor ("VTEX").
+pub const TEXTURE_MAGIC: u32 = 0x5845_5456;
+/// The first word of a surface object's descriptor ("VSRF").
+pub const SURFACE_MAGIC: u32 = 0x4652_5356;
+/// Largest extent of any dimension (and layer count) of a resource: what the device
+/// attributes report as the texture and surface limits (an sm_75's 3D limit; its 1D/2D
+/// limits are larger, but the executor keeps one bound for every dimension).
+pub const MAX_EXTENT: u32 = 16_384;
+/// Largest number of layers of a layered resource (an sm_75's limit).
+pub const MAX_LAYERS: u32 = 2_048;
+
+/// Why a fetch or a descriptor is refused.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum TextureError {
+    #[error("texture/surface handle {0:#x}: no descriptor there")]
+    Unreadable(u64),
+    #[error("handle {0:#x} is not a {1} object")]
+    NotAnObject(u64, &'static str),
+    #[error("descriptor at {0:#x}: {1}")]
+    Invalid(u64, String),
+    #[error("texel at {0:#x} outside the resource's memory")]
+    Texel(u64),
+    #[error("surface access out of range: x {x} bytes, y {y}, z {z}")]
+    OutOfRange { x: i64, y: i64, z: i64 },
+    #[error("{0} on this resource")]
+    Geometry(&'static str),
+}
+
+/// Element formats (CUarray_format's values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    U8 = 0x01,
+    U16 = 0x02,
+    U32 = 0x03,
+    S8 = 0x08,
+    S16 = 0x09,
+    S32 = 0x0a,
+    F16 = 0x10,
+    F32 = 0x20,
+}
+
+impl Format {
+    /// The format of a `CUarray_format` value.
+    pub fn from_cuda(v: u32) -> Option<Format> {
+        Some(match v {
+            0x01 => Format::U8,
+            0x02 => Format::U16,
+            0x03 => Format::U32,
+            0x08 => Format::S8,
+            0x09 => Format::S16,
+            0x0a => Format::S32,
+            0x10 => Format::F16,
+            0x20 => Format::F32,
+            _ => return None,
+        })
+    }
+
+    /// Bytes of one channel.
+    pub fn bytes(self) -> u32 {
+        match self {
+            Format::U8 | Format::S8 => 1,
+            Format::U16 | Format::S16 | Format::F16 => 2,
+            Format::U32 | Format::S32 | Format::F32 => 4,
+        }
+    }
+
+    fn float(self) -> bool {
+        matches!(self, Format::F16 | Format::F32)
+    }
+}
+
+/// Address modes (CUaddress_mode's values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddressMode {
+    Wrap = 0,
+    Clamp = 1,
+    Mirror = 2,
+    Border = 3,
+}
+
+impl AddressMode {
+    pub fn from_cuda(v: u32) -> Option<AddressMode> {
+        Some(match v {
+            0 => AddressMode::Wrap,
+            1 => AddressMode::Clamp,
+            2 => AddressMode::Mirror,
+            3 => AddressMode::Border,
+            _ => return None,
+        })
+    }
+}
+
+/// Descriptor flag: coordinates are normalised to [0, 1).
+pub const FLAG_NORMALIZED: u8 = 1;
+/// Descriptor flag: 8/16-bit integer texels read as normalised floats.
+pub const FLAG_READ_NORMALIZED: u8 = 2;
+/// Descriptor flag: linear filtering (else nearest-point).
+pub const FLAG_LINEAR: u8 = 4;
+/// Descriptor flag: sRGB to linear conversion of red, green and blue.
+pub const FLAG_SRGB: u8 = 8;
+/// Descriptor flag: the resource is layered (its depth counts layers).
+pub const FLAG_LAYERED: u8 = 16;
+/// Descriptor flag: the resource is a cubemap (6 faces per layer).
+pub const FLAG_CUBEMAP: u8 = 32;
+const FLAGS_KNOWN: u8 = 63;
+
+/// A texture or surface object: its resource (memory laid out as `base + z * slice + y *
+/// pitch + x * texel bytes`) and how it is sampled.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Descriptor {
+    pub surface: bool,
+    pub format: Format,
+    /// 1, 2 or 4.
+    pub channels: u32,
+    pub flags: u8,
+    pub address: [AddressMode; 3],
+    /// Texels along x, y and z (y and z 1 where absent; z counts layers or faces).
+    pub extent: [u32; 3],
+    pub base: u64,
+    pub pitch: u64,
+    pub slice: u64,
+    pub border: [f32; 4],
+}
+
+/// Fetch geometry of a `tex`/`suld`/`sust` instruction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Geom {
+    D1,
+    D2,
+    D3,
+    A1,
+    A2,
+    Cube,
+    ACube,
+}
+
+impl Geom {
+    pub fn parse(s: &str) -> Option<Geom> {
+        Some(match s {
+            "1d" => Geom::D1,
+            "2d" => Geom::D2,
+            "3d" => Geom::D3,
+            "a1d" => Geom::A1,
+            "a2d" => Geom::A2,
+            "cube" => Geom::Cube,
+            "acube" => Geom::ACube,
+            _ => return None,
+        })
+    }
+
+    /// Coordinate operands the instruction takes (its vector is padded to 1, 2 or 4).
+    pub fn operands(self) -> usize {
+        match self {
+            Geom::D1 => 1,
+            Geom::D2 | Geom::A1 => 2,
+            Geom::D3 | Geom::A2 | Geom::Cube | Geom::ACube => 4,
+        }
+    }
+}
+
+/// What a surface access out of range does (`.trap`, `.clamp`, `.zero`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Oob {
+    Trap,
+    Clamp,
+    Zero,
+}
+
+fn le32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn le64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+impl Descriptor {
+    /// Checks what a driver creating the object checks: extents within the limits, a layout
+    /// whose rows and slices hold their texels, a filter the format allows.
+    pub fn validate(&self) -> Result<(), String> {
+        if !matches!(self.channels, 1 | 2 | 4) {
+            return Err(format!("{} channels", self.channels));
+        }
+        if self.flags & !FLAGS_KNOWN != 0 {
+            return Err(format!("flags {:#x}", self.flags));
+        }
+        let layers = if self.flags & FLAG_LAYERED != 0 {
+            MAX_LAYERS.saturating_mul(6)
+        } else {
+            MAX_EXTENT
+        };
+        let [w, h, d] = self.extent;
+        if !(1..=MAX_EXTENT).contains(&w)
+            || !(1..=MAX_EXTENT).contains(&h)
+            || !(1..=layers).contains(&d)
+        {
+            return Err(format!("extent {w}x{h}x{d}"));
+        }
+        let row = u64::from(w) * u64::from(self.texel_bytes());
+        let rows = u64::from(h - 1)
+            .checked_mul(self.pitch)
+            .and_then(|r| r.checked_add(row));
+        if self.pitch < row || rows.is_none_or(|r| self.slice < r && d > 1) {
+            return Err(format!(
+                "pitch {} / slice {} for {w}x{h}",
+                self.pitch, self.slice
+            ));
+        }
+        let end = u64::from(d - 1)
+            .checked_mul(self.slice)
+            .zip(rows)
+            .and_then(|(s, r)| s.checked_add(r))
+            .and_then(|n| self.base.checked_add(n));
+        if end.is_none() {
+            return Err("resource wraps the address space".into());
+        }
+        if self.flags & FLAG_LINEAR != 0 && !self.reads_float() {
+            return Err("linear filtering of texels read as integers".into());
+        }
+        if self.flags & FLAG_READ_NORMALIZED != 0 && self.format.bytes() == 4 {
+            return Err("normalised-float reads of 32-bit texels".into());
+        }
+        if self.flags & FLAG_CUBEMAP != 0 && (w != h || d % 6 != 0) {
+            return Err("a cubemap needs square faces, 6 per layer".into());
+        }
+        Ok(())
+    }
+
+    /// Bytes of one texel.
+    pub fn texel_bytes(&self) -> u32 {
+        self.format.bytes() * self.channels
+    }
+
+    fn reads_float(&self) -> bool {
+        self.format.float() || self.flags & FLAG_READ_NORMALIZED != 0
+    }
+
+    /// The descriptor's bytes, as a driver writes them into device memory.
+    pub fn encode(&self) -> [u8; DESCRIPTOR_BYTES] {
+        let mut b = [0u8; DESCRIPTOR_BYTES];
+        let magic = if self.surface {
+            SURFACE_MAGIC
+        } else {
+            TEXTURE_MAGIC
+        };
+        b[0..4].copy_from_slice(&magic.to_le_bytes());
+        b[4] = self.format as u8;
+        b[5] = self.channels as u8;
+        b[6] = self.flags;
+        for (i, m) in self.address.iter().enumerate() {
+            b[8 + i] = *m as u8;
+        }
+        for (i, e) in self.extent.iter().enumerate() {
+            b[12 + 4 * i..16 + 4 * i].copy_from_slice(&e.to_le_bytes());
+        }
+        b[24..32].copy_from_slice(&self.base.to_le_bytes());
+        b[32..40].copy_from_slice(&self.pitch.to_le_bytes());
+        b[40..48].copy_from_slice(&self.slice.to_le_bytes());
+        for (i, c) in self.border.iter().enumerate() {
+            b[48 + 4 * i..52 + 4 * i].copy_from_slice(&c.to_bits().to_le_bytes());
+        }
+        b
+    }
+
+    /// Reads and validates the descriptor a handle names.
+    pub fn load(
+        memory: &dyn GlobalMemory,
+        handle: u64,
+        surface: bool,
+    ) -> Result<Descriptor, TextureError> {
+        let mut b = [0u8; DESCRIPTOR_BYTES];
+        memory
+            .read(handle, &mut b)
+            .map_err(|_| TextureError::Unreadable(handle))?;
+        let want = if surface {
+            (SURFACE_MAGIC, "surface")
+        } else {
+            (TEXTURE_MAGIC, "texture")
+        };
+        if le32(&b, 0) != want.0 {
+            return Err(TextureError::NotAnObject(handle, want.1));
+        }
+        let bad = |what: &str| TextureError::Invalid(handle, what.to_string());
+        let format = Format::from_cuda(u32::from(b[4])).ok_or_else(|| bad("format"))?;
+        let mut address = [AddressMode::Clamp; 3];
+        for (i, m) in address.iter_mut().enumerate() {
+            *m = AddressMode::from_cuda(u32::from(b[8 + i])).ok_or_else(|| bad("address mode"))?;
+        }
+        let mut border = [0f32; 4];
+        for (i, c) in border.iter_mut().enumerate() {
+            *c = f32::from_bits(le32(&b, 48 + 4 * i));
+        }
+        let d = Descriptor {
+            surface,
+            format,
+            channels: u32::from(b[5]),
+            flags: b[6],
+            address,
+            extent: [le32(&b, 12), le32(&b, 16), le32(&b, 20)],
+            base: le64(&b, 24),
+            pitch: le64(&b, 32),
+            slice: le64(&b, 40),
+            border,
+        };
+        d.validate().map_err(|e| bad(&e))?;
+        Ok(d)
+    }
+
+    /// The address of texel (x, y, z), all in range.
+    fn texel_addr(&self, x: u32, y: u32, z: u32) -> u64 {
+        // In range and validated: no overflow (see `validate`).
+        self.base
+            + u64::from(z) * self.slice
+            + u64::from(y) * self.pitch
+            + u64::from(x) * u64::from(self.texel_bytes())
+    }
+}
+
+/// One texel's channels as read: floats, or integers (sign-extended).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Texel {
+    Float([f32; 4]),
+    Int([u32; 4]),
+}
+
+/// IEEE binary16 bits to `f32` (exact).
+pub fn f16_to_f32(h: u16) -> f32 {
+    let sign = u32::from(h >> 15) << 31;
+    let exp = u32::from((h >> 10) & 0x1f);
+    let man = u32::from(h & 0x3ff);
+    let bits = match (exp, man) {
+        (0, 0) => sign,
+        (0, m) => {
+            // Subnormal: m * 2^-24, exact in f32.
+            let v = m as f32 * f32::from_bits(0x3380_0000);
+            return if sign != 0 { -v } else { v };
+        }
+        (0x1f, 0) => sign | 0x7f80_0000,
+        (0x1f, m) => sign | 0x7fc0_0000 | (m << 13),
+        (e, m) => sign | ((e + 112) << 23) | (m << 13),
+    };
+    f32::from_bits(bits)
+}
+
+/// The sRGB curve's inverse (sRGB-encoded to linear).
+pub fn srgb_to_linear(c: f32) -> f32 {
+    if c <= 0.040_45 {
+        c / 12.92
+    } else {
+        ((c + 0.055) / 1.055).powf(2.4)
+    }
+}
+
+/// A texel's bytes as the descriptor reads them.
+fn decode_texel(d: &Descriptor, raw: &[u8]) -> Texel {
+    let n = d.format.bytes() as usize;
+    let chan = |c: usize| -> u32 {
+        let mut le = [0u8; 4];
+        le[..n].copy_from_slice(&raw[c * n..(c + 1) * n]);
+        u32::from_le_bytes(le)
+    };
+    let channels = d.channels as usize;
+    if d.reads_float() {
+        let mut v = [0f32; 4];
+        for (c, o) in v.iter_mut().enumerate().take(channels) {
+            let r = chan(c);
+            *o = match d.format {
+                Format::F32 => f32::from_bits(r),
+                Format::F16 => f16_to_f32(r as u16),
+                Format::U8 => r as f32 / 255.0,
+                Format::U16 => r as f32 / 65_535.0,
+                Format::S8 => (f32::from(r as u8 as i8) / 127.0).max(-1.0),
+                Format::S16 => (f32::from(r as u16 as i16) / 32_767.0).max(-1.0),
+                Format::U32 | Format::S32 => unreachable!("validated: no normalised 32-bit reads"),
+            };
+            if d.flags & FLAG_SRGB != 0 && c < 3 {
+                *o = srgb_to_linear(*o);
+            }
+        }
+        if channels < 4 {
+            v[3] = 1.0;
+        }
+        Texel::Float(v)
+    } else {
+        let mut v = [0u32; 4];
+        for (c, o) in v.iter_mut().enumerate().take(channels) {
+            let r = chan(c);
+            *o = match d.format {
+                Format::S8 => r as u8 as i8 as i32 as u32,
+                Format::S16 => r as u16 as i16 as i32 as u32,
+                _ => r,
+            };
+        }
+        if channels < 4 {
+            v[3] = 1;
+        }
+        Texel::Int(v)
+    }
+}
+
+/// A texel index after the address mode: `None` for border.
+pub fn address(i: i64, n: u32, mode: AddressMode, normalized: bool) -> Option<u32> {
+    let n = i64::from(n);
+    let mode = match mode {
+        AddressMode::Wrap | AddressMode::Mirror if !normalized => AddressMode::Clamp,
+        m => m,
+    };
+    let i = match mode {
+        AddressMode::Clamp => i.clamp(0, n - 1),
+        AddressMode::Border => {
+            if !(0..n).contains(&i) {
+                return None;
+            }
+            i
+        }
+        AddressMode::Wrap => i.rem_euclid(n),
+        AddressMode::Mirror => {
+            let m = i.rem_euclid(2 * n);
+            if m >= n { 2 * n - 1 - m } else { m }
+        }
+    };
+    Some(i as u32)
+}
+
+/// The 9-bit fixed-point weight of a fraction in [0, 1): 8 fractional bits, to nearest.
+pub fn weight(frac: f32) -> f32 {
+    (frac * 256.0).round() / 256.0
+}
+
+/// Texel index ranges of `x` (unnormalised) for one dimension: (first index, weight of the
+/// second), the second index the first plus one. Nearest-point has weight 0.
+fn taps(x: f32, linear: bool) -> (i64, f32) {
+    // `as` saturates (NaN to 0): any coordinate gives an index the address mode bounds.
+    if linear {
+        let xb = x - 0.5;
+        let i = xb.floor();
+        (i as i64, weight(xb - i))
+    } else {
+        (x.floor() as i64, 0.0)
+    }
+}
+
+/// A fetch's coordinates, decoded from an instruction's operands.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Coords {
+    xyz: [f32; 3],
+    /// Dimensions sampled (1, 2 or 3).
+    dims: usize,
+    layer: u32,
+}
+
+/// The cubemap face and its 2D coordinates (in [0, 1]) of direction (x, y, z), by the Guide's
+/// cubemap-fetch table.
+pub fn cube_face(x: f32, y: f32, z: f32) -> (u32, f32, f32) {
+    let (ax, ay, az) = (x.abs(), y.abs(), z.abs());
+    let (face, m, s, t) = if ax >= ay && ax >= az {
+        if x >= 0.0 {
+            (0, ax, -z, -y)
+        } else {
+            (1, ax, z, -y)
+        }
+    } else if ay >= az {
+        if y >= 0.0 {
+            (2, ay, x, z)
+        } else {
+            (3, ay, x, -z)
+        }
+    } else if z >= 0.0 {
+        (4, az, x, -y)
+    } else {
+        (5, az, -x, -y)
+    };
+    (face, (s / m + 1.0) * 0.5, (t / m + 1.0) * 0.5)
+}
+
+/// Decodes the raw 32-bit coordinate operands of a fetch of `geom`.
+fn coords(d: &Descriptor, geom: Geom, int: bool, raw: [u32; 4]) -> Result<Coords, TextureError> {
+    let layered = d.flags & FLAG_LAYERED != 0;
+    let cube = d.flags & FLAG_CUBEMAP != 0;
+    let want = match geom {
+        Geom::D1 | Geom::D2 | Geom::D3 => !layered && !cube,
+        Geom::A1 | Geom::A2 => layered && !cube,
+        Geom::Cube => cube && !layered,
+        Geom::ACube => cube && layered,
+    };
+    if !want {
+        return Err(TextureError::Geometry("a fetch of another geometry"));
+    }
+    let f = |v: u32| {
+        if int {
+            v as i32 as f32
+        } else {
+            f32::from_bits(v)
+        }
+    };
+    // A layer index is clamped to the layers there are.
+    let layer = |v: u32, per: u32| {
+        let layers = d.extent[2] / per;
+        (v as i32).clamp(0, layers as i32 - 1) as u32
+    };
+    Ok(match geom {
+        Geom::D1 => Coords {
+            xyz: [f(raw[0]), 0.0, 0.0],
+            dims: 1,
+            layer: 0,
+        },
+        Geom::D2 => Coords {
+            xyz: [f(raw[0]), f(raw[1]), 0.0],
+            dims: 2,
+            layer: 0,
+        },
+        Geom::D3 => Coords {
+            xyz: [f(raw[0]), f(raw[1]), f(raw[2])],
+            dims: 3,
+            layer: 0,
+        },
+        Geom::A1 => Coords {
+            xyz: [f(raw[1]), 0.0, 0.0],
+            dims: 1,
+            layer: layer(raw[0], 1),
+        },
+        Geom::A2 => Coords {
+            xyz: [f(raw[1]), f(raw[2]), 0.0],
+            dims: 2,
+            layer: layer(raw[0], 1),
+        },
+        Geom::Cube | Geom::ACube => {
+            let (base, v) = if geom == Geom::ACube {
+                (layer(raw[0], 6) * 6, [raw[1], raw[2], raw[3]])
+            } else {
+                (0, [raw[0], raw[1], raw[2]])
+            };
+            let (face, s, t) = cube_face(f(v[0]), f(v[1]), f(v[2]));
+            Coords {
+                xyz: [s, t, 0.0],
+                dims: 2,
+                layer: base + face,
+            }
+        }
+    })
+}
+
+/// `tex.geom.v4.dtype.ctype`: the four 32-bit results of a fetch through texture `handle`
+/// (floats as their bits), `raw` the coordinate operands' low 32 bits; `int` for `.s32`
+/// coordinates (texel indices, nearest-point).
+pub(crate) fn sample(
+    memory: &dyn GlobalMemory,
+    handle: u64,
+    geom: Geom,
+    int: bool,
+    raw: [u32; 4],
+) -> Result<[u32; 4], TextureError> {
+    let d = Descriptor::load(memory, handle, false)?;
+    let c = coords(&d, geom, int, raw)?;
+    let cube = d.flags & FLAG_CUBEMAP != 0;
+    let normalized = cube || (d.flags & FLAG_NORMALIZED != 0 && !int);
+    let linear = d.flags & FLAG_LINEAR != 0 && !int;
+    let mut first = [0i64; 3];
+    let mut alpha = [0f32; 3];
+    for k in 0..c.dims {
+        let x = if normalized {
+            c.xyz[k] * d.extent[k] as f32
+        } else {
+            c.xyz[k]
+        };
+        (first[k], alpha[k]) = taps(x, linear);
+    }
+    // Cubemap faces are sampled clamped at their edges.
+    let mode = |k: usize| {
+        if cube {
+            AddressMode::Clamp
+        } else {
+            d.address[k]
+        }
+    };
+    let fetch = |offset: [i64; 3]| -> Result<Texel, TextureError> {
+        let mut idx = [0u32, 0, c.layer];
+        for k in 0..c.dims {
+            let i = first[k].saturating_add(offset[k]);
+            match address(i, d.extent[k], mode(k), normalized) {
+                Some(i) => idx[k] = i,
+                None => return Ok(border(&d)),
+            }
+        }
+        let addr = d.texel_addr(idx[0], idx[1], idx[2]);
+        let mut raw = [0u8; 16];
+        let n = d.texel_bytes() as usize;
+        memory
+            .read(addr, &mut raw[..n])
+            .map_err(|_| TextureError::Texel(addr))?;
+        Ok(decode_texel(&d, &raw[..n]))
+    };
+    if !linear {
+        return Ok(bits(fetch([0; 3])?));
+    }
+    // (1-α)·T[i] + α·T[i+1] per dimension, the weights multiplied across dimensions.
+    let mut acc = [0f32; 4];
+    for corner in 0..(1usize << c.dims) {
+        let mut offset = [0i64; 3];
+        let mut w = 1f32;
+        for k in 0..c.dims {
+            let hi = corner >> k & 1 == 1;
+            offset[k] = i64::from(hi);
+            w *= if hi { alpha[k] } else { 1.0 - alpha[k] };
+        }
+        let Texel::Float(v) = fetch(offset)? else {
+            unreachable!("validated: linear filtering reads floats")
+        };
+        for (a, t) in acc.iter_mut().zip(v) {
+            *a += w * t;
+        }
+    }
+    Ok(acc.map(f32::to_bits))
+}
+
+/// What a border texel reads as: the border colour (floats), or its values as integers.
+fn border(d: &Descriptor) -> Texel {
+    if d.reads_float() {
+        Texel::Float(d.border)
+    } else {
+        Texel::Int(d.border.map(|c| c as i32 as u32))
+    }
+}
+
+fn bits(t: Texel) -> [u32; 4] {
+    match t {
+        Texel::Float(v) => v.map(f32::to_bits),
+        Texel::Int(v) => v,
+    }
+}
+
+/// The address of a surface access of `bytes` bytes at byte column `x`, row `y`, slice or
+/// layer `z`; `None` where `.zero` makes an out-of-range access read 0 or store nothing.
+fn surface_addr(
+    d: &Descriptor,
+    geom: Geom,
+    raw: [u32; 4],
+    bytes: u32,
+    oob: Oob,
+) -> Result<Option<u64>, TextureError> {
+    let c = coords(d, geom, true, raw)?;
+    // `coords` made x, y, z floats of s32 operands (exact below 2^24, and larger ones are
+    // out of range however rounded): back to integers, the layer clamped as a fetch's is.
+    let x = c.xyz[0] as i64;
+    let y = c.xyz[1] as i64;
+    let z = if c.dims == 3 {
+        c.xyz[2] as i64
+    } else {
+        i64::from(c.layer)
+    };
+    let row = i64::from(d.extent[0]) * i64::from(d.texel_bytes());
+    let ok = (0..=row - i64::from(bytes)).contains(&x)
+        && (0..i64::from(d.extent[1])).contains(&y)
+        && (0..i64::from(d.extent[2])).contains(&z);
+    let (x, y, z) = match (ok, oob) {
+        (true, _) => (x, y, z),
+        (false, Oob::Zero) => return Ok(None),
+        (false, Oob::Trap) => return Err(TextureError::OutOfRange { x, y, z }),
+        (false, Oob::Clamp) => (
+            x.clamp(0, row - i64::from(bytes)),
+            y.clamp(0, i64::from(d.extent[1]) - 1),
+            z.clamp(0, i64::from(d.extent[2]) - 1),
+        ),
+    };
+    if x % i64::from(bytes.min(d.texel_bytes())) != 0 {
+        return Err(TextureError::OutOfRange { x, y, z });
+    }
+    // In range: no overflow (see `Descriptor::validate`).
+    Ok(Some(
+        d.base + z as u64 * d.slice + y as u64 * d.pitch + x as u64,
+    ))
+}
+
+/// `suld.b`: `out.len()` bytes of surface `handle` at the coordinates `raw` (x in bytes).
+pub(crate) fn surface_load(
+    memory: &dyn GlobalMemory,
+    handle: u64,
+    geom: Geom,
+    raw: [u32; 4],
+    oob: Oob,
+    out: &mut [u8],
+) -> Result<(), TextureError> {
+    let d = Descriptor::load(memory, handle, true)?;
+    match surface_addr(&d, geom, raw, out.len() as u32, oob)? {
+        Some(a) => memory.read(a, out).map_err(|_| TextureError::Texel(a)),
+        None => {
+            out.fill(0);
+            Ok(())
+        }
+    }
+}
+
+/// `sust.b`: stores `data` into surface `handle` at the coordinates `raw` (x in bytes).
+pub(crate) fn surface_store(
+    memory: &dyn GlobalMemory,
+    handle: u64,
+    geom: Geom,
+    raw: [u32; 4],
+    oob: Oob,
+    data: &[u8],
+) -> Result<(), TextureError> {
+    let d = Descriptor::load(memory, handle, true)?;
+    match surface_addr(&d, geom, raw, data.len() as u32, oob)? {
+        Some(a) => memory.write(a, data).map_err(|_| TextureError::Texel(a)),
+        None => Ok(()),
+    }
+}
