@@ -1460,7 +1460,7 @@ impl<'s, 'a> Block<'s, 'a> {
                     let h = self.val(w, lane, *handle);
                     let raw = coords.map(|c| self.val(w, lane, c) as u32);
                     let v = texture::sample(self.s.memory, h, *geom, *int, raw)
-                        .map_err(|e| texture_fault(e, inst.line))?;
+                        .map_err(texture_fault)?;
                     for (d, v) in ds.iter().zip(v) {
                         self.set(w, lane, *d, u64::from(v));
                     }
@@ -1493,7 +1493,7 @@ impl<'s, 'a> Block<'s, 'a> {
                         let out = &mut buf[..total];
                         texture::surface_load(self.s.memory, h, *geom, raw, *oob, out)
                     };
-                    r.map_err(|e| texture_fault(e, inst.line))?;
+                    r.map_err(texture_fault)?;
                     if !*store {
                         for (i, s) in vals.iter().take(usize::from(*n)).enumerate() {
                             let mut le = [0u8; 8];
@@ -1644,8 +1644,8 @@ fn video(op: VideoOp, dsigned: bool, sat: bool, sec: Option<BinOp>, x: i64, y: i
 
 /// A refused texture or surface access: a fault of the context, as the hardware's for a bad
 /// descriptor or an out-of-range `.trap` surface access.
-fn texture_fault(e: texture::TextureError, line: u32) -> ComputeError {
-    ComputeError::IllegalAddress(format!("{e} (PTX line {line})"))
+fn texture_fault(e: texture::TextureError) -> ComputeError {
+    ComputeError::IllegalAddress(e.to_string())
 }
 
 fn fault(f: Fault) -> ComputeError {

@@ -730,3 +730,472 @@ pub(crate) fn surface_store(
         None => Ok(()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Fetches through the backend trait (a kernel's `tex`/`suld`/`sust` on the CPU executor)
+    //! against a host reference written from the Programming Guide's formulas.
+    use super::*;
+    use crate::compute::backend::{ComputeBackend, ContextId, DEFAULT_STREAM, KernelLaunch};
+    use crate::compute::{CpuBackend, CpuConfig};
+
+    /// A kernel: thread i reads four 32-bit coordinate words at `c + 16 i`, runs `op` on them
+    /// with handle `t`, and stores four words at `o + 16 i`.
+    fn kernel(op: &str) -> String {
+        format!(
+            ".version 8.5\n.target sm_75\n.address_size 64\n\
+             .visible .entry k(.param .u64 t, .param .u64 c, .param .u64 o)\n{{\n\
+             .reg .b32 %r<12>;\n.reg .b64 %rd<8>;\n\
+             ld.param.u64 %rd1, [t];\nld.param.u64 %rd2, [c];\nld.param.u64 %rd3, [o];\n\
+             mov.u32 %r1, %tid.x;\nmul.wide.u32 %rd4, %r1, 16;\n\
+             add.s64 %rd5, %rd2, %rd4;\nadd.s64 %rd6, %rd3, %rd4;\n\
+             ld.global.v4.b32 {{%r2, %r3, %r4, %r5}}, [%rd5];\n\
+             mov.b32 %r6, 0;\nmov.b32 %r7, 0;\nmov.b32 %r8, 0;\nmov.b32 %r9, 0;\n\
+             {op}\n\
+             st.global.v4.b32 [%rd6], {{%r6, %r7, %r8, %r9}};\nret;\n}}\n"
+        )
+    }
+
+    struct Rig {
+        be: CpuBackend,
+        ctx: ContextId,
+    }
+
+    impl Rig {
+        fn new() -> Rig {
+            let mut be = CpuBackend::new(CpuConfig {
+                memory_per_context: 8 << 20,
+                ..CpuConfig::default()
+            });
+            let ctx = be.context_create().unwrap();
+            Rig { be, ctx }
+        }
+
+        fn put(&mut self, data: &[u8]) -> u64 {
+            let a = self.be.mem_alloc(self.ctx, data.len() as u64).unwrap();
+            self.be
+                .copy_htod(self.ctx, a, data, DEFAULT_STREAM)
+                .unwrap();
+            a
+        }
+
+        /// The descriptor `d` over `texels` in device memory: its handle.
+        fn object(&mut self, mut d: Descriptor, texels: &[u8]) -> u64 {
+            d.base = self.put(texels);
+            self.put(&d.encode())
+        }
+
+        /// Runs `op` for each coordinate quadruple: the four result words of each.
+        fn run(
+            &mut self,
+            op: &str,
+            handle: u64,
+            coords: &[[u32; 4]],
+        ) -> ComputeResult<Vec<[u32; 4]>> {
+            let m = self.be.module_load(self.ctx, kernel(op).as_bytes())?;
+            let (f, _) = self.be.function(self.ctx, m, "k")?;
+            let c: Vec<u8> = coords
+                .iter()
+                .flatten()
+                .flat_map(|w| w.to_le_bytes())
+                .collect();
+            let c = self.put(&c);
+            let o = self.put(&vec![0u8; coords.len() * 16]);
+            let params = [handle, c, o].map(u64::to_le_bytes).concat();
+            self.be.launch(
+                self.ctx,
+                &KernelLaunch {
+                    function: f,
+                    grid: [1, 1, 1],
+                    block: [coords.len() as u32, 1, 1],
+                    shared_bytes: 0,
+                    stream: DEFAULT_STREAM,
+                    params: &params,
+                },
+            )?;
+            let mut out = vec![0u8; coords.len() * 16];
+            self.be.copy_dtoh(self.ctx, &mut out, o, DEFAULT_STREAM)?;
+            Ok(out
+                .chunks(16)
+                .map(|q| std::array::from_fn(|i| le32(q, 4 * i)))
+                .collect())
+        }
+    }
+
+    use crate::compute::ComputeResult;
+
+    fn f32_desc(w: u32, h: u32, flags: u8, mode: AddressMode) -> Descriptor {
+        Descriptor {
+            surface: false,
+            format: Format::F32,
+            channels: 1,
+            flags,
+            address: [mode; 3],
+            extent: [w, h, 1],
+            base: 0,
+            pitch: u64::from(w) * 4,
+            slice: u64::from(w * h) * 4,
+            border: [7.5, 0.0, 0.0, 1.0],
+        }
+    }
+
+    /// The Guide's addressing of texel index `i` of `n` (None: the border colour), with
+    /// wrap and mirror defined on normalised coordinates only.
+    fn reference_index(i: i64, n: i64, mode: AddressMode, normalized: bool) -> Option<i64> {
+        match mode {
+            AddressMode::Border if !(0..n).contains(&i) => None,
+            AddressMode::Wrap if normalized => Some(((i % n) + n) % n),
+            AddressMode::Mirror if normalized => {
+                // Texels repeat as T[0..n], then T[n-1..=0], and so on.
+                let period = ((i % (2 * n)) + 2 * n) % (2 * n);
+                Some(if period < n {
+                    period
+                } else {
+                    2 * n - 1 - period
+                })
+            }
+            _ => Some(i.max(0).min(n - 1)),
+        }
+    }
+
+    /// The Guide's tex2D of a one-channel float texture `t` (w × h).
+    fn reference_2d(t: &[f32], w: u32, d: &Descriptor, x: f32, y: f32) -> f32 {
+        let h = t.len() as u32 / w;
+        let norm = d.flags & FLAG_NORMALIZED != 0;
+        let (x, y) = if norm {
+            (x * w as f32, y * h as f32)
+        } else {
+            (x, y)
+        };
+        let texel = |i: i64, j: i64| -> f32 {
+            let mode = d.address[0];
+            match (
+                reference_index(i, i64::from(w), mode, norm),
+                reference_index(j, i64::from(h), d.address[1], norm),
+            ) {
+                (Some(i), Some(j)) => t[(j * i64::from(w) + i) as usize],
+                _ => d.border[0],
+            }
+        };
+        if d.flags & FLAG_LINEAR == 0 {
+            return texel(x.floor() as i64, y.floor() as i64);
+        }
+        let (xb, yb) = (x - 0.5, y - 0.5);
+        let (i, j) = (xb.floor(), yb.floor());
+        // α and β in 9-bit fixed point, 8 fractional bits.
+        let a = ((xb - i) * 256.0).round() / 256.0;
+        let b = ((yb - j) * 256.0).round() / 256.0;
+        let (i, j) = (i as i64, j as i64);
+        (1.0 - a) * (1.0 - b) * texel(i, j)
+            + a * (1.0 - b) * texel(i + 1, j)
+            + (1.0 - a) * b * texel(i, j + 1)
+            + a * b * texel(i + 1, j + 1)
+    }
+
+    const TEX2D: &str = "tex.2d.v4.f32.f32 {%r6, %r7, %r8, %r9}, [%rd1, {%r2, %r3}];";
+
+    #[test]
+    fn tex_2d_matches_the_guides_formulas_in_every_mode() {
+        let mut rig = Rig::new();
+        let (w, h) = (5u32, 3u32);
+        let t: Vec<f32> = (0..w * h)
+            .map(|i| (i * i % 11) as f32 * 1.25 - 3.0)
+            .collect();
+        let texels: Vec<u8> = t.iter().flat_map(|v| v.to_le_bytes()).collect();
+        // Points inside, on texel edges, outside on every side; fractions not on 1/256.
+        let mut points = Vec::new();
+        for x in [
+            -1.3f32, -0.2, 0.0, 0.3, 0.5, 1.7, 2.49, 4.99, 5.0, 6.6, 11.1,
+        ] {
+            for y in [-0.7f32, 0.1, 1.5, 2.9, 3.2] {
+                points.push((x, y));
+            }
+        }
+        for mode in [
+            AddressMode::Wrap,
+            AddressMode::Clamp,
+            AddressMode::Mirror,
+            AddressMode::Border,
+        ] {
+            for flags in [
+                0,
+                FLAG_LINEAR,
+                FLAG_NORMALIZED,
+                FLAG_NORMALIZED | FLAG_LINEAR,
+            ] {
+                let d = f32_desc(w, h, flags, mode);
+                let handle = rig.object(d, &texels);
+                let scale = if flags & FLAG_NORMALIZED != 0 {
+                    (1.0 / w as f32, 1.0 / h as f32)
+                } else {
+                    (1.0, 1.0)
+                };
+                let coords: Vec<(f32, f32)> = points
+                    .iter()
+                    .map(|&(x, y)| (x * scale.0, y * scale.1))
+                    .collect();
+                let raw: Vec<[u32; 4]> = coords
+                    .iter()
+                    .map(|&(x, y)| [x.to_bits(), y.to_bits(), 0, 0])
+                    .collect();
+                let got = rig.run(TEX2D, handle, &raw).unwrap();
+                for (&(x, y), g) in coords.iter().zip(&got) {
+                    let want = reference_2d(&t, w, &d, x, y);
+                    assert_eq!(
+                        f32::from_bits(g[0]).to_bits(),
+                        want.to_bits(),
+                        "{mode:?} flags {flags} at ({x}, {y}): {} vs {want}",
+                        f32::from_bits(g[0])
+                    );
+                    // A one-channel texture reads (v, 0, 0, 1).
+                    assert_eq!([g[1], g[2], g[3]], [0, 0, 1f32.to_bits()]);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn linear_weights_are_9_bit_fixed_point() {
+        let mut rig = Rig::new();
+        let d = f32_desc(2, 1, FLAG_LINEAR, AddressMode::Clamp);
+        let handle = rig.object(d, &[0f32, 1.0].map(f32::to_le_bytes).concat());
+        // x = 0.5 + 0.3: α = 0.3 would be exact-ish in f32; the hardware's is 77/256.
+        let got = rig
+            .run(TEX2D, handle, &[[0.8f32.to_bits(), 0.5f32.to_bits(), 0, 0]])
+            .unwrap();
+        assert_eq!(f32::from_bits(got[0][0]), 77.0 / 256.0);
+    }
+
+    #[test]
+    fn integer_texels_read_as_elements_or_normalised_floats_and_srgb() {
+        let mut rig = Rig::new();
+        let texels = [0u8, 64, 128, 255, 200, 100, 50, 25];
+        let mut d = Descriptor {
+            format: Format::U8,
+            channels: 4,
+            pitch: 8,
+            slice: 8,
+            extent: [2, 1, 1],
+            ..f32_desc(2, 1, 0, AddressMode::Clamp)
+        };
+        let at = |x: f32| [x.to_bits(), 0.5f32.to_bits(), 0, 0];
+        let int = rig.object(d, &texels);
+        let op = "tex.2d.v4.u32.f32 {%r6, %r7, %r8, %r9}, [%rd1, {%r2, %r3}];";
+        assert_eq!(rig.run(op, int, &[at(1.5)]).unwrap()[0], [200, 100, 50, 25]);
+        d.flags = FLAG_READ_NORMALIZED;
+        let norm = rig.object(d, &texels);
+        let got = rig.run(TEX2D, norm, &[at(0.5)]).unwrap()[0].map(f32::from_bits);
+        assert_eq!(got, [0.0, 64.0 / 255.0, 128.0 / 255.0, 1.0]);
+        d.flags = FLAG_READ_NORMALIZED | FLAG_SRGB;
+        let srgb = rig.object(d, &texels);
+        let got = rig.run(TEX2D, srgb, &[at(0.5)]).unwrap()[0].map(f32::from_bits);
+        assert_eq!(got[1], srgb_to_linear(64.0 / 255.0));
+        assert_eq!(got[3], 1.0, "alpha is not sRGB-encoded");
+        // Signed 16-bit: -32768 reads as -1, not below.
+        d.format = Format::S16;
+        d.channels = 2;
+        d.flags = FLAG_READ_NORMALIZED;
+        let s16 = rig.object(d, &[0x00, 0x80, 0xff, 0x7f, 0, 0, 0, 0]);
+        let got = rig.run(TEX2D, s16, &[at(0.5)]).unwrap()[0].map(f32::from_bits);
+        assert_eq!(got, [-1.0, 1.0, 0.0, 1.0]);
+        // Half floats widen exactly.
+        d.format = Format::F16;
+        d.flags = 0;
+        let h = rig.object(d, &[0x00, 0x3c, 0x01, 0x00, 0, 0xfc, 0, 0]);
+        let got = rig.run(TEX2D, h, &[at(0.5)]).unwrap()[0].map(f32::from_bits);
+        assert_eq!(got[..2], [1.0, 2f32.powi(-24)]);
+    }
+
+    #[test]
+    fn layered_3d_and_cubemap_fetches_pick_their_texels() {
+        let mut rig = Rig::new();
+        let n = 4u32;
+        let t: Vec<f32> = (0..n * n * 6).map(|i| i as f32).collect();
+        let texels: Vec<u8> = t.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let base = Descriptor {
+            extent: [n, n, 6],
+            pitch: u64::from(n) * 4,
+            slice: u64::from(n * n) * 4,
+            ..f32_desc(n, n, 0, AddressMode::Clamp)
+        };
+        let f = |v: f32| v.to_bits();
+        // 3D: texel (1, 2, 3).
+        let vol = rig.object(base, &texels);
+        let op = "tex.3d.v4.f32.f32 {%r6, %r7, %r8, %r9}, [%rd1, {%r2, %r3, %r4, %r5}];";
+        let got = rig.run(op, vol, &[[f(1.5), f(2.5), f(3.5), 0]]).unwrap();
+        assert_eq!(f32::from_bits(got[0][0]), t[(3 * 16 + 2 * 4 + 1) as usize]);
+        // Layered 2D: layer 5 (and 9 clamps to 5), texel (3, 0).
+        let layered = rig.object(
+            Descriptor {
+                flags: FLAG_LAYERED,
+                ..base
+            },
+            &texels,
+        );
+        let op = "tex.a2d.v4.f32.f32 {%r6, %r7, %r8, %r9}, [%rd1, {%r2, %r3, %r4, %r4}];";
+        let got = rig
+            .run(
+                op,
+                layered,
+                &[[5, f(3.5), f(0.5), 0], [9, f(3.5), f(0.5), 0]],
+            )
+            .unwrap();
+        assert_eq!(f32::from_bits(got[0][0]), t[5 * 16 + 3]);
+        assert_eq!(got[0], got[1]);
+        // Cubemap: +x face (0) centre row; -z face (5).
+        let cube = rig.object(
+            Descriptor {
+                flags: FLAG_CUBEMAP,
+                ..base
+            },
+            &texels,
+        );
+        let op = "tex.cube.v4.f32.f32 {%r6, %r7, %r8, %r9}, [%rd1, {%r2, %r3, %r4, %r5}];";
+        let got = rig
+            .run(
+                op,
+                cube,
+                &[[f(1.0), f(0.1), f(0.6), 0], [f(0.3), f(-0.2), f(-1.0), 0]],
+            )
+            .unwrap();
+        for (g, (x, y, z)) in got
+            .iter()
+            .zip([(1.0f32, 0.1f32, 0.6f32), (0.3, -0.2, -1.0)])
+        {
+            let (face, s, tt) = cube_face(x, y, z);
+            let (i, j) = ((s * 4.0).floor() as u32, (tt * 4.0).floor() as u32);
+            assert_eq!(
+                f32::from_bits(g[0]),
+                t[(face * 16 + j.min(3) * 4 + i.min(3)) as usize]
+            );
+        }
+        assert_eq!(cube_face(1.0, 0.1, 0.6).0, 0);
+        assert_eq!(cube_face(0.3, -0.2, -1.0).0, 5);
+        // A 2D fetch of a cubemap is refused, as a fault of the context.
+        let err = rig.run(TEX2D, cube, &[[0; 4]]).unwrap_err();
+        assert_eq!(err.cuda_status(), 700, "{err}");
+    }
+
+    #[test]
+    fn surfaces_load_and_store_bytes_with_each_out_of_range_mode() {
+        let mut rig = Rig::new();
+        let d = Descriptor {
+            surface: true,
+            format: Format::U32,
+            ..f32_desc(4, 2, 0, AddressMode::Clamp)
+        };
+        let handle = rig.object(d, &(0u32..8).flat_map(u32::to_le_bytes).collect::<Vec<_>>());
+        let store = "add.u32 %r10, %r4, 100;\nsust.b.2d.b32.trap [%rd1, {%r2, %r3}], {%r10};\n\
+                     suld.b.2d.b32.trap {%r6}, [%rd1, {%r2, %r3}];";
+        let got = rig.run(store, handle, &[[12, 1, 5, 0]]).unwrap();
+        assert_eq!(got[0][0], 105);
+        let load = |oob: &str| format!("suld.b.2d.b32.{oob} {{%r6}}, [%rd1, {{%r2, %r3}}];");
+        // (x 16 bytes, row 0) is past the row: zero reads 0, clamp the row's last element.
+        let past = [[16, 0, 0, 0], [0u32.wrapping_sub(4), 1, 0, 0]];
+        assert_eq!(rig.run(&load("zero"), handle, &past).unwrap()[0][0], 0);
+        let got = rig.run(&load("clamp"), handle, &past).unwrap();
+        assert_eq!([got[0][0], got[1][0]], [3, 4]);
+        // A texture handle is not a surface.
+        let tex = rig.object(
+            Descriptor {
+                surface: false,
+                ..d
+            },
+            &[0; 32],
+        );
+        assert_eq!(
+            rig.run(&load("trap"), tex, &[[0; 4]])
+                .unwrap_err()
+                .cuda_status(),
+            700
+        );
+        let mut rig = Rig::new();
+        let handle = rig.object(d, &[0; 32]);
+        let err = rig.run(&load("trap"), handle, &past).unwrap_err();
+        assert_eq!(err.cuda_status(), 700, "{err}");
+    }
+
+    #[test]
+    fn bad_handles_and_descriptors_are_faults_of_the_context_never_host_accesses() {
+        for (name, mangle) in [
+            ("nowhere", None),
+            ("zero extent", Some((12usize, 0u8))),
+            ("unknown format", Some((4, 0x33))),
+            ("three channels", Some((5, 3))),
+            ("unknown address mode", Some((8, 9))),
+        ] {
+            let mut rig = Rig::new();
+            let d = f32_desc(2, 2, 0, AddressMode::Clamp);
+            let mut handle = rig.object(d, &[0; 16]);
+            match mangle {
+                None => handle = 0xdead_0000,
+                Some((at, v)) => {
+                    let mut b = Descriptor { base: d.base, ..d }.encode();
+                    let mut real = [0u8; DESCRIPTOR_BYTES];
+                    rig.be
+                        .copy_dtoh(rig.ctx, &mut real, handle, DEFAULT_STREAM)
+                        .unwrap();
+                    b.copy_from_slice(&real);
+                    b[at] = v;
+                    if at == 12 {
+                        b[13..16].fill(0);
+                    }
+                    rig.be
+                        .copy_htod(rig.ctx, handle, &b, DEFAULT_STREAM)
+                        .unwrap();
+                }
+            }
+            let err = rig.run(TEX2D, handle, &[[0; 4]]).unwrap_err();
+            assert_eq!(err.cuda_status(), 700, "{name}: {err}");
+        }
+        // A descriptor whose texels lie past its memory: the texel read faults.
+        let mut rig = Rig::new();
+        let mut d = f32_desc(64, 64, 0, AddressMode::Clamp);
+        d.base = rig.put(&[0; 16]);
+        let handle = rig.put(&d.encode());
+        let far = [63.5f32.to_bits(), 63.5f32.to_bits(), 0, 0];
+        assert_eq!(
+            rig.run(TEX2D, handle, &[far]).unwrap_err().cuda_status(),
+            700
+        );
+    }
+
+    #[test]
+    fn descriptors_that_overflow_or_mix_filters_are_invalid() {
+        let d = f32_desc(4, 4, 0, AddressMode::Clamp);
+        assert!(d.validate().is_ok());
+        for bad in [
+            Descriptor {
+                extent: [MAX_EXTENT + 1, 1, 1],
+                ..d
+            },
+            Descriptor { pitch: 8, ..d },
+            Descriptor {
+                base: u64::MAX - 8,
+                ..d
+            },
+            Descriptor {
+                extent: [4, 4, 2],
+                slice: 8,
+                ..d
+            },
+            Descriptor {
+                format: Format::U32,
+                flags: FLAG_LINEAR,
+                ..d
+            },
+            Descriptor {
+                format: Format::S32,
+                flags: FLAG_READ_NORMALIZED,
+                ..d
+            },
+            Descriptor {
+                flags: FLAG_CUBEMAP,
+                ..d
+            },
+            Descriptor { flags: 0x80, ..d },
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
+    }
+}
