@@ -930,9 +930,10 @@ entry!(cuKernelGetAttribute(v: *mut c_int, attribute: c_int, kernel: Handle, dev
     status(unsafe { cuFuncGetAttribute(v, attribute, kernel) })
 });
 
-entry!(cuKernelSetAttribute(_attribute: c_int, _value: c_int, kernel: Handle, dev: c_int) {
+entry!(cuKernelSetAttribute(attribute: c_int, value: c_int, kernel: Handle, dev: c_int) {
     device(dev)?;
-    function(kernel).map(drop)
+    // SAFETY: our own entry point; a kernel handle stands for its function there.
+    status(unsafe { cuFuncSetAttribute(kernel, attribute, value) })
 });
 
 entry!(cuKernelSetCacheConfig(kernel: Handle, _config: c_int, dev: c_int) {
@@ -969,7 +970,8 @@ entry!(cuFuncGetAttribute(v: *mut c_int, attribute: c_int, f: Handle) {
     let f = function(f)?;
     let answer = with(|d| {
         let a = d.function_attributes(f)?;
-        crate::attributes::function_attribute(attribute, &a, d.attributes())
+        let s = d.function_settings(f)?;
+        crate::attributes::function_attribute(attribute, &a, &s, d.attributes())
     })?;
     put(v, answer)
 });
@@ -979,9 +981,158 @@ entry!(cuFuncSetCacheConfig(f: Handle, _config: c_int) {
     with(|d| d.params(f).map(drop))
 });
 
-entry!(cuFuncSetAttribute(f: Handle, _attribute: c_int, _value: c_int) {
+entry!(cuFuncSetAttribute(f: Handle, attribute: c_int, value: c_int) {
     let f = function(f)?;
-    with(|d| d.params(f).map(drop))
+    with(|d| d.set_function_attribute(f, attribute, value))
+});
+
+// Occupancy: from the function's attributes (its registers and static shared memory as the
+// executor reports them) and the multiprocessor limits of the device's compute capability.
+
+/// `CU_OCCUPANCY_DEFAULT` and `CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE` (caching has no effect
+/// on the calculation here).
+const OCCUPANCY_FLAGS: c_uint = 1;
+
+/// What occupancy is computed from: the device's limits, its multiprocessors, the function's
+/// attributes and settings.
+fn occupancy_inputs(
+    f: Handle,
+    flags: c_uint,
+) -> CuResult<(
+    crate::attributes::SmLimits,
+    u32,
+    mdev_backend::compute::backend::FunctionAttributes,
+    crate::attributes::FunctionSettings,
+)> {
+    if flags & !OCCUPANCY_FLAGS != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let f = function(f)?;
+    with(|d| {
+        let sm = crate::attributes::limits(d.attributes())?;
+        Ok((
+            sm,
+            d.attributes().multiprocessors,
+            d.function_attributes(f)?,
+            d.function_settings(f)?,
+        ))
+    })
+}
+
+/// A non-negative `int` argument.
+fn count(n: c_int) -> CuResult<u32> {
+    u32::try_from(n).map_err(|_| CUDA_ERROR_INVALID_VALUE)
+}
+
+/// A dynamic shared memory size: more than a block can have is answered as 0 blocks.
+fn shared_size(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+fn max_active_blocks(
+    blocks: *mut c_int,
+    f: Handle,
+    block_size: c_int,
+    dynamic_shared: usize,
+    flags: c_uint,
+) -> CuResult<()> {
+    let (sm, _, a, _) = occupancy_inputs(f, flags)?;
+    let n =
+        crate::attributes::active_blocks(&sm, &a, count(block_size)?, shared_size(dynamic_shared));
+    put(blocks, n as c_int)
+}
+
+entry!(cuOccupancyMaxActiveBlocksPerMultiprocessor(
+    blocks: *mut c_int,
+    f: Handle,
+    block_size: c_int,
+    dynamic_shared: usize,
+) {
+    max_active_blocks(blocks, f, block_size, dynamic_shared, 0)
+});
+
+entry!(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+    blocks: *mut c_int,
+    f: Handle,
+    block_size: c_int,
+    dynamic_shared: usize,
+    flags: c_uint,
+) {
+    max_active_blocks(blocks, f, block_size, dynamic_shared, flags)
+});
+
+/// `CUoccupancyB2DSize`: the dynamic shared memory a block of the given size needs.
+type BlockToShared = Option<unsafe extern "C" fn(c_int) -> usize>;
+
+fn max_potential_block_size(
+    grid: *mut c_int,
+    block: *mut c_int,
+    f: Handle,
+    to_shared: BlockToShared,
+    dynamic_shared: usize,
+    limit: c_int,
+    flags: c_uint,
+) -> CuResult<()> {
+    if grid.is_null() || block.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let (sm, multiprocessors, a, _) = occupancy_inputs(f, flags)?;
+    let (g, b) =
+        crate::attributes::best_block_size(&sm, multiprocessors, &a, count(limit)?, |size| {
+            match to_shared {
+                // SAFETY: the caller's callback, called with a block size as the API documents.
+                Some(cb) => shared_size(unsafe { cb(size as c_int) }),
+                None => shared_size(dynamic_shared),
+            }
+        });
+    put(grid, g.min(c_int::MAX as u32) as c_int)?;
+    put(block, b as c_int)
+}
+
+entry!(cuOccupancyMaxPotentialBlockSize(
+    grid: *mut c_int,
+    block: *mut c_int,
+    f: Handle,
+    to_shared: BlockToShared,
+    dynamic_shared: usize,
+    limit: c_int,
+) {
+    max_potential_block_size(grid, block, f, to_shared, dynamic_shared, limit, 0)
+});
+
+entry!(cuOccupancyMaxPotentialBlockSizeWithFlags(
+    grid: *mut c_int,
+    block: *mut c_int,
+    f: Handle,
+    to_shared: BlockToShared,
+    dynamic_shared: usize,
+    limit: c_int,
+    flags: c_uint,
+) {
+    max_potential_block_size(grid, block, f, to_shared, dynamic_shared, limit, flags)
+});
+
+entry!(cuOccupancyAvailableDynamicSMemPerBlock(size: *mut usize, f: Handle, blocks: c_int, block_size: c_int) {
+    let (sm, _, a, s) = occupancy_inputs(f, 0)?;
+    let n = crate::attributes::available_dynamic_shared(&sm, &a, &s, count(blocks)?, count(block_size)?);
+    put(size, n as usize)
+});
+
+/// Thread block clusters need compute capability 9.0: refused on this device.
+fn no_clusters(f: Handle, what: &str) -> CuResult<()> {
+    function(f)?;
+    refused(&format!(
+        "{what}: thread block clusters need compute capability 9.0"
+    ));
+    Err(CUDA_ERROR_NOT_SUPPORTED)
+}
+
+entry!(cuOccupancyMaxActiveClusters(_clusters: *mut c_int, f: Handle, _config: *const c_void) {
+    no_clusters(f, "cuOccupancyMaxActiveClusters")
+});
+
+entry!(cuOccupancyMaxPotentialClusterSize(_size: *mut c_int, f: Handle, _config: *const c_void) {
+    no_clusters(f, "cuOccupancyMaxPotentialClusterSize")
 });
 
 /// `CUjit_option` values that carry a log buffer and its size.
@@ -1222,7 +1373,6 @@ not_supported!(
     cuMemHostGetDevicePointer_v2 | cuMemHostGetDevicePointer,
     cuMemAllocManaged | cuMemPrefetchAsync,
     cuPointerGetAttribute | cuPointerGetAttributes,
-    cuOccupancyMaxPotentialBlockSize | cuOccupancyMaxActiveBlocksPerMultiprocessor,
 );
 
 // Streams and events.

@@ -1,54 +1,208 @@
-//! `cuDeviceGetAttribute` and `cuFuncGetAttribute` answers from the host's
-//! [`DeviceAttributes`]; attribute numbers from the driver API's `cuda.h`.
+//! `cuDeviceGetAttribute`, `cuFuncGetAttribute` and the occupancy calculator's answers: from
+//! the host's [`DeviceAttributes`] and [`FunctionAttributes`], and the multiprocessor limits of
+//! the compute capability the host reports. Attribute numbers from CUDA 13's `cuda.h`.
+//!
+//! What is advertised is what the executor and the device path implement, as a single GPU of
+//! that capability reports it; a feature they lack answers 0 (docs/CUDA-GUEST.md lists them).
 
 use std::ffi::c_int;
 
 use mdev_backend::compute::backend::{DeviceAttributes, FunctionAttributes};
 
 use crate::driver::CuResult;
-use crate::status::CUDA_ERROR_INVALID_VALUE;
+use crate::status::{CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_SUPPORTED};
 
-/// Highest `CUdevice_attribute` answered (others known to cuda.h 12 answer 0: not supported).
-const MAX_DEVICE_ATTRIBUTE: c_int = 150;
-/// Registers per block and per multiprocessor reported: what every GPU since Kepler has.
-const REGISTERS: c_int = 65536;
+/// `CU_DEVICE_ATTRIBUTE_MAX` of CUDA 13: attributes at or past it are not attributes.
+const DEVICE_ATTRIBUTE_MAX: c_int = 162;
+/// `CU_FUNC_ATTRIBUTE_MAX` of CUDA 13.
+const FUNCTION_ATTRIBUTE_MAX: c_int = 18;
+/// Shared memory a block may use without opting in (`cuFuncSetAttribute`), on every GPU since
+/// Fermi.
+pub const DEFAULT_SHARED_PER_BLOCK: u32 = 48 * 1024;
+/// `CU_SHAREDMEM_CARVEOUT_DEFAULT`: no preference for a function's L1/shared split.
+pub const CARVEOUT_DEFAULT: c_int = -1;
+
+/// A multiprocessor's resources, as the occupancy calculator models them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SmLimits {
+    pub max_threads: u32,
+    pub max_blocks: u32,
+    pub registers: u32,
+    /// Registers are allocated to a warp in units of this many.
+    pub register_unit: u32,
+    /// The register file is split evenly between this many warp schedulers.
+    pub sub_partitions: u32,
+    pub max_registers_per_thread: u32,
+    pub shared_bytes: u32,
+    /// Most shared memory one block may have (after opting in).
+    pub shared_per_block_optin: u32,
+    /// Shared memory is allocated to a block in units of this many bytes.
+    pub shared_unit: u32,
+    /// Shared memory the system reserves per block.
+    pub shared_reserved_per_block: u32,
+}
+
+/// The multiprocessor limits of compute capability `cc` (NVIDIA's occupancy calculator and
+/// programming guide): Turing (7.5) is the GPU the CPU executor presents; Volta, Ampere, Ada
+/// and Hopper are what the NVIDIA backend may pass through. Others are not known.
+pub fn sm_limits(cc: (u32, u32)) -> Option<SmLimits> {
+    // (max threads, max blocks, shared per SM, opt-in shared per block, allocation unit,
+    // reserved per block), all in bytes where memory.
+    let (max_threads, max_blocks, shared_bytes, optin, shared_unit, reserved) = match cc {
+        (7, 0) => (2048, 32, 96 << 10, 96 << 10, 256, 0),
+        (7, 5) => (1024, 16, 64 << 10, 64 << 10, 256, 0),
+        (8, 0) => (2048, 32, 164 << 10, 163 << 10, 128, 1 << 10),
+        (8, 6) => (1536, 16, 100 << 10, 99 << 10, 128, 1 << 10),
+        (8, 9) => (1536, 24, 100 << 10, 99 << 10, 128, 1 << 10),
+        (9, 0) => (2048, 32, 228 << 10, 227 << 10, 128, 1 << 10),
+        _ => return None,
+    };
+    Some(SmLimits {
+        max_threads,
+        max_blocks,
+        registers: 65536,
+        register_unit: 256,
+        sub_partitions: 4,
+        max_registers_per_thread: 255,
+        shared_bytes,
+        shared_per_block_optin: optin,
+        shared_unit,
+        shared_reserved_per_block: reserved,
+    })
+}
+
+/// The limits of the device `a` describes; a device without known limits cannot answer
+/// occupancy or limit questions.
+pub fn limits(a: &DeviceAttributes) -> CuResult<SmLimits> {
+    sm_limits(a.compute_capability).ok_or(CUDA_ERROR_NOT_SUPPORTED)
+}
+
+/// Texture and surface limits of a Turing GPU, by `CUdevice_attribute`.
+const TEXTURE_LIMITS: &[(c_int, c_int)] = &[
+    (21, 131072),
+    (22, 131072),
+    (23, 65536),
+    (24, 16384),
+    (25, 16384),
+    (26, 16384),
+    (27, 32768),
+    (28, 32768),
+    (29, 2048),
+    (30, 512),
+    (42, 32768),
+    (43, 2048),
+    (45, 32768),
+    (46, 32768),
+    (47, 8192),
+    (48, 8192),
+    (49, 32768),
+    (51, 32),
+    (52, 32768),
+    (53, 32768),
+    (54, 2046),
+    (55, 32768),
+    (56, 131072),
+    (57, 65536),
+    (58, 16384),
+    (59, 16384),
+    (60, 16384),
+    (61, 32768),
+    (62, 2048),
+    (63, 32768),
+    (64, 32768),
+    (65, 2048),
+    (66, 32768),
+    (67, 32768),
+    (68, 2046),
+    (69, 1 << 27),
+    (70, 131072),
+    (71, 65000),
+    (72, 2097120),
+    (73, 32768),
+    (74, 32768),
+    (77, 32768),
+];
 
 pub fn device_attribute(a: &DeviceAttributes, attribute: c_int) -> CuResult<c_int> {
     let v = |x: u32| x.min(c_int::MAX as u32) as c_int;
+    let sm = || limits(a);
+    if let Some(&(_, limit)) = TEXTURE_LIMITS.iter().find(|(n, _)| *n == attribute) {
+        return Ok(limit);
+    }
     Ok(match attribute {
         1 => v(a.max_threads_per_block),
         2..=4 => v(a.max_block[(attribute - 2) as usize]),
         5..=7 => v(a.max_grid[(attribute - 5) as usize]),
-        8 => v(a.shared_memory_per_block),
+        8 => v(a.shared_memory_per_block.min(DEFAULT_SHARED_PER_BLOCK)),
         9 => 64 * 1024,
         10 => v(a.warp_size),
         11 => c_int::MAX,
-        12 | 82 => REGISTERS,
+        12 | 82 => v(sm()?.registers),
         13 => v(a.clock_khz),
         14 => 512,
-        // GPU overlap, concurrent kernels, can map host memory: no.
-        15 | 19 | 31 => 0,
+        // Copies overlapping kernels, concurrent kernels, copy engines: a context's work runs
+        // in order on the host.
+        15 | 31 | 40 => 0,
+        16 => v(a.multiprocessors),
+        // Kernel timeout, integrated, ECC, compute mode (default), TCC: no.
+        17 | 18 | 20 | 32 | 35 => 0,
+        39 => v(sm()?.max_threads),
         // Unified addressing: where the host places device memory in windows this library
         // reserves (driver.rs `context_create`).
         41 => c_int::from(a.placement),
-        16 => v(a.multiprocessors),
-        // Integrated, ECC, TCC, kernel timeout: no; compute mode default (0).
-        17 | 18 | 20 | 32 | 35 => 0,
-        39 => 2048,
-        40 => 1,
         75 => v(a.compute_capability.0),
         76 => v(a.compute_capability.1),
-        81 | 97 => v(a.shared_memory_per_block),
-        0 | MAX_DEVICE_ATTRIBUTE.. => return Err(CUDA_ERROR_INVALID_VALUE),
-        _ => 0,
+        // Stream priorities (kept and reported), L1 caching of globals and locals, compute
+        // preemption (the executor pauses a kernel between slices), host registration.
+        78 | 79 | 80 | 90 | 99 => 1,
+        81 => v(sm()?.shared_bytes.min(a.shared_memory_per_block)),
+        97 => v(sm()?.shared_per_block_optin.min(a.shared_memory_per_block)),
+        87 => 32,
+        106 => v(sm()?.max_blocks),
+        111 => v(sm()?.shared_reserved_per_block),
+        // Memory pools and stream-ordered allocation (api/pools.rs); no IPC handle types.
+        115 => 1,
+        // One memory synchronisation domain before Hopper.
+        126 => 1,
+        // No NUMA node of its own, none on the host side.
+        131 | 134 => -1,
+        _ if (1..DEVICE_ATTRIBUTE_MAX).contains(&attribute) => 0,
+        _ => return Err(CUDA_ERROR_INVALID_VALUE),
     })
 }
 
-/// `cuFuncGetAttribute`'s answer from the function's attributes on the host (`f`) and the
-/// device's compute capability (the PTX and binary versions).
+/// What a program set on a function (`cuFuncSetAttribute`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FunctionSettings {
+    /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`, once set.
+    pub max_dynamic_shared: Option<u32>,
+    /// `CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`: a percentage or -1.
+    pub carveout: c_int,
+}
+
+impl Default for FunctionSettings {
+    fn default() -> Self {
+        FunctionSettings {
+            max_dynamic_shared: None,
+            carveout: CARVEOUT_DEFAULT,
+        }
+    }
+}
+
+/// Most dynamic shared memory a launch of the function may ask for: what was set, else what
+/// the default per-block amount leaves beside its static shared memory.
+pub fn max_dynamic_shared(f: &FunctionAttributes, s: &FunctionSettings) -> u32 {
+    s.max_dynamic_shared
+        .unwrap_or_else(|| DEFAULT_SHARED_PER_BLOCK.saturating_sub(f.shared_size_bytes))
+}
+
+/// `cuFuncGetAttribute`'s answer from the function's attributes on the host (`f`), what the
+/// program set (`s`) and the device's compute capability (the PTX and binary versions). Cluster
+/// attributes answer 0: clusters need compute capability 9.0.
 pub fn function_attribute(
     attribute: c_int,
     f: &FunctionAttributes,
+    s: &FunctionSettings,
     device: &DeviceAttributes,
 ) -> CuResult<c_int> {
     let v = |x: u32| x.min(c_int::MAX as u32) as c_int;
@@ -60,7 +214,287 @@ pub fn function_attribute(
         3 => v(f.local_size_bytes),
         4 => v(f.num_regs),
         5 | 6 => v(major.saturating_mul(10).saturating_add(minor)),
-        7..=10 => 0,
+        8 => v(max_dynamic_shared(f, s)),
+        9 => s.carveout,
+        // Cache-all loads, cluster size required and dimensions, non-portable clusters,
+        // cluster scheduling (default), device-side graph updates, shared memory mode
+        // (default).
+        7 | 10..FUNCTION_ATTRIBUTE_MAX => 0,
         _ => return Err(CUDA_ERROR_INVALID_VALUE),
     })
+}
+
+/// `cuFuncSetAttribute`: the dynamic shared memory maximum (up to what opting in allows
+/// beside the static amount) and the carveout preference are settable; cluster attributes
+/// need compute capability 9.0, the rest are read-only.
+pub fn set_function_attribute(
+    attribute: c_int,
+    value: c_int,
+    f: &FunctionAttributes,
+    s: &mut FunctionSettings,
+    device: &DeviceAttributes,
+) -> CuResult<()> {
+    let sm = limits(device)?;
+    match attribute {
+        8 => {
+            let room = sm
+                .shared_per_block_optin
+                .min(device.shared_memory_per_block)
+                .saturating_sub(f.shared_size_bytes);
+            let value = u32::try_from(value).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+            if value > room {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            s.max_dynamic_shared = Some(value);
+        }
+        9 if value == CARVEOUT_DEFAULT || (0..=100).contains(&value) => s.carveout = value,
+        _ => return Err(CUDA_ERROR_INVALID_VALUE),
+    }
+    Ok(())
+}
+
+/// Blocks of `block_size` threads, each with `dynamic_shared` bytes besides the function's
+/// static shared memory, that fit on one multiprocessor at once: the least of the limits on
+/// warps, blocks, registers (allocated per warp, in units, within each sub-partition) and
+/// shared memory (allocated per block, in units). 0 when one block cannot run at all.
+pub fn active_blocks(
+    sm: &SmLimits,
+    f: &FunctionAttributes,
+    block_size: u32,
+    dynamic_shared: u32,
+) -> u32 {
+    const WARP: u32 = 32;
+    if block_size == 0 || block_size > f.max_threads_per_block.min(sm.max_threads) {
+        return 0;
+    }
+    let warps = block_size.div_ceil(WARP);
+    let by_warps = (sm.max_threads / WARP) / warps;
+    let by_registers = if f.num_regs == 0 {
+        u32::MAX
+    } else if f.num_regs > sm.max_registers_per_thread {
+        0
+    } else {
+        let per_warp = (f.num_regs * WARP).next_multiple_of(sm.register_unit);
+        let warps_per_partition = (sm.registers / sm.sub_partitions) / per_warp;
+        (warps_per_partition * sm.sub_partitions) / warps
+    };
+    let shared = u64::from(f.shared_size_bytes)
+        + u64::from(dynamic_shared)
+        + u64::from(sm.shared_reserved_per_block);
+    let by_shared = if shared > u64::from(sm.shared_per_block_optin) {
+        0
+    } else if shared == 0 {
+        u32::MAX
+    } else {
+        let per_block = shared.next_multiple_of(u64::from(sm.shared_unit));
+        (u64::from(sm.shared_bytes) / per_block) as u32
+    };
+    by_warps.min(sm.max_blocks).min(by_registers).min(by_shared)
+}
+
+/// The block size (a multiple of the warp size up to `limit`, or the function's maximum when
+/// `limit` is 0) that keeps the most threads active on a multiprocessor, with the dynamic
+/// shared memory `dynamic_shared` gives for each size; the first (largest) size wins a tie.
+/// Returns (the grid size that fills the device at that occupancy, the block size).
+pub fn best_block_size(
+    sm: &SmLimits,
+    multiprocessors: u32,
+    f: &FunctionAttributes,
+    limit: u32,
+    mut dynamic_shared: impl FnMut(u32) -> u32,
+) -> (u32, u32) {
+    const WARP: u32 = 32;
+    let mut top = f.max_threads_per_block.min(sm.max_threads);
+    if limit > 0 {
+        top = top.min(limit);
+    }
+    let (mut best_threads, mut best) = (0u32, (0u32, 0u32));
+    let mut size = top.next_multiple_of(WARP);
+    while size > 0 {
+        let b = size.min(top);
+        let blocks = active_blocks(sm, f, b, dynamic_shared(b));
+        if blocks * b > best_threads {
+            best_threads = blocks * b;
+            best = (blocks.saturating_mul(multiprocessors), b);
+        }
+        size -= WARP;
+    }
+    best
+}
+
+/// Most dynamic shared memory each of `blocks` blocks of `block_size` threads may have with all
+/// of them on one multiprocessor at once (0 when they cannot be, whatever their memory).
+pub fn available_dynamic_shared(
+    sm: &SmLimits,
+    f: &FunctionAttributes,
+    s: &FunctionSettings,
+    blocks: u32,
+    block_size: u32,
+) -> u32 {
+    if blocks == 0 || active_blocks(sm, f, block_size, 0) < blocks {
+        return 0;
+    }
+    let per_block = (sm.shared_bytes / blocks) / sm.shared_unit * sm.shared_unit;
+    per_block
+        .saturating_sub(f.shared_size_bytes)
+        .saturating_sub(sm.shared_reserved_per_block)
+        .min(max_dynamic_shared(f, s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn turing() -> DeviceAttributes {
+        DeviceAttributes {
+            name: "test".into(),
+            placement: true,
+            total_memory: 1 << 30,
+            compute_capability: (7, 5),
+            multiprocessors: 40,
+            max_threads_per_block: 1024,
+            max_block: [1024, 1024, 64],
+            max_grid: [i32::MAX as u32, 65535, 65535],
+            shared_memory_per_block: 227 * 1024,
+            warp_size: 32,
+            clock_khz: 1_000_000,
+        }
+    }
+
+    fn function(regs: u32, shared: u32) -> FunctionAttributes {
+        FunctionAttributes {
+            max_threads_per_block: 1024,
+            shared_size_bytes: shared,
+            const_size_bytes: 0,
+            local_size_bytes: 0,
+            num_regs: regs,
+        }
+    }
+
+    #[test]
+    fn turing_limits_and_features_are_what_a_turing_reports() {
+        let a = turing();
+        let at = |n| device_attribute(&a, n).unwrap();
+        assert_eq!(at(8), 48 * 1024, "per block without opting in");
+        assert_eq!(
+            at(97),
+            64 * 1024,
+            "opted in: a Turing's, not the executor's"
+        );
+        assert_eq!(at(81), 64 * 1024);
+        assert_eq!(at(39), 1024);
+        assert_eq!(at(106), 16);
+        // Features this device does not have: concurrent managed access, pageable memory
+        // access, host-native atomics, persisting L2, clusters.
+        for n in [89, 88, 86, 108, 120] {
+            assert_eq!(at(n), 0, "attribute {n}");
+        }
+        assert_eq!(at(161), 0, "the last of CUDA 13");
+        assert_eq!(device_attribute(&a, 162), Err(CUDA_ERROR_INVALID_VALUE));
+        assert_eq!(device_attribute(&a, 0), Err(CUDA_ERROR_INVALID_VALUE));
+        assert_eq!(device_attribute(&a, -1), Err(CUDA_ERROR_INVALID_VALUE));
+        let unknown = DeviceAttributes {
+            compute_capability: (6, 1),
+            ..turing()
+        };
+        assert_eq!(device_attribute(&unknown, 10), Ok(32));
+        assert_eq!(
+            device_attribute(&unknown, 39),
+            Err(CUDA_ERROR_NOT_SUPPORTED)
+        );
+    }
+
+    #[test]
+    fn every_function_attribute_of_cuda_13_answers() {
+        let (a, f, s) = (turing(), function(32, 1024), FunctionSettings::default());
+        for n in 0..FUNCTION_ATTRIBUTE_MAX {
+            assert!(function_attribute(n, &f, &s, &a).is_ok(), "attribute {n}");
+        }
+        assert_eq!(function_attribute(1, &f, &s, &a), Ok(1024));
+        assert_eq!(function_attribute(8, &f, &s, &a), Ok(47 * 1024));
+        assert_eq!(function_attribute(9, &f, &s, &a), Ok(-1));
+        assert_eq!(function_attribute(6, &f, &s, &a), Ok(75));
+        assert_eq!(
+            function_attribute(FUNCTION_ATTRIBUTE_MAX, &f, &s, &a),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+        assert_eq!(
+            function_attribute(-1, &f, &s, &a),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+    }
+
+    #[test]
+    fn dynamic_shared_memory_may_be_raised_to_what_opting_in_allows() {
+        let (a, f) = (turing(), function(32, 1024));
+        let mut s = FunctionSettings::default();
+        assert_eq!(set_function_attribute(8, 63 * 1024, &f, &mut s, &a), Ok(()));
+        assert_eq!(function_attribute(8, &f, &s, &a), Ok(63 * 1024));
+        assert_eq!(
+            set_function_attribute(8, 63 * 1024 + 1, &f, &mut s, &a),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+        assert_eq!(
+            set_function_attribute(8, -1, &f, &mut s, &a),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+        assert_eq!(set_function_attribute(9, 50, &f, &mut s, &a), Ok(()));
+        assert_eq!(
+            set_function_attribute(9, 101, &f, &mut s, &a),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+        for read_only in [0, 1, 4, 10, 11, 17, 18] {
+            assert_eq!(
+                set_function_attribute(read_only, 1, &f, &mut s, &a),
+                Err(CUDA_ERROR_INVALID_VALUE),
+                "attribute {read_only}"
+            );
+        }
+    }
+
+    #[test]
+    fn occupancy_follows_the_turing_model() {
+        let sm = sm_limits((7, 5)).unwrap();
+        // 32 registers: warps limit (1024 threads), and the 16-block limit for small blocks.
+        assert_eq!(active_blocks(&sm, &function(32, 0), 256, 0), 4);
+        assert_eq!(active_blocks(&sm, &function(32, 0), 32, 0), 16);
+        // 64 registers: 2048 per warp, 8 warps per sub-partition, 32 warps: 4 blocks of 256.
+        assert_eq!(active_blocks(&sm, &function(64, 0), 256, 0), 4);
+        // 128 registers: 4 warps per sub-partition, 16 warps: 2 blocks of 256.
+        assert_eq!(active_blocks(&sm, &function(128, 0), 256, 0), 2);
+        // 255 registers (8192 per warp): 2 warps per sub-partition, no block of 1024.
+        assert_eq!(active_blocks(&sm, &function(255, 0), 1024, 0), 0);
+        assert_eq!(active_blocks(&sm, &function(255, 0), 256, 0), 1);
+        assert_eq!(active_blocks(&sm, &function(256, 0), 32, 0), 0, "too many");
+        // Shared memory: 20 KiB per block, rounded to 256 bytes: 3 fit in 64 KiB.
+        assert_eq!(
+            active_blocks(&sm, &function(32, 10 * 1024), 64, 10 * 1024),
+            3
+        );
+        assert_eq!(active_blocks(&sm, &function(32, 0), 64, 64 * 1024 + 1), 0);
+        assert_eq!(active_blocks(&sm, &function(32, 0), 0, 0), 0);
+        assert_eq!(active_blocks(&sm, &function(32, 0), 1025, 0), 0);
+
+        let f = function(32, 0);
+        assert_eq!(best_block_size(&sm, 40, &f, 0, |_| 0), (40, 1024));
+        // Up to 96: 64 threads (16 blocks, the block limit) beat 96 (10 blocks, 960 threads).
+        assert_eq!(best_block_size(&sm, 40, &f, 96, |_| 0), (40 * 16, 64));
+        // Shared memory growing with the block: 64 bytes a thread leaves 1 block of 1024
+        // (64 KiB) or 2 of 512; the first of equal occupancies wins.
+        assert_eq!(best_block_size(&sm, 1, &f, 0, |b| b * 64), (1, 1024));
+
+        let s = FunctionSettings::default();
+        assert_eq!(available_dynamic_shared(&sm, &f, &s, 2, 256), 32 * 1024);
+        assert_eq!(
+            available_dynamic_shared(&sm, &f, &s, 1, 256),
+            48 * 1024,
+            "capped"
+        );
+        assert_eq!(available_dynamic_shared(&sm, &f, &s, 5, 256), 0, "4 fit");
+        assert_eq!(available_dynamic_shared(&sm, &f, &s, 0, 256), 0);
+        assert_eq!(
+            available_dynamic_shared(&sm, &function(32, 1000), &s, 3, 64),
+            21 * 1024 + 256 - 1000
+        );
+    }
 }

@@ -11,6 +11,7 @@ use mdev_backend::compute::backend::{
 };
 use mdev_backend::compute::wire::{MAX_BATCH, MAX_COPY_BYTES, Reply, Request};
 
+use crate::attributes::{self, FunctionSettings};
 use crate::status::*;
 use crate::transport::Transport;
 
@@ -89,8 +90,10 @@ struct Function {
     ctx: u64,
     remote: FunctionId,
     params: Vec<ParamInfo>,
-    /// Asked of the host once, at the first `cuFuncGetAttribute`.
+    /// Asked of the host once, at the first `cuFuncGetAttribute` or launch with dynamic
+    /// shared memory.
     attributes: Option<FunctionAttributes>,
+    settings: FunctionSettings,
 }
 
 /// A `cuLinkCreate` state: the images added, and once complete the token `cuLinkComplete`
@@ -130,7 +133,7 @@ struct Kernel {
 pub const LINK_TOKEN_MAGIC: &[u8; 8] = b"VGPULNK\0";
 
 /// A launch's parameters as the C call gave them, read by `api.rs`.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum LaunchParams {
     /// `kernelParams`: one value per parameter, each `ParamInfo::size` bytes.
     Each(Vec<Vec<u8>>),
@@ -490,6 +493,7 @@ impl<T: Transport> Driver<T> {
                 remote: fid,
                 params,
                 attributes: None,
+                settings: FunctionSettings::default(),
             },
         );
         Ok(h)
@@ -518,6 +522,30 @@ impl<T: Transport> Driver<T> {
             f.attributes = Some(a);
         }
         Ok(a)
+    }
+
+    /// What the program set on the function.
+    pub fn function_settings(&self, function: u64) -> CuResult<FunctionSettings> {
+        self.functions
+            .get(&function)
+            .map(|f| f.settings)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)
+    }
+
+    /// `cuFuncSetAttribute`, checked against the function's attributes and the device.
+    pub fn set_function_attribute(
+        &mut self,
+        function: u64,
+        attribute: i32,
+        value: i32,
+    ) -> CuResult<()> {
+        let a = self.function_attributes(function)?;
+        let device = self.attributes.clone();
+        let f = self
+            .functions
+            .get_mut(&function)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        attributes::set_function_attribute(attribute, value, &a, &mut f.settings, &device)
     }
 
     pub fn params(&self, function: u64) -> CuResult<&[ParamInfo]> {
@@ -969,13 +997,26 @@ impl<T: Transport> Driver<T> {
         stream: u64,
         params: LaunchParams,
     ) -> CuResult<()> {
+        if self.functions.get(&function).map(|f| f.ctx) != Some(ctx) {
+            return Err(if self.functions.contains_key(&function) {
+                CUDA_ERROR_INVALID_CONTEXT
+            } else {
+                CUDA_ERROR_INVALID_HANDLE
+            });
+        }
+        // Dynamic shared memory past the function's maximum (48 KiB beside its static
+        // memory unless raised with cuFuncSetAttribute) is refused, as a GPU refuses it.
+        if shared_bytes > 0 {
+            let a = self.function_attributes(function)?;
+            let s = self.function_settings(function)?;
+            if shared_bytes > attributes::max_dynamic_shared(&a, &s) {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+        }
         let f = self
             .functions
             .get(&function)
             .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        if f.ctx != ctx {
-            return Err(CUDA_ERROR_INVALID_CONTEXT);
-        }
         let size = f
             .params
             .iter()

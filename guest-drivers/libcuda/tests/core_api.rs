@@ -78,6 +78,54 @@ unsafe extern "C" {
     fn cuStreamGetCtx(s: Handle, ctx: *mut Handle) -> c_uint;
     fn cuStreamGetCtx_v2(s: Handle, ctx: *mut Handle, green: *mut Handle) -> c_uint;
     fn cuStreamDestroy_v2(s: Handle) -> c_uint;
+    fn cuDeviceGetAttribute(v: *mut c_int, attribute: c_int, dev: c_int) -> c_uint;
+    fn cuModuleLoadData(module: *mut Handle, image: *const c_void) -> c_uint;
+    fn cuModuleGetFunction(f: *mut Handle, module: Handle, name: *const c_char) -> c_uint;
+    fn cuFuncGetAttribute(v: *mut c_int, attribute: c_int, f: Handle) -> c_uint;
+    fn cuFuncSetAttribute(f: Handle, attribute: c_int, value: c_int) -> c_uint;
+    fn cuMemAlloc_v2(dptr: *mut u64, bytes: usize) -> c_uint;
+    #[allow(clippy::too_many_arguments)]
+    fn cuLaunchKernel(
+        f: Handle,
+        gx: c_uint,
+        gy: c_uint,
+        gz: c_uint,
+        bx: c_uint,
+        by: c_uint,
+        bz: c_uint,
+        shared: c_uint,
+        stream: Handle,
+        params: *mut *mut c_void,
+        extra: *mut *mut c_void,
+    ) -> c_uint;
+    fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        blocks: *mut c_int,
+        f: Handle,
+        block_size: c_int,
+        dynamic_shared: usize,
+    ) -> c_uint;
+    fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+        blocks: *mut c_int,
+        f: Handle,
+        block_size: c_int,
+        dynamic_shared: usize,
+        flags: c_uint,
+    ) -> c_uint;
+    fn cuOccupancyMaxPotentialBlockSize(
+        grid: *mut c_int,
+        block: *mut c_int,
+        f: Handle,
+        to_shared: Option<extern "C" fn(c_int) -> usize>,
+        dynamic_shared: usize,
+        limit: c_int,
+    ) -> c_uint;
+    fn cuOccupancyAvailableDynamicSMemPerBlock(
+        size: *mut usize,
+        f: Handle,
+        blocks: c_int,
+        block_size: c_int,
+    ) -> c_uint;
+    fn cuOccupancyMaxActiveClusters(n: *mut c_int, f: Handle, config: *const c_void) -> c_uint;
     fn cuProfilerStart() -> c_uint;
     fn cuProfilerStop() -> c_uint;
 }
@@ -85,14 +133,21 @@ unsafe extern "C" {
 type GetProcAddress =
     unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> c_uint;
 
-/// The built `libcuda.so` itself (beside this test's directory), for what only a shared
+/// The built `libcuda.so` itself, for what only a shared
 /// library has: its exported symbols, which `cuGetProcAddress` answers from.
 struct Shared(*mut c_void);
 
 impl Shared {
     fn open() -> Shared {
+        // Cargo builds it beside the test (deps/), and copies it one level up for `cargo
+        // build`.
         let exe = std::env::current_exe().unwrap();
-        let path = exe.parent().unwrap().parent().unwrap().join("libcuda.so");
+        let dir = exe.parent().unwrap();
+        let path = [dir, dir.parent().unwrap()]
+            .iter()
+            .map(|d| d.join("libcuda.so"))
+            .find(|p| p.exists())
+            .expect("the built libcuda.so");
         let path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
         // SAFETY: dlopen of the library this crate builds, with a NUL-terminated path.
         let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
@@ -149,6 +204,18 @@ fn entry_points_are_looked_up_by_the_callers_cuda_version() {
     assert_eq!(lib.lookup(c"cuNoSuchEntry", 13000, 0), (500, 0, 1));
     assert_eq!(lib.lookup(c"cuCtxCreate", 13000, 4).0, 1, "unknown flag");
     assert_eq!(lib.lookup(c"cuCtxCreate", -1, 0).0, 1, "negative version");
+}
+
+/// A kernel with 1 KiB of static shared memory that copies its argument through it.
+const STAGE: &CStr = c".version 8.5\n.target sm_75\n.address_size 64\n\
+    .shared .align 4 .b8 buf[1024];\n\
+    .visible .entry stage(.param .u64 p)\n{\n.reg .b32 %r<2>;\n.reg .b64 %rd<2>;\n\
+    ld.param.u64 %rd1, [p];\nmov.u32 %r1, 5;\nst.shared.u32 [buf], %r1;\n\
+    ld.shared.u32 %r1, [buf];\nst.global.u32 [%rd1], %r1;\nret;\n}\n";
+
+/// `CUoccupancyB2DSize` of the test: 64 bytes of dynamic shared memory per thread.
+extern "C" fn shared_per_thread(block_size: c_int) -> usize {
+    block_size as usize * 64
 }
 
 #[test]
@@ -280,6 +347,117 @@ fn the_core_entry_points_tell_the_truth_and_refuse_bad_arguments() {
         assert_eq!(cuStreamGetPriority(s1, null_mut()), 1);
         assert_eq!(cuStreamDestroy_v2(s1), 0);
         assert_eq!(cuStreamGetFlags(s1, &mut flags), 400, "destroyed");
+
+        // Function attributes: every one of CUDA 13's, from what the executor reports.
+        let (mut m, mut f): (Handle, Handle) = (null_mut(), null_mut());
+        assert_eq!(cuModuleLoadData(&mut m, STAGE.as_ptr().cast()), 0);
+        assert_eq!(cuModuleGetFunction(&mut f, m, c"stage".as_ptr()), 0);
+        let mut v = -1;
+        for attribute in 0..18 {
+            assert_eq!(cuFuncGetAttribute(&mut v, attribute, f), 0, "{attribute}");
+        }
+        assert_eq!(cuFuncGetAttribute(&mut v, 18, f), 1);
+        assert_eq!(cuFuncGetAttribute(&mut v, 1, f), 0);
+        assert_eq!(v, 1024, "static shared memory");
+        assert_eq!(cuFuncGetAttribute(&mut v, 8, f), 0);
+        assert_eq!(v, 47 * 1024, "dynamic shared memory beside it");
+        assert_eq!(cuFuncGetAttribute(&mut v, 4, f), 0);
+        let registers = v;
+        assert!(registers > 0);
+        assert_eq!(cuFuncGetAttribute(null_mut(), 0, f), 1);
+        assert_eq!(cuFuncGetAttribute(&mut v, 0, ctx), 400, "a context");
+
+        // Dynamic shared memory past the maximum is refused at launch, up to the opt-in limit
+        // once raised.
+        let mut out = 0u64;
+        assert_eq!(cuMemAlloc_v2(&mut out, 4), 0);
+        let mut params = [(&raw mut out).cast::<c_void>()];
+        let launch = |shared: c_uint, params: *mut *mut c_void| {
+            cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, shared, null_mut(), params, null_mut())
+        };
+        assert_eq!(launch(47 * 1024 + 1, params.as_mut_ptr()), 1);
+        assert_eq!(
+            cuFuncSetAttribute(f, 8, 63 * 1024 + 1),
+            1,
+            "past the opt-in limit"
+        );
+        assert_eq!(cuFuncSetAttribute(f, 0, 128), 1, "read-only");
+        assert_eq!(cuFuncSetAttribute(f, 8, 60 * 1024), 0);
+        assert_eq!(launch(60 * 1024, params.as_mut_ptr()), 0);
+        assert_eq!(cuCtxSynchronize_v2(null_mut()), 0);
+        assert_eq!(cuFuncGetAttribute(&mut v, 8, f), 0);
+        assert_eq!(v, 60 * 1024);
+
+        // Occupancy on a Turing multiprocessor.
+        let mut sms = 0;
+        assert_eq!(cuDeviceGetAttribute(&mut sms, 16, 0), 0);
+        assert_eq!(cuDeviceGetAttribute(&mut v, 39, 0), 0);
+        assert_eq!(v, 1024, "threads per multiprocessor");
+        let mut blocks = -1;
+        assert_eq!(
+            cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut blocks, f, 256, 0),
+            0
+        );
+        assert_eq!(blocks, 4, "32 warps of 8");
+        assert_eq!(
+            cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut blocks, f, 256, 20 * 1024),
+            0
+        );
+        assert_eq!(blocks, 3, "21 KiB each in 64 KiB");
+        assert_eq!(
+            cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&mut blocks, f, 256, 0, 1),
+            0
+        );
+        assert_eq!(
+            cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&mut blocks, f, 256, 0, 2),
+            1
+        );
+        assert_eq!(
+            cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut blocks, f, -1, 0),
+            1
+        );
+        assert_eq!(
+            cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut blocks, m, 256, 0),
+            400
+        );
+        let (mut grid, mut block) = (0, 0);
+        assert_eq!(
+            cuOccupancyMaxPotentialBlockSize(&mut grid, &mut block, f, None, 0, 0),
+            0
+        );
+        assert_eq!((grid, block), (sms, 1024));
+        // 64 bytes a thread beside 1 KiB: 992 threads (63 KiB) is the most that fits.
+        assert_eq!(
+            cuOccupancyMaxPotentialBlockSize(
+                &mut grid,
+                &mut block,
+                f,
+                Some(shared_per_thread),
+                0,
+                0
+            ),
+            0
+        );
+        assert_eq!((grid, block), (sms, 992));
+        assert_eq!(
+            cuOccupancyMaxPotentialBlockSize(null_mut(), &mut block, f, None, 0, 0),
+            1
+        );
+        let mut room = 0usize;
+        assert_eq!(
+            cuOccupancyAvailableDynamicSMemPerBlock(&mut room, f, 2, 256),
+            0
+        );
+        assert_eq!(room, 31 * 1024);
+        assert_eq!(
+            cuOccupancyAvailableDynamicSMemPerBlock(&mut room, f, 5, 256),
+            0
+        );
+        assert_eq!(room, 0, "only 4 fit");
+        assert_eq!(
+            cuOccupancyMaxActiveClusters(&mut blocks, f, std::ptr::null()),
+            801
+        );
 
         // Profiler control: no profiler attached, so it succeeds and collects nothing.
         assert_eq!(cuProfilerStart(), 0);

@@ -371,13 +371,24 @@ impl ComputeBackend for CpuBackend {
         f: FunctionId,
     ) -> ComputeResult<FunctionAttributes> {
         let max_threads_per_block = self.attributes().max_threads_per_block;
-        if !self.ctx(ctx)?.functions.contains_key(&f.0) {
-            return Err(ComputeError::InvalidHandle(format!("function {}", f.0)));
-        }
+        let c = self.ctx(ctx)?;
+        let missing = || ComputeError::InvalidHandle(format!("function {}", f.0));
+        let (module, name) = c.functions.get(&f.0).ok_or_else(missing)?;
+        let m = c.modules.get(module).ok_or_else(missing)?;
+        let k = m.ptx.kernel(name).ok_or_else(missing)?;
+        // The module's `.const` variables: what a GPU keeps in its constant bank.
+        let const_bytes = m
+            .ptx
+            .globals()
+            .iter()
+            .filter(|g| g.space == ptx::VarSpace::Const)
+            .fold(0u64, |n, g| n.saturating_add(g.size));
         Ok(FunctionAttributes {
             max_threads_per_block,
+            shared_size_bytes: k.static_shared_bytes,
+            const_size_bytes: u32::try_from(const_bytes).unwrap_or(u32::MAX),
+            local_size_bytes: k.local_bytes,
             num_regs: EXECUTOR_REGISTERS_PER_THREAD,
-            ..FunctionAttributes::default()
         })
     }
 
