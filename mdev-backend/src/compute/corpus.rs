@@ -43,7 +43,7 @@ pub fn corpus_for_tests(program: &str) -> Option<PathBuf> {
 /// starting `PASS`. All but two link cudart 13 statically (nvcc's default); the
 /// `.cudart-shared` one loads [`SHARED_CUDART`] next to it, the `.cudart12` one links the
 /// static cudart 12.9.
-pub const NVCC_PROGRAMS: [(&str, u64); 15] = [
+pub const NVCC_PROGRAMS: [(&str, u64); 17] = [
     ("vector_add", 1),
     ("vector_add.compress-none", 1),
     ("vector_add.compress-speed", 1),
@@ -60,6 +60,10 @@ pub const NVCC_PROGRAMS: [(&str, u64); 15] = [
     ("bandwidth", 1),
     // Its kernel faults; the program checks that the error is the illegal address.
     ("fault", 1),
+    // Texture objects (arrays, pitched, layered) and surface objects, checked against the
+    // Programming Guide's texture fetching formulas.
+    ("texture", 4),
+    ("surface", 2),
 ];
 
 /// The shared CUDA runtime in the corpus (from NVIDIA's wheel, never committed).
