@@ -8,7 +8,7 @@
 
 use mdev_backend::compute::ptx::texture::{
     AddressMode, Descriptor, FLAG_CUBEMAP, FLAG_LAYERED, FLAG_LINEAR, FLAG_NORMALIZED,
-    FLAG_READ_NORMALIZED, FLAG_SRGB, Format, MAX_EXTENT, MAX_LAYERS,
+    FLAG_READ_NORMALIZED, FLAG_SRGB, Format,
 };
 
 use crate::driver::CuResult;
@@ -24,6 +24,28 @@ pub const ARRAY_CUBEMAP: u32 = 4;
 pub const ARRAY_TEXTURE_GATHER: u32 = 8;
 /// Array flags this library implements.
 const ARRAY_FLAGS: u32 = ARRAY_LAYERED | ARRAY_SURFACE_LDST | ARRAY_CUBEMAP | ARRAY_TEXTURE_GATHER;
+
+// Limits of a Turing GPU, the same `attributes.rs` reports (the attribute numbers).
+/// Width of a 1D array (21).
+pub const MAX_1D: u64 = 131_072;
+/// Width and height of a 2D array (22, 23).
+pub const MAX_2D: [u64; 2] = [131_072, 65_536];
+/// Each extent of a 3D array (24 to 26).
+pub const MAX_3D: u64 = 16_384;
+/// Width (and height) of a layered 1D or 2D array (42; 27, 28).
+pub const MAX_LAYERED: u64 = 32_768;
+/// Layers of a layered array (43, 29).
+pub const MAX_LAYERS: u64 = 2_048;
+/// Face width of a cubemap (67; 52 layered).
+pub const MAX_CUBEMAP: u64 = 32_768;
+/// Layers (of 6 faces) of a layered cubemap (68).
+pub const MAX_CUBEMAP_LAYERS: u64 = 2_046;
+/// Texels of a 1D texture over linear memory (69).
+pub const MAX_LINEAR: u64 = 1 << 27;
+/// Width, height and pitch in bytes of a 2D texture over pitched memory (70 to 72).
+pub const MAX_PITCH2D: [u64; 3] = [131_072, 65_000, 2_097_120];
+/// Alignment of a pitched texture's pitch (51), and of `cuMemAllocPitch`'s.
+pub const PITCH_ALIGN: u64 = 32;
 
 /// Bytes of `CUDA_ARRAY_DESCRIPTOR`.
 pub const ARRAY_DESCRIPTOR_BYTES: usize = 24;
@@ -129,27 +151,31 @@ impl ArrayDesc {
         b
     }
 
-    /// What the driver checks at creation: known flags, extents within the limits (see
-    /// [`MAX_EXTENT`], [`MAX_LAYERS`]), a cubemap's square faces, 6 per layer.
+    /// What the driver checks at creation: known flags, extents within the limits of their
+    /// kind (see [`MAX_1D`] and the others), a cubemap's square faces, 6 per layer.
     fn checked(self) -> CuResult<ArrayDesc> {
         if self.flags & !ARRAY_FLAGS != 0 {
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
         let layered = self.flags & ARRAY_LAYERED != 0;
         let cube = self.flags & ARRAY_CUBEMAP != 0;
-        let max = u64::from(MAX_EXTENT);
-        let depth_max = match (layered, cube) {
-            (true, true) => u64::from(MAX_LAYERS) * 6,
-            (true, false) => u64::from(MAX_LAYERS),
-            (false, true) => 6,
-            (false, false) => max,
+        let (w, h, d) = (self.width, self.height, self.depth);
+        // (width, height, depth) limits of the kind; 0 where the extent must be 0.
+        let max = match (layered, cube, h, d) {
+            (false, false, 0, 0) => [MAX_1D, 0, 0],
+            (false, false, _, 0) => [MAX_2D[0], MAX_2D[1], 0],
+            (false, false, _, _) => [MAX_3D; 3],
+            (true, false, 0, _) => [MAX_LAYERED, 0, MAX_LAYERS],
+            (true, false, _, _) => [MAX_LAYERED, MAX_LAYERED, MAX_LAYERS],
+            (false, true, _, _) => [MAX_CUBEMAP, MAX_CUBEMAP, 6],
+            (true, true, _, _) => [MAX_CUBEMAP, MAX_CUBEMAP, MAX_CUBEMAP_LAYERS * 6],
         };
-        let ok = (1..=max).contains(&self.width)
-            && self.height <= max
-            && self.depth <= depth_max
-            && (self.depth == 0 || self.height > 0 || layered)
-            && (!layered || self.depth > 0)
-            && (!cube || (self.width == self.height && self.depth > 0 && self.depth % 6 == 0));
+        let ok = (1..=max[0]).contains(&w)
+            && h <= max[1]
+            && d <= max[2]
+            && (!layered || d > 0)
+            && (layered || d == 0 || h > 0)
+            && (!cube || (w == h && d > 0 && d % 6 == 0));
         if !ok {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -538,8 +564,14 @@ impl Resource {
                 pitch,
             } => (addr, format, channels, width, height, pitch),
         };
-        let max = u64::from(MAX_EXTENT);
-        if !(1..=max).contains(&w) || !(1..=max).contains(&h) {
+        let linear = matches!(self, Resource::Linear { .. });
+        let [mw, mh, mp] = if linear {
+            [MAX_LINEAR, 1, u64::MAX]
+        } else {
+            MAX_PITCH2D
+        };
+        let aligned = linear || pitch % PITCH_ALIGN == 0;
+        if !(1..=mw).contains(&w) || !(1..=mh).contains(&h) || pitch > mp || !aligned {
             return Err(bad);
         }
         let rows = pitch.checked_mul(h).ok_or(bad)?;
@@ -643,6 +675,16 @@ mod tests {
             (desc3d(4, 4, 0, 0x07, 1, 0), "unknown format"),
             (desc3d(4, 4, 0, 0x20, 3, 0), "three channels"),
             (desc3d(4, 0, 4, 0x20, 1, 0), "depth without height"),
+            (desc3d(MAX_1D + 1, 0, 0, 0x20, 1, 0), "1D past its limit"),
+            (
+                desc3d(64, MAX_2D[1] + 1, 0, 0x20, 1, 0),
+                "2D past its limit",
+            ),
+            (desc3d(MAX_3D + 1, 2, 2, 0x20, 1, 0), "3D past its limit"),
+            (
+                desc3d(4, 4, MAX_LAYERS + 1, 0x20, 1, ARRAY_LAYERED),
+                "too many layers",
+            ),
             (
                 desc3d(4, 8, 6, 0x20, 1, ARRAY_CUBEMAP),
                 "non-square cubemap",

@@ -22,8 +22,6 @@ use crate::status::*;
 const MAX_ARRAYS: usize = 65_536;
 /// Texture and surface objects a process may hold (each a descriptor in device memory).
 const MAX_OBJECTS: usize = 65_536;
-/// Pitch alignment of `cuMemAllocPitch` (an sm_75's texture pitch alignment).
-pub const PITCH_ALIGN: u64 = 32;
 /// Where array handles start (any non-NULL value would do; these never look like a host or
 /// device address).
 const ARRAY_HANDLE_BASE: u64 = 0x00a7_0000_0000_0000;

@@ -27,12 +27,10 @@ pub const DESCRIPTOR_BYTES: usize = 80;
 pub const TEXTURE_MAGIC: u32 = 0x5845_5456;
 /// The first word of a surface object's descriptor ("VSRF").
 pub const SURFACE_MAGIC: u32 = 0x4652_5356;
-/// Largest extent of any dimension (and layer count) of a resource: what the device
-/// attributes report as the texture and surface limits (an sm_75's 3D limit; its 1D/2D
-/// limits are larger, but the executor keeps one bound for every dimension).
-pub const MAX_EXTENT: u32 = 16_384;
-/// Largest number of layers of a layered resource (an sm_75's limit).
-pub const MAX_LAYERS: u32 = 2_048;
+/// Largest extent of any dimension (layers and faces included) the executor accepts in a
+/// descriptor: a Turing's largest texture limit (1D linear textures, 2^27 texels). Each kind
+/// of resource has its own, smaller limits, which the driver checks when it creates one.
+pub const MAX_EXTENT: u32 = 1 << 27;
 
 /// Why a fetch or a descriptor is refused.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -209,16 +207,8 @@ impl Descriptor {
         if self.flags & !FLAGS_KNOWN != 0 {
             return Err(format!("flags {:#x}", self.flags));
         }
-        let layers = if self.flags & FLAG_LAYERED != 0 {
-            MAX_LAYERS.saturating_mul(6)
-        } else {
-            MAX_EXTENT
-        };
         let [w, h, d] = self.extent;
-        if !(1..=MAX_EXTENT).contains(&w)
-            || !(1..=MAX_EXTENT).contains(&h)
-            || !(1..=layers).contains(&d)
-        {
+        if [w, h, d].iter().any(|e| !(1..=MAX_EXTENT).contains(e)) {
             return Err(format!("extent {w}x{h}x{d}"));
         }
         let row = u64::from(w) * u64::from(self.texel_bytes());
