@@ -14,6 +14,7 @@ use mdev_backend::compute::ptx::MAX_PTX_BYTES;
 
 use crate::driver::{CuResult, Driver, Image, LINK_TOKEN_MAGIC, LaunchParams, StreamSettings};
 use crate::drm::DrmTransport;
+use crate::graph::Memory;
 use crate::status::*;
 use crate::symbols::Resolution;
 use crate::transport::{SOCKET_ENV, SocketTransport, Transport, TransportError};
@@ -664,11 +665,13 @@ entry!(cuCtxGetDevice_v2(dev: *mut c_int, ctx: Handle) {
 
 entry!(cuCtxSynchronize() {
     let ctx = current()?;
+    graphs::check_sync(None)?;
     with(|d| d.synchronize(ctx))
 });
 
 entry!(cuCtxSynchronize_v2(ctx: Handle) {
     let ctx = context_or_current(ctx)?;
+    graphs::check_sync(None)?;
     with(|d| d.synchronize(ctx))
 });
 
@@ -1291,9 +1294,7 @@ entry!(cuMemcpyHtoD_v2 | cuMemcpyHtoD(dst: u64, src: *const c_void, n: usize) {
 });
 
 entry!(cuMemcpyHtoDAsync_v2 | cuMemcpyHtoDAsync(dst: u64, src: *const c_void, n: usize, stream: Handle) {
-    let ctx = owner(stream)?;
-    let data = bytes(src, n)?;
-    with(|d| d.copy_htod(ctx, dst, data, stream as u64))
+    graphs::copy_async(Memory::Device(dst), Memory::Host(src as usize), n, stream)
 });
 
 entry!(cuMemcpyDtoH_v2 | cuMemcpyDtoH(dst: *mut c_void, src: u64, n: usize) {
@@ -1303,9 +1304,7 @@ entry!(cuMemcpyDtoH_v2 | cuMemcpyDtoH(dst: *mut c_void, src: u64, n: usize) {
 });
 
 entry!(cuMemcpyDtoHAsync_v2 | cuMemcpyDtoHAsync(dst: *mut c_void, src: u64, n: usize, stream: Handle) {
-    let ctx = owner(stream)?;
-    let out = bytes_mut(dst, n)?;
-    with(|d| d.copy_dtoh(ctx, out, src, stream as u64))
+    graphs::copy_async(Memory::Host(dst as usize), Memory::Device(src), n, stream)
 });
 
 entry!(cuMemcpyDtoD_v2 | cuMemcpyDtoD(dst: u64, src: u64, n: usize) {
@@ -1314,8 +1313,7 @@ entry!(cuMemcpyDtoD_v2 | cuMemcpyDtoD(dst: u64, src: u64, n: usize) {
 });
 
 entry!(cuMemcpyDtoDAsync_v2 | cuMemcpyDtoDAsync(dst: u64, src: u64, n: usize, stream: Handle) {
-    let ctx = owner(stream)?;
-    with(|d| d.copy_dtod(ctx, dst, src, n as u64, stream as u64))
+    graphs::copy_async(Memory::Device(dst), Memory::Device(src), n, stream)
 });
 
 /// `cuMemcpy` with unified addressing: the direction from which side is device memory.
@@ -1347,7 +1345,9 @@ fn copy_unified(dst: u64, src: u64, n: usize, stream: Handle) -> CuResult<()> {
 
 entry!(cuMemcpy(dst: u64, src: u64, n: usize) { copy_unified(dst, src, n, std::ptr::null_mut()) });
 
-entry!(cuMemcpyAsync(dst: u64, src: u64, n: usize, stream: Handle) { copy_unified(dst, src, n, stream) });
+entry!(cuMemcpyAsync(dst: u64, src: u64, n: usize, stream: Handle) {
+    graphs::copy_async(Memory::Unified(dst), Memory::Unified(src), n, stream)
+});
 
 entry!(cuMemsetD8_v2 | cuMemsetD8(dst: u64, value: u8, n: usize) {
     let ctx = current()?;
@@ -1355,8 +1355,7 @@ entry!(cuMemsetD8_v2 | cuMemsetD8(dst: u64, value: u8, n: usize) {
 });
 
 entry!(cuMemsetD8Async(dst: u64, value: u8, n: usize, stream: Handle) {
-    let ctx = owner(stream)?;
-    with(|d| d.memset_d8(ctx, dst, value, n as u64, stream as u64))
+    graphs::memset_async(dst, value.into(), 1, n, stream)
 });
 
 entry!(cuMemsetD32_v2 | cuMemsetD32(dst: u64, value: c_uint, n: usize) {
@@ -1365,8 +1364,7 @@ entry!(cuMemsetD32_v2 | cuMemsetD32(dst: u64, value: c_uint, n: usize) {
 });
 
 entry!(cuMemsetD32Async(dst: u64, value: c_uint, n: usize, stream: Handle) {
-    let ctx = owner(stream)?;
-    with(|d| d.memset_d32(ctx, dst, value, n as u64, stream as u64))
+    graphs::memset_async(dst, value, 4, n, stream)
 });
 
 not_supported!(
@@ -1445,24 +1443,28 @@ entry!(cuStreamDestroy_v2 | cuStreamDestroy(stream: Handle) {
 
 entry!(cuStreamSynchronize(stream: Handle) {
     let ctx = owner(stream)?;
+    graphs::check_sync(Some(stream))?;
     with(|d| d.stream_synchronize(ctx, stream as u64))
 });
 
 entry!(cuStreamQuery(stream: Handle) {
     let ctx = owner(stream)?;
+    graphs::check_sync(Some(stream))?;
     with(|d| d.stream_query(ctx, stream as u64))
 });
 
 entry!(cuStreamWaitEvent(stream: Handle, event: Handle, _flags: c_uint) {
     // The host runs a context's work in order, so the event has happened once recorded.
     owner(stream)?;
-    owner(event).map(drop)
+    owner(event)?;
+    graphs::wait_in_capture(stream, event).map(drop)
 });
 
 type StreamCallback = Option<unsafe extern "C" fn(Handle, CUresult, *mut c_void)>;
 
 entry!(cuStreamAddCallback(stream: Handle, callback: StreamCallback, data: *mut c_void, _flags: c_uint) {
     let ctx = owner(stream)?;
+    graphs::check_sync(Some(stream))?;
     let cb = callback.ok_or(CUDA_ERROR_INVALID_VALUE)?;
     let status = match with(|d| d.stream_synchronize(ctx, stream as u64)) {
         Ok(()) => CUDA_SUCCESS,
@@ -1487,6 +1489,9 @@ entry!(cuEventDestroy_v2 | cuEventDestroy(event: Handle) {
 
 entry!(cuEventRecord(event: Handle, stream: Handle) {
     let ctx = owner(event)?;
+    if graphs::record_in_capture(event, stream)? {
+        return Ok(());
+    }
     with(|d| d.event_record(ctx, event as u64, stream as u64))
 });
 
@@ -1528,11 +1533,33 @@ entry!(cuLaunchKernel(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) {
-    let ctx = owner(stream)?;
     let f = function(f)?;
-    let layout: Vec<(usize, usize)> =
-        with(|d| Ok(d.params(f)?.iter().map(|p| (p.offset as usize, p.size as usize)).collect()))?;
-    let launch_params = if !params.is_null() {
+    let launch_params = launch_params(f, params, extra)?;
+    graphs::submit(stream, |ctx| {
+        Ok(crate::graph::Op::Kernel {
+            ctx,
+            function: f,
+            grid: [gx, gy, gz],
+            block: [bx, by, bz],
+            shared,
+            params: launch_params,
+        })
+    })
+});
+
+/// A launch's parameters from `kernelParams` or `extra` (one of them), for function `f`.
+fn launch_params(
+    f: u64,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CuResult<LaunchParams> {
+    let layout: Vec<(usize, usize)> = with(|d| {
+        Ok(d.params(f)?
+            .iter()
+            .map(|p| (p.offset as usize, p.size as usize))
+            .collect())
+    })?;
+    Ok(if !params.is_null() {
         let mut each = Vec::with_capacity(layout.len());
         for (i, &(_, size)) in layout.iter().enumerate() {
             each.push(bytes(entry_at(params, i)? as *const c_void, size)?.to_vec());
@@ -1563,19 +1590,8 @@ entry!(cuLaunchKernel(
         LaunchParams::Each(Vec::new())
     } else {
         return Err(CUDA_ERROR_INVALID_VALUE);
-    };
-    with(|d| {
-        d.launch(
-            ctx,
-            f,
-            [gx, gy, gz],
-            [bx, by, bz],
-            shared,
-            stream as u64,
-            launch_params,
-        )
     })
-});
+}
 
 // Errors.
 
@@ -1708,3 +1724,7 @@ entry!(cuGetExportTable(table: *mut *const c_void, id: *const [u8; 16]) {
         }
     }
 });
+
+// Graphs and stream capture; memory pools and stream-ordered allocation.
+mod graphs;
+mod pools;

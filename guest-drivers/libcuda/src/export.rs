@@ -42,7 +42,7 @@ const CONTEXT_CHECKS: Uuid = [
 ];
 
 /// Context identity: cudart asks for a context's unique id through slot 4 (what `cuCtxGetId`
-/// answers); the slots before it are not provided.
+/// answers); the other slots are not provided.
 const CONTEXT_IDENTITY: Uuid = [
     0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2,
 ];
@@ -405,11 +405,17 @@ fn context_checks() -> *const c_void {
     .cast()
 }
 
+/// Slots of the context identity table: cudart 13's `cudaGraphLaunch` on a created stream
+/// calls slot 51 (and, when that succeeds, slot 39), so the table reaches past it; every
+/// slot but the id answers not supported, which cudart takes as "nothing to do".
+const CONTEXT_IDENTITY_SLOTS: usize = 52;
+
 fn context_identity() -> *const c_void {
-    static T: OnceLock<[usize; 5]> = OnceLock::new();
+    static T: OnceLock<[usize; CONTEXT_IDENTITY_SLOTS]> = OnceLock::new();
     T.get_or_init(|| {
-        let n = not_supported as *const () as usize;
-        table([0, n, n, n, context_id as *const () as usize])
+        let mut slots = [not_supported as *const () as usize; CONTEXT_IDENTITY_SLOTS];
+        slots[4] = context_id as *const () as usize;
+        table(slots)
     })
     .as_ptr()
     .cast()
@@ -453,7 +459,7 @@ mod tests {
             (TOOLS_RUNTIME_CALLBACK_HOOKS, 7),
             (TOOLS_TLS, 4),
             (CONTEXT_CHECKS, 4),
-            (CONTEXT_IDENTITY, 5),
+            (CONTEXT_IDENTITY, CONTEXT_IDENTITY_SLOTS),
             (INTEGRITY_CHECK, 3),
         ] {
             let t = lookup(&uuid).unwrap();

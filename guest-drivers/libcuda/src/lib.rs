@@ -20,6 +20,7 @@ pub mod attributes;
 pub mod driver;
 pub mod drm;
 mod export;
+mod graph;
 mod integrity;
 pub mod status;
 mod symbols;

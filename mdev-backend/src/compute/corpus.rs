@@ -43,7 +43,7 @@ pub fn corpus_for_tests(program: &str) -> Option<PathBuf> {
 /// starting `PASS`. All but two link cudart 13 statically (nvcc's default); the
 /// `.cudart-shared` one loads [`SHARED_CUDART`] next to it, the `.cudart12` one links the
 /// static cudart 12.9.
-pub const NVCC_PROGRAMS: [(&str, u64); 17] = [
+pub const NVCC_PROGRAMS: [(&str, u64); 19] = [
     ("vector_add", 1),
     ("vector_add.compress-none", 1),
     ("vector_add.compress-speed", 1),
@@ -64,6 +64,10 @@ pub const NVCC_PROGRAMS: [(&str, u64); 17] = [
     // Programming Guide's texture fetching formulas.
     ("texture", 4),
     ("surface", 2),
+    // Graphs captured from two streams and built node by node (changed, cloned, updated),
+    // capture misuse refused; stream-ordered allocation, pools and graph allocations.
+    ("graphs", 10),
+    ("mempool", 4),
 ];
 
 /// The shared CUDA runtime in the corpus (from NVIDIA's wheel, never committed).
