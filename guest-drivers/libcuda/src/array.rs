@@ -20,7 +20,7 @@ pub const ARRAY_LAYERED: u32 = 1;
 pub const ARRAY_SURFACE_LDST: u32 = 2;
 /// `CUDA_ARRAY3D_CUBEMAP`.
 pub const ARRAY_CUBEMAP: u32 = 4;
-/// `CUDA_ARRAY3D_TEXTURE_GATHER` (accepted: gathers read the texels any array holds).
+/// `CUDA_ARRAY3D_TEXTURE_GATHER` (accepted: `tld4` gathers from any array).
 pub const ARRAY_TEXTURE_GATHER: u32 = 8;
 /// Array flags this library implements.
 const ARRAY_FLAGS: u32 = ARRAY_LAYERED | ARRAY_SURFACE_LDST | ARRAY_CUBEMAP | ARRAY_TEXTURE_GATHER;

@@ -1452,14 +1452,16 @@ impl<'s, 'a> Block<'s, 'a> {
             Op::Tex {
                 geom,
                 int,
+                gather,
                 ds,
                 handle,
                 coords,
             } => {
+                let gather = gather.map(usize::from);
                 for lane in lanes {
                     let h = self.val(w, lane, *handle);
                     let raw = coords.map(|c| self.val(w, lane, c) as u32);
-                    let v = texture::sample(self.s.memory, h, *geom, *int, raw)
+                    let v = texture::sample(self.s.memory, h, *geom, *int, gather, raw)
                         .map_err(texture_fault)?;
                     for (d, v) in ds.iter().zip(v) {
                         self.set(w, lane, *d, u64::from(v));

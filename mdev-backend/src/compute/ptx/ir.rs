@@ -513,11 +513,12 @@ pub(crate) enum Op {
         d: u32,
     },
     Trap,
-    /// `tex.geom.v4.dtype.ctype d, [handle, {coords}]` (unified mode): see `texture::sample`;
-    /// `int` for `.s32` coordinates.
+    /// `tex.geom.v4.dtype.ctype d, [handle, {coords}]` (unified mode) and `tld4.comp.2d`
+    /// (`gather`, the channel): see `texture::sample`; `int` for `.s32` coordinates.
     Tex {
         geom: super::texture::Geom,
         int: bool,
+        gather: Option<u8>,
         ds: RegVec,
         handle: Src,
         coords: [Src; 4],

@@ -2195,15 +2195,15 @@ impl Cx<'_> {
                 d: self.reg(&self.n_ops(g, 1)?[0])?,
             },
             "trap" | "brkpt" => Op::Trap,
-            "tex" | "suld" | "sust" => self.texture(base, mods, g)?,
+            "tex" | "tld4" | "suld" | "sust" => self.texture(base, mods, g)?,
             _ => return self.fail(format!("unsupported instruction {base}")),
         })
     }
 }
 
 impl Cx<'_> {
-    /// `tex`, `suld.b` and `sust.b` in unified mode (the object's handle in a register or
-    /// parameter): see `texture`.
+    /// `tex`, `tld4`, `suld.b` and `sust.b` in unified mode (the object's handle in a
+    /// register or parameter): see `texture`.
     fn texture(&self, base: &str, mods: &[&str], g: &[Vec<Tok>]) -> PResult<Op> {
         use super::texture::{Geom, Oob};
         for m in ["level", "grad", "base", "p"] {
@@ -2234,7 +2234,8 @@ impl Cx<'_> {
             return self.fail(format!("{base}: {} coordinates for {geom:?}", cs.len()));
         }
         let types: Vec<Ty> = mods.iter().filter_map(|m| Ty::parse(m)).collect();
-        let float = base == "tex" && types.last() == Some(&Ty::F32);
+        let fetch = base == "tex" || base == "tld4";
+        let float = fetch && types.last() == Some(&Ty::F32);
         let layered = matches!(geom, Geom::A1 | Geom::A2 | Geom::ACube);
         let mut coords = [Src::Imm(0); 4];
         for (i, (c, t)) in coords.iter_mut().zip(&cs).enumerate() {
@@ -2264,10 +2265,23 @@ impl Cx<'_> {
             }
             Ok(v)
         };
-        if base == "tex" {
+        if fetch {
             if n != 4 || !matches!(types.first(), Some(Ty::F32 | Ty::S32 | Ty::U32)) {
-                return self.fail("tex returns .v4.f32, .v4.s32 or .v4.u32");
+                return self.fail(format!("{base} returns .v4.f32, .v4.s32 or .v4.u32"));
             }
+            let gather = match base {
+                "tld4" if geom != Geom::D2 || !float => {
+                    return self.fail("tld4 of other than .2d with .f32 coordinates");
+                }
+                "tld4" => Some(
+                    ["r", "g", "b", "a"]
+                        .iter()
+                        .position(|c| has(mods, c))
+                        .ok_or((self.line, "tld4 without a channel".to_string()))?
+                        as u8,
+                ),
+                _ => None,
+            };
             let mut ds = [SINK; 4];
             for (d, v) in ds.iter_mut().zip(list(4)?) {
                 *d = self.dst(v)?;
@@ -2275,6 +2289,7 @@ impl Cx<'_> {
             return Ok(Op::Tex {
                 geom,
                 int: !float,
+                gather,
                 ds,
                 handle,
                 coords,

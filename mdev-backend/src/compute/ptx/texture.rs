@@ -557,19 +557,22 @@ fn coords(d: &Descriptor, geom: Geom, int: bool, raw: [u32; 4]) -> Result<Coords
 
 /// `tex.geom.v4.dtype.ctype`: the four 32-bit results of a fetch through texture `handle`
 /// (floats as their bits), `raw` the coordinate operands' low 32 bits; `int` for `.s32`
-/// coordinates (texel indices, nearest-point).
+/// coordinates (texel indices, nearest-point). With `gather` (`tld4.{r,g,b,a}`, 2D), that
+/// channel of the four texels linear filtering would weigh, in the ISA's order: (i, j+1),
+/// (i+1, j+1), (i+1, j), (i, j).
 pub(crate) fn sample(
     memory: &dyn GlobalMemory,
     handle: u64,
     geom: Geom,
     int: bool,
+    gather: Option<usize>,
     raw: [u32; 4],
 ) -> Result<[u32; 4], TextureError> {
     let d = Descriptor::load(memory, handle, false)?;
     let c = coords(&d, geom, int, raw)?;
     let cube = d.flags & FLAG_CUBEMAP != 0;
     let normalized = cube || (d.flags & FLAG_NORMALIZED != 0 && !int);
-    let linear = d.flags & FLAG_LINEAR != 0 && !int;
+    let linear = gather.is_some() || (d.flags & FLAG_LINEAR != 0 && !int);
     let mut first = [0i64; 3];
     let mut alpha = [0f32; 3];
     for k in 0..c.dims {
@@ -605,6 +608,16 @@ pub(crate) fn sample(
             .map_err(|_| TextureError::Texel(addr))?;
         Ok(decode_texel(&d, &raw[..n]))
     };
+    if let Some(channel) = gather {
+        let mut out = [0u32; 4];
+        for (o, at) in out
+            .iter_mut()
+            .zip([[0, 1, 0], [1, 1, 0], [1, 0, 0], [0, 0, 0]])
+        {
+            *o = bits(fetch(at)?)[channel];
+        }
+        return Ok(out);
+    }
     if !linear {
         return Ok(bits(fetch([0; 3])?));
     }
@@ -954,6 +967,41 @@ mod tests {
             .run(TEX2D, handle, &[[0.8f32.to_bits(), 0.5f32.to_bits(), 0, 0]])
             .unwrap();
         assert_eq!(f32::from_bits(got[0][0]), 77.0 / 256.0);
+    }
+
+    #[test]
+    fn tld4_gathers_one_channel_of_the_bilinear_footprint_in_the_isas_order() {
+        let mut rig = Rig::new();
+        // 3 x 2 texels of two channels: (10 i + j, -(10 i + j)) at column i, row j.
+        let mut texels = Vec::new();
+        for j in 0..2 {
+            for i in 0..3 {
+                let v = (10 * i + j) as f32;
+                texels.extend(v.to_le_bytes());
+                texels.extend((-v).to_le_bytes());
+            }
+        }
+        let d = Descriptor {
+            channels: 2,
+            pitch: 24,
+            slice: 48,
+            ..f32_desc(3, 2, 0, AddressMode::Clamp)
+        };
+        let handle = rig.object(d, &texels);
+        let at = [1.7f32.to_bits(), 1.2f32.to_bits(), 0, 0];
+        // Footprint i = 1, j = 0: (1, 1), (2, 1), (2, 0), (1, 0).
+        let r = "tld4.r.2d.v4.f32.f32 {%r6, %r7, %r8, %r9}, [%rd1, {%r2, %r3}];";
+        let got = rig.run(r, handle, &[at]).unwrap()[0].map(f32::from_bits);
+        assert_eq!(got, [11.0, 21.0, 20.0, 10.0]);
+        let g = "tld4.g.2d.v4.f32.f32 {%r6, %r7, %r8, %r9}, [%rd1, {%r2, %r3}];";
+        let got = rig.run(g, handle, &[at]).unwrap()[0].map(f32::from_bits);
+        assert_eq!(got, [-11.0, -21.0, -20.0, -10.0]);
+        // Missing channels read as 0 (blue) and 1 (alpha).
+        let a = "tld4.a.2d.v4.f32.f32 {%r6, %r7, %r8, %r9}, [%rd1, {%r2, %r3}];";
+        let got = rig.run(a, handle, &[at]).unwrap()[0].map(f32::from_bits);
+        assert_eq!(got, [1.0; 4]);
+        let bad = "tld4.r.3d.v4.f32.f32 {%r6, %r7, %r8, %r9}, [%rd1, {%r2, %r3, %r4, %r5}];";
+        assert!(rig.run(bad, handle, &[at]).is_err(), "tld4 is 2D only");
     }
 
     #[test]
