@@ -205,6 +205,10 @@ fn resolve(ctx: u64, side: &Side, c: &Copy3D) -> CuResult<Where> {
 /// A 2D/3D copy on `stream` (the NULL stream for the synchronous calls).
 fn copy(c: Copy3D, stream: Handle) -> CuResult<()> {
     let ctx = owner(stream)?;
+    // An empty copy moves nothing, as the driver's.
+    if c.width == 0 || c.height == 0 || c.depth == 0 {
+        return Ok(());
+    }
     let (src, dst) = (resolve(ctx, &c.src, &c)?, resolve(ctx, &c.dst, &c)?);
     let (s, d) = match (src, dst) {
         (Where::Host(s) | Where::Device(s), Where::Host(d) | Where::Device(d)) => (s, d),

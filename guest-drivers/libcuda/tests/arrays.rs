@@ -374,6 +374,14 @@ fn arrays_copies_and_texture_objects_work_and_refuse_bad_arguments() {
         };
         assert_eq!(cuMemcpy3D_v2(&from_array), 0);
         assert_eq!(out, img);
+        assert_eq!(
+            cuMemcpy2D_v2(&Memcpy2D {
+                height: 0,
+                ..to_array
+            }),
+            0,
+            "empty"
+        );
         // Past the array's row, rows, or with a pitch under the row: refused.
         for (c, why) in [
             (

@@ -583,10 +583,13 @@ pub(crate) fn sample(
         };
         (first[k], alpha[k]) = taps(x, linear);
     }
-    // Cubemap faces are sampled clamped at their edges.
+    // Cubemap faces are sampled clamped at their edges; integer coordinates (`tex1Dfetch`)
+    // have no address modes: out of range they read 0.
     let mode = |k: usize| {
         if cube {
             AddressMode::Clamp
+        } else if int {
+            AddressMode::Border
         } else {
             d.address[k]
         }
@@ -597,6 +600,7 @@ pub(crate) fn sample(
             let i = first[k].saturating_add(offset[k]);
             match address(i, d.extent[k], mode(k), normalized) {
                 Some(i) => idx[k] = i,
+                None if int => return Ok(Texel::Int([0; 4])),
                 None => return Ok(border(&d)),
             }
         }
@@ -666,15 +670,17 @@ fn surface_addr(
     bytes: u32,
     oob: Oob,
 ) -> Result<Option<u64>, TextureError> {
-    let c = coords(d, geom, true, raw)?;
-    // `coords` made x, y, z floats of s32 operands (exact below 2^24, and larger ones are
-    // out of range however rounded): back to integers, the layer clamped as a fetch's is.
-    let x = c.xyz[0] as i64;
-    let y = c.xyz[1] as i64;
-    let z = if c.dims == 3 {
-        c.xyz[2] as i64
-    } else {
-        i64::from(c.layer)
+    // The geometry must be the resource's; the coordinates are s32 (x in bytes), a layer
+    // index first for layered ones, and out of range as the access says (not clamped).
+    coords(d, geom, true, raw)?;
+    let r = raw.map(|v| i64::from(v as i32));
+    let (x, y, z) = match geom {
+        Geom::D1 => (r[0], 0, 0),
+        Geom::D2 => (r[0], r[1], 0),
+        Geom::D3 => (r[0], r[1], r[2]),
+        Geom::A1 => (r[1], 0, r[0]),
+        Geom::A2 => (r[1], r[2], r[0]),
+        Geom::Cube | Geom::ACube => return Err(TextureError::Geometry("a cubemap surface")),
     };
     let row = i64::from(d.extent[0]) * i64::from(d.texel_bytes());
     let ok = (0..=row - i64::from(bytes)).contains(&x)
@@ -1002,6 +1008,60 @@ mod tests {
         assert_eq!(got, [1.0; 4]);
         let bad = "tld4.r.3d.v4.f32.f32 {%r6, %r7, %r8, %r9}, [%rd1, {%r2, %r3, %r4, %r5}];";
         assert!(rig.run(bad, handle, &[at]).is_err(), "tld4 is 2D only");
+    }
+
+    #[test]
+    fn integer_coordinates_fetch_texels_and_read_zero_out_of_range() {
+        let mut rig = Rig::new();
+        let d = Descriptor {
+            format: Format::S32,
+            extent: [5, 1, 1],
+            pitch: 20,
+            slice: 20,
+            // Address modes do not apply to integer coordinates (`tex1Dfetch`).
+            ..f32_desc(5, 1, 0, AddressMode::Wrap)
+        };
+        let handle = rig.object(d, &[-3i32, 1, 2, 3, 4].map(i32::to_le_bytes).concat());
+        let op = "tex.1d.v4.s32.s32 {%r6, %r7, %r8, %r9}, [%rd1, {%r2}];";
+        let got = rig
+            .run(
+                op,
+                handle,
+                &[[0; 4], [4, 0, 0, 0], [5, 0, 0, 0], [u32::MAX, 0, 0, 0]],
+            )
+            .unwrap();
+        assert_eq!(got[0], [(-3i32) as u32, 0, 0, 1]);
+        assert_eq!(got[1], [4, 0, 0, 1]);
+        assert_eq!(got[2], [0; 4], "past the end");
+        assert_eq!(got[3], [0; 4], "before the start");
+    }
+
+    #[test]
+    fn layered_surfaces_take_the_layer_first_and_do_not_clamp_it() {
+        let mut rig = Rig::new();
+        let d = Descriptor {
+            surface: true,
+            format: Format::U32,
+            flags: FLAG_LAYERED,
+            extent: [2, 2, 3],
+            pitch: 8,
+            slice: 16,
+            ..f32_desc(2, 2, 0, AddressMode::Clamp)
+        };
+        let handle = rig.object(
+            d,
+            &(0u32..12).flat_map(u32::to_le_bytes).collect::<Vec<_>>(),
+        );
+        let load =
+            |oob: &str| format!("suld.b.a2d.b32.{oob} {{%r6}}, [%rd1, {{%r2, %r3, %r4, %r4}}];");
+        // Layer 2, x 4 bytes, row 1: element 11; layer 3 is past the layers.
+        let at = [[2, 4, 1, 0], [3, 4, 1, 0]];
+        let got = rig.run(&load("zero"), handle, &at).unwrap();
+        assert_eq!([got[0][0], got[1][0]], [11, 0]);
+        let got = rig.run(&load("clamp"), handle, &at).unwrap();
+        assert_eq!([got[0][0], got[1][0]], [11, 11]);
+        let err = rig.run(&load("trap"), handle, &at[1..]).unwrap_err();
+        assert_eq!(err.cuda_status(), 700, "{err}");
     }
 
     #[test]
