@@ -82,6 +82,7 @@ pub fn launch(
         .function_of(kernel)
         .ok_or_else(|| ComputeError::NotFound(format!("kernel {kernel}")))?;
     let m = &module.parsed;
+    let regs = launch_registers(m, f);
     let info = module.kernel(kernel).expect("kernel of function_of");
     let [gx, gy, gz] = l.grid;
     let [bx, by, bz] = l.block;
@@ -106,10 +107,10 @@ pub fn launch(
             ))
         })?;
     let lanes = u64::from(nthreads.next_multiple_of(WARP as u32));
-    if lanes * m.reg_bits.len() as u64 > MAX_BLOCK_REGISTER_VALUES {
+    if lanes * regs.held.len() as u64 > MAX_BLOCK_REGISTER_VALUES {
         return Err(ComputeError::LaunchOutOfResources(format!(
             "{} registers × {nthreads} threads",
-            m.reg_bits.len()
+            regs.held.len()
         )));
     }
     if l.params.len() != info.param_bytes as usize {
@@ -128,7 +129,7 @@ pub fn launch(
     }
     let blocks = u64::from(gx) * u64::from(gy) * u64::from(gz);
     let nwarps = u64::from(nthreads.div_ceil(WARP as u32));
-    let block_bytes = block_bytes(m, nwarps, shared);
+    let block_bytes = block_bytes(m, regs.held.len() as u64, nwarps, shared);
     // The blocks running at once hold their memory for the launch: charged to the VM's
     // budget before any is made, with fewer threads when all of them would not fit.
     let mut threads = l.threads.clamp(1, blocks.min(MAX_LAUNCH_THREADS) as usize);
@@ -151,11 +152,13 @@ pub fn launch(
         sym_addr: l.symbols,
         shared_bytes: shared,
         dyn_start,
-        reg_mask: m
-            .reg_bits
+        reg_mask: regs
+            .held
             .iter()
-            .map(|&b| if b >= 64 { u64::MAX } else { (1u64 << b) - 1 })
+            .map(|&r| m.reg_bits[r as usize])
+            .map(|b| if b >= 64 { u64::MAX } else { (1u64 << b) - 1 })
             .collect(),
+        regs,
         nthreads,
         next_block: AtomicU64::new(0),
         executed: AtomicU64::new(0),
@@ -199,13 +202,68 @@ pub fn launch(
     })
 }
 
+/// The registers a launch of kernel `f` holds: those of the functions its code can reach
+/// (through direct calls; through a function pointer, every function of the module). Each
+/// function's registers are its own, so a kernel of a module with many functions holds its own
+/// and its callees' only, not the module's.
+struct LaunchRegisters {
+    /// The first register of the functions reached.
+    base: u32,
+    /// Where register `base + i` is in a warp's registers (`u32::MAX` for registers of
+    /// functions not reached, which the launch's code never names).
+    slots: Vec<u32>,
+    /// The registers held, in slot order.
+    held: Vec<u32>,
+}
+
+fn launch_registers(m: &Parsed, f: u32) -> LaunchRegisters {
+    let mut seen = vec![false; m.funcs.len()];
+    let mut todo = vec![f];
+    while let Some(g) = todo.pop() {
+        if std::mem::replace(&mut seen[g as usize], true) {
+            continue;
+        }
+        let func = &m.funcs[g as usize];
+        for inst in &m.code[func.start as usize..func.end as usize] {
+            match &inst.op {
+                Op::Call {
+                    callee: Callee::Func(c),
+                    ..
+                } => todo.push(*c),
+                Op::Call {
+                    callee: Callee::Indirect(_),
+                    ..
+                } => seen.fill(true),
+                _ => {}
+            }
+        }
+    }
+    let mut ranges: Vec<std::ops::Range<u32>> = m
+        .funcs
+        .iter()
+        .zip(&seen)
+        .filter(|(func, reached)| **reached && !func.regs.is_empty())
+        .map(|(func, _)| func.regs.clone())
+        .collect();
+    ranges.sort_by_key(|r| r.start);
+    let base = ranges.first().map_or(0, |r| r.start);
+    let end = ranges.iter().map(|r| r.end).max().unwrap_or(base);
+    let mut slots = vec![u32::MAX; (end - base) as usize];
+    let mut held = Vec::new();
+    for reg in ranges.into_iter().flatten() {
+        slots[(reg - base) as usize] = held.len() as u32;
+        held.push(reg);
+    }
+    LaunchRegisters { base, slots, held }
+}
+
 /// Most host threads one launch runs on, whatever its configuration asks.
 const MAX_LAUNCH_THREADS: u64 = 1024;
 
 /// Host bytes one block holds while it runs: per warp its registers (8 bytes a lane), local
 /// and `.param` memory and its lanes' call stacks; its shared memory.
-fn block_bytes(m: &Parsed, warps: u64, shared: u32) -> u64 {
-    let lane = (m.reg_bits.len() as u64)
+fn block_bytes(m: &Parsed, regs: u64, warps: u64, shared: u32) -> u64 {
+    let lane = regs
         .saturating_mul(8)
         .saturating_add(u64::from(m.local_bytes))
         .saturating_add(u64::from(m.fparam_bytes))
@@ -225,6 +283,8 @@ struct Shared<'a> {
     sym_addr: &'a [u64],
     shared_bytes: u32,
     dyn_start: u32,
+    /// The registers the launch holds ([`launch_registers`]): a warp holds those only.
+    regs: LaunchRegisters,
     reg_mask: Vec<u64>,
     nthreads: u32,
     next_block: AtomicU64,
@@ -239,6 +299,12 @@ struct Shared<'a> {
 }
 
 impl Shared<'_> {
+    /// Where register `r` (of a function this launch can reach) starts in a warp's registers.
+    #[inline(always)]
+    fn slot(&self, r: u32) -> usize {
+        self.regs.slots[(r - self.regs.base) as usize] as usize * WARP
+    }
+
     /// Records the launch's first error and stops every thread at its next check.
     fn fail(&self, e: ComputeError) {
         let mut slot = self.error.lock().unwrap_or_else(|p| p.into_inner());
@@ -459,7 +525,7 @@ impl<'s, 'a> Block<'s, 'a> {
             ((linear / u64::from(gx)) % u64::from(gy)) as u32,
             (linear / (u64::from(gx) * u64::from(gy))) as u32,
         ];
-        let nregs = s.m.reg_bits.len();
+        let nregs = s.reg_mask.len();
         let nwarps = s.nthreads.div_ceil(WARP as u32);
         let warps = (0..nwarps)
             .map(|w| {
@@ -687,9 +753,7 @@ impl<'s, 'a> Block<'s, 'a> {
             if let Some((p, neg)) = inst.guard {
                 exec = 0;
                 for lane in 0..WARP {
-                    if mask & (1 << lane) != 0
-                        && ((warp.regs[p as usize * WARP + lane] != 0) != neg)
-                    {
+                    if mask & (1 << lane) != 0 && ((warp.regs[self.s.slot(p) + lane] != 0) != neg) {
                         exec |= 1 << lane;
                     }
                 }
@@ -843,7 +907,7 @@ impl<'s, 'a> Block<'s, 'a> {
     #[inline(always)]
     fn val(&self, w: usize, lane: usize, src: Src) -> u64 {
         match src {
-            Src::Reg(r) => self.warps[w].regs[r as usize * WARP + lane],
+            Src::Reg(r) => self.warps[w].regs[self.s.slot(r) + lane],
             Src::Imm(v) => v,
             Src::Special(s) => self.special(w, lane, s),
             Src::Sym(s, offset) => self.sym(s).wrapping_add_signed(offset),
@@ -852,7 +916,8 @@ impl<'s, 'a> Block<'s, 'a> {
 
     fn set(&mut self, w: usize, lane: usize, d: u32, v: u64) {
         if d != SINK {
-            self.warps[w].regs[d as usize * WARP + lane] = v & self.s.reg_mask[d as usize];
+            let i = self.s.slot(d);
+            self.warps[w].regs[i + lane] = v & self.s.reg_mask[i / WARP];
         }
     }
 
@@ -860,7 +925,7 @@ impl<'s, 'a> Block<'s, 'a> {
     #[inline]
     fn address(&self, w: usize, lane: usize, a: Addr) -> u64 {
         let base = match a.base {
-            AddrBase::Reg(r) => self.warps[w].regs[r as usize * WARP + lane],
+            AddrBase::Reg(r) => self.warps[w].regs[self.s.slot(r) + lane],
             AddrBase::Sym(s) => self.sym(s),
             AddrBase::Abs => 0,
         };
@@ -1240,7 +1305,7 @@ impl<'s, 'a> Block<'s, 'a> {
                 args,
             } => {
                 for lane in lanes {
-                    let addr = self.warps[w].regs[*r as usize * WARP + lane];
+                    let addr = self.warps[w].regs[self.s.slot(*r) + lane];
                     let f = func_at(addr)
                         .filter(|&f| {
                             self.s

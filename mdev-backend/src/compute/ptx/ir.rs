@@ -552,6 +552,8 @@ pub(crate) struct Function {
     pub entry: bool,
     pub start: u32,
     pub end: u32,
+    /// The registers its body declares (each function's are its own, numbered in a row).
+    pub regs: std::ops::Range<u32>,
     /// Formal parameters: offsets in the kernel parameter buffer (kernels) or in the thread's
     /// function-parameter scratch (functions), with sizes.
     pub params: Vec<(u32, u32, u32)>,

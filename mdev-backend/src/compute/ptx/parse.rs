@@ -908,6 +908,7 @@ impl<'a> Parser<'a> {
 
     fn function(&mut self, entry: bool, linkage: Linkage) -> PResult<()> {
         let line = self.line();
+        let first_reg = self.reg_bits.len() as u32;
         // The parameters' scope, which the body's braces close.
         self.open_scope()?;
         let mut ret = None;
@@ -1002,6 +1003,7 @@ impl<'a> Parser<'a> {
         let f = &mut self.funcs[index as usize];
         f.start = start as u32;
         f.end = self.code.len() as u32;
+        f.regs = first_reg..self.reg_bits.len() as u32;
         f.params = params.clone();
         f.ret = ret;
         f.entry = entry;
@@ -1031,6 +1033,7 @@ impl<'a> Parser<'a> {
             entry,
             start: 0,
             end: 0,
+            regs: 0..0,
             params: Vec::new(),
             ret: None,
         };

@@ -1604,3 +1604,59 @@ fn a_launch_runs_on_at_most_its_threads() {
         assert_eq!(stats.threads, threads);
     }
 }
+
+#[test]
+fn a_kernel_holds_its_own_registers_and_its_callees_not_the_modules() {
+    // 200 kernels of 200 registers each, then one that calls a function declared between
+    // them: 40,000 registers in the module, more than 1024 threads may hold (4 M values a
+    // block), while each kernel needs at most 400.
+    let filler: String = (0..200)
+        .map(|i| {
+            format!(
+                ".visible .entry f{i}(.param .u64 p)\n{{\n.reg .b32 %r<200>;\n\
+                 mov.u32 %r199, {i};\nret;\n}}\n"
+            )
+        })
+        .collect();
+    let m = module(&format!(
+        r#"
+.func (.param .b32 r) twice(.param .b32 a)
+{{
+	.reg .b32 %t<200>;
+	ld.param.u32 %t1, [a];
+	add.u32 %t199, %t1, %t1;
+	st.param.b32 [r], %t199;
+	ret;
+}}
+{filler}
+.visible .entry k(.param .u64 out)
+{{
+	.reg .b32 %r<200>;
+	.reg .b64 %rd<4>;
+	ld.param.u64 %rd1, [out];
+	mov.u32 %r1, %tid.x;
+	{{
+	.param .b32 a0;
+	st.param.b32 [a0], %r1;
+	.param .b32 r0;
+	call.uni (r0), twice, (a0);
+	ld.param.b32 %r199, [r0];
+	}}
+	mul.wide.u32 %rd2, %r1, 4;
+	add.s64 %rd3, %rd1, %rd2;
+	st.u32 [%rd3], %r199;
+	ret;
+}}
+"#
+    ));
+    let mut r = Run::new(&m);
+    let out = r.buffer(&[0; 1024 * 4]);
+    let params = pack(&m, "k", &[out]);
+    r.launch("k", [1, 1, 1], [1024, 1, 1], &params, 1).unwrap();
+    assert_eq!(
+        to_u32s(&r.read(out, 1024 * 4)),
+        (0..1024u32).map(|t| 2 * t).collect::<Vec<_>>()
+    );
+    let params = pack(&m, "f7", &[out]);
+    r.launch("f7", [1, 1, 1], [1024, 1, 1], &params, 1).unwrap();
+}
