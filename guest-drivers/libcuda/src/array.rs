@@ -8,7 +8,7 @@
 
 use mdev_backend::compute::ptx::texture::{
     AddressMode, Descriptor, FLAG_CUBEMAP, FLAG_LAYERED, FLAG_LINEAR, FLAG_NORMALIZED,
-    FLAG_READ_NORMALIZED, FLAG_SRGB, Format,
+    FLAG_READ_NORMALIZED, FLAG_SRGB, Format, Mip,
 };
 
 use crate::driver::CuResult;
@@ -232,6 +232,7 @@ impl ArrayDesc {
             pitch: self.pitch(),
             slice: self.slice(),
             border: [0.0; 4],
+            mip: Mip::NONE,
         }
     }
 }
@@ -586,6 +587,7 @@ impl Resource {
             pitch,
             slice: rows,
             border: [0.0; 4],
+            mip: Mip::NONE,
         }))
     }
 }

@@ -1518,6 +1518,7 @@ impl<'s, 'a> Block<'s, 'a> {
                 geom,
                 int,
                 gather,
+                lod,
                 ds,
                 handle,
                 coords,
@@ -1526,7 +1527,8 @@ impl<'s, 'a> Block<'s, 'a> {
                 for lane in lanes {
                     let h = self.val(w, lane, *handle);
                     let raw = coords.map(|c| self.val(w, lane, c) as u32);
-                    let v = texture::sample(self.s.memory, h, *geom, *int, gather, raw)
+                    let lod = lod.map(|l| f32::from_bits(self.val(w, lane, l) as u32));
+                    let v = texture::sample(self.s.memory, h, *geom, *int, gather, lod, raw)
                         .map_err(texture_fault)?;
                     for (d, v) in ds.iter().zip(v) {
                         self.set(w, lane, *d, u64::from(v));

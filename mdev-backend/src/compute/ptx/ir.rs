@@ -513,12 +513,14 @@ pub(crate) enum Op {
         d: u32,
     },
     Trap,
-    /// `tex.geom.v4.dtype.ctype d, [handle, {coords}]` (unified mode) and `tld4.comp.2d`
-    /// (`gather`, the channel): see `texture::sample`; `int` for `.s32` coordinates.
+    /// `tex{.level}.geom.v4.dtype.ctype d, [handle, {coords}]{, lod}` (unified mode) and
+    /// `tld4.comp.2d` (`gather`, the channel): see `texture::sample`; `int` for `.s32`
+    /// coordinates.
     Tex {
         geom: super::texture::Geom,
         int: bool,
         gather: Option<u8>,
+        lod: Option<Src>,
         ds: RegVec,
         handle: Src,
         coords: [Src; 4],

@@ -2209,7 +2209,8 @@ impl Cx<'_> {
     /// register or parameter): see `texture`.
     fn texture(&self, base: &str, mods: &[&str], g: &[Vec<Tok>]) -> PResult<Op> {
         use super::texture::{Geom, Oob};
-        for m in ["level", "grad", "base", "p"] {
+        let level = base == "tex" && has(mods, "level");
+        for m in ["grad", "base", "p"] {
             if has(mods, m) {
                 return self.fail(format!("{base}.{m} is not supported"));
             }
@@ -2218,7 +2219,12 @@ impl Cx<'_> {
             .iter()
             .find_map(|m| Geom::parse(m))
             .ok_or((self.line, format!("{base} without a geometry")))?;
-        let g = self.n_ops(g, 2)?;
+        let g = self.n_ops(g, if level { 3 } else { 2 })?;
+        let lod = if level {
+            Some(self.src(&g[2], Ty::F32)?)
+        } else {
+            None
+        };
         let (obj, val) = if base == "sust" {
             (&g[0], &g[1])
         } else {
@@ -2239,6 +2245,9 @@ impl Cx<'_> {
         let types: Vec<Ty> = mods.iter().filter_map(|m| Ty::parse(m)).collect();
         let fetch = base == "tex" || base == "tld4";
         let float = fetch && types.last() == Some(&Ty::F32);
+        if level && !float {
+            return self.fail("tex.level with integer coordinates");
+        }
         let layered = matches!(geom, Geom::A1 | Geom::A2 | Geom::ACube);
         let mut coords = [Src::Imm(0); 4];
         for (i, (c, t)) in coords.iter_mut().zip(&cs).enumerate() {
@@ -2293,6 +2302,7 @@ impl Cx<'_> {
                 geom,
                 int: !float,
                 gather,
+                lod,
                 ds,
                 handle,
                 coords,

@@ -32,6 +32,11 @@ pub const SURFACE_MAGIC: u32 = 0x4652_5356;
 /// of resource has its own, smaller limits, which the driver checks when it creates one.
 pub const MAX_EXTENT: u32 = 1 << 27;
 
+/// Most mipmap levels of a texture: a Turing's 32768-texel cubemap faces have 16.
+pub const MAX_LEVELS: usize = 16;
+/// Bytes of each level record after the descriptor of a mipmapped texture (levels 1 and up).
+pub const LEVEL_BYTES: usize = 40;
+
 /// Why a fetch or a descriptor is refused.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum TextureError {
@@ -143,6 +148,33 @@ pub struct Descriptor {
     pub pitch: u64,
     pub slice: u64,
     pub border: [f32; 4],
+    pub mip: Mip,
+}
+
+/// The mipmap levels of a texture and how a fetch picks them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Mip {
+    /// Levels (1 for a texture without mipmaps); level 0 is the descriptor's own resource,
+    /// the others follow it as [`LEVEL_BYTES`] records.
+    pub levels: u8,
+    /// Level of detail added to every fetch's.
+    pub bias: f32,
+    /// The range a fetch's level of detail is clamped to.
+    pub min: f32,
+    pub max: f32,
+    /// Linear filtering between the two nearest levels (else the nearest level).
+    pub linear: bool,
+}
+
+impl Mip {
+    /// No mipmaps.
+    pub const NONE: Mip = Mip {
+        levels: 1,
+        bias: 0.0,
+        min: 0.0,
+        max: 0.0,
+        linear: false,
+    };
 }
 
 /// Fetch geometry of a `tex`/`suld`/`sust` instruction.
@@ -238,6 +270,13 @@ impl Descriptor {
         if self.flags & FLAG_CUBEMAP != 0 && (w != h || d % 6 != 0) {
             return Err("a cubemap needs square faces, 6 per layer".into());
         }
+        let m = &self.mip;
+        if !(1..=MAX_LEVELS).contains(&usize::from(m.levels))
+            || ![m.bias, m.min, m.max].iter().all(|v| v.is_finite())
+            || (m.linear && m.levels > 1 && !self.reads_float())
+        {
+            return Err(format!("mipmap levels {} {:?}", m.levels, m));
+        }
         Ok(())
     }
 
@@ -274,7 +313,54 @@ impl Descriptor {
         for (i, c) in self.border.iter().enumerate() {
             b[48 + 4 * i..52 + 4 * i].copy_from_slice(&c.to_bits().to_le_bytes());
         }
+        let m = &self.mip;
+        b[7] = m.levels;
+        for (i, v) in [m.bias, m.min, m.max].iter().enumerate() {
+            b[64 + 4 * i..68 + 4 * i].copy_from_slice(&v.to_bits().to_le_bytes());
+        }
+        b[76] = u8::from(m.linear);
         b
+    }
+
+    /// The record of a mipmap level (1 and up) that follows a mipmapped texture's descriptor:
+    /// `level`'s resource (base, pitch, slice, extent).
+    pub fn encode_level(level: &Descriptor) -> [u8; LEVEL_BYTES] {
+        let mut b = [0u8; LEVEL_BYTES];
+        b[0..8].copy_from_slice(&level.base.to_le_bytes());
+        b[8..16].copy_from_slice(&level.pitch.to_le_bytes());
+        b[16..24].copy_from_slice(&level.slice.to_le_bytes());
+        for (i, e) in level.extent.iter().enumerate() {
+            b[24 + 4 * i..28 + 4 * i].copy_from_slice(&e.to_le_bytes());
+        }
+        b
+    }
+
+    /// Level `l` (1 and up) of the mipmapped texture at `handle`: its resource in place of
+    /// level 0's, validated as a descriptor is.
+    fn level(
+        &self,
+        memory: &dyn GlobalMemory,
+        handle: u64,
+        l: u8,
+    ) -> Result<Descriptor, TextureError> {
+        let at = (u64::from(l) - 1) * LEVEL_BYTES as u64 + DESCRIPTOR_BYTES as u64;
+        let addr = handle
+            .checked_add(at)
+            .ok_or(TextureError::Unreadable(handle))?;
+        let mut b = [0u8; LEVEL_BYTES];
+        memory
+            .read(addr, &mut b)
+            .map_err(|_| TextureError::Unreadable(addr))?;
+        let d = Descriptor {
+            base: le64(&b, 0),
+            pitch: le64(&b, 8),
+            slice: le64(&b, 16),
+            extent: [le32(&b, 24), le32(&b, 28), le32(&b, 32)],
+            ..*self
+        };
+        d.validate()
+            .map_err(|e| TextureError::Invalid(handle, format!("level {l}: {e}")))?;
+        Ok(d)
     }
 
     /// Reads and validates the descriptor a handle names.
@@ -316,7 +402,17 @@ impl Descriptor {
             pitch: le64(&b, 32),
             slice: le64(&b, 40),
             border,
+            mip: Mip {
+                levels: b[7],
+                bias: f32::from_bits(le32(&b, 64)),
+                min: f32::from_bits(le32(&b, 68)),
+                max: f32::from_bits(le32(&b, 72)),
+                linear: b[76] != 0,
+            },
         };
+        if surface && d.mip.levels != 1 {
+            return Err(bad("a surface of mipmap levels"));
+        }
         d.validate().map_err(|e| bad(&e))?;
         Ok(d)
     }
@@ -560,16 +656,65 @@ fn coords(d: &Descriptor, geom: Geom, int: bool, raw: [u32; 4]) -> Result<Coords
 /// coordinates (texel indices, nearest-point). With `gather` (`tld4.{r,g,b,a}`, 2D), that
 /// channel of the four texels linear filtering would weigh, in the ISA's order: (i, j+1),
 /// (i+1, j+1), (i+1, j), (i, j).
+///
+/// A mipmapped texture is sampled at the level of detail `lod` (`tex.level`; 0 without it)
+/// plus the descriptor's bias, clamped to its range and to the levels there are: at the
+/// nearest level, or (linear mipmap filtering of float reads) between the two nearest,
+/// `(1-f)·L[l] + f·L[l+1]` with `f` the fraction of the level of detail.
 pub(crate) fn sample(
     memory: &dyn GlobalMemory,
     handle: u64,
     geom: Geom,
     int: bool,
     gather: Option<usize>,
+    lod: Option<f32>,
     raw: [u32; 4],
 ) -> Result<[u32; 4], TextureError> {
     let d = Descriptor::load(memory, handle, false)?;
     let c = coords(&d, geom, int, raw)?;
+    let m = d.mip;
+    if m.levels == 1 {
+        return sample_level(memory, &d, &c, int, gather);
+    }
+    let top = f32::from(m.levels - 1);
+    // `max`/`min`, not `clamp`: a NaN level of detail becomes the range's low end.
+    let lod = (lod.unwrap_or(0.0) + m.bias)
+        .max(m.min)
+        .min(m.max)
+        .max(0.0)
+        .min(top);
+    let at = |l: f32| {
+        // In [0, top]: a level that exists.
+        let l = l as u8;
+        if l == 0 {
+            Ok(d)
+        } else {
+            d.level(memory, handle, l)
+        }
+    };
+    if !m.linear || gather.is_some() || int {
+        return sample_level(memory, &at((lod + 0.5).floor())?, &c, int, gather);
+    }
+    let low = lod.floor();
+    let f = lod - low;
+    let a = sample_level(memory, &at(low)?, &c, int, None)?;
+    if f == 0.0 {
+        return Ok(a);
+    }
+    let b = sample_level(memory, &at(low + 1.0)?, &c, int, None)?;
+    Ok(std::array::from_fn(|i| {
+        ((1.0 - f) * f32::from_bits(a[i]) + f * f32::from_bits(b[i])).to_bits()
+    }))
+}
+
+/// One level's fetch (see [`sample`]).
+fn sample_level(
+    memory: &dyn GlobalMemory,
+    d: &Descriptor,
+    c: &Coords,
+    int: bool,
+    gather: Option<usize>,
+) -> Result<[u32; 4], TextureError> {
     let cube = d.flags & FLAG_CUBEMAP != 0;
     let normalized = cube || (d.flags & FLAG_NORMALIZED != 0 && !int);
     let linear = gather.is_some() || (d.flags & FLAG_LINEAR != 0 && !int);
@@ -845,6 +990,7 @@ mod tests {
             pitch: u64::from(w) * 4,
             slice: u64::from(w * h) * 4,
             border: [7.5, 0.0, 0.0, 1.0],
+            mip: Mip::NONE,
         }
     }
 
@@ -1062,6 +1208,98 @@ mod tests {
         assert_eq!([got[0][0], got[1][0]], [11, 11]);
         let err = rig.run(&load("trap"), handle, &at[1..]).unwrap_err();
         assert_eq!(err.cuda_status(), 700, "{err}");
+    }
+
+    #[test]
+    fn mipmapped_textures_pick_and_blend_levels_by_level_of_detail() {
+        let mut rig = Rig::new();
+        // Levels 4x4, 2x2, 1x1: texel i of level l holds 100 l + i.
+        let level = |l: u32| -> Vec<u8> {
+            let n = 4 >> l;
+            (0..n * n)
+                .flat_map(|i| ((100 * l + i) as f32).to_le_bytes())
+                .collect()
+        };
+        let mut levels = Vec::new();
+        for l in 0..3u32 {
+            let n = 4 >> l;
+            let d = Descriptor {
+                base: rig.put(&level(l)),
+                extent: [n, n, 1],
+                pitch: u64::from(n) * 4,
+                slice: u64::from(n * n) * 4,
+                ..f32_desc(4, 4, FLAG_NORMALIZED, AddressMode::Clamp)
+            };
+            levels.push(d);
+        }
+        let object = |rig: &mut Rig, mip: Mip| -> u64 {
+            let mut b = Descriptor { mip, ..levels[0] }.encode().to_vec();
+            for l in &levels[1..] {
+                b.extend(Descriptor::encode_level(l));
+            }
+            rig.put(&b)
+        };
+        let nearest = Mip {
+            levels: 3,
+            max: 8.0,
+            ..Mip::NONE
+        };
+        let handle = object(&mut rig, nearest);
+        // (0.6, 0.8): texel (2, 3) of level 0 = 14, (1, 1) of level 1 = 103, level 2's = 200.
+        let at = |lod: f32| [0.6f32.to_bits(), 0.8f32.to_bits(), lod.to_bits(), 0];
+        let op = "tex.level.2d.v4.f32.f32 {%r6, %r7, %r8, %r9}, [%rd1, {%r2, %r3}], %r4;";
+        let lods = [0.0f32, 0.49, 0.5, 1.4, 1.6, 9.0, -3.0, f32::NAN];
+        let got = rig.run(op, handle, &lods.map(at)).unwrap();
+        let red: Vec<f32> = got.iter().map(|g| f32::from_bits(g[0])).collect();
+        assert_eq!(red, [14.0, 14.0, 103.0, 103.0, 200.0, 200.0, 14.0, 14.0]);
+        // Without .level: the bias alone, clamped to the descriptor's range.
+        let biased = object(
+            &mut rig,
+            Mip {
+                bias: 1.0,
+                ..nearest
+            },
+        );
+        let got = rig.run(TEX2D, biased, &[at(0.0)]).unwrap();
+        assert_eq!(f32::from_bits(got[0][0]), 103.0);
+        let capped = object(
+            &mut rig,
+            Mip {
+                bias: 2.0,
+                max: 0.4,
+                ..nearest
+            },
+        );
+        let got = rig.run(TEX2D, capped, &[at(0.0)]).unwrap();
+        assert_eq!(f32::from_bits(got[0][0]), 14.0);
+        // Linear between levels: (1 - f) L[l] + f L[l + 1].
+        let linear = object(
+            &mut rig,
+            Mip {
+                linear: true,
+                ..nearest
+            },
+        );
+        let got = rig.run(op, linear, &[at(0.25), at(1.5), at(2.0)]).unwrap();
+        let red: Vec<f32> = got.iter().map(|g| f32::from_bits(g[0])).collect();
+        assert_eq!(
+            red,
+            [0.75 * 14.0 + 0.25 * 103.0, 0.5 * 103.0 + 0.5 * 200.0, 200.0]
+        );
+        // A level record that lies: a fault of the context.
+        let mut b = Descriptor {
+            mip: nearest,
+            ..levels[0]
+        }
+        .encode()
+        .to_vec();
+        b.extend(Descriptor::encode_level(&Descriptor {
+            pitch: 1,
+            ..levels[1]
+        }));
+        b.extend(Descriptor::encode_level(&levels[2]));
+        let bad = rig.put(&b);
+        assert_eq!(rig.run(op, bad, &[at(1.0)]).unwrap_err().cuda_status(), 700);
     }
 
     #[test]
