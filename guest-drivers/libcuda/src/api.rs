@@ -1725,6 +1725,8 @@ entry!(cuGetExportTable(table: *mut *const c_void, id: *const [u8; 16]) {
     }
 });
 
-// Graphs and stream capture; memory pools and stream-ordered allocation.
+// Graphs and stream capture; memory pools and stream-ordered allocation; virtual memory
+// management.
 mod graphs;
 mod pools;
+mod vmm;

@@ -160,6 +160,8 @@ pub fn device_attribute(a: &DeviceAttributes, attribute: c_int) -> CuResult<c_in
         87 => 32,
         106 => v(sm()?.max_blocks),
         111 => v(sm()?.shared_reserved_per_block),
+        // Virtual memory management (api/vmm.rs).
+        102 => 1,
         // Memory pools and stream-ordered allocation (api/pools.rs); no IPC handle types.
         115 => 1,
         // One memory synchronisation domain before Hopper.

@@ -208,10 +208,8 @@ unsafe extern "C" fn bump(p: *mut c_void) {
 fn words(a: u64, n: usize) -> Vec<u32> {
     let mut out = vec![0u32; n];
     // SAFETY: a buffer of n words.
-    assert_eq!(
-        unsafe { cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), a, n * 4) },
-        0
-    );
+    let status = unsafe { cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), a, n * 4) };
+    assert_eq!(status, 0);
     out
 }
 

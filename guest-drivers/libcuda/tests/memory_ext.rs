@@ -1,9 +1,12 @@
-//! Memory pools and stream-ordered allocation through the C entry points, as a C program
+//! Memory pools, stream-ordered allocation and virtual memory management through the C entry
+//! points, as a C program
 //! calls them, against a served CPU backend: allocations usable by later work on the stream,
 //! blocks kept up to the release threshold and reused, trimmed, the pool attributes that count
-//! them, explicit pools, allocations captured into a graph as allocation nodes; and what CUDA
-//! refuses (zero sizes, bad pools, a double free, IPC pools, taking the device's own access
-//! away). One test: the driver is process-global, as in a real process.
+//! them, explicit pools, allocations captured into a graph as allocation nodes, physical
+//! allocations mapped into reservations; and what CUDA refuses (zero sizes, bad pools, a
+//! double free, IPC pools, taking the device's own access away, sizes off the granularity,
+//! mappings past a reservation, unmapping what is not mapped). One test: the driver is
+//! process-global, as in a real process.
 
 use std::ffi::{c_int, c_uint, c_void};
 use std::ptr::null_mut;
@@ -66,6 +69,50 @@ unsafe extern "C" {
     fn cuGraphExecDestroy(exec: Handle) -> c_uint;
     fn cuGraphDestroy(g: Handle) -> c_uint;
     fn cuDeviceGetGraphMemAttribute(dev: c_int, attribute: c_int, value: *mut u64) -> c_uint;
+    fn cuMemcpyHtoD_v2(dst: u64, src: *const c_void, n: usize) -> c_uint;
+    fn cuMemGetAllocationGranularity(
+        out: *mut usize,
+        prop: *const AllocProp,
+        option: c_int,
+    ) -> c_uint;
+    fn cuMemAddressReserve(
+        ptr: *mut u64,
+        size: usize,
+        align: usize,
+        addr: u64,
+        flags: u64,
+    ) -> c_uint;
+    fn cuMemAddressFree(ptr: u64, size: usize) -> c_uint;
+    fn cuMemCreate(handle: *mut u64, size: usize, prop: *const AllocProp, flags: u64) -> c_uint;
+    fn cuMemRelease(handle: u64) -> c_uint;
+    fn cuMemMap(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64) -> c_uint;
+    fn cuMemUnmap(ptr: u64, size: usize) -> c_uint;
+    fn cuMemSetAccess(ptr: u64, size: usize, descs: *const AccessDesc, count: usize) -> c_uint;
+    fn cuMemGetAccess(flags: *mut u64, location: *const [c_int; 2], ptr: u64) -> c_uint;
+    fn cuMemRetainAllocationHandle(handle: *mut u64, addr: *mut c_void) -> c_uint;
+    fn cuMemGetAllocationPropertiesFromHandle(prop: *mut AllocProp, handle: u64) -> c_uint;
+}
+
+/// `CUmemAllocationProp`: pinned memory on device 0 (the handle types as given).
+#[repr(C)]
+struct AllocProp {
+    kind: c_int,
+    handle_types: c_int,
+    location_type: c_int,
+    location_id: c_int,
+    win32: usize,
+    flags: [u8; 8],
+}
+
+fn alloc_prop(handle_types: c_int) -> AllocProp {
+    AllocProp {
+        kind: 1,
+        handle_types,
+        location_type: 1,
+        location_id: 0,
+        win32: 0,
+        flags: [0; 8],
+    }
 }
 
 /// `CUmemPool_attribute`: release threshold, reserved now, used now, used at most.
@@ -77,10 +124,8 @@ const USED_HIGH: c_int = 8;
 fn attribute(pool: Handle, attribute: c_int) -> u64 {
     let mut v = 0u64;
     // SAFETY: a u64 out-value, as the counting attributes take.
-    assert_eq!(
-        unsafe { cuMemPoolGetAttribute(pool, attribute, (&raw mut v).cast()) },
-        0
-    );
+    let status = unsafe { cuMemPoolGetAttribute(pool, attribute, (&raw mut v).cast()) };
+    assert_eq!(status, 0);
     v
 }
 
@@ -245,6 +290,83 @@ fn stream_ordered_allocations_come_from_pools_that_count_and_keep_them() {
         assert_eq!(cuDeviceGetGraphMemAttribute(0, 0, &mut used), 0);
         assert_eq!(used, 0, "freed with the last graph holding it");
         assert_eq!(cuDeviceGetGraphMemAttribute(0, 9, &mut used), 1);
+
+        // Virtual memory management: a physical allocation mapped into a reservation keeps
+        // its contents across an unmap and a map elsewhere.
+        assert_eq!(cuDeviceGetAttribute(&mut v, 102, 0), 0);
+        assert_eq!(v, 1, "virtual memory management supported");
+        let mut gran = 0usize;
+        let prop = alloc_prop(0);
+        assert_eq!(cuMemGetAllocationGranularity(&mut gran, &prop, 0), 0);
+        assert_eq!(gran, 2 << 20);
+        assert_eq!(
+            cuMemGetAllocationGranularity(&mut gran, &alloc_prop(2), 0),
+            801
+        );
+        let (mut r1, mut r2) = (0u64, 0u64);
+        assert_eq!(
+            cuMemAddressReserve(&mut r1, gran + 1, 0, 0, 0),
+            1,
+            "not granular"
+        );
+        assert_eq!(cuMemAddressReserve(&mut r1, 2 * gran, 0, 0, 0), 0);
+        assert_eq!(cuMemAddressReserve(&mut r2, gran, 0, 0, 0), 0);
+        let mut h = 0u64;
+        assert_eq!(cuMemCreate(&mut h, 100, &prop, 0), 1, "not granular");
+        assert_eq!(cuMemCreate(&mut h, gran, &alloc_prop(1), 0), 801, "IPC");
+        assert_eq!(cuMemCreate(&mut h, gran, &prop, 0), 0);
+        assert_eq!(cuMemMap(r1 + 4096, gran, 0, h, 0), 1, "not at a granule");
+        assert_eq!(cuMemMap(r1, gran, 4096, h, 0), 1, "an offset");
+        assert_eq!(
+            cuMemMap(r1 + gran as u64, 2 * gran, 0, h, 0),
+            1,
+            "past the reservation"
+        );
+        assert_eq!(cuMemMap(r1, gran, 0, h + 1, 0), 1, "not a handle");
+        assert_eq!(cuMemMap(r1, gran, 0, h, 0), 0);
+        assert_eq!(cuMemMap(r2, gran, 0, h, 0), 801, "mapped twice");
+        let mut access = 9u64;
+        assert_eq!(cuMemGetAccess(&mut access, &[1, 0], r1), 0);
+        assert_eq!(access, 0, "no access before cuMemSetAccess");
+        let rw = AccessDesc {
+            location_type: 1,
+            location_id: 0,
+            flags: 3,
+        };
+        assert_eq!(cuMemSetAccess(r1, gran, &rw, 1), 0);
+        assert_eq!(
+            cuMemSetAccess(r1 + gran as u64, gran, &rw, 1),
+            1,
+            "unmapped"
+        );
+        assert_eq!(cuMemGetAccess(&mut access, &[1, 0], r1 + 100), 0);
+        assert_eq!(access, 3);
+        let data: Vec<u32> = (0..1024).collect();
+        assert_eq!(cuMemcpyHtoD_v2(r1 + 64, data.as_ptr().cast(), 4096), 0);
+        let mut again = 0u64;
+        assert_eq!(
+            cuMemRetainAllocationHandle(&mut again, (r1 + 8) as *mut c_void),
+            0
+        );
+        assert_eq!(again, h);
+        assert_eq!(cuMemRelease(again), 0);
+        let mut p = alloc_prop(5);
+        assert_eq!(cuMemGetAllocationPropertiesFromHandle(&mut p, h), 0);
+        assert_eq!((p.kind, p.handle_types, p.location_id), (1, 0, 0));
+        assert_eq!(cuMemUnmap(r1, 2 * gran), 1, "not all mapped");
+        assert_eq!(cuMemAddressFree(r1, 2 * gran), 1, "still mapped");
+        assert_eq!(cuMemUnmap(r1, gran), 0);
+        assert_eq!(cuMemMap(r2, gran, 0, h, 0), 0, "mapped elsewhere now");
+        let mut back = vec![0u32; 1024];
+        assert_eq!(cuMemcpyDtoH_v2(back.as_mut_ptr().cast(), r2 + 64, 4096), 0);
+        assert_eq!(back, data, "the contents moved with the mapping");
+        assert_eq!(cuMemRelease(h), 0, "the mapping still holds it");
+        assert_eq!(cuMemUnmap(r2, gran), 0);
+        assert_eq!(cuMemRelease(h), 1, "gone with its last mapping");
+        assert_eq!(cuMemAddressFree(r1, gran), 1, "not the whole reservation");
+        assert_eq!(cuMemAddressFree(r1, 2 * gran), 0);
+        assert_eq!(cuMemAddressFree(r2, gran), 0);
+        assert_eq!(cuMemAddressFree(r2, gran), 1, "freed twice");
     }
     host.close();
 }

@@ -43,7 +43,7 @@ pub fn corpus_for_tests(program: &str) -> Option<PathBuf> {
 /// starting `PASS`. All but two link cudart 13 statically (nvcc's default); the
 /// `.cudart-shared` one loads [`SHARED_CUDART`] next to it, the `.cudart12` one links the
 /// static cudart 12.9.
-pub const NVCC_PROGRAMS: [(&str, u64); 19] = [
+pub const NVCC_PROGRAMS: [(&str, u64); 20] = [
     ("vector_add", 1),
     ("vector_add.compress-none", 1),
     ("vector_add.compress-speed", 1),
@@ -68,6 +68,8 @@ pub const NVCC_PROGRAMS: [(&str, u64); 19] = [
     // capture misuse refused; stream-ordered allocation, pools and graph allocations.
     ("graphs", 10),
     ("mempool", 4),
+    // Physical allocations mapped into reservations (driver entry points through cudart).
+    ("vmm", 2),
 ];
 
 /// The shared CUDA runtime in the corpus (from NVIDIA's wheel, never committed).
