@@ -2,8 +2,9 @@
 //! served CPU backend: a graph built node by node runs its nodes in dependency order, changes
 //! in its executable form, clones and updates; a capture records stream work instead of
 //! running it; and what CUDA refuses (cycles, foreign nodes, bad handles, a synchronisation in
-//! a capture, an unjoined fork, an outside event, capturing the NULL stream) is refused with
-//! CUDA's errors. One test: the driver is process-global, as in a real process.
+//! a capture, legacy-stream work beside one, an unjoined fork, an outside event, capturing the
+//! NULL stream) is refused with CUDA's errors. One test: the driver is process-global, as in a
+//! real process.
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::ptr::{null, null_mut};
@@ -506,6 +507,10 @@ fn graphs_run_in_dependency_order_and_capture_records_stream_work() {
         assert_eq!(cuStreamEndCapture(stream, &mut captured), 904, "unjoined");
         assert_eq!(cuStreamIsCapturing(s2, &mut st), 0);
         assert_eq!(st, 0, "the sequence is over on every stream");
+        // The legacy stream synchronises with the capturing (blocking) stream: refused.
+        assert_eq!(cuStreamBeginCapture_v2(stream, 0), 0);
+        assert_eq!(cuMemsetD32Async(a, 7, 16, null_mut()), 906);
+        assert_eq!(cuStreamEndCapture(stream, &mut captured), 901);
         // An event recorded outside the capture cannot be waited on inside it.
         assert_eq!(cuStreamBeginCapture_v2(stream, 0), 0);
         assert_eq!(cuStreamWaitEvent(stream, outside, 0), 905);

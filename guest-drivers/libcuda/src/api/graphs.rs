@@ -299,9 +299,45 @@ fn free_all(frees: Vec<(u64, u64)>) -> CuResult<()> {
 
 // Issuing work, and capturing it.
 
+/// `CU_STREAM_NON_BLOCKING`: a stream the legacy NULL stream does not synchronise with.
+const STREAM_NON_BLOCKING: u32 = 1;
+
+/// Work on the legacy NULL stream synchronises with every blocking stream of its context, so
+/// it cannot be issued while one of them captures (outside relaxed mode): CUDA invalidates
+/// those captures and answers `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`.
+fn check_implicit(stream: Handle) -> CuResult<()> {
+    // The NULL stream and CU_STREAM_LEGACY; the per-thread stream (2) synchronises with none.
+    if stream as u64 > 1 {
+        return Ok(());
+    }
+    let capturing: Vec<(u64, u64)> = state(|s| {
+        Ok(s.captures
+            .iter()
+            .filter(|(_, c)| c.mode != CAPTURE_MODE_RELAXED)
+            .map(|(&st, c)| (st, c.id))
+            .collect())
+    })?;
+    let mut hit = Vec::new();
+    for (st, id) in capturing {
+        if stream_settings(st as Handle)?.flags & STREAM_NON_BLOCKING == 0 {
+            hit.push(id);
+        }
+    }
+    if hit.is_empty() {
+        return Ok(());
+    }
+    state(|s| {
+        hit.into_iter().for_each(|id| s.invalidate(id));
+        Ok(())
+    })?;
+    refused("work on the legacy stream while a blocking stream captures");
+    Err(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)
+}
+
 /// Stream work: recorded as a node when `stream` captures, else issued now.
 pub(super) fn submit(stream: Handle, op: impl FnOnce(u64) -> CuResult<Op>) -> CuResult<()> {
     let ctx = owner(stream)?;
+    check_implicit(stream)?;
     let op = op(ctx)?;
     match capture(stream, op)? {
         Some(op) => issue(&op, stream),
