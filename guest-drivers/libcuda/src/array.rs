@@ -8,7 +8,7 @@
 
 use mdev_backend::compute::ptx::texture::{
     AddressMode, Descriptor, FLAG_CUBEMAP, FLAG_LAYERED, FLAG_LINEAR, FLAG_NORMALIZED,
-    FLAG_READ_NORMALIZED, FLAG_SRGB, Format, Mip,
+    FLAG_READ_NORMALIZED, FLAG_SRGB, Format, MAX_LEVELS, Mip,
 };
 
 use crate::driver::CuResult;
@@ -180,6 +180,34 @@ impl ArrayDesc {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         Ok(self)
+    }
+
+    /// Mipmap levels an array of this shape may have: down to one texel along its largest
+    /// dimension (layers and faces are not halved), at most [`MAX_LEVELS`].
+    pub fn max_levels(&self) -> u32 {
+        let layered = self.flags & (ARRAY_LAYERED | ARRAY_CUBEMAP) != 0;
+        let largest = self
+            .width
+            .max(self.height)
+            .max(if layered { 0 } else { self.depth });
+        (largest.ilog2() + 1).min(MAX_LEVELS as u32)
+    }
+
+    /// The shape of mipmap level `l`: each extent halved `l` times (at least 1; absent ones
+    /// stay 0; layers and faces kept).
+    pub fn level(&self, l: u32) -> ArrayDesc {
+        let half = |e: u64| if e == 0 { 0 } else { (e >> l).max(1) };
+        let layered = self.flags & (ARRAY_LAYERED | ARRAY_CUBEMAP) != 0;
+        ArrayDesc {
+            width: half(self.width),
+            height: half(self.height),
+            depth: if layered {
+                self.depth
+            } else {
+                half(self.depth)
+            },
+            ..*self
+        }
     }
 
     /// Bytes of one element.
@@ -593,8 +621,9 @@ impl Resource {
 }
 
 /// A `CUDA_TEXTURE_DESC` applied to a resource's descriptor: address modes, filter, read
-/// mode, coordinates, sRGB, border colour. Mipmap settings are accepted as they do nothing
-/// without mipmap levels (mipmapped arrays are refused); anisotropy likewise.
+/// mode, coordinates, sRGB, border colour, mipmap filter, level bias and clamp (which do
+/// nothing without mipmap levels). Anisotropy is accepted and does nothing: the executor
+/// has no derivatives to be anisotropic along.
 pub fn apply_texture_desc(b: &[u8], d: &mut Descriptor) -> CuResult<()> {
     let bad = CUDA_ERROR_INVALID_VALUE;
     for i in 0..3 {
@@ -628,6 +657,14 @@ pub fn apply_texture_desc(b: &[u8], d: &mut Descriptor) -> CuResult<()> {
     for i in 0..4 {
         d.border[i] = f32::from_bits(word(b, 40 + 4 * i));
     }
+    d.mip.linear = match word(b, 24) {
+        0 => false,
+        1 => true,
+        _ => return Err(bad),
+    };
+    d.mip.bias = f32::from_bits(word(b, 28));
+    d.mip.min = f32::from_bits(word(b, 32));
+    d.mip.max = f32::from_bits(word(b, 36));
     d.validate().map_err(|_| bad)
 }
 
@@ -710,6 +747,21 @@ mod tests {
             ArrayDesc::from_3d(&desc3d(4, 4, 0, 0x20, 1, 0x100)),
             Err(CUDA_ERROR_NOT_SUPPORTED)
         );
+    }
+
+    #[test]
+    fn mipmap_levels_halve_every_extent_but_layers() {
+        let d = ArrayDesc::from_3d(&desc3d(100, 30, 0, 0x20, 1, 0)).unwrap();
+        assert_eq!(d.max_levels(), 7);
+        let l6 = d.level(6);
+        assert_eq!((l6.width, l6.height, l6.depth), (1, 1, 0));
+        assert_eq!(d.level(2).width, 25);
+        let layered = ArrayDesc::from_3d(&desc3d(16, 16, 5, 0x20, 1, ARRAY_LAYERED)).unwrap();
+        assert_eq!(layered.max_levels(), 5);
+        assert_eq!(layered.level(3).depth, 5, "layers are not halved");
+        let volume = ArrayDesc::from_3d(&desc3d(4, 4, 64, 0x20, 1, 0)).unwrap();
+        assert_eq!(volume.max_levels(), 7);
+        assert_eq!((volume.level(4).width, volume.level(4).depth), (1, 4));
     }
 
     #[test]

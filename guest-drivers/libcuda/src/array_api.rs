@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::ffi::{c_uint, c_void};
 use std::sync::Mutex;
 
-use mdev_backend::compute::ptx::texture::{DESCRIPTOR_BYTES, Descriptor};
+use mdev_backend::compute::ptx::texture::Descriptor;
 
 use crate::api::{
     CUresult, Handle, bytes, bytes_mut, current, entry, finish, owner, put, trace, unsupported,
@@ -32,6 +32,15 @@ struct Array {
     ctx: u64,
     addr: u64,
     desc: ArrayDesc,
+    /// A level of a mipmapped array, destroyed with it only.
+    level: bool,
+}
+
+/// A mipmapped array: its context and its levels' arrays, level 0 first.
+#[derive(Debug, Clone)]
+struct Mipmapped {
+    ctx: u64,
+    levels: Vec<u64>,
 }
 
 /// A texture or surface object: its context and what it was created from.
@@ -47,6 +56,7 @@ struct Object {
 struct State {
     arrays: HashMap<u64, Array>,
     objects: HashMap<u64, Object>,
+    mipmapped: HashMap<u64, Mipmapped>,
     next: u64,
 }
 
@@ -76,9 +86,8 @@ fn structure<'a>(p: *const c_void, n: usize) -> CuResult<&'a [u8]> {
 
 // Arrays.
 
-fn array_create(out: *mut u64, desc: CuResult<ArrayDesc>) -> CuResult<()> {
-    let desc = desc?;
-    let ctx = current()?;
+/// A new array of `ctx` (a level of a mipmapped array with `level`): its handle.
+fn new_array(ctx: u64, desc: ArrayDesc, level: bool) -> CuResult<u64> {
     state(|s| {
         if s.arrays.len() >= MAX_ARRAYS {
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
@@ -86,13 +95,39 @@ fn array_create(out: *mut u64, desc: CuResult<ArrayDesc>) -> CuResult<()> {
         Ok(())
     })?;
     let addr = with(|d| d.mem_alloc(ctx, desc.bytes()))?;
-    let h = state(|s| {
-        s.next += 1;
-        let h = ARRAY_HANDLE_BASE + s.next;
-        s.arrays.insert(h, Array { ctx, addr, desc });
+    state(|s| {
+        let h = next_handle(s);
+        let a = Array {
+            ctx,
+            addr,
+            desc,
+            level,
+        };
+        s.arrays.insert(h, a);
         Ok(h)
-    })?;
-    put(out, h)
+    })
+}
+
+/// A handle no array or mipmapped array has.
+fn next_handle(s: &mut State) -> u64 {
+    s.next += 1;
+    ARRAY_HANDLE_BASE + s.next
+}
+
+fn array_create(out: *mut u64, desc: CuResult<ArrayDesc>) -> CuResult<()> {
+    let desc = desc?;
+    let ctx = current()?;
+    put(out, new_array(ctx, desc, false)?)
+}
+
+/// Frees arrays taken out of the table; the first failure is the result.
+fn free_arrays(arrays: &[Array]) -> CuResult<()> {
+    let mut r = Ok(());
+    for a in arrays {
+        let freed = with(|d| d.mem_free(a.ctx, a.addr));
+        r = r.and(freed);
+    }
+    r
 }
 
 entry!(cuArrayCreate_v2 | cuArrayCreate(out: *mut u64, desc: *const c_void) {
@@ -104,8 +139,12 @@ entry!(cuArray3DCreate_v2 | cuArray3DCreate(out: *mut u64, desc: *const c_void) 
 });
 
 entry!(cuArrayDestroy(h: u64) {
-    let a = state(|s| s.arrays.remove(&h).ok_or(CUDA_ERROR_INVALID_HANDLE))?;
-    with(|d| d.mem_free(a.ctx, a.addr))
+    let a = state(|s| match s.arrays.get(&h) {
+        Some(a) if a.level => Err(CUDA_ERROR_INVALID_VALUE),
+        Some(_) => Ok(s.arrays.remove(&h).expect("present")),
+        None => Err(CUDA_ERROR_INVALID_HANDLE),
+    })?;
+    free_arrays(&[a])
 });
 
 fn any_array(h: u64) -> CuResult<ArrayDesc> {
@@ -129,16 +168,43 @@ entry!(cuArray3DGetDescriptor_v2 | cuArray3DGetDescriptor(out: *mut [u8; ARRAY3D
     put(out, any_array(h)?.to_3d())
 });
 
-entry!(cuMipmappedArrayCreate(_out: *mut u64, _desc: *const c_void, _levels: c_uint) {
-    unsupported("cuMipmappedArrayCreate (mipmapped arrays)")
+entry!(cuMipmappedArrayCreate(out: *mut u64, desc: *const c_void, levels: c_uint) {
+    let desc = ArrayDesc::from_3d(structure(desc, ARRAY3D_DESCRIPTOR_BYTES)?)?;
+    if levels == 0 || levels > desc.max_levels() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let ctx = current()?;
+    let mut made = Vec::new();
+    for l in 0..levels {
+        match new_array(ctx, desc.level(l), true) {
+            Ok(h) => made.push(h),
+            Err(e) => {
+                let taken = state(|s| Ok(made.iter().filter_map(|h| s.arrays.remove(h)).collect::<Vec<_>>()))?;
+                let _ = free_arrays(&taken);
+                return Err(e);
+            }
+        }
+    }
+    let h = state(|s| {
+        let h = next_handle(s);
+        s.mipmapped.insert(h, Mipmapped { ctx, levels: made });
+        Ok(h)
+    })?;
+    put(out, h)
 });
 
-entry!(cuMipmappedArrayGetLevel(_out: *mut u64, _h: u64, _level: c_uint) {
-    unsupported("cuMipmappedArrayGetLevel (mipmapped arrays)")
+entry!(cuMipmappedArrayGetLevel(out: *mut u64, h: u64, level: c_uint) {
+    let m = state(|s| s.mipmapped.get(&h).cloned().ok_or(CUDA_ERROR_INVALID_HANDLE))?;
+    let l = m.levels.get(level as usize).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    put(out, *l)
 });
 
-entry!(cuMipmappedArrayDestroy(_h: u64) {
-    unsupported("cuMipmappedArrayDestroy (mipmapped arrays)")
+entry!(cuMipmappedArrayDestroy(h: u64) {
+    let taken = state(|s| {
+        let m = s.mipmapped.remove(&h).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        Ok(m.levels.iter().filter_map(|l| s.arrays.remove(l)).collect::<Vec<_>>())
+    })?;
+    free_arrays(&taken)
 });
 
 // Pitched memory.
@@ -438,16 +504,32 @@ entry!(cuMemsetD2D32Async(dst: u64, pitch: usize, value: u32, w: usize, h: usize
 
 // Texture and surface objects.
 
-/// The executor's descriptor of a resource of `ctx`, checked inside its memory.
-fn resource(ctx: u64, r: &Resource) -> CuResult<(Descriptor, ArrayDesc)> {
+/// The executor's descriptor of a resource of `ctx`, checked inside its memory, with the
+/// level records of a mipmapped array's levels after the first.
+fn resource(ctx: u64, r: &Resource) -> CuResult<(Descriptor, ArrayDesc, Vec<u8>)> {
     match *r {
         Resource::Array(h) => {
             let a = array(ctx, h)?;
-            Ok((a.desc.resource(a.addr), a.desc))
+            Ok((a.desc.resource(a.addr), a.desc, Vec::new()))
         }
-        Resource::Mipmapped(_) => {
-            unsupported("texture objects of mipmapped arrays")?;
-            Err(CUDA_ERROR_NOT_SUPPORTED)
+        Resource::Mipmapped(h) => {
+            let m = state(|s| match s.mipmapped.get(&h) {
+                Some(m) if m.ctx == ctx => Ok(m.clone()),
+                Some(_) => Err(CUDA_ERROR_INVALID_CONTEXT),
+                None => Err(CUDA_ERROR_INVALID_HANDLE),
+            })?;
+            let levels = m
+                .levels
+                .iter()
+                .map(|&l| array(ctx, l))
+                .collect::<CuResult<Vec<Array>>>()?;
+            let mut d = levels[0].desc.resource(levels[0].addr);
+            d.mip.levels = u8::try_from(levels.len()).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+            let records = levels[1..]
+                .iter()
+                .flat_map(|a| Descriptor::encode_level(&a.desc.resource(a.addr)))
+                .collect();
+            Ok((d, levels[0].desc, records))
         }
         _ => {
             let d = r.linear()?.ok_or(CUDA_ERROR_INVALID_VALUE)?;
@@ -465,22 +547,24 @@ fn resource(ctx: u64, r: &Resource) -> CuResult<(Descriptor, ArrayDesc)> {
                 channels: d.channels,
                 flags: 0,
             };
-            Ok((d, none))
+            Ok((d, none, Vec::new()))
         }
     }
 }
 
-/// Writes a descriptor into new device memory of `ctx`: the object's handle.
-fn create_object(ctx: u64, d: &Descriptor, obj: Object) -> CuResult<u64> {
+/// Writes a descriptor (and its level records) into new device memory of `ctx`: the
+/// object's handle.
+fn create_object(ctx: u64, d: &Descriptor, levels: &[u8], obj: Object) -> CuResult<u64> {
     state(|s| {
         if s.objects.len() >= MAX_OBJECTS {
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         }
         Ok(())
     })?;
+    let bytes = [&d.encode()[..], levels].concat();
     let h = with(|dr| {
-        let h = dr.mem_alloc(ctx, DESCRIPTOR_BYTES as u64)?;
-        match dr.copy_htod(ctx, h, &d.encode(), 0) {
+        let h = dr.mem_alloc(ctx, bytes.len() as u64)?;
+        match dr.copy_htod(ctx, h, &bytes, 0) {
             Ok(()) => Ok(h),
             Err(e) => {
                 let _ = dr.mem_free(ctx, h);
@@ -516,9 +600,10 @@ entry!(cuTexObjectCreate(out: *mut u64, res: *const c_void, tex: *const c_void, 
     let ctx = current()?;
     let rb: [u8; RESOURCE_DESC_BYTES] = structure(res, RESOURCE_DESC_BYTES)?.try_into().expect("size");
     let tb: [u8; TEXTURE_DESC_BYTES] = structure(tex, TEXTURE_DESC_BYTES)?.try_into().expect("size");
-    let (mut d, _) = resource(ctx, &Resource::decode(&rb)?)?;
+    let (mut d, _, levels) = resource(ctx, &Resource::decode(&rb)?)?;
     apply_texture_desc(&tb, &mut d)?;
-    let h = create_object(ctx, &d, Object { ctx, surface: false, resource: rb, texture: tb })?;
+    let obj = Object { ctx, surface: false, resource: rb, texture: tb };
+    let h = create_object(ctx, &d, &levels, obj)?;
     put(out, h)
 });
 
@@ -544,13 +629,13 @@ entry!(cuSurfObjectCreate(out: *mut u64, res: *const c_void) {
     if !matches!(r, Resource::Array(_)) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let (mut d, a) = resource(ctx, &r)?;
+    let (mut d, a, _) = resource(ctx, &r)?;
     if a.flags & ARRAY_SURFACE_LDST == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     d.surface = true;
     let obj = Object { ctx, surface: true, resource: rb, texture: [0; TEXTURE_DESC_BYTES] };
-    put(out, create_object(ctx, &d, obj)?)
+    put(out, create_object(ctx, &d, &[], obj)?)
 });
 
 entry!(cuSurfObjectDestroy(h: u64) { destroy_object(h, true) });

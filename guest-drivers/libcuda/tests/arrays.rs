@@ -137,6 +137,8 @@ unsafe extern "C" {
     fn cuArrayGetDescriptor_v2(d: *mut ArrayDesc, h: u64) -> c_uint;
     fn cuArrayDestroy(h: u64) -> c_uint;
     fn cuMipmappedArrayCreate(h: *mut u64, d: *const Array3DDesc, levels: c_uint) -> c_uint;
+    fn cuMipmappedArrayGetLevel(level: *mut u64, h: u64, l: c_uint) -> c_uint;
+    fn cuMipmappedArrayDestroy(h: u64) -> c_uint;
     fn cuMemAllocPitch_v2(
         dptr: *mut u64,
         pitch: *mut usize,
@@ -310,11 +312,6 @@ fn arrays_copies_and_texture_objects_work_and_refuse_bad_arguments() {
             cuArray3DGetDescriptor_v2(&mut back, 12345),
             400,
             "not an array"
-        );
-        assert_eq!(
-            cuMipmappedArrayCreate(&mut bad, &desc, 2),
-            801,
-            "refused by name"
         );
         let small = ArrayDesc {
             width: 4,
@@ -690,6 +687,94 @@ fn arrays_copies_and_texture_objects_work_and_refuse_bad_arguments() {
         assert_eq!(row, std::array::from_fn(|i| i as u32 * 10));
         assert_eq!(cuSurfObjectDestroy(surf), 0);
         assert_eq!(cuTexObjectDestroy(tex), 0);
+
+        // A mipmapped array of 8 x 8 floats: 4 levels (8, 4, 2, 1), level l all 10 l + 1.
+        let mip_desc = Array3DDesc {
+            width: 8,
+            height: 8,
+            flags: 0,
+            ..desc
+        };
+        let mut mip = 0u64;
+        assert_eq!(
+            cuMipmappedArrayCreate(&mut mip, &mip_desc, 5),
+            1,
+            "past 1 x 1"
+        );
+        assert_eq!(
+            cuMipmappedArrayCreate(&mut mip, &mip_desc, 0),
+            1,
+            "no levels"
+        );
+        assert_eq!(cuMipmappedArrayCreate(&mut mip, &mip_desc, 4), 0);
+        let mut levels = [0u64; 4];
+        for (l, h) in levels.iter_mut().enumerate() {
+            assert_eq!(cuMipmappedArrayGetLevel(h, mip, l as c_uint), 0);
+            let mut shape = Array3DDesc::default();
+            assert_eq!(cuArray3DGetDescriptor_v2(&mut shape, *h), 0);
+            let n = 8 >> l;
+            assert_eq!((shape.width, shape.height), (n, n));
+            let fill: Vec<u8> = (0..n * n)
+                .flat_map(|_| ((10 * l + 1) as f32).to_le_bytes())
+                .collect();
+            assert_eq!(cuMemcpyHtoA_v2(*h, 0, fill.as_ptr().cast(), fill.len()), 0);
+        }
+        let mut none = 0u64;
+        assert_eq!(cuMipmappedArrayGetLevel(&mut none, mip, 4), 1, "no level 4");
+        assert_eq!(cuArrayDestroy(levels[1]), 1, "a level goes with its array");
+        let mut mres = ResourceDesc {
+            kind: 1,
+            res: [0; 16],
+            flags: 0,
+        };
+        mres.res[0] = mip;
+        // Point mipmap filtering with a bias of 2: level 2; linear with 1.5: between 1 and 2.
+        let fetched = |mipmap_filter: c_uint, bias: f32| -> f32 {
+            let td = TextureDesc {
+                address: [1; 3],
+                filter: 0,
+                flags: 2,
+                mipmap_filter,
+                mipmap_bias: bias,
+                max_lod: 3.0,
+                ..Default::default()
+            };
+            let mut t = 0u64;
+            assert_eq!(cuTexObjectCreate(&mut t, &mres, &td, null()), 0);
+            let mut targs = [t, dc, dout];
+            let mut tp: Vec<*mut c_void> =
+                targs.iter_mut().map(|a| (a as *mut u64).cast()).collect();
+            assert_eq!(
+                cuLaunchKernel(
+                    fetch,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    0,
+                    null_mut(),
+                    tp.as_mut_ptr(),
+                    null_mut()
+                ),
+                0
+            );
+            let mut v = 0f32;
+            assert_eq!(cuMemcpyDtoH_v2((&mut v as *mut f32).cast(), dout, 4), 0);
+            assert_eq!(cuTexObjectDestroy(t), 0);
+            v
+        };
+        assert_eq!(fetched(0, 2.0), 21.0);
+        assert_eq!(fetched(0, 9.0), 31.0, "clamped to the last level");
+        assert_eq!(fetched(1, 1.5), 0.5 * 11.0 + 0.5 * 21.0);
+        assert_eq!(cuMipmappedArrayDestroy(mip), 0);
+        assert_eq!(cuMipmappedArrayDestroy(mip), 400, "destroyed twice");
+        assert_eq!(
+            cuMemcpyHtoA_v2(levels[0], 0, [0u8; 4].as_ptr().cast(), 4),
+            400,
+            "its levels went with it"
+        );
 
         assert_eq!(cuArrayDestroy(arr), 0);
         assert_eq!(cuArrayDestroy(arr), 400, "destroyed twice");

@@ -746,7 +746,7 @@ fn sample_level(
             match address(i, d.extent[k], mode(k), normalized) {
                 Some(i) => idx[k] = i,
                 None if int => return Ok(Texel::Int([0; 4])),
-                None => return Ok(border(&d)),
+                None => return Ok(border(d)),
             }
         }
         let addr = d.texel_addr(idx[0], idx[1], idx[2]);
@@ -755,7 +755,7 @@ fn sample_level(
         memory
             .read(addr, &mut raw[..n])
             .map_err(|_| TextureError::Texel(addr))?;
-        Ok(decode_texel(&d, &raw[..n]))
+        Ok(decode_texel(d, &raw[..n]))
     };
     if let Some(channel) = gather {
         let mut out = [0u32; 4];
