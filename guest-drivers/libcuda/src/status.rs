@@ -61,6 +61,11 @@ const NAMES: &[(u32, &CStr, &CStr)] = &[
         c"CUDA_ERROR_INVALID_HANDLE",
         c"invalid resource handle",
     ),
+    (
+        401,
+        c"CUDA_ERROR_ILLEGAL_STATE",
+        c"the operation cannot be performed in the present state",
+    ),
     (500, c"CUDA_ERROR_NOT_FOUND", c"named symbol not found"),
     (600, c"CUDA_ERROR_NOT_READY", c"device not ready"),
     (
@@ -90,6 +95,51 @@ const NAMES: &[(u32, &CStr, &CStr)] = &[
         c"unspecified launch failure",
     ),
     (801, c"CUDA_ERROR_NOT_SUPPORTED", c"operation not supported"),
+    (
+        900,
+        c"CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+        c"operation not permitted when stream is capturing",
+    ),
+    (
+        901,
+        c"CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+        c"operation failed due to a previous error during capture",
+    ),
+    (
+        902,
+        c"CUDA_ERROR_STREAM_CAPTURE_MERGE",
+        c"operation would result in a merge of separate capture sequences",
+    ),
+    (
+        903,
+        c"CUDA_ERROR_STREAM_CAPTURE_UNMATCHED",
+        c"capture was not ended in the same stream as it began",
+    ),
+    (
+        904,
+        c"CUDA_ERROR_STREAM_CAPTURE_UNJOINED",
+        c"capturing stream has unjoined work",
+    ),
+    (
+        905,
+        c"CUDA_ERROR_STREAM_CAPTURE_ISOLATION",
+        c"dependency created on uncaptured work in another stream",
+    ),
+    (
+        906,
+        c"CUDA_ERROR_STREAM_CAPTURE_IMPLICIT",
+        c"operation would make the legacy stream depend on a capturing blocking stream",
+    ),
+    (
+        908,
+        c"CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD",
+        c"attempt to terminate a thread-local capture sequence from another thread",
+    ),
+    (
+        910,
+        c"CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE",
+        c"the graph update was not performed because it included changes which violated constraints specific to instantiated graph update",
+    ),
     (999, c"CUDA_ERROR_UNKNOWN", c"unknown error"),
 ];
 

@@ -193,6 +193,7 @@ unsafe extern "C" {
         data: *mut c_void,
     ) -> c_uint;
     fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int) -> c_uint;
+    fn cuGetErrorName(status: c_uint, out: *mut *const c_char) -> c_uint;
 }
 
 const PUT: &CStr = c".version 8.5\n.target sm_75\n.address_size 64\n\
@@ -476,6 +477,12 @@ fn graphs_run_in_dependency_order_and_capture_records_stream_work() {
         assert_eq!(cuStreamBeginCapture_v2(stream, 0), 0);
         assert_eq!(cuMemsetD32Async(a, 4, 16, stream), 0);
         assert_eq!(cuStreamSynchronize(stream), 900, "synchronising a capture");
+        let mut name = null();
+        assert_eq!(cuGetErrorName(900, &mut name), 0);
+        assert_eq!(
+            CStr::from_ptr(name).to_str(),
+            Ok("CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED")
+        );
         assert_eq!(cuStreamIsCapturing(stream, &mut st), 0);
         assert_eq!(st, 2, "invalidated");
         assert_eq!(cuMemsetD32Async(a, 4, 16, stream), 901);
