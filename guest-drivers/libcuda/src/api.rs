@@ -1258,34 +1258,119 @@ entry!(cuMemGetAddressRange_v2 | cuMemGetAddressRange(base: *mut u64, size: *mut
     put_opt(size, n as usize)
 });
 
-/// Page-locked host memory is plain host memory here: the copies go through the transport.
-fn host_alloc(pp: *mut *mut c_void, bytes: usize) -> CuResult<()> {
-    // SAFETY: malloc of any size; a NULL result is handled.
-    let p = unsafe { libc::malloc(bytes.max(1)) };
+/// `CU_MEMHOSTALLOC_*` flags: portable, device-mapped, write-combined.
+const MEMHOSTALLOC_FLAGS: c_uint = 0x07;
+/// `CU_MEMHOSTREGISTER_*` flags: portable, device-mapped, I/O memory, read-only.
+const MEMHOSTREGISTER_FLAGS: c_uint = 0x0F;
+/// `CU_MEMHOSTREGISTER_IOMEMORY`: the range is a device's I/O memory.
+const MEMHOSTREGISTER_IOMEMORY: c_uint = 0x04;
+
+/// Page-locked host memory is plain host memory here (the copies go through the transport),
+/// recorded so that it can be freed, asked about and told from other memory.
+fn host_alloc(pp: *mut *mut c_void, bytes: usize, flags: c_uint) -> CuResult<()> {
+    let ctx = current()?;
+    if flags & !MEMHOSTALLOC_FLAGS != 0 || pp.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if bytes == 0 {
+        return put(pp, std::ptr::null_mut());
+    }
+    // SAFETY: malloc of a non-zero size; a NULL result is handled.
+    let p = unsafe { libc::malloc(bytes) };
     if p.is_null() {
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    if let Err(e) = with(|d| d.host_memory_add(p as u64, bytes as u64, flags, ctx, false)) {
+        // SAFETY: the block malloc just returned, handed to no one.
+        unsafe { libc::free(p) };
+        return Err(e);
     }
     put(pp, p)
 }
 
 entry!(cuMemAllocHost_v2 | cuMemAllocHost(pp: *mut *mut c_void, bytes: usize) {
-    host_alloc(pp, bytes)
+    host_alloc(pp, bytes, 0)
 });
 
-entry!(cuMemHostAlloc(pp: *mut *mut c_void, bytes: usize, _flags: c_uint) { host_alloc(pp, bytes) });
+entry!(cuMemHostAlloc(pp: *mut *mut c_void, bytes: usize, flags: c_uint) {
+    host_alloc(pp, bytes, flags)
+});
 
 entry!(cuMemFreeHost(p: *mut c_void) {
-    // SAFETY: `p` came from cuMemAllocHost/cuMemHostAlloc (malloc), the API's contract.
+    if p.is_null() {
+        return Ok(());
+    }
+    with(|d| d.host_memory_remove(p as u64, false))?;
+    // SAFETY: `p` is the start of a block host_alloc got from malloc and recorded, and its
+    // record is gone: it is freed once.
     unsafe { libc::free(p) };
     Ok(())
 });
 
-entry!(cuMemHostRegister_v2 | cuMemHostRegister(_p: *mut c_void, _bytes: usize, _flags: c_uint) {
-    // Registering host memory changes nothing when every copy goes through the transport.
-    Ok(())
+entry!(cuMemHostRegister_v2 | cuMemHostRegister(p: *mut c_void, bytes: usize, flags: c_uint) {
+    let ctx = current()?;
+    if flags & !MEMHOSTREGISTER_FLAGS != 0 || p.is_null() || bytes == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if flags & MEMHOSTREGISTER_IOMEMORY != 0 {
+        refused("cuMemHostRegister of I/O memory (no device's I/O memory is reachable)");
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    // Registering changes nothing else: every copy goes through the transport.
+    with(|d| d.host_memory_add(p as u64, bytes as u64, flags, ctx, true))
 });
 
-entry!(cuMemHostUnregister(_p: *mut c_void) { Ok(()) });
+entry!(cuMemHostUnregister(p: *mut c_void) {
+    with(|d| d.host_memory_remove(p as u64, true)).map(drop)
+});
+
+entry!(cuMemHostGetFlags(flags: *mut c_uint, p: *mut c_void) {
+    let memory = with(|d| Ok(d.host_memory(p as u64)))?;
+    match memory {
+        Some(m) if !m.registered => put(flags, m.flags),
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    }
+});
+
+/// Writes a pointer attribute's value at its type's width.
+fn put_pointer_value(data: *mut c_void, v: crate::attributes::PointerValue) -> CuResult<()> {
+    use crate::attributes::PointerValue::{Bool, Int, Word};
+    match v {
+        Word(w) => put(data.cast::<u64>(), w),
+        Int(i) => put(data.cast::<u32>(), i),
+        Bool(b) => put(data.cast::<u8>(), u8::from(b)),
+    }
+}
+
+entry!(cuPointerGetAttribute(data: *mut c_void, attribute: c_int, ptr: u64) {
+    let info = with(|d| Ok(d.pointer_info(ptr)))?;
+    let v = crate::attributes::pointer_attribute(attribute, ptr, info.as_ref(), false)?;
+    put_pointer_value(data, v)
+});
+
+/// Attributes one `cuPointerGetAttributes` may ask for (each of CUDA 13's at most a few times).
+const MAX_POINTER_ATTRIBUTES: c_uint = 64;
+
+entry!(cuPointerGetAttributes(n: c_uint, attributes: *const c_int, data: *mut *mut c_void, ptr: u64) {
+    if n == 0 || n > MAX_POINTER_ATTRIBUTES {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let info = with(|d| Ok(d.pointer_info(ptr)))?;
+    // Every attribute and out-pointer is checked before anything is written.
+    let mut values = Vec::with_capacity(n as usize);
+    for i in 0..n as usize {
+        let a = read_at(attributes, i)?;
+        let out = read_at(data.cast_const(), i)?;
+        if out.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        values.push((out, crate::attributes::pointer_attribute(a, ptr, info.as_ref(), true)?));
+    }
+    for (out, v) in values {
+        put_pointer_value(out, v)?;
+    }
+    Ok(())
+});
 
 entry!(cuMemcpyHtoD_v2 | cuMemcpyHtoD(dst: u64, src: *const c_void, n: usize) {
     let ctx = current()?;
@@ -1370,7 +1455,6 @@ entry!(cuMemsetD32Async(dst: u64, value: c_uint, n: usize, stream: Handle) {
 not_supported!(
     cuMemHostGetDevicePointer_v2 | cuMemHostGetDevicePointer,
     cuMemAllocManaged | cuMemPrefetchAsync,
-    cuPointerGetAttribute | cuPointerGetAttributes,
 );
 
 // Streams and events.

@@ -9,7 +9,7 @@ use std::ffi::c_int;
 
 use mdev_backend::compute::backend::{DeviceAttributes, FunctionAttributes};
 
-use crate::driver::CuResult;
+use crate::driver::{CuResult, PointerInfo};
 use crate::status::{CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_SUPPORTED};
 
 /// `CU_DEVICE_ATTRIBUTE_MAX` of CUDA 13: attributes at or past it are not attributes.
@@ -153,8 +153,9 @@ pub fn device_attribute(a: &DeviceAttributes, attribute: c_int) -> CuResult<c_in
         75 => v(a.compute_capability.0),
         76 => v(a.compute_capability.1),
         // Stream priorities (kept and reported), L1 caching of globals and locals, compute
-        // preemption (the executor pauses a kernel between slices), host registration.
-        78 | 79 | 80 | 90 | 99 => 1,
+        // preemption (the executor pauses a kernel between slices), host registration,
+        // texture gather (`tld4`).
+        44 | 78 | 79 | 80 | 90 | 99 => 1,
         81 => v(sm()?.shared_bytes.min(a.shared_memory_per_block)),
         97 => v(sm()?.shared_per_block_optin.min(a.shared_memory_per_block)),
         87 => 32,
@@ -343,6 +344,95 @@ pub fn available_dynamic_shared(
         .min(max_dynamic_shared(f, s))
 }
 
+/// A pointer attribute's value, written at the width its type has in `cuda.h`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PointerValue {
+    /// A pointer, `CUdeviceptr`, `size_t` or `unsigned long long`: 8 bytes.
+    Word(u64),
+    /// `unsigned int` or `int`: 4 bytes.
+    Int(u32),
+    /// A boolean: 1 byte.
+    Bool(bool),
+}
+
+/// `CUmemorytype`: host, device.
+const MEMORY_TYPE_HOST: u32 = 1;
+const MEMORY_TYPE_DEVICE: u32 = 2;
+/// `CU_MEMHOSTREGISTER_READ_ONLY`.
+const HOST_REGISTER_READ_ONLY: u32 = 0x08;
+/// `CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READ` and `_READWRITE`.
+const ACCESS_READ: u32 = 1;
+const ACCESS_READ_WRITE: u32 = 3;
+
+/// `cuPointerGetAttribute`'s answer for `ptr` from what the library knows of it (`info`):
+/// device allocations are device memory of their context, page-locked host memory is host
+/// memory with no device pointer (mapped host memory is not supported), nothing is managed.
+/// With no `info` (not memory of this driver) every attribute is
+/// `CUDA_ERROR_INVALID_VALUE`, or its zero when `lenient` (`cuPointerGetAttributes`).
+/// P2P tokens need the nv-p2p kernel interface: `CUDA_ERROR_NOT_SUPPORTED`.
+pub fn pointer_attribute(
+    attribute: c_int,
+    ptr: u64,
+    info: Option<&PointerInfo>,
+    lenient: bool,
+) -> CuResult<PointerValue> {
+    use PointerValue::{Bool, Int, Word};
+    let zero = match attribute {
+        1 | 3 | 4 | 7 | 11 | 12 | 14 | 17..=20 => Word(0),
+        2 | 9 | 16 | 22 => Int(0),
+        6 | 8 | 10 | 13 | 15 | 21 => Bool(false),
+        5 => return Err(CUDA_ERROR_NOT_SUPPORTED),
+        _ => return Err(CUDA_ERROR_INVALID_VALUE),
+    };
+    let Some(info) = info else {
+        return if lenient {
+            Ok(zero)
+        } else {
+            Err(CUDA_ERROR_INVALID_VALUE)
+        };
+    };
+    let (ctx, start, size, buffer_id, device) = match *info {
+        PointerInfo::Device {
+            ctx,
+            start,
+            size,
+            buffer_id,
+        } => (ctx, start, size, buffer_id, true),
+        PointerInfo::Host { start, memory } => {
+            (memory.ctx, start, memory.size, memory.buffer_id, false)
+        }
+    };
+    let read_only = matches!(info, PointerInfo::Host { memory, .. }
+        if memory.registered && memory.flags & HOST_REGISTER_READ_ONLY != 0);
+    Ok(match attribute {
+        1 => Word(ctx),
+        2 => Int(if device {
+            MEMORY_TYPE_DEVICE
+        } else {
+            MEMORY_TYPE_HOST
+        }),
+        3 if device => Word(ptr),
+        4 if !device => Word(ptr),
+        // No device pointer for host memory (not mapped), no host pointer for device memory.
+        3 | 4 => return Err(CUDA_ERROR_INVALID_VALUE),
+        7 | 20 => Word(buffer_id),
+        9 => Int(0),
+        11 | 19 => Word(start),
+        12 | 18 => Word(size),
+        13 => Bool(true),
+        16 => Int(if read_only {
+            ACCESS_READ
+        } else {
+            ACCESS_READ_WRITE
+        }),
+        // Not in a locality domain.
+        22 => Int(u32::MAX),
+        // Synchronous memory operations flag, managed, IPC-capable, GPUDirect RDMA, hardware
+        // decompression: no; no shareable handle types, no memory pool.
+        _ => zero,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -497,6 +587,59 @@ mod tests {
         assert_eq!(
             available_dynamic_shared(&sm, &function(32, 1000), &s, 3, 64),
             21 * 1024 + 256 - 1000
+        );
+    }
+
+    #[test]
+    fn pointer_attributes_say_what_the_memory_is() {
+        use crate::driver::HostMemory;
+        let device = PointerInfo::Device {
+            ctx: 7,
+            start: 0x1000,
+            size: 256,
+            buffer_id: 3,
+        };
+        let host = PointerInfo::Host {
+            start: 0x9000,
+            memory: HostMemory {
+                size: 64,
+                flags: HOST_REGISTER_READ_ONLY,
+                ctx: 7,
+                registered: true,
+                buffer_id: 4,
+            },
+        };
+        let at = |a, p, i| pointer_attribute(a, p, Some(i), false);
+        assert_eq!(at(2, 0x1010, &device), Ok(PointerValue::Int(2)));
+        assert_eq!(at(3, 0x1010, &device), Ok(PointerValue::Word(0x1010)));
+        assert_eq!(at(4, 0x1010, &device), Err(CUDA_ERROR_INVALID_VALUE));
+        assert_eq!(at(11, 0x1010, &device), Ok(PointerValue::Word(0x1000)));
+        assert_eq!(at(12, 0x1010, &device), Ok(PointerValue::Word(256)));
+        assert_eq!(at(8, 0x1010, &device), Ok(PointerValue::Bool(false)));
+        assert_eq!(at(2, 0x9001, &host), Ok(PointerValue::Int(1)));
+        assert_eq!(
+            at(3, 0x9001, &host),
+            Err(CUDA_ERROR_INVALID_VALUE),
+            "not mapped"
+        );
+        assert_eq!(at(4, 0x9001, &host), Ok(PointerValue::Word(0x9001)));
+        assert_eq!(at(16, 0x9001, &host), Ok(PointerValue::Int(1)), "read-only");
+        assert_eq!(at(7, 0x9001, &host), Ok(PointerValue::Word(4)));
+        assert_eq!(at(5, 0x1010, &device), Err(CUDA_ERROR_NOT_SUPPORTED));
+        assert_eq!(at(23, 0x1010, &device), Err(CUDA_ERROR_INVALID_VALUE));
+        assert_eq!(at(0, 0x1010, &device), Err(CUDA_ERROR_INVALID_VALUE));
+        // Not this driver's memory.
+        assert_eq!(
+            pointer_attribute(2, 5, None, false),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+        assert_eq!(
+            pointer_attribute(2, 5, None, true),
+            Ok(PointerValue::Int(0))
+        );
+        assert_eq!(
+            pointer_attribute(1, 5, None, true),
+            Ok(PointerValue::Word(0))
         );
     }
 }

@@ -42,6 +42,8 @@ struct Context {
     _window: Option<crate::window::Window>,
     /// Device allocations: start → size (`cuMemGetAddressRange`, `cuMemcpy` directions).
     allocations: BTreeMap<u64, u64>,
+    /// Each `cuMemAlloc` allocation's buffer id (`CU_POINTER_ATTRIBUTE_BUFFER_ID`).
+    buffer_ids: HashMap<u64, u64>,
     settings: ContextSettings,
 }
 
@@ -76,6 +78,36 @@ impl Default for ContextSettings {
             l2_fetch_granularity: DEFAULT_L2_FETCH_GRANULARITY,
         }
     }
+}
+
+/// Page-locked host memory: from `cuMemHostAlloc`/`cuMemAllocHost` or registered with
+/// `cuMemHostRegister`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostMemory {
+    pub size: u64,
+    /// `CU_MEMHOSTALLOC_*` or `CU_MEMHOSTREGISTER_*` flags.
+    pub flags: u32,
+    /// The context current when it was allocated or registered.
+    pub ctx: u64,
+    pub registered: bool,
+    pub buffer_id: u64,
+}
+
+/// Most page-locked host ranges a process may hold (allocated and registered together).
+pub const MAX_HOST_RANGES: usize = 65_536;
+
+/// What `cuPointerGetAttribute` knows of an address: the allocation holding it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PointerInfo {
+    /// Device memory of a context: its start, size and buffer id.
+    Device {
+        ctx: u64,
+        start: u64,
+        size: u64,
+        buffer_id: u64,
+    },
+    /// Page-locked host memory.
+    Host { start: u64, memory: HostMemory },
 }
 
 /// A created stream's `CU_STREAM_*` flags and priority (`cuStreamCreateWithPriority`).
@@ -176,6 +208,10 @@ pub struct Driver<T: Transport> {
     libraries: HashMap<u64, Library>,
     kernels: HashMap<u64, Kernel>,
     streams: HashMap<u64, StreamSettings>,
+    /// Page-locked host memory handed out or registered: start → what it is.
+    host_memory: BTreeMap<u64, HostMemory>,
+    /// The last buffer id given (ids are never reused in a process).
+    last_buffer_id: u64,
     primary: Option<u64>,
     /// The primary context's flags (`cuDevicePrimaryCtxSetFlags`), kept across its creation.
     primary_flags: u32,
@@ -203,6 +239,8 @@ impl<T: Transport> Driver<T> {
             libraries: HashMap::new(),
             kernels: HashMap::new(),
             streams: HashMap::new(),
+            host_memory: BTreeMap::new(),
+            last_buffer_id: 0,
             primary: None,
             primary_flags: 0,
             next: 0,
@@ -359,6 +397,7 @@ impl<T: Transport> Driver<T> {
                 remote: ContextId(remote),
                 _window: window,
                 allocations: BTreeMap::new(),
+                buffer_ids: HashMap::new(),
                 settings: ContextSettings::default(),
             },
         );
@@ -566,10 +605,12 @@ impl<T: Transport> Driver<T> {
         })? {
             Reply::Global { addr, size } => {
                 // Copies to module variables are checked like those to allocations.
+                let id = self.next_buffer_id();
                 if size > 0
                     && let Some(c) = self.contexts.get_mut(&ctx)
                 {
                     c.allocations.insert(addr, size);
+                    c.buffer_ids.entry(addr).or_insert(id);
                 }
                 Ok((addr, size))
             }
@@ -722,8 +763,10 @@ impl<T: Transport> Driver<T> {
             Reply::Address(a) => a,
             _ => return Err(CUDA_ERROR_UNKNOWN),
         };
+        let id = self.next_buffer_id();
         if let Some(c) = self.contexts.get_mut(&ctx) {
             c.allocations.insert(addr, bytes);
+            c.buffer_ids.insert(addr, id);
         }
         Ok(addr)
     }
@@ -733,8 +776,99 @@ impl<T: Transport> Driver<T> {
         self.done(Request::MemFree { ctx: remote, addr })?;
         if let Some(c) = self.contexts.get_mut(&ctx) {
             c.allocations.remove(&addr);
+            c.buffer_ids.remove(&addr);
         }
         Ok(())
+    }
+
+    fn next_buffer_id(&mut self) -> u64 {
+        self.last_buffer_id += 1;
+        self.last_buffer_id
+    }
+
+    /// The page-locked host range holding `addr`: (start, what it is).
+    fn host_range(&self, addr: u64) -> Option<(u64, HostMemory)> {
+        self.host_memory
+            .range(..=addr)
+            .next_back()
+            .filter(|&(&start, m)| addr - start < m.size)
+            .map(|(&start, &m)| (start, m))
+    }
+
+    /// Records page-locked host memory at `[start, start + size)`: refused where it overlaps
+    /// a range already recorded (`CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`), or past
+    /// [`MAX_HOST_RANGES`].
+    pub fn host_memory_add(
+        &mut self,
+        start: u64,
+        size: u64,
+        flags: u32,
+        ctx: u64,
+        registered: bool,
+    ) -> CuResult<()> {
+        self.ctx(ctx)?;
+        let end = start
+            .checked_add(size)
+            .filter(|_| size > 0)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let overlaps =
+            self.host_range(start).is_some() || self.host_memory.range(start..end).next().is_some();
+        if overlaps {
+            return Err(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+        }
+        if self.host_memory.len() >= MAX_HOST_RANGES {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        let buffer_id = self.next_buffer_id();
+        self.host_memory.insert(
+            start,
+            HostMemory {
+                size,
+                flags,
+                ctx,
+                registered,
+                buffer_id,
+            },
+        );
+        Ok(())
+    }
+
+    /// Forgets the page-locked host memory starting at `start`, allocated (`registered`
+    /// false) or registered: its record, or `CUDA_ERROR_INVALID_VALUE` /
+    /// `CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED` when there is none of that kind.
+    pub fn host_memory_remove(&mut self, start: u64, registered: bool) -> CuResult<HostMemory> {
+        match self.host_memory.get(&start) {
+            Some(m) if m.registered == registered => {
+                let m = *m;
+                self.host_memory.remove(&start);
+                Ok(m)
+            }
+            _ if registered => Err(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED),
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+
+    /// The page-locked host memory holding `addr`, if any.
+    pub fn host_memory(&self, addr: u64) -> Option<HostMemory> {
+        self.host_range(addr).map(|(_, m)| m)
+    }
+
+    /// What `addr` is: device memory of any context, or page-locked host memory.
+    pub fn pointer_info(&self, addr: u64) -> Option<PointerInfo> {
+        for (&ctx, c) in &self.contexts {
+            if let Some((&start, &size)) = c.allocations.range(..=addr).next_back()
+                && addr - start < size
+            {
+                return Some(PointerInfo::Device {
+                    ctx,
+                    start,
+                    size,
+                    buffer_id: c.buffer_ids.get(&start).copied().unwrap_or(0),
+                });
+            }
+        }
+        self.host_range(addr)
+            .map(|(start, memory)| PointerInfo::Host { start, memory })
     }
 
     /// The allocation holding `addr`: (start, size).

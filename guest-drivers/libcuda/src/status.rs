@@ -15,6 +15,8 @@ pub const CUDA_ERROR_FILE_NOT_FOUND: u32 = 301;
 pub const CUDA_ERROR_INVALID_HANDLE: u32 = 400;
 pub const CUDA_ERROR_NOT_FOUND: u32 = 500;
 pub const CUDA_ERROR_NOT_READY: u32 = 600;
+pub const CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED: u32 = 712;
+pub const CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED: u32 = 713;
 pub const CUDA_ERROR_NOT_SUPPORTED: u32 = 801;
 pub const CUDA_ERROR_UNKNOWN: u32 = 999;
 
@@ -82,6 +84,16 @@ const NAMES: &[(u32, &CStr, &CStr)] = &[
         702,
         c"CUDA_ERROR_LAUNCH_TIMEOUT",
         c"the launch timed out and was terminated",
+    ),
+    (
+        712,
+        c"CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED",
+        c"part or all of the requested memory range is already mapped",
+    ),
+    (
+        713,
+        c"CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED",
+        c"pointer does not correspond to a registered memory region",
     ),
     (
         715,

@@ -126,6 +126,19 @@ unsafe extern "C" {
         block_size: c_int,
     ) -> c_uint;
     fn cuOccupancyMaxActiveClusters(n: *mut c_int, f: Handle, config: *const c_void) -> c_uint;
+    fn cuMemAllocHost_v2(p: *mut *mut c_void, bytes: usize) -> c_uint;
+    fn cuMemHostAlloc(p: *mut *mut c_void, bytes: usize, flags: c_uint) -> c_uint;
+    fn cuMemFreeHost(p: *mut c_void) -> c_uint;
+    fn cuMemHostRegister_v2(p: *mut c_void, bytes: usize, flags: c_uint) -> c_uint;
+    fn cuMemHostUnregister(p: *mut c_void) -> c_uint;
+    fn cuMemHostGetFlags(flags: *mut c_uint, p: *mut c_void) -> c_uint;
+    fn cuPointerGetAttribute(data: *mut c_void, attribute: c_int, ptr: u64) -> c_uint;
+    fn cuPointerGetAttributes(
+        n: c_uint,
+        attributes: *const c_int,
+        data: *mut *mut c_void,
+        ptr: u64,
+    ) -> c_uint;
     fn cuProfilerStart() -> c_uint;
     fn cuProfilerStop() -> c_uint;
 }
@@ -458,6 +471,100 @@ fn the_core_entry_points_tell_the_truth_and_refuse_bad_arguments() {
             cuOccupancyMaxActiveClusters(&mut blocks, f, std::ptr::null()),
             801
         );
+
+        // Page-locked host memory and pointer attributes, from the library's own tables.
+        let (mut h, mut h2): (*mut c_void, *mut c_void) = (null_mut(), null_mut());
+        assert_eq!(cuMemAllocHost_v2(&mut h, 64), 0);
+        assert_eq!(cuMemHostAlloc(&mut h2, 32, 1), 0);
+        assert_eq!(cuMemHostAlloc(&mut h2, 32, 8), 1, "no such flag");
+        assert_eq!(cuMemHostGetFlags(&mut flags, h), 0);
+        assert_eq!(flags, 0);
+        assert_eq!(cuMemHostGetFlags(&mut flags, h2), 0);
+        assert_eq!(flags, 1, "portable");
+        let word = |attribute: c_int, ptr: u64| {
+            let mut v = 0u64;
+            (
+                cuPointerGetAttribute((&raw mut v).cast(), attribute, ptr),
+                v,
+            )
+        };
+        let int = |attribute: c_int, ptr: u64| {
+            let mut v = 0u32;
+            (
+                cuPointerGetAttribute((&raw mut v).cast(), attribute, ptr),
+                v,
+            )
+        };
+        let (hp, dp) = (h as u64, out);
+        assert_eq!(int(2, hp + 8), (0, 1), "host memory");
+        assert_eq!(word(4, hp + 8), (0, hp + 8));
+        assert_eq!(word(3, hp + 8).0, 1, "no device pointer: not mapped");
+        assert_eq!(word(11, hp + 8), (0, hp));
+        assert_eq!(word(12, hp + 8), (0, 64));
+        assert_eq!(word(1, hp), (0, ctx as u64));
+        assert_eq!(int(2, dp), (0, 2), "device memory");
+        assert_eq!(word(3, dp + 2), (0, dp + 2));
+        assert_eq!(word(4, dp).0, 1, "no host pointer");
+        let (host_id, device_id) = (word(7, hp).1, word(7, dp).1);
+        assert!(host_id != 0 && device_id != 0 && host_id != device_id);
+        let mut managed = 7u8;
+        assert_eq!(cuPointerGetAttribute((&raw mut managed).cast(), 8, dp), 0);
+        assert_eq!(managed, 0, "a boolean, one byte");
+        assert_eq!(word(5, dp).0, 801, "P2P tokens");
+        assert_eq!(word(99, dp).0, 1);
+        assert_eq!(int(2, 0x10).0, 1, "not this driver's memory");
+        assert_eq!(cuPointerGetAttribute(null_mut(), 2, dp), 1);
+        // Several at once; memory not the driver's answers zeros.
+        let (mut kind, mut owner) = (9u32, 1 as Handle);
+        let wanted = [2, 1];
+        let mut outs = [(&raw mut kind).cast::<c_void>(), (&raw mut owner).cast()];
+        assert_eq!(
+            cuPointerGetAttributes(2, wanted.as_ptr(), outs.as_mut_ptr(), dp),
+            0
+        );
+        assert_eq!((kind, owner), (2, ctx));
+        assert_eq!(
+            cuPointerGetAttributes(2, wanted.as_ptr(), outs.as_mut_ptr(), 0x10),
+            0
+        );
+        assert_eq!((kind, owner), (0, null_mut()));
+        assert_eq!(
+            cuPointerGetAttributes(0, wanted.as_ptr(), outs.as_mut_ptr(), dp),
+            1
+        );
+        let mut partial = [(&raw mut kind).cast::<c_void>(), null_mut()];
+        kind = 9;
+        assert_eq!(
+            cuPointerGetAttributes(2, wanted.as_ptr(), partial.as_mut_ptr(), dp),
+            1
+        );
+        assert_eq!(kind, 9, "nothing written");
+        // Registered memory: once, whole, and unregistered once.
+        let mut buf = vec![0u8; 8192];
+        let b = buf.as_mut_ptr().cast::<c_void>();
+        assert_eq!(cuMemHostRegister_v2(b, 4096, 0), 0);
+        assert_eq!(cuMemHostRegister_v2(b, 4096, 0), 712, "twice");
+        assert_eq!(cuMemHostRegister_v2(b.add(4095), 8, 0), 712, "overlapping");
+        assert_eq!(
+            cuMemHostRegister_v2(b.add(4096), 4096, 4),
+            801,
+            "I/O memory"
+        );
+        assert_eq!(cuMemHostRegister_v2(b.add(4096), 0, 0), 1, "empty");
+        assert_eq!(int(2, b as u64 + 100), (0, 1));
+        assert_eq!(
+            cuMemHostGetFlags(&mut flags, b),
+            1,
+            "registered, not allocated"
+        );
+        assert_eq!(cuMemHostUnregister(b), 0);
+        assert_eq!(cuMemHostUnregister(b), 713);
+        assert_eq!(cuMemFreeHost(b), 1, "not the driver's to free");
+        assert_eq!(cuMemFreeHost(h), 0);
+        assert_eq!(cuMemFreeHost(h), 1, "twice");
+        assert_eq!(int(2, hp).0, 1, "gone");
+        assert_eq!(cuMemFreeHost(h2), 0);
+        assert_eq!(cuMemFreeHost(null_mut()), 0);
 
         // Profiler control: no profiler attached, so it succeeds and collects nothing.
         assert_eq!(cuProfilerStart(), 0);
