@@ -194,6 +194,22 @@ unsafe extern "C" {
     ) -> c_uint;
     fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int) -> c_uint;
     fn cuGetErrorName(status: c_uint, out: *mut *const c_char) -> c_uint;
+    fn cuGraphAddNode_v2(
+        out: *mut Handle,
+        g: Handle,
+        deps: *const Handle,
+        edges: *const [u8; 8],
+        n: usize,
+        p: *mut NodeParams,
+    ) -> c_uint;
+}
+
+/// `CUgraphNodeParams`: the node type, then its parameters at offset 16 (256 bytes in all).
+#[repr(C, align(8))]
+struct NodeParams {
+    kind: c_int,
+    reserved: [c_int; 3],
+    params: [u8; 240],
 }
 
 const PUT: &CStr = c".version 8.5\n.target sm_75\n.address_size 64\n\
@@ -418,6 +434,55 @@ fn graphs_run_in_dependency_order_and_capture_records_stream_work() {
         assert_eq!(cuStreamSynchronize(stream), 0);
         assert_eq!(out, [9u32; 16], "the child's memset and copy");
         assert_eq!(cuGraphExecDestroy(exec), 0);
+
+        // The generic form: a memset node; conditional nodes are refused.
+        let mut np = NodeParams {
+            kind: 2,
+            reserved: [0; 3],
+            params: [0; 240],
+        };
+        np.params[..8].copy_from_slice(&a.to_le_bytes());
+        np.params[16..20].copy_from_slice(&11u32.to_le_bytes());
+        np.params[20..24].copy_from_slice(&4u32.to_le_bytes());
+        np.params[24..32].copy_from_slice(&16u64.to_le_bytes());
+        np.params[32..40].copy_from_slice(&1u64.to_le_bytes());
+        let mut generic: Handle = null_mut();
+        assert_eq!(cuGraphCreate(&mut generic, 0), 0);
+        let mut node: Handle = null_mut();
+        let edge = [1u8, 0, 0, 0, 0, 0, 0, 0];
+        assert_eq!(
+            cuGraphAddNode_v2(&mut node, generic, null(), &edge, 0, &mut np),
+            0,
+            "no edges, no edge data read"
+        );
+        assert_eq!(
+            cuGraphAddNode_v2(&mut node, generic, &node, &edge, 1, &mut np),
+            801,
+            "a programmatic edge"
+        );
+        assert_eq!(cuGraphInstantiateWithFlags(&mut exec, generic, 0), 0);
+        assert_eq!(cuGraphLaunch(exec, stream), 0);
+        assert_eq!(words(a, 16), [11; 16]);
+        assert_eq!(cuGraphExecDestroy(exec), 0);
+        np.kind = 13;
+        assert_eq!(
+            cuGraphAddNode_v2(&mut node, generic, null(), null(), 0, &mut np),
+            801,
+            "a conditional node"
+        );
+        np.kind = 8;
+        assert_eq!(
+            cuGraphAddNode_v2(&mut node, generic, null(), null(), 0, &mut np),
+            801,
+            "an external semaphore node"
+        );
+        np.kind = 99;
+        assert_eq!(
+            cuGraphAddNode_v2(&mut node, generic, null(), null(), 0, &mut np),
+            1,
+            "no such node type"
+        );
+        assert_eq!(cuGraphDestroy(generic), 0);
 
         // Capture: stream work becomes nodes and runs only when the graph does.
         let mut st = -1;

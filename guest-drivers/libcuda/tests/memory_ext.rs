@@ -290,6 +290,13 @@ fn stream_ordered_allocations_come_from_pools_that_count_and_keep_them() {
         assert_eq!(cuDeviceGetGraphMemAttribute(0, 0, &mut used), 0);
         assert_eq!(used, 0, "freed with the last graph holding it");
         assert_eq!(cuDeviceGetGraphMemAttribute(0, 9, &mut used), 1);
+        // An allocation in an invalidated capture is refused and holds nothing.
+        assert_eq!(cuStreamBeginCapture_v2(s, 0), 0);
+        assert_eq!(cuStreamSynchronize(s), 900);
+        assert_eq!(cuMemAllocAsync(&mut a, 1024, s), 901);
+        assert_eq!(cuStreamEndCapture(s, &mut g), 901);
+        assert_eq!(cuDeviceGetGraphMemAttribute(0, 0, &mut used), 0);
+        assert_eq!(used, 0);
 
         // Virtual memory management: a physical allocation mapped into a reservation keeps
         // its contents across an unmap and a map elsewhere.

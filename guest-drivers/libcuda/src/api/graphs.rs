@@ -348,21 +348,33 @@ pub(super) fn submit(stream: Handle, op: impl FnOnce(u64) -> CuResult<Op>) -> Cu
 /// Adds `op` to the capture of `stream` (after the stream's current dependencies), or gives
 /// it back when the stream does not capture.
 fn capture(stream: Handle, op: Op) -> CuResult<Option<Op>> {
-    state(|s| {
+    let added = state(|s| {
         let Some(c) = s.captures.get(&(stream as u64)) else {
-            return Ok(Some(op));
+            return Ok(None);
         };
         if c.invalidated {
-            return Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+            return Ok(Some(Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)));
         }
         let (graph, deps) = (c.graph, c.deps.clone());
+        let node = match s.graph_mut(graph)?.add(op.clone(), &deps) {
+            Ok(n) => n,
+            Err(e) => return Ok(Some(Err(e))),
+        };
         s.retain(&op);
-        let node = s.graph_mut(graph)?.add(op, &deps)?;
         if let Some(c) = s.captures.get_mut(&(stream as u64)) {
             c.deps = vec![node];
         }
-        Ok(None)
-    })
+        Ok(Some(Ok(())))
+    })?;
+    match added {
+        None => Ok(Some(op)),
+        Some(Ok(())) => Ok(None),
+        Some(Err(e)) => {
+            // Not added (an invalidated capture, a full graph): what the op holds goes.
+            discard(op)?;
+            Err(e)
+        }
+    }
 }
 
 /// Issues one node's work on `stream`.
@@ -1174,12 +1186,15 @@ fn op_of(p: &NodeParams) -> CuResult<Op> {
             refused("graph conditional nodes (they need device-side cudaGraphSetConditional)");
             Err(CUDA_ERROR_NOT_SUPPORTED)
         }
-        k => {
+        // External semaphores, batch memory operations, batch copies, the reserved, external
+        // engine and fabric copy types.
+        k @ (8 | 9 | 12 | 14 | 16..=18) => {
             refused(&format!(
-                "graph nodes of type {k} (external semaphores, batch memory operations)"
+                "graph nodes of type {k} (external semaphores, batch memory operations or copies)"
             ));
             Err(CUDA_ERROR_NOT_SUPPORTED)
         }
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
     }
 }
 
