@@ -14,7 +14,7 @@ use mdev_backend::compute::ptx::MAX_PTX_BYTES;
 
 use crate::driver::{CuResult, Driver, Image, LINK_TOKEN_MAGIC, LaunchParams, StreamSettings};
 use crate::drm::DrmTransport;
-use crate::graph::Memory;
+use crate::array::Memory;
 use crate::status::*;
 use crate::symbols::Resolution;
 use crate::transport::{SOCKET_ENV, SocketTransport, Transport, TransportError};
@@ -1379,7 +1379,7 @@ entry!(cuMemcpyHtoD_v2 | cuMemcpyHtoD(dst: u64, src: *const c_void, n: usize) {
 });
 
 entry!(cuMemcpyHtoDAsync_v2 | cuMemcpyHtoDAsync(dst: u64, src: *const c_void, n: usize, stream: Handle) {
-    graphs::copy_async(Memory::Device(dst), Memory::Host(src as usize), n, stream)
+    graphs::copy_async(Memory::Device(dst), Memory::Host(src as u64), n, stream)
 });
 
 entry!(cuMemcpyDtoH_v2 | cuMemcpyDtoH(dst: *mut c_void, src: u64, n: usize) {
@@ -1389,7 +1389,7 @@ entry!(cuMemcpyDtoH_v2 | cuMemcpyDtoH(dst: *mut c_void, src: u64, n: usize) {
 });
 
 entry!(cuMemcpyDtoHAsync_v2 | cuMemcpyDtoHAsync(dst: *mut c_void, src: u64, n: usize, stream: Handle) {
-    graphs::copy_async(Memory::Host(dst as usize), Memory::Device(src), n, stream)
+    graphs::copy_async(Memory::Host(dst as u64), Memory::Device(src), n, stream)
 });
 
 entry!(cuMemcpyDtoD_v2 | cuMemcpyDtoD(dst: u64, src: u64, n: usize) {
@@ -1811,6 +1811,8 @@ entry!(cuGetExportTable(table: *mut *const c_void, id: *const [u8; 16]) {
 
 // Graphs and stream capture; memory pools and stream-ordered allocation; virtual memory
 // management.
+/// The array module's copies and memsets become nodes of a capturing stream through this.
+pub(crate) use graphs::record as record_in_capture;
 mod graphs;
 mod pools;
 mod vmm;

@@ -268,8 +268,22 @@ fn resolve(ctx: u64, side: &Side, c: &Copy3D) -> CuResult<Where> {
     }
 }
 
-/// A 2D/3D copy on `stream` (the NULL stream for the synchronous calls).
-fn copy(c: Copy3D, stream: Handle) -> CuResult<()> {
+/// Checks both sides of a copy as [`copy`] does before it moves anything (a graph's copy
+/// node, when it is made).
+pub(crate) fn check_copy(ctx: u64, c: &Copy3D) -> CuResult<()> {
+    if c.width == 0 || c.height == 0 || c.depth == 0 {
+        return Ok(());
+    }
+    resolve(ctx, &c.src, c)?;
+    resolve(ctx, &c.dst, c).map(drop)
+}
+
+/// A 2D/3D copy on `stream` (the NULL stream for the synchronous calls); a node of the
+/// stream's capture while it captures.
+pub(crate) fn copy(c: Copy3D, stream: Handle) -> CuResult<()> {
+    if crate::api::record_in_capture(stream, || crate::graph::Op::Copy { copy: c })? {
+        return Ok(());
+    }
     let ctx = owner(stream)?;
     // An empty copy moves nothing, as the driver's.
     if c.width == 0 || c.height == 0 || c.depth == 0 {
@@ -430,7 +444,7 @@ fn memset16(ctx: u64, addr: u64, value: u16, count: u64, stream: u64) -> CuResul
 }
 
 /// A 2D memset of `width` elements of `elem` bytes in each of `height` rows `pitch` apart.
-fn memset_2d(
+pub(crate) fn memset_2d(
     dst: u64,
     pitch: usize,
     value: u32,
@@ -439,6 +453,17 @@ fn memset_2d(
     height: usize,
     stream: Handle,
 ) -> CuResult<()> {
+    let node = || crate::graph::Op::Memset {
+        dst,
+        pitch,
+        value,
+        element_size: elem,
+        width,
+        height,
+    };
+    if crate::api::record_in_capture(stream, node)? {
+        return Ok(());
+    }
     let bad = CUDA_ERROR_INVALID_VALUE;
     let ctx = owner(stream)?;
     let (pitch, width, height) = (pitch as u64, width as u64, height as u64);
@@ -480,8 +505,7 @@ entry!(cuMemsetD16_v2 | cuMemsetD16(dst: u64, value: u16, n: usize) {
     memset16(ctx, dst, value, n as u64, 0)
 });
 entry!(cuMemsetD16Async(dst: u64, value: u16, n: usize, stream: Handle) {
-    let ctx = owner(stream)?;
-    memset16(ctx, dst, value, n as u64, stream as u64)
+    memset_2d(dst, 0, u32::from(value), 2, n, 1, stream)
 });
 entry!(cuMemsetD2D8_v2 | cuMemsetD2D8(dst: u64, pitch: usize, value: u8, w: usize, h: usize) {
     memset_2d(dst, pitch, u32::from(value), 1, w, h, std::ptr::null_mut())

@@ -6,6 +6,7 @@
 
 use std::collections::BTreeSet;
 
+use crate::array::Copy3D;
 use crate::driver::{CuResult, LaunchParams};
 use crate::status::{CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY};
 
@@ -19,110 +20,6 @@ pub const MAX_DEPTH: usize = 16;
 /// `CUhostFn`.
 pub type HostFn = unsafe extern "C" fn(*mut std::ffi::c_void);
 
-/// One side of a copy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Memory {
-    /// Host memory of the process at this address.
-    Host(usize),
-    /// Device memory.
-    Device(u64),
-    /// Either, told apart when the copy is issued (`CU_MEMORYTYPE_UNIFIED`, `cuMemcpyAsync`).
-    Unified(u64),
-}
-
-impl Memory {
-    /// The same memory `bytes` further on.
-    pub fn offset(self, bytes: u64) -> CuResult<Memory> {
-        let add = |a: u64| a.checked_add(bytes).ok_or(CUDA_ERROR_INVALID_VALUE);
-        Ok(match self {
-            Memory::Host(a) => {
-                Memory::Host(usize::try_from(add(a as u64)?).map_err(|_| CUDA_ERROR_INVALID_VALUE)?)
-            }
-            Memory::Device(a) => Memory::Device(add(a)?),
-            Memory::Unified(a) => Memory::Unified(add(a)?),
-        })
-    }
-}
-
-/// A copy of `width` bytes by `height` rows by `depth` slices (`CUDA_MEMCPY3D` with its
-/// offsets folded into the two starts); a 1D copy is one row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Copy3d {
-    pub src: Memory,
-    pub src_pitch: u64,
-    pub src_height: u64,
-    pub dst: Memory,
-    pub dst_pitch: u64,
-    pub dst_height: u64,
-    pub width: u64,
-    pub height: u64,
-    pub depth: u64,
-}
-
-impl Copy3d {
-    pub fn linear(dst: Memory, src: Memory, bytes: u64) -> Copy3d {
-        Copy3d {
-            src,
-            src_pitch: bytes,
-            src_height: 1,
-            dst,
-            dst_pitch: bytes,
-            dst_height: 1,
-            width: bytes,
-            height: 1,
-            depth: 1,
-        }
-    }
-
-    /// The contiguous pieces of the copy as (destination, source, bytes): the whole copy at
-    /// once where both sides are packed, else one per row. Offsets are checked.
-    pub fn pieces(&self) -> CuResult<Vec<(Memory, Memory, u64)>> {
-        let packed =
-            |pitch: u64, h: u64| pitch == self.width && (self.depth == 1 || h == self.height);
-        if packed(self.src_pitch, self.src_height) && packed(self.dst_pitch, self.dst_height) {
-            let total = self
-                .width
-                .checked_mul(self.height)
-                .and_then(|n| n.checked_mul(self.depth))
-                .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-            return Ok(vec![(self.dst, self.src, total)]);
-        }
-        if self.width > self.src_pitch
-            || self.width > self.dst_pitch
-            || (self.depth > 1 && (self.height > self.src_height || self.height > self.dst_height))
-        {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        let rows = self
-            .height
-            .checked_mul(self.depth)
-            .filter(|&n| n <= MAX_PIECES)
-            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        let mut out = Vec::with_capacity(rows as usize);
-        let at = |pitch: u64, h: u64, y: u64, z: u64| {
-            z.checked_mul(h)
-                .and_then(|r| r.checked_add(y))
-                .and_then(|r| r.checked_mul(pitch))
-                .ok_or(CUDA_ERROR_INVALID_VALUE)
-        };
-        for z in 0..self.depth {
-            for y in 0..self.height {
-                let s = self
-                    .src
-                    .offset(at(self.src_pitch, self.src_height, y, z)?)?;
-                let d = self
-                    .dst
-                    .offset(at(self.dst_pitch, self.dst_height, y, z)?)?;
-                out.push((d, s, self.width));
-            }
-        }
-        Ok(out)
-    }
-}
-
-/// Rows of one pitched copy or memset: each is a request of its own.
-pub const MAX_PIECES: u64 = 1 << 20;
-
 /// What a node does when the graph runs. Handles (`ctx`, `function`, `event`) are the
 /// driver's.
 #[derive(Debug, Clone)]
@@ -135,20 +32,19 @@ pub enum Op {
         shared: u32,
         params: LaunchParams,
     },
+    /// A copy as `cuMemcpy3D` describes it (linear memory, arrays, host memory).
     Copy {
-        ctx: u64,
-        copy: Copy3d,
+        copy: Copy3D,
     },
     /// `width` elements of `element_size` bytes set to `value`, in `height` rows `pitch`
     /// bytes apart.
     Memset {
-        ctx: u64,
         dst: u64,
-        pitch: u64,
+        pitch: usize,
         value: u32,
-        element_size: u32,
-        width: u64,
-        height: u64,
+        element_size: u64,
+        width: usize,
+        height: usize,
     },
     Host {
         func: HostFn,
@@ -419,35 +315,5 @@ mod tests {
         assert_eq!(g.roots(), vec![a, b]);
         assert!(g.op(c).is_err());
         assert_eq!(g.order(), vec![a, b]);
-    }
-
-    #[test]
-    fn pitched_copies_become_rows_with_checked_offsets() {
-        let c = Copy3d {
-            src: Memory::Device(1000),
-            src_pitch: 16,
-            src_height: 4,
-            dst: Memory::Host(0),
-            dst_pitch: 8,
-            dst_height: 2,
-            width: 8,
-            height: 2,
-            depth: 2,
-        };
-        let p = c.pieces().unwrap();
-        assert_eq!(p.len(), 4);
-        assert_eq!(p[3], (Memory::Host(24), Memory::Device(1000 + 16 * 5), 8));
-        let packed = Copy3d::linear(Memory::Device(0), Memory::Host(8), 64);
-        assert_eq!(
-            packed.pieces().unwrap(),
-            vec![(Memory::Device(0), Memory::Host(8), 64)]
-        );
-        let wide = Copy3d { width: 17, ..c };
-        assert_eq!(wide.pieces(), Err(CUDA_ERROR_INVALID_VALUE));
-        let huge = Copy3d {
-            src: Memory::Device(u64::MAX - 4),
-            ..c
-        };
-        assert_eq!(huge.pieces(), Err(CUDA_ERROR_INVALID_VALUE));
     }
 }

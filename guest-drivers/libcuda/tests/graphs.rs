@@ -194,6 +194,14 @@ unsafe extern "C" {
     ) -> c_uint;
     fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int) -> c_uint;
     fn cuGetErrorName(status: c_uint, out: *mut *const c_char) -> c_uint;
+    fn cuMemsetD2D32Async(
+        dst: u64,
+        pitch: usize,
+        value: c_uint,
+        w: usize,
+        h: usize,
+        stream: Handle,
+    ) -> c_uint;
     fn cuGraphAddNode_v2(
         out: *mut Handle,
         g: Handle,
@@ -596,6 +604,23 @@ fn graphs_run_in_dependency_order_and_capture_records_stream_work() {
         assert_eq!(cuStreamEndCapture(stream, &mut captured), 0);
         assert_eq!(cuGraphGetRootNodes(captured, null_mut(), &mut n), 0);
         assert_eq!(n, 2);
+        // A 2D memset of the array module is captured like the rest.
+        assert_eq!(cuMemsetD32_v2(a, 0, 16), 0);
+        assert_eq!(cuStreamBeginCapture_v2(stream, 0), 0);
+        assert_eq!(cuMemsetD2D32Async(a, 16, 12, 2, 2, stream), 0);
+        let mut rows: Handle = null_mut();
+        assert_eq!(cuStreamEndCapture(stream, &mut rows), 0);
+        assert_eq!(words(a, 6), [0; 6], "not run while captured");
+        assert_eq!(cuGraphInstantiateWithFlags(&mut exec, rows, 0), 0);
+        assert_eq!(cuGraphLaunch(exec, stream), 0);
+        assert_eq!(cuStreamSynchronize(stream), 0);
+        assert_eq!(
+            words(a, 6),
+            [12, 12, 0, 0, 12, 12],
+            "two rows 16 bytes apart"
+        );
+        assert_eq!(cuGraphExecDestroy(exec), 0);
+        assert_eq!(cuGraphDestroy(rows), 0);
         let mut mode = 2;
         assert_eq!(cuThreadExchangeStreamCaptureMode(&mut mode), 0);
         assert_eq!(mode, 0, "global by default");

@@ -8,7 +8,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
 use super::*;
-use crate::graph::{Copy3d, Graph, HostFn, MAX_DEPTH, MAX_NODES, Memory, Op};
+use crate::array::{Copy3D, MEMCPY3D_BYTES, Memory, Side};
+use crate::graph::{Graph, HostFn, MAX_DEPTH, MAX_NODES, Op};
 
 /// `CUresult` values of stream capture and graph update.
 pub(super) const CUDA_ERROR_ILLEGAL_STATE: CUresult = 401;
@@ -389,25 +390,23 @@ fn issue(op: &Op, stream: Handle) -> CuResult<()> {
             shared,
             params,
         } => with(|d| d.launch(*ctx, *function, *grid, *block, *shared, s, params.clone())),
-        Op::Copy { ctx, copy } => copy
-            .pieces()?
-            .into_iter()
-            .try_for_each(|(dst, src, n)| copy_piece(*ctx, dst, src, n, stream)),
+        Op::Copy { copy } => crate::array_api::copy(*copy, stream),
         Op::Memset {
-            ctx,
             dst,
             pitch,
             value,
             element_size,
             width,
             height,
-        } => (0..*height).try_for_each(|y| {
-            let row = y
-                .checked_mul(*pitch)
-                .and_then(|o| o.checked_add(*dst))
-                .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-            memset_row(*ctx, row, *value, *element_size, *width, s)
-        }),
+        } => crate::array_api::memset_2d(
+            *dst,
+            *pitch,
+            *value,
+            *element_size,
+            *width,
+            *height,
+            stream,
+        ),
         Op::Host { func, data } => {
             let ctx = owner(stream)?;
             with(|d| d.stream_synchronize(ctx, s))?;
@@ -424,69 +423,6 @@ fn issue(op: &Op, stream: Handle) -> CuResult<()> {
         Op::Inline(ops) => ops.iter().try_for_each(|o| issue(o, stream)),
         // Executable graphs hold their children inlined.
         Op::Child(_) => Err(CUDA_ERROR_INVALID_VALUE),
-    }
-}
-
-/// One contiguous piece of a copy, each side as its type says.
-fn copy_piece(ctx: u64, dst: Memory, src: Memory, n: u64, stream: Handle) -> CuResult<()> {
-    let resolve = |m: Memory| -> CuResult<Memory> {
-        Ok(match m {
-            Memory::Unified(a) if with(|d| Ok(d.is_device(ctx, a, n)))? => Memory::Device(a),
-            Memory::Unified(a) => {
-                Memory::Host(usize::try_from(a).map_err(|_| CUDA_ERROR_INVALID_VALUE)?)
-            }
-            m => m,
-        })
-    };
-    let len = usize::try_from(n).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
-    let s = stream as u64;
-    match (resolve(dst)?, resolve(src)?) {
-        (Memory::Device(d), Memory::Host(h)) => {
-            let data = bytes(h as *const c_void, len)?;
-            with(|dr| dr.copy_htod(ctx, d, data, s))
-        }
-        (Memory::Host(h), Memory::Device(d)) => {
-            let out = bytes_mut(h as *mut c_void, len)?;
-            with(|dr| dr.copy_dtoh(ctx, out, d, s))
-        }
-        (Memory::Device(d), Memory::Device(from)) => with(|dr| dr.copy_dtod(ctx, d, from, n, s)),
-        (Memory::Host(d), Memory::Host(from)) => {
-            let data = bytes(from as *const c_void, len)?.to_vec();
-            bytes_mut(d as *mut c_void, len)?.copy_from_slice(&data);
-            Ok(())
-        }
-        _ => Err(CUDA_ERROR_INVALID_VALUE),
-    }
-}
-
-/// One row of a memset: `width` elements of 1, 2 or 4 bytes.
-fn memset_row(ctx: u64, at: u64, value: u32, size: u32, width: u64, s: u64) -> CuResult<()> {
-    match size {
-        1 => with(|d| d.memset_d8(ctx, at, value as u8, width, s)),
-        4 => with(|d| d.memset_d32(ctx, at, value, width, s)),
-        2 => {
-            // 16-bit elements: a 4-byte-aligned middle of pairs set 32 bits at a time, an
-            // element before and after it copied.
-            let half = (value as u16).to_le_bytes();
-            let mut at = at;
-            let mut left = width;
-            if at % 4 == 2 && left > 0 {
-                with(|d| d.copy_htod(ctx, at, &half, s))?;
-                at = at.checked_add(2).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-                left -= 1;
-            }
-            let pairs = left / 2;
-            if pairs > 0 {
-                let word = u32::from(value as u16) * 0x0001_0001;
-                with(|d| d.memset_d32(ctx, at, word, pairs, s))?;
-                at = at.checked_add(pairs * 4).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-            }
-            if left % 2 == 1 {
-                with(|d| d.copy_htod(ctx, at, &half, s))?;
-            }
-            Ok(())
-        }
-        _ => Err(CUDA_ERROR_INVALID_VALUE),
     }
 }
 
@@ -775,116 +711,33 @@ fn kernel_op(p: &KernelParams, kern: Handle, ctx: Handle) -> CuResult<Op> {
     })
 }
 
-/// One side of a `CUDA_MEMCPY3D`, its X, Y and Z offsets folded into its start.
-#[allow(clippy::too_many_arguments)]
-fn copy_side(
-    kind: c_uint,
-    host: usize,
-    device: u64,
-    array: Handle,
-    reserved: Handle,
-    lod: usize,
-    (x, y, z): (usize, usize, usize),
-    (pitch, height): (u64, u64),
-) -> CuResult<Memory> {
-    if !reserved.is_null() || lod != 0 {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    let base = match kind {
-        MEMORYTYPE_HOST => Memory::Host(host),
-        MEMORYTYPE_DEVICE => Memory::Device(device),
-        MEMORYTYPE_UNIFIED => Memory::Unified(device),
-        MEMORYTYPE_ARRAY if !array.is_null() => {
-            refused("a graph memcpy node with a CUDA array");
-            return Err(CUDA_ERROR_NOT_SUPPORTED);
-        }
-        _ => return Err(CUDA_ERROR_INVALID_VALUE),
-    };
-    let offset = (z as u64)
-        .checked_mul(height)
-        .and_then(|r| r.checked_add(y as u64))
-        .and_then(|r| r.checked_mul(pitch))
-        .and_then(|r| r.checked_add(x as u64))
-        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    base.offset(offset)
-}
-
-fn copy_op(p: &Memcpy3dParams, ctx: Handle) -> CuResult<Op> {
+/// A copy node's op from the `CUDA_MEMCPY3D` at `p`, checked as `cuMemcpy3D` checks one
+/// (both sides inside their host range, allocation or array).
+fn copy_op(p: *const c_void, ctx: Handle) -> CuResult<Op> {
     let ctx = node_context(ctx)?;
-    let (w, h, d) = (p.width as u64, p.height as u64, p.depth as u64);
-    // A height of 0 means one slice's rows where the copy has one slice.
-    let rows = |given: usize| {
-        if given == 0 && d <= 1 {
-            h
-        } else {
-            given as u64
-        }
-    };
-    let (sh, dh) = (rows(p.src_height), rows(p.dst_height));
-    let pitch = |given: usize| {
-        if given == 0 && h <= 1 && d <= 1 {
-            w
-        } else {
-            given as u64
-        }
-    };
-    let (sp, dp) = (pitch(p.src_pitch), pitch(p.dst_pitch));
-    let src = copy_side(
-        p.src_type,
-        p.src_host as usize,
-        p.src_device,
-        p.src_array,
-        p.reserved0,
-        p.src_lod,
-        (p.src_x, p.src_y, p.src_z),
-        (sp, sh),
-    )?;
-    let dst = copy_side(
-        p.dst_type,
-        p.dst_host as usize,
-        p.dst_device,
-        p.dst_array,
-        p.reserved1,
-        p.dst_lod,
-        (p.dst_x, p.dst_y, p.dst_z),
-        (dp, dh),
-    )?;
-    let copy = Copy3d {
-        src,
-        src_pitch: sp,
-        src_height: sh,
-        dst,
-        dst_pitch: dp,
-        dst_height: dh,
-        width: w,
-        height: h.max(1),
-        depth: d.max(1),
-    };
-    // Checks the extents now (a pitch narrower than the width, offsets that overflow).
-    copy.pieces()?;
-    Ok(Op::Copy { ctx, copy })
+    let copy = Copy3D::from_3d(bytes(p, MEMCPY3D_BYTES)?)?;
+    crate::array_api::check_copy(ctx, &copy)?;
+    Ok(Op::Copy { copy })
 }
 
 fn memset_op(p: &MemsetParams, ctx: Handle) -> CuResult<Op> {
-    let ctx = node_context(ctx)?;
+    node_context(ctx)?;
     let row = (p.width as u64)
         .checked_mul(u64::from(p.element_size))
         .ok_or(CUDA_ERROR_INVALID_VALUE)?;
     if !matches!(p.element_size, 1 | 2 | 4)
         || p.dst % u64::from(p.element_size) != 0
         || (p.height > 1 && (p.pitch as u64) < row)
-        || p.height as u64 > crate::graph::MAX_PIECES
     {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     Ok(Op::Memset {
-        ctx,
         dst: p.dst,
-        pitch: p.pitch as u64,
+        pitch: p.pitch,
         value: p.value,
-        element_size: p.element_size,
-        width: p.width as u64,
-        height: p.height as u64,
+        element_size: u64::from(p.element_size),
+        width: p.width,
+        height: p.height,
     })
 }
 
@@ -1042,7 +895,7 @@ entry!(cuGraphAddMemcpyNode(
     params: *const Memcpy3dParams,
     ctx: Handle,
 ) {
-    add_node(out, graph, deps, n, copy_op(&read_at(params, 0)?, ctx)?)
+    add_node(out, graph, deps, n, copy_op(params.cast(), ctx)?)
 });
 
 entry!(cuGraphAddMemsetNode(
@@ -1163,7 +1016,7 @@ fn op_of(p: &NodeParams) -> CuResult<Op> {
         1 => {
             // CUDA_MEMCPY_NODE_PARAMS: flags, reserved, context, then the copy.
             let ctx: Handle = read_at(at.cast::<u8>().wrapping_add(8).cast(), 0)?;
-            copy_op(&read_at(at.cast::<u8>().wrapping_add(16).cast(), 0)?, ctx)
+            copy_op(at.cast::<u8>().wrapping_add(16).cast(), ctx)
         }
         2 => {
             let m: MemsetParams = read_at(at.cast(), 0)?;
@@ -1580,37 +1433,39 @@ entry!(cuGraphKernelNodeSetParams(node: Handle, params: *const KernelParams) {
 });
 
 /// The `CUDA_MEMCPY3D` of a copy op (offsets folded into the pointers).
-fn copy_params_of(copy: &Copy3d) -> Memcpy3dParams {
+fn copy_params_of(copy: &Copy3D) -> Memcpy3dParams {
+    // (type, host, device, array) of a side.
     let side = |m: Memory| match m {
-        Memory::Host(a) => (MEMORYTYPE_HOST, a, 0),
-        Memory::Device(a) => (MEMORYTYPE_DEVICE, 0, a),
-        Memory::Unified(a) => (MEMORYTYPE_UNIFIED, 0, a),
+        Memory::Host(a) => (MEMORYTYPE_HOST, a, 0, 0),
+        Memory::Device(a) => (MEMORYTYPE_DEVICE, 0, a, 0),
+        Memory::Array(h) => (MEMORYTYPE_ARRAY, 0, 0, h),
+        Memory::Unified(a) => (MEMORYTYPE_UNIFIED, 0, a, 0),
     };
-    let (st, sh, sd) = side(copy.src);
-    let (dt, dh, dd) = side(copy.dst);
+    let (st, sh, sd, sa) = side(copy.src.memory);
+    let (dt, dh, dd, da) = side(copy.dst.memory);
     Memcpy3dParams {
-        src_x: 0,
-        src_y: 0,
-        src_z: 0,
+        src_x: copy.src.x as usize,
+        src_y: copy.src.y as usize,
+        src_z: copy.src.z as usize,
         src_lod: 0,
         src_type: st,
         src_host: sh as *const c_void,
         src_device: sd,
-        src_array: std::ptr::null_mut(),
+        src_array: sa as Handle,
         reserved0: std::ptr::null_mut(),
-        src_pitch: copy.src_pitch as usize,
-        src_height: copy.src_height as usize,
-        dst_x: 0,
-        dst_y: 0,
-        dst_z: 0,
+        src_pitch: copy.src.pitch as usize,
+        src_height: copy.src.height as usize,
+        dst_x: copy.dst.x as usize,
+        dst_y: copy.dst.y as usize,
+        dst_z: copy.dst.z as usize,
         dst_lod: 0,
         dst_type: dt,
         dst_host: dh as *mut c_void,
         dst_device: dd,
-        dst_array: std::ptr::null_mut(),
+        dst_array: da as Handle,
         reserved1: std::ptr::null_mut(),
-        dst_pitch: copy.dst_pitch as usize,
-        dst_height: copy.dst_height as usize,
+        dst_pitch: copy.dst.pitch as usize,
+        dst_height: copy.dst.height as usize,
         width: copy.width as usize,
         height: copy.height as usize,
         depth: copy.depth as usize,
@@ -1625,18 +1480,18 @@ entry!(cuGraphMemcpyNodeGetParams(node: Handle, out: *mut Memcpy3dParams) {
 });
 
 entry!(cuGraphMemcpyNodeSetParams(node: Handle, params: *const Memcpy3dParams) {
-    set_op(node, copy_op(&read_at(params, 0)?, std::ptr::null_mut())?)
+    set_op(node, copy_op(params.cast(), std::ptr::null_mut())?)
 });
 
 entry!(cuGraphMemsetNodeGetParams(node: Handle, out: *mut MemsetParams) {
     match op_at(node)? {
-        Op::Memset { dst, pitch, value, element_size, width, height, .. } => put(out, MemsetParams {
+        Op::Memset { dst, pitch, value, element_size, width, height } => put(out, MemsetParams {
             dst,
-            pitch: pitch as usize,
+            pitch,
             value,
-            element_size,
-            width: width as usize,
-            height: height as usize,
+            element_size: element_size as c_uint,
+            width,
+            height,
         }),
         _ => Err(CUDA_ERROR_INVALID_VALUE),
     }
@@ -1842,7 +1697,7 @@ entry!(cuGraphExecKernelNodeSetParams(exec: Handle, node: Handle, params: *const
 });
 
 entry!(cuGraphExecMemcpyNodeSetParams(exec: Handle, node: Handle, params: *const Memcpy3dParams, ctx: Handle) {
-    exec_set(exec, node, copy_op(&read_at(params, 0)?, ctx)?)
+    exec_set(exec, node, copy_op(params.cast(), ctx)?)
 });
 
 entry!(cuGraphExecMemsetNodeSetParams(exec: Handle, node: Handle, params: *const MemsetParams, ctx: Handle) {
@@ -2243,10 +2098,23 @@ entry!(cuLaunchHostFunc_v2(stream: Handle, func: Option<HostFn>, data: *mut c_vo
 
 /// `n` bytes copied in stream order (`cuMemcpy*Async`).
 pub(super) fn copy_async(dst: Memory, src: Memory, n: usize, stream: Handle) -> CuResult<()> {
-    submit(stream, |ctx| {
+    let side = |memory| Side {
+        memory,
+        x: 0,
+        y: 0,
+        z: 0,
+        pitch: n as u64,
+        height: 1,
+    };
+    submit(stream, |_| {
         Ok(Op::Copy {
-            ctx,
-            copy: Copy3d::linear(dst, src, n as u64),
+            copy: Copy3D {
+                src: side(src),
+                dst: side(dst),
+                width: n as u64,
+                height: 1,
+                depth: 1,
+            },
         })
     })
 }
@@ -2255,19 +2123,30 @@ pub(super) fn copy_async(dst: Memory, src: Memory, n: usize, stream: Handle) -> 
 pub(super) fn memset_async(
     dst: u64,
     value: u32,
-    size: u32,
+    size: u64,
     n: usize,
     stream: Handle,
 ) -> CuResult<()> {
-    submit(stream, |ctx| {
+    submit(stream, |_| {
         Ok(Op::Memset {
-            ctx,
             dst,
             pitch: 0,
             value,
             element_size: size,
-            width: n as u64,
+            width: n,
             height: 1,
         })
     })
+}
+
+/// Stream work the array module issues itself (its copies and memsets): recorded as the node
+/// `op` when `stream` captures. Whether it was.
+pub(crate) fn record(stream: Handle, op: impl FnOnce() -> Op) -> CuResult<bool> {
+    owner(stream)?;
+    check_implicit(stream)?;
+    if !state(|s| Ok(s.captures.contains_key(&(stream as u64))))? {
+        return Ok(false);
+    }
+    // Given back only when the capture ended meanwhile: then the caller issues the work.
+    capture(stream, op()).map(|back| back.is_none())
 }
