@@ -1527,7 +1527,12 @@ impl<'s, 'a> Block<'s, 'a> {
                 for lane in lanes {
                     let h = self.val(w, lane, *handle);
                     let raw = coords.map(|c| self.val(w, lane, c) as u32);
-                    let lod = lod.map(|l| f32::from_bits(self.val(w, lane, l) as u32));
+                    let f = |s: Src| f32::from_bits(self.val(w, lane, s) as u32);
+                    let lod = match *lod {
+                        Lod::Implicit => texture::Lod::Implicit,
+                        Lod::Level(l) => texture::Lod::Level(f(l)),
+                        Lod::Grad(x, y) => texture::Lod::Grad(x.map(f), y.map(f)),
+                    };
                     let v = texture::sample(self.s.memory, h, *geom, *int, gather, lod, raw)
                         .map_err(texture_fault)?;
                     for (d, v) in ds.iter().zip(v) {

@@ -513,14 +513,14 @@ pub(crate) enum Op {
         d: u32,
     },
     Trap,
-    /// `tex{.level}.geom.v4.dtype.ctype d, [handle, {coords}]{, lod}` (unified mode) and
-    /// `tld4.comp.2d` (`gather`, the channel): see `texture::sample`; `int` for `.s32`
-    /// coordinates.
+    /// `tex{.level,.grad}.geom.v4.dtype.ctype d, [handle, {coords}]{, lod}{, dx, dy}`
+    /// (unified mode) and `tld4.comp.2d` (`gather`, the channel): see `texture::sample`;
+    /// `int` for `.s32` coordinates.
     Tex {
         geom: super::texture::Geom,
         int: bool,
         gather: Option<u8>,
-        lod: Option<Src>,
+        lod: Lod,
         ds: RegVec,
         handle: Src,
         coords: [Src; 4],
@@ -537,6 +537,17 @@ pub(crate) enum Op {
         handle: Src,
         coords: [Src; 4],
     },
+}
+
+/// Where a texture fetch's level of detail comes from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Lod {
+    /// `tex`: none given.
+    Implicit,
+    /// `tex.level`: this operand.
+    Level(Src),
+    /// `tex.grad`: the coordinates' gradients along x and y (unused elements 0).
+    Grad([Src; 3], [Src; 3]),
 }
 
 /// An instruction with its guard predicate.

@@ -2210,7 +2210,8 @@ impl Cx<'_> {
     fn texture(&self, base: &str, mods: &[&str], g: &[Vec<Tok>]) -> PResult<Op> {
         use super::texture::{Geom, Oob};
         let level = base == "tex" && has(mods, "level");
-        for m in ["grad", "base", "p"] {
+        let grad = base == "tex" && has(mods, "grad");
+        for m in ["base", "p"] {
             if has(mods, m) {
                 return self.fail(format!("{base}.{m} is not supported"));
             }
@@ -2219,11 +2220,32 @@ impl Cx<'_> {
             .iter()
             .find_map(|m| Geom::parse(m))
             .ok_or((self.line, format!("{base} without a geometry")))?;
-        let g = self.n_ops(g, if level { 3 } else { 2 })?;
+        let g = self.n_ops(g, 2 + usize::from(level) + 2 * usize::from(grad))?;
         let lod = if level {
-            Some(self.src(&g[2], Ty::F32)?)
+            Lod::Level(self.src(&g[2], Ty::F32)?)
+        } else if grad {
+            if matches!(geom, Geom::Cube | Geom::ACube) {
+                return self.fail("tex.grad of a cubemap is not supported");
+            }
+            // `{dx...}, {dy...}`: as many as the coordinates (a padded 4 for 3D).
+            let n = match geom {
+                Geom::D1 | Geom::A1 => 1,
+                Geom::D2 | Geom::A2 => 2,
+                _ => 4,
+            };
+            let mut v = [[Src::Imm(0); 3]; 2];
+            for (dv, gv) in v.iter_mut().zip(&g[2..4]) {
+                let parts = self.vector(gv)?;
+                if parts.len() != n {
+                    return self.fail("tex.grad: gradient width and geometry differ");
+                }
+                for (d, p) in dv.iter_mut().zip(&parts) {
+                    *d = self.src(p, Ty::F32)?;
+                }
+            }
+            Lod::Grad(v[0], v[1])
         } else {
-            None
+            Lod::Implicit
         };
         let (obj, val) = if base == "sust" {
             (&g[0], &g[1])
@@ -2245,8 +2267,8 @@ impl Cx<'_> {
         let types: Vec<Ty> = mods.iter().filter_map(|m| Ty::parse(m)).collect();
         let fetch = base == "tex" || base == "tld4";
         let float = fetch && types.last() == Some(&Ty::F32);
-        if level && !float {
-            return self.fail("tex.level with integer coordinates");
+        if (level || grad) && !float {
+            return self.fail("tex.level and tex.grad with integer coordinates");
         }
         let layered = matches!(geom, Geom::A1 | Geom::A2 | Geom::ACube);
         let mut coords = [Src::Imm(0); 4];

@@ -177,6 +177,17 @@ impl Mip {
     };
 }
 
+/// A fetch's level of detail, as its instruction gives it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Lod {
+    /// `tex`: 0 (a kernel has no derivatives to compute one from).
+    Implicit,
+    /// `tex.level`.
+    Level(f32),
+    /// `tex.grad`: the coordinates' gradients along x and y.
+    Grad([f32; 3], [f32; 3]),
+}
+
 /// Fetch geometry of a `tex`/`suld`/`sust` instruction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Geom {
@@ -657,8 +668,9 @@ fn coords(d: &Descriptor, geom: Geom, int: bool, raw: [u32; 4]) -> Result<Coords
 /// channel of the four texels linear filtering would weigh, in the ISA's order: (i, j+1),
 /// (i+1, j+1), (i+1, j), (i, j).
 ///
-/// A mipmapped texture is sampled at the level of detail `lod` (`tex.level`; 0 without it)
-/// plus the descriptor's bias, clamped to its range and to the levels there are: at the
+/// A mipmapped texture is sampled at the level of detail `lod` (`tex.level`'s; from
+/// `tex.grad`'s gradients `log2(max(|dx|, |dy|))`, their lengths in texels of level 0; 0
+/// for `tex`) plus the descriptor's bias, clamped to its range and to the levels there are: at the
 /// nearest level, or (linear mipmap filtering of float reads) between the two nearest,
 /// `(1-f)·L[l] + f·L[l+1]` with `f` the fraction of the level of detail.
 pub(crate) fn sample(
@@ -667,7 +679,7 @@ pub(crate) fn sample(
     geom: Geom,
     int: bool,
     gather: Option<usize>,
-    lod: Option<f32>,
+    lod: Lod,
     raw: [u32; 4],
 ) -> Result<[u32; 4], TextureError> {
     let d = Descriptor::load(memory, handle, false)?;
@@ -677,12 +689,25 @@ pub(crate) fn sample(
         return sample_level(memory, &d, &c, int, gather);
     }
     let top = f32::from(m.levels - 1);
+    let lod = match lod {
+        Lod::Implicit => 0.0,
+        Lod::Level(l) => l,
+        Lod::Grad(dx, dy) => {
+            let normalized = d.flags & (FLAG_NORMALIZED | FLAG_CUBEMAP) != 0;
+            let texels = |g: [f32; 3]| -> f32 {
+                (0..c.dims)
+                    .map(|k| {
+                        let scale = if normalized { d.extent[k] as f32 } else { 1.0 };
+                        (g[k] * scale) * (g[k] * scale)
+                    })
+                    .sum::<f32>()
+                    .sqrt()
+            };
+            texels(dx).max(texels(dy)).log2()
+        }
+    };
     // `max`/`min`, not `clamp`: a NaN level of detail becomes the range's low end.
-    let lod = (lod.unwrap_or(0.0) + m.bias)
-        .max(m.min)
-        .min(m.max)
-        .max(0.0)
-        .min(top);
+    let lod = (lod + m.bias).max(m.min).min(m.max).max(0.0).min(top);
     let at = |l: f32| {
         // In [0, top]: a level that exists.
         let l = l as u8;
@@ -1286,6 +1311,27 @@ mod tests {
             red,
             [0.75 * 14.0 + 0.25 * 103.0, 0.5 * 103.0 + 0.5 * 200.0, 200.0]
         );
+        // Gradients: the longer of dx and dy in level-0 texels, log2 of it.
+        let grad = "tex.grad.2d.v4.f32.f32 {%r6, %r7, %r8, %r9}, [%rd1, {%r2, %r3}], \
+                    {%r4, 0f00000000}, {0f00000000, %r5};";
+        let g = |dx: f32, dy: f32| {
+            [
+                0.6f32.to_bits(),
+                0.8f32.to_bits(),
+                dx.to_bits(),
+                dy.to_bits(),
+            ]
+        };
+        let got = rig
+            .run(
+                grad,
+                handle,
+                &[g(0.5, 0.0), g(0.25, 1.0), g(0.0, 0.0), g(0.1, 0.2)],
+            )
+            .unwrap();
+        let red: Vec<f32> = got.iter().map(|g| f32::from_bits(g[0])).collect();
+        // 2 texels: level 1; 4: level 2; none: level 0; 0.8 texels: lod -0.32, level 0.
+        assert_eq!(red, [103.0, 200.0, 14.0, 14.0]);
         // A level record that lies: a fault of the context.
         let mut b = Descriptor {
             mip: nearest,
