@@ -1540,6 +1540,14 @@ impl<'s, 'a> Block<'s, 'a> {
                     }
                 }
             }
+            Op::Query(q) => {
+                for lane in lanes {
+                    let h = self.val(w, lane, q.handle);
+                    let v = texture::query(self.s.memory, h, q.surface, q.q)
+                        .map_err(texture_fault)?;
+                    self.set(w, lane, q.d, u64::from(v));
+                }
+            }
             Op::Surf {
                 store,
                 geom,

@@ -537,6 +537,16 @@ pub(crate) enum Op {
         handle: Src,
         coords: [Src; 4],
     },
+    Query(ObjectQuery),
+}
+
+/// `txq.q.b32 d, [handle]` and `suq.q.b32 d, [handle]` (`surface`): see `texture::query`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct ObjectQuery {
+    pub surface: bool,
+    pub q: super::texture::Query,
+    pub d: u32,
+    pub handle: Src,
 }
 
 /// Where a texture fetch's level of detail comes from.

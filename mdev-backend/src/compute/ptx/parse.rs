@@ -2199,12 +2199,34 @@ impl Cx<'_> {
             },
             "trap" | "brkpt" => Op::Trap,
             "tex" | "tld4" | "suld" | "sust" => self.texture(base, mods, g)?,
+            "txq" | "suq" => self.query(base, mods, g)?,
             _ => return self.fail(format!("unsupported instruction {base}")),
         })
     }
 }
 
 impl Cx<'_> {
+    /// `txq.q.b32 d, [handle]` and `suq.q.b32 d, [handle]`.
+    fn query(&self, base: &str, mods: &[&str], g: &[Vec<Tok>]) -> PResult<Op> {
+        let surface = base == "suq";
+        let q = match mods {
+            [q, "b32"] => super::texture::Query::parse(q)
+                .filter(|q| !surface || q.of_surfaces())
+                .ok_or((self.line, format!("{base}.{q} is not supported")))?,
+            _ => return self.fail(format!("{base} takes .query.b32")),
+        };
+        let g = self.n_ops(g, 2)?;
+        let [Tok::Punct('['), inner @ .., Tok::Punct(']')] = g[1].as_slice() else {
+            return self.fail(format!("{base} takes [handle]"));
+        };
+        Ok(Op::Query(ObjectQuery {
+            surface,
+            q,
+            d: self.dst(&g[0])?,
+            handle: self.src(inner, Ty::U64)?,
+        }))
+    }
+
     /// `tex`, `tld4`, `suld.b` and `sust.b` in unified mode (the object's handle in a
     /// register or parameter): see `texture`.
     fn texture(&self, base: &str, mods: &[&str], g: &[Vec<Tok>]) -> PResult<Op> {

@@ -177,6 +177,78 @@ impl Mip {
     };
 }
 
+/// What `txq` and `suq` ask of an object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Query {
+    Width,
+    Height,
+    Depth,
+    ArraySize,
+    NumMipmapLevels,
+    NumSamples,
+    NormalizedCoords,
+    FilterMode,
+    AddrMode(u8),
+}
+
+impl Query {
+    /// The query a `txq`/`suq` modifier names; `None` for the ones not answered here
+    /// (`channel_data_type`, `channel_order`, `memory_layout`, per-level forms).
+    pub fn parse(s: &str) -> Option<Query> {
+        Some(match s {
+            "width" => Query::Width,
+            "height" => Query::Height,
+            "depth" => Query::Depth,
+            "array_size" => Query::ArraySize,
+            "num_mipmap_levels" => Query::NumMipmapLevels,
+            "num_samples" => Query::NumSamples,
+            "normalized_coords" => Query::NormalizedCoords,
+            "filter_mode" => Query::FilterMode,
+            "addr_mode_0" => Query::AddrMode(0),
+            "addr_mode_1" => Query::AddrMode(1),
+            "addr_mode_2" => Query::AddrMode(2),
+            _ => return None,
+        })
+    }
+
+    /// Whether `suq` may ask it (surfaces have no sampler or levels).
+    pub fn of_surfaces(self) -> bool {
+        matches!(
+            self,
+            Query::Width | Query::Height | Query::Depth | Query::ArraySize
+        )
+    }
+}
+
+/// `txq` (`surface` false) and `suq`: the answer to `q` about the object at `handle`.
+/// Extents are the resource's (depth 1 but for a 3D one; a layered one's layers, a cubemap
+/// array's cubemaps, are its array size), the filter mode 0 for nearest and 1 for linear,
+/// address modes CUDA's numbers.
+pub(crate) fn query(
+    memory: &dyn GlobalMemory,
+    handle: u64,
+    surface: bool,
+    q: Query,
+) -> Result<u32, TextureError> {
+    let d = Descriptor::load(memory, handle, surface)?;
+    let layered = d.flags & FLAG_LAYERED != 0;
+    let cube = d.flags & FLAG_CUBEMAP != 0;
+    Ok(match q {
+        Query::Width => d.extent[0],
+        Query::Height => d.extent[1],
+        Query::Depth if layered || cube => 1,
+        Query::Depth => d.extent[2],
+        Query::ArraySize if cube && layered => d.extent[2] / 6,
+        Query::ArraySize if layered => d.extent[2],
+        Query::ArraySize => 0,
+        Query::NumMipmapLevels => u32::from(d.mip.levels),
+        Query::NumSamples => 0,
+        Query::NormalizedCoords => u32::from(d.flags & FLAG_NORMALIZED != 0),
+        Query::FilterMode => u32::from(d.flags & FLAG_LINEAR != 0),
+        Query::AddrMode(k) => d.address[usize::from(k)] as u32,
+    })
+}
+
 /// A fetch's level of detail, as its instruction gives it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum Lod {
@@ -1346,6 +1418,60 @@ mod tests {
         b.extend(Descriptor::encode_level(&levels[2]));
         let bad = rig.put(&b);
         assert_eq!(rig.run(op, bad, &[at(1.0)]).unwrap_err().cuda_status(), 700);
+    }
+
+    #[test]
+    fn txq_and_suq_answer_from_the_descriptor() {
+        let mut rig = Rig::new();
+        let d = Descriptor {
+            flags: FLAG_LAYERED | FLAG_LINEAR | FLAG_NORMALIZED,
+            extent: [4, 2, 3],
+            slice: 32,
+            address: [AddressMode::Wrap, AddressMode::Mirror, AddressMode::Border],
+            ..f32_desc(4, 2, 0, AddressMode::Clamp)
+        };
+        let tex = rig.object(d, &[0; 96]);
+        let queries = [
+            ("width", 4),
+            ("height", 2),
+            ("depth", 1),
+            ("array_size", 3),
+            ("num_mipmap_levels", 1),
+            ("normalized_coords", 1),
+            ("filter_mode", 1),
+            ("addr_mode_0", 0),
+            ("addr_mode_1", 2),
+            ("addr_mode_2", 3),
+        ];
+        for (q, want) in queries {
+            let op = format!("txq.{q}.b32 %r6, [%rd1];");
+            assert_eq!(rig.run(&op, tex, &[[0; 4]]).unwrap()[0][0], want, "{q}");
+        }
+        let surf = rig.object(
+            Descriptor {
+                surface: true,
+                flags: 0,
+                ..d
+            },
+            &[0; 96],
+        );
+        let got = rig
+            .run("suq.depth.b32 %r6, [%rd1];", surf, &[[0; 4]])
+            .unwrap();
+        assert_eq!(got[0][0], 3, "a 3D surface's depth");
+        for refused in [
+            "suq.filter_mode.b32",
+            "txq.channel_order.b32",
+            "txq.width.b64",
+        ] {
+            let op = format!("{refused} %r6, [%rd1];");
+            assert!(rig.run(&op, tex, &[[0; 4]]).is_err(), "{refused}");
+        }
+        // A surface is no texture.
+        let err = rig
+            .run("txq.width.b32 %r6, [%rd1];", surf, &[[0; 4]])
+            .unwrap_err();
+        assert_eq!(err.cuda_status(), 700);
     }
 
     #[test]
