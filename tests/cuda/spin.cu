@@ -1,7 +1,8 @@
-// spin(volatile int* flag): every thread waits until *flag != 0. Launched with flag 0 it never
-// ends: the executor's instruction budget (or the driver's watchdog) must stop it. The host
-// program sets the flag from the host after a while through mapped memory, so on a real GPU it
-// ends.
+// spin(volatile int* flag): every thread waits until *flag != 0. The host program makes sure
+// the kernel has started (a stream query, which a real GPU answers "not ready" at once), then
+// sets the flag through mapped memory after a while, so on a real GPU it ends. Behind a VM the
+// device sees mapped memory only at synchronisation points (docs/CUDA-GUEST.md): the kernel
+// cannot see the flag, runs into the request's deadline, and the query reports that error.
 #include "common.h"
 #include <unistd.h>
 __global__ void spin(volatile int* flag) {
@@ -14,6 +15,11 @@ int main() {
     int* d;
     CHECK(cudaHostGetDevicePointer(&d, h, 0));
     spin<<<2, 64>>>(d);
+    cudaError_t started = cudaStreamQuery(0);
+    if (started != cudaSuccess && started != cudaErrorNotReady) {
+        std::printf("FAIL cudaStreamQuery(0): %s\n", cudaGetErrorString(started));
+        return 1;
+    }
     usleep(200000);
     *(volatile int*)h = 1;
     CHECK(cudaDeviceSynchronize());

@@ -12,9 +12,9 @@ use std::sync::{Mutex, OnceLock};
 
 use mdev_backend::compute::ptx::MAX_PTX_BYTES;
 
+use crate::array::Memory;
 use crate::driver::{CuResult, Driver, Image, LINK_TOKEN_MAGIC, LaunchParams, StreamSettings};
 use crate::drm::DrmTransport;
-use crate::array::Memory;
 use crate::status::*;
 use crate::symbols::Resolution;
 use crate::transport::{SOCKET_ENV, SocketTransport, Transport, TransportError};
@@ -342,21 +342,6 @@ macro_rules! entry {
 }
 pub(crate) use entry;
 
-macro_rules! not_supported {
-    ($($name:ident | $alias:ident),* $(,)?) => {
-        $(
-            #[unsafe(no_mangle)]
-            pub extern "C" fn $name() -> CUresult {
-                finish(Ok(unsupported(stringify!($name))))
-            }
-            #[unsafe(no_mangle)]
-            pub extern "C" fn $alias() -> CUresult {
-                finish(Ok(unsupported(stringify!($alias))))
-            }
-        )*
-    };
-}
-
 // Initialisation, version, device.
 
 entry!(cuInit(_flags: c_uint) {
@@ -369,7 +354,7 @@ entry!(cuInit(_flags: c_uint) {
         SAID.call_once(|| eprintln!("vgpu libcuda: no device: {why}"));
         CUDA_ERROR_NO_DEVICE
     })?;
-    *guard = Some(Driver::new(t)?);
+    *guard = Some(Driver::new(t)?.with_host_view(Box::new(ProcessMemory)));
     Ok(())
 });
 
@@ -1241,7 +1226,230 @@ entry!(cuMemAlloc_v2 | cuMemAlloc(dptr: *mut u64, bytes: usize) {
 
 entry!(cuMemFree_v2 | cuMemFree(dptr: u64) {
     let ctx = current()?;
-    with(|d| d.mem_free(ctx, dptr))
+    let shadow = with(|d| d.shadow_release(Some(dptr), None))?;
+    match shadow {
+        Some(s) if s.managed => {
+            unmap_view(s.host, s.size)?;
+            with(|d| d.mem_free(s.ctx, s.alloc))
+        }
+        Some(s) => {
+            // Mapped host memory is freed with cuMemFreeHost or unregistered: keep it.
+            with(|d| d.shadow_create(s))?;
+            Err(CUDA_ERROR_INVALID_VALUE)
+        }
+        None => with(|d| d.mem_free(ctx, dptr)),
+    }
+});
+
+// Managed and mapped memory: a device range and a host view kept coherent by the driver at
+// synchronisation points (driver.rs `Shadow`). The host view of managed memory, and of
+// mapped memory the driver allocates, is mapped at the device address inside the context's
+// window, so one pointer serves both sides (unified addressing).
+
+/// The host views' memory: this process's.
+struct ProcessMemory;
+
+impl crate::driver::HostView for ProcessMemory {
+    fn read(&self, addr: u64, out: &mut [u8]) {
+        // SAFETY: `addr` is a host view the driver keeps (pages this library mapped, or a
+        // range the program registered and must keep until it unregisters it) of at least
+        // `out.len()` bytes; the program does not touch it while the device may use it, as
+        // CUDA requires without concurrent managed access.
+        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, out.as_mut_ptr(), out.len()) };
+    }
+
+    fn write(&self, addr: u64, data: &[u8]) {
+        // SAFETY: as in `read`, for writing `data.len()` bytes at a synchronisation point.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), addr as *mut u8, data.len()) };
+    }
+}
+
+/// The process's page size.
+fn page_size() -> u64 {
+    // SAFETY: sysconf reads a constant of the system.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
+}
+
+/// Makes the pages of `[addr, addr + size)` readable and writable host memory (zeros). They
+/// lie in a device allocation of a context's window, reserved in this process.
+fn map_view(addr: u64, size: u64) -> CuResult<()> {
+    let len = usize::try_from(size.next_multiple_of(page_size()))
+        .map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
+    // SAFETY: MAP_FIXED over pages of the window this library reserved (inaccessible, nothing
+    // of the program lives there) inside one device allocation the driver just made.
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    Ok(())
+}
+
+/// Returns the pages of a host view to the window's inaccessible reservation.
+fn unmap_view(addr: u64, size: u64) -> CuResult<()> {
+    let len = usize::try_from(size.next_multiple_of(page_size()))
+        .map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+    // SAFETY: the pages `map_view` mapped for a host view the driver no longer keeps; they
+    // become the reservation they were.
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut c_void,
+            len,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(CUDA_ERROR_UNKNOWN);
+    }
+    Ok(())
+}
+
+/// Device memory with a host view at the same address in the current context: (context,
+/// address). Needs a device whose memory the host places in this process's windows.
+fn unified_alloc(bytes: usize, what: &str) -> CuResult<(u64, u64)> {
+    let ctx = current()?;
+    if !with(|d| Ok(d.attributes().placement))? {
+        refused(&format!(
+            "{what}: the device's memory is not in this process's address space"
+        ));
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    let bytes = bytes as u64;
+    let (addr, alloc) = with(|d| d.managed_reserve(ctx, bytes, page_size()))?;
+    let shadow = crate::driver::ShadowInfo {
+        ctx,
+        device: addr,
+        host: addr,
+        size: bytes,
+        alloc,
+        managed: what == "cuMemAllocManaged",
+    };
+    let made = map_view(addr, bytes).and_then(|()| with(|d| d.shadow_create(shadow)));
+    if let Err(e) = made {
+        let _ = unmap_view(addr, bytes);
+        let _ = with(|d| d.mem_free(ctx, alloc));
+        return Err(e);
+    }
+    Ok((ctx, addr))
+}
+
+/// `CU_MEM_ATTACH_GLOBAL`, `_HOST`, `_SINGLE`.
+const MEM_ATTACH_GLOBAL: c_uint = 1;
+const MEM_ATTACH_HOST: c_uint = 2;
+const MEM_ATTACH_SINGLE: c_uint = 4;
+
+entry!(cuMemAllocManaged(dptr: *mut u64, bytes: usize, flags: c_uint) {
+    if dptr.is_null() || bytes == 0 || !matches!(flags, MEM_ATTACH_GLOBAL | MEM_ATTACH_HOST) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let (_, addr) = unified_alloc(bytes, "cuMemAllocManaged")?;
+    put(dptr, addr)
+});
+
+/// A managed range `[ptr, ptr + count)` of the current context, checked.
+fn managed_range(ptr: u64, count: usize) -> CuResult<()> {
+    current()?;
+    let s = with(|d| Ok(d.shadow_at(ptr, false)))?.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let end = ptr
+        .checked_add(count as u64)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if !s.managed || count == 0 || end > s.device + s.size {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(())
+}
+
+/// `CUmemLocation` of CUDA 12.2: a type (device 1, host 2, host NUMA 3, host NUMA current 4)
+/// and an id.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct MemLocation {
+    kind: c_int,
+    id: c_int,
+}
+
+/// A prefetch or advice target: this device, or the host (`CU_DEVICE_CPU`, -1).
+fn location(kind: c_int, id: c_int) -> CuResult<()> {
+    match (kind, id) {
+        (1, DEVICE) | (2, _) | (3, 0) | (4, _) => Ok(()),
+        (1, -1) => Ok(()),
+        _ => Err(CUDA_ERROR_INVALID_DEVICE),
+    }
+}
+
+// Prefetching and advice are hints: the driver moves a managed range at synchronisation
+// points whatever they say. They are checked and accepted.
+
+entry!(cuMemPrefetchAsync(ptr: u64, count: usize, device: c_int, stream: Handle) {
+    owner(stream)?;
+    managed_range(ptr, count)?;
+    location(1, device)
+});
+
+entry!(cuMemPrefetchAsync_v2(ptr: u64, count: usize, loc: MemLocation, flags: c_uint, stream: Handle) {
+    owner(stream)?;
+    managed_range(ptr, count)?;
+    if flags != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    location(loc.kind, loc.id)
+});
+
+/// `CUmem_advise`: set/unset read mostly, preferred location, accessed by.
+const MAX_MEM_ADVICE: c_int = 6;
+
+entry!(cuMemAdvise(ptr: u64, count: usize, advice: c_int, device: c_int) {
+    managed_range(ptr, count)?;
+    if !(1..=MAX_MEM_ADVICE).contains(&advice) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    location(1, device)
+});
+
+entry!(cuMemAdvise_v2(ptr: u64, count: usize, advice: c_int, loc: MemLocation) {
+    managed_range(ptr, count)?;
+    if !(1..=MAX_MEM_ADVICE).contains(&advice) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    location(loc.kind, loc.id)
+});
+
+entry!(cuStreamAttachMemAsync(stream: Handle, ptr: u64, length: usize, flags: c_uint) {
+    owner(stream)?;
+    if !matches!(flags, MEM_ATTACH_GLOBAL | MEM_ATTACH_HOST | MEM_ATTACH_SINGLE) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // Length 0 means the whole allocation; a context's work runs in order, so which stream a
+    // range is attached to changes nothing.
+    let s = with(|d| Ok(d.shadow_at(ptr, false)))?.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if !s.managed || (length != 0 && (ptr != s.device || length as u64 > s.size)) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(())
+});
+
+entry!(cuMemHostGetDevicePointer_v2 | cuMemHostGetDevicePointer(dptr: *mut u64, p: *mut c_void, flags: c_uint) {
+    current()?;
+    if flags != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let s = with(|d| Ok(d.shadow_at(p as u64, true)))?.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if s.managed {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    put(dptr, s.device + (p as u64 - s.host))
 });
 
 entry!(cuMemGetInfo_v2 | cuMemGetInfo(free: *mut usize, total: *mut usize) {
@@ -1262,6 +1470,10 @@ entry!(cuMemGetAddressRange_v2 | cuMemGetAddressRange(base: *mut u64, size: *mut
 const MEMHOSTALLOC_FLAGS: c_uint = 0x07;
 /// `CU_MEMHOSTREGISTER_*` flags: portable, device-mapped, I/O memory, read-only.
 const MEMHOSTREGISTER_FLAGS: c_uint = 0x0F;
+/// `CU_MEMHOSTALLOC_DEVICEMAP` and `CU_MEMHOSTREGISTER_DEVICEMAP`: mapped into the device's
+/// address space.
+const MEMHOSTALLOC_DEVICEMAP: c_uint = 0x02;
+const MEMHOSTREGISTER_DEVICEMAP: c_uint = 0x02;
 /// `CU_MEMHOSTREGISTER_IOMEMORY`: the range is a device's I/O memory.
 const MEMHOSTREGISTER_IOMEMORY: c_uint = 0x04;
 
@@ -1274,6 +1486,14 @@ fn host_alloc(pp: *mut *mut c_void, bytes: usize, flags: c_uint) -> CuResult<()>
     }
     if bytes == 0 {
         return put(pp, std::ptr::null_mut());
+    }
+    if flags & MEMHOSTALLOC_DEVICEMAP != 0 {
+        let (ctx, addr) = unified_alloc(bytes, "cuMemHostAlloc(CU_MEMHOSTALLOC_DEVICEMAP)")?;
+        if let Err(e) = with(|d| d.host_memory_add(addr, bytes as u64, flags, ctx, false)) {
+            release_mapped(addr)?;
+            return Err(e);
+        }
+        return put(pp, addr as *mut c_void);
     }
     // SAFETY: malloc of a non-zero size; a NULL result is handled.
     let p = unsafe { libc::malloc(bytes) };
@@ -1296,11 +1516,27 @@ entry!(cuMemHostAlloc(pp: *mut *mut c_void, bytes: usize, flags: c_uint) {
     host_alloc(pp, bytes, flags)
 });
 
+/// Stops shadowing the mapped host memory whose host view starts at `host`, and frees its
+/// device allocation (and its pages, when the driver mapped them): whether there was one.
+fn release_mapped(host: u64) -> CuResult<bool> {
+    let Some(s) = with(|d| d.shadow_release(None, Some(host)))? else {
+        return Ok(false);
+    };
+    if s.host == s.device {
+        unmap_view(s.host, s.size)?;
+    }
+    with(|d| d.mem_free(s.ctx, s.alloc))?;
+    Ok(true)
+}
+
 entry!(cuMemFreeHost(p: *mut c_void) {
     if p.is_null() {
         return Ok(());
     }
-    with(|d| d.host_memory_remove(p as u64, false))?;
+    let m = with(|d| d.host_memory_remove(p as u64, false))?;
+    if m.flags & MEMHOSTALLOC_DEVICEMAP != 0 {
+        return release_mapped(p as u64).map(drop);
+    }
     // SAFETY: `p` is the start of a block host_alloc got from malloc and recorded, and its
     // record is gone: it is freed once.
     unsafe { libc::free(p) };
@@ -1316,12 +1552,37 @@ entry!(cuMemHostRegister_v2 | cuMemHostRegister(p: *mut c_void, bytes: usize, fl
         refused("cuMemHostRegister of I/O memory (no device's I/O memory is reachable)");
         return Err(CUDA_ERROR_NOT_SUPPORTED);
     }
-    // Registering changes nothing else: every copy goes through the transport.
-    with(|d| d.host_memory_add(p as u64, bytes as u64, flags, ctx, true))
+    with(|d| d.host_memory_add(p as u64, bytes as u64, flags, ctx, true))?;
+    if flags & MEMHOSTREGISTER_DEVICEMAP == 0 {
+        // Nothing else changes: every copy goes through the transport.
+        return Ok(());
+    }
+    // Mapped: a device allocation shadows the range (another address: the program's memory is
+    // not in the device's address space; cuMemHostGetDevicePointer gives it).
+    let mapped = with(|d| {
+        let device = d.mem_alloc(ctx, bytes as u64)?;
+        let s = crate::driver::ShadowInfo {
+            ctx,
+            device,
+            host: p as u64,
+            size: bytes as u64,
+            alloc: device,
+            managed: false,
+        };
+        d.shadow_create(s).inspect_err(|_| {
+            let _ = d.mem_free(ctx, device);
+        })
+    });
+    if let Err(e) = mapped {
+        let _ = with(|d| d.host_memory_remove(p as u64, true));
+        return Err(e);
+    }
+    Ok(())
 });
 
 entry!(cuMemHostUnregister(p: *mut c_void) {
-    with(|d| d.host_memory_remove(p as u64, true)).map(drop)
+    with(|d| d.host_memory_remove(p as u64, true))?;
+    release_mapped(p as u64).map(drop)
 });
 
 entry!(cuMemHostGetFlags(flags: *mut c_uint, p: *mut c_void) {
@@ -1451,11 +1712,6 @@ entry!(cuMemsetD32_v2 | cuMemsetD32(dst: u64, value: c_uint, n: usize) {
 entry!(cuMemsetD32Async(dst: u64, value: c_uint, n: usize, stream: Handle) {
     graphs::memset_async(dst, value, 4, n, stream)
 });
-
-not_supported!(
-    cuMemHostGetDevicePointer_v2 | cuMemHostGetDevicePointer,
-    cuMemAllocManaged | cuMemPrefetchAsync,
-);
 
 // Streams and events.
 

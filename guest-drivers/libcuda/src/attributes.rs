@@ -147,9 +147,10 @@ pub fn device_attribute(a: &DeviceAttributes, attribute: c_int) -> CuResult<c_in
         // Kernel timeout, integrated, ECC, compute mode (default), TCC: no.
         17 | 18 | 20 | 32 | 35 => 0,
         39 => v(sm()?.max_threads),
-        // Unified addressing: where the host places device memory in windows this library
-        // reserves (driver.rs `context_create`).
-        41 => c_int::from(a.placement),
+        // Unified addressing, managed memory and mapped host memory: where the host places
+        // device memory in windows this library reserves (driver.rs `context_create`), so a
+        // host view can live at a device address (api.rs `unified_alloc`).
+        19 | 41 | 83 => c_int::from(a.placement),
         75 => v(a.compute_capability.0),
         76 => v(a.compute_capability.1),
         // Stream priorities (kept and reported), L1 caching of globals and locals, compute
@@ -365,8 +366,9 @@ const ACCESS_READ: u32 = 1;
 const ACCESS_READ_WRITE: u32 = 3;
 
 /// `cuPointerGetAttribute`'s answer for `ptr` from what the library knows of it (`info`):
-/// device allocations are device memory of their context, page-locked host memory is host
-/// memory with no device pointer (mapped host memory is not supported), nothing is managed.
+/// device allocations are device memory of their context, managed memory is device memory
+/// the host may use too, page-locked host memory is host memory with a device pointer when
+/// mapped.
 /// With no `info` (not memory of this driver) every attribute is
 /// `CUDA_ERROR_INVALID_VALUE`, or its zero when `lenient` (`cuPointerGetAttributes`).
 /// P2P tokens need the nv-p2p kernel interface: `CUDA_ERROR_NOT_SUPPORTED`.
@@ -391,16 +393,29 @@ pub fn pointer_attribute(
             Err(CUDA_ERROR_INVALID_VALUE)
         };
     };
-    let (ctx, start, size, buffer_id, device) = match *info {
+    // Managed memory is device memory with a host pointer; mapped host memory has a device
+    // pointer (`offset` from the host one).
+    let (ctx, start, size, buffer_id, device, managed, mapped) = match *info {
         PointerInfo::Device {
             ctx,
             start,
             size,
             buffer_id,
-        } => (ctx, start, size, buffer_id, true),
-        PointerInfo::Host { start, memory } => {
-            (memory.ctx, start, memory.size, memory.buffer_id, false)
-        }
+            managed,
+        } => (ctx, start, size, buffer_id, true, managed, None),
+        PointerInfo::Host {
+            start,
+            memory,
+            device,
+        } => (
+            memory.ctx,
+            start,
+            memory.size,
+            memory.buffer_id,
+            false,
+            false,
+            device,
+        ),
     };
     let read_only = matches!(info, PointerInfo::Host { memory, .. }
         if memory.registered && memory.flags & HOST_REGISTER_READ_ONLY != 0);
@@ -412,9 +427,11 @@ pub fn pointer_attribute(
             MEMORY_TYPE_HOST
         }),
         3 if device => Word(ptr),
-        4 if !device => Word(ptr),
-        // No device pointer for host memory (not mapped), no host pointer for device memory.
+        3 if let Some(d) = mapped => Word(d + (ptr - start)),
+        4 if !device || managed => Word(ptr),
+        // No device pointer for host memory not mapped, no host pointer for device memory.
         3 | 4 => return Err(CUDA_ERROR_INVALID_VALUE),
+        8 => Bool(managed),
         7 | 20 => Word(buffer_id),
         9 => Int(0),
         11 | 19 => Word(start),
@@ -598,6 +615,7 @@ mod tests {
             start: 0x1000,
             size: 256,
             buffer_id: 3,
+            managed: false,
         };
         let host = PointerInfo::Host {
             start: 0x9000,
@@ -608,6 +626,7 @@ mod tests {
                 registered: true,
                 buffer_id: 4,
             },
+            device: None,
         };
         let at = |a, p, i| pointer_attribute(a, p, Some(i), false);
         assert_eq!(at(2, 0x1010, &device), Ok(PointerValue::Int(2)));
@@ -641,5 +660,28 @@ mod tests {
             pointer_attribute(1, 5, None, true),
             Ok(PointerValue::Word(0))
         );
+        // Managed: device memory with a host pointer; mapped host memory: a device pointer.
+        let managed = PointerInfo::Device {
+            ctx: 7,
+            start: 0x4000,
+            size: 64,
+            buffer_id: 5,
+            managed: true,
+        };
+        assert_eq!(at(8, 0x4008, &managed), Ok(PointerValue::Bool(true)));
+        assert_eq!(at(4, 0x4008, &managed), Ok(PointerValue::Word(0x4008)));
+        assert_eq!(at(2, 0x4008, &managed), Ok(PointerValue::Int(2)));
+        let mapped = PointerInfo::Host {
+            start: 0x9000,
+            memory: HostMemory {
+                size: 64,
+                flags: 2,
+                ctx: 7,
+                registered: true,
+                buffer_id: 6,
+            },
+            device: Some(0x7000),
+        };
+        assert_eq!(at(3, 0x9010, &mapped), Ok(PointerValue::Word(0x7010)));
     }
 }

@@ -99,16 +99,60 @@ pub const MAX_HOST_RANGES: usize = 65_536;
 /// What `cuPointerGetAttribute` knows of an address: the allocation holding it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PointerInfo {
-    /// Device memory of a context: its start, size and buffer id.
+    /// Device memory of a context: its start, size and buffer id; managed memory too.
     Device {
         ctx: u64,
         start: u64,
         size: u64,
         buffer_id: u64,
+        managed: bool,
     },
-    /// Page-locked host memory.
-    Host { start: u64, memory: HostMemory },
+    /// Page-locked host memory, with its device address when it is mapped.
+    Host {
+        start: u64,
+        memory: HostMemory,
+        device: Option<u64>,
+    },
 }
+
+/// The process memory holding the host views of managed and mapped memory, which only
+/// `api.rs` reads and writes (tests give a fake).
+pub trait HostView: Send {
+    /// Copies `out.len()` bytes of this process at `addr` into `out`.
+    fn read(&self, addr: u64, out: &mut [u8]);
+    /// Copies `data` into this process at `addr`.
+    fn write(&self, addr: u64, data: &[u8]);
+}
+
+/// Memory seen at two places, a device range and its host view (managed memory, mapped
+/// page-locked host memory), made coherent at the synchronisation points CUDA defines for a
+/// device without concurrent managed access: before device work the host view's changes go to
+/// the device, after a synchronisation the device's contents come back.
+#[derive(Debug)]
+struct Shadow {
+    ctx: u64,
+    host: u64,
+    size: u64,
+    /// The device allocation holding the range (freed with it).
+    alloc: u64,
+    /// The host view as last made coherent: an upload sends only the chunks that changed.
+    clean: Vec<u8>,
+    managed: bool,
+}
+
+/// What a shadowed range is, for pointer attributes and for its release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShadowInfo {
+    pub ctx: u64,
+    pub device: u64,
+    pub host: u64,
+    pub size: u64,
+    pub alloc: u64,
+    pub managed: bool,
+}
+
+/// Bytes compared and sent as one piece when a host view is made coherent.
+const COHERENCE_CHUNK: usize = 64 << 10;
 
 /// A created stream's `CU_STREAM_*` flags and priority (`cuStreamCreateWithPriority`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -212,6 +256,13 @@ pub struct Driver<T: Transport> {
     host_memory: BTreeMap<u64, HostMemory>,
     /// The last buffer id given (ids are never reused in a process).
     last_buffer_id: u64,
+    /// Managed and mapped ranges: device address → the range.
+    shadows: BTreeMap<u64, Shadow>,
+    /// Bytes of all shadows, at most the device's memory (each is device memory too).
+    shadow_bytes: u64,
+    host_view: Option<Box<dyn HostView>>,
+    /// Device work was sent since the shadows were last brought back.
+    device_touched: bool,
     primary: Option<u64>,
     /// The primary context's flags (`cuDevicePrimaryCtxSetFlags`), kept across its creation.
     primary_flags: u32,
@@ -241,6 +292,10 @@ impl<T: Transport> Driver<T> {
             streams: HashMap::new(),
             host_memory: BTreeMap::new(),
             last_buffer_id: 0,
+            shadows: BTreeMap::new(),
+            shadow_bytes: 0,
+            host_view: None,
+            device_touched: false,
             primary: None,
             primary_flags: 0,
             next: 0,
@@ -273,7 +328,25 @@ impl<T: Transport> Driver<T> {
         self.send(&req)
     }
 
+    /// Sends `req`; with shadowed ranges, device work is preceded by the host views' changes
+    /// and a synchronisation is followed by the device's contents.
     fn send(&mut self, req: &Request) -> CuResult<Reply> {
+        if self.shadows.is_empty() {
+            return self.exchange(req);
+        }
+        let device_work = touches_device(req);
+        if device_work {
+            self.upload_shadows()?;
+        }
+        let reply = self.exchange(req)?;
+        self.device_touched |= device_work;
+        if synchronizes(req) {
+            self.download_shadows()?;
+        }
+        Ok(reply)
+    }
+
+    fn exchange(&mut self, req: &Request) -> CuResult<Reply> {
         match self.t.call(req) {
             Ok(Reply::Error { status, .. }) => Err(if status == 0 {
                 CUDA_ERROR_UNKNOWN
@@ -406,6 +479,16 @@ impl<T: Transport> Driver<T> {
 
     pub fn context_destroy(&mut self, ctx: u64) -> CuResult<()> {
         let remote = self.remote(ctx)?;
+        // Its shadows' host views go with its window.
+        let gone: u64 = self
+            .shadows
+            .values()
+            .filter(|s| s.ctx == ctx)
+            .map(|s| s.size)
+            .sum();
+        self.shadows.retain(|_, s| s.ctx != ctx);
+        self.shadow_bytes -= gone;
+        self.host_memory.retain(|_, m| m.ctx != ctx || m.registered);
         self.contexts.remove(&ctx);
         self.objects.retain(|_, (c, _)| *c != ctx);
         self.streams.retain(|s, _| self.objects.contains_key(s));
@@ -786,6 +869,227 @@ impl<T: Transport> Driver<T> {
         self.last_buffer_id
     }
 
+    /// Where the host views of shadowed ranges are read and written (`api.rs`).
+    pub fn with_host_view(mut self, v: Box<dyn HostView>) -> Self {
+        self.host_view = Some(v);
+        self
+    }
+
+    /// A device allocation for managed memory of `bytes`: (the page-aligned address the range
+    /// starts at, the allocation). The allocation has a page to spare, so the pages of the
+    /// host view, `[address, address + bytes rounded to pages)`, lie inside it.
+    pub fn managed_reserve(&mut self, ctx: u64, bytes: u64, page: u64) -> CuResult<(u64, u64)> {
+        let len = bytes
+            .checked_next_multiple_of(page)
+            .and_then(|l| l.checked_add(page))
+            .filter(|_| bytes > 0)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if self.shadow_bytes.saturating_add(len) > self.attributes.total_memory {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        let alloc = self.mem_alloc(ctx, len)?;
+        let addr = alloc.next_multiple_of(page);
+        // The range is known by its own start (cuMemGetAddressRange, copies' checks).
+        self.move_allocation(ctx, alloc, addr);
+        Ok((addr, alloc))
+    }
+
+    /// Moves the record of the allocation starting at `from` to start at `to` inside it (or
+    /// back), keeping its end and buffer id.
+    fn move_allocation(&mut self, ctx: u64, from: u64, to: u64) {
+        if let Some(c) = self.contexts.get_mut(&ctx)
+            && let Some(size) = c.allocations.remove(&from)
+        {
+            let end = from + size;
+            c.allocations.insert(to, end - to);
+            if let Some(id) = c.buffer_ids.remove(&from) {
+                c.buffer_ids.insert(to, id);
+            }
+        }
+    }
+
+    /// Starts keeping `[device, device + size)` of allocation `alloc` coherent with the host
+    /// view at `host` (the same address for managed memory and mapped memory in a context's
+    /// window): the host view's contents go to the device now. The total is bounded by the
+    /// device's memory.
+    pub fn shadow_create(&mut self, s: ShadowInfo) -> CuResult<()> {
+        self.ctx(s.ctx)?;
+        if self.host_view.is_none() || s.size == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let total = self
+            .shadow_bytes
+            .checked_add(s.size)
+            .filter(|&t| t <= self.attributes.total_memory)
+            .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        let ends = |a: u64| a.checked_add(s.size).ok_or(CUDA_ERROR_INVALID_VALUE);
+        let (device_end, host_end) = (ends(s.device)?, ends(s.host)?);
+        let taken = self
+            .shadows
+            .range(..device_end)
+            .next_back()
+            .is_some_and(|(&d, o)| d + o.size > s.device)
+            || self
+                .shadows
+                .values()
+                .any(|o| o.host < host_end && s.host < o.host + o.size);
+        if taken {
+            return Err(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+        }
+        // Flush what is pending first: it ran before the range was shadowed.
+        self.flush()?;
+        self.shadows.insert(
+            s.device,
+            Shadow {
+                ctx: s.ctx,
+                host: s.host,
+                size: s.size,
+                alloc: s.alloc,
+                clean: Vec::new(),
+                managed: s.managed,
+            },
+        );
+        self.shadow_bytes = total;
+        self.upload_shadows()
+    }
+
+    /// Stops shadowing the range that starts at `device` (or whose host view starts at
+    /// `host`), after bringing the device's contents back: what it was.
+    pub fn shadow_release(
+        &mut self,
+        device: Option<u64>,
+        host: Option<u64>,
+    ) -> CuResult<Option<ShadowInfo>> {
+        let key = self
+            .shadows
+            .iter()
+            .find(|(d, s)| Some(**d) == device || Some(s.host) == host)
+            .map(|(&d, _)| d);
+        let Some(key) = key else {
+            return Ok(None);
+        };
+        self.flush()?;
+        self.download_shadows()?;
+        let s = self.shadows.remove(&key).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        self.shadow_bytes -= s.size;
+        if s.host == key {
+            self.move_allocation(s.ctx, key, s.alloc);
+        }
+        Ok(Some(ShadowInfo {
+            ctx: s.ctx,
+            device: key,
+            host: s.host,
+            size: s.size,
+            alloc: s.alloc,
+            managed: s.managed,
+        }))
+    }
+
+    /// The shadowed range holding `addr` on the device side or, with `host`, on the host side.
+    pub fn shadow_at(&self, addr: u64, host: bool) -> Option<ShadowInfo> {
+        self.shadows.iter().find_map(|(&device, s)| {
+            let start = if host { s.host } else { device };
+            (addr >= start && addr - start < s.size).then_some(ShadowInfo {
+                ctx: s.ctx,
+                device,
+                host: s.host,
+                size: s.size,
+                alloc: s.alloc,
+                managed: s.managed,
+            })
+        })
+    }
+
+    /// Sends the chunks of each host view that changed since it was last made coherent.
+    fn upload_shadows(&mut self) -> CuResult<()> {
+        let Some(view) = self.host_view.take() else {
+            return Ok(());
+        };
+        let r = self.upload_with(view.as_ref());
+        self.host_view = Some(view);
+        r
+    }
+
+    fn upload_with(&mut self, view: &dyn HostView) -> CuResult<()> {
+        let keys: Vec<u64> = self.shadows.keys().copied().collect();
+        for device in keys {
+            let (ctx, host, size) = match self.shadows.get(&device) {
+                Some(s) => (s.ctx, s.host, s.size as usize),
+                None => continue,
+            };
+            let remote = self.remote(ctx)?;
+            let mut now = vec![0u8; size];
+            view.read(host, &mut now);
+            let clean = self
+                .shadows
+                .get_mut(&device)
+                .map(|s| std::mem::take(&mut s.clean))
+                .unwrap_or_default();
+            for (i, chunk) in now.chunks(COHERENCE_CHUNK).enumerate() {
+                let at = i * COHERENCE_CHUNK;
+                if clean.get(at..at + chunk.len()) == Some(chunk) {
+                    continue;
+                }
+                self.exchange(&Request::CopyHtoD {
+                    ctx: remote,
+                    dst: device + at as u64,
+                    data: chunk.to_vec(),
+                    stream: StreamId(0),
+                })?;
+            }
+            if let Some(s) = self.shadows.get_mut(&device) {
+                s.clean = now;
+            }
+        }
+        Ok(())
+    }
+
+    /// Brings every shadowed range's device contents back to its host view, when device work
+    /// was sent since the last time.
+    fn download_shadows(&mut self) -> CuResult<()> {
+        if !self.device_touched {
+            return Ok(());
+        }
+        let Some(view) = self.host_view.take() else {
+            return Ok(());
+        };
+        let r = self.download_with(view.as_ref());
+        self.host_view = Some(view);
+        r
+    }
+
+    fn download_with(&mut self, view: &dyn HostView) -> CuResult<()> {
+        let keys: Vec<u64> = self.shadows.keys().copied().collect();
+        for device in keys {
+            let (ctx, host, size) = match self.shadows.get(&device) {
+                Some(s) => (s.ctx, s.host, s.size),
+                None => continue,
+            };
+            let remote = self.remote(ctx)?;
+            let mut data = Vec::with_capacity(size as usize);
+            let mut at = 0;
+            while at < size {
+                let n = (size - at).min(MAX_COPY_BYTES);
+                match self.exchange(&Request::CopyDtoH {
+                    ctx: remote,
+                    src: device + at,
+                    bytes: n,
+                    stream: StreamId(0),
+                })? {
+                    Reply::Data(d) if d.len() as u64 == n => data.extend_from_slice(&d),
+                    _ => return Err(CUDA_ERROR_UNKNOWN),
+                }
+                at += n;
+            }
+            view.write(host, &data);
+            if let Some(s) = self.shadows.get_mut(&device) {
+                s.clean = data;
+            }
+        }
+        self.device_touched = false;
+        Ok(())
+    }
+
     /// The page-locked host range holding `addr`: (start, what it is).
     fn host_range(&self, addr: u64) -> Option<(u64, HostMemory)> {
         self.host_memory
@@ -853,8 +1157,34 @@ impl<T: Transport> Driver<T> {
         self.host_range(addr).map(|(_, m)| m)
     }
 
-    /// What `addr` is: device memory of any context, or page-locked host memory.
+    /// What `addr` is: managed memory, page-locked host memory (mapped or not), or device
+    /// memory of any context.
     pub fn pointer_info(&self, addr: u64) -> Option<PointerInfo> {
+        if let Some(s) = self.shadow_at(addr, false).filter(|s| s.managed) {
+            let buffer_id = self
+                .contexts
+                .get(&s.ctx)
+                .and_then(|c| c.buffer_ids.get(&s.device))
+                .copied()
+                .unwrap_or(0);
+            return Some(PointerInfo::Device {
+                ctx: s.ctx,
+                start: s.device,
+                size: s.size,
+                buffer_id,
+                managed: true,
+            });
+        }
+        if let Some((start, memory)) = self.host_range(addr) {
+            let device = self
+                .shadow_at(start, true)
+                .map(|s| s.device + (start - s.host));
+            return Some(PointerInfo::Host {
+                start,
+                memory,
+                device,
+            });
+        }
         for (&ctx, c) in &self.contexts {
             if let Some((&start, &size)) = c.allocations.range(..=addr).next_back()
                 && addr - start < size
@@ -864,11 +1194,11 @@ impl<T: Transport> Driver<T> {
                     start,
                     size,
                     buffer_id: c.buffer_ids.get(&start).copied().unwrap_or(0),
+                    managed: false,
                 });
             }
         }
-        self.host_range(addr)
-            .map(|(start, memory)| PointerInfo::Host { start, memory })
+        None
     }
 
     /// The allocation holding `addr`: (start, size).
@@ -1202,6 +1532,51 @@ fn context_window_bytes(a: &DeviceAttributes) -> u64 {
     let guards = (mdev_backend::compute::memory::MAX_ALLOCATIONS as u64)
         .saturating_mul(mdev_backend::compute::memory::GUARD_BYTES);
     a.total_memory.saturating_mul(2).saturating_add(guards)
+}
+
+/// Whether `req` may read or write device memory (everything but bookkeeping, waiting and
+/// queries).
+fn touches_device(req: &Request) -> bool {
+    if let Request::Batch(items) = req {
+        return items.iter().any(touches_device);
+    }
+    !matches!(
+        req,
+        Request::Attributes
+            | Request::ContextSynchronize { .. }
+            | Request::StreamSynchronize { .. }
+            | Request::StreamQuery { .. }
+            | Request::EventRecord { .. }
+            | Request::EventSynchronize { .. }
+            | Request::EventQuery { .. }
+            | Request::ContextCreate
+            | Request::ContextCreateAt { .. }
+            | Request::ContextDestroy { .. }
+            | Request::ModuleUnload { .. }
+            | Request::Function { .. }
+            | Request::FunctionAttributes { .. }
+            | Request::MemAlloc { .. }
+            | Request::MemFree { .. }
+            | Request::StreamCreate { .. }
+            | Request::StreamDestroy { .. }
+            | Request::EventCreate { .. }
+            | Request::EventDestroy { .. }
+            | Request::EventElapsed { .. }
+            | Request::TakeOutput { .. }
+    )
+}
+
+/// Whether the host may touch managed and mapped memory after `req`: a synchronisation of the
+/// context, a stream or an event, or a synchronous copy to the host.
+fn synchronizes(req: &Request) -> bool {
+    match req {
+        Request::Batch(items) => items.iter().any(synchronizes),
+        Request::ContextSynchronize { .. }
+        | Request::StreamSynchronize { .. }
+        | Request::EventSynchronize { .. }
+        | Request::CopyDtoH { .. } => true,
+        _ => false,
+    }
 }
 
 #[cfg(test)]
@@ -1577,5 +1952,128 @@ mod tests {
         d.t.budget = 0;
         assert_eq!(d.mem_alloc(ctx, 8), Err(CUDA_ERROR_DEINITIALIZED));
         assert_eq!(d.synchronize(ctx), Err(CUDA_ERROR_DEINITIALIZED));
+    }
+
+    /// Host memory of the test: one range at [`FAKE_HOST`].
+    #[derive(Clone, Default)]
+    struct FakeHost(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    const FAKE_HOST: u64 = 0x10_0000;
+
+    impl HostView for FakeHost {
+        fn read(&self, addr: u64, out: &mut [u8]) {
+            let at = (addr - FAKE_HOST) as usize;
+            out.copy_from_slice(&self.0.lock().unwrap()[at..at + out.len()]);
+        }
+        fn write(&self, addr: u64, data: &[u8]) {
+            let at = (addr - FAKE_HOST) as usize;
+            self.0.lock().unwrap()[at..at + data.len()].copy_from_slice(data);
+        }
+    }
+
+    #[test]
+    fn shadowed_memory_moves_at_synchronisation_points_and_only_what_changed_goes_up() {
+        let n = 3 * COHERENCE_CHUNK + 100;
+        let host = FakeHost::default();
+        *host.0.lock().unwrap() = (0..n).map(|i| (i % 251) as u8).collect();
+        let mut d = driver().with_host_view(Box::new(host.clone()));
+        let ctx = d.context_create().unwrap();
+        let device = d.mem_alloc(ctx, n as u64).unwrap();
+        let shadow = ShadowInfo {
+            ctx,
+            device,
+            host: FAKE_HOST,
+            size: n as u64,
+            alloc: device,
+            managed: false,
+        };
+        let before = d.t.stats.requests;
+        d.shadow_create(shadow).unwrap();
+        assert_eq!(
+            d.t.stats.requests - before,
+            4,
+            "all four chunks go up at once"
+        );
+        assert_eq!(
+            d.shadow_create(shadow),
+            Err(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED)
+        );
+        // Nothing changed on the host: a synchronisation after device work sends no chunk and
+        // brings the range back in one copy.
+        d.memset_d8(ctx, device + 10, 0xAB, 2, 0).unwrap();
+        let before = d.t.stats.requests;
+        d.synchronize(ctx).unwrap();
+        assert_eq!(
+            d.t.stats.requests - before,
+            2,
+            "the batch, then one copy back"
+        );
+        assert_eq!(host.0.lock().unwrap()[10..13], [0xAB, 0xAB, 12]);
+        // One byte changed on the host: that chunk goes up before the device work.
+        host.0.lock().unwrap()[2 * COHERENCE_CHUNK + 1] = 7;
+        d.memset_d8(ctx, device, 1, 1, 0).unwrap();
+        let before = d.t.stats.requests;
+        d.synchronize(ctx).unwrap();
+        assert_eq!(
+            d.t.stats.requests - before,
+            3,
+            "one chunk, the batch, one copy back"
+        );
+        let mut back = vec![0u8; n];
+        d.copy_dtoh(ctx, &mut back, device, 0).unwrap();
+        assert_eq!(back[2 * COHERENCE_CHUNK + 1], 7);
+        assert_eq!(back[0], 1);
+        assert_eq!(host.0.lock().unwrap()[0], 1);
+        // Without device work since, a synchronisation brings nothing back.
+        let before = d.t.stats.requests;
+        d.synchronize(ctx).unwrap();
+        assert_eq!(d.t.stats.requests - before, 1);
+        // Released: the last contents came back, and nothing moves any more.
+        assert_eq!(
+            d.shadow_release(None, Some(FAKE_HOST)).unwrap(),
+            Some(shadow)
+        );
+        assert_eq!(d.shadow_release(None, Some(FAKE_HOST)), Ok(None));
+        d.memset_d8(ctx, device, 9, 1, 0).unwrap();
+        d.synchronize(ctx).unwrap();
+        assert_eq!(host.0.lock().unwrap()[0], 1);
+    }
+
+    #[test]
+    fn shadows_are_bounded_by_the_device_memory_and_need_a_host_view() {
+        let mut d = driver();
+        let ctx = d.context_create().unwrap();
+        let s = ShadowInfo {
+            ctx,
+            device: 0x1000,
+            host: FAKE_HOST,
+            size: 8,
+            alloc: 0x1000,
+            managed: false,
+        };
+        assert_eq!(
+            d.shadow_create(s),
+            Err(CUDA_ERROR_INVALID_VALUE),
+            "no host view"
+        );
+        let mut d = d.with_host_view(Box::new(FakeHost::default()));
+        let huge = ShadowInfo {
+            size: d.attributes().total_memory + 1,
+            ..s
+        };
+        assert_eq!(d.shadow_create(huge), Err(CUDA_ERROR_OUT_OF_MEMORY));
+        let wrapping = ShadowInfo {
+            device: u64::MAX - 4,
+            ..s
+        };
+        assert_eq!(d.shadow_create(wrapping), Err(CUDA_ERROR_INVALID_VALUE));
+        assert_eq!(
+            d.managed_reserve(ctx, 0, 4096),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+        assert_eq!(
+            d.managed_reserve(ctx, u64::MAX - 10, 4096),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
     }
 }

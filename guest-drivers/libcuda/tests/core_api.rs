@@ -139,6 +139,12 @@ unsafe extern "C" {
         data: *mut *mut c_void,
         ptr: u64,
     ) -> c_uint;
+    fn cuMemAllocManaged(dptr: *mut u64, bytes: usize, flags: c_uint) -> c_uint;
+    fn cuMemFree_v2(dptr: u64) -> c_uint;
+    fn cuMemPrefetchAsync(ptr: u64, count: usize, device: c_int, stream: Handle) -> c_uint;
+    fn cuMemAdvise(ptr: u64, count: usize, advice: c_int, device: c_int) -> c_uint;
+    fn cuStreamAttachMemAsync(stream: Handle, ptr: u64, length: usize, flags: c_uint) -> c_uint;
+    fn cuMemHostGetDevicePointer_v2(dptr: *mut u64, p: *mut c_void, flags: c_uint) -> c_uint;
     fn cuProfilerStart() -> c_uint;
     fn cuProfilerStop() -> c_uint;
 }
@@ -565,6 +571,120 @@ fn the_core_entry_points_tell_the_truth_and_refuse_bad_arguments() {
         assert_eq!(int(2, hp).0, 1, "gone");
         assert_eq!(cuMemFreeHost(h2), 0);
         assert_eq!(cuMemFreeHost(null_mut()), 0);
+
+        // Managed memory: one pointer on both sides, coherent at synchronisation points.
+        let run_stage = |p: u64| {
+            let mut arg = p;
+            let mut args = [(&raw mut arg).cast::<c_void>()];
+            let r = cuLaunchKernel(
+                f,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                null_mut(),
+                args.as_mut_ptr(),
+                null_mut(),
+            );
+            (r, cuCtxSynchronize_v2(null_mut()))
+        };
+        let mut mp = 0u64;
+        assert_eq!(cuMemAllocManaged(&mut mp, 3 * 4096 + 5, 1), 0);
+        let host = mp as *mut u32;
+        for i in 0..3072 {
+            *host.add(i) = i as u32;
+        }
+        assert_eq!(run_stage(mp + 8), (0, 0));
+        assert_eq!(
+            *host.add(2),
+            5,
+            "the kernel's write, after the synchronisation"
+        );
+        assert_eq!(
+            *host.add(3),
+            3,
+            "the host's writes reached the device and came back"
+        );
+        assert_eq!(*host.add(3071), 3071);
+        let mut byte = 0u8;
+        assert_eq!(cuPointerGetAttribute((&raw mut byte).cast(), 8, mp + 4), 0);
+        assert_eq!(byte, 1, "managed");
+        assert_eq!(word(4, mp + 4), (0, mp + 4), "a host pointer");
+        assert_eq!(int(2, mp), (0, 2));
+        let mut other = 0u64;
+        assert_eq!(cuMemAllocManaged(&mut other, 0, 1), 1, "empty");
+        assert_eq!(
+            cuMemAllocManaged(&mut other, 64, 4),
+            1,
+            "single is for streams"
+        );
+        assert_eq!(cuMemAllocManaged(null_mut(), 64, 1), 1);
+        assert_eq!(cuMemPrefetchAsync(mp, 4096, 0, null_mut()), 0);
+        assert_eq!(
+            cuMemPrefetchAsync(mp, 4096, -1, null_mut()),
+            0,
+            "to the host"
+        );
+        assert_eq!(cuMemPrefetchAsync(mp, 4096, 3, null_mut()), 101);
+        assert_eq!(cuMemPrefetchAsync(out, 4, 0, null_mut()), 1, "not managed");
+        assert_eq!(
+            cuMemPrefetchAsync(mp, 1 << 30, 0, null_mut()),
+            1,
+            "past its end"
+        );
+        assert_eq!(cuMemAdvise(mp, 16, 1, 0), 0);
+        assert_eq!(cuMemAdvise(mp, 16, 9, 0), 1, "no such advice");
+        assert_eq!(cuStreamAttachMemAsync(null_mut(), mp, 0, 2), 0);
+        assert_eq!(cuStreamAttachMemAsync(null_mut(), mp, 0, 3), 1);
+        assert_eq!(
+            cuStreamAttachMemAsync(null_mut(), out, 0, 1),
+            1,
+            "not managed"
+        );
+        let mut dm = 0u64;
+        assert_eq!(
+            cuMemHostGetDevicePointer_v2(&mut dm, host.cast(), 0),
+            1,
+            "not mapped"
+        );
+        assert_eq!(cuMemFree_v2(mp), 0);
+        assert_eq!(
+            cuPointerGetAttribute((&raw mut byte).cast(), 8, mp),
+            1,
+            "gone"
+        );
+
+        // Mapped host memory: allocated (one address) and registered (a device address of
+        // its own), coherent at synchronisation points.
+        let mut hm: *mut c_void = null_mut();
+        assert_eq!(cuMemHostAlloc(&mut hm, 64, 2), 0);
+        assert_eq!(cuMemHostGetDevicePointer_v2(&mut dm, hm, 0), 0);
+        assert_eq!(dm, hm as u64, "unified");
+        assert_eq!(cuMemHostGetDevicePointer_v2(&mut dm, hm, 1), 1, "flags");
+        assert_eq!(run_stage(dm + 4), (0, 0));
+        assert_eq!(*hm.cast::<u32>().add(1), 5);
+        assert_eq!(int(2, dm), (0, 1), "host memory");
+        assert_eq!(word(3, dm + 4), (0, dm + 4));
+        assert_eq!(cuMemFree_v2(dm), 1, "freed with cuMemFreeHost");
+        assert_eq!(cuMemFreeHost(hm), 0);
+        let mut regs = vec![0u32; 8];
+        let r = regs.as_mut_ptr().cast::<c_void>();
+        assert_eq!(cuMemHostRegister_v2(r, 32, 2), 0);
+        let mut dr = 0u64;
+        assert_eq!(cuMemHostGetDevicePointer_v2(&mut dr, r.byte_add(4), 0), 0);
+        assert_ne!(dr, r as u64 + 4, "its own device address");
+        assert_eq!(word(3, r as u64 + 4), (0, dr));
+        assert_eq!(run_stage(dr), (0, 0));
+        assert_eq!(regs[1], 5, "through the device pointer");
+        assert_eq!(cuMemHostUnregister(r), 0);
+        assert_eq!(
+            cuMemHostGetDevicePointer_v2(&mut dr, r, 0),
+            1,
+            "unregistered"
+        );
 
         // Profiler control: no profiler attached, so it succeeds and collects nothing.
         assert_eq!(cuProfilerStart(), 0);

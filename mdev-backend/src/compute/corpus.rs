@@ -43,7 +43,7 @@ pub fn corpus_for_tests(program: &str) -> Option<PathBuf> {
 /// starting `PASS`. All but two link cudart 13 statically (nvcc's default); the
 /// `.cudart-shared` one loads [`SHARED_CUDART`] next to it, the `.cudart12` one links the
 /// static cudart 12.9.
-pub const NVCC_PROGRAMS: [(&str, u64); 20] = [
+pub const NVCC_PROGRAMS: [(&str, u64); 22] = [
     ("vector_add", 1),
     ("vector_add.compress-none", 1),
     ("vector_add.compress-speed", 1),
@@ -70,13 +70,16 @@ pub const NVCC_PROGRAMS: [(&str, u64); 20] = [
     ("mempool", 4),
     // Physical allocations mapped into reservations (driver entry points through cudart).
     ("vmm", 2),
+    // Managed memory and mapped page-locked host memory, coherent at synchronisation points.
+    ("managed", 4),
+    ("zero_copy", 2),
 ];
 
 /// The shared CUDA runtime in the corpus (from NVIDIA's wheel, never committed).
 pub const SHARED_CUDART: &str = "libcudart.so.13";
 
 /// The corpus program the guest library does not run, and the line it must end with: `spin`
-/// waits on mapped pinned host memory (`cudaHostAlloc(..., cudaHostAllocMapped)`), which a
-/// device behind a VM cannot see, so `cuMemHostGetDevicePointer` is refused and cudart reports
-/// it (docs/CUDA-GUEST.md).
-pub const NVCC_REFUSED: (&str, &str) = ("spin", "FAIL cudaHostGetDevicePointer");
+/// polls mapped pinned host memory while its kernel runs, waiting for the host to write it;
+/// behind a VM the device sees mapped memory only at synchronisation points, so the kernel runs
+/// into the request's deadline and the program reports that error (docs/CUDA-GUEST.md).
+pub const NVCC_REFUSED: (&str, &str) = ("spin", "FAIL cudaStreamQuery");
