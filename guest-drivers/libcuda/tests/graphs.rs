@@ -202,6 +202,14 @@ unsafe extern "C" {
         h: usize,
         stream: Handle,
     ) -> c_uint;
+    fn cuGraphInstantiate_v2(
+        out: *mut Handle,
+        g: Handle,
+        error_node: *mut Handle,
+        log: *mut c_char,
+        log_bytes: usize,
+    ) -> c_uint;
+    fn cuGraphDebugDotPrint(g: Handle, path: *const c_char, flags: c_uint) -> c_uint;
     fn cuGraphAddNode_v2(
         out: *mut Handle,
         g: Handle,
@@ -468,7 +476,14 @@ fn graphs_run_in_dependency_order_and_capture_records_stream_work() {
             801,
             "a programmatic edge"
         );
-        assert_eq!(cuGraphInstantiateWithFlags(&mut exec, generic, 0), 0);
+        // The CUDA 11 form, with its log buffer.
+        let (mut log, mut at_fault) = ([1 as c_char; 8], ctx);
+        assert_eq!(
+            cuGraphInstantiate_v2(&mut exec, generic, &mut at_fault, log.as_mut_ptr(), 8),
+            0
+        );
+        assert!(at_fault.is_null());
+        assert_eq!(log[0], 0, "an empty log");
         assert_eq!(cuGraphLaunch(exec, stream), 0);
         assert_eq!(words(a, 16), [11; 16]);
         assert_eq!(cuGraphExecDestroy(exec), 0);
@@ -626,6 +641,21 @@ fn graphs_run_in_dependency_order_and_capture_records_stream_work() {
         assert_eq!(mode, 0, "global by default");
         mode = 5;
         assert_eq!(cuThreadExchangeStreamCaptureMode(&mut mode), 1);
+        let dot = std::env::temp_dir().join(format!("vgpu-graph-{}.dot", std::process::id()));
+        let dot_path = std::ffi::CString::new(dot.to_str().unwrap()).unwrap();
+        assert_eq!(cuGraphDebugDotPrint(captured, dot_path.as_ptr(), 0), 0);
+        let text = std::fs::read_to_string(&dot).unwrap();
+        std::fs::remove_file(&dot).unwrap();
+        assert!(text.starts_with("digraph") && text.contains("n0 [label=\"0: memset\"]"));
+        assert_eq!(
+            cuGraphDebugDotPrint(captured, c"/nonexistent/x.dot".as_ptr(), 0),
+            304
+        );
+        assert_eq!(
+            cuGraphDebugDotPrint(ctx, dot_path.as_ptr(), 0),
+            1,
+            "not a graph"
+        );
         assert_eq!(cuGraphDestroy(captured), 0);
         assert_eq!(cuGraphDestroy(clone), 0);
         assert_eq!(cuGraphDestroy(parent), 0);

@@ -1342,6 +1342,49 @@ entry!(cuGraphDestroyNode(node: Handle) {
     free_all(frees)
 });
 
+/// `CUDA_ERROR_OPERATING_SYSTEM`: the DOT file could not be written.
+const CUDA_ERROR_OPERATING_SYSTEM: CUresult = 304;
+
+/// A graph in Graphviz's DOT language: a node per line with its index and type, then the
+/// edges.
+fn dot(g: &Graph) -> String {
+    const KINDS: [&str; 12] = [
+        "kernel",
+        "memcpy",
+        "memset",
+        "host",
+        "graph",
+        "empty",
+        "wait event",
+        "event record",
+        "",
+        "",
+        "mem alloc",
+        "mem free",
+    ];
+    let mut out = String::from("digraph cuda_graph {\n");
+    for i in g.nodes() {
+        let kind = g.op(i).map_or(-1, Op::kind);
+        let label = usize::try_from(kind)
+            .ok()
+            .and_then(|k| KINDS.get(k))
+            .unwrap_or(&"");
+        out.push_str(&format!("  n{i} [label=\"{i}: {label}\"];\n"));
+    }
+    for (from, to) in g.edges() {
+        out.push_str(&format!("  n{from} -> n{to};\n"));
+    }
+    out.push_str("}\n");
+    out
+}
+
+entry!(cuGraphDebugDotPrint(graph: Handle, path: *const c_char, _flags: c_uint) {
+    // The verbosity flags choose what a node's label shows; every label here is its type.
+    let path = name(path)?;
+    let text = state(|s| Ok(dot(s.graph(graph as u64)?)))?;
+    std::fs::write(path, text).map_err(|_| CUDA_ERROR_OPERATING_SYSTEM)
+});
+
 entry!(cuGraphClone(out: *mut Handle, graph: Handle) {
     if out.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
@@ -1600,6 +1643,32 @@ fn instantiate(out: *mut Handle, graph: Handle, flags: u64) -> CuResult<()> {
 
 entry!(cuGraphInstantiateWithFlags(out: *mut Handle, graph: Handle, flags: u64) {
     instantiate(out, graph, flags)
+});
+
+/// The CUDA 10 and 11 form: no flags; the node at fault (none: instantiation fails only for
+/// bad arguments here) and a log, left empty.
+fn instantiate_logged(
+    out: *mut Handle,
+    graph: Handle,
+    error_node: *mut Handle,
+    log: *mut c_char,
+    log_bytes: usize,
+) -> CuResult<()> {
+    put_opt(error_node, std::ptr::null_mut())?;
+    if !log.is_null() && log_bytes > 0 {
+        put_str(log, log_bytes.min(c_int::MAX as usize) as c_int, "")?;
+    }
+    instantiate(out, graph, 0)
+}
+
+entry!(cuGraphInstantiate_v2 | cuGraphInstantiate(
+    out: *mut Handle,
+    graph: Handle,
+    error_node: *mut Handle,
+    log: *mut c_char,
+    log_bytes: usize,
+) {
+    instantiate_logged(out, graph, error_node, log, log_bytes)
 });
 
 /// `CUDA_GRAPH_INSTANTIATE_PARAMS`.
