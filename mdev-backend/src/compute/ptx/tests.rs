@@ -1050,8 +1050,12 @@ fn malformed_or_unsupported_ptx_is_refused_with_its_line_and_never_panics() {
             "unsupported instruction",
         ),
         (
-            ".visible .entry k() { .reg .b32 %r1; tex.2d.v4.f32.f32 %r1, [t, {%r1, %r1}]; }",
-            "unsupported",
+            ".visible .entry k() { .reg .b32 %r1; suq.memory_layout.b32 %r1, [%r1]; }",
+            "suq.memory_layout is not supported",
+        ),
+        (
+            ".visible .entry k() { .reg .b32 %r1; tex.2d.v4.f32.f32 %r1, [%r1, {%r1, %r1}]; }",
+            "vector width and operand count differ",
         ),
         (
             ".extern .global .u32 v[1];\n.visible .entry k() { .reg .b64 %rd; mov.u64 %rd, v; }",
