@@ -209,6 +209,14 @@ unsafe extern "C" {
         log: *mut c_char,
         log_bytes: usize,
     ) -> c_uint;
+    fn cuStreamBeginCaptureToGraph(
+        s: Handle,
+        g: Handle,
+        deps: *const Handle,
+        edges: *const [u8; 8],
+        n: usize,
+        mode: c_int,
+    ) -> c_uint;
     fn cuGraphDebugDotPrint(g: Handle, path: *const c_char, flags: c_uint) -> c_uint;
     fn cuGraphAddNode_v2(
         out: *mut Handle,
@@ -619,6 +627,36 @@ fn graphs_run_in_dependency_order_and_capture_records_stream_work() {
         assert_eq!(cuStreamEndCapture(stream, &mut captured), 0);
         assert_eq!(cuGraphGetRootNodes(captured, null_mut(), &mut n), 0);
         assert_eq!(n, 2);
+        // Captured into a graph of the program's, after one of its nodes.
+        let mut into: Handle = null_mut();
+        assert_eq!(cuGraphCreate(&mut into, 0), 0);
+        let mut first: Handle = null_mut();
+        assert_eq!(cuGraphAddEmptyNode(&mut first, into, null(), 0), 0);
+        assert_eq!(
+            cuStreamBeginCaptureToGraph(stream, into, &set, null(), 1, 0),
+            1,
+            "a node of another graph"
+        );
+        assert_eq!(
+            cuStreamBeginCaptureToGraph(stream, into, &first, null(), 1, 0),
+            0
+        );
+        assert_eq!(cuMemsetD32Async(a, 8, 16, stream), 0);
+        let mut ended: Handle = null_mut();
+        assert_eq!(cuStreamEndCapture(stream, &mut ended), 0);
+        assert_eq!(ended, into);
+        assert_eq!(cuGraphGetEdges(into, null_mut(), null_mut(), &mut n), 0);
+        assert_eq!(n, 1, "after the program's node");
+        // A failed capture into it leaves the program's graph.
+        assert_eq!(
+            cuStreamBeginCaptureToGraph(stream, into, null(), null(), 0, 0),
+            0
+        );
+        assert_eq!(cuStreamSynchronize(stream), 900);
+        assert_eq!(cuStreamEndCapture(stream, &mut ended), 901);
+        assert_eq!(cuGraphGetNodes(into, null_mut(), &mut n), 0);
+        assert_eq!(n, 2);
+        assert_eq!(cuGraphDestroy(into), 0);
         // A 2D memset of the array module is captured like the rest.
         assert_eq!(cuMemsetD32_v2(a, 0, 16), 0);
         assert_eq!(cuStreamBeginCapture_v2(stream, 0), 0);

@@ -63,6 +63,9 @@ struct Capture {
     mode: c_int,
     /// The stream the capture began on (only it may end it).
     origin: bool,
+    /// Whether the capture made its graph (not `cuStreamBeginCaptureToGraph`'s): a failed
+    /// capture destroys only a graph of its own.
+    own_graph: bool,
     thread: std::thread::ThreadId,
     invalidated: bool,
     /// What `cuStreamGetCaptureInfo` last handed out (valid until the next call on the stream).
@@ -497,6 +500,7 @@ pub(super) fn wait_in_capture(stream: Handle, event: Handle) -> CuResult<bool> {
                         deps: nodes,
                         mode: origin.1,
                         origin: false,
+                        own_graph: false,
                         thread: origin.2,
                         invalidated: false,
                         handed: Box::new([]),
@@ -1905,7 +1909,9 @@ entry!(cuDeviceGraphMemTrim(dev: c_int) {
 
 // Stream capture.
 
-fn begin_capture(stream: Handle, mode: c_int) -> CuResult<()> {
+/// Begins a capture on `stream`: into a new graph, or into graph `into` after its nodes
+/// given.
+fn begin_capture(stream: Handle, mode: c_int, into: Option<(u64, Vec<usize>)>) -> CuResult<()> {
     owner(stream)?;
     if !(CAPTURE_MODE_GLOBAL..=CAPTURE_MODE_RELAXED).contains(&mode) {
         return Err(CUDA_ERROR_INVALID_VALUE);
@@ -1918,7 +1924,17 @@ fn begin_capture(stream: Handle, mode: c_int) -> CuResult<()> {
         if s.captures.contains_key(&(stream as u64)) {
             return Err(CUDA_ERROR_ILLEGAL_STATE);
         }
-        let graph = s.insert(Graph::default())?;
+        let own_graph = into.is_none();
+        let (graph, deps) = match into {
+            Some((g, deps)) => {
+                if s.children.contains(&g) {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                s.graph(g)?;
+                (g, deps)
+            }
+            None => (s.insert(Graph::default())?, Vec::new()),
+        };
         s.next += 1;
         let id = s.next;
         s.captures.insert(
@@ -1926,9 +1942,10 @@ fn begin_capture(stream: Handle, mode: c_int) -> CuResult<()> {
             Capture {
                 id,
                 graph,
-                deps: Vec::new(),
+                deps,
                 mode,
                 origin: true,
+                own_graph,
                 thread: std::thread::current().id(),
                 invalidated: false,
                 handed: Box::new([]),
@@ -1939,9 +1956,22 @@ fn begin_capture(stream: Handle, mode: c_int) -> CuResult<()> {
     })
 }
 
-entry!(cuStreamBeginCapture_v2(stream: Handle, mode: c_int) { begin_capture(stream, mode) });
+entry!(cuStreamBeginCapture_v2(stream: Handle, mode: c_int) { begin_capture(stream, mode, None) });
 
-entry!(cuStreamBeginCapture(stream: Handle) { begin_capture(stream, CAPTURE_MODE_GLOBAL) });
+entry!(cuStreamBeginCapture(stream: Handle) { begin_capture(stream, CAPTURE_MODE_GLOBAL, None) });
+
+entry!(cuStreamBeginCaptureToGraph(
+    stream: Handle,
+    graph: Handle,
+    deps: *const Handle,
+    edges: *const [u8; 8],
+    n: usize,
+    mode: c_int,
+) {
+    default_edges(edges, n)?;
+    let nodes = node_list(graph as u64, deps, n)?;
+    begin_capture(stream, mode, Some((graph as u64, nodes)))
+});
 
 entry!(cuStreamEndCapture(stream: Handle, out: *mut Handle) {
     owner(stream)?;
@@ -1962,7 +1992,7 @@ entry!(cuStreamEndCapture(stream: Handle, out: *mut Handle) {
         if c.mode != CAPTURE_MODE_RELAXED && c.thread != std::thread::current().id() {
             return Err(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
         }
-        let (id, graph, ends) = (c.id, c.graph, c.deps.clone());
+        let (id, graph, ends, own) = (c.id, c.graph, c.deps.clone(), c.own_graph);
         let mut status = if c.invalidated {
             Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
         } else {
@@ -1981,7 +2011,9 @@ entry!(cuStreamEndCapture(stream: Handle, out: *mut Handle) {
         match status {
             Ok(()) => Ok(graph),
             Err(e) => {
-                s.destroy(graph, &mut frees);
+                if own {
+                    s.destroy(graph, &mut frees);
+                }
                 Err(e)
             }
         }
