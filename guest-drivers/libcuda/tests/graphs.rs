@@ -657,6 +657,17 @@ fn graphs_run_in_dependency_order_and_capture_records_stream_work() {
         assert_eq!(cuGraphGetNodes(into, null_mut(), &mut n), 0);
         assert_eq!(n, 2);
         assert_eq!(cuGraphDestroy(into), 0);
+        // The per-thread default stream may be captured, the legacy one not.
+        let per_thread = 2usize as Handle;
+        assert_eq!(cuStreamBeginCapture_v2(1usize as Handle, 0), 900);
+        assert_eq!(cuStreamBeginCapture_v2(per_thread, 0), 0);
+        assert_eq!(cuMemsetD32Async(a, 9, 16, per_thread), 0);
+        assert_eq!(
+            cuMemsetD32Async(a, 9, 16, null_mut()),
+            906,
+            "the legacy stream"
+        );
+        assert_eq!(cuStreamEndCapture(per_thread, &mut ended), 901);
         // A 2D memset of the array module is captured like the rest.
         assert_eq!(cuMemsetD32_v2(a, 0, 16), 0);
         assert_eq!(cuStreamBeginCapture_v2(stream, 0), 0);

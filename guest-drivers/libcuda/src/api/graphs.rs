@@ -303,6 +303,11 @@ fn free_all(frees: Vec<(u64, u64)>) -> CuResult<()> {
 
 // Issuing work, and capturing it.
 
+/// The largest handle of the legacy NULL stream: 0, and `CU_STREAM_LEGACY` (1). The
+/// per-thread default stream (`CU_STREAM_PER_THREAD`, 2) is a stream of its own that may be
+/// captured (and that the legacy stream synchronises with).
+const LEGACY_STREAM: u64 = 1;
+
 /// `CU_STREAM_NON_BLOCKING`: a stream the legacy NULL stream does not synchronise with.
 const STREAM_NON_BLOCKING: u32 = 1;
 
@@ -310,8 +315,7 @@ const STREAM_NON_BLOCKING: u32 = 1;
 /// it cannot be issued while one of them captures (outside relaxed mode): CUDA invalidates
 /// those captures and answers `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`.
 fn check_implicit(stream: Handle) -> CuResult<()> {
-    // The NULL stream and CU_STREAM_LEGACY; the per-thread stream (2) synchronises with none.
-    if stream as u64 > 1 {
+    if stream as u64 > LEGACY_STREAM {
         return Ok(());
     }
     let capturing: Vec<(u64, u64)> = state(|s| {
@@ -481,7 +485,7 @@ pub(super) fn wait_in_capture(stream: Handle, event: Handle) -> CuResult<bool> {
                 Err(CUDA_ERROR_STREAM_CAPTURE_ISOLATION)
             }
             (None, Some((id, nodes))) => {
-                if st <= 2 {
+                if st <= LEGACY_STREAM {
                     // The legacy stream cannot be captured.
                     s.invalidate(id);
                     return Err(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
@@ -1916,8 +1920,9 @@ fn begin_capture(stream: Handle, mode: c_int, into: Option<(u64, Vec<usize>)>) -
     if !(CAPTURE_MODE_GLOBAL..=CAPTURE_MODE_RELAXED).contains(&mode) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    if (stream as u64) <= 2 {
-        refused("stream capture of the NULL stream");
+    if (stream as u64) <= LEGACY_STREAM {
+        // The per-thread default stream may be captured; the legacy one may not.
+        refused("stream capture of the legacy NULL stream");
         return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     }
     state(|s| {
