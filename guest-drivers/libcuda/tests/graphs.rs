@@ -217,6 +217,8 @@ unsafe extern "C" {
         n: usize,
         mode: c_int,
     ) -> c_uint;
+    fn cuGraphNodeSetEnabled(exec: Handle, node: Handle, enabled: c_uint) -> c_uint;
+    fn cuGraphNodeGetEnabled(exec: Handle, node: Handle, enabled: *mut c_uint) -> c_uint;
     fn cuGraphDebugDotPrint(g: Handle, path: *const c_char, flags: c_uint) -> c_uint;
     fn cuGraphAddNode_v2(
         out: *mut Handle,
@@ -411,6 +413,18 @@ fn graphs_run_in_dependency_order_and_capture_records_stream_work() {
         assert_eq!(cuGraphLaunch(exec, stream), 0);
         assert_eq!(cuStreamSynchronize(stream), 0);
         assert_eq!(out[1], 8);
+        // A disabled kernel node does nothing; enabled again, it runs.
+        let mut on = 9;
+        assert_eq!(cuGraphNodeSetEnabled(exec, kern, 0), 0);
+        assert_eq!(cuGraphNodeGetEnabled(exec, kern, &mut on), 0);
+        assert_eq!(on, 0);
+        assert_eq!(cuGraphNodeSetEnabled(exec, hn, 0), 1, "a host node");
+        assert_eq!(cuGraphLaunch(exec, stream), 0);
+        assert_eq!(cuStreamSynchronize(stream), 0);
+        assert_eq!(out[1], 9, "the memset's value, not the kernel's");
+        assert_eq!(cuGraphNodeSetEnabled(exec, kern, 1), 0);
+        assert_eq!(cuGraphNodeGetEnabled(exec, kern, &mut on), 0);
+        assert_eq!(on, 1);
         // A clone, its kernel node set to 5, updates the executable graph.
         let mut clone: Handle = null_mut();
         assert_eq!(cuGraphClone(&mut clone, g), 0);
@@ -427,7 +441,7 @@ fn graphs_run_in_dependency_order_and_capture_records_stream_work() {
         assert_eq!(cuGraphLaunch(exec, stream), 0);
         assert_eq!(cuStreamSynchronize(stream), 0);
         assert_eq!(out[1], 5);
-        assert_eq!(calls, 3);
+        assert_eq!(calls, 4);
         // A clone with a node less no longer matches.
         assert_eq!(cuGraphDestroyNode(ck), 0);
         assert_eq!(
@@ -555,7 +569,7 @@ fn graphs_run_in_dependency_order_and_capture_records_stream_work() {
         );
         assert_eq!((st, count), (1, 1));
         assert_eq!(words(a, 2), [1, 1], "captured work has not run");
-        assert_eq!(calls, 4, "three launches of the graph, one of the child");
+        assert_eq!(calls, 5, "four launches of the graph, one of the child");
         let mut captured: Handle = null_mut();
         assert_eq!(cuStreamEndCapture(stream, &mut captured), 0);
         assert_eq!(captured, cg);
@@ -567,7 +581,7 @@ fn graphs_run_in_dependency_order_and_capture_records_stream_work() {
         assert_eq!(cuGraphLaunch(exec, stream), 0);
         assert_eq!(cuStreamSynchronize(stream), 0);
         assert_eq!(words(a, 2), [3, 2]);
-        assert_eq!(calls, 5);
+        assert_eq!(calls, 6);
 
         // Capture misuse.
         assert_eq!(cuStreamBeginCapture_v2(stream, 0), 0);

@@ -52,6 +52,8 @@ struct Exec {
     source: u64,
     graph: Graph,
     flags: u64,
+    /// Nodes disabled (`cuGraphNodeSetEnabled`): they do nothing when the graph runs.
+    disabled: HashSet<usize>,
 }
 
 /// A capture sequence as one of its streams sees it.
@@ -1642,6 +1644,7 @@ fn instantiate(out: *mut Handle, graph: Handle, flags: u64) -> CuResult<()> {
                 source: g,
                 graph: exec,
                 flags,
+                disabled: HashSet::new(),
             },
         );
         Ok(h)
@@ -1728,7 +1731,11 @@ entry!(cuGraphLaunch(exec: Handle, stream: Handle) {
     let ops = state(|s| {
         let e = s.exec_mut(exec)?;
         let g = &e.graph;
-        g.order().into_iter().map(|i| g.op(i).cloned()).collect::<CuResult<Vec<Op>>>()
+        g.order()
+            .into_iter()
+            .filter(|i| !e.disabled.contains(i))
+            .map(|i| g.op(i).cloned())
+            .collect::<CuResult<Vec<Op>>>()
     })?;
     // Inside a capture, the whole graph is one child-graph node.
     match capture(stream, Op::Inline(ops))? {
@@ -1799,6 +1806,37 @@ entry!(cuGraphExecNodeSetParams(exec: Handle, node: Handle, params: *mut NodePar
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     exec_set(exec, node, op_of(&p)?)
+});
+
+/// Enables or disables a kernel, memcpy or memset node of an executable graph (what CUDA
+/// allows to be disabled).
+fn set_enabled(exec: Handle, node: Handle, enabled: bool) -> CuResult<()> {
+    let i = exec_node(exec, node)?;
+    state(|s| {
+        let e = s.exec_mut(exec)?;
+        if !matches!(
+            e.graph.op(i)?,
+            Op::Kernel { .. } | Op::Copy { .. } | Op::Memset { .. }
+        ) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        if enabled {
+            e.disabled.remove(&i);
+        } else {
+            e.disabled.insert(i);
+        }
+        Ok(())
+    })
+}
+
+entry!(cuGraphNodeSetEnabled(exec: Handle, node: Handle, enabled: c_uint) {
+    set_enabled(exec, node, enabled != 0)
+});
+
+entry!(cuGraphNodeGetEnabled(exec: Handle, node: Handle, enabled: *mut c_uint) {
+    let i = exec_node(exec, node)?;
+    let off = state(|s| Ok(s.exec_mut(exec)?.disabled.contains(&i)))?;
+    put(enabled, c_uint::from(!off))
 });
 
 /// `CUgraphExecUpdateResult`: not supported (graphs with memory nodes).
