@@ -467,9 +467,23 @@ entry!(cuDeviceGetUuid_v2(uuid: *mut [u8; 16], dev: c_int) {
     status(unsafe { cuDeviceGetUuid(uuid, dev) })
 });
 
+/// The device's PCI bus id as `cuDeviceGetPCIBusId` writes it.
+const PCI_BUS_ID: &str = "0000:00:00.0";
+
 entry!(cuDeviceGetPCIBusId(out: *mut c_char, len: c_int, dev: c_int) {
     device(dev)?;
-    put_str(out, len, "0000:00:00.0")
+    put_str(out, len, PCI_BUS_ID)
+});
+
+entry!(cuDeviceGetByPCIBusId(dev: *mut c_int, id: *const c_char) {
+    with(|_| Ok(()))?;
+    // `domain:bus:device.function` or `bus:device.function`, hexadecimal, any case.
+    let want = name(id)?.to_ascii_lowercase();
+    let ours = PCI_BUS_ID.strip_prefix("0000:").unwrap_or(PCI_BUS_ID);
+    if want != PCI_BUS_ID && want != ours {
+        return Err(CUDA_ERROR_INVALID_DEVICE);
+    }
+    put(dev, DEVICE)
 });
 
 // Contexts.
@@ -584,6 +598,12 @@ entry!(cuCtxCreate_v4(pctx: *mut Handle, params: *const CtxCreateParams, flags: 
 entry!(cuCtxDestroy_v2 | cuCtxDestroy(ctx: Handle) {
     let ctx = ctx as u64;
     with(|d| d.context_destroy(ctx))?;
+    forget_context(ctx);
+    Ok(())
+});
+
+/// Takes a destroyed context off this thread's context stack.
+fn forget_context(ctx: u64) {
     stack(|s| {
         let mut kept = 0;
         for i in 0..s.len {
@@ -594,6 +614,29 @@ entry!(cuCtxDestroy_v2 | cuCtxDestroy(ctx: Handle) {
         }
         s.len = kept;
     });
+}
+
+/// `cuCtxAttach` flags: none are defined.
+const CTX_ATTACH_FLAGS: c_uint = 0;
+
+entry!(cuCtxAttach(pctx: *mut Handle, flags: c_uint) {
+    let ctx = current()?;
+    if flags != CTX_ATTACH_FLAGS || pctx.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    with(|d| d.context_attach(ctx))?;
+    put(pctx, ctx as Handle)
+});
+
+entry!(cuCtxDetach(ctx: Handle) {
+    // The context must be current, as cuCtxAttach left it.
+    let ctx = ctx as u64;
+    if top() != Some(ctx) {
+        return Err(CUDA_ERROR_INVALID_CONTEXT);
+    }
+    if with(|d| d.context_detach(ctx))? {
+        forget_context(ctx);
+    }
     Ok(())
 });
 
@@ -1932,6 +1975,106 @@ fn launch_params(
         return Err(CUDA_ERROR_INVALID_VALUE);
     })
 }
+
+// The launch API of CUDA 1, deprecated and still in cuda.h: a function's block shape, dynamic
+// shared memory and parameter buffer are set on it, then cuLaunch/cuLaunchGrid launch it.
+
+entry!(cuFuncSetBlockShape(f: Handle, x: c_int, y: c_int, z: c_int) {
+    let f = function(f)?;
+    let block = [count(x)?, count(y)?, count(z)?];
+    with(|d| {
+        d.legacy_launch(f)?.block = block;
+        Ok(())
+    })
+});
+
+entry!(cuFuncSetSharedSize(f: Handle, bytes: c_uint) {
+    let f = function(f)?;
+    with(|d| {
+        d.legacy_launch(f)?.shared_bytes = bytes;
+        Ok(())
+    })
+});
+
+entry!(cuParamSetSize(f: Handle, bytes: c_uint) {
+    let f = function(f)?;
+    if bytes > crate::driver::MAX_LEGACY_PARAM_BYTES {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    with(|d| {
+        d.legacy_launch(f)?.params.resize(bytes as usize, 0);
+        Ok(())
+    })
+});
+
+/// Writes `value` at `offset` of a function's parameter buffer (within its set size).
+fn set_param(f: Handle, offset: c_int, value: &[u8]) -> CuResult<()> {
+    let f = function(f)?;
+    let at = usize::try_from(offset).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+    with(|d| {
+        let params = &mut d.legacy_launch(f)?.params;
+        let end = at.checked_add(value.len()).filter(|&e| e <= params.len());
+        let end = end.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        params[at..end].copy_from_slice(value);
+        Ok(())
+    })
+}
+
+entry!(cuParamSeti(f: Handle, offset: c_int, value: c_uint) {
+    set_param(f, offset, &value.to_le_bytes())
+});
+
+entry!(cuParamSetf(f: Handle, offset: c_int, value: f32) {
+    set_param(f, offset, &value.to_le_bytes())
+});
+
+entry!(cuParamSetv(f: Handle, offset: c_int, p: *mut c_void, n: c_uint) {
+    set_param(f, offset, bytes(p.cast_const(), n as usize)?)
+});
+
+/// Launches `f` over a `width` × `height` grid with what the deprecated API set on it, as
+/// cuLaunchKernel with a packed parameter buffer.
+fn legacy_launch(f: Handle, width: c_int, height: c_int, stream: Handle) -> CuResult<()> {
+    let (w, h) = (count(width)?, count(height)?);
+    let fid = function(f)?;
+    let l = with(|d| Ok(d.legacy_launch(fid)?.clone()))?;
+    let [bx, by, bz] = l.block;
+    let mut size = l.params.len();
+    let mut extra = [
+        LAUNCH_PARAM_BUFFER_POINTER as *mut c_void,
+        l.params.as_ptr().cast_mut().cast(),
+        LAUNCH_PARAM_BUFFER_SIZE as *mut c_void,
+        (&raw mut size).cast(),
+        LAUNCH_PARAM_END as *mut c_void,
+    ];
+    // SAFETY: our own entry point with a function handle, a grid and block, and an `extra`
+    // list naming the buffer (alive for the call) and its size.
+    status(unsafe {
+        cuLaunchKernel(
+            f,
+            w,
+            h,
+            1,
+            bx,
+            by,
+            bz,
+            l.shared_bytes,
+            stream,
+            std::ptr::null_mut(),
+            extra.as_mut_ptr(),
+        )
+    })
+}
+
+entry!(cuLaunch(f: Handle) { legacy_launch(f, 1, 1, std::ptr::null_mut()) });
+
+entry!(cuLaunchGrid(f: Handle, width: c_int, height: c_int) {
+    legacy_launch(f, width, height, std::ptr::null_mut())
+});
+
+entry!(cuLaunchGridAsync(f: Handle, width: c_int, height: c_int, stream: Handle) {
+    legacy_launch(f, width, height, stream)
+});
 
 // Errors.
 

@@ -42,6 +42,8 @@ struct Context {
     _window: Option<crate::window::Window>,
     /// Device allocations: start → size (`cuMemGetAddressRange`, `cuMemcpy` directions).
     allocations: BTreeMap<u64, u64>,
+    /// Its usage count: 1 at creation, one more for each `cuCtxAttach`.
+    usage: u32,
     /// Each `cuMemAlloc` allocation's buffer id (`CU_POINTER_ATTRIBUTE_BUFFER_ID`).
     buffer_ids: HashMap<u64, u64>,
     settings: ContextSettings,
@@ -170,7 +172,21 @@ struct Function {
     /// shared memory.
     attributes: Option<FunctionAttributes>,
     settings: FunctionSettings,
+    /// What the launch API of CUDA 1 (`cuFuncSetBlockShape`, `cuParamSet*`) set for `cuLaunch`.
+    legacy: LegacyLaunch,
 }
+
+/// A function's launch configuration and parameter buffer as the deprecated launch API builds
+/// them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LegacyLaunch {
+    pub block: [u32; 3],
+    pub shared_bytes: u32,
+    pub params: Vec<u8>,
+}
+
+/// Most bytes of a `cuParamSetSize` buffer: the most a kernel's parameters may take.
+pub const MAX_LEGACY_PARAM_BYTES: u32 = mdev_backend::compute::ptx::MAX_PARAM_BYTES;
 
 /// A `cuLinkCreate` state: the images added, and once complete the token `cuLinkComplete`
 /// handed out as the "cubin" (what `cuModuleLoadData` then receives).
@@ -334,13 +350,16 @@ impl<T: Transport> Driver<T> {
         if self.shadows.is_empty() {
             return self.exchange(req);
         }
+        // The host's changes go first, also before a synchronisation: what comes back after
+        // it must not undo them.
         let device_work = touches_device(req);
-        if device_work {
+        let sync = synchronizes(req);
+        if device_work || sync {
             self.upload_shadows()?;
         }
         let reply = self.exchange(req)?;
         self.device_touched |= device_work;
-        if synchronizes(req) {
+        if sync {
             self.download_shadows()?;
         }
         Ok(reply)
@@ -470,6 +489,7 @@ impl<T: Transport> Driver<T> {
                 remote: ContextId(remote),
                 _window: window,
                 allocations: BTreeMap::new(),
+                usage: 1,
                 buffer_ids: HashMap::new(),
                 settings: ContextSettings::default(),
             },
@@ -497,6 +517,30 @@ impl<T: Transport> Driver<T> {
             self.primary = None;
         }
         self.done(Request::ContextDestroy { ctx: remote })
+    }
+
+    /// `cuCtxAttach`: one more user of the context.
+    pub fn context_attach(&mut self, ctx: u64) -> CuResult<()> {
+        let c = self
+            .contexts
+            .get_mut(&ctx)
+            .ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        c.usage = c.usage.checked_add(1).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        Ok(())
+    }
+
+    /// `cuCtxDetach`: one user fewer; the last one destroys it. Whether it was destroyed.
+    pub fn context_detach(&mut self, ctx: u64) -> CuResult<bool> {
+        let c = self
+            .contexts
+            .get_mut(&ctx)
+            .ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        c.usage -= 1;
+        if c.usage > 0 {
+            return Ok(false);
+        }
+        self.context_destroy(ctx)?;
+        Ok(true)
     }
 
     pub fn is_context(&self, ctx: u64) -> bool {
@@ -616,6 +660,7 @@ impl<T: Transport> Driver<T> {
                 params,
                 attributes: None,
                 settings: FunctionSettings::default(),
+                legacy: LegacyLaunch::default(),
             },
         );
         Ok(h)
@@ -668,6 +713,14 @@ impl<T: Transport> Driver<T> {
             .get_mut(&function)
             .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         attributes::set_function_attribute(attribute, value, &a, &mut f.settings, &device)
+    }
+
+    /// The deprecated launch API's state of a function, to change.
+    pub fn legacy_launch(&mut self, function: u64) -> CuResult<&mut LegacyLaunch> {
+        self.functions
+            .get_mut(&function)
+            .map(|f| &mut f.legacy)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)
     }
 
     pub fn params(&self, function: u64) -> CuResult<&[ParamInfo]> {
@@ -1025,20 +1078,76 @@ impl<T: Transport> Driver<T> {
                 .get_mut(&device)
                 .map(|s| std::mem::take(&mut s.clean))
                 .unwrap_or_default();
-            for (i, chunk) in now.chunks(COHERENCE_CHUNK).enumerate() {
-                let at = i * COHERENCE_CHUNK;
-                if clean.get(at..at + chunk.len()) == Some(chunk) {
-                    continue;
+            let changed: Vec<usize> = now
+                .chunks(COHERENCE_CHUNK)
+                .enumerate()
+                .filter(|&(i, chunk)| {
+                    let at = i * COHERENCE_CHUNK;
+                    clean.get(at..at + chunk.len()) != Some(chunk)
+                })
+                .map(|(i, _)| i * COHERENCE_CHUNK)
+                .collect();
+            if self.device_touched && !clean.is_empty() && !changed.is_empty() {
+                // Both sides may have written since the range was last coherent (the host
+                // touched it while device work was pending, which CUDA leaves undefined
+                // without concurrent managed access): the device's bytes are kept where the
+                // host left them alone; a byte both changed is refused.
+                let merged = self.merge(remote, device, &clean, &mut now, &changed);
+                if let Some(s) = self.shadows.get_mut(&device) {
+                    s.clean = clean;
                 }
+                merged?;
+                for &at in &changed {
+                    let end = (at + COHERENCE_CHUNK).min(size);
+                    view.write(host + at as u64, &now[at..end]);
+                }
+            }
+            for &at in &changed {
+                let end = (at + COHERENCE_CHUNK).min(size);
                 self.exchange(&Request::CopyHtoD {
                     ctx: remote,
                     dst: device + at as u64,
-                    data: chunk.to_vec(),
+                    data: now[at..end].to_vec(),
                     stream: StreamId(0),
                 })?;
             }
             if let Some(s) = self.shadows.get_mut(&device) {
                 s.clean = now;
+            }
+        }
+        Ok(())
+    }
+
+    /// Merges the device's contents into the host's changed chunks `changed` of `now`: bytes
+    /// the host did not change take the device's; `CUDA_ERROR_ILLEGAL_STATE` where both
+    /// changed one byte (even to one value: two read-modify-writes of one word, as concurrent
+    /// atomics do, would otherwise count once).
+    fn merge(
+        &mut self,
+        remote: ContextId,
+        device: u64,
+        clean: &[u8],
+        now: &mut [u8],
+        changed: &[usize],
+    ) -> CuResult<()> {
+        for &at in changed {
+            let end = (at + COHERENCE_CHUNK).min(now.len());
+            let theirs = match self.exchange(&Request::CopyDtoH {
+                ctx: remote,
+                src: device + at as u64,
+                bytes: (end - at) as u64,
+                stream: StreamId(0),
+            })? {
+                Reply::Data(d) if d.len() == end - at => d,
+                _ => return Err(CUDA_ERROR_UNKNOWN),
+            };
+            for (i, &d) in theirs.iter().enumerate() {
+                let (base, mine) = (clean[at + i], now[at + i]);
+                match (mine != base, d != base) {
+                    (true, true) => return Err(CUDA_ERROR_ILLEGAL_STATE),
+                    (false, true) => now[at + i] = d,
+                    _ => {}
+                }
             }
         }
         Ok(())
@@ -1566,14 +1675,17 @@ fn touches_device(req: &Request) -> bool {
     )
 }
 
-/// Whether the host may touch managed and mapped memory after `req`: a synchronisation of the
-/// context, a stream or an event, or a synchronous copy to the host.
+/// Whether the host may touch managed and mapped memory after `req` (when it succeeds): a
+/// synchronisation of the context, a stream or an event, a query that finds the work done, or
+/// a synchronous copy to the host.
 fn synchronizes(req: &Request) -> bool {
     match req {
         Request::Batch(items) => items.iter().any(synchronizes),
         Request::ContextSynchronize { .. }
         | Request::StreamSynchronize { .. }
         | Request::EventSynchronize { .. }
+        | Request::StreamQuery { .. }
+        | Request::EventQuery { .. }
         | Request::CopyDtoH { .. } => true,
         _ => false,
     }
@@ -2075,5 +2187,38 @@ mod tests {
             d.managed_reserve(ctx, u64::MAX - 10, 4096),
             Err(CUDA_ERROR_INVALID_VALUE)
         );
+    }
+
+    #[test]
+    fn writes_of_both_sides_between_synchronisations_merge_or_are_refused() {
+        let host = FakeHost::default();
+        *host.0.lock().unwrap() = vec![0; 256];
+        let mut d = driver().with_host_view(Box::new(host.clone()));
+        let ctx = d.context_create().unwrap();
+        let device = d.mem_alloc(ctx, 256).unwrap();
+        let shadow = ShadowInfo {
+            ctx,
+            device,
+            host: FAKE_HOST,
+            size: 256,
+            alloc: device,
+            managed: true,
+        };
+        d.shadow_create(shadow).unwrap();
+        // Device work reaches the device (a synchronous copy sends it), then the host writes
+        // other bytes before the next synchronisation: both are kept.
+        d.memset_d8(ctx, device, 9, 1, 0).unwrap();
+        d.flush().unwrap();
+        host.0.lock().unwrap()[100] = 7;
+        d.synchronize(ctx).unwrap();
+        let mut back = [0u8; 256];
+        d.copy_dtoh(ctx, &mut back, device, 0).unwrap();
+        assert_eq!((back[0], back[100]), (9, 7));
+        assert_eq!(host.0.lock().unwrap()[..1], [9]);
+        // Both write the same byte differently: refused, not a silent choice.
+        d.memset_d8(ctx, device + 5, 1, 1, 0).unwrap();
+        d.flush().unwrap();
+        host.0.lock().unwrap()[5] = 2;
+        assert_eq!(d.synchronize(ctx), Err(CUDA_ERROR_ILLEGAL_STATE));
     }
 }

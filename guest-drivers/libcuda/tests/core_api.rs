@@ -145,6 +145,18 @@ unsafe extern "C" {
     fn cuMemAdvise(ptr: u64, count: usize, advice: c_int, device: c_int) -> c_uint;
     fn cuStreamAttachMemAsync(stream: Handle, ptr: u64, length: usize, flags: c_uint) -> c_uint;
     fn cuMemHostGetDevicePointer_v2(dptr: *mut u64, p: *mut c_void, flags: c_uint) -> c_uint;
+    fn cuDeviceGetByPCIBusId(dev: *mut c_int, id: *const c_char) -> c_uint;
+    fn cuCtxAttach(ctx: *mut Handle, flags: c_uint) -> c_uint;
+    fn cuCtxDetach(ctx: Handle) -> c_uint;
+    fn cuFuncSetBlockShape(f: Handle, x: c_int, y: c_int, z: c_int) -> c_uint;
+    fn cuFuncSetSharedSize(f: Handle, bytes: c_uint) -> c_uint;
+    fn cuParamSetSize(f: Handle, bytes: c_uint) -> c_uint;
+    fn cuParamSeti(f: Handle, offset: c_int, value: c_uint) -> c_uint;
+    fn cuParamSetv(f: Handle, offset: c_int, p: *mut c_void, bytes: c_uint) -> c_uint;
+    fn cuLaunch(f: Handle) -> c_uint;
+    fn cuLaunchGrid(f: Handle, width: c_int, height: c_int) -> c_uint;
+    fn cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, n: usize) -> c_uint;
+    fn cuMemcpyHtoD_v2(dst: u64, src: *const c_void, n: usize) -> c_uint;
     fn cuProfilerStart() -> c_uint;
     fn cuProfilerStop() -> c_uint;
 }
@@ -685,6 +697,52 @@ fn the_core_entry_points_tell_the_truth_and_refuse_bad_arguments() {
             1,
             "unregistered"
         );
+
+        // The launch API of CUDA 1: shape, parameters, then a grid.
+        assert_eq!(cuFuncSetBlockShape(f, 32, 1, 1), 0);
+        assert_eq!(cuFuncSetBlockShape(f, -1, 1, 1), 1);
+        assert_eq!(cuFuncSetSharedSize(f, 0), 0);
+        assert_eq!(
+            cuParamSetSize(f, 1 << 20),
+            1,
+            "past any kernel's parameters"
+        );
+        assert_eq!(cuParamSetSize(f, 8), 0);
+        let mut target = out;
+        assert_eq!(cuParamSetv(f, 0, (&raw mut target).cast(), 8), 0);
+        assert_eq!(cuParamSeti(f, 6, 1), 1, "past the buffer");
+        assert_eq!(cuParamSeti(f, -4, 1), 1);
+        let zero = 0u32;
+        assert_eq!(cuMemcpyHtoD_v2(out, (&raw const zero).cast(), 4), 0);
+        assert_eq!(cuLaunchGrid(f, 2, 1), 0);
+        let mut got = 0u32;
+        assert_eq!(cuMemcpyDtoH_v2((&raw mut got).cast(), out, 4), 0);
+        assert_eq!(got, 5, "the kernel ran with the parameters set");
+        assert_eq!(cuLaunchGrid(f, 0, 1), 1, "an empty grid");
+        assert_eq!(cuLaunch(m), 400, "a module");
+        assert_eq!(cuParamSetSize(f, 4), 0);
+        assert_eq!(cuLaunch(f), 1, "a buffer of the wrong size");
+
+        // Contexts of CUDA 1: attached and detached; the PCI bus id finds the device.
+        let mut attached: Handle = null_mut();
+        assert_eq!(cuCtxAttach(&mut attached, 1), 1, "no flags are defined");
+        assert_eq!(cuCtxAttach(&mut attached, 0), 0);
+        assert_eq!(attached, ctx);
+        assert_eq!(cuCtxDetach(primary), 201, "not current");
+        assert_eq!(cuCtxDetach(ctx), 0, "still created, still current");
+        assert_eq!(cuCtxGetFlags(&mut flags), 0);
+        let mut found = -1;
+        assert_eq!(
+            cuDeviceGetByPCIBusId(&mut found, c"0000:00:00.0".as_ptr()),
+            0
+        );
+        assert_eq!(found, 0);
+        assert_eq!(cuDeviceGetByPCIBusId(&mut found, c"00:00.0".as_ptr()), 0);
+        assert_eq!(
+            cuDeviceGetByPCIBusId(&mut found, c"0000:01:00.0".as_ptr()),
+            101
+        );
+        assert_eq!(cuDeviceGetByPCIBusId(&mut found, std::ptr::null()), 1);
 
         // Profiler control: no profiler attached, so it succeeds and collects nothing.
         assert_eq!(cuProfilerStart(), 0);
