@@ -511,6 +511,92 @@ fn round_int_f32(x: i128, rnd: Rnd) -> f32 {
     directed(r, x.cmp(&(r as i128)), rnd)
 }
 
+/// How an exact result compares to `r`, its nearest f32, given `t`: a value (computed in f64
+/// from f32 operands, so its sign is exact) with the sign of `exact - r`, or `None` where `r`
+/// is no rounding of a finite exact value (an infinite or NaN operand, division by zero).
+fn f32_order(r: f32, t: f64, exact_finite: bool) -> std::cmp::Ordering {
+    use std::cmp::Ordering::*;
+    if !exact_finite || r.is_nan() {
+        Equal
+    } else if r.is_infinite() {
+        // Past the largest finite value: the exact result lies on its side of infinity.
+        if r > 0.0 { Less } else { Greater }
+    } else {
+        t.partial_cmp(&0.0).unwrap_or(Equal)
+    }
+}
+
+/// The next f64 towards +∞ / −∞.
+fn f64_up(v: f64) -> f64 {
+    if v.is_nan() || v == f64::INFINITY {
+        return v;
+    }
+    if v == 0.0 {
+        return f64::from_bits(1);
+    }
+    let b = v.to_bits();
+    f64::from_bits(if v > 0.0 { b + 1 } else { b - 1 })
+}
+
+fn f64_down(v: f64) -> f64 {
+    -f64_up(-v)
+}
+
+/// [`directed`] for f64: `r` the nearest f64, `exact_vs_r` where the exact value lies.
+fn directed64(r: f64, exact_vs_r: std::cmp::Ordering, rnd: Rnd) -> f64 {
+    use std::cmp::Ordering::*;
+    match (rnd, exact_vs_r) {
+        (_, Equal) | (Rnd::Rn, _) => r,
+        (Rnd::Rm, Less) => f64_down(r),
+        (Rnd::Rp, Greater) => f64_up(r),
+        (Rnd::Rz, Less) if r > 0.0 => f64_down(r),
+        (Rnd::Rz, Greater) if r < 0.0 => f64_up(r),
+        _ => r,
+    }
+}
+
+/// Scale (2^600, applied to both operands) that brings a product of tiny f64 values into the
+/// normal range, so its rounding error is itself representable.
+const TINY_PRODUCT_SCALE: f64 = f64::from_bits((1023 + 600) << 52);
+/// Products smaller than this (2^-900) are scaled by [`TINY_PRODUCT_SCALE`] first.
+const TINY_PRODUCT: f64 = f64::from_bits((1023 - 900) << 52);
+
+/// An f64 sum, difference or product rounded in mode `rnd`: the nearest result corrected by
+/// the sign of its exact error (TwoSum; TwoProd through fma, scaled out of the subnormal
+/// range where the error would not be representable).
+fn f64_rounded(op: BinOp, a: f64, b: f64, rnd: Rnd) -> f64 {
+    use std::cmp::Ordering::*;
+    let finite = a.is_finite() && b.is_finite();
+    let (r, err) = match op {
+        BinOp::Add | BinOp::Sub => {
+            let b = if op == BinOp::Sub { -b } else { b };
+            let s = a + b;
+            let bb = s - a;
+            (s, (a - (s - bb)) + (b - bb))
+        }
+        _ => {
+            let p = a * b;
+            if p.abs() < TINY_PRODUCT && p != 0.0 || (p == 0.0 && a != 0.0 && b != 0.0) {
+                // Both operands scaled: a product of two tiny ones underflows past one scale.
+                let (sa, sb) = (a * TINY_PRODUCT_SCALE, b * TINY_PRODUCT_SCALE);
+                let sp = p * TINY_PRODUCT_SCALE * TINY_PRODUCT_SCALE;
+                let ps = sa * sb;
+                (p, (ps - sp) + sa.mul_add(sb, -ps))
+            } else {
+                (p, a.mul_add(b, -p))
+            }
+        }
+    };
+    let ord = if !finite || r.is_nan() {
+        Equal
+    } else if r.is_infinite() {
+        if r > 0.0 { Less } else { Greater }
+    } else {
+        err.partial_cmp(&0.0).unwrap_or(Equal)
+    };
+    directed64(r, ord, rnd)
+}
+
 fn saturate01(v: f64) -> f64 {
     if v.is_nan() { 0.0 } else { v.clamp(0.0, 1.0) }
 }
@@ -1148,11 +1234,16 @@ impl<'s, 'a> Block<'s, 'a> {
                 }
             }
             Op::Un {
-                op, ty, d, a, ftz, ..
+                op,
+                ty,
+                d,
+                a,
+                ftz,
+                rnd,
             } => {
                 for lane in lanes {
                     let x = self.val(w, lane, *a);
-                    self.set(w, lane, *d, unary(*op, *ty, x, *ftz));
+                    self.set(w, lane, *d, unary(*op, *ty, x, *ftz, *rnd));
                 }
             }
             Op::Mad {
@@ -1164,13 +1255,13 @@ impl<'s, 'a> Block<'s, 'a> {
                 c,
                 ftz,
                 sat,
-                ..
+                rnd,
             } => {
                 for lane in lanes {
                     let x = self.val(w, lane, *a);
                     let y = self.val(w, lane, *b);
                     let z = self.val(w, lane, *c);
-                    self.set(w, lane, *d, mad(*mode, *ty, x, y, z, *ftz, *sat));
+                    self.set(w, lane, *d, mad(*mode, *ty, [x, y, z], *ftz, *sat, *rnd));
                 }
             }
             Op::Setp {
@@ -1543,8 +1634,8 @@ impl<'s, 'a> Block<'s, 'a> {
             Op::Query(q) => {
                 for lane in lanes {
                     let h = self.val(w, lane, q.handle);
-                    let v = texture::query(self.s.memory, h, q.surface, q.q)
-                        .map_err(texture_fault)?;
+                    let v =
+                        texture::query(self.s.memory, h, q.surface, q.q).map_err(texture_fault)?;
                     self.set(w, lane, q.d, u64::from(v));
                 }
             }
@@ -1752,6 +1843,31 @@ fn sat_s32(v: i64) -> u64 {
     v.clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as u64
 }
 
+/// `min`/`max` of two floats of `ty` (bits in, bits out) as the ISA defines them: a NaN
+/// operand gives the other one, two give the canonical NaN, and −0 is below +0.
+fn min_max(op: BinOp, ty: Ty, x: u64, y: u64) -> u64 {
+    let (a, b, canonical) = if ty == Ty::F32 {
+        let (a, b) = (f32::from_bits(x as u32), f32::from_bits(y as u32));
+        (f64::from(a), f64::from(b), 0x7fff_ffff)
+    } else {
+        (f64::from_bits(x), f64::from_bits(y), 0x7fff_ffff_ffff_ffff)
+    };
+    match (a.is_nan(), b.is_nan()) {
+        (true, true) => canonical,
+        (true, false) => y,
+        (false, true) => x,
+        _ => {
+            let a_first = if a == b {
+                // Equal values differ at most in the sign of zero.
+                a.is_sign_negative() == (op == BinOp::Min)
+            } else {
+                (a < b) == (op == BinOp::Min)
+            };
+            if a_first { x } else { y }
+        }
+    }
+}
+
 fn binary(op: BinOp, ty: Ty, x: u64, y: u64, ftz: bool, sat: bool, rnd: Rnd) -> u64 {
     let bits = ty.bits();
     let mask = ty.mask();
@@ -1771,12 +1887,19 @@ fn binary(op: BinOp, ty: Ty, x: u64, y: u64, ftz: bool, sat: bool, rnd: Rnd) -> 
                     }
                 }
             }
+            BinOp::Div if rnd != Rnd::Rn => {
+                let r = a / b;
+                let t = (f64::from(a) - f64::from(r) * f64::from(b)) * f64::from(b).signum();
+                let finite = a.is_finite() && b.is_finite() && b != 0.0;
+                directed(r, f32_order(r, t, finite), rnd)
+            }
             BinOp::Add => a + b,
             BinOp::Sub => a - b,
             BinOp::MulLo => a * b,
             BinOp::Div => a / b,
-            BinOp::Min => a.min(b),
-            BinOp::Max => a.max(b),
+            BinOp::Min | BinOp::Max => {
+                return u64::from(min_max(op, ty, a.to_bits().into(), b.to_bits().into()) as u32);
+            }
             BinOp::CopySign => b.copysign(a),
             _ => f32::from_bits(0),
         };
@@ -1790,12 +1913,9 @@ fn binary(op: BinOp, ty: Ty, x: u64, y: u64, ftz: bool, sat: bool, rnd: Rnd) -> 
     if ty == Ty::F64 {
         let (a, b) = (f64::from_bits(x), f64::from_bits(y));
         let r = match op {
-            BinOp::Add => a + b,
-            BinOp::Sub => a - b,
-            BinOp::MulLo => a * b,
+            BinOp::Add | BinOp::Sub | BinOp::MulLo => f64_rounded(op, a, b, rnd),
             BinOp::Div => a / b,
-            BinOp::Min => a.min(b),
-            BinOp::Max => a.max(b),
+            BinOp::Min | BinOp::Max => return min_max(op, ty, x, y),
             BinOp::CopySign => b.copysign(a),
             _ => 0.0,
         };
@@ -1823,7 +1943,8 @@ fn binary(op: BinOp, ty: Ty, x: u64, y: u64, ftz: bool, sat: bool, rnd: Rnd) -> 
             let p: i128 = if signed {
                 i128::from(sx) * i128::from(sy)
             } else {
-                i128::from(ux) * i128::from(uy)
+                // u64 × u64 exceeds i128: its bits are those of the u128 product.
+                (u128::from(ux) * u128::from(uy)) as i128
             };
             if op == BinOp::MulHi {
                 (p >> bits) as u64
@@ -1853,17 +1974,14 @@ fn binary(op: BinOp, ty: Ty, x: u64, y: u64, ftz: bool, sat: bool, rnd: Rnd) -> 
         BinOp::Or => ux | uy,
         BinOp::Xor => ux ^ uy,
         BinOp::Shl => {
-            if uy >= u64::from(bits) {
-                0
-            } else {
-                ux << uy
-            }
+            let n = y & 0xffff_ffff;
+            if n >= u64::from(bits) { 0 } else { ux << n }
         }
         BinOp::Shr => {
-            let n = uy.min(u64::from(bits) - 1) as u32;
+            let n = (y & 0xffff_ffff).min(u64::from(bits) - 1) as u32;
             if signed {
                 (sx >> n) as u64
-            } else if uy >= u64::from(bits) {
+            } else if y & 0xffff_ffff >= u64::from(bits) {
                 0
             } else {
                 ux >> n
@@ -1888,7 +2006,7 @@ fn binary(op: BinOp, ty: Ty, x: u64, y: u64, ftz: bool, sat: bool, rnd: Rnd) -> 
     r & mask
 }
 
-fn unary(op: UnOp, ty: Ty, x: u64, ftz: bool) -> u64 {
+fn unary(op: UnOp, ty: Ty, x: u64, ftz: bool, rnd: Rnd) -> u64 {
     let bits = ty.bits();
     let mask = ty.mask();
     if ty == Ty::F32 {
@@ -1896,6 +2014,16 @@ fn unary(op: UnOp, ty: Ty, x: u64, ftz: bool) -> u64 {
         let r = match op {
             UnOp::Neg => -a,
             UnOp::Abs => a.abs(),
+            UnOp::Rcp if rnd != Rnd::Rn => {
+                let r = 1.0 / a;
+                let t = (1.0 - f64::from(r) * f64::from(a)) * f64::from(a).signum();
+                directed(r, f32_order(r, t, a.is_finite() && a != 0.0), rnd)
+            }
+            UnOp::Sqrt if rnd != Rnd::Rn => {
+                let r = a.sqrt();
+                let t = f64::from(a) - f64::from(r) * f64::from(r);
+                directed(r, f32_order(r, t, a.is_finite() && a >= 0.0), rnd)
+            }
             UnOp::Rcp => 1.0 / a,
             UnOp::Sqrt => a.sqrt(),
             UnOp::Rsqrt => 1.0 / a.sqrt(),
@@ -1908,7 +2036,15 @@ fn unary(op: UnOp, ty: Ty, x: u64, ftz: bool) -> u64 {
         return f32_bits(r, ftz);
     }
     if ty == Ty::F64 {
-        let a = f64::from_bits(x);
+        // Only the `.approx.ftz` reciprocals take `.ftz` on f64.
+        let flush = |v: f64| {
+            if ftz && v.is_subnormal() {
+                0.0f64.copysign(v)
+            } else {
+                v
+            }
+        };
+        let a = flush(f64::from_bits(x));
         let r = match op {
             UnOp::Neg => -a,
             UnOp::Abs => a.abs(),
@@ -1921,7 +2057,7 @@ fn unary(op: UnOp, ty: Ty, x: u64, ftz: bool) -> u64 {
             UnOp::Lg2 => a.log2(),
             _ => a,
         };
-        return r.to_bits();
+        return flush(r).to_bits();
     }
     if ty == Ty::Pred {
         return u64::from(match op {
@@ -1942,11 +2078,23 @@ fn unary(op: UnOp, ty: Ty, x: u64, ftz: bool) -> u64 {
     }
 }
 
-fn mad(mode: MadMode, ty: Ty, x: u64, y: u64, z: u64, ftz: bool, sat: bool) -> u64 {
+fn mad(mode: MadMode, ty: Ty, [x, y, z]: [u64; 3], ftz: bool, sat: bool, rnd: Rnd) -> u64 {
     let bits = ty.bits();
     match mode {
         MadMode::Float if ty == Ty::F32 => {
-            let r = f32_of(x, ftz).mul_add(f32_of(y, ftz), f32_of(z, ftz));
+            let (a, b, c) = (f32_of(x, ftz), f32_of(y, ftz), f32_of(z, ftz));
+            let r = a.mul_add(b, c);
+            let r = if rnd == Rnd::Rn {
+                r
+            } else {
+                // The product is exact in f64; TwoSum adds the addend without error.
+                let (p, c) = (f64::from(a) * f64::from(b), f64::from(c));
+                let s = p + c;
+                let cc = s - p;
+                let e = (p - (s - cc)) + (c - cc);
+                let finite = a.is_finite() && b.is_finite() && c.is_finite();
+                directed(r, f32_order(r, (s - f64::from(r)) + e, finite), rnd)
+            };
             let r = if sat {
                 saturate01(f64::from(r)) as f32
             } else {
@@ -2108,6 +2256,7 @@ fn convert(
                 )
             } else {
                 let r = v as f64;
+                let r = directed64(r, v.cmp(&(r as i128)), rnd);
                 (if sat { saturate01(r) } else { r }).to_bits()
             }
         }
@@ -2160,23 +2309,10 @@ fn convert(
 fn atomic(op: AtomOp, ty: Ty, old: u64, x: u64, y: u64) -> u64 {
     let mask = ty.mask();
     match op {
-        AtomOp::Add if ty == Ty::F32 => {
-            u64::from((f32::from_bits(old as u32) + f32::from_bits(x as u32)).to_bits())
-        }
+        // The ISA's atom.add.f32 flushes subnormal inputs and results to zero.
+        AtomOp::Add if ty == Ty::F32 => f32_bits(f32_of(old, true) + f32_of(x, true), true),
         AtomOp::Add if ty == Ty::F64 => (f64::from_bits(old) + f64::from_bits(x)).to_bits(),
         AtomOp::Add => old.wrapping_add(x) & mask,
-        AtomOp::Min | AtomOp::Max if ty.float() => {
-            let (a, b) = if ty == Ty::F32 {
-                (
-                    f64::from(f32::from_bits(old as u32)),
-                    f64::from(f32::from_bits(x as u32)),
-                )
-            } else {
-                (f64::from_bits(old), f64::from_bits(x))
-            };
-            let keep_old = if op == AtomOp::Min { a <= b } else { a >= b };
-            if keep_old { old } else { x & mask }
-        }
         AtomOp::Min | AtomOp::Max => {
             let less = compare(Cmp::Lt, ty, x, old, false);
             let take_new = if op == AtomOp::Min {

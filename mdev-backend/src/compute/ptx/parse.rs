@@ -1414,9 +1414,103 @@ fn has(mods: &[&str], m: &str) -> bool {
     mods.contains(&m)
 }
 
+/// Integer types of the arithmetic instructions (`add`, `mul`, `min`, ...).
+const INTS: &[&str] = &["u16", "u32", "u64", "s16", "s32", "s64"];
+/// Untyped bit types of the logical instructions.
+const BITS: &[&str] = &["b16", "b32", "b64"];
+/// Every register type a move, load or comparison may name.
+const ALL: &[&str] = &[
+    "b8", "b16", "b32", "b64", "u8", "u16", "u32", "u64", "s8", "s16", "s32", "s64", "f32", "f64",
+];
+/// Nearest and directed rounding of a floating-point result.
+const RND: &[&str] = &["rn", "rz", "rm", "rp"];
+/// Integer rounding of `cvt`.
+const IRND: &[&str] = &["rni", "rzi", "rmi", "rpi"];
+/// Memory-ordering and scope qualifiers: the interpreter runs every access in program order
+/// on one coherent memory, which is at least as strong as each of them.
+const ORDER: &[&str] = &[
+    "volatile", "relaxed", "acquire", "release", "acq_rel", "weak", "cta", "gpu", "sys",
+];
+/// Cache operators: where data is kept, with no effect on values in this model (`.nc`
+/// promises no writes during the kernel; one anyway still reads back).
+const CACHE: &[&str] = &["ca", "cg", "cs", "lu", "cv", "wb", "wt", "nc"];
+/// State spaces of loads and stores.
+const SPACES: &[&str] = &["global", "const", "shared", "local", "param"];
+/// `setp`'s comparisons.
+const CMPS: &[&str] = &[
+    "eq", "ne", "lt", "le", "gt", "ge", "lo", "ls", "hi", "hs", "equ", "neu", "ltu", "leu", "gtu",
+    "geu", "num", "nan",
+];
+
+/// The modifiers (types included) each instruction is implemented with: [`Cx::accepts`]
+/// refuses anything else at load, so no modifier is ever ignored. Instructions that check
+/// their own combinations (textures, surfaces, video) are not listed.
+fn allowed(base: &str) -> Option<Vec<&'static [&'static str]>> {
+    Some(match base {
+        "mov" => vec![ALL, &["pred", "v2", "v4"]],
+        "ld" | "st" => vec![ALL, ORDER, CACHE, SPACES, &["v2", "v4"]],
+        "ldu" => vec![ALL, &["global", "v2", "v4"]],
+        "cvta" => vec![&["to", "global", "const", "shared", "local", "u32", "u64"]],
+        "add" | "sub" => vec![INTS, RND, &["f32", "f64", "sat", "ftz"]],
+        "mul" => vec![INTS, RND, &["f32", "f64", "hi", "lo", "wide", "sat", "ftz"]],
+        "div" => vec![INTS, RND, &["f32", "f64", "approx", "full", "ftz"]],
+        "rem" => vec![INTS],
+        "and" | "or" | "xor" | "not" | "cnot" => vec![BITS, &["pred"]],
+        "shl" => vec![BITS],
+        "shr" => vec![BITS, INTS],
+        "min" | "max" => vec![INTS, &["f32", "f64", "ftz"]],
+        "copysign" => vec![&["f32", "f64"]],
+        "neg" | "abs" => vec![&["s16", "s32", "s64", "f32", "f64", "ftz"]],
+        "popc" | "clz" | "brev" => vec![&["b32", "b64"]],
+        "rcp" | "sqrt" => vec![RND, &["f32", "f64", "approx", "ftz"]],
+        "rsqrt" => vec![&["f32", "f64", "approx", "ftz"]],
+        "sin" | "cos" | "lg2" | "ex2" => vec![&["f32", "approx", "ftz"]],
+        "mad" | "fma" => vec![INTS, RND, &["f32", "f64", "hi", "lo", "wide", "sat", "ftz"]],
+        "setp" => vec![ALL, CMPS, &["and", "or", "xor", "ftz"]],
+        "selp" => vec![ALL],
+        "cvt" => vec![ALL, RND, IRND, &["sat", "ftz"]],
+        "bfe" => vec![&["u32", "u64", "s32", "s64"]],
+        "bfi" => vec![&["b32", "b64"]],
+        "prmt" => vec![&["b32"]],
+        "ret" | "exit" => vec![&["uni"]],
+        "bar" | "barrier" => vec![&["sync", "arrive", "warp", "aligned", "cta"]],
+        "membar" => vec![&["cta", "gl", "sys"]],
+        "fence" => vec![&["sc", "acq_rel", "cta", "gpu", "sys"]],
+        "prefetch" => vec![&["global", "local", "L1", "L2"]],
+        "prefetchu" => vec![&["L1"]],
+        "nanosleep" => vec![&["u32"]],
+        "atom" | "red" => vec![
+            ORDER,
+            &[
+                "global", "shared", "add", "min", "max", "inc", "dec", "and", "or", "xor", "exch",
+                "cas", "b32", "b64", "u32", "s32", "u64", "s64", "f32", "f64",
+            ],
+        ],
+        "shfl" => vec![&["sync", "up", "down", "bfly", "idx", "b32"]],
+        "vote" => vec![&["sync", "all", "any", "uni", "ballot", "pred", "b32"]],
+        "activemask" => vec![&["b32"]],
+        "trap" | "brkpt" | "pmevent" => vec![],
+        _ => return None,
+    })
+}
+
 impl Cx<'_> {
     fn fail<T>(&self, msg: impl Into<String>) -> PResult<T> {
         err(self.line, msg)
+    }
+
+    /// Refuses a modifier `base` is not implemented with (see [`allowed`]), naming it.
+    fn accepts(&self, base: &str, mods: &[&str]) -> PResult<()> {
+        let Some(sets) = allowed(base) else {
+            return Ok(());
+        };
+        match mods
+            .iter()
+            .find(|m| !sets.iter().any(|set| set.contains(m)))
+        {
+            Some(m) => self.fail(format!("{base}.{m} is not supported")),
+            None => Ok(()),
+        }
     }
 
     fn name(&self, n: &str) -> PResult<Name> {
@@ -1612,8 +1706,22 @@ impl Cx<'_> {
     }
 
     fn decode(&self, base: &str, mods: &[&str], g: &[Vec<Tok>]) -> PResult<Op> {
+        self.accepts(base, mods)?;
         let ftz = has(mods, "ftz");
         let sat = has(mods, "sat");
+        if let Some(t) = mods.iter().rev().find_map(|m| Ty::parse(m))
+            && base != "cvt"
+        {
+            let rounded = mods.iter().any(|m| RND.contains(m));
+            if !t.float() && (ftz || rounded || has(mods, "approx") || has(mods, "full")) {
+                return self.fail(format!(
+                    "{base} with rounding or .ftz on .{t:?} does not exist"
+                ));
+            }
+            if t == Ty::F64 && ftz && !(has(mods, "approx") && matches!(base, "rcp" | "rsqrt")) {
+                return self.fail(format!("{base}.ftz.f64 does not exist"));
+            }
+        }
         Ok(match base {
             "mov" if has(mods, "v2") || has(mods, "v4") => {
                 let ty = self.ty(mods)?;
@@ -1828,8 +1936,20 @@ impl Cx<'_> {
                 if ty.float() && matches!(op, BinOp::MulHi | BinOp::MulWide | BinOp::Rem) {
                     return self.fail("integer-only operation on a float type");
                 }
-                if sat && !(ty.float() || ty == Ty::S32) {
-                    return self.fail(".sat on this type is not supported");
+                if sat
+                    && !(matches!(op, BinOp::Add | BinOp::Sub | BinOp::MulLo) && ty == Ty::F32
+                        || matches!(op, BinOp::Add | BinOp::Sub) && ty == Ty::S32)
+                {
+                    return self.fail(format!("{base}.sat on .{ty:?} is not supported"));
+                }
+                if ty.float()
+                    && !matches!(op, BinOp::Add | BinOp::Sub | BinOp::MulLo | BinOp::Div)
+                    && mods.iter().any(|m| RND.contains(m))
+                {
+                    return self.fail(format!("{base} with a rounding modifier does not exist"));
+                }
+                if ty == Ty::F64 && op == BinOp::Div && rnd_of(mods) != Rnd::Rn {
+                    return self.fail("div.f64 with directed rounding is not supported");
                 }
                 Op::Bin {
                     op,
@@ -1876,8 +1996,14 @@ impl Cx<'_> {
                     return self.fail(format!("{base} on .{ty:?} is not supported"));
                 }
                 let rnd = rnd_of(mods);
-                if ty.float() && rnd != Rnd::Rn && !matches!(op, UnOp::Neg | UnOp::Abs) {
-                    return self.fail("directed rounding of this operation is not supported");
+                let rounded = mods.iter().any(|m| RND.contains(m));
+                if rounded && !matches!(op, UnOp::Rcp | UnOp::Sqrt) {
+                    return self.fail(format!("{base} with a rounding modifier does not exist"));
+                }
+                if ty == Ty::F64 && rnd != Rnd::Rn {
+                    return self.fail(format!(
+                        "{base}.f64 with directed rounding is not supported"
+                    ));
                 }
                 Op::Un {
                     op,
@@ -1903,11 +2029,13 @@ impl Cx<'_> {
                     return self.fail("integer mad needs .lo, .hi or .wide");
                 };
                 let rnd = rnd_of(mods);
-                if ty.float() && rnd != Rnd::Rn {
-                    return self.fail("directed rounding of fma is not supported");
+                if ty == Ty::F64 && rnd != Rnd::Rn {
+                    return self.fail(format!(
+                        "{base}.f64 with directed rounding is not supported"
+                    ));
                 }
-                if sat && !(ty.float() || ty == Ty::S32) {
-                    return self.fail(".sat on this type is not supported");
+                if sat && !(ty == Ty::F32 || ty == Ty::S32 && mode != MadMode::Wide) {
+                    return self.fail(format!("{base}.sat on .{ty:?} is not supported"));
                 }
                 let cty = if mode == MadMode::Wide { wide(ty) } else { ty };
                 Op::Mad {
@@ -1997,8 +2125,18 @@ impl Cx<'_> {
                 if matches!((dty, sty), (Ty::Pred, _) | (_, Ty::Pred)) {
                     return self.fail("cvt of predicates does not exist");
                 }
-                if has(mods, "relu") || has(mods, "satfinite") {
-                    return self.fail("cvt with these modifiers is not supported");
+                let (df, sf) = (dty.float(), sty.float());
+                if irnd.is_some() && !sf || rnd.is_some() && !df || irnd.is_some() && rnd.is_some()
+                {
+                    return self.fail("cvt with a rounding modifier its types do not take");
+                }
+                if sf && !df && irnd.is_none()
+                    || df && sf && dty.bits() < sty.bits() && rnd.is_none()
+                {
+                    return self.fail("cvt that rounds needs a rounding modifier");
+                }
+                if ftz && !(*dty == Ty::F32 || *sty == Ty::F32) {
+                    return self.fail("cvt.ftz without an f32 operand does not exist");
                 }
                 Op::Cvt {
                     dty: *dty,
@@ -2094,8 +2232,20 @@ impl Cx<'_> {
                         })
                     })
                     .ok_or((self.line, "atom without an operation".to_string()))?;
-                if !matches!(ty.bits(), 32 | 64) || has(mods, "v2") || has(mods, "v4") {
-                    return self.fail("atomics of this width are not supported");
+                let valid = match op {
+                    AtomOp::Add => matches!(ty, Ty::U32 | Ty::S32 | Ty::U64 | Ty::F32 | Ty::F64),
+                    AtomOp::Min | AtomOp::Max => {
+                        matches!(ty, Ty::U32 | Ty::S32 | Ty::U64 | Ty::S64)
+                    }
+                    AtomOp::Inc | AtomOp::Dec => ty == Ty::U32,
+                    AtomOp::And | AtomOp::Or | AtomOp::Xor | AtomOp::Exch | AtomOp::Cas => {
+                        matches!(ty, Ty::B32 | Ty::B64)
+                    }
+                };
+                if !valid {
+                    return self.fail(format!(
+                        "{base} of this operation on .{ty:?} is not supported"
+                    ));
                 }
                 let space = space_of(mods);
                 if matches!(space, Space::Const | Space::Param | Space::Local) {

@@ -1664,3 +1664,70 @@ fn a_kernel_holds_its_own_registers_and_its_callees_not_the_modules() {
     let params = pack(&m, "f7", &[out]);
     r.launch("f7", [1, 1, 1], [1024, 1, 1], &params, 1).unwrap();
 }
+
+/// Every modifier an instruction is not implemented with is refused at load, naming it: none
+/// is ignored (a CRC or a layer norm computed with a dropped modifier would be silently wrong).
+#[test]
+fn modifiers_the_executor_does_not_implement_are_refused_by_name() {
+    for (inst, what) in [
+        ("add.cc.u32 %r1, %r1, %r1;", "add.cc is not supported"),
+        ("min.NaN.f32 %f1, %f1, %f1;", "min.NaN is not supported"),
+        (
+            "max.xorsign.abs.f32 %f1, %f1, %f1;",
+            "max.xorsign is not supported",
+        ),
+        ("ex2.approx.f16 %r1, %r1;", "ex2.f16 is not supported"),
+        (
+            "fma.rm.f64 %fd1, %fd1, %fd1, %fd1;",
+            "fma.f64 with directed rounding",
+        ),
+        (
+            "div.rz.f64 %fd1, %fd1, %fd1;",
+            "div.f64 with directed rounding",
+        ),
+        ("sqrt.rp.f64 %fd1, %fd1;", "sqrt.f64 with directed rounding"),
+        (
+            "cvt.rn.s32.f32 %r1, %f1;",
+            "rounding modifier its types do not take",
+        ),
+        ("cvt.s32.f32 %r1, %f1;", "needs a rounding modifier"),
+        ("cvt.f32.f64 %f1, %fd1;", "needs a rounding modifier"),
+        (
+            "cvt.rni.f32.s32 %f1, %r1;",
+            "rounding modifier its types do not take",
+        ),
+        ("atom.global.min.f32 %f1, [%rd1], %f1;", "not supported"),
+        ("atom.global.inc.u64 %rd1, [%rd1], %rd1;", "not supported"),
+        ("add.rn.s32 %r1, %r1, %r1;", "does not exist"),
+        (
+            "add.ftz.f64 %fd1, %fd1, %fd1;",
+            "add.ftz.f64 does not exist",
+        ),
+        ("mul.lo.sat.s32 %r1, %r1, %r1;", "mul.sat on .S32"),
+        ("sin.rn.f32 %f1, %f1;", "sin.rn is not supported"),
+        ("ld.global.L1::no_allocate.u32 %r1, [%rd1];", "line 10"),
+        (
+            "shfl.sync.bfly.b64 %rd1, %rd1, 1, 31, -1;",
+            "shfl.b64 is not supported",
+        ),
+        (
+            "vote.sync.all.u32 %r1, %p1, -1;",
+            "vote.u32 is not supported",
+        ),
+        ("bar.red.popc.u32 %r1, 0, %p1;", "bar.red is not supported"),
+    ] {
+        let text = format!(
+            "{HEADER}.visible .entry k() {{\n.reg .b32 %r1;\n.reg .f32 %f1;\n\
+             .reg .f64 %fd1;\n.reg .b64 %rd1;\n.reg .pred %p1;\n{inst}\n}}\n"
+        );
+        let err = Module::parse(&text).unwrap_err();
+        let ComputeError::InvalidPtx(msg) = &err else {
+            panic!("{err:?}")
+        };
+        assert!(msg.contains(what), "{inst}: {msg}");
+        assert_eq!(err.cuda_status(), 218);
+    }
+}
+
+#[path = "conformance.rs"]
+mod conformance;

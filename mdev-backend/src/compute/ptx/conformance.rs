@@ -1,0 +1,875 @@
+//! Conformance of the executor's instructions, generated per instruction, type and modifier:
+//! each case is one PTX kernel applying the instruction to every lane's operands (edge values
+//! and seeded random ones), and every lane's result is compared bit for bit with a host
+//! reference written from the PTX ISA's definitions. Directed rounding is checked against an
+//! exact computation: the reference takes the host's correctly rounded nearest result and asks
+//! an exact big-integer sum on which side of it the true result lies.
+//!
+//! NaN results of arithmetic are compared as NaNs only (the ISA does not define their
+//! payload); `min`/`max`, whose NaN results the ISA defines, are compared bit for bit.
+
+use super::*;
+use std::cmp::Ordering;
+
+/// Operand values one lane reads and the reference that gives its result.
+type Reference = Box<dyn Fn(&[u64]) -> u64>;
+
+/// One generated case.
+struct Case {
+    /// The instruction as PTX writes it, without operands (`add.rz.f32`).
+    inst: String,
+    /// The destination's register type.
+    dst: &'static str,
+    /// The operands' register types.
+    srcs: Vec<&'static str>,
+    reference: Reference,
+    /// Whether a NaN result matches any NaN (arithmetic) or only its own bits.
+    nan_any: bool,
+}
+
+/// A fixed-seed generator (xorshift64*), so a failure reproduces.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
+fn f32_edges() -> Vec<u64> {
+    let v: [f32; 14] = [
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        3.0,
+        0.1,
+        1.0 + f32::EPSILON,
+        -(1.0 + 2.0 * f32::EPSILON),
+        f32::MIN_POSITIVE,
+        f32::MAX,
+        f32::MIN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        16_777_217.0,
+    ];
+    let mut out: Vec<u64> = v.iter().map(|x| u64::from(x.to_bits())).collect();
+    // Subnormals, NaNs with payloads (quiet and signalling), values around ties.
+    out.extend([
+        0x0000_0001,
+        0x807f_ffff,
+        0x7fc0_0001,
+        0xffc1_2345,
+        0x7f80_0001,
+    ]);
+    out.extend([0x4b00_0001, 0x3f80_0001, 0x3eaa_aaab]);
+    out
+}
+
+fn f64_edges() -> Vec<u64> {
+    let v: [f64; 13] = [
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        3.0,
+        0.1,
+        1.0 + f64::EPSILON,
+        f64::MIN_POSITIVE,
+        f64::MAX,
+        f64::MIN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        9_007_199_254_740_993.0,
+    ];
+    let mut out: Vec<u64> = v.iter().map(|x| x.to_bits()).collect();
+    out.extend([
+        0x0000_0000_0000_0001,
+        0x800f_ffff_ffff_ffff,
+        0x7ff8_0000_0000_0001,
+        0xfff1_2345_6789_abcd,
+        0x3ff0_0000_0000_0001,
+        0x3fd5_5555_5555_5555,
+    ]);
+    out
+}
+
+fn int_edges(bits: u32) -> Vec<u64> {
+    let mask = if bits == 64 {
+        u64::MAX
+    } else {
+        (1 << bits) - 1
+    };
+    let min = 1u64 << (bits - 1);
+    [
+        0,
+        1,
+        2,
+        3,
+        7,
+        31,
+        32,
+        33,
+        63,
+        64,
+        mask,
+        min,
+        min - 1,
+        min + 1,
+        0x5a5a_5a5a_5a5a_5a5a,
+    ]
+    .iter()
+    .map(|v| v & mask)
+    .collect()
+}
+
+/// Values of a register type: edges first, then random ones.
+fn values(ty: &str, rng: &mut Rng, n: usize) -> Vec<u64> {
+    let (edges, mask, float32) = match ty {
+        "f32" => (f32_edges(), 0xffff_ffff, true),
+        "f64" => (f64_edges(), u64::MAX, false),
+        t => {
+            let bits: u32 = t[1..].parse().unwrap();
+            let m = if bits == 64 {
+                u64::MAX
+            } else {
+                (1 << bits) - 1
+            };
+            (int_edges(bits), m, false)
+        }
+    };
+    let mut v = edges;
+    while v.len() < n {
+        let r = rng.next();
+        // Random floats of moderate exponents, so sums and products round.
+        let r = if float32 {
+            u64::from(((r as u32) & 0x807f_ffff) | ((0x70 + (r >> 40) % 32) as u32) << 23)
+        } else if ty == "f64" {
+            (r & 0x800f_ffff_ffff_ffff) | ((0x3e0 + (r >> 52) % 64) << 52)
+        } else {
+            r
+        };
+        v.push(r & mask);
+    }
+    v
+}
+
+/// The lanes' operands: every pair (or triple, cycling) of edge values and random ones.
+fn operands(c: &Case, rng: &mut Rng) -> Vec<Vec<u64>> {
+    let pools: Vec<Vec<u64>> = c.srcs.iter().map(|t| values(t, rng, 32)).collect();
+    let mut lanes = Vec::new();
+    match pools.len() {
+        1 => lanes.extend(pools[0].iter().map(|&a| vec![a])),
+        2 => {
+            for &a in &pools[0] {
+                for &b in &pools[1] {
+                    lanes.push(vec![a, b]);
+                }
+            }
+        }
+        _ => {
+            for (i, &a) in pools[0].iter().enumerate() {
+                for (j, &b) in pools[1].iter().enumerate() {
+                    lanes.push(vec![a, b, pools[2][(i * 7 + j) % pools[2].len()]]);
+                }
+            }
+        }
+    }
+    lanes
+}
+
+/// Runs `c` on the executor: one thread per lane of operands; each lane's result.
+fn execute(c: &Case, lanes: &[Vec<u64>]) -> Vec<u64> {
+    let n = c.srcs.len();
+    let names = ["%a", "%b", "%c"];
+    let mut decl = String::new();
+    let mut loads = String::new();
+    for (i, t) in c.srcs.iter().enumerate() {
+        decl += &format!(".reg .{t} {};\n", names[i]);
+        loads += &format!("ld.global.{t} {}, [%rd3+{}];\n", names[i], i * 8);
+    }
+    let ops = names[..n].join(", ");
+    let ptx = format!(
+        ".visible .entry k(.param .u64 in, .param .u64 out, .param .u32 n)\n{{\n\
+         .reg .b64 %rd<6>;\n.reg .b32 %r<4>;\n.reg .pred %p;\n{decl}.reg .{d} %d;\n\
+         ld.param.u64 %rd1, [in];\nld.param.u64 %rd2, [out];\nld.param.u32 %r3, [n];\n\
+         mov.u32 %r1, %ctaid.x;\nmov.u32 %r2, %ntid.x;\nmov.u32 %r0, %tid.x;\n\
+         mad.lo.s32 %r1, %r1, %r2, %r0;\nsetp.ge.u32 %p, %r1, %r3;\n@%p bra $L_end;\n\
+         mul.wide.u32 %rd3, %r1, {stride};\nadd.s64 %rd3, %rd1, %rd3;\n{loads}\
+         {inst} %d, {ops};\nmul.wide.u32 %rd4, %r1, 8;\nadd.s64 %rd4, %rd2, %rd4;\n\
+         st.global.{d} [%rd4], %d;\n$L_end:\nret;\n}}\n",
+        d = c.dst,
+        stride = n * 8,
+        inst = c.inst,
+    );
+    let m = module(&ptx);
+    let mut r = Run::new(&m);
+    let input: Vec<u8> = lanes
+        .iter()
+        .flat_map(|l| l.iter().flat_map(|v| v.to_le_bytes()))
+        .collect();
+    let input = r.buffer(&input);
+    let out = r.buffer(&vec![0; lanes.len() * 8]);
+    let params = pack(&m, "k", &[input, out, lanes.len() as u64]);
+    let block = 256u32;
+    let grid = (lanes.len() as u32).div_ceil(block);
+    r.launch("k", [grid, 1, 1], [block, 1, 1], &params, 1)
+        .unwrap_or_else(|e| panic!("{}: {e}", c.inst));
+    r.read(out, lanes.len() * 8)
+        .chunks(8)
+        .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+fn is_nan(ty: &str, v: u64) -> bool {
+    match ty {
+        "f32" => f32::from_bits(v as u32).is_nan(),
+        "f64" => f64::from_bits(v).is_nan(),
+        _ => false,
+    }
+}
+
+fn width_mask(ty: &str) -> u64 {
+    match ty[1..].parse::<u32>().unwrap() {
+        64 => u64::MAX,
+        b => (1 << b) - 1,
+    }
+}
+
+/// Runs every case and reports each lane that differs from its reference.
+fn check(cases: Vec<Case>) {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut failures = Vec::new();
+    for c in &cases {
+        let lanes = operands(c, &mut rng);
+        let got = execute(c, &lanes);
+        let mask = width_mask(c.dst);
+        for (ops, &g) in lanes.iter().zip(&got) {
+            let want = (c.reference)(ops) & mask;
+            let g = g & mask;
+            let same = g == want || c.nan_any && is_nan(c.dst, g) && is_nan(c.dst, want);
+            if !same && failures.len() < 20 {
+                failures.push(format!("{} {ops:x?}: got {g:#x}, want {want:#x}", c.inst));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+// ---- exact references ----
+
+/// A finite float as (negative, mantissa, exponent): (-1)^neg * m * 2^e.
+fn parts(v: f64) -> (bool, u128, i32) {
+    let b = v.to_bits();
+    let exp = ((b >> 52) & 0x7ff) as i32;
+    let frac = b & ((1 << 52) - 1);
+    let (m, e) = if exp == 0 {
+        (frac, -1074)
+    } else {
+        (frac | 1 << 52, exp - 1075)
+    };
+    (v.is_sign_negative(), u128::from(m), e)
+}
+
+/// A term of an exact sum: ±m·2^e.
+type Term = (bool, u128, i32);
+
+fn product(a: f64, b: f64, negate: bool) -> Term {
+    let (sa, ma, ea) = parts(a);
+    let (sb, mb, eb) = parts(b);
+    (sa ^ sb ^ negate, ma * mb, ea + eb)
+}
+
+fn term(a: f64, negate: bool) -> Term {
+    let (s, m, e) = parts(a);
+    (s ^ negate, m, e)
+}
+
+/// Adds `m << shift` into the little-endian words of `acc`.
+fn add_shifted(acc: &mut [u64], m: u128, shift: usize) {
+    let (word, bit) = (shift / 64, shift % 64);
+    let pieces = [
+        (m << bit) as u64,
+        ((m << bit) >> 64) as u64,
+        if bit == 0 {
+            0
+        } else {
+            (m >> (128 - bit)) as u64
+        },
+    ];
+    let mut carry = 0u128;
+    for (i, slot) in acc.iter_mut().enumerate().skip(word) {
+        let add = pieces.get(i - word).copied().unwrap_or(0);
+        let s = u128::from(*slot) + u128::from(add) + carry;
+        *slot = s as u64;
+        carry = s >> 64;
+        if carry == 0 && i >= word + 2 {
+            break;
+        }
+    }
+}
+
+/// The sign of an exact sum of terms, from big integers.
+fn exact_sign(terms: &[Term]) -> Ordering {
+    let Some(emin) = terms.iter().filter(|t| t.1 != 0).map(|t| t.2).min() else {
+        return Ordering::Equal;
+    };
+    let span = terms
+        .iter()
+        .filter(|t| t.1 != 0)
+        .map(|t| (t.2 - emin) as usize)
+        .max()
+        .unwrap_or(0);
+    let words = span / 64 + 4;
+    let (mut pos, mut neg) = (vec![0u64; words], vec![0u64; words]);
+    for &(s, m, e) in terms.iter().filter(|t| t.1 != 0) {
+        add_shifted(if s { &mut neg } else { &mut pos }, m, (e - emin) as usize);
+    }
+    pos.iter().rev().cmp(neg.iter().rev())
+}
+
+#[derive(Clone, Copy)]
+enum Mode {
+    Rn,
+    Rz,
+    Rm,
+    Rp,
+}
+
+const MODES: [(Mode, &str); 4] = [
+    (Mode::Rn, "rn"),
+    (Mode::Rz, "rz"),
+    (Mode::Rm, "rm"),
+    (Mode::Rp, "rp"),
+];
+
+/// Steps the nearest result `n` to the directed one, knowing where the exact value lies.
+/// `finite`: the exact value is finite (an infinite `n` is then an overflow).
+macro_rules! directed_ref {
+    ($name:ident, $t:ty) => {
+        fn $name(n: $t, terms: &[Term], finite: bool, mode: Mode) -> $t {
+            if n.is_nan() || !finite {
+                return n;
+            }
+            let ord = if n.is_infinite() {
+                if n > 0.0 {
+                    Ordering::Less
+                } else {
+                    Ordering::Greater
+                }
+            } else {
+                let mut all = terms.to_vec();
+                all.push(term(n.into(), true));
+                exact_sign(&all)
+            };
+            match (mode, ord) {
+                (Mode::Rm, Ordering::Less) => n.next_down(),
+                (Mode::Rp, Ordering::Greater) => n.next_up(),
+                (Mode::Rz, Ordering::Less) if n > 0.0 => n.next_down(),
+                (Mode::Rz, Ordering::Greater) if n < 0.0 => n.next_up(),
+                _ => n,
+            }
+        }
+    };
+}
+directed_ref!(round32, f32);
+directed_ref!(round64, f64);
+
+fn f32v(v: u64) -> f32 {
+    f32::from_bits(v as u32)
+}
+
+fn bits32(v: f32) -> u64 {
+    u64::from(v.to_bits())
+}
+
+/// Float operations in every rounding mode, f32 and f64.
+fn float_cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for (mode, m) in MODES {
+        for (op, neg) in [("add", false), ("sub", true), ("mul", false)] {
+            let f32ref = move |o: &[u64]| {
+                let (a, b) = (f32v(o[0]), f32v(o[1]));
+                let (n, terms) = match op {
+                    "mul" => (a * b, vec![product(a.into(), b.into(), false)]),
+                    _ => {
+                        let b = if neg { -b } else { b };
+                        (a + b, vec![term(a.into(), false), term(b.into(), false)])
+                    }
+                };
+                bits32(round32(n, &terms, a.is_finite() && b.is_finite(), mode))
+            };
+            let f64ref = move |o: &[u64]| {
+                let (a, b) = (f64::from_bits(o[0]), f64::from_bits(o[1]));
+                let (n, terms) = match op {
+                    "mul" => (a * b, vec![product(a, b, false)]),
+                    _ => {
+                        let b = if neg { -b } else { b };
+                        (a + b, vec![term(a, false), term(b, false)])
+                    }
+                };
+                round64(n, &terms, a.is_finite() && b.is_finite(), mode).to_bits()
+            };
+            cases.push(float_case(
+                format!("{op}.{m}.f32"),
+                "f32",
+                2,
+                Box::new(f32ref),
+            ));
+            cases.push(float_case(
+                format!("{op}.{m}.f64"),
+                "f64",
+                2,
+                Box::new(f64ref),
+            ));
+        }
+        cases.push(float_case(
+            format!("fma.{m}.f32"),
+            "f32",
+            3,
+            Box::new(move |o| {
+                let (a, b, c) = (f32v(o[0]), f32v(o[1]), f32v(o[2]));
+                let terms = [product(a.into(), b.into(), false), term(c.into(), false)];
+                let finite = a.is_finite() && b.is_finite() && c.is_finite();
+                bits32(round32(a.mul_add(b, c), &terms, finite, mode))
+            }),
+        ));
+        cases.push(float_case(
+            format!("div.{m}.f32"),
+            "f32",
+            2,
+            Box::new(move |o| {
+                let (a, b) = (f32v(o[0]), f32v(o[1]));
+                let n = a / b;
+                // a/b against n: the sign of a - n*b, turned by the sign of b.
+                let ord_terms = [
+                    term(a.into(), b < 0.0),
+                    product(n.into(), b.into(), b >= 0.0),
+                ];
+                let finite = a.is_finite() && b.is_finite() && b != 0.0;
+                bits32(round32_via(n, &ord_terms, finite, mode))
+            }),
+        ));
+        cases.push(float_case(
+            format!("sqrt.{m}.f32"),
+            "f32",
+            1,
+            Box::new(move |o| {
+                let a = f32v(o[0]);
+                let n = a.sqrt();
+                let ord_terms = [term(a.into(), false), product(n.into(), n.into(), true)];
+                bits32(round32_via(n, &ord_terms, a.is_finite() && a >= 0.0, mode))
+            }),
+        ));
+        cases.push(float_case(
+            format!("rcp.{m}.f32"),
+            "f32",
+            1,
+            Box::new(move |o| {
+                let a = f32v(o[0]);
+                let n = 1.0 / a;
+                let ord_terms = [term(1.0, a < 0.0), product(n.into(), a.into(), a >= 0.0)];
+                bits32(round32_via(n, &ord_terms, a.is_finite() && a != 0.0, mode))
+            }),
+        ));
+    }
+    cases.push(float_case(
+        "fma.rn.f64".into(),
+        "f64",
+        3,
+        Box::new(|o| {
+            let [a, b, c] = [0, 1, 2].map(|i| f64::from_bits(o[i]));
+            a.mul_add(b, c).to_bits()
+        }),
+    ));
+    cases.push(float_case(
+        "div.rn.f64".into(),
+        "f64",
+        2,
+        Box::new(|o| (f64::from_bits(o[0]) / f64::from_bits(o[1])).to_bits()),
+    ));
+    cases.push(float_case(
+        "sqrt.rn.f64".into(),
+        "f64",
+        1,
+        Box::new(|o| f64::from_bits(o[0]).sqrt().to_bits()),
+    ));
+    cases
+}
+
+/// [`round32`] where the exact comparison is given directly as terms whose sum has the
+/// sign of `exact - n` (division, square root, reciprocal).
+fn round32_via(n: f32, ord_terms: &[Term], finite: bool, mode: Mode) -> f32 {
+    // Adding n back makes the terms' sum "exact" for round32, which subtracts it again.
+    let mut terms = ord_terms.to_vec();
+    if !n.is_nan() && n.is_finite() {
+        terms.push(term(n.into(), false));
+    }
+    round32(n, &terms, finite, mode)
+}
+
+fn float_case(inst: String, ty: &'static str, n: usize, reference: Reference) -> Case {
+    Case {
+        inst,
+        dst: ty,
+        srcs: vec![ty; n],
+        reference,
+        nan_any: true,
+    }
+}
+
+/// `min`/`max` (the ISA's NaN and signed-zero rules), `.ftz` forms and sign operations.
+fn float_misc_cases() -> Vec<Case> {
+    fn pick(a: f64, b: f64, xa: u64, xb: u64, min: bool, canonical: u64) -> u64 {
+        match (a.is_nan(), b.is_nan()) {
+            (true, true) => canonical,
+            (true, false) => xb,
+            (false, true) => xa,
+            _ if a == b => {
+                if a.is_sign_negative() == min {
+                    xa
+                } else {
+                    xb
+                }
+            }
+            _ => {
+                if (a < b) == min {
+                    xa
+                } else {
+                    xb
+                }
+            }
+        }
+    }
+    let mut cases = Vec::new();
+    for (op, min) in [("min", true), ("max", false)] {
+        let r32 = move |o: &[u64]| {
+            pick(
+                f32v(o[0]).into(),
+                f32v(o[1]).into(),
+                o[0],
+                o[1],
+                min,
+                0x7fff_ffff,
+            )
+        };
+        let r64 = move |o: &[u64]| {
+            let (a, b) = (f64::from_bits(o[0]), f64::from_bits(o[1]));
+            pick(a, b, o[0], o[1], min, 0x7fff_ffff_ffff_ffff)
+        };
+        for (inst, ty, r) in [
+            (format!("{op}.f32"), "f32", Box::new(r32) as Reference),
+            (format!("{op}.f64"), "f64", Box::new(r64)),
+        ] {
+            cases.push(Case {
+                inst,
+                dst: ty,
+                srcs: vec![ty; 2],
+                reference: r,
+                nan_any: false,
+            });
+        }
+    }
+    let flush = |v: f32| {
+        if v.is_subnormal() {
+            0.0f32.copysign(v)
+        } else {
+            v
+        }
+    };
+    cases.push(float_case(
+        "add.ftz.f32".into(),
+        "f32",
+        2,
+        Box::new(move |o| bits32(flush(flush(f32v(o[0])) + flush(f32v(o[1]))))),
+    ));
+    cases.push(float_case(
+        "mul.rn.ftz.f32".into(),
+        "f32",
+        2,
+        Box::new(move |o| bits32(flush(flush(f32v(o[0])) * flush(f32v(o[1]))))),
+    ));
+    cases.push(float_case(
+        "add.sat.f32".into(),
+        "f32",
+        2,
+        Box::new(|o| {
+            let r = f32v(o[0]) + f32v(o[1]);
+            bits32(if r.is_nan() { 0.0 } else { r.clamp(0.0, 1.0) })
+        }),
+    ));
+    cases.push(Case {
+        inst: "neg.f32".into(),
+        dst: "f32",
+        srcs: vec!["f32"],
+        reference: Box::new(|o| o[0] ^ 0x8000_0000),
+        nan_any: false,
+    });
+    cases.push(Case {
+        inst: "abs.f64".into(),
+        dst: "f64",
+        srcs: vec!["f64"],
+        reference: Box::new(|o| o[0] & !(1 << 63)),
+        nan_any: false,
+    });
+    cases.push(Case {
+        inst: "copysign.f32".into(),
+        dst: "f32",
+        srcs: vec!["f32"; 2],
+        reference: Box::new(|o| (o[1] & 0x7fff_ffff) | (o[0] & 0x8000_0000)),
+        nan_any: false,
+    });
+    cases
+}
+
+/// An integer operation on two operands of a width, in i128.
+type IntOp = fn(i128, i128, u32) -> i128;
+
+fn sext(v: u64, bits: u32) -> i128 {
+    let s = 128 - bits;
+    (i128::from(v) << s) >> s
+}
+
+/// Integer instructions over every width they take, from the ISA's definitions in i128.
+fn int_cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for bits in [16u32, 32, 64] {
+        for signed in [false, true] {
+            let t: &'static str = match (signed, bits) {
+                (false, 16) => "u16",
+                (false, 32) => "u32",
+                (false, _) => "u64",
+                (true, 16) => "s16",
+                (true, 32) => "s32",
+                (true, _) => "s64",
+            };
+            let val = move |v: u64| {
+                if signed {
+                    sext(v, bits)
+                } else {
+                    i128::from(v) & ((1i128 << bits) - 1)
+                }
+            };
+            let ops: [(&str, IntOp); 7] = [
+                ("add", |a, b, _| a + b),
+                ("sub", |a, b, _| a - b),
+                ("mul.lo", |a, b, _| a.wrapping_mul(b)),
+                ("mul.hi", |a, b, bits| a.wrapping_mul(b) >> bits),
+                ("min", |a, b, _| a.min(b)),
+                ("max", |a, b, _| a.max(b)),
+                ("div", |a, b, _| if b == 0 { -1 } else { a / b }),
+            ];
+            for (op, f) in ops {
+                if op == "div" && signed {
+                    continue;
+                }
+                cases.push(Case {
+                    inst: format!("{op}.{t}"),
+                    dst: t,
+                    srcs: vec![t; 2],
+                    reference: Box::new(move |o| f(val(o[0]), val(o[1]), bits) as u64),
+                    nan_any: false,
+                });
+            }
+            let shr: Reference = Box::new(move |o| {
+                let n = o[1] & 0xffff_ffff;
+                let a = val(o[0]);
+                if n >= u64::from(bits) {
+                    (if a < 0 { -1 } else { 0 }) as u64
+                } else {
+                    (a >> n) as u64
+                }
+            });
+            cases.push(Case {
+                inst: format!("shr.{t}"),
+                dst: t,
+                srcs: vec![t, "u32"],
+                reference: shr,
+                nan_any: false,
+            });
+        }
+        let b: &'static str = match bits {
+            16 => "b16",
+            32 => "b32",
+            _ => "b64",
+        };
+        cases.push(Case {
+            inst: format!("shl.{b}"),
+            dst: b,
+            srcs: vec![b, "u32"],
+            reference: Box::new(move |o| {
+                let n = o[1] & 0xffff_ffff;
+                if n >= u64::from(bits) { 0 } else { o[0] << n }
+            }),
+            nan_any: false,
+        });
+        if bits >= 32 {
+            for (op, f) in [
+                (
+                    "popc",
+                    (|v: u64, _: u32| u64::from(v.count_ones())) as fn(u64, u32) -> u64,
+                ),
+                ("clz", |v, bits| u64::from(v.leading_zeros() - (64 - bits))),
+                ("brev", |v, bits| v.reverse_bits() >> (64 - bits)),
+            ] {
+                // popc and clz write a .u32 whatever their operand's width.
+                let dst = if op == "brev" { b } else { "u32" };
+                cases.push(Case {
+                    inst: format!("{op}.{b}"),
+                    dst,
+                    srcs: vec![b],
+                    reference: Box::new(move |o| f(o[0], bits)),
+                    nan_any: false,
+                });
+            }
+        }
+    }
+    cases.push(Case {
+        inst: "add.sat.s32".into(),
+        dst: "s32",
+        srcs: vec!["s32"; 2],
+        reference: Box::new(|o| {
+            (sext(o[0], 32) + sext(o[1], 32)).clamp(i32::MIN.into(), i32::MAX.into()) as u64
+        }),
+        nan_any: false,
+    });
+    cases.push(Case {
+        inst: "mul.wide.s32".into(),
+        dst: "s64",
+        srcs: vec!["s32"; 2],
+        reference: Box::new(|o| (sext(o[0], 32) * sext(o[1], 32)) as u64),
+        nan_any: false,
+    });
+    cases
+}
+
+/// Conversions: float to integer in each integer rounding (saturating, NaN to 0), integer
+/// to float and f64 to f32 in each rounding.
+fn cvt_cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for (irnd, f) in [
+        ("rni", f64::round_ties_even as fn(f64) -> f64),
+        ("rzi", f64::trunc),
+        ("rmi", f64::floor),
+        ("rpi", f64::ceil),
+    ] {
+        for (t, lo, hi) in [
+            ("s32", i128::from(i32::MIN), i128::from(i32::MAX)),
+            ("u32", 0, i128::from(u32::MAX)),
+            ("s64", i128::from(i64::MIN), i128::from(i64::MAX)),
+        ] {
+            for src in ["f32", "f64"] {
+                cases.push(Case {
+                    inst: format!("cvt.{irnd}.{t}.{src}"),
+                    dst: t,
+                    srcs: vec![src],
+                    reference: Box::new(move |o| {
+                        let v = if src == "f32" {
+                            f64::from(f32v(o[0]))
+                        } else {
+                            f64::from_bits(o[0])
+                        };
+                        if v.is_nan() {
+                            return 0;
+                        }
+                        // Saturation is a comparison; the rounded value is exact in f64.
+                        let r = f(v);
+                        (if r <= lo as f64 {
+                            lo
+                        } else if r >= hi as f64 {
+                            hi
+                        } else {
+                            r as i128
+                        }) as u64
+                    }),
+                    nan_any: false,
+                });
+            }
+        }
+    }
+    for (mode, m) in MODES {
+        cases.push(float_case(
+            format!("cvt.{m}.f32.f64"),
+            "f32",
+            1,
+            Box::new(move |o| {
+                let a = f64::from_bits(o[0]);
+                bits32(round32(a as f32, &[term(a, false)], a.is_finite(), mode))
+            }),
+        ));
+        cases.last_mut().unwrap().srcs = vec!["f64"];
+        for (src, bits) in [("s64", 64), ("u64", 64), ("s32", 32)] {
+            let signed = src.starts_with('s');
+            let value = move |v: u64| {
+                if signed { sext(v, bits) } else { i128::from(v) }
+            };
+            let as_term = |v: i128| -> Term { (v < 0, v.unsigned_abs(), 0) };
+            cases.push(Case {
+                inst: format!("cvt.{m}.f32.{src}"),
+                dst: "f32",
+                srcs: vec![src],
+                reference: Box::new(move |o| {
+                    let v = value(o[0]);
+                    bits32(round32(v as f32, &[as_term(v)], true, mode))
+                }),
+                nan_any: false,
+            });
+            cases.push(Case {
+                inst: format!("cvt.{m}.f64.{src}"),
+                dst: "f64",
+                srcs: vec![src],
+                reference: Box::new(move |o| {
+                    let v = value(o[0]);
+                    round64(v as f64, &[as_term(v)], true, mode).to_bits()
+                }),
+                nan_any: false,
+            });
+        }
+    }
+    cases
+}
+
+#[test]
+fn conformance_float_arithmetic_in_every_rounding_mode() {
+    check(float_cases());
+}
+
+#[test]
+fn conformance_float_min_max_ftz_saturation_and_signs() {
+    check(float_misc_cases());
+}
+
+#[test]
+fn conformance_integer_arithmetic_shifts_and_bits() {
+    check(int_cases());
+}
+
+#[test]
+fn conformance_conversions() {
+    check(cvt_cases());
+}
+
+/// The exact reference itself: a few sums whose signs are known.
+#[test]
+fn conformance_reference_signs_are_exact() {
+    let tiny = f64::from_bits(1);
+    assert_eq!(
+        exact_sign(&[term(1e300, false), term(tiny, false), term(1e300, true)]),
+        Ordering::Greater
+    );
+    assert_eq!(
+        exact_sign(&[product(3.0, 1.0 / 3.0, false), term(1.0, true)]),
+        Ordering::Less
+    );
+    assert_eq!(
+        round64(1.0, &[term(1.0, false), term(tiny, false)], true, Mode::Rp),
+        1.0f64.next_up()
+    );
+    assert_eq!(
+        round32(1.0, &[term(1.0, false), term(tiny, true)], true, Mode::Rz),
+        1.0f32.next_down()
+    );
+}
