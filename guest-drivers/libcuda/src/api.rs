@@ -1530,7 +1530,9 @@ fn host_alloc(pp: *mut *mut c_void, bytes: usize, flags: c_uint) -> CuResult<()>
     if bytes == 0 {
         return put(pp, std::ptr::null_mut());
     }
-    if flags & MEMHOSTALLOC_DEVICEMAP != 0 {
+    // With unified addressing every page-locked allocation is mapped, at one address for
+    // host and device (CUDA's rule: kernels may use the pointer as it is), whatever the flags.
+    if flags & MEMHOSTALLOC_DEVICEMAP != 0 || with(|d| Ok(d.attributes().placement))? {
         let (ctx, addr) = unified_alloc(bytes, "cuMemHostAlloc(CU_MEMHOSTALLOC_DEVICEMAP)")?;
         if let Err(e) = with(|d| d.host_memory_add(addr, bytes as u64, flags, ctx, false)) {
             release_mapped(addr)?;
@@ -1576,9 +1578,9 @@ entry!(cuMemFreeHost(p: *mut c_void) {
     if p.is_null() {
         return Ok(());
     }
-    let m = with(|d| d.host_memory_remove(p as u64, false))?;
-    if m.flags & MEMHOSTALLOC_DEVICEMAP != 0 {
-        return release_mapped(p as u64).map(drop);
+    with(|d| d.host_memory_remove(p as u64, false))?;
+    if release_mapped(p as u64)? {
+        return Ok(());
     }
     // SAFETY: `p` is the start of a block host_alloc got from malloc and recorded, and its
     // record is gone: it is freed once.

@@ -358,8 +358,10 @@ impl<T: Transport> Driver<T> {
             self.upload_shadows()?;
         }
         let reply = self.exchange(req)?;
-        self.device_touched |= device_work;
-        if sync {
+        self.device_touched |= device_work && self.writes_shadows(req);
+        // A batch that failed is reported as it is: its context is broken, nothing comes back.
+        let failed = matches!(&reply, Reply::Batch { error: Some(_), .. });
+        if sync && !failed {
             self.download_shadows()?;
         }
         Ok(reply)
@@ -1051,6 +1053,27 @@ impl<T: Transport> Driver<T> {
                 managed: s.managed,
             })
         })
+    }
+
+    /// Whether `req` may write a shadowed range on the device: a launch may write anything, a
+    /// copy or memset where its destination meets one; reads, waits and bookkeeping write
+    /// none.
+    fn writes_shadows(&self, req: &Request) -> bool {
+        let meets = |addr: u64, len: u64| {
+            let end = addr.saturating_add(len);
+            self.shadows
+                .iter()
+                .any(|(&d, s)| d < end && addr < d.saturating_add(s.size))
+        };
+        match req {
+            Request::Batch(items) => items.iter().any(|r| self.writes_shadows(r)),
+            Request::CopyHtoD { dst, data, .. } => meets(*dst, data.len() as u64),
+            Request::CopyDtoD { dst, bytes, .. } => meets(*dst, *bytes),
+            Request::MemsetD8 { addr, count, .. } => meets(*addr, *count),
+            Request::MemsetD32 { addr, count, .. } => meets(*addr, count.saturating_mul(4)),
+            Request::CopyDtoH { .. } => false,
+            r => touches_device(r),
+        }
     }
 
     /// Sends the chunks of each host view that changed since it was last made coherent.

@@ -516,7 +516,11 @@ fn the_core_entry_points_tell_the_truth_and_refuse_bad_arguments() {
         let (hp, dp) = (h as u64, out);
         assert_eq!(int(2, hp + 8), (0, 1), "host memory");
         assert_eq!(word(4, hp + 8), (0, hp + 8));
-        assert_eq!(word(3, hp + 8).0, 1, "no device pointer: not mapped");
+        assert_eq!(
+            word(3, hp + 8),
+            (0, hp + 8),
+            "mapped, at one address: unified addressing"
+        );
         assert_eq!(word(11, hp + 8), (0, hp));
         assert_eq!(word(12, hp + 8), (0, 64));
         assert_eq!(word(1, hp), (0, ctx as u64));
