@@ -25,6 +25,8 @@ struct Case {
     reference: Reference,
     /// Whether a NaN result matches any NaN (arithmetic) or only its own bits.
     nan_any: bool,
+    /// Immediate operands written after the loaded ones (`lop3`'s table).
+    imm: String,
 }
 
 /// A fixed-seed generator (xorshift64*), so a failure reproduces.
@@ -191,17 +193,22 @@ fn execute(c: &Case, lanes: &[Vec<u64>]) -> Vec<u64> {
         decl += &format!(".reg .{t} {};\n", names[i]);
         loads += &format!("ld.global.{t} {}, [%rd3+{}];\n", names[i], i * 8);
     }
-    let ops = names[..n].join(", ");
+    let ops = names[..n].join(", ") + &c.imm;
+    // A predicate result is stored as 0 or 1.
+    let (dreg, store, result, out) = if c.dst == "pred" {
+        ("pred", "u32", "selp.u32 %r2, 1, 0, %d;\n", "%r2")
+    } else {
+        (c.dst, c.dst, "", "%d")
+    };
     let ptx = format!(
         ".visible .entry k(.param .u64 in, .param .u64 out, .param .u32 n)\n{{\n\
-         .reg .b64 %rd<6>;\n.reg .b32 %r<4>;\n.reg .pred %p;\n{decl}.reg .{d} %d;\n\
+         .reg .b64 %rd<6>;\n.reg .b32 %r<4>;\n.reg .pred %p;\n{decl}.reg .{dreg} %d;\n\
          ld.param.u64 %rd1, [in];\nld.param.u64 %rd2, [out];\nld.param.u32 %r3, [n];\n\
          mov.u32 %r1, %ctaid.x;\nmov.u32 %r2, %ntid.x;\nmov.u32 %r0, %tid.x;\n\
          mad.lo.s32 %r1, %r1, %r2, %r0;\nsetp.ge.u32 %p, %r1, %r3;\n@%p bra $L_end;\n\
          mul.wide.u32 %rd3, %r1, {stride};\nadd.s64 %rd3, %rd1, %rd3;\n{loads}\
-         {inst} %d, {ops};\nmul.wide.u32 %rd4, %r1, 8;\nadd.s64 %rd4, %rd2, %rd4;\n\
-         st.global.{d} [%rd4], %d;\n$L_end:\nret;\n}}\n",
-        d = c.dst,
+         {inst} %d, {ops};\n{result}mul.wide.u32 %rd4, %r1, 8;\nadd.s64 %rd4, %rd2, %rd4;\n\
+         st.global.{store} [%rd4], {out};\n$L_end:\nret;\n}}\n",
         stride = n * 8,
         inst = c.inst,
     );
@@ -233,6 +240,9 @@ fn is_nan(ty: &str, v: u64) -> bool {
 }
 
 fn width_mask(ty: &str) -> u64 {
+    if ty == "pred" {
+        return 1;
+    }
     match ty[1..].parse::<u32>().unwrap() {
         64 => u64::MAX,
         b => (1 << b) - 1,
@@ -518,6 +528,7 @@ fn float_case(inst: String, ty: &'static str, n: usize, reference: Reference) ->
         srcs: vec![ty; n],
         reference,
         nan_any: true,
+        imm: String::new(),
     }
 }
 
@@ -570,6 +581,7 @@ fn float_misc_cases() -> Vec<Case> {
                 srcs: vec![ty; 2],
                 reference: r,
                 nan_any: false,
+                imm: String::new(),
             });
         }
     }
@@ -607,6 +619,7 @@ fn float_misc_cases() -> Vec<Case> {
         srcs: vec!["f32"],
         reference: Box::new(|o| o[0] ^ 0x8000_0000),
         nan_any: false,
+        imm: String::new(),
     });
     cases.push(Case {
         inst: "abs.f64".into(),
@@ -614,6 +627,7 @@ fn float_misc_cases() -> Vec<Case> {
         srcs: vec!["f64"],
         reference: Box::new(|o| o[0] & !(1 << 63)),
         nan_any: false,
+        imm: String::new(),
     });
     cases.push(Case {
         inst: "copysign.f32".into(),
@@ -621,6 +635,7 @@ fn float_misc_cases() -> Vec<Case> {
         srcs: vec!["f32"; 2],
         reference: Box::new(|o| (o[1] & 0x7fff_ffff) | (o[0] & 0x8000_0000)),
         nan_any: false,
+        imm: String::new(),
     });
     cases
 }
@@ -672,6 +687,7 @@ fn int_cases() -> Vec<Case> {
                     srcs: vec![t; 2],
                     reference: Box::new(move |o| f(val(o[0]), val(o[1]), bits) as u64),
                     nan_any: false,
+                    imm: String::new(),
                 });
             }
             let shr: Reference = Box::new(move |o| {
@@ -689,6 +705,7 @@ fn int_cases() -> Vec<Case> {
                 srcs: vec![t, "u32"],
                 reference: shr,
                 nan_any: false,
+                imm: String::new(),
             });
         }
         let b: &'static str = match bits {
@@ -705,6 +722,7 @@ fn int_cases() -> Vec<Case> {
                 if n >= u64::from(bits) { 0 } else { o[0] << n }
             }),
             nan_any: false,
+            imm: String::new(),
         });
         if bits >= 32 {
             for (op, f) in [
@@ -723,6 +741,7 @@ fn int_cases() -> Vec<Case> {
                     srcs: vec![b],
                     reference: Box::new(move |o| f(o[0], bits)),
                     nan_any: false,
+                    imm: String::new(),
                 });
             }
         }
@@ -735,6 +754,7 @@ fn int_cases() -> Vec<Case> {
             (sext(o[0], 32) + sext(o[1], 32)).clamp(i32::MIN.into(), i32::MAX.into()) as u64
         }),
         nan_any: false,
+        imm: String::new(),
     });
     cases.push(Case {
         inst: "mul.wide.s32".into(),
@@ -742,6 +762,7 @@ fn int_cases() -> Vec<Case> {
         srcs: vec!["s32"; 2],
         reference: Box::new(|o| (sext(o[0], 32) * sext(o[1], 32)) as u64),
         nan_any: false,
+        imm: String::new(),
     });
     cases
 }
@@ -786,6 +807,7 @@ fn cvt_cases() -> Vec<Case> {
                         }) as u64
                     }),
                     nan_any: false,
+                    imm: String::new(),
                 });
             }
         }
@@ -816,6 +838,7 @@ fn cvt_cases() -> Vec<Case> {
                     bits32(round32(v as f32, &[as_term(v)], true, mode))
                 }),
                 nan_any: false,
+                imm: String::new(),
             });
             cases.push(Case {
                 inst: format!("cvt.{m}.f64.{src}"),
@@ -826,10 +849,233 @@ fn cvt_cases() -> Vec<Case> {
                     round64(v as f64, &[as_term(v)], true, mode).to_bits()
                 }),
                 nan_any: false,
+                imm: String::new(),
             });
         }
     }
     cases
+}
+
+/// A case of `b32` operands.
+fn b32_case(inst: String, n: usize, imm: &str, reference: Reference) -> Case {
+    Case {
+        inst,
+        dst: "b32",
+        srcs: vec!["b32"; n],
+        reference,
+        nan_any: false,
+        imm: imm.into(),
+    }
+}
+
+/// The bit instructions: `lop3` for several tables, funnel shifts, `bfind`, `bmsk`, every
+/// `prmt` mode, `testp` classes and the dot products, each from the ISA's definition.
+fn bit_cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for lut in [0x96u64, 0xe8, 0xf8, 0x1e, 0x80, 0x01, 0xca] {
+        cases.push(b32_case(
+            "lop3.b32".into(),
+            3,
+            &format!(", {lut:#x}"),
+            Box::new(move |o| {
+                // The sum of the minterms the table selects (bit i: a, b, c = i's bits 2, 1, 0).
+                (0..8u64)
+                    .filter(|i| lut >> i & 1 == 1)
+                    .map(|i| {
+                        let pick = |v: u64, bit: u64| if i >> bit & 1 == 1 { v } else { !v };
+                        pick(o[0], 2) & pick(o[1], 1) & pick(o[2], 0)
+                    })
+                    .fold(0, |x, y| x | y)
+            }),
+        ));
+    }
+    for (dir, left) in [("l", true), ("r", false)] {
+        for (mode, clamp) in [("clamp", true), ("wrap", false)] {
+            cases.push(b32_case(
+                format!("shf.{dir}.{mode}.b32"),
+                3,
+                "",
+                Box::new(move |o| {
+                    let n = if clamp {
+                        (o[2] & 0xffff_ffff).min(32)
+                    } else {
+                        o[2] & 31
+                    };
+                    let wide =
+                        u128::from(o[1] & 0xffff_ffff) << 32 | u128::from(o[0] & 0xffff_ffff);
+                    (if left { (wide << n) >> 32 } else { wide >> n }) as u64
+                }),
+            ));
+        }
+    }
+    for (t, bits, signed) in [
+        ("u32", 32u32, false),
+        ("s32", 32, true),
+        ("u64", 64, false),
+        ("s64", 64, true),
+    ] {
+        for shiftamt in [false, true] {
+            cases.push(Case {
+                inst: format!("bfind{}.{t}", if shiftamt { ".shiftamt" } else { "" }),
+                dst: "u32",
+                srcs: vec![t],
+                reference: Box::new(move |o| {
+                    let v = if signed {
+                        sext(o[0], bits)
+                    } else {
+                        i128::from(o[0])
+                    };
+                    let v = if v < 0 { !v } else { v };
+                    match (0..bits).rev().find(|&i| v >> i & 1 == 1) {
+                        None => 0xffff_ffff,
+                        Some(p) if shiftamt => u64::from(bits - 1 - p),
+                        Some(p) => u64::from(p),
+                    }
+                }),
+                nan_any: false,
+                imm: String::new(),
+            });
+        }
+    }
+    for (mode, clamp) in [("clamp", true), ("wrap", false)] {
+        cases.push(b32_case(
+            format!("bmsk.{mode}.b32"),
+            2,
+            "",
+            Box::new(move |o| {
+                let lim = |v: u64| {
+                    if clamp {
+                        (v & 0xffff_ffff).min(32)
+                    } else {
+                        v & 31
+                    }
+                };
+                (lim(o[0])..lim(o[0]) + lim(o[1]))
+                    .filter(|&i| i < 32)
+                    .map(|i| 1u64 << i)
+                    .sum()
+            }),
+        ));
+    }
+    // The ISA's table: for each mode and selector, the sources of d.b3, d.b2, d.b1, d.b0.
+    let table: [(&str, [[u64; 4]; 4]); 6] = [
+        (
+            "f4e",
+            [[3, 2, 1, 0], [4, 3, 2, 1], [5, 4, 3, 2], [6, 5, 4, 3]],
+        ),
+        (
+            "b4e",
+            [[5, 6, 7, 0], [6, 7, 0, 1], [7, 0, 1, 2], [0, 1, 2, 3]],
+        ),
+        (
+            "rc8",
+            [[0, 0, 0, 0], [1, 1, 1, 1], [2, 2, 2, 2], [3, 3, 3, 3]],
+        ),
+        (
+            "ecl",
+            [[3, 2, 1, 0], [3, 2, 1, 1], [3, 2, 2, 2], [3, 3, 3, 3]],
+        ),
+        (
+            "ecr",
+            [[0, 0, 0, 0], [1, 1, 1, 0], [2, 2, 1, 0], [3, 2, 1, 0]],
+        ),
+        (
+            "rc16",
+            [[1, 0, 1, 0], [3, 2, 3, 2], [1, 0, 1, 0], [3, 2, 3, 2]],
+        ),
+    ];
+    for (mode, rows) in table {
+        cases.push(b32_case(
+            format!("prmt.b32.{mode}"),
+            3,
+            "",
+            Box::new(move |o| {
+                let pool = (o[1] & 0xffff_ffff) << 32 | (o[0] & 0xffff_ffff);
+                let row = rows[(o[2] & 3) as usize];
+                (0..4)
+                    .map(|i| (pool >> (8 * row[3 - i]) & 0xff) << (8 * i))
+                    .sum()
+            }),
+        ));
+    }
+    for class in [
+        "finite",
+        "infinite",
+        "number",
+        "notanumber",
+        "normal",
+        "subnormal",
+    ] {
+        for t in ["f32", "f64"] {
+            cases.push(Case {
+                inst: format!("testp.{class}.{t}"),
+                dst: "pred",
+                srcs: vec![t],
+                reference: Box::new(move |o| {
+                    let (exp, frac, expmax) = if t == "f32" {
+                        ((o[0] >> 23) & 0xff, o[0] & 0x7f_ffff, 0xff)
+                    } else {
+                        ((o[0] >> 52) & 0x7ff, o[0] & ((1 << 52) - 1), 0x7ff)
+                    };
+                    u64::from(match class {
+                        "finite" => exp != expmax,
+                        "infinite" => exp == expmax && frac == 0,
+                        "number" => !(exp == expmax && frac != 0),
+                        "notanumber" => exp == expmax && frac != 0,
+                        "normal" => exp != 0 && exp != expmax,
+                        _ => exp == 0 && frac != 0,
+                    })
+                }),
+                nan_any: false,
+                imm: String::new(),
+            });
+        }
+    }
+    for (ta, tb) in [
+        ("u32", "u32"),
+        ("s32", "s32"),
+        ("u32", "s32"),
+        ("s32", "u32"),
+    ] {
+        let ext = |v: u64, at: u64, width: u64, signed: bool| {
+            let x = (v >> at) & ((1 << width) - 1);
+            if signed {
+                sext(x, width as u32)
+            } else {
+                i128::from(x)
+            }
+        };
+        let (sa, sb) = (ta == "s32", tb == "s32");
+        cases.push(b32_case(
+            format!("dp4a.{ta}.{tb}"),
+            3,
+            "",
+            Box::new(move |o| {
+                let dot: i128 = (0..4)
+                    .map(|i| ext(o[0], 8 * i, 8, sa) * ext(o[1], 8 * i, 8, sb))
+                    .sum();
+                (i128::from(o[2]) + dot) as u64
+            }),
+        ));
+        for (half, base) in [("lo", 0), ("hi", 16)] {
+            cases.push(b32_case(
+                format!("dp2a.{half}.{ta}.{tb}"),
+                3,
+                "",
+                Box::new(move |o| {
+                    let dot = ext(o[0], 0, 16, sa) * ext(o[1], base, 8, sb)
+                        + ext(o[0], 16, 16, sa) * ext(o[1], base + 8, 8, sb);
+                    (i128::from(o[2]) + dot) as u64
+                }),
+            ));
+        }
+    }
+    cases
+}
+
+#[test]
+fn conformance_bit_instructions() {
+    check(bit_cases());
 }
 
 #[test]

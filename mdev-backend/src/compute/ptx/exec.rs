@@ -1319,6 +1319,12 @@ impl<'s, 'a> Block<'s, 'a> {
                     self.set(w, lane, *d, convert(*dty, *sty, x, *rnd, *irnd, *sat, *ftz));
                 }
             }
+            Op::Bits { op, ty, d, srcs } => {
+                for lane in lanes {
+                    let v = srcs.map(|s| self.val(w, lane, s));
+                    self.set(w, lane, *d, bits(*op, *ty, v));
+                }
+            }
             Op::Bfe { ty, d, a, b, c } => {
                 for lane in lanes {
                     let (x, pos, len) = (
@@ -2174,6 +2180,120 @@ fn compare(cmp: Cmp, ty: Ty, x: u64, y: u64, ftz: bool) -> bool {
         Cmp::Ge | Cmp::Geu | Cmp::Hs => ux >= uy,
         Cmp::Num => true,
         Cmp::Nan => false,
+    }
+}
+
+/// The byte `prmt` mode `mode` puts in each byte of its result (lowest first) for selector
+/// `s`, from the ISA's table; bytes 0-3 are `a`'s, 4-7 `b`'s.
+fn prmt_mode_bytes(mode: PrmtMode, s: u64) -> [u64; 4] {
+    match mode {
+        PrmtMode::F4e => [s, s + 1, s + 2, s + 3].map(|b| b % 8),
+        PrmtMode::B4e => [s, s + 7, s + 6, s + 5].map(|b| b % 8),
+        PrmtMode::Rc8 => [s; 4],
+        PrmtMode::Ecl => [s, s.max(1), s.max(2), 3],
+        PrmtMode::Ecr => [0, s.min(1), s.min(2), s],
+        PrmtMode::Rc16 => {
+            let lo = (s & 1) * 2;
+            [lo, lo + 1, lo, lo + 1]
+        }
+    }
+}
+
+/// [`BitOp`]s, from the ISA's definitions; `a`, `b`, `c`, `e` the operands in order.
+fn bits(op: BitOp, ty: Ty, [a, b, c, e]: [u64; 4]) -> u64 {
+    let (a32, b32, c32) = (a & 0xffff_ffff, b & 0xffff_ffff, c & 0xffff_ffff);
+    match op {
+        BitOp::Lop3 => {
+            let mut r = 0;
+            for i in 0..32 {
+                let idx = ((a32 >> i) & 1) << 2 | ((b32 >> i) & 1) << 1 | ((c32 >> i) & 1);
+                r |= ((e >> idx) & 1) << i;
+            }
+            r
+        }
+        BitOp::Shf { left, clamp } => {
+            let n = if clamp { c32.min(32) } else { c32 & 31 };
+            let wide = (b32 << 32) | a32;
+            if left {
+                ((wide << n) >> 32) & 0xffff_ffff
+            } else {
+                (wide >> n) & 0xffff_ffff
+            }
+        }
+        BitOp::Bfind { shiftamt } => {
+            let bits = ty.bits();
+            let v = a & ty.mask();
+            // A negative signed value's most significant 0 is found instead.
+            let v = if ty.signed() && (v >> (bits - 1)) & 1 == 1 {
+                !v & ty.mask()
+            } else {
+                v
+            };
+            if v == 0 {
+                0xffff_ffff
+            } else {
+                let msb = 63 - u64::from(v.leading_zeros());
+                if shiftamt { u64::from(bits) - 1 - msb } else { msb }
+            }
+        }
+        BitOp::Bmsk { clamp } => {
+            let (pos, width) = if clamp {
+                (a32.min(32), b32.min(32))
+            } else {
+                (a32 & 31, b32 & 31)
+            };
+            (((1u64 << width) - 1) << pos) & 0xffff_ffff
+        }
+        BitOp::Prmt(mode) => {
+            let pool = (b32 << 32) | a32;
+            prmt_mode_bytes(mode, c & 3)
+                .iter()
+                .enumerate()
+                .map(|(i, &s)| ((pool >> (s * 8)) & 0xff) << (8 * i))
+                .sum()
+        }
+        BitOp::Testp(class) => {
+            let v = if ty == Ty::F32 {
+                f64::from(f32::from_bits(a as u32))
+            } else {
+                f64::from_bits(a)
+            };
+            // Classes of the operand's own format: an f32 subnormal is normal in f64.
+            let subnormal = if ty == Ty::F32 {
+                f32::from_bits(a as u32).is_subnormal()
+            } else {
+                v.is_subnormal()
+            };
+            u64::from(match class {
+                FloatClass::Finite => v.is_finite(),
+                FloatClass::Infinite => v.is_infinite(),
+                FloatClass::Number => !v.is_nan(),
+                FloatClass::NotANumber => v.is_nan(),
+                FloatClass::Normal => v.is_finite() && v != 0.0 && !subnormal,
+                FloatClass::Subnormal => subnormal,
+            })
+        }
+        BitOp::Dp4a { sa, sb } => {
+            let part = |v: u64, i: u64, signed: bool| {
+                let byte = (v >> (8 * i)) & 0xff;
+                if signed { sext(byte, 8) } else { byte as i64 }
+            };
+            let dot: i64 = (0..4).map(|i| part(a, i, sa) * part(b, i, sb)).sum();
+            (c32 as i64).wrapping_add(dot) as u64 & 0xffff_ffff
+        }
+        BitOp::Dp2a { hi, sa, sb } => {
+            let half = |i: u64| {
+                let h = (a >> (16 * i)) & 0xffff;
+                if sa { sext(h, 16) } else { h as i64 }
+            };
+            let byte = |i: u64| {
+                let v = (b >> (8 * i)) & 0xff;
+                if sb { sext(v, 8) } else { v as i64 }
+            };
+            let base = if hi { 2 } else { 0 };
+            let dot = half(0) * byte(base) + half(1) * byte(base + 1);
+            (c32 as i64).wrapping_add(dot) as u64 & 0xffff_ffff
+        }
     }
 }
 

@@ -324,9 +324,60 @@ pub(crate) enum VideoOp {
     Max,
 }
 
+/// `prmt`'s modes besides the general byte selection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PrmtMode {
+    F4e,
+    B4e,
+    Rc8,
+    Ecl,
+    Ecr,
+    Rc16,
+}
+
+/// Lane-local bit and integer instructions computed from up to four operands (see
+/// `exec::bits`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BitOp {
+    /// `lop3.b32 d, a, b, c, lut`.
+    Lop3,
+    /// `shf.{l,r}.{clamp,wrap}.b32 d, a, b, c`: funnel shift of `b:a` by `c`.
+    Shf { left: bool, clamp: bool },
+    /// `bfind{.shiftamt}.ty d, a`: the most significant non-sign bit.
+    Bfind { shiftamt: bool },
+    /// `bmsk.{clamp,wrap}.b32 d, a, b`: `b` ones from bit `a`.
+    Bmsk { clamp: bool },
+    /// `prmt.b32.mode d, a, b, c`.
+    Prmt(PrmtMode),
+    /// `testp.class.{f32,f64} p, a`.
+    Testp(FloatClass),
+    /// `dp4a.atype.btype d, a, b, c` (signedness of a and b).
+    Dp4a { sa: bool, sb: bool },
+    /// `dp2a.{lo,hi}.atype.btype d, a, b, c`.
+    Dp2a { hi: bool, sa: bool, sb: bool },
+}
+
+/// The classes `testp` tests for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FloatClass {
+    Finite,
+    Infinite,
+    Number,
+    NotANumber,
+    Normal,
+    Subnormal,
+}
+
 /// One decoded instruction.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Op {
+    /// See [`BitOp`]; `ty` the operand type.
+    Bits {
+        op: BitOp,
+        ty: Ty,
+        d: u32,
+        srcs: [Src; 4],
+    },
     Mov {
         ty: Ty,
         d: u32,

@@ -1471,7 +1471,13 @@ fn allowed(base: &str) -> Option<Vec<&'static [&'static str]>> {
         "cvt" => vec![ALL, RND, IRND, &["sat", "ftz"]],
         "bfe" => vec![&["u32", "u64", "s32", "s64"]],
         "bfi" => vec![&["b32", "b64"]],
-        "prmt" => vec![&["b32"]],
+        "prmt" => vec![&["b32", "f4e", "b4e", "rc8", "ecl", "ecr", "rc16"]],
+        "lop3" => vec![&["b32"]],
+        "shf" => vec![&["l", "r", "clamp", "wrap", "b32"]],
+        "bfind" => vec![&["u32", "s32", "u64", "s64", "shiftamt"]],
+        "bmsk" => vec![&["clamp", "wrap", "b32"]],
+        "testp" => vec![&["finite", "infinite", "number", "notanumber", "normal", "subnormal", "f32", "f64"]],
+        "dp4a" | "dp2a" => vec![&["u32", "s32", "lo", "hi"]],
         "ret" | "exit" => vec![&["uni"]],
         "bar" | "barrier" => vec![&["sync", "arrive", "warp", "aligned", "cta"]],
         "membar" => vec![&["cta", "gl", "sys"]],
@@ -2172,13 +2178,12 @@ impl Cx<'_> {
                     e: self.src(&g[4], Ty::U32)?,
                 }
             }
+            "prmt" | "lop3" | "shf" | "bfind" | "bmsk" | "testp" | "dp4a" | "dp2a"
+                if base != "prmt" || mods.len() > 1 =>
+            {
+                self.bits(base, mods, g)?
+            }
             "prmt" => {
-                if mods
-                    .iter()
-                    .any(|m| matches!(*m, "f4e" | "b4e" | "rc8" | "ecl" | "ecr" | "rc16"))
-                {
-                    return self.fail("prmt modes are not supported");
-                }
                 let g = self.n_ops(g, 4)?;
                 Op::Prmt {
                     d: self.reg(&g[0])?,
@@ -2356,6 +2361,110 @@ impl Cx<'_> {
 }
 
 impl Cx<'_> {
+    /// The lane-local bit instructions of [`BitOp`], their modes validated.
+    fn bits(&self, base: &str, mods: &[&str], g: &[Vec<Tok>]) -> PResult<Op> {
+        let one_of = |choices: [&str; 2]| -> PResult<bool> {
+            match (has(mods, choices[0]), has(mods, choices[1])) {
+                (true, false) => Ok(true),
+                (false, true) => Ok(false),
+                _ => self.fail(format!("{base} needs one of .{} and .{}", choices[0], choices[1])),
+            }
+        };
+        let types: Vec<Ty> = mods.iter().filter_map(|m| Ty::parse(m)).collect();
+        let (op, ty, n) = match base {
+            "lop3" => (BitOp::Lop3, Ty::B32, 5),
+            "shf" => (
+                BitOp::Shf {
+                    left: one_of(["l", "r"])?,
+                    clamp: one_of(["clamp", "wrap"])?,
+                },
+                Ty::B32,
+                4,
+            ),
+            "bmsk" => (
+                BitOp::Bmsk {
+                    clamp: one_of(["clamp", "wrap"])?,
+                },
+                Ty::B32,
+                3,
+            ),
+            "bfind" => (
+                BitOp::Bfind {
+                    shiftamt: has(mods, "shiftamt"),
+                },
+                self.ty(mods)?,
+                2,
+            ),
+            "testp" => {
+                let class = mods
+                    .iter()
+                    .find_map(|m| {
+                        Some(match *m {
+                            "finite" => FloatClass::Finite,
+                            "infinite" => FloatClass::Infinite,
+                            "number" => FloatClass::Number,
+                            "notanumber" => FloatClass::NotANumber,
+                            "normal" => FloatClass::Normal,
+                            "subnormal" => FloatClass::Subnormal,
+                            _ => return None,
+                        })
+                    })
+                    .ok_or((self.line, "testp without a class".to_string()))?;
+                (BitOp::Testp(class), self.ty(mods)?, 2)
+            }
+            "dp4a" | "dp2a" => {
+                let [ta, tb] = types[..] else {
+                    return self.fail(format!("{base} names two operand types"));
+                };
+                let (sa, sb) = (ta.signed(), tb.signed());
+                let op = if base == "dp4a" {
+                    if has(mods, "lo") || has(mods, "hi") {
+                        return self.fail("dp4a takes no .lo or .hi");
+                    }
+                    BitOp::Dp4a { sa, sb }
+                } else {
+                    BitOp::Dp2a {
+                        hi: one_of(["hi", "lo"])?,
+                        sa,
+                        sb,
+                    }
+                };
+                (op, Ty::B32, 4)
+            }
+            _ => {
+                let mode = mods
+                    .iter()
+                    .find_map(|m| {
+                        Some(match *m {
+                            "f4e" => PrmtMode::F4e,
+                            "b4e" => PrmtMode::B4e,
+                            "rc8" => PrmtMode::Rc8,
+                            "ecl" => PrmtMode::Ecl,
+                            "ecr" => PrmtMode::Ecr,
+                            "rc16" => PrmtMode::Rc16,
+                            _ => return None,
+                        })
+                    })
+                    .ok_or((self.line, "prmt with two modes".to_string()))?;
+                (BitOp::Prmt(mode), Ty::B32, 4)
+            }
+        };
+        if base != "dp4a" && base != "dp2a" && types.len() != 1 {
+            return self.fail(format!("{base} names one type"));
+        }
+        let g = self.n_ops(g, n)?;
+        let mut srcs = [Src::Imm(0); 4];
+        for (s, o) in srcs.iter_mut().zip(&g[1..]) {
+            *s = self.src(o, ty)?;
+        }
+        Ok(Op::Bits {
+            op,
+            ty,
+            d: self.dst(&g[0])?,
+            srcs,
+        })
+    }
+
     /// `txq.q.b32 d, [handle]` and `suq.q.b32 d, [handle]`.
     fn query(&self, base: &str, mods: &[&str], g: &[Vec<Tok>]) -> PResult<Op> {
         let surface = base == "suq";
