@@ -27,6 +27,8 @@ struct Case {
     nan_any: bool,
     /// Immediate operands written after the loaded ones (`lop3`'s table).
     imm: String,
+    /// Instructions that replace `inst %d, operands;` (a carry chain's several).
+    body: Option<String>,
 }
 
 /// A fixed-seed generator (xorshift64*), so a failure reproduces.
@@ -194,6 +196,10 @@ fn execute(c: &Case, lanes: &[Vec<u64>]) -> Vec<u64> {
         loads += &format!("ld.global.{t} {}, [%rd3+{}];\n", names[i], i * 8);
     }
     let ops = names[..n].join(", ") + &c.imm;
+    let body = c
+        .body
+        .clone()
+        .unwrap_or_else(|| format!("{} %d, {ops};", c.inst));
     // A predicate result is stored as 0 or 1.
     let (dreg, store, result, out) = if c.dst == "pred" {
         ("pred", "u32", "selp.u32 %r2, 1, 0, %d;\n", "%r2")
@@ -207,10 +213,9 @@ fn execute(c: &Case, lanes: &[Vec<u64>]) -> Vec<u64> {
          mov.u32 %r1, %ctaid.x;\nmov.u32 %r2, %ntid.x;\nmov.u32 %r0, %tid.x;\n\
          mad.lo.s32 %r1, %r1, %r2, %r0;\nsetp.ge.u32 %p, %r1, %r3;\n@%p bra $L_end;\n\
          mul.wide.u32 %rd3, %r1, {stride};\nadd.s64 %rd3, %rd1, %rd3;\n{loads}\
-         {inst} %d, {ops};\n{result}mul.wide.u32 %rd4, %r1, 8;\nadd.s64 %rd4, %rd2, %rd4;\n\
+         {body}\n{result}mul.wide.u32 %rd4, %r1, 8;\nadd.s64 %rd4, %rd2, %rd4;\n\
          st.global.{store} [%rd4], {out};\n$L_end:\nret;\n}}\n",
         stride = n * 8,
-        inst = c.inst,
     );
     let m = module(&ptx);
     let mut r = Run::new(&m);
@@ -529,6 +534,7 @@ fn float_case(inst: String, ty: &'static str, n: usize, reference: Reference) ->
         reference,
         nan_any: true,
         imm: String::new(),
+        body: None,
     }
 }
 
@@ -582,6 +588,7 @@ fn float_misc_cases() -> Vec<Case> {
                 reference: r,
                 nan_any: false,
                 imm: String::new(),
+                body: None,
             });
         }
     }
@@ -620,6 +627,7 @@ fn float_misc_cases() -> Vec<Case> {
         reference: Box::new(|o| o[0] ^ 0x8000_0000),
         nan_any: false,
         imm: String::new(),
+        body: None,
     });
     cases.push(Case {
         inst: "abs.f64".into(),
@@ -628,6 +636,7 @@ fn float_misc_cases() -> Vec<Case> {
         reference: Box::new(|o| o[0] & !(1 << 63)),
         nan_any: false,
         imm: String::new(),
+        body: None,
     });
     cases.push(Case {
         inst: "copysign.f32".into(),
@@ -636,6 +645,7 @@ fn float_misc_cases() -> Vec<Case> {
         reference: Box::new(|o| (o[1] & 0x7fff_ffff) | (o[0] & 0x8000_0000)),
         nan_any: false,
         imm: String::new(),
+        body: None,
     });
     cases
 }
@@ -688,6 +698,7 @@ fn int_cases() -> Vec<Case> {
                     reference: Box::new(move |o| f(val(o[0]), val(o[1]), bits) as u64),
                     nan_any: false,
                     imm: String::new(),
+                    body: None,
                 });
             }
             let shr: Reference = Box::new(move |o| {
@@ -706,6 +717,7 @@ fn int_cases() -> Vec<Case> {
                 reference: shr,
                 nan_any: false,
                 imm: String::new(),
+                body: None,
             });
         }
         let b: &'static str = match bits {
@@ -723,6 +735,7 @@ fn int_cases() -> Vec<Case> {
             }),
             nan_any: false,
             imm: String::new(),
+            body: None,
         });
         if bits >= 32 {
             for (op, f) in [
@@ -742,6 +755,7 @@ fn int_cases() -> Vec<Case> {
                     reference: Box::new(move |o| f(o[0], bits)),
                     nan_any: false,
                     imm: String::new(),
+                    body: None,
                 });
             }
         }
@@ -755,6 +769,7 @@ fn int_cases() -> Vec<Case> {
         }),
         nan_any: false,
         imm: String::new(),
+        body: None,
     });
     cases.push(Case {
         inst: "mul.wide.s32".into(),
@@ -763,6 +778,7 @@ fn int_cases() -> Vec<Case> {
         reference: Box::new(|o| (sext(o[0], 32) * sext(o[1], 32)) as u64),
         nan_any: false,
         imm: String::new(),
+        body: None,
     });
     cases
 }
@@ -808,6 +824,7 @@ fn cvt_cases() -> Vec<Case> {
                     }),
                     nan_any: false,
                     imm: String::new(),
+                    body: None,
                 });
             }
         }
@@ -839,6 +856,7 @@ fn cvt_cases() -> Vec<Case> {
                 }),
                 nan_any: false,
                 imm: String::new(),
+                body: None,
             });
             cases.push(Case {
                 inst: format!("cvt.{m}.f64.{src}"),
@@ -850,6 +868,7 @@ fn cvt_cases() -> Vec<Case> {
                 }),
                 nan_any: false,
                 imm: String::new(),
+                body: None,
             });
         }
     }
@@ -865,6 +884,7 @@ fn b32_case(inst: String, n: usize, imm: &str, reference: Reference) -> Case {
         reference,
         nan_any: false,
         imm: imm.into(),
+        body: None,
     }
 }
 
@@ -934,6 +954,7 @@ fn bit_cases() -> Vec<Case> {
                 }),
                 nan_any: false,
                 imm: String::new(),
+                body: None,
             });
         }
     }
@@ -1028,6 +1049,7 @@ fn bit_cases() -> Vec<Case> {
                 }),
                 nan_any: false,
                 imm: String::new(),
+                body: None,
             });
         }
     }
@@ -1071,6 +1093,139 @@ fn bit_cases() -> Vec<Case> {
         }
     }
     cases
+}
+
+/// A carry instruction's reference: the result and the carry out.
+type CarryRef = std::rc::Rc<dyn Fn(&[u64]) -> (u128, bool)>;
+
+/// Extended-precision arithmetic: each instruction with the carry flag set by a first
+/// `add.cc` (to `c`'s top bit), and each `.cc` form's carry read back by an `addc` of zeros.
+fn carry_cases() -> Vec<Case> {
+    use std::rc::Rc;
+    let mut cases = Vec::new();
+    for (t, bits, signed) in [
+        ("u32", 32u32, false),
+        ("s32", 32, true),
+        ("u64", 64, false),
+        ("s64", 64, true),
+    ] {
+        let mask = if bits == 64 {
+            u128::from(u64::MAX)
+        } else {
+            (1 << bits) - 1
+        };
+        let cf = move |c: u64| u128::from(c >> (bits - 1) & 1);
+        let mad = move |a: u64, b: u64, hi: bool| -> u128 {
+            let p = if signed {
+                (sext(a, bits) * sext(b, bits)) as u128
+            } else {
+                u128::from(a) * u128::from(b)
+            };
+            (if hi { p >> bits } else { p }) & mask
+        };
+        let u = move |v: u64| u128::from(v) & mask;
+        let ops: Vec<(&str, &str, CarryRef)> = vec![
+            (
+                "addc",
+                "%a, %b",
+                Rc::new(move |o| {
+                    let s = u(o[0]) + u(o[1]) + cf(o[2]);
+                    (s & mask, s > mask)
+                }),
+            ),
+            (
+                "subc",
+                "%a, %b",
+                Rc::new(move |o| {
+                    let (x, y) = (u(o[0]), u(o[1]) + cf(o[2]));
+                    (x.wrapping_sub(y) & mask, x < y)
+                }),
+            ),
+            (
+                "madc.lo",
+                "%a, %b, %c",
+                Rc::new(move |o| {
+                    let s = mad(o[0], o[1], false) + u(o[2]) + cf(o[2]);
+                    (s & mask, s > mask)
+                }),
+            ),
+            (
+                "madc.hi",
+                "%a, %b, %c",
+                Rc::new(move |o| {
+                    let s = mad(o[0], o[1], true) + u(o[2]) + cf(o[2]);
+                    (s & mask, s > mask)
+                }),
+            ),
+        ];
+        for (name, args, f) in ops {
+            let g = f.clone();
+            let set = format!("add.cc.{t} %d, %c, %c;\n");
+            cases.push(Case {
+                inst: format!("{name}.{t}"),
+                dst: t,
+                srcs: vec![t; 3],
+                reference: Box::new(move |o| f(o).0 as u64),
+                nan_any: false,
+                imm: String::new(),
+                body: Some(format!("{set}{name}.{t} %d, {args};")),
+            });
+            cases.push(Case {
+                inst: format!("{name}.cc.{t}"),
+                dst: t,
+                srcs: vec![t; 3],
+                reference: Box::new(move |o| u64::from(g(o).1)),
+                nan_any: false,
+                imm: String::new(),
+                body: Some(format!(
+                    "{set}{name}.cc.{t} %d, {args};\naddc.{t} %d, 0, 0;"
+                )),
+            });
+        }
+        for (name, args) in [
+            ("add.cc", "%a, %b"),
+            ("sub.cc", "%a, %b"),
+            ("mad.lo.cc", "%a, %b, %c"),
+            ("mad.hi.cc", "%a, %b, %c"),
+        ] {
+            let r: CarryRef = match name {
+                "add.cc" => Rc::new(move |o| {
+                    let s = u(o[0]) + u(o[1]);
+                    (s & mask, s > mask)
+                }),
+                "sub.cc" => {
+                    Rc::new(move |o| (u(o[0]).wrapping_sub(u(o[1])) & mask, u(o[0]) < u(o[1])))
+                }
+                "mad.lo.cc" => Rc::new(move |o| {
+                    let s = mad(o[0], o[1], false) + u(o[2]);
+                    (s & mask, s > mask)
+                }),
+                _ => Rc::new(move |o| {
+                    let s = mad(o[0], o[1], true) + u(o[2]);
+                    (s & mask, s > mask)
+                }),
+            };
+            cases.push(Case {
+                inst: format!("{name}.{t}"),
+                dst: t,
+                srcs: vec![t; 3],
+                reference: Box::new(move |o| {
+                    let (v, c) = r(o);
+                    // d keeps the sum, the next addc adds the carry to it.
+                    ((v + u128::from(c)) & mask) as u64
+                }),
+                nan_any: false,
+                imm: String::new(),
+                body: Some(format!("{name}.{t} %d, {args};\naddc.{t} %d, %d, 0;")),
+            });
+        }
+    }
+    cases
+}
+
+#[test]
+fn conformance_carry_chains() {
+    check(carry_cases());
 }
 
 #[test]

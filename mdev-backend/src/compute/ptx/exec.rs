@@ -407,6 +407,8 @@ struct Warp {
     /// The lanes waiting at a `bar.sync`, or 0, and the barrier.
     at_barrier: u32,
     barrier: usize,
+    /// Each lane's carry flag (`CC.CF`), which `add.cc` and the like set and `addc` reads.
+    carry: u32,
 }
 
 /// Barriers of a block (`bar.sync 0..15`).
@@ -633,6 +635,7 @@ impl<'s, 'a> Block<'s, 'a> {
                     parked: 0,
                     at_barrier: 0,
                     barrier: 0,
+                    carry: 0,
                 })
             })
             .collect::<ComputeResult<_>>()?;
@@ -1317,6 +1320,27 @@ impl<'s, 'a> Block<'s, 'a> {
                 for lane in lanes {
                     let x = self.val(w, lane, *a);
                     self.set(w, lane, *d, convert(*dty, *sty, x, *rnd, *irnd, *sat, *ftz));
+                }
+            }
+            Op::Carry {
+                op,
+                carry_in,
+                carry_out,
+                ty,
+                d,
+                a,
+                b,
+                c,
+            } => {
+                for lane in lanes {
+                    let cin = *carry_in && self.warps[w].carry & (1 << lane) != 0;
+                    let v = [*a, *b, *c].map(|s| self.val(w, lane, s));
+                    let (r, cout) = carry(*op, *ty, v, cin);
+                    self.set(w, lane, *d, r);
+                    if *carry_out {
+                        let warp = &mut self.warps[w];
+                        warp.carry = (warp.carry & !(1 << lane)) | (u32::from(cout) << lane);
+                    }
                 }
             }
             Op::Bits { op, ty, d, srcs } => {
@@ -2183,6 +2207,34 @@ fn compare(cmp: Cmp, ty: Ty, x: u64, y: u64, ftz: bool) -> bool {
     }
 }
 
+/// A [`CarryOp`] on one lane: the result and the carry (or, for `Sub`, borrow) out.
+fn carry(op: CarryOp, ty: Ty, [a, b, c]: [u64; 3], cin: bool) -> (u64, bool) {
+    let bits = ty.bits();
+    let mask = ty.mask();
+    let (ua, ub, cin) = (u128::from(a & mask), u128::from(b & mask), u128::from(cin));
+    let sum = |x: u128, y: u128| {
+        let s = x + y + cin;
+        ((s as u64) & mask, s >> bits != 0)
+    };
+    match op {
+        CarryOp::Add => sum(ua, ub),
+        CarryOp::Sub => {
+            let s = ua.wrapping_sub(ub).wrapping_sub(cin);
+            ((s as u64) & mask, ua < ub + cin)
+        }
+        CarryOp::Mad { hi } => {
+            let half = if ty.signed() {
+                let p = i128::from(sext(a, bits)) * i128::from(sext(b, bits));
+                if hi { (p >> bits) as u128 } else { p as u128 }
+            } else {
+                let p = ua * ub;
+                if hi { p >> bits } else { p }
+            };
+            sum(half & u128::from(mask), u128::from(c & mask))
+        }
+    }
+}
+
 /// The byte `prmt` mode `mode` puts in each byte of its result (lowest first) for selector
 /// `s`, from the ISA's table; bytes 0-3 are `a`'s, 4-7 `b`'s.
 fn prmt_mode_bytes(mode: PrmtMode, s: u64) -> [u64; 4] {
@@ -2233,7 +2285,11 @@ fn bits(op: BitOp, ty: Ty, [a, b, c, e]: [u64; 4]) -> u64 {
                 0xffff_ffff
             } else {
                 let msb = 63 - u64::from(v.leading_zeros());
-                if shiftamt { u64::from(bits) - 1 - msb } else { msb }
+                if shiftamt {
+                    u64::from(bits) - 1 - msb
+                } else {
+                    msb
+                }
             }
         }
         BitOp::Bmsk { clamp } => {

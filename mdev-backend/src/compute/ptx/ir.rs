@@ -324,6 +324,19 @@ pub(crate) enum VideoOp {
     Max,
 }
 
+/// Extended-precision arithmetic through the carry flag (`add.cc`, `addc`, `sub.cc`, `subc`,
+/// `mad.cc`, `madc`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CarryOp {
+    Add,
+    /// The flag is a borrow: `subc` computes `a - (b + CF)`.
+    Sub,
+    /// `a * b` (its low or high half) `+ c`.
+    Mad {
+        hi: bool,
+    },
+}
+
 /// `prmt`'s modes besides the general byte selection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PrmtMode {
@@ -371,6 +384,17 @@ pub(crate) enum FloatClass {
 /// One decoded instruction.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Op {
+    /// See [`CarryOp`]: `carry_in` reads the lane's carry flag, `carry_out` sets it.
+    Carry {
+        op: CarryOp,
+        carry_in: bool,
+        carry_out: bool,
+        ty: Ty,
+        d: u32,
+        a: Src,
+        b: Src,
+        c: Src,
+    },
     /// See [`BitOp`]; `ty` the operand type.
     Bits {
         op: BitOp,

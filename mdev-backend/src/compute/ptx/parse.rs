@@ -1451,7 +1451,9 @@ fn allowed(base: &str) -> Option<Vec<&'static [&'static str]>> {
         "ld" | "st" => vec![ALL, ORDER, CACHE, SPACES, &["v2", "v4"]],
         "ldu" => vec![ALL, &["global", "v2", "v4"]],
         "cvta" => vec![&["to", "global", "const", "shared", "local", "u32", "u64"]],
-        "add" | "sub" => vec![INTS, RND, &["f32", "f64", "sat", "ftz"]],
+        "add" | "sub" => vec![INTS, RND, &["f32", "f64", "sat", "ftz", "cc"]],
+        "addc" | "subc" => vec![&["u32", "s32", "u64", "s64", "cc"]],
+        "madc" => vec![&["u32", "s32", "u64", "s64", "hi", "lo", "cc"]],
         "mul" => vec![INTS, RND, &["f32", "f64", "hi", "lo", "wide", "sat", "ftz"]],
         "div" => vec![INTS, RND, &["f32", "f64", "approx", "full", "ftz"]],
         "rem" => vec![INTS],
@@ -1465,7 +1467,12 @@ fn allowed(base: &str) -> Option<Vec<&'static [&'static str]>> {
         "rcp" | "sqrt" => vec![RND, &["f32", "f64", "approx", "ftz"]],
         "rsqrt" => vec![&["f32", "f64", "approx", "ftz"]],
         "sin" | "cos" | "lg2" | "ex2" => vec![&["f32", "approx", "ftz"]],
-        "mad" | "fma" => vec![INTS, RND, &["f32", "f64", "hi", "lo", "wide", "sat", "ftz"]],
+        "mad" => vec![
+            INTS,
+            RND,
+            &["f32", "f64", "hi", "lo", "wide", "sat", "ftz", "cc"],
+        ],
+        "fma" => vec![RND, &["f32", "f64", "sat", "ftz"]],
         "setp" => vec![ALL, CMPS, &["and", "or", "xor", "ftz"]],
         "selp" => vec![ALL],
         "cvt" => vec![ALL, RND, IRND, &["sat", "ftz"]],
@@ -1476,7 +1483,16 @@ fn allowed(base: &str) -> Option<Vec<&'static [&'static str]>> {
         "shf" => vec![&["l", "r", "clamp", "wrap", "b32"]],
         "bfind" => vec![&["u32", "s32", "u64", "s64", "shiftamt"]],
         "bmsk" => vec![&["clamp", "wrap", "b32"]],
-        "testp" => vec![&["finite", "infinite", "number", "notanumber", "normal", "subnormal", "f32", "f64"]],
+        "testp" => vec![&[
+            "finite",
+            "infinite",
+            "number",
+            "notanumber",
+            "normal",
+            "subnormal",
+            "f32",
+            "f64",
+        ]],
         "dp4a" | "dp2a" => vec![&["u32", "s32", "lo", "hi"]],
         "ret" | "exit" => vec![&["uni"]],
         "bar" | "barrier" => vec![&["sync", "arrive", "warp", "aligned", "cta"]],
@@ -1909,14 +1925,12 @@ impl Cx<'_> {
                     a: self.src(&g[1], ty)?,
                 }
             }
+            "addc" | "subc" | "madc" => self.carry(base, mods, g)?,
+            "add" | "sub" | "mad" if has(mods, "cc") => self.carry(base, mods, g)?,
             "add" | "sub" | "mul" | "div" | "rem" | "and" | "or" | "xor" | "shl" | "shr"
             | "min" | "max" | "copysign" => {
                 let ty = self.ty(mods)?;
                 let g = self.n_ops(g, 3)?;
-                if has(mods, "cc") || has(mods, "NaN") || has(mods, "xorsign") || has(mods, "relu")
-                {
-                    return self.fail(format!("{base} with these modifiers is not supported"));
-                }
                 let op = match base {
                     "add" => BinOp::Add,
                     "sub" => BinOp::Sub,
@@ -2361,13 +2375,50 @@ impl Cx<'_> {
 }
 
 impl Cx<'_> {
+    /// `add.cc`, `addc{.cc}`, `sub.cc`, `subc{.cc}`, `mad{.lo,.hi}.cc`, `madc{.lo,.hi}{.cc}`
+    /// on 32- and 64-bit integers.
+    fn carry(&self, base: &str, mods: &[&str], g: &[Vec<Tok>]) -> PResult<Op> {
+        let ty = self.ty(mods)?;
+        if !matches!(ty, Ty::U32 | Ty::S32 | Ty::U64 | Ty::S64) {
+            return self.fail(format!("{base} on .{ty:?} does not exist"));
+        }
+        let op = match base {
+            "add" | "addc" => CarryOp::Add,
+            "sub" | "subc" => CarryOp::Sub,
+            _ => match (has(mods, "hi"), has(mods, "lo")) {
+                (true, false) => CarryOp::Mad { hi: true },
+                (false, true) => CarryOp::Mad { hi: false },
+                _ => return self.fail(format!("{base} needs .lo or .hi")),
+            },
+        };
+        let mad = matches!(op, CarryOp::Mad { .. });
+        let g = self.n_ops(g, if mad { 4 } else { 3 })?;
+        Ok(Op::Carry {
+            op,
+            carry_in: base.ends_with('c'),
+            carry_out: has(mods, "cc"),
+            ty,
+            d: self.reg(&g[0])?,
+            a: self.src(&g[1], ty)?,
+            b: self.src(&g[2], ty)?,
+            c: if mad {
+                self.src(&g[3], ty)?
+            } else {
+                Src::Imm(0)
+            },
+        })
+    }
+
     /// The lane-local bit instructions of [`BitOp`], their modes validated.
     fn bits(&self, base: &str, mods: &[&str], g: &[Vec<Tok>]) -> PResult<Op> {
         let one_of = |choices: [&str; 2]| -> PResult<bool> {
             match (has(mods, choices[0]), has(mods, choices[1])) {
                 (true, false) => Ok(true),
                 (false, true) => Ok(false),
-                _ => self.fail(format!("{base} needs one of .{} and .{}", choices[0], choices[1])),
+                _ => self.fail(format!(
+                    "{base} needs one of .{} and .{}",
+                    choices[0], choices[1]
+                )),
             }
         };
         let types: Vec<Ty> = mods.iter().filter_map(|m| Ty::parse(m)).collect();

@@ -1670,7 +1670,8 @@ fn a_kernel_holds_its_own_registers_and_its_callees_not_the_modules() {
 #[test]
 fn modifiers_the_executor_does_not_implement_are_refused_by_name() {
     for (inst, what) in [
-        ("add.cc.u32 %r1, %r1, %r1;", "add.cc is not supported"),
+        ("fma.cc.f32 %f1, %f1, %f1, %f1;", "fma.cc is not supported"),
+        ("addc.f32 %f1, %f1, %f1;", "addc.f32 is not supported"),
         ("min.NaN.f32 %f1, %f1, %f1;", "min.NaN is not supported"),
         (
             "max.xorsign.abs.f32 %f1, %f1, %f1;",
