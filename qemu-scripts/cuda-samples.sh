@@ -6,7 +6,7 @@
 #
 #   qemu-scripts/cuda-samples.sh --samples DIR [--guest] [--only NAME...] [--timeout S]
 #                                [--json FILE] [--profile debug|release] [--list]
-#   qemu-scripts/cuda-samples.sh --self-check
+#   qemu-scripts/cuda-samples.sh --self-check [--profile P | --lib PATH --host PATH]
 #
 # --samples DIR: a work tree of github.com/NVIDIA/cuda-samples (its Samples/ and Common/).
 # --only NAME...: these samples of the selection only (names as in the table).
@@ -14,6 +14,7 @@
 # --json FILE: the table as JSON too.
 # --profile P: which build of ours runs them: target/P/libcuda.so and target/P/vgpu-cuda-host
 #   (default debug; build them with `cargo build -p vgpu-libcuda -p mdev-backend`).
+# --lib PATH, --host PATH: our libcuda.so and vgpu-cuda-host from elsewhere (the tests' own).
 # --list: print the selection and what was excluded, build and run nothing.
 # --self-check: runs this script on a small made-up samples tree built from our own
 #   tests/cuda programs and fixtures this script writes (no NVIDIA code), and checks that each
@@ -298,7 +299,8 @@ def build(sample, env, store, libdir, toolchain, common_key):
                                stdin=subprocess.DEVNULL, cwd=out_dir)
         if r.returncode != 0:
             text = read(log)
-            return tail_line(text, re.compile(r"error", re.I)) or f"nvcc exited {r.returncode}"
+            errors = [l.strip() for l in text.splitlines() if re.search(r"\berror\b", l)]
+            return errors[0] if errors else f"nvcc exited {r.returncode}"
     with open(key_path, "w") as f:
         f.write(key)
     say(f"    done in {time.monotonic() - started:.0f} s")
@@ -424,12 +426,14 @@ def main(argv):
     ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S)
     ap.add_argument("--json")
     ap.add_argument("--profile", default="debug")
+    ap.add_argument("--lib")
+    ap.add_argument("--host")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--self-check", action="store_true")
     ap.add_argument("--store", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.self_check:
-        return self_check()
+        return self_check(argv)
     if not args.samples:
         ap.error("--samples DIR is required (a local checkout of NVIDIA's cuda-samples)")
     root = os.path.abspath(args.samples)
@@ -466,8 +470,8 @@ def main(argv):
     if "cccl" not in toolchain:
         fail_precondition("the corpus toolchain lacks the header-only wheels (CCCL, profiler API, "
                           "NVTX): run qemu-scripts/cuda-corpus.sh to upgrade it")
-    lib = os.path.join(REPO, "target", args.profile, "libcuda.so")
-    host = os.path.join(REPO, "target", args.profile, "vgpu-cuda-host")
+    lib = os.path.abspath(args.lib or os.path.join(REPO, "target", args.profile, "libcuda.so"))
+    host = os.path.abspath(args.host or os.path.join(REPO, "target", args.profile, "vgpu-cuda-host"))
     for path, what in ((lib, "vgpu-libcuda"), (host, "mdev-backend")):
         if not os.path.exists(path):
             fail_precondition(f"{path} is missing: cargo build -p {what}"
@@ -536,8 +540,80 @@ def main(argv):
     return 0
 
 
-def self_check():
-    return 0
+# The made-up samples of --self-check: (name, CMakeLists extra, source or a tests/cuda
+# program to copy, expected result or None when it must be excluded, what the reason must hold).
+SELF_CHECK_MAIN = "int main() {{ {} }}\n"
+SELF_CHECK = [
+    ("passer", "", "tests/cuda/vector_add.cu", "pass", "PASS"),
+    ("waiver", "", SELF_CHECK_MAIN.format(
+        'printf("Waiving: this device lacks the feature\\n"); return 2;'), "waived",
+     "Waiving: this device lacks the feature"),
+    ("printsFailed", "", SELF_CHECK_MAIN.format('printf("Test failed!\\n"); return 0;'),
+     "fail", "exit 0 but: Test failed!"),
+    ("cudaErrorPrinter", "", SELF_CHECK_MAIN.format(
+        'printf("CUDA error at x.cu:1 code=1(cudaErrorInvalidValue)\\n"); return 1;'), "fail",
+     "cudaErrorInvalidValue"),
+    ("crasher", "", SELF_CHECK_MAIN.format('fflush(stdout); raise(SIGSEGV); return 0;'), "fail",
+     "killed by SIGSEGV"),
+    ("sleeper", "", SELF_CHECK_MAIN.format('printf("working\\n"); fflush(stdout); sleep(60); return 0;'),
+     "timeout", "working"),
+    ("brokenBuild", "", "int main() { return undeclared_name; }\n", "build-fail",
+     "error: identifier \"undeclared_name\" is undefined"),
+    ("withGL", "find_package(OpenGL)\n", SELF_CHECK_MAIN.format("return 0;"), None,
+     "rule 1: CMakeLists finds package OpenGL"),
+    ("withCuBLAS", "target_link_libraries(withCuBLAS PUBLIC CUDA::cublas)\n",
+     SELF_CHECK_MAIN.format("return 0;"), None, "rule 2: links CUDA::cublas"),
+    ("simpleP2P", "", SELF_CHECK_MAIN.format("return 0;"), None, "rule 4: the name says P2P"),
+]
+# --self-check's per-sample timeout: the sleeper must reach it, the others finish in seconds.
+SELF_CHECK_TIMEOUT_S = 20
+
+
+def self_check(argv):
+    """Runs main() on a made-up tree of SELF_CHECK samples and checks every classification."""
+    passed_on = [a for a in argv if a != "--self-check"]
+    tmp = tempfile.mkdtemp(prefix="cuda-samples-self-check.")
+    try:
+        os.makedirs(os.path.join(tmp, "Common"))
+        cat = os.path.join(tmp, "Samples", CATEGORIES[0])
+        for name, extra, source, _, _ in SELF_CHECK:
+            d = os.path.join(cat, name)
+            os.makedirs(d)
+            with open(os.path.join(d, "CMakeLists.txt"), "w") as f:
+                f.write(f"project({name} LANGUAGES C CXX CUDA)\nfind_package(CUDAToolkit REQUIRED)\n"
+                        f"add_executable({name} {name}.cu)\n{extra}")
+            if os.path.exists(os.path.join(REPO, source)):
+                shutil.copy(os.path.join(REPO, source), os.path.join(d, name + ".cu"))
+                shutil.copy(os.path.join(REPO, "tests/cuda/common.h"), d)
+            else:
+                with open(os.path.join(d, name + ".cu"), "w") as f:
+                    f.write("#include <csignal>\n#include <cstdio>\n#include <unistd.h>\n" + source)
+        out = os.path.join(tmp, "results.json")
+        rc = main(["--samples", tmp, "--store", os.path.join(tmp, "store"), "--json", out,
+                   "--timeout", str(SELF_CHECK_TIMEOUT_S), *passed_on])
+        if rc != 0:
+            fail_precondition(f"self-check: the run exited {rc}")
+        with open(out) as f:
+            got = {r["name"]: r for r in json.load(f)}
+        wrong = []
+        for name, _, _, result, reason in SELF_CHECK:
+            if result is None:
+                if name in got:
+                    wrong.append(f"{name} was selected; it must be excluded ({reason})")
+                continue
+            r = got.get(name)
+            if r is None:
+                wrong.append(f"{name} is missing from the results")
+            elif r["result"] != result or reason not in r["reason"]:
+                wrong.append(f"{name}: {r['result']} ({r['reason']}), expected {result} ({reason})")
+        if wrong:
+            for w in wrong:
+                say(f"self-check: WRONG {w}")
+            return 1
+        say(f"self-check: PASS, all {len(SELF_CHECK)} made-up samples classified as expected")
+        return 0
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 sys.exit(main(sys.argv[1:]))
