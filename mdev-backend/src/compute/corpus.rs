@@ -43,7 +43,7 @@ pub fn corpus_for_tests(program: &str) -> Option<PathBuf> {
 /// starting `PASS`. All but two link cudart 13 statically (nvcc's default); the
 /// `.cudart-shared` one loads [`SHARED_CUDART`] next to it, the `.cudart12` one links the
 /// static cudart 12.9.
-pub const NVCC_PROGRAMS: [(&str, u64); 22] = [
+pub const NVCC_PROGRAMS: [(&str, u64); 23] = [
     ("vector_add", 1),
     ("vector_add.compress-none", 1),
     ("vector_add.compress-speed", 1),
@@ -73,6 +73,9 @@ pub const NVCC_PROGRAMS: [(&str, u64); 22] = [
     // Managed memory and mapped page-locked host memory, coherent at synchronisation points.
     ("managed", 4),
     ("zero_copy", 2),
+    // Kernel classes that once gave silent wrong answers (CRC-64, f32 layer norm, a
+    // 1024-thread scan, double sin/cos through the carry chain, bit intrinsics).
+    ("ptx_classes", 5),
 ];
 
 /// The shared CUDA runtime in the corpus (from NVIDIA's wheel, never committed).
