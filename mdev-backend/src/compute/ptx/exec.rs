@@ -820,8 +820,10 @@ impl<'s, 'a> Block<'s, 'a> {
             self.count(1)?;
             // Volta's `.sync` semantics: the lanes of the member mask execute a
             // warp-synchronous instruction together, however they got to it.
-            if let Op::Shfl { mask: m, .. } | Op::Vote { mask: m, .. } | Op::WarpSync { mask: m } =
-                inst.op
+            if let Op::Shfl { mask: m, .. }
+            | Op::Vote { mask: m, .. }
+            | Op::Match { mask: m, .. }
+            | Op::WarpSync { mask: m } = inst.op
             {
                 let members = self.val(w, mask.trailing_zeros() as usize, m) as u32 & live;
                 let mut here = 0u32;
@@ -1622,6 +1624,31 @@ impl<'s, 'a> Block<'s, 'a> {
                 };
                 for lane in lanes {
                     self.set(w, lane, *d, r);
+                }
+            }
+            Op::Match { all, d, p, a, .. } => {
+                let mut vals = [0u64; WARP];
+                for lane in lanes.clone() {
+                    vals[lane] = self.val(w, lane, *a);
+                }
+                let same = |v: u64| {
+                    lanes
+                        .clone()
+                        .filter(|&l| vals[l] == v)
+                        .fold(0u32, |m, l| m | 1 << l)
+                };
+                let first = vals[exec.trailing_zeros() as usize];
+                let uniform = same(first) == exec;
+                for lane in lanes.clone() {
+                    let r = if !*all {
+                        same(vals[lane])
+                    } else if uniform {
+                        exec
+                    } else {
+                        0
+                    };
+                    self.set(w, lane, *d, u64::from(r));
+                    self.set(w, lane, *p, u64::from(uniform));
                 }
             }
             Op::Activemask { d } => {

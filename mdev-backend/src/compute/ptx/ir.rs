@@ -384,6 +384,15 @@ pub(crate) enum FloatClass {
 /// One decoded instruction.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Op {
+    /// `match.any.sync.ty d, a, mask` (`all` false: the lanes holding this lane's value) and
+    /// `match.all.sync.ty d{|p}, a, mask` (the member mask if all hold one value, else 0).
+    Match {
+        all: bool,
+        d: u32,
+        p: u32,
+        a: Src,
+        mask: Src,
+    },
     /// See [`CarryOp`]: `carry_in` reads the lane's carry flag, `carry_out` sets it.
     Carry {
         op: CarryOp,

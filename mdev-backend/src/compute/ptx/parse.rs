@@ -1511,6 +1511,7 @@ fn allowed(base: &str) -> Option<Vec<&'static [&'static str]>> {
         "shfl" => vec![&["sync", "up", "down", "bfly", "idx", "b32"]],
         "vote" => vec![&["sync", "all", "any", "uni", "ballot", "pred", "b32"]],
         "activemask" => vec![&["b32"]],
+        "match" => vec![&["any", "all", "sync", "b32", "b64"]],
         "trap" | "brkpt" | "pmevent" => vec![],
         _ => return None,
     })
@@ -2361,6 +2362,32 @@ impl Cx<'_> {
                     } else {
                         Src::Imm(0xffff_ffff)
                     },
+                }
+            }
+            "match" => {
+                let all = match (has(mods, "all"), has(mods, "any")) {
+                    (true, false) => true,
+                    (false, true) => false,
+                    _ => return self.fail("match needs one of .any and .all"),
+                };
+                if !has(mods, "sync") {
+                    return self.fail("match needs .sync");
+                }
+                let ty = self.ty(mods)?;
+                let g = self.n_ops(g, 3)?;
+                let (d, p) = match g[0].as_slice() {
+                    [a, Tok::Punct('|'), b] if all => (
+                        self.dst(std::slice::from_ref(a))?,
+                        self.dst(std::slice::from_ref(b))?,
+                    ),
+                    d => (self.dst(d)?, SINK),
+                };
+                Op::Match {
+                    all,
+                    d,
+                    p,
+                    a: self.src(&g[1], ty)?,
+                    mask: self.src(&g[2], Ty::U32)?,
                 }
             }
             "activemask" => Op::Activemask {

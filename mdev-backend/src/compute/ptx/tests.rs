@@ -1730,5 +1730,38 @@ fn modifiers_the_executor_does_not_implement_are_refused_by_name() {
     }
 }
 
+/// `match.any.sync` gives each lane the lanes holding its value; `match.all.sync` the member
+/// mask and true when all hold one value, else 0 and false (a partial warp of 24 lanes).
+#[test]
+fn match_sync_finds_the_lanes_sharing_a_value() {
+    let m = module(
+        ".visible .entry k(.param .u64 out)\n{\n.reg .b32 %r<8>;\n.reg .b64 %rd<4>;\n\
+         .reg .pred %p<3>;\nld.param.u64 %rd1, [out];\nmov.u32 %r1, %tid.x;\n\
+         rem.u32 %r2, %r1, 5;\nactivemask.b32 %r7;\nmatch.any.sync.b32 %r3, %r2, %r7;\n\
+         match.all.sync.b32 %r4|%p1, %r2, %r7;\nmov.u32 %r6, 7;\n\
+         match.all.sync.b32 %r5|%p2, %r6, %r7;\nselp.u32 %r6, 1, 0, %p2;\n\
+         selp.u32 %r2, 1, 0, %p1;\nadd.u32 %r6, %r6, %r2;\n\
+         mul.wide.u32 %rd2, %r1, 16;\nadd.s64 %rd3, %rd1, %rd2;\n\
+         st.global.v4.u32 [%rd3], {%r3, %r4, %r5, %r6};\nret;\n}\n",
+    );
+    let mut r = Run::new(&m);
+    let out = r.buffer(&[0; 24 * 16]);
+    let params = pack(&m, "k", &[out]);
+    r.launch("k", [1, 1, 1], [24, 1, 1], &params, 1).unwrap();
+    let got = to_u32s(&r.read(out, 24 * 16));
+    for lane in 0..24u32 {
+        let same = (0..24)
+            .filter(|l| l % 5 == lane % 5)
+            .fold(0, |m, l| m | 1 << l);
+        let row = &got[lane as usize * 4..][..4];
+        assert_eq!(row, [same, 0, 0xff_ffff, 1], "lane {lane}");
+    }
+    let err = Module::parse(&format!(
+        "{HEADER}.visible .entry k() {{ .reg .b32 %r1; match.any.b32 %r1, %r1, -1; }}"
+    ))
+    .unwrap_err();
+    assert!(err.to_string().contains("match needs .sync"), "{err}");
+}
+
 #[path = "conformance.rs"]
 mod conformance;
