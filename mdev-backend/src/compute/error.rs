@@ -43,6 +43,9 @@ pub enum ComputeError {
     /// An executed instruction the executor cannot carry out (trap, `brkpt`, unsupported form).
     #[error("illegal instruction: {0}")]
     IllegalInstruction(String),
+    /// A device-side `assert` failed; the text is what the driver prints for it.
+    #[error("device-side assert triggered: {0}")]
+    Assert(String),
     /// An event or stream has work still pending.
     #[error("not ready")]
     NotReady,
@@ -75,6 +78,7 @@ impl ComputeError {
             ComputeError::NotFound(_) => 500,
             ComputeError::NotReady => 600,
             ComputeError::IllegalAddress(_) => 700,
+            ComputeError::Assert(_) => 710,
             ComputeError::LaunchOutOfResources(_) => 701,
             ComputeError::LaunchTimeout(_) => 702,
             ComputeError::IllegalInstruction(_) => 715,
@@ -92,6 +96,7 @@ impl ComputeError {
                 | ComputeError::MisalignedAddress(_)
                 | ComputeError::LaunchTimeout(_)
                 | ComputeError::IllegalInstruction(_)
+                | ComputeError::Assert(_)
                 | ComputeError::ContextBroken(_)
         )
     }

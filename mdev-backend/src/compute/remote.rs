@@ -224,6 +224,12 @@ fn execute(
                     Ok(_) => {}
                     Err(e) => {
                         stats.failed += 1;
+                        // A failed device assert prints its line to the program's output.
+                        if let ComputeError::Assert(text) = &e
+                            && out.len() + text.len() <= wire::MAX_TEXT_BYTES
+                        {
+                            out.push_str(text);
+                        }
                         let mut message = e.to_string();
                         wire::truncate(&mut message, wire::MAX_TEXT_BYTES);
                         error = Some((e.cuda_status(), message));

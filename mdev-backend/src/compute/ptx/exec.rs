@@ -1414,6 +1414,17 @@ impl<'s, 'a> Block<'s, 'a> {
                 }
             }
             Op::Call {
+                callee: Callee::AssertFail,
+                args,
+                ..
+            } => {
+                let mut text = String::new();
+                for lane in lanes {
+                    text += &self.assertion(w, lane, args)?;
+                }
+                return Err(ComputeError::Assert(text));
+            }
+            Op::Call {
                 callee: Callee::Func(f),
                 ret,
                 args,
@@ -1774,6 +1785,36 @@ impl<'s, 'a> Block<'s, 'a> {
         }
         self.out.push_str(&text[..cut]);
         Ok(count)
+    }
+
+    /// The line the driver prints for a failed `assert` of one lane: "file:line: function:
+    /// block: [x,y,z], thread: [x,y,z] Assertion `message` failed."
+    fn assertion(&self, w: usize, lane: usize, args: &[(u32, u32)]) -> ComputeResult<String> {
+        let [message, file, line, function, ..] = args else {
+            return Err(ComputeError::InvalidPtx(
+                "__assertfail takes five parameters".into(),
+            ));
+        };
+        let mut word = [0u8; 8];
+        let mut text = |slot: u32| -> ComputeResult<String> {
+            self.read(w, lane, Loc::FParam(u64::from(slot)), &mut word)?;
+            let s = self.c_string(w, lane, u64::from_le_bytes(word))?;
+            Ok(String::from_utf8_lossy(&s).into_owned())
+        };
+        let (message, file, function) = (text(message.0)?, text(file.0)?, text(function.0)?);
+        let mut n = [0u8; 4];
+        self.read(w, lane, Loc::FParam(u64::from(line.0)), &mut n)?;
+        let tid = [0, 1, 2].map(|d| self.special(w, lane, Sreg::Tid(d)));
+        Ok(format!(
+            "{file}:{}: {function}: block: [{},{},{}], thread: [{},{},{}] Assertion `{message}` failed.\n",
+            u32::from_le_bytes(n),
+            self.ctaid[0],
+            self.ctaid[1],
+            self.ctaid[2],
+            tid[0],
+            tid[1],
+            tid[2],
+        ))
     }
 
     fn c_string(&self, w: usize, lane: usize, addr: u64) -> ComputeResult<Vec<u8>> {

@@ -290,6 +290,8 @@ pub(crate) enum Callee {
     Indirect(u32),
     /// The CUDA runtime's device-side `vprintf(fmt, args)`.
     Vprintf,
+    /// `__assertfail(message, file, line, function, char_size)`: a failed device `assert`.
+    AssertFail,
     /// The device heap's `malloc(size)` and `free(ptr)`, which the driver provides.
     Malloc,
     Free,

@@ -386,6 +386,7 @@ pub(crate) fn parse<'a>(images: &[&'a str], meter: Meter<'a>) -> Result<(Parsed,
             (true, "malloc") => Callee::Malloc,
             (true, "free") => Callee::Free,
             (true, "vprintf") => Callee::Vprintf,
+            (true, "__assertfail") => Callee::AssertFail,
             (true, _) => return fail(format!("call of {name}, declared but never defined")),
         };
         if let Op::Call {

@@ -1763,5 +1763,38 @@ fn match_sync_finds_the_lanes_sharing_a_value() {
     assert!(err.to_string().contains("match needs .sync"), "{err}");
 }
 
+/// A failed device `assert` (nvcc's call of `__assertfail`) stops the kernel with
+/// CUDA_ERROR_ASSERT and the driver's line for each asserting thread; the error is sticky.
+#[test]
+fn a_failed_device_assert_stops_the_kernel_with_the_drivers_message() {
+    let m = module(
+        ".extern .func __assertfail(.param .b64 a0, .param .b64 a1, .param .b32 a2, \
+         .param .b64 a3, .param .b64 a4);\n\
+         .global .align 1 .b8 msg[6] = {120, 32, 60, 32, 50, 0};\n\
+         .global .align 1 .b8 file[7] = {107, 46, 99, 117, 0, 0, 0};\n\
+         .global .align 1 .b8 func[5] = {109, 97, 105, 110, 0};\n\
+         .visible .entry k()\n{\n.reg .b32 %r<3>;\n.reg .b64 %rd<4>;\n.reg .pred %p;\n\
+         mov.u32 %r1, %tid.x;\nsetp.ne.u32 %p, %r1, 3;\n@%p bra $L_ok;\n\
+         mov.u64 %rd1, msg;\ncvta.global.u64 %rd1, %rd1;\nmov.u64 %rd2, file;\n\
+         cvta.global.u64 %rd2, %rd2;\nmov.u64 %rd3, func;\ncvta.global.u64 %rd3, %rd3;\n\
+         { .param .b64 p0; st.param.b64 [p0], %rd1; .param .b64 p1; st.param.b64 [p1], %rd2;\n\
+         .param .b32 p2; st.param.b32 [p2], 42; .param .b64 p3; st.param.b64 [p3], %rd3;\n\
+         .param .b64 p4; st.param.b64 [p4], 1;\n\
+         call.uni __assertfail, (p0, p1, p2, p3, p4); }\n$L_ok:\nret;\n}\n",
+    );
+    let r = Run::new(&m);
+    let err = r.launch("k", [2, 1, 1], [8, 1, 1], &[], 1).unwrap_err();
+    assert_eq!(err.cuda_status(), 710);
+    assert!(err.is_sticky());
+    let ComputeError::Assert(text) = &err else {
+        panic!("{err:?}")
+    };
+    assert!(
+        text.starts_with("k.cu:42: main: block: [")
+            && text.contains("], thread: [3,0,0] Assertion `x < 2` failed.\n"),
+        "{text}"
+    );
+}
+
 #[path = "conformance.rs"]
 mod conformance;
