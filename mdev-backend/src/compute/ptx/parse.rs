@@ -603,7 +603,21 @@ impl<'a> Parser<'a> {
                         self.bump();
                         self.module_var(d, std::mem::replace(&mut linkage, Linkage::Internal))?;
                     }
-                    ".section" => return err(line, "debug sections are not supported"),
+                    // DWARF from `-lineinfo` (the names `.loc` refers to): no part of the
+                    // program, skipped whole; other sections are refused.
+                    ".section" => {
+                        self.bump();
+                        match self.peek().copied() {
+                            Some(Tok::Directive(name)) if name.starts_with(".debug") => {
+                                self.bump();
+                                self.expect('{')?;
+                                while self.peek().is_some() && self.next()? != Tok::Punct('}') {}
+                            }
+                            _ => {
+                                return err(line, "sections other than DWARF are not supported");
+                            }
+                        }
+                    }
                     _ => return err(line, format!("unsupported module directive {d}")),
                 },
                 Tok::Punct(';') => self.bump(),

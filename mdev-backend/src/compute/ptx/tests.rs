@@ -1796,5 +1796,23 @@ fn a_failed_device_assert_stops_the_kernel_with_the_drivers_message() {
     );
 }
 
+/// `nvcc -lineinfo` (as cuda-samples build) adds `.loc` with inlining and a `.debug_str`
+/// section: both are skipped; a section that is not DWARF is refused.
+#[test]
+fn line_info_sections_are_skipped_and_other_sections_refused() {
+    let m = module(
+        ".file 1 \"k.cu\"\n.visible .entry k()\n{\n.loc 1 2 3, function_name $L__info_string0, \
+         inlined_at 1 4 5\nret;\n}\n.section .debug_str\n{\n$L__info_string0:\n.b8 107,0\n}\n",
+    );
+    Run::new(&m)
+        .launch("k", [1, 1, 1], [1, 1, 1], &[], 1)
+        .unwrap();
+    let err = Module::parse(&format!("{HEADER}.section .nv.info\n{{\n}}\n")).unwrap_err();
+    assert!(
+        err.to_string().contains("sections other than DWARF"),
+        "{err}"
+    );
+}
+
 #[path = "conformance.rs"]
 mod conformance;
