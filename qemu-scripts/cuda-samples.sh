@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Builds and runs a selection of NVIDIA's cuda-samples from a local checkout (never fetched
 # here) through our libcuda.so.1 against a vgpu-cuda-host this script starts on a private
-# socket (the host path), or in one TCG guest through the vGPU (--guest), and prints a table:
+# socket (the host path; a guest path is not written yet), and prints a table:
 # each sample's result (pass, fail, waived, timeout, build-fail), the reason and the seconds.
 #
-#   qemu-scripts/cuda-samples.sh --samples DIR [--guest] [--only NAME...] [--timeout S]
+#   qemu-scripts/cuda-samples.sh --samples DIR [--only NAME...] [--timeout S]
 #                                [--json FILE] [--profile debug|release] [--list]
+#                                [--lib PATH --host PATH]
 #   qemu-scripts/cuda-samples.sh --self-check [--profile P | --lib PATH --host PATH]
 #
 # --samples DIR: a work tree of github.com/NVIDIA/cuda-samples (its Samples/ and Common/).
@@ -105,8 +106,8 @@ DEFAULT_TIMEOUT_S = 120
 KILL_GRACE_S = 5
 # How long vgpu-cuda-host gets to create its socket.
 HOST_START_S = 20
-# The budget vgpu-cuda-host gets when it has a flag for one: the largest samples allocate a
-# few hundred MiB of device memory (and pinned buffers as big) at once.
+# The budget (MiB) vgpu-cuda-host gets when it has a flag for one: the largest samples
+# allocate a few hundred MiB of device memory (and pinned buffers as big) at once.
 HOST_BUDGET_MIB = 4096
 # The per-request time vgpu-cuda-host gets when it has a flag for it: long kernels of the
 # samples run for minutes in the interpreter; the sample's own timeout bounds the run.
@@ -380,12 +381,18 @@ def host_flags(host):
     """The flags vgpu-cuda-host is given when its --help names them (older builds lack them)."""
     help_text = subprocess.run([host, "--help"], capture_output=True, text=True).stdout
     flags = []
-    if "--request-time" in help_text:
-        flags += ["--request-time", f"{HOST_REQUEST_TIME_S}s"]
-    for name in ("--memory-budget", "--budget"):
-        if name in help_text:
-            flags += [name, f"{HOST_BUDGET_MIB}MiB"]
-            break
+    # Values as the flag's value name asks: seconds as a number or a duration with its unit; a
+    # budget in bytes, in MiB, or a size with its unit.
+    m = re.search(r"--request-time[ =]<(\w+)>", help_text)
+    if m:
+        unit = "s" if "DURATION" in m.group(1).upper() else ""
+        flags += ["--request-time", f"{HOST_REQUEST_TIME_S}{unit}"]
+    m = re.search(r"(--memory-budget|--budget)[ =]<(\w+)>", help_text)
+    if m:
+        name = m.group(2).upper()
+        value = (str(HOST_BUDGET_MIB << 20) if "BYTES" in name
+                 else str(HOST_BUDGET_MIB) if "MIB" in name else f"{HOST_BUDGET_MIB}MiB")
+        flags += [m.group(1), value]
     return flags
 
 
@@ -421,7 +428,6 @@ def print_table(samples):
 def main(argv):
     ap = argparse.ArgumentParser(prog="qemu-scripts/cuda-samples.sh")
     ap.add_argument("--samples")
-    ap.add_argument("--guest", action="store_true")
     ap.add_argument("--only", nargs="+", default=[])
     ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S)
     ap.add_argument("--json")
@@ -439,8 +445,6 @@ def main(argv):
     root = os.path.abspath(args.samples)
     if not os.path.isdir(os.path.join(root, "Samples")) or not os.path.isdir(os.path.join(root, "Common")):
         fail_precondition(f"{root} is not a cuda-samples checkout (no Samples/ and Common/)")
-    if args.guest:
-        fail_precondition("--guest: not available yet; the host path runs without it")
     store = os.path.abspath(args.store or os.path.join(CACHE, "cuda-samples"))
 
     samples = find_samples(root)
