@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # Builds and runs a selection of NVIDIA's cuda-samples from a local checkout (never fetched
 # here) through our libcuda.so.1 against a vgpu-cuda-host this script starts on a private
-# socket (the host path; a guest path is not written yet), and prints a table:
+# socket (the host path), or in one guest through the vGPU (--guest), and prints a table:
 # each sample's result (pass, fail, waived, timeout, build-fail), the reason and the seconds.
 #
-#   qemu-scripts/cuda-samples.sh --samples DIR [--only NAME...] [--timeout S]
+#   qemu-scripts/cuda-samples.sh --samples DIR [--guest] [--only NAME...] [--timeout S]
 #                                [--json FILE] [--profile debug|release] [--list]
 #                                [--lib PATH --host PATH]
 #   qemu-scripts/cuda-samples.sh --self-check [--profile P | --lib PATH --host PATH]
 #
 # --samples DIR: a work tree of github.com/NVIDIA/cuda-samples (its Samples/ and Common/).
+# --guest: run them in the test guest (qemu-scripts/build-guest-image.sh) booted by
+#   target/P/vgpu-run-vm with our vgpu-server: the built samples, their directories' files,
+#   Common/data and our libcuda.so.1 go to the guest on a read-only ext4 disk (as the guest
+#   tests hand over the corpus), one guest runs them all in turn with the same timeout and
+#   prints each one's exit status and output between markers, classified as on the host.
 # --only NAME...: these samples of the selection only (names as in the table).
 # --timeout S: each sample's run is stopped after S seconds (default 120).
 # --json FILE: the table as JSON too.
@@ -428,6 +433,7 @@ def print_table(samples):
 def main(argv):
     ap = argparse.ArgumentParser(prog="qemu-scripts/cuda-samples.sh")
     ap.add_argument("--samples")
+    ap.add_argument("--guest", action="store_true")
     ap.add_argument("--only", nargs="+", default=[])
     ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S)
     ap.add_argument("--json")
@@ -481,6 +487,16 @@ def main(argv):
             fail_precondition(f"{path} is missing: cargo build -p {what}"
                               + (" --release" if args.profile == "release" else ""))
 
+    run_vm = os.path.join(REPO, "target", args.profile, "vgpu-run-vm")
+    if args.guest:
+        for path in (run_vm, os.path.join(REPO, "target", args.profile, "vgpu-server")):
+            if not os.path.exists(path):
+                fail_precondition(f"{path} is missing: cargo build -p vgpu-tests -p vgpu-server"
+                                  + (" --release" if args.profile == "release" else ""))
+        image = os.environ.get("VGPU_GUEST_DIR", os.path.join(CACHE, "guest"))
+        if not os.path.exists(os.path.join(image, "rootfs.ext4")):
+            fail_precondition(f"no guest image in {image}: run qemu-scripts/build-guest-image.sh")
+
     os.makedirs(store, exist_ok=True)
     work = tempfile.mkdtemp(prefix="cuda-samples.")
     libdir = os.path.join(work, "lib")
@@ -510,13 +526,19 @@ def main(argv):
         else:
             runnable.append(s)
 
+    logs = os.path.join(store, "guest-run" if args.guest else "run")
+    os.makedirs(logs, exist_ok=True)
+    if args.guest:
+        try:
+            run_in_guest(runnable, store, work, lib, run_vm, args.timeout, logs)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return report(selected, logs, store, args.json)
     sock = os.path.join(work, "cuda.sock")
     host_proc = start_host(host, sock, os.path.join(store, "vgpu-cuda-host.log"))
     run_env = dict(os.environ, VGPU_CUDA_SOCKET=sock,
                    LD_LIBRARY_PATH=libdir + (os.pathsep + os.environ["LD_LIBRARY_PATH"]
                                              if os.environ.get("LD_LIBRARY_PATH") else ""))
-    logs = os.path.join(store, "run")
-    os.makedirs(logs, exist_ok=True)
     try:
         for i, s in enumerate(runnable, 1):
             say(f"[{i}/{len(runnable)}] running {s.name}")
@@ -533,15 +555,91 @@ def main(argv):
             host_proc.wait()
         shutil.rmtree(work, ignore_errors=True)
 
+    return report(selected, logs, store, args.json)
+
+
+def report(selected, logs, store, json_path):
     print_table(selected)
     say(f"logs: {logs}/<sample>.log, {store}/build/<sample>/build.log")
-    if args.json:
-        with open(args.json, "w") as f:
+    if json_path:
+        with open(json_path, "w") as f:
             json.dump([{"name": s.name, "category": s.category, "result": s.result,
                         "reason": s.reason, "seconds": round(s.seconds, 1)} for s in selected],
                       f, indent=1)
             f.write("\n")
     return 0
+
+
+# The guest's markers around each sample's output: start NAME, end NAME RC SECONDS.
+GUEST_BEGIN = "@@cuda-samples begin"
+GUEST_END = "@@cuda-samples end"
+# Where the guest mounts the samples' disk.
+GUEST_DIR = "/tmp/work/samples"
+# Time for the guest to boot and power off, besides the samples' own timeouts (TCG boots in
+# about a minute on a loaded 2-core host).
+GUEST_OVERHEAD_S = 300
+
+
+def run_in_guest(runnable, store, work, lib, run_vm, timeout, logs):
+    """Runs `runnable` in one guest: a disk of their run trees (links resolved), Common/data and
+    our libcuda.so.1; a job that runs each with `timeout` and prints its output between markers."""
+    root = os.path.join(work, "disk")
+    os.makedirs(os.path.join(root, "Common"))
+    common_data = os.path.join(runnable[0].root, "Common", "data") if runnable else None
+    if common_data and os.path.isdir(common_data):
+        shutil.copytree(common_data, os.path.join(root, "Common", "data"))
+    shutil.copy(lib, os.path.join(root, "libcuda.so.1"))
+    subprocess.run(["strip", os.path.join(root, "libcuda.so.1")], check=True)
+    job = [f"mkdir -p {GUEST_DIR} && mount -o ro /dev/vdb {GUEST_DIR} || exit 1",
+           f"export LD_LIBRARY_PATH={GUEST_DIR}"]
+    for s in runnable:
+        rel = os.path.join("Samples", s.category, s.name)
+        shutil.copytree(run_tree(s, store), os.path.join(root, rel), symlinks=False)
+        job.append(f"cd {GUEST_DIR}/{rel} && echo '{GUEST_BEGIN} {s.name}' && "
+                   f"t0=$(date +%s%N) && timeout -k {KILL_GRACE_S} {timeout:g} ./{s.target} 2>&1; "
+                   f"rc=$?; echo; echo \"{GUEST_END} {s.name} $rc $(( ($(date +%s%N) - t0) / 1000000 ))\"")
+    job.append("exit 0")
+    size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs)
+    image = os.path.join(work, "samples.ext4")
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-d", root, image, f"{(size >> 20) * 2 + 32}M"],
+                   check=True, stdout=subprocess.DEVNULL)
+    job_file = os.path.join(work, "job.sh")
+    with open(job_file, "w") as f:
+        f.write("\n".join(job) + "\n")
+    limit = GUEST_OVERHEAD_S + len(runnable) * (timeout + KILL_GRACE_S)
+    say(f"booting the guest for {len(runnable)} samples (at most {limit:g} s)")
+    started = time.monotonic()
+    p = subprocess.run([run_vm, "--job-file", job_file, "--timeout", f"{limit:g}",
+                        f"--qemu-arg=-drive", f"--qemu-arg=file={image},format=raw,if=virtio,readonly=on"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                       text=True, errors="replace")
+    with open(os.path.join(logs, "vgpu-run-vm.log"), "w") as f:
+        f.write(p.stdout)
+    say(f"the guest exited {p.returncode} after {time.monotonic() - started:.0f} s")
+    outputs = {}
+    current = None
+    for line in p.stdout.splitlines():
+        if line.startswith(GUEST_BEGIN + " "):
+            current = line.split()[-1]
+            outputs[current] = []
+        elif line.startswith(GUEST_END + " ") and current is not None:
+            parts = line.split()
+            sample = next(x for x in runnable if x.name == current)
+            rc, seconds = int(parts[-2]), int(parts[-1]) / 1000
+            text = "\n".join(outputs[current])
+            with open(os.path.join(logs, current + ".log"), "w") as f:
+                f.write(text + "\n")
+            # timeout(1) answers 124 when it stopped the sample, 137 when it had to kill it.
+            timed_out = rc in (124, 137) and seconds >= timeout
+            sample.result, sample.reason = classify(rc, text, timed_out)
+            sample.seconds = seconds
+            current = None
+        elif current is not None:
+            outputs[current].append(line)
+    for s in runnable:
+        if s.result is None:
+            s.result = "fail"
+            s.reason = f"no result from the guest (vgpu-run-vm exited {p.returncode}; see its log)"
 
 
 # The made-up samples of --self-check: (name, CMakeLists extra, source or a tests/cuda
