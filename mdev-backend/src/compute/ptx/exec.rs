@@ -407,6 +407,8 @@ struct Warp {
     /// The lanes waiting at a `bar.sync`, or 0, and the barrier.
     at_barrier: u32,
     barrier: usize,
+    /// The reduction a `bar.red` the warp waits at delivers, and its destination.
+    reduction: Option<(BarRedOp, u32)>,
     /// Each lane's carry flag (`CC.CF`), which `add.cc` and the like set and `addc` reads.
     carry: u32,
 }
@@ -417,11 +419,14 @@ const BARRIERS: usize = 16;
 const SLICE: u32 = 1024;
 
 /// One of the block's barriers: threads arrived (counted per warp, as the hardware does) and
-/// the count that completes it (`None`: every thread of the block that has not exited).
+/// the count that completes it (`None`: every thread of the block that has not exited); for
+/// `bar.red`, how many arriving threads' predicates were true and whether any was false.
 #[derive(Debug, Clone, Copy, Default)]
 struct Barrier {
     arrived: u32,
     expected: Option<u32>,
+    trues: u32,
+    falses: u32,
 }
 
 struct Block<'s, 'a> {
@@ -636,6 +641,7 @@ impl<'s, 'a> Block<'s, 'a> {
                     at_barrier: 0,
                     barrier: 0,
                     carry: 0,
+                    reduction: None,
                 })
             })
             .collect::<ComputeResult<_>>()?;
@@ -697,9 +703,20 @@ impl<'s, 'a> Block<'s, 'a> {
                     continue;
                 }
                 let mask = std::mem::take(&mut warp.at_barrier);
+                let reduction = warp.reduction.take().map(|(op, d)| {
+                    let v = match op {
+                        BarRedOp::Popc => u64::from(b.trues),
+                        BarRedOp::And => u64::from(b.falses == 0),
+                        BarRedOp::Or => u64::from(b.trues != 0),
+                    };
+                    (self.s.slot(d), v & self.s.reg_mask[self.s.slot(d) / WARP])
+                });
                 for lane in 0..WARP {
                     if mask & (1 << lane) != 0 {
                         warp.pc[lane] += 1;
+                        if let Some((slot, v)) = reduction {
+                            warp.regs[slot + lane] = v;
+                        }
                     }
                 }
             }
@@ -849,14 +866,34 @@ impl<'s, 'a> Block<'s, 'a> {
                     }
                 }
             }
-            if let Op::Bar {
-                id,
-                count,
-                wait: true,
-            } = inst.op
+            let sync = match inst.op {
+                Op::Bar {
+                    id,
+                    count,
+                    wait: true,
+                } => Some((id, count)),
+                Op::BarRed { id, count, .. } => Some((id, count)),
+                _ => None,
+            };
+            if let Some((id, count)) = sync
                 && exec != 0
             {
                 let id = self.arrive(w, exec.trailing_zeros() as usize, id, count)?;
+                if let Op::BarRed {
+                    op, d, p, negate, ..
+                } = inst.op
+                {
+                    let mut trues = 0;
+                    for lane in 0..WARP {
+                        if exec & (1 << lane) != 0 && (self.val(w, lane, p) != 0) != negate {
+                            trues += 1;
+                        }
+                    }
+                    let b = &mut self.barriers[id];
+                    b.trues += trues;
+                    b.falses += exec.count_ones() - trues;
+                    self.warps[w].reduction = Some((op, d));
+                }
                 // Lanes whose guard is false skip the barrier.
                 let warp = &mut self.warps[w];
                 for lane in 0..WARP {
@@ -1510,7 +1547,8 @@ impl<'s, 'a> Block<'s, 'a> {
                 let lane = exec.trailing_zeros() as usize;
                 self.arrive(w, lane, *id, *count)?;
             }
-            Op::Nop | Op::WarpSync { .. } => {}
+            // `bar.red` stops the warp before it gets here, like `bar.sync`.
+            Op::Nop | Op::WarpSync { .. } | Op::BarRed { .. } => {}
             Op::MovVec { ty, n, ds, srcs } => {
                 let mask = ty.mask();
                 for lane in lanes {

@@ -339,6 +339,14 @@ pub(crate) enum CarryOp {
     },
 }
 
+/// `bar.red`'s reductions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BarRedOp {
+    Popc,
+    And,
+    Or,
+}
+
 /// `prmt`'s modes besides the general byte selection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PrmtMode {
@@ -563,6 +571,16 @@ pub(crate) enum Op {
         id: Src,
         count: Option<Src>,
         wait: bool,
+    },
+    /// `bar.red.{popc.u32,and.pred,or.pred} d, id{, count}, {!}p`: a `bar.sync` whose
+    /// arriving threads' predicates are counted, and-ed or or-ed into `d` of each of them.
+    BarRed {
+        op: BarRedOp,
+        d: u32,
+        id: Src,
+        count: Option<Src>,
+        p: Src,
+        negate: bool,
     },
     /// Instructions with no effect in this model (memory fences, prefetch).
     Nop,

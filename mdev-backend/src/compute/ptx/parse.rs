@@ -1510,7 +1510,9 @@ fn allowed(base: &str) -> Option<Vec<&'static [&'static str]>> {
         ]],
         "dp4a" | "dp2a" => vec![&["u32", "s32", "lo", "hi"]],
         "ret" | "exit" => vec![&["uni"]],
-        "bar" | "barrier" => vec![&["sync", "arrive", "warp", "aligned", "cta"]],
+        "bar" | "barrier" => vec![&[
+            "sync", "arrive", "warp", "aligned", "cta", "red", "popc", "and", "or", "u32", "pred",
+        ]],
         "membar" => vec![&["cta", "gl", "sys"]],
         "fence" => vec![&["sc", "acq_rel", "cta", "gpu", "sys"]],
         "prefetch" => vec![&["global", "local", "L1", "L2"]],
@@ -2230,9 +2232,37 @@ impl Cx<'_> {
                     _ => return self.fail("bar.warp.sync takes a member mask"),
                 },
             },
+            "bar" | "barrier" if has(mods, "red") => {
+                let op = match (has(mods, "popc"), has(mods, "and"), has(mods, "or")) {
+                    (true, false, false) if has(mods, "u32") => BarRedOp::Popc,
+                    (false, true, false) if has(mods, "pred") => BarRedOp::And,
+                    (false, false, true) if has(mods, "pred") => BarRedOp::Or,
+                    _ => return self.fail("bar.red is .popc.u32, .and.pred or .or.pred"),
+                };
+                let (d, rest) = g
+                    .split_first()
+                    .ok_or((self.line, "bar.red needs operands".to_string()))?;
+                let (id, count, p) = match rest {
+                    [a, p] => (self.src(a, Ty::U32)?, None, p),
+                    [a, b, p] => (self.src(a, Ty::U32)?, Some(self.src(b, Ty::U32)?), p),
+                    _ => return self.fail("bar.red takes a barrier, a count and a predicate"),
+                };
+                let (negate, p) = match p.as_slice() {
+                    [Tok::Punct('!'), rest @ ..] => (true, rest),
+                    p => (false, p),
+                };
+                Op::BarRed {
+                    op,
+                    d: self.reg(d)?,
+                    id,
+                    count,
+                    p: self.src(p, Ty::Pred)?,
+                    negate,
+                }
+            }
             "bar" | "barrier" => {
-                if has(mods, "red") {
-                    return self.fail("bar.red is not supported");
+                if has(mods, "popc") || has(mods, "and") || has(mods, "or") {
+                    return self.fail("a reduction needs bar.red");
                 }
                 let (id, count) = match g {
                     [] => (Src::Imm(0), None),

@@ -1715,7 +1715,7 @@ fn modifiers_the_executor_does_not_implement_are_refused_by_name() {
             "vote.sync.all.u32 %r1, %p1, -1;",
             "vote.u32 is not supported",
         ),
-        ("bar.red.popc.u32 %r1, 0, %p1;", "bar.red is not supported"),
+        ("bar.red.popc.b32 %r1, 0, %p1;", "bar.b32 is not supported"),
     ] {
         let text = format!(
             "{HEADER}.visible .entry k() {{\n.reg .b32 %r1;\n.reg .f32 %f1;\n\
@@ -1812,6 +1812,34 @@ fn line_info_sections_are_skipped_and_other_sections_refused() {
         err.to_string().contains("sections other than DWARF"),
         "{err}"
     );
+}
+
+/// `bar.red` (`__syncthreads_count/and/or`): every thread of the block gets the count, the
+/// and and the or of all threads' predicates, after all of them arrived.
+#[test]
+fn barrier_reductions_combine_the_whole_blocks_predicates() {
+    let m = module(
+        ".visible .entry k(.param .u64 out)\n{\n.reg .b32 %r<6>;\n.reg .b64 %rd<4>;\n\
+         .reg .pred %p<5>;\nld.param.u64 %rd1, [out];\nmov.u32 %r1, %tid.x;\n\
+         rem.u32 %r2, %r1, 3;\nsetp.eq.u32 %p1, %r2, 0;\n\
+         bar.red.popc.u32 %r3, 0, %p1;\nbar.red.and.pred %p2, 1, !%p1;\n\
+         setp.lt.u32 %p3, %r1, 100;\nbarrier.red.and.pred %p4, 0, %p3;\n\
+         bar.red.or.pred %p3, 0, %p1;\n\
+         selp.u32 %r4, 1, 0, %p2;\nselp.u32 %r5, 2, 0, %p4;\nadd.u32 %r4, %r4, %r5;\n\
+         selp.u32 %r5, 4, 0, %p3;\nadd.u32 %r4, %r4, %r5;\n\
+         mul.wide.u32 %rd2, %r1, 8;\nadd.s64 %rd3, %rd1, %rd2;\n\
+         st.global.v2.u32 [%rd3], {%r3, %r4};\nret;\n}\n",
+    );
+    let mut r = Run::new(&m);
+    let out = r.buffer(&[0; 70 * 8]);
+    let params = pack(&m, "k", &[out]);
+    r.launch("k", [1, 1, 1], [70, 1, 1], &params, 1).unwrap();
+    let got = to_u32s(&r.read(out, 70 * 8));
+    let trues = (0..70).filter(|t| t % 3 == 0).count() as u32;
+    for t in 0..70 {
+        // and of !p is false (some p true), and of t < 100 true, or of p true.
+        assert_eq!(got[t * 2..t * 2 + 2], [trues, 2 | 4], "thread {t}");
+    }
 }
 
 #[path = "conformance.rs"]
