@@ -491,6 +491,42 @@ fn float_cases() -> Vec<Case> {
             }),
         ));
     }
+    for (mode, m) in MODES {
+        cases.push(float_case(
+            format!("div.{m}.f64"),
+            "f64",
+            2,
+            Box::new(move |o| {
+                let (a, b) = (f64::from_bits(o[0]), f64::from_bits(o[1]));
+                let n = a / b;
+                let ord_terms = [term(a, b < 0.0), product(n, b, b >= 0.0)];
+                let finite = a.is_finite() && b.is_finite() && b != 0.0;
+                round64_via(n, &ord_terms, finite, mode).to_bits()
+            }),
+        ));
+        cases.push(float_case(
+            format!("sqrt.{m}.f64"),
+            "f64",
+            1,
+            Box::new(move |o| {
+                let a = f64::from_bits(o[0]);
+                let n = a.sqrt();
+                let ord_terms = [term(a, false), product(n, n, true)];
+                round64_via(n, &ord_terms, a.is_finite() && a >= 0.0, mode).to_bits()
+            }),
+        ));
+        cases.push(float_case(
+            format!("rcp.{m}.f64"),
+            "f64",
+            1,
+            Box::new(move |o| {
+                let a = f64::from_bits(o[0]);
+                let n = 1.0 / a;
+                let ord_terms = [term(1.0, a < 0.0), product(n, a, a >= 0.0)];
+                round64_via(n, &ord_terms, a.is_finite() && a != 0.0, mode).to_bits()
+            }),
+        ));
+    }
     cases.push(float_case(
         "fma.rn.f64".into(),
         "f64",
@@ -499,18 +535,6 @@ fn float_cases() -> Vec<Case> {
             let [a, b, c] = [0, 1, 2].map(|i| f64::from_bits(o[i]));
             a.mul_add(b, c).to_bits()
         }),
-    ));
-    cases.push(float_case(
-        "div.rn.f64".into(),
-        "f64",
-        2,
-        Box::new(|o| (f64::from_bits(o[0]) / f64::from_bits(o[1])).to_bits()),
-    ));
-    cases.push(float_case(
-        "sqrt.rn.f64".into(),
-        "f64",
-        1,
-        Box::new(|o| f64::from_bits(o[0]).sqrt().to_bits()),
     ));
     cases
 }
@@ -524,6 +548,15 @@ fn round32_via(n: f32, ord_terms: &[Term], finite: bool, mode: Mode) -> f32 {
         terms.push(term(n.into(), false));
     }
     round32(n, &terms, finite, mode)
+}
+
+/// [`round32_via`] for f64.
+fn round64_via(n: f64, ord_terms: &[Term], finite: bool, mode: Mode) -> f64 {
+    let mut terms = ord_terms.to_vec();
+    if n.is_finite() {
+        terms.push(term(n, false));
+    }
+    round64(n, &terms, finite, mode)
 }
 
 fn float_case(inst: String, ty: &'static str, n: usize, reference: Reference) -> Case {

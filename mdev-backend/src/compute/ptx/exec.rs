@@ -604,6 +604,73 @@ fn f64_rounded(op: BinOp, a: f64, b: f64, rnd: Rnd) -> f64 {
     directed64(r, ord, rnd)
 }
 
+/// `x * 2^n`, exactly when the result is normal or `x` is being scaled up out of the
+/// subnormal range (steps of at most 2^1000, each exact on the way).
+fn scale(mut x: f64, mut n: i32) -> f64 {
+    while n != 0 {
+        let k = n.clamp(-1000, 1000);
+        x *= f64::from_bits(((1023 + k) as u64) << 52);
+        n -= k;
+    }
+    x
+}
+
+/// A finite nonzero f64 as `m * 2^e` with `m` in [1, 2).
+fn split(x: f64) -> (f64, i32) {
+    let (x, bias) = if x.is_subnormal() {
+        (x * f64::from_bits((1023 + 64) << 52), 64)
+    } else {
+        (x, 0)
+    };
+    let e = ((x.to_bits() >> 52) & 0x7ff) as i32 - 1023;
+    let m = f64::from_bits((x.to_bits() & !(0x7ff << 52)) | (1023 << 52));
+    (m, e - bias)
+}
+
+/// f64 division, square root or reciprocal rounded in mode `rnd`: the nearest result `r`,
+/// stepped by the sign of `exact - r`. That sign is a residual's (`a - r*b`, `a - r*r`) at
+/// operands scaled near 1, where one fma gives it exactly.
+fn f64_div_sqrt(a: f64, b: Option<f64>, rnd: Rnd) -> f64 {
+    use std::cmp::Ordering::*;
+    let r = match b {
+        Some(b) => a / b,
+        None => a.sqrt(),
+    };
+    let exact_finite = a.is_finite()
+        && a != 0.0
+        && match b {
+            Some(b) => b.is_finite() && b != 0.0,
+            None => a > 0.0,
+        };
+    if rnd == Rnd::Rn || !exact_finite || r.is_nan() {
+        return r;
+    }
+    let ord = if r.is_infinite() {
+        if r > 0.0 { Less } else { Greater }
+    } else {
+        let (ma, ea) = split(a);
+        let residual = match b {
+            Some(b) => {
+                let (mb, eb) = split(b);
+                let r1 = scale(r, eb - ea);
+                (-r1).mul_add(mb, ma) * mb.signum()
+            }
+            None => {
+                // An even exponent keeps the square root's scale a power of two.
+                let (ma, ea) = if ea % 2 == 0 {
+                    (ma, ea)
+                } else {
+                    (ma * 2.0, ea - 1)
+                };
+                let r1 = scale(r, -ea / 2);
+                (-r1).mul_add(r1, ma)
+            }
+        };
+        residual.partial_cmp(&0.0).unwrap_or(Equal)
+    };
+    directed64(r, ord, rnd)
+}
+
 fn saturate01(v: f64) -> f64 {
     if v.is_nan() { 0.0 } else { v.clamp(0.0, 1.0) }
 }
@@ -2050,7 +2117,7 @@ fn binary(op: BinOp, ty: Ty, x: u64, y: u64, ftz: bool, sat: bool, rnd: Rnd) -> 
         let (a, b) = (f64::from_bits(x), f64::from_bits(y));
         let r = match op {
             BinOp::Add | BinOp::Sub | BinOp::MulLo => f64_rounded(op, a, b, rnd),
-            BinOp::Div => a / b,
+            BinOp::Div => f64_div_sqrt(a, Some(b), rnd),
             BinOp::Min | BinOp::Max => return min_max(op, ty, x, y),
             BinOp::CopySign => b.copysign(a),
             _ => 0.0,
@@ -2184,8 +2251,8 @@ fn unary(op: UnOp, ty: Ty, x: u64, ftz: bool, rnd: Rnd) -> u64 {
         let r = match op {
             UnOp::Neg => -a,
             UnOp::Abs => a.abs(),
-            UnOp::Rcp => 1.0 / a,
-            UnOp::Sqrt => a.sqrt(),
+            UnOp::Rcp => f64_div_sqrt(1.0, Some(a), rnd),
+            UnOp::Sqrt => f64_div_sqrt(a, None, rnd),
             UnOp::Rsqrt => 1.0 / a.sqrt(),
             UnOp::Sin => a.sin(),
             UnOp::Cos => a.cos(),

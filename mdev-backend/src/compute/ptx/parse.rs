@@ -1986,9 +1986,6 @@ impl Cx<'_> {
                 {
                     return self.fail(format!("{base} with a rounding modifier does not exist"));
                 }
-                if ty == Ty::F64 && op == BinOp::Div && rnd_of(mods) != Rnd::Rn {
-                    return self.fail("div.f64 with directed rounding is not supported");
-                }
                 Op::Bin {
                     op,
                     ty,
@@ -2035,12 +2032,9 @@ impl Cx<'_> {
                 }
                 let rnd = rnd_of(mods);
                 let rounded = mods.iter().any(|m| RND.contains(m));
-                if rounded && !matches!(op, UnOp::Rcp | UnOp::Sqrt) {
-                    return self.fail(format!("{base} with a rounding modifier does not exist"));
-                }
-                if ty == Ty::F64 && rnd != Rnd::Rn {
+                if rounded && has(mods, "approx") {
                     return self.fail(format!(
-                        "{base}.f64 with directed rounding is not supported"
+                        "{base}.approx with a rounding modifier does not exist"
                     ));
                 }
                 Op::Un {

@@ -1683,10 +1683,10 @@ fn modifiers_the_executor_does_not_implement_are_refused_by_name() {
             "fma.f64 with directed rounding",
         ),
         (
-            "div.rz.f64 %fd1, %fd1, %fd1;",
-            "div.f64 with directed rounding",
+            "rcp.approx.rn.f32 %f1, %f1;",
+            "rcp.approx with a rounding modifier",
         ),
-        ("sqrt.rp.f64 %fd1, %fd1;", "sqrt.f64 with directed rounding"),
+        ("neg.rn.f32 %f1, %f1;", "neg.rn is not supported"),
         (
             "cvt.rn.s32.f32 %r1, %f1;",
             "rounding modifier its types do not take",
