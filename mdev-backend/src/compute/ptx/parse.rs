@@ -276,7 +276,12 @@ struct Parser<'a> {
     /// and the line that declared it.
     linked_vars: HashMap<String, (Name, bool, u32)>,
     reg_bits: Vec<u8>,
+    /// The end of the module's and device functions' static shared variables.
     shared_bytes: u32,
+    /// While a kernel's body is parsed, the end of its own shared variables.
+    entry_shared: Option<u32>,
+    /// The largest end of any kernel's own shared variables.
+    entry_shared_max: u32,
     local_bytes: u32,
     fparam_bytes: u32,
     kernel_params: KernelParams,
@@ -344,6 +349,8 @@ pub(crate) fn parse<'a>(images: &[&'a str], meter: Meter<'a>) -> Result<(Parsed,
         linked_vars: HashMap::new(),
         reg_bits: Vec::new(),
         shared_bytes: 0,
+        entry_shared: None,
+        entry_shared_max: 0,
         local_bytes: 0,
         fparam_bytes: 0,
         kernel_params: HashMap::new(),
@@ -413,7 +420,7 @@ pub(crate) fn parse<'a>(images: &[&'a str], meter: Meter<'a>) -> Result<(Parsed,
         funcs: p.funcs,
         globals: p.globals,
         reg_bits: p.reg_bits,
-        shared_bytes: p.shared_bytes,
+        shared_bytes: p.shared_bytes.max(p.entry_shared_max),
         local_bytes: p.local_bytes,
         fparam_bytes: p.fparam_bytes,
         kernel_params: p.kernel_params,
@@ -850,15 +857,27 @@ impl<'a> Parser<'a> {
         Ok(())
     }
 
+    /// Lays out a static shared variable. A kernel's own (function-scope) variables follow
+    /// the module's and those of device functions, and share their place with other kernels'
+    /// own: a launch runs one kernel, so the limit is per kernel, as on a GPU (a module of
+    /// many CUB kernels, each with its own shared storage, would otherwise add them all up).
     fn shared_var(&mut self, size: u32, align: u32, line: u32) -> PResult<SymRef> {
         if size == 0 {
             return Ok(SymRef::DynShared);
         }
-        let offset = align_up(self.shared_bytes, align, line)?;
-        self.shared_bytes = offset
+        let start = match self.entry_shared {
+            Some(own) => own,
+            None => self.shared_bytes.max(self.entry_shared_max),
+        };
+        let offset = align_up(start, align, line)?;
+        let end = offset
             .checked_add(size)
             .filter(|&e| e <= super::MAX_SHARED_BYTES)
             .ok_or((line, "static shared memory past the limit".to_string()))?;
+        match &mut self.entry_shared {
+            Some(own) => *own = end,
+            None => self.shared_bytes = end,
+        }
         Ok(SymRef::Shared(offset))
     }
 
@@ -1000,7 +1019,13 @@ impl<'a> Parser<'a> {
         }
         let start = self.code.len();
         self.expect('{')?;
+        if entry {
+            self.entry_shared = Some(self.shared_bytes);
+        }
         self.body()?;
+        if let Some(end) = self.entry_shared.take() {
+            self.entry_shared_max = self.entry_shared_max.max(end);
+        }
         for (at, label, line) in std::mem::take(&mut self.bra_fixups) {
             let Some(&target) = self.labels.get(&label) else {
                 return err(line, format!("branch to undefined label {label}"));

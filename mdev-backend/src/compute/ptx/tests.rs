@@ -1842,5 +1842,45 @@ fn barrier_reductions_combine_the_whole_blocks_predicates() {
     }
 }
 
+/// A kernel's own shared variables share their place with other kernels' own (one kernel
+/// runs per launch), after the module's: 25 kernels of 100 KiB each load, and a module
+/// variable declared between them overlaps none of them.
+#[test]
+fn each_kernel_has_its_own_shared_memory_limit() {
+    let mut text = String::from(".shared .align 4 .b8 common[16];\n");
+    for k in 0..25 {
+        text += &format!(
+            ".visible .entry k{k}(.param .u64 out)\n{{\n.shared .align 4 .b8 own[102400];\n\
+             .reg .b64 %rd<3>;\n.reg .b32 %r<3>;\nld.param.u64 %rd1, [out];\n\
+             mov.u64 %rd2, own;\ncvt.u32.u64 %r1, %rd2;\nmov.u64 %rd2, common;\n\
+             cvt.u32.u64 %r2, %rd2;\nst.global.v2.u32 [%rd1], {{%r1, %r2}};\nret;\n}}\n"
+        );
+        if k == 3 {
+            text += ".shared .align 4 .b8 late[8];\n.visible .entry l(.param .u64 out)\n{\n\
+                     .reg .b64 %rd<3>;\nld.param.u64 %rd1, [out];\nmov.u64 %rd2, late;\n\
+                     st.global.u64 [%rd1], %rd2;\nret;\n}\n";
+        }
+    }
+    let m = module(&text);
+    let mut r = Run::new(&m);
+    let out = r.buffer(&[0; 8]);
+    let params = pack(&m, "k7", &[out]);
+    r.launch("k7", [1, 1, 1], [1, 1, 1], &params, 1).unwrap();
+    let own_common = to_u32s(&r.read(out, 8));
+    r.launch("l", [1, 1, 1], [1, 1, 1], &params, 1).unwrap();
+    let late = u64::from_le_bytes(r.read(out, 8).try_into().unwrap());
+    assert_eq!(own_common[1], 0, "the module's variable comes first");
+    assert!(own_common[0] >= 16, "a kernel's own variable follows it");
+    assert!(
+        late >= 16 + 102_400,
+        "a later module variable follows every kernel's own"
+    );
+    let too_big = format!(
+        "{HEADER}.visible .entry k()\n{{\n.shared .align 4 .b8 own[{}];\nret;\n}}\n",
+        super::MAX_SHARED_BYTES + 1
+    );
+    assert!(Module::parse(&too_big).is_err());
+}
+
 #[path = "conformance.rs"]
 mod conformance;
