@@ -573,6 +573,9 @@ def report(selected, logs, store, json_path):
 # The guest's markers around each sample's output: start NAME, end NAME RC SECONDS.
 GUEST_BEGIN = "@@cuda-samples begin"
 GUEST_END = "@@cuda-samples end"
+# The job shell's own notice of a sample killed by a signal ("/run/job.sh: line 3: 42 Aborted
+# timeout ..."): not the sample's output.
+JOB_SHELL_NOTICE = re.compile(r"^\S+: line \d+: +\d+ [A-Z][a-z]+")
 # Where the guest mounts the samples' disk.
 GUEST_DIR = "/tmp/work/samples"
 # Time for the guest to boot and power off, besides the samples' own timeouts (TCG boots in
@@ -634,7 +637,7 @@ def run_in_guest(runnable, store, work, lib, run_vm, timeout, logs):
             sample.result, sample.reason = classify(rc, text, timed_out)
             sample.seconds = seconds
             current = None
-        elif current is not None:
+        elif current is not None and not JOB_SHELL_NOTICE.match(line):
             outputs[current].append(line)
     for s in runnable:
         if s.result is None:
