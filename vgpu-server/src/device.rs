@@ -253,9 +253,11 @@ impl Device {
     }
 
     /// The backend compute-capset requests run on (`--compute`; the PTX executor by default),
-    /// charging the VM's budget.
-    pub fn set_compute(&mut self, kind: ComputeKind) {
-        self.compute = ComputeRuntime::new(kind, Arc::clone(self.gpu.budget()));
+    /// charging the VM's budget, and how long one request may run on the PTX executor
+    /// (`--compute-request-time`).
+    pub fn set_compute(&mut self, kind: ComputeKind, request_time: std::time::Duration) {
+        self.compute = ComputeRuntime::new(kind, Arc::clone(self.gpu.budget()))
+            .with_request_time(request_time);
     }
 
     /// The eventfd written when a compute request finished: the worker's control-queue kick,

@@ -70,6 +70,9 @@ pub struct ServerConfig {
     pub resource_memory: u64,
     /// The backend of the compute capset (`--compute cpu|nvcuda`).
     pub compute: gpu::compute::ComputeKind,
+    /// Longest one compute request of the PTX executor may run (`--compute-request-time`;
+    /// [`mdev_backend::compute::backend::DEFAULT_REQUEST_TIME`] by default).
+    pub compute_request_time: std::time::Duration,
     /// The longest the relay and the worker spin for their next event before they block
     /// (`--busy-poll-us`; [`vgpu_schedd::busy_poll`]; zero: never).
     pub busy_poll: std::time::Duration,
@@ -311,7 +314,7 @@ impl Core {
             self.worker.has_renderer(),
         );
         device.set_resource_budget(self.config.resource_memory);
-        device.set_compute(self.config.compute);
+        device.set_compute(self.config.compute, self.config.compute_request_time);
         let device = Arc::new(Mutex::new(device));
         self.worker.attach(device.clone());
         slot.set(Some(device));

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
+use mdev_backend::compute::backend::parse_request_time;
 use mdev_backend::virgl;
 use vgpu_schedd::busy_poll;
 use vgpu_schedd::proto::VmName;
@@ -129,6 +130,16 @@ struct Cli {
         value_parser = PossibleValuesParser::new(["cpu", "nvcuda"]).try_map(compute),
     )]
     compute: ComputeKind,
+    /// Longest one CUDA request may run on the PTX executor, in seconds (at most 3600): past
+    /// it its kernel stops with CUDA_ERROR_LAUNCH_TIMEOUT. A scheduled device's long requests
+    /// run in time slices, so neighbours do not wait for them
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value = "1.5",
+        value_parser = parse_request_time
+    )]
+    compute_request_time: Duration,
     /// When run as root, drop to this user and group once started (not root)
     #[arg(long, value_name = "UID:GID")]
     run_as: Option<RunAs>,
@@ -204,6 +215,7 @@ fn args(cli: Cli) -> Result<Args, clap::Error> {
             // At most MAX_RESOURCE_MEMORY_MB (2^20) MiB: 2^40 bytes.
             resource_memory: cli.resource_memory_mb << 20,
             compute: cli.compute,
+            compute_request_time: cli.compute_request_time,
             busy_poll: cli.busy_poll_us,
         },
         log_level: cli.log_level,
@@ -281,6 +293,7 @@ mod tests {
     use std::path::Path;
 
     use log::LevelFilter;
+    use mdev_backend::compute::backend::DEFAULT_REQUEST_TIME;
     use vgpu_schedd::control::{Renderer, ServerOptions};
 
     use super::*;
@@ -316,6 +329,7 @@ mod tests {
         assert_eq!(c.renderer.as_deref(), Some(virgl::DEFAULT_LIBRARY));
         assert_eq!(c.resource_memory, DEFAULT_RESOURCE_MEMORY_MB << 20);
         assert_eq!(c.compute, ComputeKind::Cpu);
+        assert_eq!(c.compute_request_time, DEFAULT_REQUEST_TIME);
         assert_eq!(c.busy_poll, busy_poll::DEFAULT_MAX);
         assert_eq!(a.log_level, LevelFilter::Info);
         assert!(a.sandbox.filter && a.sandbox.run_as.is_none());
@@ -336,6 +350,7 @@ mod tests {
                 ("--fallback-share", "50"),
                 ("--resource-memory-mb", "1048576"),
                 ("--compute", "nvcuda"),
+                ("--compute-request-time", "120"),
                 ("--run-as", "1000:1000"),
                 ("--busy-poll-us", "0"),
             ];
@@ -360,6 +375,7 @@ mod tests {
             assert_eq!(sched.fallback.percent(), 50);
             assert_eq!(c.resource_memory, MAX_RESOURCE_MEMORY_MB << 20);
             assert_eq!(c.compute, ComputeKind::NvCuda);
+            assert_eq!(c.compute_request_time, Duration::from_secs(120));
             assert_eq!(c.busy_poll, Duration::ZERO);
             assert_eq!(c.max_connections, Some(1));
             assert!(!a.sandbox.filter);

@@ -3,7 +3,8 @@
 //! executor, or the real driver with `--backend nvcuda`. What a VM's compute context does,
 //! without a VM: for tests, and for a GPU host.
 //!
-//!   vgpu-cuda-host --socket PATH [--backend cpu|nvcuda] [--once]   (see --help)
+//!   vgpu-cuda-host --socket PATH [--backend cpu|nvcuda] [--once] [--request-time S]
+//!                  [--memory-budget MIB]   (see --help)
 //!
 //! `--once` serves one connection and exits. The socket is bound in a private directory (mode
 //! 0700), made mode 0600 there and only then moved to its path, so under any umask no other
@@ -23,6 +24,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use clap::Parser;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
+use mdev_backend::budget::MemoryBudget;
+use mdev_backend::compute::backend::parse_request_time;
+use mdev_backend::compute::cpu::DEFAULT_MEMORY_BUDGET_BYTES;
 use mdev_backend::compute::remote::serve;
 use mdev_backend::compute::{CpuConfig, one_guest_backend};
 
@@ -36,6 +40,8 @@ const SERVE_STDIN: &str = "serve-stdin";
 const SOCKET_MODE: u32 = 0o600;
 /// The mode of the private directory the socket is bound in before it is moved to its path.
 const BIND_DIR_MODE: u32 = 0o700;
+/// Largest `--memory-budget` (MiB): 1 TiB, as `vgpu-server --resource-memory-mb` allows.
+const MAX_MEMORY_BUDGET_MIB: u64 = 1 << 20;
 
 /// The command line.
 #[derive(Debug, Parser)]
@@ -70,6 +76,24 @@ struct Cli {
     /// served, any other is refused)
     #[arg(long = "allow-uid", value_name = "UID")]
     allow_uid: Vec<u32>,
+    /// Longest one request of a connection may run, in seconds (at most 3600): past it its
+    /// kernel stops with CUDA_ERROR_LAUNCH_TIMEOUT (the PTX executor's watchdog; default 1.5)
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value = "1.5",
+        value_parser = parse_request_time
+    )]
+    request_time: std::time::Duration,
+    /// Host memory each connection may make the server hold, in MiB: device memory, modules
+    /// and the contexts' tables (past it, CUDA_ERROR_OUT_OF_MEMORY)
+    #[arg(
+        long,
+        value_name = "MIB",
+        default_value_t = DEFAULT_MEMORY_BUDGET_BYTES >> 20,
+        value_parser = clap::value_parser!(u64).range(1..=MAX_MEMORY_BUDGET_MIB),
+    )]
+    memory_budget: u64,
     /// Internal: serve connection N on standard input (how each connection's process starts)
     #[arg(
         long = SERVE_STDIN,
@@ -81,14 +105,13 @@ struct Cli {
 }
 
 /// Serves the connection on standard input (a Unix stream socket) to its end, then reports.
-fn serve_stdin(n: usize, nvcuda: bool) -> ! {
+fn serve_stdin(n: usize, nvcuda: bool, config: CpuConfig) -> ! {
     let fd = std::io::stdin()
         .as_fd()
         .try_clone_to_owned()
         .unwrap_or_else(|e| fail(&format!("connection {n}: {e}")));
     let mut stream = UnixStream::from(fd);
-    let mut be =
-        one_guest_backend(nvcuda, CpuConfig::default()).unwrap_or_else(|e| fail(&e.to_string()));
+    let mut be = one_guest_backend(nvcuda, config).unwrap_or_else(|e| fail(&e.to_string()));
     let (stats, result) = serve(&mut stream, be.as_mut());
     let end = match result {
         Ok(()) => "closed".to_string(),
@@ -163,7 +186,7 @@ fn main() {
     let cli: Cli = vgpu_cli::parse();
     let nvcuda = cli.backend;
     if let Some(n) = cli.serve_stdin {
-        serve_stdin(n, nvcuda);
+        serve_stdin(n, nvcuda, connection_config(&cli));
     }
     // clap requires --socket without --serve-stdin.
     let Some(socket) = cli.socket else {
@@ -202,6 +225,8 @@ fn main() {
         // its whole process, and a guest's memory and kernels die with its connection.
         let child = Command::new(&me)
             .args(["--backend", backend])
+            .arg(format!("--request-time={}", cli.request_time.as_secs_f64()))
+            .arg(format!("--memory-budget={}", cli.memory_budget))
             .arg(format!("--{SERVE_STDIN}"))
             .arg(n.to_string())
             .stdin(Stdio::from(OwnedFd::from(stream)))
@@ -231,10 +256,22 @@ fn main() {
     }
 }
 
+/// The backend configuration of each connection: its budget and request time.
+fn connection_config(cli: &Cli) -> CpuConfig {
+    let budget = cli.memory_budget << 20;
+    CpuConfig {
+        budget: MemoryBudget::new(budget),
+        memory_per_context: budget,
+        ..CpuConfig::default()
+    }
+    .with_request_time(cli.request_time)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use clap::error::ErrorKind;
+    use mdev_backend::compute::backend::DEFAULT_REQUEST_TIME;
 
     fn parse(line: &[&str]) -> Result<Cli, ErrorKind> {
         vgpu_cli::check::arguments(line).map_err(|e| e.kind())
@@ -249,6 +286,30 @@ mod tests {
     fn the_command_line_is_checked() {
         let cli = parse(&["--socket", "/s", "--once"]).unwrap();
         assert_eq!(cli.socket, Some(PathBuf::from("/s")));
+        assert_eq!(cli.request_time, DEFAULT_REQUEST_TIME);
+        assert_eq!(cli.memory_budget << 20, DEFAULT_MEMORY_BUDGET_BYTES);
+        let long = parse(&[
+            "--socket=/s",
+            "--request-time=120",
+            "--memory-budget",
+            "4096",
+        ])
+        .unwrap();
+        let config = connection_config(&long);
+        assert_eq!(config.request_time, std::time::Duration::from_secs(120));
+        assert_eq!(config.budget.limit(), 4 << 30);
+        for bad in [
+            ["--request-time", "0"],
+            ["--request-time", "3601"],
+            ["--memory-budget", "0"],
+            ["--memory-budget", "1048577"],
+        ] {
+            assert_eq!(
+                parse(&["--socket", "/s", bad[0], bad[1]]).unwrap_err(),
+                ErrorKind::ValueValidation,
+                "{bad:?}"
+            );
+        }
         assert!(cli.once && !cli.backend && cli.serve_stdin.is_none());
         assert!(cli.allow_uid.is_empty());
         let cli = parse(&["--socket", "/s", "--allow-uid", "7", "--allow-uid=8"]).unwrap();

@@ -252,6 +252,28 @@ pub trait ComputeBackend: Send {
 /// takes 0.6 to 0.9 s on one host thread of a loaded 2-core host (a VM's share there).
 pub const DEFAULT_REQUEST_TIME: Duration = Duration::from_millis(1500);
 
+/// Longest an operator may let one request run (`vgpu-cuda-host --request-time`,
+/// `vgpu-server --compute-request-time`): an hour, so that a mistyped value still ends (a
+/// real GPU without a display has no watchdog at all; ours always has one). Long requests of
+/// a scheduled device are time-sliced, so the scheduler never waits for one this long.
+pub const MAX_REQUEST_TIME: Duration = Duration::from_secs(3600);
+
+/// Parses a request time given in seconds (`1.5`, `120`): more than zero and at most
+/// [`MAX_REQUEST_TIME`].
+pub fn parse_request_time(text: &str) -> Result<Duration, String> {
+    let seconds: f64 = text
+        .trim()
+        .parse()
+        .map_err(|e| format!("{text:?} is not a number of seconds: {e}"))?;
+    if !(seconds > 0.0 && seconds <= MAX_REQUEST_TIME.as_secs_f64()) {
+        return Err(format!(
+            "{text:?}: a request time is more than 0 and at most {} seconds",
+            MAX_REQUEST_TIME.as_secs()
+        ));
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
 /// Bounds each request of a backend in time and stops its work from another thread: a
 /// device reset, a VM or a client that went away, a destroyed guest context.
 ///

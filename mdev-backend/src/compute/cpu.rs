@@ -39,6 +39,11 @@ pub const CONTEXT_RESERVE_BYTES: u64 = MAX_PRINTF_BYTES as u64
         + MAX_HEAP_BLOCKS) as u64
         * TABLE_ENTRY_BYTES;
 
+/// The instruction budget of a request given [`DEFAULT_REQUEST_TIME`]: far more warp-instructions
+/// than the executor runs in that time, so the deadline binds first and the budget is the
+/// deterministic backstop ([`CpuConfig::with_request_time`] scales it with the time).
+pub const DEFAULT_INSTRUCTION_BUDGET: u64 = 1 << 30;
+
 /// How the CPU backend runs.
 #[derive(Debug, Clone)]
 pub struct CpuConfig {
@@ -78,10 +83,24 @@ impl Default for CpuConfig {
         CpuConfig {
             budget: MemoryBudget::new(DEFAULT_MEMORY_BUDGET_BYTES),
             memory_per_context: DEFAULT_MEMORY_PER_CONTEXT,
-            instruction_budget: 1 << 30,
+            instruction_budget: DEFAULT_INSTRUCTION_BUDGET,
             threads: vm_share_of_host_threads(),
             request_time: DEFAULT_REQUEST_TIME,
         }
+    }
+}
+
+impl CpuConfig {
+    /// This configuration with requests bounded by `time` instead of [`DEFAULT_REQUEST_TIME`],
+    /// and the instruction budget scaled with it (never below [`DEFAULT_INSTRUCTION_BUDGET`]),
+    /// so the deadline stays the bound an operator chose.
+    pub fn with_request_time(mut self, time: std::time::Duration) -> Self {
+        let scale = time.as_secs_f64() / DEFAULT_REQUEST_TIME.as_secs_f64();
+        // f64 to u64 saturates; at MAX_REQUEST_TIME the scale is 2400 (2^41 units).
+        let scaled = (DEFAULT_INSTRUCTION_BUDGET as f64 * scale) as u64;
+        self.instruction_budget = scaled.max(DEFAULT_INSTRUCTION_BUDGET);
+        self.request_time = time;
+        self
     }
 }
 
@@ -678,6 +697,43 @@ mod tests {
         });
         let ctx = be.context_create().unwrap();
         (be, ctx)
+    }
+
+    #[test]
+    fn an_operators_request_time_bounds_requests_and_scales_the_instruction_budget() {
+        let be = CpuBackend::new(CpuConfig::default());
+        assert_eq!(be.interrupt().unwrap().time_limit(), DEFAULT_REQUEST_TIME);
+        let long = std::time::Duration::from_secs(120);
+        let config = CpuConfig::default().with_request_time(long);
+        assert_eq!(config.instruction_budget, DEFAULT_INSTRUCTION_BUDGET * 80);
+        assert_eq!(
+            CpuBackend::new(config).interrupt().unwrap().time_limit(),
+            long
+        );
+        // A shorter time keeps the default budget: the deadline is what binds.
+        let short = CpuConfig::default().with_request_time(std::time::Duration::from_millis(100));
+        assert_eq!(short.instruction_budget, DEFAULT_INSTRUCTION_BUDGET);
+        let most = CpuConfig::default().with_request_time(MAX_REQUEST_TIME);
+        assert_eq!(most.instruction_budget, DEFAULT_INSTRUCTION_BUDGET * 2400);
+    }
+
+    #[test]
+    fn request_times_are_seconds_within_the_named_bound() {
+        for (text, ms) in [
+            ("1.5", 1500),
+            ("120", 120_000),
+            ("0.25", 250),
+            ("3600", 3_600_000),
+        ] {
+            assert_eq!(
+                parse_request_time(text),
+                Ok(std::time::Duration::from_millis(ms)),
+                "{text}"
+            );
+        }
+        for bad in ["0", "-1", "3600.5", "1e9", "nan", "inf", "", "ten", "1s"] {
+            assert!(parse_request_time(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

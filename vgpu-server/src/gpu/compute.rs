@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use log::{debug, info, warn};
 use mdev_backend::budget::{Charge, MemoryBudget, OverBudget};
-use mdev_backend::compute::backend::Slicing;
+use mdev_backend::compute::backend::{DEFAULT_REQUEST_TIME, Slicing};
 use mdev_backend::compute::executor::Scope;
 use mdev_backend::compute::remote::{Owned, Stats, dispatch};
 use mdev_backend::compute::wire::{self, Reply, Request};
@@ -498,6 +498,8 @@ pub struct ComputeRuntime {
     kind: ComputeKind,
     /// The VM's host-memory budget: the backend charges device memory and modules to it.
     budget: Arc<MemoryBudget>,
+    /// Longest one request may run on the PTX executor.
+    request_time: Duration,
     executor: Option<Result<Executor, ComputeError>>,
     sessions: HashMap<u32, Arc<Mutex<Session>>>,
     /// What the executor reports, tagged with the generation it was posted in.
@@ -534,6 +536,7 @@ impl ComputeRuntime {
         ComputeRuntime {
             kind,
             budget,
+            request_time: DEFAULT_REQUEST_TIME,
             executor: None,
             sessions: HashMap::new(),
             done_tx,
@@ -543,6 +546,13 @@ impl ComputeRuntime {
             in_flight: 0,
             generation: 0,
         }
+    }
+
+    /// This runtime with its PTX executor's requests bounded by `time` instead of
+    /// [`DEFAULT_REQUEST_TIME`] (`vgpu-server --compute-request-time`).
+    pub fn with_request_time(mut self, time: Duration) -> ComputeRuntime {
+        self.request_time = time;
+        self
     }
 
     /// The eventfd written when a request finishes (the worker's control-queue kick).
@@ -557,7 +567,11 @@ impl ComputeRuntime {
 
     fn executor(&mut self) -> Result<&Executor, ComputeError> {
         if self.executor.is_none() {
-            self.executor = Some(spawn_executor(self.kind, Arc::clone(&self.budget)));
+            self.executor = Some(spawn_executor(
+                self.kind,
+                Arc::clone(&self.budget),
+                self.request_time,
+            ));
         }
         match &self.executor {
             Some(Ok(executor)) => Ok(executor),
@@ -742,13 +756,19 @@ fn wake(notify: Option<&EventFd>) {
     }
 }
 
-/// Starts a VM's executor thread with its backend, which charges `budget`, the VM's.
-fn spawn_executor(kind: ComputeKind, budget: Arc<MemoryBudget>) -> Result<Executor, ComputeError> {
+/// Starts a VM's executor thread with its backend, which charges `budget`, the VM's, and
+/// bounds each request by `request_time`.
+fn spawn_executor(
+    kind: ComputeKind,
+    budget: Arc<MemoryBudget>,
+    request_time: Duration,
+) -> Result<Executor, ComputeError> {
     let make = move || -> Result<Box<dyn ComputeBackend>, ComputeError> {
         let config = CpuConfig {
             budget,
             ..CpuConfig::default()
-        };
+        }
+        .with_request_time(request_time);
         one_guest_backend(kind == ComputeKind::NvCuda, config)
     };
     let e = Executor::spawn(
@@ -800,7 +820,7 @@ pub fn fitted(reply: &Reply, capacity: u32) -> Vec<u8> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use mdev_backend::compute::backend::{ContextId, DEFAULT_REQUEST_TIME};
+    use mdev_backend::compute::backend::ContextId;
     use vm_memory::GuestMemoryMmap;
 
     /// `bytes` of guest RAM at 0.
