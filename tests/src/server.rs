@@ -148,6 +148,7 @@ impl TestServer {
             scheduler,
             resource_memory: vgpu_server::gpu::device::DEFAULT_RESOURCE_MEMORY_MB << 20,
             compute: vgpu_server::gpu::compute::ComputeKind::Cpu,
+            compute_request_time: mdev_backend::compute::backend::DEFAULT_REQUEST_TIME,
             busy_poll,
         };
         let server = VgpuServer::bind(config).expect("server binds its socket");
