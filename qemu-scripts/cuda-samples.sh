@@ -102,7 +102,8 @@ MULTI_DEVICE_NAME = re.compile(r"P2P|IPC|MultiGPU|CrossGPU")
 EXCLUDED_CONCEPTS = ["Multi-GPU", "Peer to Peer", "InterProcess Communication"]
 SOURCE_EXT = (".cu", ".cuh", ".cpp", ".c", ".h", ".hpp", ".cc")
 # What a sample prints when it checked its results and found them wrong (a pass needs none).
-FAILURE_LINE = re.compile(r"\bFAILED\b|Test failed|Result = FAIL", re.I)
+# Case matters: simpleAssert prints "Device assert failed as expected" when it passes.
+FAILURE_LINE = re.compile(r"\bFAILED\b|Test failed|Result = FAIL")
 CUDA_ERROR_NAME = re.compile(r"\b(cudaError\w+|CUDA_ERROR_\w+)\b")
 # The samples' EXIT_WAIVED.
 EXIT_WAIVED = 2
