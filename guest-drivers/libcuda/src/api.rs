@@ -862,6 +862,12 @@ entry!(cuModuleLoadData(module: *mut Handle, image: *const c_void) {
     put(module, m as Handle)
 });
 
+entry!(cuModuleLoadFatBinary(module: *mut Handle, fat_cubin: *const c_void) {
+    // A fat binary is one of the images cuModuleLoadData takes.
+    let m = load_image(fat_cubin)?;
+    put(module, m as Handle)
+});
+
 entry!(cuModuleLoadDataEx(
     module: *mut Handle,
     image: *const c_void,
@@ -1736,6 +1742,61 @@ fn copy_unified(dst: u64, src: u64, n: usize, stream: Handle) -> CuResult<()> {
 
 entry!(cuMemcpy(dst: u64, src: u64, n: usize) { copy_unified(dst, src, n, std::ptr::null_mut()) });
 
+/// Bytes a copy between two contexts moves through the library per step (bounds its buffer).
+const PEER_CHUNK: usize = 1 << 20;
+
+/// `cuMemcpyPeer`: device memory of one context to another's. The contexts' memories are apart
+/// on the host, so the bytes go through the library, a chunk at a time, after the work queued
+/// before on `stream` in the source context (a device-to-host copy is synchronous) and before
+/// later work on it in the destination's.
+fn copy_peer(
+    dst: u64,
+    dst_ctx: u64,
+    src: u64,
+    src_ctx: u64,
+    n: usize,
+    stream: Handle,
+) -> CuResult<()> {
+    if !with(|d| Ok(d.is_context(dst_ctx) && d.is_context(src_ctx)))? {
+        return Err(CUDA_ERROR_INVALID_CONTEXT);
+    }
+    let span = |at: u64| at.checked_add(n as u64).ok_or(CUDA_ERROR_INVALID_VALUE);
+    span(dst)?;
+    span(src)?;
+    if dst_ctx == src_ctx {
+        return with(|d| d.copy_dtod(dst_ctx, dst, src, n as u64, stream as u64));
+    }
+    let mut buf = vec![0u8; n.min(PEER_CHUNK)];
+    let mut done = 0usize;
+    while done < n {
+        let len = (n - done).min(PEER_CHUNK);
+        let at = done as u64;
+        with(|d| d.copy_dtoh(src_ctx, &mut buf[..len], src + at, 0))?;
+        with(|d| d.copy_htod(dst_ctx, dst + at, &buf[..len], 0))?;
+        done += len;
+    }
+    Ok(())
+}
+
+entry!(cuMemcpyPeer(dst: u64, dst_ctx: Handle, src: u64, src_ctx: Handle, n: usize) {
+    copy_peer(dst, dst_ctx as u64, src, src_ctx as u64, n, std::ptr::null_mut())
+});
+
+entry!(cuMemcpyPeerAsync(
+    dst: u64,
+    dst_ctx: Handle,
+    src: u64,
+    src_ctx: Handle,
+    n: usize,
+    stream: Handle,
+) {
+    // The copy waits for the stream's work and is done when it returns: to a capture it is a
+    // synchronisation of the stream (refused, as CUDA refuses those).
+    owner(stream)?;
+    graphs::check_sync(Some(stream))?;
+    copy_peer(dst, dst_ctx as u64, src, src_ctx as u64, n, stream)
+});
+
 entry!(cuMemcpyAsync(dst: u64, src: u64, n: usize, stream: Handle) {
     graphs::copy_async(Memory::Unified(dst), Memory::Unified(src), n, stream)
 });
@@ -2216,4 +2277,5 @@ entry!(cuGetExportTable(table: *mut *const c_void, id: *const [u8; 16]) {
 pub(crate) use graphs::record as record_in_capture;
 mod graphs;
 mod pools;
+mod refused;
 mod vmm;
