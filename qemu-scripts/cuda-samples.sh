@@ -64,8 +64,8 @@
 # point called and what it returned (logs in the cache's run/ directory).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-exec python3 -c "$(sed -n '/^# --- runner ---$/,$p' "${BASH_SOURCE[0]}" | tail -n +2)" "$@"
-# --- runner ---
+# The runner is the Python program below (bash never parses it; its children read no stdin).
+exec python3 - "$@" <<'PY'
 import argparse
 import hashlib
 import json
@@ -723,3 +723,4 @@ def self_check(argv):
 
 
 sys.exit(main(sys.argv[1:]))
+PY
