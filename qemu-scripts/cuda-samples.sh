@@ -613,7 +613,11 @@ def run_in_guest(runnable, store, work, lib, run_vm, timeout, logs):
     limit = GUEST_OVERHEAD_S + len(runnable) * (timeout + KILL_GRACE_S)
     say(f"booting the guest for {len(runnable)} samples (at most {limit:g} s)")
     started = time.monotonic()
-    p = subprocess.run([run_vm, "--job-file", job_file, "--timeout", f"{limit:g}",
+    # The vGPU's executor gets the host path's request time and budget, so a sample is cut by
+    # the same bounds in the guest as on the host.
+    server = [f"--server-arg=--compute-request-time={HOST_REQUEST_TIME_S}",
+              f"--server-arg=--resource-memory-mb={HOST_BUDGET_MIB}"]
+    p = subprocess.run([run_vm, "--job-file", job_file, "--timeout", f"{limit:g}", *server,
                         f"--qemu-arg=-drive", f"--qemu-arg=file={image},format=raw,if=virtio,readonly=on"],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                        text=True, errors="replace")
