@@ -133,6 +133,12 @@ fn int_edges(bits: u32) -> Vec<u64> {
 /// Values of a register type: edges first, then random ones.
 fn values(ty: &str, rng: &mut Rng, n: usize) -> Vec<u64> {
     let (edges, mask, float32) = match ty {
+        "f16" => (f16_edges(), 0xffff, false),
+        "f16x2" => {
+            let e = f16_edges();
+            let pairs = e.iter().zip(e.iter().rev()).map(|(a, b)| a | b << 16);
+            (pairs.collect(), 0xffff_ffff, false)
+        }
         "f32" => (f32_edges(), 0xffff_ffff, true),
         "f64" => (f64_edges(), u64::MAX, false),
         t => {
@@ -153,6 +159,10 @@ fn values(ty: &str, rng: &mut Rng, n: usize) -> Vec<u64> {
             u64::from(((r as u32) & 0x807f_ffff) | ((0x70 + (r >> 40) % 32) as u32) << 23)
         } else if ty == "f64" {
             (r & 0x800f_ffff_ffff_ffff) | ((0x3e0 + (r >> 52) % 64) << 52)
+        } else if ty.starts_with("f16") {
+            // Exponents around 1 so sums round, and some past the subnormal boundary.
+            let half = |x: u64| (x & 0x83ff) | ((6 + (x >> 11) % 20) << 10);
+            half(r) | half(r >> 20) << 16
         } else {
             r
         };
@@ -193,7 +203,7 @@ fn execute(c: &Case, lanes: &[Vec<u64>]) -> Vec<u64> {
     let mut loads = String::new();
     for (i, t) in c.srcs.iter().enumerate() {
         decl += &format!(".reg .{t} {};\n", names[i]);
-        loads += &format!("ld.global.{t} {}, [%rd3+{}];\n", names[i], i * 8);
+        loads += &format!("ld.global.{} {}, [%rd3+{}];\n", bits_of(t), names[i], i * 8);
     }
     let ops = names[..n].join(", ") + &c.imm;
     let body = c
@@ -204,7 +214,7 @@ fn execute(c: &Case, lanes: &[Vec<u64>]) -> Vec<u64> {
     let (dreg, store, result, out) = if c.dst == "pred" {
         ("pred", "u32", "selp.u32 %r2, 1, 0, %d;\n", "%r2")
     } else {
-        (c.dst, c.dst, "", "%d")
+        (c.dst, bits_of(c.dst), "", "%d")
     };
     let ptx = format!(
         ".visible .entry k(.param .u64 in, .param .u64 out, .param .u32 n)\n{{\n\
@@ -236,8 +246,18 @@ fn execute(c: &Case, lanes: &[Vec<u64>]) -> Vec<u64> {
         .collect()
 }
 
+/// The type a register of `ty` is loaded and stored as (half precision has no loads).
+fn bits_of(ty: &'static str) -> &'static str {
+    match ty {
+        "f16" => "b16",
+        "f16x2" => "b32",
+        t => t,
+    }
+}
+
 fn is_nan(ty: &str, v: u64) -> bool {
     match ty {
+        "f16" => v & 0x7fff > 0x7c00,
         "f32" => f32::from_bits(v as u32).is_nan(),
         "f64" => f64::from_bits(v).is_nan(),
         _ => false,
@@ -248,7 +268,9 @@ fn width_mask(ty: &str) -> u64 {
     if ty == "pred" {
         return 1;
     }
-    match ty[1..].parse::<u32>().unwrap() {
+    match ty[1..].trim_end_matches("x2").parse::<u32>().unwrap()
+        * if ty.ends_with("x2") { 2 } else { 1 }
+    {
         64 => u64::MAX,
         b => (1 << b) - 1,
     }
@@ -1254,6 +1276,351 @@ fn carry_cases() -> Vec<Case> {
         }
     }
     cases
+}
+
+// ---- half precision, from IEEE 754 binary16 ----
+
+fn f16_edges() -> Vec<u64> {
+    vec![
+        0x0000, 0x8000, 0x3c00, 0xbc00, 0x3c01, 0x3bff, 0x4200,
+        0x2e66, // 0, 1, 1±ulp, 3, 0.1
+        0x0001, 0x8001, 0x03ff, 0x0400, 0x8400, // subnormals and the least normals
+        0x7bff, 0xfbff, 0x7c00, 0xfc00, 0x7e00, 0xfd01, 0x7c01, // max, ±inf, NaNs
+        0x6bff, 0x1400, // 4095 (ties when added), 2^-10
+    ]
+}
+
+/// A binary16's value from its fields (exact in f64).
+fn f16v(h: u16) -> f64 {
+    let e = i32::from((h >> 10) & 0x1f);
+    let f = f64::from(h & 0x3ff);
+    let v = match e {
+        0 => f * 2f64.powi(-24),
+        31 if f == 0.0 => f64::INFINITY,
+        31 => f64::NAN,
+        _ => (1.0 + f / 1024.0) * 2f64.powi(e - 15),
+    };
+    if h & 0x8000 != 0 { -v } else { v }
+}
+
+/// Rounds a value to binary16 by search: `cmp(t)` orders the exact magnitude against `t`.
+/// The neighbours of the magnitude are found among the ascending positive encodings
+/// (+inf standing for 2^16, where rounding to nearest overflows), then chosen by `mode`.
+fn round_f16_ref(neg: bool, cmp: &dyn Fn(f64) -> Ordering, mode: Mode) -> u16 {
+    let value = |k: u16| if k == 0x7c00 { 65536.0 } else { f16v(k) };
+    let (mut lo, mut hi) = (0u16, 0x7c00u16);
+    if cmp(65536.0) != Ordering::Less {
+        lo = 0x7c00;
+    } else {
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if cmp(value(mid)) == Ordering::Less {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
+        }
+    }
+    let away = match mode {
+        Mode::Rn => false,
+        Mode::Rz => false,
+        Mode::Rm => neg,
+        Mode::Rp => !neg,
+    };
+    let k = if lo == 0x7c00 {
+        if matches!(mode, Mode::Rn) || away {
+            0x7c00
+        } else {
+            0x7bff
+        }
+    } else if cmp(value(lo)) == Ordering::Equal {
+        lo
+    } else if matches!(mode, Mode::Rn) {
+        match cmp((value(lo) + value(lo + 1)) / 2.0) {
+            Ordering::Less => lo,
+            Ordering::Greater => lo + 1,
+            Ordering::Equal => {
+                if lo & 1 == 0 {
+                    lo
+                } else {
+                    lo + 1
+                }
+            }
+        }
+    } else if away {
+        lo + 1
+    } else {
+        lo
+    };
+    k | if neg { 0x8000 } else { 0 }
+}
+
+/// A finite binary16 exactly as a count of 2^-24, its least subnormal.
+fn f16_units24(h: u16) -> i128 {
+    (f16v(h) * 2f64.powi(24)) as i128
+}
+
+/// `a*b + c` (`c` absent: `a*b`; `b` absent: `a + c`) in binary16, from its definition:
+/// special values through f64's IEEE arithmetic, the rest from the exact sum.
+fn f16_arith_ref(a: u16, b: Option<u16>, c: Option<u16>, ftz: bool, sat: bool) -> u16 {
+    let flush = |h: u16| {
+        if ftz && h & 0x7c00 == 0 {
+            h & 0x8000
+        } else {
+            h
+        }
+    };
+    let (a, b, c) = (flush(a), b.map(flush), c.map(flush));
+    let (fa, fb, fc) = (f16v(a), b.map(f16v), c.map(f16v));
+    let f = match (fb, fc) {
+        (Some(fb), Some(fc)) => fa.mul_add(fb, fc),
+        (Some(fb), None) => fa * fb,
+        (None, Some(fc)) => fa + fc,
+        (None, None) => unreachable!("an operation has two operands"),
+    };
+    let r = if f.is_nan() {
+        0x7fff
+    } else if f.is_infinite()
+        && !(fa.is_finite() && fb.is_none_or(f64::is_finite) && fc.is_none_or(f64::is_finite))
+    {
+        if f < 0.0 { 0xfc00 } else { 0x7c00 }
+    } else {
+        let prod = match b {
+            Some(b) => f16_units24(a) * f16_units24(b),
+            None => f16_units24(a) << 24,
+        };
+        let exact = prod + c.map_or(0, |c| f16_units24(c) << 24);
+        if exact == 0 {
+            if f.is_sign_negative() { 0x8000 } else { 0 }
+        } else {
+            let mag = exact.unsigned_abs();
+            let cmp = move |t: f64| mag.cmp(&((t * 2f64.powi(48)) as u128));
+            round_f16_ref(exact < 0, &cmp, Mode::Rn)
+        }
+    };
+    let r = flush(r);
+    if !sat {
+        r
+    } else if r & 0x7fff > 0x7c00 || r & 0x8000 != 0 {
+        0
+    } else if f16v(r) > 1.0 {
+        0x3c00
+    } else {
+        r
+    }
+}
+
+/// Applies a binary16 reference to one half, or to both halves of an f16x2.
+fn per_half(ty: &'static str, f: impl Fn(&[u16]) -> u16 + 'static) -> Reference {
+    Box::new(move |o| {
+        let lane = |shift: u32| {
+            u64::from(f(&o
+                .iter()
+                .map(|&x| (x >> shift) as u16)
+                .collect::<Vec<_>>()))
+        };
+        if ty == "f16x2" {
+            lane(0) | lane(16) << 16
+        } else {
+            lane(0)
+        }
+    })
+}
+
+fn half_cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for ty in ["f16", "f16x2"] {
+        for (ftz, sat) in [(false, false), (true, false), (false, true), (true, true)] {
+            let m = format!(
+                "{}{}",
+                if ftz { ".ftz" } else { "" },
+                if sat { ".sat" } else { "" }
+            );
+            cases.push(float_case(
+                format!("add.rn{m}.{ty}"),
+                ty,
+                2,
+                per_half(ty, move |o| f16_arith_ref(o[0], None, Some(o[1]), ftz, sat)),
+            ));
+            cases.push(float_case(
+                format!("sub{m}.{ty}"),
+                ty,
+                2,
+                per_half(ty, move |o| {
+                    f16_arith_ref(o[0], None, Some(o[1] ^ 0x8000), ftz, sat)
+                }),
+            ));
+            cases.push(float_case(
+                format!("mul{m}.{ty}"),
+                ty,
+                2,
+                per_half(ty, move |o| f16_arith_ref(o[0], Some(o[1]), None, ftz, sat)),
+            ));
+            cases.push(float_case(
+                format!("fma.rn{m}.{ty}"),
+                ty,
+                3,
+                per_half(ty, move |o| {
+                    f16_arith_ref(o[0], Some(o[1]), Some(o[2]), ftz, sat)
+                }),
+            ));
+        }
+        for ftz in [false, true] {
+            let m = if ftz { ".ftz" } else { "" };
+            let flush = move |h: u16| {
+                if ftz && h & 0x7c00 == 0 {
+                    h & 0x8000
+                } else {
+                    h
+                }
+            };
+            cases.push(float_case(
+                format!("neg{m}.{ty}"),
+                ty,
+                1,
+                per_half(ty, move |o| flush(o[0]) ^ 0x8000),
+            ));
+            cases.push(float_case(
+                format!("abs{m}.{ty}"),
+                ty,
+                1,
+                per_half(ty, move |o| flush(o[0]) & 0x7fff),
+            ));
+        }
+    }
+    for (cmp, f) in [
+        ("eq", (|a: f64, b: f64| a == b) as fn(f64, f64) -> bool),
+        ("ne", |a, b| a != b && !a.is_nan() && !b.is_nan()),
+        ("lt", |a, b| a < b),
+        ("ge", |a, b| a >= b),
+        ("gtu", |a, b| !(a <= b)),
+        ("equ", |a, b| !(a != b) || a.is_nan() || b.is_nan()),
+        ("num", |a, b| !a.is_nan() && !b.is_nan()),
+        ("nan", |a, b| a.is_nan() || b.is_nan()),
+    ] {
+        cases.push(Case {
+            inst: format!("setp.{cmp}.f16"),
+            dst: "pred",
+            srcs: vec!["f16", "f16"],
+            reference: Box::new(move |o| u64::from(f(f16v(o[0] as u16), f16v(o[1] as u16)))),
+            nan_any: false,
+            imm: String::new(),
+            body: None,
+        });
+    }
+    for (mode, m) in MODES {
+        for src in ["f32", "f64"] {
+            cases.push(Case {
+                inst: format!("cvt.{m}.f16.{src}"),
+                dst: "f16",
+                srcs: vec![src],
+                reference: Box::new(move |o| {
+                    let v = if src == "f32" {
+                        f64::from(f32v(o[0]))
+                    } else {
+                        f64::from_bits(o[0])
+                    };
+                    u64::from(if v.is_nan() {
+                        0x7fff
+                    } else if v.is_infinite() {
+                        // Infinity converts exactly, in every mode.
+                        if v < 0.0 { 0xfc00 } else { 0x7c00 }
+                    } else if v == 0.0 {
+                        if v.is_sign_negative() { 0x8000 } else { 0 }
+                    } else {
+                        let mag = v.abs();
+                        round_f16_ref(v < 0.0, &move |t: f64| mag.total_cmp(&t), mode)
+                    })
+                }),
+                nan_any: true,
+                imm: String::new(),
+                body: None,
+            });
+        }
+        cases.push(Case {
+            inst: format!("cvt.{m}.f16.s32"),
+            dst: "f16",
+            srcs: vec!["s32"],
+            reference: Box::new(move |o| {
+                let v = f64::from(o[0] as u32 as i32);
+                u64::from(if v == 0.0 {
+                    0
+                } else {
+                    let mag = v.abs();
+                    round_f16_ref(v < 0.0, &move |t: f64| mag.total_cmp(&t), mode)
+                })
+            }),
+            nan_any: false,
+            imm: String::new(),
+            body: None,
+        });
+    }
+    for (dst, widen) in [
+        (
+            "f32",
+            (|v: f64| u64::from((v as f32).to_bits())) as fn(f64) -> u64,
+        ),
+        ("f64", |v: f64| v.to_bits()),
+    ] {
+        cases.push(Case {
+            inst: format!("cvt.{dst}.f16"),
+            dst,
+            srcs: vec!["f16"],
+            reference: Box::new(move |o| widen(f16v(o[0] as u16))),
+            nan_any: true,
+            imm: String::new(),
+            body: None,
+        });
+    }
+    cases.push(Case {
+        inst: "cvt.rni.s32.f16".into(),
+        dst: "s32",
+        srcs: vec!["f16"],
+        reference: Box::new(|o| {
+            let v = f16v(o[0] as u16);
+            if v.is_nan() {
+                0
+            } else {
+                v.round_ties_even()
+                    .clamp(f64::from(i32::MIN), f64::from(i32::MAX)) as i32 as u32
+                    as u64
+            }
+        }),
+        nan_any: false,
+        imm: String::new(),
+        body: None,
+    });
+    cases
+}
+
+#[test]
+fn conformance_half_precision() {
+    check(half_cases());
+}
+
+/// Half-precision forms sm_75 lacks are refused naming the target that has them.
+#[test]
+fn half_precision_past_sm75_is_refused_by_name() {
+    for (inst, named) in [
+        ("add.rn.bf16 %h, %h, %h;", "bf16 needs sm_80"),
+        ("fma.rn.relu.f16 %h, %h, %h, %h;", "relu needs sm_80"),
+        ("cvt.rn.f16x2.f32 %r, %f, %f;", "f16x2.f32 needs sm_80"),
+        ("min.f16 %h, %h, %h;", "min.f16 needs sm_80"),
+        ("add.rz.f16 %h, %h, %h;", "add.rz on half precision"),
+        ("fma.f16 %h, %h, %h, %h;", "needs .rn"),
+        ("mad.f16 %h, %h, %h, %h;", "mad.f16 is not supported"),
+        ("setp.eq.f16x2 %p|%q, %r, %r;", "setp.f16x2"),
+    ] {
+        let ptx = format!(
+            ".visible .entry k()\n{{\n.reg .f16 %h;\n.reg .b32 %r;\n.reg .f32 %f;\n\
+             .reg .pred %p, %q;\n{inst}\nret;\n}}\n"
+        );
+        let e = Module::parse(&format!(
+            ".version 8.5\n.target sm_75\n.address_size 64\n{ptx}"
+        ))
+        .expect_err(inst);
+        assert!(e.to_string().contains(named), "{inst}: {e}");
+    }
 }
 
 #[test]

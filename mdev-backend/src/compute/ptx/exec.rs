@@ -671,6 +671,173 @@ fn f64_div_sqrt(a: f64, b: Option<f64>, rnd: Rnd) -> f64 {
     directed64(r, ord, rnd)
 }
 
+/// The NaN every half-precision operation returns, as the GPU does.
+const F16_NAN: u16 = 0x7FFF;
+/// The bits of binary16's +infinity; a rounded magnitude at or past it overflows.
+const F16_INF: u16 = 0x7C00;
+/// The bits of binary16's largest finite value.
+const F16_MAX: u16 = 0x7BFF;
+/// The bits of binary16's 1.0, the top of `.sat`'s range.
+const F16_ONE: u16 = 0x3C00;
+/// The exponent of binary16's least subnormal, 2^-24: every finite value is a multiple.
+const F16_QUANTUM: i32 = -24;
+
+fn f16_nan(h: u16) -> bool {
+    h & 0x7FFF > F16_INF
+}
+
+/// `.ftz`: a subnormal becomes a zero of its sign.
+fn f16_flush(h: u16, ftz: bool) -> u16 {
+    if ftz && h & F16_INF == 0 {
+        h & 0x8000
+    } else {
+        h
+    }
+}
+
+/// A finite binary16 exactly, as a signed count of 2^-24.
+fn f16_units(h: u16) -> i128 {
+    let e = i32::from((h >> 10) & 0x1F);
+    let f = i128::from(h & 0x3FF);
+    let m = if e == 0 { f } else { f | 0x400 };
+    let v = m << (e.max(1) - 1);
+    if h & 0x8000 != 0 { -v } else { v }
+}
+
+/// A binary16 exactly as an f64 (f64 holds every binary16 value).
+fn f16_to_f64(h: u16) -> f64 {
+    let neg = h & 0x8000 != 0;
+    if f16_nan(h) {
+        return f64::NAN;
+    }
+    let v = if h & 0x7FFF == F16_INF {
+        f64::INFINITY
+    } else {
+        // |units| < 2^41, exact in f64; the scaling by a power of two is exact too.
+        f16_units(h & 0x7FFF) as f64 * scale(1.0, F16_QUANTUM)
+    };
+    if neg { -v } else { v }
+}
+
+/// `mag * 2^exp` (exact) rounded once to binary16 in `rnd`, with IEEE 754's overflow rules.
+fn round_f16(neg: bool, mag: u128, exp: i32, rnd: Rnd) -> u16 {
+    let sign = if neg { 0x8000 } else { 0 };
+    if mag == 0 {
+        return sign;
+    }
+    let lead = exp + (127 - mag.leading_zeros() as i32);
+    // The quantum of the result: 10 bits below the leading one, or the subnormal quantum.
+    let q = (lead - 10).max(F16_QUANTUM);
+    let n = if q <= exp {
+        // Exact: at most 11 significant bits.
+        mag << (exp - q)
+    } else {
+        let s = (q - exp) as u32;
+        let kept = mag.checked_shr(s).unwrap_or(0);
+        let rem = if s >= 128 {
+            mag
+        } else {
+            mag & ((1u128 << s) - 1)
+        };
+        // A remainder against half a quantum; with s past 128 the whole is below half.
+        let half = if s > 128 {
+            None
+        } else {
+            Some(1u128 << (s - 1))
+        };
+        let up = match rnd {
+            Rnd::Rn => half.is_some_and(|h| rem > h || rem == h && kept & 1 == 1),
+            Rnd::Rz => false,
+            Rnd::Rm => neg && rem != 0,
+            Rnd::Rp => !neg && rem != 0,
+        };
+        kept + u128::from(up)
+    };
+    // Exponent field and significand in one sum: a carry into 2^11 steps the exponent.
+    let bits = (((q - F16_QUANTUM) as u128) << 10) + n;
+    if bits >= u128::from(F16_INF) {
+        let inf = match rnd {
+            Rnd::Rn => true,
+            Rnd::Rz => false,
+            Rnd::Rm => neg,
+            Rnd::Rp => !neg,
+        };
+        return sign | if inf { F16_INF } else { F16_MAX };
+    }
+    sign | bits as u16
+}
+
+/// An f64 rounded once to binary16.
+fn f16_from_f64(v: f64, rnd: Rnd) -> u16 {
+    if v.is_nan() {
+        return F16_NAN;
+    }
+    let b = v.to_bits();
+    let neg = b >> 63 != 0;
+    if v.is_infinite() {
+        return if neg { 0x8000 | F16_INF } else { F16_INF };
+    }
+    let e = ((b >> 52) & 0x7FF) as i32;
+    let f = b & ((1 << 52) - 1);
+    let m = if e == 0 { f } else { f | 1 << 52 };
+    round_f16(neg, u128::from(m), e.max(1) - 1075, rnd)
+}
+
+/// `a * b + c` in binary16 with one rounding from the exact value (`c` absent: a product,
+/// whose zero keeps the product's sign); every term is a multiple of 2^-48 below 2^81,
+/// so the sum is exact in an i128.
+fn f16_fma(a: u16, b: u16, c: Option<u16>, ftz: bool, sat: bool, rnd: Rnd) -> u16 {
+    let (a, b) = (f16_flush(a, ftz), f16_flush(b, ftz));
+    let c = c.map(|c| f16_flush(c, ftz));
+    let cz = c.unwrap_or((a ^ b) & 0x8000);
+    let (fa, fb, fc) = (f16_to_f64(a), f16_to_f64(b), f16_to_f64(cz));
+    let r = if !(fa.is_finite() && fb.is_finite() && fc.is_finite()) {
+        let v = fa.mul_add(fb, fc);
+        if v.is_nan() {
+            F16_NAN
+        } else if v < 0.0 {
+            0x8000 | F16_INF
+        } else {
+            F16_INF
+        }
+    } else {
+        let p = f16_units(a) * f16_units(b);
+        let s = p + (f16_units(cz) << -F16_QUANTUM);
+        if s == 0 {
+            let (ps, cs) = ((a ^ b) & 0x8000, cz & 0x8000);
+            if p == 0 && f16_units(cz) == 0 && ps == cs {
+                ps
+            } else if rnd == Rnd::Rm {
+                0x8000
+            } else {
+                0
+            }
+        } else {
+            round_f16(s < 0, s.unsigned_abs(), 2 * F16_QUANTUM, rnd)
+        }
+    };
+    let r = f16_flush(r, ftz);
+    if !sat {
+        r
+    } else if f16_nan(r) || r & 0x8000 != 0 {
+        0
+    } else if r > F16_ONE {
+        F16_ONE
+    } else {
+        r
+    }
+}
+
+/// Applies `f` to each binary16 of `ty`'s operands: one, or both halves of an f16x2.
+fn half_lanes(ty: Ty, xs: [u64; 3], f: impl Fn([u16; 3]) -> u16) -> u64 {
+    let lane = |shift: u32| u64::from(f(xs.map(|x| (x >> shift) as u16)));
+    if ty == Ty::F16x2 {
+        lane(0) | lane(16) << 16
+    } else {
+        lane(0)
+    }
+}
+
 fn saturate01(v: f64) -> f64 {
     if v.is_nan() { 0.0 } else { v.clamp(0.0, 1.0) }
 }
@@ -2072,6 +2239,14 @@ fn min_max(op: BinOp, ty: Ty, x: u64, y: u64) -> u64 {
 }
 
 fn binary(op: BinOp, ty: Ty, x: u64, y: u64, ftz: bool, sat: bool, rnd: Rnd) -> u64 {
+    if ty.half() {
+        // The parser admits add, sub and mul only.
+        return half_lanes(ty, [x, y, 0], |[a, b, _]| match op {
+            BinOp::MulLo => f16_fma(a, b, None, ftz, sat, rnd),
+            BinOp::Sub => f16_fma(a, F16_ONE, Some(b ^ 0x8000), ftz, sat, rnd),
+            _ => f16_fma(a, F16_ONE, Some(b), ftz, sat, rnd),
+        });
+    }
     let bits = ty.bits();
     let mask = ty.mask();
     if ty == Ty::F32 {
@@ -2210,6 +2385,18 @@ fn binary(op: BinOp, ty: Ty, x: u64, y: u64, ftz: bool, sat: bool, rnd: Rnd) -> 
 }
 
 fn unary(op: UnOp, ty: Ty, x: u64, ftz: bool, rnd: Rnd) -> u64 {
+    if ty.half() {
+        // The parser admits neg and abs only.
+        return half_lanes(ty, [x, 0, 0], |[a, _, _]| {
+            // Sign operations on the bits (a NaN's payload is unspecified, and kept).
+            let a = f16_flush(a, ftz);
+            if op == UnOp::Neg {
+                a ^ 0x8000
+            } else {
+                a & 0x7FFF
+            }
+        });
+    }
     let bits = ty.bits();
     let mask = ty.mask();
     if ty == Ty::F32 {
@@ -2284,6 +2471,9 @@ fn unary(op: UnOp, ty: Ty, x: u64, ftz: bool, rnd: Rnd) -> u64 {
 fn mad(mode: MadMode, ty: Ty, [x, y, z]: [u64; 3], ftz: bool, sat: bool, rnd: Rnd) -> u64 {
     let bits = ty.bits();
     match mode {
+        MadMode::Float if ty.half() => half_lanes(ty, [x, y, z], |[a, b, c]| {
+            f16_fma(a, b, Some(c), ftz, sat, rnd)
+        }),
         MadMode::Float if ty == Ty::F32 => {
             let (a, b, c) = (f32_of(x, ftz), f32_of(y, ftz), f32_of(z, ftz));
             let r = a.mul_add(b, c);
@@ -2339,6 +2529,11 @@ fn compare(cmp: Cmp, ty: Ty, x: u64, y: u64, ftz: bool) -> bool {
     if ty.float() {
         let (a, b) = if ty == Ty::F32 {
             (f64::from(f32_of(x, ftz)), f64::from(f32_of(y, ftz)))
+        } else if ty == Ty::F16 {
+            (
+                f16_to_f64(f16_flush(x as u16, ftz)),
+                f16_to_f64(f16_flush(y as u16, ftz)),
+            )
         } else {
             (f64::from_bits(x), f64::from_bits(y))
         };
@@ -2563,6 +2758,15 @@ fn round_int(v: f64, irnd: Option<IRnd>) -> f64 {
     }
 }
 
+/// A `cvt` source of a float type, exactly as an f64.
+fn float_source(sty: Ty, x: u64, ftz: bool) -> f64 {
+    match sty {
+        Ty::F32 => f64::from(f32_of(x, ftz)),
+        Ty::F16 => f16_to_f64(x as u16),
+        _ => f64::from_bits(x),
+    }
+}
+
 fn convert(
     dty: Ty,
     sty: Ty,
@@ -2593,7 +2797,14 @@ fn convert(
             } else {
                 i128::from(x & sty.mask())
             };
-            if dty == Ty::F32 {
+            if dty == Ty::F16 {
+                let h = round_f16(v < 0, v.unsigned_abs(), 0, rnd);
+                u64::from(if sat {
+                    f16_from_f64(saturate01(f16_to_f64(h)), rnd)
+                } else {
+                    h
+                })
+            } else if dty == Ty::F32 {
                 let r = round_int_f32(v, rnd);
                 f32_bits(
                     if sat {
@@ -2610,11 +2821,7 @@ fn convert(
             }
         }
         (false, true) => {
-            let f = if sty == Ty::F32 {
-                f64::from(f32_of(x, ftz))
-            } else {
-                f64::from_bits(x)
-            };
+            let f = float_source(sty, x, ftz);
             if f.is_nan() {
                 return 0;
             }
@@ -2630,18 +2837,16 @@ fn convert(
             (v as u64) & dty.mask()
         }
         (true, true) => {
-            let f = if sty == Ty::F32 {
-                f64::from(f32_of(x, ftz))
-            } else {
-                f64::from_bits(x)
-            };
+            let f = float_source(sty, x, ftz);
             let f = if irnd.is_some() {
                 round_int(f, irnd)
             } else {
                 f
             };
             let f = if sat { saturate01(f) } else { f };
-            if dty == Ty::F32 {
+            if dty == Ty::F16 {
+                u64::from(f16_from_f64(f, rnd))
+            } else if dty == Ty::F32 {
                 let r = if sty == Ty::F32 {
                     f as f32
                 } else {

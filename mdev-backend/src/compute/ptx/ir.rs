@@ -19,6 +19,10 @@ pub(crate) enum Ty {
     S64,
     F32,
     F64,
+    /// IEEE 754 binary16 in a 16-bit register.
+    F16,
+    /// Two binary16 values in a 32-bit register (the first in the low half).
+    F16x2,
     Pred,
 }
 
@@ -39,6 +43,8 @@ impl Ty {
             "s64" => Ty::S64,
             "f32" => Ty::F32,
             "f64" => Ty::F64,
+            "f16" => Ty::F16,
+            "f16x2" => Ty::F16x2,
             "pred" => Ty::Pred,
             _ => return None,
         })
@@ -47,8 +53,8 @@ impl Ty {
     pub fn bits(self) -> u32 {
         match self {
             Ty::B8 | Ty::U8 | Ty::S8 => 8,
-            Ty::B16 | Ty::U16 | Ty::S16 => 16,
-            Ty::B32 | Ty::U32 | Ty::S32 | Ty::F32 => 32,
+            Ty::B16 | Ty::U16 | Ty::S16 | Ty::F16 => 16,
+            Ty::B32 | Ty::U32 | Ty::S32 | Ty::F32 | Ty::F16x2 => 32,
             Ty::B64 | Ty::U64 | Ty::S64 | Ty::F64 => 64,
             Ty::Pred => 1,
         }
@@ -63,7 +69,12 @@ impl Ty {
     }
 
     pub fn float(self) -> bool {
-        matches!(self, Ty::F32 | Ty::F64)
+        matches!(self, Ty::F32 | Ty::F64 | Ty::F16 | Ty::F16x2)
+    }
+
+    /// Half precision, scalar or a packed pair.
+    pub fn half(self) -> bool {
+        matches!(self, Ty::F16 | Ty::F16x2)
     }
 
     /// The mask of the bits a value of this type occupies in a register.

@@ -1462,6 +1462,16 @@ const BITS: &[&str] = &["b16", "b32", "b64"];
 const ALL: &[&str] = &[
     "b8", "b16", "b32", "b64", "u8", "u16", "u32", "u64", "s8", "s16", "s32", "s64", "f32", "f64",
 ];
+/// Half-precision arithmetic types (registers are .b16 and .b32).
+const HALF: &[&str] = &["f16", "f16x2"];
+/// Half-precision forms that need a later GPU than sm_75, with the target that has them:
+/// they are refused by name rather than as unknown.
+const PAST_SM75: &[(&str, &str)] = &[
+    ("bf16", "sm_80"),
+    ("bf16x2", "sm_80"),
+    ("relu", "sm_80"),
+    ("f16x2.f32", "sm_80"),
+];
 /// Nearest and directed rounding of a floating-point result.
 const RND: &[&str] = &["rn", "rz", "rm", "rp"];
 /// Integer rounding of `cvt`.
@@ -1491,10 +1501,15 @@ fn allowed(base: &str) -> Option<Vec<&'static [&'static str]>> {
         "ld" | "st" => vec![ALL, ORDER, CACHE, SPACES, &["v2", "v4"]],
         "ldu" => vec![ALL, &["global", "v2", "v4"]],
         "cvta" => vec![&["to", "global", "const", "shared", "local", "u32", "u64"]],
-        "add" | "sub" => vec![INTS, RND, &["f32", "f64", "sat", "ftz", "cc"]],
+        "add" | "sub" => vec![INTS, RND, HALF, &["f32", "f64", "sat", "ftz", "cc"]],
         "addc" | "subc" => vec![&["u32", "s32", "u64", "s64", "cc"]],
         "madc" => vec![&["u32", "s32", "u64", "s64", "hi", "lo", "cc"]],
-        "mul" => vec![INTS, RND, &["f32", "f64", "hi", "lo", "wide", "sat", "ftz"]],
+        "mul" => vec![
+            INTS,
+            RND,
+            HALF,
+            &["f32", "f64", "hi", "lo", "wide", "sat", "ftz"],
+        ],
         "div" => vec![INTS, RND, &["f32", "f64", "approx", "full", "ftz"]],
         "rem" => vec![INTS],
         "and" | "or" | "xor" | "not" | "cnot" => vec![BITS, &["pred"]],
@@ -1502,7 +1517,7 @@ fn allowed(base: &str) -> Option<Vec<&'static [&'static str]>> {
         "shr" => vec![BITS, INTS],
         "min" | "max" => vec![INTS, &["f32", "f64", "ftz"]],
         "copysign" => vec![&["f32", "f64"]],
-        "neg" | "abs" => vec![&["s16", "s32", "s64", "f32", "f64", "ftz"]],
+        "neg" | "abs" => vec![HALF, &["s16", "s32", "s64", "f32", "f64", "ftz"]],
         "popc" | "clz" | "brev" => vec![&["b32", "b64"]],
         "rcp" | "sqrt" => vec![RND, &["f32", "f64", "approx", "ftz"]],
         "rsqrt" => vec![&["f32", "f64", "approx", "ftz"]],
@@ -1512,10 +1527,10 @@ fn allowed(base: &str) -> Option<Vec<&'static [&'static str]>> {
             RND,
             &["f32", "f64", "hi", "lo", "wide", "sat", "ftz", "cc"],
         ],
-        "fma" => vec![RND, &["f32", "f64", "sat", "ftz"]],
-        "setp" => vec![ALL, CMPS, &["and", "or", "xor", "ftz"]],
+        "fma" => vec![RND, HALF, &["f32", "f64", "sat", "ftz"]],
+        "setp" => vec![ALL, CMPS, &["f16", "and", "or", "xor", "ftz"]],
         "selp" => vec![ALL],
-        "cvt" => vec![ALL, RND, IRND, &["sat", "ftz"]],
+        "cvt" => vec![ALL, RND, IRND, &["f16", "sat", "ftz"]],
         "bfe" => vec![&["u32", "u64", "s32", "s64"]],
         "bfi" => vec![&["b32", "b64"]],
         "prmt" => vec![&["b32", "f4e", "b4e", "rc8", "ecl", "ecr", "rc16"]],
@@ -1562,6 +1577,39 @@ fn allowed(base: &str) -> Option<Vec<&'static [&'static str]>> {
 impl Cx<'_> {
     fn fail<T>(&self, msg: impl Into<String>) -> PResult<T> {
         err(self.line, msg)
+    }
+
+    /// Refuses the half-precision forms sm_75 lacks, naming the target that has them, and
+    /// the ones that exist nowhere (rounding other than `.rn` on arithmetic, `mad`, `div`).
+    fn half(&self, base: &str, mods: &[&str]) -> PResult<()> {
+        let joined = mods.join(".");
+        if let Some((m, target)) = PAST_SM75
+            .iter()
+            .find(|(m, _)| mods.contains(m) || m.contains('.') && joined.contains(m))
+        {
+            return self.fail(format!(
+                "{base}.{m} needs {target} or later; this device is sm_75"
+            ));
+        }
+        if !mods.iter().any(|m| HALF.contains(m)) {
+            return Ok(());
+        }
+        if matches!(base, "min" | "max") {
+            return self.fail(format!(
+                "{base}.f16 needs sm_80 or later; this device is sm_75"
+            ));
+        }
+        let rounded = mods.iter().find(|m| RND.contains(m) && **m != "rn");
+        if let (Some(r), "add" | "sub" | "mul" | "fma") = (rounded, base) {
+            return self.fail(format!("{base}.{r} on half precision does not exist"));
+        }
+        if base == "fma" && !has(mods, "rn") {
+            return self.fail("fma on half precision needs .rn");
+        }
+        if base == "setp" && has(mods, "f16x2") {
+            return self.fail("setp.f16x2 is not supported");
+        }
+        Ok(())
     }
 
     /// Refuses a modifier `base` is not implemented with (see [`allowed`]), naming it.
@@ -1771,6 +1819,7 @@ impl Cx<'_> {
     }
 
     fn decode(&self, base: &str, mods: &[&str], g: &[Vec<Tok>]) -> PResult<Op> {
+        self.half(base, mods)?;
         self.accepts(base, mods)?;
         let ftz = has(mods, "ftz");
         let sat = has(mods, "sat");
@@ -2000,7 +2049,8 @@ impl Cx<'_> {
                     return self.fail("integer-only operation on a float type");
                 }
                 if sat
-                    && !(matches!(op, BinOp::Add | BinOp::Sub | BinOp::MulLo) && ty == Ty::F32
+                    && !(matches!(op, BinOp::Add | BinOp::Sub | BinOp::MulLo)
+                        && (ty == Ty::F32 || ty.half())
                         || matches!(op, BinOp::Add | BinOp::Sub) && ty == Ty::S32)
                 {
                     return self.fail(format!("{base}.sat on .{ty:?} is not supported"));
@@ -2091,7 +2141,7 @@ impl Cx<'_> {
                         "{base}.f64 with directed rounding is not supported"
                     ));
                 }
-                if sat && !(ty == Ty::F32 || ty == Ty::S32 && mode != MadMode::Wide) {
+                if sat && !(ty == Ty::F32 || ty.half() || ty == Ty::S32 && mode != MadMode::Wide) {
                     return self.fail(format!("{base}.sat on .{ty:?} is not supported"));
                 }
                 let cty = if mode == MadMode::Wide { wide(ty) } else { ty };
