@@ -1623,6 +1623,94 @@ fn half_precision_past_sm75_is_refused_by_name() {
     }
 }
 
+/// `mul24`/`mad24` (.lo, .hi, `mad24.hi.sat.s32`) and `sad`, from the ISA's definitions:
+/// the 48-bit product of the operands' low 24 bits (sign-extended for .s32), its bits 31..0
+/// or 47..16, plus the addend; `sad` adds |a - b| to c, modulo the width.
+fn mul24_sad_cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for signed in [false, true] {
+        let t: &'static str = if signed { "s32" } else { "u32" };
+        let v24 = move |x: u64| {
+            if signed {
+                sext(x & 0xff_ffff, 24)
+            } else {
+                i128::from(x & 0xff_ffff)
+            }
+        };
+        for (half, shift) in [("lo", 0), ("hi", 16)] {
+            for (base, n) in [("mul24", 2), ("mad24", 3)] {
+                cases.push(Case {
+                    inst: format!("{base}.{half}.{t}"),
+                    dst: t,
+                    srcs: vec![t; n],
+                    reference: Box::new(move |o| {
+                        let part = (v24(o[0]) * v24(o[1])) >> shift;
+                        (part + o.get(2).map_or(0, |&c| i128::from(c))) as u64
+                    }),
+                    nan_any: false,
+                    imm: String::new(),
+                    body: None,
+                });
+            }
+        }
+    }
+    cases.push(Case {
+        inst: "mad24.hi.sat.s32".into(),
+        dst: "s32",
+        srcs: vec!["s32"; 3],
+        reference: Box::new(|o| {
+            let v24 = |x: u64| sext(x & 0xff_ffff, 24);
+            let r = ((v24(o[0]) * v24(o[1])) >> 16) + sext(o[2], 32);
+            r.clamp(i128::from(i32::MIN), i128::from(i32::MAX)) as u64
+        }),
+        nan_any: false,
+        imm: String::new(),
+        body: None,
+    });
+    for t in ["u16", "u32", "u64", "s16", "s32", "s64"] {
+        let bits: u32 = t[1..].parse().unwrap();
+        let val = move |x: u64| {
+            if t.starts_with('s') {
+                sext(x, bits)
+            } else {
+                i128::from(x) & ((1i128 << bits) - 1)
+            }
+        };
+        cases.push(Case {
+            inst: format!("sad.{t}"),
+            dst: t,
+            srcs: vec![t; 3],
+            reference: Box::new(move |o| ((val(o[0]) - val(o[1])).abs() + i128::from(o[2])) as u64),
+            nan_any: false,
+            imm: String::new(),
+            body: None,
+        });
+    }
+    cases
+}
+
+#[test]
+fn conformance_mul24_mad24_sad() {
+    check(mul24_sad_cases());
+}
+
+/// `mul24`/`mad24` need .lo or .hi, and saturate only as `mad24.hi.sat.s32`.
+#[test]
+fn mul24_forms_the_isa_lacks_are_refused() {
+    for (inst, named) in [
+        ("mul24.u32 %r, %r, %r;", "needs .lo or .hi"),
+        ("mad24.lo.sat.s32 %r, %r, %r, %r;", "mad24.hi.sat.s32"),
+        ("mul24.lo.u64 %r, %r, %r;", "mul24.u64 is not supported"),
+    ] {
+        let ptx = format!(
+            ".version 8.5\n.target sm_75\n.address_size 64\n\
+             .visible .entry k()\n{{\n.reg .b32 %r;\n{inst}\nret;\n}}\n"
+        );
+        let e = Module::parse(&ptx).expect_err(inst);
+        assert!(e.to_string().contains(named), "{inst}: {e}");
+    }
+}
+
 #[test]
 fn conformance_carry_chains() {
     check(carry_cases());

@@ -2518,6 +2518,33 @@ fn mad(mode: MadMode, ty: Ty, [x, y, z]: [u64; 3], ftz: bool, sat: bool, rnd: Rn
                 hi.wrapping_add(z) & ty.mask()
             }
         }
+        MadMode::Lo24 | MadMode::Hi24 => {
+            let v = |x: u64| {
+                if ty.signed() {
+                    sext(x, 24)
+                } else {
+                    (x & 0xff_ffff) as i64
+                }
+            };
+            // At most 48 bits: exact in an i64.
+            let t = v(x) * v(y);
+            let part = if mode == MadMode::Hi24 { t >> 16 } else { t };
+            if sat {
+                sat_s32(sext(part as u64, 32) + sext(z, 32)) & 0xffff_ffff
+            } else {
+                (part as u64).wrapping_add(z) & ty.mask()
+            }
+        }
+        MadMode::Sad => {
+            let v = |x: u64| {
+                if ty.signed() {
+                    i128::from(sext(x, bits))
+                } else {
+                    i128::from(x & ty.mask())
+                }
+            };
+            ((v(x) - v(y)).unsigned_abs() as u64).wrapping_add(z) & ty.mask()
+        }
         MadMode::Wide => {
             let p = binary(BinOp::MulWide, ty, x, y, false, false, Rnd::Rn);
             p.wrapping_add(z) & wide(ty).mask().max(if bits == 64 { u64::MAX } else { 0 })

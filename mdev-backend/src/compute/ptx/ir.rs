@@ -212,6 +212,12 @@ pub(crate) enum MadMode {
     Hi,
     Wide,
     Float,
+    /// `mad24.lo`/`mul24.lo`: the low 32 bits of the 48-bit product of 24-bit operands.
+    Lo24,
+    /// `mad24.hi`/`mul24.hi`: bits 47..16 of that product.
+    Hi24,
+    /// `sad`: the absolute difference of the first two plus the third.
+    Sad,
 }
 
 /// Floating-point rounding of an arithmetic result.

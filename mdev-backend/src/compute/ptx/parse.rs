@@ -1528,6 +1528,8 @@ fn allowed(base: &str) -> Option<Vec<&'static [&'static str]>> {
             &["f32", "f64", "hi", "lo", "wide", "sat", "ftz", "cc"],
         ],
         "fma" => vec![RND, HALF, &["f32", "f64", "sat", "ftz"]],
+        "mul24" | "mad24" => vec![&["u32", "s32", "lo", "hi", "sat"]],
+        "sad" => vec![INTS],
         "setp" => vec![ALL, CMPS, &["f16", "and", "or", "xor", "ftz"]],
         "selp" => vec![ALL],
         "cvt" => vec![ALL, RND, IRND, &["f16", "sat", "ftz"]],
@@ -2119,6 +2121,33 @@ impl Cx<'_> {
                     a: self.src(&g[1], ty)?,
                     ftz,
                     rnd,
+                }
+            }
+            "mul24" | "mad24" | "sad" => {
+                let ty = self.ty(mods)?;
+                let mode = match base {
+                    "sad" => MadMode::Sad,
+                    _ if has(mods, "hi") => MadMode::Hi24,
+                    _ if has(mods, "lo") => MadMode::Lo24,
+                    _ => return self.fail(format!("{base} needs .lo or .hi")),
+                };
+                if sat && !(base == "mad24" && mode == MadMode::Hi24 && ty == Ty::S32) {
+                    return self.fail(format!("{base}.sat exists only as mad24.hi.sat.s32"));
+                }
+                let g = self.n_ops(g, if base == "mul24" { 3 } else { 4 })?;
+                Op::Mad {
+                    mode,
+                    ty,
+                    d: self.reg(&g[0])?,
+                    a: self.src(&g[1], ty)?,
+                    b: self.src(&g[2], ty)?,
+                    c: match g.get(3) {
+                        Some(c) => self.src(c, ty)?,
+                        None => Src::Imm(0),
+                    },
+                    ftz,
+                    sat,
+                    rnd: Rnd::Rn,
                 }
             }
             "mad" | "fma" => {
