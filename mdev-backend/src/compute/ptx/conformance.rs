@@ -1689,18 +1689,62 @@ fn mul24_sad_cases() -> Vec<Case> {
     cases
 }
 
+/// `slct`: the first operand where the selector is at least zero (-0.0 is; a NaN is not;
+/// `.ftz` makes a subnormal selector zero), else the second.
+fn slct_cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for t in ["b32", "u64", "f64", "s16"] {
+        for (cty, ftz) in [("s32", false), ("f32", false), ("f32", true)] {
+            let m = if ftz { ".ftz" } else { "" };
+            cases.push(Case {
+                inst: format!("slct{m}.{t}.{cty}"),
+                dst: t,
+                srcs: vec![t, t, cty],
+                reference: Box::new(move |o| {
+                    let c = o[2] as u32;
+                    let first = if cty == "s32" {
+                        c as i32 >= 0
+                    } else {
+                        let subnormal = c & 0x7f80_0000 == 0;
+                        let f = if ftz && subnormal {
+                            0.0
+                        } else {
+                            f32::from_bits(c)
+                        };
+                        f >= 0.0
+                    };
+                    if first { o[0] } else { o[1] }
+                }),
+                nan_any: false,
+                imm: String::new(),
+                body: None,
+            });
+        }
+    }
+    cases
+}
+
+#[test]
+fn conformance_slct() {
+    check(slct_cases());
+}
+
 #[test]
 fn conformance_mul24_mad24_sad() {
     check(mul24_sad_cases());
 }
 
-/// `mul24`/`mad24` need .lo or .hi, and saturate only as `mad24.hi.sat.s32`.
+/// `mul24`/`mad24` need .lo or .hi, and saturate only as `mad24.hi.sat.s32`; `slct` takes an
+/// s32 or f32 selector, `.ftz` only with the f32 one.
 #[test]
-fn mul24_forms_the_isa_lacks_are_refused() {
+fn mul24_and_slct_forms_the_isa_lacks_are_refused() {
     for (inst, named) in [
         ("mul24.u32 %r, %r, %r;", "needs .lo or .hi"),
         ("mad24.lo.sat.s32 %r, %r, %r, %r;", "mad24.hi.sat.s32"),
         ("mul24.lo.u64 %r, %r, %r;", "mul24.u64 is not supported"),
+        ("slct.b32.u32 %r, %r, %r, %r;", "does not exist"),
+        ("slct.ftz.b32.s32 %r, %r, %r, %r;", ".ftz on .S32 does not exist"),
+        ("slct.b32.s32 %r, %r, %r;", "operand"),
     ] {
         let ptx = format!(
             ".version 8.5\n.target sm_75\n.address_size 64\n\

@@ -1580,6 +1580,26 @@ impl<'s, 'a> Block<'s, 'a> {
                     self.set(w, lane, *d, v);
                 }
             }
+            Op::Slct {
+                float,
+                ftz,
+                d,
+                a,
+                b,
+                c,
+            } => {
+                for lane in lanes {
+                    let c = self.val(w, lane, *c);
+                    // A NaN selector is not at least zero; -0.0 is.
+                    let first = if *float {
+                        f32_of(c, *ftz) >= 0.0
+                    } else {
+                        sext(c, 32) >= 0
+                    };
+                    let v = self.val(w, lane, if first { *a } else { *b });
+                    self.set(w, lane, *d, v);
+                }
+            }
             Op::Cvt {
                 dty,
                 sty,

@@ -522,6 +522,15 @@ pub(crate) enum Op {
         b: Src,
         c: Src,
     },
+    /// `slct`: `a` where `c` (an s32, or an f32 flushed by `ftz`) is at least zero, else `b`.
+    Slct {
+        float: bool,
+        ftz: bool,
+        d: u32,
+        a: Src,
+        b: Src,
+        c: Src,
+    },
     Cvt {
         dty: Ty,
         sty: Ty,

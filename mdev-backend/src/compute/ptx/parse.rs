@@ -1532,6 +1532,7 @@ fn allowed(base: &str) -> Option<Vec<&'static [&'static str]>> {
         "sad" => vec![INTS],
         "setp" => vec![ALL, CMPS, &["f16", "and", "or", "xor", "ftz"]],
         "selp" => vec![ALL],
+        "slct" => vec![ALL, &["ftz"]],
         "cvt" => vec![ALL, RND, IRND, &["f16", "sat", "ftz"]],
         "bfe" => vec![&["u32", "u64", "s32", "s64"]],
         "bfi" => vec![&["b32", "b64"]],
@@ -2228,6 +2229,24 @@ impl Cx<'_> {
                     b: self.src(&g[2], ty)?,
                     combine,
                     ftz,
+                }
+            }
+            "slct" => {
+                let tys: Vec<Ty> = mods.iter().filter_map(|m| Ty::parse(m)).collect();
+                let [ty, cty] = tys[..] else {
+                    return self.fail("slct names a result and a selector type");
+                };
+                if !matches!(cty, Ty::S32 | Ty::F32) || ty.bits() < 16 {
+                    return self.fail(format!("slct.{ty:?}.{cty:?} does not exist"));
+                }
+                let g = self.n_ops(g, 4)?;
+                Op::Slct {
+                    float: cty == Ty::F32,
+                    ftz,
+                    d: self.reg(&g[0])?,
+                    a: self.src(&g[1], ty)?,
+                    b: self.src(&g[2], ty)?,
+                    c: self.src(&g[3], cty)?,
                 }
             }
             "selp" => {
