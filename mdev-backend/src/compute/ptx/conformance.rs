@@ -1724,6 +1724,78 @@ fn slct_cases() -> Vec<Case> {
     cases
 }
 
+/// `set`: a comparison written as all ones (`.u32`, `.s32`) or 1.0 (`.f32`) for true, 0 for
+/// false, optionally combined with a (negated) predicate.
+fn set_cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for (dty, one) in [("u32", 0xffff_ffffu64), ("f32", 0x3f80_0000)] {
+        for (sty, value) in [
+            (
+                "s32",
+                (|v: u64| f64::from(v as u32 as i32)) as fn(u64) -> f64,
+            ),
+            ("u64", |v: u64| v as f64),
+            ("f32", |v: u64| f64::from(f32::from_bits(v as u32))),
+            ("f64", f64::from_bits),
+        ] {
+            // u64 operands are compared exactly: as f64 two may round together, so compare them
+            // as integers.
+            for (cmp, f) in [
+                (
+                    "lt",
+                    (|o: Ordering| o == Ordering::Less) as fn(Ordering) -> bool,
+                ),
+                ("ge", |o| o != Ordering::Less),
+                ("ne", |o| o != Ordering::Equal),
+            ] {
+                cases.push(Case {
+                    inst: format!("set.{cmp}.{dty}.{sty}"),
+                    dst: dty,
+                    srcs: vec![sty, sty],
+                    reference: Box::new(move |o| {
+                        let order = if sty == "u64" {
+                            Some(o[0].cmp(&o[1]))
+                        } else {
+                            value(o[0]).partial_cmp(&value(o[1]))
+                        };
+                        // An ordered comparison with a NaN is false.
+                        if order.is_some_and(f) { one } else { 0 }
+                    }),
+                    nan_any: false,
+                    imm: String::new(),
+                    body: None,
+                });
+            }
+        }
+    }
+    // Combined with a predicate that is true on odd lanes' first operand.
+    cases.push(Case {
+        inst: "set.gt.and.u32.s32".into(),
+        dst: "u32",
+        srcs: vec!["s32", "s32"],
+        reference: Box::new(|o| {
+            let c = o[0] & 1 == 0;
+            if (o[0] as u32 as i32) > (o[1] as u32 as i32) && c {
+                0xffff_ffff
+            } else {
+                0
+            }
+        }),
+        nan_any: false,
+        imm: String::new(),
+        body: Some(
+            "and.b32 %r2, %a, 1;\nsetp.ne.u32 %p, %r2, 0;\nset.gt.and.u32.s32 %d, %a, %b, !%p;"
+                .into(),
+        ),
+    });
+    cases
+}
+
+#[test]
+fn conformance_set() {
+    check(set_cases());
+}
+
 #[test]
 fn conformance_slct() {
     check(slct_cases());
@@ -1735,16 +1807,27 @@ fn conformance_mul24_mad24_sad() {
 }
 
 /// `mul24`/`mad24` need .lo or .hi, and saturate only as `mad24.hi.sat.s32`; `slct` takes an
-/// s32 or f32 selector, `.ftz` only with the f32 one.
+/// s32 or f32 selector, `.ftz` only with the f32 one; `set` writes u32, s32 or f32.
 #[test]
-fn mul24_and_slct_forms_the_isa_lacks_are_refused() {
+fn mul24_slct_and_set_forms_the_isa_lacks_are_refused() {
     for (inst, named) in [
         ("mul24.u32 %r, %r, %r;", "needs .lo or .hi"),
         ("mad24.lo.sat.s32 %r, %r, %r, %r;", "mad24.hi.sat.s32"),
         ("mul24.lo.u64 %r, %r, %r;", "mul24.u64 is not supported"),
         ("slct.b32.u32 %r, %r, %r, %r;", "does not exist"),
-        ("slct.ftz.b32.s32 %r, %r, %r, %r;", ".ftz on .S32 does not exist"),
+        (
+            "slct.ftz.b32.s32 %r, %r, %r, %r;",
+            ".ftz on .S32 does not exist",
+        ),
         ("slct.b32.s32 %r, %r, %r;", "operand"),
+        (
+            "set.eq.u16.s32 %r, %r, %r;",
+            "set writes .u32, .s32 or .f32",
+        ),
+        (
+            "set.eq.u32 %r, %r, %r;",
+            "set names a result and a source type",
+        ),
     ] {
         let ptx = format!(
             ".version 8.5\n.target sm_75\n.address_size 64\n\

@@ -1543,6 +1543,7 @@ impl<'s, 'a> Block<'s, 'a> {
             Op::Setp {
                 cmp,
                 ty,
+                to,
                 p,
                 q,
                 a,
@@ -1566,7 +1567,13 @@ impl<'s, 'a> Block<'s, 'a> {
                         }
                         None => (t, !t),
                     };
-                    self.set(w, lane, *p, u64::from(tp));
+                    let v = match to {
+                        CmpResult::Pred => u64::from(tp),
+                        CmpResult::Mask if tp => 0xffff_ffff,
+                        CmpResult::One if tp => u64::from(1f32.to_bits()),
+                        _ => 0,
+                    };
+                    self.set(w, lane, *p, v);
                     self.set(w, lane, *q, u64::from(tq));
                 }
             }

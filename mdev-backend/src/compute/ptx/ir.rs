@@ -205,6 +205,17 @@ pub(crate) enum UnOp {
     Lg2,
 }
 
+/// What a comparison writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CmpResult {
+    /// `setp`: a predicate.
+    Pred,
+    /// `set` to `.u32`/`.s32`: all ones for true.
+    Mask,
+    /// `set` to `.f32`: 1.0 for true.
+    One,
+}
+
 /// Mad/fma forms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum MadMode {
@@ -505,9 +516,11 @@ pub(crate) enum Op {
         sat: bool,
         rnd: Rnd,
     },
+    /// `setp` (predicates `p` and its complement `q`) and `set` (`p` a register, `q` none).
     Setp {
         cmp: Cmp,
         ty: Ty,
+        to: CmpResult,
         p: u32,
         q: u32,
         a: Src,

@@ -1531,6 +1531,7 @@ fn allowed(base: &str) -> Option<Vec<&'static [&'static str]>> {
         "mul24" | "mad24" => vec![&["u32", "s32", "lo", "hi", "sat"]],
         "sad" => vec![INTS],
         "setp" => vec![ALL, CMPS, &["f16", "and", "or", "xor", "ftz"]],
+        "set" => vec![ALL, CMPS, &["and", "or", "xor", "ftz"]],
         "selp" => vec![ALL],
         "slct" => vec![ALL, &["ftz"]],
         "cvt" => vec![ALL, RND, IRND, &["f16", "sat", "ftz"]],
@@ -2187,8 +2188,17 @@ impl Cx<'_> {
                     rnd,
                 }
             }
-            "setp" => {
+            "setp" | "set" => {
                 let ty = self.ty(mods)?;
+                let to = match mods.iter().find_map(|m| Ty::parse(m)) {
+                    _ if base == "setp" => CmpResult::Pred,
+                    Some(Ty::U32 | Ty::S32) => CmpResult::Mask,
+                    Some(Ty::F32) => CmpResult::One,
+                    _ => return self.fail("set writes .u32, .s32 or .f32"),
+                };
+                if base == "set" && mods.iter().filter(|m| Ty::parse(m).is_some()).count() != 2 {
+                    return self.fail("set names a result and a source type");
+                }
                 let cmp = mods
                     .iter()
                     .find_map(|m| cmp_of(m))
@@ -2209,6 +2219,9 @@ impl Cx<'_> {
                     ),
                     d => (self.dst(d)?, SINK),
                 };
+                if base == "set" && q != SINK {
+                    return self.fail("set has one destination");
+                }
                 let combine = match (combine_op, g.get(3)) {
                     (Some(op), Some(c)) => {
                         let (neg, c) = match c.as_slice() {
@@ -2223,6 +2236,7 @@ impl Cx<'_> {
                 Op::Setp {
                     cmp,
                     ty,
+                    to,
                     p,
                     q,
                     a: self.src(&g[1], ty)?,
