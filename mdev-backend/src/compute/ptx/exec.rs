@@ -1304,15 +1304,11 @@ impl<'s, 'a> Block<'s, 'a> {
                 AddrBase::Sym(SymRef::KernelParam(_)) => Loc::KParam(addr),
                 _ => Loc::FParam(addr),
             },
-            Space::Generic => {
-                if addr.wrapping_sub(SHARED_WINDOW) < WINDOW_BYTES {
-                    Loc::Shared(addr - SHARED_WINDOW)
-                } else if addr.wrapping_sub(LOCAL_WINDOW) < WINDOW_BYTES {
-                    Loc::Local(addr - LOCAL_WINDOW)
-                } else {
-                    Loc::Global(addr)
-                }
-            }
+            Space::Generic => match generic_space(addr) {
+                Space::Shared => Loc::Shared(addr - SHARED_WINDOW),
+                Space::Local => Loc::Local(addr - LOCAL_WINDOW),
+                _ => Loc::Global(addr),
+            },
         }
     }
 
@@ -1474,6 +1470,12 @@ impl<'s, 'a> Block<'s, 'a> {
                         buf[i * size..(i + 1) * size].copy_from_slice(&v.to_le_bytes()[..size]);
                     }
                     self.write(w, lane, loc, &buf[..size * usize::from(*n)])?;
+                }
+            }
+            Op::IsSpace { space, p, a } => {
+                for lane in lanes {
+                    let v = self.val(w, lane, *a);
+                    self.set(w, lane, *p, u64::from(generic_space(v) == *space));
                 }
             }
             Op::Cvta { to, space, d, a } => {
@@ -2222,6 +2224,17 @@ fn fault(f: Fault) -> ComputeError {
     match f.kind {
         FaultKind::OutOfRange => ComputeError::IllegalAddress(f.to_string()),
         FaultKind::Misaligned => ComputeError::MisalignedAddress(f.to_string()),
+    }
+}
+
+/// The space a generic address points into: the shared or local window, else global memory.
+fn generic_space(addr: u64) -> Space {
+    if addr.wrapping_sub(SHARED_WINDOW) < WINDOW_BYTES {
+        Space::Shared
+    } else if addr.wrapping_sub(LOCAL_WINDOW) < WINDOW_BYTES {
+        Space::Local
+    } else {
+        Space::Global
     }
 }
 

@@ -487,6 +487,12 @@ pub(crate) enum Op {
         d: u32,
         a: Src,
     },
+    /// `isspacep`: whether a generic address falls in `space` (global, shared or local).
+    IsSpace {
+        space: Space,
+        p: u32,
+        a: Src,
+    },
     Bin {
         op: BinOp,
         ty: Ty,

@@ -1534,6 +1534,7 @@ fn allowed(base: &str) -> Option<Vec<&'static [&'static str]>> {
         "set" => vec![ALL, CMPS, &["and", "or", "xor", "ftz"]],
         "selp" => vec![ALL],
         "slct" => vec![ALL, &["ftz"]],
+        "isspacep" => vec![&["global", "shared", "local"]],
         "cvt" => vec![ALL, RND, IRND, &["f16", "sat", "ftz"]],
         "bfe" => vec![&["u32", "u64", "s32", "s64"]],
         "bfi" => vec![&["b32", "b64"]],
@@ -2243,6 +2244,18 @@ impl Cx<'_> {
                     b: self.src(&g[2], ty)?,
                     combine,
                     ftz,
+                }
+            }
+            "isspacep" => {
+                let g = self.n_ops(g, 2)?;
+                let space = space_of(mods);
+                if space == Space::Generic {
+                    return self.fail("isspacep names a state space");
+                }
+                Op::IsSpace {
+                    space,
+                    p: self.dst(&g[0])?,
+                    a: self.src(&g[1], Ty::U64)?,
                 }
             }
             "slct" => {

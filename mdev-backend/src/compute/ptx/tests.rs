@@ -1884,3 +1884,39 @@ fn each_kernel_has_its_own_shared_memory_limit() {
 
 #[path = "conformance.rs"]
 mod conformance;
+
+/// `isspacep` answers for generic addresses of shared, local and global variables, each in
+/// its own space only; one without a space is refused.
+#[test]
+fn isspacep_tells_the_space_of_a_generic_address() {
+    let m = module(
+        ".visible .entry k(.param .u64 out)\n{\n.reg .b64 %rd<8>;\n.reg .b32 %r<2>;\n\
+         .reg .pred %p;\n.shared .align 4 .b32 s[4];\n.local .align 4 .b32 l[4];\n\
+         ld.param.u64 %rd1, [out];\nmov.u64 %rd2, s;\ncvta.shared.u64 %rd2, %rd2;\n\
+         mov.u64 %rd3, l;\ncvta.local.u64 %rd3, %rd3;\n\
+         isspacep.shared %p, %rd2;\nselp.u32 %r1, 1, 0, %p;\nst.global.u32 [%rd1], %r1;\n\
+         isspacep.local %p, %rd2;\nselp.u32 %r1, 1, 0, %p;\nst.global.u32 [%rd1+4], %r1;\n\
+         isspacep.local %p, %rd3;\nselp.u32 %r1, 1, 0, %p;\nst.global.u32 [%rd1+8], %r1;\n\
+         isspacep.global %p, %rd3;\nselp.u32 %r1, 1, 0, %p;\nst.global.u32 [%rd1+12], %r1;\n\
+         isspacep.global %p, %rd1;\nselp.u32 %r1, 1, 0, %p;\nst.global.u32 [%rd1+16], %r1;\n\
+         isspacep.shared %p, %rd1;\nselp.u32 %r1, 1, 0, %p;\nst.global.u32 [%rd1+20], %r1;\n\
+         ret;\n}\n",
+    );
+    let mut r = Run::new(&m);
+    let out = r.buffer(&[0xff; 24]);
+    let params = pack(&m, "k", &[out]);
+    r.launch("k", [1, 1, 1], [1, 1, 1], &params, 1).unwrap();
+    let got: Vec<u32> = r
+        .read(out, 24)
+        .chunks(4)
+        .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    assert_eq!(got, [1, 0, 1, 0, 1, 0]);
+    for bad in ["isspacep %p, %rd1;", "isspacep.const %p, %rd1;"] {
+        let e = Module::parse(&format!(
+            "{HEADER}.visible .entry k()\n{{\n.reg .b64 %rd1;\n.reg .pred %p;\n{bad}\nret;\n}}\n"
+        ))
+        .expect_err(bad);
+        assert!(e.to_string().contains("isspacep"), "{bad}: {e}");
+    }
+}
