@@ -37,6 +37,16 @@ static UNSUPPORTED_SEEN: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None)
 static REFUSED_SEEN: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
 /// Different refusals said on standard error (each once); later ones are not said.
 const MAX_REFUSALS_SAID: usize = 256;
+/// The texts `cuGetErrorString` gives for errors the host explained: kept for the process's
+/// life (a caller may hold the pointer), so at most [`MAX_REFUSALS_SAID`] different ones; past
+/// that the standard text is given.
+static EXPLAINED: Mutex<Vec<std::ffi::CString>> = Mutex::new(Vec::new());
+
+thread_local! {
+    /// The last error the host explained on this thread: its status and its text in
+    /// [`EXPLAINED`] (a pointer that stays valid: those texts are never freed).
+    static EXPLANATION: Cell<Option<(CUresult, usize)>> = const { Cell::new(None) };
+}
 
 /// Contexts one thread may have pushed (`cuCtxPushCurrent`).
 const MAX_CONTEXT_STACK: usize = 32;
@@ -139,6 +149,43 @@ pub(crate) fn finish(r: std::thread::Result<CuResult<()>>) -> CUresult {
         Ok(Err(status)) => status,
         Err(_) => CUDA_ERROR_UNKNOWN,
     }
+}
+
+/// A failure of `name` that the host explained (the refused PTX construct and its line, the
+/// limit a launch hit): its message is said once on standard error, and until the next one on
+/// this thread it is what `cuGetErrorString` answers for that status, after the standard text.
+/// `CUDA_ERROR_NOT_READY` is an answer, not a failure.
+pub(crate) fn explain(name: &str, status: CUresult) {
+    if status == CUDA_SUCCESS || status == CUDA_ERROR_NOT_READY {
+        return;
+    }
+    // Never waits: a host callback running inside another entry point holds the driver.
+    let taken = match DRIVER.try_lock() {
+        Ok(mut d) => d.as_mut().and_then(|d| d.take_host_error()),
+        Err(_) => None,
+    };
+    let Some((code, message)) = taken else { return };
+    if code != status || message.is_empty() {
+        return;
+    }
+    refused(&format!("{name} -> {code}: {message}"));
+    let Some((_, standard)) = describe(code) else {
+        return;
+    };
+    let text = format!("{}: {message}", standard.to_string_lossy()).replace('\0', " ");
+    let Ok(text) = std::ffi::CString::new(text) else {
+        return;
+    };
+    let mut kept = EXPLAINED.lock().unwrap_or_else(|p| p.into_inner());
+    let at = match kept.iter().position(|k| *k == text) {
+        Some(at) => at,
+        None if kept.len() < MAX_REFUSALS_SAID => {
+            kept.push(text);
+            kept.len() - 1
+        }
+        None => return,
+    };
+    EXPLANATION.with(|e| e.set(Some((code, at))));
 }
 
 /// With [`TRACE_ENV`] set: each call on standard error, with its status when it failed.
@@ -326,6 +373,7 @@ macro_rules! entry {
             let status = finish(std::panic::catch_unwind(std::panic::AssertUnwindSafe(
                 || -> CuResult<()> { $body },
             )));
+            $crate::api::explain(stringify!($name), status);
             trace(stringify!($name), status);
             status
         }
@@ -2143,7 +2191,13 @@ entry!(cuLaunchGridAsync(f: Handle, width: c_int, height: c_int, stream: Handle)
 
 entry!(cuGetErrorString(status: c_uint, out: *mut *const c_char) {
     let (_, text) = describe(status).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    put(out, text.as_ptr())
+    let explained = EXPLANATION.with(|e| e.get()).and_then(|(code, at)| {
+        let kept = EXPLAINED.lock().unwrap_or_else(|p| p.into_inner());
+        // The text lives as long as the process: EXPLAINED never drops or moves a CString's
+        // heap buffer (only the Vec of them grows).
+        (code == status).then(|| kept.get(at).map(|t| t.as_ptr())).flatten()
+    });
+    put(out, explained.unwrap_or(text.as_ptr()))
 });
 
 entry!(cuGetErrorName(status: c_uint, out: *mut *const c_char) {

@@ -283,6 +283,9 @@ pub struct Driver<T: Transport> {
     /// The primary context's flags (`cuDevicePrimaryCtxSetFlags`), kept across its creation.
     primary_flags: u32,
     next: u64,
+    /// The host's message with the last error it answered (its status and why: the refused
+    /// PTX construct and line, the limit hit), until [`Driver::take_host_error`] takes it.
+    host_error: Option<(u32, String)>,
 }
 
 impl<T: Transport> Driver<T> {
@@ -315,6 +318,7 @@ impl<T: Transport> Driver<T> {
             primary: None,
             primary_flags: 0,
             next: 0,
+            host_error: None,
         })
     }
 
@@ -367,13 +371,22 @@ impl<T: Transport> Driver<T> {
         Ok(reply)
     }
 
+    /// The host's message with the last error it answered, with its status: taken once.
+    pub fn take_host_error(&mut self) -> Option<(u32, String)> {
+        self.host_error.take()
+    }
+
     fn exchange(&mut self, req: &Request) -> CuResult<Reply> {
         match self.t.call(req) {
-            Ok(Reply::Error { status, .. }) => Err(if status == 0 {
-                CUDA_ERROR_UNKNOWN
-            } else {
-                status
-            }),
+            Ok(Reply::Error { status, message }) => {
+                let status = if status == 0 {
+                    CUDA_ERROR_UNKNOWN
+                } else {
+                    status
+                };
+                self.host_error = Some((status, message));
+                Err(status)
+            }
             Ok(r) => Ok(r),
             Err(_) => Err(CUDA_ERROR_DEINITIALIZED),
         }
@@ -408,7 +421,11 @@ impl<T: Transport> Driver<T> {
                     let _ = self.output.write_all(output.as_bytes());
                     let _ = self.output.flush();
                 }
-                error.map_or(Ok(()), |(status, _)| Err(status.max(1)))
+                error.map_or(Ok(()), |(status, message)| {
+                    let status = status.max(1);
+                    self.host_error = Some((status, message));
+                    Err(status)
+                })
             }
             _ => Err(CUDA_ERROR_UNKNOWN),
         }

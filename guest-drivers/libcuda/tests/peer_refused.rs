@@ -39,6 +39,8 @@ unsafe extern "C" {
     fn cuModuleGetFunction(f: *mut Handle, module: Handle, name: *const i8) -> c_uint;
     fn cuModuleGetTexRef(tex: *mut Handle, module: Handle, name: *const i8) -> c_uint;
     fn cuTexRefSetArray(tex: Handle, array: Handle, flags: c_uint) -> c_uint;
+    fn cuGetErrorString(status: c_uint, out: *mut *const std::ffi::c_char) -> c_uint;
+    fn cuModuleLoadData(module: *mut Handle, image: *const c_void) -> c_uint;
     fn cuIpcGetMemHandle(handle: *mut IpcMemHandle, dptr: u64) -> c_uint;
     fn cuIpcOpenMemHandle_v2(dptr: *mut u64, handle: IpcMemHandle, flags: c_uint) -> c_uint;
 }
@@ -46,6 +48,20 @@ unsafe extern "C" {
 const PUT: &CStr = c".version 8.5\n.target sm_75\n.address_size 64\n\
     .visible .entry put(.param .u64 p)\n{\n.reg .b64 %rd<2>;\n\
     ld.param.u64 %rd1, [p];\nst.global.u32 [%rd1], 7;\nret;\n}\n";
+
+/// A kernel using `redux.sync` (sm_80; the executor advertises sm_75), on line 7.
+const REDUX: &CStr = c".version 8.5\n.target sm_75\n.address_size 64\n\
+    .visible .entry r()\n{\n.reg .b32 %r<2>;\nredux.sync.add.u32 %r1, %r0, 0xffffffff;\nret;\n}\n";
+
+/// What `cuGetErrorString` answers for `status` on this thread.
+fn error_string(status: c_uint) -> String {
+    let mut text = std::ptr::null();
+    // SAFETY: a live out-pointer; the answer is a NUL-terminated string the library keeps.
+    unsafe {
+        assert_eq!(cuGetErrorString(status, &mut text), 0);
+        CStr::from_ptr(text).to_string_lossy().into_owned()
+    }
+}
 
 /// The bytes copied between contexts: more than one step of the library's bounce buffer.
 const BYTES: usize = (1 << 20) + 4096 + 3;
@@ -98,6 +114,23 @@ fn peer_copies_fat_binaries_and_refused_entry_points() {
             cuModuleLoadFatBinary(&mut m, c"not an image".as_ptr().cast()),
             200
         );
+
+        // A refusal names what was refused: the host's message comes with its status and is
+        // what cuGetErrorString says for it on this thread (not on another one).
+        let standard = error_string(218);
+        assert_eq!(cuModuleLoadData(&mut m, REDUX.as_ptr().cast()), 218);
+        let explained = error_string(218);
+        assert!(
+            explained.starts_with(&standard)
+                && explained.contains("redux")
+                && explained.contains("line 7"),
+            "{explained}"
+        );
+        assert_eq!(
+            std::thread::spawn(|| error_string(218)).join().unwrap(),
+            standard
+        );
+        assert_eq!(error_string(1), error_string(1));
 
         // Exported, refused whatever they are given.
         let mut tex = null_mut();

@@ -76,10 +76,19 @@ pub fn dispatch(
     stats.requests += 1;
     execute(be, owned, stats, req).unwrap_or_else(|e| {
         stats.failed += 1;
-        debug!("compute request failed: {e}");
+        // The operator sees why a guest's work was refused (the PTX construct and its line, the
+        // limit hit); a guest failing on purpose gets its first few said, not a flood.
+        if stats.failed <= MAX_FAILURES_WARNED {
+            warn!("compute request failed ({}): {e}", e.cuda_status());
+        } else {
+            debug!("compute request failed ({}): {e}", e.cuda_status());
+        }
         Reply::error(&e)
     })
 }
+
+/// Failed requests of one connection logged at warn level; later ones at debug.
+const MAX_FAILURES_WARNED: u64 = 16;
 
 fn execute(
     be: &mut dyn ComputeBackend,
