@@ -1103,19 +1103,8 @@ entry!(cuGraphAddNode(out: *mut Handle, graph: Handle, deps: *const Handle, n: u
     add_generic(out, graph, deps, n, params)
 });
 
-entry!(cuGraphAddNode_v2(
-    out: *mut Handle,
-    graph: Handle,
-    deps: *const Handle,
-    edges: *const [u8; 8],
-    n: usize,
-    params: *mut NodeParams,
-) {
-    default_edges(edges, n)?;
-    add_generic(out, graph, deps, n, params)
-});
-
-entry!(cuGraphAddNode_v3(
+// CUDA 13's `_v3` takes what `_v2` takes (edge data added in 12.3).
+entry!(cuGraphAddNode_v2 | cuGraphAddNode_v3(
     out: *mut Handle,
     graph: Handle,
     deps: *const Handle,
