@@ -41,6 +41,7 @@ unsafe extern "C" {
     fn cuTexRefSetArray(tex: Handle, array: Handle, flags: c_uint) -> c_uint;
     fn cuGetErrorString(status: c_uint, out: *mut *const std::ffi::c_char) -> c_uint;
     fn cuModuleLoadData(module: *mut Handle, image: *const c_void) -> c_uint;
+    fn cuGraphicsUnregisterResource(resource: Handle) -> c_uint;
     fn cuIpcGetMemHandle(handle: *mut IpcMemHandle, dptr: u64) -> c_uint;
     fn cuIpcOpenMemHandle_v2(dptr: *mut u64, handle: IpcMemHandle, flags: c_uint) -> c_uint;
 }
@@ -136,6 +137,7 @@ fn peer_copies_fat_binaries_and_refused_entry_points() {
         let mut tex = null_mut();
         assert_eq!(cuModuleGetTexRef(&mut tex, m, c"t".as_ptr()), 801);
         assert_eq!(cuTexRefSetArray(null_mut(), null_mut(), 0), 801);
+        assert_eq!(cuGraphicsUnregisterResource(null_mut()), 801);
         let mut handle = IpcMemHandle([0; 64]);
         assert_eq!(cuIpcGetMemHandle(&mut handle, in_a), 801);
         let mut opened = 0u64;

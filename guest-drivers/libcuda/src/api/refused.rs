@@ -7,6 +7,8 @@
 //!   `cuModuleGetSurfRef`, `cuParamSetTexRef`): removed from cuda.h in CUDA 12 and no longer
 //!   emitted by nvcc; the executor has no `.texref` and `.surfref` variables (their PTX is
 //!   refused at load), so no module could give one. Texture and surface objects replace them.
+//! - graphics interop (`cuGraphics*`, `cuGLCtxCreate`): no graphics API shares resources with
+//!   the compute context of a VM (docs/CUDA-GUEST.md).
 //! - inter-process memory and event handles (`cuIpc*`): a guest process's device memory lives
 //!   in its own context of the VM's device; no handle exported from it can be opened in another
 //!   process, as on a GPU without IPC support (the device attribute reports none).
@@ -48,6 +50,21 @@ refused!(
     cuTexRefSetFormat,
     cuSurfRefGetArray,
     cuSurfRefSetArray,
+    cuGraphicsUnregisterResource,
+    cuGraphicsSubResourceGetMappedArray,
+    cuGraphicsResourceGetMappedPointer,
+    cuGraphicsResourceGetMappedPointer_v2,
+    cuGraphicsResourceGetMappedMipmappedArray,
+    cuGraphicsResourceSetMapFlags,
+    cuGraphicsResourceSetMapFlags_v2,
+    cuGraphicsMapResources,
+    cuGraphicsUnmapResources,
+    cuGraphicsGLRegisterBuffer,
+    cuGraphicsGLRegisterImage,
+    cuGLCtxCreate,
+    cuGLCtxCreate_v2,
+    cuGLGetDevices,
+    cuGLGetDevices_v2,
     cuIpcGetMemHandle,
     cuIpcOpenMemHandle,
     cuIpcOpenMemHandle_v2,
