@@ -42,6 +42,10 @@ const MAX_REFUSALS_SAID: usize = 256;
 /// that the standard text is given.
 static EXPLAINED: Mutex<Vec<std::ffi::CString>> = Mutex::new(Vec::new());
 
+/// The statuses by which the device refuses work rather than fails running it: an invalid
+/// image, no binary it runs, invalid PTX, launch out of resources, not supported.
+const REFUSAL_STATUSES: [CUresult; 5] = [200, 209, 218, 701, 801];
+
 thread_local! {
     /// The last error the host explained on this thread: its status and its text in
     /// [`EXPLAINED`] (a pointer that stays valid: those texts are never freed).
@@ -152,8 +156,9 @@ pub(crate) fn finish(r: std::thread::Result<CuResult<()>>) -> CUresult {
 }
 
 /// A failure of `name` that the host explained (the refused PTX construct and its line, the
-/// limit a launch hit): its message is said once on standard error, and until the next one on
-/// this thread it is what `cuGetErrorString` answers for that status, after the standard text.
+/// limit a launch hit): until the next one on this thread its message is what
+/// `cuGetErrorString` answers for that status, after the standard text; a refusal
+/// ([`REFUSAL_STATUSES`]) is also said once on standard error.
 /// `CUDA_ERROR_NOT_READY` is an answer, not a failure.
 pub(crate) fn explain(name: &str, status: CUresult) {
     if status == CUDA_SUCCESS || status == CUDA_ERROR_NOT_READY {
@@ -168,7 +173,12 @@ pub(crate) fn explain(name: &str, status: CUresult) {
     if code != status || message.is_empty() {
         return;
     }
-    refused(&format!("{name} -> {code}: {message}"));
+    // Said on standard error when the device refused the work (an image or PTX construct it
+    // does not run, a limit, a missing feature); a program's own faults and timeouts are its
+    // to report.
+    if REFUSAL_STATUSES.contains(&code) {
+        refused(&format!("{name} -> {code}: {message}"));
+    }
     let Some((_, standard)) = describe(code) else {
         return;
     };
