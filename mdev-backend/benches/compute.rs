@@ -46,6 +46,7 @@ fn matmul_warp_instructions(program: &[u8]) -> u64 {
         instruction_budget: u64::MAX,
         threads: 1,
         budget: &mdev_backend::budget::MemoryBudget::new(u64::MAX),
+        engine: mdev_backend::compute::ptx::Engine::Interpreter,
     };
     launch(&module, MATMUL, &l, &mem as &dyn GlobalMemory)
         .expect("launch")

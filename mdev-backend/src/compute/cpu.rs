@@ -65,6 +65,8 @@ pub struct CpuConfig {
     /// whoever serves the backend marks (`Executor`, `remote::serve`); a backend used
     /// directly is bounded by `instruction_budget` alone.
     pub request_time: std::time::Duration,
+    /// What runs kernels: compiled code by default, the interpreter where the compiler refuses.
+    pub engine: ptx::Engine,
 }
 
 /// How many of the host's CPUs one VM's device process holds at most by default:
@@ -86,6 +88,7 @@ impl Default for CpuConfig {
             instruction_budget: DEFAULT_INSTRUCTION_BUDGET,
             threads: vm_share_of_host_threads(),
             request_time: DEFAULT_REQUEST_TIME,
+            engine: ptx::Engine::default(),
         }
     }
 }
@@ -629,6 +632,7 @@ impl CpuBackend {
             .instruction_budget
             .saturating_sub(interrupt.spent());
         let (threads, memory_budget) = (self.config.threads, Arc::clone(&self.config.budget));
+        let engine = self.config.engine;
         interrupt.check()?;
         let c = self.ctx(ctx)?;
         c.stream(l.stream)?;
@@ -652,6 +656,7 @@ impl CpuBackend {
             instruction_budget: budget,
             threads,
             budget: &memory_budget,
+            engine,
         };
         let result = ptx::launch(&m.ptx, name, &launch, &c.memory as &dyn GlobalMemory);
         match result {

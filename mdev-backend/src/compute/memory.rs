@@ -155,6 +155,25 @@ pub trait GlobalMemory: Sync {
         width: u8,
         update: &mut dyn FnMut(u64) -> u64,
     ) -> Result<u64, Fault>;
+
+    /// The allocation holding `addr` as host memory, for compiled kernels, which check their
+    /// accesses against its bounds themselves; `None` where memory has no such place (then
+    /// every access goes through the methods above).
+    fn host_span(&self, addr: u64) -> Option<HostSpan> {
+        let _ = addr;
+        None
+    }
+}
+
+/// An allocation as host memory: `len` bytes at `ptr` are device addresses `base..base + len`.
+/// Valid while the memory is borrowed (an allocation is only freed through `&mut`); the bytes
+/// are 8-byte words that other threads access atomically, so whoever writes through `ptr`
+/// writes whole aligned words or smaller aligned pieces, never tearing another's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostSpan {
+    pub base: u64,
+    pub len: u64,
+    pub ptr: *mut u8,
 }
 
 /// One allocation: its words, its length in bytes, and what it holds of the budget.
@@ -355,6 +374,17 @@ fn merge(old: u64, shift: usize, bytes: &[u8]) -> u64 {
 }
 
 impl GlobalMemory for DeviceMemory {
+    fn host_span(&self, addr: u64) -> Option<HostSpan> {
+        let (base, alloc) = self.allocations.range(..=addr).next_back()?;
+        (addr - base < alloc.len).then(|| HostSpan {
+            base: *base,
+            len: alloc.len,
+            // Atomics are interior-mutable: writing through this pointer is writing through
+            // `AtomicU64::as_ptr`.
+            ptr: alloc.words.as_ptr().cast::<u8>().cast_mut(),
+        })
+    }
+
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), Fault> {
         let (alloc, offset) = self.find(addr, buf.len() as u64)?;
         let mut pos = offset as usize;

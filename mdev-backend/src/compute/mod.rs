@@ -34,7 +34,7 @@ pub use backend::ComputeBackend;
 pub use cpu::{CpuBackend, CpuConfig};
 pub use error::{ComputeError, ComputeResult};
 pub use executor::{Executor, ExecutorConfig, GroupDone};
-pub use memory::{DeviceMemory, Fault, FaultKind, GlobalMemory};
+pub use memory::{DeviceMemory, Fault, FaultKind, GlobalMemory, HostSpan};
 pub use nvcuda::NvCuda;
 
 /// The backend a benchmark or a check measures: [`NvCuda`] when `VGPU_COMPUTE=nvcuda` is set

@@ -199,6 +199,7 @@ pub fn launch(
         threads,
         block_bytes,
         output: outputs.into_iter().map(|(_, s)| s).collect(),
+        compiled: false,
     })
 }
 

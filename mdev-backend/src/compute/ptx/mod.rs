@@ -22,7 +22,7 @@ use super::memory::DeviceHeap;
 use super::{ComputeError, ComputeResult};
 use crate::budget::{Charge, MemoryBudget};
 
-pub use exec::{CHECK_EVERY, launch};
+pub use exec::CHECK_EVERY;
 pub(crate) use parse::Stop;
 
 /// Largest PTX text accepted (bytes): nvcc's PTX for a large program is a few MiB.
@@ -217,6 +217,38 @@ impl Module {
     }
 }
 
+/// How a launch runs its kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Engine {
+    /// The warp-level interpreter (`exec`): the reference.
+    Interpreter,
+    /// Native code compiled from the module (`jit`), with the interpreter as the fallback
+    /// for a kernel the compiler refuses.
+    #[default]
+    Compiled,
+}
+
+impl std::str::FromStr for Engine {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "interpreter" => Ok(Engine::Interpreter),
+            "compiled" => Ok(Engine::Compiled),
+            _ => Err(format!("{s}: the engines are interpreter and compiled")),
+        }
+    }
+}
+
+/// Runs `kernel` of `module` over the launch's grid with the launch's engine.
+pub fn launch(
+    module: &Module,
+    kernel: &str,
+    l: &Launch<'_>,
+    memory: &dyn super::GlobalMemory,
+) -> ComputeResult<LaunchStats> {
+    exec::launch(module, kernel, l, memory)
+}
+
 /// One grid launch.
 #[derive(Debug, Clone)]
 pub struct Launch<'a> {
@@ -240,6 +272,8 @@ pub struct Launch<'a> {
     /// Where the host memory of the blocks running at once (registers, local, shared and
     /// `.param` memory) is charged for the launch's duration.
     pub budget: &'a Arc<MemoryBudget>,
+    /// The engine that runs the kernel.
+    pub engine: Engine,
 }
 
 /// What a launch did.
@@ -255,6 +289,8 @@ pub struct LaunchStats {
     pub block_bytes: u64,
     /// `printf` output, in block order, at most [`MAX_PRINTF_BYTES`].
     pub output: String,
+    /// Whether compiled code ran the kernel (else the interpreter did).
+    pub compiled: bool,
 }
 
 #[cfg(test)]

@@ -23,6 +23,8 @@ struct Run<'m> {
     budget: Arc<MemoryBudget>,
     /// What stops launches besides their instruction budget.
     interrupt: Option<Arc<Interrupt>>,
+    /// What runs the launches.
+    engine: Engine,
 }
 
 impl<'m> Run<'m> {
@@ -50,6 +52,7 @@ impl<'m> Run<'m> {
             contended: None,
             budget: MemoryBudget::new(u64::MAX),
             interrupt: None,
+            engine: Engine::default(),
         }
     }
 
@@ -109,6 +112,7 @@ impl<'m> Run<'m> {
             instruction_budget,
             threads,
             budget: &self.budget,
+            engine: self.engine,
         };
         match self.contended {
             Some(watched) => {
