@@ -31,6 +31,7 @@ use super::parse::{Parsed, wide};
 use super::texture;
 use super::{Launch, LaunchStats, Module};
 use super::{MAX_CALL_DEPTH, MAX_PRINTF_BYTES, MAX_SHARED_BYTES, MAX_THREADS_PER_BLOCK};
+use crate::budget::Charge;
 use crate::compute::memory::{Fault, FaultKind};
 use crate::compute::{ComputeError, ComputeResult, GlobalMemory};
 
@@ -40,7 +41,7 @@ pub const SHARED_WINDOW: u64 = 0x0000_1000_0000_0000;
 /// Generic addresses of the thread's local memory.
 pub const LOCAL_WINDOW: u64 = 0x0000_2000_0000_0000;
 /// Size of each window.
-const WINDOW_BYTES: u64 = 1 << 32;
+pub(super) const WINDOW_BYTES: u64 = 1 << 32;
 /// Longest `printf` format string read from device memory.
 const MAX_FORMAT_BYTES: usize = 4096;
 /// Register values of one block (registers × threads), bounding a block's host memory at
@@ -48,7 +49,7 @@ const MAX_FORMAT_BYTES: usize = 4096;
 pub const MAX_BLOCK_REGISTER_VALUES: u64 = 4 << 20;
 /// Cost units charged per warp for setting a block up besides its bytes, so that a grid of
 /// empty blocks is bounded by the budget too.
-const BLOCK_SETUP_COST: u64 = 16;
+pub(super) const BLOCK_SETUP_COST: u64 = 16;
 /// Host bytes a block's setup allocates and clears per cost unit: a warp-instruction of the
 /// interpreter takes about 100 ns, clearing fresh memory about 0.65 ns a byte (measured on a
 /// 2-core x86-64 host: a block of 64 MiB takes 43 ms to set up, charged 52 ms).
@@ -65,19 +66,26 @@ pub const CHECK_EVERY: u64 = 4096;
 /// Alignment of dynamic shared memory after the static variables.
 const DYN_SHARED_ALIGN: u32 = 16;
 
-const WARP: usize = 32;
+pub(super) const WARP: usize = 32;
 
 fn invalid(msg: impl Into<String>) -> ComputeError {
     ComputeError::InvalidValue(msg.into())
 }
 
-/// Runs `kernel` of `module` over the launch's grid.
-pub fn launch(
-    module: &Module,
-    kernel: &str,
-    l: &Launch<'_>,
-    memory: &dyn GlobalMemory,
-) -> ComputeResult<LaunchStats> {
+/// A launch's configuration, checked against the kernel and the executor's limits.
+pub(super) struct Plan {
+    /// The kernel's function.
+    pub f: u32,
+    pub regs: LaunchRegisters,
+    pub nthreads: u32,
+    pub blocks: u64,
+    /// Shared memory of a block: the static variables, then the dynamic part at `dyn_start`.
+    pub shared: u32,
+    pub dyn_start: u32,
+}
+
+/// Checks a launch's grid, block, shared memory, registers, parameters and variables.
+pub(super) fn plan(module: &Module, kernel: &str, l: &Launch<'_>) -> ComputeResult<Plan> {
     let f = module
         .function_of(kernel)
         .ok_or_else(|| ComputeError::NotFound(format!("kernel {kernel}")))?;
@@ -127,15 +135,28 @@ pub fn launch(
             m.globals.len()
         )));
     }
-    let blocks = u64::from(gx) * u64::from(gy) * u64::from(gz);
-    let nwarps = u64::from(nthreads.div_ceil(WARP as u32));
-    let block_bytes = block_bytes(m, regs.held.len() as u64, nwarps, shared);
-    // The blocks running at once hold their memory for the launch: charged to the VM's
-    // budget before any is made, with fewer threads when all of them would not fit.
+    Ok(Plan {
+        f,
+        regs,
+        nthreads,
+        blocks: u64::from(gx) * u64::from(gy) * u64::from(gz),
+        shared,
+        dyn_start,
+    })
+}
+
+/// Charges the host memory of the blocks running at once to the VM's budget for the
+/// launch, before any is made: `block_bytes` for each of up to `l.threads` host threads,
+/// with fewer threads when all of them would not fit. The threads and the charge.
+pub(super) fn charge_blocks(
+    l: &Launch<'_>,
+    blocks: u64,
+    block_bytes: u64,
+) -> ComputeResult<(usize, Charge)> {
     let mut threads = l.threads.clamp(1, blocks.min(MAX_LAUNCH_THREADS) as usize);
-    let _held = loop {
+    loop {
         match l.budget.charge(block_bytes.saturating_mul(threads as u64)) {
-            Ok(charge) => break charge,
+            Ok(charge) => return Ok((threads, charge)),
             Err(e) if threads == 1 => {
                 return Err(ComputeError::OutOfMemory(format!(
                     "{block_bytes} bytes of host memory for a block: {e}"
@@ -143,7 +164,28 @@ pub fn launch(
             }
             Err(_) => threads /= 2,
         }
-    };
+    }
+}
+
+/// Runs `kernel` of `module` over the launch's grid on the interpreter.
+pub(super) fn launch(
+    module: &Module,
+    kernel: &str,
+    l: &Launch<'_>,
+    memory: &dyn GlobalMemory,
+) -> ComputeResult<LaunchStats> {
+    let Plan {
+        f,
+        regs,
+        nthreads,
+        blocks,
+        shared,
+        dyn_start,
+    } = plan(module, kernel, l)?;
+    let m = &module.parsed;
+    let nwarps = u64::from(nthreads.div_ceil(WARP as u32));
+    let block_bytes = block_bytes(m, regs.held.len() as u64, nwarps, shared);
+    let (threads, _held) = charge_blocks(l, blocks, block_bytes)?;
     let shared_launch = Shared {
         m,
         l,
@@ -207,17 +249,17 @@ pub fn launch(
 /// (through direct calls; through a function pointer, every function of the module). Each
 /// function's registers are its own, so a kernel of a module with many functions holds its own
 /// and its callees' only, not the module's.
-struct LaunchRegisters {
+pub(super) struct LaunchRegisters {
     /// The first register of the functions reached.
-    base: u32,
+    pub base: u32,
     /// Where register `base + i` is in a warp's registers (`u32::MAX` for registers of
     /// functions not reached, which the launch's code never names).
-    slots: Vec<u32>,
+    pub slots: Vec<u32>,
     /// The registers held, in slot order.
-    held: Vec<u32>,
+    pub held: Vec<u32>,
 }
 
-fn launch_registers(m: &Parsed, f: u32) -> LaunchRegisters {
+pub(super) fn launch_registers(m: &Parsed, f: u32) -> LaunchRegisters {
     let mut seen = vec![false; m.funcs.len()];
     let mut todo = vec![f];
     while let Some(g) = todo.pop() {
@@ -259,11 +301,11 @@ fn launch_registers(m: &Parsed, f: u32) -> LaunchRegisters {
 }
 
 /// Most host threads one launch runs on, whatever its configuration asks.
-const MAX_LAUNCH_THREADS: u64 = 1024;
+pub(super) const MAX_LAUNCH_THREADS: u64 = 1024;
 
 /// Host bytes one block holds while it runs: per warp its registers (8 bytes a lane), local
 /// and `.param` memory and its lanes' call stacks; its shared memory.
-fn block_bytes(m: &Parsed, regs: u64, warps: u64, shared: u32) -> u64 {
+pub(super) fn block_bytes(m: &Parsed, regs: u64, warps: u64, shared: u32) -> u64 {
     let lane = regs
         .saturating_mul(8)
         .saturating_add(u64::from(m.local_bytes))
@@ -415,7 +457,7 @@ struct Warp {
 }
 
 /// Barriers of a block (`bar.sync 0..15`).
-const BARRIERS: usize = 16;
+pub(super) const BARRIERS: usize = 16;
 /// Warp-instructions a warp runs before the block's other warps get their turn.
 const SLICE: u32 = 1024;
 
@@ -442,7 +484,7 @@ struct Block<'s, 'a> {
 }
 
 /// A lane's value of a 32-bit float register, with `.ftz` applied.
-fn f32_of(bits: u64, ftz: bool) -> f32 {
+pub(super) fn f32_of(bits: u64, ftz: bool) -> f32 {
     let v = f32::from_bits(bits as u32);
     if ftz && v.is_subnormal() {
         0.0f32.copysign(v)
@@ -460,7 +502,7 @@ fn f32_bits(v: f32, ftz: bool) -> u64 {
     u64::from(v.to_bits())
 }
 
-fn sext(v: u64, bits: u32) -> i64 {
+pub(super) fn sext(v: u64, bits: u32) -> i64 {
     if bits >= 64 {
         v as i64
     } else {
@@ -1664,35 +1706,14 @@ impl<'s, 'a> Block<'s, 'a> {
             }
             Op::Bfi { ty, d, f, b, c, e } => {
                 for lane in lanes {
-                    let ins = self.val(w, lane, *f);
-                    let base = self.val(w, lane, *b);
-                    let pos = (self.val(w, lane, *c) & 0xff) as u32;
-                    let len = (self.val(w, lane, *e) & 0xff) as u32;
-                    let msb = ty.bits();
-                    let mut r = base;
-                    for i in 0..len.min(msb.saturating_sub(pos)) {
-                        let bit = (ins >> i) & 1;
-                        r = (r & !(1 << (pos + i))) | (bit << (pos + i));
-                    }
-                    self.set(w, lane, *d, r);
+                    let v = [*f, *b, *c, *e].map(|x| self.val(w, lane, x));
+                    self.set(w, lane, *d, bfi(*ty, v));
                 }
             }
             Op::Prmt { d, a, b, c } => {
                 for lane in lanes {
-                    let x = self.val(w, lane, *a) & 0xffff_ffff;
-                    let y = self.val(w, lane, *b) & 0xffff_ffff;
-                    let sel = self.val(w, lane, *c);
-                    let bytes = (y << 32) | x;
-                    let mut r = 0u64;
-                    for i in 0..4 {
-                        let s = (sel >> (4 * i)) & 0xf;
-                        let mut byte = (bytes >> ((s & 7) * 8)) & 0xff;
-                        if s & 8 != 0 {
-                            byte = if byte & 0x80 != 0 { 0xff } else { 0 };
-                        }
-                        r |= byte << (8 * i);
-                    }
-                    self.set(w, lane, *d, r);
+                    let v = [*a, *b, *c].map(|x| self.val(w, lane, x));
+                    self.set(w, lane, *d, prmt(v));
                 }
             }
             Op::Bra { target } => {
@@ -1899,24 +1920,9 @@ impl<'s, 'a> Block<'s, 'a> {
                     *v = self.val(w, lane, *a);
                 }
                 for lane in lanes {
-                    let bval = (self.val(w, lane, *b) & 0x1f) as i64;
-                    let cv = self.val(w, lane, *c);
-                    let clamp = (cv & 0x1f) as i64;
-                    let seg = ((cv >> 8) & 0x1f) as i64;
-                    let l = lane as i64;
-                    let max_lane = (l & seg) | (clamp & !seg);
-                    let min_lane = l & seg;
-                    let (j, ok) = match mode {
-                        ShflMode::Up => (l - bval, l - bval >= max_lane),
-                        ShflMode::Down => (l + bval, l + bval <= max_lane),
-                        ShflMode::Bfly => (l ^ bval, (l ^ bval) <= max_lane),
-                        ShflMode::Idx => {
-                            let j = min_lane | (bval & !seg);
-                            (j, j <= max_lane)
-                        }
-                    };
-                    let src = if ok { j as usize } else { lane };
-                    self.set(w, lane, *d, vals[src & 31]);
+                    let (b, c) = (self.val(w, lane, *b), self.val(w, lane, *c));
+                    let (src, ok) = shfl_source(*mode, lane, b, c);
+                    self.set(w, lane, *d, vals[src]);
                     self.set(w, lane, *p, u64::from(ok));
                 }
             }
@@ -1929,12 +1935,7 @@ impl<'s, 'a> Block<'s, 'a> {
                         ballot |= 1 << lane;
                     }
                 }
-                let r = match mode {
-                    VoteMode::Ballot => u64::from(ballot),
-                    VoteMode::All => u64::from(ballot == exec),
-                    VoteMode::Any => u64::from(ballot != 0),
-                    VoteMode::Uni => u64::from(ballot == exec || ballot == 0),
-                };
+                let r = vote(*mode, ballot, exec);
                 for lane in lanes {
                     self.set(w, lane, *d, r);
                 }
@@ -2190,8 +2191,73 @@ enum Loc {
     FParam(u64),
 }
 
+/// `bfi.ty d, f, b, c, e`: `e` bits of `f` inserted into `b` at bit `c`.
+pub(super) fn bfi(ty: Ty, [ins, base, pos, len]: [u64; 4]) -> u64 {
+    let (pos, len) = ((pos & 0xff) as u32, (len & 0xff) as u32);
+    let mut r = base;
+    for i in 0..len.min(ty.bits().saturating_sub(pos)) {
+        let bit = (ins >> i) & 1;
+        r = (r & !(1 << (pos + i))) | (bit << (pos + i));
+    }
+    r
+}
+
+/// `prmt.b32 d, a, b, c` (the general byte selection).
+pub(super) fn prmt([a, b, sel]: [u64; 3]) -> u64 {
+    let bytes = ((b & 0xffff_ffff) << 32) | (a & 0xffff_ffff);
+    let mut r = 0u64;
+    for i in 0..4 {
+        let s = (sel >> (4 * i)) & 0xf;
+        let mut byte = (bytes >> ((s & 7) * 8)) & 0xff;
+        if s & 8 != 0 {
+            byte = if byte & 0x80 != 0 { 0xff } else { 0 };
+        }
+        r |= byte << (8 * i);
+    }
+    r
+}
+
+/// The lane `shfl.sync` reads for `lane` (and whether it is in range, else the lane's own
+/// value): `b` the lane operand, `c` the clamp and segment mask.
+pub(super) fn shfl_source(mode: ShflMode, lane: usize, b: u64, c: u64) -> (usize, bool) {
+    let bval = (b & 0x1f) as i64;
+    let clamp = (c & 0x1f) as i64;
+    let seg = ((c >> 8) & 0x1f) as i64;
+    let l = lane as i64;
+    let max_lane = (l & seg) | (clamp & !seg);
+    let min_lane = l & seg;
+    let (j, ok) = match mode {
+        ShflMode::Up => (l - bval, l - bval >= max_lane),
+        ShflMode::Down => (l + bval, l + bval <= max_lane),
+        ShflMode::Bfly => (l ^ bval, (l ^ bval) <= max_lane),
+        ShflMode::Idx => {
+            let j = min_lane | (bval & !seg);
+            (j, j <= max_lane)
+        }
+    };
+    (if ok { j as usize & 31 } else { lane }, ok)
+}
+
+/// What `vote.sync` gives the lanes `exec` of whose predicates `ballot` holds the true ones.
+pub(super) fn vote(mode: VoteMode, ballot: u32, exec: u32) -> u64 {
+    match mode {
+        VoteMode::Ballot => u64::from(ballot),
+        VoteMode::All => u64::from(ballot == exec),
+        VoteMode::Any => u64::from(ballot != 0),
+        VoteMode::Uni => u64::from(ballot == exec || ballot == 0),
+    }
+}
+
 /// A scalar video instruction on sign- or zero-extended words.
-fn video(op: VideoOp, dsigned: bool, sat: bool, sec: Option<BinOp>, x: i64, y: i64, z: i64) -> u64 {
+pub(super) fn video(
+    op: VideoOp,
+    dsigned: bool,
+    sat: bool,
+    sec: Option<BinOp>,
+    x: i64,
+    y: i64,
+    z: i64,
+) -> u64 {
     let mut t = match op {
         VideoOp::Add => x + y,
         VideoOp::Sub => x - y,
@@ -2221,7 +2287,7 @@ fn texture_fault(e: texture::TextureError) -> ComputeError {
     ComputeError::IllegalAddress(e.to_string())
 }
 
-fn fault(f: Fault) -> ComputeError {
+pub(super) fn fault(f: Fault) -> ComputeError {
     match f.kind {
         FaultKind::OutOfRange => ComputeError::IllegalAddress(f.to_string()),
         FaultKind::Misaligned => ComputeError::MisalignedAddress(f.to_string()),
@@ -2229,7 +2295,7 @@ fn fault(f: Fault) -> ComputeError {
 }
 
 /// The space a generic address points into: the shared or local window, else global memory.
-fn generic_space(addr: u64) -> Space {
+pub(super) fn generic_space(addr: u64) -> Space {
     if addr.wrapping_sub(SHARED_WINDOW) < WINDOW_BYTES {
         Space::Shared
     } else if addr.wrapping_sub(LOCAL_WINDOW) < WINDOW_BYTES {
@@ -2239,7 +2305,7 @@ fn generic_space(addr: u64) -> Space {
     }
 }
 
-fn check_align(addr: u64, size: u64) -> ComputeResult<()> {
+pub(super) fn check_align(addr: u64, size: u64) -> ComputeResult<()> {
     if size > 1 && addr % size != 0 {
         return Err(fault(Fault {
             kind: FaultKind::Misaligned,
@@ -2279,7 +2345,7 @@ fn min_max(op: BinOp, ty: Ty, x: u64, y: u64) -> u64 {
     }
 }
 
-fn binary(op: BinOp, ty: Ty, x: u64, y: u64, ftz: bool, sat: bool, rnd: Rnd) -> u64 {
+pub(super) fn binary(op: BinOp, ty: Ty, x: u64, y: u64, ftz: bool, sat: bool, rnd: Rnd) -> u64 {
     if ty.half() {
         // The parser admits add, sub and mul only.
         return half_lanes(ty, [x, y, 0], |[a, b, _]| match op {
@@ -2425,7 +2491,7 @@ fn binary(op: BinOp, ty: Ty, x: u64, y: u64, ftz: bool, sat: bool, rnd: Rnd) -> 
     r & mask
 }
 
-fn unary(op: UnOp, ty: Ty, x: u64, ftz: bool, rnd: Rnd) -> u64 {
+pub(super) fn unary(op: UnOp, ty: Ty, x: u64, ftz: bool, rnd: Rnd) -> u64 {
     if ty.half() {
         // The parser admits neg and abs only.
         return half_lanes(ty, [x, 0, 0], |[a, _, _]| {
@@ -2509,7 +2575,14 @@ fn unary(op: UnOp, ty: Ty, x: u64, ftz: bool, rnd: Rnd) -> u64 {
     }
 }
 
-fn mad(mode: MadMode, ty: Ty, [x, y, z]: [u64; 3], ftz: bool, sat: bool, rnd: Rnd) -> u64 {
+pub(super) fn mad(
+    mode: MadMode,
+    ty: Ty,
+    [x, y, z]: [u64; 3],
+    ftz: bool,
+    sat: bool,
+    rnd: Rnd,
+) -> u64 {
     let bits = ty.bits();
     match mode {
         MadMode::Float if ty.half() => half_lanes(ty, [x, y, z], |[a, b, c]| {
@@ -2593,7 +2666,7 @@ fn mad(mode: MadMode, ty: Ty, [x, y, z]: [u64; 3], ftz: bool, sat: bool, rnd: Rn
     }
 }
 
-fn compare(cmp: Cmp, ty: Ty, x: u64, y: u64, ftz: bool) -> bool {
+pub(super) fn compare(cmp: Cmp, ty: Ty, x: u64, y: u64, ftz: bool) -> bool {
     if ty.float() {
         let (a, b) = if ty == Ty::F32 {
             (f64::from(f32_of(x, ftz)), f64::from(f32_of(y, ftz)))
@@ -2644,7 +2717,7 @@ fn compare(cmp: Cmp, ty: Ty, x: u64, y: u64, ftz: bool) -> bool {
 }
 
 /// A [`CarryOp`] on one lane: the result and the carry (or, for `Sub`, borrow) out.
-fn carry(op: CarryOp, ty: Ty, [a, b, c]: [u64; 3], cin: bool) -> (u64, bool) {
+pub(super) fn carry(op: CarryOp, ty: Ty, [a, b, c]: [u64; 3], cin: bool) -> (u64, bool) {
     let bits = ty.bits();
     let mask = ty.mask();
     let (ua, ub, cin) = (u128::from(a & mask), u128::from(b & mask), u128::from(cin));
@@ -2688,7 +2761,7 @@ fn prmt_mode_bytes(mode: PrmtMode, s: u64) -> [u64; 4] {
 }
 
 /// [`BitOp`]s, from the ISA's definitions; `a`, `b`, `c`, `e` the operands in order.
-fn bits(op: BitOp, ty: Ty, [a, b, c, e]: [u64; 4]) -> u64 {
+pub(super) fn bits(op: BitOp, ty: Ty, [a, b, c, e]: [u64; 4]) -> u64 {
     let (a32, b32, c32) = (a & 0xffff_ffff, b & 0xffff_ffff, c & 0xffff_ffff);
     match op {
         BitOp::Lop3 => {
@@ -2789,7 +2862,7 @@ fn bits(op: BitOp, ty: Ty, [a, b, c, e]: [u64; 4]) -> u64 {
     }
 }
 
-fn bfe(ty: Ty, x: u64, pos: u32, len: u32) -> u64 {
+pub(super) fn bfe(ty: Ty, x: u64, pos: u32, len: u32) -> u64 {
     let msb = ty.bits() - 1;
     let sbit = if !ty.signed() || len == 0 {
         0
@@ -2835,7 +2908,7 @@ fn float_source(sty: Ty, x: u64, ftz: bool) -> f64 {
     }
 }
 
-fn convert(
+pub(super) fn convert(
     dty: Ty,
     sty: Ty,
     x: u64,
@@ -2928,7 +3001,7 @@ fn convert(
     }
 }
 
-fn atomic(op: AtomOp, ty: Ty, old: u64, x: u64, y: u64) -> u64 {
+pub(super) fn atomic(op: AtomOp, ty: Ty, old: u64, x: u64, y: u64) -> u64 {
     let mask = ty.mask();
     match op {
         // The ISA's atom.add.f32 flushes subnormal inputs and results to zero.

@@ -9,6 +9,8 @@
 
 mod exec;
 mod ir;
+#[cfg(feature = "jit")]
+mod jit;
 mod lex;
 mod parse;
 mod printf;
@@ -96,6 +98,15 @@ pub struct KernelInfo {
 pub struct Module {
     parsed: parse::Parsed,
     kernels: Vec<(KernelInfo, u32)>,
+    /// Its kernels' compiled code, made on their first compiled launch.
+    #[cfg(feature = "jit")]
+    jit: jit::Cache,
+    /// Whether its code relies on warps running in lock step: GCC's uniform-SIMT code
+    /// (OpenMP offloading, the `__nvptx_uni` masks) has every lane load a shared word, one
+    /// lane's atomic decide, and every lane compare its own loaded value, so it runs on the
+    /// interpreter, whose lanes see one value per load.
+    #[cfg(feature = "jit")]
+    lockstep: bool,
 }
 
 impl Module {
@@ -175,7 +186,17 @@ impl Module {
                 i as u32,
             ));
         }
-        Ok((Module { parsed, kernels }, charge))
+        Ok((
+            Module {
+                parsed,
+                kernels,
+                #[cfg(feature = "jit")]
+                jit: jit::Cache::default(),
+                #[cfg(feature = "jit")]
+                lockstep: images.iter().any(|t| t.contains("__nvptx_uni")),
+            },
+            charge,
+        ))
     }
 
     /// The names of the module's kernels (`.entry`).
@@ -246,6 +267,12 @@ pub fn launch(
     l: &Launch<'_>,
     memory: &dyn super::GlobalMemory,
 ) -> ComputeResult<LaunchStats> {
+    #[cfg(feature = "jit")]
+    if l.engine == Engine::Compiled
+        && let Some(result) = jit::launch(module, kernel, l, memory)
+    {
+        return result;
+    }
     exec::launch(module, kernel, l, memory)
 }
 

@@ -1,0 +1,1516 @@
+//! PTX functions to Cranelift IR: one native function per PTX function, running one thread.
+//!
+//! Registers are SSA variables (64-bit, masked to their declared width as the interpreter
+//! keeps them). The kernel's function starts with a jump table over its resume points: entry,
+//! and the instruction after each warp- or block-collective one, where it stored every
+//! register and returned [`YIELDED`]. Loads and stores check their bounds inline against the
+//! thread's areas and the last allocation it reached, and take the helper's path (which faults
+//! or refreshes that allocation) when a check fails. Each labelled block adds its length to
+//! the thread's fuel; a backward branch with [`FUEL_CHECK`] spent calls `h_check`.
+
+use std::collections::{HashMap, HashSet};
+use std::mem::offset_of;
+
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::{
+    AbiParam, Block, InstBuilder, JumpTableData, MemFlagsData as MemFlags, Signature, Type, Value,
+    types,
+};
+use cranelift_codegen::settings::{self, Configurable};
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
+use cranelift_jit::{JITBuilder, JITModule};
+use cranelift_module::{FuncId, Linkage, Module as _};
+
+use super::super::exec::{LOCAL_WINDOW, LaunchRegisters, SHARED_WINDOW, WINDOW_BYTES};
+use super::super::ir::*;
+use super::super::parse::Parsed;
+use super::lane;
+use super::{
+    EXITED, FAILED, FUEL_CHECK, MAX_COMPILED_INSTRUCTIONS, MAX_COMPILED_REGISTERS, RETURNED,
+    SREG_CTAID, SREG_DYN_SHARED, SREG_LANE, SREG_NCTAID, SREG_NTID, SREG_NWARP, SREG_TID,
+    SREG_WARP, THREAD_EXITED, Thread, YIELDED,
+};
+
+const I64: Type = types::I64;
+const I32: Type = types::I32;
+
+/// Whether an instruction needs the other lanes of its warp or threads of its block: the
+/// thread stops there and the block runtime executes it.
+fn collective(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Bar { .. }
+            | Op::Shfl { .. }
+            | Op::Vote { .. }
+            | Op::Activemask { .. }
+            | Op::WarpSync { .. }
+    )
+}
+
+/// Why the compiler does not take the kernel `f` (and every function it calls), if it does
+/// not: what it has no code for yet, or what is past its size limits.
+pub(super) fn refusal(m: &Parsed, f: u32) -> Option<String> {
+    let mut seen = HashSet::new();
+    let mut stack = vec![(f, 0usize)];
+    // Depth-first over the call graph: a function met again on the current path is recursion.
+    let mut path: Vec<u32> = Vec::new();
+    while let Some((g, depth)) = stack.pop() {
+        path.truncate(depth);
+        if path.contains(&g) {
+            return Some(format!("recursion through {}", m.funcs[g as usize].name));
+        }
+        path.push(g);
+        if !seen.insert(g) {
+            continue;
+        }
+        let func = &m.funcs[g as usize];
+        if func.start == func.end {
+            return Some(format!("{} has no body", func.name));
+        }
+        if (func.end - func.start) as usize > MAX_COMPILED_INSTRUCTIONS {
+            return Some(format!(
+                "{} has more than {MAX_COMPILED_INSTRUCTIONS} instructions",
+                func.name
+            ));
+        }
+        if func.regs.len() > MAX_COMPILED_REGISTERS {
+            return Some(format!(
+                "{} has more than {MAX_COMPILED_REGISTERS} registers",
+                func.name
+            ));
+        }
+        for inst in &m.code[func.start as usize..func.end as usize] {
+            let why = match &inst.op {
+                Op::Call {
+                    callee: Callee::Func(c),
+                    ..
+                } => {
+                    stack.push((*c, depth + 1));
+                    None
+                }
+                Op::Call {
+                    callee: Callee::Indirect(_),
+                    ..
+                } => Some("calls through a pointer"),
+                Op::Call {
+                    callee: Callee::Vprintf,
+                    ..
+                } => Some("printf"),
+                Op::Call {
+                    callee: Callee::AssertFail,
+                    ..
+                } => Some("assert"),
+                Op::Call {
+                    callee: Callee::Malloc | Callee::Free,
+                    ..
+                } => Some("the device heap"),
+                Op::Tex { .. } | Op::Surf { .. } | Op::Query(_) => Some("textures and surfaces"),
+                Op::Match { .. } => Some("match.sync"),
+                Op::BarRed { .. } => Some("bar.red"),
+                op if collective(op) && g != f => {
+                    Some("a collective instruction in a called function")
+                }
+                _ => None,
+            };
+            if let Some(why) = why {
+                return Some(format!("{why} (PTX line {})", inst.line));
+            }
+        }
+    }
+    None
+}
+
+/// A new code module for the host.
+fn new_module() -> Result<JITModule, String> {
+    let mut flags = settings::builder();
+    flags.set("opt_level", "speed").map_err(|e| e.to_string())?;
+    flags
+        .set("use_colocated_libcalls", "false")
+        .map_err(|e| e.to_string())?;
+    flags.set("is_pic", "false").map_err(|e| e.to_string())?;
+    let isa = cranelift_native::builder()
+        .map_err(|e| e.to_string())?
+        .finish(settings::Flags::new(flags))
+        .map_err(|e| e.to_string())?;
+    Ok(JITModule::new(JITBuilder::with_isa(
+        isa,
+        cranelift_module::default_libcall_names(),
+    )))
+}
+
+/// Compiles kernel `f` (and the functions it calls that are not compiled yet) into `jit`;
+/// the address of its finalized entry.
+pub(super) fn compile(
+    jit: &mut Option<JITModule>,
+    funcs: &mut HashMap<u32, FuncId>,
+    m: &Parsed,
+    f: u32,
+    regs: &LaunchRegisters,
+) -> Result<*const u8, String> {
+    if let Some(why) = refusal(m, f) {
+        return Err(why);
+    }
+    if jit.is_none() {
+        *jit = Some(new_module()?);
+    }
+    let module = jit.as_mut().expect("made above");
+    let ptr = module.target_config().pointer_type();
+    let mut sig = module.make_signature();
+    sig.params.push(AbiParam::new(ptr));
+    sig.returns.push(AbiParam::new(I32));
+    // Every function the kernel reaches, callees first.
+    let mut order = Vec::new();
+    let mut todo = vec![f];
+    let mut seen = HashSet::new();
+    while let Some(g) = todo.pop() {
+        if !seen.insert(g) {
+            continue;
+        }
+        order.push(g);
+        let func = &m.funcs[g as usize];
+        for inst in &m.code[func.start as usize..func.end as usize] {
+            if let Op::Call {
+                callee: Callee::Func(c),
+                ..
+            } = inst.op
+            {
+                todo.push(c);
+            }
+        }
+    }
+    let frontend = module.target_config();
+    let mut fctx = FunctionBuilderContext::new();
+    let mut ctx = module.make_context();
+    let mut defined = Vec::new();
+    for &g in order.iter().rev() {
+        let kernel = g == f;
+        // A kernel's function is its own (it has resume points); a `.func` is shared.
+        let key = if kernel { u32::MAX - g } else { g };
+        if funcs.contains_key(&key) {
+            continue;
+        }
+        let name = format!("ptx{}_{g}", if kernel { "k" } else { "f" });
+        let id = module
+            .declare_function(&name, Linkage::Local, &sig)
+            .map_err(|e| e.to_string())?;
+        funcs.insert(key, id);
+        ctx.func.signature = sig.clone();
+        {
+            let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
+            let mut callees = HashMap::new();
+            for inst in
+                &m.code[m.funcs[g as usize].start as usize..m.funcs[g as usize].end as usize]
+            {
+                if let Op::Call {
+                    callee: Callee::Func(c),
+                    ..
+                } = inst.op
+                {
+                    let cid = funcs[&c];
+                    callees
+                        .entry(c)
+                        .or_insert_with(|| module.declare_func_in_func(cid, b.func));
+                }
+            }
+            let mut t = Translator::new(&mut b, m, g, kernel, regs, ptr, callees);
+            t.function()?;
+            b.seal_all_blocks();
+            b.finalize(frontend);
+        }
+        module
+            .define_function(id, &mut ctx)
+            .map_err(|e| format!("code generation: {e:?}"))?;
+        module.clear_context(&mut ctx);
+        defined.push(id);
+    }
+    module.finalize_definitions().map_err(|e| e.to_string())?;
+    Ok(module.get_finalized_function(funcs[&(u32::MAX - f)]))
+}
+
+/// Where a load or store's bytes are, for the inline checks.
+#[derive(Clone, Copy)]
+enum Area {
+    Global,
+    Shared,
+    Local,
+    KParam,
+    FParam,
+}
+
+impl Area {
+    /// Offsets of the area's (pointer, length) in [`Thread`].
+    fn fields(self) -> (i32, i32) {
+        let o = |x: usize| x as i32;
+        match self {
+            Area::Global => (
+                o(offset_of!(Thread, span_ptr)),
+                o(offset_of!(Thread, span_len)),
+            ),
+            Area::Shared => (
+                o(offset_of!(Thread, shared)),
+                o(offset_of!(Thread, shared_len)),
+            ),
+            Area::Local => (
+                o(offset_of!(Thread, local)),
+                o(offset_of!(Thread, local_len)),
+            ),
+            Area::KParam => (
+                o(offset_of!(Thread, params)),
+                o(offset_of!(Thread, params_len)),
+            ),
+            Area::FParam => (
+                o(offset_of!(Thread, fparam)),
+                o(offset_of!(Thread, fparam_len)),
+            ),
+        }
+    }
+}
+
+struct Translator<'b, 'f, 'm> {
+    b: &'b mut FunctionBuilder<'f>,
+    m: &'m Parsed,
+    func: u32,
+    kernel: bool,
+    regs: &'m LaunchRegisters,
+    ptr: Type,
+    callees: HashMap<u32, cranelift_codegen::ir::FuncRef>,
+    /// The variable of each register of the function (index: register − first).
+    vars: Vec<Variable>,
+    first_reg: u32,
+    fuel: Variable,
+    thread: Value,
+    /// The block of each instruction that starts one (branch targets, resume continuations).
+    labels: HashMap<u32, Block>,
+    /// Length of the straight run each label starts (what it adds to the fuel).
+    lengths: HashMap<u32, i64>,
+    fail: Block,
+    /// The kernel's resume blocks (index 1.., in order) and the instruction each continues at.
+    resumes: Vec<(Block, u32)>,
+    sig_lane: Option<cranelift_codegen::ir::SigRef>,
+    sig_check: Option<cranelift_codegen::ir::SigRef>,
+    /// Whether the current block has ended (a jump, branch or return was emitted).
+    ended: bool,
+}
+
+fn flags() -> MemFlags {
+    MemFlags::trusted()
+}
+
+impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
+    fn new(
+        b: &'b mut FunctionBuilder<'f>,
+        m: &'m Parsed,
+        func: u32,
+        kernel: bool,
+        regs: &'m LaunchRegisters,
+        ptr: Type,
+        callees: HashMap<u32, cranelift_codegen::ir::FuncRef>,
+    ) -> Self {
+        let f = &m.funcs[func as usize];
+        let vars = f.regs.clone().map(|_| b.declare_var(I64)).collect();
+        let fuel = b.declare_var(I64);
+        let entry = b.create_block();
+        b.append_block_params_for_function_params(entry);
+        b.switch_to_block(entry);
+        let thread = b.block_params(entry)[0];
+        let fail = b.create_block();
+        Translator {
+            first_reg: f.regs.start,
+            b,
+            m,
+            func,
+            kernel,
+            regs,
+            ptr,
+            callees,
+            vars,
+            fuel,
+            thread,
+            labels: HashMap::new(),
+            lengths: HashMap::new(),
+            fail,
+            resumes: Vec::new(),
+            sig_lane: None,
+            sig_check: None,
+            ended: false,
+        }
+    }
+
+    fn f(&self) -> &'m Function {
+        &self.m.funcs[self.func as usize]
+    }
+
+    /// The whole function.
+    fn function(&mut self) -> Result<(), String> {
+        let (start, end) = (self.f().start, self.f().end);
+        // Labels: the targets of branches and the instructions after collective ones.
+        let mut starts: Vec<u32> = vec![start];
+        for pc in start..end {
+            match &self.m.code[pc as usize].op {
+                Op::Bra { target } => {
+                    if !(start..end).contains(target) {
+                        return Err(format!(
+                            "a branch out of its function (PTX line {})",
+                            self.m.code[pc as usize].line
+                        ));
+                    }
+                    starts.push(*target);
+                }
+                op if collective(op) => starts.push(pc + 1),
+                _ => {}
+            }
+        }
+        starts.sort_unstable();
+        starts.dedup();
+        for (i, &s) in starts.iter().enumerate() {
+            let next = starts.get(i + 1).copied().unwrap_or(end);
+            self.lengths
+                .insert(s, i64::from(next.saturating_sub(s)).max(1));
+            if s < end {
+                let blk = self.b.create_block();
+                self.labels.insert(s, blk);
+            }
+        }
+        let zero = self.b.ins().iconst(I64, 0);
+        self.b.def_var(self.fuel, zero);
+        for i in 0..self.vars.len() {
+            let v = self.vars[i];
+            self.b.def_var(v, zero);
+        }
+        if self.kernel {
+            // Resume points: one per collective instruction.
+            for pc in start..end {
+                if collective(&self.m.code[pc as usize].op) {
+                    let blk = self.b.create_block();
+                    self.resumes.push((blk, pc + 1));
+                }
+            }
+            let resume = self.load(I32, self.thread, offset_of!(Thread, resume));
+            let first = self.labels[&start];
+            let mut calls = Vec::new();
+            let dfg = &mut self.b.func.dfg;
+            for (blk, _) in &self.resumes {
+                calls.push(dfg.block_call(*blk, &[]));
+            }
+            let mut all = vec![dfg.block_call(first, &[])];
+            all.extend(calls);
+            let default = dfg.block_call(self.fail, &[]);
+            let jt = self.b.create_jump_table(JumpTableData::new(default, &all));
+            self.b.ins().br_table(resume, jt);
+            for k in 0..self.resumes.len() {
+                let (blk, cont) = self.resumes[k];
+                self.b.switch_to_block(blk);
+                self.reload_all();
+                let zero = self.b.ins().iconst(I64, 0);
+                self.b.def_var(self.fuel, zero);
+                let target = self.labels.get(&cont).copied();
+                match target {
+                    Some(t) => {
+                        self.b.ins().jump(t, &[]);
+                    }
+                    None => self.ret_exit(),
+                }
+            }
+        } else {
+            let first = self.labels[&start];
+            self.b.ins().jump(first, &[]);
+        }
+        self.ended = true;
+        let mut resume_index = 0u32;
+        for pc in start..end {
+            if let Some(&blk) = self.labels.get(&pc) {
+                if !self.ended {
+                    self.b.ins().jump(blk, &[]);
+                }
+                self.b.switch_to_block(blk);
+                self.ended = false;
+                let n = self.lengths[&pc];
+                let fuel = self.b.use_var(self.fuel);
+                let fuel = self.b.ins().iadd_imm_s(fuel, n);
+                self.b.def_var(self.fuel, fuel);
+            } else if self.ended {
+                // Unreachable code after a jump: give it a block of its own.
+                let blk = self.b.create_block();
+                self.b.switch_to_block(blk);
+                self.ended = false;
+            }
+            let inst = &self.m.code[pc as usize];
+            if collective(&inst.op) {
+                resume_index += 1;
+            }
+            self.instruction(pc, inst, resume_index)?;
+        }
+        if !self.ended {
+            // Falling off the end returns.
+            self.ret_normal();
+        }
+        self.b.switch_to_block(self.fail);
+        self.flush_fuel();
+        let code = self.b.ins().iconst(I32, i64::from(FAILED));
+        self.b.ins().return_(&[code]);
+        Ok(())
+    }
+
+    fn load(&mut self, ty: Type, base: Value, offset: usize) -> Value {
+        self.b.ins().load(ty, flags(), base, offset as i32)
+    }
+
+    fn reg_offset(&self, r: u32) -> i32 {
+        (self.regs.slots[(r - self.regs.base) as usize] as i32) * 8
+    }
+
+    fn var(&self, r: u32) -> Result<Variable, String> {
+        r.checked_sub(self.first_reg)
+            .and_then(|i| self.vars.get(i as usize).copied())
+            .ok_or_else(|| format!("register {r} of another function"))
+    }
+
+    /// Stores register `r` to the thread's saved registers.
+    fn spill(&mut self, r: u32) -> Result<(), String> {
+        let v = self.var(r)?;
+        let val = self.b.use_var(v);
+        let regs = self.load(self.ptr, self.thread, offset_of!(Thread, regs));
+        let off = self.reg_offset(r);
+        self.b.ins().store(flags(), val, regs, off);
+        Ok(())
+    }
+
+    fn reload(&mut self, r: u32) -> Result<(), String> {
+        let v = self.var(r)?;
+        let regs = self.load(self.ptr, self.thread, offset_of!(Thread, regs));
+        let off = self.reg_offset(r);
+        let val = self.b.ins().load(I64, flags(), regs, off);
+        self.b.def_var(v, val);
+        Ok(())
+    }
+
+    fn spill_all(&mut self) {
+        for r in self.f().regs.clone() {
+            self.spill(r).expect("own register");
+        }
+    }
+
+    fn reload_all(&mut self) {
+        for r in self.f().regs.clone() {
+            self.reload(r).expect("own register");
+        }
+    }
+
+    /// Adds the fuel spent to the thread's.
+    fn flush_fuel(&mut self) {
+        let fuel = self.b.use_var(self.fuel);
+        let off = offset_of!(Thread, fuel) as i32;
+        let old = self.b.ins().load(I64, flags(), self.thread, off);
+        let sum = self.b.ins().iadd(old, fuel);
+        self.b.ins().store(flags(), sum, self.thread, off);
+        let zero = self.b.ins().iconst(I64, 0);
+        self.b.def_var(self.fuel, zero);
+    }
+
+    fn ret_code(&mut self, code: u32) {
+        self.flush_fuel();
+        let c = self.b.ins().iconst(I32, i64::from(code));
+        self.b.ins().return_(&[c]);
+        self.ended = true;
+    }
+
+    /// The thread exits (from a kernel or from inside a call).
+    fn ret_exit(&mut self) {
+        self.ret_code(if self.kernel { EXITED } else { THREAD_EXITED });
+    }
+
+    /// `ret`: a function returns, a kernel's thread exits.
+    fn ret_normal(&mut self) {
+        self.ret_code(if self.kernel { EXITED } else { RETURNED });
+    }
+
+    fn sig(&mut self, params: &[Type], ret: Type) -> cranelift_codegen::ir::SigRef {
+        let mut s = Signature::new(self.b.func.signature.call_conv);
+        for &p in params {
+            s.params.push(AbiParam::new(p));
+        }
+        s.returns.push(AbiParam::new(ret));
+        self.b.import_signature(s)
+    }
+
+    /// Calls helper `f(thread, arg) -> u32`; on a non-zero answer, fails the function.
+    fn call_helper(&mut self, f: extern "C" fn(*mut Thread, u32) -> u32, arg: u32) {
+        let sig = match self.sig_lane {
+            Some(s) => s,
+            None => {
+                let s = self.sig(&[self.ptr, I32], I32);
+                self.sig_lane = Some(s);
+                s
+            }
+        };
+        let callee = self.b.ins().iconst(self.ptr, f as usize as i64);
+        let a = self.b.ins().iconst(I32, i64::from(arg));
+        let call = self.b.ins().call_indirect(sig, callee, &[self.thread, a]);
+        let rc = self.b.inst_results(call)[0];
+        self.fail_unless_zero(rc);
+    }
+
+    fn fail_unless_zero(&mut self, rc: Value) {
+        let ok = self.b.create_block();
+        let fail = self.fail;
+        self.b.ins().brif(rc, fail, &[], ok, &[]);
+        self.b.switch_to_block(ok);
+    }
+
+    /// The whole instruction through `h_lane`, its registers stored before and loaded after.
+    fn via_helper(&mut self, pc: u32, op: &Op) -> Result<(), String> {
+        let (reads, writes) = operands(op);
+        for r in reads {
+            self.spill(r)?;
+        }
+        self.call_helper(lane::h_lane, pc);
+        for r in writes {
+            if r != SINK {
+                self.reload(r)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn val(&mut self, s: Src) -> Result<Value, String> {
+        Ok(match s {
+            Src::Reg(r) => {
+                let v = self.var(r)?;
+                self.b.use_var(v)
+            }
+            Src::Imm(v) => self.b.ins().iconst(I64, v as i64),
+            Src::Special(sr) => self.special(sr),
+            Src::Sym(sym, off) => {
+                let base = self.sym(sym);
+                self.b.ins().iadd_imm_s(base, off)
+            }
+        })
+    }
+
+    fn sym(&mut self, s: SymRef) -> Value {
+        match s {
+            SymRef::Global(i) => {
+                let table = self.load(self.ptr, self.thread, offset_of!(Thread, symbols));
+                self.b.ins().load(I64, flags(), table, (i * 8) as i32)
+            }
+            SymRef::Shared(o)
+            | SymRef::Local(o)
+            | SymRef::KernelParam(o)
+            | SymRef::FuncParam(o) => self.b.ins().iconst(I64, i64::from(o)),
+            SymRef::DynShared => self
+                .b
+                .ins()
+                .iconst(I64, i64::from(self.m.shared_bytes.next_multiple_of(16))),
+        }
+    }
+
+    fn sreg_word(&mut self, i: usize) -> Value {
+        let off = offset_of!(Thread, sreg) + 4 * i;
+        let w = self.load(I32, self.thread, off);
+        self.b.ins().uextend(I64, w)
+    }
+
+    fn special(&mut self, s: Sreg) -> Value {
+        match s {
+            Sreg::Tid(d) => self.sreg_word(SREG_TID + usize::from(d)),
+            Sreg::Ntid(d) => self.sreg_word(SREG_NTID + usize::from(d)),
+            Sreg::Ctaid(d) => self.sreg_word(SREG_CTAID + usize::from(d)),
+            Sreg::Nctaid(d) => self.sreg_word(SREG_NCTAID + usize::from(d)),
+            Sreg::LaneId => self.sreg_word(SREG_LANE),
+            Sreg::WarpId => self.sreg_word(SREG_WARP),
+            Sreg::NWarpId => self.sreg_word(SREG_NWARP),
+            Sreg::SmId | Sreg::GridId => self.b.ins().iconst(I64, 0),
+            Sreg::NSmId => self.b.ins().iconst(I64, 1),
+            Sreg::DynamicSmemSize => self.sreg_word(SREG_DYN_SHARED),
+            Sreg::TotalSmemSize => self.load(I64, self.thread, offset_of!(Thread, shared_len)),
+            Sreg::LaneMaskEq
+            | Sreg::LaneMaskLt
+            | Sreg::LaneMaskLe
+            | Sreg::LaneMaskGt
+            | Sreg::LaneMaskGe => {
+                let lane = self.sreg_word(SREG_LANE);
+                let one = self.b.ins().iconst(I64, 1);
+                let bit = self.b.ins().ishl(one, lane);
+                let below = self.b.ins().iadd_imm_s(bit, -1);
+                let upto = {
+                    let two = self.b.ins().ishl_imm_s(bit, 1);
+                    let v = self.b.ins().iadd_imm_s(two, -1);
+                    self.b.ins().band_imm_s(v, 0xffff_ffff)
+                };
+                match s {
+                    Sreg::LaneMaskEq => bit,
+                    Sreg::LaneMaskLt => below,
+                    Sreg::LaneMaskLe => upto,
+                    Sreg::LaneMaskGt => {
+                        let n = self.b.ins().bnot(upto);
+                        self.b.ins().band_imm_s(n, 0xffff_ffff)
+                    }
+                    _ => {
+                        let n = self.b.ins().bnot(below);
+                        self.b.ins().band_imm_s(n, 0xffff_ffff)
+                    }
+                }
+            }
+            Sreg::Clock | Sreg::Clock64 | Sreg::GlobalTimer => {
+                let sig = self.sig(&[self.ptr, I32], I64);
+                let f: extern "C" fn(*mut Thread, u32) -> u64 = lane::h_special;
+                let callee = self.b.ins().iconst(self.ptr, f as usize as i64);
+                let which = self
+                    .b
+                    .ins()
+                    .iconst(I32, i64::from(matches!(s, Sreg::GlobalTimer)));
+                let call = self
+                    .b
+                    .ins()
+                    .call_indirect(sig, callee, &[self.thread, which]);
+                self.b.inst_results(call)[0]
+            }
+        }
+    }
+
+    /// Writes `v` to register `d`, masked to its width.
+    fn set(&mut self, d: u32, v: Value) -> Result<(), String> {
+        if d == SINK {
+            return Ok(());
+        }
+        let bits = self.m.reg_bits[d as usize];
+        let v = if bits >= 64 {
+            v
+        } else {
+            self.b.ins().band_imm_s(v, ((1u64 << bits) - 1) as i64)
+        };
+        let var = self.var(d)?;
+        self.b.def_var(var, v);
+        Ok(())
+    }
+
+    fn int_type(bits: u32) -> Type {
+        match bits {
+            8 => types::I8,
+            16 => types::I16,
+            32 => I32,
+            _ => I64,
+        }
+    }
+
+    /// `v` narrowed to `ty`'s width (an integer type of 8 to 64 bits).
+    fn narrow(&mut self, v: Value, ty: Ty) -> Value {
+        let t = Self::int_type(ty.bits());
+        if t == I64 {
+            v
+        } else {
+            self.b.ins().ireduce(t, v)
+        }
+    }
+
+    /// A narrowed value back to 64 bits: zero-extended (the register keeps the type's bits).
+    fn widen(&mut self, v: Value) -> Value {
+        if self.b.func.dfg.value_type(v) == I64 {
+            v
+        } else {
+            self.b.ins().uextend(I64, v)
+        }
+    }
+
+    fn f32_of(&mut self, v: Value) -> Value {
+        let w = self.b.ins().ireduce(I32, v);
+        self.b.ins().bitcast(types::F32, MemFlags::new(), w)
+    }
+
+    fn f32_bits(&mut self, v: Value) -> Value {
+        let w = self.b.ins().bitcast(I32, MemFlags::new(), v);
+        self.b.ins().uextend(I64, w)
+    }
+
+    fn f64_of(&mut self, v: Value) -> Value {
+        self.b.ins().bitcast(types::F64, MemFlags::new(), v)
+    }
+
+    fn f64_bits(&mut self, v: Value) -> Value {
+        self.b.ins().bitcast(I64, MemFlags::new(), v)
+    }
+
+    /// One instruction, its guard applied.
+    fn instruction(&mut self, pc: u32, inst: &'m Inst, resume_index: u32) -> Result<(), String> {
+        if let Op::Bra { target } = inst.op {
+            let to = self.labels[&target];
+            let backward = target <= pc;
+            match inst.guard {
+                Some((p, neg)) => {
+                    let c = self.val(Src::Reg(p))?;
+                    let next = self.b.create_block();
+                    let taken = if backward { self.b.create_block() } else { to };
+                    if neg {
+                        self.b.ins().brif(c, next, &[], taken, &[]);
+                    } else {
+                        self.b.ins().brif(c, taken, &[], next, &[]);
+                    }
+                    if backward {
+                        self.b.switch_to_block(taken);
+                        self.fuel_check();
+                        self.b.ins().jump(to, &[]);
+                    }
+                    self.b.switch_to_block(next);
+                }
+                None => {
+                    if backward {
+                        self.fuel_check();
+                    }
+                    self.b.ins().jump(to, &[]);
+                    self.ended = true;
+                }
+            }
+            return Ok(());
+        }
+        let cont = match inst.guard {
+            Some((p, neg)) => {
+                let c = self.val(Src::Reg(p))?;
+                let run = self.b.create_block();
+                let cont = self.b.create_block();
+                if neg {
+                    self.b.ins().brif(c, cont, &[], run, &[]);
+                } else {
+                    self.b.ins().brif(c, run, &[], cont, &[]);
+                }
+                self.b.switch_to_block(run);
+                Some(cont)
+            }
+            None => None,
+        };
+        self.op(pc, &inst.op, resume_index)?;
+        if let Some(cont) = cont {
+            if !self.ended {
+                self.b.ins().jump(cont, &[]);
+            }
+            self.b.switch_to_block(cont);
+            self.ended = false;
+        }
+        Ok(())
+    }
+
+    /// At a backward branch: past [`FUEL_CHECK`] thread-instructions, the launch's checks.
+    fn fuel_check(&mut self) {
+        let fuel = self.b.use_var(self.fuel);
+        let over = self
+            .b
+            .ins()
+            .icmp_imm_s(IntCC::SignedGreaterThanOrEqual, fuel, FUEL_CHECK);
+        let check = self.b.create_block();
+        let go = self.b.create_block();
+        self.b.ins().brif(over, check, &[], go, &[]);
+        self.b.switch_to_block(check);
+        let sig = match self.sig_check {
+            Some(s) => s,
+            None => {
+                let s = self.sig(&[self.ptr, I64], I32);
+                self.sig_check = Some(s);
+                s
+            }
+        };
+        let f: extern "C" fn(*mut Thread, u64) -> u32 = lane::h_check;
+        let callee = self.b.ins().iconst(self.ptr, f as usize as i64);
+        let call = self
+            .b
+            .ins()
+            .call_indirect(sig, callee, &[self.thread, fuel]);
+        let rc = self.b.inst_results(call)[0];
+        let zero = self.b.ins().iconst(I64, 0);
+        self.b.def_var(self.fuel, zero);
+        let fail = self.fail;
+        self.b.ins().brif(rc, fail, &[], go, &[]);
+        self.b.switch_to_block(go);
+    }
+
+    fn op(&mut self, pc: u32, op: &'m Op, resume_index: u32) -> Result<(), String> {
+        match op {
+            Op::Mov { d, a, .. } => {
+                let v = self.val(*a)?;
+                self.set(*d, v)?;
+            }
+            Op::MovVec { ty, n, ds, srcs } => {
+                let mut vals = Vec::new();
+                for s in srcs.iter().take(usize::from(*n)) {
+                    let v = self.val(*s)?;
+                    vals.push(self.b.ins().band_imm_s(v, ty.mask() as i64));
+                }
+                for (d, v) in ds.iter().zip(vals) {
+                    self.set(*d, v)?;
+                }
+            }
+            Op::Pack {
+                part_bits,
+                d,
+                parts,
+            } => {
+                let mut acc = self.b.ins().iconst(I64, 0);
+                for (i, p) in parts.iter().enumerate() {
+                    let v = self.val(*p)?;
+                    let v = self.b.ins().band_imm_s(v, ((1u64 << part_bits) - 1) as i64);
+                    let v = self.b.ins().ishl_imm_s(v, i64::from(i as u32 * part_bits));
+                    acc = self.b.ins().bor(acc, v);
+                }
+                self.set(*d, acc)?;
+            }
+            Op::Unpack { part_bits, ds, a } => {
+                let v = self.val(*a)?;
+                for (i, d) in ds.iter().enumerate() {
+                    let s = self.b.ins().ushr_imm_s(v, i64::from(i as u32 * part_bits));
+                    let s = self.b.ins().band_imm_s(s, ((1u64 << part_bits) - 1) as i64);
+                    self.set(*d, s)?;
+                }
+            }
+            Op::Cvta { to, space, d, a } => {
+                let window = match space {
+                    Space::Shared => SHARED_WINDOW,
+                    Space::Local => LOCAL_WINDOW,
+                    _ => 0,
+                } as i64;
+                let v = self.val(*a)?;
+                let r = self
+                    .b
+                    .ins()
+                    .iadd_imm_s(v, if *to { window.wrapping_neg() } else { window });
+                self.set(*d, r)?;
+            }
+            Op::IsSpace { space, p, a } => {
+                let v = self.val(*a)?;
+                let in_window = |t: &mut Self, w: u64| {
+                    let off = t.b.ins().iadd_imm_s(v, (w as i64).wrapping_neg());
+                    t.b.ins()
+                        .icmp_imm_s(IntCC::UnsignedLessThan, off, WINDOW_BYTES as i64)
+                };
+                let r = match space {
+                    Space::Shared => in_window(self, SHARED_WINDOW),
+                    Space::Local => in_window(self, LOCAL_WINDOW),
+                    _ => {
+                        let s = in_window(self, SHARED_WINDOW);
+                        let l = in_window(self, LOCAL_WINDOW);
+                        let either = self.b.ins().bor(s, l);
+                        self.b.ins().bxor_imm_s(either, 1)
+                    }
+                };
+                let r = self.b.ins().uextend(I64, r);
+                self.set(*p, r)?;
+            }
+            Op::Ld { .. } | Op::St { .. } => self.memory(pc, op)?,
+            Op::Bin {
+                op: bop,
+                ty,
+                d,
+                a,
+                b,
+                ftz,
+                sat,
+                rnd,
+            } => {
+                if !self.binary(*bop, *ty, *d, *a, *b, *ftz, *sat, *rnd)? {
+                    self.via_helper(pc, op)?;
+                }
+            }
+            Op::Un {
+                op: uop,
+                ty,
+                d,
+                a,
+                ftz,
+                ..
+            } => {
+                let x = self.val(*a)?;
+                let r = match (uop, ty) {
+                    (UnOp::Neg, t) if !t.float() && *t != Ty::Pred => {
+                        let n = self.narrow(x, *t);
+                        let n = self.b.ins().ineg(n);
+                        Some(self.widen(n))
+                    }
+                    (UnOp::Not, t) if !t.float() && *t != Ty::Pred => {
+                        let n = self.narrow(x, *t);
+                        let n = self.b.ins().bnot(n);
+                        Some(self.widen(n))
+                    }
+                    (UnOp::Neg | UnOp::Abs, Ty::F32) if !ftz => {
+                        let f = self.f32_of(x);
+                        let r = if *uop == UnOp::Neg {
+                            self.b.ins().fneg(f)
+                        } else {
+                            self.b.ins().fabs(f)
+                        };
+                        Some(self.f32_bits(r))
+                    }
+                    (UnOp::Neg | UnOp::Abs, Ty::F64) => {
+                        let f = self.f64_of(x);
+                        let r = if *uop == UnOp::Neg {
+                            self.b.ins().fneg(f)
+                        } else {
+                            self.b.ins().fabs(f)
+                        };
+                        Some(self.f64_bits(r))
+                    }
+                    _ => None,
+                };
+                match r {
+                    Some(r) => self.set(*d, r)?,
+                    None => self.via_helper(pc, op)?,
+                }
+            }
+            Op::Mad {
+                mode,
+                ty,
+                d,
+                a,
+                b,
+                c,
+                ftz,
+                sat,
+                rnd,
+            } => {
+                let r = match (mode, ty) {
+                    (MadMode::Lo, t) if !sat && !t.float() && *t != Ty::Pred => {
+                        let (x, y, z) = (self.val(*a)?, self.val(*b)?, self.val(*c)?);
+                        let (x, y, z) =
+                            (self.narrow(x, *t), self.narrow(y, *t), self.narrow(z, *t));
+                        let p = self.b.ins().imul(x, y);
+                        let s = self.b.ins().iadd(p, z);
+                        Some(self.widen(s))
+                    }
+                    (MadMode::Wide, Ty::S32 | Ty::U32) if !sat => {
+                        let (x, y, z) = (self.val(*a)?, self.val(*b)?, self.val(*c)?);
+                        let p = self.wide_product(*ty, x, y);
+                        Some(self.b.ins().iadd(p, z))
+                    }
+                    (MadMode::Float, Ty::F32) if !sat && !ftz && *rnd == Rnd::Rn => {
+                        let (x, y, z) = (self.val(*a)?, self.val(*b)?, self.val(*c)?);
+                        let (x, y, z) = (self.f32_of(x), self.f32_of(y), self.f32_of(z));
+                        let r = self.b.ins().fma(x, y, z);
+                        Some(self.f32_bits(r))
+                    }
+                    (MadMode::Float, Ty::F64) if !sat => {
+                        let (x, y, z) = (self.val(*a)?, self.val(*b)?, self.val(*c)?);
+                        let (x, y, z) = (self.f64_of(x), self.f64_of(y), self.f64_of(z));
+                        let r = self.b.ins().fma(x, y, z);
+                        Some(self.f64_bits(r))
+                    }
+                    _ => None,
+                };
+                match r {
+                    Some(r) => self.set(*d, r)?,
+                    None => self.via_helper(pc, op)?,
+                }
+            }
+            Op::Setp {
+                cmp,
+                ty,
+                to: CmpResult::Pred,
+                p,
+                q,
+                a,
+                b,
+                combine,
+                ftz,
+            } if !ftz && *ty != Ty::Pred && !ty.half() => {
+                let (x, y) = (self.val(*a)?, self.val(*b)?);
+                let t = self.compare(*cmp, *ty, x, y);
+                let nt = self.b.ins().bxor_imm_s(t, 1);
+                let (tp, tq) = match combine {
+                    Some((bop, c, neg)) => {
+                        let c = self.val(*c)?;
+                        let c = self.b.ins().icmp_imm_s(IntCC::NotEqual, c, 0);
+                        let c = if *neg {
+                            self.b.ins().bxor_imm_s(c, 1)
+                        } else {
+                            c
+                        };
+                        let f = |tr: &mut Self, v: Value| match bop {
+                            BoolOp::And => tr.b.ins().band(v, c),
+                            BoolOp::Or => tr.b.ins().bor(v, c),
+                            BoolOp::Xor => tr.b.ins().bxor(v, c),
+                        };
+                        (f(self, t), f(self, nt))
+                    }
+                    None => (t, nt),
+                };
+                let tp = self.b.ins().uextend(I64, tp);
+                let tq = self.b.ins().uextend(I64, tq);
+                self.set(*p, tp)?;
+                self.set(*q, tq)?;
+            }
+            Op::Selp { d, a, b, c, .. } => {
+                let (x, y, c) = (self.val(*a)?, self.val(*b)?, self.val(*c)?);
+                let r = self.b.ins().select(c, x, y);
+                self.set(*d, r)?;
+            }
+            Op::Cvt {
+                dty,
+                sty,
+                d,
+                a,
+                sat: false,
+                rnd: None,
+                irnd: None,
+                ..
+            } if !dty.float() && !sty.float() && *dty != Ty::Pred && *sty != Ty::Pred => {
+                let x = self.val(*a)?;
+                let n = self.narrow(x, *sty);
+                let wide = if self.b.func.dfg.value_type(n) == I64 {
+                    n
+                } else if sty.signed() {
+                    self.b.ins().sextend(I64, n)
+                } else {
+                    self.b.ins().uextend(I64, n)
+                };
+                let r = self.b.ins().band_imm_s(wide, dty.mask() as i64);
+                self.set(*d, r)?;
+            }
+            Op::Nop => {}
+            Op::Exit => self.ret_exit(),
+            Op::Ret => self.ret_normal(),
+            Op::Call {
+                callee: Callee::Func(f),
+                args,
+                ret,
+            } => {
+                if !args.is_empty() {
+                    self.call_helper(lane::h_enter, pc);
+                }
+                self.flush_fuel();
+                let fref = self.callees[f];
+                let call = self.b.ins().call(fref, &[self.thread]);
+                let rc = self.b.inst_results(call)[0];
+                let exited = self.b.create_block();
+                let back = self.b.create_block();
+                let fail = self.fail;
+                let is_fail = self.b.ins().icmp_imm_s(IntCC::Equal, rc, i64::from(FAILED));
+                let not_fail = self.b.create_block();
+                self.b.ins().brif(is_fail, fail, &[], not_fail, &[]);
+                self.b.switch_to_block(not_fail);
+                self.b.ins().brif(rc, exited, &[], back, &[]);
+                self.b.switch_to_block(exited);
+                self.ret_exit();
+                self.b.switch_to_block(back);
+                self.ended = false;
+                if ret.is_some() {
+                    self.call_helper(lane::h_leave, pc);
+                }
+            }
+            op if collective(op) => {
+                self.spill_all();
+                let idx = self.b.ins().iconst(I32, i64::from(resume_index));
+                self.b
+                    .ins()
+                    .store(flags(), idx, self.thread, offset_of!(Thread, resume) as i32);
+                let at = self.b.ins().iconst(I32, i64::from(pc));
+                self.b
+                    .ins()
+                    .store(flags(), at, self.thread, offset_of!(Thread, stop_pc) as i32);
+                self.ret_code(YIELDED);
+                // The code after a guarded collective continues in the instruction's own
+                // continuation block; its resume block enters at the next label.
+            }
+            _ => self.via_helper(pc, op)?,
+        }
+        Ok(())
+    }
+
+    /// The 64-bit product of two 32-bit operands of `ty`'s signedness.
+    fn wide_product(&mut self, ty: Ty, x: Value, y: Value) -> Value {
+        let (x, y) = (self.b.ins().ireduce(I32, x), self.b.ins().ireduce(I32, y));
+        let (x, y) = if ty.signed() {
+            (self.b.ins().sextend(I64, x), self.b.ins().sextend(I64, y))
+        } else {
+            (self.b.ins().uextend(I64, x), self.b.ins().uextend(I64, y))
+        };
+        self.b.ins().imul(x, y)
+    }
+
+    /// A comparison as an `i8` 0 or 1.
+    fn compare(&mut self, cmp: Cmp, ty: Ty, x: Value, y: Value) -> Value {
+        if ty.float() {
+            let (a, b) = if ty == Ty::F32 {
+                (self.f32_of(x), self.f32_of(y))
+            } else {
+                (self.f64_of(x), self.f64_of(y))
+            };
+            let cc = match cmp {
+                Cmp::Eq => FloatCC::Equal,
+                Cmp::Ne => FloatCC::OrderedNotEqual,
+                Cmp::Lt | Cmp::Lo => FloatCC::LessThan,
+                Cmp::Le | Cmp::Ls => FloatCC::LessThanOrEqual,
+                Cmp::Gt | Cmp::Hi => FloatCC::GreaterThan,
+                Cmp::Ge | Cmp::Hs => FloatCC::GreaterThanOrEqual,
+                Cmp::Equ => FloatCC::UnorderedOrEqual,
+                Cmp::Neu => FloatCC::NotEqual,
+                Cmp::Ltu => FloatCC::UnorderedOrLessThan,
+                Cmp::Leu => FloatCC::UnorderedOrLessThanOrEqual,
+                Cmp::Gtu => FloatCC::UnorderedOrGreaterThan,
+                Cmp::Geu => FloatCC::UnorderedOrGreaterThanOrEqual,
+                Cmp::Num => FloatCC::Ordered,
+                Cmp::Nan => FloatCC::Unordered,
+            };
+            return self.b.ins().fcmp(cc, a, b);
+        }
+        let (a, b) = (self.narrow(x, ty), self.narrow(y, ty));
+        let s = ty.signed();
+        let cc = match cmp {
+            Cmp::Eq | Cmp::Equ => IntCC::Equal,
+            Cmp::Ne | Cmp::Neu => IntCC::NotEqual,
+            Cmp::Lt | Cmp::Ltu if s => IntCC::SignedLessThan,
+            Cmp::Le | Cmp::Leu if s => IntCC::SignedLessThanOrEqual,
+            Cmp::Gt | Cmp::Gtu if s => IntCC::SignedGreaterThan,
+            Cmp::Ge | Cmp::Geu if s => IntCC::SignedGreaterThanOrEqual,
+            Cmp::Lt | Cmp::Ltu | Cmp::Lo => IntCC::UnsignedLessThan,
+            Cmp::Le | Cmp::Leu | Cmp::Ls => IntCC::UnsignedLessThanOrEqual,
+            Cmp::Gt | Cmp::Gtu | Cmp::Hi => IntCC::UnsignedGreaterThan,
+            Cmp::Ge | Cmp::Geu | Cmp::Hs => IntCC::UnsignedGreaterThanOrEqual,
+            Cmp::Num => return self.b.ins().iconst(types::I8, 1),
+            Cmp::Nan => return self.b.ins().iconst(types::I8, 0),
+        };
+        self.b.ins().icmp(cc, a, b)
+    }
+
+    /// A binary operation inline where the compiler has code for it; whether it had.
+    #[allow(clippy::too_many_arguments)]
+    fn binary(
+        &mut self,
+        op: BinOp,
+        ty: Ty,
+        d: u32,
+        a: Src,
+        b: Src,
+        ftz: bool,
+        sat: bool,
+        rnd: Rnd,
+    ) -> Result<bool, String> {
+        if ty == Ty::F32 {
+            if ftz
+                || sat
+                || rnd != Rnd::Rn
+                || !matches!(op, BinOp::Add | BinOp::Sub | BinOp::MulLo | BinOp::Div)
+            {
+                return Ok(false);
+            }
+            let (x, y) = (self.val(a)?, self.val(b)?);
+            let (x, y) = (self.f32_of(x), self.f32_of(y));
+            let r = match op {
+                BinOp::Add => self.b.ins().fadd(x, y),
+                BinOp::Sub => self.b.ins().fsub(x, y),
+                BinOp::MulLo => self.b.ins().fmul(x, y),
+                _ => self.b.ins().fdiv(x, y),
+            };
+            let r = self.f32_bits(r);
+            self.set(d, r)?;
+            return Ok(true);
+        }
+        if ty.float() || ty == Ty::Pred || sat {
+            return Ok(false);
+        }
+        let bits = ty.bits();
+        let (x, y) = (self.val(a)?, self.val(b)?);
+        let r = match op {
+            BinOp::Add
+            | BinOp::Sub
+            | BinOp::MulLo
+            | BinOp::And
+            | BinOp::Or
+            | BinOp::Xor
+            | BinOp::Min
+            | BinOp::Max => {
+                let (nx, ny) = (self.narrow(x, ty), self.narrow(y, ty));
+                let r = match op {
+                    BinOp::Add => self.b.ins().iadd(nx, ny),
+                    BinOp::Sub => self.b.ins().isub(nx, ny),
+                    BinOp::MulLo => self.b.ins().imul(nx, ny),
+                    BinOp::And => self.b.ins().band(nx, ny),
+                    BinOp::Or => self.b.ins().bor(nx, ny),
+                    BinOp::Xor => self.b.ins().bxor(nx, ny),
+                    BinOp::Min if ty.signed() => self.b.ins().smin(nx, ny),
+                    BinOp::Max if ty.signed() => self.b.ins().smax(nx, ny),
+                    BinOp::Min => self.b.ins().umin(nx, ny),
+                    _ => self.b.ins().umax(nx, ny),
+                };
+                self.widen(r)
+            }
+            BinOp::Shl | BinOp::Shr => {
+                let n = self.b.ins().band_imm_s(y, 0xffff_ffff);
+                let nx = self.narrow(x, ty);
+                let t = Self::int_type(bits);
+                let big =
+                    self.b
+                        .ins()
+                        .icmp_imm_s(IntCC::UnsignedGreaterThanOrEqual, n, i64::from(bits));
+                let amount = if t == I64 {
+                    n
+                } else {
+                    self.b.ins().ireduce(t, n)
+                };
+                let r = if op == BinOp::Shr && ty.signed() {
+                    let max = self.b.ins().iconst(t, i64::from(bits - 1));
+                    let amount = self.b.ins().select(big, max, amount);
+                    self.b.ins().sshr(nx, amount)
+                } else {
+                    let shifted = if op == BinOp::Shl {
+                        self.b.ins().ishl(nx, amount)
+                    } else {
+                        self.b.ins().ushr(nx, amount)
+                    };
+                    let zero = self.b.ins().iconst(t, 0);
+                    self.b.ins().select(big, zero, shifted)
+                };
+                self.widen(r)
+            }
+            BinOp::MulWide if bits == 32 => self.wide_product(ty, x, y),
+            BinOp::MulHi if bits == 32 || bits == 64 => {
+                let (nx, ny) = (self.narrow(x, ty), self.narrow(y, ty));
+                let r = if ty.signed() {
+                    self.b.ins().smulhi(nx, ny)
+                } else {
+                    self.b.ins().umulhi(nx, ny)
+                };
+                self.widen(r)
+            }
+            _ => return Ok(false),
+        };
+        self.set(d, r)?;
+        Ok(true)
+    }
+
+    /// A load or store: inline when its bytes lie in the area its space names (or, generic,
+    /// the area its address falls in), else through the helper.
+    fn memory(&mut self, pc: u32, op: &'m Op) -> Result<(), String> {
+        let (space, ty, n, addr) = match op {
+            Op::Ld {
+                space, ty, n, addr, ..
+            }
+            | Op::St {
+                space, ty, n, addr, ..
+            } => (*space, *ty, *n, *addr),
+            _ => unreachable!("memory of a load or store"),
+        };
+        let size = ty.bytes();
+        let total = i64::from(size) * i64::from(n);
+        let base = match addr.base {
+            AddrBase::Reg(r) => self.val(Src::Reg(r))?,
+            AddrBase::Sym(s) => self.sym(s),
+            AddrBase::Abs => self.b.ins().iconst(I64, 0),
+        };
+        let a = self.b.ins().iadd_imm_s(base, addr.offset);
+        let slow = self.b.create_block();
+        let done = self.b.create_block();
+        let store = matches!(op, Op::St { .. });
+        match space {
+            Space::Global | Space::Const => self.fast(op, Area::Global, a, total, slow, done)?,
+            Space::Shared => self.fast(op, Area::Shared, a, total, slow, done)?,
+            Space::Local => self.fast(op, Area::Local, a, total, slow, done)?,
+            Space::Param => match addr.base {
+                AddrBase::Sym(SymRef::KernelParam(_)) if !store => {
+                    self.fast(op, Area::KParam, a, total, slow, done)?
+                }
+                AddrBase::Sym(SymRef::KernelParam(_)) => {
+                    self.b.ins().jump(slow, &[]);
+                }
+                _ => self.fast(op, Area::FParam, a, total, slow, done)?,
+            },
+            Space::Generic => {
+                let shared_off = self
+                    .b
+                    .ins()
+                    .iadd_imm_s(a, (SHARED_WINDOW as i64).wrapping_neg());
+                let local_off = self
+                    .b
+                    .ins()
+                    .iadd_imm_s(a, (LOCAL_WINDOW as i64).wrapping_neg());
+                let in_shared = self.b.ins().icmp_imm_s(
+                    IntCC::UnsignedLessThan,
+                    shared_off,
+                    WINDOW_BYTES as i64,
+                );
+                let in_local = self.b.ins().icmp_imm_s(
+                    IntCC::UnsignedLessThan,
+                    local_off,
+                    WINDOW_BYTES as i64,
+                );
+                let (sb, nb, lb, gb) = (
+                    self.b.create_block(),
+                    self.b.create_block(),
+                    self.b.create_block(),
+                    self.b.create_block(),
+                );
+                self.b.ins().brif(in_shared, sb, &[], nb, &[]);
+                self.b.switch_to_block(sb);
+                self.fast(op, Area::Shared, shared_off, total, slow, done)?;
+                self.b.switch_to_block(nb);
+                self.b.ins().brif(in_local, lb, &[], gb, &[]);
+                self.b.switch_to_block(lb);
+                self.fast(op, Area::Local, local_off, total, slow, done)?;
+                self.b.switch_to_block(gb);
+                self.fast(op, Area::Global, a, total, slow, done)?;
+            }
+        }
+        self.b.switch_to_block(slow);
+        self.via_helper(pc, op)?;
+        self.b.ins().jump(done, &[]);
+        self.b.switch_to_block(done);
+        Ok(())
+    }
+
+    /// The inline access of `op` at offset (global: address) `a` of `area`, `total` bytes:
+    /// checked, then done, then on to `done`; a failed check goes to `slow`.
+    fn fast(
+        &mut self,
+        op: &'m Op,
+        area: Area,
+        a: Value,
+        total: i64,
+        slow: Block,
+        done: Block,
+    ) -> Result<(), String> {
+        let (ptr_field, len_field) = area.fields();
+        let len = self.b.ins().load(I64, flags(), self.thread, len_field);
+        let off = match area {
+            Area::Global => {
+                let base = self.load(I64, self.thread, offset_of!(Thread, span_base));
+                self.b.ins().isub(a, base)
+            }
+            _ => a,
+        };
+        let inside = self.b.ins().icmp(IntCC::UnsignedLessThan, off, len);
+        let end = self.b.ins().iadd_imm_s(off, total);
+        let fits = self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, end, len);
+        let ok = self.b.ins().band(inside, fits);
+        let ok = if total > 1 {
+            let low = self.b.ins().band_imm_s(a, total - 1);
+            let aligned = self.b.ins().icmp_imm_s(IntCC::Equal, low, 0);
+            self.b.ins().band(ok, aligned)
+        } else {
+            ok
+        };
+        let go = self.b.create_block();
+        self.b.ins().brif(ok, go, &[], slow, &[]);
+        self.b.switch_to_block(go);
+        let base = self.b.ins().load(self.ptr, flags(), self.thread, ptr_field);
+        let p = self.b.ins().iadd(base, off);
+        let mf = MemFlags::trusted();
+        match op {
+            Op::Ld { ty, n, ds, .. } => {
+                let size = ty.bytes() as i32;
+                for (i, d) in ds.iter().take(usize::from(*n)).enumerate() {
+                    if *d == SINK {
+                        continue;
+                    }
+                    let at = i as i32 * size;
+                    let v = match (size, ty.signed()) {
+                        (1, false) => self.b.ins().uload8(I64, mf, p, at),
+                        (1, true) => self.b.ins().sload8(I64, mf, p, at),
+                        (2, false) => self.b.ins().uload16(I64, mf, p, at),
+                        (2, true) => self.b.ins().sload16(I64, mf, p, at),
+                        (4, false) => self.b.ins().uload32(mf, p, at),
+                        (4, true) => self.b.ins().sload32(mf, p, at),
+                        _ => self.b.ins().load(I64, mf, p, at),
+                    };
+                    self.set(*d, v)?;
+                }
+            }
+            Op::St { ty, n, srcs, .. } => {
+                let size = ty.bytes() as i32;
+                for (i, s) in srcs.iter().take(usize::from(*n)).enumerate() {
+                    let v = self.val(*s)?;
+                    let at = i as i32 * size;
+                    match size {
+                        1 => self.b.ins().istore8(mf, v, p, at),
+                        2 => self.b.ins().istore16(mf, v, p, at),
+                        4 => self.b.ins().istore32(mf, v, p, at),
+                        _ => self.b.ins().store(mf, v, p, at),
+                    };
+                }
+            }
+            _ => unreachable!("fast of a load or store"),
+        }
+        self.b.ins().jump(done, &[]);
+        Ok(())
+    }
+}
+
+/// The registers an instruction reads and writes (`SINK` among the writes is no register).
+fn operands(op: &Op) -> (Vec<u32>, Vec<u32>) {
+    let mut reads = Vec::new();
+    let src = |s: &Src, reads: &mut Vec<u32>| {
+        if let Src::Reg(r) = s {
+            reads.push(*r);
+        }
+    };
+    let addr = |a: &Addr, reads: &mut Vec<u32>| {
+        if let AddrBase::Reg(r) = a.base {
+            reads.push(r);
+        }
+    };
+    let writes = match op {
+        Op::Ld { ds, n, addr: a, .. } => {
+            addr(a, &mut reads);
+            ds[..usize::from(*n)].to_vec()
+        }
+        Op::St {
+            srcs, n, addr: a, ..
+        } => {
+            addr(a, &mut reads);
+            for s in &srcs[..usize::from(*n)] {
+                src(s, &mut reads);
+            }
+            vec![]
+        }
+        Op::Atom {
+            d, addr: a, b, c, ..
+        } => {
+            addr(a, &mut reads);
+            src(b, &mut reads);
+            src(c, &mut reads);
+            vec![*d]
+        }
+        Op::Bin { d, a, b, .. } => {
+            src(a, &mut reads);
+            src(b, &mut reads);
+            vec![*d]
+        }
+        Op::Un { d, a, .. } | Op::Cvt { d, a, .. } => {
+            src(a, &mut reads);
+            vec![*d]
+        }
+        Op::Mad { d, a, b, c, .. }
+        | Op::Slct { d, a, b, c, .. }
+        | Op::Bfe { d, a, b, c, .. }
+        | Op::Prmt { d, a, b, c }
+        | Op::Video { d, a, b, c, .. }
+        | Op::Carry { d, a, b, c, .. } => {
+            for s in [a, b, c] {
+                src(s, &mut reads);
+            }
+            vec![*d]
+        }
+        Op::Setp {
+            p,
+            q,
+            a,
+            b,
+            combine,
+            ..
+        } => {
+            src(a, &mut reads);
+            src(b, &mut reads);
+            if let Some((_, c, _)) = combine {
+                src(c, &mut reads);
+            }
+            vec![*p, *q]
+        }
+        Op::Bits { d, srcs, .. } => {
+            for s in srcs {
+                src(s, &mut reads);
+            }
+            vec![*d]
+        }
+        Op::Bfi { d, f, b, c, e, .. } => {
+            for s in [f, b, c, e] {
+                src(s, &mut reads);
+            }
+            vec![*d]
+        }
+        _ => vec![],
+    };
+    (reads, writes)
+}

@@ -1,0 +1,581 @@
+//! What compiled code calls: one thread's instruction where the compiler emits no inline
+//! code (computed by the interpreter's own functions, so both engines give the same bits),
+//! memory accesses that missed the inline checks, calls' parameter copies and the launch's
+//! checks. Each takes the thread's state; registers are read from and written to its saved
+//! registers, which the compiled code stores before and loads after the call.
+
+use std::sync::atomic::Ordering;
+
+use super::super::exec::{
+    self, LOCAL_WINDOW, SHARED_WINDOW, bfe, bfi, binary, bits, carry, check_align, compare,
+    convert, fault, generic_space, mad, prmt, sext, unary, video,
+};
+use super::super::ir::*;
+use super::{
+    Env, FAILED, SREG_CTAID, SREG_DYN_SHARED, SREG_LANE, SREG_NCTAID, SREG_NTID, SREG_NWARP,
+    SREG_TID, SREG_WARP, Thread,
+};
+use crate::compute::memory::{Fault, FaultKind};
+use crate::compute::{ComputeError, ComputeResult};
+
+/// A special register's value for a thread (the clocks through the launch's counters).
+pub(super) fn special(t: &Thread, s: Sreg) -> u64 {
+    let lane = t.sreg[SREG_LANE];
+    let lane_bit = 1u64 << lane;
+    let w = |i: usize| u64::from(t.sreg[i]);
+    match s {
+        Sreg::Tid(d) => w(SREG_TID + usize::from(d)),
+        Sreg::Ntid(d) => w(SREG_NTID + usize::from(d)),
+        Sreg::Ctaid(d) => w(SREG_CTAID + usize::from(d)),
+        Sreg::Nctaid(d) => w(SREG_NCTAID + usize::from(d)),
+        Sreg::LaneId => w(SREG_LANE),
+        Sreg::WarpId => w(SREG_WARP),
+        Sreg::NWarpId => w(SREG_NWARP),
+        Sreg::SmId | Sreg::GridId => 0,
+        Sreg::NSmId => 1,
+        Sreg::Clock | Sreg::Clock64 => {
+            env(t).executed.load(Ordering::Relaxed) + t.fuel / super::THREAD_INSTRUCTIONS_PER_UNIT
+        }
+        Sreg::GlobalTimer => env(t).started.elapsed().as_nanos() as u64,
+        Sreg::LaneMaskEq => lane_bit,
+        Sreg::LaneMaskLt => lane_bit - 1,
+        Sreg::LaneMaskLe => (lane_bit << 1).wrapping_sub(1) & 0xffff_ffff,
+        Sreg::LaneMaskGt => !((lane_bit << 1).wrapping_sub(1)) & 0xffff_ffff,
+        Sreg::LaneMaskGe => !(lane_bit - 1) & 0xffff_ffff,
+        Sreg::DynamicSmemSize => w(SREG_DYN_SHARED),
+        Sreg::TotalSmemSize => t.shared_len,
+    }
+}
+
+fn env<'e>(t: &Thread) -> &'e Env<'static> {
+    // SAFETY: a thread's `env` points at its launch's `Env`, which outlives every run of the
+    // launch's threads (the block runtime calls compiled code inside the launch's scope), and
+    // the helpers keep the reference no longer than their call.
+    unsafe { &*t.env }
+}
+
+/// Where a memory operand's bytes are.
+#[derive(Debug, Clone, Copy)]
+enum Loc {
+    Global(u64),
+    Shared(u64),
+    Local(u64),
+    KParam(u64),
+    FParam(u64),
+}
+
+/// One thread, for the duration of a helper call.
+struct Lane<'t> {
+    t: &'t mut Thread,
+    env: &'t Env<'static>,
+}
+
+impl Lane<'_> {
+    fn reg(&self, r: u32) -> u64 {
+        // SAFETY: `regs` holds the launch's registers of this thread, and `slot` is below
+        // their count for every register of the functions the kernel reaches.
+        unsafe { *self.t.regs.add(self.env.slot(r)) }
+    }
+
+    fn val(&self, s: Src) -> u64 {
+        match s {
+            Src::Reg(r) => self.reg(r),
+            Src::Imm(v) => v,
+            Src::Special(sr) => special(self.t, sr),
+            Src::Sym(sym, off) => self.sym(sym).wrapping_add_signed(off),
+        }
+    }
+
+    fn sym(&self, s: SymRef) -> u64 {
+        match s {
+            SymRef::Global(i) => self.env.l.symbols[i as usize],
+            SymRef::Shared(o) | SymRef::Local(o) => u64::from(o),
+            SymRef::DynShared => u64::from(self.env.m.shared_bytes.next_multiple_of(16)),
+            SymRef::KernelParam(o) | SymRef::FuncParam(o) => u64::from(o),
+        }
+    }
+
+    fn set(&mut self, d: u32, v: u64) {
+        if d == SINK {
+            return;
+        }
+        let bits = self.env.m.reg_bits[d as usize];
+        let mask = if bits >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << bits) - 1
+        };
+        // SAFETY: as in `reg`.
+        unsafe { *self.t.regs.add(self.env.slot(d)) = v & mask };
+    }
+
+    fn address(&self, a: Addr) -> u64 {
+        let base = match a.base {
+            AddrBase::Reg(r) => self.reg(r),
+            AddrBase::Sym(s) => self.sym(s),
+            AddrBase::Abs => 0,
+        };
+        base.wrapping_add(a.offset as u64)
+    }
+
+    fn locate(&self, space: Space, addr: u64, a: Addr) -> Loc {
+        match space {
+            Space::Global | Space::Const => Loc::Global(addr),
+            Space::Shared => Loc::Shared(addr),
+            Space::Local => Loc::Local(addr),
+            Space::Param => match a.base {
+                AddrBase::Sym(SymRef::KernelParam(_)) => Loc::KParam(addr),
+                _ => Loc::FParam(addr),
+            },
+            Space::Generic => match generic_space(addr) {
+                Space::Shared => Loc::Shared(addr - SHARED_WINDOW),
+                Space::Local => Loc::Local(addr - LOCAL_WINDOW),
+                _ => Loc::Global(addr),
+            },
+        }
+    }
+
+    /// The area a non-global location is in: (start, length, writable).
+    fn area(&self, loc: Loc) -> (*mut u8, u64, u64, bool) {
+        let t = &*self.t;
+        match loc {
+            Loc::Shared(o) => (t.shared, t.shared_len, o, true),
+            Loc::Local(o) => (t.local, t.local_len, o, true),
+            Loc::FParam(o) => (t.fparam, t.fparam_len, o, true),
+            Loc::KParam(o) => (t.params.cast_mut(), t.params_len, o, false),
+            Loc::Global(_) => (std::ptr::null_mut(), 0, 0, false),
+        }
+    }
+
+    /// Remembers the allocation holding `addr` for the inline checks.
+    fn cache_span(&mut self, addr: u64) {
+        if let Some(span) = self.env.memory.host_span(addr) {
+            self.t.span_base = span.base;
+            self.t.span_len = span.len;
+            self.t.span_ptr = span.ptr;
+        }
+    }
+
+    fn read(&mut self, loc: Loc, buf: &mut [u8]) -> ComputeResult<()> {
+        if let Loc::Global(a) = loc {
+            self.env.memory.read(a, buf).map_err(fault)?;
+            self.cache_span(a);
+            return Ok(());
+        }
+        let (ptr, len, off, _) = self.area(loc);
+        let n = buf.len() as u64;
+        match off.checked_add(n).filter(|&e| e <= len) {
+            Some(_) => {
+                // SAFETY: `[off, off + n)` lies inside the area of `len` bytes at `ptr`,
+                // which the block keeps alive while its threads run.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        ptr.add(off as usize),
+                        buf.as_mut_ptr(),
+                        buf.len(),
+                    )
+                };
+                Ok(())
+            }
+            None => Err(fault(Fault {
+                kind: FaultKind::OutOfRange,
+                addr: off,
+                size: n,
+            })),
+        }
+    }
+
+    fn write(&mut self, loc: Loc, data: &[u8]) -> ComputeResult<()> {
+        if let Loc::Global(a) = loc {
+            self.env.memory.write(a, data).map_err(fault)?;
+            self.cache_span(a);
+            return Ok(());
+        }
+        let (ptr, len, off, writable) = self.area(loc);
+        if !writable {
+            return Err(ComputeError::IllegalInstruction(
+                "store to a kernel parameter".into(),
+            ));
+        }
+        let n = data.len() as u64;
+        match off.checked_add(n).filter(|&e| e <= len) {
+            Some(_) => {
+                // SAFETY: as in `read`; the area is this thread's or its block's, written by
+                // the one host thread that runs the block.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(data.as_ptr(), ptr.add(off as usize), data.len())
+                };
+                Ok(())
+            }
+            None => Err(fault(Fault {
+                kind: FaultKind::OutOfRange,
+                addr: off,
+                size: n,
+            })),
+        }
+    }
+
+    /// One instruction for this thread (its guard already true).
+    fn execute(&mut self, op: &Op) -> ComputeResult<()> {
+        match op {
+            Op::Ld {
+                space,
+                ty,
+                n,
+                ds,
+                addr,
+            } => {
+                let size = ty.bytes() as usize;
+                let total = size * usize::from(*n);
+                let a = self.address(*addr);
+                check_align(a, total as u64)?;
+                let loc = self.locate(*space, a, *addr);
+                let mut buf = [0u8; 32];
+                self.read(loc, &mut buf[..total])?;
+                for (i, d) in ds.iter().take(usize::from(*n)).enumerate() {
+                    let mut le = [0u8; 8];
+                    le[..size].copy_from_slice(&buf[i * size..(i + 1) * size]);
+                    let raw = u64::from_le_bytes(le);
+                    let v = if ty.signed() {
+                        sext(raw, ty.bits()) as u64
+                    } else {
+                        raw
+                    };
+                    self.set(*d, v);
+                }
+            }
+            Op::St {
+                space,
+                ty,
+                n,
+                srcs,
+                addr,
+            } => {
+                let size = ty.bytes() as usize;
+                let a = self.address(*addr);
+                check_align(a, size as u64 * u64::from(*n))?;
+                let loc = self.locate(*space, a, *addr);
+                let mut buf = [0u8; 32];
+                for (i, s) in srcs.iter().take(usize::from(*n)).enumerate() {
+                    let v = self.val(*s);
+                    buf[i * size..(i + 1) * size].copy_from_slice(&v.to_le_bytes()[..size]);
+                }
+                self.write(loc, &buf[..size * usize::from(*n)])?;
+            }
+            Op::Bin {
+                op,
+                ty,
+                d,
+                a,
+                b,
+                ftz,
+                sat,
+                rnd,
+            } => {
+                let r = binary(*op, *ty, self.val(*a), self.val(*b), *ftz, *sat, *rnd);
+                self.set(*d, r);
+            }
+            Op::Un {
+                op,
+                ty,
+                d,
+                a,
+                ftz,
+                rnd,
+            } => {
+                let r = unary(*op, *ty, self.val(*a), *ftz, *rnd);
+                self.set(*d, r);
+            }
+            Op::Mad {
+                mode,
+                ty,
+                d,
+                a,
+                b,
+                c,
+                ftz,
+                sat,
+                rnd,
+            } => {
+                let v = [*a, *b, *c].map(|s| self.val(s));
+                self.set(*d, mad(*mode, *ty, v, *ftz, *sat, *rnd));
+            }
+            Op::Setp {
+                cmp,
+                ty,
+                to,
+                p,
+                q,
+                a,
+                b,
+                combine,
+                ftz,
+            } => {
+                let t = compare(*cmp, *ty, self.val(*a), self.val(*b), *ftz);
+                let (tp, tq) = match combine {
+                    Some((op, c, neg)) => {
+                        let c = (self.val(*c) != 0) != *neg;
+                        let f = |v: bool| match op {
+                            BoolOp::And => v && c,
+                            BoolOp::Or => v || c,
+                            BoolOp::Xor => v != c,
+                        };
+                        (f(t), f(!t))
+                    }
+                    None => (t, !t),
+                };
+                let v = match to {
+                    CmpResult::Pred => u64::from(tp),
+                    CmpResult::Mask if tp => 0xffff_ffff,
+                    CmpResult::One if tp => u64::from(1f32.to_bits()),
+                    _ => 0,
+                };
+                self.set(*p, v);
+                self.set(*q, u64::from(tq));
+            }
+            Op::Slct {
+                float,
+                ftz,
+                d,
+                a,
+                b,
+                c,
+            } => {
+                let c = self.val(*c);
+                let first = if *float {
+                    exec::f32_of(c, *ftz) >= 0.0
+                } else {
+                    sext(c, 32) >= 0
+                };
+                let v = self.val(if first { *a } else { *b });
+                self.set(*d, v);
+            }
+            Op::Cvt {
+                dty,
+                sty,
+                d,
+                a,
+                rnd,
+                irnd,
+                sat,
+                ftz,
+            } => {
+                let r = convert(*dty, *sty, self.val(*a), *rnd, *irnd, *sat, *ftz);
+                self.set(*d, r);
+            }
+            Op::Carry {
+                op,
+                carry_in,
+                carry_out,
+                ty,
+                d,
+                a,
+                b,
+                c,
+            } => {
+                let cin = *carry_in && self.t.carry != 0;
+                let v = [*a, *b, *c].map(|s| self.val(s));
+                let (r, cout) = carry(*op, *ty, v, cin);
+                self.set(*d, r);
+                if *carry_out {
+                    self.t.carry = u32::from(cout);
+                }
+            }
+            Op::Bits { op, ty, d, srcs } => {
+                let v = srcs.map(|s| self.val(s));
+                self.set(*d, bits(*op, *ty, v));
+            }
+            Op::Bfe { ty, d, a, b, c } => {
+                let (x, pos, len) = (self.val(*a), self.val(*b) & 0xff, self.val(*c) & 0xff);
+                self.set(*d, bfe(*ty, x, pos as u32, len as u32));
+            }
+            Op::Bfi { ty, d, f, b, c, e } => {
+                let v = [*f, *b, *c, *e].map(|s| self.val(s));
+                self.set(*d, bfi(*ty, v));
+            }
+            Op::Prmt { d, a, b, c } => {
+                let v = [*a, *b, *c].map(|s| self.val(s));
+                self.set(*d, prmt(v));
+            }
+            Op::Video {
+                op,
+                signed,
+                sat,
+                sec,
+                d,
+                a,
+                b,
+                c,
+            } => {
+                let word = |v: u64, s: bool| if s { sext(v, 32) } else { (v as u32).into() };
+                let x = word(self.val(*a), signed[1]);
+                let y = word(self.val(*b), signed[2]);
+                let z = word(self.val(*c), signed[0]);
+                self.set(*d, video(*op, signed[0], *sat, *sec, x, y, z));
+            }
+            Op::Atom {
+                space,
+                op,
+                ty,
+                d,
+                addr,
+                b,
+                c,
+            } => {
+                let a = self.address(*addr);
+                let (x, y) = (self.val(*b), self.val(*c));
+                let width = ty.bytes();
+                let mut update = |old: u64| exec::atomic(*op, *ty, old, x, y);
+                let old = match self.locate(*space, a, *addr) {
+                    Loc::Global(g) => {
+                        let old = self
+                            .env
+                            .memory
+                            .atomic_update(g, width as u8, &mut update)
+                            .map_err(fault)?;
+                        self.cache_span(g);
+                        old
+                    }
+                    loc @ Loc::Shared(_) => {
+                        check_align(a, u64::from(width))?;
+                        let mut buf = [0u8; 8];
+                        self.read(loc, &mut buf[..width as usize])?;
+                        let old = u64::from_le_bytes(buf);
+                        let new = update(old);
+                        self.write(loc, &new.to_le_bytes()[..width as usize])?;
+                        old
+                    }
+                    _ => {
+                        return Err(ComputeError::IllegalAddress(format!(
+                            "atomic on a local address {a:#x}"
+                        )));
+                    }
+                };
+                self.set(*d, old);
+            }
+            Op::Trap => {
+                return Err(ComputeError::IllegalInstruction("trap".into()));
+            }
+            op => {
+                return Err(ComputeError::IllegalInstruction(format!(
+                    "the compiled engine has no helper for {op:?}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// A call of `.func` `f`: arguments copied by position into its parameters.
+    fn enter(&mut self, f: u32, args: &[(u32, u32)]) -> ComputeResult<()> {
+        let func = &self.env.m.funcs[f as usize];
+        for (k, &(from, size)) in args.iter().enumerate() {
+            let Some(&(to, to_size, _)) = func.params.get(k) else {
+                break;
+            };
+            self.copy_param(from, to, size.min(to_size))?;
+        }
+        Ok(())
+    }
+
+    /// Copies `size` bytes of the thread's `.param` scratch from `from` to `to`.
+    fn copy_param(&mut self, from: u32, to: u32, size: u32) -> ComputeResult<()> {
+        let mut buf = vec![0u8; size as usize];
+        self.read(Loc::FParam(u64::from(from)), &mut buf)?;
+        self.write(Loc::FParam(u64::from(to)), &buf)
+    }
+}
+
+/// Runs `f` on the thread; a failure is recorded in the launch (with the instruction's PTX
+/// line for a memory fault) and answered with [`FAILED`].
+fn guarded(
+    t: *mut Thread,
+    pc: u32,
+    f: impl FnOnce(&mut Lane<'_>, &Inst) -> ComputeResult<()>,
+) -> u32 {
+    // SAFETY: compiled code passes the thread it runs, which the block runtime owns and
+    // does not touch during the call.
+    let t = unsafe { &mut *t };
+    let env = env(t);
+    let inst = &env.m.code[pc as usize];
+    let mut lane = Lane { t, env };
+    match f(&mut lane, inst) {
+        Ok(()) => 0,
+        Err(e) => {
+            env.fail(match e {
+                ComputeError::IllegalAddress(m) => {
+                    ComputeError::IllegalAddress(format!("{m} (PTX line {})", inst.line))
+                }
+                ComputeError::MisalignedAddress(m) => {
+                    ComputeError::MisalignedAddress(format!("{m} (PTX line {})", inst.line))
+                }
+                ComputeError::IllegalInstruction(m) if m == "trap" => {
+                    ComputeError::IllegalInstruction(format!("trap at PTX line {}", inst.line))
+                }
+                e => e,
+            });
+            FAILED
+        }
+    }
+}
+
+/// The instruction at `pc` for one thread, through the interpreter's functions.
+pub(super) extern "C" fn h_lane(t: *mut Thread, pc: u32) -> u32 {
+    guarded(t, pc, |lane, inst| lane.execute(&inst.op))
+}
+
+/// Before a call at `pc`: the arguments into the callee's parameters.
+pub(super) extern "C" fn h_enter(t: *mut Thread, pc: u32) -> u32 {
+    guarded(t, pc, |lane, inst| match &inst.op {
+        Op::Call {
+            callee: Callee::Func(f),
+            args,
+            ..
+        } => lane.enter(*f, args),
+        _ => Ok(()),
+    })
+}
+
+/// After a call at `pc` returned: its return value into the caller's slot.
+pub(super) extern "C" fn h_leave(t: *mut Thread, pc: u32) -> u32 {
+    guarded(t, pc, |lane, inst| match &inst.op {
+        Op::Call {
+            callee: Callee::Func(f),
+            ret: Some((to, size)),
+            ..
+        } => match lane.env.m.funcs[*f as usize].ret {
+            Some((from, fsize)) => lane.copy_param(from, *to, (*size).min(fsize)),
+            None => Ok(()),
+        },
+        _ => Ok(()),
+    })
+}
+
+/// Charges `fuel` thread-instructions; 0 when the launch may go on, else [`FAILED`] (the
+/// reason recorded).
+pub(super) extern "C" fn h_check(t: *mut Thread, fuel: u64) -> u32 {
+    // SAFETY: as in `guarded`.
+    let t = unsafe { &mut *t };
+    let fuel = fuel.saturating_add(std::mem::take(&mut t.fuel));
+    let env = env(t);
+    match env.charge(fuel) {
+        Ok(()) => 0,
+        Err(e) => {
+            env.fail(e);
+            FAILED
+        }
+    }
+}
+
+/// A special register compiled code does not compute itself (the clocks).
+pub(super) extern "C" fn h_special(t: *mut Thread, which: u32) -> u64 {
+    // SAFETY: as in `guarded`.
+    let t = unsafe { &*t };
+    special(
+        t,
+        if which == 0 {
+            Sreg::Clock64
+        } else {
+            Sreg::GlobalTimer
+        },
+    )
+}
