@@ -12,23 +12,27 @@ fn module(body: &str) -> Module {
     Module::parse(&format!("{HEADER}{body}")).unwrap_or_else(|e| panic!("{e}"))
 }
 
-struct Run<'m> {
-    m: &'m Module,
-    mem: DeviceMemory,
-    symbols: Vec<u64>,
-    heap: DeviceHeap,
-    /// Launches run over [`Contended`] memory watching this address.
-    contended: Option<u64>,
-    /// Where launches charge their blocks' host memory.
-    budget: Arc<MemoryBudget>,
-    /// What stops launches besides their instruction budget.
-    interrupt: Option<Arc<Interrupt>>,
-    /// What runs the launches.
-    engine: Engine,
+/// The engines a [`Run`]'s launches run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Engines {
+    /// The interpreter over the reference memory, then compiled code over its twin: both
+    /// must give the same result, output and memory ([`Run::launch_with`]).
+    Both,
+    /// The interpreter alone: for what only it defines (its cost units, its block bytes,
+    /// timing).
+    InterpreterOnly,
 }
 
-impl<'m> Run<'m> {
-    fn new(m: &'m Module) -> Self {
+/// One engine's device memory and heap, set up as every other's.
+struct Side {
+    mem: DeviceMemory,
+    heap: DeviceHeap,
+}
+
+impl Side {
+    /// Memory with the module's variables (initialised, relocated) and a heap; the
+    /// variables' addresses.
+    fn new(m: &Module) -> (Side, Vec<u64>) {
         let mut mem = DeviceMemory::new(64 << 20);
         let symbols: Vec<u64> = m
             .globals()
@@ -43,16 +47,66 @@ impl<'m> Run<'m> {
             }
             mem.write(a, &init).unwrap();
         }
-        let heap = DeviceHeap::new(mem.alloc(1 << 16).unwrap(), 1 << 16);
+        let heap = DeviceHeap::new(mem.alloc(HEAP_BYTES).unwrap(), HEAP_BYTES);
+        (Side { mem, heap }, symbols)
+    }
+}
+
+/// The device heap of a [`Run`].
+const HEAP_BYTES: u64 = 1 << 16;
+
+/// The engines of [`Engines::Both`], in the order they run: the reference first.
+const ENGINES: [Engine; 2] = [Engine::Interpreter, Engine::Compiled];
+
+struct Run<'m> {
+    m: &'m Module,
+    /// Per engine of [`ENGINES`], identical memories; the interpreter's is the one tests read.
+    sides: [Side; 2],
+    symbols: Vec<u64>,
+    /// Every allocation made, as (address, bytes): compared between the engines after each
+    /// launch.
+    allocations: Vec<(u64, u64)>,
+    /// Launches run over [`Contended`] memory watching this address.
+    contended: Option<u64>,
+    /// Where launches charge their blocks' host memory.
+    budget: Arc<MemoryBudget>,
+    /// What stops launches besides their instruction budget.
+    interrupt: Option<Arc<Interrupt>>,
+    /// What runs the launches.
+    engines: Engines,
+}
+
+impl<'m> Run<'m> {
+    /// Launches on both engines, compared.
+    fn new(m: &'m Module) -> Self {
+        let (interpreted, symbols) = Side::new(m);
+        let (compiled, twin_symbols) = Side::new(m);
+        assert_eq!(symbols, twin_symbols, "both memories allocate alike");
+        assert_eq!(interpreted.heap.base(), compiled.heap.base());
+        let mut allocations: Vec<(u64, u64)> = symbols
+            .iter()
+            .zip(m.globals())
+            .map(|(&a, g)| (a, g.size))
+            .collect();
+        allocations.push((interpreted.heap.base(), HEAP_BYTES));
         Run {
             m,
-            mem,
+            sides: [interpreted, compiled],
             symbols,
-            heap,
+            allocations,
             contended: None,
             budget: MemoryBudget::new(u64::MAX),
             interrupt: None,
-            engine: Engine::default(),
+            engines: Engines::Both,
+        }
+    }
+
+    /// Launches on the interpreter alone: for tests of what only the interpreter defines
+    /// (cost units, block bytes, timing).
+    fn interpreter_only(m: &'m Module) -> Self {
+        Run {
+            engines: Engines::InterpreterOnly,
+            ..Run::new(m)
         }
     }
 
@@ -67,16 +121,31 @@ impl<'m> Run<'m> {
         self.symbols[i]
     }
 
+    /// A new allocation holding `bytes`, in every engine's memory.
     fn buffer(&mut self, bytes: &[u8]) -> u64 {
-        let a = self.mem.alloc(bytes.len().max(1) as u64).unwrap();
-        self.mem.write(a, bytes).unwrap();
-        a
+        let len = bytes.len().max(1) as u64;
+        let [a, b] = &mut self.sides;
+        let addr = a.mem.alloc(len).unwrap();
+        assert_eq!(
+            b.mem.alloc(len).unwrap(),
+            addr,
+            "both memories allocate alike"
+        );
+        self.allocations.push((addr, len));
+        self.write(addr, bytes);
+        addr
     }
 
+    /// Writes `bytes` at `addr` in every engine's memory.
+    fn write(&self, addr: u64, bytes: &[u8]) {
+        for side in &self.sides {
+            side.mem.write(addr, bytes).unwrap();
+        }
+    }
+
+    /// `n` bytes at `addr` of the interpreter's memory (the engines' agree after each launch).
     fn read(&self, addr: u64, n: usize) -> Vec<u8> {
-        let mut v = vec![0; n];
-        self.mem.read(addr, &mut v).unwrap();
-        v
+        read_all(&self.sides[0].mem, addr, n)
     }
 
     fn launch(
@@ -90,6 +159,11 @@ impl<'m> Run<'m> {
         self.launch_with(kernel, grid, block, 0, params, threads, 1 << 30)
     }
 
+    /// Runs the launch on the interpreter and, unless [`Engines::InterpreterOnly`], on
+    /// compiled code over the twin memory, asserting the same result ([`agree`]) and the same
+    /// bytes in every allocation; the interpreter's result. After a failure on several host
+    /// threads the memories are not compared: how far the other blocks got is a race on
+    /// either engine.
     #[allow(clippy::too_many_arguments)]
     fn launch_with(
         &self,
@@ -101,28 +175,123 @@ impl<'m> Run<'m> {
         threads: usize,
         instruction_budget: u64,
     ) -> ComputeResult<LaunchStats> {
-        let l = Launch {
-            grid,
-            block,
-            dynamic_shared_bytes,
-            params,
-            symbols: &self.symbols,
-            heap: Some(&self.heap),
-            interrupt: self.interrupt.as_deref(),
-            instruction_budget,
-            threads,
-            budget: &self.budget,
-            engine: self.engine,
-        };
-        match self.contended {
-            Some(watched) => {
-                let contended = Contended {
-                    mem: &self.mem,
-                    watched,
-                };
-                launch(self.m, kernel, &l, &contended)
+        let on = |side: &Side, engine: Engine| {
+            let l = Launch {
+                grid,
+                block,
+                dynamic_shared_bytes,
+                params,
+                symbols: &self.symbols,
+                heap: Some(&side.heap),
+                interrupt: self.interrupt.as_deref(),
+                instruction_budget,
+                threads,
+                budget: &self.budget,
+                engine,
+            };
+            match self.contended {
+                Some(watched) => {
+                    let contended = Contended {
+                        mem: &side.mem,
+                        watched,
+                    };
+                    launch(self.m, kernel, &l, &contended)
+                }
+                None => launch(self.m, kernel, &l, &side.mem),
             }
-            None => launch(self.m, kernel, &l, &self.mem),
+        };
+        let reference = on(&self.sides[0], ENGINES[0]);
+        if self.engines == Engines::InterpreterOnly {
+            return reference;
+        }
+        let compiled = on(&self.sides[1], ENGINES[1]);
+        if let Err(why) = agree(&reference, &compiled) {
+            panic!("kernel {kernel}: {why}");
+        }
+        if reference.is_ok() || threads == 1 {
+            for &(addr, len) in &self.allocations {
+                if let Err(why) = same_memory(&self.sides[0].mem, &self.sides[1].mem, addr, len) {
+                    panic!("kernel {kernel}: {why}");
+                }
+            }
+        }
+        reference
+    }
+}
+
+/// `n` bytes at `addr` of `mem`.
+fn read_all(mem: &DeviceMemory, addr: u64, n: usize) -> Vec<u8> {
+    let mut v = vec![0; n];
+    mem.read(addr, &mut v).unwrap();
+    v
+}
+
+/// An error as the engines must agree on it: its variant and message, less the elapsed
+/// seconds a launch timeout names (`(0.3 s)`), which are the host's timing.
+pub(super) fn comparable(e: &ComputeError) -> String {
+    let text = format!("{e:?}");
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text.as_str();
+    while let Some(open) = rest.find('(') {
+        let (before, from) = rest.split_at(open);
+        out.push_str(before);
+        let figure = from[1..].find(" s)").filter(|&end| {
+            let n = &from[1..1 + end];
+            !n.is_empty() && n.chars().all(|c| c.is_ascii_digit() || c == '.')
+        });
+        match figure {
+            Some(end) => rest = &from[end + 4..],
+            None => {
+                out.push('(');
+                rest = &from[1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Whether the interpreter's and compiled code's results of one launch agree: both succeed
+/// with the same `printf` output, or both fail with the same error ([`comparable`]).
+pub(super) fn agree(
+    interpreted: &ComputeResult<LaunchStats>,
+    compiled: &ComputeResult<LaunchStats>,
+) -> Result<(), String> {
+    let same = match (interpreted, compiled) {
+        (Ok(a), Ok(b)) => a.output == b.output,
+        (Err(a), Err(b)) => comparable(a) == comparable(b),
+        _ => false,
+    };
+    if same {
+        Ok(())
+    } else {
+        Err(format!(
+            "the interpreter gave {interpreted:?}, compiled code {compiled:?}"
+        ))
+    }
+}
+
+/// Whether `len` bytes at `addr` are the same in the interpreter's memory `a` and compiled
+/// code's `b`; else where they first differ.
+pub(super) fn same_memory(
+    a: &DeviceMemory,
+    b: &DeviceMemory,
+    addr: u64,
+    len: u64,
+) -> Result<(), String> {
+    let n = usize::try_from(len).unwrap();
+    let (x, y) = (read_all(a, addr, n), read_all(b, addr, n));
+    match x.iter().zip(&y).position(|(p, q)| p != q) {
+        None => Ok(()),
+        Some(i) => {
+            let to = n.min(i + 16);
+            Err(format!(
+                "memory differs at {:#x} (offset {i} of the allocation at {addr:#x}): \
+                 the interpreter wrote {:02x?}, compiled code {:02x?}",
+                addr + i as u64,
+                &x[i..to],
+                &y[i..to]
+            ))
         }
     }
 }
@@ -595,7 +764,7 @@ $L__wait:
     assert_eq!(err.cuda_status(), 702);
     assert!(start.elapsed() < std::time::Duration::from_secs(30));
     // With the flag set it finishes.
-    r.mem.write(flag, &1u32.to_le_bytes()).unwrap();
+    r.write(flag, &1u32.to_le_bytes());
     r.launch_with("spin", [64, 1, 1], [128, 1, 1], 0, &params, 2, 2_000_000)
         .unwrap();
 }
@@ -1467,7 +1636,8 @@ const SPIN: &str = ".visible .entry spin()\n{\n$L__spin:\nbra $L__spin;\n}\n";
 #[test]
 fn a_spin_kernel_stops_at_its_requests_deadline() {
     let m = module(SPIN);
-    let mut r = Run::new(&m);
+    // The interpreter alone: this measures how soon its checks see a deadline.
+    let mut r = Run::interpreter_only(&m);
     let interrupt = Interrupt::new(std::time::Duration::from_millis(200));
     r.interrupt = Some(Arc::clone(&interrupt));
     interrupt.begin();
@@ -1534,7 +1704,8 @@ const PRINTF_ARGS: &str = r#"
 #[test]
 fn a_printf_is_charged_by_the_bytes_it_reads_and_formats() {
     let m = module(PRINTF_ARGS);
-    let mut r = Run::new(&m);
+    // The interpreter alone: its cost units of a printf.
+    let mut r = Run::interpreter_only(&m);
     // 64 `%s` of a 4000-byte string in each of 32 lanes: 8 MB read for one instruction.
     let fmt = r.buffer(&[b"%s".repeat(64), vec![0]].concat());
     let string = r.buffer(&[vec![b'a'; 4000], vec![0]].concat());
@@ -1568,7 +1739,8 @@ const FAT_BLOCK: &str = ".visible .entry fat()\n{\n.local .align 4 .b8 depot[655
 #[test]
 fn a_blocks_host_memory_is_charged_to_the_budget_and_as_cost() {
     let m = module(FAT_BLOCK);
-    let mut r = Run::new(&m);
+    // The interpreter alone: its block bytes and their cost.
+    let mut r = Run::interpreter_only(&m);
     let stats = r
         .launch_with("fat", [2, 1, 1], [1024, 1, 1], 0, &[], 1, u64::MAX)
         .unwrap();
