@@ -322,3 +322,5 @@ pub struct LaunchStats {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod differential;
