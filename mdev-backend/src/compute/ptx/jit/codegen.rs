@@ -24,11 +24,11 @@ use cranelift_module::{FuncId, Linkage, Module as _};
 use super::super::exec::{LOCAL_WINDOW, LaunchRegisters, SHARED_WINDOW, WINDOW_BYTES};
 use super::super::ir::*;
 use super::super::parse::Parsed;
-use super::lane;
+use super::lane::{self, span_slot};
 use super::{
     EXITED, FAILED, FUEL_CHECK, MAX_COMPILED_INSTRUCTIONS, MAX_COMPILED_REGISTERS, RETURNED,
     SREG_CTAID, SREG_DYN_SHARED, SREG_LANE, SREG_NCTAID, SREG_NTID, SREG_NWARP, SREG_TID,
-    SREG_WARP, THREAD_EXITED, Thread, YIELDED,
+    SREG_WARP, Span, THREAD_EXITED, Thread, YIELDED,
 };
 
 const I64: Type = types::I64;
@@ -124,6 +124,11 @@ pub(super) fn refusal(m: &Parsed, f: u32) -> Option<String> {
 fn new_module() -> Result<JITModule, String> {
     let mut flags = settings::builder();
     flags.set("opt_level", "speed").map_err(|e| e.to_string())?;
+    // The translation is checked by construction and by the differential tests; the
+    // verifier would double the compile time.
+    flags
+        .set("enable_verifier", "false")
+        .map_err(|e| e.to_string())?;
     flags
         .set("use_colocated_libcalls", "false")
         .map_err(|e| e.to_string())?;
@@ -238,14 +243,12 @@ enum Area {
 }
 
 impl Area {
-    /// Offsets of the area's (pointer, length) in [`Thread`].
+    /// Offsets of the area's (pointer, length) in [`Thread`] (global: in [`Span`]).
     fn fields(self) -> (i32, i32) {
         let o = |x: usize| x as i32;
         match self {
-            Area::Global => (
-                o(offset_of!(Thread, span_ptr)),
-                o(offset_of!(Thread, span_len)),
-            ),
+            // In the thread's span cache entry.
+            Area::Global => (o(offset_of!(Span, ptr)), o(offset_of!(Span, len))),
             Area::Shared => (
                 o(offset_of!(Thread, shared)),
                 o(offset_of!(Thread, shared_len)),
@@ -290,10 +293,17 @@ struct Translator<'b, 'f, 'm> {
     sig_check: Option<cranelift_codegen::ir::SigRef>,
     /// Whether the current block has ended (a jump, branch or return was emitted).
     ended: bool,
+    /// The registers live before each instruction (see [`liveness`]), for a kernel's yields.
+    live: Option<Vec<Vec<u64>>>,
 }
 
 fn flags() -> MemFlags {
     MemFlags::trusted()
+}
+
+/// Flags of a load of a thread field that stays as it is while its code runs.
+fn constant() -> MemFlags {
+    MemFlags::trusted().with_readonly().with_can_move()
 }
 
 impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
@@ -333,6 +343,7 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
             sig_lane: None,
             sig_check: None,
             ended: false,
+            live: None,
         }
     }
 
@@ -371,6 +382,15 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
                 self.labels.insert(s, blk);
             }
         }
+        if self.kernel {
+            let f = self.f();
+            let nregs = f.regs.len();
+            self.live = liveness(self.m, start, end, f.regs.start, nregs);
+            if let Some(live) = &mut self.live {
+                // Past the end nothing lives.
+                live.truncate((end - start) as usize + 1);
+            }
+        }
         let zero = self.b.ins().iconst(I64, 0);
         self.b.def_var(self.fuel, zero);
         for i in 0..self.vars.len() {
@@ -400,7 +420,7 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
             for k in 0..self.resumes.len() {
                 let (blk, cont) = self.resumes[k];
                 self.b.switch_to_block(blk);
-                self.reload_all();
+                self.reload_live(cont);
                 let zero = self.b.ins().iconst(I64, 0);
                 self.b.def_var(self.fuel, zero);
                 let target = self.labels.get(&cont).copied();
@@ -451,8 +471,10 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
         Ok(())
     }
 
+    /// A field of the thread that does not change while its code runs (pointers, lengths,
+    /// special registers): free to be shared and hoisted.
     fn load(&mut self, ty: Type, base: Value, offset: usize) -> Value {
-        self.b.ins().load(ty, flags(), base, offset as i32)
+        self.b.ins().load(ty, constant(), base, offset as i32)
     }
 
     fn reg_offset(&self, r: u32) -> i32 {
@@ -484,14 +506,42 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
         Ok(())
     }
 
-    fn spill_all(&mut self) {
-        for r in self.f().regs.clone() {
-            self.spill(r).expect("own register");
+    /// The registers live before instruction `pc` (every register without a liveness
+    /// analysis).
+    fn live_at(&self, pc: u32) -> Vec<u32> {
+        let f = self.f();
+        match &self.live {
+            Some(live) => {
+                let bits = &live[(pc - f.start) as usize];
+                f.regs
+                    .clone()
+                    .filter(|r| {
+                        let i = (r - f.regs.start) as usize;
+                        bits[i / 64] & (1 << (i % 64)) != 0
+                    })
+                    .collect()
+            }
+            None => f.regs.clone().collect(),
         }
     }
 
-    fn reload_all(&mut self) {
-        for r in self.f().regs.clone() {
+    /// Before a yield at `pc`: what the collective reads and what lives on after it.
+    fn spill_for_yield(&mut self, pc: u32, op: &Op) -> Result<(), String> {
+        let mut regs = self.live_at(pc + 1);
+        if let Some((reads, _)) = operands(op) {
+            regs.extend(reads);
+        }
+        regs.sort_unstable();
+        regs.dedup();
+        for r in regs {
+            self.spill(r)?;
+        }
+        Ok(())
+    }
+
+    /// At a resume point continuing at `pc`: the registers that live there.
+    fn reload_live(&mut self, pc: u32) {
+        for r in self.live_at(pc) {
             self.reload(r).expect("own register");
         }
     }
@@ -559,7 +609,7 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
 
     /// The whole instruction through `h_lane`, its registers stored before and loaded after.
     fn via_helper(&mut self, pc: u32, op: &Op) -> Result<(), String> {
-        let (reads, writes) = operands(op);
+        let (reads, writes) = operands(op).ok_or_else(|| format!("no operand list for {op:?}"))?;
         for r in reads {
             self.spill(r)?;
         }
@@ -1092,7 +1142,7 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
                 }
             }
             op if collective(op) => {
-                self.spill_all();
+                self.spill_for_yield(pc, op)?;
                 let idx = self.b.ins().iconst(I32, i64::from(resume_index));
                 self.b
                     .ins()
@@ -1296,17 +1346,19 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
         let done = self.b.create_block();
         let store = matches!(op, Op::St { .. });
         match space {
-            Space::Global | Space::Const => self.fast(op, Area::Global, a, total, slow, done)?,
-            Space::Shared => self.fast(op, Area::Shared, a, total, slow, done)?,
-            Space::Local => self.fast(op, Area::Local, a, total, slow, done)?,
+            Space::Global | Space::Const => {
+                self.fast(pc, op, Area::Global, a, total, slow, done)?
+            }
+            Space::Shared => self.fast(pc, op, Area::Shared, a, total, slow, done)?,
+            Space::Local => self.fast(pc, op, Area::Local, a, total, slow, done)?,
             Space::Param => match addr.base {
                 AddrBase::Sym(SymRef::KernelParam(_)) if !store => {
-                    self.fast(op, Area::KParam, a, total, slow, done)?
+                    self.fast(pc, op, Area::KParam, a, total, slow, done)?
                 }
                 AddrBase::Sym(SymRef::KernelParam(_)) => {
                     self.b.ins().jump(slow, &[]);
                 }
-                _ => self.fast(op, Area::FParam, a, total, slow, done)?,
+                _ => self.fast(pc, op, Area::FParam, a, total, slow, done)?,
             },
             Space::Generic => {
                 let shared_off = self
@@ -1335,13 +1387,13 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
                 );
                 self.b.ins().brif(in_shared, sb, &[], nb, &[]);
                 self.b.switch_to_block(sb);
-                self.fast(op, Area::Shared, shared_off, total, slow, done)?;
+                self.fast(pc, op, Area::Shared, shared_off, total, slow, done)?;
                 self.b.switch_to_block(nb);
                 self.b.ins().brif(in_local, lb, &[], gb, &[]);
                 self.b.switch_to_block(lb);
-                self.fast(op, Area::Local, local_off, total, slow, done)?;
+                self.fast(pc, op, Area::Local, local_off, total, slow, done)?;
                 self.b.switch_to_block(gb);
-                self.fast(op, Area::Global, a, total, slow, done)?;
+                self.fast(pc, op, Area::Global, a, total, slow, done)?;
             }
         }
         self.b.switch_to_block(slow);
@@ -1353,8 +1405,10 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
 
     /// The inline access of `op` at offset (global: address) `a` of `area`, `total` bytes:
     /// checked, then done, then on to `done`; a failed check goes to `slow`.
+    #[allow(clippy::too_many_arguments)]
     fn fast(
         &mut self,
+        pc: u32,
         op: &'m Op,
         area: Area,
         a: Value,
@@ -1363,10 +1417,26 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
         done: Block,
     ) -> Result<(), String> {
         let (ptr_field, len_field) = area.fields();
-        let len = self.b.ins().load(I64, flags(), self.thread, len_field);
+        // Where the area's pointer and length are: the thread, or its span cache entry.
+        let holder = match area {
+            Area::Global => {
+                let spans = self.load(self.ptr, self.thread, offset_of!(Thread, spans));
+                let entry = (span_slot(pc) * size_of::<Span>()) as i64;
+                self.b.ins().iadd_imm_s(spans, entry)
+            }
+            _ => self.thread,
+        };
+        let fixed = match area {
+            Area::Global => flags(),
+            _ => constant(),
+        };
+        let len = self.b.ins().load(I64, fixed, holder, len_field);
         let off = match area {
             Area::Global => {
-                let base = self.load(I64, self.thread, offset_of!(Thread, span_base));
+                let base = self
+                    .b
+                    .ins()
+                    .load(I64, flags(), holder, offset_of!(Span, base) as i32);
                 self.b.ins().isub(a, base)
             }
             _ => a,
@@ -1385,7 +1455,7 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
         let go = self.b.create_block();
         self.b.ins().brif(ok, go, &[], slow, &[]);
         self.b.switch_to_block(go);
-        let base = self.b.ins().load(self.ptr, flags(), self.thread, ptr_field);
+        let base = self.b.ins().load(self.ptr, fixed, holder, ptr_field);
         let p = self.b.ins().iadd(base, off);
         let mf = MemFlags::trusted();
         match op {
@@ -1429,7 +1499,7 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
 }
 
 /// The registers an instruction reads and writes (`SINK` among the writes is no register).
-fn operands(op: &Op) -> (Vec<u32>, Vec<u32>) {
+fn operands(op: &Op) -> Option<(Vec<u32>, Vec<u32>)> {
     let mut reads = Vec::new();
     let src = |s: &Src, reads: &mut Vec<u32>| {
         if let Src::Reg(r) = s {
@@ -1510,7 +1580,146 @@ fn operands(op: &Op) -> (Vec<u32>, Vec<u32>) {
             }
             vec![*d]
         }
-        _ => vec![],
+        Op::Mov { d, a, .. } | Op::Cvta { d, a, .. } => {
+            src(a, &mut reads);
+            vec![*d]
+        }
+        Op::IsSpace { p, a, .. } => {
+            src(a, &mut reads);
+            vec![*p]
+        }
+        Op::Selp { d, a, b, c, .. } => {
+            for s in [a, b, c] {
+                src(s, &mut reads);
+            }
+            vec![*d]
+        }
+        Op::MovVec { n, ds, srcs, .. } => {
+            for s in &srcs[..usize::from(*n)] {
+                src(s, &mut reads);
+            }
+            ds[..usize::from(*n)].to_vec()
+        }
+        Op::Pack { d, parts, .. } => {
+            for s in parts {
+                src(s, &mut reads);
+            }
+            vec![*d]
+        }
+        Op::Unpack { ds, a, .. } => {
+            src(a, &mut reads);
+            ds.clone()
+        }
+        Op::Shfl {
+            d,
+            p,
+            a,
+            b,
+            c,
+            mask,
+            ..
+        } => {
+            for s in [a, b, c, mask] {
+                src(s, &mut reads);
+            }
+            vec![*d, *p]
+        }
+        Op::Vote { d, a, mask, .. } => {
+            src(a, &mut reads);
+            src(mask, &mut reads);
+            vec![*d]
+        }
+        Op::Activemask { d } => vec![*d],
+        Op::WarpSync { mask } => {
+            src(mask, &mut reads);
+            vec![]
+        }
+        Op::Bar { id, count, .. } => {
+            src(id, &mut reads);
+            if let Some(c) = count {
+                src(c, &mut reads);
+            }
+            vec![]
+        }
+        Op::Bra { .. } | Op::Ret | Op::Exit | Op::Nop | Op::Trap | Op::Call { .. } => vec![],
+        _ => return None,
     };
-    (reads, writes)
+    Some((reads, writes))
 }
+
+/// For each instruction of the function `start..end`, the registers (bit `r − first`) live
+/// before it: read on some path before they are written. `None` where the function has an
+/// instruction whose operands are not known here (then every register is treated as live).
+fn liveness(m: &Parsed, start: u32, end: u32, first: u32, nregs: usize) -> Option<Vec<Vec<u64>>> {
+    let words = nregs.div_ceil(64);
+    let n = (end - start) as usize;
+    let mut ops = Vec::with_capacity(n);
+    for inst in &m.code[start as usize..end as usize] {
+        let (mut reads, writes) = operands(&inst.op)?;
+        if let Some((p, _)) = inst.guard {
+            reads.push(p);
+        }
+        let bit = |r: u32| {
+            r.checked_sub(first)
+                .map(|i| i as usize)
+                .filter(|&i| i < nregs)
+        };
+        let reads: Vec<usize> = reads.into_iter().filter_map(bit).collect();
+        // A guarded write may not happen: it does not end a value's life.
+        let writes: Vec<usize> = if inst.guard.is_some() {
+            Vec::new()
+        } else {
+            writes
+                .into_iter()
+                .filter(|&w| w != SINK)
+                .filter_map(bit)
+                .collect()
+        };
+        ops.push((reads, writes));
+    }
+    let mut live = vec![vec![0u64; words]; n + 1];
+    // Backward passes until nothing changes; each pass is linear, and values only grow, so
+    // the passes are bounded by the loop nesting depth in practice and by `n · nregs` at worst.
+    let mut changed = true;
+    let mut passes = 0usize;
+    while changed {
+        changed = false;
+        passes += 1;
+        if passes > MAX_LIVENESS_PASSES {
+            return None;
+        }
+        for i in (0..n).rev() {
+            let inst = &m.code[start as usize + i];
+            let mut out = match inst.op {
+                Op::Ret | Op::Exit if inst.guard.is_none() => vec![0u64; words],
+                Op::Bra { target } if inst.guard.is_none() => {
+                    live[(target - start) as usize].clone()
+                }
+                Op::Bra { target } => {
+                    let mut v = live[i + 1].clone();
+                    for (a, b) in v.iter_mut().zip(&live[(target - start) as usize]) {
+                        *a |= b;
+                    }
+                    v
+                }
+                _ => live[i + 1].clone(),
+            };
+            let (reads, writes) = &ops[i];
+            for &w in writes {
+                out[w / 64] &= !(1 << (w % 64));
+            }
+            for &r in reads {
+                out[r / 64] |= 1 << (r % 64);
+            }
+            if out != live[i] {
+                live[i] = out;
+                changed = true;
+            }
+        }
+    }
+    Some(live)
+}
+
+/// Backward passes the liveness analysis makes before it gives up (every register then
+/// counts as live at a yield): a bound on the compiler's time for a hostile module.
+const MAX_LIVENESS_PASSES: usize = 64;

@@ -12,8 +12,8 @@ use super::super::exec::{
 };
 use super::super::ir::*;
 use super::{
-    Env, FAILED, SREG_CTAID, SREG_DYN_SHARED, SREG_LANE, SREG_NCTAID, SREG_NTID, SREG_NWARP,
-    SREG_TID, SREG_WARP, Thread,
+    Env, FAILED, SPAN_SLOTS, SREG_CTAID, SREG_DYN_SHARED, SREG_LANE, SREG_NCTAID, SREG_NTID,
+    SREG_NWARP, SREG_TID, SREG_WARP, Span, Thread,
 };
 use crate::compute::memory::{Fault, FaultKind};
 use crate::compute::{ComputeError, ComputeResult};
@@ -68,6 +68,8 @@ enum Loc {
 struct Lane<'t> {
     t: &'t mut Thread,
     env: &'t Env<'static>,
+    /// The span cache entry of the instruction.
+    slot: usize,
 }
 
 impl Lane<'_> {
@@ -150,9 +152,14 @@ impl Lane<'_> {
     /// Remembers the allocation holding `addr` for the inline checks.
     fn cache_span(&mut self, addr: u64) {
         if let Some(span) = self.env.memory.host_span(addr) {
-            self.t.span_base = span.base;
-            self.t.span_len = span.len;
-            self.t.span_ptr = span.ptr;
+            // SAFETY: `spans` points at the worker's SPAN_SLOTS entries, which outlive the
+            // block, and `slot` is below SPAN_SLOTS.
+            let entry = unsafe { &mut *self.t.spans.add(self.slot) };
+            *entry = Span {
+                base: span.base,
+                len: span.len,
+                ptr: span.ptr,
+            };
         }
     }
 
@@ -485,6 +492,11 @@ impl Lane<'_> {
     }
 }
 
+/// The span cache entry of the memory instruction at `pc`.
+pub(super) fn span_slot(pc: u32) -> usize {
+    pc as usize % SPAN_SLOTS
+}
+
 /// Runs `f` on the thread; a failure is recorded in the launch (with the instruction's PTX
 /// line for a memory fault) and answered with [`FAILED`].
 fn guarded(
@@ -497,7 +509,11 @@ fn guarded(
     let t = unsafe { &mut *t };
     let env = env(t);
     let inst = &env.m.code[pc as usize];
-    let mut lane = Lane { t, env };
+    let mut lane = Lane {
+        t,
+        env,
+        slot: span_slot(pc),
+    };
     match f(&mut lane, inst) {
         Ok(()) => 0,
         Err(e) => {

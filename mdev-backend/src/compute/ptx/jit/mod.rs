@@ -71,10 +71,9 @@ pub(super) struct Thread {
     pub shared_len: u64,
     pub params: *const u8,
     pub params_len: u64,
-    /// The allocation the thread last reached through the slow path (`len` 0: none).
-    pub span_base: u64,
-    pub span_len: u64,
-    pub span_ptr: *mut u8,
+    /// [`SPAN_SLOTS`] allocations global accesses reached through the helper (`len` 0:
+    /// none): a load or store at `pc` checks entry `pc % SPAN_SLOTS` inline.
+    pub spans: *mut Span,
     /// tid.xyz, ntid.xyz, ctaid.xyz, nctaid.xyz, laneid, warpid, nwarpid, dynamic shared bytes.
     pub sreg: [u32; 16],
     /// The carry flag of `add.cc` and the like.
@@ -83,6 +82,19 @@ pub(super) struct Thread {
     /// The launch: for the helpers.
     pub env: *const Env<'static>,
 }
+
+/// An allocation as host memory, as the inline checks of global accesses read it.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Span {
+    pub base: u64,
+    pub len: u64,
+    pub ptr: *mut u8,
+}
+
+/// Entries of a host thread's span cache: kernels touch a few allocations each, from a few
+/// instructions each.
+pub(super) const SPAN_SLOTS: usize = 16;
 
 /// Index of the special-register words in [`Thread::sreg`].
 pub(super) const SREG_TID: usize = 0;
@@ -276,6 +288,11 @@ fn run(
         .saturating_mul(u64::from(plan.nthreads.div_ceil(WARP as u32)))
         .saturating_add(bytes / exec::SETUP_BYTES_PER_UNIT);
     let worker = || {
+        let mut spans = [Span {
+            base: 0,
+            len: 0,
+            ptr: std::ptr::null_mut(),
+        }; SPAN_SLOTS];
         loop {
             if env.stop.load(Ordering::Relaxed) {
                 return;
@@ -286,7 +303,7 @@ fn run(
             }
             let r = env
                 .charge(setup.saturating_mul(THREAD_INSTRUCTIONS_PER_UNIT))
-                .and_then(|()| Block::new(&env, &plan, b).run(k));
+                .and_then(|()| Block::new(&env, &plan, b, spans.as_mut_ptr()).run(k));
             if let Err(e) = r {
                 env.fail(e);
                 return;
@@ -343,11 +360,13 @@ struct Block<'e, 'a> {
     /// Per barrier: the warps that arrived with `bar.arrive` (which does not wait) since it
     /// last completed.
     arrived: [u32; BARRIERS],
+    /// Per barrier: the warps with a thread waiting at it.
+    waiting: [u32; BARRIERS],
     nregs: usize,
 }
 
 impl<'e, 'a> Block<'e, 'a> {
-    fn new(env: &'e Env<'a>, plan: &exec::Plan, linear: u64) -> Self {
+    fn new(env: &'e Env<'a>, plan: &exec::Plan, linear: u64, spans: *mut Span) -> Self {
         let l = env.l;
         let [gx, gy, gz] = l.grid;
         let [bx, by, bz] = l.block;
@@ -393,9 +412,7 @@ impl<'e, 'a> Block<'e, 'a> {
                     shared_len: shared.len() as u64,
                     params: l.params.as_ptr(),
                     params_len: l.params.len() as u64,
-                    span_base: 0,
-                    span_len: 0,
-                    span_ptr: std::ptr::null_mut(),
+                    spans,
                     sreg,
                     carry: 0,
                     symbols: l.symbols.as_ptr(),
@@ -413,6 +430,7 @@ impl<'e, 'a> Block<'e, 'a> {
             _shared: shared,
             expected: [None; BARRIERS],
             arrived: [0; BARRIERS],
+            waiting: [0; BARRIERS],
             nregs,
         }
     }
@@ -510,8 +528,7 @@ impl<'e, 'a> Block<'e, 'a> {
                     None => None,
                 };
                 let id = id as usize;
-                let in_use = self.arrived[id] != 0
-                    || self.wait.contains(&Wait::Barrier(id as u8));
+                let in_use = self.arrived[id] != 0 || self.waiting[id] != 0;
                 if in_use && self.expected[id] != expected {
                     return Err(bad(format!(
                         "barrier {id} used with different thread counts"
@@ -519,6 +536,7 @@ impl<'e, 'a> Block<'e, 'a> {
                 }
                 self.expected[id] = expected;
                 if wait {
+                    self.waiting[id] |= 1 << (t / WARP);
                     Ok(Wait::Barrier(id as u8))
                 } else {
                     // `bar.arrive` counts the thread's warp without waiting.
@@ -547,14 +565,7 @@ impl<'e, 'a> Block<'e, 'a> {
             .filter(|&w| (w * WARP..((w + 1) * WARP).min(n)).any(|t| self.wait[t] != Wait::Exited))
             .count() as u32;
         for id in 0..BARRIERS {
-            let mut warps = self.arrived[id];
-            for w in 0..nwarps {
-                if (w * WARP..((w + 1) * WARP).min(n))
-                    .any(|t| self.wait[t] == Wait::Barrier(id as u8))
-                {
-                    warps |= 1 << w;
-                }
-            }
+            let warps = self.arrived[id] | self.waiting[id];
             if warps == 0 {
                 continue;
             }
@@ -562,6 +573,7 @@ impl<'e, 'a> Block<'e, 'a> {
             let need = self.expected[id].unwrap_or(live_warps * WARP as u32);
             if warps * WARP as u32 >= need {
                 self.arrived[id] = 0;
+                self.waiting[id] = 0;
                 for wt in self.wait.iter_mut() {
                     if *wt == Wait::Barrier(id as u8) {
                         *wt = Wait::Ready;
