@@ -42,6 +42,7 @@ fn listen() -> Listening {
         resource_memory: 64 << 20,
         compute: vgpu_server::gpu::compute::ComputeKind::Cpu,
         compute_request_time: mdev_backend::compute::backend::DEFAULT_REQUEST_TIME,
+        ptx_engine: mdev_backend::compute::ptx::Engine::default(),
         // The fuzzer drives one stream at a time: spinning would only burn its CPU.
         busy_poll: std::time::Duration::ZERO,
     };

@@ -149,6 +149,7 @@ impl TestServer {
             resource_memory: vgpu_server::gpu::device::DEFAULT_RESOURCE_MEMORY_MB << 20,
             compute: vgpu_server::gpu::compute::ComputeKind::Cpu,
             compute_request_time: mdev_backend::compute::backend::DEFAULT_REQUEST_TIME,
+            ptx_engine: mdev_backend::compute::ptx::Engine::default(),
             busy_poll,
         };
         let server = VgpuServer::bind(config).expect("server binds its socket");

@@ -254,10 +254,16 @@ impl Device {
 
     /// The backend compute-capset requests run on (`--compute`; the PTX executor by default),
     /// charging the VM's budget, and how long one request may run on the PTX executor
-    /// (`--compute-request-time`).
-    pub fn set_compute(&mut self, kind: ComputeKind, request_time: std::time::Duration) {
+    /// (`--compute-request-time`) and on which engine (`--ptx-engine`).
+    pub fn set_compute(
+        &mut self,
+        kind: ComputeKind,
+        request_time: std::time::Duration,
+        engine: mdev_backend::compute::ptx::Engine,
+    ) {
         self.compute = ComputeRuntime::new(kind, Arc::clone(self.gpu.budget()))
-            .with_request_time(request_time);
+            .with_request_time(request_time)
+            .with_ptx_engine(engine);
     }
 
     /// The eventfd written when a compute request finished: the worker's control-queue kick,

@@ -73,6 +73,9 @@ pub struct ServerConfig {
     /// Longest one compute request of the PTX executor may run (`--compute-request-time`;
     /// [`mdev_backend::compute::backend::DEFAULT_REQUEST_TIME`] by default).
     pub compute_request_time: std::time::Duration,
+    /// What runs guest kernels on the PTX executor (`--ptx-engine`; compiled code by
+    /// default, the interpreter for what the compiler refuses).
+    pub ptx_engine: mdev_backend::compute::ptx::Engine,
     /// The longest the relay and the worker spin for their next event before they block
     /// (`--busy-poll-us`; [`vgpu_schedd::busy_poll`]; zero: never).
     pub busy_poll: std::time::Duration,
@@ -314,7 +317,11 @@ impl Core {
             self.worker.has_renderer(),
         );
         device.set_resource_budget(self.config.resource_memory);
-        device.set_compute(self.config.compute, self.config.compute_request_time);
+        device.set_compute(
+            self.config.compute,
+            self.config.compute_request_time,
+            self.config.ptx_engine,
+        );
         let device = Arc::new(Mutex::new(device));
         self.worker.attach(device.clone());
         slot.set(Some(device));

@@ -10,6 +10,7 @@ use std::time::Duration;
 use clap::Parser;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use mdev_backend::compute::backend::parse_request_time;
+use mdev_backend::compute::ptx::Engine;
 use mdev_backend::virgl;
 use vgpu_schedd::busy_poll;
 use vgpu_schedd::proto::VmName;
@@ -140,6 +141,16 @@ struct Cli {
         value_parser = parse_request_time
     )]
     compute_request_time: Duration,
+    /// What runs guest kernels on the PTX executor: compiled native code (the interpreter
+    /// still runs what the compiler refuses), or the interpreter alone (the reference)
+    #[arg(
+        long,
+        value_name = "ENGINE",
+        default_value = "compiled",
+        value_parser = PossibleValuesParser::new(["compiled", "interpreter"])
+            .try_map(|e| e.parse::<Engine>()),
+    )]
+    ptx_engine: Engine,
     /// When run as root, drop to this user and group once started (not root)
     #[arg(long, value_name = "UID:GID")]
     run_as: Option<RunAs>,
@@ -216,6 +227,7 @@ fn args(cli: Cli) -> Result<Args, clap::Error> {
             resource_memory: cli.resource_memory_mb << 20,
             compute: cli.compute,
             compute_request_time: cli.compute_request_time,
+            ptx_engine: cli.ptx_engine,
             busy_poll: cli.busy_poll_us,
         },
         log_level: cli.log_level,
@@ -330,6 +342,7 @@ mod tests {
         assert_eq!(c.resource_memory, DEFAULT_RESOURCE_MEMORY_MB << 20);
         assert_eq!(c.compute, ComputeKind::Cpu);
         assert_eq!(c.compute_request_time, DEFAULT_REQUEST_TIME);
+        assert_eq!(c.ptx_engine, Engine::Compiled);
         assert_eq!(c.busy_poll, busy_poll::DEFAULT_MAX);
         assert_eq!(a.log_level, LevelFilter::Info);
         assert!(a.sandbox.filter && a.sandbox.run_as.is_none());
@@ -351,6 +364,7 @@ mod tests {
                 ("--resource-memory-mb", "1048576"),
                 ("--compute", "nvcuda"),
                 ("--compute-request-time", "120"),
+                ("--ptx-engine", "interpreter"),
                 ("--run-as", "1000:1000"),
                 ("--busy-poll-us", "0"),
             ];
@@ -376,6 +390,7 @@ mod tests {
             assert_eq!(c.resource_memory, MAX_RESOURCE_MEMORY_MB << 20);
             assert_eq!(c.compute, ComputeKind::NvCuda);
             assert_eq!(c.compute_request_time, Duration::from_secs(120));
+            assert_eq!(c.ptx_engine, Engine::Interpreter);
             assert_eq!(c.busy_poll, Duration::ZERO);
             assert_eq!(c.max_connections, Some(1));
             assert!(!a.sandbox.filter);
@@ -466,6 +481,8 @@ mod tests {
             &["--display", "0x600"],
             &["--renderer", "vulkan"],
             &["--compute", "gpu"],
+            &["--ptx-engine", "jit"],
+            &["--ptx-engine", ""],
             &["--log-level", "loud"],
             &["--resource-memory-mb", "0"],
             &["--resource-memory-mb", "1048577"],

@@ -27,6 +27,7 @@ use clap::builder::{PossibleValuesParser, TypedValueParser};
 use mdev_backend::budget::MemoryBudget;
 use mdev_backend::compute::backend::parse_request_time;
 use mdev_backend::compute::cpu::DEFAULT_MEMORY_BUDGET_BYTES;
+use mdev_backend::compute::ptx::Engine;
 use mdev_backend::compute::remote::serve;
 use mdev_backend::compute::{CpuConfig, one_guest_backend};
 
@@ -85,6 +86,17 @@ struct Cli {
         value_parser = parse_request_time
     )]
     request_time: std::time::Duration,
+    /// What runs each connection's kernels on the PTX executor: compiled native code (the
+    /// interpreter still runs what the compiler refuses), or the interpreter alone (the
+    /// reference)
+    #[arg(
+        long,
+        value_name = "ENGINE",
+        default_value = "compiled",
+        value_parser = PossibleValuesParser::new(["compiled", "interpreter"])
+            .try_map(|e| e.parse::<Engine>()),
+    )]
+    ptx_engine: Engine,
     /// Host memory each connection may make the server hold, in MiB: device memory, modules
     /// and the contexts' tables (past it, CUDA_ERROR_OUT_OF_MEMORY)
     #[arg(
@@ -227,6 +239,7 @@ fn main() {
             .args(["--backend", backend])
             .arg(format!("--request-time={}", cli.request_time.as_secs_f64()))
             .arg(format!("--memory-budget={}", cli.memory_budget))
+            .arg(format!("--ptx-engine={}", engine_name(cli.ptx_engine)))
             .arg(format!("--{SERVE_STDIN}"))
             .arg(n.to_string())
             .stdin(Stdio::from(OwnedFd::from(stream)))
@@ -256,12 +269,21 @@ fn main() {
     }
 }
 
-/// The backend configuration of each connection: its budget and request time.
+/// `--ptx-engine`'s name of `engine`, as a connection's process is given it.
+fn engine_name(engine: Engine) -> &'static str {
+    match engine {
+        Engine::Interpreter => "interpreter",
+        Engine::Compiled => "compiled",
+    }
+}
+
+/// The backend configuration of each connection: its budget, request time and engine.
 fn connection_config(cli: &Cli) -> CpuConfig {
     let budget = cli.memory_budget << 20;
     CpuConfig {
         budget: MemoryBudget::new(budget),
         memory_per_context: budget,
+        engine: cli.ptx_engine,
         ..CpuConfig::default()
     }
     .with_request_time(cli.request_time)
@@ -288,14 +310,21 @@ mod tests {
         assert_eq!(cli.socket, Some(PathBuf::from("/s")));
         assert_eq!(cli.request_time, DEFAULT_REQUEST_TIME);
         assert_eq!(cli.memory_budget << 20, DEFAULT_MEMORY_BUDGET_BYTES);
+        assert_eq!(connection_config(&cli).engine, Engine::Compiled);
         let long = parse(&[
             "--socket=/s",
             "--request-time=120",
             "--memory-budget",
             "4096",
+            "--ptx-engine=interpreter",
         ])
         .unwrap();
         let config = connection_config(&long);
+        assert_eq!(config.engine, Engine::Interpreter);
+        // A connection's process gets the engine by the name it was given.
+        for engine in [Engine::Interpreter, Engine::Compiled] {
+            assert_eq!(engine_name(engine).parse::<Engine>(), Ok(engine));
+        }
         assert_eq!(config.request_time, std::time::Duration::from_secs(120));
         assert_eq!(config.budget.limit(), 4 << 30);
         for bad in [
@@ -321,6 +350,10 @@ mod tests {
         assert_eq!(parse(&[]).unwrap_err(), ErrorKind::MissingRequiredArgument);
         assert_eq!(
             parse(&["--socket", "/s", "--backend", "gpu"]).unwrap_err(),
+            ErrorKind::InvalidValue
+        );
+        assert_eq!(
+            parse(&["--socket", "/s", "--ptx-engine", "jit"]).unwrap_err(),
             ErrorKind::InvalidValue
         );
         assert_eq!(

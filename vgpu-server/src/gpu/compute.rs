@@ -24,6 +24,7 @@ use log::{debug, info, warn};
 use mdev_backend::budget::{Charge, MemoryBudget, OverBudget};
 use mdev_backend::compute::backend::{DEFAULT_REQUEST_TIME, Slicing};
 use mdev_backend::compute::executor::Scope;
+use mdev_backend::compute::ptx::Engine;
 use mdev_backend::compute::remote::{Owned, Stats, dispatch};
 use mdev_backend::compute::wire::{self, Reply, Request};
 use mdev_backend::compute::{
@@ -500,6 +501,8 @@ pub struct ComputeRuntime {
     budget: Arc<MemoryBudget>,
     /// Longest one request may run on the PTX executor.
     request_time: Duration,
+    /// What runs kernels on the PTX executor.
+    engine: Engine,
     executor: Option<Result<Executor, ComputeError>>,
     sessions: HashMap<u32, Arc<Mutex<Session>>>,
     /// What the executor reports, tagged with the generation it was posted in.
@@ -537,6 +540,7 @@ impl ComputeRuntime {
             kind,
             budget,
             request_time: DEFAULT_REQUEST_TIME,
+            engine: Engine::default(),
             executor: None,
             sessions: HashMap::new(),
             done_tx,
@@ -552,6 +556,13 @@ impl ComputeRuntime {
     /// [`DEFAULT_REQUEST_TIME`] (`vgpu-server --compute-request-time`).
     pub fn with_request_time(mut self, time: Duration) -> ComputeRuntime {
         self.request_time = time;
+        self
+    }
+
+    /// This runtime with its PTX executor's kernels run by `engine` (`vgpu-server
+    /// --ptx-engine`; compiled code by default).
+    pub fn with_ptx_engine(mut self, engine: Engine) -> ComputeRuntime {
+        self.engine = engine;
         self
     }
 
@@ -571,6 +582,7 @@ impl ComputeRuntime {
                 self.kind,
                 Arc::clone(&self.budget),
                 self.request_time,
+                self.engine,
             ));
         }
         match &self.executor {
@@ -756,16 +768,18 @@ fn wake(notify: Option<&EventFd>) {
     }
 }
 
-/// Starts a VM's executor thread with its backend, which charges `budget`, the VM's, and
-/// bounds each request by `request_time`.
+/// Starts a VM's executor thread with its backend, which charges `budget`, the VM's, bounds
+/// each request by `request_time` and runs kernels on `engine`.
 fn spawn_executor(
     kind: ComputeKind,
     budget: Arc<MemoryBudget>,
     request_time: Duration,
+    engine: Engine,
 ) -> Result<Executor, ComputeError> {
     let make = move || -> Result<Box<dyn ComputeBackend>, ComputeError> {
         let config = CpuConfig {
             budget,
+            engine,
             ..CpuConfig::default()
         }
         .with_request_time(request_time);
@@ -778,7 +792,7 @@ fn spawn_executor(
         Box::new(|_| {}),
     );
     match &e {
-        Ok(_) => info!("compute backend {kind:?} ready"),
+        Ok(_) => info!("compute backend {kind:?} ready (PTX engine {engine:?})"),
         Err(err) => warn!("compute backend {kind:?} unavailable: {err}"),
     }
     e
