@@ -248,3 +248,171 @@ fn a_dump_request_survives_the_filter() {
     server.assert_survived("SIGUSR1");
     server.kill().expect("killed");
 }
+
+/// A kernel the sandbox test runs: `out[i] = in[i] * 3 + i` for `i < n`, looping over a grid
+/// stride so that each thread runs a branch back.
+const TRIPLE: &str = r#".version 7.0
+.target sm_75
+.address_size 64
+.visible .entry triple(.param .u64 src, .param .u64 dst, .param .u32 n)
+{
+.reg .pred %p<2>;
+.reg .b32 %r<8>;
+.reg .b64 %rd<6>;
+ld.param.u64 %rd1, [src];
+ld.param.u64 %rd2, [dst];
+ld.param.u32 %r1, [n];
+mov.u32 %r2, %ctaid.x;
+mov.u32 %r3, %ntid.x;
+mov.u32 %r4, %tid.x;
+mad.lo.s32 %r5, %r2, %r3, %r4;
+mov.u32 %r6, %nctaid.x;
+mul.lo.s32 %r6, %r6, %r3;
+LOOP:
+setp.ge.u32 %p1, %r5, %r1;
+@%p1 bra DONE;
+mul.wide.u32 %rd3, %r5, 4;
+add.s64 %rd4, %rd1, %rd3;
+ld.global.u32 %r7, [%rd4];
+mad.lo.s32 %r7, %r7, 3, %r5;
+add.s64 %rd5, %rd2, %rd3;
+st.global.u32 [%rd5], %r7;
+add.s32 %r5, %r5, %r6;
+bra LOOP;
+DONE:
+ret;
+}
+"#;
+
+/// The compute context, its blob and the blob's size (one piece of guest RAM).
+const CUDA_CTX: u32 = 5;
+const CUDA_BLOB: u32 = 40;
+const CUDA_BLOB_BYTES: u32 = 64 << 10;
+/// `VIRTIO_GPU_RESP_OK_NODATA`.
+const RESP_OK_NODATA: u32 = 0x1100;
+/// The compiled engine's log line for a launch it runs (at debug level).
+const COMPILED_LINE: &str = "compiled launch of";
+
+/// Runs [`TRIPLE`] over `n` words through the compute capset of a qtest guest of `server`;
+/// the words it wrote, or `None` when the server found no virglrenderer (no compute capset).
+fn run_triple(server: &ServerProcess, input: &[u32]) -> Option<Vec<u32>> {
+    use mdev_backend::compute::backend::{ContextId, DEFAULT_STREAM, ModuleId};
+    use mdev_backend::compute::wire::{Reply, Request};
+    use vgpu_guest_drivers::virtio_gpu::{self, CAPSET_COMPUTE};
+    use vgpu_tests::compute::ComputeBlob;
+
+    let mut guest = VgpuGuest::attach(server.socket(), true);
+    let features = guest.virgl_features()?;
+    guest.bring_up_with(features);
+    let create = virtio_gpu::ctx_create(CUDA_CTX, CAPSET_COMPUTE, b"cuda");
+    assert_eq!(guest.control_header(&create).ctrl_type, RESP_OK_NODATA);
+    let blob = ComputeBlob::create(&mut guest, CUDA_BLOB, 1, CUDA_BLOB_BYTES);
+    let attach = virtio_gpu::ctx_attach_resource(CUDA_CTX, CUDA_BLOB);
+    assert_eq!(guest.control_header(&attach).ctrl_type, RESP_OK_NODATA);
+    let mut ask = |req: &Request| blob.exchange(&mut guest, CUDA_CTX, req);
+    let id = |r: Reply| match r {
+        Reply::Id(id) => id,
+        other => panic!("expected an id, got {other:?}"),
+    };
+    let ctx = ContextId(id(ask(&Request::ContextCreate)));
+    let module = ModuleId(id(ask(&Request::ModuleLoad {
+        ctx,
+        image: TRIPLE.as_bytes().to_vec(),
+    })));
+    let function = match ask(&Request::Function {
+        ctx,
+        module,
+        name: "triple".into(),
+    }) {
+        Reply::Function { id, .. } => id,
+        other => panic!("{other:?}"),
+    };
+    let bytes = u64::try_from(input.len() * 4).unwrap();
+    let mut alloc = || match ask(&Request::MemAlloc { ctx, bytes }) {
+        Reply::Address(a) => a,
+        other => panic!("{other:?}"),
+    };
+    let (src, dst) = (alloc(), alloc());
+    let data = input.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let copied = ask(&Request::CopyHtoD {
+        ctx,
+        dst: src,
+        data,
+        stream: DEFAULT_STREAM,
+    });
+    assert_eq!(copied, Reply::Done);
+    let n = u32::try_from(input.len()).unwrap();
+    let params = [&src.to_le_bytes()[..], &dst.to_le_bytes(), &n.to_le_bytes()].concat();
+    let batch = Request::Batch(vec![
+        Request::Launch {
+            ctx,
+            function,
+            grid: [2, 1, 1],
+            block: [64, 1, 1],
+            shared_bytes: 0,
+            stream: DEFAULT_STREAM,
+            params,
+        },
+        Request::ContextSynchronize { ctx },
+    ]);
+    let ran = ask(&batch);
+    assert!(
+        matches!(
+            ran,
+            Reply::Batch {
+                completed: 2,
+                error: None,
+                ..
+            }
+        ),
+        "{ran:?}"
+    );
+    let back = ask(&Request::CopyDtoH {
+        ctx,
+        src: dst,
+        bytes,
+        stream: DEFAULT_STREAM,
+    });
+    let Reply::Data(out) = back else {
+        panic!("{back:?}")
+    };
+    Some(
+        out.chunks(4)
+            .map(|w| u32::from_le_bytes(w.try_into().unwrap()))
+            .collect(),
+    )
+}
+
+/// Compiled kernels run inside the filter: the PTX compiler's code memory (anonymous
+/// mappings made executable with `mprotect`, docs/SECURITY.md) is allowed, so a sandboxed
+/// device process runs a guest kernel as native code and answers its result; with
+/// `--ptx-engine interpreter` the interpreter runs it.
+#[test]
+fn a_sandboxed_device_runs_kernels_compiled() {
+    if skip_without_qemu() {
+        return;
+    }
+    let input: Vec<u32> = (0..1000).map(|i| i * 7 + 1).collect();
+    let want: Vec<u32> = input.iter().zip(0..).map(|(&v, i)| v * 3 + i).collect();
+    for (engine, compiled) in [("compiled", true), ("interpreter", false)] {
+        let mut server = start(&["--log-level", "debug", "--ptx-engine", engine]);
+        assert_eq!(status(server.pid(), "Seccomp"), ["2"]);
+        let Some(got) = run_triple(&server, &input) else {
+            server.kill().expect("killed");
+            return;
+        };
+        assert_eq!(got, want, "--ptx-engine {engine}");
+        // It serves one connection: the guest gone, it exits by itself, not killed by the
+        // filter.
+        let exit = server.wait_exit(TIMEOUT).expect("server state");
+        let log = server.log();
+        assert!(exit.is_some_and(|s| s.success()), "{exit:?}:\n{log}");
+        assert_eq!(
+            log.contains(COMPILED_LINE),
+            compiled,
+            "--ptx-engine {engine}:\n{log}"
+        );
+        let named = if compiled { "Compiled" } else { "Interpreter" };
+        assert!(log.contains(&format!("PTX engine {named}")), "{log}");
+    }
+}

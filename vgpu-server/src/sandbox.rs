@@ -243,7 +243,9 @@ const PRCTLS: &[u64] = &[libc::PR_SET_NAME as u64, libc::PR_SET_NO_NEW_PRIVS as 
 pub const ALLOWED: &[(&str, &[libc::c_long])] = &[
     (
         // Guest memory (DMA_MAP of QEMU's memfd), heaps, and llvmpipe's JIT, which maps its
-        // code PROT_EXEC: mmap/mprotect cannot be narrowed without breaking Mesa.
+        // code PROT_EXEC: mmap/mprotect cannot be narrowed without breaking Mesa. The PTX
+        // compiler's code memory (cranelift-jit) needs nothing more: anonymous read-write
+        // mappings (mmap), made read-execute or read-only (mprotect), unmapped (munmap).
         "memory",
         &[
             libc::SYS_mmap,
@@ -382,16 +384,30 @@ pub const ALLOWED: &[(&str, &[libc::c_long])] = &[
     ),
 ];
 
-/// A rule matching when argument `arg` equals one of `values`.
-fn arg_in(arg: u8, values: &[u64]) -> Result<Vec<SeccompRule>, SandboxError> {
+/// A rule matching when argument `arg` (of `len`) equals one of `values`.
+fn arg_in(
+    arg: u8,
+    len: SeccompCmpArgLen,
+    values: &[u64],
+) -> Result<Vec<SeccompRule>, SandboxError> {
     values
         .iter()
         .map(|&v| {
-            let cond = SeccompCondition::new(arg, SeccompCmpArgLen::Qword, SeccompCmpOp::Eq, v)?;
+            let cond = SeccompCondition::new(arg, len.clone(), SeccompCmpOp::Eq, v)?;
             Ok(SeccompRule::new(vec![cond])?)
         })
         .collect()
 }
+
+/// `membarrier` commands (its first argument, an int) that cranelift-jit issues on aarch64
+/// once it made new code executable, so that no core runs stale instructions
+/// (wasmtime-jit-icache-coherence's `pipeline_flush_mt`): registering for, then issuing, the
+/// process's core-serialising barrier (MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_SYNC_CORE,
+/// MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE), and the global barrier kernels before 4.16
+/// answer instead (MEMBARRIER_CMD_GLOBAL). x86-64 keeps instruction fetch coherent and makes
+/// no such call.
+#[cfg(target_arch = "aarch64")]
+const MEMBARRIERS: &[u64] = &[64, 32, 1];
 
 /// Syscalls answered EPERM instead of run or fatal: Mesa lowers its threads' priority and
 /// pins them to CPUs by thread id, which cannot be told apart from another process's id, and
@@ -411,8 +427,13 @@ fn filters() -> Result<[BpfProgram; 2], SandboxError> {
         .iter()
         .flat_map(|(_, calls)| calls.iter().map(|&nr| (nr, Vec::new())))
         .collect();
-    rules.insert(libc::SYS_ioctl, arg_in(1, IOCTLS)?);
-    rules.insert(libc::SYS_prctl, arg_in(0, PRCTLS)?);
+    rules.insert(libc::SYS_ioctl, arg_in(1, SeccompCmpArgLen::Qword, IOCTLS)?);
+    rules.insert(libc::SYS_prctl, arg_in(0, SeccompCmpArgLen::Qword, PRCTLS)?);
+    #[cfg(target_arch = "aarch64")]
+    rules.insert(
+        libc::SYS_membarrier,
+        arg_in(0, SeccompCmpArgLen::Dword, MEMBARRIERS)?,
+    );
     // Only Unix sockets: the scheduler daemon's; the family is the low 32 bits.
     rules.insert(
         libc::SYS_socket,
