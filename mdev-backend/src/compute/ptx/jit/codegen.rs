@@ -720,11 +720,17 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
 
     /// Writes `v` to register `d`, masked to its width.
     fn set(&mut self, d: u32, v: Value) -> Result<(), String> {
+        self.set_bits(d, v, 64)
+    }
+
+    /// [`set`](Self::set) of a value known to have no bits above its lowest `width`: no
+    /// mask where the register holds them all.
+    fn set_bits(&mut self, d: u32, v: Value, width: u32) -> Result<(), String> {
         if d == SINK {
             return Ok(());
         }
         let bits = self.m.reg_bits[d as usize];
-        let v = if bits >= 64 {
+        let v = if u32::from(bits) >= width {
             v
         } else {
             self.b.ins().band_imm_s(v, ((1u64 << bits) - 1) as i64)
@@ -1080,8 +1086,8 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
                 };
                 let tp = self.b.ins().uextend(I64, tp);
                 let tq = self.b.ins().uextend(I64, tq);
-                self.set(*p, tp)?;
-                self.set(*q, tq)?;
+                self.set_bits(*p, tp, 1)?;
+                self.set_bits(*q, tq, 1)?;
             }
             Op::Selp { d, a, b, c, .. } => {
                 let (x, y, c) = (self.val(*a)?, self.val(*b)?, self.val(*c)?);
@@ -1246,7 +1252,7 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
                 _ => self.b.ins().fdiv(x, y),
             };
             let r = self.f32_bits(r);
-            self.set(d, r)?;
+            self.set_bits(d, r, 32)?;
             return Ok(true);
         }
         if ty.float() || ty == Ty::Pred || sat {
@@ -1318,7 +1324,9 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
             }
             _ => return Ok(false),
         };
-        self.set(d, r)?;
+        // Results narrowed to the type and zero-extended; the wide product fills 64 bits.
+        let width = if op == BinOp::MulWide { 64 } else { bits };
+        self.set_bits(d, r, width)?;
         Ok(true)
     }
 
@@ -1441,17 +1449,18 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
             }
             _ => a,
         };
-        let inside = self.b.ins().icmp(IntCC::UnsignedLessThan, off, len);
-        let end = self.b.ins().iadd_imm_s(off, total);
-        let fits = self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, end, len);
-        let ok = self.b.ins().band(inside, fits);
-        let ok = if total > 1 {
-            let low = self.b.ins().band_imm_s(a, total - 1);
-            let aligned = self.b.ins().icmp_imm_s(IntCC::Equal, low, 0);
-            self.b.ins().band(ok, aligned)
+        // One comparison for bounds and alignment (`total` is a power of two, 2^k, and
+        // every area starts aligned to it): rotating the offset right by k brings a
+        // misaligned offset's low bits to the top, past any limit, and an aligned offset j·2^k
+        // is in bounds, j·2^k + 2^k <= len, exactly when j < len >> k.
+        let k = total.trailing_zeros() as i64;
+        let rotated = if k == 0 {
+            off
         } else {
-            ok
+            self.b.ins().rotr_imm_s(off, k)
         };
+        let limit = self.b.ins().ushr_imm_s(len, k);
+        let ok = self.b.ins().icmp(IntCC::UnsignedLessThan, rotated, limit);
         let go = self.b.create_block();
         self.b.ins().brif(ok, go, &[], slow, &[]);
         self.b.switch_to_block(go);
@@ -1475,7 +1484,8 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
                         (4, true) => self.b.ins().sload32(mf, p, at),
                         _ => self.b.ins().load(I64, mf, p, at),
                     };
-                    self.set(*d, v)?;
+                    let width = if ty.signed() { 64 } else { 8 * size as u32 };
+                    self.set_bits(*d, v, width)?;
                 }
             }
             Op::St { ty, n, srcs, .. } => {

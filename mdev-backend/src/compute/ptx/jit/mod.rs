@@ -293,6 +293,7 @@ fn run(
             len: 0,
             ptr: std::ptr::null_mut(),
         }; SPAN_SLOTS];
+        let mut block = None;
         loop {
             if env.stop.load(Ordering::Relaxed) {
                 return;
@@ -303,7 +304,12 @@ fn run(
             }
             let r = env
                 .charge(setup.saturating_mul(THREAD_INSTRUCTIONS_PER_UNIT))
-                .and_then(|()| Block::new(&env, &plan, b, spans.as_mut_ptr()).run(k));
+                .and_then(|()| {
+                    let block =
+                        block.get_or_insert_with(|| Block::new(&env, &plan, spans.as_mut_ptr()));
+                    block.start(b);
+                    block.run(k)
+                });
             if let Err(e) = r {
                 env.fail(e);
                 return;
@@ -351,10 +357,10 @@ struct Block<'e, 'a> {
     threads: Vec<Thread>,
     wait: Vec<Wait>,
     regs: Vec<u64>,
-    /// Kept alive for the threads' pointers.
-    _local: Vec<u8>,
-    _fparam: Vec<u8>,
-    _shared: Vec<u8>,
+    /// The threads' memory areas (their pointers point into these).
+    local: Vec<u8>,
+    fparam: Vec<u8>,
+    shared: Vec<u8>,
     /// Per barrier: the thread count it was used with (`None`: the whole block).
     expected: [Option<u32>; BARRIERS],
     /// Per barrier: the warps that arrived with `bar.arrive` (which does not wait) since it
@@ -366,15 +372,13 @@ struct Block<'e, 'a> {
 }
 
 impl<'e, 'a> Block<'e, 'a> {
-    fn new(env: &'e Env<'a>, plan: &exec::Plan, linear: u64, spans: *mut Span) -> Self {
+    /// A host thread's block, made once and [`start`](Self::start)ed for each block it runs:
+    /// registers need no clearing (compiled code defines a register before it reads it, and
+    /// stores what it saves), the memory areas are cleared per block.
+    fn new(env: &'e Env<'a>, plan: &exec::Plan, spans: *mut Span) -> Self {
         let l = env.l;
         let [gx, gy, gz] = l.grid;
         let [bx, by, bz] = l.block;
-        let ctaid = [
-            (linear % u64::from(gx)) as u32,
-            ((linear / u64::from(gx)) % u64::from(gy)) as u32,
-            (linear / (u64::from(gx) * u64::from(gy))) as u32,
-        ];
         let n = plan.nthreads as usize;
         let nregs = plan.regs.held.len();
         let (lb, fb) = (env.m.local_bytes as usize, env.m.fparam_bytes as usize);
@@ -393,7 +397,6 @@ impl<'e, 'a> Block<'e, 'a> {
                     tu / (bx * by),
                 ]);
                 sreg[SREG_NTID..SREG_NTID + 3].copy_from_slice(&[bx, by, bz]);
-                sreg[SREG_CTAID..SREG_CTAID + 3].copy_from_slice(&ctaid);
                 sreg[SREG_NCTAID..SREG_NCTAID + 3].copy_from_slice(&[gx, gy, gz]);
                 sreg[SREG_LANE] = tu % WARP as u32;
                 sreg[SREG_WARP] = tu / WARP as u32;
@@ -425,14 +428,37 @@ impl<'e, 'a> Block<'e, 'a> {
             threads,
             wait: vec![Wait::Ready; n],
             regs,
-            _local: local,
-            _fparam: fparam,
-            _shared: shared,
+            local,
+            fparam,
+            shared,
             expected: [None; BARRIERS],
             arrived: [0; BARRIERS],
             waiting: [0; BARRIERS],
             nregs,
         }
+    }
+
+    /// Sets the block up as block `linear` of the grid.
+    fn start(&mut self, linear: u64) {
+        let [gx, gy, _] = self.env.l.grid;
+        let ctaid = [
+            (linear % u64::from(gx)) as u32,
+            ((linear / u64::from(gx)) % u64::from(gy)) as u32,
+            (linear / (u64::from(gx) * u64::from(gy))) as u32,
+        ];
+        for t in &mut self.threads {
+            t.sreg[SREG_CTAID..SREG_CTAID + 3].copy_from_slice(&ctaid);
+            t.resume = 0;
+            t.fuel = 0;
+            t.carry = 0;
+        }
+        self.wait.fill(Wait::Ready);
+        self.local.fill(0);
+        self.fparam.fill(0);
+        self.shared.fill(0);
+        self.expected = [None; BARRIERS];
+        self.arrived = [0; BARRIERS];
+        self.waiting = [0; BARRIERS];
     }
 
     fn run(&mut self, k: &Kernel) -> ComputeResult<()> {
