@@ -2096,3 +2096,34 @@ fn isspacep_tells_the_space_of_a_generic_address() {
         assert!(e.to_string().contains("isspacep"), "{bad}: {e}");
     }
 }
+
+/// The harness compares errors less the elapsed time a timeout names, and nothing else.
+#[test]
+fn the_harness_compares_errors_without_their_timing() {
+    let timeout = |s: &str| ComputeError::LaunchTimeout(s.into());
+    assert_eq!(
+        comparable(&timeout(
+            "kernel ran past its budget of 5 cost units (0.3 s)"
+        )),
+        comparable(&timeout(
+            "kernel ran past its budget of 5 cost units (12.0 s)"
+        ))
+    );
+    for (a, b) in [
+        (
+            timeout("budget of 5 (0.3 s)"),
+            timeout("budget of 6 (0.3 s)"),
+        ),
+        (timeout("(x s)"), timeout("(y s)")),
+        (
+            ComputeError::IllegalAddress("at 0x10 (PTX line 4)".into()),
+            ComputeError::IllegalAddress("at 0x10 (PTX line 5)".into()),
+        ),
+        (
+            ComputeError::IllegalAddress("(1.0 s)".into()),
+            ComputeError::LaunchTimeout("(1.0 s)".into()),
+        ),
+    ] {
+        assert_ne!(comparable(&a), comparable(&b), "{a:?} {b:?}");
+    }
+}
