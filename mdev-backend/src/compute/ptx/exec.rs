@@ -2283,7 +2283,7 @@ pub(super) fn video(
 
 /// A refused texture or surface access: a fault of the context, as the hardware's for a bad
 /// descriptor or an out-of-range `.trap` surface access.
-fn texture_fault(e: texture::TextureError) -> ComputeError {
+pub(super) fn texture_fault(e: texture::TextureError) -> ComputeError {
     ComputeError::IllegalAddress(e.to_string())
 }
 

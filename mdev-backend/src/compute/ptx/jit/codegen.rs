@@ -104,7 +104,6 @@ pub(super) fn refusal(m: &Parsed, f: u32) -> Option<String> {
                     callee: Callee::Malloc | Callee::Free,
                     ..
                 } => Some("the device heap"),
-                Op::Tex { .. } | Op::Surf { .. } | Op::Query(_) => Some("textures and surfaces"),
                 Op::Match { .. } => Some("match.sync"),
                 Op::BarRed { .. } => Some("bar.red"),
                 op if collective(op) && g != f => {
@@ -1650,6 +1649,56 @@ fn operands(op: &Op) -> Option<(Vec<u32>, Vec<u32>)> {
                 src(c, &mut reads);
             }
             vec![]
+        }
+        Op::Tex {
+            lod,
+            ds,
+            handle,
+            coords,
+            ..
+        } => {
+            src(handle, &mut reads);
+            for c in coords {
+                src(c, &mut reads);
+            }
+            match lod {
+                Lod::Implicit => {}
+                Lod::Level(l) => src(l, &mut reads),
+                Lod::Grad(x, y) => {
+                    for s in x.iter().chain(y) {
+                        src(s, &mut reads);
+                    }
+                }
+            }
+            ds.to_vec()
+        }
+        Op::Query(q) => {
+            src(&q.handle, &mut reads);
+            vec![q.d]
+        }
+        Op::Surf {
+            store,
+            n,
+            vals,
+            handle,
+            coords,
+            ..
+        } => {
+            src(handle, &mut reads);
+            for c in coords {
+                src(c, &mut reads);
+            }
+            let vals = &vals[..usize::from(*n)];
+            if *store {
+                for v in vals {
+                    src(v, &mut reads);
+                }
+                vec![]
+            } else {
+                vals.iter()
+                    .filter_map(|v| if let Src::Reg(r) = v { Some(*r) } else { None })
+                    .collect()
+            }
         }
         Op::Bra { .. } | Op::Ret | Op::Exit | Op::Nop | Op::Trap | Op::Call { .. } => vec![],
         _ => return None,

@@ -6,11 +6,13 @@
 
 use std::sync::atomic::Ordering;
 
+use super::super::exec::texture_fault;
 use super::super::exec::{
     self, LOCAL_WINDOW, SHARED_WINDOW, bfe, bfi, binary, bits, carry, check_align, compare,
     convert, fault, generic_space, mad, prmt, sext, unary, video,
 };
 use super::super::ir::*;
+use super::super::texture;
 use super::{
     Env, FAILED, SPAN_SLOTS, SREG_CTAID, SREG_DYN_SHARED, SREG_LANE, SREG_NCTAID, SREG_NTID,
     SREG_NWARP, SREG_TID, SREG_WARP, Span, Thread,
@@ -462,6 +464,70 @@ impl Lane<'_> {
             }
             Op::Trap => {
                 return Err(ComputeError::IllegalInstruction("trap".into()));
+            }
+            Op::Tex {
+                geom,
+                int,
+                gather,
+                lod,
+                ds,
+                handle,
+                coords,
+            } => {
+                let h = self.val(*handle);
+                let raw = coords.map(|c| self.val(c) as u32);
+                let f = |s: Src| f32::from_bits(self.val(s) as u32);
+                let lod = match *lod {
+                    Lod::Implicit => texture::Lod::Implicit,
+                    Lod::Level(l) => texture::Lod::Level(f(l)),
+                    Lod::Grad(x, y) => texture::Lod::Grad(x.map(f), y.map(f)),
+                };
+                let gather = gather.map(usize::from);
+                let v = texture::sample(self.env.memory, h, *geom, *int, gather, lod, raw)
+                    .map_err(texture_fault)?;
+                for (d, v) in ds.iter().zip(v) {
+                    self.set(*d, u64::from(v));
+                }
+            }
+            Op::Query(q) => {
+                let h = self.val(q.handle);
+                let v =
+                    texture::query(self.env.memory, h, q.surface, q.q).map_err(texture_fault)?;
+                self.set(q.d, u64::from(v));
+            }
+            Op::Surf {
+                store,
+                geom,
+                ty,
+                n,
+                oob,
+                vals,
+                handle,
+                coords,
+            } => {
+                let size = ty.bytes() as usize;
+                let total = size * usize::from(*n);
+                let h = self.val(*handle);
+                let raw = coords.map(|c| self.val(c) as u32);
+                let mut buf = [0u8; 16];
+                if *store {
+                    for (i, s) in vals.iter().take(usize::from(*n)).enumerate() {
+                        let v = self.val(*s).to_le_bytes();
+                        buf[i * size..(i + 1) * size].copy_from_slice(&v[..size]);
+                    }
+                    texture::surface_store(self.env.memory, h, *geom, raw, *oob, &buf[..total])
+                        .map_err(texture_fault)?;
+                } else {
+                    texture::surface_load(self.env.memory, h, *geom, raw, *oob, &mut buf[..total])
+                        .map_err(texture_fault)?;
+                    for (i, s) in vals.iter().take(usize::from(*n)).enumerate() {
+                        let mut le = [0u8; 8];
+                        le[..size].copy_from_slice(&buf[i * size..(i + 1) * size]);
+                        if let Src::Reg(d) = s {
+                            self.set(*d, u64::from_le_bytes(le));
+                        }
+                    }
+                }
             }
             op => {
                 return Err(ComputeError::IllegalInstruction(format!(
