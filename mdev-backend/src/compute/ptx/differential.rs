@@ -1,6 +1,7 @@
 //! Differential fuzzing of the two engines: random valid kernels (straight-line code, bounded
 //! loops uniform and divergent, if/else, over `.u32`, `.s32`, `.u64`, `.f32`, `.f64` and
-//! predicate registers: integer and float arithmetic, logic, shifts, comparisons, selects,
+//! predicate registers: integer and float arithmetic (division, square roots and bit counts
+//! among it), logic, shifts, comparisons, selects,
 //! predicated instructions, conversions, global loads and stores, barriers with shared memory,
 //! warp shuffles and ballots, global atomics, and at most one store that faults) run on the
 //! interpreter and on compiled code over identical memories; both must give the same error, or
@@ -188,19 +189,24 @@ impl Gen<'_> {
         let (d, a, b, c) = (self.reg(t), self.reg(t), self.reg(t), self.reg(t));
         let n = t.name();
         if t.float() {
-            return match self.pick(7) {
+            return match self.pick(11) {
                 0 => format!("add.{n} {d}, {a}, {b};"),
                 1 => format!("sub.{n} {d}, {a}, {b};"),
                 2 => format!("mul.{n} {d}, {a}, {b};"),
                 3 => format!("fma.rn.{n} {d}, {a}, {b}, {c};"),
                 4 => format!("min.{n} {d}, {a}, {b};"),
                 5 => format!("max.{n} {d}, {a}, {b};"),
+                6 => format!("div.rn.{n} {d}, {a}, {b};"),
+                7 => format!("sqrt.rn.{n} {d}, {a};"),
+                8 => format!("rcp.rn.{n} {d}, {a};"),
+                9 => format!("abs.{n} {d}, {a};"),
                 _ => format!("neg.{n} {d}, {a};"),
             };
         }
         let amount = self.reg(Ty::U32);
         let bits = t.bits();
-        match self.pick(12) {
+        let count = self.reg(Ty::U32);
+        match self.pick(18) {
             0 => format!("add.{n} {d}, {a}, {b};"),
             1 => format!("sub.{n} {d}, {a}, {b};"),
             2 => format!("mul.lo.{n} {d}, {a}, {b};"),
@@ -212,7 +218,15 @@ impl Gen<'_> {
             8 => format!("or.{bits} {d}, {a}, {b};"),
             9 => format!("xor.{bits} {d}, {a}, {b};"),
             10 => format!("shl.{bits} {d}, {a}, {amount};"),
-            _ => format!("shr.{n} {d}, {a}, {amount};"),
+            11 => format!("shr.{n} {d}, {a}, {amount};"),
+            // Division by zero gives what the executor defines (docs/PTX.md), on both engines.
+            12 => format!("div.{n} {d}, {a}, {b};"),
+            13 => format!("rem.{n} {d}, {a}, {b};"),
+            14 => format!("popc.{bits} {count}, {a};"),
+            15 => format!("clz.{bits} {count}, {a};"),
+            16 => format!("brev.{bits} {d}, {a};"),
+            _ if t == Ty::S32 => format!("abs.{n} {d}, {a};"),
+            _ => format!("not.{bits} {d}, {a};"),
         }
     }
 
@@ -581,6 +595,15 @@ fn the_generated_kernels_are_valid_and_cover_every_construct() {
         "shl.b64",
         "shr.s32",
         "fma.rn.f64",
+        "div.rn.f32",
+        "sqrt.rn.f64",
+        "rcp.rn.f32",
+        "rem.u64",
+        "popc.b64",
+        "clz.b32",
+        "brev.",
+        "abs.s32",
+        "not.b64",
         "neg.f32",
         "setp.nan.f32",
         "selp.f64",
