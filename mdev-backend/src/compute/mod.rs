@@ -20,6 +20,7 @@ pub mod backend;
 #[cfg(test)]
 mod conformance;
 pub mod corpus;
+pub mod corpus_kernels;
 pub mod cpu;
 pub mod error;
 pub mod executor;

@@ -1,0 +1,155 @@
+//! The PTX engines against each other over the nvcc corpus: every plain kernel a corpus
+//! program launches (`compute::corpus_kernels::KERNELS`, with its program's own data) runs on
+//! the interpreter and as compiled code, and both must leave the same bytes in every buffer,
+//! print the same output and fail with the same error. Skipped (saying so) without the corpus
+//! (`qemu-scripts/cuda-corpus.sh`); a failure under `VGPU_REQUIRE_CUDA_CORPUS`.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use mdev_backend::compute::corpus::corpus_for_tests;
+use mdev_backend::compute::corpus_kernels::{self, CorpusKernel, KERNELS, Outcome};
+use mdev_backend::compute::ptx::{Engine, Module};
+
+/// The corpus kernels the compiler does not take, so `Engine::Compiled` runs them on the
+/// interpreter: `hello` calls printf. Every other corpus kernel must run as compiled code.
+const INTERPRETED: [(&str, &str); 1] = [("hello", "hello")];
+
+fn modules(dir: &Path) -> HashMap<&'static str, Module> {
+    let mut modules = HashMap::new();
+    for k in &KERNELS {
+        modules.entry(k.program).or_insert_with(|| {
+            let ptx = corpus_kernels::program_ptx(dir, k.program).expect("ptx");
+            Module::parse(&ptx).expect("parse")
+        });
+    }
+    modules
+}
+
+fn run(module: &Module, k: &CorpusKernel, engine: Engine, threads: usize) -> Outcome {
+    corpus_kernels::run(module, k, engine, threads)
+        .unwrap_or_else(|e| panic!("{}: setup: {e}", k.name()))
+}
+
+/// The first differing byte of two buffers, for the failure message.
+fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
+    a.iter().zip(b).position(|(x, y)| x != y)
+}
+
+fn assert_same(k: &CorpusKernel, reference: &Outcome, compiled: &Outcome, what: &str) {
+    let name = k.name();
+    match (&reference.result, &compiled.result) {
+        (Ok(r), Ok(c)) => {
+            assert!(!k.faults, "{name}: its launch must fault");
+            assert_eq!(r.output, c.output, "{name} ({what}): printf output");
+            assert_eq!(r.blocks, c.blocks, "{name} ({what}): blocks");
+        }
+        (Err(r), Err(c)) => {
+            assert!(k.faults, "{name}: {r}");
+            assert_eq!(r.to_string(), c.to_string(), "{name} ({what}): error");
+        }
+        (r, c) => panic!("{name} ({what}): the interpreter gave {r:?}, compiled code {c:?}"),
+    }
+    assert_eq!(reference.buffers.len(), compiled.buffers.len());
+    for (i, (r, c)) in reference.buffers.iter().zip(&compiled.buffers).enumerate() {
+        if let Some(at) = first_difference(r, c) {
+            panic!(
+                "{name} ({what}): buffer {i} differs first at byte {at}: {:#04x} interpreted, {:#04x} compiled",
+                r[at], c[at]
+            );
+        }
+    }
+}
+
+#[test]
+fn corpus_kernels_agree_on_both_engines() {
+    let Some(dir) = corpus_for_tests("ptx_classes") else {
+        return;
+    };
+    let modules = modules(&dir);
+    let mut compiled_kernels = Vec::new();
+    for k in &KERNELS {
+        let module = &modules[k.program];
+        let reference = run(module, k, Engine::Interpreter, 1);
+        if let Ok(stats) = &reference.result {
+            assert!(!stats.compiled, "{}: the interpreter ran it", k.name());
+        }
+        for threads in [1, 2] {
+            let compiled = run(module, k, Engine::Compiled, threads);
+            assert_same(k, &reference, &compiled, &format!("{threads} threads"));
+            if let Ok(stats) = &compiled.result {
+                let interpreted = INTERPRETED.contains(&(k.program, k.kernel));
+                assert_eq!(
+                    stats.compiled,
+                    !interpreted,
+                    "{}: compiled code ran it: {}",
+                    k.name(),
+                    stats.compiled
+                );
+                if threads == 1 && stats.compiled {
+                    compiled_kernels.push(k.name());
+                }
+            }
+        }
+    }
+    eprintln!("compiled: {}", compiled_kernels.join(", "));
+}
+
+#[test]
+fn every_corpus_kernel_sets_up() {
+    let Some(dir) = corpus_for_tests("ptx_classes") else {
+        return;
+    };
+    let modules = modules(&dir);
+    for k in &KERNELS {
+        let s = corpus_kernels::setup(&modules[k.program], k).expect("setup");
+        assert!(s.ptx_name.starts_with("_Z"), "{}", s.ptx_name);
+        assert_eq!(s.buffers.len(), (k.buffers)().len());
+    }
+}
+
+#[test]
+fn a_kernel_the_program_does_not_have_is_refused() {
+    let Some(dir) = corpus_for_tests("vector_add") else {
+        return;
+    };
+    let module = Module::parse(&corpus_kernels::program_ptx(&dir, "vector_add").unwrap()).unwrap();
+    let missing = CorpusKernel {
+        kernel: "matmul",
+        ..KERNELS[0]
+    };
+    let e = corpus_kernels::setup(&module, &missing).unwrap_err();
+    assert!(e.to_string().contains("0 kernels named matmul"), "{e}");
+}
+
+#[test]
+fn bad_arguments_are_refused() {
+    let Some(dir) = corpus_for_tests("vector_add") else {
+        return;
+    };
+    let module = Module::parse(&corpus_kernels::program_ptx(&dir, "vector_add").unwrap()).unwrap();
+    use corpus_kernels::Arg;
+    let short = CorpusKernel {
+        args: &[Arg::Buffer(0)],
+        ..KERNELS[0]
+    };
+    let e = corpus_kernels::setup(&module, &short).unwrap_err();
+    assert!(
+        e.to_string().contains("1 arguments for 4 parameters"),
+        "{e}"
+    );
+    let unknown = CorpusKernel {
+        args: &[Arg::Buffer(0), Arg::Buffer(1), Arg::Buffer(7), Arg::Int(1)],
+        ..KERNELS[0]
+    };
+    let e = corpus_kernels::setup(&module, &unknown).unwrap_err();
+    assert!(e.to_string().contains("buffer 7"), "{e}");
+    let huge = CorpusKernel {
+        buffers: || (0..2).map(|_| vec![0; 100 << 20]).collect(),
+        ..KERNELS[0]
+    };
+    let e = corpus_kernels::setup(&module, &huge).unwrap_err();
+    assert!(e.to_string().contains("more than"), "{e}");
+    let e = corpus_kernels::program_ptx(&dir, "no-such-program").unwrap_err();
+    assert!(e.to_string().contains("no-such-program"), "{e}");
+}
