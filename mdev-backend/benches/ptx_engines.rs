@@ -5,7 +5,7 @@
 //! kernel (`benches/ptx_c`, built with `gcc -O2` at the start; without gcc that column is left
 //! out, saying so), each on 1 and 2 host threads (the C version spreads blocks over pthreads
 //! from a shared counter, as the executor does). Also the compile time of each kernel: its
-//! first compiled launch on a fresh module less its second.
+//! first compiled launch on a fresh module less the median compiled launch.
 //!
 //! Each time is the median of repeated launches on one setup (the buffers keep what the
 //! previous launch wrote). The C version's first launch is checked against the interpreter's
@@ -210,7 +210,7 @@ struct Row {
     c: Vec<Option<f64>>,
     /// Whether compiled code ran it (else `Engine::Compiled` fell back to the interpreter).
     ran_compiled: bool,
-    /// Seconds of the first compiled launch on a fresh module less the second's.
+    /// Seconds of the first compiled launch on a fresh module less the median launch's.
     compile: Option<f64>,
     c_matches: Option<bool>,
 }
@@ -235,17 +235,14 @@ fn measure(module: &Module, ptx: &str, k: &CorpusKernel, c: Option<&CKernels>) -
         ran_compiled: launch(Engine::Compiled, 1).compiled,
         ..Row::default()
     };
-    if row.ran_compiled {
+    // The first compiled launch on a fresh module: compiling and running it.
+    let first_compiled = row.ran_compiled.then(|| {
         let fresh = Module::parse(ptx).expect("parse");
         let s = setup(&fresh, k).expect("setup");
-        let time = || {
-            let t = Instant::now();
-            launch_setup(&fresh, &s, Engine::Compiled, 1).expect("launch");
-            t.elapsed().as_secs_f64()
-        };
-        let first = time();
-        row.compile = Some((first - time()).max(0.0));
-    }
+        let t = Instant::now();
+        launch_setup(&fresh, &s, Engine::Compiled, 1).expect("launch");
+        t.elapsed().as_secs_f64()
+    });
     let c_kernel = c.and_then(|c| c.get(k.kernel));
     let mut host = HostBuffers::new(&(k.buffers)());
     let c_launch = c_kernel.and_then(|f| Some((f, host.launch(k)?)));
@@ -273,6 +270,9 @@ fn measure(module: &Module, ptx: &str, k: &CorpusKernel, c: Option<&CKernels>) -
             })
         }));
     }
+    row.compile = first_compiled
+        .zip(row.compiled[0])
+        .map(|(first, then)| (first - then).max(0.0));
     row
 }
 
