@@ -153,3 +153,51 @@ fn bad_arguments_are_refused() {
     let e = corpus_kernels::program_ptx(&dir, "no-such-program").unwrap_err();
     assert!(e.to_string().contains("no-such-program"), "{e}");
 }
+
+/// The corpus kernels left out of `KERNELS`: they take texture or surface objects, or wait
+/// for the host to write mapped memory while they run.
+const LEFT_OUT: [(&str, &str); 7] = [
+    ("texture", "fetch_float"),
+    ("texture", "fetch_uchar4"),
+    ("texture", "fetch_int"),
+    ("texture", "fetch_layered"),
+    ("surface", "paint"),
+    ("surface", "probe"),
+    ("spin", "spin"),
+];
+
+#[test]
+fn every_kernel_of_the_corpus_sources_is_listed_or_left_out() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/cuda");
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(&dir).expect("tests/cuda") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_none_or(|e| e != "cu") {
+            continue;
+        }
+        let program = path.file_stem().unwrap().to_str().unwrap().to_string();
+        let text = std::fs::read_to_string(&path).expect("source");
+        for rest in text.split("__global__ void ").skip(1) {
+            let name = rest.split('(').next().unwrap().trim().to_string();
+            found.push((program.clone(), name));
+        }
+    }
+    assert!(found.len() > KERNELS.len(), "{found:?}");
+    for (program, kernel) in &found {
+        let listed = KERNELS
+            .iter()
+            .any(|k| k.program == program && k.kernel == kernel);
+        let left_out = LEFT_OUT.contains(&(program.as_str(), kernel.as_str()));
+        assert!(
+            listed != left_out,
+            "{program}/{kernel}: listed {listed}, left out {left_out}"
+        );
+    }
+    for k in &KERNELS {
+        assert!(
+            found.iter().any(|(p, n)| p == k.program && n == k.kernel),
+            "{}: not in tests/cuda",
+            k.name()
+        );
+    }
+}
