@@ -549,13 +549,6 @@ pub struct Outcome {
     pub buffers: Vec<Vec<u8>>,
 }
 
-impl Outcome {
-    /// The printf output (empty for a failed launch).
-    pub fn output(&self) -> &str {
-        self.result.as_ref().map_or("", |s| s.output.as_str())
-    }
-}
-
 /// Allocates and fills `kernel`'s buffers and `module`'s variables (initialisers with the
 /// addresses they name) in a fresh [`DeviceMemory`] and packs the parameters.
 pub fn setup(module: &Module, kernel: &CorpusKernel) -> Result<Setup> {
@@ -599,7 +592,16 @@ pub fn setup(module: &Module, kernel: &CorpusKernel) -> Result<Setup> {
         let mut init = g.init.clone();
         for &(offset, target) in &g.relocs {
             let at = offset as usize;
-            init[at..at + 8].copy_from_slice(&symbols[target as usize].to_le_bytes());
+            let address = symbols.get(target as usize);
+            let slot = at.checked_add(8).and_then(|end| init.get_mut(at..end));
+            let (Some(address), Some(slot)) = (address, slot) else {
+                return Err(ComputeError::InvalidPtx(format!(
+                    "variable {}: relocation at {offset} to variable {target}",
+                    g.name
+                ))
+                .into());
+            };
+            slot.copy_from_slice(&address.to_le_bytes());
         }
         memory.write(addr, &init)?;
     }
