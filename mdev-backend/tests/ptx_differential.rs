@@ -201,3 +201,53 @@ fn every_kernel_of_the_corpus_sources_is_listed_or_left_out() {
         );
     }
 }
+
+fn words<T>(b: &[u8], from: fn([u8; 4]) -> T) -> Vec<T> {
+    b.chunks_exact(4)
+        .map(|c| from(c.try_into().unwrap()))
+        .collect()
+}
+
+/// The setups give the kernels their programs' data: results checked as the programs check
+/// them, on the host.
+#[test]
+fn the_setups_compute_what_their_programs_check() {
+    let Some(dir) = corpus_for_tests("matmul") else {
+        return;
+    };
+    let modules = modules(&dir);
+    let outcome = |program: &str| {
+        let k = KERNELS.iter().find(|k| k.program == program).unwrap();
+        let o = run(&modules[k.program], k, Engine::Compiled, 2);
+        o.result.as_ref().expect("launch");
+        o.buffers
+    };
+    let b = outcome("vector_add");
+    let (x, y, sum) = (
+        words(&b[0], f32::from_le_bytes),
+        words(&b[1], f32::from_le_bytes),
+        words(&b[2], f32::from_le_bytes),
+    );
+    assert_eq!(sum.len(), 100_000);
+    assert!((0..sum.len()).all(|i| sum[i] == x[i] + y[i]));
+    let b = outcome("reduce");
+    let want = words(&b[0], u32::from_le_bytes)
+        .into_iter()
+        .fold(0u32, u32::wrapping_add);
+    assert_eq!(words(&b[1], u32::from_le_bytes), [want]);
+    let b = outcome("matmul");
+    let (a, m, c) = (
+        words(&b[0], f32::from_le_bytes),
+        words(&b[1], f32::from_le_bytes),
+        words(&b[2], f32::from_le_bytes),
+    );
+    let n = 128;
+    for (r, col) in [(0, 0), (5, 77), (127, 127)] {
+        let s = (0..n).fold(0f32, |s, k| a[r * n + k].mul_add(m[k * n + col], s));
+        assert_eq!(c[r * n + col], s, "C[{r}][{col}]");
+    }
+    let b = outcome("histogram");
+    let mut bins = [0u32; 256];
+    b[0].iter().for_each(|&v| bins[usize::from(v)] += 1);
+    assert_eq!(words(&b[1], u32::from_le_bytes), bins);
+}
