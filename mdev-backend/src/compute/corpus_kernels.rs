@@ -197,7 +197,7 @@ pub const KERNELS: [CorpusKernel; 23] = [
         "add",
         GRAPHS_N / 2 / 128,
         128,
-        ramp_f32::<{ GRAPHS_N / 2 }>,
+        graphs_second_half,
         &[B(0), F32(5.0), Int(GRAPHS_N as i64 / 2)],
     ),
     plain(
@@ -336,6 +336,11 @@ fn zeros<const N: usize>() -> Vec<Vec<u8>> {
 /// `x[i] = i` as floats (`streams_events`, `graphs`).
 fn ramp_f32<const N: u32>() -> Vec<Vec<u8>> {
     vec![f32s((0..N).map(|i| i as f32))]
+}
+
+/// The second half of `graphs`' vector, which `add` is launched on: `x[i] = n/2 + i`.
+fn graphs_second_half() -> Vec<Vec<u8>> {
+    vec![f32s((GRAPHS_N / 2..GRAPHS_N).map(|i| i as f32))]
 }
 
 fn vector_add() -> Vec<Vec<u8>> {
