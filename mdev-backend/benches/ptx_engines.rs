@@ -159,7 +159,7 @@ impl HostBuffers {
     }
 
     /// The C launch of `k` over these buffers; `None` when it takes more arguments than
-    /// `launch.h` has room for.
+    /// `launch.h` has room for, or a texture or surface object.
     fn launch(&mut self, k: &CorpusKernel) -> Option<CLaunch> {
         let mut l = CLaunch {
             grid: k.grid,
@@ -182,6 +182,7 @@ impl HostBuffers {
                     *l.f.get_mut(floats)? = v;
                     floats += 1;
                 }
+                Arg::Object { .. } => return None,
             }
         }
         Some(l)

@@ -5,8 +5,9 @@
 //! benchmark (`benches/ptx_engines.rs`) run them on [`DeviceMemory`] through
 //! [`ptx::launch`](super::ptx::launch), with either [`Engine`].
 //!
-//! Left out: the texture and surface kernels (they take texture and surface objects, which
-//! need the backend's tables) and `spin` (it waits for the host to write mapped memory).
+//! Texture and surface objects are descriptors in device memory, laid out as the guest
+//! driver lays out arrays (rows of texels, no padding) and pitched memory (rows aligned to 32
+//! bytes). Left out: `spin` (it waits for the host to write mapped memory).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -16,6 +17,10 @@ use thiserror::Error;
 
 use super::backend::pack_params;
 use super::fatbin::extract_ptx;
+use super::ptx::texture::{
+    AddressMode, DESCRIPTOR_BYTES, Descriptor, FLAG_LAYERED, FLAG_LINEAR, FLAG_NORMALIZED,
+    FLAG_READ_NORMALIZED, Format, Mip,
+};
 use super::ptx::{self, Engine, Launch, LaunchStats, Module};
 use super::{ComputeError, DeviceMemory, Fault, GlobalMemory};
 use crate::budget::MemoryBudget;
@@ -68,6 +73,12 @@ pub enum Arg {
     Int(i64),
     /// A `float`.
     F32(f32),
+    /// A texture or surface object over the setup's buffer `resource`: `descriptor` (its
+    /// `base` set to that buffer's address) written to device memory, the handle its address.
+    Object {
+        resource: usize,
+        descriptor: Descriptor,
+    },
 }
 
 /// One launch of a corpus program, as its `main` makes it.
@@ -117,7 +128,7 @@ const fn plain(
 use Arg::{Buffer as B, F32, Int};
 
 /// Every plain kernel the corpus programs launch, with its first launch's data.
-pub const KERNELS: [CorpusKernel; 23] = [
+pub const KERNELS: [CorpusKernel; 29] = [
     plain(
         "vector_add",
         "vecAdd",
@@ -274,6 +285,91 @@ pub const KERNELS: [CorpusKernel; 23] = [
         &[B(0), B(1), B(2), Int(BIT_OPS_N as i64)],
     ),
     plain(
+        "texture",
+        "fetch_float",
+        1,
+        TEX_N,
+        texture_float,
+        &[
+            Arg::Object {
+                resource: 0,
+                descriptor: tex_descriptor(Format::F32, 1, FLAG_LINEAR, AddressMode::Clamp, 1),
+            },
+            B(1),
+            B(2),
+        ],
+    ),
+    plain(
+        "texture",
+        "fetch_uchar4",
+        1,
+        TEX_N,
+        texture_uchar4,
+        &[
+            Arg::Object {
+                resource: 0,
+                descriptor: tex_descriptor(
+                    Format::U8,
+                    4,
+                    FLAG_NORMALIZED | FLAG_READ_NORMALIZED,
+                    AddressMode::Wrap,
+                    1,
+                ),
+            },
+            B(1),
+            B(2),
+        ],
+    ),
+    plain(
+        "texture",
+        "fetch_int",
+        1,
+        TEX_N,
+        texture_int,
+        &[
+            Arg::Object {
+                resource: 0,
+                descriptor: tex_descriptor(Format::S32, 1, 0, AddressMode::Border, 1),
+            },
+            B(1),
+            B(2),
+        ],
+    ),
+    plain(
+        "texture",
+        "fetch_layered",
+        1,
+        TEX_N,
+        texture_layered,
+        &[
+            Arg::Object {
+                resource: 0,
+                descriptor: tex_descriptor(Format::F32, 1, FLAG_LAYERED, AddressMode::Clamp, 3),
+            },
+            B(1),
+            B(2),
+        ],
+    ),
+    CorpusKernel {
+        grid: [2, SURF_H, 1],
+        ..plain(
+            "surface",
+            "paint",
+            0,
+            32,
+            zeros::<{ (SURF_W * SURF_H) as usize * 4 }>,
+            &[SURFACE],
+        )
+    },
+    plain(
+        "surface",
+        "probe",
+        SURF_H + 2,
+        SURF_W + 8,
+        surface_painted,
+        &[SURFACE, B(1)],
+    ),
+    plain(
         "half",
         "halves",
         HALF_N.div_ceil(128),
@@ -306,6 +402,60 @@ const HALF_EDGES: [u16; 21] = [
     0x8400, 0x7bff, 0xfbff, 0x7c00, 0xfc00, 0x7e00, 0x6bff, 0x1400, 0x5bff,
 ];
 const HALF_N: u32 = 21 * 21 + 4096;
+/// `texture.cu`'s image and its fetches.
+const TEX_W: u32 = 24;
+const TEX_H: u32 = 10;
+const TEX_N: u32 = 64;
+/// Row alignment of pitched memory (the guest driver's `cudaMallocPitch`).
+const PITCH_ALIGN: u32 = 32;
+/// Bytes of a row of each `texture.cu` resource: `TEX_W` texels of 4 bytes, tightly packed in
+/// its arrays and, being a multiple of [`PITCH_ALIGN`], also the pitch of its pitched one.
+const TEX_ROW: u32 = TEX_W * 4;
+const _: () = assert!(TEX_ROW % PITCH_ALIGN == 0);
+/// `surface.cu`'s array.
+const SURF_W: u32 = 40;
+const SURF_H: u32 = 12;
+
+/// A texture over a `TEX_W` x `TEX_H` (x `layers`) resource of `TEX_ROW`-byte rows.
+const fn tex_descriptor(
+    format: Format,
+    channels: u32,
+    flags: u8,
+    mode: AddressMode,
+    layers: u32,
+) -> Descriptor {
+    Descriptor {
+        surface: false,
+        format,
+        channels,
+        flags,
+        address: [mode; 3],
+        extent: [TEX_W, TEX_H, layers],
+        base: 0,
+        pitch: TEX_ROW as u64,
+        slice: (TEX_ROW * TEX_H) as u64,
+        border: [0.0; 4],
+        mip: Mip::NONE,
+    }
+}
+
+/// `surface.cu`'s surface: a `SURF_W` x `SURF_H` array of floats.
+const SURFACE: Arg = Arg::Object {
+    resource: 0,
+    descriptor: Descriptor {
+        surface: true,
+        format: Format::F32,
+        channels: 1,
+        flags: 0,
+        address: [AddressMode::Clamp; 3],
+        extent: [SURF_W, SURF_H, 1],
+        base: 0,
+        pitch: SURF_W as u64 * 4,
+        slice: (SURF_W * SURF_H) as u64 * 4,
+        border: [0.0; 4],
+        mip: Mip::NONE,
+    },
+};
 /// Results `halves` writes per element.
 const HALF_RESULTS: usize = 19;
 
@@ -403,6 +553,56 @@ fn zero_copy() -> Vec<Vec<u8>> {
     vec![
         f32s((0..ZERO_COPY_N).map(|i| i as f32 * 0.5)),
         f32s((0..ZERO_COPY_N).map(|_| 1.0)),
+    ]
+}
+
+/// `texture.cu`'s fetch coordinates.
+fn texture_at() -> Vec<(f32, f32)> {
+    (0..TEX_N)
+        .map(|i| (-3.0 + i as f32 * 0.4791, -1.5 + (i % 13) as f32 * 0.9137))
+        .collect()
+}
+
+fn float2s(v: impl IntoIterator<Item = (f32, f32)>) -> Vec<u8> {
+    f32s(v.into_iter().flat_map(|(x, y)| [x, y]))
+}
+
+/// A fetch kernel's buffers: the resource, the coordinates and the output (`float4`s).
+fn fetches(resource: Vec<u8>, at: Vec<(f32, f32)>) -> Vec<Vec<u8>> {
+    vec![resource, float2s(at), vec![0; TEX_N as usize * 16]]
+}
+
+fn texture_float() -> Vec<Vec<u8>> {
+    let img = (0..TEX_W * TEX_H).map(|i| ((i * 37) % 101) as f32 * 0.75 - 20.0);
+    fetches(f32s(img), texture_at())
+}
+
+fn texture_uchar4() -> Vec<Vec<u8>> {
+    let px = (0..TEX_W * TEX_H)
+        .flat_map(|i| [i & 255, (i * 3) & 255, 255 - (i & 255), (i * 7) & 255].map(|c| c as u8));
+    let at = texture_at()
+        .into_iter()
+        .map(|(x, y)| (x / TEX_W as f32 * 3.0, y / TEX_H as f32 * 2.0))
+        .collect();
+    fetches(px.collect(), at)
+}
+
+fn texture_int() -> Vec<Vec<u8>> {
+    let ints = (0..(TEX_W * TEX_H) as i32).map(|i| i * 1000 - 7);
+    fetches(i32s(ints), texture_at())
+}
+
+fn texture_layered() -> Vec<Vec<u8>> {
+    fetches(f32s((0..3 * TEX_W * TEX_H).map(|i| i as f32)), texture_at())
+}
+
+/// What `paint` leaves in the surface (`x * 0.5 + y * 100`), and `probe`'s output.
+fn surface_painted() -> Vec<Vec<u8>> {
+    let values =
+        (0..SURF_H).flat_map(|y| (0..SURF_W).map(move |x| x as f32 * 0.5 + y as f32 * 100.0));
+    vec![
+        f32s(values),
+        vec![0; ((SURF_W + 8) * (SURF_H + 2) * 2) as usize * 4],
     ]
 }
 
@@ -620,6 +820,22 @@ pub fn setup(module: &Module, kernel: &CorpusKernel) -> Result<Setup> {
                 .ok_or_else(|| CorpusKernelError::NoBuffer(name.to_string(), i)),
             Arg::Int(v) => Ok(v as u64),
             Arg::F32(v) => Ok(u64::from(v.to_bits())),
+            Arg::Object {
+                resource,
+                descriptor,
+            } => {
+                let base = buffers
+                    .get(resource)
+                    .ok_or_else(|| CorpusKernelError::NoBuffer(name.to_string(), resource))?
+                    .0;
+                let d = Descriptor { base, ..descriptor };
+                d.validate().map_err(|e| {
+                    ComputeError::InvalidValue(format!("{}: descriptor: {e}", kernel.name()))
+                })?;
+                let at = memory.alloc(DESCRIPTOR_BYTES as u64)?;
+                memory.write(at, &d.encode())?;
+                Ok(at)
+            }
         })
         .collect::<Result<Vec<u64>>>()?;
     Ok(Setup {
