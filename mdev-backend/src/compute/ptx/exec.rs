@@ -493,6 +493,29 @@ pub(super) fn f32_of(bits: u64, ftz: bool) -> f32 {
     }
 }
 
+/// The canonical NaN of each width: what the hardware's arithmetic gives for a NaN result
+/// (the payloads of NaN operands are not propagated, so the result does not depend on which
+/// operand a compiler put first).
+pub(super) const CANONICAL_NAN_F32: u64 = 0x7fff_ffff;
+pub(super) const CANONICAL_NAN_F64: u64 = 0x7fff_ffff_ffff_ffff;
+
+/// The bits of an arithmetic result (`canonical`: a NaN as the canonical one).
+fn arithmetic_f32(r: f32, ftz: bool, canonical: bool) -> u64 {
+    if canonical && r.is_nan() {
+        CANONICAL_NAN_F32
+    } else {
+        f32_bits(r, ftz)
+    }
+}
+
+fn arithmetic_f64(r: f64, canonical: bool) -> u64 {
+    if canonical && r.is_nan() {
+        CANONICAL_NAN_F64
+    } else {
+        r.to_bits()
+    }
+}
+
 fn f32_bits(v: f32, ftz: bool) -> u64 {
     let v = if ftz && v.is_subnormal() {
         0.0f32.copysign(v)
@@ -2393,7 +2416,7 @@ pub(super) fn binary(op: BinOp, ty: Ty, x: u64, y: u64, ftz: bool, sat: bool, rn
         } else {
             r
         };
-        return f32_bits(r, ftz);
+        return arithmetic_f32(r, ftz, !matches!(op, BinOp::CopySign));
     }
     if ty == Ty::F64 {
         let (a, b) = (f64::from_bits(x), f64::from_bits(y));
@@ -2404,7 +2427,7 @@ pub(super) fn binary(op: BinOp, ty: Ty, x: u64, y: u64, ftz: bool, sat: bool, rn
             BinOp::CopySign => b.copysign(a),
             _ => 0.0,
         };
-        return (if sat { saturate01(r) } else { r }).to_bits();
+        return arithmetic_f64(if sat { saturate01(r) } else { r }, op != BinOp::CopySign);
     }
     if ty == Ty::Pred {
         let (a, b) = (x != 0, y != 0);
@@ -2607,11 +2630,11 @@ pub(super) fn mad(
             } else {
                 r
             };
-            f32_bits(r, ftz)
+            arithmetic_f32(r, ftz, true)
         }
         MadMode::Float => {
             let r = f64::from_bits(x).mul_add(f64::from_bits(y), f64::from_bits(z));
-            (if sat { saturate01(r) } else { r }).to_bits()
+            arithmetic_f64(if sat { saturate01(r) } else { r }, true)
         }
         MadMode::Lo => {
             if sat && ty == Ty::S32 {

@@ -13,15 +13,18 @@ use std::mem::offset_of;
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{
-    AbiParam, Block, InstBuilder, JumpTableData, MemFlagsData as MemFlags, Signature, Type, Value,
-    types,
+    AbiParam, AtomicRmwOp, Block, InstBuilder, JumpTableData, MemFlagsData as MemFlags, Signature,
+    Type, Value, types,
 };
 use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{FuncId, Linkage, Module as _};
 
-use super::super::exec::{LOCAL_WINDOW, LaunchRegisters, SHARED_WINDOW, WINDOW_BYTES};
+use super::super::exec::{
+    CANONICAL_NAN_F32, CANONICAL_NAN_F64, LOCAL_WINDOW, LaunchRegisters, SHARED_WINDOW,
+    WINDOW_BYTES,
+};
 use super::super::ir::*;
 use super::super::parse::Parsed;
 use super::lane::{self, span_slot};
@@ -353,7 +356,8 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
     /// The whole function.
     fn function(&mut self) -> Result<(), String> {
         let (start, end) = (self.f().start, self.f().end);
-        // Labels: the targets of branches and the instructions after collective ones.
+        // Labels: the targets of branches and the instructions after branches and after
+        // collective ones.
         let mut starts: Vec<u32> = vec![start];
         for pc in start..end {
             match &self.m.code[pc as usize].op {
@@ -364,7 +368,9 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
                             self.m.code[pc as usize].line
                         ));
                     }
-                    starts.push(*target);
+                    // The code after a branch starts a run of its own, so each run's length
+                    // is what a thread executes of it.
+                    starts.extend([*target, pc + 1]);
                 }
                 op if collective(op) => starts.push(pc + 1),
                 _ => {}
@@ -777,6 +783,27 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
         self.b.ins().uextend(I64, w)
     }
 
+    /// The register bits of an arithmetic result (f32 or f64): a NaN as the canonical one,
+    /// as the interpreter gives it.
+    fn arithmetic(&mut self, r: Value) -> Value {
+        let single = self.b.func.dfg.value_type(r) == types::F32;
+        let bits = if single {
+            self.f32_bits(r)
+        } else {
+            self.f64_bits(r)
+        };
+        let nan = self.b.ins().fcmp(FloatCC::Unordered, r, r);
+        let canonical = self.b.ins().iconst(
+            I64,
+            if single {
+                CANONICAL_NAN_F32
+            } else {
+                CANONICAL_NAN_F64
+            } as i64,
+        );
+        self.b.ins().select(nan, canonical, bits)
+    }
+
     fn f64_of(&mut self, v: Value) -> Value {
         self.b.ins().bitcast(types::F64, MemFlags::new(), v)
     }
@@ -948,6 +975,12 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
                 self.set(*p, r)?;
             }
             Op::Ld { .. } | Op::St { .. } => self.memory(pc, op)?,
+            Op::Atom {
+                space: Space::Global | Space::Shared,
+                op: aop,
+                ty,
+                ..
+            } if atomic_inline(*aop, *ty) => self.memory(pc, op)?,
             Op::Bin {
                 op: bop,
                 ty,
@@ -1036,13 +1069,13 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
                         let (x, y, z) = (self.val(*a)?, self.val(*b)?, self.val(*c)?);
                         let (x, y, z) = (self.f32_of(x), self.f32_of(y), self.f32_of(z));
                         let r = self.b.ins().fma(x, y, z);
-                        Some(self.f32_bits(r))
+                        Some(self.arithmetic(r))
                     }
                     (MadMode::Float, Ty::F64) if !sat => {
                         let (x, y, z) = (self.val(*a)?, self.val(*b)?, self.val(*c)?);
                         let (x, y, z) = (self.f64_of(x), self.f64_of(y), self.f64_of(z));
                         let r = self.b.ins().fma(x, y, z);
-                        Some(self.f64_bits(r))
+                        Some(self.arithmetic(r))
                     }
                     _ => None,
                 };
@@ -1115,6 +1148,18 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
                 let r = self.b.ins().band_imm_s(wide, dty.mask() as i64);
                 self.set(*d, r)?;
             }
+            Op::Cvt {
+                dty,
+                sty,
+                d,
+                a,
+                sat: false,
+                rnd,
+                irnd,
+                ftz,
+            } if let Some(r) = self.convert(*dty, *sty, *a, *rnd, *irnd, *ftz)? => {
+                self.set(*d, r)?;
+            }
             Op::Nop => {}
             Op::Exit => self.ret_exit(),
             Op::Ret => self.ret_normal(),
@@ -1163,6 +1208,95 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
             _ => self.via_helper(pc, op)?,
         }
         Ok(())
+    }
+
+    /// The conversions compiled code makes itself (exact ones, and those whose rounding the
+    /// host's instruction makes as the ISA does); `None` for the others.
+    fn convert(
+        &mut self,
+        dty: Ty,
+        sty: Ty,
+        a: Src,
+        rnd: Option<Rnd>,
+        irnd: Option<IRnd>,
+        ftz: bool,
+    ) -> Result<Option<Value>, String> {
+        let int = |t: Ty| !t.float() && t != Ty::Pred && t.bits() >= 32;
+        let nearest = matches!(rnd, None | Some(Rnd::Rn));
+        Ok(Some(match (dty, sty) {
+            // Integers to double: `as f64` of the integer, to nearest.
+            (Ty::F64, s) if int(s) && nearest && irnd.is_none() => {
+                let x = self.val(a)?;
+                let n = self.narrow(x, s);
+                let f = if s.signed() {
+                    self.b.ins().fcvt_from_sint(types::F64, n)
+                } else {
+                    self.b.ins().fcvt_from_uint(types::F64, n)
+                };
+                self.f64_bits(f)
+            }
+            // Single to double: exact.
+            (Ty::F64, Ty::F32) if !ftz && irnd.is_none() => {
+                let x = self.val(a)?;
+                let f = self.f32_of(x);
+                let r = self.b.ins().fpromote(types::F64, f);
+                self.f64_bits(r)
+            }
+            // Floats to integers toward zero: saturating, NaN to 0.
+            (d, Ty::F32 | Ty::F64) if int(d) && irnd == Some(IRnd::Rzi) => {
+                let x = self.val(a)?;
+                let f = if sty == Ty::F32 {
+                    self.f32_of(x)
+                } else {
+                    self.f64_of(x)
+                };
+                let t = Self::int_type(d.bits());
+                let r = if d.signed() {
+                    self.b.ins().fcvt_to_sint_sat(t, f)
+                } else {
+                    self.b.ins().fcvt_to_uint_sat(t, f)
+                };
+                self.widen(r)
+            }
+            _ => return Ok(None),
+        }))
+    }
+
+    /// Integer `div` or `rem` of `ty` (32 or 64 bits) as the interpreter defines them: by zero
+    /// all ones and the dividend, the most negative by −1 wrapping; zero-extended.
+    fn divide(&mut self, div: bool, ty: Ty, x: Value, y: Value) -> Value {
+        let t = Self::int_type(ty.bits());
+        let (x, y) = (self.narrow(x, ty), self.narrow(y, ty));
+        let zero = self.b.ins().icmp_imm_s(IntCC::Equal, y, 0);
+        // A divisor the hardware divides by without trapping: 1 for 0, and for a signed
+        // division by −1 (whose result is the negation) too.
+        let minus_one = self.b.ins().icmp_imm_s(IntCC::Equal, y, -1);
+        let one = self.b.ins().iconst(t, 1);
+        let unsafe_divisor = if ty.signed() {
+            self.b.ins().bor(zero, minus_one)
+        } else {
+            zero
+        };
+        let safe = self.b.ins().select(unsafe_divisor, one, y);
+        let q = match (div, ty.signed()) {
+            (true, true) => self.b.ins().sdiv(x, safe),
+            (true, false) => self.b.ins().udiv(x, safe),
+            (false, true) => self.b.ins().srem(x, safe),
+            (false, false) => self.b.ins().urem(x, safe),
+        };
+        let q = if ty.signed() {
+            let by_minus_one = if div {
+                self.b.ins().ineg(x)
+            } else {
+                self.b.ins().iconst(t, 0)
+            };
+            self.b.ins().select(minus_one, by_minus_one, q)
+        } else {
+            q
+        };
+        let by_zero = if div { self.b.ins().iconst(t, -1) } else { x };
+        let r = self.b.ins().select(zero, by_zero, q);
+        self.widen(r)
     }
 
     /// The 64-bit product of two 32-bit operands of `ty`'s signedness.
@@ -1250,8 +1384,27 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
                 BinOp::MulLo => self.b.ins().fmul(x, y),
                 _ => self.b.ins().fdiv(x, y),
             };
-            let r = self.f32_bits(r);
+            let r = self.arithmetic(r);
             self.set_bits(d, r, 32)?;
+            return Ok(true);
+        }
+        if ty == Ty::F64 {
+            if sat
+                || rnd != Rnd::Rn
+                || !matches!(op, BinOp::Add | BinOp::Sub | BinOp::MulLo | BinOp::Div)
+            {
+                return Ok(false);
+            }
+            let (x, y) = (self.val(a)?, self.val(b)?);
+            let (x, y) = (self.f64_of(x), self.f64_of(y));
+            let r = match op {
+                BinOp::Add => self.b.ins().fadd(x, y),
+                BinOp::Sub => self.b.ins().fsub(x, y),
+                BinOp::MulLo => self.b.ins().fmul(x, y),
+                _ => self.b.ins().fdiv(x, y),
+            };
+            let r = self.arithmetic(r);
+            self.set(d, r)?;
             return Ok(true);
         }
         if ty.float() || ty == Ty::Pred || sat {
@@ -1312,6 +1465,9 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
                 self.widen(r)
             }
             BinOp::MulWide if bits == 32 => self.wide_product(ty, x, y),
+            BinOp::Div | BinOp::Rem if bits == 32 || bits == 64 => {
+                self.divide(op == BinOp::Div, ty, x, y)
+            }
             BinOp::MulHi if bits == 32 || bits == 64 => {
                 let (nx, ny) = (self.narrow(x, ty), self.narrow(y, ty));
                 let r = if ty.signed() {
@@ -1339,7 +1495,10 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
             | Op::St {
                 space, ty, n, addr, ..
             } => (*space, *ty, *n, *addr),
-            _ => unreachable!("memory of a load or store"),
+            Op::Atom {
+                space, ty, addr, ..
+            } => (*space, *ty, 1, *addr),
+            _ => unreachable!("memory of a load, store or atomic"),
         };
         let size = ty.bytes();
         let total = i64::from(size) * i64::from(n);
@@ -1500,11 +1659,49 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
                     };
                 }
             }
-            _ => unreachable!("fast of a load or store"),
+            Op::Atom {
+                op: aop,
+                ty,
+                d,
+                b,
+                c,
+                ..
+            } => {
+                let t = Self::int_type(ty.bits());
+                let x = self.val(*b)?;
+                let x = self.narrow(x, *ty);
+                let old = if *aop == AtomOp::Cas {
+                    let y = self.val(*c)?;
+                    let y = self.narrow(y, *ty);
+                    self.b.ins().atomic_cas(mf, p, x, y)
+                } else {
+                    let rmw = match aop {
+                        AtomOp::Add => AtomicRmwOp::Add,
+                        AtomOp::And => AtomicRmwOp::And,
+                        AtomOp::Or => AtomicRmwOp::Or,
+                        AtomOp::Xor => AtomicRmwOp::Xor,
+                        AtomOp::Exch => AtomicRmwOp::Xchg,
+                        AtomOp::Min if ty.signed() => AtomicRmwOp::Smin,
+                        AtomOp::Max if ty.signed() => AtomicRmwOp::Smax,
+                        AtomOp::Min => AtomicRmwOp::Umin,
+                        _ => AtomicRmwOp::Umax,
+                    };
+                    self.b.ins().atomic_rmw(t, mf, rmw, p, x)
+                };
+                let old = self.widen(old);
+                self.set_bits(*d, old, ty.bits())?;
+            }
+            _ => unreachable!("fast of a load, store or atomic"),
         }
         self.b.ins().jump(done, &[]);
         Ok(())
     }
+}
+
+/// Whether compiled code does atomic `op` on `ty` itself: the integer ones the host's
+/// atomic instructions do as the ISA defines them (not `inc`/`dec`, not floats).
+fn atomic_inline(op: AtomOp, ty: Ty) -> bool {
+    !ty.float() && matches!(ty.bits(), 32 | 64) && !matches!(op, AtomOp::Inc | AtomOp::Dec)
 }
 
 /// The registers an instruction reads and writes (`SINK` among the writes is no register).

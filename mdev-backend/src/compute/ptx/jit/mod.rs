@@ -284,9 +284,12 @@ fn run(
         started: Instant::now(),
     };
     let next = AtomicU64::new(0);
-    let setup = BLOCK_SETUP_COST
-        .saturating_mul(u64::from(plan.nthreads.div_ceil(WARP as u32)))
-        .saturating_add(bytes / exec::SETUP_BYTES_PER_UNIT);
+    // A block's setup is charged what the interpreter charges for it, so a launch costs the
+    // same units of the budget on either engine.
+    let nwarps = u64::from(plan.nthreads.div_ceil(WARP as u32));
+    let setup = BLOCK_SETUP_COST.saturating_mul(nwarps).saturating_add(
+        exec::block_bytes(m, nregs, nwarps, plan.shared) / exec::SETUP_BYTES_PER_UNIT,
+    );
     let worker = || {
         let mut spans = [Span {
             base: 0,
