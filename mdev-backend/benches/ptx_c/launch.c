@@ -25,6 +25,7 @@ int run_blocks(BlockFn f, const Launch* l, unsigned threads) {
     Grid g = {f, l, 0, l->grid[0] * l->grid[1]};
     pthread_t t[MAX_THREADS];
     if (threads > MAX_THREADS) threads = MAX_THREADS;
+    if (threads > g.blocks) threads = g.blocks; /* as the executor: no thread without a block */
     unsigned started = 0;
     for (; started + 1 < threads; started++)
         if (pthread_create(&t[started], 0, worker, &g)) break;

@@ -17,8 +17,8 @@ typedef struct {
 
 typedef void (*BlockFn)(const Launch* l, unsigned bx, unsigned by);
 
-/* Runs every block of `l` with `f` on `threads` host threads (1 runs them on the caller's);
- * returns the threads it ran on. */
+/* Runs every block of `l` with `f` on `threads` host threads (1 runs them on the caller's),
+ * no more than there are blocks; returns the threads it ran on. */
 int run_blocks(BlockFn f, const Launch* l, unsigned threads);
 
 /* An exported kernel `name`, launching `name##_block` over the grid. */
