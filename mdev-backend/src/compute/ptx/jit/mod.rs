@@ -371,6 +371,10 @@ struct Block<'e, 'a> {
     arrived: [u32; BARRIERS],
     /// Per barrier: the warps with a thread waiting at it.
     waiting: [u32; BARRIERS],
+    /// The warps with a thread waiting at a warp-collective instruction.
+    at_collective: u32,
+    /// Per warp: its threads that have not exited.
+    running: [u8; WARP],
     nregs: usize,
 }
 
@@ -437,6 +441,8 @@ impl<'e, 'a> Block<'e, 'a> {
             expected: [None; BARRIERS],
             arrived: [0; BARRIERS],
             waiting: [0; BARRIERS],
+            at_collective: 0,
+            running: [0; WARP],
             nregs,
         }
     }
@@ -462,6 +468,11 @@ impl<'e, 'a> Block<'e, 'a> {
         self.expected = [None; BARRIERS];
         self.arrived = [0; BARRIERS];
         self.waiting = [0; BARRIERS];
+        self.at_collective = 0;
+        let n = self.threads.len();
+        for (w, r) in self.running.iter_mut().enumerate() {
+            *r = n.saturating_sub(w * WARP).min(WARP) as u8;
+        }
     }
 
     fn run(&mut self, k: &Kernel) -> ComputeResult<()> {
@@ -480,7 +491,10 @@ impl<'e, 'a> Block<'e, 'a> {
                 let r = unsafe { (k.entry)(th) };
                 fuel += std::mem::take(&mut th.fuel);
                 self.wait[t] = match r {
-                    EXITED => Wait::Exited,
+                    EXITED => {
+                        self.running[t / WARP] -= 1;
+                        Wait::Exited
+                    }
                     YIELDED => self.arrive(t)?,
                     _ => {
                         let e = self
@@ -573,7 +587,10 @@ impl<'e, 'a> Block<'e, 'a> {
                     Ok(Wait::Ready)
                 }
             }
-            _ => Ok(Wait::Warp(pc)),
+            _ => {
+                self.at_collective |= 1 << (t / WARP);
+                Ok(Wait::Warp(pc))
+            }
         }
     }
 
@@ -586,13 +603,13 @@ impl<'e, 'a> Block<'e, 'a> {
         let n = self.threads.len();
         let nwarps = n.div_ceil(WARP);
         for w in 0..nwarps {
-            moved |= self.collectives(w, false)?;
+            if self.at_collective & (1 << w) != 0 {
+                moved |= self.collectives(w, false)?;
+            }
         }
         // Barriers: complete when the warps at it (each counted whole, as the hardware
         // counts) reach the expected count or every warp still running.
-        let live_warps = (0..nwarps)
-            .filter(|&w| (w * WARP..((w + 1) * WARP).min(n)).any(|t| self.wait[t] != Wait::Exited))
-            .count() as u32;
+        let live_warps = self.running[..nwarps].iter().filter(|&&r| r != 0).count() as u32;
         for id in 0..BARRIERS {
             let warps = self.arrived[id] | self.waiting[id];
             if warps == 0 {
@@ -663,6 +680,9 @@ impl<'e, 'a> Block<'e, 'a> {
             if force {
                 break;
             }
+        }
+        if !lanes.clone().any(|t| matches!(self.wait[t], Wait::Warp(_))) {
+            self.at_collective &= !(1 << w);
         }
         Ok(ran)
     }
