@@ -1,5 +1,5 @@
 //! The PTX engines against C, per corpus kernel (`compute::corpus_kernels::KERNELS`: every
-//! plain kernel the nvcc corpus launches, with its program's own data; run
+//! kernel the nvcc corpus launches, with its program's own data; run
 //! qemu-scripts/cuda-corpus.sh first, VGPU_CUDA_CORPUS names another corpus directory): the
 //! time per launch on the interpreter, as compiled code, and as the C version of the same
 //! kernel (`benches/ptx_c`, built with `gcc -O2` at the start; without gcc that column is left

@@ -1,4 +1,4 @@
-//! The PTX engines against each other over the nvcc corpus: every plain kernel a corpus
+//! The PTX engines against each other over the nvcc corpus: every kernel a corpus
 //! program launches (`compute::corpus_kernels::KERNELS`, with its program's own data) runs on
 //! the interpreter and as compiled code, and both must leave the same bytes in every buffer,
 //! print the same output and fail with the same error. Skipped (saying so) without the corpus

@@ -1,4 +1,4 @@
-//! The launches of the nvcc corpus's plain kernels (`tests/cuda/*.cu`, built by
+//! The launches of the nvcc corpus's kernels (`tests/cuda/*.cu`, built by
 //! `qemu-scripts/cuda-corpus.sh`) as data: for each, the program whose PTX holds it, the grid
 //! and block its program launches it with, and its buffers filled as that program's `main`
 //! fills them. The differential test of the PTX engines (`tests/ptx_differential.rs`) and their
@@ -127,7 +127,7 @@ const fn plain(
 
 use Arg::{Buffer as B, F32, Int};
 
-/// Every plain kernel the corpus programs launch, with its first launch's data.
+/// Every kernel the corpus programs launch but `spin`, with its first launch's data.
 pub const KERNELS: [CorpusKernel; 29] = [
     plain(
         "vector_add",
