@@ -146,14 +146,15 @@ fn new_module() -> Result<JITModule, String> {
 }
 
 /// Compiles kernel `f` (and the functions it calls that are not compiled yet) into `jit`;
-/// the address of its finalized entry.
+/// the address of its finalized entry, and whether it is the looped kind (`(threads, count)`:
+/// a kernel without collective instructions) rather than one thread's resumable function.
 pub(super) fn compile(
     jit: &mut Option<JITModule>,
     funcs: &mut HashMap<u32, FuncId>,
     m: &Parsed,
     f: u32,
     regs: &LaunchRegisters,
-) -> Result<*const u8, String> {
+) -> Result<(*const u8, bool), String> {
     if let Some(why) = refusal(m, f) {
         return Err(why);
     }
@@ -185,10 +186,17 @@ pub(super) fn compile(
             }
         }
     }
+    // A kernel without collective instructions runs its threads to their ends one after the
+    // other: its function loops over the block's threads itself, `(threads, count)`.
+    let kernel_func = &m.funcs[f as usize];
+    let looped = !m.code[kernel_func.start as usize..kernel_func.end as usize]
+        .iter()
+        .any(|i| collective(&i.op));
+    let mut looped_sig = sig.clone();
+    looped_sig.params.push(AbiParam::new(I32));
     let frontend = module.target_config();
     let mut fctx = FunctionBuilderContext::new();
     let mut ctx = module.make_context();
-    let mut defined = Vec::new();
     for &g in order.iter().rev() {
         let kernel = g == f;
         // A kernel's function is its own (it has resume points); a `.func` is shared.
@@ -197,11 +205,12 @@ pub(super) fn compile(
             continue;
         }
         let name = format!("ptx{}_{g}", if kernel { "k" } else { "f" });
+        let fsig = if kernel && looped { &looped_sig } else { &sig };
         let id = module
-            .declare_function(&name, Linkage::Local, &sig)
+            .declare_function(&name, Linkage::Local, fsig)
             .map_err(|e| e.to_string())?;
         funcs.insert(key, id);
-        ctx.func.signature = sig.clone();
+        ctx.func.signature = fsig.clone();
         {
             let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
             let mut callees = HashMap::new();
@@ -220,6 +229,7 @@ pub(super) fn compile(
                 }
             }
             let mut t = Translator::new(&mut b, m, g, kernel, regs, ptr, callees);
+            t.looped = kernel && looped;
             t.function()?;
             b.seal_all_blocks();
             b.finalize(frontend);
@@ -228,10 +238,12 @@ pub(super) fn compile(
             .define_function(id, &mut ctx)
             .map_err(|e| format!("code generation: {e:?}"))?;
         module.clear_context(&mut ctx);
-        defined.push(id);
     }
     module.finalize_definitions().map_err(|e| e.to_string())?;
-    Ok(module.get_finalized_function(funcs[&(u32::MAX - f)]))
+    Ok((
+        module.get_finalized_function(funcs[&(u32::MAX - f)]),
+        looped,
+    ))
 }
 
 /// Where a load or store's bytes are, for the inline checks.
@@ -297,6 +309,10 @@ struct Translator<'b, 'f, 'm> {
     ended: bool,
     /// The registers live before each instruction (see [`liveness`]), for a kernel's yields.
     live: Option<Vec<Vec<u64>>>,
+    /// Whether the kernel's function loops over a block's threads (no collectives), and
+    /// where a thread that ends goes on to the next.
+    looped: bool,
+    latch: Option<Block>,
 }
 
 fn flags() -> MemFlags {
@@ -346,6 +362,8 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
             sig_check: None,
             ended: false,
             live: None,
+            looped: false,
+            latch: None,
         }
     }
 
@@ -402,7 +420,9 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
             let v = self.vars[i];
             self.b.def_var(v, zero);
         }
-        if self.kernel {
+        if self.looped {
+            self.thread_loop(start);
+        } else if self.kernel {
             // Resume points: one per collective instruction.
             for pc in start..end {
                 if collective(&self.m.code[pc as usize].op) {
@@ -562,7 +582,60 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
         self.b.def_var(self.fuel, zero);
     }
 
+    /// The loop of a looped kernel over its block's threads: thread `i` of `count` at
+    /// `threads + i · size_of::<Thread>()`, its registers zero, then its first instruction;
+    /// a thread's end goes to the latch, which goes on with the next.
+    fn thread_loop(&mut self, start: u32) {
+        let entry = self.b.current_block().expect("in the entry block");
+        let params = self.b.block_params(entry).to_vec();
+        let (base, count) = (params[0], params[1]);
+        let i = self.b.declare_var(I32);
+        let zero32 = self.b.ins().iconst(I32, 0);
+        self.b.def_var(i, zero32);
+        let (head, body, done, latch) = (
+            self.b.create_block(),
+            self.b.create_block(),
+            self.b.create_block(),
+            self.b.create_block(),
+        );
+        self.b.ins().jump(head, &[]);
+        self.b.switch_to_block(head);
+        let iv = self.b.use_var(i);
+        let finished = self
+            .b
+            .ins()
+            .icmp(IntCC::UnsignedGreaterThanOrEqual, iv, count);
+        self.b.ins().brif(finished, done, &[], body, &[]);
+        self.b.switch_to_block(done);
+        let code = self.b.ins().iconst(I32, i64::from(EXITED));
+        self.b.ins().return_(&[code]);
+        self.b.switch_to_block(body);
+        let index = self.b.ins().uextend(self.ptr, iv);
+        let offset = self.b.ins().imul_imm_s(index, size_of::<Thread>() as i64);
+        self.thread = self.b.ins().iadd(base, offset);
+        let zero = self.b.ins().iconst(I64, 0);
+        self.b.def_var(self.fuel, zero);
+        for k in 0..self.vars.len() {
+            let v = self.vars[k];
+            self.b.def_var(v, zero);
+        }
+        let first = self.labels[&start];
+        self.b.ins().jump(first, &[]);
+        self.b.switch_to_block(latch);
+        let iv = self.b.use_var(i);
+        let next = self.b.ins().iadd_imm_s(iv, 1);
+        self.b.def_var(i, next);
+        self.b.ins().jump(head, &[]);
+        self.latch = Some(latch);
+    }
+
     fn ret_code(&mut self, code: u32) {
+        if let (Some(latch), EXITED) = (self.latch, code) {
+            self.flush_fuel();
+            self.b.ins().jump(latch, &[]);
+            self.ended = true;
+            return;
+        }
         self.flush_fuel();
         let c = self.b.ins().iconst(I32, i64::from(code));
         self.b.ins().return_(&[c]);

@@ -158,9 +158,12 @@ impl Env<'_> {
     }
 }
 
-/// A compiled kernel: its entry and where each resume point continues.
-struct Kernel {
-    entry: unsafe extern "C" fn(*mut Thread) -> u32,
+/// A compiled kernel.
+enum Kernel {
+    /// One thread, resumable at its collective instructions.
+    Resumable(unsafe extern "C" fn(*mut Thread) -> u32),
+    /// Every thread of a block in turn, each to its end (a kernel without collectives).
+    Looped(unsafe extern "C" fn(*mut Thread, u32) -> u32),
 }
 
 /// The compiled code of one module: filled kernel by kernel.
@@ -214,12 +217,23 @@ impl Cache {
             return k.clone();
         }
         let started = Instant::now();
-        let result = codegen::compile(jit, funcs, m, f, regs).map(|entry| {
-            // SAFETY: `compile` returns the finalized entry of a function with this signature.
-            let entry = unsafe {
-                std::mem::transmute::<*const u8, unsafe extern "C" fn(*mut Thread) -> u32>(entry)
-            };
-            Arc::new(Kernel { entry })
+        let result = codegen::compile(jit, funcs, m, f, regs).map(|(entry, looped)| {
+            Arc::new(if looped {
+                // SAFETY: `compile` returns the finalized entry of a function with this
+                // signature when it says the kernel is looped.
+                Kernel::Looped(unsafe {
+                    std::mem::transmute::<*const u8, unsafe extern "C" fn(*mut Thread, u32) -> u32>(
+                        entry,
+                    )
+                })
+            } else {
+                // SAFETY: as above, for a resumable kernel.
+                Kernel::Resumable(unsafe {
+                    std::mem::transmute::<*const u8, unsafe extern "C" fn(*mut Thread) -> u32>(
+                        entry,
+                    )
+                })
+            })
         });
         let name = &m.funcs[f as usize].name;
         match &result {
@@ -476,6 +490,24 @@ impl<'e, 'a> Block<'e, 'a> {
     }
 
     fn run(&mut self, k: &Kernel) -> ComputeResult<()> {
+        let entry = match *k {
+            Kernel::Resumable(entry) => entry,
+            Kernel::Looped(block) => {
+                let n = self.threads.len() as u32;
+                // SAFETY: as for a resumable kernel (below), for all the block's threads: the
+                // function reads `n` consecutive threads from the pointer.
+                let r = unsafe { block(self.threads.as_mut_ptr(), n) };
+                let fuel = self
+                    .threads
+                    .iter_mut()
+                    .map(|t| std::mem::take(&mut t.fuel))
+                    .sum();
+                if r != EXITED {
+                    return Err(self.failure());
+                }
+                return self.env.charge(fuel);
+            }
+        };
         loop {
             let mut fuel = 0u64;
             let mut ran = false;
@@ -488,7 +520,7 @@ impl<'e, 'a> Block<'e, 'a> {
                 // SAFETY: the entry is a compiled kernel of this launch's module, called with a
                 // thread whose pointers point into this block's live buffers, sized as
                 // recorded; the compiled code checks every access against those sizes.
-                let r = unsafe { (k.entry)(th) };
+                let r = unsafe { entry(th) };
                 fuel += std::mem::take(&mut th.fuel);
                 self.wait[t] = match r {
                     EXITED => {
@@ -496,17 +528,7 @@ impl<'e, 'a> Block<'e, 'a> {
                         Wait::Exited
                     }
                     YIELDED => self.arrive(t)?,
-                    _ => {
-                        let e = self
-                            .env
-                            .error
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .take();
-                        return Err(e.unwrap_or_else(|| {
-                            ComputeError::LaunchTimeout("launch stopped".into())
-                        }));
-                    }
+                    _ => return Err(self.failure()),
                 };
             }
             self.env.charge(fuel)?;
@@ -520,6 +542,17 @@ impl<'e, 'a> Block<'e, 'a> {
                 ));
             }
         }
+    }
+
+    /// The error a failed run of compiled code recorded.
+    fn failure(&self) -> ComputeError {
+        let e = self
+            .env
+            .error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        e.unwrap_or_else(|| ComputeError::LaunchTimeout("launch stopped".into()))
     }
 
     /// The value of `src` for thread `t` (registers as it saved them at its yield).
