@@ -159,7 +159,10 @@ impl Gen<'_> {
                 let s = self.arith();
                 self.line(&format!("{guard}{s}"));
             }
-            5 => self.compare(),
+            5 => {
+                let s = self.compare();
+                self.line(&format!("{guard}{s}"));
+            }
             6 => {
                 let s = self.select();
                 self.line(&format!("{guard}{s}"));
@@ -230,7 +233,7 @@ impl Gen<'_> {
         }
     }
 
-    fn compare(&mut self) {
+    fn compare(&mut self) -> String {
         let t = TYPES[self.pick(5) as usize];
         let ops: &[&str] = if t.float() {
             &[
@@ -241,7 +244,7 @@ impl Gen<'_> {
         };
         let op = ops[self.pick(ops.len() as u32) as usize];
         let (p, a, b) = (self.pred(), self.reg(t), self.reg(t));
-        self.line(&format!("setp.{op}.{} {p}, {a}, {b};", t.name()));
+        format!("setp.{op}.{} {p}, {a}, {b};", t.name())
     }
 
     fn select(&mut self) -> String {
@@ -264,8 +267,7 @@ impl Gen<'_> {
         format!("cvt{rounding}.{}.{} {d}, {a};", to.name(), from.name())
     }
 
-    /// A store to or load from the thread's scratch words; or, once per kernel at top level
-    /// (see [`kernel`]), nothing here.
+    /// A store to or load from the thread's scratch words.
     fn memory(&mut self, guard: &str) {
         let t = [Ty::U32, Ty::U64, Ty::F32][self.pick(3) as usize];
         let word = self.pick(SCRATCH_WORDS / 2) * 8;
