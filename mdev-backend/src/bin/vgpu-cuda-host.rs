@@ -97,6 +97,16 @@ struct Cli {
             .try_map(|e| e.parse::<Engine>()),
     )]
     ptx_engine: Engine,
+    /// Log level on standard error (RUST_LOG refines it): warn names a connection's first
+    /// failures, info also the kernels the compiler leaves to the interpreter and why
+    #[arg(
+        long,
+        value_name = "LEVEL",
+        default_value = "warn",
+        value_parser = vgpu_cli::log_level(),
+        ignore_case = true,
+    )]
+    log_level: log::LevelFilter,
     /// Host memory each connection may make the server hold, in MiB: device memory, modules
     /// and the contexts' tables (past it, CUDA_ERROR_OUT_OF_MEMORY)
     #[arg(
@@ -196,6 +206,11 @@ fn peer_uid(stream: &UnixStream) -> std::io::Result<u32> {
 
 fn main() {
     let cli: Cli = vgpu_cli::parse();
+    env_logger::Builder::new()
+        .filter_level(cli.log_level)
+        .parse_default_env()
+        .format_timestamp_micros()
+        .init();
     let nvcuda = cli.backend;
     if let Some(n) = cli.serve_stdin {
         serve_stdin(n, nvcuda, connection_config(&cli));
@@ -240,6 +255,7 @@ fn main() {
             .arg(format!("--request-time={}", cli.request_time.as_secs_f64()))
             .arg(format!("--memory-budget={}", cli.memory_budget))
             .arg(format!("--ptx-engine={}", engine_name(cli.ptx_engine)))
+            .arg(format!("--log-level={}", cli.log_level))
             .arg(format!("--{SERVE_STDIN}"))
             .arg(n.to_string())
             .stdin(Stdio::from(OwnedFd::from(stream)))
