@@ -43,6 +43,7 @@ fn collective(op: &Op) -> bool {
     matches!(
         op,
         Op::Bar { .. }
+            | Op::BarRed { .. }
             | Op::Shfl { .. }
             | Op::Vote { .. }
             | Op::Activemask { .. }
@@ -108,7 +109,6 @@ pub(super) fn refusal(m: &Parsed, f: u32) -> Option<String> {
                     ..
                 } => Some("the device heap"),
                 Op::Match { .. } => Some("match.sync"),
-                Op::BarRed { .. } => Some("bar.red"),
                 op if collective(op) && g != f => {
                     Some("a collective instruction in a called function")
                 }
@@ -1912,6 +1912,16 @@ fn operands(op: &Op) -> Option<(Vec<u32>, Vec<u32>)> {
         Op::WarpSync { mask } => {
             src(mask, &mut reads);
             vec![]
+        }
+        Op::BarRed {
+            d, id, count, p, ..
+        } => {
+            src(id, &mut reads);
+            src(p, &mut reads);
+            if let Some(c) = count {
+                src(c, &mut reads);
+            }
+            vec![*d]
         }
         Op::Bar { id, count, .. } => {
             src(id, &mut reads);

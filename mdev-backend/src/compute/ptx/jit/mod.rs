@@ -27,7 +27,7 @@ use cranelift_module::FuncId;
 use log::{debug, info};
 
 use super::exec::{self, BARRIERS, BLOCK_SETUP_COST, LaunchRegisters, WARP};
-use super::ir::{Op, Src, SymRef};
+use super::ir::{BarRedOp, Op, Src, SymRef};
 use super::{Launch, LaunchStats, Module};
 use crate::compute::{ComputeError, ComputeResult, GlobalMemory};
 
@@ -385,6 +385,9 @@ struct Block<'e, 'a> {
     arrived: [u32; BARRIERS],
     /// Per barrier: the warps with a thread waiting at it.
     waiting: [u32; BARRIERS],
+    /// Per barrier: how many threads arriving at it by `bar.red` had a false and a true
+    /// predicate.
+    votes: [[u32; 2]; BARRIERS],
     /// The warps with a thread waiting at a warp-collective instruction.
     at_collective: u32,
     /// Per warp: its threads that have not exited.
@@ -455,6 +458,7 @@ impl<'e, 'a> Block<'e, 'a> {
             expected: [None; BARRIERS],
             arrived: [0; BARRIERS],
             waiting: [0; BARRIERS],
+            votes: [[0; 2]; BARRIERS],
             at_collective: 0,
             running: [0; WARP],
             nregs,
@@ -482,6 +486,7 @@ impl<'e, 'a> Block<'e, 'a> {
         self.expected = [None; BARRIERS];
         self.arrived = [0; BARRIERS];
         self.waiting = [0; BARRIERS];
+        self.votes = [[0; 2]; BARRIERS];
         self.at_collective = 0;
         let n = self.threads.len();
         for (w, r) in self.running.iter_mut().enumerate() {
@@ -587,7 +592,12 @@ impl<'e, 'a> Block<'e, 'a> {
         let m = self.env.m;
         let bad = |what: String| ComputeError::IllegalInstruction(what);
         match m.code[pc as usize].op {
-            Op::Bar { id, count, wait } => {
+            Op::Bar { id, count, .. } | Op::BarRed { id, count, .. } => {
+                let (wait, vote) = match m.code[pc as usize].op {
+                    Op::Bar { wait, .. } => (wait, None),
+                    Op::BarRed { p, negate, .. } => (true, Some((self.val(t, p) != 0) != negate)),
+                    _ => unreachable!("a barrier"),
+                };
                 let id = self.val(t, id);
                 if id >= BARRIERS as u64 {
                     return Err(bad(format!("barrier {id}")));
@@ -611,6 +621,10 @@ impl<'e, 'a> Block<'e, 'a> {
                     )));
                 }
                 self.expected[id] = expected;
+                if let Some(v) = vote {
+                    // `bar.red`: the thread's predicate counted for the reduction.
+                    self.votes[id][usize::from(v)] += 1;
+                }
                 if wait {
                     self.waiting[id] |= 1 << (t / WARP);
                     Ok(Wait::Barrier(id as u8))
@@ -653,9 +667,21 @@ impl<'e, 'a> Block<'e, 'a> {
             if warps * WARP as u32 >= need {
                 self.arrived[id] = 0;
                 self.waiting[id] = 0;
-                for wt in self.wait.iter_mut() {
-                    if *wt == Wait::Barrier(id as u8) {
-                        *wt = Wait::Ready;
+                let [falses, trues] = std::mem::take(&mut self.votes[id]);
+                for t in 0..n {
+                    if self.wait[t] != Wait::Barrier(id as u8) {
+                        continue;
+                    }
+                    self.wait[t] = Wait::Ready;
+                    if let Op::BarRed { op, d, .. } =
+                        self.env.m.code[self.threads[t].stop_pc as usize].op
+                    {
+                        let v = match op {
+                            BarRedOp::Popc => u64::from(trues),
+                            BarRedOp::And => u64::from(falses == 0),
+                            BarRedOp::Or => u64::from(trues != 0),
+                        };
+                        self.set(t, d, v);
                     }
                 }
                 moved = true;
