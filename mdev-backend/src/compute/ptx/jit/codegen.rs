@@ -35,6 +35,8 @@ use super::{
 };
 
 const I64: Type = types::I64;
+/// Threads a looped kernel runs between two of the launch's checks.
+const THREADS_PER_CHECK: u32 = 64;
 const I32: Type = types::I32;
 
 /// Whether an instruction needs the other lanes of its warp or threads of its block: the
@@ -621,10 +623,30 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
         }
         let first = self.labels[&start];
         self.b.ins().jump(first, &[]);
+        // Every THREADS_PER_CHECK threads the launch's check, with the fuel the last one
+        // spent: a thread runs at most FUEL_CHECK thread-instructions between checks of its
+        // own loops plus its function's length, so a block stops within a few milliseconds.
         self.b.switch_to_block(latch);
         let iv = self.b.use_var(i);
-        let next = self.b.ins().iadd_imm_s(iv, 1);
-        self.b.def_var(i, next);
+        let low = self
+            .b
+            .ins()
+            .band_imm_s(iv, i64::from(THREADS_PER_CHECK - 1));
+        let due = self
+            .b
+            .ins()
+            .icmp_imm_s(IntCC::Equal, low, i64::from(THREADS_PER_CHECK - 1));
+        let (check, next) = (self.b.create_block(), self.b.create_block());
+        self.b.ins().brif(due, check, &[], next, &[]);
+        self.b.switch_to_block(check);
+        let zero = self.b.ins().iconst(I64, 0);
+        self.b.def_var(self.fuel, zero);
+        self.fuel_check_now();
+        self.b.ins().jump(next, &[]);
+        self.b.switch_to_block(next);
+        let iv = self.b.use_var(i);
+        let following = self.b.ins().iadd_imm_s(iv, 1);
+        self.b.def_var(i, following);
         self.b.ins().jump(head, &[]);
         self.latch = Some(latch);
     }
@@ -954,6 +976,15 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
         let go = self.b.create_block();
         self.b.ins().brif(over, check, &[], go, &[]);
         self.b.switch_to_block(check);
+        self.fuel_check_now();
+        self.b.ins().jump(go, &[]);
+        self.b.switch_to_block(go);
+    }
+
+    /// Calls the launch's check with the fuel spent (added to what the thread holds), then
+    /// goes on with the fuel at zero, or fails.
+    fn fuel_check_now(&mut self) {
+        let fuel = self.b.use_var(self.fuel);
         let sig = match self.sig_check {
             Some(s) => s,
             None => {
@@ -972,6 +1003,7 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
         let zero = self.b.ins().iconst(I64, 0);
         self.b.def_var(self.fuel, zero);
         let fail = self.fail;
+        let go = self.b.create_block();
         self.b.ins().brif(rc, fail, &[], go, &[]);
         self.b.switch_to_block(go);
     }
