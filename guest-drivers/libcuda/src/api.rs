@@ -796,7 +796,7 @@ fn limit_ceiling(limit: c_int) -> CuResult<Option<u64>> {
     Ok(match limit {
         LIMIT_STACK_SIZE => Some(u64::from(ptx::MAX_LOCAL_BYTES_PER_THREAD)),
         LIMIT_PRINTF_FIFO_SIZE => Some(ptx::MAX_PRINTF_BYTES as u64),
-        LIMIT_MALLOC_HEAP_SIZE => Some(memory::DEVICE_HEAP_BYTES),
+        LIMIT_MALLOC_HEAP_SIZE => Some(memory::MAX_DEVICE_HEAP_BYTES),
         LIMIT_MAX_L2_FETCH_GRANULARITY => Some(MAX_L2_FETCH_GRANULARITY),
         LIMIT_DEV_RUNTIME_SYNC_DEPTH
         | LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT
@@ -819,6 +819,10 @@ entry!(cuCtxSetLimit(limit: c_int, value: usize) {
     let ctx = current()?;
     let value = value as u64;
     match limit_ceiling(limit)? {
+        // The heap lives on the host, which refuses a new size once the heap exists.
+        Some(max) if value <= max && limit == LIMIT_MALLOC_HEAP_SIZE => {
+            with(|d| d.set_heap_size(ctx, value))
+        }
         Some(max) if value <= max => with(|d| {
             *limit_field(d.settings_mut(ctx)?, limit) = value;
             Ok(())

@@ -600,6 +600,15 @@ impl<T: Transport> Driver<T> {
         self.ctx(ctx).map(|c| c.settings)
     }
 
+    /// Sizes the context's device heap on the host (`CU_LIMIT_MALLOC_HEAP_SIZE`), then
+    /// records it: the host refuses it once a kernel that uses the heap has run.
+    pub fn set_heap_size(&mut self, ctx: u64, bytes: u64) -> CuResult<()> {
+        let remote = self.remote(ctx)?;
+        self.done(Request::SetHeapSize { ctx: remote, bytes })?;
+        self.settings_mut(ctx)?.heap_bytes = bytes;
+        Ok(())
+    }
+
     pub fn settings_mut(&mut self, ctx: u64) -> CuResult<&mut ContextSettings> {
         self.contexts
             .get_mut(&ctx)
@@ -1712,6 +1721,7 @@ fn touches_device(req: &Request) -> bool {
             | Request::EventDestroy { .. }
             | Request::EventElapsed { .. }
             | Request::TakeOutput { .. }
+            | Request::SetHeapSize { .. }
     )
 }
 

@@ -224,6 +224,11 @@ pub trait ComputeBackend: Send {
     ) -> ComputeResult<f32>;
 
     fn launch(&mut self, ctx: ContextId, launch: &KernelLaunch<'_>) -> ComputeResult<()>;
+    /// Sizes the context's device `malloc` heap (`CU_LIMIT_MALLOC_HEAP_SIZE`), at most
+    /// [`MAX_DEVICE_HEAP_BYTES`](super::memory::MAX_DEVICE_HEAP_BYTES). As on the driver, the
+    /// size is fixed once a kernel that uses the heap has run: setting it then is
+    /// [`ComputeError::InvalidValue`].
+    fn set_heap_size(&mut self, ctx: ContextId, bytes: u64) -> ComputeResult<()>;
     /// Device `printf` output of the context since the last call.
     fn take_output(&mut self, ctx: ContextId) -> ComputeResult<String>;
 

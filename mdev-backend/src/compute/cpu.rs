@@ -11,7 +11,9 @@ use log::{debug, warn};
 
 use super::backend::*;
 use super::fatbin::{ptx_entries, ptx_of_all};
-use super::memory::{DEVICE_HEAP_BYTES, DeviceHeap, DeviceMemory, MAX_HEAP_BLOCKS};
+use super::memory::{
+    DEVICE_HEAP_BYTES, DeviceHeap, DeviceMemory, MAX_HEAP_BLOCKS, check_heap_size,
+};
 use super::ptx::{self, Launch, MAX_PRINTF_BYTES};
 use super::{ComputeError, ComputeResult, GlobalMemory};
 use crate::budget::{Charge, MemoryBudget};
@@ -127,6 +129,8 @@ struct Context {
     broken: Option<ComputeError>,
     /// The device `malloc` heap, allocated at the first launch of a module that uses it.
     heap: Option<DeviceHeap>,
+    /// The size the heap is made with (`CU_LIMIT_MALLOC_HEAP_SIZE`), fixed once it exists.
+    heap_bytes: u64,
     output: String,
     next_id: u32,
     /// [`CONTEXT_RESERVE_BYTES`] of the budget, given back when the context is destroyed.
@@ -229,6 +233,7 @@ impl CpuBackend {
             events: HashMap::new(),
             broken: None,
             heap: None,
+            heap_bytes: DEVICE_HEAP_BYTES,
             output: String::new(),
             next_id: 0,
             _reserve: reserve,
@@ -295,6 +300,19 @@ impl ComputeBackend for CpuBackend {
 
     fn context_synchronize(&mut self, ctx: ContextId) -> ComputeResult<()> {
         self.ctx(ctx).map(drop)
+    }
+
+    fn set_heap_size(&mut self, ctx: ContextId, bytes: u64) -> ComputeResult<()> {
+        let c = self.ctx(ctx)?;
+        check_heap_size(bytes)?;
+        if c.heap.is_some() {
+            return Err(ComputeError::InvalidValue(
+                "the device heap's size after a kernel using malloc has run".into(),
+            ));
+        }
+        debug!("context {}: device heap of {bytes} bytes", ctx.0);
+        c.heap_bytes = bytes;
+        Ok(())
     }
 
     fn module_load(&mut self, ctx: ContextId, image: &[u8]) -> ComputeResult<ModuleId> {
@@ -641,8 +659,9 @@ impl CpuBackend {
             .get(&l.function.0)
             .ok_or_else(|| ComputeError::InvalidHandle(format!("function {}", l.function.0)))?;
         if c.heap.is_none() && c.modules[module].ptx.uses_heap() {
-            let base = c.memory.alloc(DEVICE_HEAP_BYTES)?;
-            c.heap = Some(DeviceHeap::new(base, DEVICE_HEAP_BYTES));
+            // A heap of 0 bytes (every `malloc` answers NULL) still has an address.
+            let base = c.memory.alloc(c.heap_bytes.max(1))?;
+            c.heap = Some(DeviceHeap::new(base, c.heap_bytes));
         }
         let m = &c.modules[module];
         let launch = Launch {

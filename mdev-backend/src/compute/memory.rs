@@ -47,6 +47,20 @@ pub const MAX_ALLOCATIONS: usize = 65_536;
 /// The device heap of a context (`malloc` in kernels): the driver's default
 /// `cudaLimitMallocHeapSize`, 8 MiB.
 pub const DEVICE_HEAP_BYTES: u64 = 8 << 20;
+/// Largest device heap a program may ask for (`cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE)`):
+/// the heap is device memory of its context, charged to the VM's budget when it is made, and
+/// this bounds what one request can make the host set aside for it (1 GiB).
+pub const MAX_DEVICE_HEAP_BYTES: u64 = 1 << 30;
+
+/// Checks a device heap size a program asked for against [`MAX_DEVICE_HEAP_BYTES`].
+pub fn check_heap_size(bytes: u64) -> ComputeResult<()> {
+    if bytes > MAX_DEVICE_HEAP_BYTES {
+        return Err(ComputeError::InvalidValue(format!(
+            "a device heap of {bytes} bytes: the most is {MAX_DEVICE_HEAP_BYTES}"
+        )));
+    }
+    Ok(())
+}
 /// Alignment of what device `malloc` returns (the driver's is 16 bytes).
 pub const HEAP_ALIGN: u64 = 16;
 /// Most live device-`malloc` blocks of one context: bounds the host-side bookkeeping.

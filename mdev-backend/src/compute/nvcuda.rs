@@ -30,6 +30,7 @@ use log::{info, warn};
 
 use super::backend::*;
 use super::fatbin::{ptx_entries, ptx_of_all};
+use super::memory::check_heap_size;
 use super::ptx::Stop;
 use super::{ComputeError, ComputeResult};
 use crate::budget::{Charge, MemoryBudget};
@@ -58,6 +59,8 @@ const ATTR_MULTIPROCESSOR_COUNT: c_int = 16;
 const ATTR_PAGEABLE_MEMORY_ACCESS: c_int = 88;
 const ATTR_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
 const ATTR_COMPUTE_CAPABILITY_MINOR: c_int = 76;
+/// `CU_LIMIT_MALLOC_HEAP_SIZE`.
+const LIMIT_MALLOC_HEAP_SIZE: c_int = 2;
 
 /// The driver entry points used, resolved once, and the interrupt every wait in the driver
 /// looks at.
@@ -74,6 +77,7 @@ struct Api {
     ctx_create: unsafe extern "C" fn(*mut Handle, c_uint, c_int) -> CuResult,
     ctx_destroy: unsafe extern "C" fn(Handle) -> CuResult,
     ctx_set_current: unsafe extern "C" fn(Handle) -> CuResult,
+    ctx_set_limit: unsafe extern "C" fn(c_int, usize) -> CuResult,
     module_load_data: unsafe extern "C" fn(*mut Handle, *const c_void) -> CuResult,
     module_unload: unsafe extern "C" fn(Handle) -> CuResult,
     link_create:
@@ -153,6 +157,7 @@ impl Api {
             ctx_create: sym!("cuCtxCreate_v2"),
             ctx_destroy: sym!("cuCtxDestroy_v2"),
             ctx_set_current: sym!("cuCtxSetCurrent"),
+            ctx_set_limit: sym!("cuCtxSetLimit"),
             module_load_data: sym!("cuModuleLoadData"),
             module_unload: sym!("cuModuleUnload"),
             link_create: sym!("cuLinkCreate_v2"),
@@ -583,6 +588,18 @@ impl ComputeBackend for NvCuda {
             c.streams
                 .values()
                 .try_for_each(|&s| wait_stream(api, s as Handle))
+        })
+    }
+
+    fn set_heap_size(&mut self, ctx: ContextId, bytes: u64) -> ComputeResult<()> {
+        check_heap_size(bytes)?;
+        // Bounded by the check above, so it fits a usize.
+        let bytes = bytes as usize;
+        self.on(ctx, |api, _| {
+            // SAFETY: the context is current (`on`); the call takes its arguments by value.
+            check("cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE)", unsafe {
+                (api.ctx_set_limit)(LIMIT_MALLOC_HEAP_SIZE, bytes)
+            })
         })
     }
 

@@ -116,6 +116,7 @@ fn execute(
             done(be.context_destroy(ctx))?
         }
         ContextSynchronize { ctx } => done(be.context_synchronize(owned.check(ctx)?))?,
+        SetHeapSize { ctx, bytes } => done(be.set_heap_size(owned.check(ctx)?, bytes))?,
         ModuleLoad { ctx, image } => Reply::Id(be.module_load(owned.check(ctx)?, &image)?.0),
         ModuleLink { ctx, images } => {
             let images: Vec<&[u8]> = images.iter().map(Vec::as_slice).collect();

@@ -195,6 +195,11 @@ pub enum Request {
         ctx: ContextId,
         function: FunctionId,
     },
+    /// `cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE)`: the size of the context's device heap.
+    SetHeapSize {
+        ctx: ContextId,
+        bytes: u64,
+    },
     /// Asynchronous work the guest deferred to its next synchronisation point, run in order
     /// up to the first failure: only requests whose reply carries nothing but success or an
     /// error (launches, host-to-device and device-to-device copies, memsets, event records, and
@@ -603,6 +608,10 @@ impl Request {
                 o = Out::new(31);
                 o.u64(*base).u64(*size);
             }
+            SetHeapSize { ctx, bytes } => {
+                o = Out::new(32);
+                o.u32(ctx.0).u64(*bytes);
+            }
             Batch(requests) => {
                 o = Out::new(BATCH_OPCODE);
                 o.u32(u32::try_from(requests.len()).unwrap_or(u32::MAX));
@@ -763,6 +772,10 @@ impl Request {
             31 => ContextCreateAt {
                 base: i.u64()?,
                 size: i.u64()?,
+            },
+            32 => SetHeapSize {
+                ctx: i.ctx()?,
+                bytes: i.u64()?,
             },
             BATCH_OPCODE => {
                 let n = i.u32()? as usize;
@@ -1049,6 +1062,10 @@ mod tests {
             ContextCreateAt {
                 base: 1 << 40,
                 size: 1 << 30,
+            },
+            SetHeapSize {
+                ctx,
+                bytes: 128 << 20,
             },
             Batch(vec![
                 MemsetD8 {

@@ -640,6 +640,73 @@ fn module_variables_the_device_heap_and_the_context_reserve_are_charged() {
     assert_eq!(budget.used(), 0);
 }
 
+/// A kernel that stores what device `malloc` answers for its second parameter's bytes at its
+/// first parameter's address.
+const MALLOC_PTX: &str = ".version 8.5\n.target sm_75\n.address_size 64\n\
+    .extern .func (.param .u64 r) malloc (.param .u64 n);\n\
+    .visible .entry k(.param .u64 out, .param .u64 n)\n{\n.reg .u64 %m, %n, %o;\n\
+    ld.param.u64 %o, [out];\nld.param.u64 %n, [n];\n\
+    { .param .u64 %value_in; .param .u64 %a; st.param.u64 [%a], %n;\n\
+      call (%value_in), malloc, (%a); ld.param.u64 %m, [%value_in]; }\n\
+    st.u64 [%o], %m;\nret;\n}\n";
+
+/// What `malloc(bytes)` answers in a fresh launch of [`MALLOC_PTX`]'s kernel.
+fn device_malloc(b: &mut CpuBackend, c: ContextId, f: FunctionId, bytes: u64) -> u64 {
+    let out = b.mem_alloc(c, 8).unwrap();
+    let params: Vec<u8> = [out, bytes].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let launch = KernelLaunch {
+        function: f,
+        grid: [1; 3],
+        block: [1; 3],
+        shared_bytes: 0,
+        stream: DEFAULT_STREAM,
+        params: &params,
+    };
+    b.launch(c, &launch).unwrap();
+    let mut got = [0; 8];
+    b.copy_dtoh(c, &mut got, out, DEFAULT_STREAM).unwrap();
+    b.mem_free(c, out).unwrap();
+    u64::from_le_bytes(got)
+}
+
+#[test]
+fn the_device_heap_takes_the_size_set_before_its_first_use_and_keeps_it() {
+    use crate::compute::memory::{MAX_DEVICE_HEAP_BYTES, check_heap_size};
+    let (mut b, budget) = budgeted(512 << 20);
+    let c = b.context_create().unwrap();
+    invalid_handle(b.set_heap_size(ContextId(c.0 + 1), 1 << 20));
+    invalid_value(b.set_heap_size(c, MAX_DEVICE_HEAP_BYTES + 1));
+    assert!(check_heap_size(MAX_DEVICE_HEAP_BYTES).is_ok());
+    b.set_heap_size(c, 128 << 20).unwrap();
+    let m = b.module_load(c, MALLOC_PTX.as_bytes()).unwrap();
+    let f = b.function(c, m, "k").unwrap().0;
+    let before = budget.used();
+    // 64 MiB does not fit the default 8 MiB heap but fits the 128 MiB one, charged when made.
+    assert_ne!(device_malloc(&mut b, c, f, 64 << 20), 0);
+    assert!(budget.used() >= before + (128 << 20));
+    assert_eq!(device_malloc(&mut b, c, f, 96 << 20), 0, "the heap is full");
+    invalid_value(b.set_heap_size(c, 256 << 20));
+    invalid_value(b.set_heap_size(c, 128 << 20));
+    // Another context keeps the default size; a heap of 0 bytes answers NULL.
+    let d = b.context_create().unwrap();
+    let m = b.module_load(d, MALLOC_PTX.as_bytes()).unwrap();
+    let g = b.function(d, m, "k").unwrap().0;
+    assert_eq!(
+        device_malloc(&mut b, d, g, 16 << 20),
+        0,
+        "the default 8 MiB heap"
+    );
+    let e = b.context_create().unwrap();
+    b.set_heap_size(e, 0).unwrap();
+    let m = b.module_load(e, MALLOC_PTX.as_bytes()).unwrap();
+    let h = b.function(e, m, "k").unwrap().0;
+    assert_eq!(device_malloc(&mut b, e, h, 16), 0, "an empty heap");
+    [c, d, e]
+        .into_iter()
+        .for_each(|x| b.context_destroy(x).unwrap());
+    assert_eq!(budget.used(), 0);
+}
+
 #[test]
 fn two_backends_given_one_budget_share_it() {
     let (mut one, budget) = budgeted(64 << 20);
