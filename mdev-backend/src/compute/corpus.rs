@@ -43,7 +43,7 @@ pub fn corpus_for_tests(program: &str) -> Option<PathBuf> {
 /// starting `PASS`. All but two link cudart 13 statically (nvcc's default); the
 /// `.cudart-shared` one loads [`SHARED_CUDART`] next to it, the `.cudart12` one links the
 /// static cudart 12.9.
-pub const NVCC_PROGRAMS: [(&str, u64); 24] = [
+pub const NVCC_PROGRAMS: [(&str, u64); 25] = [
     ("vector_add", 1),
     ("vector_add.compress-none", 1),
     ("vector_add.compress-speed", 1),
@@ -78,6 +78,8 @@ pub const NVCC_PROGRAMS: [(&str, u64); 24] = [
     ("ptx_classes", 5),
     // Half precision (cuda_fp16.h) scalar and packed, bit for bit against binary16.
     ("half", 1),
+    // The device heap sized by cudaDeviceSetLimit before first use, malloc/free, new/delete.
+    ("heap", 2),
 ];
 
 /// The shared CUDA runtime in the corpus (from NVIDIA's wheel, never committed).
