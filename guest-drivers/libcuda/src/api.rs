@@ -1348,6 +1348,7 @@ entry!(cuMemFree_v2 | cuMemFree(dptr: u64) {
             with(|d| d.shadow_create(s))?;
             Err(CUDA_ERROR_INVALID_VALUE)
         }
+        None if graphs::free_graph_alloc(dptr)? => Ok(()),
         None => with(|d| d.mem_free(ctx, dptr)),
     }
 });

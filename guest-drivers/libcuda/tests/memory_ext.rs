@@ -49,6 +49,7 @@ unsafe extern "C" {
         stream: Handle,
     ) -> c_uint;
     fn cuMemFreeAsync(dptr: u64, stream: Handle) -> c_uint;
+    fn cuMemFree_v2(dptr: u64) -> c_uint;
     fn cuDeviceGetDefaultMemPool(pool: *mut Handle, dev: c_int) -> c_uint;
     fn cuDeviceGetMemPool(pool: *mut Handle, dev: c_int) -> c_uint;
     fn cuDeviceSetMemPool(dev: c_int, pool: Handle) -> c_uint;
@@ -290,6 +291,30 @@ fn stream_ordered_allocations_come_from_pools_that_count_and_keep_them() {
         assert_eq!(cuDeviceGetGraphMemAttribute(0, 0, &mut used), 0);
         assert_eq!(used, 0, "freed with the last graph holding it");
         assert_eq!(cuDeviceGetGraphMemAttribute(0, 9, &mut used), 1);
+        // An allocation the graph does not free: freed outside it before each next launch
+        // (cuMemFree or in stream order), its address the graph's throughout.
+        assert_eq!(cuStreamBeginCapture_v2(s, 0), 0);
+        assert_eq!(cuMemAllocAsync(&mut a, 1024, s), 0);
+        assert_eq!(cuMemsetD32Async(a, 7, 256, s), 0);
+        assert_eq!(cuStreamEndCapture(s, &mut g), 0);
+        assert_eq!(cuGraphInstantiateWithFlags(&mut exec, g, 0), 0);
+        assert_eq!(cuMemFree_v2(a), 1, "not allocated before a launch");
+        assert_eq!(cuGraphLaunch(exec, s), 0);
+        assert_eq!(cuStreamSynchronize(s), 0);
+        let mut word = 0u32;
+        assert_eq!(cuMemcpyDtoH_v2((&raw mut word).cast(), a + 1020, 4), 0);
+        assert_eq!(word, 7, "usable outside the graph until freed");
+        assert_eq!(cuGraphLaunch(exec, s), 1, "its allocation is not freed yet");
+        assert_eq!(cuMemFree_v2(a), 0);
+        assert_eq!(cuMemFree_v2(a), 1, "a double free");
+        assert_eq!(cuGraphLaunch(exec, s), 0);
+        assert_eq!(cuMemFreeAsync(a, s), 0);
+        assert_eq!(cuGraphLaunch(exec, s), 0);
+        assert_eq!(cuStreamSynchronize(s), 0);
+        assert_eq!(cuGraphExecDestroy(exec), 0);
+        assert_eq!(cuGraphDestroy(g), 0);
+        assert_eq!(cuDeviceGetGraphMemAttribute(0, 0, &mut used), 0);
+        assert_eq!(used, 0, "gone with its graphs");
         // An allocation in an invalidated capture is refused and holds nothing.
         assert_eq!(cuStreamBeginCapture_v2(s, 0), 0);
         assert_eq!(cuStreamSynchronize(s), 900);

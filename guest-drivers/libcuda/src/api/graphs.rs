@@ -81,11 +81,15 @@ struct CapturedEvent {
     nodes: Vec<usize>,
 }
 
-/// A graph allocation: freed when no graph or executable graph holds its node any more.
+/// A graph allocation: freed when no graph or executable graph holds its node any more. Its
+/// address is the graph's for that long; to the program it is allocated from a launch that
+/// runs its node until a free node, `cuMemFree` or `cuMemFreeAsync` frees it.
 struct GraphAlloc {
     ctx: u64,
     bytes: u64,
     holders: usize,
+    /// Allocated by a launch and not freed since.
+    live: bool,
 }
 
 #[derive(Default)]
@@ -162,6 +166,38 @@ impl State {
         self.execs
             .get_mut(&(h as u64))
             .ok_or(CUDA_ERROR_INVALID_VALUE)
+    }
+
+    /// What a launch of `op` does to its graph allocations: an allocation node allocates
+    /// (refused with CUDA_ERROR_INVALID_VALUE, as by CUDA, while the last launch's allocation
+    /// is not freed yet), a free node frees. Checked in full before anything changes.
+    fn run_allocations(&mut self, op: &Op) -> CuResult<()> {
+        fn walk(op: &Op, f: &mut impl FnMut(&Op) -> CuResult<()>) -> CuResult<()> {
+            match op {
+                Op::Inline(ops) => ops.iter().try_for_each(|o| walk(o, f)),
+                o => f(o),
+            }
+        }
+        walk(op, &mut |o| match o {
+            Op::MemAlloc { dptr, .. } if self.allocs.get(dptr).is_some_and(|a| a.live) => {
+                refused(&format!(
+                    "graph launch: its allocation {dptr:#x} is not freed since the last launch"
+                ));
+                Err(CUDA_ERROR_INVALID_VALUE)
+            }
+            _ => Ok(()),
+        })?;
+        walk(op, &mut |o| {
+            let (dptr, live) = match o {
+                Op::MemAlloc { dptr, .. } => (dptr, true),
+                Op::MemFree { dptr } => (dptr, false),
+                _ => return Ok(()),
+            };
+            if let Some(a) = self.allocs.get_mut(dptr) {
+                a.live = live;
+            }
+            Ok(())
+        })
     }
 
     /// A new holder of the allocations in `op`.
@@ -579,6 +615,7 @@ fn new_graph_alloc(ctx: u64, bytes: u64) -> CuResult<u64> {
                 ctx,
                 bytes,
                 holders: 0,
+                live: false,
             },
         );
         s.used = s.used.saturating_add(bytes);
@@ -1728,10 +1765,32 @@ entry!(cuGraphLaunch(exec: Handle, stream: Handle) {
     })?;
     // Inside a capture, the whole graph is one child-graph node.
     match capture(stream, Op::Inline(ops))? {
-        Some(op) => issue(&op, stream),
+        Some(op) => {
+            state(|s| s.run_allocations(&op))?;
+            issue(&op, stream)
+        }
         None => Ok(()),
     }
 });
+
+/// Frees a graph allocation outside its graph (`cuMemFree`, `cuMemFreeAsync`): its memory
+/// stays the graph's, for the next launch. Whether `dptr` is a graph allocation; one that is
+/// not allocated now is CUDA_ERROR_INVALID_VALUE, as a double free.
+pub(super) fn free_graph_alloc(dptr: u64) -> CuResult<bool> {
+    state(|s| match s.allocs.get_mut(&dptr) {
+        None => Ok(false),
+        Some(a) if a.live => {
+            a.live = false;
+            Ok(true)
+        }
+        Some(_) => {
+            refused(&format!(
+                "free of graph allocation {dptr:#x}: not allocated now"
+            ));
+            Err(CUDA_ERROR_INVALID_VALUE)
+        }
+    })
+}
 
 /// The node of an executable graph that `node` (of the graph it was made from) names.
 fn exec_node(exec: Handle, node: Handle) -> CuResult<usize> {

@@ -206,7 +206,7 @@ entry!(cuMemAllocFromPoolAsync(dptr: *mut u64, bytes: usize, pool: Handle, strea
 });
 
 entry!(cuMemFreeAsync(dptr: u64, stream: Handle) {
-    if capture_free(stream, dptr)? {
+    if capture_free(stream, dptr)? || graphs::free_graph_alloc(dptr)? {
         return Ok(());
     }
     let ctx = owner(stream)?;
