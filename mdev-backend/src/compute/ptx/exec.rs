@@ -484,7 +484,7 @@ struct Block<'s, 'a> {
 }
 
 /// A lane's value of a 32-bit float register, with `.ftz` applied.
-pub(super) fn f32_of(bits: u64, ftz: bool) -> f32 {
+fn f32_of(bits: u64, ftz: bool) -> f32 {
     let v = f32::from_bits(bits as u32);
     if ftz && v.is_subnormal() {
         0.0f32.copysign(v)
@@ -1449,6 +1449,19 @@ impl<'s, 'a> Block<'s, 'a> {
     fn execute(&mut self, w: usize, pc: u32, exec: u32) -> ComputeResult<()> {
         let inst = &self.s.m.code[pc as usize];
         let lanes = (0..WARP).filter(move |l| exec & (1 << l) != 0);
+        if lane_local(&inst.op) {
+            for lane in lanes {
+                lane_op(
+                    &mut WarpLane {
+                        block: self,
+                        w,
+                        lane,
+                    },
+                    &inst.op,
+                )?;
+            }
+            return Ok(());
+        }
         match &inst.op {
             Op::Mov { d, a, .. } => {
                 for lane in lanes {
@@ -1558,185 +1571,6 @@ impl<'s, 'a> Block<'s, 'a> {
                         v.wrapping_add(window)
                     };
                     self.set(w, lane, *d, r);
-                }
-            }
-            Op::Bin {
-                op,
-                ty,
-                d,
-                a,
-                b,
-                ftz,
-                sat,
-                rnd,
-            } => {
-                for lane in lanes {
-                    let x = self.val(w, lane, *a);
-                    let y = self.val(w, lane, *b);
-                    let r = binary(*op, *ty, x, y, *ftz, *sat, *rnd);
-                    self.set(w, lane, *d, r);
-                }
-            }
-            Op::Un {
-                op,
-                ty,
-                d,
-                a,
-                ftz,
-                rnd,
-            } => {
-                for lane in lanes {
-                    let x = self.val(w, lane, *a);
-                    self.set(w, lane, *d, unary(*op, *ty, x, *ftz, *rnd));
-                }
-            }
-            Op::Mad {
-                mode,
-                ty,
-                d,
-                a,
-                b,
-                c,
-                ftz,
-                sat,
-                rnd,
-            } => {
-                for lane in lanes {
-                    let x = self.val(w, lane, *a);
-                    let y = self.val(w, lane, *b);
-                    let z = self.val(w, lane, *c);
-                    self.set(w, lane, *d, mad(*mode, *ty, [x, y, z], *ftz, *sat, *rnd));
-                }
-            }
-            Op::Setp {
-                cmp,
-                ty,
-                to,
-                p,
-                q,
-                a,
-                b,
-                combine,
-                ftz,
-            } => {
-                for lane in lanes {
-                    let x = self.val(w, lane, *a);
-                    let y = self.val(w, lane, *b);
-                    let t = compare(*cmp, *ty, x, y, *ftz);
-                    let (tp, tq) = match combine {
-                        Some((op, c, neg)) => {
-                            let c = (self.val(w, lane, *c) != 0) != *neg;
-                            let f = |v: bool| match op {
-                                BoolOp::And => v && c,
-                                BoolOp::Or => v || c,
-                                BoolOp::Xor => v != c,
-                            };
-                            (f(t), f(!t))
-                        }
-                        None => (t, !t),
-                    };
-                    let v = match to {
-                        CmpResult::Pred => u64::from(tp),
-                        CmpResult::Mask if tp => 0xffff_ffff,
-                        CmpResult::One if tp => u64::from(1f32.to_bits()),
-                        _ => 0,
-                    };
-                    self.set(w, lane, *p, v);
-                    self.set(w, lane, *q, u64::from(tq));
-                }
-            }
-            Op::Selp { d, a, b, c, .. } => {
-                for lane in lanes {
-                    let v = if self.val(w, lane, *c) != 0 {
-                        self.val(w, lane, *a)
-                    } else {
-                        self.val(w, lane, *b)
-                    };
-                    self.set(w, lane, *d, v);
-                }
-            }
-            Op::Slct {
-                float,
-                ftz,
-                d,
-                a,
-                b,
-                c,
-            } => {
-                for lane in lanes {
-                    let c = self.val(w, lane, *c);
-                    // A NaN selector is not at least zero; -0.0 is.
-                    let first = if *float {
-                        f32_of(c, *ftz) >= 0.0
-                    } else {
-                        sext(c, 32) >= 0
-                    };
-                    let v = self.val(w, lane, if first { *a } else { *b });
-                    self.set(w, lane, *d, v);
-                }
-            }
-            Op::Cvt {
-                dty,
-                sty,
-                d,
-                a,
-                rnd,
-                irnd,
-                sat,
-                ftz,
-            } => {
-                for lane in lanes {
-                    let x = self.val(w, lane, *a);
-                    self.set(w, lane, *d, convert(*dty, *sty, x, *rnd, *irnd, *sat, *ftz));
-                }
-            }
-            Op::Carry {
-                op,
-                carry_in,
-                carry_out,
-                ty,
-                d,
-                a,
-                b,
-                c,
-            } => {
-                for lane in lanes {
-                    let cin = *carry_in && self.warps[w].carry & (1 << lane) != 0;
-                    let v = [*a, *b, *c].map(|s| self.val(w, lane, s));
-                    let (r, cout) = carry(*op, *ty, v, cin);
-                    self.set(w, lane, *d, r);
-                    if *carry_out {
-                        let warp = &mut self.warps[w];
-                        warp.carry = (warp.carry & !(1 << lane)) | (u32::from(cout) << lane);
-                    }
-                }
-            }
-            Op::Bits { op, ty, d, srcs } => {
-                for lane in lanes {
-                    let v = srcs.map(|s| self.val(w, lane, s));
-                    self.set(w, lane, *d, bits(*op, *ty, v));
-                }
-            }
-            Op::Bfe { ty, d, a, b, c } => {
-                for lane in lanes {
-                    let (x, pos, len) = (
-                        self.val(w, lane, *a),
-                        self.val(w, lane, *b) & 0xff,
-                        self.val(w, lane, *c) & 0xff,
-                    );
-                    self.set(w, lane, *d, bfe(*ty, x, pos as u32, len as u32));
-                }
-            }
-            Op::Bfi { ty, d, f, b, c, e } => {
-                for lane in lanes {
-                    let v = [*f, *b, *c, *e].map(|x| self.val(w, lane, x));
-                    self.set(w, lane, *d, bfi(*ty, v));
-                }
-            }
-            Op::Prmt { d, a, b, c } => {
-                for lane in lanes {
-                    let v = [*a, *b, *c].map(|x| self.val(w, lane, x));
-                    self.set(w, lane, *d, prmt(v));
                 }
             }
             Op::Bra { target } => {
@@ -1871,25 +1705,6 @@ impl<'s, 'a> Block<'s, 'a> {
                     }
                 }
             }
-            Op::Video {
-                op,
-                signed,
-                sat,
-                sec,
-                d,
-                a,
-                b,
-                c,
-            } => {
-                for lane in lanes {
-                    let word = |v: u64, s: bool| if s { sext(v, 32) } else { (v as u32).into() };
-                    let x = word(self.val(w, lane, *a), signed[1]);
-                    let y = word(self.val(w, lane, *b), signed[2]);
-                    let z = word(self.val(w, lane, *c), signed[0]);
-                    let r = video(*op, signed[0], *sat, *sec, x, y, z);
-                    self.set(w, lane, *d, r);
-                }
-            }
             Op::Atom {
                 space,
                 op,
@@ -1999,78 +1814,11 @@ impl<'s, 'a> Block<'s, 'a> {
                     inst.line
                 )));
             }
-            Op::Tex {
-                geom,
-                int,
-                gather,
-                lod,
-                ds,
-                handle,
-                coords,
-            } => {
-                let gather = gather.map(usize::from);
-                for lane in lanes {
-                    let h = self.val(w, lane, *handle);
-                    let raw = coords.map(|c| self.val(w, lane, c) as u32);
-                    let f = |s: Src| f32::from_bits(self.val(w, lane, s) as u32);
-                    let lod = match *lod {
-                        Lod::Implicit => texture::Lod::Implicit,
-                        Lod::Level(l) => texture::Lod::Level(f(l)),
-                        Lod::Grad(x, y) => texture::Lod::Grad(x.map(f), y.map(f)),
-                    };
-                    let v = texture::sample(self.s.memory, h, *geom, *int, gather, lod, raw)
-                        .map_err(texture_fault)?;
-                    for (d, v) in ds.iter().zip(v) {
-                        self.set(w, lane, *d, u64::from(v));
-                    }
-                }
-            }
-            Op::Query(q) => {
-                for lane in lanes {
-                    let h = self.val(w, lane, q.handle);
-                    let v =
-                        texture::query(self.s.memory, h, q.surface, q.q).map_err(texture_fault)?;
-                    self.set(w, lane, q.d, u64::from(v));
-                }
-            }
-            Op::Surf {
-                store,
-                geom,
-                ty,
-                n,
-                oob,
-                vals,
-                handle,
-                coords,
-            } => {
-                let size = ty.bytes() as usize;
-                let total = size * usize::from(*n);
-                for lane in lanes {
-                    let h = self.val(w, lane, *handle);
-                    let raw = coords.map(|c| self.val(w, lane, c) as u32);
-                    let mut buf = [0u8; 16];
-                    let r = if *store {
-                        for (i, s) in vals.iter().take(usize::from(*n)).enumerate() {
-                            let v = self.val(w, lane, *s).to_le_bytes();
-                            buf[i * size..(i + 1) * size].copy_from_slice(&v[..size]);
-                        }
-                        let data = &buf[..total];
-                        texture::surface_store(self.s.memory, h, *geom, raw, *oob, data)
-                    } else {
-                        let out = &mut buf[..total];
-                        texture::surface_load(self.s.memory, h, *geom, raw, *oob, out)
-                    };
-                    r.map_err(texture_fault)?;
-                    if !*store {
-                        for (i, s) in vals.iter().take(usize::from(*n)).enumerate() {
-                            let mut le = [0u8; 8];
-                            le[..size].copy_from_slice(&buf[i * size..(i + 1) * size]);
-                            if let Src::Reg(d) = s {
-                                self.set(w, lane, *d, u64::from_le_bytes(le));
-                            }
-                        }
-                    }
-                }
+            // Executed above.
+            op => {
+                return Err(ComputeError::IllegalInstruction(format!(
+                    "{op:?} reached the warp's own instructions"
+                )));
             }
         }
         Ok(())
@@ -2214,8 +1962,299 @@ enum Loc {
     FParam(u64),
 }
 
+/// One lane's registers, carry flag and global memory, as an instruction executed for that
+/// lane alone sees them: the interpreter's lane of a warp, the compiled engine's thread.
+pub(super) trait LaneState {
+    fn val(&self, s: Src) -> u64;
+    fn set(&mut self, d: u32, v: u64);
+    fn carry(&self) -> bool;
+    fn set_carry(&mut self, c: bool);
+    fn memory(&self) -> &dyn GlobalMemory;
+}
+
+/// Whether [`lane_op`] executes `op`: the instructions that compute a lane's registers from
+/// its registers alone (and texture and surface accesses, from global memory).
+pub(super) fn lane_local(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Bin { .. }
+            | Op::Un { .. }
+            | Op::Mad { .. }
+            | Op::Setp { .. }
+            | Op::Selp { .. }
+            | Op::Slct { .. }
+            | Op::Cvt { .. }
+            | Op::Carry { .. }
+            | Op::Bits { .. }
+            | Op::Bfe { .. }
+            | Op::Bfi { .. }
+            | Op::Prmt { .. }
+            | Op::Video { .. }
+            | Op::Tex { .. }
+            | Op::Query(_)
+            | Op::Surf { .. }
+    )
+}
+
+/// Executes a [`lane_local`] instruction for one lane (its guard already true).
+pub(super) fn lane_op(l: &mut impl LaneState, op: &Op) -> ComputeResult<()> {
+    match op {
+        Op::Bin {
+            op,
+            ty,
+            d,
+            a,
+            b,
+            ftz,
+            sat,
+            rnd,
+        } => {
+            let r = binary(*op, *ty, l.val(*a), l.val(*b), *ftz, *sat, *rnd);
+            l.set(*d, r);
+        }
+        Op::Un {
+            op,
+            ty,
+            d,
+            a,
+            ftz,
+            rnd,
+        } => {
+            let r = unary(*op, *ty, l.val(*a), *ftz, *rnd);
+            l.set(*d, r);
+        }
+        Op::Mad {
+            mode,
+            ty,
+            d,
+            a,
+            b,
+            c,
+            ftz,
+            sat,
+            rnd,
+        } => {
+            let v = [*a, *b, *c].map(|s| l.val(s));
+            l.set(*d, mad(*mode, *ty, v, *ftz, *sat, *rnd));
+        }
+        Op::Setp {
+            cmp,
+            ty,
+            to,
+            p,
+            q,
+            a,
+            b,
+            combine,
+            ftz,
+        } => {
+            let t = compare(*cmp, *ty, l.val(*a), l.val(*b), *ftz);
+            let (tp, tq) = match combine {
+                Some((op, c, neg)) => {
+                    let c = (l.val(*c) != 0) != *neg;
+                    let f = |v: bool| match op {
+                        BoolOp::And => v && c,
+                        BoolOp::Or => v || c,
+                        BoolOp::Xor => v != c,
+                    };
+                    (f(t), f(!t))
+                }
+                None => (t, !t),
+            };
+            let v = match to {
+                CmpResult::Pred => u64::from(tp),
+                CmpResult::Mask if tp => 0xffff_ffff,
+                CmpResult::One if tp => u64::from(1f32.to_bits()),
+                _ => 0,
+            };
+            l.set(*p, v);
+            l.set(*q, u64::from(tq));
+        }
+        Op::Selp { d, a, b, c, .. } => {
+            let v = if l.val(*c) != 0 { l.val(*a) } else { l.val(*b) };
+            l.set(*d, v);
+        }
+        Op::Slct {
+            float,
+            ftz,
+            d,
+            a,
+            b,
+            c,
+        } => {
+            let c = l.val(*c);
+            // A NaN selector is not at least zero; -0.0 is.
+            let first = if *float {
+                f32_of(c, *ftz) >= 0.0
+            } else {
+                sext(c, 32) >= 0
+            };
+            let v = l.val(if first { *a } else { *b });
+            l.set(*d, v);
+        }
+        Op::Cvt {
+            dty,
+            sty,
+            d,
+            a,
+            rnd,
+            irnd,
+            sat,
+            ftz,
+        } => {
+            let r = convert(*dty, *sty, l.val(*a), *rnd, *irnd, *sat, *ftz);
+            l.set(*d, r);
+        }
+        Op::Carry {
+            op,
+            carry_in,
+            carry_out,
+            ty,
+            d,
+            a,
+            b,
+            c,
+        } => {
+            let cin = *carry_in && l.carry();
+            let v = [*a, *b, *c].map(|s| l.val(s));
+            let (r, cout) = carry(*op, *ty, v, cin);
+            l.set(*d, r);
+            if *carry_out {
+                l.set_carry(cout);
+            }
+        }
+        Op::Bits { op, ty, d, srcs } => {
+            let v = srcs.map(|s| l.val(s));
+            l.set(*d, bits(*op, *ty, v));
+        }
+        Op::Bfe { ty, d, a, b, c } => {
+            let (x, pos, len) = (l.val(*a), l.val(*b) & 0xff, l.val(*c) & 0xff);
+            l.set(*d, bfe(*ty, x, pos as u32, len as u32));
+        }
+        Op::Bfi { ty, d, f, b, c, e } => {
+            let v = [*f, *b, *c, *e].map(|s| l.val(s));
+            l.set(*d, bfi(*ty, v));
+        }
+        Op::Prmt { d, a, b, c } => {
+            let v = [*a, *b, *c].map(|s| l.val(s));
+            l.set(*d, prmt(v));
+        }
+        Op::Video {
+            op,
+            signed,
+            sat,
+            sec,
+            d,
+            a,
+            b,
+            c,
+        } => {
+            let word = |v: u64, s: bool| if s { sext(v, 32) } else { (v as u32).into() };
+            let x = word(l.val(*a), signed[1]);
+            let y = word(l.val(*b), signed[2]);
+            let z = word(l.val(*c), signed[0]);
+            l.set(*d, video(*op, signed[0], *sat, *sec, x, y, z));
+        }
+        Op::Tex {
+            geom,
+            int,
+            gather,
+            lod,
+            ds,
+            handle,
+            coords,
+        } => {
+            let h = l.val(*handle);
+            let raw = coords.map(|c| l.val(c) as u32);
+            let f = |s: Src| f32::from_bits(l.val(s) as u32);
+            let lod = match *lod {
+                Lod::Implicit => texture::Lod::Implicit,
+                Lod::Level(x) => texture::Lod::Level(f(x)),
+                Lod::Grad(x, y) => texture::Lod::Grad(x.map(f), y.map(f)),
+            };
+            let gather = gather.map(usize::from);
+            let v = texture::sample(l.memory(), h, *geom, *int, gather, lod, raw)
+                .map_err(texture_fault)?;
+            for (d, v) in ds.iter().zip(v) {
+                l.set(*d, u64::from(v));
+            }
+        }
+        Op::Query(q) => {
+            let h = l.val(q.handle);
+            let v = texture::query(l.memory(), h, q.surface, q.q).map_err(texture_fault)?;
+            l.set(q.d, u64::from(v));
+        }
+        Op::Surf {
+            store,
+            geom,
+            ty,
+            n,
+            oob,
+            vals,
+            handle,
+            coords,
+        } => {
+            let size = ty.bytes() as usize;
+            let total = size * usize::from(*n);
+            let h = l.val(*handle);
+            let raw = coords.map(|c| l.val(c) as u32);
+            let mut buf = [0u8; 16];
+            if *store {
+                for (i, s) in vals.iter().take(usize::from(*n)).enumerate() {
+                    let v = l.val(*s).to_le_bytes();
+                    buf[i * size..(i + 1) * size].copy_from_slice(&v[..size]);
+                }
+                texture::surface_store(l.memory(), h, *geom, raw, *oob, &buf[..total])
+                    .map_err(texture_fault)?;
+            } else {
+                texture::surface_load(l.memory(), h, *geom, raw, *oob, &mut buf[..total])
+                    .map_err(texture_fault)?;
+                for (i, s) in vals.iter().take(usize::from(*n)).enumerate() {
+                    let mut le = [0u8; 8];
+                    le[..size].copy_from_slice(&buf[i * size..(i + 1) * size]);
+                    if let Src::Reg(d) = s {
+                        l.set(*d, u64::from_le_bytes(le));
+                    }
+                }
+            }
+        }
+        op => {
+            return Err(ComputeError::IllegalInstruction(format!(
+                "{op:?} is not executed lane by lane"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A lane of a warp of the interpreter's block.
+struct WarpLane<'b, 's, 'a> {
+    block: &'b mut Block<'s, 'a>,
+    w: usize,
+    lane: usize,
+}
+
+impl LaneState for WarpLane<'_, '_, '_> {
+    fn val(&self, s: Src) -> u64 {
+        self.block.val(self.w, self.lane, s)
+    }
+    fn set(&mut self, d: u32, v: u64) {
+        self.block.set(self.w, self.lane, d, v);
+    }
+    fn carry(&self) -> bool {
+        self.block.warps[self.w].carry & (1 << self.lane) != 0
+    }
+    fn set_carry(&mut self, c: bool) {
+        let warp = &mut self.block.warps[self.w];
+        warp.carry = (warp.carry & !(1 << self.lane)) | (u32::from(c) << self.lane);
+    }
+    fn memory(&self) -> &dyn GlobalMemory {
+        self.block.s.memory
+    }
+}
+
 /// `bfi.ty d, f, b, c, e`: `e` bits of `f` inserted into `b` at bit `c`.
-pub(super) fn bfi(ty: Ty, [ins, base, pos, len]: [u64; 4]) -> u64 {
+fn bfi(ty: Ty, [ins, base, pos, len]: [u64; 4]) -> u64 {
     let (pos, len) = ((pos & 0xff) as u32, (len & 0xff) as u32);
     let mut r = base;
     for i in 0..len.min(ty.bits().saturating_sub(pos)) {
@@ -2226,7 +2265,7 @@ pub(super) fn bfi(ty: Ty, [ins, base, pos, len]: [u64; 4]) -> u64 {
 }
 
 /// `prmt.b32 d, a, b, c` (the general byte selection).
-pub(super) fn prmt([a, b, sel]: [u64; 3]) -> u64 {
+fn prmt([a, b, sel]: [u64; 3]) -> u64 {
     let bytes = ((b & 0xffff_ffff) << 32) | (a & 0xffff_ffff);
     let mut r = 0u64;
     for i in 0..4 {
@@ -2272,15 +2311,7 @@ pub(super) fn vote(mode: VoteMode, ballot: u32, exec: u32) -> u64 {
 }
 
 /// A scalar video instruction on sign- or zero-extended words.
-pub(super) fn video(
-    op: VideoOp,
-    dsigned: bool,
-    sat: bool,
-    sec: Option<BinOp>,
-    x: i64,
-    y: i64,
-    z: i64,
-) -> u64 {
+fn video(op: VideoOp, dsigned: bool, sat: bool, sec: Option<BinOp>, x: i64, y: i64, z: i64) -> u64 {
     let mut t = match op {
         VideoOp::Add => x + y,
         VideoOp::Sub => x - y,
@@ -2306,7 +2337,7 @@ pub(super) fn video(
 
 /// A refused texture or surface access: a fault of the context, as the hardware's for a bad
 /// descriptor or an out-of-range `.trap` surface access.
-pub(super) fn texture_fault(e: texture::TextureError) -> ComputeError {
+fn texture_fault(e: texture::TextureError) -> ComputeError {
     ComputeError::IllegalAddress(e.to_string())
 }
 
@@ -2368,7 +2399,7 @@ fn min_max(op: BinOp, ty: Ty, x: u64, y: u64) -> u64 {
     }
 }
 
-pub(super) fn binary(op: BinOp, ty: Ty, x: u64, y: u64, ftz: bool, sat: bool, rnd: Rnd) -> u64 {
+fn binary(op: BinOp, ty: Ty, x: u64, y: u64, ftz: bool, sat: bool, rnd: Rnd) -> u64 {
     if ty.half() {
         // The parser admits add, sub and mul only.
         return half_lanes(ty, [x, y, 0], |[a, b, _]| match op {
@@ -2514,7 +2545,7 @@ pub(super) fn binary(op: BinOp, ty: Ty, x: u64, y: u64, ftz: bool, sat: bool, rn
     r & mask
 }
 
-pub(super) fn unary(op: UnOp, ty: Ty, x: u64, ftz: bool, rnd: Rnd) -> u64 {
+fn unary(op: UnOp, ty: Ty, x: u64, ftz: bool, rnd: Rnd) -> u64 {
     if ty.half() {
         // The parser admits neg and abs only.
         return half_lanes(ty, [x, 0, 0], |[a, _, _]| {
@@ -2598,14 +2629,7 @@ pub(super) fn unary(op: UnOp, ty: Ty, x: u64, ftz: bool, rnd: Rnd) -> u64 {
     }
 }
 
-pub(super) fn mad(
-    mode: MadMode,
-    ty: Ty,
-    [x, y, z]: [u64; 3],
-    ftz: bool,
-    sat: bool,
-    rnd: Rnd,
-) -> u64 {
+fn mad(mode: MadMode, ty: Ty, [x, y, z]: [u64; 3], ftz: bool, sat: bool, rnd: Rnd) -> u64 {
     let bits = ty.bits();
     match mode {
         MadMode::Float if ty.half() => half_lanes(ty, [x, y, z], |[a, b, c]| {
@@ -2689,7 +2713,7 @@ pub(super) fn mad(
     }
 }
 
-pub(super) fn compare(cmp: Cmp, ty: Ty, x: u64, y: u64, ftz: bool) -> bool {
+fn compare(cmp: Cmp, ty: Ty, x: u64, y: u64, ftz: bool) -> bool {
     if ty.float() {
         let (a, b) = if ty == Ty::F32 {
             (f64::from(f32_of(x, ftz)), f64::from(f32_of(y, ftz)))
@@ -2740,7 +2764,7 @@ pub(super) fn compare(cmp: Cmp, ty: Ty, x: u64, y: u64, ftz: bool) -> bool {
 }
 
 /// A [`CarryOp`] on one lane: the result and the carry (or, for `Sub`, borrow) out.
-pub(super) fn carry(op: CarryOp, ty: Ty, [a, b, c]: [u64; 3], cin: bool) -> (u64, bool) {
+fn carry(op: CarryOp, ty: Ty, [a, b, c]: [u64; 3], cin: bool) -> (u64, bool) {
     let bits = ty.bits();
     let mask = ty.mask();
     let (ua, ub, cin) = (u128::from(a & mask), u128::from(b & mask), u128::from(cin));
@@ -2784,7 +2808,7 @@ fn prmt_mode_bytes(mode: PrmtMode, s: u64) -> [u64; 4] {
 }
 
 /// [`BitOp`]s, from the ISA's definitions; `a`, `b`, `c`, `e` the operands in order.
-pub(super) fn bits(op: BitOp, ty: Ty, [a, b, c, e]: [u64; 4]) -> u64 {
+fn bits(op: BitOp, ty: Ty, [a, b, c, e]: [u64; 4]) -> u64 {
     let (a32, b32, c32) = (a & 0xffff_ffff, b & 0xffff_ffff, c & 0xffff_ffff);
     match op {
         BitOp::Lop3 => {
@@ -2885,7 +2909,7 @@ pub(super) fn bits(op: BitOp, ty: Ty, [a, b, c, e]: [u64; 4]) -> u64 {
     }
 }
 
-pub(super) fn bfe(ty: Ty, x: u64, pos: u32, len: u32) -> u64 {
+fn bfe(ty: Ty, x: u64, pos: u32, len: u32) -> u64 {
     let msb = ty.bits() - 1;
     let sbit = if !ty.signed() || len == 0 {
         0
@@ -2931,7 +2955,7 @@ fn float_source(sty: Ty, x: u64, ftz: bool) -> f64 {
     }
 }
 
-pub(super) fn convert(
+fn convert(
     dty: Ty,
     sty: Ty,
     x: u64,

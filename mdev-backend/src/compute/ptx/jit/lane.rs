@@ -6,19 +6,17 @@
 
 use std::sync::atomic::Ordering;
 
-use super::super::exec::texture_fault;
 use super::super::exec::{
-    self, LOCAL_WINDOW, SHARED_WINDOW, bfe, bfi, binary, bits, carry, check_align, compare,
-    convert, fault, generic_space, mad, prmt, sext, unary, video,
+    self, LOCAL_WINDOW, LaneState, SHARED_WINDOW, check_align, fault, generic_space, lane_local,
+    lane_op, sext,
 };
 use super::super::ir::*;
-use super::super::texture;
 use super::{
     Env, FAILED, SPAN_SLOTS, SREG_CTAID, SREG_DYN_SHARED, SREG_LANE, SREG_NCTAID, SREG_NTID,
     SREG_NWARP, SREG_TID, SREG_WARP, Span, Thread,
 };
 use crate::compute::memory::{Fault, FaultKind};
-use crate::compute::{ComputeError, ComputeResult};
+use crate::compute::{ComputeError, ComputeResult, GlobalMemory};
 
 /// A special register's value for a thread (the clocks through the launch's counters).
 pub(super) fn special(t: &Thread, s: Sreg) -> u64 {
@@ -226,6 +224,9 @@ impl Lane<'_> {
 
     /// One instruction for this thread (its guard already true).
     fn execute(&mut self, op: &Op) -> ComputeResult<()> {
+        if lane_local(op) {
+            return lane_op(self, op);
+        }
         match op {
             Op::Ld {
                 space,
@@ -271,157 +272,6 @@ impl Lane<'_> {
                 }
                 self.write(loc, &buf[..size * usize::from(*n)])?;
             }
-            Op::Bin {
-                op,
-                ty,
-                d,
-                a,
-                b,
-                ftz,
-                sat,
-                rnd,
-            } => {
-                let r = binary(*op, *ty, self.val(*a), self.val(*b), *ftz, *sat, *rnd);
-                self.set(*d, r);
-            }
-            Op::Un {
-                op,
-                ty,
-                d,
-                a,
-                ftz,
-                rnd,
-            } => {
-                let r = unary(*op, *ty, self.val(*a), *ftz, *rnd);
-                self.set(*d, r);
-            }
-            Op::Mad {
-                mode,
-                ty,
-                d,
-                a,
-                b,
-                c,
-                ftz,
-                sat,
-                rnd,
-            } => {
-                let v = [*a, *b, *c].map(|s| self.val(s));
-                self.set(*d, mad(*mode, *ty, v, *ftz, *sat, *rnd));
-            }
-            Op::Setp {
-                cmp,
-                ty,
-                to,
-                p,
-                q,
-                a,
-                b,
-                combine,
-                ftz,
-            } => {
-                let t = compare(*cmp, *ty, self.val(*a), self.val(*b), *ftz);
-                let (tp, tq) = match combine {
-                    Some((op, c, neg)) => {
-                        let c = (self.val(*c) != 0) != *neg;
-                        let f = |v: bool| match op {
-                            BoolOp::And => v && c,
-                            BoolOp::Or => v || c,
-                            BoolOp::Xor => v != c,
-                        };
-                        (f(t), f(!t))
-                    }
-                    None => (t, !t),
-                };
-                let v = match to {
-                    CmpResult::Pred => u64::from(tp),
-                    CmpResult::Mask if tp => 0xffff_ffff,
-                    CmpResult::One if tp => u64::from(1f32.to_bits()),
-                    _ => 0,
-                };
-                self.set(*p, v);
-                self.set(*q, u64::from(tq));
-            }
-            Op::Slct {
-                float,
-                ftz,
-                d,
-                a,
-                b,
-                c,
-            } => {
-                let c = self.val(*c);
-                let first = if *float {
-                    exec::f32_of(c, *ftz) >= 0.0
-                } else {
-                    sext(c, 32) >= 0
-                };
-                let v = self.val(if first { *a } else { *b });
-                self.set(*d, v);
-            }
-            Op::Cvt {
-                dty,
-                sty,
-                d,
-                a,
-                rnd,
-                irnd,
-                sat,
-                ftz,
-            } => {
-                let r = convert(*dty, *sty, self.val(*a), *rnd, *irnd, *sat, *ftz);
-                self.set(*d, r);
-            }
-            Op::Carry {
-                op,
-                carry_in,
-                carry_out,
-                ty,
-                d,
-                a,
-                b,
-                c,
-            } => {
-                let cin = *carry_in && self.t.carry != 0;
-                let v = [*a, *b, *c].map(|s| self.val(s));
-                let (r, cout) = carry(*op, *ty, v, cin);
-                self.set(*d, r);
-                if *carry_out {
-                    self.t.carry = u32::from(cout);
-                }
-            }
-            Op::Bits { op, ty, d, srcs } => {
-                let v = srcs.map(|s| self.val(s));
-                self.set(*d, bits(*op, *ty, v));
-            }
-            Op::Bfe { ty, d, a, b, c } => {
-                let (x, pos, len) = (self.val(*a), self.val(*b) & 0xff, self.val(*c) & 0xff);
-                self.set(*d, bfe(*ty, x, pos as u32, len as u32));
-            }
-            Op::Bfi { ty, d, f, b, c, e } => {
-                let v = [*f, *b, *c, *e].map(|s| self.val(s));
-                self.set(*d, bfi(*ty, v));
-            }
-            Op::Prmt { d, a, b, c } => {
-                let v = [*a, *b, *c].map(|s| self.val(s));
-                self.set(*d, prmt(v));
-            }
-            Op::Video {
-                op,
-                signed,
-                sat,
-                sec,
-                d,
-                a,
-                b,
-                c,
-            } => {
-                let word = |v: u64, s: bool| if s { sext(v, 32) } else { (v as u32).into() };
-                let x = word(self.val(*a), signed[1]);
-                let y = word(self.val(*b), signed[2]);
-                let z = word(self.val(*c), signed[0]);
-                self.set(*d, video(*op, signed[0], *sat, *sec, x, y, z));
-            }
             Op::Atom {
                 space,
                 op,
@@ -465,70 +315,6 @@ impl Lane<'_> {
             Op::Trap => {
                 return Err(ComputeError::IllegalInstruction("trap".into()));
             }
-            Op::Tex {
-                geom,
-                int,
-                gather,
-                lod,
-                ds,
-                handle,
-                coords,
-            } => {
-                let h = self.val(*handle);
-                let raw = coords.map(|c| self.val(c) as u32);
-                let f = |s: Src| f32::from_bits(self.val(s) as u32);
-                let lod = match *lod {
-                    Lod::Implicit => texture::Lod::Implicit,
-                    Lod::Level(l) => texture::Lod::Level(f(l)),
-                    Lod::Grad(x, y) => texture::Lod::Grad(x.map(f), y.map(f)),
-                };
-                let gather = gather.map(usize::from);
-                let v = texture::sample(self.env.memory, h, *geom, *int, gather, lod, raw)
-                    .map_err(texture_fault)?;
-                for (d, v) in ds.iter().zip(v) {
-                    self.set(*d, u64::from(v));
-                }
-            }
-            Op::Query(q) => {
-                let h = self.val(q.handle);
-                let v =
-                    texture::query(self.env.memory, h, q.surface, q.q).map_err(texture_fault)?;
-                self.set(q.d, u64::from(v));
-            }
-            Op::Surf {
-                store,
-                geom,
-                ty,
-                n,
-                oob,
-                vals,
-                handle,
-                coords,
-            } => {
-                let size = ty.bytes() as usize;
-                let total = size * usize::from(*n);
-                let h = self.val(*handle);
-                let raw = coords.map(|c| self.val(c) as u32);
-                let mut buf = [0u8; 16];
-                if *store {
-                    for (i, s) in vals.iter().take(usize::from(*n)).enumerate() {
-                        let v = self.val(*s).to_le_bytes();
-                        buf[i * size..(i + 1) * size].copy_from_slice(&v[..size]);
-                    }
-                    texture::surface_store(self.env.memory, h, *geom, raw, *oob, &buf[..total])
-                        .map_err(texture_fault)?;
-                } else {
-                    texture::surface_load(self.env.memory, h, *geom, raw, *oob, &mut buf[..total])
-                        .map_err(texture_fault)?;
-                    for (i, s) in vals.iter().take(usize::from(*n)).enumerate() {
-                        let mut le = [0u8; 8];
-                        le[..size].copy_from_slice(&buf[i * size..(i + 1) * size]);
-                        if let Src::Reg(d) = s {
-                            self.set(*d, u64::from_le_bytes(le));
-                        }
-                    }
-                }
-            }
             op => {
                 return Err(ComputeError::IllegalInstruction(format!(
                     "the compiled engine has no helper for {op:?}"
@@ -561,6 +347,24 @@ impl Lane<'_> {
 /// The span cache entry of the memory instruction at `pc`.
 pub(super) fn span_slot(pc: u32) -> usize {
     pc as usize % SPAN_SLOTS
+}
+
+impl LaneState for Lane<'_> {
+    fn val(&self, s: Src) -> u64 {
+        Lane::val(self, s)
+    }
+    fn set(&mut self, d: u32, v: u64) {
+        Lane::set(self, d, v);
+    }
+    fn carry(&self) -> bool {
+        self.t.carry != 0
+    }
+    fn set_carry(&mut self, c: bool) {
+        self.t.carry = u32::from(c);
+    }
+    fn memory(&self) -> &dyn GlobalMemory {
+        self.env.memory
+    }
 }
 
 /// Runs `f` on the thread; a failure is recorded in the launch (with the instruction's PTX
