@@ -40,6 +40,9 @@ use crate::compute::{ComputeError, ComputeResult, GlobalMemory};
 pub const SHARED_WINDOW: u64 = 0x0000_1000_0000_0000;
 /// Generic addresses of the thread's local memory.
 pub const LOCAL_WINDOW: u64 = 0x0000_2000_0000_0000;
+/// Addresses of kernel parameters (`mov.u64 %rd, param`, which nvcc emits for a large
+/// parameter it indexes): read with `ld.param` through a register.
+pub const KPARAM_WINDOW: u64 = 0x0000_4000_0000_0000;
 /// Size of each window.
 pub(super) const WINDOW_BYTES: u64 = 1 << 32;
 /// Longest `printf` format string read from device memory.
@@ -1360,24 +1363,6 @@ impl<'s, 'a> Block<'s, 'a> {
         base.wrapping_add(a.offset as u64)
     }
 
-    /// Resolves a (space, address) to where the bytes are.
-    fn locate(&self, space: Space, addr: u64, a: Addr) -> Loc {
-        match space {
-            Space::Global | Space::Const => Loc::Global(addr),
-            Space::Shared => Loc::Shared(addr),
-            Space::Local => Loc::Local(addr),
-            Space::Param => match a.base {
-                AddrBase::Sym(SymRef::KernelParam(_)) => Loc::KParam(addr),
-                _ => Loc::FParam(addr),
-            },
-            Space::Generic => match generic_space(addr) {
-                Space::Shared => Loc::Shared(addr - SHARED_WINDOW),
-                Space::Local => Loc::Local(addr - LOCAL_WINDOW),
-                _ => Loc::Global(addr),
-            },
-        }
-    }
-
     fn read(&self, w: usize, lane: usize, loc: Loc, buf: &mut [u8]) -> ComputeResult<()> {
         let n = buf.len() as u64;
         let mut slice = |area: &[u8], off: u64| -> ComputeResult<()> {
@@ -1514,7 +1499,7 @@ impl<'s, 'a> Block<'s, 'a> {
                     let a = self.address(w, lane, *addr);
                     if held != Some(a) {
                         check_align(a, total as u64)?;
-                        let loc = self.locate(*space, a, *addr);
+                        let loc = locate(*space, a, *addr);
                         self.read(w, lane, loc, &mut buf[..total])?;
                         held = matches!(loc, Loc::Global(_)).then_some(a);
                     }
@@ -1542,7 +1527,7 @@ impl<'s, 'a> Block<'s, 'a> {
                 for lane in lanes {
                     let a = self.address(w, lane, *addr);
                     check_align(a, size as u64 * u64::from(*n))?;
-                    let loc = self.locate(*space, a, *addr);
+                    let loc = locate(*space, a, *addr);
                     let mut buf = [0u8; 32];
                     for (i, s) in srcs.iter().take(usize::from(*n)).enumerate() {
                         let v = self.val(w, lane, *s);
@@ -1720,7 +1705,7 @@ impl<'s, 'a> Block<'s, 'a> {
                     let y = self.val(w, lane, *c);
                     let width = ty.bytes();
                     let mut update = |old: u64| atomic(*op, *ty, old, x, y);
-                    let old = match self.locate(*space, a, *addr) {
+                    let old = match locate(*space, a, *addr) {
                         Loc::Global(g) => self
                             .s
                             .memory
@@ -1896,7 +1881,7 @@ impl<'s, 'a> Block<'s, 'a> {
         let mut byte = [0u8; 1];
         while out.len() < MAX_FORMAT_BYTES {
             let a = addr.wrapping_add(out.len() as u64);
-            let loc = self.locate(
+            let loc = locate(
                 Space::Generic,
                 a,
                 Addr {
@@ -1930,7 +1915,7 @@ impl super::printf::Args for ArgReader<'_, '_, '_> {
             .checked_next_multiple_of(size)
             .ok_or_else(|| ComputeError::IllegalAddress("printf argument buffer".into()))?;
         let mut buf = [0u8; 8];
-        let loc = self.block.locate(
+        let loc = locate(
             Space::Generic,
             a,
             Addr {
@@ -1953,8 +1938,9 @@ impl super::printf::Args for ArgReader<'_, '_, '_> {
     }
 }
 
+/// Where a memory operand's bytes are.
 #[derive(Debug, Clone, Copy)]
-enum Loc {
+pub(super) enum Loc {
     Global(u64),
     Shared(u64),
     Local(u64),
@@ -2345,6 +2331,27 @@ pub(super) fn fault(f: Fault) -> ComputeError {
     match f.kind {
         FaultKind::OutOfRange => ComputeError::IllegalAddress(f.to_string()),
         FaultKind::Misaligned => ComputeError::MisalignedAddress(f.to_string()),
+    }
+}
+
+/// Resolves a (space, address) of an operand `a` to where the bytes are.
+pub(super) fn locate(space: Space, addr: u64, a: Addr) -> Loc {
+    match space {
+        Space::Global | Space::Const => Loc::Global(addr),
+        Space::Shared => Loc::Shared(addr),
+        Space::Local => Loc::Local(addr),
+        Space::Param => match a.base {
+            AddrBase::Sym(SymRef::KernelParam(_)) => Loc::KParam(addr),
+            _ if addr.wrapping_sub(KPARAM_WINDOW) < WINDOW_BYTES => {
+                Loc::KParam(addr - KPARAM_WINDOW)
+            }
+            _ => Loc::FParam(addr),
+        },
+        Space::Generic => match generic_space(addr) {
+            Space::Shared => Loc::Shared(addr - SHARED_WINDOW),
+            Space::Local => Loc::Local(addr - LOCAL_WINDOW),
+            _ => Loc::Global(addr),
+        },
     }
 }
 

@@ -321,6 +321,6 @@ pub struct LaunchStats {
 }
 
 #[cfg(test)]
-mod tests;
-#[cfg(test)]
 mod differential;
+#[cfg(test)]
+mod tests;

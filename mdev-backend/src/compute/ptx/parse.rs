@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use super::exec::KPARAM_WINDOW;
 use super::ir::*;
 use super::lex::{Lexer, Tok, Token};
 use super::{GlobalVar, VarSpace};
@@ -1675,7 +1676,10 @@ impl Cx<'_> {
                 }
                 return match self.name(w)? {
                     Name::Reg(r) => Ok(Src::Reg(r)),
-                    Name::Var(SymRef::KernelParam(_) | SymRef::FuncParam(_), _) => {
+                    Name::Var(SymRef::KernelParam(o), _) => {
+                        Ok(Src::Imm(KPARAM_WINDOW + u64::from(o)))
+                    }
+                    Name::Var(SymRef::FuncParam(_), _) => {
                         self.fail(format!("the address of parameter {w} is not supported"))
                     }
                     Name::Var(sym, _) => Ok(Src::Sym(sym, 0)),
@@ -1690,11 +1694,19 @@ impl Cx<'_> {
                 let Name::Var(sym, _) = self.name(w)? else {
                     return self.fail(format!("{w} + offset: {w} is not a variable"));
                 };
-                if matches!(sym, SymRef::KernelParam(_) | SymRef::FuncParam(_)) {
+                if matches!(sym, SymRef::FuncParam(_)) {
                     return self.fail(format!("the address of parameter {w} is not supported"));
                 }
                 let v =
                     i64::try_from(*v).map_err(|_| (self.line, "offset too large".to_string()))?;
+                if let SymRef::KernelParam(o) = sym {
+                    let base = KPARAM_WINDOW + u64::from(o);
+                    return Ok(Src::Imm(if *sign == '-' {
+                        base.wrapping_sub(v as u64)
+                    } else {
+                        base.wrapping_add(v as u64)
+                    }));
+                }
                 return Ok(Src::Sym(sym, if *sign == '-' { -v } else { v }));
             }
             _ => None,
@@ -1970,7 +1982,9 @@ impl Cx<'_> {
                     (&g[1], &g[0])
                 };
                 let addr = self.addr(addr_g)?;
-                if space == Space::Param && !matches!(addr.base, AddrBase::Sym(_)) {
+                // A parameter by name, or through a register holding a kernel parameter's
+                // address (its window; anything else is the function-parameter scratch).
+                if space == Space::Param && matches!(addr.base, AddrBase::Abs) {
                     return self.fail("ld/st.param must name a parameter");
                 }
                 let vals: Vec<&[Tok]> = if n > 1 {

@@ -2129,3 +2129,53 @@ fn the_harness_compares_errors_without_their_timing() {
         assert_ne!(comparable(&a), comparable(&b), "{a:?} {b:?}");
     }
 }
+
+#[test]
+fn a_kernel_parameters_address_reads_it_through_a_register_and_cannot_write_it() {
+    // nvcc indexes a large by-value parameter through its address: `mov.b64 %rd, param`, then
+    // `ld.param [%rd + i]` in a loop.
+    let m = module(
+        r#"
+.visible .entry k(.param .align 4 .b8 big[64], .param .u64 out)
+{
+    .reg .pred %p<2>;
+    .reg .b32 %r<5>;
+    .reg .b64 %rd<6>;
+    ld.param.u64 %rd1, [out];
+    mov.b64 %rd2, big;
+    mov.u32 %r1, 0;
+    mov.u32 %r2, 0;
+$L_sum:
+    mul.wide.u32 %rd3, %r1, 4;
+    add.s64 %rd4, %rd2, %rd3;
+    ld.param.u32 %r3, [%rd4];
+    add.u32 %r2, %r2, %r3;
+    add.u32 %r1, %r1, 1;
+    setp.lt.u32 %p1, %r1, 16;
+    @%p1 bra $L_sum;
+    st.global.u32 [%rd1], %r2;
+    ret;
+}
+.visible .entry w(.param .align 4 .b8 big[64])
+{
+    .reg .b64 %rd<2>;
+    mov.b64 %rd1, big;
+    st.param.u32 [%rd1+8], 7;
+    ret;
+}
+"#,
+    );
+    let mut r = Run::new(&m);
+    let out = r.buffer(&[0; 4]);
+    let mut params: Vec<u8> = (1..=16u32).flat_map(|v| v.to_le_bytes()).collect();
+    params.extend_from_slice(&out.to_le_bytes());
+    r.launch("k", [1, 1, 1], [32, 1, 1], &params, 1).unwrap();
+    assert_eq!(to_u32s(&r.read(out, 4)), [136]);
+    let err = r
+        .launch("w", [1, 1, 1], [1, 1, 1], &params[..64], 1)
+        .unwrap_err();
+    assert!(
+        matches!(&err, ComputeError::IllegalInstruction(m) if m.contains("kernel parameter")),
+        "{err:?}"
+    );
+}

@@ -22,8 +22,8 @@ use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{FuncId, Linkage, Module as _};
 
 use super::super::exec::{
-    CANONICAL_NAN_F32, CANONICAL_NAN_F64, LOCAL_WINDOW, LaunchRegisters, SHARED_WINDOW,
-    WINDOW_BYTES,
+    CANONICAL_NAN_F32, CANONICAL_NAN_F64, KPARAM_WINDOW, LOCAL_WINDOW, LaunchRegisters,
+    SHARED_WINDOW, WINDOW_BYTES,
 };
 use super::super::ir::*;
 use super::super::parse::Parsed;
@@ -1629,7 +1629,29 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
                 AddrBase::Sym(SymRef::KernelParam(_)) => {
                     self.b.ins().jump(slow, &[]);
                 }
-                _ => self.fast(pc, op, Area::FParam, a, total, slow, done)?,
+                // Through a register: a kernel parameter's address (its window) or one of
+                // the function-parameter scratch.
+                _ => {
+                    let kernel_off = self
+                        .b
+                        .ins()
+                        .iadd_imm_s(a, (KPARAM_WINDOW as i64).wrapping_neg());
+                    let in_kernel = self.b.ins().icmp_imm_s(
+                        IntCC::UnsignedLessThan,
+                        kernel_off,
+                        WINDOW_BYTES as i64,
+                    );
+                    let (kb, fb) = (self.b.create_block(), self.b.create_block());
+                    self.b.ins().brif(in_kernel, kb, &[], fb, &[]);
+                    self.b.switch_to_block(kb);
+                    if store {
+                        self.b.ins().jump(slow, &[]);
+                    } else {
+                        self.fast(pc, op, Area::KParam, kernel_off, total, slow, done)?;
+                    }
+                    self.b.switch_to_block(fb);
+                    self.fast(pc, op, Area::FParam, a, total, slow, done)?;
+                }
             },
             Space::Generic => {
                 let shared_off = self

@@ -7,8 +7,7 @@
 use std::sync::atomic::Ordering;
 
 use super::super::exec::{
-    self, LOCAL_WINDOW, LaneState, SHARED_WINDOW, check_align, fault, generic_space, lane_local,
-    lane_op, sext,
+    self, LaneState, Loc, check_align, fault, lane_local, lane_op, locate, sext,
 };
 use super::super::ir::*;
 use super::{
@@ -52,16 +51,6 @@ fn env<'e>(t: &Thread) -> &'e Env<'static> {
     // launch's threads (the block runtime calls compiled code inside the launch's scope), and
     // the helpers keep the reference no longer than their call.
     unsafe { &*t.env }
-}
-
-/// Where a memory operand's bytes are.
-#[derive(Debug, Clone, Copy)]
-enum Loc {
-    Global(u64),
-    Shared(u64),
-    Local(u64),
-    KParam(u64),
-    FParam(u64),
 }
 
 /// One thread, for the duration of a helper call.
@@ -118,23 +107,6 @@ impl Lane<'_> {
             AddrBase::Abs => 0,
         };
         base.wrapping_add(a.offset as u64)
-    }
-
-    fn locate(&self, space: Space, addr: u64, a: Addr) -> Loc {
-        match space {
-            Space::Global | Space::Const => Loc::Global(addr),
-            Space::Shared => Loc::Shared(addr),
-            Space::Local => Loc::Local(addr),
-            Space::Param => match a.base {
-                AddrBase::Sym(SymRef::KernelParam(_)) => Loc::KParam(addr),
-                _ => Loc::FParam(addr),
-            },
-            Space::Generic => match generic_space(addr) {
-                Space::Shared => Loc::Shared(addr - SHARED_WINDOW),
-                Space::Local => Loc::Local(addr - LOCAL_WINDOW),
-                _ => Loc::Global(addr),
-            },
-        }
     }
 
     /// The area a non-global location is in: (start, length, writable).
@@ -239,7 +211,7 @@ impl Lane<'_> {
                 let total = size * usize::from(*n);
                 let a = self.address(*addr);
                 check_align(a, total as u64)?;
-                let loc = self.locate(*space, a, *addr);
+                let loc = locate(*space, a, *addr);
                 let mut buf = [0u8; 32];
                 self.read(loc, &mut buf[..total])?;
                 for (i, d) in ds.iter().take(usize::from(*n)).enumerate() {
@@ -264,7 +236,7 @@ impl Lane<'_> {
                 let size = ty.bytes() as usize;
                 let a = self.address(*addr);
                 check_align(a, size as u64 * u64::from(*n))?;
-                let loc = self.locate(*space, a, *addr);
+                let loc = locate(*space, a, *addr);
                 let mut buf = [0u8; 32];
                 for (i, s) in srcs.iter().take(usize::from(*n)).enumerate() {
                     let v = self.val(*s);
@@ -285,7 +257,7 @@ impl Lane<'_> {
                 let (x, y) = (self.val(*b), self.val(*c));
                 let width = ty.bytes();
                 let mut update = |old: u64| exec::atomic(*op, *ty, old, x, y);
-                let old = match self.locate(*space, a, *addr) {
+                let old = match locate(*space, a, *addr) {
                     Loc::Global(g) => {
                         let old = self
                             .env
