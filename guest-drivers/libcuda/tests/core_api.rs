@@ -326,8 +326,16 @@ fn the_core_entry_points_tell_the_truth_and_refuse_bad_arguments() {
         assert_eq!(cuCtxGetLimit(&mut v, 2), 0);
         assert_eq!(v, 8 << 20, "the device heap");
         assert_eq!(cuCtxSetLimit(2, usize::MAX), 1);
-        assert_eq!(cuCtxSetLimit(2, (1 << 30) + 1), 1, "more heap than the host gives");
-        assert_eq!(cuCtxSetLimit(2, 128 << 20), 0, "sized on the host before first use");
+        assert_eq!(
+            cuCtxSetLimit(2, (1 << 30) + 1),
+            1,
+            "more heap than the host gives"
+        );
+        assert_eq!(
+            cuCtxSetLimit(2, 128 << 20),
+            0,
+            "sized on the host before first use"
+        );
         assert_eq!(cuCtxGetLimit(&mut v, 2), 0);
         assert_eq!(v, 128 << 20);
         assert_eq!(cuCtxGetLimit(&mut v, 3), 215);

@@ -2179,3 +2179,58 @@ $L_sum:
         "{err:?}"
     );
 }
+
+#[test]
+fn a_barrier_waits_for_the_lanes_of_a_warp_still_at_a_partial_shuffle() {
+    // Lanes 0-7 of the last warp shuffle among themselves (mask 0xff, width 8) before the
+    // block's barrier; the rest of their warp is already there. The barrier completes only
+    // once they have written their results, so thread 0 (which runs first) reads all eight.
+    let m = module(
+        r#"
+.visible .entry k(.param .u64 out)
+{
+    .reg .pred %p<4>;
+    .reg .b32 %r<9>;
+    .reg .b64 %rd<4>;
+    .shared .align 4 .b32 s[8];
+    ld.param.u64 %rd1, [out];
+    mov.u32 %r1, %tid.x;
+    setp.lt.u32 %p1, %r1, 224;
+    @%p1 bra $L_wait;
+    setp.ge.u32 %p1, %r1, 232;
+    @%p1 bra $L_wait;
+    mov.u32 %r2, 1;
+    shfl.sync.up.b32 %r3|%p2, %r2, 1, 6144, 255;
+    @%p2 add.u32 %r2, %r2, %r3;
+    sub.u32 %r7, %r1, 224;
+    mul.wide.u32 %rd2, %r7, 4;
+    mov.u64 %rd3, s;
+    add.s64 %rd3, %rd3, %rd2;
+    st.shared.u32 [%rd3], %r2;
+$L_wait:
+    bar.sync 0;
+    setp.ne.u32 %p3, %r1, 0;
+    @%p3 bra $L_end;
+    mov.u32 %r4, 0;
+    mov.u32 %r5, 0;
+    mov.u64 %rd3, s;
+$L_sum:
+    ld.shared.u32 %r6, [%rd3];
+    add.u32 %r5, %r5, %r6;
+    add.s64 %rd3, %rd3, 4;
+    add.u32 %r4, %r4, 1;
+    setp.lt.u32 %p1, %r4, 8;
+    @%p1 bra $L_sum;
+    st.global.u32 [%rd1], %r5;
+$L_end:
+    ret;
+}
+"#,
+    );
+    let mut r = Run::new(&m);
+    let out = r.buffer(&[0; 4]);
+    r.launch("k", [1, 1, 1], [256, 1, 1], &pack(&m, "k", &[out]), 1)
+        .unwrap();
+    // Lane 0 keeps 1, lanes 1-7 add their neighbour's 1.
+    assert_eq!(to_u32s(&r.read(out, 4)), [15]);
+}

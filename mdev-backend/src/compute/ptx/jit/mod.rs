@@ -658,9 +658,24 @@ impl<'e, 'a> Block<'e, 'a> {
         // counts) reach the expected count or every warp still running.
         let live_warps = self.running[..nwarps].iter().filter(|&&r| r != 0).count() as u32;
         for id in 0..BARRIERS {
-            let warps = self.arrived[id] | self.waiting[id];
-            if warps == 0 {
+            if self.arrived[id] | self.waiting[id] == 0 {
                 continue;
+            }
+            // A warp has arrived once every lane of it still running waits here: lanes that
+            // diverged before the barrier reach it before the warp counts, as a warp in lock
+            // step reaches it only once they have reconverged.
+            let mut warps = self.arrived[id];
+            for w in 0..nwarps {
+                if self.waiting[id] & (1 << w) == 0 {
+                    continue;
+                }
+                let lanes = w * WARP..((w + 1) * WARP).min(n);
+                let here = lanes
+                    .filter(|&t| self.wait[t] == Wait::Barrier(id as u8))
+                    .count();
+                if here == usize::from(self.running[w]) {
+                    warps |= 1 << w;
+                }
             }
             let warps = warps.count_ones();
             let need = self.expected[id].unwrap_or(live_warps * WARP as u32);
