@@ -1473,8 +1473,9 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
         sat: bool,
         rnd: Rnd,
     ) -> Result<bool, String> {
-        if ty == Ty::F32 {
-            if ftz
+        if matches!(ty, Ty::F32 | Ty::F64) {
+            // `.ftz` flushes f32 operands only; the interpreter's f64 ignores it.
+            if (ftz && ty == Ty::F32)
                 || sat
                 || rnd != Rnd::Rn
                 || !matches!(op, BinOp::Add | BinOp::Sub | BinOp::MulLo | BinOp::Div)
@@ -1482,7 +1483,11 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
                 return Ok(false);
             }
             let (x, y) = (self.val(a)?, self.val(b)?);
-            let (x, y) = (self.f32_of(x), self.f32_of(y));
+            let (x, y) = if ty == Ty::F32 {
+                (self.f32_of(x), self.f32_of(y))
+            } else {
+                (self.f64_of(x), self.f64_of(y))
+            };
             let r = match op {
                 BinOp::Add => self.b.ins().fadd(x, y),
                 BinOp::Sub => self.b.ins().fsub(x, y),
@@ -1490,26 +1495,7 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
                 _ => self.b.ins().fdiv(x, y),
             };
             let r = self.arithmetic(r);
-            self.set_bits(d, r, 32)?;
-            return Ok(true);
-        }
-        if ty == Ty::F64 {
-            if sat
-                || rnd != Rnd::Rn
-                || !matches!(op, BinOp::Add | BinOp::Sub | BinOp::MulLo | BinOp::Div)
-            {
-                return Ok(false);
-            }
-            let (x, y) = (self.val(a)?, self.val(b)?);
-            let (x, y) = (self.f64_of(x), self.f64_of(y));
-            let r = match op {
-                BinOp::Add => self.b.ins().fadd(x, y),
-                BinOp::Sub => self.b.ins().fsub(x, y),
-                BinOp::MulLo => self.b.ins().fmul(x, y),
-                _ => self.b.ins().fdiv(x, y),
-            };
-            let r = self.arithmetic(r);
-            self.set(d, r)?;
+            self.set_bits(d, r, ty.bits())?;
             return Ok(true);
         }
         if ty.float() || ty == Ty::Pred || sat {
