@@ -899,6 +899,15 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
         self.b.ins().select(nan, canonical, bits)
     }
 
+    /// A register's bits as a float of `ty` (f32 or f64).
+    fn float_of(&mut self, ty: Ty, v: Value) -> Value {
+        if ty == Ty::F32 {
+            self.f32_of(v)
+        } else {
+            self.f64_of(v)
+        }
+    }
+
     fn f64_of(&mut self, v: Value) -> Value {
         self.b.ins().bitcast(types::F64, MemFlags::new(), v)
     }
@@ -1170,15 +1179,12 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
                         let p = self.wide_product(*ty, x, y);
                         Some(self.b.ins().iadd(p, z))
                     }
-                    (MadMode::Float, Ty::F32) if !sat && !ftz && *rnd == Rnd::Rn => {
-                        let (x, y, z) = (self.val(*a)?, self.val(*b)?, self.val(*c)?);
-                        let (x, y, z) = (self.f32_of(x), self.f32_of(y), self.f32_of(z));
-                        let r = self.b.ins().fma(x, y, z);
-                        Some(self.arithmetic(r))
-                    }
-                    (MadMode::Float, Ty::F64) if !sat => {
-                        let (x, y, z) = (self.val(*a)?, self.val(*b)?, self.val(*c)?);
-                        let (x, y, z) = (self.f64_of(x), self.f64_of(y), self.f64_of(z));
+                    // f64 `fma` is `.rn` (the parser refuses the others), and ignores `.ftz`.
+                    (MadMode::Float, Ty::F32 | Ty::F64)
+                        if !sat && (*ty == Ty::F64 || (!ftz && *rnd == Rnd::Rn)) =>
+                    {
+                        let v = [self.val(*a)?, self.val(*b)?, self.val(*c)?];
+                        let [x, y, z] = v.map(|v| self.float_of(*ty, v));
                         let r = self.b.ins().fma(x, y, z);
                         Some(self.arithmetic(r))
                     }
@@ -1483,11 +1489,7 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
                 return Ok(false);
             }
             let (x, y) = (self.val(a)?, self.val(b)?);
-            let (x, y) = if ty == Ty::F32 {
-                (self.f32_of(x), self.f32_of(y))
-            } else {
-                (self.f64_of(x), self.f64_of(y))
-            };
+            let (x, y) = (self.float_of(ty, x), self.float_of(ty, y));
             let r = match op {
                 BinOp::Add => self.b.ins().fadd(x, y),
                 BinOp::Sub => self.b.ins().fsub(x, y),
