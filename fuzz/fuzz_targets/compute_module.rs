@@ -3,7 +3,8 @@
 //! decompressed and parsed under the VM's memory budget ([`BUDGET_BYTES`]), or, when they are
 //! several NUL-separated PTX texts, the images `cuLinkAddData` receives, linked by
 //! `module_link`; every kernel that parses is launched on two blocks of 33 threads over a
-//! small context with zeroed parameters and a small instruction budget. Nothing may panic,
+//! small context with zeroed parameters and a small instruction budget, compiled (on the
+//! interpreter past [`COMPILED_TEXT_BYTES`] of text). Nothing may panic,
 //! loop without bound, allocate past the budget or touch memory outside the context: every
 //! failure is a `ComputeError`.
 //!
@@ -21,7 +22,7 @@ use libfuzzer_sys::fuzz_target;
 use mdev_backend::budget::MemoryBudget;
 use mdev_backend::compute::backend::{DEFAULT_STREAM, KernelLaunch};
 use mdev_backend::compute::fatbin::ptx_of_all;
-use mdev_backend::compute::ptx::Module;
+use mdev_backend::compute::ptx::{Engine, Module};
 use mdev_backend::compute::{ComputeBackend, CpuBackend, CpuConfig};
 use vgpu_fuzz::Input;
 use vgpu_fuzz::compute::{deep_ptx, fatbin, kernel_name};
@@ -31,6 +32,12 @@ use vgpu_fuzz::compute::{deep_ptx, fatbin, kernel_name};
 const BUDGET_BYTES: u64 = 64 << 20;
 /// Kernels launched per input.
 const MAX_KERNELS: usize = 4;
+/// Module text (PTX bytes, all images together) past which the kernels run on the
+/// interpreter rather than compiled: Cranelift built with the fuzzer's instrumentation and
+/// debug assertions is some 15 times slower than a release build, and a kernel near the
+/// compiler's size limit (about 0.5 s to compile in a release build) would pass the input's
+/// time limit (fuzz.sh) though nothing is wrong; up to this size the compiler is fuzzed.
+const COMPILED_TEXT_BYTES: usize = 16 << 10;
 
 /// How the module is made from the images.
 enum Load {
@@ -40,16 +47,12 @@ enum Load {
     Link(Vec<Vec<u8>>),
 }
 
-/// The kernels of what `images` hold as a guest would find them (read with the same budget,
-/// uncancelled): linked together, or the first image entry that parses alone.
-fn kernel_names(images: &[&[u8]], link: bool, budget: &Arc<MemoryBudget>) -> Vec<String> {
+/// The kernels of `texts` (an image's PTX texts) as a guest would find them (read with the
+/// same budget, uncancelled): linked together, or the first text that parses alone.
+fn kernel_names(texts: &[&str], link: bool, budget: &Arc<MemoryBudget>) -> Vec<String> {
     let never = AtomicBool::new(false);
-    let Ok(texts) = ptx_of_all(images, budget, &never) else {
-        return Vec::new();
-    };
-    let texts: Vec<&str> = texts.iter().map(|t| &**t).collect();
     let module = if link {
-        Module::load(&texts, budget, &never).ok()
+        Module::load(texts, budget, &never).ok()
     } else {
         texts
             .iter()
@@ -91,7 +94,29 @@ fuzz_target!(|data: &[u8]| {
         }
         _ => (Load::One(deep_ptx(&mut input).into_bytes()), true),
     };
+    let images: Vec<&[u8]> = match &load {
+        Load::One(image) => vec![image],
+        Load::Link(images) => images.iter().map(Vec::as_slice).collect(),
+    };
+    // The texts' size, and the kernels to launch (a generated module's are known), read
+    // before the backend's load and given back to the budget before it.
+    let (text_bytes, names) = {
+        let never = AtomicBool::new(false);
+        let texts = ptx_of_all(&images, &budget, &never).unwrap_or_default();
+        let texts: Vec<&str> = texts.iter().map(|t| &**t).collect();
+        let names: Vec<String> = if generated {
+            (0..MAX_KERNELS).map(kernel_name).collect()
+        } else {
+            kernel_names(&texts, matches!(load, Load::Link(_)), &budget)
+        };
+        (texts.iter().map(|t| t.len()).sum::<usize>(), names)
+    };
     let config = CpuConfig {
+        engine: if text_bytes <= COMPILED_TEXT_BYTES {
+            Engine::Compiled
+        } else {
+            Engine::Interpreter
+        },
         budget: Arc::clone(&budget),
         memory_per_context: 1 << 20,
         instruction_budget: 20_000,
@@ -105,25 +130,11 @@ fuzz_target!(|data: &[u8]| {
         .expect("in range");
     let loaded = match &load {
         Load::One(image) => be.module_load(ctx, image),
-        Load::Link(images) => {
-            let images: Vec<&[u8]> = images.iter().map(Vec::as_slice).collect();
-            be.module_link(ctx, &images)
-        }
+        Load::Link(_) => be.module_link(ctx, &images),
     };
     let Ok(module) = loaded else {
         be.context_destroy(ctx).expect("destroy");
         return;
-    };
-    let names: Vec<String> = if generated {
-        (0..MAX_KERNELS).map(kernel_name).collect()
-    } else {
-        match &load {
-            Load::One(image) => kernel_names(&[image], false, &budget),
-            Load::Link(images) => {
-                let images: Vec<&[u8]> = images.iter().map(Vec::as_slice).collect();
-                kernel_names(&images, true, &budget)
-            }
-        }
     };
     for name in names {
         let Ok((function, params)) = be.function(ctx, module, &name) else {

@@ -175,6 +175,34 @@ impl<'m> Run<'m> {
         threads: usize,
         instruction_budget: u64,
     ) -> ComputeResult<LaunchStats> {
+        let (reference, _) = self.launch_pair(
+            kernel,
+            grid,
+            block,
+            dynamic_shared_bytes,
+            params,
+            threads,
+            instruction_budget,
+        );
+        reference
+    }
+
+    /// [`Run::launch_with`], returning both engines' results (the compiled side's `None`
+    /// when [`Engines::InterpreterOnly`]).
+    #[allow(clippy::too_many_arguments)]
+    fn launch_pair(
+        &self,
+        kernel: &str,
+        grid: [u32; 3],
+        block: [u32; 3],
+        dynamic_shared_bytes: u32,
+        params: &[u8],
+        threads: usize,
+        instruction_budget: u64,
+    ) -> (
+        ComputeResult<LaunchStats>,
+        Option<ComputeResult<LaunchStats>>,
+    ) {
         let on = |side: &Side, engine: Engine| {
             let l = Launch {
                 grid,
@@ -202,7 +230,7 @@ impl<'m> Run<'m> {
         };
         let reference = on(&self.sides[0], ENGINES[0]);
         if self.engines == Engines::InterpreterOnly {
-            return reference;
+            return (reference, None);
         }
         let compiled = on(&self.sides[1], ENGINES[1]);
         if let Err(why) = agree(&reference, &compiled) {
@@ -215,7 +243,7 @@ impl<'m> Run<'m> {
                 }
             }
         }
-        reference
+        (reference, Some(compiled))
     }
 }
 
@@ -2233,4 +2261,65 @@ $L_end:
         .unwrap();
     // Lane 0 keeps 1, lanes 1-7 add their neighbour's 1.
     assert_eq!(to_u32s(&r.read(out, 4)), [15]);
+}
+
+/// A kernel whose translation passes the compiler's size limit runs on the interpreter, with
+/// the same result; a function it calls, declared for it but never defined, is translated
+/// again for a smaller kernel calling it, which compiles.
+#[cfg(feature = "jit")]
+#[test]
+fn a_kernel_past_the_compile_limit_runs_on_the_interpreter() {
+    use super::jit::MAX_COMPILED_IR;
+    // Each global load is some 25 Cranelift instructions with its check and helper path.
+    let loads = MAX_COMPILED_IR / 16;
+    let body = "ld.global.u32 %r2, [%rd1];\nadd.u32 %r3, %r3, %r2;\n".repeat(loads);
+    let m = module(&format!(
+        r#"
+.func (.param .b32 ret) twice(.param .b32 x)
+{{
+	.reg .b32 %v;
+	ld.param.u32 %v, [x];
+	add.u32 %v, %v, %v;
+	st.param.b32 [ret], %v;
+	ret;
+}}
+.visible .entry big(.param .u64 p)
+{{
+	.reg .b32 %r<5>;
+	.reg .b64 %rd<2>;
+	ld.param.u64 %rd1, [p];
+	mov.u32 %r3, 0;
+	{{ .param .b32 rv; .param .b32 a; st.param.b32 [a], %r3;
+	  call (rv), twice, (a); ld.param.u32 %r4, [rv]; }}
+{body}	add.u32 %r3, %r3, %r4;
+	st.global.u32 [%rd1+4], %r3;
+	ret;
+}}
+.visible .entry small(.param .u64 p)
+{{
+	.reg .b32 %r<3>;
+	.reg .b64 %rd<2>;
+	ld.param.u64 %rd1, [p];
+	ld.global.u32 %r1, [%rd1];
+	{{ .param .b32 rv; .param .b32 a; st.param.b32 [a], %r1;
+	  call (rv), twice, (a); ld.param.u32 %r2, [rv]; }}
+	st.global.u32 [%rd1+8], %r2;
+	ret;
+}}
+"#
+    ));
+    let mut r = Run::new(&m);
+    let buf = r.buffer(&[3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+    let params = pack(&m, "big", &[buf]);
+    let (reference, compiled) = r.launch_pair("big", [1, 1, 1], [1, 1, 1], 0, &params, 1, 1 << 30);
+    assert!(!reference.unwrap().compiled);
+    assert!(!compiled.unwrap().unwrap().compiled, "past the limit");
+    let params = pack(&m, "small", &[buf]);
+    let (_, compiled) = r.launch_pair("small", [1, 1, 1], [1, 1, 1], 0, &params, 1, 1 << 30);
+    assert!(
+        compiled.unwrap().unwrap().compiled,
+        "twice translated again"
+    );
+    let out = to_u32s(&r.read(buf, 12));
+    assert_eq!(out, [3, 3 * loads as u32, 6]);
 }

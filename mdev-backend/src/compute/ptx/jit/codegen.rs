@@ -29,8 +29,8 @@ use super::super::ir::*;
 use super::super::parse::Parsed;
 use super::lane::{self, span_slot};
 use super::{
-    EXITED, FAILED, FUEL_CHECK, MAX_COMPILED_INSTRUCTIONS, MAX_COMPILED_REGISTERS, RETURNED,
-    SREG_CTAID, SREG_DYN_SHARED, SREG_LANE, SREG_NCTAID, SREG_NTID, SREG_NWARP, SREG_TID,
+    EXITED, FAILED, FUEL_CHECK, MAX_COMPILED_INSTRUCTIONS, MAX_COMPILED_IR, MAX_COMPILED_REGISTERS,
+    RETURNED, SREG_CTAID, SREG_DYN_SHARED, SREG_LANE, SREG_NCTAID, SREG_NTID, SREG_NWARP, SREG_TID,
     SREG_WARP, Span, THREAD_EXITED, Thread, YIELDED,
 };
 
@@ -196,9 +196,56 @@ pub(super) fn compile(
         .any(|i| collective(&i.op));
     let mut looped_sig = sig.clone();
     looped_sig.params.push(AbiParam::new(I32));
+    let mut declared = Vec::new();
+    let result = define(
+        module,
+        funcs,
+        &mut declared,
+        m,
+        f,
+        &order,
+        (&sig, &looped_sig, looped),
+        regs,
+    );
+    if result.is_err() {
+        // Functions declared but not defined are forgotten, so that a later kernel calling
+        // one of them translates it again instead of linking to nothing.
+        for key in declared {
+            funcs.remove(&key);
+        }
+    }
+    result?;
+    Ok((
+        module.get_finalized_function(funcs[&(u32::MAX - f)]),
+        looped,
+    ))
+}
+
+/// Translates and defines the functions of `order` that `funcs` does not hold yet (the keys
+/// added to `declared`), callees first, then finalizes them: refused when their Cranelift
+/// instructions, all together, pass [`MAX_COMPILED_IR`] (checked before any is compiled).
+#[allow(clippy::too_many_arguments)]
+fn define(
+    module: &mut JITModule,
+    funcs: &mut HashMap<u32, FuncId>,
+    declared: &mut Vec<u32>,
+    m: &Parsed,
+    f: u32,
+    order: &[u32],
+    (sig, looped_sig, looped): (&Signature, &Signature, bool),
+    regs: &LaunchRegisters,
+) -> Result<(), String> {
+    let ptr = module.target_config().pointer_type();
     let frontend = module.target_config();
     let mut fctx = FunctionBuilderContext::new();
-    let mut ctx = module.make_context();
+    let mut translated = Vec::new();
+    let mut ir = 0usize;
+    let too_large = || {
+        format!(
+            "{} translates to more than {MAX_COMPILED_IR} Cranelift instructions",
+            m.funcs[f as usize].name
+        )
+    };
     for &g in order.iter().rev() {
         let kernel = g == f;
         // A kernel's function is its own (it has resume points); a `.func` is shared.
@@ -207,11 +254,13 @@ pub(super) fn compile(
             continue;
         }
         let name = format!("ptx{}_{g}", if kernel { "k" } else { "f" });
-        let fsig = if kernel && looped { &looped_sig } else { &sig };
+        let fsig = if kernel && looped { looped_sig } else { sig };
         let id = module
             .declare_function(&name, Linkage::Local, fsig)
             .map_err(|e| e.to_string())?;
         funcs.insert(key, id);
+        declared.push(key);
+        let mut ctx = module.make_context();
         ctx.func.signature = fsig.clone();
         {
             let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
@@ -232,20 +281,31 @@ pub(super) fn compile(
             }
             let mut t = Translator::new(&mut b, m, g, kernel, regs, ptr, callees);
             t.looped = kernel && looped;
-            t.function()?;
+            t.ir_allowance = MAX_COMPILED_IR - ir;
+            match t.function() {
+                Err(why) if why == TOO_LARGE => return Err(too_large()),
+                other => other?,
+            }
             b.seal_all_blocks();
             b.finalize(frontend);
         }
+        ir = ir.saturating_add(ctx.func.dfg.num_insts());
+        if ir > MAX_COMPILED_IR {
+            return Err(too_large());
+        }
+        translated.push((id, ctx));
+    }
+    for (id, mut ctx) in translated {
         module
             .define_function(id, &mut ctx)
             .map_err(|e| format!("code generation: {e:?}"))?;
-        module.clear_context(&mut ctx);
     }
     module.finalize_definitions().map_err(|e| e.to_string())?;
-    Ok((
-        module.get_finalized_function(funcs[&(u32::MAX - f)]),
-        looped,
-    ))
+    log::debug!(
+        "kernel {} compiled from {ir} Cranelift instructions",
+        m.funcs[f as usize].name
+    );
+    Ok(())
 }
 
 /// Where a load or store's bytes are, for the inline checks.
@@ -315,7 +375,13 @@ struct Translator<'b, 'f, 'm> {
     /// where a thread that ends goes on to the next.
     looped: bool,
     latch: Option<Block>,
+    /// Cranelift instructions this function may have before its translation stops
+    /// ([`TOO_LARGE`]): what [`MAX_COMPILED_IR`] leaves after the functions before it.
+    ir_allowance: usize,
 }
+
+/// What a translation past its [`Translator::ir_allowance`] fails with.
+const TOO_LARGE: &str = "too large";
 
 fn flags() -> MemFlags {
     MemFlags::trusted()
@@ -366,6 +432,7 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
             live: None,
             looped: false,
             latch: None,
+            ir_allowance: MAX_COMPILED_IR,
         }
     }
 
@@ -480,6 +547,9 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
                 let blk = self.b.create_block();
                 self.b.switch_to_block(blk);
                 self.ended = false;
+            }
+            if self.b.func.dfg.num_insts() > self.ir_allowance {
+                return Err(TOO_LARGE.to_string());
             }
             let inst = &self.m.code[pc as usize];
             if collective(&inst.op) {

@@ -41,6 +41,15 @@ const THREAD_INSTRUCTIONS_PER_UNIT: u64 = WARP as u64;
 /// Largest function the compiler takes (instructions): Cranelift's time and memory grow
 /// with a function's size; past it the kernel runs on the interpreter.
 pub(super) const MAX_COMPILED_INSTRUCTIONS: usize = 64 * 1024;
+/// Most Cranelift instructions a kernel (with the functions it calls) may translate to.
+/// Compiling takes 0.3 to 4 us per instruction on a 2-core host (the most where memory
+/// accesses dominate: each is some 25 to 60 instructions with its checks and helper call),
+/// and it runs inside one request that has [`DEFAULT_REQUEST_TIME`] in all: at this limit a
+/// compile takes at most about 0.6 s. Past it the kernel runs on the interpreter (the largest
+/// of NVIDIA's samples, CUB's radix-sort kernels, translate to some 370 Ki; the next largest, 80 Ki, compile in 0.15 s).
+///
+/// [`DEFAULT_REQUEST_TIME`]: crate::compute::backend::DEFAULT_REQUEST_TIME
+pub(super) const MAX_COMPILED_IR: usize = 128 * 1024;
 /// Most registers of a compiled function: each is a variable of the SSA builder.
 pub(super) const MAX_COMPILED_REGISTERS: usize = 16 * 1024;
 
