@@ -1739,8 +1739,8 @@ impl<'s, 'a> Block<'s, 'a> {
                 ..
             } => {
                 let mut vals = [0u64; WARP];
-                for (lane, v) in vals.iter_mut().enumerate() {
-                    *v = self.val(w, lane, *a);
+                for lane in lanes.clone() {
+                    vals[lane] = self.val(w, lane, *a);
                 }
                 for lane in lanes {
                     let (b, c) = (self.val(w, lane, *b), self.val(w, lane, *c));
@@ -2266,7 +2266,11 @@ fn prmt([a, b, sel]: [u64; 3]) -> u64 {
 }
 
 /// The lane `shfl.sync` reads for `lane` (and whether it is in range, else the lane's own
-/// value): `b` the lane operand, `c` the clamp and segment mask.
+/// value): `b` the lane operand, `c` the clamp and segment mask. A source lane that does not
+/// take part in the shuffle (outside the member mask, or not arrived) gives 0 in both
+/// engines: PTX leaves its value undefined, and a register read from a lane that is elsewhere
+/// in its code would depend on how far each engine ran it; 0 is what NVIDIA's `reduction`
+/// sample's last-warp sum (member mask of 8 lanes, offsets up to 16) needs to be right.
 pub(super) fn shfl_source(mode: ShflMode, lane: usize, b: u64, c: u64) -> (usize, bool) {
     let bval = (b & 0x1f) as i64;
     let clamp = (c & 0x1f) as i64;

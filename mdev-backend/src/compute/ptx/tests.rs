@@ -2209,6 +2209,48 @@ $L_sum:
 }
 
 #[test]
+fn a_shuffle_reads_zero_from_lanes_outside_its_member_mask() {
+    // NVIDIA's `reduction` (kernel 7) sums its last warp with member mask 0xff and offsets
+    // 16 down to 1: lanes 0-7 read lanes 8-23, which hold their own partial sums but do not
+    // take part. Each engine gives 0 for them, so lane 0 sums exactly lanes 0-7.
+    let m = module(
+        r#"
+.visible .entry k(.param .u64 out)
+{
+    .reg .pred %p<4>;
+    .reg .b32 %r<8>;
+    .reg .b64 %rd<4>;
+    ld.param.u64 %rd1, [out];
+    mov.u32 %r1, %tid.x;
+    add.u32 %r2, %r1, 100;
+    setp.ge.u32 %p1, %r1, 8;
+    @%p1 bra $L_end;
+    mov.u32 %r3, 16;
+$L_down:
+    shfl.sync.down.b32 %r4|%p2, %r2, %r3, 31, 255;
+    add.u32 %r2, %r2, %r4;
+    shr.u32 %r3, %r3, 1;
+    setp.ne.u32 %p3, %r3, 0;
+    @%p3 bra $L_down;
+    mul.wide.u32 %rd2, %r1, 4;
+    add.s64 %rd3, %rd1, %rd2;
+    st.global.u32 [%rd3], %r2;
+$L_end:
+    ret;
+}
+"#,
+    );
+    let mut r = Run::new(&m);
+    let out = r.buffer(&[0; 32]);
+    r.launch("k", [1, 1, 1], [32, 1, 1], &pack(&m, "k", &[out]), 1)
+        .unwrap();
+    let got = to_u32s(&r.read(out, 32));
+    // Lane 0: 100 + ... + 107; the others add the in-mask part of their tree alone.
+    assert_eq!(got[0], (100..108).sum::<u32>(), "{got:?}");
+    assert_eq!(got[7], 107, "{got:?}");
+}
+
+#[test]
 fn a_barrier_waits_for_the_lanes_of_a_warp_still_at_a_partial_shuffle() {
     // Lanes 0-7 of the last warp shuffle among themselves (mask 0xff, width 8) before the
     // block's barrier; the rest of their warp is already there. The barrier completes only

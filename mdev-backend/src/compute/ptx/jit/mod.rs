@@ -785,10 +785,8 @@ impl<'e, 'a> Block<'e, 'a> {
                 ..
             } => {
                 let mut vals = [0u64; WARP];
-                for (lane, v) in vals.iter_mut().enumerate() {
-                    if base + lane < self.threads.len() {
-                        *v = self.val(base + lane, a);
-                    }
+                for lane in lanes.clone() {
+                    vals[lane] = self.val(base + lane, a);
                 }
                 for lane in lanes {
                     let t = base + lane;
