@@ -54,6 +54,11 @@ const NAMES: &[(u32, &CStr, &CStr)] = &[
         c"invalid device context",
     ),
     (
+        209,
+        c"CUDA_ERROR_NO_BINARY_FOR_GPU",
+        c"no kernel image is available for execution on the device",
+    ),
+    (
         218,
         c"CUDA_ERROR_INVALID_PTX",
         c"a PTX JIT compilation failed",

@@ -24,6 +24,10 @@ pub enum ComputeError {
     /// The image is neither PTX nor a fat binary holding PTX the executor can run.
     #[error("invalid image: {0}")]
     InvalidImage(String),
+    /// The image is well formed but holds only machine code (cubins), no PTX: nothing this
+    /// device can run, as a GPU of another architecture answers for such an image.
+    #[error("no kernel image is available for execution on the device: {0}")]
+    NoBinaryForGpu(String),
     /// The PTX text does not parse or uses what the executor refuses.
     #[error("invalid PTX: {0}")]
     InvalidPtx(String),
@@ -73,6 +77,7 @@ impl ComputeError {
             ComputeError::Busy(_) => 46,
             ComputeError::NoDevice(_) => 100,
             ComputeError::InvalidImage(_) => 200,
+            ComputeError::NoBinaryForGpu(_) => 209,
             ComputeError::InvalidPtx(_) => 218,
             ComputeError::InvalidHandle(_) => 400,
             ComputeError::NotFound(_) => 500,

@@ -42,6 +42,8 @@ const FATBIN_MAGIC: u32 = 0xBA55_ED50;
 const FATBIN_HEADER_BYTES: usize = 16;
 const ENTRY_HEADER_MIN_BYTES: usize = 64;
 const KIND_PTX: u16 = 1;
+/// ELF `e_machine` of NVIDIA's cubins.
+const EM_CUDA: u16 = 190;
 const FLAG_LZ4: u64 = 0x2000;
 const FLAG_ZSTD: u64 = 0x8000;
 
@@ -176,16 +178,33 @@ fn ptx_entries_unsorted(image: &[u8]) -> ComputeResult<Vec<PtxEntry<'_>>> {
             image.len()
         )));
     }
+    let mut machine = Vec::new();
     let out = if image.starts_with(b"\x7fELF") {
-        from_elf(image)?
+        if u16_at(image, 0x12) == Some(EM_CUDA) {
+            return Err(ComputeError::NoBinaryForGpu(
+                "the image is a cubin (machine code), and the PTX executor runs PTX only".into(),
+            ));
+        }
+        from_elf(image, &mut machine)?
     } else if u32_at(image, 0) == Some(FATBIN_MAGIC) {
-        fatbins(image)?
+        fatbins(image, &mut machine)?
     } else if looks_like_ptx(image) {
         let text = std::str::from_utf8(trim_nul(image)).map_err(|_| bad("PTX is not UTF-8"))?;
         vec![plain(text)]
     } else {
         return Err(bad("neither PTX, a fat binary nor an ELF file"));
     };
+    if out.is_empty() && !machine.is_empty() {
+        machine.sort_unstable();
+        machine.dedup();
+        let archs: Vec<String> = machine.iter().map(|a| format!("sm_{a}")).collect();
+        return Err(ComputeError::NoBinaryForGpu(format!(
+            "the image holds machine code for {} and no PTX, and the PTX executor runs PTX \
+             only (build with PTX, e.g. -gencode arch=compute_75,code=compute_75; relocatable \
+             device code, as dynamic parallelism needs, is linked to machine code only)",
+            archs.join(", ")
+        )));
+    }
     if out.is_empty() {
         return Err(bad("no PTX in the image"));
     }
@@ -303,7 +322,9 @@ fn target_arch(text: &str) -> u32 {
 }
 
 /// Fat binaries back to back (a `.nv_fatbin` section holds one per translation unit).
-fn fatbins(mut b: &[u8]) -> ComputeResult<Vec<PtxEntry<'_>>> {
+/// The architecture of each machine-code entry goes to `machine` (for the error naming them
+/// when there is no PTX).
+fn fatbins<'a>(mut b: &'a [u8], machine: &mut Vec<u32>) -> ComputeResult<Vec<PtxEntry<'a>>> {
     let mut out = Vec::new();
     let mut entries = 0;
     while b.len() >= FATBIN_HEADER_BYTES {
@@ -330,7 +351,10 @@ fn fatbins(mut b: &[u8]) -> ComputeResult<Vec<PtxEntry<'_>>> {
                 return Err(bad(format!("more than {MAX_ENTRIES} entries")));
             }
             let (ptx, rest) = entry(e)?;
-            out.extend(ptx);
+            match ptx {
+                Ok(ptx) => out.push(ptx),
+                Err(arch) => machine.push(arch),
+            }
             e = rest;
         }
         b = &b[end..];
@@ -338,8 +362,8 @@ fn fatbins(mut b: &[u8]) -> ComputeResult<Vec<PtxEntry<'_>>> {
     Ok(out)
 }
 
-/// One entry's header: its PTX (when it is PTX) and the bytes after it.
-fn entry(e: &[u8]) -> ComputeResult<(Option<PtxEntry<'_>>, &[u8])> {
+/// One entry's header: its PTX (else, machine code, its architecture) and the bytes after it.
+fn entry(e: &[u8]) -> ComputeResult<(Result<PtxEntry<'_>, u32>, &[u8])> {
     let (Some(kind), Some(header), Some(size)) = (u16_at(e, 0), u32_at(e, 4), u64_at(e, 8)) else {
         return Err(bad("truncated entry header"));
     };
@@ -352,11 +376,11 @@ fn entry(e: &[u8]) -> ComputeResult<(Option<PtxEntry<'_>>, &[u8])> {
         return Err(bad("entry past its fat binary"));
     };
     let rest = &e[end..];
+    let arch = u32_at(e, 28).unwrap_or(0);
     if kind != KIND_PTX {
-        return Ok((None, rest));
+        return Ok((Err(arch), rest));
     }
     let payload = &e[header..end];
-    let arch = u32_at(e, 28).unwrap_or(0);
     let flags = u64_at(e, 40).unwrap_or(0);
     let stored = u32_at(e, 16).unwrap_or(0) as usize;
     let full = u64_at(e, 56).unwrap_or(0);
@@ -388,12 +412,12 @@ fn entry(e: &[u8]) -> ComputeResult<(Option<PtxEntry<'_>>, &[u8])> {
             payload: Payload::Plain(payload),
         }
     };
-    Ok((Some(ptx), rest))
+    Ok((Ok(ptx), rest))
 }
 
 /// The fat binaries of an ELF64 executable or library (`.nv_fatbin`), or the PTX texts GCC's
 /// nvptx offloading embeds in it as strings.
-fn from_elf(b: &[u8]) -> ComputeResult<Vec<PtxEntry<'_>>> {
+fn from_elf<'a>(b: &'a [u8], machine: &mut Vec<u32>) -> ComputeResult<Vec<PtxEntry<'a>>> {
     if b.get(4) != Some(&2) || b.get(5) != Some(&1) {
         return Err(bad("not a 64-bit little-endian ELF file"));
     }
@@ -429,7 +453,7 @@ fn from_elf(b: &[u8]) -> ComputeResult<Vec<PtxEntry<'_>>> {
         let (name, data) = section(i).ok_or_else(|| bad("ELF section past the file"))?;
         let name = names.get(name as usize..).map(trim_nul).unwrap_or_default();
         if name == b".nv_fatbin" {
-            out.extend(fatbins(data)?);
+            out.extend(fatbins(data, machine)?);
         } else if out.is_empty() && name == b".rodata" {
             out.extend(embedded_ptx(data));
         }
@@ -497,6 +521,29 @@ mod tests {
         f.extend_from_slice(&(body.len() as u64).to_le_bytes());
         f.extend_from_slice(&body);
         f
+    }
+
+    #[test]
+    fn an_image_of_machine_code_only_has_no_binary_for_the_device() {
+        // A fat binary of cubins alone (what relocatable device code links to).
+        let f = fatbin(&[
+            entry_bytes(2, 86, 0, b"\x7fELF-sass", 0),
+            entry_bytes(2, 75, 0, b"\x7fELF-sass", 0),
+        ]);
+        let err = extract_ptx(&f).unwrap_err();
+        assert_eq!(err.cuda_status(), 209, "{err}");
+        assert!(err.to_string().contains("sm_75, sm_86"), "{err}");
+        // A bare cubin: an ELF file of NVIDIA's machine type.
+        let mut cubin = vec![0u8; 64];
+        cubin[..4].copy_from_slice(b"\x7fELF");
+        cubin[4] = 2;
+        cubin[5] = 1;
+        cubin[0x12..0x14].copy_from_slice(&EM_CUDA.to_le_bytes());
+        let err = extract_ptx(&cubin).unwrap_err();
+        assert_eq!(err.cuda_status(), 209, "{err}");
+        // Nothing at all is still an invalid image.
+        let err = extract_ptx(&fatbin(&[])).unwrap_err();
+        assert_eq!(err.cuda_status(), 200, "{err}");
     }
 
     #[test]
