@@ -2365,3 +2365,74 @@ fn a_kernel_past_the_compile_limit_runs_on_the_interpreter() {
     let out = to_u32s(&r.read(buf, 12));
     assert_eq!(out, [3, 3 * loads as u32, 6]);
 }
+
+/// Registers the compiler keeps as floats (those its float instructions name most) hold
+/// their bits wherever integer instructions, helpers and loads and stores of another type
+/// meet them: a NaN's payload survives moves, `neg`, `abs`, stores and a helper's spill, an
+/// integer written into one reads back as the same bits, arithmetic gives the canonical NaN.
+#[test]
+fn float_registers_keep_their_bits_through_integer_uses_and_helpers() {
+    let payload = 0x7fc0_1234u32;
+    let out = scalar(
+        r#"
+	ld.global.u32 %f1, [%rdin];
+	ld.global.f32 %f2, [%rdin+8];
+	ld.global.f64 %fd1, [%rdin+16];
+	neg.f32 %f3, %f1;
+	abs.f32 %f4, %f3;
+	add.f32 %f5, %f1, %f2;
+	mov.b32 %r1, %f3;
+	add.u32 %r1, %r1, 1;
+	mov.b32 %f6, %r1;
+	setp.nan.f32 %p1, %f6, %f6;
+	selp.u32 %r2, 7, 9, %p1;
+	sin.approx.f32 %f7, %f2;
+	add.f32 %f8, %f7, %f2;
+	mul.f32 %f9, %f2, %f2;
+	fma.rn.f32 %f9, %f9, %f2, %f4;
+	neg.f64 %fd2, %fd1;
+	add.f64 %fd3, %fd1, 0d3FF0000000000000;
+	cvt.rzi.s32.f32 %r3, %f2;
+	st.global.u32 [%rdout], %f3;
+	st.global.f32 [%rdout+4], %f4;
+	st.global.v2.f32 [%rdout+8], {%f5, %f6};
+	st.global.v2.u32 [%rdout+16], {%r2, %r3};
+	st.global.v2.f32 [%rdout+24], {%f8, %f9};
+	st.global.f64 [%rdout+32], %fd2;
+	st.global.u64 [%rdout+40], %fd3;
+"#,
+        ".reg .pred %p1;\n.reg .f32 %f<10>;\n.reg .b32 %r<4>;\n.reg .f64 %fd<4>;",
+        &[
+            u64::from(payload),
+            u64::from(1.5f32.to_bits()),
+            0x7ff8_0000_0000_0abc,
+        ],
+        6,
+    );
+    let lo = |w: u64| w as u32;
+    let hi = |w: u64| (w >> 32) as u32;
+    assert_eq!(lo(out[0]), payload | 1 << 31, "neg keeps the payload");
+    assert_eq!(hi(out[0]), payload, "abs keeps the payload");
+    assert_eq!(
+        lo(out[1]),
+        0x7fff_ffff,
+        "arithmetic gives the canonical NaN"
+    );
+    assert_eq!(
+        hi(out[1]),
+        (payload | 1 << 31) + 1,
+        "integer bits into a float"
+    );
+    assert_eq!(lo(out[2]), 7, "setp.nan of the moved bits");
+    assert_eq!(hi(out[2]), 1, "cvt.rzi of 1.5");
+    assert!(
+        !f32::from_bits(lo(out[3])).is_nan(),
+        "sin's result plus 1.5 is a number"
+    );
+    assert_eq!(hi(out[3]), 0x7fff_ffff, "fma with a NaN addend");
+    assert_eq!(out[4], 0xfff8_0000_0000_0abc, "neg.f64 keeps the payload");
+    assert_eq!(
+        out[5], 0x7fff_ffff_ffff_ffff,
+        "f64 arithmetic's canonical NaN"
+    );
+}

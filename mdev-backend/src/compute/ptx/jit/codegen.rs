@@ -1,7 +1,8 @@
 //! PTX functions to Cranelift IR: one native function per PTX function, running one thread.
 //!
 //! Registers are SSA variables (64-bit, masked to their declared width as the interpreter
-//! keeps them). The kernel's function starts with a jump table over its resume points: entry,
+//! keeps them; f32 or f64 for the registers float instructions mostly use, which then stay
+//! in float registers). The kernel's function starts with a jump table over its resume points: entry,
 //! and the instruction after each warp- or block-collective one, where it stored every
 //! register and returned [`YIELDED`]. Loads and stores check their bounds inline against the
 //! thread's areas and the last allocation it reached, and take the helper's path (which faults
@@ -12,6 +13,7 @@ use std::collections::{HashMap, HashSet};
 use std::mem::offset_of;
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::immediates::{Ieee32, Ieee64};
 use cranelift_codegen::ir::{
     AbiParam, AtomicRmwOp, Block, InstBuilder, JumpTableData, MemFlagsData as MemFlags, Signature,
     Type, Value, types,
@@ -355,6 +357,10 @@ struct Translator<'b, 'f, 'm> {
     callees: HashMap<u32, cranelift_codegen::ir::FuncRef>,
     /// The variable of each register of the function (index: register − first).
     vars: Vec<Variable>,
+    /// Each variable's type (see [`register_types`]): I64 (the register's bits), or F32 or
+    /// F64 for a register the function uses mostly as a float of its width, whose value then
+    /// stays in a float register between its float instructions.
+    var_types: Vec<Type>,
     first_reg: u32,
     fuel: Variable,
     thread: Value,
@@ -403,7 +409,8 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
         callees: HashMap<u32, cranelift_codegen::ir::FuncRef>,
     ) -> Self {
         let f = &m.funcs[func as usize];
-        let vars = f.regs.clone().map(|_| b.declare_var(I64)).collect();
+        let var_types = register_types(m, func);
+        let vars = var_types.iter().map(|&t| b.declare_var(t)).collect();
         let fuel = b.declare_var(I64);
         let entry = b.create_block();
         b.append_block_params_for_function_params(entry);
@@ -420,6 +427,7 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
             ptr,
             callees,
             vars,
+            var_types,
             fuel,
             thread,
             labels: HashMap::new(),
@@ -485,10 +493,7 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
         }
         let zero = self.b.ins().iconst(I64, 0);
         self.b.def_var(self.fuel, zero);
-        for i in 0..self.vars.len() {
-            let v = self.vars[i];
-            self.b.def_var(v, zero);
-        }
+        self.zero_registers();
         if self.looped {
             self.thread_loop(start);
         } else if self.kernel {
@@ -584,10 +589,87 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
             .ok_or_else(|| format!("register {r} of another function"))
     }
 
+    /// Every register zero, as a thread starts.
+    fn zero_registers(&mut self) {
+        for k in 0..self.vars.len() {
+            let zero = match self.var_types[k] {
+                types::F32 => self.b.ins().f32const(0.0),
+                types::F64 => self.b.ins().f64const(0.0),
+                _ => self.b.ins().iconst(I64, 0),
+            };
+            self.b.def_var(self.vars[k], zero);
+        }
+    }
+
+    /// The type of register `r`'s variable.
+    fn var_type(&self, r: u32) -> Type {
+        r.checked_sub(self.first_reg)
+            .and_then(|i| self.var_types.get(i as usize).copied())
+            .unwrap_or(I64)
+    }
+
+    /// Register `r`'s bits (zero above its width).
+    fn reg_bits(&mut self, r: u32) -> Result<Value, String> {
+        let v = self.var(r)?;
+        let x = self.b.use_var(v);
+        Ok(match self.var_type(r) {
+            types::F32 => self.f32_bits(x),
+            types::F64 => self.f64_bits(x),
+            _ => x,
+        })
+    }
+
+    /// Register `r` set to bits `v` (zero above its width).
+    fn def_bits(&mut self, r: u32, v: Value) -> Result<(), String> {
+        let var = self.var(r)?;
+        let x = match self.var_type(r) {
+            types::F32 => self.f32_of(v),
+            types::F64 => self.f64_of(v),
+            _ => v,
+        };
+        self.b.def_var(var, x);
+        Ok(())
+    }
+
+    /// Operand `s` as a float of `ty` (f32 or f64): a float register's value as it is.
+    fn fval(&mut self, ty: Ty, s: Src) -> Result<Value, String> {
+        let want = if ty == Ty::F32 {
+            types::F32
+        } else {
+            types::F64
+        };
+        if let Src::Reg(r) = s
+            && self.var_type(r) == want
+        {
+            let v = self.var(r)?;
+            return Ok(self.b.use_var(v));
+        }
+        let x = self.val(s)?;
+        Ok(self.float_of(ty, x))
+    }
+
+    /// Register `d` set to float `f`'s bits (f32 or f64).
+    fn set_float(&mut self, d: u32, f: Value) -> Result<(), String> {
+        if d == SINK {
+            return Ok(());
+        }
+        let ty = self.b.func.dfg.value_type(f);
+        if self.var_type(d) == ty {
+            let var = self.var(d)?;
+            self.b.def_var(var, f);
+            return Ok(());
+        }
+        let (bits, width) = if ty == types::F32 {
+            (self.f32_bits(f), 32)
+        } else {
+            (self.f64_bits(f), 64)
+        };
+        self.set_bits(d, bits, width)
+    }
+
     /// Stores register `r` to the thread's saved registers.
     fn spill(&mut self, r: u32) -> Result<(), String> {
-        let v = self.var(r)?;
-        let val = self.b.use_var(v);
+        let val = self.reg_bits(r)?;
         let regs = self.load(self.ptr, self.thread, offset_of!(Thread, regs));
         let off = self.reg_offset(r);
         self.b.ins().store(flags(), val, regs, off);
@@ -595,12 +677,10 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
     }
 
     fn reload(&mut self, r: u32) -> Result<(), String> {
-        let v = self.var(r)?;
         let regs = self.load(self.ptr, self.thread, offset_of!(Thread, regs));
         let off = self.reg_offset(r);
         let val = self.b.ins().load(I64, flags(), regs, off);
-        self.b.def_var(v, val);
-        Ok(())
+        self.def_bits(r, val)
     }
 
     /// The registers live before instruction `pc` (every register without a liveness
@@ -687,10 +767,7 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
         self.thread = self.b.ins().iadd(base, offset);
         let zero = self.b.ins().iconst(I64, 0);
         self.b.def_var(self.fuel, zero);
-        for k in 0..self.vars.len() {
-            let v = self.vars[k];
-            self.b.def_var(v, zero);
-        }
+        self.zero_registers();
         let first = self.labels[&start];
         self.b.ins().jump(first, &[]);
         // Every THREADS_PER_CHECK threads the launch's check, with the fuel the last one
@@ -794,10 +871,7 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
 
     fn val(&mut self, s: Src) -> Result<Value, String> {
         Ok(match s {
-            Src::Reg(r) => {
-                let v = self.var(r)?;
-                self.b.use_var(v)
-            }
+            Src::Reg(r) => self.reg_bits(r)?,
             Src::Imm(v) => self.b.ins().iconst(I64, v as i64),
             Src::Special(sr) => self.special(sr),
             Src::Sym(sym, off) => {
@@ -905,9 +979,7 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
         } else {
             self.b.ins().band_imm_s(v, ((1u64 << bits) - 1) as i64)
         };
-        let var = self.var(d)?;
-        self.b.def_var(var, v);
-        Ok(())
+        self.def_bits(d, v)
     }
 
     fn int_type(bits: u32) -> Type {
@@ -948,25 +1020,19 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
         self.b.ins().uextend(I64, w)
     }
 
-    /// The register bits of an arithmetic result (f32 or f64): a NaN as the canonical one,
-    /// as the interpreter gives it.
+    /// An arithmetic result (f32 or f64) with a NaN as the canonical one, as the interpreter
+    /// gives it. The choice stays among float registers (a branch the host predicts), off
+    /// the chain of a sum's dependencies.
     fn arithmetic(&mut self, r: Value) -> Value {
-        let single = self.b.func.dfg.value_type(r) == types::F32;
-        let bits = if single {
-            self.f32_bits(r)
+        let canonical = if self.b.func.dfg.value_type(r) == types::F32 {
+            self.b
+                .ins()
+                .f32const(Ieee32::with_bits(CANONICAL_NAN_F32 as u32))
         } else {
-            self.f64_bits(r)
+            self.b.ins().f64const(Ieee64::with_bits(CANONICAL_NAN_F64))
         };
         let nan = self.b.ins().fcmp(FloatCC::Unordered, r, r);
-        let canonical = self.b.ins().iconst(
-            I64,
-            if single {
-                CANONICAL_NAN_F32
-            } else {
-                CANONICAL_NAN_F64
-            } as i64,
-        );
-        self.b.ins().select(nan, canonical, bits)
+        self.b.ins().select(nan, canonical, r)
     }
 
     /// A register's bits as a float of `ty` (f32 or f64).
@@ -1187,6 +1253,18 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
                 ftz,
                 ..
             } => {
+                if matches!(uop, UnOp::Neg | UnOp::Abs)
+                    && (*ty == Ty::F64 || (*ty == Ty::F32 && !ftz))
+                {
+                    // Sign-bit operations, no NaN made canonical.
+                    let f = self.fval(*ty, *a)?;
+                    let r = if *uop == UnOp::Neg {
+                        self.b.ins().fneg(f)
+                    } else {
+                        self.b.ins().fabs(f)
+                    };
+                    return self.set_float(*d, r);
+                }
                 let x = self.val(*a)?;
                 let r = match (uop, ty) {
                     (UnOp::Neg, t) if !t.float() && *t != Ty::Pred => {
@@ -1198,24 +1276,6 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
                         let n = self.narrow(x, *t);
                         let n = self.b.ins().bnot(n);
                         Some(self.widen(n))
-                    }
-                    (UnOp::Neg | UnOp::Abs, Ty::F32) if !ftz => {
-                        let f = self.f32_of(x);
-                        let r = if *uop == UnOp::Neg {
-                            self.b.ins().fneg(f)
-                        } else {
-                            self.b.ins().fabs(f)
-                        };
-                        Some(self.f32_bits(r))
-                    }
-                    (UnOp::Neg | UnOp::Abs, Ty::F64) => {
-                        let f = self.f64_of(x);
-                        let r = if *uop == UnOp::Neg {
-                            self.b.ins().fneg(f)
-                        } else {
-                            self.b.ins().fabs(f)
-                        };
-                        Some(self.f64_bits(r))
                     }
                     _ => None,
                 };
@@ -1253,10 +1313,14 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
                     (MadMode::Float, Ty::F32 | Ty::F64)
                         if !sat && (*ty == Ty::F64 || (!ftz && *rnd == Rnd::Rn)) =>
                     {
-                        let v = [self.val(*a)?, self.val(*b)?, self.val(*c)?];
-                        let [x, y, z] = v.map(|v| self.float_of(*ty, v));
+                        let (x, y, z) = (
+                            self.fval(*ty, *a)?,
+                            self.fval(*ty, *b)?,
+                            self.fval(*ty, *c)?,
+                        );
                         let r = self.b.ins().fma(x, y, z);
-                        Some(self.arithmetic(r))
+                        let r = self.arithmetic(r);
+                        return self.set_float(*d, r);
                     }
                     _ => None,
                 };
@@ -1276,8 +1340,7 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
                 combine,
                 ftz,
             } if !ftz && *ty != Ty::Pred && !ty.half() => {
-                let (x, y) = (self.val(*a)?, self.val(*b)?);
-                let t = self.compare(*cmp, *ty, x, y);
+                let t = self.compare(*cmp, *ty, *a, *b)?;
                 let nt = self.b.ins().bxor_imm_s(t, 1);
                 let (tp, tq) = match combine {
                     Some((bop, c, neg)) => {
@@ -1418,19 +1481,13 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
             }
             // Single to double: exact.
             (Ty::F64, Ty::F32) if !ftz && irnd.is_none() => {
-                let x = self.val(a)?;
-                let f = self.f32_of(x);
+                let f = self.fval(Ty::F32, a)?;
                 let r = self.b.ins().fpromote(types::F64, f);
                 self.f64_bits(r)
             }
             // Floats to integers toward zero: saturating, NaN to 0.
             (d, Ty::F32 | Ty::F64) if int(d) && irnd == Some(IRnd::Rzi) => {
-                let x = self.val(a)?;
-                let f = if sty == Ty::F32 {
-                    self.f32_of(x)
-                } else {
-                    self.f64_of(x)
-                };
+                let f = self.fval(sty, a)?;
                 let t = Self::int_type(d.bits());
                 let r = if d.signed() {
                     self.b.ins().fcvt_to_sint_sat(t, f)
@@ -1492,13 +1549,9 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
     }
 
     /// A comparison as an `i8` 0 or 1.
-    fn compare(&mut self, cmp: Cmp, ty: Ty, x: Value, y: Value) -> Value {
+    fn compare(&mut self, cmp: Cmp, ty: Ty, x: Src, y: Src) -> Result<Value, String> {
         if ty.float() {
-            let (a, b) = if ty == Ty::F32 {
-                (self.f32_of(x), self.f32_of(y))
-            } else {
-                (self.f64_of(x), self.f64_of(y))
-            };
+            let (a, b) = (self.fval(ty, x)?, self.fval(ty, y)?);
             let cc = match cmp {
                 Cmp::Eq => FloatCC::Equal,
                 Cmp::Ne => FloatCC::OrderedNotEqual,
@@ -1515,8 +1568,9 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
                 Cmp::Num => FloatCC::Ordered,
                 Cmp::Nan => FloatCC::Unordered,
             };
-            return self.b.ins().fcmp(cc, a, b);
+            return Ok(self.b.ins().fcmp(cc, a, b));
         }
+        let (x, y) = (self.val(x)?, self.val(y)?);
         let (a, b) = (self.narrow(x, ty), self.narrow(y, ty));
         let s = ty.signed();
         let cc = match cmp {
@@ -1530,10 +1584,10 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
             Cmp::Le | Cmp::Leu | Cmp::Ls => IntCC::UnsignedLessThanOrEqual,
             Cmp::Gt | Cmp::Gtu | Cmp::Hi => IntCC::UnsignedGreaterThan,
             Cmp::Ge | Cmp::Geu | Cmp::Hs => IntCC::UnsignedGreaterThanOrEqual,
-            Cmp::Num => return self.b.ins().iconst(types::I8, 1),
-            Cmp::Nan => return self.b.ins().iconst(types::I8, 0),
+            Cmp::Num => return Ok(self.b.ins().iconst(types::I8, 1)),
+            Cmp::Nan => return Ok(self.b.ins().iconst(types::I8, 0)),
         };
-        self.b.ins().icmp(cc, a, b)
+        Ok(self.b.ins().icmp(cc, a, b))
     }
 
     /// A binary operation inline where the compiler has code for it; whether it had.
@@ -1558,8 +1612,7 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
             {
                 return Ok(false);
             }
-            let (x, y) = (self.val(a)?, self.val(b)?);
-            let (x, y) = (self.float_of(ty, x), self.float_of(ty, y));
+            let (x, y) = (self.fval(ty, a)?, self.fval(ty, b)?);
             let r = match op {
                 BinOp::Add => self.b.ins().fadd(x, y),
                 BinOp::Sub => self.b.ins().fsub(x, y),
@@ -1567,7 +1620,7 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
                 _ => self.b.ins().fdiv(x, y),
             };
             let r = self.arithmetic(r);
-            self.set_bits(d, r, ty.bits())?;
+            self.set_float(d, r)?;
             return Ok(true);
         }
         if ty.float() || ty == Ty::Pred || sat {
@@ -1818,6 +1871,14 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
                         continue;
                     }
                     let at = i as i32 * size;
+                    // A float register of the access's width takes the bytes as they are.
+                    let vt = self.var_type(*d);
+                    if vt.is_float() && vt.bytes() == size as u32 {
+                        let v = self.b.ins().load(vt, mf, p, at);
+                        let var = self.var(*d)?;
+                        self.b.def_var(var, v);
+                        continue;
+                    }
                     let v = match (size, ty.signed()) {
                         (1, false) => self.b.ins().uload8(I64, mf, p, at),
                         (1, true) => self.b.ins().sload8(I64, mf, p, at),
@@ -1834,8 +1895,17 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
             Op::St { ty, n, srcs, .. } => {
                 let size = ty.bytes() as i32;
                 for (i, s) in srcs.iter().take(usize::from(*n)).enumerate() {
-                    let v = self.val(*s)?;
                     let at = i as i32 * size;
+                    if let Src::Reg(r) = *s
+                        && self.var_type(r).is_float()
+                        && self.var_type(r).bytes() == size as u32
+                    {
+                        let var = self.var(r)?;
+                        let v = self.b.use_var(var);
+                        self.b.ins().store(mf, v, p, at);
+                        continue;
+                    }
+                    let v = self.val(*s)?;
                     match size {
                         1 => self.b.ins().istore8(mf, v, p, at),
                         2 => self.b.ins().istore16(mf, v, p, at),
@@ -1881,6 +1951,83 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
         self.b.ins().jump(done, &[]);
         Ok(())
     }
+}
+
+/// The type of each register's variable in function `func` (index: register − first): F32
+/// or F64 for a register of that width that the function's float instructions (arithmetic,
+/// comparisons, conversions, loads, stores and moves of f32 or f64) name at least as often
+/// as its other instructions do, else I64. Either way the variable holds the register's
+/// bits; the type only decides where they stay between instructions.
+fn register_types(m: &Parsed, func: u32) -> Vec<Type> {
+    let f = &m.funcs[func as usize];
+    let n = f.regs.len();
+    // (float uses, other uses) of each register.
+    let mut uses = vec![(0u32, 0u32); n];
+    let mut count = |r: u32, float: bool| {
+        if let Some(u) = r
+            .checked_sub(f.regs.start)
+            .and_then(|i| uses.get_mut(i as usize))
+        {
+            if float {
+                u.0 += 1;
+            } else {
+                u.1 += 1;
+            }
+        }
+    };
+    let reg = |s: &Src| match s {
+        Src::Reg(r) => Some(*r),
+        _ => None,
+    };
+    for inst in &m.code[f.start as usize..f.end as usize] {
+        // The registers the instruction names as floats.
+        let float: Vec<u32> = match &inst.op {
+            Op::Bin { ty, d, a, b, .. } if ty.float() => {
+                [Some(*d), reg(a), reg(b)].into_iter().flatten().collect()
+            }
+            Op::Un { ty, d, a, .. } | Op::Mov { ty, d, a } if ty.float() => {
+                [Some(*d), reg(a)].into_iter().flatten().collect()
+            }
+            Op::Mad { ty, d, a, b, c, .. } if ty.float() => [Some(*d), reg(a), reg(b), reg(c)]
+                .into_iter()
+                .flatten()
+                .collect(),
+            Op::Setp { ty, a, b, .. } if ty.float() => {
+                [reg(a), reg(b)].into_iter().flatten().collect()
+            }
+            Op::Cvt { dty, sty, d, a, .. } => {
+                let mut v = Vec::new();
+                if dty.float() {
+                    v.push(*d);
+                }
+                if sty.float() {
+                    v.extend(reg(a));
+                }
+                v
+            }
+            Op::Ld { ty, n, ds, .. } if ty.float() => {
+                ds.iter().take(usize::from(*n)).copied().collect()
+            }
+            Op::St { ty, n, srcs, .. } if ty.float() => {
+                srcs.iter().take(usize::from(*n)).filter_map(reg).collect()
+            }
+            _ => Vec::new(),
+        };
+        if let Some((reads, writes)) = operands(&inst.op) {
+            for r in reads.into_iter().chain(writes) {
+                count(r, float.contains(&r));
+            }
+        }
+    }
+    f.regs
+        .clone()
+        .zip(uses)
+        .map(|(r, (float, other))| match m.reg_bits.get(r as usize) {
+            Some(32) if float > 0 && float >= other => types::F32,
+            Some(64) if float > 0 && float >= other => types::F64,
+            _ => I64,
+        })
+        .collect()
 }
 
 /// Whether compiled code does atomic `op` on `ty` itself: the integer ones the host's

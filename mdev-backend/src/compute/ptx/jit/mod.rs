@@ -101,9 +101,12 @@ pub(super) struct Span {
     pub ptr: *mut u8,
 }
 
-/// Entries of a host thread's span cache: kernels touch a few allocations each, from a few
-/// instructions each.
-pub(super) const SPAN_SLOTS: usize = 16;
+/// Entries of a host thread's span cache (24 bytes each, on the worker's stack): kernels
+/// touch a few allocations each, from a few instructions each, but a loop's loads and stores
+/// of different allocations must not share an entry (each would evict the other's and take
+/// the helper's path every time, as alignedTypes' unrolled copies of 32-byte structures did
+/// with 16), so instructions share one only 256 apart.
+pub(super) const SPAN_SLOTS: usize = 256;
 
 /// Index of the special-register words in [`Thread::sreg`].
 pub(super) const SREG_TID: usize = 0;
