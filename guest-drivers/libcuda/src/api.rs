@@ -29,8 +29,12 @@ const DEVICE: c_int = 0;
 const DRIVER_VERSION: c_int = 13050;
 /// Largest image `cuModuleLoadData` reads through a pointer of unknown extent.
 const MAX_IMAGE_BYTES: u64 = 256 << 20;
-/// Environment variable: when set, every entry point called is written to standard error.
+/// Environment variable: when set, every entry point called is written to standard error,
+/// with how long it took.
 const TRACE_ENV: &str = "VGPU_CUDA_TRACE";
+/// Whether [`TRACE_ENV`] is set, read at the first call (every entry point asks).
+static TRACING: std::sync::LazyLock<bool> =
+    std::sync::LazyLock::new(|| std::env::var_os(TRACE_ENV).is_some());
 
 static DRIVER: Mutex<Option<Driver<Box<dyn Transport>>>> = Mutex::new(None);
 static UNSUPPORTED_SEEN: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
@@ -198,12 +202,19 @@ pub(crate) fn explain(name: &str, status: CUresult) {
     EXPLANATION.with(|e| e.set(Some((code, at))));
 }
 
-/// With [`TRACE_ENV`] set: each call on standard error, with its status when it failed.
-pub(crate) fn trace(name: &str, status: CUresult) {
-    if std::env::var_os(TRACE_ENV).is_some() {
+/// With [`TRACE_ENV`] set, the time a call starts (for [`trace`]).
+pub(crate) fn trace_start() -> Option<std::time::Instant> {
+    TRACING.then(std::time::Instant::now)
+}
+
+/// With [`TRACE_ENV`] set: each call on standard error, with how long it took (from
+/// `started`) and its status when it failed.
+pub(crate) fn trace(name: &str, started: Option<std::time::Instant>, status: CUresult) {
+    if let Some(t) = started {
+        let us = t.elapsed().as_micros();
         match status {
-            CUDA_SUCCESS => eprintln!("vgpu libcuda: {name}"),
-            s => eprintln!("vgpu libcuda: {name} -> {s}"),
+            CUDA_SUCCESS => eprintln!("vgpu libcuda: {name} ({us} us)"),
+            s => eprintln!("vgpu libcuda: {name} -> {s} ({us} us)"),
         }
     }
 }
@@ -380,11 +391,12 @@ macro_rules! entry {
     ($name:ident ($($arg:ident : $ty:ty),* $(,)?) $body:block) => {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
+            let started = $crate::api::trace_start();
             let status = finish(std::panic::catch_unwind(std::panic::AssertUnwindSafe(
                 || -> CuResult<()> { $body },
             )));
             $crate::api::explain(stringify!($name), status);
-            trace(stringify!($name), status);
+            trace(stringify!($name), started, status);
             status
         }
     };
@@ -2311,7 +2323,7 @@ entry!(cuGetProcAddress_v2(
             put(pfn, p)
         }
         Err(why) => {
-            if std::env::var_os(TRACE_ENV).is_some() {
+            if *TRACING {
                 eprintln!("vgpu libcuda: cuGetProcAddress: no {n} for CUDA {version} ({why})");
             }
             put_opt(status, why)?;
@@ -2331,7 +2343,7 @@ entry!(cuGetExportTable(table: *mut *const c_void, id: *const [u8; 16]) {
     match crate::export::lookup(&uuid) {
         Some(t) => put(table, t),
         None => {
-            if std::env::var_os(TRACE_ENV).is_some() {
+            if *TRACING {
                 eprintln!("vgpu libcuda: no export table {uuid:02x?}");
             }
             put(table, std::ptr::null())?;

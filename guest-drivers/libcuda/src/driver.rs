@@ -415,20 +415,8 @@ impl<T: Transport> Driver<T> {
         }
         let batch = Request::Batch(std::mem::take(&mut self.pending));
         self.pending_bytes = 0;
-        match self.send(&batch)? {
-            Reply::Batch { output, error, .. } => {
-                if !output.is_empty() {
-                    let _ = self.output.write_all(output.as_bytes());
-                    let _ = self.output.flush();
-                }
-                error.map_or(Ok(()), |(status, message)| {
-                    let status = status.max(1);
-                    self.host_error = Some((status, message));
-                    Err(status)
-                })
-            }
-            _ => Err(CUDA_ERROR_UNKNOWN),
-        }
+        let reply = self.send(&batch)?;
+        self.batch_result(reply)
     }
 
     /// Defers `req` when the guest could check it (`checked`), else sends it now so the host's
@@ -1114,89 +1102,138 @@ impl<T: Transport> Driver<T> {
 
     fn upload_with(&mut self, view: &dyn HostView) -> CuResult<()> {
         let keys: Vec<u64> = self.shadows.keys().copied().collect();
+        // One chunk of a host view at a time: a range is never copied whole.
+        let mut now = vec![0u8; COHERENCE_CHUNK];
         for device in keys {
             let (ctx, host, size) = match self.shadows.get(&device) {
                 Some(s) => (s.ctx, s.host, s.size as usize),
                 None => continue,
             };
             let remote = self.remote(ctx)?;
-            let mut now = vec![0u8; size];
-            view.read(host, &mut now);
-            let clean = self
+            let mut clean = self
                 .shadows
                 .get_mut(&device)
                 .map(|s| std::mem::take(&mut s.clean))
                 .unwrap_or_default();
-            let changed: Vec<usize> = now
-                .chunks(COHERENCE_CHUNK)
-                .enumerate()
-                .filter(|&(i, chunk)| {
-                    let at = i * COHERENCE_CHUNK;
-                    clean.get(at..at + chunk.len()) != Some(chunk)
-                })
-                .map(|(i, _)| i * COHERENCE_CHUNK)
-                .collect();
-            if self.device_touched && !clean.is_empty() && !changed.is_empty() {
-                // Both sides may have written since the range was last coherent (the host
-                // touched it while device work was pending, which CUDA leaves undefined
-                // without concurrent managed access): the device's bytes are kept where the
-                // host left them alone; a byte both changed is refused.
-                let merged = self.merge(remote, device, &clean, &mut now, &changed);
-                if let Some(s) = self.shadows.get_mut(&device) {
-                    s.clean = clean;
-                }
-                merged?;
-                for &at in &changed {
-                    let end = (at + COHERENCE_CHUNK).min(size);
-                    view.write(host + at as u64, &now[at..end]);
-                }
-            }
-            for &at in &changed {
-                let end = (at + COHERENCE_CHUNK).min(size);
-                self.exchange(&Request::CopyHtoD {
-                    ctx: remote,
-                    dst: device + at as u64,
-                    data: now[at..end].to_vec(),
-                    stream: StreamId(0),
-                })?;
-            }
+            let r = self.upload_range(view, remote, device, host, size, &mut clean, &mut now);
             if let Some(s) = self.shadows.get_mut(&device) {
-                s.clean = now;
+                s.clean = clean;
             }
+            r?;
         }
         Ok(())
     }
 
-    /// Merges the device's contents into the host's changed chunks `changed` of `now`: bytes
-    /// the host did not change take the device's; `CUDA_ERROR_ILLEGAL_STATE` where both
-    /// changed one byte (even to one value: two read-modify-writes of one word, as concurrent
-    /// atomics do, would otherwise count once).
+    /// Sends the chunks of one host view (`size` bytes at `host`, on the device at `device`)
+    /// that differ from `clean`, its contents when last coherent (empty: never, all go), in
+    /// batches; `clean` becomes the host view's contents. `now` is a chunk's room.
+    #[allow(clippy::too_many_arguments)]
+    fn upload_range(
+        &mut self,
+        view: &dyn HostView,
+        remote: ContextId,
+        device: u64,
+        host: u64,
+        size: usize,
+        clean: &mut Vec<u8>,
+        now: &mut [u8],
+    ) -> CuResult<()> {
+        let first = clean.is_empty();
+        if first {
+            *clean = vec![0u8; size];
+        }
+        // Both sides may have written since the range was last coherent (the host touched it
+        // while device work was pending, which CUDA leaves undefined without concurrent
+        // managed access): the device's bytes are kept where the host left them alone; a
+        // byte both changed is refused.
+        let merge = self.device_touched && !first;
+        let mut batch = Vec::new();
+        let mut batch_bytes = 0;
+        for at in (0..size).step_by(COHERENCE_CHUNK) {
+            let end = (at + COHERENCE_CHUNK).min(size);
+            let now = &mut now[..end - at];
+            view.read(host + at as u64, now);
+            if !first && clean[at..end] == *now {
+                continue;
+            }
+            if merge {
+                if let Err(e) = self.merge(remote, device + at as u64, &clean[at..end], now) {
+                    // The chunks merged before it still go: their clean copies say they went.
+                    self.send_batch(batch)?;
+                    return Err(e);
+                }
+                view.write(host + at as u64, now);
+            }
+            clean[at..end].copy_from_slice(now);
+            if batch.len() >= MAX_BATCH || batch_bytes + now.len() > MAX_PENDING_BYTES {
+                self.send_batch(std::mem::take(&mut batch))?;
+                batch_bytes = 0;
+            }
+            batch_bytes += now.len();
+            batch.push(Request::CopyHtoD {
+                ctx: remote,
+                dst: device + at as u64,
+                data: now.to_vec(),
+                stream: StreamId(0),
+            });
+        }
+        self.send_batch(batch)
+    }
+
+    /// Sends `items` as one batch (nothing when empty), past the shadows: its first failure
+    /// is the result.
+    fn send_batch(&mut self, items: Vec<Request>) -> CuResult<()> {
+        if items.is_empty() {
+            return Ok(());
+        }
+        let reply = self.exchange(&Request::Batch(items))?;
+        self.batch_result(reply)
+    }
+
+    /// A batch's reply: its printf output written out, its first failure (kept as the host's
+    /// last error) the result.
+    fn batch_result(&mut self, reply: Reply) -> CuResult<()> {
+        match reply {
+            Reply::Batch { output, error, .. } => {
+                if !output.is_empty() {
+                    let _ = self.output.write_all(output.as_bytes());
+                    let _ = self.output.flush();
+                }
+                error.map_or(Ok(()), |(status, message)| {
+                    let status = status.max(1);
+                    self.host_error = Some((status, message));
+                    Err(status)
+                })
+            }
+            _ => Err(CUDA_ERROR_UNKNOWN),
+        }
+    }
+
+    /// Merges the device's contents at `device` into `now`, the host's changed chunk whose
+    /// contents when last coherent were `clean`: bytes the host did not change take the
+    /// device's; `CUDA_ERROR_ILLEGAL_STATE` where both changed one byte (even to one value: two
+    /// read-modify-writes of one word, as concurrent atomics do, would otherwise count once).
     fn merge(
         &mut self,
         remote: ContextId,
         device: u64,
         clean: &[u8],
         now: &mut [u8],
-        changed: &[usize],
     ) -> CuResult<()> {
-        for &at in changed {
-            let end = (at + COHERENCE_CHUNK).min(now.len());
-            let theirs = match self.exchange(&Request::CopyDtoH {
-                ctx: remote,
-                src: device + at as u64,
-                bytes: (end - at) as u64,
-                stream: StreamId(0),
-            })? {
-                Reply::Data(d) if d.len() == end - at => d,
-                _ => return Err(CUDA_ERROR_UNKNOWN),
-            };
-            for (i, &d) in theirs.iter().enumerate() {
-                let (base, mine) = (clean[at + i], now[at + i]);
-                match (mine != base, d != base) {
-                    (true, true) => return Err(CUDA_ERROR_ILLEGAL_STATE),
-                    (false, true) => now[at + i] = d,
-                    _ => {}
-                }
+        let theirs = match self.exchange(&Request::CopyDtoH {
+            ctx: remote,
+            src: device,
+            bytes: now.len() as u64,
+            stream: StreamId(0),
+        })? {
+            Reply::Data(d) if d.len() == now.len() => d,
+            _ => return Err(CUDA_ERROR_UNKNOWN),
+        };
+        for ((mine, &base), &d) in now.iter_mut().zip(clean).zip(&theirs) {
+            match (*mine != base, d != base) {
+                (true, true) => return Err(CUDA_ERROR_ILLEGAL_STATE),
+                (false, true) => *mine = d,
+                _ => {}
             }
         }
         Ok(())
@@ -1224,25 +1261,42 @@ impl<T: Transport> Driver<T> {
                 None => continue,
             };
             let remote = self.remote(ctx)?;
-            let mut data = Vec::with_capacity(size as usize);
+            // The device's contents land in the range's clean copy, kept allocated.
+            let mut data = self
+                .shadows
+                .get_mut(&device)
+                .map(|s| std::mem::take(&mut s.clean))
+                .unwrap_or_default();
+            data.resize(size as usize, 0);
             let mut at = 0;
-            while at < size {
+            let mut r = Ok(());
+            while at < size && r.is_ok() {
                 let n = (size - at).min(MAX_COPY_BYTES);
-                match self.exchange(&Request::CopyDtoH {
+                r = match self.exchange(&Request::CopyDtoH {
                     ctx: remote,
                     src: device + at,
                     bytes: n,
                     stream: StreamId(0),
-                })? {
-                    Reply::Data(d) if d.len() as u64 == n => data.extend_from_slice(&d),
-                    _ => return Err(CUDA_ERROR_UNKNOWN),
-                }
+                }) {
+                    Ok(Reply::Data(d)) if d.len() as u64 == n => {
+                        data[at as usize..(at + n) as usize].copy_from_slice(&d);
+                        Ok(())
+                    }
+                    Ok(_) => Err(CUDA_ERROR_UNKNOWN),
+                    Err(e) => Err(e),
+                };
                 at += n;
             }
-            view.write(host, &data);
+            if r.is_ok() {
+                view.write(host, &data);
+            } else {
+                // Not coherent: the next upload sends the whole host view.
+                data.clear();
+            }
             if let Some(s) = self.shadows.get_mut(&device) {
                 s.clean = data;
             }
+            r?;
         }
         self.device_touched = false;
         Ok(())
@@ -1444,23 +1498,126 @@ impl<T: Transport> Driver<T> {
         Ok(())
     }
 
-    /// Device to host, in messages of at most [`MAX_COPY_BYTES`].
+    /// Device to host, in messages of at most [`MAX_COPY_BYTES`]. The first message makes the
+    /// shadowed ranges coherent; nothing runs between it and the rest but this copy, whose
+    /// writes into a host view go up with the next device work.
     pub fn copy_dtoh(&mut self, ctx: u64, dst: &mut [u8], src: u64, stream: u64) -> CuResult<()> {
         let (remote, stream) = (self.remote(ctx)?, self.stream(ctx, stream)?);
+        if let Some(s) = self.shadow_holding(ctx, dst.as_ptr() as u64, dst.len() as u64) {
+            return self.copy_into_shadow(remote, stream, s, dst.as_ptr() as u64, src, dst.len());
+        }
         let mut at = src;
-        for chunk in dst.chunks_mut(MAX_COPY_BYTES as usize) {
-            match self.call(Request::CopyDtoH {
+        for (i, chunk) in dst.chunks_mut(MAX_COPY_BYTES as usize).enumerate() {
+            let req = Request::CopyDtoH {
                 ctx: remote,
                 src: at,
                 bytes: chunk.len() as u64,
                 stream,
-            })? {
+            };
+            let reply = if i == 0 {
+                self.call(req)?
+            } else {
+                self.exchange(&req)?
+            };
+            match reply {
                 Reply::Data(d) if d.len() == chunk.len() => chunk.copy_from_slice(&d),
                 _ => return Err(CUDA_ERROR_UNKNOWN),
             }
             at = at
                 .checked_add(chunk.len() as u64)
                 .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        }
+        Ok(())
+    }
+
+    /// The shadowed range of context `ctx` whose host view holds all of `[host, host +
+    /// bytes)`.
+    fn shadow_holding(&self, ctx: u64, host: u64, bytes: u64) -> Option<ShadowInfo> {
+        self.shadow_at(host, true).filter(|s| {
+            s.ctx == ctx
+                && bytes > 0
+                && (host - s.host)
+                    .checked_add(bytes)
+                    .is_some_and(|e| e <= s.size)
+        })
+    }
+
+    /// Device to host where the destination lies in a shadowed host view `s` (mapped
+    /// page-locked memory, managed memory): the copy is made on the host into the view's device
+    /// side, then comes back through the view, which stays coherent (its clean copy too, so
+    /// the next upload does not send it back up). When device work may have written the
+    /// shadows, all of them come back, as after any synchronisation; else only the bytes this
+    /// copy wrote.
+    fn copy_into_shadow(
+        &mut self,
+        remote: ContextId,
+        stream: StreamId,
+        s: ShadowInfo,
+        host: u64,
+        src: u64,
+        bytes: usize,
+    ) -> CuResult<()> {
+        let offset = host - s.host;
+        self.flush()?;
+        // The source may be a shadow's device side: the host's changes go first.
+        self.upload_shadows()?;
+        self.send_batch(vec![
+            Request::CopyDtoD {
+                ctx: remote,
+                dst: s.device + offset,
+                src,
+                bytes: bytes as u64,
+                stream,
+            },
+            Request::StreamSynchronize {
+                ctx: remote,
+                stream,
+            },
+        ])?;
+        if self.device_touched {
+            return self.download_shadows();
+        }
+        let Some(view) = self.host_view.take() else {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        };
+        let r = self.read_back(view.as_ref(), remote, s, offset, bytes as u64);
+        self.host_view = Some(view);
+        r
+    }
+
+    /// Brings `[offset, offset + bytes)` of shadow `s` from the device to its host view and
+    /// its clean copy.
+    fn read_back(
+        &mut self,
+        view: &dyn HostView,
+        remote: ContextId,
+        s: ShadowInfo,
+        offset: u64,
+        bytes: u64,
+    ) -> CuResult<()> {
+        let mut at = 0;
+        while at < bytes {
+            let n = (bytes - at).min(MAX_COPY_BYTES);
+            let data = match self.exchange(&Request::CopyDtoH {
+                ctx: remote,
+                src: s.device + offset + at,
+                bytes: n,
+                stream: StreamId(0),
+            })? {
+                Reply::Data(d) if d.len() as u64 == n => d,
+                _ => return Err(CUDA_ERROR_UNKNOWN),
+            };
+            view.write(s.host + offset + at, &data);
+            let start = (offset + at) as usize;
+            if let Some(clean) = self
+                .shadows
+                .get_mut(&s.device)
+                .map(|o| &mut o.clean)
+                .filter(|c| c.len() as u64 == s.size)
+            {
+                clean[start..start + data.len()].copy_from_slice(&data);
+            }
+            at += n;
         }
         Ok(())
     }
@@ -2153,8 +2310,8 @@ mod tests {
         d.shadow_create(shadow).unwrap();
         assert_eq!(
             d.t.stats.requests - before,
-            4,
-            "all four chunks go up at once"
+            1,
+            "all four chunks go up at once, in one batch"
         );
         assert_eq!(
             d.shadow_create(shadow),
@@ -2179,7 +2336,7 @@ mod tests {
         assert_eq!(
             d.t.stats.requests - before,
             3,
-            "one chunk, the batch, one copy back"
+            "the changed chunk in a batch of its own, the batch, one copy back"
         );
         let mut back = vec![0u8; n];
         d.copy_dtoh(ctx, &mut back, device, 0).unwrap();
@@ -2237,6 +2394,86 @@ mod tests {
             d.managed_reserve(ctx, u64::MAX - 10, 4096),
             Err(CUDA_ERROR_INVALID_VALUE)
         );
+    }
+
+    /// A host view at a real buffer's address (where a copy's destination slice lies), whose
+    /// contents are kept apart.
+    #[derive(Clone)]
+    struct Mirror {
+        base: u64,
+        mem: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    }
+
+    impl HostView for Mirror {
+        fn read(&self, addr: u64, out: &mut [u8]) {
+            let at = (addr - self.base) as usize;
+            out.copy_from_slice(&self.mem.lock().unwrap()[at..at + out.len()]);
+        }
+        fn write(&self, addr: u64, data: &[u8]) {
+            let at = (addr - self.base) as usize;
+            self.mem.lock().unwrap()[at..at + data.len()].copy_from_slice(data);
+        }
+    }
+
+    #[test]
+    fn a_copy_into_a_shadowed_host_view_arrives_through_it_and_is_not_sent_back_up() {
+        let n = 4 * COHERENCE_CHUNK;
+        // The view is the first `n` bytes; 8 more lie past it.
+        let mut scratch = vec![0u8; n + 8];
+        let view = Mirror {
+            base: scratch.as_ptr() as u64,
+            mem: std::sync::Arc::new(std::sync::Mutex::new(vec![0u8; n])),
+        };
+        let mut d = driver().with_host_view(Box::new(view.clone()));
+        let ctx = d.context_create().unwrap();
+        let device = d.mem_alloc(ctx, n as u64).unwrap();
+        let shadow = ShadowInfo {
+            ctx,
+            device,
+            host: view.base,
+            size: n as u64,
+            alloc: device,
+            managed: false,
+        };
+        d.shadow_create(shadow).unwrap();
+        let src = d.mem_alloc(ctx, n as u64).unwrap();
+        let pattern: Vec<u8> = (0..n).map(|i| (i % 253) as u8 + 1).collect();
+        d.copy_htod(ctx, src, &pattern, 0).unwrap();
+        d.synchronize(ctx).unwrap();
+
+        // Without device work since the last synchronisation only the copied bytes come back,
+        // into the view, and the view's device side holds them too.
+        let (at, len) = (COHERENCE_CHUNK + 10, COHERENCE_CHUNK);
+        d.copy_dtoh(ctx, &mut scratch[at..at + len], src, 0)
+            .unwrap();
+        assert_eq!(view.mem.lock().unwrap()[at..at + len], pattern[..len]);
+        assert_eq!(view.mem.lock().unwrap()[..at], vec![0u8; at][..]);
+        let mut back = vec![0u8; len];
+        d.copy_dtoh(ctx, &mut back, device + at as u64, 0).unwrap();
+        assert_eq!(back, pattern[..len]);
+        // The view is coherent: a synchronisation sends nothing up and brings nothing back.
+        let before = d.t.stats.requests;
+        d.synchronize(ctx).unwrap();
+        assert_eq!(d.t.stats.requests - before, 1);
+
+        // After device work on the view's device side, all of it comes back with the copy.
+        d.memset_d8(ctx, device, 0xEE, 4, 0).unwrap();
+        d.copy_dtoh(ctx, &mut scratch[n - 8..n], src, 0).unwrap();
+        let mem = view.mem.lock().unwrap().clone();
+        assert_eq!(mem[..4], [0xEE; 4]);
+        assert_eq!(mem[at..at + len], pattern[..len]);
+        assert_eq!(mem[n - 8..], pattern[..8]);
+
+        // A source that is no device memory is refused and the view keeps its contents.
+        assert_eq!(
+            d.copy_dtoh(ctx, &mut scratch[..8], 8, 0),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+        assert_eq!(view.mem.lock().unwrap()[..], mem[..]);
+        // A destination running past the view's end takes the ordinary way: into the buffer.
+        d.copy_dtoh(ctx, &mut scratch[n - 4..], src, 0).unwrap();
+        assert_eq!(scratch[n - 4..], pattern[..12]);
+        assert_eq!(view.mem.lock().unwrap()[..], mem[..]);
     }
 
     #[test]
