@@ -254,11 +254,7 @@ fn main() -> ExitCode {
         Ok(args) => args,
         Err(e) => e.format(&mut vgpu_cli::command::<Cli>()).exit(),
     };
-    env_logger::Builder::new()
-        .filter_level(args.log_level)
-        .parse_default_env()
-        .format_timestamp_micros()
-        .init();
+    mdev_backend::logger(args.log_level).init();
     let fds_closed = match closed {
         Ok(n) => n,
         Err(e) => {

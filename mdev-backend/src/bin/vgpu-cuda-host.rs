@@ -204,24 +204,9 @@ fn peer_uid(stream: &UnixStream) -> std::io::Result<u32> {
     Ok(rustix::net::sockopt::socket_peercred(stream)?.uid.as_raw())
 }
 
-/// Crates logged at warn at most, whatever `--log-level` says (`RUST_LOG` can still name
-/// them): Cranelift writes each compiled function's whole IR at info, thousands of lines a
-/// kernel, formatted on the compiling thread before the kernel runs.
-const QUIET_MODULES: [&str; 4] = [
-    "cranelift_codegen",
-    "cranelift_frontend",
-    "cranelift_jit",
-    "cranelift_module",
-];
-
 fn main() {
     let cli: Cli = vgpu_cli::parse();
-    let mut logger = env_logger::Builder::new();
-    logger.filter_level(cli.log_level);
-    for m in QUIET_MODULES {
-        logger.filter_module(m, cli.log_level.min(log::LevelFilter::Warn));
-    }
-    logger.parse_default_env().format_timestamp_micros().init();
+    mdev_backend::logger(cli.log_level).init();
     let nvcuda = cli.backend;
     if let Some(n) = cli.serve_stdin {
         serve_stdin(n, nvcuda, connection_config(&cli));
