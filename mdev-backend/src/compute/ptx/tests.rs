@@ -2436,3 +2436,76 @@ fn float_registers_keep_their_bits_through_integer_uses_and_helpers() {
         "f64 arithmetic's canonical NaN"
     );
 }
+
+/// A kernel whose only collective instruction is the block's barrier runs as passes over
+/// its threads: threads that exit early are left out of later passes and the barrier still
+/// completes for the others, each resuming with its registers (here: a ring of 40 of a
+/// block's 64 threads passing sums through shared memory over five rounds).
+#[test]
+fn block_barriers_with_early_exits_run_as_passes_over_the_threads() {
+    let m = module(
+        r#"
+.visible .entry ring(.param .u64 out)
+{
+	.reg .pred %p<3>;
+	.reg .b32 %r<8>;
+	.reg .b64 %rd<6>;
+	.shared .align 4 .b8 sh[256];
+	ld.param.u64 %rd1, [out];
+	cvta.to.global.u64 %rd1, %rd1;
+	mov.u32 %r1, %tid.x;
+	setp.ge.u32 %p1, %r1, 40;
+	@%p1 bra $L_end;
+	mov.u64 %rd2, sh;
+	mul.wide.u32 %rd3, %r1, 4;
+	add.s64 %rd4, %rd2, %rd3;
+	add.u32 %r2, %r1, 1;
+	rem.u32 %r2, %r2, 40;
+	mul.wide.u32 %rd3, %r2, 4;
+	add.s64 %rd5, %rd2, %rd3;
+	mov.u32 %r3, %r1;
+	mov.u32 %r4, 0;
+$L_round:
+	st.shared.u32 [%rd4], %r3;
+	bar.sync 0;
+	ld.shared.u32 %r5, [%rd5];
+	bar.sync 0;
+	mad.lo.s32 %r3, %r3, 3, %r5;
+	add.u32 %r4, %r4, 1;
+	setp.lt.u32 %p2, %r4, 5;
+	@%p2 bra $L_round;
+	mul.wide.u32 %rd3, %r1, 4;
+	add.s64 %rd3, %rd1, %rd3;
+	st.global.u32 [%rd3], %r3;
+$L_end:
+	ret;
+}
+.visible .entry spin()
+{
+$L_again:
+	bar.sync 0;
+	bra $L_again;
+}
+"#,
+    );
+    let mut r = Run::new(&m);
+    let out = r.buffer(&[0; 64 * 4]);
+    let params = pack(&m, "ring", &[out]);
+    let (reference, compiled) =
+        r.launch_pair("ring", [2, 1, 1], [64, 1, 1], 0, &params, 2, 1 << 30);
+    reference.unwrap();
+    assert!(compiled.unwrap().unwrap().compiled);
+    let mut v: Vec<u32> = (0..40).collect();
+    for _ in 0..5 {
+        v = (0..40)
+            .map(|i| v[i].wrapping_mul(3).wrapping_add(v[(i + 1) % 40]))
+            .collect();
+    }
+    v.resize(64, 0);
+    assert_eq!(to_u32s(&r.read(out, 64 * 4)), v);
+    // A kernel looping over the barrier forever stops at its budget.
+    let err = r
+        .launch_with("spin", [8, 1, 1], [128, 1, 1], 0, &[], 2, 200_000)
+        .unwrap_err();
+    assert!(matches!(err, ComputeError::LaunchTimeout(_)), "{err:?}");
+}

@@ -24,7 +24,7 @@ use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{FuncId, Linkage, Module as _};
 
 use super::super::exec::{
-    CANONICAL_NAN_F32, CANONICAL_NAN_F64, KPARAM_WINDOW, LOCAL_WINDOW, LaunchRegisters,
+    BARRIERS, CANONICAL_NAN_F32, CANONICAL_NAN_F64, KPARAM_WINDOW, LOCAL_WINDOW, LaunchRegisters,
     SHARED_WINDOW, WINDOW_BYTES,
 };
 use super::super::ir::*;
@@ -37,6 +37,9 @@ use super::{
 };
 
 const I64: Type = types::I64;
+/// A looped kernel's resume index of a thread that has exited (past its jump table).
+const DONE: u32 = u32::MAX;
+
 /// Threads a looped kernel runs between two of the launch's checks.
 const THREADS_PER_CHECK: u32 = 64;
 const I32: Type = types::I32;
@@ -53,6 +56,25 @@ fn collective(op: &Op) -> bool {
             | Op::Activemask { .. }
             | Op::WarpSync { .. }
     )
+}
+
+/// Whether the only collective instructions of `code` (if any) are `bar.sync` of the whole
+/// block (no thread count) at one barrier, named by a constant below [`BARRIERS`]: once
+/// every thread of a block still running has run until it waits there or exits, the
+/// barrier is complete (the block runtime would release it then, every warp counted), so a
+/// looped kernel's passes over its threads run it without the runtime.
+fn block_barrier_only(code: &[Inst]) -> bool {
+    let mut id = None;
+    code.iter()
+        .filter(|i| collective(&i.op))
+        .all(|i| match i.op {
+            Op::Bar {
+                id: Src::Imm(b),
+                count: None,
+                wait: true,
+            } if b < BARRIERS as u64 => *id.get_or_insert(b) == b,
+            _ => false,
+        })
 }
 
 /// Why the compiler does not take the kernel `f` (and every function it calls), if it does
@@ -190,12 +212,11 @@ pub(super) fn compile(
             }
         }
     }
-    // A kernel without collective instructions runs its threads to their ends one after the
-    // other: its function loops over the block's threads itself, `(threads, count)`.
+    // A kernel without collective instructions but the block's barrier runs its threads
+    // to their ends (or the barrier) one after the other: its function loops over the
+    // block's threads itself, `(threads, count)`.
     let kernel_func = &m.funcs[f as usize];
-    let looped = !m.code[kernel_func.start as usize..kernel_func.end as usize]
-        .iter()
-        .any(|i| collective(&i.op));
+    let looped = block_barrier_only(&m.code[kernel_func.start as usize..kernel_func.end as usize]);
     let mut looped_sig = sig.clone();
     looped_sig.params.push(AbiParam::new(I32));
     let mut declared = Vec::new();
@@ -380,7 +401,9 @@ struct Translator<'b, 'f, 'm> {
     /// Whether the kernel's function loops over a block's threads (no collectives), and
     /// where a thread that ends goes on to the next.
     looped: bool,
-    latch: Option<Block>,
+    /// The latch, and the variable counting the threads of the pass that wait at the
+    /// barrier.
+    latch: Option<(Block, Variable)>,
     /// Cranelift instructions this function may have before its translation stops
     /// ([`TOO_LARGE`]): what [`MAX_COMPILED_IR`] leaves after the functions before it.
     ir_allowance: usize,
@@ -494,9 +517,7 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
         let zero = self.b.ins().iconst(I64, 0);
         self.b.def_var(self.fuel, zero);
         self.zero_registers();
-        if self.looped {
-            self.thread_loop(start);
-        } else if self.kernel {
+        if self.kernel {
             // Resume points: one per collective instruction.
             for pc in start..end {
                 if collective(&self.m.code[pc as usize].op) {
@@ -504,6 +525,10 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
                     self.resumes.push((blk, pc + 1));
                 }
             }
+        }
+        if self.looped {
+            self.thread_loop(start);
+        } else if self.kernel {
             let resume = self.load(I32, self.thread, offset_of!(Thread, resume));
             let first = self.labels[&start];
             let mut calls = Vec::new();
@@ -516,20 +541,7 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
             let default = dfg.block_call(self.fail, &[]);
             let jt = self.b.create_jump_table(JumpTableData::new(default, &all));
             self.b.ins().br_table(resume, jt);
-            for k in 0..self.resumes.len() {
-                let (blk, cont) = self.resumes[k];
-                self.b.switch_to_block(blk);
-                self.reload_live(cont);
-                let zero = self.b.ins().iconst(I64, 0);
-                self.b.def_var(self.fuel, zero);
-                let target = self.labels.get(&cont).copied();
-                match target {
-                    Some(t) => {
-                        self.b.ins().jump(t, &[]);
-                    }
-                    None => self.ret_exit(),
-                }
-            }
+            self.resume_blocks();
         } else {
             let first = self.labels[&start];
             self.b.ins().jump(first, &[]);
@@ -734,22 +746,54 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
         self.b.def_var(self.fuel, zero);
     }
 
+    /// The kernel's resume blocks: each loads the registers live where it continues and
+    /// goes on there.
+    fn resume_blocks(&mut self) {
+        for k in 0..self.resumes.len() {
+            let (blk, cont) = self.resumes[k];
+            self.b.switch_to_block(blk);
+            self.reload_live(cont);
+            if !self.looped {
+                // A looped kernel's fuel runs on over its threads.
+                let zero = self.b.ins().iconst(I64, 0);
+                self.b.def_var(self.fuel, zero);
+            }
+            let target = self.labels.get(&cont).copied();
+            match target {
+                Some(t) => {
+                    self.b.ins().jump(t, &[]);
+                }
+                None => self.ret_exit(),
+            }
+        }
+    }
+
     /// The loop of a looped kernel over its block's threads: thread `i` of `count` at
     /// `threads + i · size_of::<Thread>()`, its registers zero, then its first instruction;
-    /// a thread's end goes to the latch, which goes on with the next.
+    /// a thread's end goes to the latch, which goes on with the next. With barriers (see
+    /// [`block_barrier_only`]) the loop makes passes: a thread runs until it exits or waits
+    /// at the barrier (its live registers stored and its resume point recorded, as a
+    /// resumable kernel's yield), and a pass in which any thread waited, after which every
+    /// thread still running waits there, completes the barrier and starts the next pass,
+    /// each thread resuming where it stopped; an exited thread is skipped.
     fn thread_loop(&mut self, start: u32) {
         let entry = self.b.current_block().expect("in the entry block");
         let params = self.b.block_params(entry).to_vec();
         let (base, count) = (params[0], params[1]);
         let i = self.b.declare_var(I32);
-        let zero32 = self.b.ins().iconst(I32, 0);
-        self.b.def_var(i, zero32);
-        let (head, body, done, latch) = (
+        let waited = self.b.declare_var(I32);
+        let (pass, head, body, done, latch) = (
+            self.b.create_block(),
             self.b.create_block(),
             self.b.create_block(),
             self.b.create_block(),
             self.b.create_block(),
         );
+        self.b.ins().jump(pass, &[]);
+        self.b.switch_to_block(pass);
+        let zero32 = self.b.ins().iconst(I32, 0);
+        self.b.def_var(i, zero32);
+        self.b.def_var(waited, zero32);
         self.b.ins().jump(head, &[]);
         self.b.switch_to_block(head);
         let iv = self.b.use_var(i);
@@ -759,20 +803,45 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
             .icmp(IntCC::UnsignedGreaterThanOrEqual, iv, count);
         self.b.ins().brif(finished, done, &[], body, &[]);
         self.b.switch_to_block(done);
+        let again = self.b.use_var(waited);
+        let last = self.b.create_block();
+        self.b.ins().brif(again, pass, &[], last, &[]);
+        self.b.switch_to_block(last);
+        // The fuel not yet charged, to the block's first thread (`self.thread` is still
+        // the threads' base), which the runtime charges.
+        self.flush_fuel();
         let code = self.b.ins().iconst(I32, i64::from(EXITED));
         self.b.ins().return_(&[code]);
         self.b.switch_to_block(body);
         let index = self.b.ins().uextend(self.ptr, iv);
         let offset = self.b.ins().imul_imm_s(index, size_of::<Thread>() as i64);
         self.thread = self.b.ins().iadd(base, offset);
-        let zero = self.b.ins().iconst(I64, 0);
-        self.b.def_var(self.fuel, zero);
         self.zero_registers();
+        self.latch = Some((latch, waited));
         let first = self.labels[&start];
-        self.b.ins().jump(first, &[]);
-        // Every THREADS_PER_CHECK threads the launch's check, with the fuel the last one
-        // spent: a thread runs at most FUEL_CHECK thread-instructions between checks of its
-        // own loops plus its function's length, so a block stops within a few milliseconds.
+        if self.resumes.is_empty() {
+            self.b.ins().jump(first, &[]);
+        } else {
+            // Where the thread goes on: its start, a resume point, or (DONE, past the
+            // table) nowhere, having exited. The field changes between passes.
+            let resume =
+                self.b
+                    .ins()
+                    .load(I32, flags(), self.thread, offset_of!(Thread, resume) as i32);
+            let dfg = &mut self.b.func.dfg;
+            let mut all = vec![dfg.block_call(first, &[])];
+            for (blk, _) in &self.resumes {
+                all.push(dfg.block_call(*blk, &[]));
+            }
+            let default = dfg.block_call(latch, &[]);
+            let jt = self.b.create_jump_table(JumpTableData::new(default, &all));
+            self.b.ins().br_table(resume, jt);
+            self.resume_blocks();
+        }
+        // Every THREADS_PER_CHECK threads the launch's check, charged the fuel the threads
+        // since the last one spent: a thread runs at most FUEL_CHECK thread-instructions
+        // between checks of its own loops plus its function's length, so a block stops
+        // within a few milliseconds, and one looping over a barrier at its budget.
         self.b.switch_to_block(latch);
         let iv = self.b.use_var(i);
         let low = self
@@ -786,8 +855,6 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
         let (check, next) = (self.b.create_block(), self.b.create_block());
         self.b.ins().brif(due, check, &[], next, &[]);
         self.b.switch_to_block(check);
-        let zero = self.b.ins().iconst(I64, 0);
-        self.b.def_var(self.fuel, zero);
         self.fuel_check_now();
         self.b.ins().jump(next, &[]);
         self.b.switch_to_block(next);
@@ -795,12 +862,21 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
         let following = self.b.ins().iadd_imm_s(iv, 1);
         self.b.def_var(i, following);
         self.b.ins().jump(head, &[]);
-        self.latch = Some(latch);
+    }
+
+    /// Records where the thread goes on (a resume index, or [`DONE`]).
+    fn set_resume(&mut self, index: u32) {
+        let idx = self.b.ins().iconst(I32, i64::from(index));
+        self.b
+            .ins()
+            .store(flags(), idx, self.thread, offset_of!(Thread, resume) as i32);
     }
 
     fn ret_code(&mut self, code: u32) {
-        if let (Some(latch), EXITED) = (self.latch, code) {
-            self.flush_fuel();
+        if let (Some((latch, _)), EXITED) = (self.latch, code) {
+            if !self.resumes.is_empty() {
+                self.set_resume(DONE);
+            }
             self.b.ins().jump(latch, &[]);
             self.ended = true;
             return;
@@ -1437,10 +1513,16 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
             }
             op if collective(op) => {
                 self.spill_for_yield(pc, op)?;
-                let idx = self.b.ins().iconst(I32, i64::from(resume_index));
-                self.b
-                    .ins()
-                    .store(flags(), idx, self.thread, offset_of!(Thread, resume) as i32);
+                self.set_resume(resume_index);
+                if let Some((latch, waited)) = self.latch {
+                    // A looped kernel's barrier: the thread waits for the pass's end.
+                    let w = self.b.use_var(waited);
+                    let w = self.b.ins().iadd_imm_s(w, 1);
+                    self.b.def_var(waited, w);
+                    self.b.ins().jump(latch, &[]);
+                    self.ended = true;
+                    return Ok(());
+                }
                 let at = self.b.ins().iconst(I32, i64::from(pc));
                 self.b
                     .ins()
