@@ -3,11 +3,11 @@
 //! VM: tests, and a GPU host. In a guest, [`crate::drm::DrmTransport`]: the vGPU's virtio-gpu
 //! device through the kernel's DRM driver.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use mdev_backend::compute::wire::{self, Reply, Request, WireError};
+use mdev_backend::compute::wire::{Reply, Request, WireError};
 use thiserror::Error;
 
 /// Environment variable naming the host socket.
@@ -64,10 +64,6 @@ impl SocketTransport {
 impl Transport for SocketTransport {
     fn call(&mut self, req: &Request) -> Result<Reply, TransportError> {
         self.0.write_all(&req.encode())?;
-        let mut header = [0u8; 4];
-        self.0.read_exact(&mut header)?;
-        let mut body = vec![0u8; wire::body_len(header)?];
-        self.0.read_exact(&mut body)?;
-        Ok(Reply::decode(&body)?)
+        Ok(Reply::read_from(&mut self.0)??)
     }
 }

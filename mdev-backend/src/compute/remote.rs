@@ -374,7 +374,7 @@ fn serve_requests(
                 return Err(e.into());
             }
         };
-        stream.write_all(&reply.encode())?;
+        reply.write_to(stream)?;
     }
 }
 

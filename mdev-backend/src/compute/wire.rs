@@ -1,10 +1,13 @@
 //! The compute remoting protocol: what a guest's `libcuda.so.1` sends (over the private
 //! virtio-gpu context, or a socket on the host) and what the host answers. Pure decoding and
-//! encoding, no I/O: [`Request::decode`] validates every length against its limit before
+//! encoding (a reply also read from or written to a stream whole, [`Reply::read_from`] and
+//! [`Reply::write_to`]): [`Request::decode`] validates every length against its limit before
 //! allocating, and a decode failure is an error, never a panic.
 //!
 //! A message is `u32` length (of what follows), `u16` opcode, then the fields, little-endian;
 //! byte strings are a `u32` length and the bytes.
+
+use std::io::{Read, Write};
 
 use thiserror::Error;
 
@@ -438,6 +441,11 @@ pub fn body_len(header: [u8; 4]) -> Result<usize, WireError> {
     Ok(len)
 }
 
+/// Kind of a [`Reply::Data`] message.
+const DATA_REPLY: u16 = 6;
+/// A data reply's body before its payload: kind and payload length.
+const DATA_REPLY_HEAD: usize = 2 + 4;
+
 impl Request {
     /// The whole message: length, opcode, fields.
     pub fn encode(&self) -> Vec<u8> {
@@ -835,7 +843,7 @@ impl Reply {
                 o.u64(*addr).u64(*size);
             }
             Reply::Data(d) => {
-                o = Out::new(6);
+                o = Out::new(DATA_REPLY);
                 o.bytes(d);
             }
             Reply::Elapsed(ms) => {
@@ -889,6 +897,54 @@ impl Reply {
         o.finish()
     }
 
+    /// Writes the message [`Reply::encode`] makes to `w`; a data reply's payload goes from its
+    /// own buffer, not copied into a message first.
+    pub fn write_to(&self, w: &mut impl Write) -> std::io::Result<()> {
+        let Reply::Data(d) = self else {
+            return w.write_all(&self.encode());
+        };
+        let mut head = Out::new(DATA_REPLY);
+        head.u32(u32::try_from(d.len()).unwrap_or(u32::MAX));
+        let len = (head.0.len() - 4)
+            .checked_add(d.len())
+            .and_then(|l| u32::try_from(l).ok())
+            .unwrap_or(u32::MAX);
+        head.0[..4].copy_from_slice(&len.to_le_bytes());
+        w.write_all(&head.0)?;
+        w.write_all(d)
+    }
+
+    /// Reads one whole reply message from `r` with the checks of [`body_len`] and
+    /// [`Reply::decode`]: the outer error is the stream's, the inner the message's (read whole
+    /// either way, so the stream stays at a message boundary). A well-formed data reply's
+    /// payload is read straight into its buffer, not copied out of the message.
+    pub fn read_from(r: &mut impl Read) -> std::io::Result<Result<Reply, WireError>> {
+        let mut header = [0u8; 4];
+        r.read_exact(&mut header)?;
+        let len = match body_len(header) {
+            Ok(len) => len,
+            Err(e) => return Ok(Err(e)),
+        };
+        let mut head = [0u8; DATA_REPLY_HEAD];
+        let head = &mut head[..len.min(DATA_REPLY_HEAD)];
+        r.read_exact(head)?;
+        if let [k0, k1, n0, n1, n2, n3] = *head {
+            let n = u32::from_le_bytes([n0, n1, n2, n3]) as usize;
+            if u16::from_le_bytes([k0, k1]) == DATA_REPLY
+                && n <= MAX_COPY_BYTES as usize
+                && Some(len) == n.checked_add(DATA_REPLY_HEAD)
+            {
+                let mut data = vec![0u8; n];
+                r.read_exact(&mut data)?;
+                return Ok(Ok(Reply::Data(data)));
+            }
+        }
+        let mut body = vec![0u8; len];
+        body[..head.len()].copy_from_slice(head);
+        r.read_exact(&mut body[head.len()..])?;
+        Ok(Reply::decode(&body))
+    }
+
     /// Decodes one reply body (what follows the length).
     pub fn decode(body: &[u8]) -> Result<Reply, WireError> {
         let mut i = In(body);
@@ -920,7 +976,7 @@ impl Reply {
                 addr: i.u64()?,
                 size: i.u64()?,
             },
-            6 => Reply::Data(i.bytes("data", MAX_COPY_BYTES as usize)?.to_vec()),
+            DATA_REPLY => Reply::Data(i.bytes("data", MAX_COPY_BYTES as usize)?.to_vec()),
             7 => Reply::Elapsed(f32::from_bits(i.u32()?)),
             8 => Reply::Attributes(DeviceAttributes {
                 name: i.text("device name", MAX_NAME_BYTES)?,
@@ -1186,6 +1242,68 @@ mod tests {
         for r in replies {
             assert_eq!(Reply::decode(body(&r.encode())).unwrap(), r);
         }
+    }
+
+    #[test]
+    fn replies_written_and_read_over_a_stream_are_their_messages() {
+        let replies = [
+            Reply::Data(vec![7; 1000]),
+            Reply::Data(vec![]),
+            Reply::Done,
+            Reply::Id(3),
+            Reply::Output("hi\n".into()),
+        ];
+        let mut stream = Vec::new();
+        for r in &replies {
+            let mut one = Vec::new();
+            r.write_to(&mut one).unwrap();
+            assert_eq!(one, r.encode(), "{r:?}");
+            stream.extend_from_slice(&one);
+        }
+        let mut rd = &stream[..];
+        for r in &replies {
+            assert_eq!(&Reply::read_from(&mut rd).unwrap().unwrap(), r);
+        }
+        assert!(rd.is_empty());
+        assert!(Reply::read_from(&mut rd).is_err(), "the stream's end");
+    }
+
+    #[test]
+    fn a_bad_data_reply_read_from_a_stream_is_decode_s_error_and_read_whole() {
+        let data = |len: u32, n: u32, payload: usize| {
+            let mut m = len.to_le_bytes().to_vec();
+            m.extend_from_slice(&DATA_REPLY.to_le_bytes());
+            m.extend_from_slice(&n.to_le_bytes());
+            m.extend(std::iter::repeat_n(1u8, payload));
+            m
+        };
+        let max = MAX_COPY_BYTES as u32;
+        let bad = [
+            // Payload past the limit, claimed and sent.
+            data(6 + max + 1, max + 1, max as usize + 1),
+            // Shorter than it says, longer than it says, shorter than a data reply's head.
+            data(6 + 2, 4, 2),
+            data(6 + 4, 2, 4),
+            vec![3, 0, 0, 0, 6, 0, 0],
+        ];
+        for m in bad {
+            let body = &m[4..];
+            let expected = Reply::decode(body).unwrap_err();
+            let mut stream = m.clone();
+            Reply::Done.write_to(&mut stream).unwrap();
+            let mut rd = &stream[..];
+            assert_eq!(
+                Reply::read_from(&mut rd).unwrap().unwrap_err().to_string(),
+                expected.to_string()
+            );
+            assert_eq!(Reply::read_from(&mut rd).unwrap().unwrap(), Reply::Done);
+        }
+        // A length past a message's limit is refused before anything is read.
+        let mut rd = &((MAX_MESSAGE_BYTES as u32) + 1).to_le_bytes()[..];
+        assert!(matches!(
+            Reply::read_from(&mut rd).unwrap(),
+            Err(WireError::TooLong { .. })
+        ));
     }
 
     #[test]
