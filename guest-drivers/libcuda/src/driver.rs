@@ -142,6 +142,20 @@ struct Shadow {
     managed: bool,
 }
 
+impl Shadow {
+    /// What it is, at device address `device`.
+    fn info(&self, device: u64) -> ShadowInfo {
+        ShadowInfo {
+            ctx: self.ctx,
+            device,
+            host: self.host,
+            size: self.size,
+            alloc: self.alloc,
+            managed: self.managed,
+        }
+    }
+}
+
 /// What a shadowed range is, for pointer attributes and for its release.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShadowInfo {
@@ -1044,28 +1058,14 @@ impl<T: Transport> Driver<T> {
         if s.host == key {
             self.move_allocation(s.ctx, key, s.alloc);
         }
-        Ok(Some(ShadowInfo {
-            ctx: s.ctx,
-            device: key,
-            host: s.host,
-            size: s.size,
-            alloc: s.alloc,
-            managed: s.managed,
-        }))
+        Ok(Some(s.info(key)))
     }
 
     /// The shadowed range holding `addr` on the device side or, with `host`, on the host side.
     pub fn shadow_at(&self, addr: u64, host: bool) -> Option<ShadowInfo> {
         self.shadows.iter().find_map(|(&device, s)| {
             let start = if host { s.host } else { device };
-            (addr >= start && addr - start < s.size).then_some(ShadowInfo {
-                ctx: s.ctx,
-                device,
-                host: s.host,
-                size: s.size,
-                alloc: s.alloc,
-                managed: s.managed,
-            })
+            (addr >= start && addr - start < s.size).then(|| s.info(device))
         })
     }
 
@@ -1105,17 +1105,16 @@ impl<T: Transport> Driver<T> {
         // One chunk of a host view at a time: a range is never copied whole.
         let mut now = vec![0u8; COHERENCE_CHUNK];
         for device in keys {
-            let (ctx, host, size) = match self.shadows.get(&device) {
-                Some(s) => (s.ctx, s.host, s.size as usize),
-                None => continue,
+            let Some(info) = self.shadows.get(&device).map(|s| s.info(device)) else {
+                continue;
             };
-            let remote = self.remote(ctx)?;
+            let remote = self.remote(info.ctx)?;
             let mut clean = self
                 .shadows
                 .get_mut(&device)
                 .map(|s| std::mem::take(&mut s.clean))
                 .unwrap_or_default();
-            let r = self.upload_range(view, remote, device, host, size, &mut clean, &mut now);
+            let r = self.upload_range(view, remote, info, &mut clean, &mut now);
             if let Some(s) = self.shadows.get_mut(&device) {
                 s.clean = clean;
             }
@@ -1124,20 +1123,18 @@ impl<T: Transport> Driver<T> {
         Ok(())
     }
 
-    /// Sends the chunks of one host view (`size` bytes at `host`, on the device at `device`)
-    /// that differ from `clean`, its contents when last coherent (empty: never, all go), in
-    /// batches; `clean` becomes the host view's contents. `now` is a chunk's room.
-    #[allow(clippy::too_many_arguments)]
+    /// Sends the chunks of the host view of shadow `s` that differ from `clean`, its contents
+    /// when last coherent (empty: never, all go), in batches; `clean` becomes the host view's
+    /// contents. `now` is a chunk's room.
     fn upload_range(
         &mut self,
         view: &dyn HostView,
         remote: ContextId,
-        device: u64,
-        host: u64,
-        size: usize,
+        s: ShadowInfo,
         clean: &mut Vec<u8>,
         now: &mut [u8],
     ) -> CuResult<()> {
+        let (device, host, size) = (s.device, s.host, s.size as usize);
         let first = clean.is_empty();
         if first {
             *clean = vec![0u8; size];
