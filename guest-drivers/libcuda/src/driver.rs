@@ -1073,12 +1073,7 @@ impl<T: Transport> Driver<T> {
     /// copy or memset where its destination meets one; reads, waits and bookkeeping write
     /// none.
     fn writes_shadows(&self, req: &Request) -> bool {
-        let meets = |addr: u64, len: u64| {
-            let end = addr.saturating_add(len);
-            self.shadows
-                .iter()
-                .any(|(&d, s)| d < end && addr < d.saturating_add(s.size))
-        };
+        let meets = |addr, len| self.meets_shadows(addr, len);
         match req {
             Request::Batch(items) => items.iter().any(|r| self.writes_shadows(r)),
             Request::CopyHtoD { dst, data, .. } => meets(*dst, data.len() as u64),
@@ -1088,6 +1083,14 @@ impl<T: Transport> Driver<T> {
             Request::CopyDtoH { .. } => false,
             r => touches_device(r),
         }
+    }
+
+    /// Whether device range `[addr, addr + len)` meets a shadowed range.
+    fn meets_shadows(&self, addr: u64, len: u64) -> bool {
+        let end = addr.saturating_add(len);
+        self.shadows
+            .iter()
+            .any(|(&d, s)| d < end && addr < d.saturating_add(s.size))
     }
 
     /// Sends the chunks of each host view that changed since it was last made coherent.
@@ -1556,8 +1559,11 @@ impl<T: Transport> Driver<T> {
     ) -> CuResult<()> {
         let offset = host - s.host;
         self.flush()?;
-        // The source may be a shadow's device side: the host's changes go first.
-        self.upload_shadows()?;
+        // The host's changes go first where the copy reads a shadow's device side, or where
+        // all shadows come back after it; else they wait for the next device work.
+        if self.device_touched || self.meets_shadows(src, bytes as u64) {
+            self.upload_shadows()?;
+        }
         self.send_batch(vec![
             Request::CopyDtoD {
                 ctx: remote,
@@ -2452,6 +2458,25 @@ mod tests {
         let before = d.t.stats.requests;
         d.synchronize(ctx).unwrap();
         assert_eq!(d.t.stats.requests - before, 1);
+        // A copy from memory no shadow holds, with no device work pending, leaves the host's
+        // change elsewhere in the view for the next device work (the copy and its bytes
+        // back: two messages), which sends it.
+        view.mem.lock().unwrap()[3 * COHERENCE_CHUNK] = 0x55;
+        let before = d.t.stats.requests;
+        d.copy_dtoh(ctx, &mut scratch[..8], src, 0).unwrap();
+        assert_eq!(d.t.stats.requests - before, 2);
+        let before = d.t.stats.requests;
+        d.synchronize(ctx).unwrap();
+        assert_eq!(
+            d.t.stats.requests - before,
+            2,
+            "the changed chunk, the batch"
+        );
+        let mut one = [0u8; 1];
+        d.copy_dtoh(ctx, &mut one, device + 3 * COHERENCE_CHUNK as u64, 0)
+            .unwrap();
+        assert_eq!(one, [0x55]);
+        assert_eq!(view.mem.lock().unwrap()[..8], pattern[..8]);
 
         // After device work on the view's device side, all of it comes back with the copy.
         d.memset_d8(ctx, device, 0xEE, 4, 0).unwrap();
