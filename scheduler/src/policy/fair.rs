@@ -44,7 +44,7 @@ pub enum Accounting {
 /// nanoseconds. Virtual time is measured in GPU nanoseconds of a vGPU with the default weight
 /// (256): a vGPU of weight `w` advances by `cost * 256 / w`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct FairConfig {
     /// `accounting`: `"exact"` (default) or `"sampling"`.
     pub accounting: Accounting,

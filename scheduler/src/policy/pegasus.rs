@@ -138,7 +138,7 @@ impl PegasusMode {
 
 /// Global parameters of the Pegasus family (`policy = "pegasus"`). Every field has a default.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct PegasusConfig {
     /// The scheduling method (`rr`, `accc`, `xc`, `slaf`, `augc`, `cosched`; default `accc`).
     pub mode: PegasusMode,
@@ -191,7 +191,7 @@ impl PegasusConfig {
 
 /// One accelerator as the placement sees it: its profile and its current load (§3.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct AcceleratorLoad {
     /// Static capability from the accelerator's profile (relative throughput, e.g. cores ×
     /// clock); 0 marks an accelerator that must not be used.

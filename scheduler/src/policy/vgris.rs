@@ -73,7 +73,7 @@ pub enum VgrisMode {
 /// Out-of-range values are clamped to the `MIN_`/`MAX_` constants of this module; a non-finite
 /// threshold falls back to its default.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct VgrisConfig {
     /// The algorithm (`"sla"`, `"share"` or `"hybrid"`). Default `sla`.
     pub mode: VgrisMode,

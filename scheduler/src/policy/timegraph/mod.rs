@@ -37,6 +37,7 @@ const PPM: u64 = 1_000_000;
 
 /// A Shared reserve that several vGPUs draw from (config `shared`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SharedReserve {
     /// The name vGPUs join it by (`VgpuParams::reserve.shared` or a spec line's `resv`).
     pub name: String,
@@ -56,7 +57,7 @@ fn default_enforcement() -> Enforcement {
 /// The TimeGraph policy family's configuration (`policy = "timegraph"`). Every field has a
 /// default. Durations are plain u64 nanoseconds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct TimeGraphConfig {
     /// `sched`: the priority policy of vGPUs that name none (`"prt"` or `"ht"`; default `"ht"`).
     pub sched: PrioPolicy,
