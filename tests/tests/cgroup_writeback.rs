@@ -205,7 +205,9 @@ fn start(args: &[&str]) -> (Schedd, Vm, Vm) {
     let daemon = Schedd::start_with(Some(POLICY), "debug", args).expect("daemon");
     for (vm, weight) in [("a", WEIGHT_A), ("b", WEIGHT_B)] {
         let weight = format!("weight={weight}");
-        daemon.ctl(&["set", vm, &weight]).expect("vgpuctl set");
+        daemon
+            .ctl(&["set", "--add", vm, &weight])
+            .expect("vgpuctl set");
     }
     let a = Vm::start(&daemon, "a");
     let b = Vm::start(&daemon, "b");

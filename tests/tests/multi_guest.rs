@@ -58,7 +58,9 @@ fn wait_until(daemon: &Schedd, what: &str, mut cond: impl FnMut(&Schedd) -> bool
 }
 
 fn set(daemon: &Schedd, vm: &str, assignment: &str) {
-    daemon.ctl(&["set", vm, assignment]).expect("vgpuctl set");
+    daemon
+        .ctl(&["set", "--add", vm, assignment])
+        .expect("vgpuctl set");
 }
 
 fn gpu_time(stats: &Value, name: &str) -> u64 {

@@ -7,11 +7,15 @@
 //! | `{"cmd":"list"}` | `{"policy": PolicyConfig, "vms": [VmInfo], "children": [Child]}` |
 //! | `{"cmd":"stats"}` | `Stats` |
 //! | `{"cmd":"set-policy","policy":{"policy":"fair",...}}` | `{"policy": name}` |
-//! | `{"cmd":"set-params","vm":"a","params":{"priority":3}}` | the VM's `VgpuParams` |
+//! | `{"cmd":"set-params","vm":"a","params":{"priority":3},"add":false}` | the VM's `VgpuParams` |
 //! | `{"cmd":"focus","vm":"a"}` | `null` |
 //! | `{"cmd":"create","name":"a","socket":"/run/a.sock","args":[...]}` | `Child` |
 //! | `{"cmd":"destroy","name":"a"}` | `{"name": "a", "status": "..."}` |
 //! | `{"cmd":"dashboard"}` | `{"url": "http://ADDR/#token=T", "addr": "ADDR"}` |
+//! | `{"cmd":"forget","vm":"a"}` | `{"name": "a"}` |
+//!
+//! `set-params` and `forget` name a VM the daemon knows (connected, with stored parameters, with
+//! a device process or a definition); any other name is refused with the list of known ones.
 //!
 //! A line that is not valid JSON, names an unknown command or has unknown fields gets an
 //! error answer and the connection stays usable. A line longer than [`MAX_REQUEST_BYTES`]
@@ -35,6 +39,9 @@ use vgpu_scheduler::sim::ParamsOverride;
 
 use crate::seqpacket::PeerCred;
 
+/// Largest policy file read (`vgpuctl set-policy`, `vgpu-schedd --policy`): a policy with
+/// its spec lines is a few KiB.
+pub const MAX_POLICY_FILE_BYTES: u64 = 1024 * 1024;
 /// Longest request line: a policy configuration with its spec lines and shared reserves fits
 /// many times over; it bounds what one client makes the daemon buffer.
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
@@ -44,6 +51,13 @@ pub const MAX_EXTRA_ARGS: usize = 64;
 pub const MAX_ARG_BYTES: usize = 4096;
 /// Where `vgpuctl` looks for the control socket when not told.
 pub const DEFAULT_CONTROL_PATH: &str = "/run/vgpu-schedd/control.sock";
+/// Smallest `--display` edge: what vgpu-server's `--display` accepts (its `MIN_SCANOUT_EDGE`),
+/// checked here too so that `define` refuses a mode the device process would refuse at `start`.
+pub const MIN_DISPLAY_EDGE: u32 = 16;
+/// Largest `--display` edge: vgpu-server's `MAX_SCANOUT_EDGE` (16384), for the same reason.
+pub const MAX_DISPLAY_EDGE: u32 = 16384;
+/// The keys of a `vgpuctl set` assignment, as error messages list them.
+pub const PARAM_KEYS: &str = "priority, weight, sched, target_fps, slo, reserve";
 
 /// Errors of the control protocol.
 #[derive(Debug, Error)]
@@ -61,6 +75,21 @@ pub enum ControlError {
     /// A `vgpuctl set` assignment that does not parse.
     #[error("bad assignment {0:?}: {1}")]
     BadAssignment(String, &'static str),
+    /// A policy configuration that is not one: an unknown family, or a key its family does
+    /// not take.
+    #[error("bad policy: {0}")]
+    BadPolicy(String),
+    /// A policy file that cannot be read.
+    #[error("{}: {why}", path.display())]
+    PolicyFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        why: String,
+    },
+    /// A `vgpuctl set` assignment of a key that is not a parameter.
+    #[error("unknown parameter {0:?} (valid: {PARAM_KEYS})")]
+    UnknownKey(String),
 }
 
 /// One control request.
@@ -74,6 +103,7 @@ pub enum Request {
     /// Installs another policy.
     SetPolicy {
         /// The policy and its family's parameters.
+        #[serde(deserialize_with = "checked_policy")]
         policy: PolicyConfig,
     },
     /// Changes a VM's parameters.
@@ -82,6 +112,10 @@ pub enum Request {
         vm: String,
         /// The fields to change.
         params: ParamsOverride,
+        /// Keep the parameters for a VM the daemon does not know yet (it gets them when it
+        /// connects); without it such a name is refused.
+        #[serde(default)]
+        add: bool,
     },
     /// The user looks at this VM's console.
     Focus {
@@ -106,6 +140,12 @@ pub enum Request {
     /// The live dashboard's URL, with the token its requests that change the scheduler need
     /// (an error when the daemon serves no HTTP).
     Dashboard {},
+    /// Drops the stored parameters of a VM that is neither connected nor has a device process
+    /// (a VM gone for good, or a phantom an older daemon made for a mistyped name).
+    Forget {
+        /// The VM.
+        vm: String,
+    },
 }
 
 impl Request {
@@ -120,6 +160,46 @@ impl Request {
         }
         Ok(req)
     }
+}
+
+/// A policy configuration from its JSON form (a TOML file's too, converted), every key
+/// checked: the families' configurations refuse keys they do not take (naming the valid ones);
+/// `policy = "none"` has no other keys, which its unit variant does not check, so they are
+/// refused here. The control socket, the dashboard, `vgpuctl set-policy` and
+/// `vgpu-schedd --policy` all take a policy through it.
+pub fn policy_from_value(value: Value) -> Result<PolicyConfig, ControlError> {
+    let extra = value
+        .as_object()
+        .and_then(|m| m.keys().find(|k| *k != "policy").cloned());
+    let policy: PolicyConfig =
+        serde_json::from_value(value).map_err(|e| ControlError::BadPolicy(e.to_string()))?;
+    match (&policy, extra) {
+        (PolicyConfig::None, Some(key)) => Err(ControlError::BadPolicy(format!(
+            "unknown field `{key}`: policy \"none\" takes no other keys"
+        ))),
+        _ => Ok(policy),
+    }
+}
+
+/// A policy configuration from a TOML file of at most [`MAX_POLICY_FILE_BYTES`], checked as
+/// [`policy_from_value`] checks it.
+pub fn read_policy_file(path: &Path) -> Result<PolicyConfig, ControlError> {
+    let fail = |why: String| ControlError::PolicyFile {
+        path: path.to_owned(),
+        why,
+    };
+    let meta = std::fs::metadata(path).map_err(|e| fail(e.to_string()))?;
+    if meta.len() > MAX_POLICY_FILE_BYTES {
+        return Err(fail(format!("larger than {MAX_POLICY_FILE_BYTES} bytes")));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
+    let value: Value = toml::from_str(&text).map_err(|e| fail(e.to_string()))?;
+    policy_from_value(value).map_err(|e| fail(e.to_string()))
+}
+
+/// [`policy_from_value`] for a request's `policy` field.
+fn checked_policy<'de, D: serde::Deserializer<'de>>(d: D) -> Result<PolicyConfig, D::Error> {
+    policy_from_value(Value::deserialize(d)?).map_err(serde::de::Error::custom)
 }
 
 /// One answer line.
@@ -226,6 +306,13 @@ impl TryFrom<Vec<String>> for ServerOptions {
                     let Some(mode) = mode else {
                         return bad(format!("--display {v:?} is not WIDTHxHEIGHT"));
                     };
+                    let edge = MIN_DISPLAY_EDGE..=MAX_DISPLAY_EDGE;
+                    if !edge.contains(&mode.0) || !edge.contains(&mode.1) {
+                        return bad(format!(
+                            "--display {v}: each edge must be in \
+                             {MIN_DISPLAY_EDGE}..={MAX_DISPLAY_EDGE}"
+                        ));
+                    }
                     opts.display.replace(mode).is_some()
                 }
                 "--renderer" => {
@@ -311,6 +398,20 @@ pub fn check_socket_path(path: &Path) -> Result<(), ControlError> {
         ));
     }
     Ok(())
+}
+
+/// The rule for where a device's socket is created: its directory exists (the daemon makes no
+/// directories at a client's word). `create` checks it when it runs, `define` and `modify` when
+/// they write a definition, so that a definition `start` would refuse is refused first.
+pub fn check_socket_dir(path: &Path) -> Result<(), ControlError> {
+    if path.parent().is_some_and(Path::is_dir) {
+        Ok(())
+    } else {
+        Err(ControlError::BadCreate(format!(
+            "the directory of {} does not exist",
+            path.display()
+        )))
+    }
 }
 
 /// Who may use the control socket: the daemon's own user, root, and with a control group
@@ -445,7 +546,7 @@ pub fn parse_assignment(text: &str) -> Result<(&'static str, Value), ControlErro
             let reserve = serde_json::json!({"c": us(c)?, "t": us(t)?, "enforcement": e});
             ("reserve", reserve)
         }
-        _ => return Err(bad("unknown key")),
+        _ => return Err(ControlError::UnknownKey(key.to_owned())),
     })
 }
 
@@ -468,7 +569,7 @@ mod tests {
         ));
         let r =
             Request::parse(br#"{"cmd":"set-params","vm":"a","params":{"priority":3}}"#).unwrap();
-        let Request::SetParams { vm, params } = r else {
+        let Request::SetParams { vm, params, .. } = r else {
             panic!()
         };
         assert_eq!((vm.as_str(), params.priority), ("a", Some(3)));
@@ -527,6 +628,9 @@ mod tests {
             &["--frobnicate"],
             &["--display"],
             &["--display", "big"],
+            &["--display", "99999x1"],
+            &["--display", "640x15"],
+            &["--display", "16385x600"],
             &["--display", "1x2", "--display", "3x4"],
             &["--renderer", "vulkan"],
             &["--log-level", "loud"],
@@ -555,6 +659,10 @@ mod tests {
             assert!(check_socket_path(Path::new(bad)).is_err(), "{bad}");
         }
         assert!(check_socket_path(&PathBuf::from(format!("/{}", "x".repeat(200)))).is_err());
+        let tmp = std::env::temp_dir();
+        assert!(check_socket_dir(&tmp.join("a.sock")).is_ok());
+        let e = check_socket_dir(&tmp.join("no-such-dir-here/a.sock")).unwrap_err();
+        assert!(e.to_string().contains("does not exist"), "{e}");
     }
 
     #[test]
@@ -596,6 +704,10 @@ mod tests {
             br#"{"cmd":"list","extra":1}"#,
             br#"{"cmd":"set-params","vm":"a","params":{"colour":1}}"#,
             br#"{"cmd":"set-policy","policy":{"policy":"lottery"}}"#,
+            br#"{"cmd":"set-policy","policy":{"policy":"fair","bogus_key":42}}"#,
+            br#"{"cmd":"set-policy","policy":{"policy":"timegraph","bogus_key":42}}"#,
+            br#"{"cmd":"set-policy","policy":{"policy":"none","bogus_key":42}}"#,
+            br#"{"cmd":"forget"}"#,
             br#"{"cmd":"focus"}"#,
             br#"[1,2]"#,
             br#"{"cmd":"create","name":"a","socket":"relative"}"#,
@@ -687,5 +799,7 @@ mod tests {
         ] {
             assert!(parse_assignment(bad).is_err(), "{bad}");
         }
+        let e = parse_assignment("colour=red").unwrap_err().to_string();
+        assert!(e.contains("colour") && e.contains(PARAM_KEYS), "{e}");
     }
 }

@@ -186,6 +186,27 @@ pub enum DaemonError {
     /// A TimeGraph configuration that does not validate.
     #[error("invalid TimeGraph configuration: {0}")]
     BadPolicy(ConfigError),
+    /// A control request names a VM the daemon does not know: not connected, without stored
+    /// parameters, device process or definition.
+    #[error("no VM {name:?}: it is not connected, created or defined (known: {})", known_list(.known))]
+    NotKnown {
+        /// The name as given.
+        name: String,
+        /// The VMs the daemon knows, by name.
+        known: Vec<String>,
+    },
+    /// `forget` of a VM that is connected or has a device process.
+    #[error("VM {0:?} is running: stop it (or its QEMU) first, then forget it")]
+    Running(String),
+}
+
+/// The known VMs of a [`DaemonError::NotKnown`], as its message lists them.
+fn known_list(known: &[String]) -> String {
+    if known.is_empty() {
+        "none".to_owned()
+    } else {
+        known.join(", ")
+    }
 }
 
 impl DaemonError {
@@ -217,9 +238,11 @@ impl DaemonError {
             | DaemonError::FinishInFuture { .. }
             | DaemonError::BadCost(_)
             | DaemonError::BadName(_) => RefuseCode::BadMessage,
-            DaemonError::UnknownVm(_) | DaemonError::TooManyVms | DaemonError::BadPolicy(_) => {
-                RefuseCode::Internal
-            }
+            DaemonError::UnknownVm(_)
+            | DaemonError::TooManyVms
+            | DaemonError::BadPolicy(_)
+            | DaemonError::NotKnown { .. }
+            | DaemonError::Running(_) => RefuseCode::Internal,
         }
     }
 }
@@ -1498,6 +1521,50 @@ impl Daemon {
         }
         self.stored.insert(name.to_owned(), params.clone());
         Ok(params)
+    }
+
+    /// Whether VM `name` is connected, has stored parameters or a device process the daemon
+    /// created: a name the control interface may set parameters of without a definition.
+    pub fn knows(&self, name: &str) -> bool {
+        self.live_conn(name).is_some()
+            || self.stored.contains_key(name)
+            || self.reserved.contains_key(name)
+    }
+
+    /// The stored parameters of every VM that has them, by name (what the server keeps across
+    /// a restart of the daemon).
+    pub fn stored_params(&self) -> &BTreeMap<String, VgpuParams> {
+        &self.stored
+    }
+
+    /// Stores `params` for VM `name` as a `set-params` before the restart of the daemon left
+    /// them; checked as `set-params` checks them. They apply when the VM connects.
+    pub fn restore_params(&mut self, name: &str, params: VgpuParams) -> Result<(), DaemonError> {
+        VmName::new(name).map_err(DaemonError::BadName)?;
+        vgpu_scheduler::core::check_params(&params)?;
+        if !self.stored.contains_key(name) && self.stored.len() >= MAX_STORED_VMS {
+            return Err(DaemonError::TooManyVms);
+        }
+        let mut params = params;
+        params.name = name.to_owned();
+        self.stored.insert(name.to_owned(), params);
+        Ok(())
+    }
+
+    /// Drops the stored parameters of VM `name`, which must not be connected or have a device
+    /// process; afterwards the daemon does not know it (unless it is defined).
+    pub fn forget(&mut self, name: &str) -> Result<(), DaemonError> {
+        if self.live_conn(name).is_some() || self.reserved.contains_key(name) {
+            return Err(DaemonError::Running(name.to_owned()));
+        }
+        if self.stored.remove(name).is_none() {
+            return Err(DaemonError::NotKnown {
+                name: name.to_owned(),
+                known: self.list().into_iter().map(|vm| vm.name).collect(),
+            });
+        }
+        info!("VM {name}: stored parameters forgotten");
+        Ok(())
     }
 
     /// The user looks at VM `name`'s console.

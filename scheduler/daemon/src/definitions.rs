@@ -11,13 +11,20 @@
 //! }
 //! ```
 //!
-//! `vgpuctl define/undefine/start/stop/list --defined` and `vgpu-schedd --config-dir` both read
-//! them through [`Store`], so a definition is checked the same way wherever it is used: the
-//! name as a file-safe VM name ([`check_name`]), the file's size ([`MAX_DEFINITION_BYTES`]), no
-//! unknown fields, the socket as `create` takes it ([`check_socket_path`]), the device options
-//! as `create` takes them ([`ServerOptions`]) and the parameters as `set-params` takes them
-//! ([`ParamsOverride`]). Files are written atomically (a temporary file renamed or linked into
-//! place), mode 0644 in a directory made 0755. The JSON Schema is `docs/vgpu-definition.schema.json`.
+//! `vgpuctl define/modify/undefine/start/stop/list --defined` and `vgpu-schedd --config-dir`
+//! all read them through [`Store`], so a definition is checked the same way wherever it is
+//! used ([`Definition::check`]): the name as a file-safe VM name ([`check_name`]), the file's
+//! size ([`MAX_DEFINITION_BYTES`]), no unknown fields, the socket as `create` takes it
+//! ([`check_socket_path`]), the device options as `create` takes them ([`ServerOptions`]) and
+//! the parameters as `set-params` takes them ([`ParamsOverride`], then the scheduler's
+//! [`check_params`], as the daemon checks every change). Writing one (`define`, `modify`) also
+//! checks that the socket's directory exists ([`check_socket_dir`]), as `start` will. Files are
+//! written atomically (a temporary file renamed or linked into place), mode 0644 in a directory
+//! made 0755. The JSON Schema is `docs/vgpu-definition.schema.json`.
+//!
+//! The same directory keeps the daemon's live state ([`LiveState`], `<config-dir>/live.json`):
+//! the policy and the VMs' parameters as `set-policy` and `set` last changed them, so that a
+//! restarted daemon schedules as the one before it did.
 
 use std::collections::BTreeMap;
 use std::fs::{DirBuilder, OpenOptions, Permissions};
@@ -28,9 +35,11 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use thiserror::Error;
+use vgpu_scheduler::core::check_params;
 use vgpu_scheduler::sim::ParamsOverride;
+use vgpu_scheduler::{PolicyConfig, VgpuParams};
 
-use crate::control::{ServerOptions, check_socket_path};
+use crate::control::{ServerOptions, check_socket_dir, check_socket_path};
 use crate::proto::{VmName, is_plain_name};
 
 /// Where definitions live when no `--config-dir` is given.
@@ -47,6 +56,11 @@ pub const MAX_DEFINITIONS: usize = 1024;
 pub const MAX_NAME_BYTES: usize = 64;
 /// The file name suffix of a definition.
 const SUFFIX: &str = ".json";
+/// The file under the config dir that keeps the daemon's live state ([`LiveState`]).
+pub const LIVE_STATE_FILE: &str = "live.json";
+/// Largest live state file read: the parameters of [`crate::daemon::MAX_STORED_VMS`] VMs at a
+/// few hundred bytes each, and a policy with its spec lines.
+pub const MAX_LIVE_STATE_BYTES: u64 = 4 * 1024 * 1024;
 
 /// Why a definition could not be read, written or used.
 #[derive(Debug, Error)]
@@ -82,7 +96,7 @@ pub enum DefinitionError {
         why: String,
     },
     /// `define` of a name that is defined already.
-    #[error("{0} is already defined")]
+    #[error("{0} is already defined (`vgpuctl modify` changes it)")]
     Exists(String),
     /// A name without a definition.
     #[error("{0} is not defined")]
@@ -116,13 +130,17 @@ pub struct Definition {
 }
 
 impl Definition {
-    /// Checks the definition as the daemon would take it: the socket path, the device options
-    /// and the parameters. Returns the options and parameters to start it with.
+    /// Checks the definition as the daemon takes it at `start`: the socket path, the device
+    /// options and the parameters (each as `set-params` parses it, then together as the
+    /// scheduler checks a VM's parameters). Returns the options and parameters to start it with.
     pub fn check(&self) -> Result<(ServerOptions, ParamsOverride), String> {
         check_socket_path(&self.socket).map_err(|e| format!("socket: {e}"))?;
         let options =
             ServerOptions::try_from(self.server_args.clone()).map_err(|e| e.to_string())?;
         let params = self.params_override()?;
+        let mut applied = VgpuParams::default();
+        params.apply(&mut applied);
+        check_params(&applied).map_err(|e| format!("params: {e}"))?;
         Ok((options, params))
     }
 
@@ -219,51 +237,86 @@ impl Store {
     /// Writes definition `name` atomically after checking it; refuses a name that is defined
     /// already. Makes the directory (0755) when missing; the file is 0644.
     pub fn define(&self, name: &str, def: &Definition) -> Result<(), DefinitionError> {
+        let path = self.checked_path(name, def)?;
+        self.make_dir()?;
+        write_atomic(&path, &to_text(&path, def)?, Place::New).map_err(|e| match e {
+            DefinitionError::Exists(_) => DefinitionError::Exists(name.to_owned()),
+            e => e,
+        })
+    }
+
+    /// Replaces definition `name`, which must exist, atomically after checking the new one
+    /// (`vgpuctl modify`, `set --config`).
+    pub fn modify(&self, name: &str, def: &Definition) -> Result<(), DefinitionError> {
+        let path = self.checked_path(name, def)?;
+        if !path.is_file() {
+            return Err(DefinitionError::NotDefined(name.to_owned()));
+        }
+        write_atomic(&path, &to_text(&path, def)?, Place::Replace)
+    }
+
+    /// The file of definition `name` once `def` passed [`Definition::check`] and its socket's
+    /// directory exists.
+    fn checked_path(&self, name: &str, def: &Definition) -> Result<PathBuf, DefinitionError> {
         let path = self.path(name)?;
-        def.check().map_err(|why| DefinitionError::Invalid {
+        let invalid = |why: String| DefinitionError::Invalid {
             path: path.clone(),
             why,
-        })?;
-        self.make_dir()?;
-        let mut text = serde_json::to_vec_pretty(def).map_err(|e| DefinitionError::Invalid {
-            path: path.clone(),
-            why: e.to_string(),
-        })?;
-        text.push(b'\n');
-        let tmp = self
-            .dir
-            .join(format!(".{name}{SUFFIX}.tmp-{}", std::process::id()));
-        let io_at = |p: &Path| {
-            let p = p.to_owned();
-            move |source| DefinitionError::Io { path: p, source }
         };
-        // A leftover of a crashed writer with this pid is ours to replace.
-        match std::fs::remove_file(&tmp) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(io_at(&tmp)(e)),
-            _ => {}
+        def.check().map_err(invalid)?;
+        check_socket_dir(&def.socket).map_err(|e| invalid(format!("socket: {e}")))?;
+        Ok(path)
+    }
+
+    /// Whether `name` has a definition file (read or not).
+    pub fn is_defined(&self, name: &str) -> bool {
+        self.path(name).is_ok_and(|p| p.is_file())
+    }
+
+    /// The file of the daemon's live state.
+    pub fn live_path(&self) -> PathBuf {
+        self.dir.parent().map_or_else(
+            || PathBuf::from(LIVE_STATE_FILE),
+            |d| d.join(LIVE_STATE_FILE),
+        )
+    }
+
+    /// Writes the daemon's live state atomically, when the config dir exists: the daemon
+    /// never makes it (the package does; a daemon started without one keeps nothing).
+    /// `Ok(false)` when there is no config dir.
+    pub fn save_live(&self, state: &LiveState) -> Result<bool, DefinitionError> {
+        let path = self.live_path();
+        if !path.parent().is_some_and(Path::is_dir) {
+            return Ok(false);
         }
-        let written = (|| {
-            let mut f = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o644)
-                .open(&tmp)?;
-            // The umask may have narrowed the mode; definitions are world-readable config.
-            f.set_permissions(Permissions::from_mode(0o644))?;
-            f.write_all(&text)?;
-            f.sync_all()
-        })();
-        let placed = written.map_err(io_at(&tmp)).and_then(|()| {
-            // A hard link fails where the name exists: no definition is ever replaced.
-            std::fs::hard_link(&tmp, &path).map_err(|e| match e.kind() {
-                io::ErrorKind::AlreadyExists => DefinitionError::Exists(name.to_owned()),
-                _ => io_at(&path)(e),
+        write_atomic(&path, &to_text(&path, state)?, Place::Replace)?;
+        Ok(true)
+    }
+
+    /// The daemon's live state as last saved; `None` when there is none.
+    pub fn load_live(&self) -> Result<Option<LiveState>, DefinitionError> {
+        let path = self.live_path();
+        let file = match std::fs::File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(DefinitionError::Io { path, source }),
+        };
+        let mut text = String::new();
+        file.take(MAX_LIVE_STATE_BYTES.saturating_add(1))
+            .read_to_string(&mut text)
+            .map_err(|source| DefinitionError::Io {
+                path: path.clone(),
+                source,
+            })?;
+        if u64::try_from(text.len()).unwrap_or(u64::MAX) > MAX_LIVE_STATE_BYTES {
+            return Err(DefinitionError::TooLarge { path });
+        }
+        serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|e| DefinitionError::Invalid {
+                path,
+                why: e.to_string(),
             })
-        });
-        if let Err(e) = std::fs::remove_file(&tmp) {
-            log::warn!("removing {}: {e}", tmp.display());
-        }
-        placed
     }
 
     /// Removes definition `name`.
@@ -350,6 +403,87 @@ impl Store {
     }
 }
 
+/// What the daemon keeps across its restarts (`<config-dir>/live.json`): the policy in force
+/// and the parameters of every VM the control interface set (or restored), by name.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LiveState {
+    /// The policy, as `set-policy` installed it (or the daemon started with).
+    pub policy: PolicyConfig,
+    /// Each VM's parameters as `set` left them.
+    #[serde(default)]
+    pub params: BTreeMap<String, VgpuParams>,
+}
+
+/// Whether [`write_atomic`] may replace an existing file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// Only where no file is (a hard link of the temporary file: never replaces).
+    New,
+    /// Over whatever is there (a rename of the temporary file).
+    Replace,
+}
+
+/// `value` as the pretty JSON text of a file, with a final newline.
+fn to_text<T: Serialize>(path: &Path, value: &T) -> Result<Vec<u8>, DefinitionError> {
+    let mut text = serde_json::to_vec_pretty(value).map_err(|e| DefinitionError::Invalid {
+        path: path.to_owned(),
+        why: e.to_string(),
+    })?;
+    text.push(b'\n');
+    Ok(text)
+}
+
+/// Writes `text` to `path` atomically: into a temporary file beside it (mode 0644, synced),
+/// then linked or renamed into place, so a reader sees the old file or the new one, never part
+/// of one. [`Place::New`] fails with [`DefinitionError::Exists`] where a file is.
+fn write_atomic(path: &Path, text: &[u8], place: Place) -> Result<(), DefinitionError> {
+    let io_at = |p: &Path| {
+        let p = p.to_owned();
+        move |source| DefinitionError::Io { path: p, source }
+    };
+    let (Some(dir), Some(file)) = (path.parent(), path.file_name()) else {
+        return Err(io_at(path)(io::ErrorKind::InvalidInput.into()));
+    };
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(file);
+    tmp_name.push(format!(".tmp-{}", std::process::id()));
+    let tmp = dir.join(tmp_name);
+    // A leftover of a crashed writer with this pid is ours to replace.
+    match std::fs::remove_file(&tmp) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(io_at(&tmp)(e)),
+        _ => {}
+    }
+    let written = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&tmp)?;
+        // The umask may have narrowed the mode; definitions are world-readable config.
+        f.set_permissions(Permissions::from_mode(0o644))?;
+        f.write_all(text)?;
+        f.sync_all()
+    })();
+    let placed = written.map_err(io_at(&tmp)).and_then(|()| match place {
+        // A hard link fails where the name exists: nothing is replaced.
+        Place::New => std::fs::hard_link(&tmp, path).map_err(|e| match e.kind() {
+            io::ErrorKind::AlreadyExists => {
+                DefinitionError::Exists(file.to_string_lossy().into_owned())
+            }
+            _ => io_at(path)(e),
+        }),
+        Place::Replace => std::fs::rename(&tmp, path).map_err(io_at(path)),
+    });
+    // After a rename the temporary name is gone already.
+    if let Err(e) = std::fs::remove_file(&tmp)
+        && e.kind() != io::ErrorKind::NotFound
+    {
+        log::warn!("removing {}: {e}", tmp.display());
+    }
+    placed
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -358,7 +492,8 @@ mod tests {
 
     fn def(auto: bool) -> Definition {
         Definition {
-            socket: PathBuf::from("/run/vgpu/a.sock"),
+            // A directory that exists, as writing a definition requires.
+            socket: std::env::temp_dir().join("a.sock"),
             server_args: vec!["--renderer".into(), "none".into()],
             params: BTreeMap::from([
                 ("priority".to_owned(), json!(3)),
@@ -563,6 +698,97 @@ mod tests {
             let d: Definition = serde_json::from_value(example.clone()).expect("example parses");
             d.check().expect("example checks");
         }
+    }
+
+    #[test]
+    fn values_start_would_refuse_are_refused_when_written() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::new(tmp.path());
+        let with = |key: &str, value: Value| {
+            let mut d = def(false);
+            d.params.insert(key.to_owned(), value);
+            d
+        };
+        let bad = [
+            (
+                with(
+                    "reserve",
+                    json!({"c": 2_000_000, "t": 1_000_000, "enforcement": "pe"}),
+                ),
+                "0 < C <= T",
+            ),
+            (with("weight", json!(0)), "weight must be at least 1"),
+            (with("target_fps", json!(5000.0)), "target_fps"),
+            (
+                Definition {
+                    server_args: vec!["--display".into(), "99999x1".into()],
+                    ..def(false)
+                },
+                "16..=16384",
+            ),
+            (
+                Definition {
+                    socket: tmp.path().join("missing/a.sock"),
+                    ..def(false)
+                },
+                "does not exist",
+            ),
+        ];
+        store.define("ok", &def(false)).unwrap();
+        for (d, why) in bad {
+            let e = store.define("x", &d).unwrap_err().to_string();
+            assert!(e.contains(why), "{e}");
+            let e = store.modify("ok", &d).unwrap_err().to_string();
+            assert!(e.contains(why), "{e}");
+        }
+        assert!(!store.is_defined("x"));
+        assert_eq!(store.read("ok").unwrap(), def(false));
+    }
+
+    #[test]
+    fn modify_replaces_a_definition_atomically() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::new(tmp.path());
+        assert!(matches!(
+            store.modify("a", &def(false)),
+            Err(DefinitionError::NotDefined(_))
+        ));
+        store.define("a", &def(false)).unwrap();
+        store.modify("a", &def(true)).unwrap();
+        assert_eq!(store.read("a").unwrap(), def(true));
+        // Only the file: the temporary one is renamed into place.
+        assert_eq!(std::fs::read_dir(store.dir()).unwrap().count(), 1);
+        let mode = std::fs::metadata(store.path("a").unwrap()).unwrap().mode() & 0o777;
+        assert_eq!(mode, 0o644);
+    }
+
+    #[test]
+    fn live_state_round_trips_only_where_the_config_dir_exists() {
+        let tmp = tempfile::tempdir().unwrap();
+        let missing = Store::new(&tmp.path().join("etc"));
+        let state = LiveState {
+            policy: PolicyConfig::Fair(Default::default()),
+            params: BTreeMap::from([(
+                "a".to_owned(),
+                VgpuParams {
+                    weight: 7,
+                    ..VgpuParams::named("a")
+                },
+            )]),
+        };
+        assert!(!missing.save_live(&state).unwrap());
+        assert!(missing.load_live().unwrap().is_none());
+        let store = Store::new(tmp.path());
+        assert!(store.save_live(&state).unwrap());
+        assert_eq!(store.load_live().unwrap(), Some(state));
+        assert_eq!(store.live_path(), tmp.path().join(LIVE_STATE_FILE));
+        std::fs::write(store.live_path(), br#"{"policy":{"policy":"none"},"x":1}"#).unwrap();
+        assert!(matches!(
+            store.load_live(),
+            Err(DefinitionError::Invalid { .. })
+        ));
+        // The live state is no definition.
+        assert!(store.list().unwrap().is_empty());
     }
 
     #[test]

@@ -61,13 +61,15 @@ use vgpu_scheduler::model::CpuHint;
 use crate::busy_poll::{self, BusyPoll};
 
 use crate::cgroup::{CgroupError, CgroupFs, CpuProbe, Hierarchy, RawWeight, VmCgroup};
-use crate::control::{ChildInfo, ControlAccess, LineBuffer, Request, Response, ServerOptions};
+use crate::control::{
+    ChildInfo, ControlAccess, LineBuffer, Request, Response, ServerOptions, check_socket_dir,
+};
 use crate::daemon::{ConnId, Daemon, DaemonConfig, DaemonError, Peer};
 use crate::dashboard::{
     self, Dashboard, FocusBody, MAX_EVENT_STREAM_BYTES, MAX_EVENT_STREAMS, PUBLISH_PERIOD,
     ParamsBody,
 };
-use crate::definitions::Definition;
+use crate::definitions::{Definition, LiveState, Store};
 use crate::http::{self, HttpError, HttpRequest, Received, Route};
 use crate::metrics::{self, render_metrics};
 use crate::proto::{MAX_MESSAGE_BYTES, VmName};
@@ -323,6 +325,7 @@ impl Server {
             written: BTreeMap::new(),
             cgroup_failed: BTreeSet::new(),
             children: BTreeMap::new(),
+            store: None,
             config,
         };
         let id = manager.add_subscriber(state);
@@ -347,9 +350,36 @@ impl Server {
         state.metrics.as_ref()?.local_addr().ok()
     }
 
+    /// Takes the definitions of `config_dir` as known VMs, and its live state: the policy and
+    /// the VMs' parameters the daemon before this one last had (what `set-policy` and `set`
+    /// changed), which it keeps up to date from now on. A live state that does not load or
+    /// check is logged and left alone (the next change replaces it).
+    pub fn use_config_dir(&mut self, config_dir: &Path) -> Result<(), ServerError> {
+        let store = Store::new(config_dir);
+        let state = self
+            .manager
+            .subscriber_mut(self.id)
+            .map_err(ServerError::EventLoop)?;
+        match store.load_live() {
+            Ok(Some(live)) => state.restore_live(live),
+            Ok(None) => {}
+            Err(e) => error!("live state not restored: {e}"),
+        }
+        if !config_dir.is_dir() {
+            warn!(
+                "{}: no such directory; live changes (set-policy, set) are not kept across \
+                 restarts",
+                config_dir.display()
+            );
+        }
+        state.store = Some(store);
+        Ok(())
+    }
+
     /// Starts persistent definition `name` at boot as a control client's `set-params` and
     /// `create` would: its parameters first (kept for the VM until it connects), then its
-    /// device process; a failure to start it later is logged.
+    /// device process; a failure to start it later is logged. A VM whose live parameters the
+    /// daemon restored keeps them: the restart of the daemon is not a new start of the VM.
     pub fn start_defined(&mut self, name: &str, def: &Definition) -> Result<(), ServerError> {
         let fail = |why: String| ServerError::Definition {
             name: name.to_owned(),
@@ -361,10 +391,14 @@ impl Server {
             .manager
             .subscriber_mut(self.id)
             .map_err(ServerError::EventLoop)?;
-        state
-            .daemon
-            .set_params(monotonic_ns(), name, &params)
-            .map_err(|e| fail(e.to_string()))?;
+        if state.daemon.knows(name) {
+            info!("{name}: keeps the live parameters it had before the restart");
+        } else {
+            state
+                .daemon
+                .set_params(monotonic_ns(), name, &params)
+                .map_err(|e| fail(e.to_string()))?;
+        }
         state
             .create(None, name, def.socket.clone(), &options)
             .map_err(|r| match r {
@@ -628,6 +662,8 @@ struct Loop {
     written: BTreeMap<String, Written>,
     cgroup_failed: BTreeSet<String>,
     children: BTreeMap<String, ChildProc>,
+    /// The config dir's definitions and live state, once [`Server::use_config_dir`] named it.
+    store: Option<Store>,
 }
 
 impl MutEventSubscriber for Loop {
@@ -1314,14 +1350,21 @@ impl Loop {
             }
             Route::SetPolicy | Route::SetParams | Route::Focus => {
                 let change = match route {
-                    Route::SetPolicy => Change::Policy(dashboard::parse_body(&req.body)?),
+                    Route::SetPolicy => Change::Policy(
+                        crate::control::policy_from_value(dashboard::parse_body(&req.body)?)
+                            .map_err(|e| HttpError::BadRequest(e.to_string()))?,
+                    ),
                     Route::SetParams => {
                         let body: ParamsBody = dashboard::parse_body(&req.body)?;
                         // The page changes the VMs it lists; it never adds one.
                         if !self.daemon.list().iter().any(|v| v.name == body.vm) {
                             return Err(HttpError::UnknownVm(body.vm));
                         }
-                        Change::Params(body.vm, body.params)
+                        Change::Params {
+                            vm: body.vm,
+                            params: body.params,
+                            add: false,
+                        }
                     }
                     _ => Change::Focus(dashboard::parse_body::<FocusBody>(&req.body)?.vm),
                 };
@@ -1381,22 +1424,98 @@ impl Loop {
         change: Change,
         ops: &mut EventOps,
     ) -> Result<serde_json::Value, DaemonError> {
+        let kept = !matches!(change, Change::Focus(_));
         let result = match change {
             Change::Policy(policy) => self
                 .daemon
                 .set_policy(now, policy)
                 .map(|()| json!({"policy": self.daemon.stats(now).policy})),
-            Change::Params(vm, params) => self
-                .daemon
-                .set_params(now, &vm, &params)
+            Change::Params { vm, params, add } => self
+                .check_known(&vm, add)
+                .and_then(|()| self.daemon.set_params(now, &vm, &params))
                 .map(|p| serde_json::to_value(p).unwrap_or_default()),
             Change::Focus(vm) => self
                 .daemon
                 .focus(now, &vm)
                 .map(|()| serde_json::Value::Null),
+            Change::Forget(vm) => self.forget(&vm).map(|()| json!({"name": vm})),
         };
         self.carry_out(now, ops);
+        if kept && result.is_ok() {
+            self.save_live();
+        }
         result
+    }
+
+    /// Refuses a change of VM `name` unless the daemon knows it (connected, with stored
+    /// parameters or a device process, or defined in the config dir), or `add` asks to keep
+    /// parameters for a VM that has not connected yet.
+    fn check_known(&self, name: &str, add: bool) -> Result<(), DaemonError> {
+        let defined = self.store.as_ref().is_some_and(|s| s.is_defined(name));
+        if add || defined || self.daemon.knows(name) || self.children.contains_key(name) {
+            return Ok(());
+        }
+        Err(DaemonError::NotKnown {
+            name: name.to_owned(),
+            known: self.known_vms(),
+        })
+    }
+
+    /// Every VM name the daemon knows, in order: listed, with a device process, or defined.
+    fn known_vms(&self) -> Vec<String> {
+        let mut known: BTreeSet<String> =
+            self.daemon.list().into_iter().map(|vm| vm.name).collect();
+        known.extend(self.children.keys().cloned());
+        if let Some(listed) = self.store.as_ref().and_then(|s| s.list().ok()) {
+            known.extend(listed.into_iter().map(|(name, _)| name));
+        }
+        known.into_iter().collect()
+    }
+
+    /// Drops the stored parameters of VM `name`, which has no device process and is not
+    /// connected.
+    fn forget(&mut self, name: &str) -> Result<(), DaemonError> {
+        if self.children.contains_key(name) {
+            return Err(DaemonError::Running(name.to_owned()));
+        }
+        self.daemon.forget(name).map_err(|e| match e {
+            DaemonError::NotKnown { name, .. } => DaemonError::NotKnown {
+                name,
+                known: self.known_vms(),
+            },
+            e => e,
+        })
+    }
+
+    /// Puts the stored parameters of a live state the daemon before this one saved back, and
+    /// its policy; what does not check is logged and skipped.
+    fn restore_live(&mut self, live: LiveState) {
+        let now = monotonic_ns();
+        match self.daemon.set_policy(now, live.policy) {
+            Ok(()) => info!("policy {} restored", self.daemon.stats(now).policy),
+            Err(e) => error!("policy not restored: {e}"),
+        }
+        for (name, params) in live.params {
+            match self.daemon.restore_params(&name, params) {
+                Ok(()) => info!("{name}: parameters restored"),
+                Err(e) => error!("{name}: parameters not restored: {e}"),
+            }
+        }
+    }
+
+    /// Saves the policy and the stored parameters to the config dir's live state (when the
+    /// daemon has a config dir that exists); a failure is logged.
+    fn save_live(&self) {
+        let Some(store) = &self.store else { return };
+        let live = LiveState {
+            policy: self.daemon.policy().clone(),
+            params: self.daemon.stored_params().clone(),
+        };
+        match store.save_live(&live) {
+            Ok(true) => debug!("live state saved to {}", store.live_path().display()),
+            Ok(false) => {}
+            Err(e) => error!("live state not saved: {e}"),
+        }
     }
 
     /// What the `dashboard` control request answers: the dashboard's URL with the token.
@@ -1458,8 +1577,11 @@ impl Loop {
             Request::SetPolicy { policy } => self
                 .change(now, Change::Policy(policy), ops)
                 .map_err(|e| e.to_string()),
-            Request::SetParams { vm, params } => self
-                .change(now, Change::Params(vm, params), ops)
+            Request::SetParams { vm, params, add } => self
+                .change(now, Change::Params { vm, params, add }, ops)
+                .map_err(|e| e.to_string()),
+            Request::Forget { vm } => self
+                .change(now, Change::Forget(vm), ops)
                 .map_err(|e| e.to_string()),
             Request::Focus { vm } => self
                 .change(now, Change::Focus(vm), ops)
@@ -1506,11 +1628,8 @@ impl Loop {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return fail(format!("{}: {e}", socket.display())),
         }
-        if !socket.parent().is_some_and(Path::is_dir) {
-            return fail(format!(
-                "the directory of {} does not exist",
-                socket.display()
-            ));
+        if let Err(e) = check_socket_dir(&socket) {
+            return fail(e.to_string());
         }
         let run_as = match self.config.device_ids {
             Some(ids) => {
@@ -2040,9 +2159,18 @@ enum Change {
     /// Install a policy.
     Policy(vgpu_scheduler::PolicyConfig),
     /// Change a VM's parameters.
-    Params(String, vgpu_scheduler::sim::ParamsOverride),
+    Params {
+        /// The VM.
+        vm: String,
+        /// The fields to change.
+        params: vgpu_scheduler::sim::ParamsOverride,
+        /// Whether a VM the daemon does not know may be added.
+        add: bool,
+    },
     /// Focus a VM.
     Focus(String),
+    /// Forget a VM's stored parameters.
+    Forget(String),
 }
 
 #[cfg(test)]

@@ -232,11 +232,11 @@ fn prt_grants_by_priority_and_vgpuctl_shows_them() {
     );
     let d = Schedd::start(dir.path(), &["--policy", policy.to_str().unwrap()]);
     for (vm, prio) in [("lo", "priority=1"), ("hi", "priority=10")] {
-        let o = d.ctl(&["set", vm, prio]);
+        let o = d.ctl(&["set", "--add", vm, prio]);
         assert!(o.status.success(), "{o:?}");
     }
     // A reserve of 1 s every second: hi has a budget to show, lo none.
-    let o = d.ctl(&["set", "hi", "reserve=1000000/1000000/pe"]);
+    let o = d.ctl(&["set", "--add", "hi", "reserve=1000000/1000000/pe"]);
     assert!(o.status.success(), "{o:?}");
     let lo = Device::connect(&d.sock(), "lo");
     let hi = Device::connect(&d.sock(), "hi");
@@ -331,15 +331,16 @@ fn live_policy_change_params_and_focus() {
         (&json!(512), &json!(3))
     );
     assert!(d.ctl(&["focus", "vm"]).status.success());
-    // Daemon errors exit 1; usage errors exit 2.
+    // Refused requests exit 1, whether the daemon or vgpuctl's own check refuses them;
+    // command lines that do not parse exit 2.
     assert_eq!(d.ctl(&["focus", "nobody"]).status.code(), Some(1));
     assert_eq!(d.ctl(&["set", "vm", "weight=0"]).status.code(), Some(1));
-    assert_eq!(d.ctl(&["set", "vm", "colour=red"]).status.code(), Some(2));
+    assert_eq!(d.ctl(&["set", "vm", "colour=red"]).status.code(), Some(1));
     assert_eq!(d.ctl(&["set", "vm"]).status.code(), Some(2));
     let bad = write(dir.path(), "bad.toml", "policy = \"lottery\"\n");
     assert_eq!(
         d.ctl(&["set-policy", bad.to_str().unwrap()]).status.code(),
-        Some(2)
+        Some(1)
     );
     let tg = write(
         dir.path(),
@@ -359,7 +360,7 @@ fn vgpuctl_list_shows_and_marks_what_the_policy_applies() {
         ("plain", "sched=prt"),
         ("away", "weight=9"),
     ] {
-        let o = d.ctl(&["set", vm, set]);
+        let o = d.ctl(&["set", "--add", vm, set]);
         assert!(o.status.success(), "{o:?}");
     }
     let _game = Device::connect(&d.sock(), "game");
@@ -497,7 +498,7 @@ fn a_batch_of_requests_does_not_hold_up_another_client() {
         .unwrap();
     let mut other = UnixStream::connect(d.control()).unwrap();
     other.set_read_timeout(Some(WAIT)).unwrap();
-    let set = json!({"cmd": "set-params", "vm": "probe", "params": {"priority": 7}});
+    let set = json!({"cmd": "set-params", "vm": "probe", "params": {"priority": 7}, "add": true});
     other.write_all(format!("{set}\n").as_bytes()).unwrap();
     pause(&d, false);
     let mut answer = String::new();
@@ -1178,7 +1179,7 @@ fn create_takes_allowed_options_and_plain_socket_paths_only() {
     }
     assert!(!spawned.exists(), "nothing was started");
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep");
-    // vgpuctl refuses them before asking (a usage error).
+    // vgpuctl refuses them before asking, with the daemon's check (exit 1, refused).
     let o = d.ctl(&[
         "create",
         "vm",
@@ -1188,7 +1189,7 @@ fn create_takes_allowed_options_and_plain_socket_paths_only() {
         "--virgl-library",
         "x",
     ]);
-    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
 
     // --dump: a directory the daemon makes for the VM, 0700 and its own.
     let answer = create("vm", &sock, &["--dump", "--log-level", "DEBUG"]);

@@ -317,19 +317,17 @@ fn definitions_survive_a_daemon_restart_and_auto_ones_start_again() {
         "--renderer",
         "none",
     ]);
-    // Refused: a second definition of a name, a bad name, a bad parameter, a bad option.
-    for (bad, code) in [
-        (vec!["define", "vm1", "--socket", &s2], 2),
-        (vec!["define", "../x", "--socket", &s2], 2),
-        (vec!["define", "vm3", "--socket", &s2, "colour=red"], 2),
-        (
-            vec!["define", "vm3", "--socket", &s2, "--", "--dump-dir", "/etc"],
-            2,
-        ),
-        (vec!["start", "nosuch"], 2),
-        (vec!["stop", "nosuch"], 2),
+    // Refused (exit 1): a second definition of a name, a bad name, a bad parameter, a bad
+    // option, an unknown definition or device process.
+    for bad in [
+        vec!["define", "vm1", "--socket", &s2],
+        vec!["define", "../x", "--socket", &s2],
+        vec!["define", "vm3", "--socket", &s2, "colour=red"],
+        vec!["define", "vm3", "--socket", &s2, "--", "--dump-dir", "/etc"],
+        vec!["start", "nosuch"],
+        vec!["stop", "nosuch"],
     ] {
-        assert_eq!(d.ctl(&bad).status.code(), Some(code), "{bad:?}");
+        assert_eq!(d.ctl(&bad).status.code(), Some(1), "{bad:?}");
     }
     let file = dir.join("etc/vgpus/vm1.json");
     let saved: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
@@ -354,7 +352,7 @@ fn definitions_survive_a_daemon_restart_and_auto_ones_start_again() {
         ]
     );
     let broken = d.ctl(&["start", "broken"]);
-    assert_eq!(broken.status.code(), Some(2), "{broken:?}");
+    assert_eq!(broken.status.code(), Some(1), "{broken:?}");
 
     d.say(&["start", "vm1"]);
     d.say(&["start", "vm2"]);
@@ -399,7 +397,7 @@ fn definitions_survive_a_daemon_restart_and_auto_ones_start_again() {
     d.say(&["undefine", "vm2"]);
     d.say(&["list", "--defined"]);
     assert!(!dir.join("etc/vgpus/vm2.json").exists());
-    assert_eq!(d.ctl(&["undefine", "vm2"]).status.code(), Some(2));
+    assert_eq!(d.ctl(&["undefine", "vm2"]).status.code(), Some(1));
 
     let _ = writeln!(std::io::stderr(), "--- vgpu-schedd crashes ---");
     d.crash();
@@ -407,4 +405,207 @@ fn definitions_survive_a_daemon_restart_and_auto_ones_start_again() {
     // (nobody serves it) and starts vm1 again.
     d.wait_children(&["vm1"]);
     assert!(d.log().contains("nobody serves it"), "{}", d.log());
+}
+
+/// `ctl ARGS`, which must be refused (exit 1) with a message holding every one of `says`;
+/// printed as a transcript line.
+fn refused(d: &Schedd, args: &[&str], says: &[&str]) {
+    let o = d.ctl(args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    let _ = write!(std::io::stderr(), "$ vgpuctl {}\n{err}", args.join(" "));
+    assert_eq!(o.status.code(), Some(1), "vgpuctl {args:?}: {o:?}");
+    for s in says {
+        assert!(
+            err.contains(s),
+            "vgpuctl {args:?} does not say {s:?}: {err}"
+        );
+    }
+}
+
+/// The VM names `list` shows.
+fn listed(d: &Schedd) -> Vec<String> {
+    let list = d.json(&["list"]);
+    let stats = d.json(&["show"]);
+    let names = |v: &Value| -> Vec<String> {
+        v["vms"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|vm| vm["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    // The statistics (what /metrics and the dashboard show) list the same VMs.
+    assert_eq!(names(&list), names(&stats));
+    names(&list)
+}
+
+#[test]
+fn every_value_is_checked_once_and_live_changes_survive_a_restart() {
+    let tmp = TempDir::new().unwrap();
+    let dir = tmp.path();
+    // The config dir exists, as the package makes it: the daemon keeps its live state there.
+    std::fs::create_dir(dir.join("etc")).unwrap();
+    let mut d = Schedd::start(dir);
+    let sock = dir.join("vm1.sock").display().to_string();
+    d.say(&[
+        "define",
+        "vm1",
+        "--socket",
+        &sock,
+        "priority=2",
+        "--",
+        "--renderer",
+        "none",
+    ]);
+
+    // An unknown VM is refused, named, with the known ones; nothing is added.
+    refused(
+        &d,
+        &["set", "nosuchvm", "priority=3"],
+        &["\"nosuchvm\"", "known: vm1"],
+    );
+    refused(
+        &d,
+        &["set", "--live", "nosuchvm", "priority=3"],
+        &["nosuchvm"],
+    );
+    refused(
+        &d,
+        &["set", "--config", "nosuchvm", "priority=3"],
+        &["nosuchvm is not defined"],
+    );
+    refused(&d, &["forget", "nosuchvm"], &["nosuchvm", "known: vm1"]);
+    assert!(listed(&d).is_empty());
+
+    // Unknown keys are refused with the valid ones, and nothing changes.
+    refused(
+        &d,
+        &["set", "vm1", "bogus_key=42"],
+        &["bogus_key", "priority, weight"],
+    );
+    let policy = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let fair_bogus = policy("fb.toml", "policy = \"fair\"\nbogus_key = 42\n");
+    refused(
+        &d,
+        &["set-policy", &fair_bogus],
+        &["bogus_key", "accounting"],
+    );
+    let none_bogus = policy("nb.toml", "policy = \"none\"\nbogus_key = 42\n");
+    refused(&d, &["set-policy", &none_bogus], &["bogus_key"]);
+    assert_eq!(d.json(&["list"])["policy"]["policy"], "none");
+
+    // define refuses what start would, naming the value and the range; no file is written.
+    let missing = dir.join("missing/vm2.sock").display().to_string();
+    for (args, says) in [
+        (vec!["reserve=2000/1000/pe"], "0 < C <= T"),
+        (vec!["weight=0"], "weight must be at least 1"),
+        (vec!["target_fps=5000"], "target_fps must be in (0, 1000]"),
+        (
+            vec!["--", "--display", "99999x1"],
+            "--display 99999x1: each edge must be in 16..=16384",
+        ),
+    ] {
+        let mut all = vec!["define", "vm2", "--socket", &sock];
+        all.extend(args);
+        refused(&d, &all, &[says]);
+        let mut modify = vec!["modify", "vm1"];
+        modify.extend(all.iter().skip(4));
+        refused(&d, &modify, &[says]);
+    }
+    refused(
+        &d,
+        &["define", "vm2", "--socket", &missing],
+        &["does not exist"],
+    );
+    refused(
+        &d,
+        &["modify", "vm1", "--socket", &missing],
+        &["does not exist"],
+    );
+    assert!(!dir.join("etc/vgpus/vm2.json").exists());
+    assert!(listed(&d).is_empty());
+
+    // A VM that has not connected yet is added only when asked; forget drops it.
+    d.say(&["set", "--add", "later", "weight=7"]);
+    assert_eq!(listed(&d), ["later"]);
+    d.say(&["forget", "later"]);
+    assert!(listed(&d).is_empty());
+
+    // Not running: set changes the definition (virsh's --current); --live the daemon's.
+    d.say(&["set", "vm1", "weight=300"]);
+    let def = |d: &Schedd| d.json(&["list", "--defined"])[0]["definition"]["params"].clone();
+    assert_eq!(def(&d), json!({"priority": 2, "weight": 300}));
+    assert!(listed(&d).is_empty(), "the daemon was not asked");
+    d.say(&[
+        "modify",
+        "vm1",
+        "--auto",
+        "sched=prt",
+        "--",
+        "--renderer",
+        "none",
+    ]);
+    assert_eq!(
+        def(&d),
+        json!({"priority": 2, "weight": 300, "sched": "prt"})
+    );
+
+    d.say(&["start", "vm1"]);
+    d.wait_children(&["vm1"]);
+    refused(&d, &["forget", "vm1"], &["running"]);
+    // Running: set changes the live parameters only; --both both; --config the definition.
+    d.say(&["set", "vm1", "priority=5"]);
+    assert_eq!(d.params("vm1")["priority"], 5);
+    assert_eq!(def(&d)["priority"], 2);
+    d.say(&["set", "--both", "vm1", "target_fps=30"]);
+    assert_eq!(d.params("vm1")["target_fps"], 30.0);
+    assert_eq!(def(&d)["target_fps"], 30.0);
+    d.say(&["set", "--config", "vm1", "priority=4"]);
+    assert_eq!(
+        (
+            d.params("vm1")["priority"].clone(),
+            def(&d)["priority"].clone()
+        ),
+        (json!(5), json!(4))
+    );
+    // --both is checked whole before anything changes.
+    refused(
+        &d,
+        &["set", "--both", "vm1", "weight=0"],
+        &["weight must be at least 1"],
+    );
+    assert_eq!(
+        (d.params("vm1")["weight"].clone(), def(&d)["weight"].clone()),
+        (json!(300), json!(300))
+    );
+    let fair = policy("fair.toml", "policy = \"fair\"\n");
+    d.say(&["set-policy", &fair]);
+    let live = dir.join("etc/live.json");
+    let saved: Value = serde_json::from_str(&std::fs::read_to_string(&live).unwrap()).unwrap();
+    assert_eq!(saved["policy"]["policy"], "fair");
+    assert_eq!(saved["params"]["vm1"]["priority"], 5);
+
+    let _ = writeln!(std::io::stderr(), "--- vgpu-schedd restarts ---");
+    d.restart();
+    d.wait_children(&["vm1"]);
+    // The live policy and parameters are back, not the definition's.
+    assert_eq!(d.json(&["list"])["policy"]["policy"], "fair");
+    assert_eq!(d.params("vm1")["priority"], 5);
+    assert_eq!(d.params("vm1")["target_fps"], 30.0);
+    d.say(&["list"]);
+
+    // stop after undefine stops the device process.
+    d.say(&["undefine", "vm1"]);
+    d.say(&["stop", "vm1"]);
+    d.wait_children(&[]);
+    // Never connected and no longer defined: forget removes it for good, across a restart.
+    d.say(&["forget", "vm1"]);
+    assert!(listed(&d).is_empty());
+    d.restart();
+    assert!(listed(&d).is_empty());
+    refused(&d, &["set", "vm1", "priority=1"], &["known: none"]);
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::Parser;
 use vgpu_schedd::busy_poll;
 use vgpu_schedd::cgroup::CgroupFs;
-use vgpu_schedd::control::lookup_group;
+use vgpu_schedd::control::{lookup_group, read_policy_file};
 use vgpu_schedd::daemon::{DaemonConfig, MAX_GROUP_TIMEOUT_NS, MAX_SWITCH_COST_NS};
 use vgpu_schedd::definitions::{DEFAULT_CONFIG_DIR, Store};
 use vgpu_schedd::server::{DeviceIds, Server, ServerConfig};
@@ -17,8 +17,6 @@ use vgpu_scheduler::core::MAX_VGPUS;
 
 /// Largest `--capacity`: every vGPU running at once.
 const MAX_CAPACITY: usize = MAX_VGPUS;
-/// Largest policy file read.
-const MAX_POLICY_FILE_BYTES: u64 = 1024 * 1024;
 /// Where `--control-group NAME` is looked up (groups of other sources need a number).
 const GROUP_FILE: &str = "/etc/group";
 /// Largest group file read.
@@ -50,7 +48,8 @@ struct Cli {
     #[arg(long, visible_alias = "metrics", value_name = "ADDR", value_parser = loopback)]
     http: Option<SocketAddr>,
     /// Persistent vGPU definitions (DIR/vgpus/NAME.json): those marked auto are started when
-    /// the daemon starts.
+    /// the daemon starts. When DIR exists, the policy and parameters `set-policy` and `set`
+    /// change are kept in DIR/live.json and restored at the next start.
     #[arg(long, value_name = "DIR", default_value = DEFAULT_CONFIG_DIR)]
     config_dir: PathBuf,
     /// Start with the policy of a TOML file (policy = "timegraph" | "fair" | "pegasus" |
@@ -145,12 +144,7 @@ fn absolute_dir(text: &str) -> Result<PathBuf, String> {
 
 /// Reads a TOML policy file.
 fn read_policy(path: &str) -> Result<PolicyConfig, String> {
-    let meta = std::fs::metadata(path).map_err(|e| format!("{path}: {e}"))?;
-    if meta.len() > MAX_POLICY_FILE_BYTES {
-        return Err(format!("{path}: larger than {MAX_POLICY_FILE_BYTES} bytes"));
-    }
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
-    toml::from_str(&text).map_err(|e| format!("{path}: {e}"))
+    read_policy_file(Path::new(path)).map_err(|e| e.to_string())
 }
 
 /// The group id of `--control-group`: a number, or a name in [`GROUP_FILE`].
@@ -264,6 +258,10 @@ fn main() -> ExitCode {
             log::error!("installing the handler of signal {signal}: {e}");
             return ExitCode::FAILURE;
         }
+    }
+    if let Err(e) = server.use_config_dir(&config_dir) {
+        log::error!("{e}");
+        return ExitCode::FAILURE;
     }
     start_defined(&mut server, &config_dir);
     match server.run() {

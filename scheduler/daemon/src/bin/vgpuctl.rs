@@ -1,6 +1,7 @@
 //! `vgpuctl [--control PATH] [--json] [--config-dir DIR] COMMAND`: the control CLI of
-//! `vgpu-schedd`. Exit codes: 0 ok, 1 the daemon refused the request, 2 usage or connection
-//! error.
+//! `vgpu-schedd`. Exit codes: 0 ok; 1 the request was refused, by the daemon or by the same
+//! checks run here first (an unknown VM, key or definition, a value out of range, a policy
+//! file that is not one); 2 the command line does not parse, or the daemon cannot be reached.
 
 use std::io::{BufRead, BufReader, IsTerminal, Write};
 use std::os::unix::net::UnixStream;
@@ -10,9 +11,10 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use serde_json::{Map, Value, json};
-use vgpu_schedd::control::{DEFAULT_CONTROL_PATH, ServerOptions, parse_assignment};
+use vgpu_schedd::control::{
+    DEFAULT_CONTROL_PATH, ServerOptions, parse_assignment, read_policy_file,
+};
 use vgpu_schedd::definitions::{DEFAULT_CONFIG_DIR, Definition, Store};
-use vgpu_scheduler::PolicyConfig;
 
 /// How long an answer may take: `create` waits up to 10 s for the device's socket.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
@@ -20,8 +22,6 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 const MAX_WATCH_SECONDS: f64 = 86_400.0;
 /// Shortest `top --interval`: a redraw more often than this only flickers.
 const MIN_TOP_SECONDS: f64 = 0.1;
-/// Largest policy file read.
-const MAX_POLICY_FILE_BYTES: u64 = 1024 * 1024;
 /// Clears a terminal and puts the cursor home (`top` redraws in place).
 const CLEAR_SCREEN: &str = "\x1b[H\x1b[2J";
 
@@ -32,7 +32,9 @@ const CLEAR_SCREEN: &str = "\x1b[H\x1b[2J";
     version,
     about = "The control CLI of vgpu-schedd: VMs, statistics, policy, parameters, device \
              processes and persistent vGPU definitions",
-    after_help = "Exit codes: 0 ok, 1 the daemon refused the request, 2 usage or connection error."
+    after_help = "Exit codes: 0 ok; 1 the request was refused (by the daemon, or by the same \
+                  checks run before asking it: unknown VM, key or definition, a value out of \
+                  range); 2 the command line does not parse, or the daemon cannot be reached."
 )]
 struct Cli {
     /// The daemon's control socket.
@@ -84,13 +86,35 @@ enum Cmd {
         file: PathBuf,
     },
     /// Change a VM's scheduling parameters: priority, weight, sched=prt|ht, target_fps,
-    /// slo=µs/s, reserve=C_us/T_us/pe|ae.
+    /// slo=µs/s, reserve=C_us/T_us/pe|ae. As virsh: --live changes the running VM (kept by the
+    /// daemon across its restarts), --config its definition (used at its next start), --both
+    /// both; without either, the running VM if it runs (connected or with a device process),
+    /// else its definition if it has one, else the VM the daemon keeps parameters for.
     Set {
         /// The VM.
         vm: String,
+        /// Change the running VM's parameters.
+        #[arg(long, conflicts_with_all = ["config", "both"])]
+        live: bool,
+        /// Change the VM's definition.
+        #[arg(long, conflicts_with = "both")]
+        config: bool,
+        /// Change both the running VM's parameters and its definition.
+        #[arg(long)]
+        both: bool,
+        /// Keep the parameters for a VM the daemon does not know yet (it gets them when it
+        /// connects); without it an unknown name is refused.
+        #[arg(long, conflicts_with = "config")]
+        add: bool,
         /// The parameters to change.
         #[arg(required = true, value_name = "KEY=VALUE")]
         params: Vec<String>,
+    },
+    /// Drop the parameters the daemon keeps for a VM that is not connected and has no device
+    /// process (a VM gone for good, or one an older vgpuctl added by a mistyped name).
+    Forget {
+        /// The VM.
+        vm: String,
     },
     /// Tell the daemon the user looks at VM.
     Focus {
@@ -135,7 +159,34 @@ enum Cmd {
         #[arg(last = true, value_name = "OPTIONS")]
         options: Vec<String>,
     },
-    /// Remove a persistent definition (a running device process keeps running).
+    /// Change a persistent definition (as mdevctl modify): the fields given replace the
+    /// definition's; its parameters are merged (as `set --config`); device OPTIONS, when given,
+    /// replace the old ones. Checked as `define` checks; a running device process is not
+    /// changed (`stop` and `start` it, or `set --live`).
+    Modify {
+        /// The vGPU's name.
+        name: String,
+        /// A new vfio-user socket.
+        #[arg(long, value_name = "PATH")]
+        socket: Option<PathBuf>,
+        /// Start it whenever vgpu-schedd starts.
+        #[arg(long, conflicts_with = "no_auto")]
+        auto: bool,
+        /// Do not start it when vgpu-schedd starts.
+        #[arg(long)]
+        no_auto: bool,
+        /// Drop every device option (before any new OPTIONS are taken).
+        #[arg(long)]
+        clear_options: bool,
+        /// Scheduling parameters to change, as `set` takes them.
+        #[arg(value_name = "KEY=VALUE")]
+        params: Vec<String>,
+        /// New options for the device process, as `create` takes them.
+        #[arg(last = true, value_name = "OPTIONS")]
+        options: Vec<String>,
+    },
+    /// Remove a persistent definition (a running device process keeps running; `stop` still
+    /// stops it).
     Undefine {
         /// The vGPU's name.
         name: String,
@@ -145,7 +196,7 @@ enum Cmd {
         /// The vGPU's name.
         name: String,
     },
-    /// Stop a defined vGPU's device process (its definition stays).
+    /// Stop a vGPU's device process (its definition, if any, stays).
     Stop {
         /// The vGPU's name.
         name: String,
@@ -173,15 +224,16 @@ fn top_interval(text: &str) -> Result<Duration, String> {
 /// Why vgpuctl failed.
 #[derive(Debug)]
 enum Failure {
-    /// Bad arguments, no daemon, no definition: exit 2.
-    Usage(String),
-    /// The daemon refused: exit 1.
-    Daemon(String),
+    /// The daemon cannot be reached or answers what is not an answer: exit 2, as a command
+    /// line that does not parse.
+    Connection(String),
+    /// The request was refused, by the daemon or by the checks made before asking it: exit 1.
+    Refused(String),
 }
 
 impl From<vgpu_schedd::definitions::DefinitionError> for Failure {
     fn from(e: vgpu_schedd::definitions::DefinitionError) -> Failure {
-        Failure::Usage(e.to_string())
+        Failure::Refused(e.to_string())
     }
 }
 
@@ -193,7 +245,7 @@ struct Conn {
 
 impl Conn {
     fn open(path: &Path) -> Result<Conn, Failure> {
-        let fail = |e: std::io::Error| Failure::Usage(format!("{}: {e}", path.display()));
+        let fail = |e: std::io::Error| Failure::Connection(format!("{}: {e}", path.display()));
         let writer = UnixStream::connect(path).map_err(fail)?;
         writer
             .set_read_timeout(Some(ANSWER_TIMEOUT))
@@ -203,25 +255,27 @@ impl Conn {
     }
 
     fn call(&mut self, request: &Value) -> Result<Value, Failure> {
-        let lost = |e: std::io::Error| Failure::Usage(format!("control connection: {e}"));
+        let lost = |e: std::io::Error| Failure::Connection(format!("control connection: {e}"));
         let mut line = request.to_string();
         line.push('\n');
         self.writer.write_all(line.as_bytes()).map_err(lost)?;
         let mut answer = String::new();
         if self.reader.read_line(&mut answer).map_err(lost)? == 0 {
-            return Err(Failure::Usage("the daemon closed the connection".into()));
+            return Err(Failure::Connection(
+                "the daemon closed the connection".into(),
+            ));
         }
         let answer: Value = serde_json::from_str(&answer)
-            .map_err(|e| Failure::Usage(format!("bad answer from the daemon: {e}")))?;
+            .map_err(|e| Failure::Connection(format!("bad answer from the daemon: {e}")))?;
         match answer {
             Value::Object(mut m) => {
                 if let Some(e) = m.remove("error") {
-                    return Err(Failure::Daemon(e.as_str().unwrap_or("error").to_owned()));
+                    return Err(Failure::Refused(e.as_str().unwrap_or("error").to_owned()));
                 }
                 m.remove("ok")
-                    .ok_or(Failure::Usage("answer without ok or error".into()))
+                    .ok_or(Failure::Connection("answer without ok or error".into()))
             }
-            _ => Err(Failure::Usage("answer is not an object".into())),
+            _ => Err(Failure::Connection("answer is not an object".into())),
         }
     }
 }
@@ -589,22 +643,17 @@ fn defined_lines(rows: &[DefinedRow], daemon_known: bool) -> Vec<String> {
     )
 }
 
+/// A policy file as the `policy` of a `set-policy` request, checked as the daemon checks it.
 fn read_policy(path: &Path) -> Result<Value, Failure> {
-    let fail = |e: String| Failure::Usage(format!("{}: {e}", path.display()));
-    let meta = std::fs::metadata(path).map_err(|e| fail(e.to_string()))?;
-    if meta.len() > MAX_POLICY_FILE_BYTES {
-        return Err(fail(format!("larger than {MAX_POLICY_FILE_BYTES} bytes")));
-    }
-    let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
-    let policy: PolicyConfig = toml::from_str(&text).map_err(|e| fail(e.to_string()))?;
-    serde_json::to_value(policy).map_err(|e| fail(e.to_string()))
+    let policy = read_policy_file(path).map_err(|e| Failure::Refused(e.to_string()))?;
+    serde_json::to_value(policy).map_err(|e| Failure::Refused(e.to_string()))
 }
 
 /// `key=value` assignments as the `params` of a `set-params` request.
 fn assignments(list: &[String]) -> Result<Map<String, Value>, Failure> {
     let mut params = Map::new();
     for a in list {
-        let (k, v) = parse_assignment(a).map_err(|e| Failure::Usage(e.to_string()))?;
+        let (k, v) = parse_assignment(a).map_err(|e| Failure::Refused(e.to_string()))?;
         params.insert(k.to_owned(), v);
     }
     Ok(params)
@@ -612,8 +661,8 @@ fn assignments(list: &[String]) -> Result<Map<String, Value>, Failure> {
 
 /// Checks device options as the daemon will and makes the socket path absolute.
 fn device_request(socket: &Path, options: &[String]) -> Result<PathBuf, Failure> {
-    ServerOptions::try_from(options.to_vec()).map_err(|e| Failure::Usage(e.to_string()))?;
-    std::path::absolute(socket).map_err(|e| Failure::Usage(format!("--socket: {e}")))
+    ServerOptions::try_from(options.to_vec()).map_err(|e| Failure::Refused(e.to_string()))?;
+    std::path::absolute(socket).map_err(|e| Failure::Refused(format!("--socket: {e}")))
 }
 
 /// Prints an answer: raw with `--json`, else through `shape`.
@@ -665,10 +714,25 @@ fn run(cli: Cli) -> Result<(), Failure> {
             json!({"cmd": "set-policy", "policy": read_policy(file)?}),
             |v| vec![format!("policy: {}", cell(v.get("policy")))],
         ),
-        Cmd::Set { vm, params } => (
-            json!({"cmd": "set-params", "vm": vm, "params": assignments(params)?}),
-            |v| vec![v.to_string()],
-        ),
+        Cmd::Set {
+            vm,
+            live,
+            config,
+            both,
+            add,
+            params,
+        } => {
+            let scope = match (*live, *config, *both) {
+                (true, _, _) => Scope::Live,
+                (_, true, _) => Scope::Config,
+                (_, _, true) => Scope::Both,
+                _ => Scope::Current,
+            };
+            return set(&cli, &store, vm, scope, *add, params);
+        }
+        Cmd::Forget { vm } => (json!({"cmd": "forget", "vm": vm}), |v| {
+            vec![format!("{}: forgotten", cell(v.get("name")))]
+        }),
         Cmd::Focus { vm } => (json!({"cmd": "focus", "vm": vm}), |_| Vec::new()),
         Cmd::Create {
             name,
@@ -682,9 +746,6 @@ fn run(cli: Cli) -> Result<(), Failure> {
             )
         }
         Cmd::Destroy { name } | Cmd::Stop { name } => {
-            if matches!(cli.command, Cmd::Stop { .. }) {
-                store.read(name)?;
-            }
             (json!({"cmd": "destroy", "name": name}), destroyed_lines)
         }
         Cmd::Dashboard => (json!({"cmd": "dashboard"}), |v| vec![cell(v.get("url"))]),
@@ -702,13 +763,31 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 auto: *auto,
             };
             store.define(name, &def)?;
-            let path = store.path(name)?;
-            if cli.json {
-                println!("{}", json!({"name": name, "path": path, "definition": def}));
-            } else {
-                let auto = if def.auto { " (started at boot)" } else { "" };
-                println!("{name} defined in {}{auto}", path.display());
+            print_definition(cli.json, &store, name, &def, "defined")?;
+            return Ok(());
+        }
+        Cmd::Modify {
+            name,
+            socket,
+            auto,
+            no_auto,
+            clear_options,
+            params,
+            options,
+        } => {
+            let mut def = store.read(name)?;
+            if let Some(socket) = socket {
+                def.socket = device_request(socket, &[])?;
             }
+            if *auto || *no_auto {
+                def.auto = *auto;
+            }
+            if *clear_options || !options.is_empty() {
+                def.server_args.clone_from(options);
+            }
+            def.params.extend(assignments(params)?);
+            store.modify(name, &def)?;
+            print_definition(cli.json, &store, name, &def, "changed")?;
             return Ok(());
         }
         Cmd::Undefine { name } => {
@@ -734,7 +813,8 @@ fn start(cli: &Cli, store: &Store, name: &str) -> Result<(), Failure> {
     let def = store.read(name)?;
     let mut conn = Conn::open(&cli.control)?;
     if !def.params.is_empty() {
-        conn.call(&json!({"cmd": "set-params", "vm": name, "params": def.params}))?;
+        // The definition names the VM, whether or not the daemon reads this config dir.
+        conn.call(&json!({"cmd": "set-params", "vm": name, "params": def.params, "add": true}))?;
     }
     let answer = conn.call(&json!({
         "cmd": "create",
@@ -746,6 +826,128 @@ fn start(cli: &Cli, store: &Store, name: &str) -> Result<(), Failure> {
     Ok(())
 }
 
+/// What `set` changes, as virsh's `--live`, `--config` and `--current`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scope {
+    /// The running VM's parameters (the daemon's).
+    Live,
+    /// The VM's definition.
+    Config,
+    /// Both.
+    Both,
+    /// The running VM if it runs, else its definition if it has one, else the daemon's.
+    Current,
+}
+
+/// `set VM KEY=VALUE...` in `scope`. Everything is checked before anything changes: the
+/// assignments, the changed definition (as `define` checks it) and then the daemon's own
+/// check of the live change.
+fn set(
+    cli: &Cli,
+    store: &Store,
+    vm: &str,
+    scope: Scope,
+    add: bool,
+    list: &[String],
+) -> Result<(), Failure> {
+    let params = assignments(list)?;
+    let scope = match scope {
+        Scope::Current => current_scope(cli, store, vm)?,
+        s => s,
+    };
+    let defined = match scope {
+        Scope::Config | Scope::Both => {
+            let mut def = store.read(vm)?;
+            def.params
+                .extend(params.iter().map(|(k, v)| (k.clone(), v.clone())));
+            def.check()
+                .map_err(|why| Failure::Refused(format!("{vm}: {why}")))?;
+            Some(def)
+        }
+        Scope::Live | Scope::Current => None,
+    };
+    if scope != Scope::Config {
+        let mut conn = Conn::open(&cli.control)?;
+        let answer = conn.call(&json!({
+            "cmd": "set-params", "vm": vm, "params": params, "add": add,
+        }))?;
+        print_answer(cli.json, &answer, |v| {
+            vec![format!(
+                "{} (live): {}",
+                cell(v.get("name")),
+                set_params_summary(Some(v))
+            )]
+        });
+    }
+    if let Some(def) = defined {
+        store.modify(vm, &def)?;
+        if cli.json {
+            print_definition(true, store, vm, &def, "changed")?;
+        } else {
+            let params = serde_json::to_value(&def.params).unwrap_or_default();
+            println!("{vm} (config): {}", set_params_summary(Some(&params)));
+        }
+    }
+    Ok(())
+}
+
+/// The scope of a `set` without `--live`, `--config` or `--both`: live when the daemon runs
+/// the VM (connected, or with a device process), config when it is defined, live otherwise
+/// (the daemon then refuses a VM it does not know).
+fn current_scope(cli: &Cli, store: &Store, vm: &str) -> Result<Scope, Failure> {
+    let listed = Conn::open(&cli.control)?.call(&json!({"cmd": "list"}))?;
+    let named = |key: &str| {
+        listed
+            .get(key)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|v| v.get("name").and_then(Value::as_str) == Some(vm))
+            .cloned()
+            .collect::<Vec<Value>>()
+    };
+    let connected = named("vms")
+        .iter()
+        .any(|v| v.get("connected").and_then(Value::as_bool) == Some(true));
+    let running = connected || !named("children").is_empty();
+    Ok(if !running && store.is_defined(vm) {
+        Scope::Config
+    } else {
+        Scope::Live
+    })
+}
+
+/// The parameters of a `set` answer as `set` takes them (`priority=3 weight=256 ...`), the
+/// name and unset ones left out.
+fn set_params_summary(params: Option<&Value>) -> String {
+    let map: std::collections::BTreeMap<String, Value> = params
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+        .filter(|(k, v)| *k != "name" && !v.is_null())
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    params_summary(&map)
+}
+
+/// Prints a definition just written (`defined` or `changed`).
+fn print_definition(
+    json: bool,
+    store: &Store,
+    name: &str,
+    def: &Definition,
+    what: &str,
+) -> Result<(), Failure> {
+    let path = store.path(name)?;
+    if json {
+        println!("{}", json!({"name": name, "path": path, "definition": def}));
+    } else {
+        let auto = if def.auto { " (started at boot)" } else { "" };
+        println!("{name} {what} in {}{auto}", path.display());
+    }
+    Ok(())
+}
+
 /// `list --defined`: every definition and whether the daemon runs its device process. The
 /// definitions are listed even when the daemon cannot be asked (state `?`).
 fn list_defined(cli: &Cli, store: &Store) -> Result<(), Failure> {
@@ -753,7 +955,7 @@ fn list_defined(cli: &Cli, store: &Store) -> Result<(), Failure> {
     let running = Conn::open(&cli.control).and_then(|mut c| c.call(&json!({"cmd": "list"})));
     let children = match &running {
         Ok(v) => v.get("children").and_then(Value::as_array).cloned(),
-        Err(Failure::Usage(e) | Failure::Daemon(e)) => {
+        Err(Failure::Connection(e) | Failure::Refused(e)) => {
             eprintln!("vgpuctl: cannot tell what runs: {e}");
             None
         }
@@ -828,7 +1030,7 @@ fn show(
         stdout
             .write_all(out.as_bytes())
             .and_then(|()| stdout.flush())
-            .map_err(|e| Failure::Usage(format!("stdout: {e}")))?;
+            .map_err(|e| Failure::Connection(format!("stdout: {e}")))?;
         drop(stdout);
         shown = shown.saturating_add(1);
         if count.is_some_and(|c| shown >= c) {
@@ -844,11 +1046,11 @@ fn main() -> ExitCode {
     let cli: Cli = vgpu_cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(Failure::Daemon(e)) => {
+        Err(Failure::Refused(e)) => {
             eprintln!("vgpuctl: {e}");
             ExitCode::from(1)
         }
-        Err(Failure::Usage(e)) => {
+        Err(Failure::Connection(e)) => {
             eprintln!("vgpuctl: {e}");
             ExitCode::from(2)
         }
@@ -936,6 +1138,17 @@ mod tests {
         assert_eq!((name.as_str(), auto), ("vm1", true));
         assert_eq!(params, ["priority=3"]);
         assert_eq!(options, ["--renderer", "none"]);
+        let cli = parse(&["set", "--config", "a", "weight=2"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Cmd::Set {
+                config: true,
+                live: false,
+                both: false,
+                add: false,
+                ..
+            }
+        ));
         assert!(matches!(
             parse(&["list", "--defined"]).unwrap().command,
             Cmd::List { defined: true }
@@ -945,6 +1158,19 @@ mod tests {
             &["stop", "a"],
             &["undefine", "a"],
             &["dashboard"],
+            &["forget", "a"],
+            &[
+                "modify",
+                "a",
+                "--no-auto",
+                "weight=3",
+                "--",
+                "--renderer",
+                "none",
+            ],
+            &["modify", "a", "--socket=/run/b.sock", "--clear-options"],
+            &["set", "--both", "a", "priority=1"],
+            &["set", "--live", "--add", "a", "priority=1"],
         ] {
             assert!(parse(ok).is_ok(), "{ok:?}");
         }
@@ -962,6 +1188,13 @@ mod tests {
             &["set", "a"],
             &["create", "a"],
             &["define", "a"],
+            &["set", "--live", "--config", "a", "priority=1"],
+            &["set", "--config", "--both", "a", "priority=1"],
+            &["set", "--live", "--both", "a", "priority=1"],
+            &["set", "--config", "--add", "a", "priority=1"],
+            &["modify", "a", "--auto", "--no-auto"],
+            &["modify"],
+            &["forget"],
             &["frobnicate"],
             &["--bogus", "list"],
         ] {
