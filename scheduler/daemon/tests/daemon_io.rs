@@ -44,6 +44,10 @@ impl Schedd {
             .arg(dir.join("sched.sock"))
             .arg("--control")
             .arg(dir.join("control.sock"))
+            // A config dir of its own that does not exist: no definitions, no live state kept
+            // (an installed package's /etc/vgpu is not this test's).
+            .arg("--config-dir")
+            .arg(dir.join("etc"))
             .args(["--log-level", "debug"])
             .args(extra)
             .stderr(std::fs::File::create(&log).unwrap())

@@ -540,6 +540,23 @@ fn every_value_is_checked_once_and_live_changes_survive_a_restart() {
     let def = |d: &Schedd| d.json(&["list", "--defined"])[0]["definition"]["params"].clone();
     assert_eq!(def(&d), json!({"priority": 2, "weight": 300}));
     assert!(listed(&d).is_empty(), "the daemon was not asked");
+    // With no daemon to ask, nothing runs: a defined VM's definition is changed, and an
+    // unknown VM is a connection error (exit 2).
+    let offline = |args: &[&str]| {
+        Command::new(VGPUCTL)
+            .arg("--control")
+            .arg(dir.join("nobody.sock"))
+            .arg(format!("--config-dir={}", dir.join("etc").display()))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let o = offline(&["set", "vm1", "weight=300"]);
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(
+        offline(&["set", "nosuchvm", "weight=3"]).status.code(),
+        Some(2)
+    );
     d.say(&[
         "modify",
         "vm1",

@@ -893,9 +893,14 @@ fn set(
 
 /// The scope of a `set` without `--live`, `--config` or `--both`: live when the daemon runs
 /// the VM (connected, or with a device process), config when it is defined, live otherwise
-/// (the daemon then refuses a VM it does not know).
+/// (the daemon then refuses a VM it does not know). With no daemon to ask, nothing runs: a
+/// defined VM's definition is changed.
 fn current_scope(cli: &Cli, store: &Store, vm: &str) -> Result<Scope, Failure> {
-    let listed = Conn::open(&cli.control)?.call(&json!({"cmd": "list"}))?;
+    let listed = match Conn::open(&cli.control).and_then(|mut c| c.call(&json!({"cmd": "list"}))) {
+        Ok(listed) => listed,
+        Err(Failure::Connection(_)) if store.is_defined(vm) => return Ok(Scope::Config),
+        Err(e) => return Err(e),
+    };
     let named = |key: &str| {
         listed
             .get(key)
