@@ -17,6 +17,8 @@
 //! - normalised-float reads: unsigned `v / (2^n - 1)`, signed `max(v / (2^(n-1) - 1), -1)`;
 //!   sRGB the standard curve on red, green and blue; `f16` widened exactly.
 
+use std::cell::RefCell;
+
 use thiserror::Error;
 
 use crate::compute::memory::GlobalMemory;
@@ -446,7 +448,9 @@ impl Descriptor {
         Ok(d)
     }
 
-    /// Reads and validates the descriptor a handle names.
+    /// Reads the descriptor a handle names and validates it: bytes this host thread has
+    /// validated lately for the same handle and kind are not decoded again (see
+    /// [`DESCRIPTOR_CACHE_ENTRIES`]).
     pub fn load(
         memory: &dyn GlobalMemory,
         handle: u64,
@@ -456,12 +460,35 @@ impl Descriptor {
         memory
             .read(handle, &mut b)
             .map_err(|_| TextureError::Unreadable(handle))?;
+        DESCRIPTORS.with_borrow_mut(|cache| {
+            let key = |c: &&Decoded| c.handle == handle && c.surface == surface && c.bytes == b;
+            if let Some(hit) = cache.entries.iter().flatten().find(key) {
+                return Ok(hit.descriptor);
+            }
+            let descriptor = Self::decode(handle, surface, &b)?;
+            cache.entries[cache.next] = Some(Decoded {
+                handle,
+                surface,
+                bytes: b,
+                descriptor,
+            });
+            cache.next = (cache.next + 1) % DESCRIPTOR_CACHE_ENTRIES;
+            Ok(descriptor)
+        })
+    }
+
+    /// The descriptor of bytes `b` read at `handle`, validated.
+    fn decode(
+        handle: u64,
+        surface: bool,
+        b: &[u8; DESCRIPTOR_BYTES],
+    ) -> Result<Descriptor, TextureError> {
         let want = if surface {
             (SURFACE_MAGIC, "surface")
         } else {
             (TEXTURE_MAGIC, "texture")
         };
-        if le32(&b, 0) != want.0 {
+        if le32(b, 0) != want.0 {
             return Err(TextureError::NotAnObject(handle, want.1));
         }
         let bad = |what: &str| TextureError::Invalid(handle, what.to_string());
@@ -472,7 +499,7 @@ impl Descriptor {
         }
         let mut border = [0f32; 4];
         for (i, c) in border.iter_mut().enumerate() {
-            *c = f32::from_bits(le32(&b, 48 + 4 * i));
+            *c = f32::from_bits(le32(b, 48 + 4 * i));
         }
         let d = Descriptor {
             surface,
@@ -480,16 +507,16 @@ impl Descriptor {
             channels: u32::from(b[5]),
             flags: b[6],
             address,
-            extent: [le32(&b, 12), le32(&b, 16), le32(&b, 20)],
-            base: le64(&b, 24),
-            pitch: le64(&b, 32),
-            slice: le64(&b, 40),
+            extent: [le32(b, 12), le32(b, 16), le32(b, 20)],
+            base: le64(b, 24),
+            pitch: le64(b, 32),
+            slice: le64(b, 40),
             border,
             mip: Mip {
                 levels: b[7],
-                bias: f32::from_bits(le32(&b, 64)),
-                min: f32::from_bits(le32(&b, 68)),
-                max: f32::from_bits(le32(&b, 72)),
+                bias: f32::from_bits(le32(b, 64)),
+                min: f32::from_bits(le32(b, 68)),
+                max: f32::from_bits(le32(b, 72)),
                 linear: b[76] != 0,
             },
         };
@@ -508,6 +535,37 @@ impl Descriptor {
             + u64::from(y) * self.pitch
             + u64::from(x) * u64::from(self.texel_bytes())
     }
+}
+
+/// Descriptors one host thread remembers decoded and validated, keyed by handle, kind and
+/// all their bytes (which every fetch still reads): a kernel's fetches mostly go through a few
+/// objects, and decoding and validating a descriptor costs more than the fetch. A fixed few,
+/// so that what a guest makes the host hold here stays a constant per thread.
+pub const DESCRIPTOR_CACHE_ENTRIES: usize = 4;
+
+/// A descriptor's bytes as read at a handle, and what they decode to.
+#[derive(Debug, Clone, Copy)]
+struct Decoded {
+    handle: u64,
+    surface: bool,
+    bytes: [u8; DESCRIPTOR_BYTES],
+    descriptor: Descriptor,
+}
+
+/// The descriptors a host thread remembers, replaced in turn.
+#[derive(Debug)]
+struct DescriptorCache {
+    entries: [Option<Decoded>; DESCRIPTOR_CACHE_ENTRIES],
+    next: usize,
+}
+
+thread_local! {
+    static DESCRIPTORS: RefCell<DescriptorCache> = const {
+        RefCell::new(DescriptorCache {
+            entries: [None; DESCRIPTOR_CACHE_ENTRIES],
+            next: 0,
+        })
+    };
 }
 
 /// One texel's channels as read: floats, or integers (sign-extended).
@@ -547,11 +605,12 @@ pub fn srgb_to_linear(c: f32) -> f32 {
 
 /// A texel's bytes as the descriptor reads them.
 fn decode_texel(d: &Descriptor, raw: &[u8]) -> Texel {
-    let n = d.format.bytes() as usize;
     let chan = |c: usize| -> u32 {
-        let mut le = [0u8; 4];
-        le[..n].copy_from_slice(&raw[c * n..(c + 1) * n]);
-        u32::from_le_bytes(le)
+        match d.format.bytes() {
+            1 => u32::from(raw[c]),
+            2 => u32::from(u16::from_le_bytes([raw[2 * c], raw[2 * c + 1]])),
+            _ => le32(raw, 4 * c),
+        }
     };
     let channels = d.channels as usize;
     if d.reads_float() {
@@ -815,16 +874,6 @@ fn sample_level(
     let cube = d.flags & FLAG_CUBEMAP != 0;
     let normalized = cube || (d.flags & FLAG_NORMALIZED != 0 && !int);
     let linear = gather.is_some() || (d.flags & FLAG_LINEAR != 0 && !int);
-    let mut first = [0i64; 3];
-    let mut alpha = [0f32; 3];
-    for k in 0..c.dims {
-        let x = if normalized {
-            c.xyz[k] * d.extent[k] as f32
-        } else {
-            c.xyz[k]
-        };
-        (first[k], alpha[k]) = taps(x, linear);
-    }
     // Cubemap faces are sampled clamped at their edges; integer coordinates (`tex1Dfetch`)
     // have no address modes: out of range they read 0.
     let mode = |k: usize| {
@@ -836,48 +885,51 @@ fn sample_level(
             d.address[k]
         }
     };
-    let fetch = |offset: [i64; 3]| -> Result<Texel, TextureError> {
-        let mut idx = [0u32, 0, c.layer];
-        for k in 0..c.dims {
-            let i = first[k].saturating_add(offset[k]);
-            match address(i, d.extent[k], mode(k), normalized) {
-                Some(i) => idx[k] = i,
-                None if int => return Ok(Texel::Int([0; 4])),
-                None => return Ok(border(d)),
-            }
-        }
-        let addr = d.texel_addr(idx[0], idx[1], idx[2]);
-        let mut raw = [0u8; 16];
-        let n = d.texel_bytes() as usize;
-        memory
-            .read(addr, &mut raw[..n])
-            .map_err(|_| TextureError::Texel(addr))?;
-        Ok(decode_texel(d, &raw[..n]))
+    // Each dimension's texel index and the next one (linear filtering's second), after the
+    // address mode (`None`: outside, the border); a 2D fetch's z is its layer.
+    let mut index = [[Some(0u32); 2], [Some(0); 2], [Some(c.layer); 2]];
+    let mut alpha = [0f32; 3];
+    for k in 0..c.dims {
+        let x = if normalized {
+            c.xyz[k] * d.extent[k] as f32
+        } else {
+            c.xyz[k]
+        };
+        let (first, a) = taps(x, linear);
+        alpha[k] = a;
+        index[k] =
+            [0, 1].map(|o| address(first.saturating_add(o), d.extent[k], mode(k), normalized));
+    }
+    // The address of the texel at offsets (0 or 1 along each dimension) from the first.
+    let at = |o: [usize; 3]| -> Option<u64> {
+        Some(d.texel_addr(index[0][o[0]]?, index[1][o[1]]?, index[2][o[2]]?))
     };
+    let mut t = [Texel::Int([0; 4]); 8];
     if let Some(channel) = gather {
-        let mut out = [0u32; 4];
-        for (o, at) in out
-            .iter_mut()
-            .zip([[0, 1, 0], [1, 1, 0], [1, 0, 0], [0, 0, 0]])
-        {
-            *o = bits(fetch(at)?)[channel];
-        }
-        return Ok(out);
+        let addrs = [[0, 1, 0], [1, 1, 0], [1, 0, 0], [0, 0, 0]].map(at);
+        texels(memory, d, int, &addrs, &mut t)?;
+        return Ok(std::array::from_fn(|i| bits(t[i])[channel]));
     }
     if !linear {
-        return Ok(bits(fetch([0; 3])?));
+        texels(memory, d, int, &[at([0; 3])], &mut t)?;
+        return Ok(bits(t[0]));
     }
-    // (1-α)·T[i] + α·T[i+1] per dimension, the weights multiplied across dimensions.
+    // (1-α)·T[i] + α·T[i+1] per dimension, the weights multiplied across dimensions, summed
+    // in the order of the corners (x the fastest).
+    let corners = 1usize << c.dims;
+    let mut addrs = [None; 8];
+    for (corner, a) in addrs.iter_mut().enumerate().take(corners) {
+        *a = at([corner & 1, corner >> 1 & 1, corner >> 2 & 1]);
+    }
+    texels(memory, d, int, &addrs[..corners], &mut t)?;
     let mut acc = [0f32; 4];
-    for corner in 0..(1usize << c.dims) {
-        let mut offset = [0i64; 3];
+    for (corner, texel) in t.iter().enumerate().take(corners) {
         let mut w = 1f32;
-        for k in 0..c.dims {
+        for (k, a) in alpha.iter().enumerate().take(c.dims) {
             let hi = corner >> k & 1 == 1;
-            offset[k] = i64::from(hi);
-            w *= if hi { alpha[k] } else { 1.0 - alpha[k] };
+            w *= if hi { *a } else { 1.0 - *a };
         }
-        let Texel::Float(v) = fetch(offset)? else {
+        let Texel::Float(v) = *texel else {
             unreachable!("validated: linear filtering reads floats")
         };
         for (a, t) in acc.iter_mut().zip(v) {
@@ -885,6 +937,62 @@ fn sample_level(
         }
     }
     Ok(acc.map(f32::to_bits))
+}
+
+/// Bytes of the largest texel (4 channels of 4 bytes).
+const MAX_TEXEL_BYTES: usize = 16;
+
+/// The texels at `addrs` into `out` (an address `None`: outside, the border colour, or 0 for
+/// integer coordinates), as reading them one at a time in order reads them, the first
+/// unreadable one the error; two in a row that are neighbours in memory (or the same texel)
+/// take one read.
+fn texels(
+    memory: &dyn GlobalMemory,
+    d: &Descriptor,
+    int: bool,
+    addrs: &[Option<u64>],
+    out: &mut [Texel],
+) -> Result<(), TextureError> {
+    let n = d.texel_bytes() as usize;
+    let one = |a: u64| -> Result<Texel, TextureError> {
+        let mut raw = [0u8; MAX_TEXEL_BYTES];
+        memory
+            .read(a, &mut raw[..n])
+            .map_err(|_| TextureError::Texel(a))?;
+        Ok(decode_texel(d, &raw[..n]))
+    };
+    let mut j = 0;
+    while j < addrs.len() {
+        let Some(a) = addrs[j] else {
+            out[j] = if int { Texel::Int([0; 4]) } else { border(d) };
+            j += 1;
+            continue;
+        };
+        match addrs.get(j + 1).copied().flatten() {
+            Some(b) if b == a => {
+                out[j] = one(a)?;
+                out[j + 1] = out[j];
+            }
+            Some(b) if a.abs_diff(b) == n as u64 => {
+                let mut raw = [0u8; 2 * MAX_TEXEL_BYTES];
+                if memory.read(a.min(b), &mut raw[..2 * n]).is_ok() {
+                    let (lo, hi) = (decode_texel(d, &raw[..n]), decode_texel(d, &raw[n..2 * n]));
+                    (out[j], out[j + 1]) = if a < b { (lo, hi) } else { (hi, lo) };
+                } else {
+                    // One of them is unreadable: which one, as the reads one by one find it.
+                    out[j] = one(a)?;
+                    out[j + 1] = one(b)?;
+                }
+            }
+            _ => {
+                out[j] = one(a)?;
+                j += 1;
+                continue;
+            }
+        }
+        j += 2;
+    }
+    Ok(())
 }
 
 /// What a border texel reads as: the border colour (floats), or its values as integers.
@@ -1705,5 +1813,71 @@ mod tests {
         ] {
             assert!(bad.validate().is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_descriptor_rewritten_at_the_same_handle_is_read_anew() {
+        let mut rig = Rig::new();
+        let texels = [1f32, 2.0, 3.0, 4.0].map(f32::to_le_bytes).concat();
+        let d = f32_desc(2, 2, 0, AddressMode::Clamp);
+        let handle = rig.object(d, &texels);
+        let at = [[1.5f32.to_bits(), 0.5f32.to_bits(), 0, 0]];
+        let first = rig.run(TEX2D, handle, &at).unwrap()[0][0];
+        assert_eq!(f32::from_bits(first), 2.0);
+        let mut real = [0u8; DESCRIPTOR_BYTES];
+        rig.be
+            .copy_dtoh(rig.ctx, &mut real, handle, DEFAULT_STREAM)
+            .unwrap();
+        // The same handle now describes the texture as one row of 4: (1.5, 0.5) is texel 1
+        // still, (3.5, 0.5) texel 3, which the 2 x 2 texture clamped to texel 1.
+        let base = le64(&real, 24);
+        let row = Descriptor {
+            base,
+            ..f32_desc(4, 1, 0, AddressMode::Clamp)
+        };
+        rig.be
+            .copy_htod(rig.ctx, handle, &row.encode(), DEFAULT_STREAM)
+            .unwrap();
+        let far = [[3.5f32.to_bits(), 0.5f32.to_bits(), 0, 0]];
+        assert_eq!(
+            f32::from_bits(rig.run(TEX2D, handle, &far).unwrap()[0][0]),
+            4.0
+        );
+        rig.be
+            .copy_htod(rig.ctx, handle, &real, DEFAULT_STREAM)
+            .unwrap();
+        assert_eq!(rig.run(TEX2D, handle, &at).unwrap()[0][0], first);
+        // And a corrupt descriptor over one fetched before is refused, not remembered.
+        let mut bad = real;
+        bad[5] = 3;
+        rig.be
+            .copy_htod(rig.ctx, handle, &bad, DEFAULT_STREAM)
+            .unwrap();
+        assert_eq!(rig.run(TEX2D, handle, &at).unwrap_err().cuda_status(), 700);
+    }
+
+    #[test]
+    fn neighbouring_texels_fault_as_read_one_by_one() {
+        // Two texels of a row, the second past its memory: linear filtering and a gather
+        // fault at the second texel's address, as reading them one at a time does.
+        let between = [[1.0f32.to_bits(), 0.5f32.to_bits(), 0, 0]];
+        let r = "tld4.r.2d.v4.f32.f32 {%r6, %r7, %r8, %r9}, [%rd1, {%r2, %r3}];";
+        for op in [TEX2D, r] {
+            // A fault breaks the context: a fresh one for each.
+            let mut rig = Rig::new();
+            let mut d = f32_desc(2, 1, FLAG_LINEAR, AddressMode::Clamp);
+            d.base = rig.put(&1f32.to_le_bytes());
+            let handle = rig.put(&d.encode());
+            let err = rig.run(op, handle, &between).unwrap_err();
+            let second = format!("texel at {:#x} ", d.base + 4);
+            assert!(err.to_string().contains(&second), "{op}: {err}");
+        }
+        // With one texel both corners clamp to it: it alone is read.
+        let mut rig = Rig::new();
+        let mut d = f32_desc(1, 1, FLAG_LINEAR, AddressMode::Clamp);
+        d.base = rig.put(&1f32.to_le_bytes());
+        let handle = rig.put(&d.encode());
+        let got = rig.run(r, handle, &between).unwrap()[0];
+        assert_eq!(got, [1f32.to_bits(); 4]);
     }
 }
