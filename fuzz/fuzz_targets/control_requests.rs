@@ -43,7 +43,13 @@ fuzz_target!(|data: &[u8]| {
                 Request::List {} => drop(daemon.list()),
                 Request::Stats {} => drop(daemon.stats(now)),
                 Request::SetPolicy { policy } => drop(daemon.set_policy(now, policy)),
-                Request::SetParams { vm, params } => drop(daemon.set_params(now, &vm, &params)),
+                // The server refuses a VM it does not know unless the request adds it.
+                Request::SetParams { vm, params, add } => {
+                    if add || daemon.knows(&vm) {
+                        drop(daemon.set_params(now, &vm, &params));
+                    }
+                }
+                Request::Forget { vm } => drop(daemon.forget(&vm)),
                 Request::Focus { vm } => drop(daemon.focus(now, &vm)),
                 Request::Create { options, .. } => {
                     drop(options.to_args(Some(Path::new("state/vm"))));
