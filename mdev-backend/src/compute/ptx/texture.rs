@@ -17,8 +17,6 @@
 //! - normalised-float reads: unsigned `v / (2^n - 1)`, signed `max(v / (2^(n-1) - 1), -1)`;
 //!   sRGB the standard curve on red, green and blue; `f16` widened exactly.
 
-use std::cell::RefCell;
-
 use thiserror::Error;
 
 use crate::compute::memory::GlobalMemory;
@@ -448,9 +446,7 @@ impl Descriptor {
         Ok(d)
     }
 
-    /// Reads the descriptor a handle names and validates it: bytes this host thread has
-    /// validated lately for the same handle and kind are not decoded again (see
-    /// [`DESCRIPTOR_CACHE_ENTRIES`]).
+    /// Reads and validates the descriptor a handle names.
     pub fn load(
         memory: &dyn GlobalMemory,
         handle: u64,
@@ -460,21 +456,7 @@ impl Descriptor {
         memory
             .read(handle, &mut b)
             .map_err(|_| TextureError::Unreadable(handle))?;
-        DESCRIPTORS.with_borrow_mut(|cache| {
-            let key = |c: &&Decoded| c.handle == handle && c.surface == surface && c.bytes == b;
-            if let Some(hit) = cache.entries.iter().flatten().find(key) {
-                return Ok(hit.descriptor);
-            }
-            let descriptor = Self::decode(handle, surface, &b)?;
-            cache.entries[cache.next] = Some(Decoded {
-                handle,
-                surface,
-                bytes: b,
-                descriptor,
-            });
-            cache.next = (cache.next + 1) % DESCRIPTOR_CACHE_ENTRIES;
-            Ok(descriptor)
-        })
+        Self::decode(handle, surface, &b)
     }
 
     /// The descriptor of bytes `b` read at `handle`, validated.
@@ -535,37 +517,6 @@ impl Descriptor {
             + u64::from(y) * self.pitch
             + u64::from(x) * u64::from(self.texel_bytes())
     }
-}
-
-/// Descriptors one host thread remembers decoded and validated, keyed by handle, kind and
-/// all their bytes (which every fetch still reads): a kernel's fetches mostly go through a few
-/// objects, and decoding and validating a descriptor costs more than the fetch. A fixed few,
-/// so that what a guest makes the host hold here stays a constant per thread.
-pub const DESCRIPTOR_CACHE_ENTRIES: usize = 4;
-
-/// A descriptor's bytes as read at a handle, and what they decode to.
-#[derive(Debug, Clone, Copy)]
-struct Decoded {
-    handle: u64,
-    surface: bool,
-    bytes: [u8; DESCRIPTOR_BYTES],
-    descriptor: Descriptor,
-}
-
-/// The descriptors a host thread remembers, replaced in turn.
-#[derive(Debug)]
-struct DescriptorCache {
-    entries: [Option<Decoded>; DESCRIPTOR_CACHE_ENTRIES],
-    next: usize,
-}
-
-thread_local! {
-    static DESCRIPTORS: RefCell<DescriptorCache> = const {
-        RefCell::new(DescriptorCache {
-            entries: [None; DESCRIPTOR_CACHE_ENTRIES],
-            next: 0,
-        })
-    };
 }
 
 /// One texel's channels as read: floats, or integers (sign-extended).
