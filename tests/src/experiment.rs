@@ -300,7 +300,8 @@ pub fn run_on_vms(
         if kv.is_empty() {
             continue;
         }
-        let mut a = vec!["set", vm.name.as_str()];
+        // Before its VM connects: `--add` keeps the parameters for it.
+        let mut a = vec!["set", "--add", vm.name.as_str()];
         a.extend(kv.iter().map(String::as_str));
         schedd
             .ctl(&a)
