@@ -42,12 +42,11 @@ pub const CONTROL_QUEUE_SIZE: u16 = 64;
 pub const CURSOR_QUEUE_SIZE: u16 = 16;
 
 /// Routes the server's `log` output into the test's captured output, once per process
-/// (`RUST_LOG` overrides the default `info`).
+/// (`RUST_LOG` overrides the default `info`), filtered as vgpu-server's own logger filters it
+/// (`mdev_backend::logger`: the code generator at warn).
 pub fn init_logging() {
-    let _ = env_logger::Builder::new()
+    let _ = mdev_backend::logger(log::LevelFilter::Info)
         .is_test(true)
-        .filter_level(log::LevelFilter::Info)
-        .parse_default_env()
         .try_init();
 }
 
