@@ -371,8 +371,7 @@ fn compute_groups(guest: &mut VgpuGuest, daemon: &SeqStream) {
     still_held(guest);
     // What was scheduled runs, whatever the guest writes into its blob meanwhile.
     blob.write(guest, &[0xff; 64]);
-    send(daemon, &Msg::Grant { group });
-    finished(guest, head);
+    granted_to_the_end(guest, daemon, group, head);
     assert!(
         matches!(
             blob.reply(guest),
@@ -384,10 +383,71 @@ fn compute_groups(guest: &mut VgpuGuest, daemon: &SeqStream) {
         ),
         "the launch ran once granted"
     );
-    completed_reported(daemon, group);
     // Under a lease a launch-heavy app pays no grant round trip: dispatched at once.
     let submit = blob.put(guest, CTX, &launch, 21);
     dispatched_under_a_lease(guest, daemon, &submit);
+}
+
+/// Grants `group`, held for the compute request `head`, and every continuation the device
+/// asks for until the request completes: a request runs a slice
+/// ([`vgpu_server::gpu::compute::SLICE`]) at a time, and its first
+/// launch (the kernel's compilation included) can outlast a slice on a busy host. Each
+/// continuation is asked for only after the slice before it was reported complete, and the
+/// request completes with its last slice reported.
+fn granted_to_the_end(
+    guest: &mut VgpuGuest,
+    daemon: &SeqStream,
+    group: vgpu_scheduler::GroupId,
+    head: u16,
+) {
+    /// How long each side is watched before the other is looked at.
+    const POLL: Duration = Duration::from_millis(20);
+    send(daemon, &Msg::Grant { group });
+    let mut running = group;
+    let mut reported = false;
+    let deadline = Instant::now() + TIMEOUT;
+    daemon.set_read_timeout(Some(POLL)).unwrap();
+    let mut buf = vec![0; proto::MAX_MESSAGE_BYTES + 1];
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "the compute request did not complete"
+        );
+        if let Ok(done) = guest.dev.wait_used(guest.vm.qtest(), CONTROL_QUEUE, POLL) {
+            assert_eq!(done.used.id, u32::from(head));
+            let reply = done.writable.expect("our chain").remove(0);
+            let hdr = virtio_gpu::CtrlHeader::parse(&reply).unwrap();
+            assert_eq!(hdr.ctrl_type, RESP_OK_NODATA);
+            break;
+        }
+        let Some(n) = daemon.recv(&mut buf).expect("recv") else {
+            continue;
+        };
+        match proto::decode(&buf[..n]).expect("a valid message") {
+            Msg::Completed {
+                group: g,
+                start,
+                finish,
+            } if g == running && !reported => {
+                assert!(start <= finish);
+                reported = true;
+            }
+            Msg::Submit {
+                group: g,
+                exec: Exec::Device,
+                ..
+            } if reported => {
+                running = g;
+                reported = false;
+                send(daemon, &Msg::Grant { group: g });
+            }
+            other => panic!("expected Completed of {running:?} or a continuation, got {other:?}"),
+        }
+    }
+    daemon.set_read_timeout(Some(TIMEOUT)).unwrap();
+    if !reported {
+        completed_reported(daemon, running);
+    }
 }
 
 /// Under a lease `request` runs at once: the device reports `Dispatched`, then `Completed`;
@@ -400,14 +460,45 @@ fn dispatched_under_a_lease(guest: &mut VgpuGuest, daemon: &SeqStream, request: 
             until: 0,
         },
     );
-    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(reports_until_marked(daemon), [], "nothing ran meanwhile");
     call(guest, request);
-    let group = match recv(daemon) {
-        Msg::Dispatched { group, .. } => group,
-        other => panic!("expected Dispatched, got {other:?}"),
-    };
-    assert!(matches!(recv(daemon), Msg::Completed { group: g, .. } if g == group));
     send(daemon, &Msg::Revoke);
+    // One slice, or several when the request outlasted a slice on a busy host: each
+    // `Dispatched`, then `Completed`.
+    let reports = reports_until_marked(daemon);
+    assert!(!reports.is_empty() && reports.len() % 2 == 0, "{reports:?}");
+    for pair in reports.chunks(2) {
+        match pair {
+            [
+                Msg::Dispatched { group, .. },
+                Msg::Completed {
+                    group: done,
+                    start,
+                    finish,
+                },
+            ] if group == done && start <= finish => {}
+            other => panic!("expected Dispatched, then its Completed; got {other:?}"),
+        }
+    }
+}
+
+/// A group no device asked for. The device answers a grant for it with `Cancel`, after it has
+/// acted on every message sent before the grant and sent what it held to report.
+const MARKER: vgpu_scheduler::GroupId = vgpu_scheduler::GroupId(77_000);
+
+/// Sends a grant for [`MARKER`]; returns what the device sent before it answered that grant.
+fn reports_until_marked(daemon: &SeqStream) -> Vec<Msg> {
+    /// More reports than any one step of these tests makes.
+    const MAX_REPORTS: usize = 1000;
+    send(daemon, &Msg::Grant { group: MARKER });
+    let mut before = Vec::new();
+    while before.len() < MAX_REPORTS {
+        match recv(daemon) {
+            Msg::Cancel { group } if group == MARKER => return before,
+            report => before.push(report),
+        }
+    }
+    panic!("no answer to the marker's grant after {MAX_REPORTS} reports")
 }
 
 /// A flush of the 3D resource a scanout shows is one presented frame: `Frame`, and its
