@@ -410,14 +410,15 @@ mod tests {
     /// allowed option set, so that renaming a flag here or there fails this test.
     #[test]
     fn what_the_daemon_passes_is_accepted() {
-        for (renderer, level) in [
-            (Renderer::Virgl, LevelFilter::Off),
-            (Renderer::None, LevelFilter::Debug),
+        for (renderer, level, memory_mb) in [
+            (Renderer::Virgl, LevelFilter::Off, 1),
+            (Renderer::None, LevelFilter::Debug, MAX_RESOURCE_MEMORY_MB),
         ] {
             let options = ServerOptions {
                 display: Some((1280, 800)),
                 renderer: Some(renderer),
                 log_level: Some(level),
+                memory_mb: Some(memory_mb),
                 dump: true,
                 exit_on_disconnect: true,
             };
@@ -438,6 +439,7 @@ mod tests {
             assert_eq!((c.display.width, c.display.height), (1280, 800));
             assert_eq!(c.renderer.is_some(), renderer == Renderer::Virgl);
             assert_eq!(a.log_level, level);
+            assert_eq!(c.resource_memory, memory_mb << 20);
             assert_eq!(
                 c.dump.as_ref().unwrap().dir,
                 PathBuf::from("/var/lib/vgpu/dump/a")
@@ -461,6 +463,19 @@ mod tests {
         // With no options the daemon's own part alone.
         let line = ServerOptions::default().to_args(None);
         assert!(line.is_empty());
+    }
+
+    /// The daemon checks `--display` and `--memory-mb` at `define` against its own copies of
+    /// this process's limits (it cannot depend on this crate): they must be the same.
+    #[test]
+    fn the_daemon_checks_the_same_limits() {
+        use vgpu_schedd::control::{MAX_DISPLAY_EDGE, MAX_MEMORY_MB, MIN_DISPLAY_EDGE};
+        use vgpu_server::gpu::device::{MAX_SCANOUT_EDGE, MIN_SCANOUT_EDGE};
+        assert_eq!(
+            (MIN_DISPLAY_EDGE, MAX_DISPLAY_EDGE),
+            (MIN_SCANOUT_EDGE, MAX_SCANOUT_EDGE)
+        );
+        assert_eq!(MAX_MEMORY_MB, MAX_RESOURCE_MEMORY_MB);
     }
 
     #[test]

@@ -56,6 +56,9 @@ pub const DEFAULT_CONTROL_PATH: &str = "/run/vgpu-schedd/control.sock";
 pub const MIN_DISPLAY_EDGE: u32 = 16;
 /// Largest `--display` edge: vgpu-server's `MAX_SCANOUT_EDGE` (16384), for the same reason.
 pub const MAX_DISPLAY_EDGE: u32 = 16384;
+/// Largest `--memory-mb`: vgpu-server's `MAX_RESOURCE_MEMORY_MB` (1 TiB), checked here so that
+/// `define` refuses a budget the device process would refuse at `start`.
+pub const MAX_MEMORY_MB: u64 = 1 << 20;
 /// The keys of a `vgpuctl set` assignment, as error messages list them.
 pub const PARAM_KEYS: &str = "priority, weight, sched, target_fps, slo, reserve";
 
@@ -257,6 +260,7 @@ pub enum Renderer {
 /// | `--display WxH` | the scanout mode (the device process checks the range) |
 /// | `--renderer virgl\|none` | with or without virgl |
 /// | `--log-level off\|error\|warn\|info\|debug\|trace` | its log level |
+/// | `--memory-mb N` | the VM's memory budget in MiB (1 to [`MAX_MEMORY_MB`]): its GPU memory on the compute path, and its GL resources (vgpu-server's `--resource-memory-mb`) |
 /// | `--dump` | scanout PNGs into the VM's dump directory |
 /// | `--exit-on-disconnect` | exit when QEMU disconnects |
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -268,6 +272,8 @@ pub struct ServerOptions {
     pub renderer: Option<Renderer>,
     /// `--log-level`.
     pub log_level: Option<log::LevelFilter>,
+    /// `--memory-mb`.
+    pub memory_mb: Option<u64>,
     /// `--dump`.
     pub dump: bool,
     /// `--exit-on-disconnect`.
@@ -275,8 +281,8 @@ pub struct ServerOptions {
 }
 
 /// The allowed options, as error messages list them.
-const ALLOWED_OPTIONS: &str = "--display WxH, --renderer virgl|none, --log-level LEVEL, --dump, \
-                               --exit-on-disconnect";
+const ALLOWED_OPTIONS: &str = "--display WxH, --renderer virgl|none, --log-level LEVEL, \
+                               --memory-mb N, --dump, --exit-on-disconnect";
 
 impl TryFrom<Vec<String>> for ServerOptions {
     type Error = ControlError;
@@ -330,6 +336,17 @@ impl TryFrom<Vec<String>> for ServerOptions {
                     };
                     opts.log_level.replace(level).is_some()
                 }
+                "--memory-mb" => {
+                    let v = value()?;
+                    match v.parse::<u64>() {
+                        Ok(mb @ 1..=MAX_MEMORY_MB) => opts.memory_mb.replace(mb).is_some(),
+                        _ => {
+                            return bad(format!(
+                                "--memory-mb {v:?} is not a number of MiB in 1..={MAX_MEMORY_MB}"
+                            ));
+                        }
+                    }
+                }
                 "--dump" => std::mem::replace(&mut opts.dump, true),
                 "--exit-on-disconnect" => std::mem::replace(&mut opts.exit_on_disconnect, true),
                 other => {
@@ -365,6 +382,9 @@ impl ServerOptions {
         if let Some(level) = self.log_level {
             let level = level.as_str().to_ascii_lowercase();
             args.extend(["--log-level".into(), level.into()]);
+        }
+        if let Some(mb) = self.memory_mb {
+            args.extend(["--resource-memory-mb".into(), mb.to_string().into()]);
         }
         if let Some(dir) = dump_dir {
             args.extend(["--dump-dir".into(), dir.into()]);
@@ -592,6 +612,8 @@ mod tests {
             "none",
             "--log-level",
             "Debug",
+            "--memory-mb",
+            "2048",
             "--dump",
             "--exit-on-disconnect",
         ])
@@ -614,6 +636,8 @@ mod tests {
                 "none",
                 "--log-level",
                 "debug",
+                "--resource-memory-mb",
+                "2048",
                 "--dump-dir",
                 "/state/dump/a",
                 "--exit-on-disconnect"
@@ -635,6 +659,13 @@ mod tests {
             &["--renderer", "vulkan"],
             &["--log-level", "loud"],
             &["--dump", "--dump"],
+            &["--memory-mb"],
+            &["--memory-mb", "0"],
+            &["--memory-mb", "1048577"],
+            &["--memory-mb", "-1"],
+            &["--memory-mb", "2G"],
+            &["--memory-mb", "1", "--memory-mb", "2"],
+            &["--resource-memory-mb", "64"],
             &["--display=640x480"],
             &["640x480"],
         ] {

@@ -777,7 +777,10 @@ fn spawn_executor(
     engine: Engine,
 ) -> Result<Executor, ComputeError> {
     let make = move || -> Result<Box<dyn ComputeBackend>, ComputeError> {
+        // The guest's GPU memory is its VM's whole budget (`--resource-memory-mb`), shared
+        // with everything else the device holds for it.
         let config = CpuConfig {
+            memory_per_context: budget.limit(),
             budget,
             engine,
             ..CpuConfig::default()
@@ -1172,6 +1175,14 @@ pub(crate) mod tests {
             panic!("past the budget")
         };
         assert_eq!(status, 2);
+        // The guest sees the VM's budget as its GPU memory, whatever its size.
+        for bytes in [BUDGET, 3 << 30] {
+            let mut rt = ComputeRuntime::new(ComputeKind::Cpu, MemoryBudget::new(bytes));
+            let Reply::Attributes(a) = ask(&mut rt, &mut runner, 1, Request::Attributes) else {
+                panic!("attributes")
+            };
+            assert_eq!(a.total_memory, bytes);
+        }
     }
 
     #[test]
