@@ -289,12 +289,14 @@ for unit in vgpu-schedd.service vgpu-server@.service; do
     put_file "$tmp/unit" "$unit_dir/$unit" 0644
 done
 
-# Configuration skeleton: the daemon's options, a per-VM example, an example definition, and
-# the directories the units and vgpuctl use.
+# Configuration skeleton: the daemon's options, a per-VM example, an example definition and
+# type, and the directories the units and vgpuctl use.
 put_config "$here/config/schedd.env" "$sysconfdir/vgpu/schedd.env"
 put_config "$here/config/server.env.example" "$sysconfdir/vgpu/server/vm.env.example"
 put_config "$here/config/vm1.json" "$sysconfdir/vgpu/examples/vm1.json"
+put_config "$here/config/type-quarter.json" "$sysconfdir/vgpu/examples/type-quarter.json"
 make_dir "$sysconfdir/vgpu/vgpus"
+make_dir "$sysconfdir/vgpu/types"
 
 # The libvirt recipe: a domain to adapt and the hook that starts a VM's device process.
 put_file "$here/libvirt/vgpu-domain.xml" "$prefix/share/vgpu/libvirt/vgpu-domain.xml" 0644

@@ -22,6 +22,15 @@
 //! written atomically (a temporary file renamed or linked into place), mode 0644 in a directory
 //! made 0755. The JSON Schema is `docs/vgpu-definition.schema.json`.
 //!
+//! vGPU types (profiles, as `mdevctl types` and `nvidia-smi vgpu -s` list them) live beside
+//! them, one file per type at `<config-dir>/types/<TYPE>.json` ([`VgpuType`]): the parameters
+//! and device options every vGPU of the type gets, and how many may be defined
+//! (`max_instances`). `vgpuctl define NAME --type TYPE` copies them into the new definition,
+//! which records its type; the type's free instances are its maximum less the definitions of
+//! that type ([`Store::define_typed`], under a lock so that two defines cannot both take the
+//! last one). Every definition gets a stable identity when it is written first, a random
+//! UUID, as mdevctl gives each mediated device.
+//!
 //! The same directory keeps the daemon's live state ([`LiveState`], `<config-dir>/live.json`):
 //! the policy and the VMs' parameters as `set-policy` and `set` last changed them, so that a
 //! restarted daemon schedules as the one before it did.
@@ -32,9 +41,11 @@ use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use thiserror::Error;
+use uuid::Uuid;
 use vgpu_scheduler::core::check_params;
 use vgpu_scheduler::sim::ParamsOverride;
 use vgpu_scheduler::{PolicyConfig, VgpuParams};
@@ -56,6 +67,15 @@ pub const MAX_DEFINITIONS: usize = 1024;
 pub const MAX_NAME_BYTES: usize = 64;
 /// The file name suffix of a definition.
 const SUFFIX: &str = ".json";
+/// The directory under the config dir that holds one file per vGPU type.
+pub const TYPES_DIR: &str = "types";
+/// Most instances a type may allow: as many as there may be definitions.
+pub const MAX_TYPE_INSTANCES: u32 = MAX_DEFINITIONS as u32;
+/// Longest type description: one line of `vgpuctl types`.
+pub const MAX_DESCRIPTION_BYTES: usize = 200;
+/// The lock file (in the definitions' directory) that typed defines hold while they count a
+/// type's instances and write the new one.
+const LOCK_FILE: &str = ".lock";
 /// The file under the config dir that keeps the daemon's live state ([`LiveState`]).
 pub const LIVE_STATE_FILE: &str = "live.json";
 /// Largest live state file read: the parameters of [`crate::daemon::MAX_STORED_VMS`] VMs at a
@@ -101,6 +121,17 @@ pub enum DefinitionError {
     /// A name without a definition.
     #[error("{0} is not defined")]
     NotDefined(String),
+    /// A type name without a type file.
+    #[error("no vGPU type {0} (`vgpuctl types` lists them)")]
+    NoType(String),
+    /// Every instance of the type is defined already.
+    #[error("vGPU type {name} has no free instance: {max} of {max} are defined")]
+    NoCapacity {
+        /// The type.
+        name: String,
+        /// Its `max_instances`.
+        max: u32,
+    },
     /// More than [`MAX_DEFINITIONS`] files in the directory.
     #[error("{}: more than {MAX_DEFINITIONS} entries", path.display())]
     TooMany {
@@ -127,6 +158,14 @@ pub struct Definition {
     /// Whether `vgpu-schedd --config-dir` starts it when the daemon starts.
     #[serde(default)]
     pub auto: bool,
+    /// Its identity, given when it is first written and kept by every change (a version-4
+    /// UUID). Files written by hand may leave it out: the next `vgpuctl modify` gives one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<Uuid>,
+    /// The vGPU type it was defined from (`define --type`): its parameters and options were
+    /// copied from the type then, and it counts as one of the type's instances.
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub vgpu_type: Option<String>,
 }
 
 impl Definition {
@@ -135,25 +174,81 @@ impl Definition {
     /// scheduler checks a VM's parameters). Returns the options and parameters to start it with.
     pub fn check(&self) -> Result<(ServerOptions, ParamsOverride), String> {
         check_socket_path(&self.socket).map_err(|e| format!("socket: {e}"))?;
-        let options =
-            ServerOptions::try_from(self.server_args.clone()).map_err(|e| e.to_string())?;
-        let params = self.params_override()?;
-        let mut applied = VgpuParams::default();
-        params.apply(&mut applied);
-        check_params(&applied).map_err(|e| format!("params: {e}"))?;
-        Ok((options, params))
-    }
-
-    /// The parameters as a `set-params` request's `params`.
-    fn params_override(&self) -> Result<ParamsOverride, String> {
-        let map: serde_json::Map<String, Value> = self
-            .params
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        serde_json::from_value(Value::Object(map)).map_err(|e| format!("params: {e}"))
+        if let Some(t) = &self.vgpu_type {
+            check_name(t).map_err(|e| format!("type: {e}"))?;
+        }
+        check_options_and_params(&self.server_args, &self.params)
     }
 }
+
+/// Checks device options as `create` takes them and parameters as `set-params` takes them,
+/// alone and together as the scheduler checks a VM's; returns both parsed.
+fn check_options_and_params(
+    server_args: &[String],
+    params: &BTreeMap<String, Value>,
+) -> Result<(ServerOptions, ParamsOverride), String> {
+    let options = ServerOptions::try_from(server_args.to_vec()).map_err(|e| e.to_string())?;
+    let map: serde_json::Map<String, Value> =
+        params.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let params: ParamsOverride =
+        serde_json::from_value(Value::Object(map)).map_err(|e| format!("params: {e}"))?;
+    let mut applied = VgpuParams::default();
+    params.apply(&mut applied);
+    check_params(&applied).map_err(|e| format!("params: {e}"))?;
+    Ok((options, params))
+}
+
+/// A vGPU type (profile): what every vGPU defined from it gets, and how many may be defined on
+/// this host. `<config-dir>/types/<TYPE>.json`, written by the operator (or the package).
+///
+/// ```json
+/// {
+///   "description": "a quarter of the GPU, 2 GiB, 60 fps",
+///   "params": {"weight": 256, "priority": 5, "target_fps": 60.0},
+///   "server_args": ["--memory-mb", "2048"],
+///   "max_instances": 4
+/// }
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VgpuType {
+    /// One line for people (at most [`MAX_DESCRIPTION_BYTES`], no control characters).
+    #[serde(default)]
+    pub description: String,
+    /// Each instance's scheduling parameters, as a definition's `params`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub params: BTreeMap<String, Value>,
+    /// Each instance's device options, as a definition's `server_args` (`--memory-mb N`: its
+    /// memory).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub server_args: Vec<String>,
+    /// How many vGPUs of the type may be defined (1 to [`MAX_TYPE_INSTANCES`]).
+    pub max_instances: u32,
+}
+
+impl VgpuType {
+    /// Checks the type as its instances' definitions will be checked, and its own fields.
+    pub fn check(&self) -> Result<(ServerOptions, ParamsOverride), String> {
+        if self.description.len() > MAX_DESCRIPTION_BYTES
+            || self.description.chars().any(char::is_control)
+        {
+            return Err(format!(
+                "description: at most {MAX_DESCRIPTION_BYTES} bytes on one line"
+            ));
+        }
+        if !(1..=MAX_TYPE_INSTANCES).contains(&self.max_instances) {
+            return Err(format!(
+                "max_instances: {} is not in 1..={MAX_TYPE_INSTANCES}",
+                self.max_instances
+            ));
+        }
+        check_options_and_params(&self.server_args, &self.params)
+    }
+}
+
+/// One entry of [`Store::types`]: a type's name, the type, and how many vGPUs of it are
+/// defined; or why its file is not a type.
+pub type ListedType = (String, Result<(VgpuType, u32), DefinitionError>);
 
 /// Checks that `name` may name a definition: a valid VM name of at most [`MAX_NAME_BYTES`]
 /// ASCII letters, digits, `_`, `-` and `.`, not starting with `.` (so it is a plain file name,
@@ -181,6 +276,7 @@ pub fn check_name(name: &str) -> Result<(), DefinitionError> {
 #[derive(Debug, Clone)]
 pub struct Store {
     dir: PathBuf,
+    types: PathBuf,
 }
 
 /// One entry of [`Store::list`]: a definition's name and the definition, or why its file is
@@ -192,6 +288,7 @@ impl Store {
     pub fn new(config_dir: &Path) -> Store {
         Store {
             dir: config_dir.join(DEFINITIONS_DIR),
+            types: config_dir.join(TYPES_DIR),
         }
     }
 
@@ -209,28 +306,83 @@ impl Store {
     /// Reads and checks definition `name`.
     pub fn read(&self, name: &str) -> Result<Definition, DefinitionError> {
         let path = self.path(name)?;
-        let io_err = |source: io::Error| match source.kind() {
-            io::ErrorKind::NotFound => DefinitionError::NotDefined(name.to_owned()),
-            _ => DefinitionError::Io {
-                path: path.clone(),
-                source,
-            },
+        read_checked(&path, Definition::check, || {
+            DefinitionError::NotDefined(name.to_owned())
+        })
+    }
+
+    /// Reads and checks vGPU type `name`.
+    pub fn read_type(&self, name: &str) -> Result<VgpuType, DefinitionError> {
+        check_name(name)?;
+        let path = self.types.join(format!("{name}{SUFFIX}"));
+        read_checked(&path, VgpuType::check, || {
+            DefinitionError::NoType(name.to_owned())
+        })
+    }
+
+    /// Every vGPU type, by name, with how many vGPUs of it are defined; a broken type file
+    /// is an `Err` entry. A missing directory lists nothing.
+    pub fn types(&self) -> Result<Vec<ListedType>, DefinitionError> {
+        let defined = self.list()?;
+        Ok(file_names(&self.types)?
+            .into_iter()
+            .map(|name| {
+                let listed = self.read_type(&name).map(|t| {
+                    let n = instances(&defined, &name);
+                    (t, n)
+                });
+                (name, listed)
+            })
+            .collect())
+    }
+
+    /// Defines `name` as an instance of type `type_name`: the type's parameters with `params`
+    /// over them, its device options followed by `options`, a new UUID. Refused when the
+    /// type's instances are all defined; the count and the write happen under the store's
+    /// lock, so concurrent defines cannot take more than there are. Returns the definition.
+    pub fn define_typed(
+        &self,
+        name: &str,
+        type_name: &str,
+        socket: PathBuf,
+        auto: bool,
+        params: BTreeMap<String, Value>,
+        options: &[String],
+    ) -> Result<Definition, DefinitionError> {
+        let t = self.read_type(type_name)?;
+        self.make_dir()?;
+        let lock_path = self.dir.join(LOCK_FILE);
+        let io_at = |source| DefinitionError::Io {
+            path: lock_path.clone(),
+            source,
         };
-        let file = std::fs::File::open(&path).map_err(io_err)?;
-        let mut text = String::new();
-        // One byte more than allowed tells an oversized file from one of the largest size.
-        file.take(MAX_DEFINITION_BYTES.saturating_add(1))
-            .read_to_string(&mut text)
-            .map_err(io_err)?;
-        if u64::try_from(text.len()).unwrap_or(u64::MAX) > MAX_DEFINITION_BYTES {
-            return Err(DefinitionError::TooLarge { path });
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o644)
+            .open(&lock_path)
+            .map_err(io_at)?;
+        // Released when `lock` is dropped (closed), whatever happens below.
+        rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
+            .map_err(|e| io_at(e.into()))?;
+        if instances(&self.list()?, type_name) >= t.max_instances {
+            return Err(DefinitionError::NoCapacity {
+                name: type_name.to_owned(),
+                max: t.max_instances,
+            });
         }
-        let invalid = |why: String| DefinitionError::Invalid {
-            path: path.clone(),
-            why,
+        let mut def = Definition {
+            socket,
+            server_args: t.server_args,
+            params: t.params,
+            auto,
+            uuid: Some(Uuid::new_v4()),
+            vgpu_type: Some(type_name.to_owned()),
         };
-        let def: Definition = serde_json::from_str(&text).map_err(|e| invalid(e.to_string()))?;
-        def.check().map_err(invalid)?;
+        def.params.extend(params);
+        def.server_args.extend_from_slice(options);
+        self.define(name, &def)?;
         Ok(def)
     }
 
@@ -332,32 +484,7 @@ impl Store {
     /// entry, not a failure of the whole list. A missing directory lists nothing. Hidden files
     /// (temporary files among them) and files without the `.json` suffix are not looked at.
     pub fn list(&self) -> Result<Vec<Listed>, DefinitionError> {
-        let io_err = |source| DefinitionError::Io {
-            path: self.dir.clone(),
-            source,
-        };
-        let entries = match std::fs::read_dir(&self.dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(io_err(e)),
-        };
-        let mut names = Vec::new();
-        for (i, entry) in entries.enumerate() {
-            if i >= MAX_DEFINITIONS {
-                return Err(DefinitionError::TooMany {
-                    path: self.dir.clone(),
-                });
-            }
-            let file = entry.map_err(io_err)?.file_name();
-            let Some(name) = file.to_str().and_then(|f| f.strip_suffix(SUFFIX)) else {
-                continue;
-            };
-            if !name.starts_with('.') {
-                names.push(name.to_owned());
-            }
-        }
-        names.sort();
-        Ok(names
+        Ok(file_names(&self.dir)?
             .into_iter()
             .map(|name| {
                 let def = self.read(&name);
@@ -401,6 +528,90 @@ impl Store {
                 source,
             })
     }
+}
+
+/// How many of `defined` are instances of type `name`.
+fn instances(defined: &[Listed], name: &str) -> u32 {
+    let n = defined
+        .iter()
+        .filter(|(_, d)| {
+            d.as_ref()
+                .is_ok_and(|d| d.vgpu_type.as_deref() == Some(name))
+        })
+        .count();
+    // At most MAX_DEFINITIONS (1024).
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// The names (less [`SUFFIX`]) of the `.json` files in `dir`, sorted; hidden files (temporary
+/// files among them) are not looked at. A missing directory has none; past
+/// [`MAX_DEFINITIONS`] entries it is an error.
+fn file_names(dir: &Path) -> Result<Vec<String>, DefinitionError> {
+    let io_err = |source| DefinitionError::Io {
+        path: dir.to_owned(),
+        source,
+    };
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io_err(e)),
+    };
+    let mut names = Vec::new();
+    for (i, entry) in entries.enumerate() {
+        if i >= MAX_DEFINITIONS {
+            return Err(DefinitionError::TooMany {
+                path: dir.to_owned(),
+            });
+        }
+        let file = entry.map_err(io_err)?.file_name();
+        let Some(name) = file.to_str().and_then(|f| f.strip_suffix(SUFFIX)) else {
+            continue;
+        };
+        if !name.starts_with('.') {
+            names.push(name.to_owned());
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// Reads the JSON file at `path` (at most [`MAX_DEFINITION_BYTES`]) and checks it with
+/// `check`; a missing file is `missing()`.
+fn read_checked<T: DeserializeOwned, C>(
+    path: &Path,
+    check: impl FnOnce(&T) -> Result<C, String>,
+    missing: impl FnOnce() -> DefinitionError,
+) -> Result<T, DefinitionError> {
+    let file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(missing()),
+        Err(source) => {
+            return Err(DefinitionError::Io {
+                path: path.to_owned(),
+                source,
+            });
+        }
+    };
+    let mut text = String::new();
+    // One byte more than allowed tells an oversized file from one of the largest size.
+    file.take(MAX_DEFINITION_BYTES.saturating_add(1))
+        .read_to_string(&mut text)
+        .map_err(|source| DefinitionError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+    if u64::try_from(text.len()).unwrap_or(u64::MAX) > MAX_DEFINITION_BYTES {
+        return Err(DefinitionError::TooLarge {
+            path: path.to_owned(),
+        });
+    }
+    let invalid = |why: String| DefinitionError::Invalid {
+        path: path.to_owned(),
+        why,
+    };
+    let value: T = serde_json::from_str(&text).map_err(|e| invalid(e.to_string()))?;
+    check(&value).map_err(invalid)?;
+    Ok(value)
 }
 
 /// What the daemon keeps across its restarts (`<config-dir>/live.json`): the policy in force
@@ -503,7 +714,138 @@ mod tests {
                 ),
             ]),
             auto,
+            uuid: None,
+            vgpu_type: None,
         }
+    }
+
+    /// Writes type `name` into `store`'s config dir.
+    fn write_type(store: &Store, name: &str, t: &Value) {
+        std::fs::create_dir_all(&store.types).unwrap();
+        std::fs::write(store.types.join(format!("{name}.json")), t.to_string()).unwrap();
+    }
+
+    #[test]
+    fn a_type_gives_its_instances_its_values_up_to_its_maximum() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::new(tmp.path());
+        let small = json!({
+            "description": "a quarter, 2 GiB",
+            "params": {"weight": 256, "priority": 5},
+            "server_args": ["--memory-mb", "2048"],
+            "max_instances": 2
+        });
+        write_type(&store, "small", &small);
+        let socket = std::env::temp_dir().join("a.sock");
+        let define = |name: &str, params: &[(&str, Value)], options: &[&str]| {
+            store.define_typed(
+                name,
+                "small",
+                socket.clone(),
+                false,
+                params
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), v.clone()))
+                    .collect(),
+                &options.iter().map(|o| (*o).to_owned()).collect::<Vec<_>>(),
+            )
+        };
+        let a = define("a", &[("priority", json!(7))], &["--renderer", "none"]).unwrap();
+        assert_eq!(a.vgpu_type.as_deref(), Some("small"));
+        assert_eq!(a.params["weight"], json!(256));
+        assert_eq!(
+            a.params["priority"],
+            json!(7),
+            "the define's value over the type's"
+        );
+        assert_eq!(a.server_args, ["--memory-mb", "2048", "--renderer", "none"]);
+        assert_eq!(a.check().unwrap().0.memory_mb, Some(2048));
+        assert_eq!(store.read("a").unwrap(), a, "written as returned");
+        // An option the type sets is not given twice.
+        let e = define("x", &[], &["--memory-mb", "1"]).unwrap_err();
+        assert!(e.to_string().contains("given twice"), "{e}");
+        let b = define("b", &[], &[]).unwrap();
+        assert_ne!(a.uuid, b.uuid, "each vGPU its own identity");
+        assert!(a.uuid.is_some_and(|u| u.get_version_num() == 4));
+        let e = define("c", &[], &[]).unwrap_err();
+        assert!(
+            matches!(e, DefinitionError::NoCapacity { max: 2, .. }),
+            "{e}"
+        );
+        assert!(!store.is_defined("c"));
+        let listed = store.types().unwrap();
+        assert_eq!(listed.len(), 1);
+        let (name, Ok((t, defined))) = &listed[0] else {
+            panic!("{listed:?}")
+        };
+        assert_eq!((name.as_str(), t.max_instances, *defined), ("small", 2, 2));
+        // Undefining one frees an instance.
+        store.undefine("a").unwrap();
+        define("c", &[], &[]).unwrap();
+        assert!(matches!(
+            store.define_typed("d", "large", socket.clone(), false, BTreeMap::new(), &[]),
+            Err(DefinitionError::NoType(_))
+        ));
+    }
+
+    #[test]
+    fn the_packaged_examples_check() {
+        let def: Definition =
+            serde_json::from_str(include_str!("../../../packaging/config/vm1.json")).unwrap();
+        def.check().unwrap();
+        let t: VgpuType =
+            serde_json::from_str(include_str!("../../../packaging/config/type-quarter.json"))
+                .unwrap();
+        assert_eq!(t.check().unwrap().0.memory_mb, Some(2048));
+    }
+
+    #[test]
+    fn types_are_checked_as_their_instances_would_be() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::new(tmp.path());
+        let bad = [
+            ("zero", json!({"max_instances": 0}), "max_instances"),
+            ("many", json!({"max_instances": 1025}), "max_instances"),
+            ("nomax", json!({}), "max_instances"),
+            (
+                "param",
+                json!({"params": {"weight": 0}, "max_instances": 1}),
+                "weight",
+            ),
+            (
+                "option",
+                json!({"server_args": ["--memory-mb", "0"], "max_instances": 1}),
+                "--memory-mb",
+            ),
+            (
+                "field",
+                json!({"colour": "red", "max_instances": 1}),
+                "unknown field",
+            ),
+            (
+                "text",
+                json!({"description": "two\nlines", "max_instances": 1}),
+                "description",
+            ),
+        ];
+        for (name, t, why) in &bad {
+            write_type(&store, name, t);
+            let e = store.read_type(name).unwrap_err().to_string();
+            assert!(e.contains(why), "{name}: {e}");
+        }
+        write_type(&store, "ok", &json!({"max_instances": 3}));
+        let listed = store.types().unwrap();
+        assert_eq!(listed.len(), bad.len() + 1);
+        let ok: Vec<&str> = listed
+            .iter()
+            .filter(|(_, t)| t.is_ok())
+            .map(|(n, _)| n.as_str())
+            .collect();
+        assert_eq!(ok, ["ok"]);
+        assert!(matches!(
+            store.read_type("../vgpus/x"),
+            Err(DefinitionError::BadName { .. })
+        ));
     }
 
     #[test]
@@ -643,6 +985,8 @@ mod tests {
         let schema: Value = serde_json::from_str(SCHEMA).expect("the schema is JSON");
         // Every field a definition serialises, with every parameter set.
         let mut full = def(true);
+        full.uuid = Some(Uuid::new_v4());
+        full.vgpu_type = Some("small".into());
         full.params.extend([
             ("weight".to_owned(), json!(512)),
             ("sched".to_owned(), json!("ht")),

@@ -331,10 +331,11 @@ fn definitions_survive_a_daemon_restart_and_auto_ones_start_again() {
     }
     let file = dir.join("etc/vgpus/vm1.json");
     let saved: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let uuid = saved["uuid"].as_str().expect("a UUID").to_owned();
     assert_eq!(
         saved,
         json!({"socket": s1, "server_args": ["--renderer", "none"],
-               "params": {"priority": 3, "weight": 512}, "auto": true})
+               "params": {"priority": 3, "weight": 512}, "auto": true, "uuid": uuid})
     );
     // A broken file, even marked auto, is listed as broken and never fatal.
     std::fs::write(
@@ -625,4 +626,80 @@ fn every_value_is_checked_once_and_live_changes_survive_a_restart() {
     d.restart();
     assert!(listed(&d).is_empty());
     refused(&d, &["set", "vm1", "priority=1"], &["known: none"]);
+}
+
+/// `vgpuctl types` lists the types of the config dir with their free instances; `define
+/// --type` copies a type into a definition (its memory reaching the device process as
+/// vgpu-server's budget), gives it a UUID, and is refused once every instance is defined.
+#[test]
+fn a_type_defines_vgpus_up_to_its_capacity() {
+    let tmp = TempDir::new().unwrap();
+    let dir = tmp.path();
+    let types = dir.join("etc/types");
+    std::fs::create_dir_all(&types).unwrap();
+    let small = json!({
+        "description": "half the GPU, 512 MiB",
+        "params": {"weight": 512, "priority": 4},
+        "server_args": ["--memory-mb", "512", "--renderer", "none"],
+        "max_instances": 1
+    });
+    std::fs::write(types.join("small.json"), small.to_string()).unwrap();
+    std::fs::write(types.join("broken.json"), b"{\"max_instances\": 0}").unwrap();
+    let d = Schedd::start(dir);
+    let table = d.say(&["types"]);
+    assert!(
+        table.contains("small") && table.contains("512 MiB") && table.contains("broken"),
+        "{table}"
+    );
+    let free = |d: &Schedd| {
+        let v = d.json(&["types"]);
+        let small = v.as_array().unwrap().iter().find(|t| t["name"] == "small");
+        small.unwrap()["free"].as_u64().unwrap()
+    };
+    assert_eq!(free(&d), 1);
+    let sock = |n: &str| dir.join(format!("{n}.sock")).display().to_string();
+    let (s1, s2) = (sock("vm1"), sock("vm2"));
+    let out = d.say(&["define", "vm1", "--type", "small", "--socket", &s1]);
+    assert!(
+        out.contains("type: small") && out.contains("uuid: "),
+        "{out}"
+    );
+    assert_eq!(free(&d), 0);
+    refused(
+        &d,
+        &["define", "vm2", "--type", "small", "--socket", &s2],
+        &["small", "no free instance"],
+    );
+    refused(
+        &d,
+        &["define", "vm2", "--type", "large", "--socket", &s2],
+        &["no vGPU type large"],
+    );
+    let listed = d.json(&["list", "--defined"]);
+    let vm1 = &listed.as_array().unwrap()[0]["definition"];
+    assert_eq!(vm1["type"], "small");
+    assert_eq!(vm1["params"]["weight"], 512);
+    let uuid = vm1["uuid"].as_str().unwrap().to_owned();
+    // The identity stays through a change.
+    d.say(&["modify", "vm1", "priority=6"]);
+    let listed = d.json(&["list", "--defined"]);
+    assert_eq!(listed[0]["definition"]["uuid"], uuid.as_str());
+    // Started, the device process gets the type's memory as its budget.
+    d.say(&["start", "vm1"]);
+    d.wait_children(&["vm1"]);
+    let pid = d.json(&["list"])["children"][0]["pid"].as_u64().unwrap();
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+    assert!(
+        args.windows(2)
+            .any(|w| w == [&b"--resource-memory-mb"[..], &b"512"[..]]),
+        "{:?}",
+        String::from_utf8_lossy(&cmdline)
+    );
+    assert_eq!(d.params("vm1")["weight"], 512);
+    d.say(&["stop", "vm1"]);
+    d.wait_children(&[]);
+    // Undefined, its instance is free again.
+    d.say(&["undefine", "vm1"]);
+    assert_eq!(free(&d), 1);
 }

@@ -11,10 +11,11 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use serde_json::{Map, Value, json};
+use uuid::Uuid;
 use vgpu_schedd::control::{
     DEFAULT_CONTROL_PATH, ServerOptions, parse_assignment, read_policy_file,
 };
-use vgpu_schedd::definitions::{DEFAULT_CONFIG_DIR, Definition, Store};
+use vgpu_schedd::definitions::{DEFAULT_CONFIG_DIR, Definition, ListedType, Store};
 
 /// How long an answer may take: `create` waits up to 10 s for the device's socket.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
@@ -122,8 +123,9 @@ enum Cmd {
         vm: String,
     },
     /// Start a vgpu-server for NAME through the daemon. OPTIONS: --display WxH,
-    /// --renderer virgl|none, --log-level LEVEL, --exit-on-disconnect, --dump (scanouts into the
-    /// daemon's STATE_DIR/dump/NAME/).
+    /// --renderer virgl|none, --log-level LEVEL, --memory-mb N (its memory budget, GPU memory
+    /// included), --exit-on-disconnect, --dump (scanouts into the daemon's
+    /// STATE_DIR/dump/NAME/).
     Create {
         /// The VM's name.
         name: String,
@@ -141,6 +143,9 @@ enum Cmd {
     },
     /// Print the address of the daemon's live web dashboard (with its access token).
     Dashboard,
+    /// The vGPU types (CONFIG_DIR/types/TYPE.json): each type's parameters, device options
+    /// (memory), how many vGPUs of it may be defined and how many are free.
+    Types,
     /// Define a persistent vGPU (CONFIG_DIR/vgpus/NAME.json): its socket, device options and
     /// scheduling parameters; `start` creates it, and the daemon starts it at boot with --auto.
     Define {
@@ -149,6 +154,11 @@ enum Cmd {
         /// The vfio-user socket its device serves.
         #[arg(long, value_name = "PATH")]
         socket: PathBuf,
+        /// Define it as an instance of vGPU type TYPE (`types`): the type's parameters and
+        /// device options, with KEY=VALUE over its parameters and OPTIONS after its options.
+        /// Refused when every instance of the type is defined.
+        #[arg(long = "type", value_name = "TYPE")]
+        vgpu_type: Option<String>,
         /// Start it whenever vgpu-schedd starts (vgpu-schedd --config-dir).
         #[arg(long)]
         auto: bool,
@@ -608,6 +618,7 @@ fn defined_lines(rows: &[DefinedRow], daemon_known: bool) -> Vec<String> {
             match &r.definition {
                 Ok(d) => vec![
                     r.name.clone(),
+                    d.vgpu_type.clone().unwrap_or_else(|| "-".into()),
                     (if d.auto { "yes" } else { "no" }).into(),
                     state,
                     d.socket.display().to_string(),
@@ -621,6 +632,7 @@ fn defined_lines(rows: &[DefinedRow], daemon_known: bool) -> Vec<String> {
                 Err(why) => vec![
                     r.name.clone(),
                     "-".into(),
+                    "-".into(),
                     state,
                     "-".into(),
                     "-".into(),
@@ -633,6 +645,7 @@ fn defined_lines(rows: &[DefinedRow], daemon_known: bool) -> Vec<String> {
     table(
         &[
             ("vGPU", Left),
+            ("type", Left),
             ("auto", Left),
             ("state", Left),
             ("socket", Left),
@@ -749,20 +762,32 @@ fn run(cli: Cli) -> Result<(), Failure> {
             (json!({"cmd": "destroy", "name": name}), destroyed_lines)
         }
         Cmd::Dashboard => (json!({"cmd": "dashboard"}), |v| vec![cell(v.get("url"))]),
+        Cmd::Types => return list_types(&cli, &store),
         Cmd::Define {
             name,
             socket,
+            vgpu_type,
             auto,
             params,
             options,
         } => {
-            let def = Definition {
-                socket: device_request(socket, options)?,
-                server_args: options.clone(),
-                params: assignments(params)?.into_iter().collect(),
-                auto: *auto,
+            let socket = device_request(socket, options)?;
+            let params = assignments(params)?.into_iter().collect();
+            let def = match vgpu_type {
+                Some(t) => store.define_typed(name, t, socket, *auto, params, options)?,
+                None => {
+                    let def = Definition {
+                        socket,
+                        server_args: options.clone(),
+                        params,
+                        auto: *auto,
+                        uuid: Some(Uuid::new_v4()),
+                        vgpu_type: None,
+                    };
+                    store.define(name, &def)?;
+                    def
+                }
             };
-            store.define(name, &def)?;
             print_definition(cli.json, &store, name, &def, "defined")?;
             return Ok(());
         }
@@ -786,6 +811,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 def.server_args.clone_from(options);
             }
             def.params.extend(assignments(params)?);
+            def.uuid.get_or_insert_with(Uuid::new_v4);
             store.modify(name, &def)?;
             print_definition(cli.json, &store, name, &def, "changed")?;
             return Ok(());
@@ -949,6 +975,80 @@ fn print_definition(
     } else {
         let auto = if def.auto { " (started at boot)" } else { "" };
         println!("{name} {what} in {}{auto}", path.display());
+        if let Some(t) = &def.vgpu_type {
+            println!("  type: {t}");
+        }
+        if let Some(u) = def.uuid {
+            println!("  uuid: {u}");
+        }
+    }
+    Ok(())
+}
+
+/// The lines of `vgpuctl types`.
+fn type_lines(types: &[ListedType]) -> Vec<String> {
+    let cells: Vec<Vec<String>> = types
+        .iter()
+        .map(|(name, t)| match t {
+            Ok((t, defined)) => {
+                let memory = ServerOptions::try_from(t.server_args.clone())
+                    .ok()
+                    .and_then(|o| o.memory_mb)
+                    .map_or_else(|| "default".into(), |mb| format!("{mb} MiB"));
+                vec![
+                    name.clone(),
+                    t.max_instances.to_string(),
+                    t.max_instances.saturating_sub(*defined).to_string(),
+                    memory,
+                    params_summary(&t.params),
+                    t.description.clone(),
+                ]
+            }
+            Err(e) => vec![
+                name.clone(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                format!("broken: {e}"),
+            ],
+        })
+        .collect();
+    use Align::{Left, Right};
+    table(
+        &[
+            ("type", Left),
+            ("max", Right),
+            ("free", Right),
+            ("memory", Left),
+            ("parameters", Left),
+            ("description", Left),
+        ],
+        &cells,
+    )
+}
+
+/// `types`: every vGPU type with its free instances (no daemon needed).
+fn list_types(cli: &Cli, store: &Store) -> Result<(), Failure> {
+    let types = store.types()?;
+    if cli.json {
+        let entries: Vec<Value> = types
+            .iter()
+            .map(|(name, t)| match t {
+                Ok((t, defined)) => json!({
+                    "name": name,
+                    "type": t,
+                    "defined": defined,
+                    "free": t.max_instances.saturating_sub(*defined),
+                }),
+                Err(e) => json!({"name": name, "error": e.to_string()}),
+            })
+            .collect();
+        println!("{}", Value::Array(entries));
+    } else {
+        for line in type_lines(&types) {
+            println!("{line}");
+        }
     }
     Ok(())
 }
@@ -1339,6 +1439,8 @@ mod tests {
             server_args: vec!["--renderer".into(), "none".into()],
             params: [("priority".to_owned(), json!(3))].into_iter().collect(),
             auto: true,
+            uuid: None,
+            vgpu_type: Some("small".into()),
         };
         let rows = [
             DefinedRow {
@@ -1352,6 +1454,7 @@ mod tests {
                     auto: false,
                     server_args: Vec::new(),
                     params: Default::default(),
+                    vgpu_type: None,
                     ..def
                 }),
                 pid: None,
@@ -1363,10 +1466,10 @@ mod tests {
             },
         ];
         let expected = [
-            "vGPU  auto  state             socket       device options   parameters",
-            "a     yes   running (pid 42)  /run/a.sock  --renderer none  priority=3",
-            "b     no    stopped           /run/a.sock  -                -",
-            "c     -     broken            -            -                c.json: bad",
+            "vGPU  type   auto  state             socket       device options   parameters",
+            "a     small  yes   running (pid 42)  /run/a.sock  --renderer none  priority=3",
+            "b     -      no    stopped           /run/a.sock  -                -",
+            "c     -      -     broken            -            -                c.json: bad",
         ];
         assert_eq!(defined_lines(&rows, true), expected);
         assert!(defined_lines(&rows, false)[2].contains(" ? "));
