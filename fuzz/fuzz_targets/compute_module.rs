@@ -149,6 +149,7 @@ fuzz_target!(|data: &[u8]| {
             shared_bytes: 64,
             stream: DEFAULT_STREAM,
             params: &buf,
+            cooperative: false,
         };
         if be.launch(ctx, &launch).is_err() {
             break;

@@ -47,6 +47,7 @@ fn matmul_warp_instructions(program: &[u8]) -> u64 {
         threads: 1,
         budget: &mdev_backend::budget::MemoryBudget::new(u64::MAX),
         engine: mdev_backend::compute::ptx::Engine::Interpreter,
+        cooperative: None,
     };
     launch(&module, MATMUL, &l, &mem as &dyn GlobalMemory)
         .expect("launch")
@@ -83,6 +84,7 @@ fn executor(c: &mut Criterion) {
             shared_bytes: 0,
             stream: DEFAULT_STREAM,
             params: &args,
+            cooperative: false,
         };
         group.bench_with_input(BenchmarkId::from_parameter(threads), &threads, |b, _| {
             b.iter(|| be.launch(ctx, &l).expect("launch"))

@@ -47,6 +47,7 @@ fn empty_launch(f: FunctionId) -> KernelLaunch<'static> {
         shared_bytes: 0,
         stream: DEFAULT_STREAM,
         params: &[],
+        cooperative: false,
     }
 }
 

@@ -121,6 +121,7 @@ impl Program {
             shared_bytes: 0,
             stream,
             params: &params,
+            cooperative: false,
         };
         self.be.launch(self.ctx, &l)
     }

@@ -1948,6 +1948,7 @@ fn launch(ctx: ContextId, function: FunctionId, threads: u32, params: Vec<u8>) -
         shared_bytes: 0,
         stream: DEFAULT_STREAM,
         params,
+        cooperative: false,
     }
 }
 

@@ -352,6 +352,7 @@ fn run_triple(server: &ServerProcess, input: &[u32]) -> Option<Vec<u32>> {
             shared_bytes: 0,
             stream: DEFAULT_STREAM,
             params,
+            cooperative: false,
         },
         Request::ContextSynchronize { ctx },
     ]);

@@ -113,6 +113,7 @@ impl Spin {
                 shared_bytes: 0,
                 stream: DEFAULT_STREAM,
                 params: n.to_le_bytes().to_vec(),
+                cooperative: false,
             },
             Request::ContextSynchronize { ctx: self.ctx },
         ]);

@@ -264,6 +264,7 @@ fn compute_capset_runs_guest_cuda_requests_through_a_blob() {
         shared_bytes: 0,
         stream: DEFAULT_STREAM,
         params,
+        cooperative: false,
     };
     let batch = Request::Batch(vec![
         launch(add, params),
@@ -363,6 +364,7 @@ fn compute_capset_runs_guest_cuda_requests_through_a_blob() {
         shared_bytes: 0,
         stream: DEFAULT_STREAM,
         params: 8u64.to_le_bytes().to_vec(),
+        cooperative: false,
     };
     assert_eq!(status(&exchange(&mut guest, &blob, 6, &wild)), 700);
     let after = exchange(

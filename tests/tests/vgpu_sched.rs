@@ -361,6 +361,7 @@ fn compute_groups(guest: &mut VgpuGuest, daemon: &SeqStream) {
             shared_bytes: 0,
             stream: DEFAULT_STREAM,
             params: vec![],
+            cooperative: false,
         },
         Request::ContextSynchronize { ctx },
     ]);

@@ -126,6 +126,7 @@ fn main() {
         shared_bytes: 0,
         stream: DEFAULT_STREAM,
         params: &params,
+        cooperative: false,
     };
     let direct_launch = latency(LAUNCHES, || be.launch(c, &l).expect("launch"));
     let buf = be.mem_alloc(c, COPY_BYTES as u64).expect("alloc");

@@ -2054,19 +2054,111 @@ entry!(cuLaunchKernel(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) {
+    launch_kernel(f, [gx, gy, gz], [bx, by, bz], shared, stream, params, extra, false)
+});
+
+entry!(cuLaunchCooperativeKernel(
+    f: Handle,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shared: c_uint,
+    stream: Handle,
+    params: *mut *mut c_void,
+) {
+    launch_kernel(f, [gx, gy, gz], [bx, by, bz], shared, stream, params, std::ptr::null_mut(), true)
+});
+
+/// `CUlaunchConfig`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct LaunchConfig {
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    shared: c_uint,
+    stream: Handle,
+    attrs: *const LaunchAttribute,
+    num_attrs: c_uint,
+}
+
+/// `CUlaunchAttribute`: an id, padding to 8 bytes, and a 64-byte value (an `int` first for
+/// the attributes read here).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct LaunchAttribute {
+    id: c_uint,
+    _pad: c_uint,
+    value: [u64; 8],
+}
+
+/// `CUlaunchAttributeID`s a launch may carry here: `IGNORE`, `COOPERATIVE`, and hints that
+/// change nothing on this device (`ACCESS_POLICY_WINDOW`: it has no persisting L2;
+/// `PRIORITY`: a context's work runs in order; `MEM_SYNC_DOMAIN_MAP` and `MEM_SYNC_DOMAIN`:
+/// one domain before Hopper; `PREFERRED_SHARED_MEMORY_CARVEOUT`).
+const LAUNCH_ATTRIBUTE_IGNORE: c_uint = 0;
+const LAUNCH_ATTRIBUTE_COOPERATIVE: c_uint = 2;
+const LAUNCH_ATTRIBUTE_HINTS: [c_uint; 5] = [1, 8, 9, 10, 14];
+/// Attributes of one `cuLaunchKernelEx` (cuda.h defines 19).
+const MAX_LAUNCH_ATTRIBUTES: c_uint = 64;
+
+entry!(cuLaunchKernelEx(
+    config: *const LaunchConfig,
+    f: Handle,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) {
+    let c: LaunchConfig = read_at(config, 0)?;
+    if c.num_attrs > MAX_LAUNCH_ATTRIBUTES || (c.num_attrs > 0 && c.attrs.is_null()) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let mut cooperative = false;
+    for i in 0..c.num_attrs as usize {
+        let a: LaunchAttribute = read_at(c.attrs, i)?;
+        match a.id {
+            LAUNCH_ATTRIBUTE_IGNORE => {}
+            // The value's first member is an `int`.
+            LAUNCH_ATTRIBUTE_COOPERATIVE => cooperative = a.value[0] as u32 != 0,
+            id if LAUNCH_ATTRIBUTE_HINTS.contains(&id) => {}
+            id => {
+                // Clusters need compute capability 9.0; programmatic launches and launch
+                // completion events are not implemented.
+                refused(&format!("cuLaunchKernelEx: launch attribute {id}"));
+                return Err(CUDA_ERROR_NOT_SUPPORTED);
+            }
+        }
+    }
+    launch_kernel(f, c.grid, c.block, c.shared, c.stream, params, extra, cooperative)
+});
+
+/// A kernel launch on `stream` (captured when it captures).
+#[allow(clippy::too_many_arguments)]
+fn launch_kernel(
+    f: Handle,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared: u32,
+    stream: Handle,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    cooperative: bool,
+) -> CuResult<()> {
     let f = function(f)?;
     let launch_params = launch_params(f, params, extra)?;
     graphs::submit(stream, |ctx| {
         Ok(crate::graph::Op::Kernel {
             ctx,
             function: f,
-            grid: [gx, gy, gz],
-            block: [bx, by, bz],
+            grid,
+            block,
             shared,
             params: launch_params,
+            cooperative,
         })
     })
-});
+}
 
 /// A launch's parameters from `kernelParams` or `extra` (one of them), for function `f`.
 fn launch_params(

@@ -1767,7 +1767,10 @@ impl<T: Transport> Driver<T> {
 
     /// Launches `function` (of `ctx`): checked against the device's limits and the kernel's
     /// parameter layout here, then deferred; device `printf` output appears when the batch is
-    /// sent.
+    /// sent. A `cooperative` launch (`cuLaunchCooperativeKernel`) is refused with
+    /// `CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE` when its grid has more blocks than can be
+    /// resident at once: the occupancy queries' answer times the multiprocessors, the rule the
+    /// host enforces too.
     #[allow(clippy::too_many_arguments)]
     pub fn launch(
         &mut self,
@@ -1778,6 +1781,7 @@ impl<T: Transport> Driver<T> {
         shared_bytes: u32,
         stream: u64,
         params: LaunchParams,
+        cooperative: bool,
     ) -> CuResult<()> {
         if self.functions.get(&function).map(|f| f.ctx) != Some(ctx) {
             return Err(if self.functions.contains_key(&function) {
@@ -1813,6 +1817,14 @@ impl<T: Transport> Driver<T> {
         {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
+        if cooperative {
+            let threads = threads.unwrap_or(0);
+            self.check_co_resident(function, grid, threads, shared_bytes)?;
+        }
+        let f = self
+            .functions
+            .get(&function)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         let buffer = match params {
             LaunchParams::Packed(b) if b.len() == size => b,
             LaunchParams::Packed(_) => return Err(CUDA_ERROR_INVALID_VALUE),
@@ -1840,7 +1852,35 @@ impl<T: Transport> Driver<T> {
             shared_bytes,
             stream,
             params: buffer,
+            cooperative,
         })
+    }
+
+    /// Refuses a cooperative grid of more blocks than can be resident at once.
+    fn check_co_resident(
+        &mut self,
+        function: u64,
+        grid: [u32; 3],
+        threads: u32,
+        shared_bytes: u32,
+    ) -> CuResult<()> {
+        let sm = attributes::limits(&self.attributes)?;
+        let multiprocessors = self.attributes.multiprocessors;
+        let f = self.function_attributes(function)?;
+        let most = mdev_backend::compute::occupancy::co_resident_blocks(
+            &sm,
+            &f,
+            threads,
+            shared_bytes,
+            multiprocessors,
+        );
+        let blocks = grid
+            .iter()
+            .fold(1u64, |n, &d| n.saturating_mul(u64::from(d)));
+        if blocks > most {
+            return Err(CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE);
+        }
+        Ok(())
     }
 }
 
@@ -1948,7 +1988,7 @@ mod tests {
         st.global.u32 [%rd1], %r1;\nret;\n}\n";
 
     fn launch(d: &mut Driver<Local>, ctx: u64, f: u64, params: LaunchParams) -> CuResult<()> {
-        d.launch(ctx, f, [1, 1, 1], [1, 1, 1], 0, 0, params)
+        d.launch(ctx, f, [1, 1, 1], [1, 1, 1], 0, 0, params, false)
     }
 
     /// The permissions of the mapping of this process that holds `addr` (/proc/self/maps).
@@ -2187,6 +2227,7 @@ mod tests {
                 0,
                 0,
                 LaunchParams::Packed(args.to_le_bytes().to_vec()),
+                false,
             )
             .unwrap();
         }
@@ -2246,11 +2287,11 @@ mod tests {
         );
         // Checked before deferring: limits and the parameter layout.
         assert_eq!(
-            d.launch(ctx, f, [1, 1, 1], [2048, 1, 1], 0, 0, packed(a, 1)),
+            d.launch(ctx, f, [1, 1, 1], [2048, 1, 1], 0, 0, packed(a, 1), false),
             Err(CUDA_ERROR_INVALID_VALUE)
         );
         assert_eq!(
-            d.launch(ctx, f, [0, 1, 1], [1, 1, 1], 0, 0, packed(a, 1)),
+            d.launch(ctx, f, [0, 1, 1], [1, 1, 1], 0, 0, packed(a, 1), false),
             Err(CUDA_ERROR_INVALID_VALUE)
         );
         // A kernel that faults: the launch returns, the next call reports the fault, and the

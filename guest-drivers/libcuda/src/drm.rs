@@ -728,6 +728,7 @@ mod tests {
             0,
             0,
             LaunchParams::Packed(packed),
+            false,
         )
         .unwrap();
         let mut out = [0u8; 4];

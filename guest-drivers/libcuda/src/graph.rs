@@ -31,6 +31,8 @@ pub enum Op {
         block: [u32; 3],
         shared: u32,
         params: LaunchParams,
+        /// A cooperative launch (`cuLaunchCooperativeKernel`).
+        cooperative: bool,
     },
     /// A copy as `cuMemcpy3D` describes it (linear memory, arrays, host memory).
     Copy {

@@ -18,6 +18,7 @@ pub const CUDA_ERROR_NOT_FOUND: u32 = 500;
 pub const CUDA_ERROR_NOT_READY: u32 = 600;
 pub const CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED: u32 = 712;
 pub const CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED: u32 = 713;
+pub const CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE: u32 = 720;
 pub const CUDA_ERROR_NOT_SUPPORTED: u32 = 801;
 pub const CUDA_ERROR_UNKNOWN: u32 = 999;
 
@@ -111,6 +112,11 @@ const NAMES: &[(u32, &CStr, &CStr)] = &[
         719,
         c"CUDA_ERROR_LAUNCH_FAILED",
         c"unspecified launch failure",
+    ),
+    (
+        720,
+        c"CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE",
+        c"too many blocks in cooperative launch",
     ),
     (801, c"CUDA_ERROR_NOT_SUPPORTED", c"operation not supported"),
     (

@@ -109,6 +109,11 @@ pub struct KernelLaunch<'a> {
     pub stream: StreamId,
     /// The packed parameter buffer, laid out as the function's `ParamInfo`s say.
     pub params: &'a [u8],
+    /// A cooperative launch (`cuLaunchCooperativeKernel`): every block is resident at once,
+    /// so blocks may wait for each other (a grid barrier); refused with
+    /// `CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE` when the grid has more blocks than
+    /// [`occupancy::co_resident_blocks`](super::occupancy::co_resident_blocks) allows.
+    pub cooperative: bool,
 }
 
 /// A compute device: the CPU executor or the real driver.

@@ -80,6 +80,7 @@ pub(crate) fn run(b: &mut dyn ComputeBackend, runaway: bool) {
         shared_bytes: 0,
         stream: s,
         params: &params[..20],
+        cooperative: false,
     };
     // A parameter buffer shorter than the kernel's and an empty grid are refused, not run.
     bad(b.launch(c, &launch));
@@ -131,6 +132,7 @@ pub(crate) fn run(b: &mut dyn ComputeBackend, runaway: bool) {
             shared_bytes: 0,
             stream: DEFAULT_STREAM,
             params: &wild,
+            cooperative: false,
         },
     );
     let r = launched.and_then(|()| b.context_synchronize(c));
@@ -169,6 +171,7 @@ pub(crate) fn run(b: &mut dyn ComputeBackend, runaway: bool) {
                 shared_bytes: 0,
                 stream: DEFAULT_STREAM,
                 params: &[],
+                cooperative: false,
             },
         );
         assert!(matches!(r, Err(ComputeError::LaunchTimeout(_))), "{r:?}");

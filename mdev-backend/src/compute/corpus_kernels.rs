@@ -869,6 +869,7 @@ pub fn launch_setup(
         threads,
         budget: &budget,
         engine,
+        cooperative: None,
     };
     ptx::launch(
         module,

@@ -15,7 +15,7 @@ use super::memory::{
     DEVICE_HEAP_BYTES, DeviceHeap, DeviceMemory, MAX_HEAP_BLOCKS, check_heap_size,
 };
 use super::ptx::{self, Launch, MAX_PRINTF_BYTES};
-use super::{ComputeError, ComputeResult, GlobalMemory};
+use super::{ComputeError, ComputeResult, GlobalMemory, occupancy};
 use crate::budget::{Charge, MemoryBudget};
 
 /// Bytes moved per step of a device-to-device copy or a memset (bounds the host buffer).
@@ -70,6 +70,12 @@ pub struct CpuConfig {
     /// What runs kernels: compiled code by default, the interpreter where the compiler refuses.
     pub engine: ptx::Engine,
 }
+
+/// Most multiprocessors the executor reports (one per host thread a launch spreads its blocks
+/// over): a cooperative launch may have as many blocks as the occupancy model fits on each (16
+/// on Turing), every one a host thread of its own, and 64 × 16 is
+/// [`ptx::MAX_COOPERATIVE_BLOCKS`], so every grid the occupancy queries promise can run.
+pub const MAX_MULTIPROCESSORS: u32 = 64;
 
 /// How many of the host's CPUs one VM's device process holds at most by default:
 /// `1 / VM_SHARE_DIVISOR` of them.
@@ -272,7 +278,9 @@ impl ComputeBackend for CpuBackend {
             placement: true,
             total_memory: self.memory_per_context(),
             compute_capability: (7, 5),
-            multiprocessors: self.config.threads as u32,
+            multiprocessors: u32::try_from(self.config.threads)
+                .unwrap_or(u32::MAX)
+                .clamp(1, MAX_MULTIPROCESSORS),
             max_threads_per_block: ptx::MAX_THREADS_PER_BLOCK,
             max_block: [1024, 1024, 64],
             max_grid: [i32::MAX as u32, 65535, 65535],
@@ -652,6 +660,9 @@ impl CpuBackend {
         let (threads, memory_budget) = (self.config.threads, Arc::clone(&self.config.budget));
         let engine = self.config.engine;
         interrupt.check()?;
+        if l.cooperative {
+            self.check_co_resident(ctx, l)?;
+        }
         let c = self.ctx(ctx)?;
         c.stream(l.stream)?;
         let (module, name) = c
@@ -663,6 +674,18 @@ impl CpuBackend {
             let base = c.memory.alloc(c.heap_bytes.max(1))?;
             c.heap = Some(DeviceHeap::new(base, c.heap_bytes));
         }
+        // A cooperative launch's grid workspace, zeroed, for this launch only.
+        let workspace = if l.cooperative {
+            let at = c.memory.alloc(ptx::GRID_WORKSPACE_BYTES)?;
+            let size = u32::try_from(ptx::GRID_WORKSPACE_BYTES).unwrap_or(u32::MAX);
+            if let Err(f) = c.memory.write(at, &size.to_le_bytes()) {
+                c.memory.free(at)?;
+                return Err(fault(f));
+            }
+            Some(at)
+        } else {
+            None
+        };
         let m = &c.modules[module];
         let launch = Launch {
             grid: l.grid,
@@ -676,8 +699,12 @@ impl CpuBackend {
             threads,
             budget: &memory_budget,
             engine,
+            cooperative: workspace,
         };
         let result = ptx::launch(&m.ptx, name, &launch, &c.memory as &dyn GlobalMemory);
+        if let Some(at) = workspace {
+            c.memory.free(at)?;
+        }
         match result {
             Ok(stats) => {
                 interrupt.spend(stats.warp_instructions);
@@ -703,6 +730,42 @@ impl CpuBackend {
     }
 }
 
+impl CpuBackend {
+    /// Refuses a cooperative launch whose grid cannot be resident at once: more blocks than
+    /// the occupancy model of the device this backend presents (what the guest's occupancy
+    /// queries answer) fits on its multiprocessors. An invalid block is left to the launch to
+    /// refuse.
+    fn check_co_resident(&mut self, ctx: ContextId, l: &KernelLaunch<'_>) -> ComputeResult<()> {
+        let a = self.attributes();
+        let block = l.block.iter().fold(1u32, |n, &d| n.saturating_mul(d));
+        if block == 0 || block > a.max_threads_per_block {
+            return Ok(());
+        }
+        let f = self.function_attributes(ctx, l.function)?;
+        let sm = occupancy::sm_limits(a.compute_capability).ok_or_else(|| {
+            ComputeError::InvalidValue(format!(
+                "no occupancy model of compute capability {:?}",
+                a.compute_capability
+            ))
+        })?;
+        let most = occupancy::co_resident_blocks(&sm, &f, block, l.shared_bytes, a.multiprocessors);
+        let blocks = l
+            .grid
+            .iter()
+            .fold(1u64, |n, &d| n.saturating_mul(u64::from(d)));
+        if blocks > most {
+            return Err(ComputeError::CooperativeLaunchTooLarge(format!(
+                "{blocks} blocks of {block} threads with {} bytes of dynamic shared memory, \
+                 more than the {most} resident at once ({} multiprocessors)",
+                l.shared_bytes, a.multiprocessors
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod cooperative_tests;
 #[cfg(test)]
 pub(crate) mod validation_tests;
 
@@ -823,6 +886,7 @@ mod tests {
             shared_bytes: 0,
             stream: DEFAULT_STREAM,
             params,
+            cooperative: false,
         };
         assert_eq!(
             be.launch(ctx, &launch(&short)).unwrap_err().cuda_status(),
@@ -850,7 +914,7 @@ mod tests {
             CpuBackend::new(CpuConfig::default())
                 .attributes()
                 .multiprocessors,
-            threads as u32
+            (threads as u32).min(MAX_MULTIPROCESSORS)
         );
     }
 }

@@ -44,6 +44,10 @@ pub enum ComputeError {
     /// Grid, block or shared-memory size past the device's limits.
     #[error("launch out of resources: {0}")]
     LaunchOutOfResources(String),
+    /// A cooperative launch's grid is larger than the blocks that can run at once (its
+    /// blocks wait for each other, so every one must be resident together).
+    #[error("cooperative launch too large: {0}")]
+    CooperativeLaunchTooLarge(String),
     /// An executed instruction the executor cannot carry out (trap, `brkpt`, unsupported form).
     #[error("illegal instruction: {0}")]
     IllegalInstruction(String),
@@ -89,6 +93,7 @@ impl ComputeError {
             ComputeError::IllegalInstruction(_) => 715,
             ComputeError::MisalignedAddress(_) => 716,
             ComputeError::ContextBroken(_) => 719,
+            ComputeError::CooperativeLaunchTooLarge(_) => 720,
             ComputeError::Driver { code, .. } => *code,
         }
     }

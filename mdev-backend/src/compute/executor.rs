@@ -762,6 +762,7 @@ mod tests {
             shared_bytes: 0,
             stream: DEFAULT_STREAM,
             params,
+            cooperative: false,
         }
     }
 

@@ -11,6 +11,8 @@
 //! - [`backend`]: the [`ComputeBackend`] trait; [`cpu`]: [`CpuBackend`] on the PTX executor;
 //!   [`nvcuda`]: [`NvCuda`] on the real driver; [`executor`]: a VM's backend on its own thread,
 //!   work groups timed by events.
+//! - [`occupancy`]: blocks of a kernel resident on a multiprocessor at once (the occupancy
+//!   queries' answers, and the bound of a cooperative launch's grid).
 //! - [`wire`]: the remoting protocol a guest's `libcuda.so.1` speaks (decoding, no I/O);
 //!   [`remote`]: a connection served by a backend.
 //!
@@ -27,6 +29,7 @@ pub mod executor;
 pub mod fatbin;
 pub mod memory;
 pub mod nvcuda;
+pub mod occupancy;
 pub mod ptx;
 pub mod remote;
 pub mod wire;

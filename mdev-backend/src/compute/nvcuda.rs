@@ -130,6 +130,19 @@ struct Api {
         *mut *mut c_void,
         *mut *mut c_void,
     ) -> CuResult,
+    #[allow(clippy::type_complexity)]
+    launch_cooperative_kernel: unsafe extern "C" fn(
+        Handle,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        Handle,
+        *mut *mut c_void,
+    ) -> CuResult,
 }
 
 impl Api {
@@ -185,6 +198,7 @@ impl Api {
             event_query: sym!("cuEventQuery"),
             event_elapsed_time: sym!("cuEventElapsedTime"),
             launch_kernel: sym!("cuLaunchKernel"),
+            launch_cooperative_kernel: sym!("cuLaunchCooperativeKernel"),
             _lib: lib,
             interrupt: Interrupt::new(SYNC_TIMEOUT),
         })
@@ -276,6 +290,7 @@ fn check(what: &str, r: CuResult) -> ComputeResult<()> {
         702 => Err(ComputeError::LaunchTimeout(what.into())),
         715 => Err(ComputeError::IllegalInstruction(what.into())),
         716 => Err(ComputeError::MisalignedAddress(what.into())),
+        720 => Err(ComputeError::CooperativeLaunchTooLarge(what.into())),
         code => Err(ComputeError::Driver {
             code: code as u32,
             what: what.into(),
@@ -289,8 +304,8 @@ fn check(what: &str, r: CuResult) -> ComputeResult<()> {
 struct Context {
     handle: usize,
     modules: HashMap<u32, usize>,
-    /// Function handle and the length of its parameter buffer.
-    functions: HashMap<u32, (usize, usize)>,
+    /// Function handle, the length of its parameter buffer and each parameter's offset in it.
+    functions: HashMap<u32, (usize, usize, Vec<u32>)>,
     streams: HashMap<u32, usize>,
     events: HashMap<u32, usize>,
     /// Device address → size of every allocation of this context, and its charge to the
@@ -726,7 +741,7 @@ impl ComputeBackend for NvCuda {
         f: FunctionId,
     ) -> ComputeResult<FunctionAttributes> {
         self.on(ctx, |api, c| {
-            let &(handle, _) = c
+            let &(handle, ..) = c
                 .functions
                 .get(&f.0)
                 .ok_or_else(|| ComputeError::InvalidHandle(format!("function {}", f.0)))?;
@@ -793,7 +808,8 @@ impl ComputeBackend for NvCuda {
                 .max()
                 .unwrap_or(0);
             let id = c.id();
-            c.functions.insert(id, (f as usize, param_bytes));
+            let offsets = params.iter().map(|p| p.offset).collect();
+            c.functions.insert(id, (f as usize, param_bytes, offsets));
             Ok((FunctionId(id), params))
         })
     }
@@ -1059,19 +1075,47 @@ impl ComputeBackend for NvCuda {
 
     fn launch(&mut self, ctx: ContextId, l: &KernelLaunch<'_>) -> ComputeResult<()> {
         self.on(ctx, |api, c| {
-            let (f, param_bytes) = *c
+            let (f, param_bytes, offsets) = c
                 .functions
                 .get(&l.function.0)
                 .ok_or_else(|| ComputeError::InvalidHandle(format!("function {}", l.function.0)))?;
+            let f = *f;
             // Checked here rather than left to the driver: a short buffer would launch the
             // kernel with whatever follows it as arguments.
-            if l.params.len() != param_bytes {
+            if l.params.len() != *param_bytes {
                 return Err(ComputeError::InvalidValue(format!(
                     "parameter buffer of {} bytes for a kernel taking {param_bytes}",
                     l.params.len()
                 )));
             }
             let s = c.stream(l.stream)?;
+            let [gx, gy, gz] = l.grid;
+            let [bx, by, bz] = l.block;
+            if l.cooperative {
+                // cuLaunchCooperativeKernel takes each parameter's address (no packed
+                // buffer): offsets the driver reported, inside the buffer checked above.
+                let mut each: Vec<*mut c_void> = offsets
+                    .iter()
+                    .map(|&o| l.params[o as usize..].as_ptr() as *mut c_void)
+                    .collect();
+                // SAFETY: `f` and `s` are live handles of the current context; `each` holds
+                // one pointer per parameter of `f`, into `l.params`, which outlives the call
+                // (the driver copies the parameters at launch).
+                return check("cuLaunchCooperativeKernel", unsafe {
+                    (api.launch_cooperative_kernel)(
+                        f as Handle,
+                        gx,
+                        gy,
+                        gz,
+                        bx,
+                        by,
+                        bz,
+                        l.shared_bytes,
+                        s,
+                        each.as_mut_ptr(),
+                    )
+                });
+            }
             let mut size = l.params.len();
             let mut extra: [*mut c_void; 5] = [
                 LAUNCH_PARAM_BUFFER_POINTER as *mut c_void,
@@ -1080,8 +1124,6 @@ impl ComputeBackend for NvCuda {
                 (&mut size as *mut usize).cast(),
                 LAUNCH_PARAM_END as *mut c_void,
             ];
-            let [gx, gy, gz] = l.grid;
-            let [bx, by, bz] = l.block;
             // SAFETY: `f` and `s` are live handles of the current context; `extra` is the
             // documented packed-parameter list whose buffer and size outlive the call (the
             // driver copies the parameters at launch).

@@ -204,6 +204,7 @@ fn execute(
             shared_bytes,
             stream,
             params,
+            cooperative,
         } => {
             let l = KernelLaunch {
                 function,
@@ -212,6 +213,7 @@ fn execute(
                 shared_bytes,
                 stream,
                 params: &params,
+                cooperative,
             };
             stats.launches += 1;
             let ctx = owned.check(ctx)?;
@@ -444,6 +446,7 @@ mod tests {
                 shared_bytes: 0,
                 stream,
                 params: [addr.to_le_bytes().as_slice(), &77u32.to_le_bytes()].concat(),
+                cooperative: false,
             },
             CopyDtoH {
                 ctx,
@@ -521,6 +524,7 @@ mod tests {
             shared_bytes: 0,
             stream: super::super::backend::DEFAULT_STREAM,
             params: vec![],
+            cooperative: false,
         };
         (a, rx, launch)
     }

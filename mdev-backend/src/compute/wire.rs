@@ -190,6 +190,9 @@ pub enum Request {
         shared_bytes: u32,
         stream: StreamId,
         params: Vec<u8>,
+        /// `cuLaunchCooperativeKernel`: every block resident at once (see
+        /// [`KernelLaunch::cooperative`](super::backend::KernelLaunch::cooperative)).
+        cooperative: bool,
     },
     TakeOutput {
         ctx: ContextId,
@@ -594,6 +597,7 @@ impl Request {
                 shared_bytes,
                 stream,
                 params,
+                cooperative,
             } => {
                 o = Out::new(27);
                 o.u32(ctx.0)
@@ -602,6 +606,7 @@ impl Request {
                     .dims(*block)
                     .u32(*shared_bytes)
                     .u32(stream.0)
+                    .u8(u8::from(*cooperative))
                     .bytes(params);
             }
             TakeOutput { ctx } => {
@@ -768,6 +773,7 @@ impl Request {
                 block: i.dims()?,
                 shared_bytes: i.u32()?,
                 stream: i.stream()?,
+                cooperative: i.u8()? != 0,
                 params: i
                     .bytes("parameters", ptx::MAX_PARAM_BYTES as usize)?
                     .to_vec(),
@@ -1109,6 +1115,7 @@ mod tests {
                 shared_bytes: 7,
                 stream,
                 params: vec![9; 24],
+                cooperative: true,
             },
             TakeOutput { ctx },
             FunctionAttributes {
@@ -1157,6 +1164,7 @@ mod tests {
             shared_bytes: 0,
             stream: StreamId(0),
             params: vec![],
+            cooperative: false,
         };
         let copy = Request::CopyHtoD {
             ctx: ContextId(1),
@@ -1192,6 +1200,7 @@ mod tests {
             shared_bytes: 0,
             stream: StreamId(0),
             params: vec![],
+            cooperative: false,
         };
         assert_eq!(huge.work().threads, u64::MAX, "saturates");
     }

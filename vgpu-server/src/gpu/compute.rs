@@ -1280,6 +1280,7 @@ pub(crate) mod tests {
             shared_bytes: 0,
             stream: mdev_backend::compute::backend::DEFAULT_STREAM,
             params: vec![],
+            cooperative: false,
         };
         (ctx, launch)
     }

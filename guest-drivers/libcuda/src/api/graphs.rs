@@ -434,7 +434,19 @@ fn issue(op: &Op, stream: Handle) -> CuResult<()> {
             block,
             shared,
             params,
-        } => with(|d| d.launch(*ctx, *function, *grid, *block, *shared, s, params.clone())),
+            cooperative,
+        } => with(|d| {
+            d.launch(
+                *ctx,
+                *function,
+                *grid,
+                *block,
+                *shared,
+                s,
+                params.clone(),
+                *cooperative,
+            )
+        }),
         Op::Copy { copy } => crate::array_api::copy(*copy, stream),
         Op::Memset {
             dst,
@@ -755,6 +767,7 @@ fn kernel_op(p: &KernelParams, kern: Handle, ctx: Handle) -> CuResult<Op> {
         block: p.block,
         shared: p.shared,
         params,
+        cooperative: false,
     })
 }
 
@@ -1459,7 +1472,7 @@ fn kernel_params_of(node: Handle) -> CuResult<KernelParamsV2> {
         grid,
         block,
         shared,
-        params: _,
+        ..
     } = op_at(node)?
     else {
         return Err(CUDA_ERROR_INVALID_VALUE);

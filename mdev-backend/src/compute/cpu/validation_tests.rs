@@ -111,6 +111,7 @@ fn unknown_ids_are_invalid_handles_and_harm_nothing() {
         shared_bytes: 0,
         stream: DEFAULT_STREAM,
         params: &[],
+        cooperative: false,
     };
     invalid_handle(b.launch(c, &args));
     // Objects of one context are not reachable through another.
@@ -309,6 +310,7 @@ fn modules_and_launches_run_vector_add() {
         shared_bytes: 0,
         stream: s,
         params: &params[..20],
+        cooperative: false,
     };
     invalid_value(b.launch(c, &args));
     args.params = &params;
@@ -361,6 +363,7 @@ fn launch_alone(
             shared_bytes: 0,
             stream: DEFAULT_STREAM,
             params,
+            cooperative: false,
         },
     )
 }
@@ -631,6 +634,7 @@ fn module_variables_the_device_heap_and_the_context_reserve_are_charged() {
         shared_bytes: 0,
         stream: DEFAULT_STREAM,
         params: &[],
+        cooperative: false,
     };
     out_of_memory(b.launch(c, &launch));
     b.mem_free(c, filler).unwrap();
@@ -661,6 +665,7 @@ fn device_malloc(b: &mut CpuBackend, c: ContextId, f: FunctionId, bytes: u64) ->
         shared_bytes: 0,
         stream: DEFAULT_STREAM,
         params: &params,
+        cooperative: false,
     };
     b.launch(c, &launch).unwrap();
     let mut got = [0; 8];

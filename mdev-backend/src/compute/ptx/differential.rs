@@ -515,6 +515,7 @@ fn run_both(m: &Module, init: &[u8], threads: usize) -> [Outcome; 2] {
             interrupt: None,
             budget: &budget,
             engine,
+            cooperative: None,
         };
         let result = launch(m, "fuzz", &l, &mem);
         let regions = [

@@ -30,7 +30,10 @@ use super::ir::*;
 use super::parse::{Parsed, wide};
 use super::texture;
 use super::{Launch, LaunchStats, Module};
-use super::{MAX_CALL_DEPTH, MAX_PRINTF_BYTES, MAX_SHARED_BYTES, MAX_THREADS_PER_BLOCK};
+use super::{
+    MAX_CALL_DEPTH, MAX_COOPERATIVE_BLOCKS, MAX_PRINTF_BYTES, MAX_SHARED_BYTES,
+    MAX_THREADS_PER_BLOCK,
+};
 use crate::budget::Charge;
 use crate::compute::memory::{Fault, FaultKind};
 use crate::compute::{ComputeError, ComputeResult, GlobalMemory};
@@ -150,12 +153,30 @@ pub(super) fn plan(module: &Module, kernel: &str, l: &Launch<'_>) -> ComputeResu
 
 /// Charges the host memory of the blocks running at once to the VM's budget for the
 /// launch, before any is made: `block_bytes` for each of up to `l.threads` host threads,
-/// with fewer threads when all of them would not fit. The threads and the charge.
+/// with fewer threads when all of them would not fit. A cooperative launch runs every block
+/// at once, a host thread each: at most [`MAX_COOPERATIVE_BLOCKS`] of them, all charged.
+/// The threads and the charge.
 pub(super) fn charge_blocks(
     l: &Launch<'_>,
     blocks: u64,
     block_bytes: u64,
 ) -> ComputeResult<(usize, Charge)> {
+    if l.cooperative.is_some() {
+        if blocks > MAX_COOPERATIVE_BLOCKS {
+            return Err(ComputeError::CooperativeLaunchTooLarge(format!(
+                "{blocks} blocks, more than the {MAX_COOPERATIVE_BLOCKS} the executor runs at once"
+            )));
+        }
+        let charge = l
+            .budget
+            .charge(block_bytes.saturating_mul(blocks))
+            .map_err(|e| {
+                ComputeError::OutOfMemory(format!(
+                    "{block_bytes} bytes of host memory for each of {blocks} blocks: {e}"
+                ))
+            })?;
+        return Ok((blocks as usize, charge));
+    }
     let mut threads = l.threads.clamp(1, blocks.min(MAX_LAUNCH_THREADS) as usize);
     loop {
         match l.budget.charge(block_bytes.saturating_mul(threads as u64)) {
@@ -1320,6 +1341,7 @@ impl<'s, 'a> Block<'s, 'a> {
             Sreg::LaneMaskGe => !(lane_bit - 1) & 0xffff_ffff,
             Sreg::DynamicSmemSize => u64::from(self.s.l.dynamic_shared_bytes),
             Sreg::TotalSmemSize => u64::from(self.s.shared_bytes),
+            Sreg::EnvReg(n) => self.s.l.envreg(n),
         }
     }
 

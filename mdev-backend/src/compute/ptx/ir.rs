@@ -120,6 +120,8 @@ pub(crate) enum Sreg {
     LaneMaskGe,
     DynamicSmemSize,
     TotalSmemSize,
+    /// `%envreg0` to `%envreg31` (see [`Launch::envreg`](super::Launch::envreg)).
+    EnvReg(u8),
 }
 
 /// A source operand.

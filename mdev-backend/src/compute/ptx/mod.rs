@@ -53,6 +53,14 @@ pub const MAX_CALL_DEPTH: usize = 64;
 pub const MAX_PRINTF_BYTES: usize = 1 << 20;
 /// Threads in one block.
 pub const MAX_THREADS_PER_BLOCK: u32 = 1024;
+/// Blocks of one cooperative launch: they all run at once, each on a host thread of its own
+/// (a block waiting at a grid barrier must not hold up the one it waits for), so this bounds
+/// the host threads a launch starts, as the executor's bound on a launch's threads (also 1024)
+/// does for other launches.
+pub const MAX_COOPERATIVE_BLOCKS: u64 = 1024;
+/// Bytes of a cooperative launch's grid workspace (`{ u32 size; u32 barrier; }`, what CUDA's
+/// cooperative groups read through `%envreg1`/`%envreg2`).
+pub const GRID_WORKSPACE_BYTES: u64 = 8;
 
 /// A module `.global` or `.const` variable's state space.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -301,6 +309,27 @@ pub struct Launch<'a> {
     pub budget: &'a Arc<MemoryBudget>,
     /// The engine that runs the kernel.
     pub engine: Engine,
+    /// A cooperative launch's grid workspace (`cuLaunchCooperativeKernel`): the device address
+    /// of [`GRID_WORKSPACE_BYTES`] the caller zeroed, which `%envreg1` (high word) and
+    /// `%envreg2` (low word) give the kernel. Every block of a cooperative launch runs at once,
+    /// each on a host thread of its own (at most [`MAX_COOPERATIVE_BLOCKS`], past which the
+    /// launch is refused with `CooperativeLaunchTooLarge`), so blocks may wait for each other.
+    /// `None`: blocks run as host threads take them, and every `%envreg` reads 0.
+    pub cooperative: Option<u64>,
+}
+
+impl Launch<'_> {
+    /// `%envreg<n>`, the driver's environment registers: `%envreg1` and `%envreg2` hold the
+    /// high and low words of a cooperative launch's grid workspace (where CUDA's cooperative
+    /// groups find the grid barrier; a null address is what `grid_group::is_valid` reports for
+    /// a launch that is not cooperative); the others read 0.
+    pub(crate) fn envreg(&self, n: u8) -> u64 {
+        match (n, self.cooperative) {
+            (1, Some(address)) => address >> 32,
+            (2, Some(address)) => address & 0xffff_ffff,
+            _ => 0,
+        }
+    }
 }
 
 /// What a launch did.

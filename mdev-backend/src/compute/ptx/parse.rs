@@ -1415,7 +1415,14 @@ fn special(name: &str) -> Option<Sreg> {
         "%dynamic_smem_size" => Sreg::DynamicSmemSize,
         "%total_smem_size" => Sreg::TotalSmemSize,
         "WARP_SZ" => return None,
-        _ => return None,
+        _ => {
+            // `%envreg0` to `%envreg31`, without leading zeros.
+            let digits = name.strip_prefix("%envreg")?;
+            let canonical = digits.bytes().all(|b| b.is_ascii_digit())
+                && (digits == "0" || !digits.starts_with('0'));
+            let n: u8 = digits.parse().ok().filter(|&n| canonical && n < 32)?;
+            return Some(Sreg::EnvReg(n));
+        }
     })
 }
 

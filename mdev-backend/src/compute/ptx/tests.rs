@@ -216,6 +216,7 @@ impl<'m> Run<'m> {
                 threads,
                 budget: &self.budget,
                 engine,
+                cooperative: None,
             };
             match self.contended {
                 Some(watched) => {

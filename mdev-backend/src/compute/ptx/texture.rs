@@ -1121,6 +1121,7 @@ mod tests {
                     shared_bytes: 0,
                     stream: DEFAULT_STREAM,
                     params: &params,
+                    cooperative: false,
                 },
             )?;
             let mut out = vec![0u8; coords.len() * 16];

@@ -1021,14 +1021,16 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
                     }
                 }
             }
-            Sreg::Clock | Sreg::Clock64 | Sreg::GlobalTimer => {
+            Sreg::Clock | Sreg::Clock64 | Sreg::GlobalTimer | Sreg::EnvReg(_) => {
                 let sig = self.sig(&[self.ptr, I32], I64);
                 let f: extern "C" fn(*mut Thread, u32) -> u64 = lane::h_special;
                 let callee = self.b.ins().iconst(self.ptr, f as usize as i64);
-                let which = self
-                    .b
-                    .ins()
-                    .iconst(I32, i64::from(matches!(s, Sreg::GlobalTimer)));
+                let which = match s {
+                    Sreg::GlobalTimer => 1,
+                    Sreg::EnvReg(n) => 2 + i64::from(n),
+                    _ => 0,
+                };
+                let which = self.b.ins().iconst(I32, which);
                 let call = self
                     .b
                     .ins()

@@ -43,6 +43,7 @@ pub(super) fn special(t: &Thread, s: Sreg) -> u64 {
         Sreg::LaneMaskGe => !(lane_bit - 1) & 0xffff_ffff,
         Sreg::DynamicSmemSize => w(SREG_DYN_SHARED),
         Sreg::TotalSmemSize => t.shared_len,
+        Sreg::EnvReg(n) => env(t).l.envreg(n),
     }
 }
 
@@ -424,16 +425,17 @@ pub(super) extern "C" fn h_check(t: *mut Thread, fuel: u64) -> u32 {
     }
 }
 
-/// A special register compiled code does not compute itself (the clocks).
+/// A special register compiled code does not compute itself: the clocks (`which` 0 and 1)
+/// and `%envreg<which - 2>`.
 pub(super) extern "C" fn h_special(t: *mut Thread, which: u32) -> u64 {
     // SAFETY: as in `guarded`.
     let t = unsafe { &*t };
     special(
         t,
-        if which == 0 {
-            Sreg::Clock64
-        } else {
-            Sreg::GlobalTimer
+        match which {
+            0 => Sreg::Clock64,
+            1 => Sreg::GlobalTimer,
+            n => Sreg::EnvReg(u8::try_from(n - 2).unwrap_or(u8::MAX)),
         },
     )
 }
