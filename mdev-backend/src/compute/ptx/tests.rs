@@ -2510,3 +2510,100 @@ $L_again:
         .unwrap_err();
     assert!(matches!(err, ComputeError::LaunchTimeout(_)), "{err:?}");
 }
+
+/// The registers a barrier in a loop stores are those the loop may have changed: values
+/// written before the loop (stored there, once), written in the loop only under a guard, or
+/// under a guard before it, all come back intact after each barrier, on blocks that reuse
+/// one host thread's saved registers (the previous block's values still in them), with the
+/// block's barrier alone (passes over the threads) and with a warp shuffle (threads resumed
+/// one by one).
+#[test]
+fn registers_kept_across_barriers_in_a_loop_come_back_on_every_block() {
+    let kernel = |name: &str, exchange: &str| {
+        format!(
+            r#"
+.visible .entry {name}(.param .u64 out)
+{{
+	.reg .pred %p<4>;
+	.reg .b32 %r<12>;
+	.reg .b64 %rd<6>;
+	.shared .align 4 .b8 sh_{name}[256];
+	ld.param.u64 %rd1, [out];
+	cvta.to.global.u64 %rd1, %rd1;
+	mov.u32 %r1, %tid.x;
+	mov.u32 %r2, %ctaid.x;
+	mad.lo.s32 %r3, %r2, 1000, %r1;
+	setp.eq.u32 %p1, %r1, 3;
+	@%p1 add.u32 %r3, %r3, 77;
+	mov.u32 %r4, 0;
+	add.u32 %r6, %r2, 5;
+	mov.u64 %rd2, sh_{name};
+	mul.wide.u32 %rd3, %r1, 4;
+	add.s64 %rd4, %rd2, %rd3;
+	xor.b32 %r7, %r1, 1;
+	mul.wide.u32 %rd3, %r7, 4;
+	add.s64 %rd5, %rd2, %rd3;
+$L_loop:
+{exchange}
+	setp.gt.u32 %p2, %r5, %r3;
+	@%p2 add.u32 %r6, %r6, %r2;
+	bar.sync 0;
+	add.u32 %r3, %r3, %r5;
+	add.u32 %r4, %r4, 1;
+	setp.lt.u32 %p3, %r4, 4;
+	@%p3 bra $L_loop;
+	add.u32 %r8, %r3, %r6;
+	mad.lo.s32 %r8, %r7, 100000, %r8;
+	mad.lo.s32 %r9, %r2, 64, %r1;
+	mul.wide.u32 %rd3, %r9, 4;
+	add.s64 %rd3, %rd1, %rd3;
+	st.global.u32 [%rd3], %r8;
+	ret;
+}}
+"#
+        )
+    };
+    let shared = "\tst.shared.u32 [%rd4], %r3;\n\tbar.sync 0;\n\tld.shared.u32 %r5, [%rd5];";
+    let shuffle = "\tshfl.sync.bfly.b32 %r5, %r3, 1, 31, -1;";
+    let m = module(&(kernel("passes", shared) + &kernel("resumed", shuffle)));
+    let (blocks, threads) = (4usize, 64usize);
+    let mut want = Vec::new();
+    for b in 0..blocks as u32 {
+        let mut r3: Vec<u32> = (0..threads as u32)
+            .map(|t| b * 1000 + t + if t == 3 { 77 } else { 0 })
+            .collect();
+        let mut r6 = vec![b + 5; threads];
+        for _ in 0..4 {
+            let r5: Vec<u32> = (0..threads).map(|t| r3[t ^ 1]).collect();
+            for t in 0..threads {
+                if r5[t] > r3[t] {
+                    r6[t] += b;
+                }
+                r3[t] = r3[t].wrapping_add(r5[t]);
+            }
+        }
+        want.extend((0..threads).map(|t| {
+            let r7 = t as u32 ^ 1;
+            r7.wrapping_mul(100_000)
+                .wrapping_add(r3[t])
+                .wrapping_add(r6[t])
+        }));
+    }
+    for name in ["passes", "resumed"] {
+        let mut r = Run::new(&m);
+        let out = r.buffer(&vec![0; blocks * threads * 4]);
+        let params = pack(&m, name, &[out]);
+        let (reference, compiled) = r.launch_pair(
+            name,
+            [blocks as u32, 1, 1],
+            [threads as u32, 1, 1],
+            0,
+            &params,
+            1,
+            1 << 30,
+        );
+        reference.unwrap();
+        assert!(compiled.unwrap().unwrap().compiled, "{name}");
+        assert_eq!(to_u32s(&r.read(out, blocks * threads * 4)), want, "{name}");
+    }
+}

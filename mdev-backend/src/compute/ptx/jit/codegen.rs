@@ -398,6 +398,9 @@ struct Translator<'b, 'f, 'm> {
     ended: bool,
     /// The registers live before each instruction (see [`liveness`]), for a kernel's yields.
     live: Option<Vec<Vec<u64>>>,
+    /// Which registers a kernel's yields store and which its instructions store as they
+    /// write them (see [`saves`]); without it a yield stores every register live after it.
+    saves: Option<Saves>,
     /// Whether the kernel's function loops over a block's threads (no collectives), and
     /// where a thread that ends goes on to the next.
     looped: bool,
@@ -461,6 +464,7 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
             sig_check: None,
             ended: false,
             live: None,
+            saves: None,
             looped: false,
             latch: None,
             ir_allowance: MAX_COMPILED_IR,
@@ -512,6 +516,10 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
             if let Some(live) = &mut self.live {
                 // Past the end nothing lives.
                 live.truncate((end - start) as usize + 1);
+            }
+            let yields = (start..end).any(|pc| collective(&self.m.code[pc as usize].op));
+            if yields && let Some(live) = &self.live {
+                self.saves = saves(self.m, start, end, f.regs.start, nregs, live);
             }
         }
         let zero = self.b.ins().iconst(I64, 0);
@@ -714,7 +722,8 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
         }
     }
 
-    /// Before a yield at `pc`: what the collective reads and what lives on after it.
+    /// Before a yield at `pc`: what the collective reads and what lives on after it, of
+    /// which (with [`saves`]) only the registers whose saved copy may be out of date.
     fn spill_for_yield(&mut self, pc: u32, op: &Op) -> Result<(), String> {
         let mut regs = self.live_at(pc + 1);
         if let Some((reads, _)) = operands(op) {
@@ -722,6 +731,14 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
         }
         regs.sort_unstable();
         regs.dedup();
+        if let Some(saves) = &self.saves {
+            let first = self.f().regs.start;
+            let unsaved = &saves.unsaved[(pc - self.f().start) as usize];
+            regs.retain(|&r| {
+                r.checked_sub(first)
+                    .is_none_or(|i| bit_set(unsaved, i as usize))
+            });
+        }
         for r in regs {
             self.spill(r)?;
         }
@@ -1178,6 +1195,15 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
             None => None,
         };
         self.op(pc, &inst.op, resume_index)?;
+        if !self.ended
+            && let Some(saves) = &self.saves
+        {
+            // Registers a later yield would store, written where they are written once.
+            let at_def = saves.at_def[(pc - self.f().start) as usize].clone();
+            for r in at_def {
+                self.spill(r)?;
+            }
+        }
         if let Some(cont) = cont {
             if !self.ended {
                 self.b.ins().jump(cont, &[]);
@@ -2405,3 +2431,162 @@ fn liveness(m: &Parsed, start: u32, end: u32, first: u32, nregs: usize) -> Optio
 /// Backward passes the liveness analysis makes before it gives up (every register then
 /// counts as live at a yield): a bound on the compiler's time for a hostile module.
 const MAX_LIVENESS_PASSES: usize = 64;
+
+/// Whether bit `i` of the bit set `bits` is set.
+fn bit_set(bits: &[u64], i: usize) -> bool {
+    bits.get(i / 64).is_some_and(|w| w & (1 << (i % 64)) != 0)
+}
+
+/// What a kernel's yields store of its registers (bits `r − first`), so that a barrier in a
+/// loop stores what the loop changed rather than everything live.
+struct Saves {
+    /// Per instruction (and past the end): the registers whose variable may differ from the
+    /// thread's saved copy before it. A yield stores the registers it needs saved that are
+    /// in this set; the others' saved copies already hold their values.
+    unsaved: Vec<Vec<u64>>,
+    /// Per instruction: the registers it writes that a yield needs saved, stored as soon as
+    /// they are written because the instruction is in no loop (it runs at most once per
+    /// thread, so the store costs no more than a yield's would).
+    at_def: Vec<Vec<u32>>,
+}
+
+/// [`Saves`] of the kernel `start..end` from its registers' liveness (`live`, as
+/// [`liveness`] gives it). The saved copy of a register is out of date from the thread's
+/// start (it holds another block's value) and wherever an instruction writes the register
+/// without storing it; it is up to date after a store ([`Saves::at_def`]) and, for the
+/// registers a resume point loads (those live there), after a yield. A forward analysis:
+/// "may be out of date" joined over every path, so a register is left out of a yield's
+/// stores only where every path there leaves its copy up to date. `None` past
+/// [`MAX_LIVENESS_PASSES`] passes (then a yield stores every register it needs saved).
+fn saves(
+    m: &Parsed,
+    start: u32,
+    end: u32,
+    first: u32,
+    nregs: usize,
+    live: &[Vec<u64>],
+) -> Option<Saves> {
+    let words = nregs.div_ceil(64);
+    let n = (end - start) as usize;
+    let code = &m.code[start as usize..end as usize];
+    let index = |r: u32| {
+        r.checked_sub(first)
+            .map(|i| i as usize)
+            .filter(|&i| i < nregs)
+    };
+    let mut ops = Vec::with_capacity(n);
+    for inst in code {
+        let (reads, writes) = operands(&inst.op)?;
+        let reads: Vec<usize> = reads.into_iter().filter_map(index).collect();
+        let writes: Vec<usize> = writes
+            .into_iter()
+            .filter(|&w| w != SINK)
+            .filter_map(index)
+            .collect();
+        ops.push((reads, writes));
+    }
+    // The instructions inside a loop: every instruction on a cycle lies between a backward
+    // branch and its target (follow the cycle from it to the first instruction at or before
+    // it: the edge there is a backward branch from at or after it).
+    let mut depth = vec![0i64; n + 1];
+    for (i, inst) in code.iter().enumerate() {
+        if let Op::Bra { target } = inst.op
+            && let Some(t) = target.checked_sub(start).map(|t| t as usize)
+            && t <= i
+        {
+            depth[t] += 1;
+            depth[i + 1] -= 1;
+        }
+    }
+    let mut in_loop = Vec::with_capacity(n);
+    let mut open = 0i64;
+    for d in &depth[..n] {
+        open += d;
+        in_loop.push(open > 0);
+    }
+    // The registers some yield needs saved: live after it, or read by its collective.
+    let mut needed = vec![0u64; words];
+    for (i, inst) in code.iter().enumerate() {
+        if collective(&inst.op) {
+            for (a, b) in needed.iter_mut().zip(&live[i + 1]) {
+                *a |= b;
+            }
+            for &r in &ops[i].0 {
+                needed[r / 64] |= 1 << (r % 64);
+            }
+        }
+    }
+    let at_def: Vec<Vec<u32>> = code
+        .iter()
+        .enumerate()
+        .map(|(i, inst)| {
+            if in_loop[i] || collective(&inst.op) {
+                return Vec::new();
+            }
+            ops[i]
+                .1
+                .iter()
+                .filter(|&&w| bit_set(&needed, w))
+                .map(|&w| first + w as u32)
+                .collect()
+        })
+        .collect();
+    let mut unsaved = vec![vec![0u64; words]; n + 1];
+    unsaved[0] = vec![u64::MAX; words];
+    let mut changed = true;
+    let mut passes = 0usize;
+    while changed {
+        changed = false;
+        passes += 1;
+        if passes > MAX_LIVENESS_PASSES {
+            return None;
+        }
+        for (i, inst) in code.iter().enumerate() {
+            let guarded = inst.guard.is_some();
+            let mut out = unsaved[i].clone();
+            if collective(&inst.op) {
+                // After the yield the resume point loads the registers live there; the
+                // others' variables are not their saved copies. A guarded collective may
+                // also go on without yielding, its registers as they were.
+                let reloaded: Vec<u64> = live[i + 1].iter().map(|w| !w).collect();
+                if guarded {
+                    for (a, b) in out.iter_mut().zip(&reloaded) {
+                        *a |= b;
+                    }
+                } else {
+                    out = reloaded;
+                }
+            } else {
+                let stored = &at_def[i];
+                for &w in &ops[i].1 {
+                    let w_reg = first + w as u32;
+                    if !stored.contains(&w_reg) {
+                        out[w / 64] |= 1 << (w % 64);
+                    } else if !guarded {
+                        out[w / 64] &= !(1 << (w % 64));
+                    }
+                }
+            }
+            let (next, target) = match inst.op {
+                Op::Bra { target } => (
+                    guarded,
+                    target
+                        .checked_sub(start)
+                        .map(|t| t as usize)
+                        .filter(|&t| t < n),
+                ),
+                Op::Ret | Op::Exit => (guarded, None),
+                _ => (true, None),
+            };
+            for succ in [next.then_some(i + 1), target].into_iter().flatten() {
+                for (a, b) in unsaved[succ].iter_mut().zip(&out) {
+                    if *a | b != *a {
+                        *a |= b;
+                        changed = true;
+                    }
+                }
+            }
+        }
+    }
+    Some(Saves { unsaved, at_def })
+}
