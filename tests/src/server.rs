@@ -34,8 +34,13 @@ pub const CONFIG_VECTOR: u16 = 0;
 pub const CONTROL_VECTOR: u16 = 1;
 /// MSI-X vector of the cursor queue.
 pub const CURSOR_VECTOR: u16 = 2;
-/// Longest wait for a request's completion.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest wait for a request's completion, on a host whose cores are all busy with other
+/// work too (`qemu-scripts/test.sh --loaded`).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
+/// Longest wait for a counter to reach what a test asserts ([`TestServer::wait_counter`]).
+pub const COUNTER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often [`TestServer::wait_counter`] reads the counter.
+const COUNTER_POLL: Duration = Duration::from_millis(2);
 /// Control queue size the fixture uses.
 pub const CONTROL_QUEUE_SIZE: u16 = 64;
 /// Cursor queue size the fixture uses.
@@ -182,6 +187,26 @@ impl TestServer {
             .into_iter()
             .find(|(k, _)| *k == name)
             .map_or_else(|| panic!("no counter {name}"), |(_, v)| v)
+    }
+
+    /// Waits up to [`COUNTER_TIMEOUT`] until counter `name` satisfies `reached` and returns
+    /// its value; panics with the last value read if it never does. For a counter the device
+    /// updates after the guest can see what it counts (an interrupt after its used entry, a
+    /// dump after its file, a fallback's announcement after its state), which a read right
+    /// after would find one short on a busy host.
+    pub fn wait_counter(&self, name: &str, reached: impl Fn(u64) -> bool) -> u64 {
+        let deadline = Instant::now() + COUNTER_TIMEOUT;
+        loop {
+            let value = self.counter(name);
+            if reached(value) {
+                return value;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "counter {name} still {value} after {COUNTER_TIMEOUT:?}"
+            );
+            std::thread::sleep(COUNTER_POLL);
+        }
     }
 
     /// The `-device` argument for a VM using this server.

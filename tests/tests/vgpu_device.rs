@@ -24,7 +24,9 @@ use virtio_bindings::virtio_config::{
 };
 use virtio_bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 
-const TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest wait for what the device does after a request: long enough for a host whose
+/// cores are all busy with other work (`qemu-scripts/test.sh --loaded`).
+const TIMEOUT: Duration = Duration::from_secs(20);
 const NEEDS_RESET: u8 = VIRTIO_CONFIG_S_NEEDS_RESET as u8;
 const SERVER_EXIT: Duration = Duration::from_secs(10);
 
@@ -363,7 +365,9 @@ fn get_display_info_round_trip_with_msix() {
     assert!(fenced.header.is_fenced());
     assert_eq!(fenced.header.fence_id, 42);
     assert_eq!(server.counter("ctrl_requests"), 2);
-    assert!(server.counter("interrupts") >= 2);
+    // The second completion's interrupt is sent (and counted) after its used entry, which
+    // the fixture polls for.
+    server.wait_counter("interrupts", |n| n >= 2);
     drop(guest);
     server.wait(SERVER_EXIT).unwrap();
 }
@@ -495,7 +499,8 @@ fn intx_when_msix_is_off() {
             .collect();
     }
     assert_eq!(guest.dev.read_isr(qt).unwrap() & 1, 1, "ISR queue bit");
-    assert!(server.counter("interrupts") >= 1);
+    // Counted once the line was raised, which QEMU may show first.
+    server.wait_counter("interrupts", |n| n >= 1);
 }
 
 // ---- negative tests: each violation resets only the device, never the server ----
@@ -704,13 +709,30 @@ fn a_ring_of_large_requests_is_processed_over_several_turns() {
             .write_descriptor(qt, CONTROL_QUEUE, index, &raw(request, len as u32, 0, 0))
             .unwrap();
     }
-    for index in 0..CONTROL_QUEUE_SIZE {
-        guest.dev.publish_avail(qt, CONTROL_QUEUE, index).unwrap();
-    }
-    let (used, requests) = (
+    // The counts before anything is published: a kick still pending from the bring-up (the
+    // reset's) may have the device look at the ring before the notify below, on a busy host.
+    let (used, requests, deferred) = (
         guest.dev.read_used_idx(qt, CONTROL_QUEUE).unwrap(),
         server.counter("ctrl_requests"),
+        server.counter("kicks_deferred"),
     );
+    // The whole ring in one step (its entries, then one write of avail.idx), so whenever the
+    // device looks, it finds none or all of them: the turns are the ring's, not the moment's.
+    let vq = guest.dev.queue(CONTROL_QUEUE).unwrap();
+    let (ring, first) = (vq.avail_address() + 4, vq.avail_idx());
+    let entries: Vec<u8> = (0..CONTROL_QUEUE_SIZE)
+        .flat_map(|index| index.to_le_bytes())
+        .collect();
+    assert_eq!(
+        first % CONTROL_QUEUE_SIZE,
+        0,
+        "the ring starts at its first slot"
+    );
+    qt.memwrite(ring, &entries).unwrap();
+    guest
+        .dev
+        .write_avail_idx(qt, CONTROL_QUEUE, first.wrapping_add(CONTROL_QUEUE_SIZE))
+        .unwrap();
     guest.dev.notify(qt, CONTROL_QUEUE).unwrap();
     let deadline = Instant::now() + TIMEOUT;
     let all = used.wrapping_add(CONTROL_QUEUE_SIZE);
@@ -718,7 +740,7 @@ fn a_ring_of_large_requests_is_processed_over_several_turns() {
         assert!(Instant::now() < deadline, "the ring was not completed");
         std::thread::sleep(Duration::from_millis(2));
     }
-    let turns = server.counter("kicks_deferred") + 1;
+    let turns = server.counter("kicks_deferred") - deferred + 1;
     assert_eq!(turns, u64::from(CONTROL_QUEUE_SIZE / 4), "4 MiB per turn");
     assert_eq!(
         server.counter("ctrl_requests") - requests,
