@@ -22,7 +22,9 @@ use vgpu_tests::server::{TestServer, VIRTIO_GPU_DEVICE_ID, VgpuGuest};
 use vgpu_tests::{QtestVm, TempDir, VmConfig, skip_without_qemu};
 use virtio_bindings::virtio_config::{VIRTIO_CONFIG_S_NEEDS_RESET, VIRTIO_F_VERSION_1};
 
-const TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest wait for what the device does after a request, on a host whose cores are all
+/// busy with other work too (`qemu-scripts/test.sh --loaded`).
+const TIMEOUT: Duration = Duration::from_secs(20);
 const SERVER_EXIT: Duration = Duration::from_secs(10);
 const NEEDS_RESET: u8 = VIRTIO_CONFIG_S_NEEDS_RESET as u8;
 /// Edge of the test resources.
@@ -244,8 +246,8 @@ fn scanout_png_shows_the_transferred_picture() {
     // rate limiter's timer writes it a second after the first.
     requests.write_all(&[1]).unwrap();
     wait_png(&png_path, &expected(16));
-    let dumps = server.counter("scanout_dumps");
-    assert!(dumps >= 2, "{dumps} dumps");
+    // Counted once its file is written, which the wait above may see first.
+    server.wait_counter("scanout_dumps", |dumps| dumps >= 2);
 
     // Disconnect writes the last image once more.
     drop(guest);
