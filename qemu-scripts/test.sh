@@ -3,7 +3,22 @@
 # image, the CUDA corpus), builds the workspace, runs every fuzz target briefly and runs every test tier (unit
 # tests, qtest integration tests against QEMU, guest end-to-end tests booting the image under QEMU).
 # Idempotent; the cache lives in ${VGPU_CACHE:-$HOME/.cache/vgpu}.
+#
+# --loaded: the same run with every core of the host kept busy beside the fuzz smoke run and
+# the tests (stress-ng --cpu with one worker a core, from the build's end until the script
+# ends, however it ends), to show that no test depends on having the machine to itself.
 set -euo pipefail
+usage() {
+    echo "usage: $(basename "$0") [--loaded]" >&2
+    exit 2
+}
+loaded=0
+for arg in "$@"; do
+    case $arg in
+    --loaded) loaded=1 ;;
+    *) usage ;;
+    esac
+done
 STEPS=6
 # Tools the tests drive besides QEMU: Chromium (the dashboard's browser test, headless),
 # promtool from prometheus (the metrics check), virt-xml-validate from libvirt-clients with
@@ -12,6 +27,8 @@ STEPS=6
 # man: documentation, and security checks) and strace (the units' system call filters
 # against what the daemon and the device process call).
 EXTRA_DEBS=(chromium prometheus libvirt-clients libvirt0 libxml2-utils systemd man-db strace)
+# The loaded mode's CPU load.
+((loaded)) && EXTRA_DEBS+=(stress-ng)
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 # Measured 2026-11-27: target/ 2.5 GiB after the tests, fuzz/target 0.9 GiB, the cache 1.5 GiB
 # (QEMU prefix, nvcc wheels, guest image) plus about 1 GiB while the image is built.
@@ -28,16 +45,38 @@ qemu-scripts/build-guest-image.sh
 step "build (workspace, all targets)"
 cargo build --workspace --all-targets --locked
 
-step "fuzz smoke run (every fuzz target for a few seconds; docs/FUZZING.md)"
+# The loaded mode's load, stopped when the script exits. Bounded in time too, in case the
+# script is killed with SIGKILL and cannot stop it.
+LOAD_TIMEOUT=6h
+load_pid=
+log=
+cleanup() {
+    if [[ -n $load_pid ]]; then
+        kill "$load_pid" 2>/dev/null || true
+        wait "$load_pid" 2>/dev/null || true
+        echo "loaded mode: the CPU load (stress-ng, pid $load_pid) stopped"
+    fi
+    [[ -z $log ]] || rm -f "$log"
+}
+trap cleanup EXIT
+load_note=
+if ((loaded)); then
+    cores=$(nproc)
+    stress-ng --cpu "$cores" --timeout "$LOAD_TIMEOUT" --quiet &
+    load_pid=$!
+    load_note=" (loaded: stress-ng --cpu $cores beside them)"
+    echo "loaded mode: stress-ng --cpu $cores (pid $load_pid) keeps every core busy until the tests end"
+fi
+
+step "fuzz smoke run (every fuzz target for a few seconds; docs/FUZZING.md)$load_note"
 qemu-scripts/fuzz.sh --smoke
 
-step "tests (unit, qtest integration, guest end-to-end)"
+step "tests (unit, qtest integration, guest end-to-end)$load_note"
 # QEMU, virglrenderer and the guest image are installed above, so a test that cannot start them
 # must fail, not skip.
 log=$(mktemp "${TMPDIR:-/tmp}/vgpu-test.XXXXXX")
-trap 'rm -f "$log"' EXIT
 status=0
 VGPU_REQUIRE_CUDA_CORPUS=1 VGPU_REQUIRE_QEMU=1 VGPU_REQUIRE_VIRGL=1 VGPU_REQUIRE_GUEST=1 VGPU_REQUIRE_CGROUP=1 VGPU_GUEST_GL=1 cargo test --workspace --locked 2>&1 | tee "$log" || status=$?
 # One closing line over all test binaries (cargo prints one "test result" per binary).
-awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "\ntests: %d passed, %d failed, %d skipped\n", p, f, i }' "$log"
+awk -v note="$load_note" '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "\ntests: %d passed, %d failed, %d skipped%s\n", p, f, i, note }' "$log"
 exit "$status"
