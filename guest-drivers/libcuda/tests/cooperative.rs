@@ -2,8 +2,8 @@
 //! device attributes, `cuLaunchCooperativeKernel` and `cuLaunchKernelEx` with the cooperative
 //! attribute running a grid barrier as CUDA's cooperative groups make it, and the grid the
 //! occupancy queries promise as the most a cooperative launch may have (one block more is
-//! `CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE`, at the call). One test: the driver is
-//! process-global.
+//! `CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE`, at the call), and a graph's kernel node made
+//! cooperative by its attribute. One test: the driver is process-global.
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::ptr::null_mut;
@@ -34,7 +34,38 @@ struct LaunchConfig {
     num_attrs: c_uint,
 }
 
+/// `CUDA_KERNEL_NODE_PARAMS_v2`.
+#[repr(C)]
+struct KernelParams {
+    func: Handle,
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    shared: c_uint,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    kern: Handle,
+    ctx: Handle,
+}
+
 unsafe extern "C" {
+    fn cuGraphCreate(g: *mut Handle, flags: c_uint) -> c_uint;
+    fn cuGraphAddKernelNode_v2(
+        out: *mut Handle,
+        g: Handle,
+        deps: *const Handle,
+        n: usize,
+        p: *const KernelParams,
+    ) -> c_uint;
+    fn cuGraphKernelNodeSetParams_v2(node: Handle, p: *const KernelParams) -> c_uint;
+    fn cuGraphKernelNodeGetAttribute(node: Handle, attribute: c_int, out: *mut [u64; 8]) -> c_uint;
+    fn cuGraphKernelNodeSetAttribute(
+        node: Handle,
+        attribute: c_int,
+        value: *const [u64; 8],
+    ) -> c_uint;
+    fn cuGraphKernelNodeCopyAttributes(dst: Handle, src: Handle) -> c_uint;
+    fn cuGraphInstantiateWithFlags(out: *mut Handle, g: Handle, flags: u64) -> c_uint;
+    fn cuGraphLaunch(exec: Handle, stream: Handle) -> c_uint;
     fn cuInit(flags: c_uint) -> c_uint;
     fn cuDeviceGetAttribute(v: *mut c_int, attribute: c_int, dev: c_int) -> c_uint;
     fn cuCtxCreate_v2(ctx: *mut Handle, flags: c_uint, dev: c_int) -> c_uint;
@@ -264,6 +295,59 @@ fn cooperative_launches_meet_at_a_grid_barrier_up_to_the_occupancy_the_queries_r
             801
         );
         assert_eq!(cuCtxSynchronize(), 0);
+
+        // A graph's kernel node is cooperative by its attribute, which it keeps when its
+        // parameters change and which another node may copy.
+        let mut g: Handle = null_mut();
+        assert_eq!(cuGraphCreate(&mut g, 0), 0);
+        let params = KernelParams {
+            func: f,
+            grid: [most, 1, 1],
+            block: [THREADS, 1, 1],
+            shared: 0,
+            kernel_params: args.as_mut_ptr(),
+            extra: null_mut(),
+            kern: null_mut(),
+            ctx: null_mut(),
+        };
+        let (mut node, mut other) = (null_mut(), null_mut());
+        assert_eq!(
+            cuGraphAddKernelNode_v2(&mut node, g, null_mut(), 0, &params),
+            0
+        );
+        assert_eq!(cuGraphAddKernelNode_v2(&mut other, g, &node, 1, &params), 0);
+        let mut value = [7u64; 8];
+        assert_eq!(
+            cuGraphKernelNodeGetAttribute(node, ATTRIBUTE_COOPERATIVE as c_int, &mut value),
+            0
+        );
+        assert_eq!(value, [0; 8], "not cooperative until set");
+        let on = [1u64, 0, 0, 0, 0, 0, 0, 0];
+        assert_eq!(
+            cuGraphKernelNodeSetAttribute(node, ATTRIBUTE_COOPERATIVE as c_int, &on),
+            0
+        );
+        assert_eq!(cuGraphKernelNodeSetParams_v2(node, &params), 0);
+        assert_eq!(
+            cuGraphKernelNodeGetAttribute(node, ATTRIBUTE_COOPERATIVE as c_int, &mut value),
+            0
+        );
+        assert_eq!(value, on, "kept across new parameters");
+        assert_eq!(cuGraphKernelNodeCopyAttributes(other, node), 0);
+        assert_eq!(
+            cuGraphKernelNodeGetAttribute(other, ATTRIBUTE_COOPERATIVE as c_int, &mut value),
+            0
+        );
+        assert_eq!(value, on, "copied");
+        // Priority is a hint a launch may carry; a node has no such attribute here.
+        assert_eq!(cuGraphKernelNodeGetAttribute(node, 8, &mut value), 801);
+        let mut exec: Handle = null_mut();
+        assert_eq!(cuGraphInstantiateWithFlags(&mut exec, g, 0), 0);
+        assert_eq!(cuMemsetD32_v2(counter, 0, 1), 0);
+        assert_eq!(cuGraphLaunch(exec, null_mut()), 0);
+        assert_eq!(cuCtxSynchronize(), 0);
+        // Both nodes met at their barriers: the second counted the grid again.
+        assert_eq!(read(most as usize), vec![2 * most; most as usize]);
     }
     host.close();
 }

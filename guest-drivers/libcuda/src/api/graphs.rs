@@ -1516,12 +1516,76 @@ entry!(cuGraphKernelNodeGetParams(node: Handle, out: *mut KernelParams) {
 
 entry!(cuGraphKernelNodeSetParams_v2(node: Handle, params: *const KernelParamsV2) {
     let p = read_at(params, 0)?;
-    set_op(node, kernel_op(&p.base, p.kern, p.ctx)?)
+    set_op(node, with_attributes(&op_at(node)?, kernel_op(&p.base, p.kern, p.ctx)?))
 });
 
 entry!(cuGraphKernelNodeSetParams(node: Handle, params: *const KernelParams) {
     let p = read_at(params, 0)?;
-    set_op(node, kernel_op(&p, std::ptr::null_mut(), std::ptr::null_mut())?)
+    let op = kernel_op(&p, std::ptr::null_mut(), std::ptr::null_mut())?;
+    set_op(node, with_attributes(&op_at(node)?, op))
+});
+
+// Kernel node attributes: the cooperative flag (`CU_KERNEL_NODE_ATTRIBUTE_COOPERATIVE`), which
+// a node keeps when its parameters change; the others a launch takes are hints this device
+// ignores, so a node has none to keep.
+
+/// `CUlaunchAttributeValue`: 64 bytes, an `int` first for the cooperative flag.
+type AttributeValue = [u64; 8];
+/// `CU_KERNEL_NODE_ATTRIBUTE_COOPERATIVE`.
+const KERNEL_NODE_ATTRIBUTE_COOPERATIVE: c_int = 2;
+
+/// `op` (a kernel op) with the attributes of `old` (the node's op before it).
+fn with_attributes(old: &Op, mut op: Op) -> Op {
+    if let (
+        Op::Kernel { cooperative, .. },
+        Op::Kernel {
+            cooperative: new, ..
+        },
+    ) = (old, &mut op)
+    {
+        *new = *cooperative;
+    }
+    op
+}
+
+/// The cooperative flag of kernel node `node`; other attributes are refused.
+fn node_cooperative(node: Handle, attribute: c_int, what: &str) -> CuResult<bool> {
+    if attribute != KERNEL_NODE_ATTRIBUTE_COOPERATIVE {
+        refused(&format!("{what}: kernel node attribute {attribute}"));
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    match op_at(node)? {
+        Op::Kernel { cooperative, .. } => Ok(cooperative),
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+/// Makes kernel node `node` cooperative or not.
+fn set_node_cooperative(node: Handle, value: bool) -> CuResult<()> {
+    let mut op = op_at(node)?;
+    let Op::Kernel { cooperative, .. } = &mut op else {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    };
+    *cooperative = value;
+    set_op(node, op)
+}
+
+entry!(cuGraphKernelNodeGetAttribute(node: Handle, attribute: c_int, out: *mut AttributeValue) {
+    let cooperative = node_cooperative(node, attribute, "cuGraphKernelNodeGetAttribute")?;
+    put(out, [u64::from(cooperative), 0, 0, 0, 0, 0, 0, 0])
+});
+
+entry!(cuGraphKernelNodeSetAttribute(node: Handle, attribute: c_int, value: *const AttributeValue) {
+    node_cooperative(node, attribute, "cuGraphKernelNodeSetAttribute")?;
+    // The value's first member is an `int`.
+    let v = read_at(value, 0)?;
+    set_node_cooperative(node, v[0] as u32 != 0)
+});
+
+entry!(cuGraphKernelNodeCopyAttributes(dst: Handle, src: Handle) {
+    let cooperative = node_cooperative(src, KERNEL_NODE_ATTRIBUTE_COOPERATIVE, "cuGraphKernelNodeCopyAttributes")?;
+    node_cooperative(dst, KERNEL_NODE_ATTRIBUTE_COOPERATIVE, "cuGraphKernelNodeCopyAttributes")?;
+    set_node_cooperative(dst, cooperative)
 });
 
 /// The `CUDA_MEMCPY3D` of a copy op (offsets folded into the pointers).
@@ -1817,7 +1881,8 @@ fn exec_node(exec: Handle, node: Handle) -> CuResult<usize> {
     })
 }
 
-/// Changes one node's op in an executable graph (kind and context unchanged).
+/// Changes one node's op in an executable graph (kind and context unchanged; a kernel keeps
+/// its attributes).
 fn exec_set(exec: Handle, node: Handle, op: Op) -> CuResult<()> {
     let i = exec_node(exec, node)?;
     state(|s| {
@@ -1826,7 +1891,7 @@ fn exec_set(exec: Handle, node: Handle, op: Op) -> CuResult<()> {
         if old.kind() != op.kind() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        *old = op;
+        *old = with_attributes(old, op);
         Ok(())
     })
 }
