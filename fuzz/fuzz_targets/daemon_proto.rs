@@ -109,10 +109,17 @@ fuzz_target!(|data: &[u8]| {
             }
             (6, Some(conn)) => {
                 let group = GroupId(u64::from(input.u8()));
-                let msg = match input.u8() % 4 {
+                let msg = match input.u8() % 5 {
                     0 => Msg::Cancel { group },
                     1 => Msg::Frame,
                     2 => Msg::Bye,
+                    3 => {
+                        let limit = u64::from(input.u16()) << 20;
+                        Msg::Memory {
+                            used: limit.saturating_sub(u64::from(input.u16())),
+                            limit,
+                        }
+                    }
                     _ => Msg::Dispatched {
                         group,
                         context: 0,

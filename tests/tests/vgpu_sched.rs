@@ -57,13 +57,23 @@ fn accept(listener: &SeqListener) -> SeqStream {
     }
 }
 
+/// The VM's memory as the device last reported it (`Memory`, which it sends whenever the
+/// figures change: [`recv`] keeps it here rather than in the conversation the tests follow).
+static MEMORY: std::sync::Mutex<Option<(u64, u64)>> = std::sync::Mutex::new(None);
+
+/// The next message from the device other than a memory report.
 fn recv(stream: &SeqStream) -> Msg {
     let mut buf = vec![0; proto::MAX_MESSAGE_BYTES + 1];
-    let n = stream
-        .recv(&mut buf)
-        .expect("recv")
-        .expect("a message in time");
-    proto::decode(&buf[..n]).expect("a valid message")
+    loop {
+        let n = stream
+            .recv(&mut buf)
+            .expect("recv")
+            .expect("a message in time");
+        match proto::decode(&buf[..n]).expect("a valid message") {
+            Msg::Memory { used, limit } => *MEMORY.lock().unwrap() = Some((used, limit)),
+            msg => return msg,
+        }
+    }
 }
 
 fn send(stream: &SeqStream, msg: &Msg) {
@@ -333,10 +343,23 @@ fn compute_groups(guest: &mut VgpuGuest, daemon: &SeqStream) {
         .visible .entry empty()\n{\nret;\n}\n";
     call(guest, &virtio_gpu::ctx_create(CTX, CAPSET_COMPUTE, b"cuda"));
     let blob = ComputeBlob::create(guest, 60, 2, 64 << 10);
+    assert!(reports_until_marked(daemon).is_empty());
+    let before = MEMORY
+        .lock()
+        .unwrap()
+        .expect("the device reports its memory")
+        .0;
     let Reply::Id(c) = blob.exchange(guest, CTX, &Request::ContextCreate) else {
         panic!("context")
     };
     let ctx = ContextId(c);
+    // The context's reserve is the VM's memory, and the daemon hears of it.
+    assert!(reports_until_marked(daemon).is_empty());
+    let (used, limit) = MEMORY.lock().unwrap().expect("reported");
+    assert!(
+        used > before && used <= limit,
+        "{before} -> {used} of {limit}"
+    );
     let module = Request::ModuleLoad {
         ctx,
         image: EMPTY.as_bytes().to_vec(),
@@ -425,6 +448,7 @@ fn granted_to_the_end(
             continue;
         };
         match proto::decode(&buf[..n]).expect("a valid message") {
+            Msg::Memory { used, limit } => *MEMORY.lock().unwrap() = Some((used, limit)),
             Msg::Completed {
                 group: g,
                 start,

@@ -386,11 +386,13 @@ impl Device {
         self.note_memory();
     }
 
-    /// Puts the VM's budget figures into the metrics.
-    fn note_memory(&self) {
+    /// Puts the VM's budget figures into the metrics and the scheduler daemon's reports.
+    fn note_memory(&mut self) {
         let budget = self.gpu.budget();
-        set(&self.metrics.memory_used_bytes, budget.used());
-        set(&self.metrics.memory_limit_bytes, budget.limit());
+        let (used, limit) = (budget.used(), budget.limit());
+        set(&self.metrics.memory_used_bytes, used);
+        set(&self.metrics.memory_limit_bytes, limit);
+        self.sched.note_memory(used, limit, monotonic_ns());
     }
 
     /// Scanout images are being dumped: a reset keeps the images flushed since the last dump

@@ -483,6 +483,8 @@ pub struct Scheduling {
     urgent: bool,
     /// When the oldest report held back was queued.
     held_since: Option<Time>,
+    /// The VM's memory budget as last noted: (used, limit) bytes.
+    memory: (u64, u64),
 }
 
 /// What a daemon message changed, for the worker.
@@ -537,6 +539,32 @@ impl Scheduling {
         self.unknown_running = self.running.len();
         self.suspended = false;
         self.lease = None;
+        // Each session's daemon hears the VM's memory once at least.
+        let (used, limit) = self.memory;
+        self.send(Msg::Memory { used, limit });
+    }
+
+    /// The VM's memory budget stands at `used` of `limit` bytes at `now`: a held report for the
+    /// daemon when the figures changed. At most one is queued: a newer figure replaces one
+    /// not sent yet, so a guest allocating in a loop costs the daemon one message per flush.
+    pub fn note_memory(&mut self, used: u64, limit: u64, now: Time) {
+        let used = used.min(limit);
+        if self.memory == (used, limit) {
+            return;
+        }
+        self.memory = (used, limit);
+        if !self.connected {
+            return;
+        }
+        let msg = Msg::Memory { used, limit };
+        match self
+            .outbox
+            .iter_mut()
+            .find(|m| matches!(m, Msg::Memory { .. }))
+        {
+            Some(queued) => *queued = msg,
+            None => self.hold_report(msg, now),
+        }
     }
 
     /// The current session, to tag groups with for [`Scheduling::completed`].
@@ -1071,8 +1099,55 @@ mod tests {
 
     fn connected() -> Scheduling {
         let mut s = Scheduling::default();
-        s.connect();
+        connect(&mut s);
         s
+    }
+
+    /// Connects `s`; its first message, the VM's memory, is taken from the outbox.
+    fn connect(s: &mut Scheduling) {
+        s.connect();
+        let out = s.take_outbox().unwrap();
+        assert!(matches!(out[..], [Msg::Memory { .. }]), "{out:?}");
+    }
+
+    #[test]
+    fn the_vms_memory_is_reported_once_per_session_and_then_when_it_changes() {
+        let mut s = Scheduling::default();
+        s.note_memory(10, 100, 0);
+        s.connect();
+        assert_eq!(
+            s.take_outbox().unwrap(),
+            [Msg::Memory {
+                used: 10,
+                limit: 100
+            }]
+        );
+        s.note_memory(10, 100, MS);
+        assert!(s.take_outbox().unwrap().is_empty(), "unchanged: not sent");
+        // Changes pile into one held report, the latest figures.
+        for used in [20, 30, 40] {
+            s.note_memory(used, 100, MS);
+        }
+        assert!(s.due_outbox(MS).unwrap().is_empty(), "held a while");
+        assert_eq!(
+            s.due_outbox(MS + MAX_REPORT_DELAY_NS).unwrap(),
+            [Msg::Memory {
+                used: 40,
+                limit: 100
+            }]
+        );
+        // Away, nothing is queued; the next session hears the latest.
+        s.disconnect(2 * MS, &SchedError::Closed);
+        s.note_memory(50, 100, 3 * MS);
+        assert!(s.take_outbox().unwrap().is_empty());
+        s.connect();
+        assert_eq!(
+            s.take_outbox().unwrap(),
+            [Msg::Memory {
+                used: 50,
+                limit: 100
+            }]
+        );
     }
 
     /// A device started with `--scheduler` (the default share) at time 0, and its counters.
@@ -1192,7 +1267,7 @@ mod tests {
     #[test]
     fn a_device_the_daemon_drops_for_a_timeout_falls_back_instead_of_running_unscheduled() {
         let (mut s, m) = scheduled();
-        s.connect();
+        connect(&mut s);
         s.handle(welcome(), 0);
         assert!(s.admitted());
         assert_eq!(counter(&m, "sched_fallback"), 0);
@@ -1233,14 +1308,13 @@ mod tests {
     #[test]
     fn admitted_again_the_device_asks_the_daemon_once_its_fallback_group_is_done() {
         let (mut s, m) = scheduled();
-        s.connect();
+        connect(&mut s);
         s.handle(welcome(), 0);
         s.disconnect(MS, &SchedError::Closed);
         let fallback_group = run(&mut s, MS);
         // The daemon is back while a group the daemon never heard of runs: the next group
         // waits for it, then asks.
-        s.connect();
-        assert!(s.take_outbox().unwrap().is_empty());
+        connect(&mut s);
         assert_eq!(s.gate(1, GroupKind::Render, SIG, 2 * MS), Gate::Hold);
         assert!(s.take_outbox().unwrap().is_empty(), "not asked yet");
         assert_eq!(s.retry_at(2 * MS), None);
@@ -1517,7 +1591,7 @@ mod tests {
         let mut runner = LoadRunner::default();
         let mut s = Scheduling::default();
         assert!(!s.present_frame(runner.token()), "unconnected: at once");
-        s.connect();
+        connect(&mut s);
         let first = runner.token();
         assert!(s.present_frame(first));
         assert_eq!(s.take_outbox().unwrap(), [Msg::Frame]);
@@ -1547,7 +1621,7 @@ mod tests {
     fn disconnect_gives_back_what_waited() {
         let mut runner = LoadRunner::default();
         let (mut s, _) = scheduled();
-        s.connect();
+        connect(&mut s);
         let (a, b) = (runner.token(), runner.token());
         s.submit_load(a, 1, &[LoadCommand::Occupy { us: 3 }])
             .unwrap();

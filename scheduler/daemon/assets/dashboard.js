@@ -187,6 +187,7 @@ function newRow(vm) {
     cell("num fps", []),
     cell("num latency", []),
     cell("num queue", []),
+    cell("num memory", []),
     cell("num budget", []),
     cell("", [paramInput("priority", vm.params.priority)]),
     cell("", [paramInput("weight", vm.params.weight)]),
@@ -221,6 +222,9 @@ function updateRow(row, vm) {
   set("fps", fmt(vm.fps, 1));
   set("latency", fmt(vm.latency_p50_ms, 2) + " / " + fmt(vm.latency_p99_ms, 2));
   set("queue", String(vm.queue_depth));
+  const mib = (bytes) => fmt(bytes / 1048576, 0);
+  set("memory", vm.memory_limit_bytes === null || vm.memory_limit_bytes === undefined ? "–"
+    : mib(vm.memory_used_bytes) + " / " + mib(vm.memory_limit_bytes));
   set("budget", vm.budget ? fmt(vm.budget.remaining_ms, 2) + " / " + fmt(vm.budget.capacity_ms, 2) : "–");
   set("effective", effectiveText(vm));
   // Inputs follow the daemon unless the user is editing them.

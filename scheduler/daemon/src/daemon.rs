@@ -466,6 +466,8 @@ struct Attached {
     snapshots: VecDeque<Snapshot>,
     latency: Histogram,
     recent: RecentLatency,
+    /// Its memory budget as its device last reported it: (used, limit) bytes.
+    memory: Option<(u64, u64)>,
 }
 
 impl Attached {
@@ -554,6 +556,11 @@ pub struct VmStats {
     pub budget: Option<Budget>,
     /// The policy's figures for its vGPU.
     pub figures: BTreeMap<&'static str, f64>,
+    /// Bytes of its memory budget in use (its GPU memory on the compute path, GL resources),
+    /// as its device last reported; `None` while away or before the first report.
+    pub memory_used_bytes: Option<u64>,
+    /// Its memory budget (`--memory-mb`), as its device reported it.
+    pub memory_limit_bytes: Option<u64>,
 }
 
 /// Live statistics of the daemon.
@@ -813,6 +820,13 @@ impl Daemon {
                 finish,
             } => self.completed(now, conn, group, start, finish),
             Msg::Cancel { group } => self.cancel(now, conn, group),
+            Msg::Memory { used, limit } => {
+                let vm = self
+                    .attached(conn)
+                    .ok_or(ProtoError::HelloRequired(proto::Kind::Memory))?;
+                vm.memory = Some((used, limit));
+                Ok(())
+            }
             Msg::Frame => {
                 let v = self.vgpu_of(conn)?;
                 self.feed(now, Event::Frame(v))
@@ -893,6 +907,7 @@ impl Daemon {
                 snapshots: VecDeque::from([start]),
                 latency: Histogram::new(),
                 recent: RecentLatency::new(),
+                memory: None,
             });
         }
         self.by_vgpu.insert(vgpu, conn);
@@ -1456,6 +1471,8 @@ impl Daemon {
                 frames: a.frames,
                 budget: self.sched.budget(vm.vgpu, now),
                 figures: self.sched.figures(vm.vgpu).into_iter().collect(),
+                memory_used_bytes: vm.memory.map(|m| m.0),
+                memory_limit_bytes: vm.memory.map(|m| m.1),
             };
             vms.insert(vm.name.clone(), stats);
         }
@@ -1597,6 +1614,8 @@ fn idle_stats(name: &str) -> VmStats {
         frames: 0,
         budget: None,
         figures: BTreeMap::new(),
+        memory_used_bytes: None,
+        memory_limit_bytes: None,
     }
 }
 

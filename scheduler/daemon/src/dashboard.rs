@@ -116,6 +116,10 @@ pub struct VmRow {
     pub budget: Option<BudgetMs>,
     /// The policy's own figures for its vGPU.
     pub figures: BTreeMap<&'static str, f64>,
+    /// Bytes of its memory budget in use, as its device last reported (`None` while away).
+    pub memory_used_bytes: Option<u64>,
+    /// Its memory budget, as its device reported it.
+    pub memory_limit_bytes: Option<u64>,
     /// Its parameters as set.
     pub params: VgpuParams,
     /// The parameters the policy applies, where they differ from `params`' meaning (TimeGraph
@@ -190,6 +194,8 @@ impl Dashboard {
                         period_ms: b.period_ns.map(|p| p as f64 / NS_PER_MS),
                     }),
                     figures: v.figures.clone(),
+                    memory_used_bytes: v.memory_used_bytes,
+                    memory_limit_bytes: v.memory_limit_bytes,
                     params: vm.map_or_else(|| VgpuParams::named(&v.name), |i| i.params.clone()),
                     effective: vm.and_then(|i| i.effective.clone()),
                 }
@@ -495,6 +501,8 @@ mod tests {
                 period_ns: Some(10_000_000),
             }),
             figures: BTreeMap::from([("vtime_ms", 1.5)]),
+            memory_used_bytes: connected.then_some(3 << 20),
+            memory_limit_bytes: connected.then_some(1 << 30),
         }
     }
 
@@ -530,6 +538,10 @@ mod tests {
         assert_eq!((a.latency_p50_ms, a.latency_p99_ms), (1.5, 9.0));
         assert_eq!(a.budget_ms, Some(-0.5));
         assert_eq!(s.vms[0].budget.unwrap().period_ms, Some(10.0));
+        assert_eq!(
+            (s.vms[0].memory_used_bytes, s.vms[0].memory_limit_bytes),
+            (Some(3 << 20), Some(1 << 30))
+        );
         // A reconnected VM (counters started over): the core's figures again.
         let third = stats(3_000_000_000, vec![vm("a", true, 5, 1)]);
         d.publish(&second, &[], &policy);

@@ -218,6 +218,18 @@ const VM_FAMILIES: &[VmFamily] = &[
         kind: MetricType::Gauge,
         value: |s| s.budget.and_then(|b| b.period_ns).map(seconds),
     },
+    VmFamily {
+        name: "vgpu_memory_used_bytes",
+        help: "Bytes of the VM's memory budget in use (its GPU memory on the compute path, its GL resources, what its requests hold), as its device last reported; only for connected VMs.",
+        kind: MetricType::Gauge,
+        value: |s| s.memory_used_bytes.map(Value::Count),
+    },
+    VmFamily {
+        name: "vgpu_memory_limit_bytes",
+        help: "The VM's memory budget (vgpuctl --memory-mb), as its device reported it; only for connected VMs.",
+        kind: MetricType::Gauge,
+        value: |s| s.memory_limit_bytes.map(Value::Count),
+    },
 ];
 
 /// A policy figure (`Scheduler::figures`) as a per-VM family of its own.

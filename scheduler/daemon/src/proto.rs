@@ -36,7 +36,7 @@ use vgpu_scheduler::{CostSignature, Decision, GroupId, GroupKind, Nanos, Time, V
 pub const MAGIC: u32 = 0x3153_4756;
 
 /// The protocol version a device announces in `Hello` and the daemon confirms in `Welcome`.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// The size of the message header in bytes.
 pub const HEADER_BYTES: usize = 12;
@@ -178,6 +178,8 @@ pub enum Kind {
     Bye = 0x0006,
     /// [`Msg::Cancel`].
     Cancel = 0x0007,
+    /// [`Msg::Memory`].
+    Memory = 0x0008,
     /// [`Msg::Welcome`].
     Welcome = TO_DEVICE | 0x0001,
     /// [`Msg::Grant`].
@@ -200,7 +202,7 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, for lookups and tests.
-    const ALL: [Kind; 16] = [
+    const ALL: [Kind; 17] = [
         Kind::Hello,
         Kind::Submit,
         Kind::Dispatched,
@@ -208,6 +210,7 @@ impl Kind {
         Kind::Frame,
         Kind::Bye,
         Kind::Cancel,
+        Kind::Memory,
         Kind::Welcome,
         Kind::Grant,
         Kind::Done,
@@ -494,6 +497,15 @@ pub enum Msg {
         /// The group.
         group: GroupId,
     },
+    /// Device to daemon: the VM's memory budget (`--resource-memory-mb`: its GPU memory on the
+    /// compute path, its GL resources, what its requests hold) stands at `used` of `limit`
+    /// bytes. Sent when the figures change (the latest only), and once per session.
+    Memory {
+        /// Bytes in use; at most `limit`.
+        used: u64,
+        /// The budget.
+        limit: u64,
+    },
     /// Daemon to device: the answer to `Hello`.
     Welcome {
         /// The daemon's protocol version.
@@ -554,6 +566,7 @@ impl Msg {
             Msg::Frame => Kind::Frame,
             Msg::Bye => Kind::Bye,
             Msg::Cancel { .. } => Kind::Cancel,
+            Msg::Memory { .. } => Kind::Memory,
             Msg::Welcome { .. } => Kind::Welcome,
             Msg::Grant { .. } => Kind::Grant,
             Msg::Done { .. } => Kind::Done,
@@ -686,6 +699,10 @@ pub fn encode(msg: &Msg, out: &mut Vec<u8>) {
         Msg::Lease { budget_ns, until } => {
             out.extend_from_slice(&budget_ns.to_le_bytes());
             out.extend_from_slice(&until.to_le_bytes());
+        }
+        Msg::Memory { used, limit } => {
+            out.extend_from_slice(&used.to_le_bytes());
+            out.extend_from_slice(&limit.to_le_bytes());
         }
         Msg::Present { at } => out.extend_from_slice(&at.to_le_bytes()),
         Msg::Refused { code, detail } => {
@@ -887,6 +904,16 @@ pub fn decode(packet: &[u8]) -> Result<Msg, ProtoError> {
         Kind::Cancel => Msg::Cancel {
             group: GroupId(r.u64()?),
         },
+        Kind::Memory => {
+            let (used, limit) = (r.u64()?, r.u64()?);
+            if used > limit {
+                return Err(ProtoError::BadValue {
+                    field: "used",
+                    value: used,
+                });
+            }
+            Msg::Memory { used, limit }
+        }
         Kind::Welcome => Msg::Welcome {
             version: r.u32()?,
             vgpu: VgpuId(r.u32()?),
@@ -1036,6 +1063,10 @@ mod tests {
             Msg::Cancel {
                 group: GroupId(u64::MAX - 1),
             },
+            Msg::Memory {
+                used: 3 << 20,
+                limit: u64::MAX,
+            },
             Msg::Welcome {
                 version: PROTOCOL_VERSION,
                 vgpu: VgpuId(5),
@@ -1161,7 +1192,7 @@ mod tests {
 
     #[test]
     fn unknown_kinds_are_rejected() {
-        for raw in [0u16, 8, 0x8000, 0x800a, 0x0101, u16::MAX] {
+        for raw in [0u16, 9, 0x8000, 0x800a, 0x0101, u16::MAX] {
             assert_eq!(decode(&packet(raw, &[])), Err(ProtoError::UnknownKind(raw)));
         }
     }
@@ -1292,6 +1323,16 @@ mod tests {
             Err(ProtoError::BadValue {
                 field: "kind",
                 value: 0xff
+            })
+        );
+        // Memory: more in use than the budget is a lie.
+        let mut p = 5u64.to_le_bytes().to_vec();
+        p.extend_from_slice(&4u64.to_le_bytes());
+        assert_eq!(
+            decode(&packet(Kind::Memory as u16, &p)),
+            Err(ProtoError::BadValue {
+                field: "used",
+                value: 5
             })
         );
         for code in [0u32, 13, u32::MAX] {

@@ -812,6 +812,11 @@ fn every_policy_family_renders_metrics_that_promtool_accepts() {
         d.set_params(0, "a", &reserve).unwrap();
         let (a, _) = attach(&mut d, 0, "a", PID);
         let (b, _) = attach(&mut d, 0, "b", PID + 10);
+        let memory = Msg::Memory {
+            used: 3 << 20,
+            limit: 1 << 30,
+        };
+        d.receive(0, a, &bytes(&memory));
         // 100 ms: past fair sampling's first 50 ms period, so its estimates exist.
         serve_closed_loop(&mut d, 0, &[a, b], 1000);
         let stats: Stats = d.stats(100 * NS_PER_MS);
@@ -836,6 +841,15 @@ fn every_policy_family_renders_metrics_that_promtool_accepts() {
             assert_eq!(
                 sample(&text, "vgpu_connected", &labels),
                 Some(1.0),
+                "{name}"
+            );
+            // Only the VM whose device reported its memory has memory samples.
+            let used = sample(&text, "vgpu_memory_used_bytes", &labels);
+            let limit = sample(&text, "vgpu_memory_limit_bytes", &labels);
+            let reported = (Some(3_145_728.0), Some(1_073_741_824.0));
+            assert_eq!(
+                (used, limit),
+                if vm == "a" { reported } else { (None, None) },
                 "{name}"
             );
             let done = sample(&text, "vgpu_groups_completed_total", &labels);

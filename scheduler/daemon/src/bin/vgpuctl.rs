@@ -526,6 +526,17 @@ fn latency_cell(p50_us: f64, p99_us: f64) -> String {
     }
 }
 
+/// Memory in use of a budget, both in bytes, in MiB (`-` before the device reported it).
+fn memory_cell(used: Option<u64>, limit: Option<u64>) -> String {
+    match (used, limit) {
+        (Some(u), Some(l)) => {
+            const MIB: f64 = (1u64 << 20) as f64;
+            format!("{:.0}/{:.0} MiB", u as f64 / MIB, l as f64 / MIB)
+        }
+        _ => "-".into(),
+    }
+}
+
 /// The lines of `vgpuctl show` for a `stats` answer.
 fn stats_lines(v: &Value) -> Vec<String> {
     let policy = v.get("policy").and_then(Value::as_str).unwrap_or("-");
@@ -553,6 +564,10 @@ fn stats_lines(v: &Value) -> Vec<String> {
                 live(cell(vm.get("queue_depth"))),
                 live(cell(vm.get("in_flight"))),
                 live(latency_cell(num("latency_p50_us"), num("latency_p99_us"))),
+                memory_cell(
+                    vm.get("memory_used_bytes").and_then(Value::as_u64),
+                    vm.get("memory_limit_bytes").and_then(Value::as_u64),
+                ),
                 policy_cell(policy, figures),
             ]
         })
@@ -573,6 +588,7 @@ fn stats_lines(v: &Value) -> Vec<String> {
             ("queue", Right),
             ("in flight", Right),
             ("latency p50/p99", Right),
+            ("memory", Right),
             ("policy", Left),
         ],
         &rows,
@@ -1315,6 +1331,7 @@ mod tests {
                 {"name": "game", "vgpu": 0, "connected": true, "gpu_share": 0.452,
                  "groups_per_sec": 120.0, "fps": 59.84, "queue_depth": 2, "in_flight": 1,
                  "latency_p50_us": 800, "latency_p99_us": 2400,
+                 "memory_used_bytes": 314_572_800_u64, "memory_limit_bytes": 2_147_483_648_u64,
                  "budget": {"remaining_ns": 3_000_000, "capacity_ns": 5_000_000, "period_ns": 10_000_000},
                  "figures": {"priority": 3.0, "ht": 0.0, "reserved": 1.0, "admitted": 1.0,
                              "background": 0.0, "throttled": 0.0, "budget_ns": 3.0e6,
@@ -1336,10 +1353,10 @@ mod tests {
         let lines = stats_lines(&stats());
         let expected = [
             "policy: timegraph  engine busy: 45.7 %  VMs: 3",
-            "VM    vGPU  state      GPU share  frame rate   groups  queue  in flight  latency p50/p99  policy",
-            "game     0  connected     45.2 %    59.8 fps  120.0/s      2          1       0.8/2.4 ms  reserve 3.0/5.0 ms",
-            "bomb     1  connected      5.0 %     0.0 fps   10.0/s     12          1       150/900 µs  prio 0 ht, throttled",
-            "idle     -  away               -           -        -      -          -                -  -",
+            "VM    vGPU  state      GPU share  frame rate   groups  queue  in flight  latency p50/p99        memory  policy",
+            "game     0  connected     45.2 %    59.8 fps  120.0/s      2          1       0.8/2.4 ms  300/2048 MiB  reserve 3.0/5.0 ms",
+            "bomb     1  connected      5.0 %     0.0 fps   10.0/s     12          1       150/900 µs             -  prio 0 ht, throttled",
+            "idle     -  away               -           -        -      -          -                -             -  -",
         ];
         assert_eq!(lines, expected);
         // No raw key=value policy dumps.
