@@ -14,12 +14,18 @@ use vgpu_tests::daemon::Schedd;
 use vgpu_tests::guest::{self, RunningGuest, boot_lock, skip_without_guest};
 
 /// Wall-clock limit of each guest: two TCG guests boot side by side, then run their loads.
-const GUEST_TIMEOUT: Duration = Duration::from_secs(240);
+const GUEST_TIMEOUT: Duration = Duration::from_secs(300);
 /// Seconds of each game phase (policy none, then TimeGraph).
 const PHASE_S: u32 = 15;
-/// The bomb's run: the game's boot under TCG (up to a minute beside the bomb), both phases and
-/// the pause between them fit in it with room to spare; the bomb is killed once the game is done.
-const BOMB_S: u32 = 120;
+/// The bomb's run: the game's boot under TCG (up to a minute beside the bomb, two with the
+/// host's cores busy with other work too), both phases and the pause between them fit in it
+/// with room to spare; the bomb is killed once the game is done, and the test fails if it ended
+/// before the second phase did.
+const BOMB_S: u32 = 240;
+/// The game's pause between its phases, in which the host sees the first phase's end and
+/// installs TimeGraph (three `vgpuctl` calls, well under a second on an idle host; 2 s was
+/// tight with the host's cores busy). The guests have no way yet to be told when to start.
+const PAUSE_S: u32 = 10;
 /// The policy installed half-way.
 const TIMEGRAPH: &str = "policy = \"timegraph\"\nsched = \"ht\"\n\
     specs = [\"<game:ht:none:10:1:1>\", \"<bomb:prt:pe:0:5000:25000>\"]\n";
@@ -68,9 +74,10 @@ fn live_timegraph_prioritises_the_game_over_a_bomb() {
     report(TEST, &format!("bomb running after {:?}", started.elapsed()));
     let game_job = format!(
         "for phase in 1 2; do
+    echo PHASE$phase-START
     vgpu-load frames --groups 4 --cost-us 2000 --cpu-us 1000 --duration-s {PHASE_S} --json \
         | grep '\"summary\"' | sed \"s/^/PHASE$phase /\"
-    [ $phase = 1 ] && echo PHASE1-DONE && sleep 2
+    [ $phase = 1 ] && echo PHASE1-DONE && sleep {PAUSE_S}
 done
 true"
     );
@@ -98,6 +105,13 @@ true"
         .transcript(&["set-policy", policy.to_str().unwrap()])
         .unwrap();
     assert!(answer.contains("timegraph"), "{answer}");
+    // The precondition of the comparison: TimeGraph was in force for the whole second phase.
+    let game_serial = std::fs::read_to_string(game.dir().join("serial.log")).unwrap();
+    assert!(
+        !game_serial.contains("PHASE2-START"),
+        "TimeGraph was installed after the game's second phase began (the host took more than \
+         the {PAUSE_S} s pause); the phases cannot be compared"
+    );
     let run = game.wait(|_| {}).unwrap();
     assert_eq!(run.exit_code, Some(0), "{}", run.logs());
     schedd.transcript(&["show"]).unwrap();
