@@ -1,10 +1,12 @@
-//! What remoting costs: the guest library's `Driver` over a Unix socket to a served backend
-//! (the path of `vgpu-cuda-host`), against the same backend called directly. The backend is
-//! the PTX executor, or `NvCuda` with `VGPU_COMPUTE=nvcuda` where the driver loads.
-//! Empty-kernel launches from the guest call to completion (p50/p99; a launch and the
-//! synchronisation that sends it), launches batched as a launch-heavy app issues them, and
-//! host↔device copy bandwidth. Prints a table
-//! and writes JSON (default `target/vgpu-bench/cuda-remote.json`, or `$VGPU_BENCH_OUT`).
+//! What remoting costs: the guest library's `Driver` over the host transport to a served
+//! backend (the path of `vgpu-cuda-host`), with its copies through the region it shares with
+//! the host (`compute::shm`) and, as before it, in socket messages alone, against the same
+//! backend called directly. The backend is the PTX executor, or `NvCuda` with
+//! `VGPU_COMPUTE=nvcuda` where the driver loads. Empty-kernel launches from the guest call to
+//! completion (p50/p99; a launch and the synchronisation that sends it), launches batched as a
+//! launch-heavy app issues them, and bandwidthTest-style host↔device copies of 4 KiB, 1 MiB
+//! and 16 MiB from pageable and from page-locked (`cuMemHostRegister`ed) memory. Prints a
+//! table and writes JSON (default `target/vgpu-bench/cuda-remote.json`, or `$VGPU_BENCH_OUT`).
 //!
 //!   cargo bench -p vgpu-libcuda --bench remote
 
@@ -12,14 +14,14 @@ use std::os::unix::net::UnixStream;
 use std::time::Instant;
 
 use cuda::driver::{Driver, LaunchParams};
-use cuda::transport::SocketTransport;
-use mdev_backend::compute::backend::{DEFAULT_STREAM, KernelLaunch};
-use mdev_backend::compute::remote::serve;
+use cuda::transport::{Offer, SocketTransport};
+use mdev_backend::compute::backend::{ComputeBackend, ContextId, DEFAULT_STREAM, KernelLaunch};
+use mdev_backend::compute::remote::{Limits, serve};
 use mdev_backend::compute::{CpuConfig, backend_from_env};
 
 const LAUNCHES: usize = 5000;
-const COPY_BYTES: usize = 64 << 20;
-const COPY_ROUNDS: usize = 8;
+/// Copy sizes, and the copies timed of each.
+const COPIES: [(usize, usize); 3] = [(4 << 10, 2000), (1 << 20, 64), (16 << 20, 8)];
 
 const EMPTY: &str = ".version 8.5\n.target sm_75\n.address_size 64\n\
     .visible .entry empty(.param .u64 p)\n{\nret;\n}\n";
@@ -63,14 +65,73 @@ fn config() -> CpuConfig {
     }
 }
 
-fn main() {
-    // Remote: the driver in this thread, the served backend in another.
+/// One copy measurement: size, page-locked or not, GiB/s each way.
+#[derive(Clone, Copy)]
+struct CopyRate {
+    bytes: usize,
+    pinned: bool,
+    htod: f64,
+    dtoh: f64,
+}
+
+/// What one path measured.
+struct Path {
+    name: &'static str,
+    key: &'static str,
+    launch: (f64, f64, f64),
+    batched_us: Option<f64>,
+    copies: Vec<CopyRate>,
+}
+
+/// The copies of [`COPIES`] through `htod` and `dtoh` (each given the host buffer, the
+/// device buffer of the largest size), from pageable and from page-locked memory (`pin`
+/// registers a buffer, or with `false` unregisters it).
+fn copies(
+    mut pin: impl FnMut(&[u8], bool),
+    mut htod: impl FnMut(&[u8]),
+    mut dtoh: impl FnMut(&mut [u8]),
+) -> Vec<CopyRate> {
+    let mut out = Vec::new();
+    for pinned in [false, true] {
+        for (bytes, rounds) in COPIES {
+            let mut host = vec![0xa5u8; bytes];
+            if pinned {
+                pin(&host, true);
+            }
+            let h = bandwidth(bytes, rounds, || htod(&host));
+            let d = bandwidth(bytes, rounds, || dtoh(&mut host));
+            if pinned {
+                pin(&host, false);
+            }
+            out.push(CopyRate {
+                bytes,
+                pinned,
+                htod: h,
+                dtoh: d,
+            });
+        }
+    }
+    out
+}
+
+/// The guest library over a socket pair to a served backend in another thread, its copies
+/// through a shared region when `shared`.
+fn remote(shared: bool) -> (Path, u64) {
     let (a, mut b) = UnixStream::pair().expect("socket pair");
     let host = std::thread::spawn(move || {
-        let (_, mut be) = backend_from_env(config());
-        serve(&mut b, be.as_mut()).0
+        let config = config();
+        let limits = Limits::new(&config.budget);
+        let (_, mut be) = backend_from_env(config);
+        serve(&mut b, be.as_mut(), &limits).0
     });
-    let mut d = Driver::new(SocketTransport::over(a).expect("transport")).expect("driver");
+    let t = if shared {
+        let offered = SocketTransport::over_shared(a).expect("transport");
+        assert_eq!(offered.offer, Offer::Taken, "the host takes the region");
+        offered.transport
+    } else {
+        SocketTransport::over(a).expect("transport")
+    };
+    let mut d = Driver::new(t).expect("driver");
     let ctx = d.context_create().expect("context");
     let m = d
         .module_load(ctx, cuda::driver::Image::Single(EMPTY.as_bytes().to_vec()))
@@ -85,11 +146,12 @@ fn main() {
             0,
             0,
             LaunchParams::Packed(vec![0; 8]),
+            false,
         )
         .expect("launch")
     };
     // Guest call to completion: a launch and the synchronisation that sends it.
-    let remote_launch = latency(LAUNCHES, || {
+    let launch_latency = latency(LAUNCHES, || {
         launch(&mut d);
         d.synchronize(ctx).expect("synchronize")
     });
@@ -100,20 +162,50 @@ fn main() {
     }
     d.synchronize(ctx).expect("synchronize");
     let batched_us = start.elapsed().as_secs_f64() * 1e6 / LAUNCHES as f64;
-    let buf = d.mem_alloc(ctx, COPY_BYTES as u64).expect("alloc");
-    let data = vec![0xa5u8; COPY_BYTES];
-    let remote_htod = bandwidth(COPY_BYTES, COPY_ROUNDS, || {
-        d.copy_htod(ctx, buf, &data, 0).expect("htod");
-        d.flush().expect("flush")
-    });
-    let mut back = vec![0u8; COPY_BYTES];
-    let remote_dtoh = bandwidth(COPY_BYTES, COPY_ROUNDS, || {
-        d.copy_dtoh(ctx, &mut back, buf, 0).expect("dtoh")
-    });
+    let largest = COPIES.iter().map(|c| c.0).max().unwrap_or(0);
+    let buf = d.mem_alloc(ctx, largest as u64).expect("alloc");
+    let d = std::cell::RefCell::new(d);
+    let measured = copies(
+        |host, pin| {
+            let mut d = d.borrow_mut();
+            let start = host.as_ptr() as u64;
+            if pin {
+                d.host_memory_add(start, host.len() as u64, 0, ctx, true)
+                    .expect("register")
+            } else {
+                d.host_memory_remove(start, true).expect("unregister");
+            }
+        },
+        |host| {
+            let mut d = d.borrow_mut();
+            d.copy_htod(ctx, buf, host, 0).expect("htod");
+            // Small copies are deferred: each is timed to the host.
+            d.flush().expect("flush")
+        },
+        |host| d.borrow_mut().copy_dtoh(ctx, host, buf, 0).expect("dtoh"),
+    );
     drop(d);
     let stats = host.join().expect("host thread");
+    let (name, key) = if shared {
+        (
+            "library → host transport, shared memory → backend",
+            "shared",
+        )
+    } else {
+        ("library → host transport, socket only → backend", "socket")
+    };
+    let path = Path {
+        name,
+        key,
+        launch: launch_latency,
+        batched_us: Some(batched_us),
+        copies: measured,
+    };
+    (path, stats.requests)
+}
 
-    // Direct: the same backend calls in this thread.
+/// The same backend calls in this thread.
+fn direct() -> (&'static str, Path) {
     let (backend, mut be) = backend_from_env(config());
     let c = be.context_create().expect("context");
     let m = be.module_load(c, EMPTY.as_bytes()).expect("module");
@@ -128,52 +220,116 @@ fn main() {
         params: &params,
         cooperative: false,
     };
-    let direct_launch = latency(LAUNCHES, || be.launch(c, &l).expect("launch"));
-    let buf = be.mem_alloc(c, COPY_BYTES as u64).expect("alloc");
-    let direct_htod = bandwidth(COPY_BYTES, COPY_ROUNDS, || {
-        be.copy_htod(c, buf, &data, DEFAULT_STREAM).expect("htod")
-    });
-    let direct_dtoh = bandwidth(COPY_BYTES, COPY_ROUNDS, || {
-        be.copy_dtoh(c, &mut back, buf, DEFAULT_STREAM)
-            .expect("dtoh")
-    });
+    let launch = latency(LAUNCHES, || be.launch(c, &l).expect("launch"));
+    let largest = COPIES.iter().map(|c| c.0).max().unwrap_or(0);
+    let buf = be.mem_alloc(c, largest as u64).expect("alloc");
+    let be = std::cell::RefCell::new(be);
+    let call =
+        |f: &mut dyn FnMut(&mut dyn ComputeBackend, ContextId)| f(be.borrow_mut().as_mut(), c);
+    let measured = copies(
+        |_, _| {},
+        |host| call(&mut |be, c| be.copy_htod(c, buf, host, DEFAULT_STREAM).expect("htod")),
+        |host| call(&mut |be, c| be.copy_dtoh(c, host, buf, DEFAULT_STREAM).expect("dtoh")),
+    );
+    let path = Path {
+        name: "backend direct",
+        key: "direct",
+        launch,
+        batched_us: None,
+        copies: measured,
+    };
+    (backend, path)
+}
+
+fn size(bytes: usize) -> String {
+    if bytes >= 1 << 20 {
+        format!("{} MiB", bytes >> 20)
+    } else {
+        format!("{} KiB", bytes >> 10)
+    }
+}
+
+fn main() {
+    let (shared, shared_requests) = remote(true);
+    let (socket, _) = remote(false);
+    let (backend, direct) = direct();
+    let paths = [&direct, &shared, &socket];
 
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
-        "CUDA remoting over a Unix socket vs the backend ({backend}) called directly ({cpus} CPUs)"
+        "CUDA host transport vs the backend ({backend}) called directly ({cpus} CPUs); \
+         copies in GiB/s, HtoD / DtoH"
     );
-    println!("| path | launch p50 / p99 / mean (µs) | HtoD GiB/s | DtoH GiB/s |");
-    println!("|---|---:|---:|---:|");
-    for (name, (p50, p99, mean), h, dh) in [
-        (
-            "guest library → socket → backend",
-            remote_launch,
-            remote_htod,
-            remote_dtoh,
-        ),
-        ("backend direct", direct_launch, direct_htod, direct_dtoh),
-    ] {
-        println!("| {name} | {p50:.1} / {p99:.1} / {mean:.1} | {h:.2} | {dh:.2} |");
+    print!("| path | launch p50 / p99 / mean (µs) |");
+    for c in &direct.copies {
+        let kind = if c.pinned { "pinned" } else { "pageable" };
+        print!(" {} {kind} |", size(c.bytes));
     }
-    println!(
-        "batched: {LAUNCHES} launches then one synchronisation: {batched_us:.2} µs per launch"
-    );
-    println!(
-        "ratios remote/direct: launch p50 ×{:.1}, HtoD ×{:.2}, DtoH ×{:.2}; host served {} requests",
-        remote_launch.0 / direct_launch.0,
-        remote_htod / direct_htod,
-        remote_dtoh / direct_dtoh,
-        stats.requests
-    );
+    println!();
+    println!("|---|---:|{}", "---:|".repeat(direct.copies.len()));
+    for p in paths {
+        let (p50, p99, mean) = p.launch;
+        print!("| {} | {p50:.1} / {p99:.1} / {mean:.1} |", p.name);
+        for c in &p.copies {
+            print!(" {:.2} / {:.2} |", c.htod, c.dtoh);
+        }
+        println!();
+    }
+    for p in [&shared, &socket] {
+        if let Some(b) = p.batched_us {
+            println!(
+                "{}: {LAUNCHES} launches then one synchronisation: {b:.2} µs per launch",
+                p.key
+            );
+        }
+        print!(
+            "{} / direct: launch p50 +{:.1} µs;",
+            p.key,
+            p.launch.0 - direct.launch.0
+        );
+        for (c, d) in p.copies.iter().zip(&direct.copies) {
+            let kind = if c.pinned { "pinned" } else { "pageable" };
+            print!(
+                " {} {kind} ×{:.2}/×{:.2}",
+                size(c.bytes),
+                c.htod / d.htod,
+                c.dtoh / d.dtoh
+            );
+        }
+        println!();
+    }
+    println!("the shared-memory host served {shared_requests} requests");
+
     let lat = |(p50, p99, mean): (f64, f64, f64)| {
         format!("{{\"p50_us\":{p50:.2},\"p99_us\":{p99:.2},\"mean_us\":{mean:.2}}}")
     };
+    let path_json = |p: &Path| {
+        let copies: Vec<String> = p
+            .copies
+            .iter()
+            .map(|c| {
+                format!(
+                    "{{\"bytes\":{},\"memory\":\"{}\",\"htod_gib_s\":{:.3},\"dtoh_gib_s\":{:.3}}}",
+                    c.bytes,
+                    if c.pinned { "pinned" } else { "pageable" },
+                    c.htod,
+                    c.dtoh
+                )
+            })
+            .collect();
+        let batched = p
+            .batched_us
+            .map_or(String::new(), |b| format!("\"batched_launch_us\":{b:.3},"));
+        format!(
+            "\"{}\":{{\"launch\":{},{batched}\"copies\":[{}]}}",
+            p.key,
+            lat(p.launch),
+            copies.join(",")
+        )
+    };
     let json = format!(
-        "{{\"benchmark\":\"cuda-remote\",\"backend\":\"{backend}\",\"cpus\":{cpus},\"launches\":{LAUNCHES},\"copy_bytes\":{COPY_BYTES},\
-         \"remote\":{{\"launch\":{},\"batched_launch_us\":{batched_us:.3},\"htod_gib_s\":{remote_htod:.3},\"dtoh_gib_s\":{remote_dtoh:.3}}},\
-         \"direct\":{{\"launch\":{},\"htod_gib_s\":{direct_htod:.3},\"dtoh_gib_s\":{direct_dtoh:.3}}}}}\n",
-        lat(remote_launch),
-        lat(direct_launch),
+        "{{\"benchmark\":\"cuda-remote\",\"backend\":\"{backend}\",\"cpus\":{cpus},\"launches\":{LAUNCHES},{}}}\n",
+        paths.map(path_json).join(",")
     );
     let out = std::env::var_os("VGPU_BENCH_OUT").map_or_else(
         || {

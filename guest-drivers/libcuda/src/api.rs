@@ -115,6 +115,10 @@ impl Transport for Box<dyn Transport> {
     ) -> Result<mdev_backend::compute::wire::Reply, crate::transport::TransportError> {
         (**self).call(req)
     }
+
+    fn shared(&mut self) -> Option<crate::transport::Shared<'_>> {
+        (**self).shared()
+    }
 }
 
 pub(crate) fn with<R>(

@@ -9,11 +9,12 @@ use mdev_backend::compute::backend::{
     ContextId, DeviceAttributes, EventId, FunctionAttributes, FunctionId, ModuleId, ParamInfo,
     StreamId,
 };
+use mdev_backend::compute::shm::MIN_SHARED_COPY_BYTES;
 use mdev_backend::compute::wire::{MAX_BATCH, MAX_COPY_BYTES, Reply, Request};
 
 use crate::attributes::{self, FunctionSettings};
 use crate::status::*;
-use crate::transport::Transport;
+use crate::transport::{Shared, Transport, TransportError};
 
 /// A driver call's failure: the `CUresult` returned.
 pub type CuResult<T> = Result<T, u32>;
@@ -391,7 +392,14 @@ impl<T: Transport> Driver<T> {
     }
 
     fn exchange(&mut self, req: &Request) -> CuResult<Reply> {
-        match self.t.call(req) {
+        let r = self.t.call(req);
+        self.answer(r)
+    }
+
+    /// What the host answered, as this driver reports it: its error kept for
+    /// [`Driver::take_host_error`], a lost connection as `CUDA_ERROR_DEINITIALIZED`.
+    fn answer(&mut self, r: Result<Reply, TransportError>) -> CuResult<Reply> {
+        match r {
             Ok(Reply::Error { status, message }) => {
                 let status = if status == 0 {
                     CUDA_ERROR_UNKNOWN
@@ -1476,9 +1484,38 @@ impl<T: Transport> Driver<T> {
         )
     }
 
-    /// Host to device, in messages of at most [`MAX_COPY_BYTES`].
+    /// A copy of `bytes` through the region the transport shares with the host, after the
+    /// deferred work: `None` where it goes in messages instead (no region, a copy under
+    /// [`MIN_SHARED_COPY_BYTES`], or shadowed ranges, which the messages' path keeps
+    /// coherent).
+    fn shared_copy(
+        &mut self,
+        bytes: usize,
+        copy: impl FnOnce(Shared<'_>) -> Result<Reply, TransportError>,
+    ) -> Option<CuResult<()>> {
+        if bytes < MIN_SHARED_COPY_BYTES || !self.shadows.is_empty() {
+            return None;
+        }
+        self.t.shared()?;
+        Some(self.flush().and_then(|()| {
+            let Some(shared) = self.t.shared() else {
+                return Err(CUDA_ERROR_UNKNOWN);
+            };
+            let r = copy(shared);
+            match self.answer(r)? {
+                Reply::Done => Ok(()),
+                _ => Err(CUDA_ERROR_UNKNOWN),
+            }
+        }))
+    }
+
+    /// Host to device: through the region shared with the host where there is one, else in
+    /// messages of at most [`MAX_COPY_BYTES`].
     pub fn copy_htod(&mut self, ctx: u64, dst: u64, src: &[u8], stream: u64) -> CuResult<()> {
         let (remote, stream) = (self.remote(ctx)?, self.stream(ctx, stream)?);
+        if let Some(r) = self.shared_copy(src.len(), |s| s.htod(remote, dst, src, stream)) {
+            return r;
+        }
         let mut at = dst;
         for chunk in src.chunks(MAX_COPY_BYTES as usize) {
             let checked = self.is_device(ctx, at, chunk.len() as u64);
@@ -1498,13 +1535,18 @@ impl<T: Transport> Driver<T> {
         Ok(())
     }
 
-    /// Device to host, in messages of at most [`MAX_COPY_BYTES`]. The first message makes the
-    /// shadowed ranges coherent; nothing runs between it and the rest but this copy, whose
-    /// writes into a host view go up with the next device work.
+    /// Device to host: through the region shared with the host where there is one, else in
+    /// messages of at most [`MAX_COPY_BYTES`]. The first message makes the shadowed ranges
+    /// coherent; nothing runs between it and the rest but this copy, whose writes into a host
+    /// view go up with the next device work.
     pub fn copy_dtoh(&mut self, ctx: u64, dst: &mut [u8], src: u64, stream: u64) -> CuResult<()> {
         let (remote, stream) = (self.remote(ctx)?, self.stream(ctx, stream)?);
         if let Some(s) = self.shadow_holding(ctx, dst.as_ptr() as u64, dst.len() as u64) {
             return self.copy_into_shadow(remote, stream, s, dst.as_ptr() as u64, src, dst.len());
+        }
+        let bytes = dst.len();
+        if let Some(r) = self.shared_copy(bytes, |s| s.dtoh(remote, dst, src, stream)) {
+            return r;
         }
         let mut at = src;
         for (i, chunk) in dst.chunks_mut(MAX_COPY_BYTES as usize).enumerate() {

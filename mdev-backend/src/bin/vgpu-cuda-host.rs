@@ -12,7 +12,9 @@
 //! (`SO_PEERCRED`): only the server's own user and those named with `--allow-uid` are served.
 //! Each connection is served by a process of its own (this program again, the connection as its standard
 //! input), so a fault that breaks CUDA for a process on the real driver stays with its guest,
-//! and ends with a line on standard error: requests, launches, failures, bytes each way.
+//! and ends with a line on standard error: requests, launches, failures, bytes each way. A
+//! client may share a memory region for its copies (`compute::shm`), charged to the
+//! connection's `--memory-budget`.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -28,7 +30,7 @@ use mdev_backend::budget::MemoryBudget;
 use mdev_backend::compute::backend::parse_request_time;
 use mdev_backend::compute::cpu::DEFAULT_MEMORY_BUDGET_BYTES;
 use mdev_backend::compute::ptx::Engine;
-use mdev_backend::compute::remote::serve;
+use mdev_backend::compute::remote::{Limits, serve};
 use mdev_backend::compute::{CpuConfig, one_guest_backend};
 
 /// Connections served at once; more are closed at accept.
@@ -133,8 +135,10 @@ fn serve_stdin(n: usize, nvcuda: bool, config: CpuConfig) -> ! {
         .try_clone_to_owned()
         .unwrap_or_else(|e| fail(&format!("connection {n}: {e}")));
     let mut stream = UnixStream::from(fd);
+    // A region the guest shares for its copies is charged with its device memory.
+    let limits = Limits::new(&config.budget);
     let mut be = one_guest_backend(nvcuda, config).unwrap_or_else(|e| fail(&e.to_string()));
-    let (stats, result) = serve(&mut stream, be.as_mut());
+    let (stats, result) = serve(&mut stream, be.as_mut(), &limits);
     let end = match result {
         Ok(()) => "closed".to_string(),
         Err(e) => e.to_string(),

@@ -32,6 +32,7 @@ pub mod nvcuda;
 pub mod occupancy;
 pub mod ptx;
 pub mod remote;
+pub mod shm;
 pub mod wire;
 
 pub use backend::ComputeBackend;

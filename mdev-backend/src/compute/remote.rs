@@ -1,13 +1,16 @@
 //! One guest driver's connection served by a compute backend: requests ([`wire`]) read from a
 //! byte stream, executed on the backend, answered in order. The stream is a Unix socket on the
 //! host (the guest library's socket transport, for tests without a VM and for a GPU host);
-//! [`dispatch`] is what any transport calls per request.
+//! [`dispatch`] is what any transport calls per request. A client may share a region of
+//! memory at connect ([`shm`]): its bulk copies then move through the region, the socket
+//! carrying only the chunks' descriptions.
 //!
 //! A connection owns the contexts it creates: it can name no other connection's, and they are
 //! all destroyed when it ends, however it ends.
 
 use std::collections::HashSet;
 use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,12 +20,36 @@ use log::{debug, warn};
 use thiserror::Error;
 
 use super::backend::{ComputeBackend, ContextId, Interrupt, KernelLaunch};
+use super::shm::{self, Chunk, Message, Shared};
 use super::wire::{self, Reply, Request, WireError};
 use super::{ComputeError, ComputeResult};
+use crate::budget::MemoryBudget;
 
-/// How long the rest of a message may take once its header has arrived: a peer that stalls
-/// mid-message is dropped. Between messages a client may idle as long as it likes.
+/// How long the rest of a message may take once its header has arrived, and the next chunk
+/// of a copy through shared memory once one has said another follows: a peer that stalls
+/// mid-message or mid-copy is dropped. Between messages a client may idle as long as it
+/// likes.
 pub const MESSAGE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What bounds a served connection besides its backend.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// The connection's memory budget (the backend's own, normally): a shared region is
+    /// charged to it.
+    pub budget: Arc<MemoryBudget>,
+    /// [`MESSAGE_TIMEOUT`], or shorter in tests.
+    pub message_timeout: Duration,
+}
+
+impl Limits {
+    /// A connection charged to `budget`, waiting [`MESSAGE_TIMEOUT`] mid-message.
+    pub fn new(budget: &Arc<MemoryBudget>) -> Limits {
+        Limits {
+            budget: Arc::clone(budget),
+            message_timeout: MESSAGE_TIMEOUT,
+        }
+    }
+}
 
 /// Why a connection ended other than by the peer closing it.
 #[derive(Debug, Error)]
@@ -31,6 +58,8 @@ pub enum RemoteError {
     Io(#[from] std::io::Error),
     #[error("bad message: {0}")]
     Wire(#[from] WireError),
+    #[error("shared memory: {0}")]
+    Shared(&'static str),
 }
 
 /// What one connection did.
@@ -74,7 +103,13 @@ pub fn dispatch(
     req: Request,
 ) -> Reply {
     stats.requests += 1;
-    execute(be, owned, stats, req).unwrap_or_else(|e| {
+    let r = execute(be, owned, stats, req);
+    answer(stats, r)
+}
+
+/// The reply to a request that ended with `r`; a failure is counted and logged.
+fn answer(stats: &mut Stats, r: ComputeResult<Reply>) -> Reply {
+    r.unwrap_or_else(|e| {
         stats.failed += 1;
         // The operator sees why a guest's work was refused (the PTX construct and its line, the
         // limit hit); a guest failing on purpose gets its first few said, not a flood.
@@ -259,24 +294,32 @@ fn execute(
     })
 }
 
-/// The next message's header; `None` when the peer closed the connection between messages.
-/// A peer may idle between messages (timeouts with nothing read are waited out), but once a
-/// message has begun the read timeout applies.
-fn read_header(stream: &mut UnixStream) -> std::io::Result<Option<[u8; 4]>> {
+/// The next message's header, with the descriptor sent with it if any; `None` when the peer
+/// closed the connection between messages. Where the peer may `idle` between messages,
+/// timeouts with nothing read are waited out; once a message has begun, or where it may not
+/// idle (mid-copy), the read timeout applies.
+fn read_header(
+    stream: &UnixStream,
+    idle: bool,
+) -> std::io::Result<Option<([u8; 4], Option<OwnedFd>)>> {
     use std::io::ErrorKind::*;
     let mut h = [0u8; 4];
     let mut got = 0;
+    let mut fd = None;
     while got < h.len() {
-        match stream.read(&mut h[got..]) {
-            Ok(0) if got == 0 => return Ok(None),
-            Ok(0) => return Err(UnexpectedEof.into()),
-            Ok(n) => got += n,
-            Err(e) if matches!(e.kind(), WouldBlock | TimedOut) && got == 0 => {}
+        match shm::recv_with_fd(stream, &mut h[got..]) {
+            Ok((0, _)) if got == 0 => return Ok(None),
+            Ok((0, _)) => return Err(UnexpectedEof.into()),
+            Ok((n, f)) => {
+                got += n;
+                fd = fd.or(f);
+            }
+            Err(e) if matches!(e.kind(), WouldBlock | TimedOut) && got == 0 && idle => {}
             Err(e) if e.kind() == Interrupted => {}
             Err(e) => return Err(e),
         }
     }
-    Ok(Some(h))
+    Ok(Some((h, fd)))
 }
 
 /// A context's pending printf output, cut to what a reply carries.
@@ -287,7 +330,8 @@ fn output(be: &mut dyn ComputeBackend, ctx: ContextId) -> ComputeResult<Reply> {
 }
 
 /// Serves one connection until the peer closes it (`Ok`) or breaks the protocol; the
-/// connection's contexts are destroyed either way.
+/// connection's contexts are destroyed either way (and its shared region unmapped, its
+/// charge to `limits.budget` given back).
 ///
 /// Each request is bounded in time by the backend's [`Interrupt`] (its deadline and
 /// instruction budget; a `Batch` is one request). While the connection is served, a watcher
@@ -297,6 +341,7 @@ fn output(be: &mut dyn ComputeBackend, ctx: ContextId) -> ComputeResult<Reply> {
 pub fn serve(
     stream: &mut UnixStream,
     be: &mut dyn ComputeBackend,
+    limits: &Limits,
 ) -> (Stats, Result<(), RemoteError>) {
     let mut owned = Owned::default();
     let mut stats = Stats::default();
@@ -309,7 +354,14 @@ pub fn serve(
             let done = Arc::clone(&done);
             std::thread::spawn(move || watch_hangup(&peer, &interrupt, &done))
         });
-    let result = serve_requests(stream, be, interrupt.as_deref(), &mut owned, &mut stats);
+    let result = serve_requests(
+        stream,
+        be,
+        interrupt.as_deref(),
+        limits,
+        &mut owned,
+        &mut stats,
+    );
     done.store(true, Ordering::Release);
     if let Some(w) = watcher {
         let _ = w.join();
@@ -353,31 +405,102 @@ fn serve_requests(
     stream: &mut UnixStream,
     be: &mut dyn ComputeBackend,
     interrupt: Option<&Interrupt>,
+    limits: &Limits,
     owned: &mut Owned,
     stats: &mut Stats,
 ) -> Result<(), RemoteError> {
-    stream.set_read_timeout(Some(MESSAGE_TIMEOUT))?;
+    stream.set_read_timeout(Some(limits.message_timeout))?;
+    let mut shared: Option<Shared> = None;
+    // A chunk said another of its copy follows: the peer may not idle.
+    let mut mid_copy = false;
     loop {
-        let Some(header) = read_header(stream)? else {
+        let Some((header, fd)) = read_header(stream, !mid_copy)? else {
             return Ok(());
         };
         let len = wire::body_len(header)?;
         let mut body = vec![0u8; len];
         stream.read_exact(&mut body)?;
-        let reply = match Request::decode(&body) {
-            Ok(req) => match interrupt {
-                Some(i) => i.request(|| dispatch(be, owned, stats, req)),
-                None => dispatch(be, owned, stats, req),
+        let reply = match (Message::decode(&body), fd) {
+            (None, None) => match Request::decode(&body) {
+                Ok(req) => within(interrupt, || dispatch(be, owned, stats, req)),
+                Err(e) => return refuse(stream, e.into()),
             },
-            Err(e) => {
-                // Answer, then drop the peer: it does not speak the protocol.
-                let reply = Reply::error(&ComputeError::InvalidValue(e.to_string()));
-                stream.write_all(&reply.encode())?;
-                return Err(e.into());
+            (Some(Ok(Message::Hello { bytes })), Some(fd)) if shared.is_none() => {
+                match Shared::accept(fd, bytes, &limits.budget) {
+                    Ok(s) => {
+                        debug!("compute peer shares {bytes} bytes");
+                        shared = Some(s);
+                        Reply::Done
+                    }
+                    // Refused, not a broken protocol: the peer goes on over the socket.
+                    Err(e) => {
+                        warn!("compute peer's shared region refused: {e}");
+                        let mut why = e.to_string();
+                        wire::truncate(&mut why, wire::MAX_TEXT_BYTES);
+                        Reply::Output(why)
+                    }
+                }
+            }
+            (Some(Ok(m @ (Message::HtoD(c) | Message::DtoH(c)))), None) => {
+                let to_device = matches!(m, Message::HtoD(_));
+                let Some(sh) = shared.as_mut() else {
+                    return refuse(stream, RemoteError::Shared("a chunk before a region"));
+                };
+                if let Err(e) = sh.check(&c) {
+                    return refuse(stream, e.into());
+                }
+                mid_copy = c.more();
+                stats.requests += 1;
+                let r = within(interrupt, || {
+                    copy_chunk(be, owned, stats, sh, &c, to_device)
+                });
+                answer(stats, r)
+            }
+            (Some(Err(e)), _) => return refuse(stream, e.into()),
+            (Some(Ok(Message::Hello { .. })), _) => {
+                return refuse(stream, RemoteError::Shared("a second region, or none sent"));
+            }
+            (_, Some(_)) => {
+                return refuse(stream, RemoteError::Shared("a descriptor out of place"));
             }
         };
         reply.write_to(stream)?;
     }
+}
+
+/// Runs `f` as one request of `interrupt`, where the backend has one.
+fn within<R>(interrupt: Option<&Interrupt>, f: impl FnOnce() -> R) -> R {
+    match interrupt {
+        Some(i) => i.request(f),
+        None => f(),
+    }
+}
+
+/// Answers a peer that broke the protocol, then ends its connection with `why`.
+fn refuse(stream: &mut UnixStream, why: RemoteError) -> Result<(), RemoteError> {
+    let reply = Reply::error(&ComputeError::InvalidValue(why.to_string()));
+    stream.write_all(&reply.encode())?;
+    Err(why)
+}
+
+/// One checked chunk of a copy through the shared region, to or from device memory.
+fn copy_chunk(
+    be: &mut dyn ComputeBackend,
+    owned: &Owned,
+    stats: &mut Stats,
+    sh: &mut Shared,
+    c: &Chunk,
+    to_device: bool,
+) -> ComputeResult<Reply> {
+    let ctx = owned.check(c.ctx)?;
+    if to_device {
+        sh.read(c, |addr, bytes| be.copy_htod(ctx, addr, bytes, c.stream))?;
+        stats.bytes_to_device += c.len;
+    } else {
+        sh.write(c, |addr, bytes| be.copy_dtoh(ctx, bytes, addr, c.stream))?;
+        stats.bytes_from_device += c.len;
+    }
+    Ok(Reply::Done)
 }
 
 #[cfg(test)]
@@ -389,8 +512,10 @@ mod tests {
     fn exchange(requests: &[Vec<u8>]) -> (Vec<Reply>, Stats, Result<(), RemoteError>) {
         let (mut a, mut b) = UnixStream::pair().unwrap();
         let server = std::thread::spawn(move || {
-            let mut be = CpuBackend::new(CpuConfig::default());
-            serve(&mut b, &mut be)
+            let config = CpuConfig::default();
+            let limits = Limits::new(&config.budget);
+            let mut be = CpuBackend::new(config);
+            serve(&mut b, &mut be, &limits)
         });
         let mut replies = Vec::new();
         for r in requests {
@@ -498,7 +623,8 @@ mod tests {
                 request_time,
                 ..CpuConfig::default()
             });
-            let _ = tx.send(serve(&mut b, &mut be));
+            let limits = Limits::new(&crate::budget::MemoryBudget::new(u64::MAX));
+            let _ = tx.send(serve(&mut b, &mut be, &limits));
         });
         use Request::*;
         let ctx = ContextId(1);
@@ -579,5 +705,270 @@ mod tests {
             Err(RemoteError::Wire(WireError::Opcode(_)))
         ));
         assert_eq!(stats.requests, 0);
+    }
+    /// A served connection whose memory budget the test can watch, waiting `timeout`
+    /// mid-message: the client's end, the budget and the connection's result once it ends.
+    fn budgeted(budget_bytes: u64, timeout: Duration) -> (UnixStream, Arc<MemoryBudget>, Served) {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let budget = MemoryBudget::new(budget_bytes);
+        let limits = Limits {
+            budget: Arc::clone(&budget),
+            message_timeout: timeout,
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let config = CpuConfig {
+            budget: Arc::clone(&budget),
+            ..CpuConfig::default()
+        };
+        std::thread::spawn(move || {
+            let mut be = CpuBackend::new(config);
+            let _ = tx.send(serve(&mut b, &mut be, &limits));
+        });
+        (a, budget, rx)
+    }
+
+    /// A context with `bytes` of device memory on connection `a`: the memory's address.
+    fn context_with(a: &mut UnixStream, bytes: u64) -> u64 {
+        assert_eq!(roundtrip(a, &Request::ContextCreate), Reply::Id(1));
+        let alloc = Request::MemAlloc {
+            ctx: ContextId(1),
+            bytes,
+        };
+        match roundtrip(a, &alloc) {
+            Reply::Address(addr) => addr,
+            r => panic!("{r:?}"),
+        }
+    }
+
+    /// A chunk of context 1 on the default stream.
+    fn chunk(addr: u64, offset: u64, len: u64, flags: u8) -> Chunk {
+        Chunk {
+            ctx: ContextId(1),
+            stream: super::super::backend::DEFAULT_STREAM,
+            addr,
+            offset,
+            len,
+            flags,
+        }
+    }
+
+    /// Waits for a served connection's end, then checks that everything it held is given back.
+    fn ended(served: &Served, budget: &MemoryBudget) -> Result<(), RemoteError> {
+        let (_, result) = served
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the connection ends");
+        assert_eq!(budget.used(), 0, "contexts and region given back");
+        result
+    }
+
+    #[test]
+    fn large_copies_go_through_the_shared_region_intact() {
+        let (mut a, budget, served) = budgeted(1 << 30, MESSAGE_TIMEOUT);
+        let client = match shm::Client::offer(&mut a).unwrap() {
+            shm::Offer::Taken(c) => c,
+            o => panic!("{o:?}"),
+        };
+        // Past the region (more chunks than slots) and not a whole number of chunks.
+        let n = 3 * shm::CLIENT_REGION_BYTES + 12_345;
+        let addr = context_with(&mut a, n as u64);
+        let data: Vec<u8> = (0..n).map(|i| (i * 7 + i / 4099) as u8).collect();
+        let (ctx, stream) = (ContextId(1), super::super::backend::DEFAULT_STREAM);
+        assert_eq!(
+            client.htod(&mut a, ctx, addr, &data, stream).unwrap(),
+            Reply::Done
+        );
+        // What went down through the region is what comes back through the socket...
+        let tail = Request::CopyDtoH {
+            ctx,
+            src: addr + n as u64 - 4096,
+            bytes: 4096,
+            stream,
+        };
+        assert_eq!(
+            roundtrip(&mut a, &tail),
+            Reply::Data(data[n - 4096..].to_vec())
+        );
+        // ... and through the region, at an offset.
+        let mut back = vec![0u8; n - 1000];
+        assert_eq!(
+            client
+                .dtoh(&mut a, ctx, addr + 1000, &mut back, stream)
+                .unwrap(),
+            Reply::Done
+        );
+        assert!(back == data[1000..], "the copy came back intact");
+        // A copy past the allocation fails as a copy, and the connection goes on.
+        let reply = client
+            .htod(&mut a, ctx, addr + 4096, &data, stream)
+            .unwrap();
+        assert!(matches!(reply, Reply::Error { .. }), "{reply:?}");
+        let reply = client.dtoh(&mut a, ctx, addr + 4096, &mut back, stream);
+        assert!(matches!(reply, Ok(Reply::Error { .. })), "{reply:?}");
+        assert!(matches!(
+            roundtrip(&mut a, &Request::ContextCreate),
+            Reply::Id(_)
+        ));
+        drop(a);
+        let (stats, result) = served.recv_timeout(Duration::from_secs(60)).unwrap();
+        result.unwrap();
+        // The failed copy's whole chunks before the one past the end went down.
+        let whole = (n - 4096) / shm::CLIENT_CHUNK_BYTES * shm::CLIENT_CHUNK_BYTES;
+        assert_eq!(stats.bytes_to_device, (n + whole) as u64);
+        assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn a_chunk_outside_the_region_ends_the_connection() {
+        let region = shm::CLIENT_REGION_BYTES as u64;
+        for (offset, len) in [
+            (region - 8, 16),
+            (region, 1),
+            (u64::MAX - 2, 8),
+            (0, shm::MAX_CHUNK_BYTES + 1),
+        ] {
+            let (mut a, budget, served) = budgeted(1 << 30, MESSAGE_TIMEOUT);
+            assert!(matches!(
+                shm::Client::offer(&mut a).unwrap(),
+                shm::Offer::Taken(_)
+            ));
+            let addr = context_with(&mut a, 4096);
+            let m = Message::HtoD(chunk(addr, offset, len, 0));
+            a.write_all(&m.encode()).unwrap();
+            let reply = Reply::read_from(&mut a).unwrap().unwrap();
+            assert!(matches!(reply, Reply::Error { .. }), "{reply:?}");
+            let result = ended(&served, &budget);
+            assert!(
+                matches!(result, Err(RemoteError::Wire(WireError::TooLong { .. }))),
+                "{offset} {len}: {result:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_client_that_dies_or_stalls_mid_copy_is_let_go() {
+        for dies in [true, false] {
+            let (mut a, budget, served) = budgeted(1 << 30, Duration::from_millis(200));
+            assert!(matches!(
+                shm::Client::offer(&mut a).unwrap(),
+                shm::Offer::Taken(_)
+            ));
+            let addr = context_with(&mut a, 1 << 20);
+            let first = Message::HtoD(chunk(addr, 0, 4096, shm::MORE));
+            a.write_all(&first.encode()).unwrap();
+            assert_eq!(Reply::read_from(&mut a).unwrap().unwrap(), Reply::Done);
+            if dies {
+                drop(a);
+                ended(&served, &budget).unwrap();
+            } else {
+                // The next chunk never comes: the host does not wait for it past the bound.
+                let result = ended(&served, &budget);
+                assert!(matches!(result, Err(RemoteError::Io(_))), "{result:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn an_idle_client_between_copies_is_kept() {
+        let (mut a, budget, served) = budgeted(1 << 30, Duration::from_millis(100));
+        assert!(matches!(
+            shm::Client::offer(&mut a).unwrap(),
+            shm::Offer::Taken(_)
+        ));
+        let addr = context_with(&mut a, 1 << 20);
+        let last = Message::HtoD(chunk(addr, 0, 4096, 0));
+        a.write_all(&last.encode()).unwrap();
+        assert_eq!(Reply::read_from(&mut a).unwrap().unwrap(), Reply::Done);
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(matches!(
+            roundtrip(&mut a, &Request::ContextCreate),
+            Reply::Id(_)
+        ));
+        drop(a);
+        ended(&served, &budget).unwrap();
+    }
+
+    #[test]
+    fn regions_the_host_cannot_trust_or_afford_are_refused() {
+        let budget = MemoryBudget::new(1 << 30);
+        let too_big = shm::MAX_REGION_BYTES + 4096;
+        let unsealed = rustix::fs::memfd_create("t", rustix::fs::MemfdFlags::empty()).unwrap();
+        rustix::fs::ftruncate(&unsealed, 4096).unwrap();
+        let pipe = rustix::pipe::pipe().unwrap().0;
+        for (fd, bytes) in [
+            (shm::region_file(too_big).unwrap(), too_big),
+            (shm::region_file(4096).unwrap(), 8192),
+            (unsealed, 4096),
+            (pipe, 4096),
+            (shm::region_file(4096).unwrap(), 0),
+        ] {
+            let e = Shared::accept(fd, bytes, &budget).unwrap_err();
+            assert!(matches!(e, ComputeError::InvalidValue(_)), "{e}");
+        }
+        let small = MemoryBudget::new(shm::MAX_REGION_BYTES);
+        let e = Shared::accept(
+            shm::region_file(shm::MAX_REGION_BYTES).unwrap(),
+            shm::MAX_REGION_BYTES,
+            &small,
+        )
+        .unwrap_err();
+        assert!(matches!(e, ComputeError::OutOfMemory(_)), "{e}");
+        assert_eq!(budget.used() + small.used(), 0);
+
+        // Refused by a served connection: it goes on over the socket.
+        let (mut a, budget, served) = budgeted(1 << 30, MESSAGE_TIMEOUT);
+        // All but a byte too few for the region and the host's buffer are taken.
+        let room = (shm::CLIENT_REGION_BYTES + shm::BOUNCE_BYTES) as u64 - 1;
+        let taken = budget.charge(budget.limit() - room).unwrap();
+        let offer = shm::Client::offer(&mut a).unwrap();
+        drop(taken);
+        assert!(
+            matches!(&offer, shm::Offer::Refused(why) if why.contains("refused")),
+            "{offer:?}"
+        );
+        assert!(matches!(
+            roundtrip(&mut a, &Request::ContextCreate),
+            Reply::Id(_)
+        ));
+        drop(a);
+        ended(&served, &budget).unwrap();
+    }
+
+    #[test]
+    fn misplaced_shared_memory_messages_end_the_connection() {
+        let fd = || shm::region_file(4096).unwrap();
+        let hello = Message::Hello { bytes: 4096 }.encode();
+        let create = Request::ContextCreate.encode();
+        let htod = Message::HtoD(chunk(0, 0, 8, 0)).encode();
+        type Send = fn(&mut UnixStream, &[u8], &[u8], &OwnedFd);
+        let cases: [(&str, Send); 4] = [
+            ("a chunk before a region", |a, _, htod, _| {
+                a.write_all(htod).unwrap()
+            }),
+            ("a hello without its region", |a, hello, _, _| {
+                a.write_all(hello).unwrap()
+            }),
+            ("a descriptor with a request", |a, _, _, fd| {
+                let create = Request::ContextCreate.encode();
+                shm::send_with_fd(a, &create, std::os::fd::AsFd::as_fd(fd)).unwrap()
+            }),
+            ("a second region", |a, hello, _, fd| {
+                shm::send_with_fd(a, hello, std::os::fd::AsFd::as_fd(fd)).unwrap();
+                assert_eq!(Reply::read_from(a).unwrap().unwrap(), Reply::Done);
+                shm::send_with_fd(a, hello, std::os::fd::AsFd::as_fd(fd)).unwrap()
+            }),
+        ];
+        for (what, send) in cases {
+            let (mut a, budget, served) = budgeted(1 << 30, MESSAGE_TIMEOUT);
+            a.write_all(&create).unwrap();
+            assert_eq!(Reply::read_from(&mut a).unwrap().unwrap(), Reply::Id(1));
+            send(&mut a, &hello, &htod, &fd());
+            let reply = Reply::read_from(&mut a).unwrap().unwrap();
+            assert!(matches!(reply, Reply::Error { .. }), "{what}: {reply:?}");
+            let result = ended(&served, &budget);
+            assert!(
+                matches!(result, Err(RemoteError::Shared(_))),
+                "{what}: {result:?}"
+            );
+        }
     }
 }

@@ -5,7 +5,7 @@ use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::thread::JoinHandle;
 
-use mdev_backend::compute::remote::serve;
+use mdev_backend::compute::remote::{Limits, serve};
 use mdev_backend::compute::{CpuBackend, CpuConfig};
 
 /// The served host: its thread and the socket's directory (removed by [`Host::close`]).
@@ -22,9 +22,11 @@ pub fn serve_cpu_backend(name: &str) -> Host {
     let listener = UnixListener::bind(&socket).unwrap();
     let thread = std::thread::spawn(move || {
         let (mut s, _) = listener.accept().unwrap();
-        let mut be = CpuBackend::new(CpuConfig::default());
+        let config = CpuConfig::default();
+        let limits = Limits::new(&config.budget);
+        let mut be = CpuBackend::new(config);
         // The connection's end (the process exiting) is all there is to wait for.
-        let _ = serve(&mut s, &mut be);
+        let _ = serve(&mut s, &mut be, &limits);
     });
     // SAFETY: the test's own environment, set before the driver reads it (at cuInit).
     unsafe { std::env::set_var("VGPU_CUDA_SOCKET", &socket) };

@@ -1,0 +1,574 @@
+//! Bulk copies of the host transport through shared memory: the guest library's socket to
+//! `vgpu-cuda-host` carries only small messages naming ranges of a region both sides map,
+//! and a copy's bytes move through that region, never through the socket.
+//!
+//! At connect the client creates a memfd (sealed against shrinking and growing), maps it and
+//! offers it with a [`HELLO`] message whose file descriptor travels with it (`SCM_RIGHTS`).
+//! The host checks it (a sealed memory file of the announced size, at most
+//! [`MAX_REGION_BYTES`], charged to the connection's memory budget), maps it and answers
+//! `Done`; where it refuses one it answers why (an `Output` reply), and the client carries on
+//! over the socket alone. A host without this protocol answers an error and closes the
+//! connection (an unknown opcode): the client then connects again and speaks the socket
+//! protocol alone.
+//!
+//! A copy is cut into chunks of at most [`MAX_CHUNK_BYTES`], each one message naming a
+//! device address and a range of the region; the client keeps several in flight, each in its
+//! own slot of the region (a ring), so its copies into the region overlap with the host's
+//! copies out of it. The host answers each chunk in order (`Done` or the copy's error).
+//!
+//! The region is memory the client writes while the host reads it: the host validates every
+//! range against the region before touching it, and only copies out of and into it
+//! ([`vm_memory`]'s volatile slices; no reference into the region is ever held), into or from
+//! a small buffer of its own. A chunk flagged [`MORE`] says another of the same copy follows:
+//! the host waits for it no longer than for the rest of a message (a client that stalls
+//! mid-copy is dropped), where between copies it may idle.
+
+use std::fs::File;
+use std::io::{IoSlice, IoSliceMut, Write};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+
+use rustix::fs::SealFlags;
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+use vm_memory::{FileOffset, MmapRegion, VolatileMemory, VolatileSlice};
+
+use super::backend::{ContextId, StreamId};
+use super::remote::RemoteError;
+use super::wire::{self, Reply, WireError};
+use super::{ComputeError, ComputeResult};
+use crate::budget::{Charge, MemoryBudget};
+
+/// Opcode of the message offering the region (its descriptor attached), outside the opcodes
+/// of [`wire`]: an older host refuses it as unknown.
+const HELLO: u16 = 0x7301;
+/// Opcode of a host-to-device chunk.
+const HTOD: u16 = 0x7302;
+/// Opcode of a device-to-host chunk.
+const DTOH: u16 = 0x7303;
+/// A chunk's flag: another chunk of the same copy follows.
+pub const MORE: u8 = 1;
+/// Body of a [`HELLO`]: opcode, region bytes.
+const HELLO_BODY: usize = 2 + 8;
+/// Body of a chunk: opcode, context, stream, device address, region offset, length, flags.
+const CHUNK_BODY: usize = 2 + 4 + 4 + 8 + 8 + 8 + 1;
+
+/// Largest region a client may share: the host keeps it mapped for the connection's life and
+/// charges it to the connection's memory budget.
+pub const MAX_REGION_BYTES: u64 = 64 << 20;
+/// Largest chunk one message moves, as a socket message's copy
+/// ([`wire::MAX_COPY_BYTES`]): one request's worth of device work.
+pub const MAX_CHUNK_BYTES: u64 = wire::MAX_COPY_BYTES;
+/// The host's buffer between the region and device memory: copies go through it a piece at
+/// a time, small enough to stay in the host thread's cache.
+pub const BOUNCE_BYTES: usize = 256 << 10;
+/// The client's region: [`CLIENT_SLOTS`] chunks of [`CLIENT_CHUNK_BYTES`].
+pub const CLIENT_REGION_BYTES: usize = CLIENT_SLOTS * CLIENT_CHUNK_BYTES;
+/// Chunks the client keeps in flight.
+pub const CLIENT_SLOTS: usize = 8;
+/// The client's chunk, one host piece ([`BOUNCE_BYTES`]): large enough that a message's
+/// cost is small beside its copy (about a tenth), small enough that the ring (2 MiB) stays
+/// in the cache between the client's copy into it and the host's out of it, and that the
+/// two sides' copies overlap on a copy of a MiB.
+pub const CLIENT_CHUNK_BYTES: usize = 256 << 10;
+/// Smallest copy the client sends through the region: smaller ones go in messages, batched
+/// with other deferred work, where they cost less than a round trip of their own.
+pub const MIN_SHARED_COPY_BYTES: usize = 64 << 10;
+
+/// A host-to-device or device-to-host chunk: `len` bytes at `offset` in the region, to or from
+/// device address `addr`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chunk {
+    pub ctx: ContextId,
+    pub stream: StreamId,
+    pub addr: u64,
+    pub offset: u64,
+    pub len: u64,
+    pub flags: u8,
+}
+
+impl Chunk {
+    /// Whether another chunk of the same copy follows.
+    pub fn more(&self) -> bool {
+        self.flags & MORE != 0
+    }
+}
+
+/// A message of this protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Message {
+    /// The region of `bytes` bytes, its descriptor attached.
+    Hello {
+        bytes: u64,
+    },
+    HtoD(Chunk),
+    DtoH(Chunk),
+}
+
+impl Message {
+    /// The whole message: length, opcode, fields.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut o = Vec::with_capacity(4 + CHUNK_BODY);
+        let body = match self {
+            Message::Hello { .. } => HELLO_BODY,
+            _ => CHUNK_BODY,
+        };
+        o.extend_from_slice(&(body as u32).to_le_bytes());
+        match self {
+            Message::Hello { bytes } => {
+                o.extend_from_slice(&HELLO.to_le_bytes());
+                o.extend_from_slice(&bytes.to_le_bytes());
+            }
+            Message::HtoD(c) | Message::DtoH(c) => {
+                let op = if matches!(self, Message::HtoD(_)) {
+                    HTOD
+                } else {
+                    DTOH
+                };
+                o.extend_from_slice(&op.to_le_bytes());
+                o.extend_from_slice(&c.ctx.0.to_le_bytes());
+                o.extend_from_slice(&c.stream.0.to_le_bytes());
+                for v in [c.addr, c.offset, c.len] {
+                    o.extend_from_slice(&v.to_le_bytes());
+                }
+                o.push(c.flags);
+            }
+        }
+        o
+    }
+
+    /// Decodes a message body (what follows the length): `None` when its opcode is not this
+    /// protocol's (a [`wire`] request).
+    pub fn decode(body: &[u8]) -> Option<Result<Message, WireError>> {
+        let op = u16::from_le_bytes(body.get(..2)?.try_into().ok()?);
+        if !matches!(op, HELLO | HTOD | DTOH) {
+            return None;
+        }
+        let want = if op == HELLO { HELLO_BODY } else { CHUNK_BODY };
+        Some(match body.len() {
+            n if n < want => Err(WireError::Truncated),
+            n if n > want => Err(WireError::Trailing(n - want)),
+            _ => Ok(Self::fields(op, &body[2..])),
+        })
+    }
+
+    /// The fields of a body of the right length for `op`.
+    fn fields(op: u16, f: &[u8]) -> Message {
+        let u32_at = |i: usize| u32::from_le_bytes([f[i], f[i + 1], f[i + 2], f[i + 3]]);
+        let u64_at = |i: usize| u64::from(u32_at(i)) | u64::from(u32_at(i + 4)) << 32;
+        if op == HELLO {
+            return Message::Hello { bytes: u64_at(0) };
+        }
+        let c = Chunk {
+            ctx: ContextId(u32_at(0)),
+            stream: StreamId(u32_at(4)),
+            addr: u64_at(8),
+            offset: u64_at(16),
+            len: u64_at(24),
+            flags: f[32],
+        };
+        if op == HTOD {
+            Message::HtoD(c)
+        } else {
+            Message::DtoH(c)
+        }
+    }
+}
+
+/// Maps `len` bytes of the memory file `fd` shared (the same pages in both processes).
+fn map(fd: OwnedFd, len: usize) -> std::io::Result<MmapRegion> {
+    MmapRegion::from_file(FileOffset::new(File::from(fd), 0), len)
+        .map_err(|e| std::io::Error::other(format!("mapping the shared region: {e}")))
+}
+
+/// The slice `[offset, offset + len)` of `region`, checked against it.
+fn slice(region: &MmapRegion, offset: u64, len: u64) -> Option<VolatileSlice<'_>> {
+    let offset = usize::try_from(offset).ok()?;
+    let len = usize::try_from(len).ok()?;
+    region.get_slice(offset, len).ok()
+}
+
+/// The host's side of a connection's region.
+#[derive(Debug)]
+pub struct Shared {
+    region: MmapRegion,
+    /// Between the region and device memory, [`BOUNCE_BYTES`].
+    bounce: Vec<u8>,
+    /// The region and the buffer, charged to the connection's budget.
+    _charge: Charge,
+}
+
+impl Shared {
+    /// Accepts the region the client offered: a memory file sealed against shrinking (the
+    /// client can never take pages from under the host's mapping) of exactly `bytes` bytes, at
+    /// most [`MAX_REGION_BYTES`], charged with the host's buffer to `budget`.
+    pub fn accept(fd: OwnedFd, bytes: u64, budget: &Arc<MemoryBudget>) -> ComputeResult<Shared> {
+        if bytes == 0 || bytes > MAX_REGION_BYTES {
+            return Err(ComputeError::InvalidValue(format!(
+                "a shared region of {bytes} bytes (1 to {MAX_REGION_BYTES})"
+            )));
+        }
+        let refused = |why: String| ComputeError::InvalidValue(format!("shared region: {why}"));
+        let seals = rustix::fs::fcntl_get_seals(&fd)
+            .map_err(|e| refused(format!("not a sealable memory file ({e})")))?;
+        if !seals.contains(SealFlags::SHRINK) {
+            return Err(refused("not sealed against shrinking".into()));
+        }
+        let size = rustix::fs::fstat(&fd)
+            .map_err(|e| refused(e.to_string()))?
+            .st_size;
+        if u64::try_from(size) != Ok(bytes) {
+            return Err(refused(format!("{size} bytes, {bytes} announced")));
+        }
+        // Bounded above by MAX_REGION_BYTES.
+        let len = bytes as usize;
+        let charge = budget
+            .charge(bytes + BOUNCE_BYTES as u64)
+            .map_err(|e| ComputeError::OutOfMemory(format!("shared region: {e}")))?;
+        let region = map(fd, len).map_err(|e| refused(e.to_string()))?;
+        Ok(Shared {
+            region,
+            bounce: vec![0; BOUNCE_BYTES],
+            _charge: charge,
+        })
+    }
+
+    /// Checks a chunk's range against the region and the chunk limit: `Err` when the client
+    /// broke the protocol.
+    pub fn check(&self, c: &Chunk) -> Result<(), WireError> {
+        if c.len > MAX_CHUNK_BYTES {
+            return Err(WireError::TooLong {
+                what: "shared-memory chunk",
+                len: usize::try_from(c.len).unwrap_or(usize::MAX),
+                max: MAX_CHUNK_BYTES as usize,
+            });
+        }
+        match slice(&self.region, c.offset, c.len) {
+            Some(_) => Ok(()),
+            None => Err(WireError::TooLong {
+                what: "shared-memory range end",
+                len: usize::try_from(c.offset.saturating_add(c.len)).unwrap_or(usize::MAX),
+                max: self.region.len(),
+            }),
+        }
+    }
+
+    /// Copies a checked chunk's range out of the region, a piece at a time, handing each
+    /// piece and its device address to `to_device`.
+    pub fn read(
+        &mut self,
+        c: &Chunk,
+        mut to_device: impl FnMut(u64, &[u8]) -> ComputeResult<()>,
+    ) -> ComputeResult<()> {
+        self.pieces(c, |piece, region, addr| {
+            region.copy_to(&mut *piece);
+            to_device(addr, piece)
+        })
+    }
+
+    /// Copies device memory into a checked chunk's range of the region, a piece at a time,
+    /// `from_device` filling each piece from its device address.
+    pub fn write(
+        &mut self,
+        c: &Chunk,
+        mut from_device: impl FnMut(u64, &mut [u8]) -> ComputeResult<()>,
+    ) -> ComputeResult<()> {
+        self.pieces(c, |piece, region, addr| {
+            from_device(addr, &mut *piece)?;
+            region.copy_from(piece);
+            Ok(())
+        })
+    }
+
+    /// Walks a chunk in pieces of at most [`BOUNCE_BYTES`]: the host's buffer cut to the
+    /// piece, the piece's slice of the region, its device address.
+    fn pieces(
+        &mut self,
+        c: &Chunk,
+        mut each: impl FnMut(&mut [u8], VolatileSlice<'_>, u64) -> ComputeResult<()>,
+    ) -> ComputeResult<()> {
+        let bad = || ComputeError::InvalidValue("shared-memory range".into());
+        let mut done = 0u64;
+        while done < c.len {
+            let n = (c.len - done).min(BOUNCE_BYTES as u64);
+            let at = c.offset.checked_add(done).ok_or_else(bad)?;
+            let region = slice(&self.region, at, n).ok_or_else(bad)?;
+            let addr = c.addr.checked_add(done).ok_or_else(bad)?;
+            // n <= BOUNCE_BYTES, the buffer's length.
+            each(&mut self.bounce[..n as usize], region, addr)?;
+            done += n;
+        }
+        Ok(())
+    }
+}
+
+/// Room for the one descriptor a message may carry.
+const FD_SPACE: usize = rustix::cmsg_space!(ScmRights(1));
+
+/// Reads into `buf` from `stream` like `read`, also taking a descriptor sent with those bytes
+/// (`SCM_RIGHTS`; any more are closed by the kernel). The stream's read timeout applies.
+pub fn recv_with_fd(
+    stream: &UnixStream,
+    buf: &mut [u8],
+) -> std::io::Result<(usize, Option<OwnedFd>)> {
+    let mut space = [MaybeUninit::uninit(); FD_SPACE];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let got = rustix::net::recvmsg(
+        stream,
+        &mut [IoSliceMut::new(buf)],
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC,
+    )?;
+    let mut fd = None;
+    for msg in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(fds) = msg {
+            for f in fds {
+                // A second descriptor is dropped (closed) here.
+                fd.get_or_insert(f);
+            }
+        }
+    }
+    Ok((got.bytes, fd))
+}
+
+/// What a host answered to the offer of a region.
+#[derive(Debug)]
+pub enum Offer {
+    /// Taken (`Done`): copies go through it.
+    Taken(Client),
+    /// Refused, and why (an `Output` reply): the connection goes on over the socket alone.
+    Refused(String),
+    /// Not understood (an error reply: an older host, which closes the connection).
+    Unknown,
+}
+
+/// A memory file of `bytes` bytes sealed against shrinking, growing and further seals: what a
+/// client shares.
+pub fn region_file(bytes: u64) -> std::io::Result<OwnedFd> {
+    let fd = rustix::fs::memfd_create(
+        "vgpu-cuda-shared",
+        rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING,
+    )?;
+    rustix::fs::ftruncate(&fd, bytes)?;
+    rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
+    Ok(fd)
+}
+
+/// Writes `message` to `stream` with `fd` attached to its first bytes (`SCM_RIGHTS`).
+pub fn send_with_fd(
+    stream: &mut UnixStream,
+    message: &[u8],
+    fd: BorrowedFd<'_>,
+) -> std::io::Result<()> {
+    let mut space = [MaybeUninit::uninit(); FD_SPACE];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    let fds = [fd];
+    control.push(SendAncillaryMessage::ScmRights(&fds));
+    let sent = rustix::net::sendmsg(
+        &*stream,
+        &[IoSlice::new(message)],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )?;
+    stream.write_all(&message[sent..])
+}
+
+/// The client's side: its region, cut into [`CLIENT_SLOTS`] slots of [`CLIENT_CHUNK_BYTES`].
+#[derive(Debug)]
+pub struct Client {
+    region: MmapRegion,
+}
+
+impl Client {
+    /// Creates the region (a sealed memory file) and offers it on `stream`.
+    pub fn offer(stream: &mut UnixStream) -> Result<Offer, RemoteError> {
+        let fd = region_file(CLIENT_REGION_BYTES as u64)?;
+        let region = map(fd.try_clone()?, CLIENT_REGION_BYTES)?;
+        let hello = Message::Hello {
+            bytes: CLIENT_REGION_BYTES as u64,
+        }
+        .encode();
+        send_with_fd(stream, &hello, fd.as_fd())?;
+        Ok(match Reply::read_from(stream)?? {
+            Reply::Done => Offer::Taken(Client { region }),
+            Reply::Output(why) => Offer::Refused(why),
+            _ => Offer::Unknown,
+        })
+    }
+
+    /// The region's slot `i` (of [`CLIENT_SLOTS`]) cut to `len` bytes, and its offset.
+    fn slot(&self, i: usize, len: usize) -> Result<(u64, VolatileSlice<'_>), RemoteError> {
+        let offset = (i % CLIENT_SLOTS) * CLIENT_CHUNK_BYTES;
+        let s = self
+            .region
+            .get_slice(offset, len)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        Ok((offset as u64, s))
+    }
+
+    /// Host to device: `src` to `dst`, through the region. The host's answer: `Done`, or the
+    /// first chunk's error (the copy stops there).
+    pub fn htod(
+        &self,
+        stream: &mut UnixStream,
+        ctx: ContextId,
+        dst: u64,
+        src: &[u8],
+        stream_id: StreamId,
+    ) -> Result<Reply, RemoteError> {
+        let mut pipe = Pipe::new(src.len());
+        for (i, piece) in src.chunks(CLIENT_CHUNK_BYTES).enumerate() {
+            if pipe.in_flight() == CLIENT_SLOTS {
+                pipe.answer(stream)?;
+            }
+            if pipe.failed() {
+                break;
+            }
+            let (offset, slot) = self.slot(i, piece.len())?;
+            slot.copy_from(piece);
+            pipe.send(
+                stream,
+                Message::HtoD,
+                ctx,
+                stream_id,
+                dst,
+                offset,
+                piece.len(),
+            )?;
+        }
+        pipe.finish(stream, ctx, stream_id)
+    }
+
+    /// Device to host: `dst` from `src`, through the region. The host's answer: `Done`, or the
+    /// first chunk's error (the copy stops there; `dst` holds what came before it).
+    pub fn dtoh(
+        &self,
+        stream: &mut UnixStream,
+        ctx: ContextId,
+        src: u64,
+        dst: &mut [u8],
+        stream_id: StreamId,
+    ) -> Result<Reply, RemoteError> {
+        let mut pipe = Pipe::new(dst.len());
+        let mut pieces = dst.chunks_mut(CLIENT_CHUNK_BYTES);
+        loop {
+            while pipe.sent < pipe.chunks && pipe.in_flight() < CLIENT_SLOTS && !pipe.failed() {
+                let len = (pipe.bytes - pipe.sent * CLIENT_CHUNK_BYTES).min(CLIENT_CHUNK_BYTES);
+                let (offset, _) = self.slot(pipe.sent, len)?;
+                pipe.send(stream, Message::DtoH, ctx, stream_id, src, offset, len)?;
+            }
+            if pipe.in_flight() == 0 {
+                break;
+            }
+            // Answers come in order: this one is for the next piece.
+            let i = pipe.answered;
+            pipe.answer(stream)?;
+            if let Some(piece) = pieces.next()
+                && !pipe.failed()
+            {
+                // Out of the slot before the next request reuses it.
+                self.slot(i, piece.len())?.1.copy_to(piece);
+            }
+        }
+        pipe.finish(stream, ctx, stream_id)
+    }
+}
+
+/// The chunks of one copy in flight: sent, answered, the first error.
+struct Pipe {
+    /// The copy's bytes and chunks.
+    bytes: usize,
+    chunks: usize,
+    sent: usize,
+    answered: usize,
+    /// Whether the last chunk sent said another follows.
+    open: bool,
+    error: Option<Reply>,
+}
+
+impl Pipe {
+    fn new(bytes: usize) -> Pipe {
+        Pipe {
+            bytes,
+            chunks: bytes.div_ceil(CLIENT_CHUNK_BYTES),
+            sent: 0,
+            answered: 0,
+            open: false,
+            error: None,
+        }
+    }
+
+    fn in_flight(&self) -> usize {
+        self.sent - self.answered
+    }
+
+    fn failed(&self) -> bool {
+        self.error.is_some()
+    }
+
+    /// Sends the next chunk: `len` bytes at `offset` of the region, for the copy's device
+    /// range starting at `base`.
+    #[allow(clippy::too_many_arguments)]
+    fn send(
+        &mut self,
+        stream: &mut UnixStream,
+        kind: fn(Chunk) -> Message,
+        ctx: ContextId,
+        stream_id: StreamId,
+        base: u64,
+        offset: u64,
+        len: usize,
+    ) -> Result<(), RemoteError> {
+        let addr = (self.sent * CLIENT_CHUNK_BYTES) as u64;
+        self.sent += 1;
+        self.open = self.sent < self.chunks;
+        let c = Chunk {
+            ctx,
+            stream: stream_id,
+            // Past the address space is no context's memory: the host refuses it.
+            addr: base.wrapping_add(addr),
+            offset,
+            len: len as u64,
+            flags: if self.open { MORE } else { 0 },
+        };
+        stream.write_all(&kind(c).encode())?;
+        Ok(())
+    }
+
+    /// Reads the answer to the oldest chunk in flight.
+    fn answer(&mut self, stream: &mut UnixStream) -> Result<(), RemoteError> {
+        let reply = Reply::read_from(stream)??;
+        self.answered += 1;
+        match reply {
+            Reply::Done => {}
+            Reply::Error { .. } => {
+                self.error.get_or_insert(reply);
+            }
+            _ => return Err(WireError::Opcode(0).into()),
+        }
+        Ok(())
+    }
+
+    /// Waits for the chunks in flight; a copy stopped by an error before its last chunk is
+    /// closed with an empty chunk, so the host does not wait for the rest.
+    fn finish(
+        mut self,
+        stream: &mut UnixStream,
+        ctx: ContextId,
+        stream_id: StreamId,
+    ) -> Result<Reply, RemoteError> {
+        while self.in_flight() > 0 {
+            self.answer(stream)?;
+        }
+        if self.open {
+            self.chunks = self.sent + 1;
+            self.send(stream, Message::HtoD, ctx, stream_id, 0, 0, 0)?;
+            self.answer(stream)?;
+        }
+        Ok(self.error.unwrap_or(Reply::Done))
+    }
+}
