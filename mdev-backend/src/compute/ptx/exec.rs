@@ -191,6 +191,44 @@ pub(super) fn charge_blocks(
     }
 }
 
+/// Runs `worker`, which takes blocks until none is left, on `threads` host threads (on the
+/// calling one when that is 1). A thread the host cannot start (its task limit, its memory)
+/// leaves the blocks to the others, but a cooperative launch needs every one of its blocks
+/// running: it fails with `CooperativeLaunchTooLarge` (`fail`, which stops the started ones).
+pub(super) fn spread(
+    threads: usize,
+    cooperative: bool,
+    worker: impl Fn() + Sync,
+    fail: impl Fn(ComputeError) + Sync,
+) {
+    if threads == 1 {
+        worker();
+        return;
+    }
+    std::thread::scope(|s| {
+        let mut started = 0;
+        for _ in 0..threads {
+            match std::thread::Builder::new().spawn_scoped(s, &worker) {
+                Ok(_) => started += 1,
+                Err(e) if cooperative => {
+                    fail(ComputeError::CooperativeLaunchTooLarge(format!(
+                        "a host thread for each of its {threads} blocks: {started} started, \
+                         then {e}"
+                    )));
+                    return;
+                }
+                Err(e) => {
+                    debug!("{started} of {threads} host threads for a launch: {e}");
+                    break;
+                }
+            }
+        }
+        if started == 0 {
+            worker();
+        }
+    });
+}
+
 /// Runs `kernel` of `module` over the launch's grid on the interpreter.
 pub(super) fn launch(
     module: &Module,
@@ -238,15 +276,12 @@ pub(super) fn launch(
             .saturating_add(block_bytes / SETUP_BYTES_PER_UNIT),
     };
     debug!("launch of {blocks} blocks of {block_bytes} host bytes on {threads} threads");
-    if threads == 1 {
-        shared_launch.worker(blocks);
-    } else {
-        std::thread::scope(|s| {
-            for _ in 0..threads {
-                s.spawn(|| shared_launch.worker(blocks));
-            }
-        });
-    }
+    spread(
+        threads,
+        l.cooperative.is_some(),
+        || shared_launch.worker(blocks),
+        |e| shared_launch.fail(e),
+    );
     if let Some(e) = shared_launch
         .error
         .into_inner()

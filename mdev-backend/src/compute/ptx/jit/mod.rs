@@ -349,15 +349,7 @@ fn run(
         "compiled launch of {} blocks of {bytes} host bytes on {threads} threads",
         plan.blocks
     );
-    if threads == 1 {
-        worker();
-    } else {
-        std::thread::scope(|s| {
-            for _ in 0..threads {
-                s.spawn(worker);
-            }
-        });
-    }
+    exec::spread(threads, l.cooperative.is_some(), worker, |e| env.fail(e));
     if let Some(e) = env.error.into_inner().unwrap_or_else(|p| p.into_inner()) {
         return Err(e);
     }
