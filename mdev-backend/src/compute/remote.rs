@@ -422,7 +422,11 @@ fn serve_requests(
         stream.read_exact(&mut body)?;
         let reply = match (Message::decode(&body), fd) {
             (None, None) => match Request::decode(&body) {
-                Ok(req) => within(interrupt, || dispatch(be, owned, stats, req)),
+                Ok(req) => {
+                    // A copy left unfinished is the client's loss: the host waits for nothing.
+                    mid_copy = false;
+                    within(interrupt, || dispatch(be, owned, stats, req))
+                }
                 Err(e) => return refuse(stream, e.into()),
             },
             (Some(Ok(Message::Hello { bytes })), Some(fd)) if shared.is_none() => {
@@ -878,6 +882,19 @@ mod tests {
         let last = Message::HtoD(chunk(addr, 0, 4096, 0));
         a.write_all(&last.encode()).unwrap();
         assert_eq!(Reply::read_from(&mut a).unwrap().unwrap(), Reply::Done);
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(matches!(
+            roundtrip(&mut a, &Request::ContextCreate),
+            Reply::Id(_)
+        ));
+        // A copy abandoned for other requests is not waited for either.
+        let abandoned = Message::HtoD(chunk(addr, 0, 4096, shm::MORE));
+        a.write_all(&abandoned.encode()).unwrap();
+        assert_eq!(Reply::read_from(&mut a).unwrap().unwrap(), Reply::Done);
+        assert!(matches!(
+            roundtrip(&mut a, &Request::ContextCreate),
+            Reply::Id(_)
+        ));
         std::thread::sleep(Duration::from_millis(300));
         assert!(matches!(
             roundtrip(&mut a, &Request::ContextCreate),

@@ -572,3 +572,38 @@ impl Pipe {
         Ok(self.error.unwrap_or(Reply::Done))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_decode_as_they_were_encoded_and_nothing_else() {
+        let c = Chunk {
+            ctx: ContextId(3),
+            stream: StreamId(4),
+            addr: 0x1234_5678_9abc,
+            offset: 1 << 20,
+            len: 4096,
+            flags: MORE,
+        };
+        for m in [
+            Message::Hello { bytes: 1 << 21 },
+            Message::HtoD(c),
+            Message::DtoH(c),
+        ] {
+            let bytes = m.encode();
+            let len = wire::body_len(bytes[..4].try_into().unwrap()).unwrap();
+            assert_eq!(len, bytes.len() - 4);
+            assert_eq!(Message::decode(&bytes[4..]), Some(Ok(m)));
+            let short = &bytes[4..bytes.len() - 1];
+            assert_eq!(Message::decode(short), Some(Err(WireError::Truncated)));
+            let long = [&bytes[4..], &[0]].concat();
+            assert_eq!(Message::decode(&long), Some(Err(WireError::Trailing(1))));
+        }
+        // The socket protocol's requests are not this protocol's.
+        let create = wire::Request::ContextCreate.encode();
+        assert_eq!(Message::decode(&create[4..]), None);
+        assert_eq!(Message::decode(&[]), None);
+    }
+}
