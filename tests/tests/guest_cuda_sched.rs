@@ -17,9 +17,15 @@ use vgpu_tests::daemon::{Schedd, workspace_binary};
 use vgpu_tests::guest::{self, RunningGuest, boot_lock, skip_without_guest};
 
 /// Wall-clock limit of each guest: two TCG guests boot side by side, then run their loads.
-const GUEST_TIMEOUT: Duration = Duration::from_secs(240);
-/// The bomb's run: the CUDA guest's boot beside it and both benchmark runs fit in it.
-const BOMB_S: u32 = 120;
+const GUEST_TIMEOUT: Duration = Duration::from_secs(300);
+/// The bomb's run: the CUDA guest's boot beside it (two minutes with the host's cores busy
+/// with other work too) and both benchmark runs fit in it; the test fails if it ended before
+/// the second run did.
+const BOMB_S: u32 = 240;
+/// The CUDA guest's pause between its runs, in which the host sees the first run's end and
+/// installs TimeGraph (two `vgpuctl` calls, well under a second on an idle host). The guests
+/// have no way yet to be told when to start.
+const PAUSE_S: u32 = 10;
 /// Launches per benchmark run (each waits behind the bomb's groups under policy none).
 const LAUNCHES: u32 = 200;
 /// The policy installed half-way.
@@ -66,7 +72,7 @@ fn live_timegraph_prioritises_a_cuda_guest_over_a_bomb() {
     let (qemu, prologue) = guest::cuda_payload(dir.path(), &lib, &corpus, &["driver_bench"]);
     let bench = format!("{}/driver_bench {LAUNCHES} 1", guest::CUDA_DIR);
     let cuda_job = format!(
-        "{prologue}{bench} | sed 's/^/RUN1 /'\necho RUN1-DONE\nsleep 3\n{bench} | sed 's/^/RUN2 /'\n"
+        "{prologue}{bench} | sed 's/^/RUN1 /'\necho RUN1-DONE\nsleep {PAUSE_S}\necho RUN2-START\n{bench} | sed 's/^/RUN2 /'\n"
     );
     let mut config = schedd
         .guest_config(&image, "cuda", cuda_job)
@@ -84,6 +90,13 @@ fn live_timegraph_prioritises_a_cuda_guest_over_a_bomb() {
         .transcript(&["set-policy", policy.to_str().unwrap()])
         .unwrap();
     assert!(answer.contains("timegraph"), "{answer}");
+    // The precondition of the comparison: TimeGraph was in force for the whole second run.
+    let cuda_serial = std::fs::read_to_string(cuda.dir().join("serial.log")).unwrap();
+    assert!(
+        !cuda_serial.contains("RUN2-START"),
+        "TimeGraph was installed after the second run began (the host took more than the \
+         {PAUSE_S} s pause); the runs cannot be compared"
+    );
     let run = cuda.wait(|_| {}).unwrap();
     assert_eq!(run.exit_code, Some(0), "{}", run.logs());
     schedd.transcript(&["show"]).unwrap();
