@@ -298,7 +298,9 @@ fn server_serves_a_new_vm_after_qemu_is_killed_mid_boot() {
     let ended = |log: &str| {
         log.matches("client disconnected").count() + log.matches("client connection lost").count()
     };
-    let deadline = Instant::now() + Duration::from_secs(5);
+    // The server logs the second end once it has handled QEMU's exit, which takes a while
+    // on a host whose cores are busy with other work too.
+    let deadline = Instant::now() + Duration::from_secs(30);
     while ended(&server.log()) < 2 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
