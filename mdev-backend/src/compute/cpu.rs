@@ -733,12 +733,12 @@ impl CpuBackend {
 impl CpuBackend {
     /// Refuses a cooperative launch whose grid cannot be resident at once: more blocks than
     /// the occupancy model of the device this backend presents (what the guest's occupancy
-    /// queries answer) fits on its multiprocessors. An invalid block is left to the launch to
-    /// refuse.
+    /// queries answer) fits on its multiprocessors. A block or shared memory past the
+    /// executor's limits is left to the launch to refuse.
     fn check_co_resident(&mut self, ctx: ContextId, l: &KernelLaunch<'_>) -> ComputeResult<()> {
         let a = self.attributes();
         let block = l.block.iter().fold(1u32, |n, &d| n.saturating_mul(d));
-        if block == 0 || block > a.max_threads_per_block {
+        if block == 0 || block > a.max_threads_per_block || l.shared_bytes > ptx::MAX_SHARED_BYTES {
             return Ok(());
         }
         let f = self.function_attributes(ctx, l.function)?;

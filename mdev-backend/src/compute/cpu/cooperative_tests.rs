@@ -220,6 +220,10 @@ fn a_grid_larger_than_what_is_resident_at_once_is_refused_with_720_and_not_stick
         big.shared_bytes = 40 << 10;
         let e = be.launch(ctx, &big).unwrap_err();
         assert_eq!(e.cuda_status(), 720, "{engine:?}: {e}");
+        // More shared memory than a block may have is the launch's own refusal.
+        big.shared_bytes = ptx::MAX_SHARED_BYTES + 1;
+        let e = be.launch(ctx, &big).unwrap_err();
+        assert_eq!(e.cuda_status(), 701, "{engine:?}: {e}");
         // The same grid launched normally is not bounded by residency.
         be.launch(ctx, &launch(f, 33, &params(out, 0, 0), false))
             .unwrap();
