@@ -382,9 +382,21 @@ impl DeviceMemory {
 
 /// Merges `bytes` (at byte `shift` of the word) into `old`.
 fn merge(old: u64, shift: usize, bytes: &[u8]) -> u64 {
-    let mut le = old.to_le_bytes();
-    le[shift..shift + bytes.len()].copy_from_slice(bytes);
-    u64::from_le_bytes(le)
+    let n = bytes.len();
+    debug_assert!((1..=8 - shift).contains(&n), "a piece of one word");
+    // The aligned scalars' sizes as values of a fixed size (no call to a general copy).
+    let value = match n {
+        1 => u64::from(bytes[0]),
+        2 => u64::from(u16::from_le_bytes([bytes[0], bytes[1]])),
+        4 => u64::from(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])),
+        _ => {
+            let mut le = [0u8; 8];
+            le[..n].copy_from_slice(bytes);
+            u64::from_le_bytes(le)
+        }
+    };
+    let mask = (u64::MAX >> (64 - 8 * n)) << (8 * shift);
+    (old & !mask) | (value << (8 * shift))
 }
 
 impl GlobalMemory for DeviceMemory {
@@ -406,8 +418,17 @@ impl GlobalMemory for DeviceMemory {
         while out < buf.len() {
             let shift = pos % 8;
             let n = (8 - shift).min(buf.len() - out);
-            let word = alloc.words[pos / 8].load(Ordering::Relaxed).to_le_bytes();
-            buf[out..out + n].copy_from_slice(&word[shift..shift + n]);
+            let word = alloc.words[pos / 8].load(Ordering::Relaxed) >> (8 * shift);
+            let bytes = word.to_le_bytes();
+            // The sizes of whole words and aligned scalars as copies of a fixed size (the
+            // general copy is a call, which costs more than the read of a small piece).
+            match n {
+                8 => buf[out..out + 8].copy_from_slice(&bytes),
+                4 => buf[out..out + 4].copy_from_slice(&bytes[..4]),
+                2 => buf[out..out + 2].copy_from_slice(&bytes[..2]),
+                1 => buf[out] = bytes[0],
+                _ => buf[out..out + n].copy_from_slice(&bytes[..n]),
+            }
             out += n;
             pos += n;
         }
@@ -507,6 +528,38 @@ mod tests {
             let mut back = vec![0; 37];
             mem.read(a + start, &mut back).unwrap();
             assert_eq!(back, data);
+        }
+    }
+
+    /// Reads and writes of every size up to three words at every offset in a word leave the
+    /// allocation as a plain byte array would: the piece written, its neighbours kept, and
+    /// any piece read back as the array holds it.
+    #[test]
+    fn pieces_of_words_read_and_write_as_bytes_do() {
+        let mut mem = DeviceMemory::new(1 << 20);
+        let a = mem.alloc(64).unwrap();
+        let mut model: Vec<u8> = (0..64).map(|i| 0x80 | i as u8).collect();
+        mem.write(a, &model).unwrap();
+        let mut stamp = 0u8;
+        for size in 1..=24usize {
+            for start in 0..16usize {
+                let piece: Vec<u8> = (0..size)
+                    .map(|_| {
+                        stamp = stamp.wrapping_add(37);
+                        stamp
+                    })
+                    .collect();
+                mem.write(a + start as u64, &piece).unwrap();
+                model[start..start + size].copy_from_slice(&piece);
+                let mut all = vec![0; 64];
+                mem.read(a, &mut all).unwrap();
+                assert_eq!(all, model, "write of {size} at {start}");
+                for from in 0..16usize {
+                    let mut back = vec![0; size];
+                    mem.read(a + from as u64, &mut back).unwrap();
+                    assert_eq!(back, model[from..from + size], "read of {size} at {from}");
+                }
+            }
         }
     }
 
