@@ -20,7 +20,7 @@ use log::{debug, warn};
 use thiserror::Error;
 
 use super::backend::{ComputeBackend, ContextId, Interrupt, KernelLaunch};
-use super::shm::{self, Chunk, Message, Shared};
+use super::shm::{self, Chunk, Message, Pinned, PinnedCopy, Shared};
 use super::wire::{self, Reply, Request, WireError};
 use super::{ComputeError, ComputeResult};
 use crate::budget::MemoryBudget;
@@ -171,6 +171,10 @@ fn execute(
         }
         MemAlloc { ctx, bytes } => Reply::Address(be.mem_alloc(owned.check(ctx)?, bytes)?),
         MemFree { ctx, addr } => done(be.mem_free(owned.check(ctx)?, addr))?,
+        MemInfo { ctx } => {
+            let (free, total) = be.mem_info(owned.check(ctx)?)?;
+            Reply::MemInfo { free, total }
+        }
         MemsetD8 {
             ctx,
             addr,
@@ -411,6 +415,8 @@ fn serve_requests(
 ) -> Result<(), RemoteError> {
     stream.set_read_timeout(Some(limits.message_timeout))?;
     let mut shared: Option<Shared> = None;
+    // Page-locked allocations: unmapped, their charges given back, when the connection ends.
+    let mut pinned = Pinned::default();
     // A chunk said another of its copy follows: the peer may not idle.
     let mut mid_copy = false;
     loop {
@@ -460,7 +466,43 @@ fn serve_requests(
                 });
                 answer(stats, r)
             }
+            (Some(Ok(Message::Pin { bytes })), Some(fd)) => {
+                mid_copy = false;
+                stats.requests += 1;
+                let r = match pinned.pin(fd, bytes, &limits.budget) {
+                    Ok(r) => r.map(Reply::Id),
+                    Err(e) => return refuse(stream, e),
+                };
+                debug!(
+                    "compute peer pins {bytes} bytes ({} in all)",
+                    pinned.bytes()
+                );
+                answer(stats, r)
+            }
+            (Some(Ok(Message::Unpin { region })), None) => {
+                mid_copy = false;
+                stats.requests += 1;
+                if let Err(e) = pinned.unpin(region) {
+                    return refuse(stream, e);
+                }
+                Reply::Done
+            }
+            (Some(Ok(m @ (Message::PinnedHtoD(c) | Message::PinnedDtoH(c)))), None) => {
+                mid_copy = false;
+                if let Err(e) = pinned.check(&c) {
+                    return refuse(stream, e);
+                }
+                stats.requests += 1;
+                let to_device = matches!(m, Message::PinnedHtoD(_));
+                let r = within(interrupt, || {
+                    copy_pinned(be, owned, stats, &mut pinned, &c, to_device)
+                });
+                answer(stats, r)
+            }
             (Some(Err(e)), _) => return refuse(stream, e.into()),
+            (Some(Ok(Message::Pin { .. })), None) => {
+                return refuse(stream, RemoteError::Shared("a page-locked region not sent"));
+            }
             (Some(Ok(Message::Hello { .. })), _) => {
                 return refuse(stream, RemoteError::Shared("a second region, or none sent"));
             }
@@ -502,6 +544,26 @@ fn copy_chunk(
         stats.bytes_to_device += c.len;
     } else {
         sh.write(c, |addr, bytes| be.copy_dtoh(ctx, bytes, addr, c.stream))?;
+        stats.bytes_from_device += c.len;
+    }
+    Ok(Reply::Done)
+}
+
+/// One checked copy between a page-locked allocation and device memory.
+fn copy_pinned(
+    be: &mut dyn ComputeBackend,
+    owned: &Owned,
+    stats: &mut Stats,
+    pinned: &mut Pinned,
+    c: &PinnedCopy,
+    to_device: bool,
+) -> ComputeResult<Reply> {
+    let ctx = owned.check(c.ctx)?;
+    if to_device {
+        pinned.read(c, |addr, bytes| be.copy_htod(ctx, addr, bytes, c.stream))?;
+        stats.bytes_to_device += c.len;
+    } else {
+        pinned.write(c, |addr, bytes| be.copy_dtoh(ctx, bytes, addr, c.stream))?;
         stats.bytes_from_device += c.len;
     }
     Ok(Reply::Done)
@@ -986,6 +1048,136 @@ mod tests {
                 matches!(result, Err(RemoteError::Shared(_))),
                 "{what}: {result:?}"
             );
+        }
+    }
+
+    /// Pins `bytes` on connection `a`: the client's allocation, or the host's refusal.
+    fn pin(a: &mut UnixStream, bytes: u64) -> Result<shm::PinnedMemory, Reply> {
+        shm::PinnedMemory::create(a, bytes).unwrap()
+    }
+
+    #[test]
+    fn pinned_copies_move_between_the_allocation_and_device_memory_on_the_host() {
+        let (mut a, budget, served) = budgeted(1 << 30, MESSAGE_TIMEOUT);
+        let (ctx, stream) = (ContextId(1), super::super::backend::DEFAULT_STREAM);
+        let addr = context_with(&mut a, 3 << 20);
+        let before = budget.used();
+        // Not a whole number of pages, nor of the host's buffer.
+        let n = 2 * shm::BOUNCE_BYTES as u64 + 4099;
+        let p = pin(&mut a, n).unwrap();
+        assert_eq!(p.len(), n);
+        assert!(budget.used() >= before + n, "the allocation is charged");
+        // SAFETY: the allocation's own mapping, n bytes, touched by no one else now.
+        let mem = unsafe { std::slice::from_raw_parts_mut(p.start() as *mut u8, n as usize) };
+        for (i, b) in mem.iter_mut().enumerate() {
+            *b = (i * 13 + i / 4096) as u8;
+        }
+        let copy = |a: &mut UnixStream, to_device, addr, offset, len| {
+            p.copy(a, ctx, stream, to_device, addr, offset, len)
+                .unwrap()
+        };
+        assert_eq!(copy(&mut a, true, addr + 8, 0, n), Reply::Done);
+        let back = Request::CopyDtoH {
+            ctx,
+            src: addr + 8,
+            bytes: n,
+            stream,
+        };
+        let Reply::Data(d) = roundtrip(&mut a, &back) else {
+            panic!()
+        };
+        assert!(d == mem[..], "what went down is the allocation's contents");
+        // Back into another part of the allocation, at an offset, a size off the pages.
+        assert_eq!(
+            copy(&mut a, false, addr + 8 + 100, 5000, 70_001),
+            Reply::Done
+        );
+        let want: Vec<u8> = d[100..100 + 70_001].to_vec();
+        assert!(mem[5000..5000 + 70_001] == want[..], "and came back");
+        // A copy past the device allocation fails as a copy; the connection goes on.
+        let r = copy(&mut a, true, addr + (3 << 20) - 16, 0, 4096);
+        assert!(matches!(r, Reply::Error { .. }), "{r:?}");
+        p.free(&mut a).unwrap();
+        assert_eq!(
+            budget.used(),
+            before,
+            "the allocation's charge is given back"
+        );
+        // Allocations held at the end go with the connection.
+        let _held = pin(&mut a, 1 << 20).unwrap();
+        drop(a);
+        ended(&served, &budget).unwrap();
+    }
+
+    #[test]
+    fn pinned_memory_past_its_limit_or_the_budget_is_refused_and_the_connection_goes_on() {
+        let (mut a, budget, served) = budgeted(64 << 20, MESSAGE_TIMEOUT);
+        context_with(&mut a, 4096);
+        for bytes in [shm::MAX_PINNED_BYTES + 1, 64 << 20] {
+            let r = pin(&mut a, bytes).unwrap_err();
+            assert!(
+                matches!(&r, Reply::Error { status: 2, .. }),
+                "{bytes}: {r:?}"
+            );
+        }
+        let p = pin(&mut a, 1 << 20).unwrap();
+        p.free(&mut a).unwrap();
+        drop(a);
+        ended(&served, &budget).unwrap();
+    }
+
+    #[test]
+    fn pinned_messages_that_break_the_protocol_end_the_connection() {
+        /// A copy of `len` bytes at `offset` of region `region` to device address `addr`.
+        fn raw(a: &mut UnixStream, region: u32, addr: u64, offset: u64, len: u64) {
+            let c = PinnedCopy {
+                ctx: ContextId(1),
+                stream: super::super::backend::DEFAULT_STREAM,
+                region,
+                addr,
+                offset,
+                len,
+            };
+            a.write_all(&Message::PinnedHtoD(c).encode()).unwrap();
+        }
+        type Case = fn(&mut UnixStream, u64, shm::PinnedMemory);
+        // The allocation of each case is region 1, of 4096 bytes.
+        let cases: [(&str, Case); 7] = [
+            ("a range past the region", |a, addr, _| {
+                raw(a, 1, addr, 4000, 200)
+            }),
+            ("a range wrapping around", |a, addr, _| {
+                raw(a, 1, addr, u64::MAX - 8, 16)
+            }),
+            ("a length past the region", |a, addr, _| {
+                raw(a, 1, addr, 0, 4097)
+            }),
+            ("an unknown region", |a, addr, _| raw(a, 99, addr, 0, 8)),
+            ("a region freed", |a, addr, p| {
+                assert_eq!(p.free(a).unwrap(), Reply::Done);
+                raw(a, 1, addr, 0, 8)
+            }),
+            ("an unknown region given back", |a, _, _| {
+                a.write_all(&Message::Unpin { region: 2 }.encode()).unwrap()
+            }),
+            ("a region not sealed", |a, _, _| {
+                let unsealed =
+                    rustix::fs::memfd_create("t", rustix::fs::MemfdFlags::empty()).unwrap();
+                rustix::fs::ftruncate(&unsealed, 4096).unwrap();
+                let pin = Message::Pin { bytes: 4096 }.encode();
+                shm::send_with_fd(a, &pin, std::os::fd::AsFd::as_fd(&unsealed)).unwrap();
+            }),
+        ];
+        for (what, send) in cases {
+            let (mut a, budget, served) = budgeted(1 << 30, MESSAGE_TIMEOUT);
+            let addr = context_with(&mut a, 1 << 20);
+            let p = pin(&mut a, 4096).unwrap();
+            send(&mut a, addr, p);
+            let reply = Reply::read_from(&mut a).unwrap().unwrap();
+            assert!(matches!(reply, Reply::Error { .. }), "{what}: {reply:?}");
+            // Its contexts destroyed, its allocations unmapped: the budget is whole again.
+            let result = ended(&served, &budget);
+            assert!(result.is_err(), "{what}: {result:?}");
         }
     }
 }

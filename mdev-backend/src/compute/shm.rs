@@ -22,7 +22,16 @@
 //! a small buffer of its own. A chunk flagged [`MORE`] says another of the same copy follows:
 //! the host waits for it no longer than for the rest of a message (a client that stalls
 //! mid-copy is dropped), where between copies it may idle.
+//!
+//! Page-locked host memory the client allocates (`cuMemAllocHost`, `cuMemHostAlloc`) is a
+//! memory file of its own, offered with a [`PIN`] message (its descriptor attached), checked
+//! as the ring is, charged to the budget and bounded by [`MAX_PINNED_BYTES`] and
+//! [`MAX_PINNED_REGIONS`]; the host answers its id. A copy whose host side lies in one is a
+//! single message naming the region, offset, length, device address and stream: the host
+//! copies between the region and device memory with no copy in the client and no bytes in the
+//! message, and forgets the region at [`UNPIN`] or when the connection ends.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{IoSlice, IoSliceMut, Write};
 use std::mem::MaybeUninit;
@@ -30,6 +39,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
+use log::warn;
 use rustix::fs::SealFlags;
 use rustix::net::{
     RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
@@ -50,12 +60,32 @@ const HELLO: u16 = 0x7301;
 const HTOD: u16 = 0x7302;
 /// Opcode of a device-to-host chunk.
 const DTOH: u16 = 0x7303;
+/// Opcode of the message offering a page-locked allocation's memory file (its descriptor
+/// attached).
+const PIN: u16 = 0x7304;
+/// Opcode of the message giving a page-locked allocation back.
+const UNPIN: u16 = 0x7305;
+/// Opcodes of copies between a page-locked allocation and device memory.
+const PINNED_HTOD: u16 = 0x7306;
+const PINNED_DTOH: u16 = 0x7307;
 /// A chunk's flag: another chunk of the same copy follows.
 pub const MORE: u8 = 1;
 /// Body of a [`HELLO`]: opcode, region bytes.
 const HELLO_BODY: usize = 2 + 8;
 /// Body of a chunk: opcode, context, stream, device address, region offset, length, flags.
 const CHUNK_BODY: usize = 2 + 4 + 4 + 8 + 8 + 8 + 1;
+/// Body of an [`UNPIN`]: opcode, region id.
+const UNPIN_BODY: usize = 2 + 4;
+/// Body of a pinned copy: opcode, context, stream, region id, device address, offset, length.
+const PINNED_BODY: usize = 2 + 4 + 4 + 4 + 8 + 8 + 8;
+
+/// Bytes of page-locked allocations one connection may share: the host keeps each mapped
+/// until it is freed and charges it to the connection's budget; past it an allocation fails
+/// with `CUDA_ERROR_OUT_OF_MEMORY`, as pinning past a host's locked-memory limit does.
+pub const MAX_PINNED_BYTES: u64 = 4 << 30;
+/// Page-locked allocations one connection may share: each holds a mapping (and the client's
+/// descriptor travels once) for its life.
+pub const MAX_PINNED_REGIONS: usize = 4096;
 
 /// Largest region a client may share: the host keeps it mapped for the connection's life and
 /// charges it to the connection's memory budget.
@@ -98,6 +128,18 @@ impl Chunk {
     }
 }
 
+/// A copy between a page-locked allocation (`region`, as the host numbered it) and device
+/// memory: `len` bytes at `offset` in the region, to or from device address `addr`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PinnedCopy {
+    pub ctx: ContextId,
+    pub stream: StreamId,
+    pub region: u32,
+    pub addr: u64,
+    pub offset: u64,
+    pub len: u64,
+}
+
 /// A message of this protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Message {
@@ -107,35 +149,53 @@ pub enum Message {
     },
     HtoD(Chunk),
     DtoH(Chunk),
+    /// A page-locked allocation of `bytes` bytes, its descriptor attached.
+    Pin {
+        bytes: u64,
+    },
+    /// The page-locked allocation the host numbered `region` is freed.
+    Unpin {
+        region: u32,
+    },
+    PinnedHtoD(PinnedCopy),
+    PinnedDtoH(PinnedCopy),
 }
 
 impl Message {
     /// The whole message: length, opcode, fields.
     pub fn encode(&self) -> Vec<u8> {
-        let mut o = Vec::with_capacity(4 + CHUNK_BODY);
-        let body = match self {
-            Message::Hello { .. } => HELLO_BODY,
-            _ => CHUNK_BODY,
+        let (op, body) = match self {
+            Message::Hello { .. } => (HELLO, HELLO_BODY),
+            Message::HtoD(_) => (HTOD, CHUNK_BODY),
+            Message::DtoH(_) => (DTOH, CHUNK_BODY),
+            Message::Pin { .. } => (PIN, HELLO_BODY),
+            Message::Unpin { .. } => (UNPIN, UNPIN_BODY),
+            Message::PinnedHtoD(_) => (PINNED_HTOD, PINNED_BODY),
+            Message::PinnedDtoH(_) => (PINNED_DTOH, PINNED_BODY),
         };
+        let mut o = Vec::with_capacity(4 + body);
         o.extend_from_slice(&(body as u32).to_le_bytes());
+        o.extend_from_slice(&op.to_le_bytes());
         match self {
-            Message::Hello { bytes } => {
-                o.extend_from_slice(&HELLO.to_le_bytes());
+            Message::Hello { bytes } | Message::Pin { bytes } => {
                 o.extend_from_slice(&bytes.to_le_bytes());
             }
             Message::HtoD(c) | Message::DtoH(c) => {
-                let op = if matches!(self, Message::HtoD(_)) {
-                    HTOD
-                } else {
-                    DTOH
-                };
-                o.extend_from_slice(&op.to_le_bytes());
                 o.extend_from_slice(&c.ctx.0.to_le_bytes());
                 o.extend_from_slice(&c.stream.0.to_le_bytes());
                 for v in [c.addr, c.offset, c.len] {
                     o.extend_from_slice(&v.to_le_bytes());
                 }
                 o.push(c.flags);
+            }
+            Message::Unpin { region } => o.extend_from_slice(&region.to_le_bytes()),
+            Message::PinnedHtoD(c) | Message::PinnedDtoH(c) => {
+                for v in [c.ctx.0, c.stream.0, c.region] {
+                    o.extend_from_slice(&v.to_le_bytes());
+                }
+                for v in [c.addr, c.offset, c.len] {
+                    o.extend_from_slice(&v.to_le_bytes());
+                }
             }
         }
         o
@@ -145,10 +205,13 @@ impl Message {
     /// protocol's (a [`wire`] request).
     pub fn decode(body: &[u8]) -> Option<Result<Message, WireError>> {
         let op = u16::from_le_bytes(body.get(..2)?.try_into().ok()?);
-        if !matches!(op, HELLO | HTOD | DTOH) {
-            return None;
-        }
-        let want = if op == HELLO { HELLO_BODY } else { CHUNK_BODY };
+        let want = match op {
+            HELLO | PIN => HELLO_BODY,
+            HTOD | DTOH => CHUNK_BODY,
+            UNPIN => UNPIN_BODY,
+            PINNED_HTOD | PINNED_DTOH => PINNED_BODY,
+            _ => return None,
+        };
         Some(match body.len() {
             n if n < want => Err(WireError::Truncated),
             n if n > want => Err(WireError::Trailing(n - want)),
@@ -160,8 +223,26 @@ impl Message {
     fn fields(op: u16, f: &[u8]) -> Message {
         let u32_at = |i: usize| u32::from_le_bytes([f[i], f[i + 1], f[i + 2], f[i + 3]]);
         let u64_at = |i: usize| u64::from(u32_at(i)) | u64::from(u32_at(i + 4)) << 32;
-        if op == HELLO {
-            return Message::Hello { bytes: u64_at(0) };
+        match op {
+            HELLO => return Message::Hello { bytes: u64_at(0) },
+            PIN => return Message::Pin { bytes: u64_at(0) },
+            UNPIN => return Message::Unpin { region: u32_at(0) },
+            PINNED_HTOD | PINNED_DTOH => {
+                let c = PinnedCopy {
+                    ctx: ContextId(u32_at(0)),
+                    stream: StreamId(u32_at(4)),
+                    region: u32_at(8),
+                    addr: u64_at(12),
+                    offset: u64_at(20),
+                    len: u64_at(28),
+                };
+                return if op == PINNED_HTOD {
+                    Message::PinnedHtoD(c)
+                } else {
+                    Message::PinnedDtoH(c)
+                };
+            }
+            _ => {}
         }
         let c = Chunk {
             ctx: ContextId(u32_at(0)),
@@ -213,17 +294,7 @@ impl Shared {
             )));
         }
         let refused = |why: String| ComputeError::InvalidValue(format!("shared region: {why}"));
-        let seals = rustix::fs::fcntl_get_seals(&fd)
-            .map_err(|e| refused(format!("not a sealable memory file ({e})")))?;
-        if !seals.contains(SealFlags::SHRINK) {
-            return Err(refused("not sealed against shrinking".into()));
-        }
-        let size = rustix::fs::fstat(&fd)
-            .map_err(|e| refused(e.to_string()))?
-            .st_size;
-        if u64::try_from(size) != Ok(bytes) {
-            return Err(refused(format!("{size} bytes, {bytes} announced")));
-        }
+        check_file(&fd, bytes).map_err(refused)?;
         // Bounded above by MAX_REGION_BYTES.
         let len = bytes as usize;
         let charge = budget
@@ -262,12 +333,10 @@ impl Shared {
     pub fn read(
         &mut self,
         c: &Chunk,
-        mut to_device: impl FnMut(u64, &[u8]) -> ComputeResult<()>,
+        to_device: impl FnMut(u64, &[u8]) -> ComputeResult<()>,
     ) -> ComputeResult<()> {
-        self.pieces(c, |piece, region, addr| {
-            region.copy_to(&mut *piece);
-            to_device(addr, piece)
-        })
+        let range = (c.offset, c.len, c.addr);
+        copy_out(&self.region, &mut self.bounce, range, to_device)
     }
 
     /// Copies device memory into a checked chunk's range of the region, a piece at a time,
@@ -275,34 +344,228 @@ impl Shared {
     pub fn write(
         &mut self,
         c: &Chunk,
-        mut from_device: impl FnMut(u64, &mut [u8]) -> ComputeResult<()>,
+        from_device: impl FnMut(u64, &mut [u8]) -> ComputeResult<()>,
     ) -> ComputeResult<()> {
-        self.pieces(c, |piece, region, addr| {
-            from_device(addr, &mut *piece)?;
-            region.copy_from(piece);
-            Ok(())
-        })
+        let range = (c.offset, c.len, c.addr);
+        copy_in(&self.region, &mut self.bounce, range, from_device)
+    }
+}
+
+/// A range of a region and the device address it is copied to or from: (offset, length,
+/// device address).
+type Range = (u64, u64, u64);
+
+/// Copies `range` out of `region` through `bounce`, handing each piece and its device
+/// address to `to_device`.
+fn copy_out(
+    region: &MmapRegion,
+    bounce: &mut [u8],
+    range: Range,
+    mut to_device: impl FnMut(u64, &[u8]) -> ComputeResult<()>,
+) -> ComputeResult<()> {
+    pieces(region, bounce, range, |piece, region, addr| {
+        region.copy_to(&mut *piece);
+        to_device(addr, piece)
+    })
+}
+
+/// Copies device memory into `range` of `region` through `bounce`, `from_device` filling
+/// each piece from its device address.
+fn copy_in(
+    region: &MmapRegion,
+    bounce: &mut [u8],
+    range: Range,
+    mut from_device: impl FnMut(u64, &mut [u8]) -> ComputeResult<()>,
+) -> ComputeResult<()> {
+    pieces(region, bounce, range, |piece, region, addr| {
+        from_device(addr, &mut *piece)?;
+        region.copy_from(piece);
+        Ok(())
+    })
+}
+
+/// Walks `[offset, offset + len)` of `region` in pieces of at most `bounce.len()`: the buffer
+/// cut to the piece, the piece's slice of the region, its device address (from `addr`).
+fn pieces(
+    region: &MmapRegion,
+    bounce: &mut [u8],
+    (offset, len, addr): Range,
+    mut each: impl FnMut(&mut [u8], VolatileSlice<'_>, u64) -> ComputeResult<()>,
+) -> ComputeResult<()> {
+    let bad = || ComputeError::InvalidValue("shared-memory range".into());
+    let mut done = 0u64;
+    while done < len {
+        let n = (len - done).min(bounce.len() as u64);
+        let at = offset.checked_add(done).ok_or_else(bad)?;
+        let piece = slice(region, at, n).ok_or_else(bad)?;
+        let to = addr.checked_add(done).ok_or_else(bad)?;
+        // n <= bounce.len().
+        each(&mut bounce[..n as usize], piece, to)?;
+        done += n;
+    }
+    Ok(())
+}
+
+/// Checks that `fd` is a memory file sealed against shrinking (the client can never take
+/// pages from under the host's mapping) of exactly `bytes` bytes: why not, where it is not.
+fn check_file(fd: &OwnedFd, bytes: u64) -> Result<(), String> {
+    let seals =
+        rustix::fs::fcntl_get_seals(fd).map_err(|e| format!("not a sealable memory file ({e})"))?;
+    if !seals.contains(SealFlags::SHRINK) {
+        return Err("not sealed against shrinking".into());
+    }
+    let size = rustix::fs::fstat(fd).map_err(|e| e.to_string())?.st_size;
+    if u64::try_from(size) != Ok(bytes) {
+        return Err(format!("{size} bytes, {bytes} announced"));
+    }
+    Ok(())
+}
+
+/// One page-locked allocation the host maps.
+#[derive(Debug)]
+struct PinnedRegion {
+    region: MmapRegion,
+    _charge: Charge,
+}
+
+/// The host's side of a connection's page-locked allocations: regions by id, the bytes they
+/// hold, and the buffer copies go through (allocated, and charged, with the first region).
+#[derive(Debug, Default)]
+pub struct Pinned {
+    regions: HashMap<u32, PinnedRegion>,
+    bytes: u64,
+    last_id: u32,
+    bounce: Option<(Vec<u8>, Charge)>,
+}
+
+impl Pinned {
+    /// Takes a page-locked allocation the client offered: its id, or why it is refused
+    /// (`Ok(Err(..))`: past [`MAX_PINNED_BYTES`], [`MAX_PINNED_REGIONS`] or the budget, and
+    /// the connection goes on); `Err` where the file breaks the protocol (not a memory file
+    /// sealed against shrinking of the announced size).
+    pub fn pin(
+        &mut self,
+        fd: OwnedFd,
+        bytes: u64,
+        budget: &Arc<MemoryBudget>,
+    ) -> Result<ComputeResult<u32>, RemoteError> {
+        if bytes == 0 {
+            return Err(RemoteError::Shared("an empty page-locked region"));
+        }
+        check_file(&fd, bytes).map_err(|why| {
+            warn!("compute peer's page-locked region: {why}");
+            RemoteError::Shared("a page-locked region not sealed as announced")
+        })?;
+        let oom = |why: String| Ok(Err(ComputeError::OutOfMemory(why)));
+        let total = self
+            .bytes
+            .checked_add(bytes)
+            .filter(|&t| t <= MAX_PINNED_BYTES);
+        let Some(total) = total else {
+            return oom(format!(
+                "page-locked memory: {bytes} bytes past the limit of {MAX_PINNED_BYTES}"
+            ));
+        };
+        if self.regions.len() >= MAX_PINNED_REGIONS {
+            return oom(format!(
+                "page-locked memory: more than {MAX_PINNED_REGIONS} allocations"
+            ));
+        }
+        if self.bounce.is_none() {
+            match budget.charge(BOUNCE_BYTES as u64) {
+                Ok(c) => self.bounce = Some((vec![0; BOUNCE_BYTES], c)),
+                Err(e) => return oom(format!("page-locked memory: {e}")),
+            }
+        }
+        let charge = match budget.charge(bytes) {
+            Ok(c) => c,
+            Err(e) => return oom(format!("page-locked memory: {e}")),
+        };
+        // Bounded above by MAX_PINNED_BYTES.
+        let region = match map(fd, bytes as usize) {
+            Ok(r) => r,
+            Err(e) => return oom(format!("page-locked memory: {e}")),
+        };
+        // Ids are not reused while the connection lives: a stale one names nothing.
+        let Some(id) = self.last_id.checked_add(1) else {
+            return oom("page-locked memory: ids exhausted".into());
+        };
+        self.last_id = id;
+        self.bytes = total;
+        self.regions.insert(
+            id,
+            PinnedRegion {
+                region,
+                _charge: charge,
+            },
+        );
+        Ok(Ok(id))
     }
 
-    /// Walks a chunk in pieces of at most [`BOUNCE_BYTES`]: the host's buffer cut to the
-    /// piece, the piece's slice of the region, its device address.
-    fn pieces(
-        &mut self,
-        c: &Chunk,
-        mut each: impl FnMut(&mut [u8], VolatileSlice<'_>, u64) -> ComputeResult<()>,
-    ) -> ComputeResult<()> {
-        let bad = || ComputeError::InvalidValue("shared-memory range".into());
-        let mut done = 0u64;
-        while done < c.len {
-            let n = (c.len - done).min(BOUNCE_BYTES as u64);
-            let at = c.offset.checked_add(done).ok_or_else(bad)?;
-            let region = slice(&self.region, at, n).ok_or_else(bad)?;
-            let addr = c.addr.checked_add(done).ok_or_else(bad)?;
-            // n <= BOUNCE_BYTES, the buffer's length.
-            each(&mut self.bounce[..n as usize], region, addr)?;
-            done += n;
+    /// Forgets region `id` (its mapping and charge go); `Err` for an id not held.
+    pub fn unpin(&mut self, id: u32) -> Result<(), RemoteError> {
+        let r = self
+            .regions
+            .remove(&id)
+            .ok_or(RemoteError::Shared("an unknown page-locked region"))?;
+        self.bytes -= r.region.len() as u64;
+        if self.regions.is_empty() {
+            // The buffer goes with the last region, its charge too.
+            self.bounce = None;
         }
         Ok(())
+    }
+
+    /// Checks a copy's region and range: `Err` when the client broke the protocol.
+    pub fn check(&self, c: &PinnedCopy) -> Result<(), RemoteError> {
+        let r = self
+            .regions
+            .get(&c.region)
+            .ok_or(RemoteError::Shared("an unknown page-locked region"))?;
+        match slice(&r.region, c.offset, c.len) {
+            Some(_) => Ok(()),
+            None => Err(WireError::TooLong {
+                what: "page-locked range end",
+                len: usize::try_from(c.offset.saturating_add(c.len)).unwrap_or(usize::MAX),
+                max: r.region.len(),
+            }
+            .into()),
+        }
+    }
+
+    /// Copies a checked copy's range out of its region, a piece at a time through the host's
+    /// buffer, handing each piece and its device address to `to_device`.
+    pub fn read(
+        &mut self,
+        c: &PinnedCopy,
+        to_device: impl FnMut(u64, &[u8]) -> ComputeResult<()>,
+    ) -> ComputeResult<()> {
+        let (region, bounce) = self.parts(c)?;
+        copy_out(region, bounce, (c.offset, c.len, c.addr), to_device)
+    }
+
+    /// Copies device memory into a checked copy's range of its region, a piece at a time,
+    /// `from_device` filling each piece from its device address.
+    pub fn write(
+        &mut self,
+        c: &PinnedCopy,
+        from_device: impl FnMut(u64, &mut [u8]) -> ComputeResult<()>,
+    ) -> ComputeResult<()> {
+        let (region, bounce) = self.parts(c)?;
+        copy_in(region, bounce, (c.offset, c.len, c.addr), from_device)
+    }
+
+    /// A copy's region and the host's buffer.
+    fn parts(&mut self, c: &PinnedCopy) -> ComputeResult<(&MmapRegion, &mut [u8])> {
+        let bad = || ComputeError::InvalidValue("page-locked region".into());
+        let r = self.regions.get(&c.region).ok_or_else(bad)?;
+        let (bounce, _) = self.bounce.as_mut().ok_or_else(bad)?;
+        Ok((&r.region, bounce.as_mut_slice()))
+    }
+
+    /// Bytes of the regions held.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
     }
 }
 
@@ -478,6 +741,86 @@ impl Client {
     }
 }
 
+/// A page-locked allocation of the client: a memory file it maps and shares with the host,
+/// which numbered it `id`. Unmapped when dropped.
+#[derive(Debug)]
+pub struct PinnedMemory {
+    id: u32,
+    region: MmapRegion,
+}
+
+impl PinnedMemory {
+    /// Creates a sealed memory file of `bytes` bytes, maps it and offers it on `stream`: the
+    /// allocation, or the host's refusal (an error reply: its limit, its budget).
+    pub fn create(stream: &mut UnixStream, bytes: u64) -> Result<Result<Self, Reply>, RemoteError> {
+        let len = usize::try_from(bytes).map_err(|_| std::io::Error::other("too large"))?;
+        let fd = region_file(bytes)?;
+        let region = map(fd.try_clone()?, len)?;
+        send_with_fd(stream, &Message::Pin { bytes }.encode(), fd.as_fd())?;
+        Ok(match Reply::read_from(stream)?? {
+            Reply::Id(id) => Ok(PinnedMemory { id, region }),
+            e @ Reply::Error { .. } => Err(e),
+            _ => return Err(WireError::Opcode(0).into()),
+        })
+    }
+
+    /// Where the allocation lies in this process.
+    pub fn start(&self) -> u64 {
+        self.region.as_ptr() as u64
+    }
+
+    pub fn len(&self) -> u64 {
+        self.region.len() as u64
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.region.len() == 0
+    }
+
+    /// The offset of `[addr, addr + bytes)` in the allocation, where it lies wholly in it.
+    pub fn offset_of(&self, addr: u64, bytes: u64) -> Option<u64> {
+        let offset = addr.checked_sub(self.start())?;
+        (offset.checked_add(bytes)? <= self.len()).then_some(offset)
+    }
+
+    /// Gives the allocation back to the host (then unmaps it here): the host's answer.
+    pub fn free(self, stream: &mut UnixStream) -> Result<Reply, RemoteError> {
+        stream.write_all(&Message::Unpin { region: self.id }.encode())?;
+        Ok(Reply::read_from(stream)??)
+    }
+
+    /// Copies `len` bytes at `offset` of the allocation to device address `addr`
+    /// (`to_device`), or from it, on `stream_id`: the host's answer (`Done` or the copy's
+    /// error). Once it has answered, the host no longer reads or writes the range.
+    #[allow(clippy::too_many_arguments)]
+    pub fn copy(
+        &self,
+        stream: &mut UnixStream,
+        ctx: ContextId,
+        stream_id: StreamId,
+        to_device: bool,
+        addr: u64,
+        offset: u64,
+        len: u64,
+    ) -> Result<Reply, RemoteError> {
+        let c = PinnedCopy {
+            ctx,
+            stream: stream_id,
+            region: self.id,
+            addr,
+            offset,
+            len,
+        };
+        let m = if to_device {
+            Message::PinnedHtoD(c)
+        } else {
+            Message::PinnedDtoH(c)
+        };
+        stream.write_all(&m.encode())?;
+        Ok(Reply::read_from(stream)??)
+    }
+}
+
 /// The chunks of one copy in flight: sent, answered, the first error.
 struct Pipe {
     /// The copy's bytes and chunks.
@@ -587,10 +930,22 @@ mod tests {
             len: 4096,
             flags: MORE,
         };
+        let p = PinnedCopy {
+            ctx: ContextId(3),
+            stream: StreamId(4),
+            region: 5,
+            addr: 0x1234_5678_9abc,
+            offset: 12_345,
+            len: 1 << 33,
+        };
         for m in [
             Message::Hello { bytes: 1 << 21 },
             Message::HtoD(c),
             Message::DtoH(c),
+            Message::Pin { bytes: 3 << 30 },
+            Message::Unpin { region: 7 },
+            Message::PinnedHtoD(p),
+            Message::PinnedDtoH(p),
         ] {
             let bytes = m.encode();
             let len = wire::body_len(bytes[..4].try_into().unwrap()).unwrap();
