@@ -1605,8 +1605,10 @@ const MEMHOSTREGISTER_DEVICEMAP: c_uint = 0x02;
 /// `CU_MEMHOSTREGISTER_IOMEMORY`: the range is a device's I/O memory.
 const MEMHOSTREGISTER_IOMEMORY: c_uint = 0x04;
 
-/// Page-locked host memory is plain host memory here (the copies go through the transport),
-/// recorded so that it can be freed, asked about and told from other memory.
+/// Page-locked host memory, recorded so that it can be freed, asked about and told from other
+/// memory: where the transport shares memory with the host (the host socket), a memory file
+/// the host maps, which copies move to and from with no copy here; else plain host memory
+/// (the copies go through the transport).
 fn host_alloc(pp: *mut *mut c_void, bytes: usize, flags: c_uint) -> CuResult<()> {
     let ctx = current()?;
     if flags & !MEMHOSTALLOC_FLAGS != 0 || pp.is_null() {
@@ -1614,6 +1616,11 @@ fn host_alloc(pp: *mut *mut c_void, bytes: usize, flags: c_uint) -> CuResult<()>
     }
     if bytes == 0 {
         return put(pp, std::ptr::null_mut());
+    }
+    if flags & MEMHOSTALLOC_DEVICEMAP == 0
+        && let Some(p) = with(|d| d.pinned_alloc(ctx, bytes as u64, flags))?
+    {
+        return put(pp, p as *mut c_void);
     }
     // With unified addressing every page-locked allocation is mapped, at one address for
     // host and device (CUDA's rule: kernels may use the pointer as it is), whatever the flags.
@@ -1664,7 +1671,7 @@ entry!(cuMemFreeHost(p: *mut c_void) {
         return Ok(());
     }
     with(|d| d.host_memory_remove(p as u64, false))?;
-    if release_mapped(p as u64)? {
+    if release_mapped(p as u64)? || with(|d| d.pinned_free(p as u64))? {
         return Ok(());
     }
     // SAFETY: `p` is the start of a block host_alloc got from malloc and recorded, and its

@@ -9,7 +9,7 @@ use mdev_backend::compute::backend::{
     ContextId, DeviceAttributes, EventId, FunctionAttributes, FunctionId, ModuleId, ParamInfo,
     StreamId,
 };
-use mdev_backend::compute::shm::MIN_SHARED_COPY_BYTES;
+use mdev_backend::compute::shm::{MIN_SHARED_COPY_BYTES, PinnedMemory};
 use mdev_backend::compute::wire::{MAX_BATCH, MAX_COPY_BYTES, Reply, Request};
 
 use crate::attributes::{self, FunctionSettings};
@@ -285,6 +285,8 @@ pub struct Driver<T: Transport> {
     streams: HashMap<u64, StreamSettings>,
     /// Page-locked host memory handed out or registered: start → what it is.
     host_memory: BTreeMap<u64, HostMemory>,
+    /// Page-locked allocations shared with the host (a memory file each): start → it.
+    pinned: BTreeMap<u64, PinnedMemory>,
     /// The last buffer id given (ids are never reused in a process).
     last_buffer_id: u64,
     /// Managed and mapped ranges: device address → the range.
@@ -325,6 +327,7 @@ impl<T: Transport> Driver<T> {
             kernels: HashMap::new(),
             streams: HashMap::new(),
             host_memory: BTreeMap::new(),
+            pinned: BTreeMap::new(),
             last_buffer_id: 0,
             shadows: BTreeMap::new(),
             shadow_bytes: 0,
@@ -1310,6 +1313,85 @@ impl<T: Transport> Driver<T> {
         Ok(())
     }
 
+    /// Page-locked memory of `bytes` shared with the host (`cuMemAllocHost`,
+    /// `cuMemHostAlloc`), recorded as allocated in `ctx` with `flags`: its address, or `None`
+    /// where the transport shares no memory with the host. The host's refusal (its limit, the
+    /// budget: `CUDA_ERROR_OUT_OF_MEMORY`) is the result.
+    pub fn pinned_alloc(&mut self, ctx: u64, bytes: u64, flags: u32) -> CuResult<Option<u64>> {
+        self.ctx(ctx)?;
+        let r = match self.t.pinned() {
+            Some(p) => p.alloc(bytes),
+            None => return Ok(None),
+        };
+        let memory = match r {
+            Ok(Ok(m)) => m,
+            Ok(Err(reply)) => return self.answer(Ok(reply)).and(Err(CUDA_ERROR_UNKNOWN)),
+            Err(e) => return self.answer(Err(e)).and(Err(CUDA_ERROR_UNKNOWN)),
+        };
+        let start = memory.start();
+        if let Err(e) = self.host_memory_add(start, bytes, flags, ctx, false) {
+            self.pinned.insert(start, memory);
+            self.pinned_free(start)?;
+            return Err(e);
+        }
+        self.pinned.insert(start, memory);
+        Ok(Some(start))
+    }
+
+    /// Gives the page-locked allocation at `start` back to the host and unmaps it: whether
+    /// there was one.
+    pub fn pinned_free(&mut self, start: u64) -> CuResult<bool> {
+        let Some(memory) = self.pinned.remove(&start) else {
+            return Ok(false);
+        };
+        let r = match self.t.pinned() {
+            Some(p) => p.free(memory),
+            None => return Err(CUDA_ERROR_UNKNOWN),
+        };
+        match self.answer(r)? {
+            Reply::Done => Ok(true),
+            _ => Err(CUDA_ERROR_UNKNOWN),
+        }
+    }
+
+    /// A copy whose host side `[host, host + bytes)` lies wholly in a page-locked allocation
+    /// shared with the host: one message, the host copying between the allocation and device
+    /// memory at `device`, after the deferred work (in stream order) and answered once done,
+    /// so the range is the program's again when this returns. `None` where it does not lie
+    /// in one.
+    #[allow(clippy::too_many_arguments)]
+    fn pinned_copy(
+        &mut self,
+        remote: ContextId,
+        stream: StreamId,
+        host: u64,
+        bytes: u64,
+        device: u64,
+        to_device: bool,
+    ) -> Option<CuResult<()>> {
+        let (&start, memory) = self.pinned.range(..=host).next_back()?;
+        let offset = memory.offset_of(host, bytes).filter(|_| bytes > 0)?;
+        Some((|| {
+            self.flush()?;
+            // Shadowed ranges stay coherent: a copy reading one's device side sees the host
+            // view's changes, one writing it brings it back at the next synchronisation.
+            if to_device {
+                self.device_touched |= self.meets_shadows(device, bytes);
+            } else if self.meets_shadows(device, bytes) {
+                self.upload_shadows()?;
+            }
+            let memory = self.pinned.get(&start).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            let Some(p) = self.t.pinned() else {
+                return Err(CUDA_ERROR_UNKNOWN);
+            };
+            let r = p.copy(memory, remote, stream, to_device, device, offset, bytes);
+            match self.answer(r)? {
+                Reply::Done => Ok(()),
+                _ => Err(CUDA_ERROR_UNKNOWN),
+            }
+        })())
+    }
+
     /// The page-locked host range holding `addr`: (start, what it is).
     fn host_range(&self, addr: u64) -> Option<(u64, HostMemory)> {
         self.host_memory
@@ -1509,10 +1591,15 @@ impl<T: Transport> Driver<T> {
         }))
     }
 
-    /// Host to device: through the region shared with the host where there is one, else in
-    /// messages of at most [`MAX_COPY_BYTES`].
+    /// Host to device: from a page-locked allocation shared with the host, by the host;
+    /// else through the region shared with the host where there is one, else in messages of
+    /// at most [`MAX_COPY_BYTES`].
     pub fn copy_htod(&mut self, ctx: u64, dst: u64, src: &[u8], stream: u64) -> CuResult<()> {
         let (remote, stream) = (self.remote(ctx)?, self.stream(ctx, stream)?);
+        let (host, bytes) = (src.as_ptr() as u64, src.len() as u64);
+        if let Some(r) = self.pinned_copy(remote, stream, host, bytes, dst, true) {
+            return r;
+        }
         if let Some(r) = self.shared_copy(src.len(), |s| s.htod(remote, dst, src, stream)) {
             return r;
         }
@@ -1535,14 +1622,19 @@ impl<T: Transport> Driver<T> {
         Ok(())
     }
 
-    /// Device to host: through the region shared with the host where there is one, else in
-    /// messages of at most [`MAX_COPY_BYTES`]. The first message makes the shadowed ranges
+    /// Device to host: into a page-locked allocation shared with the host, by the host;
+    /// else through the region shared with the host where there is one, else in messages of
+    /// at most [`MAX_COPY_BYTES`]. The first message makes the shadowed ranges
     /// coherent; nothing runs between it and the rest but this copy, whose writes into a host
     /// view go up with the next device work.
     pub fn copy_dtoh(&mut self, ctx: u64, dst: &mut [u8], src: u64, stream: u64) -> CuResult<()> {
         let (remote, stream) = (self.remote(ctx)?, self.stream(ctx, stream)?);
         if let Some(s) = self.shadow_holding(ctx, dst.as_ptr() as u64, dst.len() as u64) {
             return self.copy_into_shadow(remote, stream, s, dst.as_ptr() as u64, src, dst.len());
+        }
+        let (host, bytes) = (dst.as_ptr() as u64, dst.len() as u64);
+        if let Some(r) = self.pinned_copy(remote, stream, host, bytes, src, false) {
+            return r;
         }
         let bytes = dst.len();
         if let Some(r) = self.shared_copy(bytes, |s| s.dtoh(remote, dst, src, stream)) {

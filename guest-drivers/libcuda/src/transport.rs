@@ -63,6 +63,49 @@ pub trait Transport: Send {
     fn shared(&mut self) -> Option<Shared<'_>> {
         None
     }
+
+    /// The channel for page-locked allocations shared with the host, where this transport
+    /// has one.
+    fn pinned(&mut self) -> Option<Pinned<'_>> {
+        None
+    }
+}
+
+/// Page-locked allocations a [`SocketTransport`] shares with the host ([`shm`]): each a memory
+/// file both map, so a copy whose host side lies in one moves between it and device memory
+/// on the host, with no copy here and no bytes in the message.
+#[derive(Debug)]
+pub struct Pinned<'a> {
+    stream: &'a mut UnixStream,
+}
+
+impl Pinned<'_> {
+    /// A page-locked allocation of `bytes`, or the host's refusal (an error reply).
+    pub fn alloc(self, bytes: u64) -> Result<Result<shm::PinnedMemory, Reply>, TransportError> {
+        Ok(shm::PinnedMemory::create(self.stream, bytes)?)
+    }
+
+    /// Gives `memory` back to the host: its answer.
+    pub fn free(self, memory: shm::PinnedMemory) -> Result<Reply, TransportError> {
+        Ok(memory.free(self.stream)?)
+    }
+
+    /// Copies `len` bytes at `offset` of `memory` to device address `addr` (`to_device`) or
+    /// from it: the host's answer (`Done` or the copy's error), after which the host no
+    /// longer touches the range.
+    #[allow(clippy::too_many_arguments)]
+    pub fn copy(
+        self,
+        memory: &shm::PinnedMemory,
+        ctx: ContextId,
+        stream: StreamId,
+        to_device: bool,
+        addr: u64,
+        offset: u64,
+        len: u64,
+    ) -> Result<Reply, TransportError> {
+        Ok(memory.copy(self.stream, ctx, stream, to_device, addr, offset, len)?)
+    }
 }
 
 /// Bulk copies through the memory region a [`SocketTransport`] shares with the host
@@ -103,6 +146,9 @@ impl Shared<'_> {
 pub struct SocketTransport {
     stream: UnixStream,
     shared: Option<shm::Client>,
+    /// The host speaks the shared-memory protocol (it took or refused the region): page-locked
+    /// allocations are shared with it.
+    pins: bool,
 }
 
 impl SocketTransport {
@@ -124,6 +170,7 @@ impl SocketTransport {
         Ok(SocketTransport {
             stream,
             shared: None,
+            pins: false,
         })
     }
 
@@ -134,9 +181,13 @@ impl SocketTransport {
         let offer = match shm::Client::offer(&mut transport.stream)? {
             shm::Offer::Taken(client) => {
                 transport.shared = Some(client);
+                transport.pins = true;
                 Offer::Taken
             }
-            shm::Offer::Refused(_) => Offer::Refused,
+            shm::Offer::Refused(_) => {
+                transport.pins = true;
+                Offer::Refused
+            }
             shm::Offer::Unknown => Offer::Unknown,
         };
         Ok(Offered { transport, offer })
@@ -175,6 +226,12 @@ impl Transport for SocketTransport {
     fn shared(&mut self) -> Option<Shared<'_>> {
         Some(Shared {
             client: self.shared.as_ref()?,
+            stream: &mut self.stream,
+        })
+    }
+
+    fn pinned(&mut self) -> Option<Pinned<'_>> {
+        self.pins.then_some(Pinned {
             stream: &mut self.stream,
         })
     }
@@ -279,5 +336,108 @@ mod tests {
         drop(d);
         older.join().unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A driver over a socket pair to a CPU backend charged to `budget`, sharing memory with
+    /// it; the served connection's thread.
+    fn shared_driver(
+        budget: &Arc<MemoryBudget>,
+    ) -> (Driver<SocketTransport>, std::thread::JoinHandle<()>) {
+        let (a, b) = UnixStream::pair().unwrap();
+        let served = host(b, Arc::clone(budget));
+        let offered = SocketTransport::over_shared(a).unwrap();
+        assert_eq!(offered.offer, Offer::Taken);
+        (Driver::new(offered.transport).unwrap(), served)
+    }
+
+    /// The `bytes` of page-locked memory at `start`.
+    fn pinned(start: u64, bytes: usize) -> &'static mut [u8] {
+        // SAFETY: a page-locked allocation of at least `bytes` the test holds and no one else
+        // touches while the slice is used.
+        unsafe { std::slice::from_raw_parts_mut(start as *mut u8, bytes) }
+    }
+
+    #[test]
+    fn pinned_copies_round_trip_sync_and_on_a_stream_and_pinned_memory_is_reused() {
+        let budget = MemoryBudget::new(1 << 30);
+        let (mut d, served) = shared_driver(&budget);
+        let ctx = d.context_create().unwrap();
+        let stream = d.stream_create(ctx, Default::default()).unwrap();
+        let largest = (3 << 20) + 777;
+        let buf = d.mem_alloc(ctx, largest as u64).unwrap();
+        let idle = budget.used();
+        for round in 0..2u8 {
+            for n in [1, 4095, 4096, 100_003, largest] {
+                for s in [0, stream] {
+                    let up = d.pinned_alloc(ctx, n as u64, 0).unwrap().expect("shared");
+                    let down = d.pinned_alloc(ctx, n as u64, 0).unwrap().expect("shared");
+                    assert!(budget.used() >= idle + 2 * n as u64, "charged");
+                    assert!(matches!(
+                        d.pointer_info(up + n as u64 - 1),
+                        Some(crate::driver::PointerInfo::Host { device: None, .. })
+                    ));
+                    let data: Vec<u8> = (0..n).map(|i| (i % 251) as u8 ^ round).collect();
+                    pinned(up, n).copy_from_slice(&data);
+                    d.copy_htod(ctx, buf, pinned(up, n), s).unwrap();
+                    // Another copy's source may be the program's again at once.
+                    pinned(up, n).fill(0);
+                    d.copy_dtoh(ctx, pinned(down, n), buf, s).unwrap();
+                    d.stream_synchronize(ctx, s).unwrap();
+                    assert!(*pinned(down, n) == data[..], "{n} bytes on stream {s}");
+                    // Part of an allocation, at an offset.
+                    if n > 2 {
+                        d.copy_dtoh(ctx, &mut pinned(up, n)[1..n - 1], buf + 1, s)
+                            .unwrap();
+                        assert!(pinned(up, n)[1..n - 1] == data[1..n - 1]);
+                    }
+                    // A copy past the device allocation is the copy's error.
+                    if n == largest {
+                        assert!(d.copy_htod(ctx, buf + 1, pinned(up, n), s).is_err());
+                        assert!(d.copy_dtoh(ctx, pinned(down, n), buf + 1, s).is_err());
+                    }
+                    for p in [up, down] {
+                        d.host_memory_remove(p, false).unwrap();
+                        assert!(d.pinned_free(p).unwrap());
+                    }
+                    assert!(!d.pinned_free(up).unwrap(), "freed once");
+                    assert_eq!(budget.used(), idle, "the charge is given back");
+                }
+            }
+        }
+        // Held at the end: given back with the connection.
+        d.pinned_alloc(ctx, 1 << 20, 0).unwrap().expect("shared");
+        drop(d);
+        served.join().unwrap();
+        assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn pinned_memory_past_the_budget_is_out_of_memory() {
+        let budget = MemoryBudget::new(256 << 20);
+        let (mut d, served) = shared_driver(&budget);
+        let ctx = d.context_create().unwrap();
+        assert_eq!(
+            d.pinned_alloc(ctx, 256 << 20, 0),
+            Err(crate::status::CUDA_ERROR_OUT_OF_MEMORY)
+        );
+        assert_eq!(
+            d.pinned_alloc(ctx, shm::MAX_PINNED_BYTES + 1, 0),
+            Err(crate::status::CUDA_ERROR_OUT_OF_MEMORY)
+        );
+        // The connection goes on.
+        assert!(d.pinned_alloc(ctx, 1 << 20, 0).unwrap().is_some());
+        drop(d);
+        served.join().unwrap();
+    }
+
+    #[test]
+    fn without_shared_memory_there_is_no_pinned_allocation_to_share() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let served = host(b, MemoryBudget::new(1 << 30));
+        let mut d = Driver::new(SocketTransport::over(a).unwrap()).unwrap();
+        let ctx = d.context_create().unwrap();
+        assert_eq!(d.pinned_alloc(ctx, 4096, 0), Ok(None));
+        drop(d);
+        served.join().unwrap();
     }
 }
