@@ -1581,10 +1581,10 @@ entry!(cuMemHostGetDevicePointer_v2 | cuMemHostGetDevicePointer(dptr: *mut u64, 
 });
 
 entry!(cuMemGetInfo_v2 | cuMemGetInfo(free: *mut usize, total: *mut usize) {
-    current()?;
-    let t = with(|d| Ok(d.attributes().total_memory))?;
-    put(free, t as usize)?;
-    put(total, t as usize)
+    let ctx = current()?;
+    let (f, t) = with(|d| d.mem_info(ctx))?;
+    put(free, usize::try_from(f).unwrap_or(usize::MAX))?;
+    put(total, usize::try_from(t).unwrap_or(usize::MAX))
 });
 
 entry!(cuMemGetAddressRange_v2 | cuMemGetAddressRange(base: *mut u64, size: *mut usize, dptr: u64) {

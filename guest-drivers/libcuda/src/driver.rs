@@ -958,6 +958,16 @@ impl<T: Transport> Driver<T> {
         Ok(())
     }
 
+    /// `cuMemGetInfo` of the context: `(free, total)` as the host counts them (its limit and
+    /// its VM's budget).
+    pub fn mem_info(&mut self, ctx: u64) -> CuResult<(u64, u64)> {
+        let remote = self.remote(ctx)?;
+        match self.call(Request::MemInfo { ctx: remote })? {
+            Reply::MemInfo { free, total } => Ok((free, total)),
+            _ => Err(CUDA_ERROR_UNKNOWN),
+        }
+    }
+
     fn next_buffer_id(&mut self) -> u64 {
         self.last_buffer_id += 1;
         self.last_buffer_id
@@ -2056,6 +2066,7 @@ fn touches_device(req: &Request) -> bool {
             | Request::EventElapsed { .. }
             | Request::TakeOutput { .. }
             | Request::SetHeapSize { .. }
+            | Request::MemInfo { .. }
     )
 }
 

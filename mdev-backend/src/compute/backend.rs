@@ -165,6 +165,10 @@ pub trait ComputeBackend: Send {
     /// Device memory: returns the device address.
     fn mem_alloc(&mut self, ctx: ContextId, bytes: u64) -> ComputeResult<u64>;
     fn mem_free(&mut self, ctx: ContextId, addr: u64) -> ComputeResult<()>;
+    /// `cuMemGetInfo`: `(free, total)`, the bytes the context could allocate now (the
+    /// smaller of its own limit's room and its VM budget's room) and the total
+    /// [`DeviceAttributes::total_memory`] reports.
+    fn mem_info(&mut self, ctx: ContextId) -> ComputeResult<(u64, u64)>;
     fn memset_d8(
         &mut self,
         ctx: ContextId,

@@ -448,6 +448,14 @@ impl ComputeBackend for CpuBackend {
         self.ctx(ctx)?.memory.free(addr)
     }
 
+    fn mem_info(&mut self, ctx: ContextId) -> ComputeResult<(u64, u64)> {
+        let total = self.memory_per_context();
+        let used = self.ctx(ctx)?.memory.used();
+        let budget = &self.config.budget;
+        let budget_room = budget.limit().saturating_sub(budget.used());
+        Ok((total.saturating_sub(used).min(budget_room), total))
+    }
+
     fn memset_d8(
         &mut self,
         ctx: ContextId,
@@ -784,6 +792,39 @@ mod tests {
         });
         let ctx = be.context_create().unwrap();
         (be, ctx)
+    }
+
+    /// `cuMemGetInfo` through the trait: an allocation takes at least its size from the
+    /// context's free memory and from another context's (they share the VM's budget), the
+    /// total stays, a free gives it back, and an unknown context is refused.
+    #[test]
+    fn mem_info_counts_allocations_against_the_context_and_the_vm_budget() {
+        let mut be = CpuBackend::new(CpuConfig {
+            budget: MemoryBudget::new(48 << 20),
+            memory_per_context: 32 << 20,
+            ..CpuConfig::default()
+        });
+        let (a, b) = (be.context_create().unwrap(), be.context_create().unwrap());
+        let (free, total) = be.mem_info(a).unwrap();
+        assert_eq!(total, 32 << 20);
+        assert_eq!(total, be.attributes().total_memory);
+        assert!(free <= total && free > 24 << 20, "{free}");
+        const N: u64 = 24 << 20;
+        let addr = be.mem_alloc(a, N).unwrap();
+        let (after, total_after) = be.mem_info(a).unwrap();
+        assert_eq!(total_after, total);
+        assert!(free - after >= N, "{free} -> {after}");
+        // The other context's room is the budget's: what is left of 48 MiB, not 32 MiB.
+        let (other, _) = be.mem_info(b).unwrap();
+        assert!(other < 24 << 20, "{other}");
+        assert!(be.mem_alloc(b, other + 1).is_err(), "past what it was told");
+        be.mem_free(a, addr).unwrap();
+        assert_eq!(be.mem_info(a).unwrap(), (free, total));
+        let bad = ContextId(999);
+        assert!(matches!(
+            be.mem_info(bad),
+            Err(ComputeError::InvalidHandle(_))
+        ));
     }
 
     #[test]

@@ -102,6 +102,7 @@ struct Api {
     func_get_attribute: unsafe extern "C" fn(*mut c_int, c_int, Handle) -> CuResult,
     mem_alloc: unsafe extern "C" fn(*mut u64, usize) -> CuResult,
     mem_free: unsafe extern "C" fn(u64) -> CuResult,
+    mem_get_info: unsafe extern "C" fn(*mut usize, *mut usize) -> CuResult,
     memset_d8_async: unsafe extern "C" fn(u64, u8, usize, Handle) -> CuResult,
     memset_d32_async: unsafe extern "C" fn(u64, c_uint, usize, Handle) -> CuResult,
     memcpy_htod_async: unsafe extern "C" fn(u64, *const c_void, usize, Handle) -> CuResult,
@@ -183,6 +184,7 @@ impl Api {
             func_get_attribute: sym!("cuFuncGetAttribute"),
             mem_alloc: sym!("cuMemAlloc_v2"),
             mem_free: sym!("cuMemFree_v2"),
+            mem_get_info: sym!("cuMemGetInfo_v2"),
             memset_d8_async: sym!("cuMemsetD8Async"),
             memset_d32_async: sym!("cuMemsetD32Async"),
             memcpy_htod_async: sym!("cuMemcpyHtoDAsync_v2"),
@@ -839,6 +841,20 @@ impl ComputeBackend for NvCuda {
             c.allocations.insert(addr, (bytes, charge));
             c.used += bytes;
             Ok(addr)
+        })
+    }
+
+    fn mem_info(&mut self, ctx: ContextId) -> ComputeResult<(u64, u64)> {
+        let total = self.attributes.total_memory;
+        let budget_room = self.budget.limit().saturating_sub(self.budget.used());
+        self.on(ctx, |api, c| {
+            let (mut free, mut device_total) = (0usize, 0usize);
+            // SAFETY: both are valid out-pointers; the context is current.
+            check("cuMemGetInfo", unsafe {
+                (api.mem_get_info)(&mut free, &mut device_total)
+            })?;
+            let room = total.saturating_sub(c.used).min(budget_room);
+            Ok(((free as u64).min(room), total))
         })
     }
 

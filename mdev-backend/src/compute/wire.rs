@@ -206,6 +206,10 @@ pub enum Request {
         ctx: ContextId,
         bytes: u64,
     },
+    /// `cuMemGetInfo`: the device memory the context could still allocate, and its total.
+    MemInfo {
+        ctx: ContextId,
+    },
     /// Asynchronous work the guest deferred to its next synchronisation point, run in order
     /// up to the first failure: only requests whose reply carries nothing but success or an
     /// error (launches, host-to-device and device-to-device copies, memsets, event records, and
@@ -301,6 +305,12 @@ pub enum Reply {
         error: Option<(u32, String)>,
     },
     FunctionAttributes(FunctionAttributes),
+    /// The reply to [`Request::MemInfo`]: bytes the context could allocate now (within its
+    /// own limit and its VM's budget), and the total it reports (`cuDeviceTotalMem`).
+    MemInfo {
+        free: u64,
+        total: u64,
+    },
 }
 
 impl Reply {
@@ -625,6 +635,10 @@ impl Request {
                 o = Out::new(32);
                 o.u32(ctx.0).u64(*bytes);
             }
+            MemInfo { ctx } => {
+                o = Out::new(33);
+                o.u32(ctx.0);
+            }
             Batch(requests) => {
                 o = Out::new(BATCH_OPCODE);
                 o.u32(u32::try_from(requests.len()).unwrap_or(u32::MAX));
@@ -791,6 +805,7 @@ impl Request {
                 ctx: i.ctx()?,
                 bytes: i.u64()?,
             },
+            33 => MemInfo { ctx: i.ctx()? },
             BATCH_OPCODE => {
                 let n = i.u32()? as usize;
                 if n > MAX_BATCH {
@@ -898,6 +913,10 @@ impl Reply {
                     .u32(a.const_size_bytes)
                     .u32(a.local_size_bytes)
                     .u32(a.num_regs);
+            }
+            Reply::MemInfo { free, total } => {
+                o = Out::new(13);
+                o.u64(*free).u64(*total);
             }
         }
         o.finish()
@@ -1017,6 +1036,10 @@ impl Reply {
                 local_size_bytes: i.u32()?,
                 num_regs: i.u32()?,
             }),
+            13 => Reply::MemInfo {
+                free: i.u64()?,
+                total: i.u64()?,
+            },
             op => return Err(WireError::Opcode(op)),
         };
         i.end()?;
@@ -1130,6 +1153,7 @@ mod tests {
                 ctx,
                 bytes: 128 << 20,
             },
+            MemInfo { ctx },
             Batch(vec![
                 MemsetD8 {
                     ctx,
@@ -1247,6 +1271,10 @@ mod tests {
                 local_size_bytes: 4,
                 num_regs: 80,
             }),
+            Reply::MemInfo {
+                free: 3 << 20,
+                total: 1 << 30,
+            },
         ];
         for r in replies {
             assert_eq!(Reply::decode(body(&r.encode())).unwrap(), r);
