@@ -468,6 +468,8 @@ struct Attached {
     recent: RecentLatency,
     /// Its memory budget as its device last reported it: (used, limit) bytes.
     memory: Option<(u64, u64)>,
+    /// When its device connected (greeted).
+    connected_at: Time,
 }
 
 impl Attached {
@@ -561,6 +563,12 @@ pub struct VmStats {
     pub memory_used_bytes: Option<u64>,
     /// Its memory budget (`--memory-mb`), as its device reported it.
     pub memory_limit_bytes: Option<u64>,
+    /// The device process's pid while connected.
+    pub device_pid: Option<u32>,
+    /// The QEMU pid its device announced (0 = unknown) while connected.
+    pub qemu_pid: Option<u32>,
+    /// How long its device has been connected, ns; `None` while away.
+    pub uptime_ns: Option<Nanos>,
 }
 
 /// Live statistics of the daemon.
@@ -908,6 +916,7 @@ impl Daemon {
                 latency: Histogram::new(),
                 recent: RecentLatency::new(),
                 memory: None,
+                connected_at: now,
             });
         }
         self.by_vgpu.insert(vgpu, conn);
@@ -1473,6 +1482,9 @@ impl Daemon {
                 figures: self.sched.figures(vm.vgpu).into_iter().collect(),
                 memory_used_bytes: vm.memory.map(|m| m.0),
                 memory_limit_bytes: vm.memory.map(|m| m.1),
+                device_pid: Some(vm.device_pid),
+                qemu_pid: Some(vm.qemu_pid),
+                uptime_ns: Some(now.saturating_sub(vm.connected_at)),
             };
             vms.insert(vm.name.clone(), stats);
         }
@@ -1616,6 +1628,9 @@ fn idle_stats(name: &str) -> VmStats {
         figures: BTreeMap::new(),
         memory_used_bytes: None,
         memory_limit_bytes: None,
+        device_pid: None,
+        qemu_pid: None,
+        uptime_ns: None,
     }
 }
 

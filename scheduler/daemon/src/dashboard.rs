@@ -503,6 +503,9 @@ mod tests {
             figures: BTreeMap::from([("vtime_ms", 1.5)]),
             memory_used_bytes: connected.then_some(3 << 20),
             memory_limit_bytes: connected.then_some(1 << 30),
+            device_pid: connected.then_some(1234),
+            qemu_pid: connected.then_some(0),
+            uptime_ns: connected.then_some(5_000_000_000),
         }
     }
 
