@@ -24,9 +24,9 @@ usage: packaging/install.sh [--prefix DIR] [--destdir DIR] [--sysconfdir DIR] [-
 EOF
 }
 
-# The binaries operators use on a host: device process, daemon, control CLI, simulator, CUDA
-# host.
-BINARIES=(vgpu-server vgpu-schedd vgpuctl vgpu-sim vgpu-cuda-host)
+# The binaries operators use on a host: device process, daemon, control CLI, per-VM status
+# (vgpu-smi), simulator, CUDA host.
+BINARIES=(vgpu-server vgpu-schedd vgpuctl vgpu-smi vgpu-sim vgpu-cuda-host)
 # Shell completions generated, and where each shell looks for them under the prefix.
 declare -A COMPLETION_PATH=(
     [bash]='share/bash-completion/completions/%s'

@@ -39,6 +39,7 @@ const BINARIES: &[&str] = &[
     "vgpu-server",
     "vgpu-schedd",
     "vgpuctl",
+    "vgpu-smi",
     "vgpu-sim",
     "vgpu-cuda-host",
 ];

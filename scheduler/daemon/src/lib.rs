@@ -8,6 +8,7 @@
 
 pub mod busy_poll;
 pub mod cgroup;
+pub mod client;
 pub mod control;
 pub mod daemon;
 pub mod dashboard;

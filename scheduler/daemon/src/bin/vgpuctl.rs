@@ -3,8 +3,7 @@
 //! checks run here first (an unknown VM, key or definition, a value out of range, a policy
 //! file that is not one); 2 the command line does not parse, or the daemon cannot be reached.
 
-use std::io::{BufRead, BufReader, IsTerminal, Write};
-use std::os::unix::net::UnixStream;
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -12,13 +11,14 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
+use vgpu_schedd::client::{
+    Align, Conn, Failure, cell, latency_cell, memory_cell, param_text, policy_cell, table,
+};
 use vgpu_schedd::control::{
     DEFAULT_CONTROL_PATH, ServerOptions, parse_assignment, read_policy_file,
 };
 use vgpu_schedd::definitions::{DEFAULT_CONFIG_DIR, Definition, ListedType, Store};
 
-/// How long an answer may take: `create` waits up to 10 s for the device's socket.
-const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 /// Longest `--watch` or `top --interval` (a day).
 const MAX_WATCH_SECONDS: f64 = 86_400.0;
 /// Shortest `top --interval`: a redraw more often than this only flickers.
@@ -231,153 +231,11 @@ fn top_interval(text: &str) -> Result<Duration, String> {
     seconds(text, MIN_TOP_SECONDS)
 }
 
-/// Why vgpuctl failed.
-#[derive(Debug)]
-enum Failure {
-    /// The daemon cannot be reached or answers what is not an answer: exit 2, as a command
-    /// line that does not parse.
-    Connection(String),
-    /// The request was refused, by the daemon or by the checks made before asking it: exit 1.
-    Refused(String),
-}
-
-impl From<vgpu_schedd::definitions::DefinitionError> for Failure {
-    fn from(e: vgpu_schedd::definitions::DefinitionError) -> Failure {
-        Failure::Refused(e.to_string())
-    }
-}
-
-/// A connection to the daemon's control socket.
-struct Conn {
-    writer: UnixStream,
-    reader: BufReader<UnixStream>,
-}
-
-impl Conn {
-    fn open(path: &Path) -> Result<Conn, Failure> {
-        let fail = |e: std::io::Error| Failure::Connection(format!("{}: {e}", path.display()));
-        let writer = UnixStream::connect(path).map_err(fail)?;
-        writer
-            .set_read_timeout(Some(ANSWER_TIMEOUT))
-            .map_err(fail)?;
-        let reader = BufReader::new(writer.try_clone().map_err(fail)?);
-        Ok(Conn { writer, reader })
-    }
-
-    fn call(&mut self, request: &Value) -> Result<Value, Failure> {
-        let lost = |e: std::io::Error| Failure::Connection(format!("control connection: {e}"));
-        let mut line = request.to_string();
-        line.push('\n');
-        self.writer.write_all(line.as_bytes()).map_err(lost)?;
-        let mut answer = String::new();
-        if self.reader.read_line(&mut answer).map_err(lost)? == 0 {
-            return Err(Failure::Connection(
-                "the daemon closed the connection".into(),
-            ));
-        }
-        let answer: Value = serde_json::from_str(&answer)
-            .map_err(|e| Failure::Connection(format!("bad answer from the daemon: {e}")))?;
-        match answer {
-            Value::Object(mut m) => {
-                if let Some(e) = m.remove("error") {
-                    return Err(Failure::Refused(e.as_str().unwrap_or("error").to_owned()));
-                }
-                m.remove("ok")
-                    .ok_or(Failure::Connection("answer without ok or error".into()))
-            }
-            _ => Err(Failure::Connection("answer is not an object".into())),
-        }
-    }
-}
-
-/// A JSON value as a table cell: `-` for none, numbers with one decimal.
-fn cell(v: Option<&Value>) -> String {
-    match v {
-        None | Some(Value::Null) => "-".into(),
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Number(n)) => match n.as_f64() {
-            Some(f) if n.is_f64() => format!("{f:.1}"),
-            _ => n.to_string(),
-        },
-        Some(other) => other.to_string(),
-    }
-}
-
-/// How a column's cells line up.
-#[derive(Clone, Copy)]
-enum Align {
-    Left,
-    Right,
-}
-
-/// Rows as aligned lines under a header.
-fn table(header: &[(&str, Align)], rows: &[Vec<String>]) -> Vec<String> {
-    let mut widths: Vec<usize> = header.iter().map(|(h, _)| h.chars().count()).collect();
-    for row in rows {
-        for (w, c) in widths.iter_mut().zip(row) {
-            *w = (*w).max(c.chars().count());
-        }
-    }
-    let line = |cells: &[String]| {
-        let parts: Vec<String> = cells
-            .iter()
-            .zip(header.iter().zip(&widths))
-            .map(|(c, ((_, align), w))| match align {
-                Align::Left => format!("{c:<w$}"),
-                Align::Right => format!("{c:>w$}"),
-            })
-            .collect();
-        parts.join("  ").trim_end().to_owned()
-    };
-    let names: Vec<String> = header.iter().map(|(h, _)| (*h).to_owned()).collect();
-    std::iter::once(line(&names))
-        .chain(rows.iter().map(|r| line(r)))
-        .collect()
-}
-
-/// Nanoseconds as milliseconds with one decimal.
-fn ms(ns: f64) -> String {
-    format!("{:.1}", ns / 1e6)
-}
-
-/// Nanoseconds as signed milliseconds with one decimal (`+0.0` for what rounds to zero).
-fn signed_ms(ns: f64) -> String {
-    let v = ns / 1e6;
-    let v = if v.abs() < 0.05 { 0.0 } else { v };
-    format!("{v:+.1}")
-}
-
 /// Appended to a `list` value that the policy applies in place of the VM's own.
 const POLICY_MARK: char = '*';
 /// What [`POLICY_MARK`] means, printed under the `list` table when a value carries it.
 const POLICY_LEGEND: &str =
     "* set by the policy (spec lines, focus, its defaults, admission control), not by `set`";
-
-/// A parameter's value as `vgpuctl set` and `define` take it (`-` for none): a reserve as
-/// `C_us/T_us/pe|ae` (with `@name` for a Shared reserve), `slo` in µs of GPU time per second,
-/// a priority of `max` for the highest (a focused wildcard spec line's).
-fn param_text(key: &str, v: Option<&Value>) -> String {
-    let us = |ns: &Value| ns.as_u64().map(|ns| ns / 1_000);
-    let text = v.filter(|v| !v.is_null()).and_then(|v| match key {
-        "reserve" => {
-            let mut text = format!(
-                "{}/{}/{}",
-                us(v.get("c")?)?,
-                us(v.get("t")?)?,
-                v.get("enforcement")?.as_str()?
-            );
-            if let Some(name) = v.get("shared").and_then(Value::as_str) {
-                text.push('@');
-                text.push_str(name);
-            }
-            Some(text)
-        }
-        "slo" => us(v).map(|us| us.to_string()),
-        "priority" if v.as_u64() == Some(u64::from(u32::MAX)) => Some("max".into()),
-        _ => Some(cell(Some(v))),
-    });
-    text.unwrap_or_else(|| "-".into())
-}
 
 /// `yes` / `no` for a flag.
 fn yes_no(v: Option<&Value>) -> String {
@@ -465,76 +323,6 @@ fn list_lines(v: &Value) -> Vec<String> {
         ));
     }
     lines
-}
-
-/// A policy figure of a VM's statistics.
-fn figure(figures: &Map<String, Value>, key: &str) -> Option<f64> {
-    figures.get(key).and_then(Value::as_f64)
-}
-
-/// A VM's standing under the policy family `policy`, in a few words: TimeGraph's reserve
-/// budget (`reserve 3.0/5.0 ms`) or priority (`prio 3 ht`), fair queuing's lead over the
-/// system virtual time (`vt +0.4 ms`), Pegasus's credit (`credits +1.2 ms`), VGRIS's share and
-/// budget (`share 25 % +1.0 ms`) or SLA delay (`delay 2.1 ms`); `-` where the policy reports
-/// nothing (policy none, a VM away).
-fn policy_cell(policy: &str, figures: &Map<String, Value>) -> String {
-    let f = |k| figure(figures, k);
-    let flag = |k| f(k).is_some_and(|x| x != 0.0);
-    let text = match policy {
-        "timegraph" => f("priority").map(|prio| {
-            let mut text = match (f("budget_ns"), f("capacity_ns")) {
-                (Some(b), Some(c)) if flag("admitted") => format!("reserve {}/{} ms", ms(b), ms(c)),
-                _ if flag("reserved") => format!("reserve refused, prio {prio:.0}"),
-                _ if flag("ht") => format!("prio {prio:.0} ht"),
-                _ => format!("prio {prio:.0} prt"),
-            };
-            if flag("throttled") {
-                text.push_str(", throttled");
-            }
-            text
-        }),
-        "fair" => f("lag_ms").map(|lag| {
-            let mut text = format!("vt {} ms", signed_ms(lag * 1e6));
-            if flag("over") {
-                text.push_str(", over");
-            }
-            text
-        }),
-        p if p.starts_with("pegasus") => f("credit_ns").map(|credit| {
-            let mut text = format!("credits {} ms", signed_ms(credit));
-            if flag("slo_violated") {
-                text.push_str(", SLO missed");
-            }
-            text
-        }),
-        "vgris" if flag("sla_aware") => f("delay_ns").map(|d| format!("delay {} ms", ms(d))),
-        "vgris" => f("share").map(|share| {
-            let budget = f("budget_ns").unwrap_or(0.0);
-            format!("share {:.0} % {} ms", share * 100.0, signed_ms(budget))
-        }),
-        _ => None,
-    };
-    text.unwrap_or_else(|| "-".into())
-}
-
-/// Latency percentiles in µs as `p50/p99` in ms, or in µs where both are below 1 ms.
-fn latency_cell(p50_us: f64, p99_us: f64) -> String {
-    if p99_us < 1_000.0 {
-        format!("{p50_us:.0}/{p99_us:.0} µs")
-    } else {
-        format!("{:.1}/{:.1} ms", p50_us / 1e3, p99_us / 1e3)
-    }
-}
-
-/// Memory in use of a budget, both in bytes, in MiB (`-` before the device reported it).
-fn memory_cell(used: Option<u64>, limit: Option<u64>) -> String {
-    match (used, limit) {
-        (Some(u), Some(l)) => {
-            const MIB: f64 = (1u64 << 20) as f64;
-            format!("{:.0}/{:.0} MiB", u as f64 / MIB, l as f64 / MIB)
-        }
-        _ => "-".into(),
-    }
 }
 
 /// The lines of `vgpuctl show` for a `stats` answer.
@@ -1165,22 +953,13 @@ fn show(
 
 fn main() -> ExitCode {
     let cli: Cli = vgpu_cli::parse();
-    match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(Failure::Refused(e)) => {
-            eprintln!("vgpuctl: {e}");
-            ExitCode::from(1)
-        }
-        Err(Failure::Connection(e)) => {
-            eprintln!("vgpuctl: {e}");
-            ExitCode::from(2)
-        }
-    }
+    vgpu_schedd::client::exit("vgpuctl", run(cli))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vgpu_schedd::client::signed_ms;
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         vgpu_cli::check::arguments(args)
