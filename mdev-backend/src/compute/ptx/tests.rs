@@ -2511,9 +2511,11 @@ $L_again:
     assert!(matches!(err, ComputeError::LaunchTimeout(_)), "{err:?}");
 }
 
-/// The registers a barrier in a loop stores are those the loop may have changed: values
-/// written before the loop (stored there, once), written in the loop only under a guard, or
-/// under a guard before it, all come back intact after each barrier, on blocks that reuse
+/// The registers a barrier in a loop stores are those the loop may have changed, and a
+/// thread resuming there loads those it uses: values written before the loop (stored there,
+/// once), written in the loop only under a guard (stored at the barrier from what was loaded
+/// when the guard is false), or under a guard before it, all come back intact after each
+/// barrier, on blocks that reuse
 /// one host thread's saved registers (the previous block's values still in them), with the
 /// block's barrier alone (passes over the threads) and with a warp shuffle (threads resumed
 /// one by one).
@@ -2537,6 +2539,7 @@ fn registers_kept_across_barriers_in_a_loop_come_back_on_every_block() {
 	@%p1 add.u32 %r3, %r3, 77;
 	mov.u32 %r4, 0;
 	add.u32 %r6, %r2, 5;
+	add.u32 %r10, %r2, 9;
 	mov.u64 %rd2, sh_{name};
 	mul.wide.u32 %rd3, %r1, 4;
 	add.s64 %rd4, %rd2, %rd3;
@@ -2547,6 +2550,7 @@ $L_loop:
 {exchange}
 	setp.gt.u32 %p2, %r5, %r3;
 	@%p2 add.u32 %r6, %r6, %r2;
+	@%p2 mov.u32 %r10, %r4;
 	bar.sync 0;
 	add.u32 %r3, %r3, %r5;
 	add.u32 %r4, %r4, 1;
@@ -2554,6 +2558,7 @@ $L_loop:
 	@%p3 bra $L_loop;
 	add.u32 %r8, %r3, %r6;
 	mad.lo.s32 %r8, %r7, 100000, %r8;
+	mad.lo.s32 %r8, %r10, 7, %r8;
 	mad.lo.s32 %r9, %r2, 64, %r1;
 	mul.wide.u32 %rd3, %r9, 4;
 	add.s64 %rd3, %rd1, %rd3;
@@ -2573,11 +2578,13 @@ $L_loop:
             .map(|t| b * 1000 + t + if t == 3 { 77 } else { 0 })
             .collect();
         let mut r6 = vec![b + 5; threads];
-        for _ in 0..4 {
+        let mut r10 = vec![b + 9; threads];
+        for k in 0..4 {
             let r5: Vec<u32> = (0..threads).map(|t| r3[t ^ 1]).collect();
             for t in 0..threads {
                 if r5[t] > r3[t] {
                     r6[t] += b;
+                    r10[t] = k;
                 }
                 r3[t] = r3[t].wrapping_add(r5[t]);
             }
@@ -2587,6 +2594,7 @@ $L_loop:
             r7.wrapping_mul(100_000)
                 .wrapping_add(r3[t])
                 .wrapping_add(r6[t])
+                .wrapping_add(r10[t].wrapping_mul(7))
         }));
     }
     for name in ["passes", "resumed"] {

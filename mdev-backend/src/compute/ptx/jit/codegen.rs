@@ -745,9 +745,19 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
         Ok(())
     }
 
-    /// At a resume point continuing at `pc`: the registers that live there.
+    /// At a resume point continuing at `pc`: the registers that live there (with [`saves`],
+    /// those of them whose value the code on uses).
     fn reload_live(&mut self, pc: u32) {
-        for r in self.live_at(pc) {
+        let mut regs = self.live_at(pc);
+        if let Some(saves) = &self.saves {
+            let first = self.f().regs.start;
+            let wanted = &saves.wanted[(pc - self.f().start) as usize];
+            regs.retain(|&r| {
+                r.checked_sub(first)
+                    .is_none_or(|i| bit_set(wanted, i as usize))
+            });
+        }
+        for r in regs {
             self.reload(r).expect("own register");
         }
     }
@@ -2448,16 +2458,23 @@ struct Saves {
     /// they are written because the instruction is in no loop (it runs at most once per
     /// thread, so the store costs no more than a yield's would).
     at_def: Vec<Vec<u32>>,
+    /// Per instruction (and past the end): the registers whose value from before it some
+    /// path on uses (reads, or stores at a yield) before writing them; a resume point loads
+    /// only these of its live registers.
+    wanted: Vec<Vec<u64>>,
 }
 
 /// [`Saves`] of the kernel `start..end` from its registers' liveness (`live`, as
 /// [`liveness`] gives it). The saved copy of a register is out of date from the thread's
 /// start (it holds another block's value) and wherever an instruction writes the register
 /// without storing it; it is up to date after a store ([`Saves::at_def`]) and, for the
-/// registers a resume point loads (those live there), after a yield. A forward analysis:
-/// "may be out of date" joined over every path, so a register is left out of a yield's
-/// stores only where every path there leaves its copy up to date. `None` past
-/// [`MAX_LIVENESS_PASSES`] passes (then a yield stores every register it needs saved).
+/// registers live at a resume point, after a yield (which stored those out of date). A
+/// forward analysis: "may be out of date" joined over every path, so a register is left out
+/// of a yield's stores only where every path there leaves its copy up to date. Then, from
+/// those stores, a backward one of the values each resume point needs loaded
+/// ([`Saves::wanted`]): a live register whose saved value nothing reads before the next
+/// write or yield stays unloaded. `None` past [`MAX_LIVENESS_PASSES`] passes of either (then
+/// a yield stores, and a resume point loads, every register live there).
 fn saves(
     m: &Parsed,
     start: u32,
@@ -2588,5 +2605,74 @@ fn saves(
             }
         }
     }
-    Some(Saves { unsaved, at_def })
+    // The registers a resume point loads: those live there that some path from it reads
+    // before writing them, or stores at the next yield (which ends what flows on, but for
+    // a guarded collective's path that goes on without yielding).
+    let mut wanted = vec![vec![0u64; words]; n + 1];
+    changed = true;
+    passes = 0;
+    while changed {
+        changed = false;
+        passes += 1;
+        if passes > MAX_LIVENESS_PASSES {
+            return None;
+        }
+        for (i, inst) in code.iter().enumerate().rev() {
+            let guarded = inst.guard.is_some();
+            let (reads, writes) = &ops[i];
+            let mut v = if collective(&inst.op) {
+                let mut stores = live[i + 1].clone();
+                for &r in reads {
+                    stores[r / 64] |= 1 << (r % 64);
+                }
+                for (a, b) in stores.iter_mut().zip(&unsaved[i]) {
+                    *a &= b;
+                }
+                if guarded {
+                    for (a, b) in stores.iter_mut().zip(&wanted[i + 1]) {
+                        *a |= b;
+                    }
+                }
+                stores
+            } else {
+                let mut out = match inst.op {
+                    Op::Ret | Op::Exit if !guarded => vec![0u64; words],
+                    Op::Bra { target } => {
+                        let t = target
+                            .checked_sub(start)
+                            .map(|t| t as usize)
+                            .filter(|&t| t < n)
+                            .map_or_else(|| vec![0u64; words], |t| wanted[t].clone());
+                        if guarded {
+                            t.iter().zip(&wanted[i + 1]).map(|(a, b)| a | b).collect()
+                        } else {
+                            t
+                        }
+                    }
+                    _ => wanted[i + 1].clone(),
+                };
+                if !guarded {
+                    for &w in writes {
+                        out[w / 64] &= !(1 << (w % 64));
+                    }
+                }
+                for &r in reads {
+                    out[r / 64] |= 1 << (r % 64);
+                }
+                out
+            };
+            if let Some(p) = inst.guard.and_then(|(p, _)| index(p)) {
+                v[p / 64] |= 1 << (p % 64);
+            }
+            if v != wanted[i] {
+                wanted[i] = v;
+                changed = true;
+            }
+        }
+    }
+    Some(Saves {
+        unsaved,
+        at_def,
+        wanted,
+    })
 }
