@@ -382,21 +382,9 @@ impl DeviceMemory {
 
 /// Merges `bytes` (at byte `shift` of the word) into `old`.
 fn merge(old: u64, shift: usize, bytes: &[u8]) -> u64 {
-    let n = bytes.len();
-    debug_assert!((1..=8 - shift).contains(&n), "a piece of one word");
-    // The aligned scalars' sizes as values of a fixed size (no call to a general copy).
-    let value = match n {
-        1 => u64::from(bytes[0]),
-        2 => u64::from(u16::from_le_bytes([bytes[0], bytes[1]])),
-        4 => u64::from(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])),
-        _ => {
-            let mut le = [0u8; 8];
-            le[..n].copy_from_slice(bytes);
-            u64::from_le_bytes(le)
-        }
-    };
-    let mask = (u64::MAX >> (64 - 8 * n)) << (8 * shift);
-    (old & !mask) | (value << (8 * shift))
+    let mut le = old.to_le_bytes();
+    le[shift..shift + bytes.len()].copy_from_slice(bytes);
+    u64::from_le_bytes(le)
 }
 
 impl GlobalMemory for DeviceMemory {
@@ -418,17 +406,8 @@ impl GlobalMemory for DeviceMemory {
         while out < buf.len() {
             let shift = pos % 8;
             let n = (8 - shift).min(buf.len() - out);
-            let word = alloc.words[pos / 8].load(Ordering::Relaxed) >> (8 * shift);
-            let bytes = word.to_le_bytes();
-            // The sizes of whole words and aligned scalars as copies of a fixed size (the
-            // general copy is a call, which costs more than the read of a small piece).
-            match n {
-                8 => buf[out..out + 8].copy_from_slice(&bytes),
-                4 => buf[out..out + 4].copy_from_slice(&bytes[..4]),
-                2 => buf[out..out + 2].copy_from_slice(&bytes[..2]),
-                1 => buf[out] = bytes[0],
-                _ => buf[out..out + n].copy_from_slice(&bytes[..n]),
-            }
+            let word = alloc.words[pos / 8].load(Ordering::Relaxed).to_le_bytes();
+            buf[out..out + n].copy_from_slice(&word[shift..shift + n]);
             out += n;
             pos += n;
         }
