@@ -1170,6 +1170,13 @@ pub(crate) mod tests {
             Reply::Address(_)
         ));
         assert!(budget.used() >= with_context + (1 << 20));
+        // cuMemGetInfo on the device path: the budget is the total, its room what is free.
+        let Reply::MemInfo { free, total } = ask(&mut rt, &mut runner, 1, Request::MemInfo { ctx })
+        else {
+            panic!("memory info")
+        };
+        assert_eq!(total, BUDGET);
+        assert_eq!(free, BUDGET - budget.used());
         // Past the VM's budget: CUDA_ERROR_OUT_OF_MEMORY.
         let Reply::Error { status, .. } = ask(&mut rt, &mut runner, 1, alloc(BUDGET)) else {
             panic!("past the budget")
