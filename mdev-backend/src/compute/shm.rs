@@ -742,11 +742,14 @@ impl Client {
 }
 
 /// A page-locked allocation of the client: a memory file it maps and shares with the host,
-/// which numbered it `id`. Unmapped when dropped.
+/// which numbered it `id`. Unmapped when dropped where this mapped it (`create`); where the
+/// caller mapped it at its own place (`create_at`), the caller unmaps it.
 #[derive(Debug)]
 pub struct PinnedMemory {
     id: u32,
-    region: MmapRegion,
+    start: u64,
+    len: u64,
+    region: Option<MmapRegion>,
 }
 
 impl PinnedMemory {
@@ -756,9 +759,42 @@ impl PinnedMemory {
         let len = usize::try_from(bytes).map_err(|_| std::io::Error::other("too large"))?;
         let fd = region_file(bytes)?;
         let region = map(fd.try_clone()?, len)?;
+        let start = region.as_ptr() as u64;
+        Ok(Self::offer(stream, bytes, &fd)?.map(|id| PinnedMemory {
+            id,
+            start,
+            len: bytes,
+            region: Some(region),
+        }))
+    }
+
+    /// As [`PinnedMemory::create`], the memory file mapped by `place` (shared, all `bytes`
+    /// of it, at `start`): where the memory must lie at an address of the caller's.
+    pub fn create_at(
+        stream: &mut UnixStream,
+        start: u64,
+        bytes: u64,
+        place: impl FnOnce(BorrowedFd<'_>) -> std::io::Result<()>,
+    ) -> Result<Result<Self, Reply>, RemoteError> {
+        let fd = region_file(bytes)?;
+        place(fd.as_fd())?;
+        Ok(Self::offer(stream, bytes, &fd)?.map(|id| PinnedMemory {
+            id,
+            start,
+            len: bytes,
+            region: None,
+        }))
+    }
+
+    /// Offers memory file `fd` of `bytes` on `stream`: the host's id for it, or its refusal.
+    fn offer(
+        stream: &mut UnixStream,
+        bytes: u64,
+        fd: &OwnedFd,
+    ) -> Result<Result<u32, Reply>, RemoteError> {
         send_with_fd(stream, &Message::Pin { bytes }.encode(), fd.as_fd())?;
         Ok(match Reply::read_from(stream)?? {
-            Reply::Id(id) => Ok(PinnedMemory { id, region }),
+            Reply::Id(id) => Ok(id),
             e @ Reply::Error { .. } => Err(e),
             _ => return Err(WireError::Opcode(0).into()),
         })
@@ -766,15 +802,21 @@ impl PinnedMemory {
 
     /// Where the allocation lies in this process.
     pub fn start(&self) -> u64 {
-        self.region.as_ptr() as u64
+        self.start
     }
 
     pub fn len(&self) -> u64 {
-        self.region.len() as u64
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.region.len() == 0
+        self.len == 0
+    }
+
+    /// The allocation's bytes, which the host may read or write while a copy is in flight,
+    /// where this mapped it.
+    pub fn slice(&self) -> Option<VolatileSlice<'_>> {
+        self.region.as_ref().map(|r| r.as_volatile_slice())
     }
 
     /// The offset of `[addr, addr + bytes)` in the allocation, where it lies wholly in it.
