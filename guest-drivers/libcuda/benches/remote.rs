@@ -5,7 +5,9 @@
 //! `VGPU_COMPUTE=nvcuda` where the driver loads. Empty-kernel launches from the guest call to
 //! completion (p50/p99; a launch and the synchronisation that sends it), launches batched as a
 //! launch-heavy app issues them, and bandwidthTest-style host↔device copies of 4 KiB, 1 MiB
-//! and 16 MiB from pageable and from page-locked (`cuMemHostRegister`ed) memory. Prints a
+//! and 16 MiB from pageable memory and from page-locked memory the library allocated
+//! (`cuMemAllocHost`: shared with the host, which copies to and from it itself; the
+//! socket-only path has none, its pinned rows are pageable copies). Prints a
 //! table and writes JSON (default `target/vgpu-bench/cuda-remote.json`, or `$VGPU_BENCH_OUT`).
 //!
 //!   cargo bench -p vgpu-libcuda --bench remote
@@ -83,25 +85,35 @@ struct Path {
     copies: Vec<CopyRate>,
 }
 
-/// The copies of [`COPIES`] through `htod` and `dtoh` (each given the host buffer, the
-/// device buffer of the largest size), from pageable and from page-locked memory (`pin`
-/// registers a buffer, or with `false` unregisters it).
+/// Host memory of a copy: pageable (a buffer of the program's), or page-locked at an address
+/// the library gave.
+enum Host<'a> {
+    Pageable(&'a mut [u8]),
+    Pinned(u64, usize),
+}
+
+/// The copies of [`COPIES`] through `htod` and `dtoh` (each given the host memory; the device
+/// buffer is of the largest size), from pageable and from page-locked memory (`pin` allocates
+/// it, `None` where the path has none: its pageable buffer is used; `unpin` frees it).
 fn copies(
-    mut pin: impl FnMut(&[u8], bool),
-    mut htod: impl FnMut(&[u8]),
-    mut dtoh: impl FnMut(&mut [u8]),
+    mut pin: impl FnMut(usize) -> Option<u64>,
+    mut unpin: impl FnMut(u64),
+    mut htod: impl FnMut(&mut Host<'_>),
+    mut dtoh: impl FnMut(&mut Host<'_>),
 ) -> Vec<CopyRate> {
     let mut out = Vec::new();
     for pinned in [false, true] {
         for (bytes, rounds) in COPIES {
-            let mut host = vec![0xa5u8; bytes];
-            if pinned {
-                pin(&host, true);
-            }
-            let h = bandwidth(bytes, rounds, || htod(&host));
+            let mut buffer = vec![0xa5u8; bytes];
+            let page_locked = if pinned { pin(bytes) } else { None };
+            let mut host = match page_locked {
+                Some(start) => Host::Pinned(start, bytes),
+                None => Host::Pageable(&mut buffer),
+            };
+            let h = bandwidth(bytes, rounds, || htod(&mut host));
             let d = bandwidth(bytes, rounds, || dtoh(&mut host));
-            if pinned {
-                pin(&host, false);
+            if let Some(start) = page_locked {
+                unpin(start);
             }
             out.push(CopyRate {
                 bytes,
@@ -166,23 +178,36 @@ fn remote(shared: bool) -> (Path, u64) {
     let buf = d.mem_alloc(ctx, largest as u64).expect("alloc");
     let d = std::cell::RefCell::new(d);
     let measured = copies(
-        |host, pin| {
+        |bytes| {
+            d.borrow_mut()
+                .pinned_alloc(ctx, bytes as u64, 0)
+                .expect("page-locked memory")
+        },
+        |start| {
             let mut d = d.borrow_mut();
-            let start = host.as_ptr() as u64;
-            if pin {
-                d.host_memory_add(start, host.len() as u64, 0, ctx, true)
-                    .expect("register")
-            } else {
-                d.host_memory_remove(start, true).expect("unregister");
-            }
+            d.host_memory_remove(start, false).expect("recorded");
+            assert!(d.pinned_free(start).expect("freed"));
         },
         |host| {
             let mut d = d.borrow_mut();
-            d.copy_htod(ctx, buf, host, 0).expect("htod");
+            match host {
+                Host::Pageable(b) => d.copy_htod(ctx, buf, b, 0).expect("htod"),
+                Host::Pinned(start, n) => d
+                    .copy_pinned(ctx, *start, *n as u64, buf, 0, true)
+                    .expect("htod"),
+            }
             // Small copies are deferred: each is timed to the host.
             d.flush().expect("flush")
         },
-        |host| d.borrow_mut().copy_dtoh(ctx, host, buf, 0).expect("dtoh"),
+        |host| {
+            let mut d = d.borrow_mut();
+            match host {
+                Host::Pageable(b) => d.copy_dtoh(ctx, b, buf, 0).expect("dtoh"),
+                Host::Pinned(start, n) => d
+                    .copy_pinned(ctx, *start, *n as u64, buf, 0, false)
+                    .expect("dtoh"),
+            }
+        },
     );
     drop(d);
     let stats = host.join().expect("host thread");
@@ -226,10 +251,20 @@ fn direct() -> (&'static str, Path) {
     let be = std::cell::RefCell::new(be);
     let call =
         |f: &mut dyn FnMut(&mut dyn ComputeBackend, ContextId)| f(be.borrow_mut().as_mut(), c);
+    // The backend has no page-locked memory of its own: both kinds are the caller's buffer.
     let measured = copies(
-        |_, _| {},
-        |host| call(&mut |be, c| be.copy_htod(c, buf, host, DEFAULT_STREAM).expect("htod")),
-        |host| call(&mut |be, c| be.copy_dtoh(c, host, buf, DEFAULT_STREAM).expect("dtoh")),
+        |_| None,
+        |_| {},
+        |host| {
+            if let Host::Pageable(b) = host {
+                call(&mut |be, c| be.copy_htod(c, buf, b, DEFAULT_STREAM).expect("htod"));
+            }
+        },
+        |host| {
+            if let Host::Pageable(b) = host {
+                call(&mut |be, c| be.copy_dtoh(c, b, buf, DEFAULT_STREAM).expect("dtoh"));
+            }
+        },
     );
     let path = Path {
         name: "backend direct",

@@ -119,6 +119,10 @@ impl Transport for Box<dyn Transport> {
     fn shared(&mut self) -> Option<crate::transport::Shared<'_>> {
         (**self).shared()
     }
+
+    fn pinned(&mut self) -> Option<crate::transport::Pinned<'_>> {
+        (**self).pinned()
+    }
 }
 
 pub(crate) fn with<R>(
@@ -1606,9 +1610,9 @@ const MEMHOSTREGISTER_DEVICEMAP: c_uint = 0x02;
 const MEMHOSTREGISTER_IOMEMORY: c_uint = 0x04;
 
 /// Page-locked host memory, recorded so that it can be freed, asked about and told from other
-/// memory: where the transport shares memory with the host (the host socket), a memory file
-/// the host maps, which copies move to and from with no copy here; else plain host memory
-/// (the copies go through the transport).
+/// memory. Where the transport shares memory with the host (the host socket), its pages are a
+/// memory file the host maps, which copies move to and from with no copy here; else plain
+/// host memory (the copies go through the transport).
 fn host_alloc(pp: *mut *mut c_void, bytes: usize, flags: c_uint) -> CuResult<()> {
     let ctx = current()?;
     if flags & !MEMHOSTALLOC_FLAGS != 0 || pp.is_null() {
@@ -1617,20 +1621,21 @@ fn host_alloc(pp: *mut *mut c_void, bytes: usize, flags: c_uint) -> CuResult<()>
     if bytes == 0 {
         return put(pp, std::ptr::null_mut());
     }
-    if flags & MEMHOSTALLOC_DEVICEMAP == 0
-        && let Some(p) = with(|d| d.pinned_alloc(ctx, bytes as u64, flags))?
-    {
-        return put(pp, p as *mut c_void);
-    }
     // With unified addressing every page-locked allocation is mapped, at one address for
     // host and device (CUDA's rule: kernels may use the pointer as it is), whatever the flags.
     if flags & MEMHOSTALLOC_DEVICEMAP != 0 || with(|d| Ok(d.attributes().placement))? {
         let (ctx, addr) = unified_alloc(bytes, "cuMemHostAlloc(CU_MEMHOSTALLOC_DEVICEMAP)")?;
-        if let Err(e) = with(|d| d.host_memory_add(addr, bytes as u64, flags, ctx, false)) {
+        let added = share_view(addr, bytes)
+            .and_then(|()| with(|d| d.host_memory_add(addr, bytes as u64, flags, ctx, false)));
+        if let Err(e) = added {
             release_mapped(addr)?;
+            with(|d| d.pinned_free(addr))?;
             return Err(e);
         }
         return put(pp, addr as *mut c_void);
+    }
+    if let Some(p) = with(|d| d.pinned_alloc(ctx, bytes as u64, flags))? {
+        return put(pp, p as *mut c_void);
     }
     // SAFETY: malloc of a non-zero size; a NULL result is handled.
     let p = unsafe { libc::malloc(bytes) };
@@ -1653,6 +1658,35 @@ entry!(cuMemHostAlloc(pp: *mut *mut c_void, bytes: usize, flags: c_uint) {
     host_alloc(pp, bytes, flags)
 });
 
+/// Makes the host view of mapped page-locked memory at `addr` (`bytes`, its pages) memory
+/// shared with the host, where the transport shares memory with it: a memory file mapped over
+/// the view's pages (zeros, as they were).
+fn share_view(addr: u64, bytes: usize) -> CuResult<()> {
+    let len = (bytes as u64).next_multiple_of(page_size());
+    let size = usize::try_from(len).map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
+    let place = |fd: std::os::fd::BorrowedFd<'_>| {
+        use std::os::fd::AsRawFd;
+        // SAFETY: MAP_FIXED over the pages `map_view` mapped for this allocation's host view
+        // (inside its device allocation in a context's window, nothing of the program there
+        // yet), with a memory file of exactly `size` bytes.
+        let p = unsafe {
+            libc::mmap(
+                addr as *mut c_void,
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    };
+    with(|d| d.pinned_share(addr, len, place)).map(drop)
+}
+
 /// Stops shadowing the mapped host memory whose host view starts at `host`, and frees its
 /// device allocation (and its pages, when the driver mapped them): whether there was one.
 fn release_mapped(host: u64) -> CuResult<bool> {
@@ -1671,7 +1705,8 @@ entry!(cuMemFreeHost(p: *mut c_void) {
         return Ok(());
     }
     with(|d| d.host_memory_remove(p as u64, false))?;
-    if release_mapped(p as u64)? || with(|d| d.pinned_free(p as u64))? {
+    let mapped = release_mapped(p as u64)?;
+    if with(|d| d.pinned_free(p as u64))? || mapped {
         return Ok(());
     }
     // SAFETY: `p` is the start of a block host_alloc got from malloc and recorded, and its

@@ -1333,17 +1333,44 @@ impl<T: Transport> Driver<T> {
             Some(p) => p.alloc(bytes),
             None => return Ok(None),
         };
+        let Some(start) = self.pinned_record(r)? else {
+            return Ok(None);
+        };
+        if let Err(e) = self.host_memory_add(start, bytes, flags, ctx, false) {
+            self.pinned_free(start)?;
+            return Err(e);
+        }
+        Ok(Some(start))
+    }
+
+    /// Makes the host view of `[start, start + bytes)` (mapped page-locked memory in a
+    /// context's window, whose pages `bytes` covers) memory shared with the host: a memory
+    /// file that `place` maps over the view's pages. Whether it is (not where the transport
+    /// shares no memory); the host's refusal is the result.
+    pub fn pinned_share(
+        &mut self,
+        start: u64,
+        bytes: u64,
+        place: impl FnOnce(std::os::fd::BorrowedFd<'_>) -> std::io::Result<()>,
+    ) -> CuResult<bool> {
+        let r = match self.t.pinned() {
+            Some(p) => p.alloc_at(start, bytes, place),
+            None => return Ok(false),
+        };
+        Ok(self.pinned_record(r)?.is_some())
+    }
+
+    /// Keeps the allocation the host took: its start.
+    fn pinned_record(
+        &mut self,
+        r: Result<Result<PinnedMemory, Reply>, TransportError>,
+    ) -> CuResult<Option<u64>> {
         let memory = match r {
             Ok(Ok(m)) => m,
             Ok(Err(reply)) => return self.answer(Ok(reply)).and(Err(CUDA_ERROR_UNKNOWN)),
             Err(e) => return self.answer(Err(e)).and(Err(CUDA_ERROR_UNKNOWN)),
         };
         let start = memory.start();
-        if let Err(e) = self.host_memory_add(start, bytes, flags, ctx, false) {
-            self.pinned.insert(start, memory);
-            self.pinned_free(start)?;
-            return Err(e);
-        }
         self.pinned.insert(start, memory);
         Ok(Some(start))
     }
@@ -1362,6 +1389,23 @@ impl<T: Transport> Driver<T> {
             Reply::Done => Ok(true),
             _ => Err(CUDA_ERROR_UNKNOWN),
         }
+    }
+
+    /// A copy between `[host, host + bytes)`, which must lie wholly in a page-locked
+    /// allocation shared with the host, and device memory at `device`: to the device with
+    /// `to_device`, else from it.
+    pub fn copy_pinned(
+        &mut self,
+        ctx: u64,
+        host: u64,
+        bytes: u64,
+        device: u64,
+        stream: u64,
+        to_device: bool,
+    ) -> CuResult<()> {
+        let (remote, stream) = (self.remote(ctx)?, self.stream(ctx, stream)?);
+        self.pinned_copy(remote, stream, host, bytes, device, to_device)
+            .unwrap_or(Err(CUDA_ERROR_INVALID_VALUE))
     }
 
     /// A copy whose host side `[host, host + bytes)` lies wholly in a page-locked allocation
@@ -1396,10 +1440,56 @@ impl<T: Transport> Driver<T> {
             };
             let r = p.copy(memory, remote, stream, to_device, device, offset, bytes);
             match self.answer(r)? {
-                Reply::Done => Ok(()),
+                Reply::Done if to_device => Ok(()),
+                Reply::Done => self.shadow_written(remote, stream, host, bytes, device),
                 _ => Err(CUDA_ERROR_UNKNOWN),
             }
         })())
+    }
+
+    /// After the host wrote `[host, host + bytes)` from device address `src`: where that lies
+    /// in a shadowed host view (mapped page-locked memory), its device side gets the same
+    /// bytes, copied by the host, and the view's clean copy takes them, so nothing is sent
+    /// back up and nothing has to come back.
+    fn shadow_written(
+        &mut self,
+        remote: ContextId,
+        stream: StreamId,
+        host: u64,
+        bytes: u64,
+        src: u64,
+    ) -> CuResult<()> {
+        let Some(s) = self.shadow_at(host, true) else {
+            return Ok(());
+        };
+        let offset = host - s.host;
+        if offset.checked_add(bytes).is_none_or(|e| e > s.size) {
+            return Ok(());
+        }
+        // Past the shadows' bookkeeping: this makes the device side what the view holds, so
+        // nothing has to come back at the next synchronisation.
+        self.send_batch(vec![Request::CopyDtoD {
+            ctx: remote,
+            dst: s.device + offset,
+            src,
+            bytes,
+            stream,
+        }])?;
+        let Some(view) = self.host_view.take() else {
+            return Ok(());
+        };
+        if let Some(clean) = self
+            .shadows
+            .get_mut(&s.device)
+            .map(|o| &mut o.clean)
+            .filter(|c| c.len() as u64 == s.size)
+        {
+            // Within the shadow's size, checked above.
+            let at = offset as usize;
+            view.read(host, &mut clean[at..at + bytes as usize]);
+        }
+        self.host_view = Some(view);
+        Ok(())
     }
 
     /// The page-locked host range holding `addr`: (start, what it is).
@@ -1639,12 +1729,12 @@ impl<T: Transport> Driver<T> {
     /// view go up with the next device work.
     pub fn copy_dtoh(&mut self, ctx: u64, dst: &mut [u8], src: u64, stream: u64) -> CuResult<()> {
         let (remote, stream) = (self.remote(ctx)?, self.stream(ctx, stream)?);
-        if let Some(s) = self.shadow_holding(ctx, dst.as_ptr() as u64, dst.len() as u64) {
-            return self.copy_into_shadow(remote, stream, s, dst.as_ptr() as u64, src, dst.len());
-        }
         let (host, bytes) = (dst.as_ptr() as u64, dst.len() as u64);
         if let Some(r) = self.pinned_copy(remote, stream, host, bytes, src, false) {
             return r;
+        }
+        if let Some(s) = self.shadow_holding(ctx, dst.as_ptr() as u64, dst.len() as u64) {
+            return self.copy_into_shadow(remote, stream, s, dst.as_ptr() as u64, src, dst.len());
         }
         let bytes = dst.len();
         if let Some(r) = self.shared_copy(bytes, |s| s.dtoh(remote, dst, src, stream)) {
