@@ -462,7 +462,7 @@ fn serve_requests(
                 mid_copy = c.more();
                 stats.requests += 1;
                 let r = within(interrupt, || {
-                    copy_chunk(be, owned, stats, sh, &c, to_device)
+                    copy_shared(be, owned, stats, Through::Ring(sh, &c), to_device)
                 });
                 answer(stats, r)
             }
@@ -495,7 +495,13 @@ fn serve_requests(
                 stats.requests += 1;
                 let to_device = matches!(m, Message::PinnedHtoD(_));
                 let r = within(interrupt, || {
-                    copy_pinned(be, owned, stats, &mut pinned, &c, to_device)
+                    copy_shared(
+                        be,
+                        owned,
+                        stats,
+                        Through::Pinned(&mut pinned, &c),
+                        to_device,
+                    )
                 });
                 answer(stats, r)
             }
@@ -529,42 +535,42 @@ fn refuse(stream: &mut UnixStream, why: RemoteError) -> Result<(), RemoteError> 
     Err(why)
 }
 
-/// One checked chunk of a copy through the shared region, to or from device memory.
-fn copy_chunk(
-    be: &mut dyn ComputeBackend,
-    owned: &Owned,
-    stats: &mut Stats,
-    sh: &mut Shared,
-    c: &Chunk,
-    to_device: bool,
-) -> ComputeResult<Reply> {
-    let ctx = owned.check(c.ctx)?;
-    if to_device {
-        sh.read(c, |addr, bytes| be.copy_htod(ctx, addr, bytes, c.stream))?;
-        stats.bytes_to_device += c.len;
-    } else {
-        sh.write(c, |addr, bytes| be.copy_dtoh(ctx, bytes, addr, c.stream))?;
-        stats.bytes_from_device += c.len;
-    }
-    Ok(Reply::Done)
+/// Shared memory a checked copy moves through: a chunk of the ring, or a range of a
+/// page-locked allocation.
+enum Through<'a> {
+    Ring(&'a mut Shared, &'a Chunk),
+    Pinned(&'a mut Pinned, &'a PinnedCopy),
 }
 
-/// One checked copy between a page-locked allocation and device memory.
-fn copy_pinned(
+/// One checked copy through shared memory, to or from device memory.
+fn copy_shared(
     be: &mut dyn ComputeBackend,
     owned: &Owned,
     stats: &mut Stats,
-    pinned: &mut Pinned,
-    c: &PinnedCopy,
+    through: Through<'_>,
     to_device: bool,
 ) -> ComputeResult<Reply> {
-    let ctx = owned.check(c.ctx)?;
+    let (ctx, stream, len) = match &through {
+        Through::Ring(_, c) => (c.ctx, c.stream, c.len),
+        Through::Pinned(_, c) => (c.ctx, c.stream, c.len),
+    };
+    let ctx = owned.check(ctx)?;
+    let htod = |addr, bytes: &[u8]| be.copy_htod(ctx, addr, bytes, stream);
+    match (through, to_device) {
+        (Through::Ring(sh, c), true) => sh.read(c, htod)?,
+        (Through::Pinned(p, c), true) => p.read(c, htod)?,
+        (through, false) => {
+            let dtoh = |addr, bytes: &mut [u8]| be.copy_dtoh(ctx, bytes, addr, stream);
+            match through {
+                Through::Ring(sh, c) => sh.write(c, dtoh)?,
+                Through::Pinned(p, c) => p.write(c, dtoh)?,
+            }
+        }
+    }
     if to_device {
-        pinned.read(c, |addr, bytes| be.copy_htod(ctx, addr, bytes, c.stream))?;
-        stats.bytes_to_device += c.len;
+        stats.bytes_to_device += len;
     } else {
-        pinned.write(c, |addr, bytes| be.copy_dtoh(ctx, bytes, addr, c.stream))?;
-        stats.bytes_from_device += c.len;
+        stats.bytes_from_device += len;
     }
     Ok(Reply::Done)
 }
