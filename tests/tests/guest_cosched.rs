@@ -1,6 +1,7 @@
 //! Pegasus CoSched on real vCPU run state: two TCG guests, each QEMU in its own CPU cgroup, run
-//! the same `vgpu-load bomb` under `vgpu-schedd`. The "busy" guest also keeps both of its vCPUs
-//! busy with `stress-ng`, while the "calm" guest's vCPUs halt while they wait on fences. The
+//! the same `vgpu-load bomb` (the busy guest's with a deeper queue) under `vgpu-schedd`. The
+//! "busy" guest also keeps both of its vCPUs busy with `stress-ng`, while the "calm" guest's
+//! vCPUs halt while they wait on fences. The
 //! daemon samples each QEMU's vCPU threads (`CPU n/TCG`) every tick and feeds the run state to
 //! the policy as `CpuHint::running`. Under Pegasus `accc` with equal credits both VMs get about
 //! half of the GPU; `vgpuctl set-policy` then switches live to `cosched`, which dispatches only
