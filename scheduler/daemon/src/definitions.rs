@@ -101,11 +101,14 @@ pub enum DefinitionError {
         /// The error.
         source: io::Error,
     },
-    /// The file is larger than [`MAX_DEFINITION_BYTES`].
-    #[error("{}: larger than {MAX_DEFINITION_BYTES} bytes", path.display())]
+    /// The file is larger than its kind may be ([`MAX_DEFINITION_BYTES`] for a definition or
+    /// type, [`MAX_LIVE_STATE_BYTES`] for the live state).
+    #[error("{}: larger than {max} bytes", path.display())]
     TooLarge {
         /// The file.
         path: PathBuf,
+        /// Its kind's limit.
+        max: u64,
     },
     /// The file is not a definition (bad JSON, unknown or missing fields, bad values).
     #[error("{}: {why}", path.display())]
@@ -448,21 +451,9 @@ impl Store {
     /// The daemon's live state as last saved; `None` when there is none.
     pub fn load_live(&self) -> Result<Option<LiveState>, DefinitionError> {
         let path = self.live_path();
-        let file = match std::fs::File::open(&path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => return Err(DefinitionError::Io { path, source }),
+        let Some(text) = read_bounded(&path, MAX_LIVE_STATE_BYTES)? else {
+            return Ok(None);
         };
-        let mut text = String::new();
-        file.take(MAX_LIVE_STATE_BYTES.saturating_add(1))
-            .read_to_string(&mut text)
-            .map_err(|source| DefinitionError::Io {
-                path: path.clone(),
-                source,
-            })?;
-        if u64::try_from(text.len()).unwrap_or(u64::MAX) > MAX_LIVE_STATE_BYTES {
-            return Err(DefinitionError::TooLarge { path });
-        }
         serde_json::from_str(&text)
             .map(Some)
             .map_err(|e| DefinitionError::Invalid {
@@ -575,6 +566,32 @@ fn file_names(dir: &Path) -> Result<Vec<String>, DefinitionError> {
     Ok(names)
 }
 
+/// The text of the file at `path`, at most `max` bytes (past it [`DefinitionError::TooLarge`]);
+/// `None` when there is no file.
+fn read_bounded(path: &Path, max: u64) -> Result<Option<String>, DefinitionError> {
+    let io_err = |source| DefinitionError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_err(e)),
+    };
+    let mut text = String::new();
+    // One byte more than allowed tells an oversized file from one of the largest size.
+    file.take(max.saturating_add(1))
+        .read_to_string(&mut text)
+        .map_err(io_err)?;
+    if u64::try_from(text.len()).unwrap_or(u64::MAX) > max {
+        return Err(DefinitionError::TooLarge {
+            path: path.to_owned(),
+            max,
+        });
+    }
+    Ok(Some(text))
+}
+
 /// Reads the JSON file at `path` (at most [`MAX_DEFINITION_BYTES`]) and checks it with
 /// `check`; a missing file is `missing()`.
 fn read_checked<T: DeserializeOwned, C>(
@@ -582,29 +599,7 @@ fn read_checked<T: DeserializeOwned, C>(
     check: impl FnOnce(&T) -> Result<C, String>,
     missing: impl FnOnce() -> DefinitionError,
 ) -> Result<T, DefinitionError> {
-    let file = match std::fs::File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(missing()),
-        Err(source) => {
-            return Err(DefinitionError::Io {
-                path: path.to_owned(),
-                source,
-            });
-        }
-    };
-    let mut text = String::new();
-    // One byte more than allowed tells an oversized file from one of the largest size.
-    file.take(MAX_DEFINITION_BYTES.saturating_add(1))
-        .read_to_string(&mut text)
-        .map_err(|source| DefinitionError::Io {
-            path: path.to_owned(),
-            source,
-        })?;
-    if u64::try_from(text.len()).unwrap_or(u64::MAX) > MAX_DEFINITION_BYTES {
-        return Err(DefinitionError::TooLarge {
-            path: path.to_owned(),
-        });
-    }
+    let text = read_bounded(path, MAX_DEFINITION_BYTES)?.ok_or_else(missing)?;
     let invalid = |why: String| DefinitionError::Invalid {
         path: path.to_owned(),
         why,

@@ -731,32 +731,31 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
         }
         regs.sort_unstable();
         regs.dedup();
-        if let Some(saves) = &self.saves {
-            let first = self.f().regs.start;
-            let unsaved = &saves.unsaved[(pc - self.f().start) as usize];
-            regs.retain(|&r| {
-                r.checked_sub(first)
-                    .is_none_or(|i| bit_set(unsaved, i as usize))
-            });
-        }
+        self.keep_marked(&mut regs, pc, |s| &s.unsaved);
         for r in regs {
             self.spill(r)?;
         }
         Ok(())
     }
 
+    /// Keeps of `regs` those of this function whose bit is set in `set(saves)` at `pc`
+    /// (every one without [`Saves`]).
+    fn keep_marked(&self, regs: &mut Vec<u32>, pc: u32, set: fn(&Saves) -> &Vec<Vec<u64>>) {
+        if let Some(saves) = &self.saves {
+            let first = self.f().regs.start;
+            let bits = &set(saves)[(pc - self.f().start) as usize];
+            regs.retain(|&r| {
+                r.checked_sub(first)
+                    .is_none_or(|i| bit_set(bits, i as usize))
+            });
+        }
+    }
+
     /// At a resume point continuing at `pc`: the registers that live there (with [`saves`],
     /// those of them whose value the code on uses).
     fn reload_live(&mut self, pc: u32) {
         let mut regs = self.live_at(pc);
-        if let Some(saves) = &self.saves {
-            let first = self.f().regs.start;
-            let wanted = &saves.wanted[(pc - self.f().start) as usize];
-            regs.retain(|&r| {
-                r.checked_sub(first)
-                    .is_none_or(|i| bit_set(wanted, i as usize))
-            });
-        }
+        self.keep_marked(&mut regs, pc, |s| &s.wanted);
         for r in regs {
             self.reload(r).expect("own register");
         }
