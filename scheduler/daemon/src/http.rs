@@ -16,6 +16,7 @@
 //! | `GET /` | the dashboard page |
 //! | `GET /dashboard.js`, `GET /dashboard.css` | its script and style |
 //! | `GET /metrics` | Prometheus text |
+//! | `GET /healthz` | `{"status": "ok", "vms_connected": N}` while the loop serves (no token) |
 //! | `GET /api/state` | the dashboard snapshot (JSON) |
 //! | `GET /api/policies` | the policies the page offers (JSON) |
 //! | `GET /events` | Server-Sent Events: the history, then a snapshot about every second |
@@ -239,6 +240,8 @@ pub enum Route {
     Style,
     /// `GET /metrics`: Prometheus text.
     Metrics,
+    /// `GET /healthz`: the daemon serves ([`health_body`]).
+    Health,
     /// `GET /api/state`: the snapshot.
     State,
     /// `GET /api/policies`: the policies the page offers.
@@ -254,11 +257,12 @@ pub enum Route {
 }
 
 /// Every route: path, method, where it goes.
-const ROUTES: [(&str, &str, Route); 10] = [
+const ROUTES: [(&str, &str, Route); 11] = [
     ("/", "GET", Route::Page),
     ("/dashboard.js", "GET", Route::Script),
     ("/dashboard.css", "GET", Route::Style),
     ("/metrics", "GET", Route::Metrics),
+    ("/healthz", "GET", Route::Health),
     ("/api/state", "GET", Route::State),
     ("/api/policies", "GET", Route::Policies),
     ("/events", "GET", Route::Events),
@@ -378,6 +382,12 @@ pub fn response(status: &str, content_type: &str, body: &[u8]) -> Vec<u8> {
     .into_bytes();
     out.extend_from_slice(body);
     out
+}
+
+/// The body of `GET /healthz`: the event loop answered, and how many VMs have a device
+/// connected. A probe needs no more: a daemon that does not serve does not answer at all.
+pub fn health_body(vms_connected: usize) -> String {
+    serde_json::json!({ "status": "ok", "vms_connected": vms_connected }).to_string()
 }
 
 /// A TCP socket of this host as `/proc/net/tcp` and `/proc/net/tcp6` list it: what the
@@ -599,6 +609,9 @@ mod tests {
     fn routes_methods_and_status_codes() {
         assert_eq!(Route::of("GET", "/"), Ok(Route::Page));
         assert_eq!(Route::of("GET", "/events"), Ok(Route::Events));
+        assert_eq!(Route::of("GET", "/healthz"), Ok(Route::Health));
+        assert!(!Route::Health.changes_state());
+        assert_eq!(health_body(2), "{\"status\":\"ok\",\"vms_connected\":2}");
         assert_eq!(Route::of("POST", "/api/params"), Ok(Route::SetParams));
         assert_eq!(
             Route::of("POST", "/metrics"),

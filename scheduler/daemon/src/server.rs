@@ -1306,6 +1306,12 @@ impl Loop {
         serde_json::to_string(&snapshot).unwrap_or_else(|_| "null".to_owned())
     }
 
+    /// The body of `GET /healthz` ([`http::health_body`]).
+    fn health(&self) -> String {
+        let connected = self.daemon.list().iter().filter(|v| v.connected).count();
+        http::health_body(connected)
+    }
+
     /// The answer to a whole HTTP request, after the listener's access checks.
     fn http_answer(
         &mut self,
@@ -1336,6 +1342,7 @@ impl Loop {
                 metrics::CONTENT_TYPE,
                 render_metrics(&self.daemon.stats(now)).as_bytes(),
             ),
+            Route::Health => whole(json, self.health().as_bytes()),
             Route::State => whole(json, self.snapshot_json(now).as_bytes()),
             Route::Policies => {
                 let choices = serde_json::to_string(&dashboard::policy_choices())

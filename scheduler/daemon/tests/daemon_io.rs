@@ -805,6 +805,15 @@ fn metrics_over_http() {
     assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
     assert!(answer.contains("vm=\"m1\""), "{answer}");
     let answer = |line: &str| http(port, request(line).as_bytes());
+    // The health check: no token, the connected VMs counted.
+    let health = answer("GET /healthz HTTP/1.1");
+    assert!(health.starts_with("HTTP/1.1 200 OK\r\n"), "{health}");
+    assert!(
+        health.ends_with("\r\n\r\n{\"status\":\"ok\",\"vms_connected\":1}"),
+        "{health}"
+    );
+    let foreign = http(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(foreign.starts_with("HTTP/1.1 403"), "{foreign}");
     assert!(answer("GET /other HTTP/1.0").starts_with("HTTP/1.1 404"));
     assert!(answer("POST /metrics HTTP/1.1").starts_with("HTTP/1.1 405"));
     assert!(http(port, b"hello\r\n\r\n").starts_with("HTTP/1.1 400"));
