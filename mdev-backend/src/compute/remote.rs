@@ -13,8 +13,8 @@ use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use log::{debug, warn};
 use thiserror::Error;
@@ -63,13 +63,76 @@ pub enum RemoteError {
 }
 
 /// What one connection did.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone)]
 pub struct Stats {
     pub requests: u64,
     pub launches: u64,
     pub failed: u64,
     pub bytes_to_device: u64,
     pub bytes_from_device: u64,
+    /// The VM's device time, which its device work is added to ([`Request::Usage`]): the
+    /// connection's own on the host path, one shared by the VM's sessions on the device.
+    pub device_time: DeviceTime,
+}
+
+/// The time a VM's device work has run since an origin: what [`Request::Usage`] answers. A
+/// clone is the same meter (every session of a VM adds to one).
+#[derive(Debug, Clone)]
+pub struct DeviceTime(Arc<Meter>);
+
+#[derive(Debug)]
+struct Meter {
+    origin: Instant,
+    /// Running time of device work, paused time included.
+    busy_ns: AtomicU64,
+    /// Of that, the time requests waited paused at the end of a slice (the device lent to
+    /// another VM).
+    paused_ns: AtomicU64,
+}
+
+impl Default for DeviceTime {
+    fn default() -> DeviceTime {
+        DeviceTime(Arc::new(Meter {
+            origin: Instant::now(),
+            busy_ns: AtomicU64::new(0),
+            paused_ns: AtomicU64::new(0),
+        }))
+    }
+}
+
+/// Nanoseconds of `d`, saturating.
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Adds `n` to `counter`, saturating: a meter never wraps back to 0.
+fn add_saturating(counter: &AtomicU64, n: u64) {
+    let _ = counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+        Some(v.saturating_add(n))
+    });
+}
+
+impl DeviceTime {
+    /// Device work ran for `d` (its pauses included: see [`DeviceTime::paused`]).
+    pub fn add(&self, d: Duration) {
+        add_saturating(&self.0.busy_ns, nanos(d));
+    }
+
+    /// A time-sliced request added with [`DeviceTime::add`] waited `ns` for its next slice:
+    /// not its VM's device time.
+    pub fn paused(&self, ns: u64) {
+        add_saturating(&self.0.paused_ns, ns);
+    }
+
+    /// `(busy, elapsed)`: nanoseconds of device work, and nanoseconds since the origin.
+    pub fn sample(&self) -> (u64, u64) {
+        let m = &self.0;
+        let busy = m
+            .busy_ns
+            .load(Ordering::Relaxed)
+            .saturating_sub(m.paused_ns.load(Ordering::Relaxed));
+        (busy, nanos(m.origin.elapsed()))
+    }
 }
 
 /// The contexts a connection created.
@@ -103,7 +166,11 @@ pub fn dispatch(
     req: Request,
 ) -> Reply {
     stats.requests += 1;
+    let start = req.occupies_device().then(Instant::now);
     let r = execute(be, owned, stats, req);
+    if let Some(start) = start {
+        stats.device_time.add(start.elapsed());
+    }
     answer(stats, r)
 }
 
@@ -174,6 +241,13 @@ fn execute(
         MemInfo { ctx } => {
             let (free, total) = be.mem_info(owned.check(ctx)?)?;
             Reply::MemInfo { free, total }
+        }
+        Usage => {
+            let (busy_ns, elapsed_ns) = stats.device_time.sample();
+            Reply::Usage {
+                busy_ns,
+                elapsed_ns,
+            }
         }
         MemsetD8 {
             ctx,
@@ -555,6 +629,7 @@ fn copy_shared(
         Through::Pinned(_, c) => (c.ctx, c.stream, c.len),
     };
     let ctx = owned.check(ctx)?;
+    let start = Instant::now();
     let htod = |addr, bytes: &[u8]| be.copy_htod(ctx, addr, bytes, stream);
     match (through, to_device) {
         (Through::Ring(sh, c), true) => sh.read(c, htod)?,
@@ -567,6 +642,7 @@ fn copy_shared(
             }
         }
     }
+    stats.device_time.add(start.elapsed());
     if to_device {
         stats.bytes_to_device += len;
     } else {
@@ -665,6 +741,71 @@ mod tests {
         assert_eq!(replies[5], Reply::Data(77u32.to_le_bytes().to_vec()));
         assert!(matches!(replies[6], Reply::Error { status: 400, .. }));
         assert_eq!((stats.requests, stats.launches, stats.failed), (7, 1, 1));
+    }
+
+    #[test]
+    fn usage_counts_device_work_not_control_requests() {
+        const PTX: &str = ".version 8.5\n.target sm_75\n.address_size 64\n\
+            .visible .entry put(.param .u64 p)\n{\n.reg .b32 %r<2>;\n.reg .b64 %rd<2>;\n\
+            ld.param.u64 %rd1, [p];\nmov.u32 %r1, 5;\nst.global.u32 [%rd1], %r1;\nret;\n}\n";
+        use Request::*;
+        let ctx = ContextId(1);
+        let stream = super::super::backend::DEFAULT_STREAM;
+        let setup = [
+            Usage,
+            ContextCreate,
+            ModuleLoad {
+                ctx,
+                image: PTX.as_bytes().to_vec(),
+            },
+            MemAlloc { ctx, bytes: 4 },
+        ];
+        let (replies, ..) = exchange(&setup.iter().map(Request::encode).collect::<Vec<_>>());
+        let Reply::Address(addr) = replies[3] else {
+            panic!("{replies:?}")
+        };
+        let work = [
+            Usage,
+            Function {
+                ctx,
+                module: super::super::backend::ModuleId(1),
+                name: "put".into(),
+            },
+            Launch {
+                ctx,
+                function: super::super::backend::FunctionId(2),
+                grid: [64, 1, 1],
+                block: [32, 1, 1],
+                shared_bytes: 0,
+                stream,
+                params: addr.to_le_bytes().to_vec(),
+                cooperative: false,
+            },
+            ContextSynchronize { ctx },
+            Usage,
+        ];
+        let msgs: Vec<Vec<u8>> = setup.iter().chain(&work).map(Request::encode).collect();
+        let (replies, stats, result) = exchange(&msgs);
+        result.unwrap();
+        let usage = |i: usize| match replies[i] {
+            Reply::Usage {
+                busy_ns,
+                elapsed_ns,
+            } => (busy_ns, elapsed_ns),
+            ref r => panic!("{i}: {r:?}"),
+        };
+        let (first, before, after) = (usage(0), usage(4), usage(8));
+        assert_eq!(first.0, 0, "nothing ran");
+        assert_eq!(
+            before.0, 0,
+            "a module load and an allocation are not device time"
+        );
+        assert!(
+            after.0 > 0,
+            "the launch and the synchronisation are: {after:?}"
+        );
+        assert!(first.1 <= before.1 && before.1 <= after.1 && after.0 <= after.1);
+        assert_eq!(stats.device_time.sample().0, after.0);
     }
 
     /// The result of a served connection, once it ends.

@@ -210,6 +210,9 @@ pub enum Request {
     MemInfo {
         ctx: ContextId,
     },
+    /// The device time the VM's work has taken (what a guest's `vgpu-smi` turns into its
+    /// utilisation): no context, as the figure is the VM's, not one program's.
+    Usage,
     /// Asynchronous work the guest deferred to its next synchronisation point, run in order
     /// up to the first failure: only requests whose reply carries nothing but success or an
     /// error (launches, host-to-device and device-to-device copies, memsets, event records, and
@@ -238,6 +241,18 @@ impl Work {
 }
 
 impl Request {
+    /// Whether the request holds the device while it runs: device work, or a wait for it
+    /// (what [`Request::Usage`] counts as the VM's device time).
+    pub fn occupies_device(&self) -> bool {
+        self.work().any()
+            || matches!(
+                self,
+                Request::ContextSynchronize { .. }
+                    | Request::StreamSynchronize { .. }
+                    | Request::EventSynchronize { .. }
+            )
+    }
+
     /// The device work of this request (a batch: of all it holds).
     pub fn work(&self) -> Work {
         let product = |v: [u32; 3]| v.iter().fold(1u64, |p, &d| p.saturating_mul(u64::from(d)));
@@ -310,6 +325,14 @@ pub enum Reply {
     MemInfo {
         free: u64,
         total: u64,
+    },
+    /// The reply to [`Request::Usage`]: nanoseconds the VM's device work (kernels, copies,
+    /// memsets, synchronisations) has run, and nanoseconds elapsed, both since one origin
+    /// (the connection's start on the host path, the VM's compute start on the device). Two
+    /// samples give the utilisation over the time between them: `Δbusy / Δelapsed`.
+    Usage {
+        busy_ns: u64,
+        elapsed_ns: u64,
     },
 }
 
@@ -639,6 +662,7 @@ impl Request {
                 o = Out::new(33);
                 o.u32(ctx.0);
             }
+            Usage => o = Out::new(34),
             Batch(requests) => {
                 o = Out::new(BATCH_OPCODE);
                 o.u32(u32::try_from(requests.len()).unwrap_or(u32::MAX));
@@ -806,6 +830,7 @@ impl Request {
                 bytes: i.u64()?,
             },
             33 => MemInfo { ctx: i.ctx()? },
+            34 => Usage,
             BATCH_OPCODE => {
                 let n = i.u32()? as usize;
                 if n > MAX_BATCH {
@@ -917,6 +942,13 @@ impl Reply {
             Reply::MemInfo { free, total } => {
                 o = Out::new(13);
                 o.u64(*free).u64(*total);
+            }
+            Reply::Usage {
+                busy_ns,
+                elapsed_ns,
+            } => {
+                o = Out::new(14);
+                o.u64(*busy_ns).u64(*elapsed_ns);
             }
         }
         o.finish()
@@ -1040,6 +1072,10 @@ impl Reply {
                 free: i.u64()?,
                 total: i.u64()?,
             },
+            14 => Reply::Usage {
+                busy_ns: i.u64()?,
+                elapsed_ns: i.u64()?,
+            },
             op => return Err(WireError::Opcode(op)),
         };
         i.end()?;
@@ -1154,6 +1190,7 @@ mod tests {
                 bytes: 128 << 20,
             },
             MemInfo { ctx },
+            Usage,
             Batch(vec![
                 MemsetD8 {
                     ctx,
@@ -1275,6 +1312,10 @@ mod tests {
                 free: 3 << 20,
                 total: 1 << 30,
             },
+            Reply::Usage {
+                busy_ns: 7 << 30,
+                elapsed_ns: u64::MAX,
+            },
         ];
         for r in replies {
             assert_eq!(Reply::decode(body(&r.encode())).unwrap(), r);
@@ -1341,6 +1382,29 @@ mod tests {
             Reply::read_from(&mut rd).unwrap(),
             Err(WireError::TooLong { .. })
         ));
+    }
+
+    #[test]
+    fn a_usage_request_or_reply_cut_short_or_padded_is_refused() {
+        let req = Request::Usage.encode();
+        assert_eq!(req, [2, 0, 0, 0, 34, 0], "no fields: the VM's figure");
+        assert_eq!(Request::decode(&[34, 0, 3]), Err(WireError::Trailing(1)));
+        let reply = Reply::Usage {
+            busy_ns: 5,
+            elapsed_ns: 9,
+        }
+        .encode();
+        let b = body(&reply);
+        assert_eq!(b.len(), 2 + 16);
+        for cut in 0..b.len() {
+            assert!(Reply::decode(&b[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut long = b.to_vec();
+        long.push(0);
+        assert_eq!(Reply::decode(&long), Err(WireError::Trailing(1)));
+        // Its length is checked as any message's before it is read.
+        let mut rd = &reply[..reply.len() - 1];
+        assert!(Reply::read_from(&mut rd).is_err(), "a stream cut short");
     }
 
     #[test]

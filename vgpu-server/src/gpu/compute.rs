@@ -25,7 +25,7 @@ use mdev_backend::budget::{Charge, MemoryBudget, OverBudget};
 use mdev_backend::compute::backend::{DEFAULT_REQUEST_TIME, Slicing};
 use mdev_backend::compute::executor::Scope;
 use mdev_backend::compute::ptx::Engine;
-use mdev_backend::compute::remote::{Owned, Stats, dispatch};
+use mdev_backend::compute::remote::{DeviceTime, Owned, Stats, dispatch};
 use mdev_backend::compute::wire::{self, Reply, Request};
 use mdev_backend::compute::{
     ComputeBackend, ComputeError, CpuConfig, Executor, ExecutorConfig, one_guest_backend,
@@ -508,9 +508,12 @@ pub struct ComputeRuntime {
     /// What the executor reports, tagged with the generation it was posted in.
     done_tx: Sender<(u64, Event)>,
     done_rx: Receiver<(u64, Event)>,
-    /// The request paused at the end of a slice (its submit's token), waiting for
-    /// [`ComputeRuntime::resume`].
-    yielded: Option<LoadToken>,
+    /// The request paused at the end of a slice (its submit's token) and when it paused,
+    /// waiting for [`ComputeRuntime::resume`].
+    yielded: Option<(LoadToken, u64)>,
+    /// The device time of the VM's work, shared by its sessions (`Request::Usage`): the time
+    /// its requests waited paused is taken off when they go on or end.
+    device_time: DeviceTime,
     /// Written once per finished request: wakes the device's worker.
     notify: Option<Arc<EventFd>>,
     /// Requests posted to the executor and not yet reported back by it, of every generation:
@@ -546,6 +549,7 @@ impl ComputeRuntime {
             done_tx,
             done_rx,
             yielded: None,
+            device_time: DeviceTime::default(),
             notify: None,
             in_flight: 0,
             generation: 0,
@@ -614,7 +618,16 @@ impl ComputeRuntime {
                 "{MAX_IN_FLIGHT} compute requests in flight"
             ))));
         }
-        let session = Arc::clone(self.sessions.entry(ctx).or_default());
+        let device_time = &self.device_time;
+        let session = Arc::clone(self.sessions.entry(ctx).or_insert_with(|| {
+            Arc::new(Mutex::new(Session {
+                owned: Owned::default(),
+                stats: Stats {
+                    device_time: device_time.clone(),
+                    ..Stats::default()
+                },
+            }))
+        }));
         let (tx, notify, generation) = (self.done_tx.clone(), self.notify.clone(), self.generation);
         let (resource_id, reply_capacity) = target;
         let budget = Arc::clone(&self.budget);
@@ -675,15 +688,19 @@ impl ComputeRuntime {
         while let Ok((generation, e)) = self.done_rx.try_recv() {
             if let Event::Done(d) = &e {
                 self.in_flight = self.in_flight.saturating_sub(1);
-                if self.yielded == Some(d.token) {
+                if let Some((token, at)) = self.yielded
+                    && token == d.token
+                {
+                    // It ended paused (cancelled): paused until it ended.
+                    self.device_time.paused(d.finish.saturating_sub(at));
                     self.yielded = None;
                 }
             }
             if generation != self.generation {
                 continue;
             }
-            if let Event::Yielded { token, .. } = &e {
-                self.yielded = Some(*token);
+            if let Event::Yielded { token, at } = &e {
+                self.yielded = Some((*token, *at));
             }
             out.push(e);
         }
@@ -693,10 +710,14 @@ impl ComputeRuntime {
     /// Lets the request of submit `token`, paused at the end of a slice, run its next slice;
     /// false when it is not paused (it finished or was cancelled meanwhile).
     pub fn resume(&mut self, token: LoadToken) -> bool {
-        if self.yielded != Some(token) {
+        let Some((paused, at)) = self.yielded else {
+            return false;
+        };
+        if paused != token {
             return false;
         }
         self.yielded = None;
+        self.device_time.paused(monotonic_ns().saturating_sub(at));
         matches!(&self.executor, Some(Ok(executor)) if executor.resume())
     }
 
@@ -719,7 +740,9 @@ impl ComputeRuntime {
     /// anything queued later.
     pub fn reset(&mut self) {
         self.generation = self.generation.wrapping_add(1);
-        self.yielded = None;
+        if let Some((_, at)) = self.yielded.take() {
+            self.device_time.paused(monotonic_ns().saturating_sub(at));
+        }
         self.cancel();
         for (_, session) in std::mem::take(&mut self.sessions) {
             self.release(session);
@@ -1190,6 +1213,54 @@ pub(crate) mod tests {
             };
             assert_eq!(a.total_memory, bytes);
         }
+    }
+
+    #[test]
+    fn usage_is_the_vms_device_time_in_every_session_less_the_time_paused_between_slices() {
+        /// How long the test holds the kernel paused after its first slice.
+        const PAUSE: std::time::Duration = std::time::Duration::from_millis(500);
+        let mut rt = ComputeRuntime::new(ComputeKind::Cpu, budget());
+        let mut runner = super::super::load::LoadRunner::default();
+        let usage = |rt: &mut ComputeRuntime, runner: &mut _, guest| match ask(
+            rt,
+            runner,
+            guest,
+            Request::Usage,
+        ) {
+            Reply::Usage {
+                busy_ns,
+                elapsed_ns,
+            } => (busy_ns, elapsed_ns),
+            r => panic!("{r:?}"),
+        };
+        assert_eq!(usage(&mut rt, &mut runner, 2).0, 0, "nothing ran");
+        // Guest context 1's kernel runs sliced: a slice, paused PAUSE, a slice, paused until
+        // it is cancelled.
+        let (_, launch) = spin_launch(&mut rt, &mut runner, 1);
+        let token = runner.token();
+        let charge = Charge::empty(&rt.budget);
+        rt.post(1, launch, charge, token, (9, 4096), Some((GroupId(1), 1)))
+            .unwrap();
+        let yielded = |rt: &mut ComputeRuntime| {
+            rt.take_events()
+                .iter()
+                .any(|e| matches!(e, Event::Yielded { .. }))
+        };
+        wait_until(&mut rt, yielded);
+        std::thread::sleep(PAUSE);
+        assert!(rt.resume(token));
+        wait_until(&mut rt, yielded);
+        rt.cancel();
+        wait_done(&mut rt, 1);
+        // Another program of the VM (guest context 2) sees the kernel's time: the VM's.
+        let (busy, elapsed) = usage(&mut rt, &mut runner, 2);
+        assert!(busy > 0, "the kernel ran");
+        // Its pauses are not: whatever ran besides, busy and paused time fit in the elapsed.
+        assert!(
+            busy.saturating_add(PAUSE.as_nanos() as u64) <= elapsed,
+            "busy {busy} ns of {elapsed} ns"
+        );
+        assert!(usage(&mut rt, &mut runner, 1).1 >= elapsed, "one origin");
     }
 
     #[test]
