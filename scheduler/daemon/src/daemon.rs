@@ -26,6 +26,7 @@ use vgpu_scheduler::{
     PolicyConfig, SchedError, Scheduler, Time, VgpuId, VgpuParams,
 };
 
+use crate::metrics::LatencyHistogram;
 use crate::proto::{
     self, Detail, Exec, MAX_GROUPS_PER_DEVICE, Msg, PROTOCOL_VERSION, ProtoError, RefuseCode,
     Session, VmName,
@@ -466,6 +467,8 @@ struct Attached {
     snapshots: VecDeque<Snapshot>,
     latency: Histogram,
     recent: RecentLatency,
+    /// The same latencies in the exposition's buckets, with their sum.
+    histogram: LatencyHistogram,
     /// Its memory budget as its device last reported it: (used, limit) bytes.
     memory: Option<(u64, u64)>,
     /// When its device connected (greeted).
@@ -478,6 +481,7 @@ impl Attached {
         let us = ns / vgpu_scheduler::model::NS_PER_US;
         self.latency.record(us);
         self.recent.record(us);
+        self.histogram.record(ns);
     }
 }
 
@@ -541,6 +545,10 @@ pub struct VmStats {
     pub recent_latency_p50_us: u64,
     /// 99th percentile of the same, µs.
     pub recent_latency_p99_us: u64,
+    /// Submit-to-finish latencies since it connected, as the metrics' histogram (not in the
+    /// JSON statistics: the quantiles above are).
+    #[serde(skip)]
+    pub latency: LatencyHistogram,
     /// Groups submitted since it connected (asked for a grant).
     pub submitted: u64,
     /// Groups dispatched since it connected (granted or leased).
@@ -914,6 +922,7 @@ impl Daemon {
                 groups: BTreeMap::new(),
                 snapshots: VecDeque::from([start]),
                 latency: Histogram::new(),
+                histogram: LatencyHistogram::default(),
                 recent: RecentLatency::new(),
                 memory: None,
                 connected_at: now,
@@ -1472,6 +1481,7 @@ impl Daemon {
                 latency_p99_us: vm.latency.quantile(0.99),
                 recent_latency_p50_us: vm.recent.quantile(0.5),
                 recent_latency_p99_us: vm.recent.quantile(0.99),
+                latency: vm.histogram.clone(),
                 submitted: a.submitted,
                 dispatched: a.dispatched,
                 completed: a.completed,
@@ -1618,6 +1628,7 @@ fn idle_stats(name: &str) -> VmStats {
         latency_p99_us: 0,
         recent_latency_p50_us: 0,
         recent_latency_p99_us: 0,
+        latency: LatencyHistogram::default(),
         submitted: 0,
         dispatched: 0,
         completed: 0,

@@ -489,6 +489,7 @@ mod tests {
             latency_p99_us: 2,
             recent_latency_p50_us: 1500,
             recent_latency_p99_us: 9000,
+            latency: crate::metrics::LatencyHistogram::default(),
             submitted: 0,
             dispatched: 0,
             completed: 0,

@@ -1306,6 +1306,32 @@ impl Loop {
         serde_json::to_string(&snapshot).unwrap_or_else(|_| "null".to_owned())
     }
 
+    /// The `/metrics` answer's body: the core's statistics, the daemon process's figures and
+    /// where each VM runs (the cgroup probed for its QEMU, the socket of the device process
+    /// the daemon created or of its definition, its definition's vGPU type).
+    fn metrics_text(&self, now: u64) -> String {
+        let stats = self.daemon.stats(now);
+        let process = metrics::ProcessStats::read()
+            .inspect_err(|e| debug!("process metrics: {e}"))
+            .ok();
+        let places = stats
+            .vms
+            .iter()
+            .filter(|vm| vm.connected)
+            .map(|vm| {
+                let def = self.store.as_ref().and_then(|s| s.read(&vm.name).ok());
+                let socket = self.children.get(&vm.name).map(|c| c.socket.clone());
+                let place = metrics::VmPlace {
+                    cgroup: self.probes.get(&vm.name).map(|p| p.probe.cgroup().path()),
+                    socket: socket.or_else(|| def.as_ref().map(|d| d.socket.clone())),
+                    vgpu_type: def.and_then(|d| d.vgpu_type),
+                };
+                (vm.name.clone(), place)
+            })
+            .collect();
+        render_metrics(&stats, &metrics::Context { process, places })
+    }
+
     /// The body of `GET /healthz` ([`http::health_body`]).
     fn health(&self) -> String {
         let connected = self.daemon.list().iter().filter(|v| v.connected).count();
@@ -1338,10 +1364,7 @@ impl Loop {
                 dashboard::SCRIPT.as_bytes(),
             ),
             Route::Style => whole("text/css; charset=utf-8", dashboard::STYLE.as_bytes()),
-            Route::Metrics => whole(
-                metrics::CONTENT_TYPE,
-                render_metrics(&self.daemon.stats(now)).as_bytes(),
-            ),
+            Route::Metrics => whole(metrics::CONTENT_TYPE, self.metrics_text(now).as_bytes()),
             Route::Health => whole(json, self.health().as_bytes()),
             Route::State => whole(json, self.snapshot_json(now).as_bytes()),
             Route::Policies => {

@@ -7,7 +7,10 @@ use vgpu_schedd::daemon::{
     ConnId, DEFAULT_GROUP_TIMEOUT_NS, DISPATCH_GRACE_NS, Daemon, DaemonConfig, MAX_CONNECTIONS,
     MAX_SIMULATED_COST_NS, Outbox, Peer, SUBMIT_RECENT_NS, Stats,
 };
-use vgpu_schedd::metrics::{family_names, figure_is_known, render_metrics};
+use vgpu_schedd::metrics::{
+    Context, LATENCY_BOUNDS_NS, ProcessStats, VmPlace, family_names, figure_is_known,
+    render_metrics,
+};
 use vgpu_schedd::proto::{
     self, Exec, HEADER_BYTES, MAX_GROUPS_PER_DEVICE, MAX_MESSAGE_BYTES, Msg, PROTOCOL_VERSION,
     RefuseCode, VmName,
@@ -703,7 +706,16 @@ fn stats_rates_and_prometheus_rendering() {
     assert!(json.contains("\"gpu_share\""));
     serde_json::to_string(&d.list()).unwrap();
 
-    let text = render_metrics(&s);
+    let place = VmPlace {
+        cgroup: Some("/sys/fs/cgroup/machine.slice/vm".into()),
+        socket: Some("/run/vgpu/vm.sock".into()),
+        vgpu_type: Some("quarter".into()),
+    };
+    let ctx = Context {
+        places: [("vm".to_owned(), place)].into(),
+        ..context()
+    };
+    let text = render_metrics(&s, &ctx);
     assert!(text.contains("# TYPE vgpu_groups_completed_total counter\n"));
     assert_eq!(
         sample(&text, "vgpu_groups_completed_total", "vm=\"vm\""),
@@ -749,9 +761,59 @@ fn stats_rates_and_prometheus_rendering() {
         sample(&text, "vgpu_policy_info", "policy=\"none\""),
         Some(1.0)
     );
+    // The latency histogram: 25 groups of exactly 100 ms, so all in the 0.1 s bucket.
+    assert!(text.contains("# TYPE vgpu_group_latency_seconds histogram\n"));
+    let bucket = |le: &str| {
+        let labels = format!("vm=\"vm\",le=\"{le}\"");
+        sample(&text, "vgpu_group_latency_seconds_bucket", &labels)
+    };
+    assert_eq!(
+        (bucket("0.05"), bucket("0.1"), bucket("10"), bucket("+Inf")),
+        (Some(0.0), Some(25.0), Some(25.0), Some(25.0)),
+        "{text}"
+    );
+    let count = sample(&text, "vgpu_group_latency_seconds_count", "vm=\"vm\"");
+    let sum = sample(&text, "vgpu_group_latency_seconds_sum", "vm=\"vm\"");
+    assert_eq!((count, sum), (Some(25.0), Some(2.5)));
+    let buckets = text
+        .lines()
+        .filter(|l| l.starts_with("vgpu_group_latency_seconds_bucket{vm=\"vm\""))
+        .count();
+    assert_eq!(buckets, LATENCY_BOUNDS_NS.len() + 1);
+    assert_eq!(
+        sample(&text, "vgpu_group_latency_seconds_count", "vm=\"away\""),
+        Some(0.0)
+    );
+    // vm_info names where the VM runs: QEMU's pid (the Hello's, proven), cgroup, socket, type.
     let vgpu = vm.vgpu.unwrap().0;
-    let labels = format!("vm=\"vm\",vgpu=\"{vgpu}\"");
-    assert_eq!(sample(&text, "vgpu_vm_info", &labels), Some(1.0));
+    let labels = format!(
+        "vm=\"vm\",vgpu=\"{vgpu}\",qemu_pid=\"{}\",\
+         cgroup=\"/sys/fs/cgroup/machine.slice/vm\",socket=\"/run/vgpu/vm.sock\",type=\"quarter\"",
+        PID + 1
+    );
+    assert_eq!(sample(&text, "vgpu_vm_info", &labels), Some(1.0), "{text}");
+    // Unknown places are empty labels.
+    let bare = render_metrics(&s, &Context::default());
+    let labels = format!(
+        "vm=\"vm\",vgpu=\"{vgpu}\",qemu_pid=\"{}\",cgroup=\"\",socket=\"\",type=\"\"",
+        PID + 1
+    );
+    assert_eq!(sample(&bare, "vgpu_vm_info", &labels), Some(1.0), "{bare}");
+    assert!(!bare.contains("process_"), "{bare}");
+    // The daemon process's own figures.
+    assert!(text.contains("# TYPE process_cpu_seconds_total counter\n"));
+    let cpu = sample(&text, "process_cpu_seconds_total", "");
+    assert!(cpu.is_some_and(|v| v >= 0.0), "{cpu:?}");
+    for family in [
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_start_time_seconds",
+    ] {
+        assert!(
+            sample(&text, family, "").is_some_and(|v| v > 0.0),
+            "{family}"
+        );
+    }
     assert!(!text.contains("vgpu_vm_info{vm=\"away\""), "{text}");
     assert!(text.contains("# TYPE vgpu_engine_context_switches_total counter\n"));
     let busy = sample(&text, "vgpu_engine_busy_ratio", "").unwrap();
@@ -773,7 +835,15 @@ fn stats_rates_and_prometheus_rendering() {
     // Label values are escaped.
     let mut odd = s.clone();
     odd.vms[0].name = "a\"b\\c\nd".into();
-    assert!(render_metrics(&odd).contains("vm=\"a\\\"b\\\\c\\nd\""));
+    assert!(render_metrics(&odd, &ctx).contains("vm=\"a\\\"b\\\\c\\nd\""));
+}
+
+/// What the I/O layer adds to a scrape: this process's figures, no places.
+fn context() -> Context {
+    Context {
+        process: Some(ProcessStats::read().unwrap()),
+        ..Context::default()
+    }
 }
 
 /// The value of the sample of family `name` with `labels` (`vm="a"`; empty for none) in a
@@ -788,10 +858,15 @@ fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
     line[series.len()..].parse().ok()
 }
 
-/// The family a sample line of an exposition belongs to (its name up to the labels).
+/// The family a sample line of an exposition belongs to: its name up to the labels, without
+/// the `_bucket`, `_sum` or `_count` of a histogram's samples (no other family ends so).
 fn family_of(line: &str) -> &str {
     let end = line.find(['{', ' ']).unwrap_or(line.len());
-    &line[..end]
+    let name = &line[..end];
+    ["_bucket", "_sum", "_count"]
+        .iter()
+        .find_map(|suffix| name.strip_suffix(suffix))
+        .unwrap_or(name)
 }
 
 #[test]
@@ -828,7 +903,7 @@ fn every_policy_family_renders_metrics_that_promtool_accepts() {
                 );
             }
         }
-        let text = render_metrics(&stats);
+        let text = render_metrics(&stats, &context());
         common::assert_promtool_clean(&text);
         let policy = format!("policy=\"{}\"", stats.policy);
         assert_eq!(
@@ -948,7 +1023,7 @@ fn stats_and_metrics_carry_the_budget_of_vms_that_have_one() {
     assert_eq!(field("rt")["remaining_ns"], 3_000_000);
     assert_eq!(field("rt")["period_ns"], 25 * NS_PER_MS);
     assert!(field("bg").is_null());
-    let text = render_metrics(&s);
+    let text = render_metrics(&s, &context());
     assert!(text.contains("# TYPE vgpu_budget_remaining_seconds gauge\n"));
     let samples: Vec<&str> = text
         .lines()
@@ -1044,7 +1119,9 @@ fn a_cancelled_grant_frees_the_gpu_under_every_policy() {
         let vm = |n: &str| stats.vms.iter().find(|v| v.name == n).unwrap().clone();
         assert_eq!((vm("a").cancelled, vm("a").completed), (2, 0), "{name}");
         assert!(vm("a").connected, "{name}");
-        assert!(render_metrics(&stats).contains("vgpu_groups_cancelled_total{vm=\"a\"} 2"));
+        assert!(
+            render_metrics(&stats, &context()).contains("vgpu_groups_cancelled_total{vm=\"a\"} 2")
+        );
     }
 }
 
