@@ -123,7 +123,7 @@ fn build_binaries(profile_dir: &Path) -> bool {
         "-p",
         "vgpu-sim",
         "--bins",
-    ]) && build(&["-p", "vgpu-libcuda", "--lib"])
+    ]) && build(&["-p", "vgpu-libcuda", "--lib", "--bins"])
 }
 
 /// A running `vgpu-schedd`: killed (SIGKILL, by pid) and reaped on drop, its stderr printed

@@ -14,19 +14,15 @@ use mdev_backend::compute::ptx::MAX_PTX_BYTES;
 
 use crate::array::Memory;
 use crate::driver::{CuResult, Driver, Image, LINK_TOKEN_MAGIC, LaunchParams, StreamSettings};
-use crate::drm::DrmTransport;
 use crate::status::*;
 use crate::symbols::Resolution;
-use crate::transport::{SOCKET_ENV, SocketTransport, Transport, TransportError};
+use crate::transport::Transport;
 
 pub(crate) type CUresult = c_uint;
 pub(crate) type Handle = *mut c_void;
 
 /// The one device this driver presents.
 const DEVICE: c_int = 0;
-/// The driver API version reported (`cuDriverGetVersion`): CUDA 13.5, so the runtimes of
-/// nvcc up to 13.5 accept the driver.
-const DRIVER_VERSION: c_int = 13050;
 /// Largest image `cuModuleLoadData` reads through a pointer of unknown extent.
 const MAX_IMAGE_BYTES: u64 = 256 << 20;
 /// Environment variable: when set, every entry point called is written to standard error,
@@ -427,7 +423,7 @@ entry!(cuInit(_flags: c_uint) {
     if guard.is_some() {
         return Ok(());
     }
-    let t = connect().map_err(|why| {
+    let t = crate::transport::connect().map_err(|why| {
         static SAID: std::sync::Once = std::sync::Once::new();
         SAID.call_once(|| eprintln!("vgpu libcuda: no device: {why}"));
         CUDA_ERROR_NO_DEVICE
@@ -436,21 +432,7 @@ entry!(cuInit(_flags: c_uint) {
     Ok(())
 });
 
-/// The transport: the socket named by `VGPU_CUDA_SOCKET` when it is set, else the vGPU's
-/// virtio-gpu render node.
-fn connect() -> Result<Box<dyn Transport>, String> {
-    match std::env::var(SOCKET_ENV) {
-        Ok(path) => match SocketTransport::connect(&path) {
-            Ok(t) => Ok(Box::new(t)),
-            Err(e) => Err(format!("{SOCKET_ENV}={path}: {e}")),
-        },
-        Err(_) => DrmTransport::open()
-            .map(|t| Box::new(t) as Box<dyn Transport>)
-            .map_err(|e: TransportError| e.to_string()),
-    }
-}
-
-entry!(cuDriverGetVersion(v: *mut c_int) { put(v, DRIVER_VERSION) });
+entry!(cuDriverGetVersion(v: *mut c_int) { put(v, crate::attributes::DRIVER_VERSION) });
 
 entry!(cuDeviceGetCount(n: *mut c_int) {
     with(|_| Ok(()))?;
@@ -537,7 +519,7 @@ entry!(cuDeviceGetProperties(prop: *mut DevProp, dev: c_int) {
 
 entry!(cuDeviceGetUuid(uuid: *mut [u8; 16], dev: c_int) {
     device(dev)?;
-    put(uuid, *b"vgpu-compute-000")
+    put(uuid, crate::attributes::DEVICE_UUID)
 });
 
 entry!(cuDeviceGetUuid_v2(uuid: *mut [u8; 16], dev: c_int) {

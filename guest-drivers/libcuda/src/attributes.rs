@@ -13,6 +13,12 @@ pub use mdev_backend::compute::occupancy::{SmLimits, active_blocks, sm_limits};
 use crate::driver::{CuResult, PointerInfo};
 use crate::status::{CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_SUPPORTED};
 
+/// The driver API version reported (`cuDriverGetVersion`): CUDA 13.5, so the runtimes of
+/// nvcc up to 13.5 accept the driver.
+pub const DRIVER_VERSION: c_int = 13050;
+/// The device's UUID (`cuDeviceGetUuid`): one device per VM, the same in every VM.
+pub const DEVICE_UUID: [u8; 16] = *b"vgpu-compute-000";
+
 /// `CU_DEVICE_ATTRIBUTE_MAX` of CUDA 13: attributes at or past it are not attributes.
 const DEVICE_ATTRIBUTE_MAX: c_int = 162;
 /// `CU_FUNC_ATTRIBUTE_MAX` of CUDA 13.

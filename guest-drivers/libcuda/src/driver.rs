@@ -968,6 +968,18 @@ impl<T: Transport> Driver<T> {
         }
     }
 
+    /// The VM's device time: `(busy, elapsed)` nanoseconds since one origin
+    /// ([`Request::Usage`]); two samples give its utilisation between them.
+    pub fn usage(&mut self) -> CuResult<(u64, u64)> {
+        match self.call(Request::Usage)? {
+            Reply::Usage {
+                busy_ns,
+                elapsed_ns,
+            } => Ok((busy_ns, elapsed_ns)),
+            _ => Err(CUDA_ERROR_UNKNOWN),
+        }
+    }
+
     fn next_buffer_id(&mut self) -> u64 {
         self.last_buffer_id += 1;
         self.last_buffer_id
@@ -2157,6 +2169,7 @@ fn touches_device(req: &Request) -> bool {
             | Request::TakeOutput { .. }
             | Request::SetHeapSize { .. }
             | Request::MemInfo { .. }
+            | Request::Usage
     )
 }
 

@@ -9,7 +9,8 @@
 //! - [`driver`]: handle tables and requests, pure logic;
 //! - [`transport`]: how requests reach the host (a Unix socket named by `VGPU_CUDA_SOCKET`),
 //!   and [`drm`]: the vGPU's virtio-gpu device, a guest's transport otherwise;
-//! - [`attributes`], [`status`]: device and function attributes, `CUresult` values.
+//! - [`attributes`], [`status`]: device and function attributes, `CUresult` values;
+//! - [`smi`]: what the guest's `vgpu-smi` (`src/bin/vgpu-smi-guest.rs`) shows.
 //!
 //! See `docs/CUDA-GUEST.md`.
 
@@ -22,6 +23,7 @@ pub mod drm;
 mod export;
 mod graph;
 mod integrity;
+pub mod smi;
 pub mod status;
 mod symbols;
 pub mod transport;

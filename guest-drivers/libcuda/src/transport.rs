@@ -16,6 +16,20 @@ use thiserror::Error;
 
 /// Environment variable naming the host socket.
 pub const SOCKET_ENV: &str = "VGPU_CUDA_SOCKET";
+
+/// The transport `cuInit` uses: the socket named by [`SOCKET_ENV`] when it is set, else the
+/// vGPU's virtio-gpu render node.
+pub fn connect() -> Result<Box<dyn Transport>, String> {
+    match std::env::var(SOCKET_ENV) {
+        Ok(path) => match SocketTransport::connect(&path) {
+            Ok(t) => Ok(Box::new(t)),
+            Err(e) => Err(format!("{SOCKET_ENV}={path}: {e}")),
+        },
+        Err(_) => crate::drm::DrmTransport::open()
+            .map(|t| Box::new(t) as Box<dyn Transport>)
+            .map_err(|e: TransportError| e.to_string()),
+    }
+}
 /// Longest wait for one reply: a kernel may run this long on the host before the driver
 /// reports the connection lost (the host's own launch budget ends runaway kernels sooner).
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(600);
