@@ -14,7 +14,10 @@
 //!   control request and shutdown), and the device unit's `ProcSubset=pid` and
 //!   `ProtectProc=invisible` against the `/proc` files it opens;
 //! - the libvirt domain with `virt-xml-validate` (and a broken copy refused), its device
-//!   argument against the unit's socket, the example definition as the daemon reads it.
+//!   argument against the unit's socket, the example definition as the daemon reads it;
+//! - `packaging/guest-deb.sh`: the guest package (`vgpu-guest-cuda`) built from the workspace's
+//!   `libcuda.so` and `vgpu-smi-guest`: its files, modes and owner, its `Depends` against the glibc
+//!   floor `objdump -T` measures of the unpacked files, and the unpacked tool run.
 //!
 //! The tools come from Debian packages that qemu-scripts/test.sh installs; a missing one fails
 //! the test, naming its package.
@@ -912,4 +915,144 @@ fn the_libvirt_hook_starts_the_device_unit_of_our_domains_only() {
             "{name:?}"
         );
     }
+}
+
+/// glibc of Debian 13 (trixie), the guest the package is for: its floor may not be above it.
+const TRIXIE_GLIBC: (u32, u32) = (2, 41);
+
+/// The highest `GLIBC_x.y` symbol version `file` references (`objdump -T`).
+fn glibc_floor(objdump: &Path, file: &Path) -> (u32, u32) {
+    let out = Command::new(objdump)
+        .arg("-T")
+        .arg(file)
+        .output()
+        .expect("objdump");
+    assert!(out.status.success(), "objdump -T {}", file.display());
+    String::from_utf8_lossy(&out.stdout)
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))
+        .filter_map(|w| w.strip_prefix("GLIBC_"))
+        .filter_map(|v| {
+            let (major, minor) = v.split_once('.')?;
+            Some((major.parse().ok()?, minor.split('.').next()?.parse().ok()?))
+        })
+        .max()
+        .unwrap_or_else(|| panic!("no GLIBC versions in {}", file.display()))
+}
+
+#[test]
+fn the_guest_package_holds_the_library_and_vgpu_smi_and_depends_on_their_glibc_floor() {
+    let (dpkg_deb, dpkg) = (tool("dpkg-deb", "dpkg"), tool("dpkg", "dpkg"));
+    let objdump = tool("objdump", "binutils");
+    let lib = workspace_binary("libcuda.so").expect("libcuda.so of guest-drivers/libcuda");
+    let bins = lib.parent().expect("binary directory");
+    let dir = TempDir::new("guest-deb").expect("temp dir");
+    let output = Command::new(packaging("guest-deb.sh"))
+        .arg(format!("--bin-dir={}", bins.display()))
+        .arg("--out")
+        .arg(dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .expect("running guest-deb.sh");
+    let said = text(&output);
+    assert!(output.status.success(), "guest-deb.sh failed:\n{said}");
+    let version = env!("CARGO_PKG_VERSION");
+    let deb = dir
+        .path()
+        .join(format!("vgpu-guest-cuda_{version}_amd64.deb"));
+    assert_eq!(said.lines().next(), Some(deb.to_str().unwrap()), "{said}");
+
+    let contents = text(
+        &Command::new(&dpkg_deb)
+            .arg("-c")
+            .arg(&deb)
+            .output()
+            .unwrap(),
+    );
+    let entries: BTreeMap<String, String> = contents
+        .lines()
+        .map(|l| {
+            let path = l.split_whitespace().skip(5).collect::<Vec<_>>().join(" ");
+            (path, l.split_whitespace().next().unwrap_or("").to_string())
+        })
+        .collect();
+    for (path, mode) in [
+        ("./usr/lib/x86_64-linux-gnu/libcuda.so.1", "-rw-r--r--"),
+        (
+            "./usr/lib/x86_64-linux-gnu/libcuda.so -> libcuda.so.1",
+            "lrwxrwxrwx",
+        ),
+        ("./usr/bin/vgpu-smi", "-rwxr-xr-x"),
+        ("./usr/share/doc/vgpu-guest-cuda/copyright", "-rw-r--r--"),
+    ] {
+        assert_eq!(
+            entries.get(path).map(String::as_str),
+            Some(mode),
+            "{path} in\n{contents}"
+        );
+    }
+    assert!(
+        contents.lines().all(|l| l.contains(" root/root ")),
+        "owned by root:\n{contents}"
+    );
+
+    // Unpacked as dpkg installs it: the floor it depends on is what its files need.
+    let root = dir.path().join("root");
+    let unpacked = Command::new(&dpkg).arg("-x").arg(&deb).arg(&root).output();
+    assert!(unpacked.unwrap().status.success());
+    let library = root.join("usr/lib/x86_64-linux-gnu/libcuda.so.1");
+    let smi = root.join("usr/bin/vgpu-smi");
+    let floor = glibc_floor(&objdump, &library).max(glibc_floor(&objdump, &smi));
+    assert!(floor <= TRIXIE_GLIBC, "glibc {floor:?} is past trixie's");
+    let field = |name: &str| {
+        let out = Command::new(&dpkg_deb)
+            .args(["-f"])
+            .arg(&deb)
+            .arg(name)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    assert_eq!(field("Package"), "vgpu-guest-cuda");
+    assert_eq!(field("Version"), version);
+    assert_eq!(field("Architecture"), "amd64");
+    assert_eq!(
+        field("Depends"),
+        format!("libc6 (>= {}.{})", floor.0, floor.1)
+    );
+    assert!(said.contains(&format!("glibc floor: {}.{}", floor.0, floor.1)));
+    let info = text(
+        &Command::new(&dpkg_deb)
+            .arg("-I")
+            .arg(&deb)
+            .output()
+            .unwrap(),
+    );
+    for member in ["control", "md5sums", "triggers"] {
+        assert!(info.contains(&format!(" {member} ")), "{member} in\n{info}");
+    }
+    let soname = text(
+        &Command::new(&objdump)
+            .arg("-p")
+            .arg(&library)
+            .output()
+            .unwrap(),
+    );
+    assert!(
+        soname
+            .lines()
+            .any(|l| l.split_whitespace().eq(["SONAME", "libcuda.so.1"])),
+        "{soname}"
+    );
+    assert!(read(&root.join("usr/share/doc/vgpu-guest-cuda/copyright")).contains("Apache-2.0"));
+
+    // The unpacked tool runs: its help, and with no device (no vGPU here, a socket that is
+    // not there) it says so and exits 1.
+    let help = Command::new(&smi).arg("--help").output().unwrap();
+    assert!(help.status.success() && text(&help).contains("Usage: vgpu-smi"));
+    let none = Command::new(&smi)
+        .env("VGPU_CUDA_SOCKET", dir.path().join("absent.sock"))
+        .output()
+        .unwrap();
+    assert_eq!(none.status.code(), Some(1), "{}", text(&none));
+    assert!(text(&none).contains("no device"));
 }
