@@ -69,6 +69,10 @@ pub enum HttpError {
     /// A request that changes the scheduler without the listener's token.
     #[error("missing or wrong {TOKEN_HEADER} (get the dashboard URL with `vgpuctl dashboard`)")]
     BadToken,
+    /// A request to the metrics listener ([`crate::metrics_listener`]) without its bearer
+    /// token.
+    #[error("missing or wrong Authorization: Bearer token")]
+    Unauthorized,
     /// No such route.
     #[error("not found")]
     NotFound,
@@ -94,16 +98,21 @@ impl HttpError {
             HttpError::HeadTooLarge => "431 Request Header Fields Too Large",
             HttpError::BodyTooLarge => "413 Content Too Large",
             HttpError::BadHost(_) | HttpError::BadToken => "403 Forbidden",
+            HttpError::Unauthorized => "401 Unauthorized",
             HttpError::NotFound | HttpError::UnknownVm(_) => "404 Not Found",
             HttpError::MethodNotAllowed => "405 Method Not Allowed",
             HttpError::UnsupportedType => "415 Unsupported Media Type",
         }
     }
 
-    /// The whole answer: the status and `{"error": "why"}`.
+    /// The whole answer: the status and `{"error": "why"}` (a 401 names the scheme it wants).
     pub fn answer(&self) -> Vec<u8> {
         let body = serde_json::json!({ "error": self.to_string() }).to_string();
-        response(self.status(), "application/json", body.as_bytes())
+        let extra = match self {
+            HttpError::Unauthorized => "WWW-Authenticate: Bearer realm=\"vgpu-schedd\"\r\n",
+            _ => "",
+        };
+        response_with(self.status(), "application/json", extra, body.as_bytes())
     }
 }
 
@@ -118,6 +127,8 @@ pub struct HttpRequest {
     pub host: Option<String>,
     /// The [`TOKEN_HEADER`] header.
     pub token: Option<String>,
+    /// The `Authorization` header (the metrics listener's bearer token).
+    pub authorization: Option<String>,
     /// The `Content-Type` header.
     pub content_type: Option<String>,
     /// The body (`Content-Length` bytes).
@@ -185,6 +196,7 @@ fn head_fields(req: &httparse::Request<'_, '_>) -> Result<(HttpRequest, usize), 
             .to_owned(),
         host: None,
         token: None,
+        authorization: None,
         content_type: None,
         body: Vec::new(),
     };
@@ -197,6 +209,8 @@ fn head_fields(req: &httparse::Request<'_, '_>) -> Result<(HttpRequest, usize), 
             &mut request.host
         } else if h.name.eq_ignore_ascii_case(TOKEN_HEADER) {
             &mut request.token
+        } else if h.name.eq_ignore_ascii_case("authorization") {
+            &mut request.authorization
         } else if h.name.eq_ignore_ascii_case("content-type") {
             &mut request.content_type
         } else if h.name.eq_ignore_ascii_case("content-length") {
@@ -368,15 +382,20 @@ pub fn names(host: &str, addr: SocketAddr) -> bool {
 }
 
 /// Compares two secrets in time that does not depend on where they differ.
-fn same_secret(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn same_secret(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// A whole answer that closes the connection.
 pub fn response(status: &str, content_type: &str, body: &[u8]) -> Vec<u8> {
+    response_with(status, content_type, "", body)
+}
+
+/// A whole answer with `extra` header lines (each ending in CRLF).
+fn response_with(status: &str, content_type: &str, extra: &str, body: &[u8]) -> Vec<u8> {
     let mut out = format!(
         "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\
-         {COMMON_HEADERS}Connection: close\r\n\r\n",
+         {COMMON_HEADERS}{extra}Connection: close\r\n\r\n",
         body.len()
     )
     .into_bytes();
@@ -673,6 +692,7 @@ mod tests {
             path: "/api/state".into(),
             host: host.map(Into::into),
             token: None,
+            authorization: None,
             content_type: None,
             body: Vec::new(),
         };
@@ -691,6 +711,7 @@ mod tests {
             path: "/api/policy".into(),
             host: Some("127.0.0.1:9100".into()),
             token: token.map(Into::into),
+            authorization: None,
             content_type: ty.map(Into::into),
             body: b"{}".to_vec(),
         };

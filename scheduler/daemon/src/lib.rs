@@ -15,6 +15,7 @@ pub mod dashboard;
 pub mod definitions;
 pub mod http;
 pub mod metrics;
+pub mod metrics_listener;
 pub mod proto;
 #[allow(unsafe_code)]
 pub mod seqpacket;

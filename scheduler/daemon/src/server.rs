@@ -5,7 +5,9 @@
 //! listener (JSON lines, [`crate::control`]) and its clients, an optional loopback-only HTTP
 //! listener ([`crate::http`]: Prometheus text at `GET /metrics`, the live dashboard of
 //! [`crate::dashboard`] with its JSON snapshot and Server-Sent Events stream, and the
-//! dashboard's requests that change the scheduler), the scheduler timer (a timerfd armed at
+//! dashboard's requests that change the scheduler), an optional metrics listener for a central
+//! Prometheus ([`crate::metrics_listener`]: `/metrics` and `/healthz` with a bearer token, TLS),
+//! the scheduler timer (a timerfd armed at
 //! [`Daemon::next_deadline`] after every event), a periodic tick (every [`TICK`]: cgroup CPU
 //! samples of each VM whose QEMU pid is known, children started or stopped by `create` and
 //! `destroy`, idle HTTP clients, a dashboard snapshot every
@@ -72,6 +74,9 @@ use crate::dashboard::{
 use crate::definitions::{Definition, LiveState, Store};
 use crate::http::{self, HttpError, HttpRequest, Received, Route};
 use crate::metrics::{self, render_metrics};
+use crate::metrics_listener::{
+    ListenError, MAX_SCRAPERS, MetricsListenConfig, MetricsListener, Scraper, Step,
+};
 use crate::proto::{MAX_MESSAGE_BYTES, VmName};
 use crate::seqpacket::{self, SeqError, SeqListener, SeqStream, monotonic_ns};
 
@@ -137,6 +142,7 @@ const TICK_TIMER: u32 = 4;
 const STOP_PIPE: u32 = 5;
 /// Control clients with requests left over from their turn.
 const DEFERRED_WAKE: u32 = 6;
+const SCRAPE_LISTENER: u32 = 7;
 /// First event token of a connection.
 const FIRST_CONN_TOKEN: u32 = 16;
 
@@ -160,6 +166,9 @@ pub enum ServerError {
     /// The HTTP listener's address is not a loopback address.
     #[error("HTTP address {0} is not loopback")]
     MetricsNotLoopback(SocketAddr),
+    /// The metrics listener for a central Prometheus cannot start.
+    #[error(transparent)]
+    MetricsListen(#[from] ListenError),
     /// The event loop failed.
     #[error("event loop: {0}")]
     EventLoop(event_manager::Error),
@@ -193,6 +202,8 @@ pub struct ServerConfig {
     /// The loopback address of the HTTP listener (metrics and dashboard), if any; port 0
     /// picks a free one ([`Server::metrics_addr`]).
     pub metrics: Option<SocketAddr>,
+    /// The metrics listener for a central Prometheus, if any.
+    pub metrics_listen: Option<MetricsListenConfig>,
     /// The core's configuration.
     pub daemon: DaemonConfig,
     /// The `vgpu-server` binary `create` runs.
@@ -252,6 +263,17 @@ impl Server {
             return Err(ServerError::MetricsNotLoopback(addr));
         }
         let daemon = Daemon::new(monotonic_ns(), config.daemon.clone())?;
+        // Before the sockets: a token or key file refused leaves nothing behind.
+        let scrape = config
+            .metrics_listen
+            .as_ref()
+            .map(MetricsListener::bind)
+            .transpose()?;
+        if let Some(l) = &scrape {
+            let bound = l.local_addr().map_err(io_err("metrics listener"))?;
+            let scheme = if l.tls() { "https" } else { "http" };
+            info!("metrics for Prometheus at {scheme}://{bound}/metrics (bearer token)");
+        }
         let devices = SeqListener::bind(&config.socket)?;
         if let Some(ids) = config.device_ids {
             // Bound with the umask's (narrower) mode, then opened to the device group only.
@@ -310,6 +332,7 @@ impl Server {
             control,
             metrics,
             http_access,
+            scrape,
             dashboard: Dashboard::new(monotonic_ns()),
             next_publish: Instant::now(),
             timer,
@@ -348,6 +371,12 @@ impl Server {
     pub fn metrics_addr(&mut self) -> Option<SocketAddr> {
         let state = self.manager.subscriber_mut(self.id).ok()?;
         state.metrics.as_ref()?.local_addr().ok()
+    }
+
+    /// The address of the metrics listener for a central Prometheus (useful with port 0).
+    pub fn metrics_listen_addr(&mut self) -> Option<SocketAddr> {
+        let state = self.manager.subscriber_mut(self.id).ok()?;
+        state.scrape.as_ref()?.local_addr().ok()
     }
 
     /// Takes the definitions of `config_dir` as known VMs, and its live state: the policy and
@@ -453,7 +482,7 @@ struct Client<S> {
 }
 
 /// What a client needs after a write.
-enum Flushed {
+pub(crate) enum Flushed {
     /// To be closed: done, failed, or too much unsent output.
     Close,
     /// Nothing more.
@@ -516,6 +545,8 @@ enum Source {
     Http(Client<TcpStream>),
     /// A dashboard's event stream (`GET /events`): no timeout, bounded output.
     Events(Client<TcpStream>),
+    /// A client of the metrics listener for a central Prometheus.
+    Scraper(Scraper),
 }
 
 /// A cgroup probe of one VM's QEMU.
@@ -642,6 +673,8 @@ struct Loop {
     metrics: Option<TcpListener>,
     /// The HTTP listener's address and token, with the listener.
     http_access: Option<http::Access>,
+    /// The metrics listener for a central Prometheus.
+    scrape: Option<MetricsListener>,
     /// The dashboard's history and the counters of its last snapshot.
     dashboard: Dashboard,
     /// When the next dashboard snapshot is due.
@@ -684,6 +717,11 @@ impl MutEventSubscriber for Loop {
         if let Some(m) = &self.metrics
             && let Err(e) = ops.add(Events::with_data(m, METRICS_LISTENER, EventSet::IN))
         {
+            error!("watching the HTTP listener: {e}");
+        }
+        if let Some(m) = &self.scrape
+            && let Err(e) = ops.add(Events::with_data(m, SCRAPE_LISTENER, EventSet::IN))
+        {
             error!("watching the metrics listener: {e}");
         }
         self.arm_timer();
@@ -695,6 +733,7 @@ impl MutEventSubscriber for Loop {
             DEVICE_LISTENER => self.accept_devices(now, ops),
             CONTROL_LISTENER => self.accept_control(ops),
             METRICS_LISTENER => self.accept_http(now, ops),
+            SCRAPE_LISTENER => self.accept_scrapers(now, ops),
             SCHED_TIMER => {
                 self.daemon.timer(now);
                 self.carry_out(now, ops);
@@ -771,6 +810,7 @@ impl Loop {
             Source::Device { stream, .. } => stream.as_raw_fd(),
             Source::Control(c) => c.stream.as_raw_fd(),
             Source::Http(c) | Source::Events(c) => c.stream.as_raw_fd(),
+            Source::Scraper(s) => s.as_raw_fd(),
         };
         let _ = ops.remove(Events::empty_raw(fd));
         if let Source::Device { conn, .. } = source {
@@ -892,6 +932,91 @@ impl Loop {
                 self.serve_http(now, token, ops);
             }
         }
+    }
+
+    /// Accepts the metrics listener's connections: past [`MAX_SCRAPERS`] the oldest not yet
+    /// answered (else the oldest) is closed for the new one.
+    fn accept_scrapers(&mut self, now: u64, ops: &mut EventOps) {
+        for _ in 0..MAX_ACCEPTS_PER_WAKE {
+            let Some(listener) = &mut self.scrape else {
+                return;
+            };
+            let scraper = match listener.accept() {
+                Ok(Some(Some(s))) => s,
+                Ok(Some(None)) => {
+                    debug!("metrics listener: connection closed, too many this second");
+                    continue;
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    warn!("accepting a metrics client: {e}");
+                    break;
+                }
+            };
+            let open = self.sources.iter().filter_map(|(&t, s)| match s {
+                Source::Scraper(c) => Some((t, c)),
+                _ => None,
+            });
+            if open.clone().count() >= MAX_SCRAPERS {
+                let waiting = open.clone().filter(|(_, c)| !c.answered());
+                let oldest = waiting
+                    .min_by_key(|(_, c)| c.since())
+                    .or_else(|| open.min_by_key(|(_, c)| c.since()))
+                    .map(|(t, _)| t);
+                if let Some(oldest) = oldest {
+                    debug!("metrics listener: client {oldest} closed to admit a new one");
+                    self.close(now, oldest, ops);
+                }
+            }
+            let fd = scraper.as_raw_fd();
+            if let Some(token) = self.watch(&fd, Source::Scraper(scraper), ops) {
+                self.serve_scraper(now, token, ops);
+            }
+        }
+    }
+
+    /// Reads a metrics listener client's request and answers it once it is whole.
+    fn serve_scraper(&mut self, now: u64, token: u32, ops: &mut EventOps) {
+        let Some(Source::Scraper(scraper)) = self.sources.get_mut(&token) else {
+            return;
+        };
+        let req = match scraper.receive() {
+            Step::Pending => None,
+            Step::Closed => {
+                self.close(now, token, ops);
+                return;
+            }
+            Step::Refused(e) => {
+                debug!("metrics listener: client {token} refused: {e}");
+                scraper.answer(e.answer());
+                None
+            }
+            Step::Request(req) => Some(req),
+        };
+        if let Some(req) = req {
+            let route = match &self.scrape {
+                Some(l) => l.authorize(&req),
+                None => Err(HttpError::NotFound),
+            };
+            let answer = match route {
+                Ok(Route::Health) => {
+                    http::response("200 OK", "application/json", self.health().as_bytes())
+                }
+                Ok(_) => http::response(
+                    "200 OK",
+                    metrics::CONTENT_TYPE,
+                    self.metrics_text(now).as_bytes(),
+                ),
+                Err(e) => {
+                    debug!("metrics listener: client {token} refused: {e}");
+                    e.answer()
+                }
+            };
+            if let Some(Source::Scraper(s)) = self.sources.get_mut(&token) {
+                s.answer(answer);
+            }
+        }
+        self.flush(now, token, ops);
     }
 
     /// The HTTP client to close for a new one: the oldest still sending its request head,
@@ -1075,6 +1200,7 @@ impl Loop {
             Some(Source::Control(_)) => self.serve_control(now, token, ops),
             Some(Source::Http(_)) => self.serve_http(now, token, ops),
             Some(Source::Events(_)) => self.serve_events(now, token, ops),
+            Some(Source::Scraper(_)) => self.serve_scraper(now, token, ops),
             None => debug!("event for closed source {token}"),
         }
     }
@@ -1118,25 +1244,6 @@ impl Loop {
         }
     }
 
-    /// Reads what a client sent (up to [`MAX_READ_PER_WAKE`]); `Ok(true)` at end of stream.
-    fn read_client<S: Read>(stream: &mut S, sink: &mut dyn FnMut(&[u8])) -> io::Result<bool> {
-        let mut buf = [0u8; 16 * 1024];
-        let mut total = 0usize;
-        while total < MAX_READ_PER_WAKE {
-            match stream.read(&mut buf) {
-                Ok(0) => return Ok(true),
-                Ok(n) => {
-                    total = total.saturating_add(n);
-                    sink(buf.get(..n).unwrap_or(&[]));
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(false)
-    }
-
     /// Reads a control client's requests (only when it has none waiting) and answers at most
     /// [`MAX_REQUESTS_PER_WAKE`] of them; one with more waiting is deferred to the next turn.
     fn serve_control(&mut self, now: u64, token: u32, ops: &mut EventOps) {
@@ -1145,7 +1252,7 @@ impl Loop {
         };
         if !client.closing && !client.eof && !client.lines.has_line() {
             let mut got = Vec::new();
-            let r = Self::read_client(&mut client.stream, &mut |b| got.extend_from_slice(b));
+            let r = read_client(&mut client.stream, &mut |b| got.extend_from_slice(b));
             client.lines.push(&got);
             client.eof = r.unwrap_or(true);
         }
@@ -1194,7 +1301,7 @@ impl Loop {
             // reset) but not kept.
             let mut state = Received::Incomplete;
             let head = &mut client.head;
-            let r = Self::read_client(&mut client.stream, &mut |b| {
+            let r = read_client(&mut client.stream, &mut |b| {
                 if state == Received::Incomplete {
                     state = http::receive(head, b);
                 }
@@ -1286,7 +1393,7 @@ impl Loop {
             return;
         };
         if !client.eof {
-            let r = Self::read_client(&mut client.stream, &mut |_| {});
+            let r = read_client(&mut client.stream, &mut |_| {});
             client.eof = r.unwrap_or(true);
         }
         if client.eof {
@@ -1564,6 +1671,7 @@ impl Loop {
         let flushed = match self.sources.get_mut(&token) {
             Some(Source::Control(c)) => c.flush(),
             Some(Source::Http(c)) | Some(Source::Events(c)) => c.flush(),
+            Some(Source::Scraper(s)) => s.flush(),
             Some(Source::Device { .. }) | None => return,
         };
         match flushed {
@@ -1805,7 +1913,11 @@ impl Loop {
         let stale: Vec<u32> = self
             .sources
             .iter()
-            .filter(|(_, s)| matches!(s, Source::Http(c) if http_expired(c)))
+            .filter(|(_, s)| match s {
+                Source::Http(c) => http_expired(c),
+                Source::Scraper(c) => c.expired(),
+                _ => false,
+            })
             .map(|(&t, _)| t)
             .collect();
         for token in stale {
@@ -2149,8 +2261,30 @@ fn forward_stderr(name: &str, stderr: impl Read, tail: &Mutex<VecDeque<String>>)
     }
 }
 
+/// Reads what a client sent (up to [`MAX_READ_PER_WAKE`]); `Ok(true)` at end of stream.
+pub(crate) fn read_client<S: Read>(
+    stream: &mut S,
+    sink: &mut dyn FnMut(&[u8]),
+) -> io::Result<bool> {
+    let mut buf = [0u8; 16 * 1024];
+    let mut total = 0usize;
+    while total < MAX_READ_PER_WAKE {
+        match stream.read(&mut buf) {
+            Ok(0) => return Ok(true),
+            Ok(n) => {
+                total = total.saturating_add(n);
+                sink(buf.get(..n).unwrap_or(&[]));
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(false)
+}
+
 /// Writes as much of `out` as the socket takes; removes what was written.
-fn write_some<S: Write>(stream: &mut S, out: &mut Vec<u8>) -> io::Result<()> {
+pub(crate) fn write_some<S: Write>(stream: &mut S, out: &mut Vec<u8>) -> io::Result<()> {
     let mut written = 0usize;
     let result = loop {
         let Some(rest) = out.get(written..).filter(|r| !r.is_empty()) else {

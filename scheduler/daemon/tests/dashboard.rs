@@ -44,6 +44,7 @@ impl Daemon {
             control_group: None,
             state_dir: dir.path().join("state"),
             metrics: http.then(|| "127.0.0.1:0".parse().unwrap()),
+            metrics_listen: None,
             daemon: DaemonConfig::default(),
             server_bin: PathBuf::from("/nonexistent/vgpu-server"),
             device_ids: None,

@@ -11,6 +11,7 @@ use vgpu_schedd::cgroup::CgroupFs;
 use vgpu_schedd::control::{lookup_group, read_policy_file};
 use vgpu_schedd::daemon::{DaemonConfig, MAX_GROUP_TIMEOUT_NS, MAX_SWITCH_COST_NS};
 use vgpu_schedd::definitions::{DEFAULT_CONFIG_DIR, Store};
+use vgpu_schedd::metrics_listener::{MetricsListenConfig, TlsFiles};
 use vgpu_schedd::server::{DeviceIds, Server, ServerConfig};
 use vgpu_scheduler::PolicyConfig;
 use vgpu_scheduler::core::MAX_VGPUS;
@@ -47,6 +48,27 @@ struct Cli {
     /// http://ADDR/metrics (loopback addresses only).
     #[arg(long, visible_alias = "metrics", value_name = "ADDR", value_parser = loopback)]
     http: Option<SocketAddr>,
+    /// Serve Prometheus metrics (GET /metrics and GET /healthz only) to a central Prometheus
+    /// at ADDR, every request with `Authorization: Bearer TOKEN` (--metrics-token-file); over
+    /// TLS with --metrics-tls-cert and --metrics-tls-key, in plain HTTP only on a loopback
+    /// address or with --metrics-insecure.
+    #[arg(long, value_name = "ADDR", requires = "metrics_token_file")]
+    metrics_listen: Option<SocketAddr>,
+    /// The metrics listener's bearer token: a file of one line of at least 16 visible
+    /// characters, that only the daemon's user may read (mode 0600 or 0400; else the daemon
+    /// does not start).
+    #[arg(long, value_name = "PATH", requires = "metrics_listen")]
+    metrics_token_file: Option<PathBuf>,
+    /// The metrics listener's certificate chain (PEM, its own certificate first).
+    #[arg(long, value_name = "PEM", requires_all = ["metrics_listen", "metrics_tls_key"])]
+    metrics_tls_cert: Option<PathBuf>,
+    /// The metrics listener's private key (PEM; not readable by others).
+    #[arg(long, value_name = "PEM", requires = "metrics_tls_cert")]
+    metrics_tls_key: Option<PathBuf>,
+    /// Serve the metrics listener in plain HTTP on an address that is not loopback: the token
+    /// and the metrics cross the network in the clear.
+    #[arg(long, requires = "metrics_listen", conflicts_with = "metrics_tls_cert")]
+    metrics_insecure: bool,
     /// Persistent vGPU definitions (DIR/vgpus/NAME.json): those marked auto are started when
     /// the daemon starts. When DIR exists, the policy and parameters `set-policy` and `set`
     /// change are kept in DIR/live.json and restored at the next start.
@@ -214,6 +236,17 @@ impl Cli {
             control_group: self.control_group,
             state_dir: self.state_dir.unwrap_or_else(default_state_dir),
             metrics: self.http,
+            metrics_listen: self.metrics_listen.zip(self.metrics_token_file).map(
+                |(addr, token_file)| MetricsListenConfig {
+                    addr,
+                    token_file,
+                    tls: self
+                        .metrics_tls_cert
+                        .zip(self.metrics_tls_key)
+                        .map(|(cert, key)| TlsFiles { cert, key }),
+                    insecure: self.metrics_insecure,
+                },
+            ),
             daemon,
             server_bin: self.server_bin.unwrap_or_else(default_server_bin),
             device_ids,
@@ -295,6 +328,7 @@ mod tests {
         assert_eq!(config.daemon.capacity, 1);
         assert_eq!(config.busy_poll, busy_poll::DEFAULT_MAX);
         assert_eq!(config.device_ids, None);
+        assert_eq!(config.metrics_listen, None);
         // --http is the listener's name, --metrics its alias; --opt=value works.
         for flag in ["--http", "--metrics"] {
             let (config, _) = parse(&[&format!("{flag}=127.0.0.1:9470")])
@@ -322,6 +356,34 @@ mod tests {
         assert_eq!(config.daemon.group_timeout_ns, 500_000_000);
         assert!(config.daemon.cpu_writeback);
         assert_eq!(config.busy_poll, Duration::ZERO);
+        let listen = |extra: &[&str]| {
+            let mut args = vec![
+                "--metrics-listen=0.0.0.0:9478",
+                "--metrics-token-file=/etc/vgpu/metrics.token",
+            ];
+            args.extend_from_slice(extra);
+            parse(&args)
+                .unwrap()
+                .into_config()
+                .0
+                .metrics_listen
+                .unwrap()
+        };
+        let tls = listen(&["--metrics-tls-cert=/c.pem", "--metrics-tls-key=/k.pem"]);
+        assert_eq!(
+            tls,
+            MetricsListenConfig {
+                addr: "0.0.0.0:9478".parse().unwrap(),
+                token_file: "/etc/vgpu/metrics.token".into(),
+                tls: Some(TlsFiles {
+                    cert: "/c.pem".into(),
+                    key: "/k.pem".into()
+                }),
+                insecure: false,
+            }
+        );
+        let plain = listen(&["--metrics-insecure"]);
+        assert!(plain.insecure && plain.tls.is_none());
         assert_eq!(
             config.device_ids,
             Some(DeviceIds {
@@ -361,6 +423,37 @@ mod tests {
                 "no-such-group-here",
             ],
             &["--log-level", "loud"],
+            &["--metrics-listen", "0.0.0.0:9478"],
+            &["--metrics-token-file", "/t"],
+            &["--metrics-listen", "nowhere", "--metrics-token-file", "/t"],
+            &[
+                "--metrics-listen",
+                "0.0.0.0:9478",
+                "--metrics-token-file",
+                "/t",
+                "--metrics-tls-cert",
+                "/c.pem",
+            ],
+            &[
+                "--metrics-listen",
+                "0.0.0.0:9478",
+                "--metrics-token-file",
+                "/t",
+                "--metrics-tls-key",
+                "/k.pem",
+            ],
+            &[
+                "--metrics-listen",
+                "0.0.0.0:9478",
+                "--metrics-token-file",
+                "/t",
+                "--metrics-insecure",
+                "--metrics-tls-cert",
+                "/c.pem",
+                "--metrics-tls-key",
+                "/k.pem",
+            ],
+            &["--metrics-insecure"],
             &["--policy", "/nonexistent.toml"],
             &["--frobnicate"],
         ] {
