@@ -6,7 +6,9 @@
 #   initrd.img    its initramfs (MODULES=list: virtio, ext4, virtio_gpu/DRM, qemu_fw_cfg)
 #   manifest.txt  kernel and Mesa versions, package count, sizes, vgpu-load's hash
 # The image also holds /usr/local/bin/vgpu-load, the guest load tool (guest-drivers/src/bin/vgpu-load/),
-# built here as a static binary with cargo (target dir: $CACHE/vgpu-load-target), and CUDA: our
+# and /usr/local/bin/vgpu-agent, the guest end of the host-guest control channel (a virtio-serial
+# port; guest-drivers/src/bin/vgpu-agent.rs), both built here as static binaries with cargo
+# (target dir: $CACHE/vgpu-load-target), and CUDA: our
 # guest driver /usr/local/lib/libcuda.so.1 (guest-drivers/libcuda, with a libcuda.so link),
 # Debian's libgomp-plugin-nvptx1, and the CUDA corpus of qemu-scripts/cuda-corpus.sh in
 # /usr/local/share/vgpu-cuda when it has been built (run that script first).
@@ -35,6 +37,7 @@ INIT_SRC=$HERE/guest/vgpu-init
 # vgpu-load's sources, with the command-line crate it parses its arguments with: the image is
 # rebuilt when they change (not for other crates' changes).
 LOAD_SRC=("$REPO/guest-drivers/Cargo.toml" "$REPO/guest-drivers/src/bin/vgpu-load"
+    "$REPO/guest-drivers/src/bin/vgpu-agent.rs" "$REPO/guest-drivers/src/control.rs"
     "$REPO/guest-drivers/src/virtgpu.rs" "$REPO/cli/Cargo.toml" "$REPO/cli/src")
 LOAD_TARGET_DIR=$CACHE/vgpu-load-target
 # The guest CUDA driver's sources (with the wire protocol it speaks) and the corpus: the image is
@@ -173,16 +176,19 @@ umount_chroot
 rm -rf "$WORK"
 mkdir -p "$WORK"
 
-log "step 1/6 ($(elapsed "$started")): building vgpu-load (static, $LOAD_TRIPLE) into $LOAD_TARGET_DIR"
+log "step 1/6 ($(elapsed "$started")): building vgpu-load and vgpu-agent (static, $LOAD_TRIPLE) into $LOAD_TARGET_DIR"
 t=$SECONDS
-run_logged "building vgpu-load" env RUSTFLAGS="-C target-feature=+crt-static" \
+run_logged "building vgpu-load and vgpu-agent" env RUSTFLAGS="-C target-feature=+crt-static" \
     CARGO_TARGET_DIR="$LOAD_TARGET_DIR" cargo build --manifest-path "$REPO/Cargo.toml" --release \
-    --locked --target "$LOAD_TRIPLE" -p vgpu-guest-drivers --bin vgpu-load
+    --locked --target "$LOAD_TRIPLE" -p vgpu-guest-drivers --bin vgpu-load --bin vgpu-agent
 load_bin=$LOAD_TARGET_DIR/$LOAD_TRIPLE/release/vgpu-load
+agent_bin=$LOAD_TARGET_DIR/$LOAD_TRIPLE/release/vgpu-agent
 # A static binary has no program interpreter (checked where binutils is installed).
-if command -v readelf >/dev/null && LC_ALL=C readelf -l "$load_bin" | grep -q 'program interpreter'; then
-    die "$load_bin is dynamically linked; it must be static for the guest"
-fi
+for bin in "$load_bin" "$agent_bin"; do
+    if command -v readelf >/dev/null && LC_ALL=C readelf -l "$bin" | grep -q 'program interpreter'; then
+        die "$bin is dynamically linked; it must be static for the guest"
+    fi
+done
 load_sha=$(sha256sum "$load_bin" | cut -d' ' -f1)
 log "    done in $((SECONDS - t)) s: $(du -k "$load_bin" | cut -f1) KiB, sha256 ${load_sha:0:16}"
 log "    building the guest CUDA driver (libcuda.so.1) into $LOAD_TARGET_DIR"
@@ -251,9 +257,10 @@ mesa=$(chroot "$ROOT" dpkg-query -W -f '${Version}' libgl1-mesa-dri)
 npkgs=$(chroot "$ROOT" dpkg-query -W -f '.\n' | wc -l)
 log "    done in $((SECONDS - t)) s: kernel $kver, Mesa $mesa, $npkgs packages"
 
-log "step 5/6 ($(elapsed "$started")): installing the init, vgpu-load and CUDA, pruning docs, locales, caches and unneeded kernel modules"
+log "step 5/6 ($(elapsed "$started")): installing the init, vgpu-load, vgpu-agent and CUDA, pruning docs, locales, caches and unneeded kernel modules"
 install -m 0755 "$INIT_SRC" "$ROOT/usr/local/sbin/vgpu-init"
 install -m 0755 "$load_bin" "$ROOT/usr/local/bin/vgpu-load"
+install -m 0755 "$agent_bin" "$ROOT/usr/local/bin/vgpu-agent"
 install -D -m 0755 "$cuda_lib" "$ROOT/usr/local/lib/libcuda.so.1"
 ln -sf libcuda.so.1 "$ROOT/usr/local/lib/libcuda.so"
 ncorpus=0

@@ -26,7 +26,7 @@ use vgpu_scheduler::model::{Enforcement, PrioPolicy, VgpuParams};
 use vgpu_scheduler::sim::{RunReport, RunSpec, RunVm, Scenario, Shape, Workload};
 
 use crate::daemon::{Schedd, find_vm};
-use crate::guest::{GuestImage, RunningGuest};
+use crate::guest::{AGENT_JOB, GuestImage, RunningGuest};
 use crate::load_vm::{self, LoadVm};
 
 /// Why a scenario cannot run on guests, or a run failed.
@@ -46,21 +46,34 @@ pub enum ExperimentError {
     NoRuns { scenario: String, why: String },
 }
 
-/// Seconds added to a guest workload's duration beyond the window: the longest boot skew
-/// between the VMs of a run and the warm-up; the guests are stopped once the window is over.
+/// Seconds added to a guest workload's longest run beyond the window (a scenario's own
+/// `guest` command takes it as `{duration_s}`): the warm-up; the host stops every workload
+/// once the window is over.
 const WORKLOAD_SLACK_S: u64 = 300;
 /// Work every VM must have completed before the window opens (its workload is running).
 const WARM_GROUPS: u64 = 4;
+/// The name of a guest's workload on its control channel.
+const WORKLOAD_JOB: &str = "workload";
+/// Longest wait for the agent to start a workload.
+const WORKLOAD_START_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest wait for a stopped workload to end and report: the agent's 15 s grace before
+/// SIGTERM, 5 s more before SIGKILL, and a slow TCG guest's reply.
+const WORKLOAD_STOP_TIMEOUT: Duration = Duration::from_secs(60);
+/// Longest wait for the agent's BYE (the guest is killed anyway after it).
+const AGENT_QUIT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Poll interval of the daemon's counters while the VMs boot.
 const POLL: Duration = Duration::from_millis(250);
 /// Most VMs of one run on guests: TCG guests on a small host (the scenario's `instances` can
 /// ask for more; `--on qtest` is the way to scale).
 pub const MAX_GUESTS: usize = 8;
 
-/// The guest's shell command for a VM: its `guest` command when the scenario names one (with
-/// `{duration_s}` filled in), else `vgpu-load` in the mode of its workload's shape, for
-/// `duration_s` seconds, printing its JSON summary line prefixed with `SUMMARY `. Cost jitter
-/// is not reproduced (vgpu-load's costs are exact); `start_ms` becomes a sleep before it.
+/// The guest's shell command for a VM, started through the control channel once every VM of
+/// the run has booted: its `guest` command when the scenario names one (with `{duration_s}`
+/// filled in: the longest it may run; the host stops it earlier), else `vgpu-load` in the
+/// mode of its workload's shape, until the host stops it (for the workload's own span when it
+/// has a `stop_ms`), printing its JSON summary line prefixed with `SUMMARY ` (the agent
+/// forwards it to the host). Cost jitter is not reproduced (vgpu-load's costs are exact);
+/// `start_ms` becomes a sleep before it.
 pub fn guest_command(vm: &RunVm, duration_s: u64) -> Result<String, ExperimentError> {
     let unmapped = |why: &str| ExperimentError::Unmapped {
         vm: vm.name.clone(),
@@ -97,17 +110,20 @@ pub fn guest_command(vm: &RunVm, duration_s: u64) -> Result<String, ExperimentEr
             ));
         }
     };
-    let mut duration = duration_s;
-    if let Some(stop) = w.stop_ms {
-        duration = duration.min(stop.saturating_sub(w.start_ms).div_ceil(1000).max(1));
-    }
+    let until = match w.stop_ms {
+        Some(stop) => format!(
+            "--duration-s {}",
+            duration_s.min(stop.saturating_sub(w.start_ms).div_ceil(1000).max(1))
+        ),
+        None => "--until-stopped".to_owned(),
+    };
     let start = if w.start_ms > 0 {
         format!("sleep {}.{:03}\n", w.start_ms / 1000, w.start_ms % 1000)
     } else {
         String::new()
     };
     Ok(format!(
-        "{start}vgpu-load {mode} --duration-s {duration} --json | grep '\"summary\"' | sed 's/^/SUMMARY /'"
+        "{start}vgpu-load {mode} {until} --json | grep '\"summary\"' | sed 's/^/SUMMARY /'"
     ))
 }
 
@@ -165,6 +181,9 @@ pub struct VmResult {
     pub latency_p99_us: u64,
     /// The policy's figures for the VM at the window's end.
     pub figures: Value,
+    /// What the guest's workload measured itself (its summary, through the control channel;
+    /// `None` for qtest guests and workloads that print none).
+    pub guest: Option<Value>,
 }
 
 /// One run's result on guests.
@@ -177,6 +196,9 @@ pub struct RunResult {
     /// Seconds from the daemon's start to the window's opening (the VMs' boots).
     pub boot_s: f64,
     pub vms: Vec<VmResult>,
+    /// Why the run's figures cannot be compared with another run's ([`Window::failures`]:
+    /// a VM absent or idle in the window); empty when every precondition held.
+    pub precondition_failures: Vec<String>,
 }
 
 /// Which guests a run boots.
@@ -219,6 +241,10 @@ impl Running {
                     if let Some(serial) = g.exited().map_err(|e| e.to_string())? {
                         return Err(format!("a guest ended early:\n{serial}"));
                     }
+                    let report = g.control().and_then(|ch| ch.report(WORKLOAD_JOB));
+                    if let Some(code) = report.and_then(|r| r.exit) {
+                        return Err(format!("a guest's workload ended early (exit {code})"));
+                    }
                 }
             }
             Running::Qtest { threads, .. } => {
@@ -230,15 +256,42 @@ impl Running {
         Ok(())
     }
 
-    /// Stops everything: kills the guests, or ends the drivers (their requests drain) and
+    /// Stops everything: stops the guests' workloads (collecting each one's summary, in
+    /// the VMs' order) and kills the guests, or ends the drivers (their requests drain) and
     /// reports one that failed.
-    fn stop(self) -> Result<(), String> {
+    fn stop(self) -> Result<Vec<Option<Value>>, String> {
         match self {
-            Running::Vms(guests) => {
-                for mut g in guests {
+            Running::Vms(mut guests) => {
+                for g in &mut guests {
+                    if let Some(ch) = g.control() {
+                        let _ = ch.stop(WORKLOAD_JOB);
+                    }
+                }
+                let mut summaries = Vec::new();
+                let mut failed = None;
+                for g in &mut guests {
+                    let report = g
+                        .control()
+                        .ok_or_else(|| "no control channel".to_owned())
+                        .and_then(|ch| {
+                            ch.wait_exit(WORKLOAD_JOB, WORKLOAD_STOP_TIMEOUT)
+                                .map_err(|e| e.to_string())
+                        });
+                    let summary = report.as_ref().ok().and_then(|r| {
+                        r.summaries
+                            .last()
+                            .and_then(|text| serde_json::from_str::<Value>(text).ok())
+                    });
+                    if let Err(e) = report {
+                        failed.get_or_insert(format!("stopping a workload: {e}"));
+                    }
+                    summaries.push(summary);
+                    if let Some(ch) = g.control() {
+                        let _ = ch.quit(AGENT_QUIT_TIMEOUT);
+                    }
                     let _ = g.kill();
                 }
-                Ok(())
+                failed.map_or(Ok(summaries), Err)
             }
             Running::Qtest { stop, threads } => {
                 stop.store(true, Ordering::Relaxed);
@@ -253,7 +306,7 @@ impl Running {
                         failed.get_or_insert(format!("{name}'s load driver failed: {why}"));
                     }
                 }
-                failed.map_or(Ok(()), Err)
+                failed.map_or(Ok(Vec::new()), Err)
             }
         }
     }
@@ -311,10 +364,11 @@ pub fn run_on_vms(
     let mut running = match &config.guests {
         Guests::Vms(image) => {
             let mut guests = Vec::new();
-            for (vm, job) in vms.iter().zip(&jobs) {
-                let guest_config = schedd
-                    .guest_config(image, &vm.name, job.as_str())
-                    .timeout(config.boot_timeout + config.window + Duration::from_secs(60));
+            for vm in &vms {
+                let mut guest_config = schedd
+                    .guest_config(image, &vm.name, AGENT_JOB)
+                    .timeout(config.boot_timeout + config.window + Duration::from_secs(180));
+                guest_config.control = true;
                 let guest = RunningGuest::launch(&guest_config)
                     .map_err(|e| harness(format!("booting {}: {e}", vm.name)))?;
                 if vm.cpu_weight != vgpu_scheduler::sim::CpuSpec::default().weight {
@@ -322,6 +376,25 @@ pub fn run_on_vms(
                         .map_err(|e| harness(format!("{}: {e}", vm.name)))?;
                 }
                 guests.push(guest);
+            }
+            // The workloads start together, once every guest has booted.
+            for (vm, guest) in vms.iter().zip(&mut guests) {
+                let left = config.boot_timeout.saturating_sub(started.elapsed());
+                let Some(ch) = guest.control() else {
+                    return Err(harness(format!("{}: no control channel", vm.name)));
+                };
+                let agent = ch.hello(left).map_err(|e| ExperimentError::Boot {
+                    run: run.label.clone(),
+                    why: format!("{}: {e}", vm.name),
+                })?;
+                log::debug!("{}: agent version {agent}", vm.name);
+            }
+            progress("starting the workloads");
+            for ((vm, job), guest) in vms.iter().zip(&jobs).zip(&mut guests) {
+                if let Some(ch) = guest.control() {
+                    ch.start(WORKLOAD_JOB, job, WORKLOAD_START_TIMEOUT)
+                        .map_err(|e| harness(format!("{}: {e}", vm.name)))?;
+                }
             }
             Running::Vms(guests)
         }
@@ -348,12 +421,12 @@ pub fn run_on_vms(
         vms.iter()
             .all(|vm| find_vm(show, &vm.name)["completed"].as_u64() >= Some(WARM_GROUPS))
     };
-    let first = loop {
+    loop {
         let show = schedd
             .ctl(&["show"])
             .map_err(|e| harness(format!("vgpuctl show: {e}")))?;
         if ready(&show) {
-            break show;
+            break;
         }
         if let Err(why) = running.check() {
             let _ = running.stop();
@@ -373,21 +446,32 @@ pub fn run_on_vms(
             });
         }
         std::thread::sleep(POLL);
-    };
-    let opened = Instant::now();
+    }
     let boot_s = started.elapsed().as_secs_f64();
     progress(&format!("measuring {} s", config.window.as_secs()));
-    std::thread::sleep(config.window);
-    let last = schedd.ctl(&["show"]);
-    let window_s = opened.elapsed().as_secs_f64();
-    running.stop().map_err(harness)?;
-    let last = last.map_err(|e| harness(format!("vgpuctl show: {e}")))?;
+    // Only VMs whose workload spans the whole window must be busy all through it.
+    let whole: Vec<&str> = vms
+        .iter()
+        .filter(|vm| vm.spec.workload.start_ms == 0 && vm.spec.workload.stop_ms.is_none())
+        .map(|vm| vm.name.as_str())
+        .collect();
+    let window = watch_window(&schedd, &whole, config.window);
+    let summaries = running.stop().map_err(harness)?;
+    let window = window.map_err(harness)?;
+    for failure in &window.failures {
+        progress(&format!("precondition failed: {failure}"));
+    }
+    let mut vm_results = results(&vms, &window.first, &window.last, window.seconds);
+    for (r, summary) in vm_results.iter_mut().zip(summaries) {
+        r.guest = summary;
+    }
     Ok(RunResult {
         label: run.label.clone(),
-        policy: last["policy"].as_str().unwrap_or("?").to_owned(),
-        window_s,
+        policy: window.last["policy"].as_str().unwrap_or("?").to_owned(),
+        window_s: window.seconds,
         boot_s,
-        vms: results(&vms, &first, &last, window_s),
+        vms: vm_results,
+        precondition_failures: window.failures,
     })
 }
 
@@ -423,6 +507,7 @@ fn results(vms: &[RunVm], first: &Value, last: &Value, window_s: f64) -> Vec<VmR
                 latency_p50_us: entry["latency_p50_us"].as_u64().unwrap_or(0),
                 latency_p99_us: entry["latency_p99_us"].as_u64().unwrap_or(0),
                 figures: entry["figures"].clone(),
+                guest: None,
             }
         })
         .collect()
@@ -515,6 +600,79 @@ fn drive(vm: &mut LoadVm, w: &Workload, stop: &AtomicBool) {
     vm.drain();
 }
 
+/// Longest time a VM may complete no work inside a measuring window and still count as
+/// present: every workload the scenarios give a guest completes a group at least every few
+/// hundred milliseconds, even a bomb held to a PE reserve (its budget returns every period).
+pub const ACTIVE_SLICE: Duration = Duration::from_secs(2);
+
+/// A measuring window seen through the daemon's counters.
+#[derive(Debug, Clone)]
+pub struct Window {
+    /// `vgpuctl show` when the window opened and when it closed.
+    pub first: Value,
+    pub last: Value,
+    pub seconds: f64,
+    /// The precondition failures: a VM that was absent, or completed nothing for longer than
+    /// [`ACTIVE_SLICE`], in the window. Empty when every VM was present and busy throughout.
+    pub failures: Vec<String>,
+}
+
+/// Watches the daemon's counters for `window`: each VM of `vms` must be connected and
+/// complete work in every [`ACTIVE_SLICE`] of it (the precondition of comparing its figures
+/// with another window's).
+pub fn watch_window(schedd: &Schedd, vms: &[&str], window: Duration) -> Result<Window, String> {
+    let show = || {
+        schedd
+            .ctl(&["show"])
+            .map_err(|e| format!("vgpuctl show: {e}"))
+    };
+    let completed = |show: &Value, vm: &str| find_vm(show, vm)["completed"].as_u64();
+    let first = show()?;
+    let opened = Instant::now();
+    // When each VM last completed work, and its count then.
+    let mut seen: Vec<(Instant, Option<u64>)> = vms
+        .iter()
+        .map(|vm| (opened, completed(&first, vm)))
+        .collect();
+    let mut failures = Vec::new();
+    let mut last = first.clone();
+    loop {
+        let left = window.saturating_sub(opened.elapsed());
+        if left.is_zero() {
+            break;
+        }
+        std::thread::sleep(left.min(POLL));
+        last = show()?;
+        let now = Instant::now();
+        for (vm, (at, count)) in vms.iter().zip(seen.iter_mut()) {
+            let c = completed(&last, vm);
+            if c > *count {
+                *at = now;
+                *count = c;
+            } else if now.duration_since(*at) > ACTIVE_SLICE {
+                failures.push(format!(
+                    "{vm} {} from {:.1} s to {:.1} s of the window",
+                    if c.is_none() {
+                        "was not connected"
+                    } else {
+                        "completed no work"
+                    },
+                    (*at - opened).as_secs_f64(),
+                    (now - opened).as_secs_f64()
+                ));
+                // Reported once per gap.
+                *at = now;
+            }
+        }
+    }
+    Ok(Window {
+        first,
+        last,
+        seconds: opened.elapsed().as_secs_f64(),
+        failures,
+    })
+}
+
 /// Most periodic groups outstanding, as the simulator's `periodic` workload allows.
 const MAX_PERIODIC_OUTSTANDING: usize = 64;
 
@@ -529,12 +687,14 @@ fn set_cpu_weight(guest: &RunningGuest, weight: u32) -> Result<(), String> {
 }
 
 /// The side-by-side table of a scenario: per run and VM, what the paper reports (the run's
-/// `paper` note), the simulator's and the guests' GPU share, work rate and latency.
+/// `paper` note), the simulator's and the guests' GPU share, work rate and latency (the
+/// daemon's, over the window), and what the guest measured itself (its workload's summary).
+/// A run whose preconditions failed is one row saying why, without figures.
 pub fn side_by_side(sc: &Scenario, sim: &[RunReport], vms: &[RunResult], guests: &str) -> String {
     let mut md = format!(
         "### {}: paper / simulator / VMs ({guests})\n\n{}\n\n\
-         | run | paper | VM | share sim | share VMs | work/s sim | work/s VMs | p50 sim (us) | p50 VMs (us) |\n\
-         |---|---|---|---|---|---|---|---|---|\n",
+         | run | paper | VM | share sim | share VMs | work/s sim | work/s VMs | p50 sim (us) | p50 VMs (us) | guest's own |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
         sc.name, sc.description
     );
     let papers: BTreeMap<&str, &str> = sc
@@ -543,6 +703,15 @@ pub fn side_by_side(sc: &Scenario, sim: &[RunReport], vms: &[RunResult], guests:
         .map(|r| (r.label.as_str(), r.paper.as_deref().unwrap_or("")))
         .collect();
     for r in vms {
+        if !r.precondition_failures.is_empty() {
+            md.push_str(&format!(
+                "| {} | {} | excluded: precondition failed ({}) | | | | | | | |\n",
+                r.label,
+                papers.get(r.label.as_str()).copied().unwrap_or(""),
+                r.precondition_failures.join("; ")
+            ));
+            continue;
+        }
         let s = sim.iter().find(|s| s.label == r.label);
         for (i, vm) in r.vms.iter().enumerate() {
             let svm = s.and_then(|s| s.vms.iter().find(|v| v.name == vm.name));
@@ -555,7 +724,7 @@ pub fn side_by_side(sc: &Scenario, sim: &[RunReport], vms: &[RunResult], guests:
                 ("", "")
             };
             md.push_str(&format!(
-                "| {label} | {paper} | {} | {} | {:.1}% | {} | {:.1} | {} | {} |\n",
+                "| {label} | {paper} | {} | {} | {:.1}% | {} | {:.1} | {} | {} | {} |\n",
                 vm.name,
                 svm.map_or("-".into(), |v| format!("{:.1}%", v.gpu_share * 100.0)),
                 vm.gpu_share * 100.0,
@@ -563,18 +732,40 @@ pub fn side_by_side(sc: &Scenario, sim: &[RunReport], vms: &[RunResult], guests:
                 vm.work_per_sec,
                 svm.map_or("-".into(), |v| format!("{:.0}", v.latency_p50_us)),
                 vm.latency_p50_us,
+                vm.guest.as_ref().map_or("-".into(), guest_figures),
             ));
         }
     }
     md
 }
 
-/// The side-by-side figure: one panel per run, per VM its GPU share in the simulator beside
-/// the one measured on guests.
+/// A guest's own summary (vgpu-load's) as "work/s, p50": frames per second for a frame
+/// workload, groups per second otherwise, over the workload's whole run.
+fn guest_figures(summary: &Value) -> String {
+    let f = |key: &str| summary[key].as_f64();
+    let rate = match (
+        summary["mode"].as_str(),
+        f("fps"),
+        f("groups"),
+        f("elapsed_s"),
+    ) {
+        (Some("frames"), Some(fps), _, _) => format!("{fps:.1} fps"),
+        (_, _, Some(groups), Some(s)) if s > 0.0 => format!("{:.1}/s", groups / s),
+        _ => "?".into(),
+    };
+    match f("latency_p50_us") {
+        Some(p50) => format!("{rate}, p50 {p50:.0} us"),
+        None => rate,
+    }
+}
+
+/// The side-by-side figure: one panel per run whose preconditions held, per VM its GPU share
+/// in the simulator beside the one measured on guests.
 pub fn svg(path: &Path, sim: &[RunReport], vms: &[RunResult]) -> Result<(), String> {
     use vgpu_bench_report::{Kind, Panel, Series, write_svg};
     let panels: Vec<Panel> = vms
         .iter()
+        .filter(|r| r.precondition_failures.is_empty())
         .map(|r| {
             let s = sim.iter().find(|s| s.label == r.label);
             let simulated = r
@@ -612,15 +803,16 @@ pub fn svg(path: &Path, sim: &[RunReport], vms: &[RunResult]) -> Result<(), Stri
     write_svg(path, &title, &panels, 2).map_err(|e| e.to_string())
 }
 
-/// The guests' results as CSV, one line per run and VM.
+/// The guests' results as CSV, one line per run and VM; the last column says whether the
+/// run's preconditions held (`ok`) or not (`failed`: not to be compared).
 pub fn csv(results: &[RunResult]) -> String {
     let mut out = String::from(
-        "run,policy,vm,gpu_share_pct,gpu_util_pct,groups_per_s,fps,work_per_s,lat_p50_us,lat_p99_us,window_s\n",
+        "run,policy,vm,gpu_share_pct,gpu_util_pct,groups_per_s,fps,work_per_s,lat_p50_us,lat_p99_us,window_s,precondition\n",
     );
     for r in results {
         for v in &r.vms {
             out.push_str(&format!(
-                "{},{},{},{:.2},{:.2},{:.1},{:.2},{:.2},{},{},{:.2}\n",
+                "{},{},{},{:.2},{:.2},{:.1},{:.2},{:.2},{},{},{:.2},{}\n",
                 r.label,
                 r.policy,
                 v.name,
@@ -631,7 +823,12 @@ pub fn csv(results: &[RunResult]) -> String {
                 v.work_per_sec,
                 v.latency_p50_us,
                 v.latency_p99_us,
-                r.window_s
+                r.window_s,
+                if r.precondition_failures.is_empty() {
+                    "ok"
+                } else {
+                    "failed"
+                }
             ));
         }
     }
@@ -694,9 +891,9 @@ vms = ["game"]
         assert!(
             game.starts_with(
                 "vgpu-load frames --groups 8 --cost-us 1200 --cpu-us 3000 --fps-target 30 \
-                 --duration-s 30 --json"
+                 --until-stopped --json"
             ),
-            "{game}"
+            "{game}: it runs until the host stops it"
         );
         // start_ms sleeps first; stop_ms shortens the run to stop - start.
         let bomb = guest_command(&vms[1], 30).unwrap();
@@ -764,18 +961,49 @@ policy = { policy = "none" }
             latency_p50_us: 100,
             latency_p99_us: 200,
             figures: Value::Null,
+            guest: None,
         };
+        let mut game = vm("game", 0.75);
+        game.guest = Some(serde_json::json!({
+            "kind": "summary", "mode": "frames", "elapsed_s": 20.0, "groups": 4000,
+            "frames": 1000, "fps": 50.0, "latency_p50_us": 4608, "latency_p99_us": 9000
+        }));
+        let mut bomb = vm("bomb-1", 0.25);
+        bomb.guest = Some(serde_json::json!({
+            "kind": "summary", "mode": "bomb", "elapsed_s": 20.0, "groups": 3000,
+            "frames": 0, "fps": 0.0, "latency_p50_us": 30720, "latency_p99_us": 40000
+        }));
         let result = RunResult {
             label: "pe".into(),
             policy: "timegraph".into(),
             window_s: 8.0,
             boot_s: 10.0,
-            vms: vec![vm("game", 0.75), vm("bomb-1", 0.25)],
+            vms: vec![game, bomb],
+            precondition_failures: Vec::new(),
         };
-        let md = side_by_side(&sc, &[], std::slice::from_ref(&result), "vms");
-        assert!(md.contains("| pe |  | game | - | 75.0% |"), "{md}");
-        assert!(md.contains("|  |  | bomb-1 | - | 25.0% |"), "{md}");
+        let idle = RunResult {
+            label: "alone".into(),
+            vms: vec![vm("game", 1.0)],
+            precondition_failures: vec!["game completed no work from 1.0 s to 3.5 s".into()],
+            ..result.clone()
+        };
+        let md = side_by_side(&sc, &[], &[result.clone(), idle.clone()], "vms");
+        assert!(
+            md.contains("| pe |  | game | - | 75.0% |") && md.contains("| 50.0 fps, p50 4608 us |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("|  |  | bomb-1 | - | 25.0% |") && md.contains("| 150.0/s, p50 30720 us |"),
+            "{md}"
+        );
         assert!(md.contains("VMs (vms)"), "{md}");
+        assert!(
+            md.contains(
+                "| alone |  | excluded: precondition failed (game completed no work from 1.0 s \
+                 to 3.5 s) |"
+            ) && !md.contains("| alone |  | game |"),
+            "a run whose precondition failed shows no figures: {md}"
+        );
         let dir = crate::TempDir::new("experiment-svg").unwrap();
         let figure = dir.path().join("t.vms.compare.svg");
         svg(&figure, &[], std::slice::from_ref(&result)).unwrap();
@@ -790,10 +1018,13 @@ policy = { policy = "none" }
         ] {
             assert!(drawn.contains(text), "{text} missing in the figure");
         }
-        let csv = csv(&[result]);
-        assert_eq!(csv.lines().count(), 3);
+        let csv = csv(&[result, idle]);
+        assert_eq!(csv.lines().count(), 4);
         assert!(
-            csv.contains("\npe,timegraph,game,75.00,75.00,10.0,0.00,10.00,100,200,8.00\n"),
+            csv.contains("\npe,timegraph,game,75.00,75.00,10.0,0.00,10.00,100,200,8.00,ok\n")
+                && csv.contains(
+                    "\nalone,timegraph,game,100.00,100.00,10.0,0.00,10.00,100,200,8.00,failed\n"
+                ),
             "{csv}"
         );
     }

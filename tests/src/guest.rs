@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use vgpu_schedd::cgroup::{CgroupError, CgroupFs};
 
+use crate::control::ControlChannel;
 use crate::temp_dir::TempDir;
 use crate::vm::CgroupGuard;
 use crate::{qemu_path, skip_without_qemu};
@@ -44,6 +45,12 @@ pub const GUEST_INIT: &str = "/usr/local/sbin/vgpu-init";
 pub const KERNEL_CMDLINE_MAX: usize = 2047;
 /// fw_cfg file the init reads a job from.
 pub const FW_CFG_JOB: &str = "opt/vgpu/run";
+
+/// The job of a guest served by the control channel's agent (in the image since
+/// build-guest-image.sh installs it).
+pub const AGENT_JOB: &str = "exec vgpu-agent";
+/// Longest wait for QEMU to create the control channel's socket.
+const CONTROL_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How often files and processes are polled while waiting.
 const POLL: Duration = Duration::from_millis(20);
@@ -121,6 +128,9 @@ pub enum GuestError {
         /// The awaited line's start.
         marker: String,
     },
+    /// The control channel's socket could not be connected.
+    #[error("the control channel: {0}")]
+    Control(String),
     /// The caller's stop flag ([`GuestConfig::stop`]) was raised; QEMU was killed.
     #[error("stopped before the guest finished\n{logs}")]
     Stopped {
@@ -357,6 +367,11 @@ pub struct GuestConfig {
     /// and return [`GuestError::Stopped`], and dropping the guest stops the server and
     /// removes the cgroup. `None`: only the guest or the time limit ends it.
     pub stop: Option<Arc<AtomicBool>>,
+    /// Adds the host-guest control channel: a virtio-serial port named
+    /// [`vgpu_guest_drivers::control::PORT_NAME`] on a chardev socket in the run's directory,
+    /// connected at launch ([`RunningGuest::control`]). The job should then be
+    /// [`AGENT_JOB`] ([`GuestConfig::with_agent`] sets both).
+    pub control: bool,
 }
 
 impl GuestConfig {
@@ -378,6 +393,16 @@ impl GuestConfig {
             extra_qemu_args: Vec::new(),
             cgroup: None,
             stop: None,
+            control: false,
+        }
+    }
+
+    /// Boots `image` with our vGPU, its job the control channel's agent: the host starts,
+    /// stops and hears back from workloads through [`RunningGuest::control`].
+    pub fn with_agent(image: GuestImage) -> Self {
+        Self {
+            control: true,
+            ..Self::new(image, AGENT_JOB)
         }
     }
 
@@ -952,6 +977,7 @@ pub struct RunningGuest {
     serial_lines: Vec<String>,
     boot_to_init: Option<Duration>,
     qemu_log_path: PathBuf,
+    control: Option<ControlChannel>,
     dir: TempDir,
 }
 
@@ -1077,6 +1103,20 @@ impl RunningGuest {
         ) {
             command.args(["-display", "none"]);
         }
+        let control_path = dir.path().join("control.sock");
+        if config.control {
+            command
+                .args(["-device", "virtio-serial-pci,id=vgpuser", "-chardev"])
+                .arg(format!(
+                    "socket,id=vgpuctl,path={},server=on,wait=off",
+                    no_comma(&control_path)?.display()
+                ))
+                .arg("-device")
+                .arg(format!(
+                    "virtserialport,bus=vgpuser.0,chardev=vgpuctl,name={}",
+                    vgpu_guest_drivers::control::PORT_NAME
+                ));
+        }
         let log = File::create(&qemu_log_path).map_err(io_context("creating QEMU log"))?;
         let stderr = log.try_clone().map_err(io_context("creating QEMU log"))?;
         command
@@ -1098,6 +1138,15 @@ impl RunningGuest {
             Some(name) => CgroupGuard::join(name, qemu.child.id())?,
             None => CgroupGuard::none(),
         };
+        // Connected at once: a line the guest sends while no client is connected is lost.
+        let control = if config.control {
+            Some(
+                ControlChannel::connect(&control_path, CONTROL_CONNECT_TIMEOUT)
+                    .map_err(|e| GuestError::Control(e.to_string()))?,
+            )
+        } else {
+            None
+        };
         Ok(Self {
             qemu,
             cgroup,
@@ -1112,6 +1161,7 @@ impl RunningGuest {
             serial_lines: Vec::new(),
             boot_to_init: None,
             qemu_log_path,
+            control,
             dir,
         })
     }
@@ -1124,6 +1174,11 @@ impl RunningGuest {
     /// The accelerator in use.
     pub fn accel(&self) -> Accel {
         self.accel
+    }
+
+    /// The control channel ([`GuestConfig::control`]).
+    pub fn control(&mut self) -> Option<&mut ControlChannel> {
+        self.control.as_mut()
     }
 
     /// The server the launcher started, if any.

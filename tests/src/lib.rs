@@ -8,6 +8,7 @@
 
 pub mod browser;
 pub mod compute;
+pub mod control;
 pub mod daemon;
 pub mod experiment;
 pub mod guest;

@@ -152,10 +152,29 @@ fn on_guests(sc: &Scenario, runs: &[(&RunSpec, &str)], args: &Args) -> Result<bo
             run.label
         );
         progress.step(&format!("{} {}", sc.name, run.label));
-        let outcome = experiment::run_on_vms(sc, run, policy, &config, |what| {
+        let mut outcome = experiment::run_on_vms(sc, run, policy, &config, |what| {
             progress.note(&format!("{tag}: {what}"))
         });
+        // A run whose precondition failed (a VM idle or absent in the window) is measured
+        // once more; if it fails again it stays out of the table and the command fails.
+        if outcome
+            .as_ref()
+            .is_ok_and(|r| !r.precondition_failures.is_empty())
+        {
+            progress.note(&format!("{tag}: precondition failed, measuring it again"));
+            outcome = experiment::run_on_vms(sc, run, policy, &config, |what| {
+                progress.note(&format!("{tag}: {what}"))
+            });
+        }
         match outcome {
+            Ok(r) if !r.precondition_failures.is_empty() => {
+                progress.note(&format!(
+                    "{tag}: EXCLUDED, precondition failed: {}",
+                    r.precondition_failures.join("; ")
+                ));
+                failed = true;
+                results.push(r);
+            }
             Ok(r) => {
                 let line: Vec<String> = r
                     .vms

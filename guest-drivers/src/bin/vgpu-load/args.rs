@@ -69,6 +69,10 @@ pub struct Config {
         value_parser = seconds
     )]
     pub duration: Duration,
+    /// Run until stdin reaches its end (the control agent's STOP closes it) instead of for
+    /// --duration-s, then wait for the work in flight; at most a day
+    #[arg(long, global = true)]
+    pub until_stopped: bool,
     /// JSON lines on stdout instead of a text summary
     #[arg(long, global = true)]
     pub json: bool,
@@ -215,8 +219,9 @@ mod tests {
                 depth: 4
             }
         );
-        assert!(c.json);
+        assert!(c.json && !c.until_stopped);
         assert_eq!(c.duration, Duration::from_secs(3));
+        assert!(config("--until-stopped frames --groups 2 --cost-us 9").until_stopped);
         assert_eq!(
             config("bomb --depth=64 --cost-us=1000000").mode,
             Mode::Bomb {

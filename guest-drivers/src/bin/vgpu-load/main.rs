@@ -11,9 +11,13 @@ mod stats;
 mod wire;
 
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use args::Config;
 use run::LoadContext;
+
+/// Raised when the workload is to end early (`--until-stopped`: stdin reached its end).
+static STOPPED: AtomicBool = AtomicBool::new(false);
 
 /// Exit code for usage and device errors.
 const EXIT_ERROR: u8 = 2;
@@ -21,17 +25,28 @@ const EXIT_ERROR: u8 = 2;
 fn main() -> ExitCode {
     // Usage errors exit with 2 (EXIT_ERROR), as clap does.
     let config: Config = vgpu_cli::parse();
+    if config.until_stopped {
+        // Stdin's end is the stop: everything read before it is ignored.
+        std::thread::spawn(|| {
+            let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+            STOPPED.store(true, Ordering::Relaxed);
+        });
+    }
     let result = LoadContext::open(&config.device).and_then(|ctx| {
         let limits = ctx.limits();
+        let until = if config.until_stopped {
+            "until stopped (stdin's end)".to_owned()
+        } else {
+            format!("for {} s", config.duration.as_secs())
+        };
         eprintln!(
-            "vgpu-load: {} for {} s on {} (load capset: {} commands per submit, occupy up to {} us)",
+            "vgpu-load: {} {until} on {} (load capset: {} commands per submit, occupy up to {} us)",
             config.mode.name(),
-            config.duration.as_secs(),
             config.device.display(),
             limits.max_commands,
             limits.max_occupy_us,
         );
-        run::run(&ctx, &config, std::io::stdout().lock())
+        run::run(&ctx, &config, std::io::stdout().lock(), &STOPPED)
     });
     match result {
         Ok(_) => ExitCode::SUCCESS,

@@ -5,11 +5,12 @@ use std::collections::VecDeque;
 use std::io::{self, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
-use crate::args::{Config, Mode};
+use crate::args::{Config, MAX_DURATION_S, Mode};
 use crate::stats::{Samples, Summary, frame_line, group_line};
 use crate::wire::{
     self, CAPSET_BLOB_LEN, CapsetInfo, Command, LOAD_CAPSET_ID, LOAD_CAPSET_VERSION, WireError,
@@ -194,13 +195,13 @@ impl<W: Write> Runner<'_, W> {
         Ok(())
     }
 
-    fn workload(&mut self, mode: Mode, deadline: Instant) -> Result<(), RunError> {
+    fn workload(&mut self, mode: Mode, until: &Until) -> Result<(), RunError> {
         match mode {
             Mode::Throttle {
                 kernel_us,
                 sleep_us,
             } => {
-                while Instant::now() < deadline {
+                while !until.reached(Instant::now()) {
                     self.submit(Command::Occupy(kernel_us))?;
                     self.drain()?;
                     std::thread::sleep(Duration::from_micros(sleep_us));
@@ -208,7 +209,7 @@ impl<W: Write> Runner<'_, W> {
             }
             Mode::Bomb { cost_us, depth } => {
                 let depth = usize::try_from(depth).unwrap_or(usize::MAX);
-                while Instant::now() < deadline {
+                while !until.reached(Instant::now()) {
                     while self.pending.len() < depth {
                         self.submit(Command::Occupy(cost_us))?;
                     }
@@ -218,7 +219,7 @@ impl<W: Write> Runner<'_, W> {
             Mode::Periodic { cost_us, period_us } => {
                 let period = Duration::from_micros(period_us);
                 let mut release = self.start;
-                while release < deadline {
+                while !until.reached(release) {
                     std::thread::sleep(release.saturating_duration_since(Instant::now()));
                     self.submit(Command::Occupy(cost_us))?;
                     self.drain()?;
@@ -240,7 +241,7 @@ impl<W: Write> Runner<'_, W> {
                 cpu_us,
                 ..
             } => {
-                while Instant::now() < deadline {
+                while !until.reached(Instant::now()) {
                     spin(Duration::from_micros(cpu_us))?;
                     for _ in 0..groups {
                         self.submit(Command::Occupy(cost_us))?;
@@ -254,12 +255,40 @@ impl<W: Write> Runner<'_, W> {
     }
 }
 
-/// Runs the configured workload on `ctx`, printing to `out`; returns the summary it printed.
-pub fn run<W: Write>(ctx: &LoadContext, config: &Config, out: W) -> Result<Summary, RunError> {
+/// When a workload ends: at a deadline, or earlier once `stopped` is raised.
+pub struct Until<'a> {
+    pub deadline: Instant,
+    pub stopped: &'a AtomicBool,
+}
+
+impl Until<'_> {
+    /// Whether the workload is over at `t` (a release time, or now).
+    fn reached(&self, t: Instant) -> bool {
+        t >= self.deadline || self.stopped.load(Ordering::Relaxed)
+    }
+}
+
+/// Runs the configured workload on `ctx`, printing to `out`, until its duration is over or
+/// `stopped` is raised (with `--until-stopped`: only then, or after [`MAX_DURATION_S`]);
+/// returns the summary it printed.
+pub fn run<W: Write>(
+    ctx: &LoadContext,
+    config: &Config,
+    out: W,
+    stopped: &AtomicBool,
+) -> Result<Summary, RunError> {
     // Check the cost against the device's limit before any work is issued.
     wire::encode(&[Command::Occupy(config.mode.cost_us())], &ctx.limits)?;
     let start = Instant::now();
-    let deadline = later(start, config.duration)?;
+    let duration = if config.until_stopped {
+        Duration::from_secs(MAX_DURATION_S)
+    } else {
+        config.duration
+    };
+    let until = Until {
+        deadline: later(start, duration)?,
+        stopped,
+    };
     let mut runner = Runner {
         ctx,
         out,
@@ -271,7 +300,7 @@ pub fn run<W: Write>(ctx: &LoadContext, config: &Config, out: W) -> Result<Summa
         last_frame: start,
         missed_periods: 0,
     };
-    runner.workload(config.mode, deadline)?;
+    runner.workload(config.mode, &until)?;
     let summary = Summary {
         mode: config.mode.name(),
         elapsed_us: micros(start.elapsed()),
@@ -298,6 +327,20 @@ pub fn run<W: Write>(ctx: &LoadContext, config: &Config, out: W) -> Result<Summa
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_workload_ends_at_its_deadline_or_once_stopped() {
+        let stopped = AtomicBool::new(false);
+        let now = Instant::now();
+        let until = Until {
+            deadline: now + Duration::from_secs(60),
+            stopped: &stopped,
+        };
+        assert!(!until.reached(now));
+        assert!(until.reached(now + Duration::from_secs(60)));
+        stopped.store(true, Ordering::Relaxed);
+        assert!(until.reached(now), "a stop ends it before its deadline");
+    }
 
     #[test]
     fn capset_ids_from_mask() {
