@@ -3,9 +3,10 @@
 //!
 //! - `packaging/install.sh` into a temporary destdir with the workspace's binaries: the whole
 //!   tree (binaries, completions and man pages each binary generates, units with the
-//!   prefix's paths, the /etc/vgpu skeleton, the libvirt recipe), a manifest listing exactly
-//!   that tree, a second run changing nothing, another prefix rewriting the units, an
-//!   operator's edit kept, and `--uninstall` leaving nothing else behind;
+//!   prefix's paths, the /etc/vgpu skeleton, the libvirt recipe, the monitoring kit), a
+//!   manifest listing exactly that tree, a second run changing nothing, another prefix
+//!   rewriting the units, an operator's edit kept, and `--uninstall` leaving nothing else
+//!   behind;
 //! - the installed units with `systemd-analyze verify --root=` on that tree (any message
 //!   fails), every flag of their command lines against the binary's `--help`, and
 //!   `systemd-analyze security` exposure no higher than docs/DEPLOY.md states;
@@ -263,6 +264,20 @@ fn install_tree_is_complete_idempotent_and_uninstalls_to_nothing() {
         "usr/local/share/vgpu/libvirt/qemu-hook",
     ] {
         assert!(d.join(file).is_file(), "{file} not installed");
+    }
+    // The monitoring kit, as it is in packaging/monitoring (checked by the daemon's
+    // tests/monitoring.rs).
+    for file in [
+        "vgpu-dashboard.json",
+        "vgpu-alerts.yml",
+        "vgpu-alerts.test.yml",
+    ] {
+        let installed = d.join("usr/local/share/vgpu/monitoring").join(file);
+        assert_eq!(
+            read(&installed),
+            read(&packaging(&format!("monitoring/{file}"))),
+            "{file}"
+        );
     }
     assert!(d.join("etc/vgpu/vgpus").is_dir());
 

@@ -1,9 +1,13 @@
-//! The metrics listener for a central Prometheus (`--metrics-listen`) end to end: a daemon
-//! server in this process, its listener scraped in plain HTTP and over TLS with a self-signed
-//! certificate made here, the bearer token refused and accepted, every other route refused,
-//! silent clients that do not hold up a scrape, and the token and key files the daemon refuses
-//! to start with.
+//! The monitoring kit end to end: the metrics listener for a central Prometheus
+//! (`--metrics-listen`) in a daemon server in this process, scraped in plain HTTP and over TLS
+//! with a self-signed certificate made here, the bearer token refused and accepted, every other
+//! route refused, silent clients that do not hold up a scrape, the token and key files the
+//! daemon refuses to start with; and `packaging/monitoring/`: the alert rules through
+//! `promtool check rules` and their unit tests through `promtool test rules`, every metric the
+//! Grafana dashboard's and the rules' queries name checked against a real scrape of the daemon
+//! with two VMs at work.
 
+use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::fs::PermissionsExt;
@@ -22,9 +26,11 @@ use vgpu_schedd::daemon::DaemonConfig;
 use vgpu_schedd::metrics_listener::{
     ListenError, MAX_CONNECTS_PER_SECOND, MetricsListenConfig, TlsFiles,
 };
-use vgpu_schedd::proto::{self, MAX_MESSAGE_BYTES, Msg, PROTOCOL_VERSION, VmName};
+use vgpu_schedd::proto::{self, Exec, MAX_MESSAGE_BYTES, Msg, PROTOCOL_VERSION, VmName};
 use vgpu_schedd::seqpacket::SeqStream;
+use vgpu_schedd::seqpacket::monotonic_ns;
 use vgpu_schedd::server::{Server, ServerConfig, ServerError};
+use vgpu_scheduler::{CostSignature, GroupId, GroupKind};
 
 const SCHEDD: &str = env!("CARGO_BIN_EXE_vgpu-schedd");
 const WAIT: Duration = Duration::from_secs(10);
@@ -100,21 +106,59 @@ fn plain(dir: &Path) -> MetricsListenConfig {
 fn device(d: &Daemon, name: &str) -> SeqStream {
     let s = SeqStream::connect(&d.dir.join("sched.sock")).unwrap();
     s.set_read_timeout(Some(WAIT)).unwrap();
-    let mut b = Vec::new();
-    proto::encode(
+    send(
+        &s,
         &Msg::Hello {
             version: PROTOCOL_VERSION,
             vm_name: VmName::new(name).unwrap(),
             device_pid: std::process::id(),
             qemu_pid: 0,
         },
-        &mut b,
     );
-    s.send(&b).unwrap();
-    let mut buf = vec![0u8; MAX_MESSAGE_BYTES + 1];
-    let n = s.recv(&mut buf).unwrap().expect("Welcome");
-    assert!(matches!(proto::decode(&buf[..n]), Ok(Msg::Welcome { .. })));
+    assert!(matches!(recv(&s), Msg::Welcome { .. }));
     s
+}
+
+/// The daemon's next message to a device.
+fn recv(s: &SeqStream) -> Msg {
+    let mut buf = vec![0u8; MAX_MESSAGE_BYTES + 1];
+    let n = s.recv(&mut buf).unwrap().expect("a message");
+    proto::decode(&buf[..n]).unwrap()
+}
+
+fn send(s: &SeqStream, msg: &Msg) {
+    let mut b = Vec::new();
+    proto::encode(msg, &mut b);
+    s.send(&b).unwrap();
+}
+
+/// One command group of a device: submitted, granted, completed 1 ms after it started, and
+/// a frame presented.
+fn run_group(s: &SeqStream, id: u64) {
+    send(
+        s,
+        &Msg::Submit {
+            group: GroupId(id),
+            context: 0,
+            kind: GroupKind::Render,
+            signature: CostSignature(1),
+            cost_ns: 0,
+            exec: Exec::Device,
+        },
+    );
+    assert_eq!(recv(s), Msg::Grant { group: GroupId(id) });
+    let finish = monotonic_ns();
+    send(
+        s,
+        &Msg::Completed {
+            group: GroupId(id),
+            start: finish.saturating_sub(1_000_000),
+            finish,
+        },
+    );
+    send(s, &Msg::Frame);
+    // The frame's present is released (no policy paces it).
+    assert!(matches!(recv(s), Msg::Present { .. }));
 }
 
 /// Connects to the listener, at most [`MAX_CONNECTS_PER_SECOND`] times a second (past that
@@ -415,4 +459,345 @@ fn the_daemon_refuses_token_and_key_files_others_can_read() {
         "{stderr}"
     );
     assert!(!p.join("bin-sched.sock").exists(), "sockets left behind");
+}
+
+/// A file of `packaging/monitoring/`.
+fn kit(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../packaging/monitoring")
+        .join(name)
+}
+
+/// Runs promtool with `args` in `packaging/monitoring/`; asserts it succeeds.
+fn promtool(args: &[&str]) -> String {
+    let o = Command::new("promtool")
+        .args(args)
+        .current_dir(kit(""))
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "running promtool ({e}): install Debian's `prometheus` package \
+                 (apt-get install --no-install-recommends prometheus)"
+            )
+        });
+    let out = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "promtool {args:?}:\n{out}");
+    out
+}
+
+#[test]
+fn the_alert_rules_pass_promtool_and_fire_on_their_unit_tests() {
+    let checked = promtool(&["check", "rules", "vgpu-alerts.yml"]);
+    assert!(checked.contains("SUCCESS: 5 rules found"), "{checked}");
+    promtool(&["test", "rules", "vgpu-alerts.test.yml"]);
+    // And the test file can fail: a rule that never fires does not pass it.
+    let dir = TempDir::new().unwrap();
+    let rules = std::fs::read_to_string(kit("vgpu-alerts.yml")).unwrap();
+    let broken = rules.replace("> 0.9", "> 2");
+    assert_ne!(broken, rules);
+    std::fs::write(dir.path().join("vgpu-alerts.yml"), broken).unwrap();
+    std::fs::copy(kit("vgpu-alerts.test.yml"), dir.path().join("t.yml")).unwrap();
+    let o = Command::new("promtool")
+        .args(["test", "rules", "t.yml"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{out}");
+    assert!(out.contains("alertname: VgpuMemoryNearLimit"), "{out}");
+}
+
+/// PromQL's functions, aggregations and keywords that can stand where a metric name could.
+const PROMQL_WORDS: &[&str] = &[
+    "and",
+    "or",
+    "unless",
+    "bool",
+    "offset",
+    "inf",
+    "nan",
+    "sum",
+    "avg",
+    "min",
+    "max",
+    "count",
+    "group",
+    "stddev",
+    "stdvar",
+    "topk",
+    "bottomk",
+    "quantile",
+    "count_values",
+];
+/// Keywords followed by a list of label names.
+const PROMQL_LABEL_LISTS: &[&str] = &[
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+];
+
+/// The metric names a PromQL expression (or a Grafana `label_values(METRIC, LABEL)` query)
+/// reads: identifiers that are no function (followed by `(`), keyword or label list, outside
+/// label matchers, ranges and strings.
+fn metric_names(expr: &str) -> BTreeSet<String> {
+    let chars: Vec<char> = expr.chars().collect();
+    let mut names = BTreeSet::new();
+    let mut i = 0;
+    // Skips from an opening bracket at `i` to after its match.
+    let skip = |mut i: usize, open: char, close: char| {
+        let mut depth = 0;
+        while let Some(&c) = chars.get(i) {
+            i += 1;
+            if c == open {
+                depth += 1;
+            } else if c == close {
+                depth -= 1;
+                if depth == 0 {
+                    break;
+                }
+            }
+        }
+        i
+    };
+    // A `label_values(` call: its second argument is a label.
+    let mut label_arg_from: Option<usize> = None;
+    while let Some(&c) = chars.get(i) {
+        if c == '{' {
+            i = skip(i, '{', '}');
+        } else if c == '[' {
+            i = skip(i, '[', ']');
+        } else if c == '"' || c == '\'' || c == '`' {
+            i += 1;
+            while chars.get(i).is_some_and(|&d| d != c) {
+                i += 1;
+            }
+            i += 1;
+        } else if c == ',' && label_arg_from.is_some() {
+            // Up to the call's closing parenthesis.
+            let start = label_arg_from.take().unwrap_or(i);
+            i = skip(start, '(', ')');
+        } else if c.is_ascii_digit() || c == '.' {
+            while chars
+                .get(i)
+                .is_some_and(|d| d.is_ascii_alphanumeric() || *d == '.')
+            {
+                i += 1;
+            }
+        } else if c.is_ascii_alphabetic() || c == '_' || c == ':' || c == '$' {
+            let start = i;
+            while chars
+                .get(i)
+                .is_some_and(|d| d.is_ascii_alphanumeric() || *d == '_' || *d == ':' || *d == '$')
+            {
+                i += 1;
+            }
+            let word: String = chars[start..i].iter().collect();
+            let mut next = i;
+            while chars.get(next).is_some_and(|d| d.is_whitespace()) {
+                next += 1;
+            }
+            let call = chars.get(next) == Some(&'(');
+            if PROMQL_LABEL_LISTS.contains(&word.as_str()) {
+                if call {
+                    i = skip(next, '(', ')');
+                }
+            } else if word == "label_values" && call {
+                label_arg_from = Some(next);
+                i = next + 1;
+            } else if !call && !word.starts_with('$') && !PROMQL_WORDS.contains(&word.as_str()) {
+                names.insert(word);
+            }
+        } else {
+            i += 1;
+        }
+    }
+    names
+}
+
+#[test]
+fn promql_metric_names_are_found() {
+    let names = |e: &str| metric_names(e).into_iter().collect::<Vec<_>>();
+    assert_eq!(
+        names(
+            "histogram_quantile(0.99, sum by (vm, le) \
+             (rate(vgpu_group_latency_seconds_bucket{vm=~\"$vm\",le!=\"x y\"}[$__rate_interval])))"
+        ),
+        ["vgpu_group_latency_seconds_bucket"]
+    );
+    assert_eq!(
+        names("a / (b > 0) > 0.9 and on (instance, vm) c offset 5m unless bool 1e3"),
+        ["a", "b", "c"]
+    );
+    assert_eq!(
+        names("label_values(vgpu_connected{job=\"$job\"}, vm)"),
+        ["vgpu_connected"]
+    );
+    assert_eq!(
+        names("rate(x[5m]) / scalar(sum without (le) (rate(y[5m])))"),
+        ["x", "y"]
+    );
+}
+
+/// The queries of the Grafana dashboard: every `expr` of its panels' targets (rows' panels
+/// included) and the query of every template variable of type `query`.
+fn dashboard_queries(dashboard: &serde_json::Value) -> Vec<String> {
+    fn panels(list: &serde_json::Value, out: &mut Vec<String>) {
+        for p in list.as_array().into_iter().flatten() {
+            for t in p["targets"].as_array().into_iter().flatten() {
+                out.extend(t["expr"].as_str().map(str::to_owned));
+            }
+            panels(&p["panels"], out);
+        }
+    }
+    let mut out = Vec::new();
+    panels(&dashboard["panels"], &mut out);
+    let variables = dashboard["templating"]["list"]
+        .as_array()
+        .into_iter()
+        .flatten();
+    for v in variables.filter(|v| v["type"] == "query") {
+        let query = v["query"]["query"].as_str().or(v["query"].as_str());
+        out.push(query.expect("a query variable's query").to_owned());
+    }
+    out
+}
+
+/// The `expr` values of a rules file: `expr: QUERY` on one line, or `expr: |` and the
+/// lines indented deeper.
+fn rule_queries(rules: &str) -> Vec<String> {
+    let lines: Vec<&str> = rules.lines().collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let Some(rest) = line.trim_start().strip_prefix("expr:") else {
+            continue;
+        };
+        let indent = line.len() - line.trim_start().len();
+        if rest.trim() == "|" {
+            let body: Vec<&str> = lines[i + 1..]
+                .iter()
+                .take_while(|l| l.trim().is_empty() || l.len() - l.trim_start().len() > indent)
+                .copied()
+                .collect();
+            out.push(body.join("\n"));
+        } else {
+            out.push(rest.trim().to_owned());
+        }
+    }
+    out
+}
+
+/// The series names a scrape exposes: every family of its `# TYPE` lines, a histogram's as
+/// `_bucket`, `_sum` and `_count`.
+fn exposed_names(exposition: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for line in exposition.lines() {
+        let Some(rest) = line.strip_prefix("# TYPE ") else {
+            continue;
+        };
+        let (name, kind) = rest.split_once(' ').unwrap();
+        if kind == "histogram" {
+            for suffix in ["_bucket", "_sum", "_count"] {
+                names.insert(format!("{name}{suffix}"));
+            }
+        } else {
+            names.insert(name.to_owned());
+        }
+    }
+    names
+}
+
+#[test]
+fn the_dashboard_and_the_alerts_ask_only_for_metrics_the_daemon_exposes() {
+    let dir = TempDir::new().unwrap();
+    let d = Daemon::start(dir.path(), plain(dir.path())).unwrap();
+    let a = device(&d, "a");
+    let b = device(&d, "b");
+    send(
+        &a,
+        &Msg::Memory {
+            used: 3 << 20,
+            limit: 1 << 30,
+        },
+    );
+    for id in 1..=3 {
+        run_group(&a, id);
+        run_group(&b, id);
+    }
+    let scrape = |d: &Daemon| {
+        let answer = get(d.addr, "/metrics", &bearer(TOKEN));
+        answer.split_once("\r\n\r\n").unwrap().1.to_owned()
+    };
+    // The daemon has seen the memory report and the last group once its stats show them.
+    let start = std::time::Instant::now();
+    let text = loop {
+        let text = scrape(&d);
+        let done = "vgpu_group_latency_seconds_count{vm=\"b\"} 3\n";
+        if (text.contains(done) && text.contains("vgpu_memory_used_bytes{vm=\"a\"}"))
+            || start.elapsed() > WAIT
+        {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut exposed = exposed_names(&text);
+    // The series Prometheus makes of every scrape.
+    exposed.insert("up".to_owned());
+    for needed in [
+        "vgpu_memory_used_bytes",
+        "vgpu_group_latency_seconds_bucket",
+        "process_cpu_seconds_total",
+        "vgpu_vm_info",
+    ] {
+        assert!(exposed.contains(needed), "{needed} not in:\n{text}");
+    }
+
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(kit("vgpu-dashboard.json")).unwrap())
+            .unwrap();
+    let queries = dashboard_queries(&dashboard);
+    let panels = dashboard["panels"].as_array().unwrap();
+    assert!(panels.len() >= 8, "{} panels", panels.len());
+    for p in panels {
+        let exprs = p["targets"].as_array().map_or(0, |t| {
+            t.iter().filter(|t| t["expr"].as_str().is_some()).count()
+        });
+        assert!(exprs > 0, "panel {} has no query", p["title"]);
+    }
+    let rules = std::fs::read_to_string(kit("vgpu-alerts.yml")).unwrap();
+    let rule_exprs = rule_queries(&rules);
+    assert_eq!(rule_exprs.len(), 5, "{rule_exprs:?}");
+    let mut used = BTreeSet::new();
+    for q in queries.iter().chain(&rule_exprs) {
+        let names = metric_names(q);
+        assert!(!names.is_empty(), "no metric in {q:?}");
+        for name in names {
+            assert!(
+                exposed.contains(&name),
+                "{q:?} reads {name}, which the daemon does not expose"
+            );
+            used.insert(name);
+        }
+    }
+    // What the dashboard is for: shares, latency quantiles, memory, frames, the engine, the
+    // daemon's being up.
+    for wanted in [
+        "vgpu_gpu_seconds_total",
+        "vgpu_group_latency_seconds_bucket",
+        "vgpu_memory_used_bytes",
+        "vgpu_memory_limit_bytes",
+        "vgpu_frames_total",
+        "vgpu_engine_busy_ratio",
+        "up",
+    ] {
+        assert!(used.contains(wanted), "nothing reads {wanted}");
+    }
+    assert!(
+        queries
+            .iter()
+            .any(|q| q.starts_with("histogram_quantile(0.99,")),
+        "{queries:?}"
+    );
 }
