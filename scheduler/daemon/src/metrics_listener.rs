@@ -58,11 +58,29 @@ pub const MIN_TOKEN_CHARS: usize = 16;
 pub const MAX_PEM_FILE_BYTES: u64 = 1024 * 1024;
 /// Most TLS reads per wake-up of one connection (a request is one or two records).
 const MAX_TLS_READS_PER_WAKE: usize = 16;
-/// Mode bits the token file must not have: any access of group or others.
-const TOKEN_FORBIDDEN_MODE: u32 = 0o077;
-/// Mode bits the key file must not have: any access of others (a group such as Debian's
-/// `ssl-cert` may read it).
-const KEY_FORBIDDEN_MODE: u32 = 0o007;
+/// Who must not have access to a secret file, and the mode that fixes it.
+#[derive(Debug, Clone, Copy)]
+struct Secrecy {
+    /// Mode bits it must not have.
+    forbidden: u32,
+    /// Who those bits let in.
+    who: &'static str,
+    /// The `chmod` that fixes it.
+    fix: &'static str,
+}
+
+/// The token file: no access for group or others.
+const TOKEN_SECRECY: Secrecy = Secrecy {
+    forbidden: 0o077,
+    who: "group or others",
+    fix: "600",
+};
+/// The key file: no access for others (a group such as Debian's `ssl-cert` may read it).
+const KEY_SECRECY: Secrecy = Secrecy {
+    forbidden: 0o007,
+    who: "others",
+    fix: "600 (or 640 with the group)",
+};
 
 /// The listener's options (`--metrics-listen`, `--metrics-token-file`, `--metrics-tls-cert`,
 /// `--metrics-tls-key`, `--metrics-insecure`).
@@ -140,14 +158,8 @@ pub enum ListenError {
     },
 }
 
-/// Reads a file of at most `max` bytes that has none of the mode bits `forbidden`.
-fn read_private(
-    path: &Path,
-    max: u64,
-    forbidden: u32,
-    who: &'static str,
-    fix: &'static str,
-) -> Result<Vec<u8>, ListenError> {
+/// Reads a regular file of at most `max` bytes; a secret one must be kept as `secrecy` says.
+fn read_file(path: &Path, max: u64, secrecy: Option<Secrecy>) -> Result<Vec<u8>, ListenError> {
     let fail = |source| ListenError::Read {
         path: path.to_owned(),
         source,
@@ -163,12 +175,12 @@ fn read_private(
         return Err(refused("not a regular file".to_owned()));
     }
     let mode = meta.mode() & 0o7777;
-    if mode & forbidden != 0 {
+    if let Some(s) = secrecy.filter(|s| mode & s.forbidden != 0) {
         return Err(ListenError::Exposed {
             path: path.to_owned(),
             mode,
-            who,
-            fix,
+            who: s.who,
+            fix: s.fix,
         });
     }
     let mut bytes = Vec::new();
@@ -227,20 +239,14 @@ fn tls_config(files: &TlsFiles) -> Result<Arc<rustls::ServerConfig>, ListenError
         path: path.to_owned(),
         why,
     };
-    let cert_pem = read_private(&files.cert, MAX_PEM_FILE_BYTES, 0, "", "")?;
+    let cert_pem = read_file(&files.cert, MAX_PEM_FILE_BYTES, None)?;
     let certs = CertificateDer::pem_slice_iter(&cert_pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| refused(&files.cert, format!("PEM: {e}")))?;
     if certs.is_empty() {
         return Err(refused(&files.cert, "no CERTIFICATE in it".to_owned()));
     }
-    let key_pem = read_private(
-        &files.key,
-        MAX_PEM_FILE_BYTES,
-        KEY_FORBIDDEN_MODE,
-        "others",
-        "600 (or 640 with the group)",
-    )?;
+    let key_pem = read_file(&files.key, MAX_PEM_FILE_BYTES, Some(KEY_SECRECY))?;
     let key = PrivateKeyDer::from_pem_slice(&key_pem)
         .map_err(|e| refused(&files.key, format!("PEM private key: {e}")))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -292,12 +298,10 @@ impl MetricsListener {
     /// Reads the token (and the certificate and key), checks the address may serve plain
     /// HTTP when there is no TLS, and binds the listener (non-blocking).
     pub fn bind(config: &MetricsListenConfig) -> Result<MetricsListener, ListenError> {
-        let token_text = read_private(
+        let token_text = read_file(
             &config.token_file,
             MAX_TOKEN_FILE_BYTES,
-            TOKEN_FORBIDDEN_MODE,
-            "group or others",
-            "600",
+            Some(TOKEN_SECRECY),
         )?;
         let token = parse_token(&token_text).map_err(|why| ListenError::Refused {
             path: config.token_file.clone(),
@@ -334,17 +338,16 @@ impl MetricsListener {
         self.tls.is_some()
     }
 
-    /// The next connection, if one waits: `Ok(None)` when none does. One past
-    /// [`MAX_CONNECTS_PER_SECOND`] is closed at once and `Ok(Some(None))` says so.
-    pub fn accept(&mut self) -> io::Result<Option<Option<Scraper>>> {
+    /// The next connection, if one waits.
+    pub fn accept(&mut self) -> io::Result<Accepted> {
         let stream = match self.listener.accept() {
             Ok((s, _)) => s,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Accepted::None),
             Err(e) => return Err(e),
         };
         let now = Instant::now();
         if !self.connects.admit(now) {
-            return Ok(Some(None));
+            return Ok(Accepted::Dropped);
         }
         stream.set_nonblocking(true)?;
         let tls = match &self.tls {
@@ -353,7 +356,7 @@ impl MetricsListener {
             )),
             None => None,
         };
-        Ok(Some(Some(Scraper {
+        Ok(Accepted::New(Scraper {
             stream,
             tls,
             head: Vec::new(),
@@ -362,7 +365,7 @@ impl MetricsListener {
             close_sent: false,
             interest: EventSet::IN,
             since: now,
-        })))
+        }))
     }
 
     /// The route of a whole request ([`authorize`]).
@@ -375,6 +378,17 @@ impl AsRawFd for MetricsListener {
     fn as_raw_fd(&self) -> RawFd {
         self.listener.as_raw_fd()
     }
+}
+
+/// What [`MetricsListener::accept`] found.
+#[derive(Debug)]
+pub enum Accepted {
+    /// No connection waits.
+    None,
+    /// One past [`MAX_CONNECTS_PER_SECOND`]: closed unread.
+    Dropped,
+    /// A new connection to serve.
+    New(Scraper),
 }
 
 /// What a scraper's connection holds after a read.

@@ -75,7 +75,7 @@ use crate::definitions::{Definition, LiveState, Store};
 use crate::http::{self, HttpError, HttpRequest, Received, Route};
 use crate::metrics::{self, render_metrics};
 use crate::metrics_listener::{
-    ListenError, MAX_SCRAPERS, MetricsListenConfig, MetricsListener, Scraper, Step,
+    Accepted, ListenError, MAX_SCRAPERS, MetricsListenConfig, MetricsListener, Scraper, Step,
 };
 use crate::proto::{MAX_MESSAGE_BYTES, VmName};
 use crate::seqpacket::{self, SeqError, SeqListener, SeqStream, monotonic_ns};
@@ -942,12 +942,12 @@ impl Loop {
                 return;
             };
             let scraper = match listener.accept() {
-                Ok(Some(Some(s))) => s,
-                Ok(Some(None)) => {
+                Ok(Accepted::New(s)) => s,
+                Ok(Accepted::Dropped) => {
                     debug!("metrics listener: connection closed, too many this second");
                     continue;
                 }
-                Ok(None) => break,
+                Ok(Accepted::None) => break,
                 Err(e) => {
                     warn!("accepting a metrics client: {e}");
                     break;
