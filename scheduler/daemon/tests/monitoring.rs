@@ -61,8 +61,11 @@ fn config(dir: &Path, listen: MetricsListenConfig) -> ServerConfig {
 }
 
 impl Daemon {
+    /// A daemon with its listener, definitions read from `dir/etc` (none while it does not
+    /// exist).
     fn start(dir: &Path, listen: MetricsListenConfig) -> Result<Daemon, ServerError> {
         let mut server = Server::bind(config(dir, listen))?;
+        server.use_config_dir(&dir.join("etc"))?;
         let addr = server.metrics_listen_addr().unwrap();
         let stop = server.stop_handle().unwrap();
         let thread = std::thread::spawn(move || server.run().unwrap());
@@ -712,6 +715,10 @@ fn exposed_names(exposition: &str) -> BTreeSet<String> {
 #[test]
 fn the_dashboard_and_the_alerts_ask_only_for_metrics_the_daemon_exposes() {
     let dir = TempDir::new().unwrap();
+    // VM a is defined from a type: its socket and type label its vgpu_vm_info.
+    std::fs::create_dir_all(dir.path().join("etc/vgpus")).unwrap();
+    let definition = r#"{"socket": "/run/vgpu/a.sock", "type": "quarter"}"#;
+    std::fs::write(dir.path().join("etc/vgpus/a.json"), definition).unwrap();
     let d = Daemon::start(dir.path(), plain(dir.path())).unwrap();
     let a = device(&d, "a");
     let b = device(&d, "b");
@@ -742,6 +749,13 @@ fn the_dashboard_and_the_alerts_ask_only_for_metrics_the_daemon_exposes() {
         }
         std::thread::sleep(Duration::from_millis(20));
     };
+    let info = "\nvgpu_vm_info{vm=\"a\",vgpu=\"0\",qemu_pid=\"\",cgroup=\"\",\
+                socket=\"/run/vgpu/a.sock\",type=\"quarter\"} 1\n";
+    assert!(text.contains(info), "{text}");
+    assert!(
+        text.contains("socket=\"\",type=\"\"} 1\n"),
+        "b is not defined: {text}"
+    );
     let mut exposed = exposed_names(&text);
     // The series Prometheus makes of every scrape.
     exposed.insert("up".to_owned());
