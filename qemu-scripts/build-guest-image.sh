@@ -9,7 +9,8 @@
 # and /usr/local/bin/vgpu-agent, the guest end of the host-guest control channel (a virtio-serial
 # port; guest-drivers/src/bin/vgpu-agent.rs), both built here as static binaries with cargo
 # (target dir: $CACHE/vgpu-load-target), and CUDA: our
-# guest driver /usr/local/lib/libcuda.so.1 (guest-drivers/libcuda, with a libcuda.so link),
+# guest driver libcuda.so.1 and the guest's vgpu-smi, installed with dpkg from the vgpu-guest-cuda
+# package that packaging/guest-deb.sh builds (as a user installs it in their own guest),
 # Debian's libgomp-plugin-nvptx1, and the CUDA corpus of qemu-scripts/cuda-corpus.sh in
 # /usr/local/share/vgpu-cuda when it has been built (run that script first).
 # The guest boots with init=/usr/local/sbin/vgpu-init (qemu-scripts/guest/vgpu-init), which runs
@@ -43,7 +44,8 @@ LOAD_TARGET_DIR=$CACHE/vgpu-load-target
 # The guest CUDA driver's sources (with the wire protocol it speaks) and the corpus: the image is
 # rebuilt when they change.
 CUDA_SRC=("$REPO/guest-drivers/libcuda/Cargo.toml" "$REPO/guest-drivers/libcuda/src"
-    "$REPO/mdev-backend/src/compute/wire.rs" "$REPO/mdev-backend/src/compute/backend.rs")
+    "$REPO/mdev-backend/src/compute/wire.rs" "$REPO/mdev-backend/src/compute/backend.rs"
+    "$REPO/packaging/guest-deb.sh")
 CORPUS=${VGPU_CUDA_CORPUS:-$CACHE/cuda-corpus}
 LOAD_TRIPLE=x86_64-unknown-linux-gnu
 SUITE=trixie
@@ -191,10 +193,10 @@ for bin in "$load_bin" "$agent_bin"; do
 done
 load_sha=$(sha256sum "$load_bin" | cut -d' ' -f1)
 log "    done in $((SECONDS - t)) s: $(du -k "$load_bin" | cut -f1) KiB, sha256 ${load_sha:0:16}"
-log "    building the guest CUDA driver (libcuda.so.1) into $LOAD_TARGET_DIR"
-run_logged "building libcuda" env CARGO_TARGET_DIR="$LOAD_TARGET_DIR" cargo build \
-    --manifest-path "$REPO/Cargo.toml" --release --locked -p vgpu-libcuda --lib
-cuda_lib=$LOAD_TARGET_DIR/release/libcuda.so
+log "    building the guest CUDA package (libcuda.so.1, vgpu-smi) into $LOAD_TARGET_DIR"
+run_logged "building the guest CUDA package" env CARGO_TARGET_DIR="$LOAD_TARGET_DIR" \
+    "$REPO/packaging/guest-deb.sh" --out "$WORK/deb"
+cuda_deb=$(ls "$WORK"/deb/vgpu-guest-cuda_*_amd64.deb)
 
 log "step 2/6 ($(elapsed "$started")): debootstrap --variant=minbase $SUITE"
 t=$SECONDS
@@ -261,8 +263,10 @@ log "step 5/6 ($(elapsed "$started")): installing the init, vgpu-load, vgpu-agen
 install -m 0755 "$INIT_SRC" "$ROOT/usr/local/sbin/vgpu-init"
 install -m 0755 "$load_bin" "$ROOT/usr/local/bin/vgpu-load"
 install -m 0755 "$agent_bin" "$ROOT/usr/local/bin/vgpu-agent"
-install -D -m 0755 "$cuda_lib" "$ROOT/usr/local/lib/libcuda.so.1"
-ln -sf libcuda.so.1 "$ROOT/usr/local/lib/libcuda.so"
+cp "$cuda_deb" "$ROOT/tmp/vgpu-guest-cuda.deb"
+run_logged "installing the guest CUDA package" chroot "$ROOT" "${chroot_env[@]}" \
+    dpkg -i /tmp/vgpu-guest-cuda.deb
+rm "$ROOT/tmp/vgpu-guest-cuda.deb"
 ncorpus=0
 if [[ -d $CORPUS ]]; then
     mkdir -p "$ROOT/usr/local/share/vgpu-cuda"

@@ -28,14 +28,20 @@ const OMP_PROGRAMS: [&str; 3] = ["omp_saxpy", "omp_reduction", "omp_features"];
 /// The nvcc-built program also run from the image's own corpus with the image's library.
 const IMAGE_NVCC_PROGRAM: &str = "vector_add";
 
-/// Where the guest image installs our library and the corpus (build-guest-image.sh).
-const IMAGE_LIB: &str = "/usr/local/lib/libcuda.so.1";
+/// The VM's GPU memory (vgpu-server --resource-memory-mb), which the guest's vgpu-smi shows.
+const GUEST_MEMORY_MB: u64 = 512;
+/// Where the guest image installs our library (its package) and the corpus
+/// (build-guest-image.sh).
+/// (ldconfig names it under /lib or /usr/lib: trixie's /lib is /usr/lib.)
+const IMAGE_LIB: &str = "/lib/x86_64-linux-gnu/libcuda.so.1";
 const IMAGE_CORPUS: &str = "/usr/local/share/vgpu-cuda";
 
 fn job(programs: &[&str]) -> String {
     let mut job = format!(
         "set -u\nls /dev/dri | sed 's/^/DRI /'\n\
-         ldconfig -p | grep -q '{IMAGE_LIB}' && echo IMAGE-LIB ok\n\
+         ldconfig -p | grep -q '{IMAGE_LIB}$' && echo IMAGE-LIB ok\n\
+         dpkg-query -W -f='IMAGE-PKG ${{Package}} ${{Status}}\\n' vgpu-guest-cuda\n\
+         echo \"SMI $(vgpu-smi --json --interval 50 | tr -d '\\n')\"\n\
          ls {IMAGE_CORPUS} | sed 's/^/IMAGE-CORPUS /'\n"
     );
     let mut run = |name: &str, path: String| {
@@ -99,7 +105,12 @@ fn stock_cuda_clients_run_through_the_vgpu_in_a_tcg_guest() {
     let (qemu, prologue) = guest::cuda_payload(dir.path(), &lib, &corpus, &files);
     let mut config = GuestConfig::new(image, prologue + &job(&programs)).timeout(TIMEOUT);
     config.extra_qemu_args = qemu;
-    config.server_args = vec!["--log-level".into(), "info".into()];
+    config.server_args = vec![
+        "--log-level".into(),
+        "info".into(),
+        "--resource-memory-mb".into(),
+        GUEST_MEMORY_MB.to_string(),
+    ];
     let run = RunningGuest::run(&config).expect("guest run");
     guest::report("guest_cuda", "stock_cuda_clients", &run.timing());
     let logs = run.logs();
@@ -115,6 +126,25 @@ fn stock_cuda_clients_run_through_the_vgpu_in_a_tcg_guest() {
                 .all(|p| run.output.contains(&format!("IMAGE-CORPUS {p}\n"))),
         "the image holds our libcuda.so.1 and the corpus\n{}",
         run.output
+    );
+    assert!(
+        run.output
+            .contains("IMAGE-PKG vgpu-guest-cuda install ok installed"),
+        "the image installed the guest package with dpkg\n{}",
+        run.output
+    );
+    // The guest's vgpu-smi sees the VM's GPU memory: the device's budget.
+    let smi: serde_json::Value = run
+        .output
+        .lines()
+        .find_map(|l| l.strip_prefix("SMI "))
+        .and_then(|j| serde_json::from_str(j).ok())
+        .unwrap_or_else(|| panic!("no vgpu-smi --json output\n{logs}"));
+    guest::report("guest_cuda", "vgpu-smi", &smi.to_string());
+    assert_eq!(
+        smi["gpus"][0]["memory"]["total_bytes"].as_u64(),
+        Some(GUEST_MEMORY_MB << 20),
+        "{smi}"
     );
     let results = results(&run.output);
     let debian: Vec<String> = OMP_PROGRAMS
