@@ -12,6 +12,7 @@ pub mod control;
 pub mod daemon;
 pub mod experiment;
 pub mod guest;
+pub mod live_switch;
 pub mod load_vm;
 pub mod raw_guest;
 pub mod server;

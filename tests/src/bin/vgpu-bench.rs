@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 use clap::{Parser, Subcommand};
 use vgpu_cli::progress::{Progress, minutes};
 use vgpu_scheduler::sim::{self, RunSpec, Scenario};
-use vgpu_tests::daemon::workspace_binary;
+use vgpu_tests::daemon::{Schedd, workspace_binary};
 use vgpu_tests::experiment::{self, Guests, RunResult, VmRunConfig};
 use vgpu_tests::guest::GuestImage;
+use vgpu_tests::live_switch::{self, LiveSwitch};
 
 /// The command line.
 #[derive(Debug, Parser)]
@@ -30,6 +31,85 @@ struct Cli {
 enum Cmd {
     /// Runs a scenario (scheduler/scenarios/NAME.toml)
     Run(Args),
+    /// The demo's live policy switch on two real guests: a game beside a GPU bomb under the
+    /// daemon's first policy, then under a policy installed live; prints a verdict only when
+    /// both VMs were busy through both windows and each policy in force (exit 3 otherwise)
+    LiveSwitch(LiveArgs),
+}
+
+/// `vgpu-bench live-switch`.
+#[derive(Debug, clap::Args)]
+#[command(args_override_self = true)]
+struct LiveArgs {
+    /// The game is glmark2 (its build scene) on virgl instead of vgpu-load's frames
+    #[arg(long)]
+    gl: bool,
+    /// Seconds of each measured phase
+    #[arg(long, value_name = "S", default_value_t = 25,
+          value_parser = clap::value_parser!(u64).range(5..=3600))]
+    phase_s: u64,
+    /// The policy installed between the phases (a vgpuctl set-policy file)
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "qemu-scripts/demo-timegraph.toml"
+    )]
+    policy: PathBuf,
+    /// The daemon's web dashboard listener (ADDR:PORT; port 0 picks a free one)
+    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:0")]
+    http: String,
+    /// Keep the daemon and its dashboard up this many seconds after the verdict
+    #[arg(long, value_name = "S", default_value_t = 0,
+          value_parser = clap::value_parser!(u64).range(0..=3600))]
+    linger_s: u64,
+    /// Longest wait for both guests to boot
+    #[arg(long, value_name = "S", default_value_t = 300,
+          value_parser = clap::value_parser!(u64).range(10..=3600))]
+    boot_timeout_s: u64,
+}
+
+/// Exit code of a live switch whose preconditions failed: no verdict.
+const EXIT_NO_VERDICT: u8 = 3;
+
+/// Runs the live switch; `Ok(true)` with a verdict, `Ok(false)` without one.
+fn live_switch(args: &LiveArgs) -> Result<bool, String> {
+    let image = GuestImage::locate().map_err(|e| format!("guest image: {e}"))?;
+    let policy_text = std::fs::read_to_string(&args.policy)
+        .map_err(|e| format!("{}: {e}", args.policy.display()))?;
+    let policy_name = policy_text
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|t| t.get("policy").and_then(|p| p.as_str().map(str::to_owned)))
+        .ok_or_else(|| format!("{}: no policy = \"NAME\" line", args.policy.display()))?;
+    let schedd = Schedd::start_with(None, "info", &["--http", &args.http])
+        .map_err(|e| format!("vgpu-schedd: {e}"))?;
+    eprintln!(
+        "vgpu-schedd is up (policy none); its device socket: {}",
+        schedd.socket().display()
+    );
+    schedd
+        .transcript(&["dashboard"])
+        .map_err(|e| format!("vgpuctl dashboard: {e}"))?;
+    let cfg = LiveSwitch {
+        phase: Duration::from_secs(args.phase_s),
+        gl: args.gl,
+        policy_file: args.policy.clone(),
+        policy_name,
+        boot_timeout: Duration::from_secs(args.boot_timeout_s),
+    };
+    let result = live_switch::run(&schedd, &image, &cfg, |what| {
+        eprintln!("[vgpu-bench] live-switch: {what}")
+    })?;
+    if let Some(bomb) = &result.bomb_summary {
+        eprintln!("[vgpu-bench] live-switch: the bomb's own summary: {bomb}");
+    }
+    let text = live_switch::verdict(&result);
+    print!("{text}");
+    if args.linger_s > 0 {
+        eprintln!("the dashboard stays up for {} s more", args.linger_s);
+        std::thread::sleep(Duration::from_secs(args.linger_s));
+    }
+    Ok(result.before.failures.is_empty() && result.after.failures.is_empty())
 }
 
 /// `vgpu-bench run`.
@@ -242,7 +322,19 @@ fn on_guests(sc: &Scenario, runs: &[(&RunSpec, &str)], args: &Args) -> Result<bo
 }
 
 fn main() -> ExitCode {
-    let Cmd::Run(args) = vgpu_cli::parse::<Cli>().cmd;
+    let args = match vgpu_cli::parse::<Cli>().cmd {
+        Cmd::Run(args) => args,
+        Cmd::LiveSwitch(args) => {
+            return match live_switch(&args) {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::from(EXIT_NO_VERDICT),
+                Err(e) => {
+                    eprintln!("vgpu-bench live-switch: {e}");
+                    ExitCode::from(1)
+                }
+            };
+        }
+    };
     let (sc, policies) = match load(&args.scenario) {
         Ok(x) => x,
         Err(e) => {
@@ -291,8 +383,43 @@ mod tests {
     use super::*;
 
     fn args(list: &[&str]) -> Result<Args, clap::Error> {
-        let Cli { cmd: Cmd::Run(a) } = vgpu_cli::check::arguments(list)?;
-        Ok(a)
+        match vgpu_cli::check::arguments::<Cli, _, _>(list)?.cmd {
+            Cmd::Run(a) => Ok(a),
+            Cmd::LiveSwitch(_) => panic!("not a run: {list:?}"),
+        }
+    }
+
+    #[test]
+    fn the_live_switch_command_line_is_checked() {
+        let live =
+            |list: &[&str]| match vgpu_cli::check::arguments::<Cli, _, _>(list).map(|c| c.cmd) {
+                Ok(Cmd::LiveSwitch(a)) => Ok(a),
+                Ok(Cmd::Run(_)) => panic!("not a live switch"),
+                Err(e) => Err(e),
+            };
+        let a = live(&["live-switch"]).unwrap();
+        assert_eq!((a.gl, a.phase_s, a.linger_s), (false, 25, 0));
+        assert_eq!(a.policy, PathBuf::from("qemu-scripts/demo-timegraph.toml"));
+        let a = live(&[
+            "live-switch",
+            "--gl",
+            "--phase-s=10",
+            "--http",
+            "127.0.0.1:8080",
+        ])
+        .unwrap();
+        assert_eq!(
+            (a.gl, a.phase_s, a.http.as_str()),
+            (true, 10, "127.0.0.1:8080")
+        );
+        for bad in [
+            &["live-switch", "--phase-s", "0"][..],
+            &["live-switch", "--phase-s", "4"],
+            &["live-switch", "--linger-s", "99999"],
+            &["live-switch", "extra"],
+        ] {
+            assert!(live(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]
