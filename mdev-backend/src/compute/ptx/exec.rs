@@ -2005,14 +2005,14 @@ pub(super) enum Loc {
     FParam(u64),
 }
 
-/// One lane's registers, carry flag and global memory, as an instruction executed for that
-/// lane alone sees them: the interpreter's lane of a warp, the compiled engine's thread.
-pub(super) trait LaneState {
+/// One lane's registers, carry flag and global memory (with the texture and surface objects
+/// in it), as an instruction executed for that lane alone sees them: the interpreter's lane
+/// of a warp, the compiled engine's thread.
+pub(super) trait LaneState: texture::Objects {
     fn val(&self, s: Src) -> u64;
     fn set(&mut self, d: u32, v: u64);
     fn carry(&self) -> bool;
     fn set_carry(&mut self, c: bool);
-    fn memory(&self) -> &dyn GlobalMemory;
 }
 
 /// Whether [`lane_op`] executes `op`: the instructions that compute a lane's registers from
@@ -2216,15 +2216,14 @@ pub(super) fn lane_op(l: &mut impl LaneState, op: &Op) -> ComputeResult<()> {
                 Lod::Grad(x, y) => texture::Lod::Grad(x.map(f), y.map(f)),
             };
             let gather = gather.map(usize::from);
-            let v = texture::sample(l.memory(), h, *geom, *int, gather, lod, raw)
-                .map_err(texture_fault)?;
+            let v = texture::sample(l, h, *geom, *int, gather, lod, raw).map_err(texture_fault)?;
             for (d, v) in ds.iter().zip(v) {
                 l.set(*d, u64::from(v));
             }
         }
         Op::Query(q) => {
             let h = l.val(q.handle);
-            let v = texture::query(l.memory(), h, q.surface, q.q).map_err(texture_fault)?;
+            let v = texture::query(l, h, q.surface, q.q).map_err(texture_fault)?;
             l.set(q.d, u64::from(v));
         }
         Op::Surf {
@@ -2247,10 +2246,10 @@ pub(super) fn lane_op(l: &mut impl LaneState, op: &Op) -> ComputeResult<()> {
                     let v = l.val(*s).to_le_bytes();
                     buf[i * size..(i + 1) * size].copy_from_slice(&v[..size]);
                 }
-                texture::surface_store(l.memory(), h, *geom, raw, *oob, &buf[..total])
+                texture::surface_store(l, h, *geom, raw, *oob, &buf[..total])
                     .map_err(texture_fault)?;
             } else {
-                texture::surface_load(l.memory(), h, *geom, raw, *oob, &mut buf[..total])
+                texture::surface_load(l, h, *geom, raw, *oob, &mut buf[..total])
                     .map_err(texture_fault)?;
                 for (i, s) in vals.iter().take(usize::from(*n)).enumerate() {
                     let mut le = [0u8; 8];
@@ -2291,6 +2290,10 @@ impl LaneState for WarpLane<'_, '_, '_> {
         let warp = &mut self.block.warps[self.w];
         warp.carry = (warp.carry & !(1 << self.lane)) | (u32::from(c) << self.lane);
     }
+}
+
+/// The interpreter reads every object as the reference does.
+impl texture::Objects for WarpLane<'_, '_, '_> {
     fn memory(&self) -> &dyn GlobalMemory {
         self.block.s.memory
     }

@@ -2615,3 +2615,127 @@ $L_loop:
         assert_eq!(to_u32s(&r.read(out, blocks * threads * 4)), want, "{name}");
     }
 }
+
+#[test]
+fn a_texture_descriptor_rewritten_between_and_within_launches_is_fetched_anew() {
+    // Thread 0 fetches texel (2.5, 0.5), points the descriptor at other texels and fetches
+    // again; `corrupt` gives it three channels between two fetches instead.
+    let m = module(
+        r#"
+.visible .entry retex(.param .u64 t, .param .u64 o, .param .u64 other)
+{
+    .reg .f32 %f<12>; .reg .b64 %rd<4>; .reg .b32 %r<2>;
+    ld.param.u64 %rd1, [t]; ld.param.u64 %rd2, [o]; ld.param.u64 %rd3, [other];
+    mov.f32 %f1, 0f40200000; mov.f32 %f2, 0f3F000000;
+    tex.2d.v4.f32.f32 {%f3, %f4, %f5, %f6}, [%rd1, {%f1, %f2}];
+    st.global.f32 [%rd2], %f3;
+    mov.b64 {%r0, %r1}, %rd3;
+    st.global.u32 [%rd1+24], %r0;
+    st.global.u32 [%rd1+28], %r1;
+    tex.2d.v4.f32.f32 {%f7, %f8, %f9, %f10}, [%rd1, {%f1, %f2}];
+    st.global.f32 [%rd2+4], %f7;
+    ret;
+}
+.visible .entry corrupt(.param .u64 t, .param .u64 o, .param .u64 other)
+{
+    .reg .f32 %f<12>; .reg .b64 %rd<4>; .reg .b16 %h;
+    ld.param.u64 %rd1, [t]; ld.param.u64 %rd2, [o];
+    mov.f32 %f1, 0f40200000; mov.f32 %f2, 0f3F000000;
+    tex.2d.v4.f32.f32 {%f3, %f4, %f5, %f6}, [%rd1, {%f1, %f2}];
+    st.global.f32 [%rd2], %f3;
+    mov.b16 %h, 3;
+    st.global.u8 [%rd1+5], %h;
+    tex.2d.v4.f32.f32 {%f7, %f8, %f9, %f10}, [%rd1, {%f1, %f2}];
+    st.global.f32 [%rd2+4], %f7;
+    ret;
+}
+"#,
+    );
+    let floats = |v: [f32; 4]| v.map(f32::to_le_bytes).concat();
+    let mut r = Run::new(&m);
+    let first = r.buffer(&floats([1.0, 2.0, 3.0, 4.0]));
+    let other = r.buffer(&floats([10.0, 20.0, 30.0, 40.0]));
+    let desc = |w: u32, h: u32| {
+        texture::Descriptor {
+            surface: false,
+            format: texture::Format::F32,
+            channels: 1,
+            flags: 0,
+            address: [texture::AddressMode::Clamp; 3],
+            extent: [w, h, 1],
+            base: first,
+            pitch: u64::from(w) * 4,
+            slice: u64::from(w * h) * 4,
+            border: [0.0; 4],
+            mip: texture::Mip::NONE,
+        }
+        .encode()
+    };
+    // The descriptor at a word boundary, then 4 bytes past one (its bytes in 11 words).
+    let space = r.buffer(&[0; texture::DESCRIPTOR_BYTES + 8]);
+    let out = r.buffer(&[0; 8]);
+    for handle in [space, space + 4] {
+        let launch = |r: &Run, kernel: &str| {
+            let params = pack(&m, kernel, &[handle, out, other]);
+            let (reference, compiled) =
+                r.launch_pair(kernel, [1, 1, 1], [1, 1, 1], 0, &params, 1, 1 << 30);
+            if let Ok(compiled) = compiled.unwrap() {
+                assert!(compiled.compiled, "{kernel} ran compiled");
+            }
+            reference.map(|_| to_f32s(&r.read(out, 8)))
+        };
+        // 2 x 2: x 2.5 clamps to texel 1 of row 0.
+        r.write(handle, &desc(2, 2));
+        assert_eq!(launch(&r, "retex").unwrap(), [2.0, 20.0], "{handle:#x}");
+        // The same handle, now one row of 4 over the first texels: texel 2.
+        r.write(handle, &desc(4, 1));
+        assert_eq!(launch(&r, "retex").unwrap(), [3.0, 30.0], "{handle:#x}");
+        // A descriptor corrupted after a fetch is refused at the next, on both engines alike.
+        r.write(handle, &desc(4, 1));
+        let err = launch(&r, "corrupt").unwrap_err();
+        assert_eq!(err.cuda_status(), 700, "{err}");
+        assert_eq!(to_f32s(&r.read(out, 4)), [3.0]);
+    }
+}
+
+#[test]
+fn integers_convert_to_single_to_nearest_ties_to_even() {
+    // Each input word through cvt.rn.f32.s32, .u32 and .s64 (compiled inline), against Rust's
+    // `as`, which rounds once to nearest, ties to even.
+    let inputs: [u64; 8] = [
+        (1 << 24) + 1,
+        (1 << 24) + 3,
+        (-(1i64 << 24) - 1) as u64,
+        i32::MAX as u64,
+        0x8000_0001,
+        i64::MAX as u64,
+        i64::MIN as u64,
+        (1 << 53) + 1,
+    ];
+    let body: String = (0..inputs.len())
+        .map(|i| {
+            format!(
+                "ld.global.u64 %rd1, [%rdin+{o}];\ncvt.u32.u64 %r1, %rd1;\n\
+                 cvt.rn.f32.s32 %f1, %r1;\ncvt.rn.f32.u32 %f2, %r1;\ncvt.rn.f32.s64 %f3, %rd1;\n\
+                 st.global.v2.f32 [%rdout+{a}], {{%f1, %f2}};\nst.global.f32 [%rdout+{b}], %f3;\n",
+                o = 8 * i,
+                a = 16 * i,
+                b = 16 * i + 8
+            )
+        })
+        .collect();
+    let out = scalar(
+        &body,
+        ".reg .b64 %rd1;\n.reg .b32 %r1;\n.reg .f32 %f<4>;",
+        &inputs,
+        2 * inputs.len(),
+    );
+    for (i, &x) in inputs.iter().enumerate() {
+        let w = x as u32;
+        let want = [
+            u64::from((w as i32 as f32).to_bits()) | u64::from((w as f32).to_bits()) << 32,
+            u64::from((x as i64 as f32).to_bits()),
+        ];
+        assert_eq!([out[2 * i], out[2 * i + 1] & 0xffff_ffff], want, "{x:#x}");
+    }
+}

@@ -3,7 +3,9 @@
 //! kernel's handle is read and validated on every fetch: a bad handle is a fault of that
 //! context, never a host access), texel addressing and filtering as the CUDA Programming
 //! Guide's "Texture Fetching" appendix defines them, and the surface load/store formats.
-//! Pure logic: memory is reached through [`GlobalMemory`] only, whose accesses are checked.
+//! Pure logic: memory is reached through [`Objects`] only, whose accesses are checked: the
+//! interpreter reads every descriptor and texel through [`GlobalMemory`], compiled code
+//! through a view that keeps the descriptors it decoded and returns the same bytes and faults.
 //!
 //! Formulas (N texels along a dimension, x the fetch coordinate):
 //! - normalised coordinates: `x * N` (unnormalised are used as given);
@@ -19,7 +21,27 @@
 
 use thiserror::Error;
 
-use crate::compute::memory::GlobalMemory;
+use crate::compute::memory::{Fault, GlobalMemory};
+
+/// Where a lane's texture and surface instructions find descriptors and texels. The
+/// provided methods are the reference (every descriptor read and validated anew, every
+/// texel read through the context's checked memory: the interpreter); a view that keeps
+/// what it decoded or reads faster (compiled code) must give the same descriptors, the same
+/// bytes and the same faults.
+pub(crate) trait Objects {
+    /// The context's memory.
+    fn memory(&self) -> &dyn GlobalMemory;
+
+    /// The validated descriptor of the object at `handle`: [`Descriptor::load`].
+    fn descriptor(&mut self, handle: u64, surface: bool) -> Result<Descriptor, TextureError> {
+        Descriptor::load(self.memory(), handle, surface)
+    }
+
+    /// `buf.len()` bytes at `addr`: [`GlobalMemory::read`].
+    fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), Fault> {
+        self.memory().read(addr, buf)
+    }
+}
 
 /// Bytes of a descriptor in device memory.
 pub const DESCRIPTOR_BYTES: usize = 80;
@@ -225,12 +247,12 @@ impl Query {
 /// array's cubemaps, are its array size), the filter mode 0 for nearest and 1 for linear,
 /// address modes CUDA's numbers.
 pub(crate) fn query(
-    memory: &dyn GlobalMemory,
+    o: &mut impl Objects,
     handle: u64,
     surface: bool,
     q: Query,
 ) -> Result<u32, TextureError> {
-    let d = Descriptor::load(memory, handle, surface)?;
+    let d = o.descriptor(handle, surface)?;
     let layered = d.flags & FLAG_LAYERED != 0;
     let cube = d.flags & FLAG_CUBEMAP != 0;
     Ok(match q {
@@ -420,19 +442,13 @@ impl Descriptor {
 
     /// Level `l` (1 and up) of the mipmapped texture at `handle`: its resource in place of
     /// level 0's, validated as a descriptor is.
-    fn level(
-        &self,
-        memory: &dyn GlobalMemory,
-        handle: u64,
-        l: u8,
-    ) -> Result<Descriptor, TextureError> {
+    fn level(&self, o: &mut impl Objects, handle: u64, l: u8) -> Result<Descriptor, TextureError> {
         let at = (u64::from(l) - 1) * LEVEL_BYTES as u64 + DESCRIPTOR_BYTES as u64;
         let addr = handle
             .checked_add(at)
             .ok_or(TextureError::Unreadable(handle))?;
         let mut b = [0u8; LEVEL_BYTES];
-        memory
-            .read(addr, &mut b)
+        o.read(addr, &mut b)
             .map_err(|_| TextureError::Unreadable(addr))?;
         let d = Descriptor {
             base: le64(&b, 0),
@@ -460,7 +476,7 @@ impl Descriptor {
     }
 
     /// The descriptor of bytes `b` read at `handle`, validated.
-    fn decode(
+    pub(crate) fn decode(
         handle: u64,
         surface: bool,
         b: &[u8; DESCRIPTOR_BYTES],
@@ -510,6 +526,7 @@ impl Descriptor {
     }
 
     /// The address of texel (x, y, z), all in range.
+    #[inline]
     fn texel_addr(&self, x: u32, y: u32, z: u32) -> u64 {
         // In range and validated: no overflow (see `validate`).
         self.base
@@ -519,12 +536,9 @@ impl Descriptor {
     }
 }
 
-/// One texel's channels as read: floats, or integers (sign-extended).
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Texel {
-    Float([f32; 4]),
-    Int([u32; 4]),
-}
+/// One texel's channels as read: floats (as their bits), or integers (sign-extended), as the
+/// descriptor reads them.
+type Texel = [u32; 4];
 
 /// IEEE binary16 bits to `f32` (exact).
 pub fn f16_to_f32(h: u16) -> f32 {
@@ -555,6 +569,7 @@ pub fn srgb_to_linear(c: f32) -> f32 {
 }
 
 /// A texel's bytes as the descriptor reads them.
+#[inline(always)]
 fn decode_texel(d: &Descriptor, raw: &[u8]) -> Texel {
     let chan = |c: usize| -> u32 {
         match d.format.bytes() {
@@ -584,7 +599,7 @@ fn decode_texel(d: &Descriptor, raw: &[u8]) -> Texel {
         if channels < 4 {
             v[3] = 1.0;
         }
-        Texel::Float(v)
+        v.map(f32::to_bits)
     } else {
         let mut v = [0u32; 4];
         for (c, o) in v.iter_mut().enumerate().take(channels) {
@@ -598,13 +613,18 @@ fn decode_texel(d: &Descriptor, raw: &[u8]) -> Texel {
         if channels < 4 {
             v[3] = 1;
         }
-        Texel::Int(v)
+        v
     }
 }
 
 /// A texel index after the address mode: `None` for border.
+#[inline]
 pub fn address(i: i64, n: u32, mode: AddressMode, normalized: bool) -> Option<u32> {
     let n = i64::from(n);
+    if (0..n).contains(&i) {
+        // Every mode keeps an index in range.
+        return Some(i as u32);
+    }
     let mode = match mode {
         AddressMode::Wrap | AddressMode::Mirror if !normalized => AddressMode::Clamp,
         m => m,
@@ -626,21 +646,61 @@ pub fn address(i: i64, n: u32, mode: AddressMode, normalized: bool) -> Option<u3
     Some(i as u32)
 }
 
+/// From 2^23 up every finite f32 is an integer.
+const F32_INTEGRAL: f32 = 8_388_608.0;
+
+/// `x.floor()`, bit for bit (signed zeros, NaNs as they are), without the library call the
+/// baseline x86-64 instruction set needs for it: fetches round every coordinate.
+#[inline(always)]
+fn floor(x: f32) -> f32 {
+    // Infinities, NaNs and every f32 from 2^23 up are their own floor.
+    if !(x.abs() < F32_INTEGRAL) {
+        return x;
+    }
+    // Toward zero, exactly (|x| < 2^23), then down for negative fractions; a zero result
+    // keeps x's sign (floor(-0.0) is -0.0, and x in (-1, 0) gives -1).
+    let t = x as i32 as f32;
+    let f = if t > x { t - 1.0 } else { t };
+    if f == 0.0 { 0f32.copysign(x) } else { f }
+}
+
+/// `x.round()` (halves away from zero), bit for bit, as [`floor`] is `x.floor()`.
+#[inline(always)]
+fn round(x: f32) -> f32 {
+    if x.is_nan() {
+        // Quietened, as the library's `roundf` does (its `floorf` does not).
+        return x + x;
+    }
+    if !(x.abs() < F32_INTEGRAL) {
+        return x;
+    }
+    // `x - t` is exact for |x| < 2^23; every result has x's sign (-0.3 rounds to -0.0).
+    let t = x as i32 as f32;
+    let r = if (x - t).abs() >= 0.5 {
+        t + 1f32.copysign(x)
+    } else {
+        t
+    };
+    r.copysign(x)
+}
+
 /// The 9-bit fixed-point weight of a fraction in [0, 1): 8 fractional bits, to nearest.
+#[inline]
 pub fn weight(frac: f32) -> f32 {
-    (frac * 256.0).round() / 256.0
+    round(frac * 256.0) / 256.0
 }
 
 /// Texel index ranges of `x` (unnormalised) for one dimension: (first index, weight of the
 /// second), the second index the first plus one. Nearest-point has weight 0.
+#[inline]
 fn taps(x: f32, linear: bool) -> (i64, f32) {
     // `as` saturates (NaN to 0): any coordinate gives an index the address mode bounds.
     if linear {
         let xb = x - 0.5;
-        let i = xb.floor();
+        let i = floor(xb);
         (i as i64, weight(xb - i))
     } else {
-        (x.floor() as i64, 0.0)
+        (floor(x) as i64, 0.0)
     }
 }
 
@@ -678,6 +738,7 @@ pub fn cube_face(x: f32, y: f32, z: f32) -> (u32, f32, f32) {
 }
 
 /// Decodes the raw 32-bit coordinate operands of a fetch of `geom`.
+#[inline(always)]
 fn coords(d: &Descriptor, geom: Geom, int: bool, raw: [u32; 4]) -> Result<Coords, TextureError> {
     let layered = d.flags & FLAG_LAYERED != 0;
     let cube = d.flags & FLAG_CUBEMAP != 0;
@@ -756,7 +817,7 @@ fn coords(d: &Descriptor, geom: Geom, int: bool, raw: [u32; 4]) -> Result<Coords
 /// nearest level, or (linear mipmap filtering of float reads) between the two nearest,
 /// `(1-f)·L[l] + f·L[l+1]` with `f` the fraction of the level of detail.
 pub(crate) fn sample(
-    memory: &dyn GlobalMemory,
+    o: &mut impl Objects,
     handle: u64,
     geom: Geom,
     int: bool,
@@ -764,11 +825,11 @@ pub(crate) fn sample(
     lod: Lod,
     raw: [u32; 4],
 ) -> Result<[u32; 4], TextureError> {
-    let d = Descriptor::load(memory, handle, false)?;
+    let d = o.descriptor(handle, false)?;
     let c = coords(&d, geom, int, raw)?;
     let m = d.mip;
     if m.levels == 1 {
-        return sample_level(memory, &d, &c, int, gather);
+        return sample_level(o, &d, &c, int, gather);
     }
     let top = f32::from(m.levels - 1);
     let lod = match lod {
@@ -790,25 +851,24 @@ pub(crate) fn sample(
     };
     // `max`/`min`, not `clamp`: a NaN level of detail becomes the range's low end.
     let lod = (lod + m.bias).max(m.min).min(m.max).max(0.0).min(top);
-    let at = |l: f32| {
+    let at = |o: &mut _, l: f32| {
         // In [0, top]: a level that exists.
         let l = l as u8;
-        if l == 0 {
-            Ok(d)
-        } else {
-            d.level(memory, handle, l)
-        }
+        if l == 0 { Ok(d) } else { d.level(o, handle, l) }
     };
     if !m.linear || gather.is_some() || int {
-        return sample_level(memory, &at((lod + 0.5).floor())?, &c, int, gather);
+        let level = at(o, (lod + 0.5).floor())?;
+        return sample_level(o, &level, &c, int, gather);
     }
     let low = lod.floor();
     let f = lod - low;
-    let a = sample_level(memory, &at(low)?, &c, int, None)?;
+    let level = at(o, low)?;
+    let a = sample_level(o, &level, &c, int, None)?;
     if f == 0.0 {
         return Ok(a);
     }
-    let b = sample_level(memory, &at(low + 1.0)?, &c, int, None)?;
+    let level = at(o, low + 1.0)?;
+    let b = sample_level(o, &level, &c, int, None)?;
     Ok(std::array::from_fn(|i| {
         ((1.0 - f) * f32::from_bits(a[i]) + f * f32::from_bits(b[i])).to_bits()
     }))
@@ -816,7 +876,7 @@ pub(crate) fn sample(
 
 /// One level's fetch (see [`sample`]).
 fn sample_level(
-    memory: &dyn GlobalMemory,
+    o: &mut impl Objects,
     d: &Descriptor,
     c: &Coords,
     int: bool,
@@ -825,17 +885,6 @@ fn sample_level(
     let cube = d.flags & FLAG_CUBEMAP != 0;
     let normalized = cube || (d.flags & FLAG_NORMALIZED != 0 && !int);
     let linear = gather.is_some() || (d.flags & FLAG_LINEAR != 0 && !int);
-    // Cubemap faces are sampled clamped at their edges; integer coordinates (`tex1Dfetch`)
-    // have no address modes: out of range they read 0.
-    let mode = |k: usize| {
-        if cube {
-            AddressMode::Clamp
-        } else if int {
-            AddressMode::Border
-        } else {
-            d.address[k]
-        }
-    };
     // Each dimension's texel index and the next one (linear filtering's second), after the
     // address mode (`None`: outside, the border); a 2D fetch's z is its layer.
     let mut index = [[Some(0u32); 2], [Some(0); 2], [Some(c.layer); 2]];
@@ -848,31 +897,43 @@ fn sample_level(
         };
         let (first, a) = taps(x, linear);
         alpha[k] = a;
-        index[k] =
-            [0, 1].map(|o| address(first.saturating_add(o), d.extent[k], mode(k), normalized));
+        // Cubemap faces are sampled clamped at their edges; integer coordinates
+        // (`tex1Dfetch`) have no address modes: out of range they read 0.
+        let mode = if cube {
+            AddressMode::Clamp
+        } else if int {
+            AddressMode::Border
+        } else {
+            d.address[k]
+        };
+        index[k][0] = address(first, d.extent[k], mode, normalized);
+        if linear {
+            index[k][1] = address(first.saturating_add(1), d.extent[k], mode, normalized);
+        }
     }
     // The address of the texel at offsets (0 or 1 along each dimension) from the first.
-    let at = |o: [usize; 3]| -> Option<u64> {
-        Some(d.texel_addr(index[0][o[0]]?, index[1][o[1]]?, index[2][o[2]]?))
+    let at = |x: usize, y: usize, z: usize| -> Option<u64> {
+        Some(d.texel_addr(index[0][x]?, index[1][y]?, index[2][z]?))
     };
-    let mut t = [Texel::Int([0; 4]); 8];
-    if let Some(channel) = gather {
-        let addrs = [[0, 1, 0], [1, 1, 0], [1, 0, 0], [0, 0, 0]].map(at);
-        texels(memory, d, int, &addrs, &mut t)?;
-        return Ok(std::array::from_fn(|i| bits(t[i])[channel]));
+    let mut t = [[0u32; 4]; 8];
+    if let Some(ch) = gather {
+        let addrs = [at(0, 1, 0), at(1, 1, 0), at(1, 0, 0), at(0, 0, 0)];
+        texels(o, d, int, &addrs, &mut t)?;
+        return Ok([t[0][ch], t[1][ch], t[2][ch], t[3][ch]]);
     }
     if !linear {
-        texels(memory, d, int, &[at([0; 3])], &mut t)?;
-        return Ok(bits(t[0]));
+        texels(o, d, int, &[at(0, 0, 0)], &mut t)?;
+        return Ok(t[0]);
     }
     // (1-α)·T[i] + α·T[i+1] per dimension, the weights multiplied across dimensions, summed
-    // in the order of the corners (x the fastest).
+    // in the order of the corners (x the fastest); the texels are floats (validated: linear
+    // filtering reads floats).
     let corners = 1usize << c.dims;
     let mut addrs = [None; 8];
     for (corner, a) in addrs.iter_mut().enumerate().take(corners) {
-        *a = at([corner & 1, corner >> 1 & 1, corner >> 2 & 1]);
+        *a = at(corner & 1, corner >> 1 & 1, corner >> 2 & 1);
     }
-    texels(memory, d, int, &addrs[..corners], &mut t)?;
+    texels(o, d, int, &addrs[..corners], &mut t)?;
     let mut acc = [0f32; 4];
     for (corner, texel) in t.iter().enumerate().take(corners) {
         let mut w = 1f32;
@@ -880,14 +941,16 @@ fn sample_level(
             let hi = corner >> k & 1 == 1;
             w *= if hi { *a } else { 1.0 - *a };
         }
-        let Texel::Float(v) = *texel else {
-            unreachable!("validated: linear filtering reads floats")
-        };
-        for (a, t) in acc.iter_mut().zip(v) {
-            *a += w * t;
+        for (a, t) in acc.iter_mut().zip(texel) {
+            *a += w * f32::from_bits(*t);
         }
     }
-    Ok(acc.map(f32::to_bits))
+    Ok([
+        acc[0].to_bits(),
+        acc[1].to_bits(),
+        acc[2].to_bits(),
+        acc[3].to_bits(),
+    ])
 }
 
 /// Bytes of the largest texel (4 channels of 4 bytes).
@@ -898,45 +961,43 @@ const MAX_TEXEL_BYTES: usize = 16;
 /// unreadable one the error; two in a row that are neighbours in memory (or the same texel)
 /// take one read.
 fn texels(
-    memory: &dyn GlobalMemory,
+    o: &mut impl Objects,
     d: &Descriptor,
     int: bool,
     addrs: &[Option<u64>],
     out: &mut [Texel],
 ) -> Result<(), TextureError> {
     let n = d.texel_bytes() as usize;
-    let one = |a: u64| -> Result<Texel, TextureError> {
+    let one = |o: &mut _, a: u64| -> Result<Texel, TextureError> {
         let mut raw = [0u8; MAX_TEXEL_BYTES];
-        memory
-            .read(a, &mut raw[..n])
-            .map_err(|_| TextureError::Texel(a))?;
+        Objects::read(o, a, &mut raw[..n]).map_err(|_| TextureError::Texel(a))?;
         Ok(decode_texel(d, &raw[..n]))
     };
     let mut j = 0;
     while j < addrs.len() {
         let Some(a) = addrs[j] else {
-            out[j] = if int { Texel::Int([0; 4]) } else { border(d) };
+            out[j] = if int { [0; 4] } else { border(d) };
             j += 1;
             continue;
         };
         match addrs.get(j + 1).copied().flatten() {
             Some(b) if b == a => {
-                out[j] = one(a)?;
+                out[j] = one(o, a)?;
                 out[j + 1] = out[j];
             }
             Some(b) if a.abs_diff(b) == n as u64 => {
                 let mut raw = [0u8; 2 * MAX_TEXEL_BYTES];
-                if memory.read(a.min(b), &mut raw[..2 * n]).is_ok() {
+                if o.read(a.min(b), &mut raw[..2 * n]).is_ok() {
                     let (lo, hi) = (decode_texel(d, &raw[..n]), decode_texel(d, &raw[n..2 * n]));
                     (out[j], out[j + 1]) = if a < b { (lo, hi) } else { (hi, lo) };
                 } else {
                     // One of them is unreadable: which one, as the reads one by one find it.
-                    out[j] = one(a)?;
-                    out[j + 1] = one(b)?;
+                    out[j] = one(o, a)?;
+                    out[j + 1] = one(o, b)?;
                 }
             }
             _ => {
-                out[j] = one(a)?;
+                out[j] = one(o, a)?;
                 j += 1;
                 continue;
             }
@@ -947,18 +1008,12 @@ fn texels(
 }
 
 /// What a border texel reads as: the border colour (floats), or its values as integers.
+#[inline]
 fn border(d: &Descriptor) -> Texel {
     if d.reads_float() {
-        Texel::Float(d.border)
+        d.border.map(f32::to_bits)
     } else {
-        Texel::Int(d.border.map(|c| c as i32 as u32))
-    }
-}
-
-fn bits(t: Texel) -> [u32; 4] {
-    match t {
-        Texel::Float(v) => v.map(f32::to_bits),
-        Texel::Int(v) => v,
+        d.border.map(|c| c as i32 as u32)
     }
 }
 
@@ -1008,16 +1063,16 @@ fn surface_addr(
 
 /// `suld.b`: `out.len()` bytes of surface `handle` at the coordinates `raw` (x in bytes).
 pub(crate) fn surface_load(
-    memory: &dyn GlobalMemory,
+    o: &mut impl Objects,
     handle: u64,
     geom: Geom,
     raw: [u32; 4],
     oob: Oob,
     out: &mut [u8],
 ) -> Result<(), TextureError> {
-    let d = Descriptor::load(memory, handle, true)?;
+    let d = o.descriptor(handle, true)?;
     match surface_addr(&d, geom, raw, out.len() as u32, oob)? {
-        Some(a) => memory.read(a, out).map_err(|_| TextureError::Texel(a)),
+        Some(a) => o.read(a, out).map_err(|_| TextureError::Texel(a)),
         None => {
             out.fill(0);
             Ok(())
@@ -1027,16 +1082,19 @@ pub(crate) fn surface_load(
 
 /// `sust.b`: stores `data` into surface `handle` at the coordinates `raw` (x in bytes).
 pub(crate) fn surface_store(
-    memory: &dyn GlobalMemory,
+    o: &mut impl Objects,
     handle: u64,
     geom: Geom,
     raw: [u32; 4],
     oob: Oob,
     data: &[u8],
 ) -> Result<(), TextureError> {
-    let d = Descriptor::load(memory, handle, true)?;
+    let d = o.descriptor(handle, true)?;
     match surface_addr(&d, geom, raw, data.len() as u32, oob)? {
-        Some(a) => memory.write(a, data).map_err(|_| TextureError::Texel(a)),
+        Some(a) => o
+            .memory()
+            .write(a, data)
+            .map_err(|_| TextureError::Texel(a)),
         None => Ok(()),
     }
 }
@@ -1806,6 +1864,64 @@ mod tests {
             .copy_htod(rig.ctx, handle, &bad, DEFAULT_STREAM)
             .unwrap();
         assert_eq!(rig.run(TEX2D, handle, &at).unwrap_err().cuda_status(), 700);
+    }
+
+    #[test]
+    fn floor_and_round_give_the_librarys_bits() {
+        let special = [
+            0.0f32,
+            -0.0,
+            0.5,
+            -0.5,
+            1.5,
+            -1.5,
+            2.5,
+            -2.5,
+            0.499_999_97,
+            -0.499_999_97,
+            0.3,
+            -0.3,
+            1.0,
+            -1.0,
+            8_388_607.5,
+            -8_388_607.5,
+            8_388_608.0,
+            -8_388_609.0,
+            f32::MAX,
+            f32::MIN,
+            f32::MIN_POSITIVE,
+            -f32::MIN_POSITIVE,
+            1e-45,
+            -1e-45,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -f32::NAN,
+            f32::from_bits(0x7fa0_0001),
+            f32::from_bits(0xffc0_1234),
+        ];
+        // And a sweep of bit patterns (xorshift), every exponent among them.
+        let mut x = 0x2545_f491u32;
+        let sweep = (0..200_000).map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            f32::from_bits(x)
+        });
+        for v in special.into_iter().chain(sweep) {
+            assert_eq!(
+                floor(v).to_bits(),
+                v.floor().to_bits(),
+                "floor {v:e} ({:#x})",
+                v.to_bits()
+            );
+            assert_eq!(
+                round(v).to_bits(),
+                v.round().to_bits(),
+                "round {v:e} ({:#x})",
+                v.to_bits()
+            );
+        }
     }
 
     #[test]

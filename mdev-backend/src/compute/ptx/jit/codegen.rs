@@ -1598,6 +1598,21 @@ impl<'b, 'f, 'm> Translator<'b, 'f, 'm> {
                 };
                 self.f64_bits(f)
             }
+            // 32-bit and signed 64-bit integers to single, to nearest: the host's conversion
+            // rounds once, as `as f32` does (no integer converts to a subnormal, so `.ftz`
+            // changes nothing).
+            (Ty::F32, s)
+                if int(s) && (s.bits() == 32 || s.signed()) && nearest && irnd.is_none() =>
+            {
+                let x = self.val(a)?;
+                let n = self.narrow(x, s);
+                let f = if s.signed() {
+                    self.b.ins().fcvt_from_sint(types::F32, n)
+                } else {
+                    self.b.ins().fcvt_from_uint(types::F32, n)
+                };
+                self.f32_bits(f)
+            }
             // Single to double: exact.
             (Ty::F64, Ty::F32) if !ftz && irnd.is_none() => {
                 let f = self.fval(Ty::F32, a)?;

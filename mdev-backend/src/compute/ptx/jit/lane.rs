@@ -4,12 +4,13 @@
 //! checks. Each takes the thread's state; registers are read from and written to its saved
 //! registers, which the compiled code stores before and loads after the call.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::super::exec::{
     self, LaneState, Loc, check_align, fault, lane_local, lane_op, locate, sext,
 };
 use super::super::ir::*;
+use super::super::texture::{self, DESCRIPTOR_BYTES, Descriptor, TextureError};
 use super::{
     Env, FAILED, SPAN_SLOTS, SREG_CTAID, SREG_DYN_SHARED, SREG_LANE, SREG_NCTAID, SREG_NTID,
     SREG_NWARP, SREG_TID, SREG_WARP, Span, Thread,
@@ -317,6 +318,193 @@ impl Lane<'_> {
     }
 }
 
+/// Word `w` (from the allocation's start) of `span`; `None` past its end.
+fn span_word(span: &Span, w: u64) -> Option<u64> {
+    if w >= span.len.div_ceil(8) {
+        return None;
+    }
+    // SAFETY: a span is an allocation's words, valid while the launch borrows the memory
+    // (allocations are freed through `&mut` only); `w` is below their count, and they are
+    // `AtomicU64`s, so aligned, which other threads also access atomically.
+    let word = unsafe { &*span.ptr.add(8 * w as usize).cast::<AtomicU64>() };
+    Some(word.load(Ordering::Relaxed))
+}
+
+/// Bytes of the largest texel read at once (two texels of 4 channels of 4 bytes).
+const SPAN_READ_BYTES: usize = 32;
+
+/// Copies `buf.len()` (at most [`SPAN_READ_BYTES`]) bytes at device address `addr` out of
+/// `span` when they all lie inside it, as [`GlobalMemory::read`] would (whole words loaded
+/// atomically); `false`, nothing read, when they do not.
+fn read_span(span: &Span, addr: u64, buf: &mut [u8]) -> bool {
+    let n = buf.len();
+    let Some(off) = addr.checked_sub(span.base).filter(|off| {
+        n <= SPAN_READ_BYTES && off.checked_add(n as u64).is_some_and(|e| e <= span.len)
+    }) else {
+        return false;
+    };
+    let shift = (off % 8) as usize;
+    let mut bytes = [0u8; SPAN_READ_BYTES + 8];
+    for (w, out) in bytes
+        .chunks_exact_mut(8)
+        .take((shift + n).div_ceil(8))
+        .enumerate()
+    {
+        let Some(word) = span_word(span, off / 8 + w as u64) else {
+            return false;
+        };
+        out.copy_from_slice(&word.to_le_bytes());
+    }
+    buf.copy_from_slice(&bytes[shift..shift + n]);
+    true
+}
+
+/// Most texture and surface objects a host thread keeps decoded during a launch: a kernel
+/// uses a few; one that picks among more has them decoded again as they come back.
+const KNOWN_OBJECTS: usize = 8;
+
+/// Words a descriptor's bytes lie in (11 where it does not start at a word).
+const DESCRIPTOR_WORDS: usize = DESCRIPTOR_BYTES / 8 + 1;
+
+/// The texture and surface descriptors a host thread decoded during a launch, each with the
+/// words of memory it was decoded from and the allocation that holds them. A fetch compares
+/// its handle's words there with those and uses the decoded descriptor while they are the
+/// same (a kernel, or a copy between launches, may rewrite a descriptor: words that differ
+/// are decoded and validated anew), so it sees what [`Descriptor::load`] would give.
+#[derive(Default)]
+pub(in crate::compute::ptx) struct KnownObjects {
+    known: [Option<Known>; KNOWN_OBJECTS],
+    /// The entry the next object not known replaces.
+    next: usize,
+}
+
+struct Known {
+    handle: u64,
+    surface: bool,
+    /// The allocation holding the descriptor.
+    span: Span,
+    /// The words holding the descriptor's bytes, from the allocation's word `first`.
+    first: u64,
+    count: usize,
+    words: [u64; DESCRIPTOR_WORDS],
+    /// The descriptor those words hold.
+    d: Descriptor,
+}
+
+impl Known {
+    /// The descriptor's words as they are now; `None` if they are not all in the span.
+    fn words_now(span: &Span, first: u64, count: usize) -> Option<[u64; DESCRIPTOR_WORDS]> {
+        let mut words = [0u64; DESCRIPTOR_WORDS];
+        for (i, w) in words.iter_mut().take(count).enumerate() {
+            *w = span_word(span, first + i as u64)?;
+        }
+        Some(words)
+    }
+}
+
+/// The descriptor (validated) of the handle's bytes among `words`, the words they lie in.
+fn decode_words(
+    handle: u64,
+    surface: bool,
+    words: &[u64; DESCRIPTOR_WORDS],
+) -> Result<Descriptor, TextureError> {
+    let mut all = [0u8; 8 * DESCRIPTOR_WORDS];
+    for (out, w) in all.chunks_exact_mut(8).zip(words) {
+        out.copy_from_slice(&w.to_le_bytes());
+    }
+    let shift = (handle % 8) as usize;
+    let bytes: &[u8; DESCRIPTOR_BYTES] = all[shift..shift + DESCRIPTOR_BYTES]
+        .try_into()
+        .expect("a descriptor's bytes");
+    Descriptor::decode(handle, surface, bytes)
+}
+
+impl KnownObjects {
+    /// The validated descriptor of the object at `handle`: [`Descriptor::load`]'s.
+    fn descriptor(
+        &mut self,
+        memory: &dyn GlobalMemory,
+        handle: u64,
+        surface: bool,
+    ) -> Result<Descriptor, TextureError> {
+        if let Some(k) = self
+            .known
+            .iter_mut()
+            .flatten()
+            .find(|k| k.handle == handle && k.surface == surface)
+        {
+            let mut same = true;
+            for (i, w) in k.words.iter().take(k.count).enumerate() {
+                same &= span_word(&k.span, k.first + i as u64) == Some(*w);
+            }
+            if same {
+                return Ok(k.d);
+            }
+            if let Some(words) = Known::words_now(&k.span, k.first, k.count) {
+                k.d = decode_words(handle, surface, &words)?;
+                k.words = words;
+                return Ok(k.d);
+            }
+        }
+        let at = memory.host_span(handle).and_then(|h| {
+            let span = Span {
+                base: h.base,
+                len: h.len,
+                ptr: h.ptr,
+            };
+            let off = handle
+                .checked_sub(span.base)
+                .filter(|off| off + DESCRIPTOR_BYTES as u64 <= span.len)?;
+            let count = (off % 8 + DESCRIPTOR_BYTES as u64).div_ceil(8) as usize;
+            let words = Known::words_now(&span, off / 8, count)?;
+            Some((span, off / 8, count, words))
+        });
+        let Some((span, first, count, words)) = at else {
+            // Not inside one allocation: the reference's read, and its fault.
+            return Descriptor::load(memory, handle, surface);
+        };
+        let d = decode_words(handle, surface, &words)?;
+        self.known[self.next] = Some(Known {
+            handle,
+            surface,
+            span,
+            first,
+            count,
+            words,
+            d,
+        });
+        self.next = (self.next + 1) % KNOWN_OBJECTS;
+        Ok(d)
+    }
+}
+
+/// Texture and surface instructions of compiled code: descriptors through the host thread's
+/// [`KnownObjects`], texels out of the instruction's span cache entry where they lie in it
+/// (else through the context's memory, the entry then caching their allocation).
+impl texture::Objects for Lane<'_> {
+    fn memory(&self) -> &dyn GlobalMemory {
+        self.env.memory
+    }
+
+    fn descriptor(&mut self, handle: u64, surface: bool) -> Result<Descriptor, TextureError> {
+        // SAFETY: `objects` points at the worker's objects, which outlive the block and which
+        // only the host thread running the block (this call) touches.
+        let objects = unsafe { &mut *self.t.objects };
+        objects.descriptor(self.env.memory, handle, surface)
+    }
+
+    fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), Fault> {
+        // SAFETY: as in `cache_span`.
+        let span = unsafe { *self.t.spans.add(self.slot) };
+        if read_span(&span, addr, buf) {
+            return Ok(());
+        }
+        self.env.memory.read(addr, buf)?;
+        self.cache_span(addr);
+        Ok(())
+    }
+}
+
 /// The span cache entry of the memory instruction at `pc`.
 pub(super) fn span_slot(pc: u32) -> usize {
     pc as usize % SPAN_SLOTS
@@ -334,9 +522,6 @@ impl LaneState for Lane<'_> {
     }
     fn set_carry(&mut self, c: bool) {
         self.t.carry = u32::from(c);
-    }
-    fn memory(&self) -> &dyn GlobalMemory {
-        self.env.memory
     }
 }
 

@@ -83,6 +83,8 @@ pub(super) struct Thread {
     /// [`SPAN_SLOTS`] allocations global accesses reached through the helper (`len` 0:
     /// none): a load or store at `pc` checks entry `pc % SPAN_SLOTS` inline.
     pub spans: *mut Span,
+    /// The texture and surface objects the host thread decoded during the launch.
+    pub objects: *mut lane::KnownObjects,
     /// tid.xyz, ntid.xyz, ctaid.xyz, nctaid.xyz, laneid, warpid, nwarpid, dynamic shared bytes.
     pub sreg: [u32; 16],
     /// The carry flag of `add.cc` and the like.
@@ -322,6 +324,7 @@ fn run(
             len: 0,
             ptr: std::ptr::null_mut(),
         }; SPAN_SLOTS];
+        let mut objects = lane::KnownObjects::default();
         let mut block = None;
         loop {
             if env.stop.load(Ordering::Relaxed) {
@@ -334,8 +337,9 @@ fn run(
             let r = env
                 .charge(setup.saturating_mul(THREAD_INSTRUCTIONS_PER_UNIT))
                 .and_then(|()| {
-                    let block =
-                        block.get_or_insert_with(|| Block::new(&env, &plan, spans.as_mut_ptr()));
+                    let block = block.get_or_insert_with(|| {
+                        Block::new(&env, &plan, spans.as_mut_ptr(), &mut objects)
+                    });
                     block.start(b);
                     block.run(k)
                 });
@@ -403,7 +407,12 @@ impl<'e, 'a> Block<'e, 'a> {
     /// A host thread's block, made once and [`start`](Self::start)ed for each block it runs:
     /// registers need no clearing (compiled code defines a register before it reads it, and
     /// stores what it saves), the memory areas are cleared per block.
-    fn new(env: &'e Env<'a>, plan: &exec::Plan, spans: *mut Span) -> Self {
+    fn new(
+        env: &'e Env<'a>,
+        plan: &exec::Plan,
+        spans: *mut Span,
+        objects: *mut lane::KnownObjects,
+    ) -> Self {
         let l = env.l;
         let [gx, gy, gz] = l.grid;
         let [bx, by, bz] = l.block;
@@ -444,6 +453,7 @@ impl<'e, 'a> Block<'e, 'a> {
                     params: l.params.as_ptr(),
                     params_len: l.params.len() as u64,
                     spans,
+                    objects,
                     sreg,
                     carry: 0,
                     symbols: l.symbols.as_ptr(),
