@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use crate::control::ControlChannel;
 use crate::daemon::{Schedd, find_vm};
-use crate::experiment::{Window, watch_window};
+use crate::experiment::{CpuTimes, Window, cpu_waits, watch_window};
 use crate::guest::{GuestImage, RunningGuest};
 
 /// The guests' names.
@@ -63,8 +63,10 @@ pub struct Phase {
     pub daemon_fps: f64,
     /// The game's own summary line (vgpu-load's JSON, or glmark2's `[build]` line).
     pub guest_summary: Option<String>,
-    /// Every precondition that failed: the window's ([`Window::failures`]), a policy not in
-    /// force at its start or end, a summary missing.
+    /// The bomb's and the game's CPU wait shares in the window ([`cpu_waits`]).
+    pub cpu_waits: Vec<f64>,
+    /// Every precondition that failed: the window's ([`Window::failures`]), a VM starved of
+    /// CPU, a policy not in force at its start or end, a summary missing.
     pub failures: Vec<String>,
 }
 
@@ -125,6 +127,7 @@ fn warm(schedd: &Schedd, vms: &[&str], since: &Value) -> Result<(), String> {
 /// One phase: starts the game's workload, measures the window, ends the workload.
 fn phase(
     schedd: &Schedd,
+    pids: &[(&str, Vec<u32>)],
     game: &mut RunningGuest,
     cfg: &LiveSwitch,
     policy: &str,
@@ -149,7 +152,10 @@ fn phase(
         "measuring the game under policy {policy} for {} s",
         cfg.phase.as_secs()
     ));
+    let cpu_start: Vec<CpuTimes> = pids.iter().map(|(_, p)| CpuTimes::of(p)).collect();
     let window = watch_window(schedd, &[BOMB, GAME], cfg.phase)?;
+    let mut failures = window.failures.clone();
+    let cpu_waits = cpu_waits(pids, &cpu_start, &mut failures);
     // The daemon's view at the window's end, for the transcript.
     let _ = schedd.transcript(&["show"]);
     let ch = channel(game)?;
@@ -165,7 +171,6 @@ fn phase(
         .wait_exit(job, wait)
         .map_err(|e| format!("{GAME}: {e}"))?;
     let frames = |v: &Value| find_vm(v, GAME)["frames"].as_f64().unwrap_or(0.0);
-    let mut failures = window.failures.clone();
     for (when, show) in [("start", &window.first), ("end", &window.last)] {
         let now = show["policy"].as_str().unwrap_or("?");
         if now != policy {
@@ -187,6 +192,7 @@ fn phase(
             / window.seconds.max(f64::EPSILON),
         window,
         guest_summary,
+        cpu_waits,
         failures,
     })
 }
@@ -228,8 +234,17 @@ pub fn run(
     channel(&mut bomb)?
         .start("bomb", BOMB_JOB, JOB_TIMEOUT)
         .map_err(|e| format!("{BOMB}: {e}"))?;
+    let pids: Vec<(&str, Vec<u32>)> = [(BOMB, &bomb), (GAME, &game)]
+        .into_iter()
+        .map(|(name, g)| {
+            let mut p = vec![g.qemu_pid()];
+            p.extend(g.server().map(|s| s.pid()));
+            (name, p)
+        })
+        .collect();
     let before = phase(
         schedd,
+        &pids,
         &mut game,
         cfg,
         &first_policy,
@@ -246,6 +261,7 @@ pub fn run(
         .map_err(|e| format!("set-policy: {e}"))?;
     let after = phase(
         schedd,
+        &pids,
         &mut game,
         cfg,
         &cfg.policy_name,
@@ -279,11 +295,16 @@ pub fn verdict(r: &LiveSwitchResult) -> String {
     for (n, p) in [(1, &r.before), (2, &r.after)] {
         out.push_str(&format!(
             "phase {n}, policy {}: the game {} fps by its own count, {:.1} fps by the daemon's \
-             ({:.0} s window, bomb running)",
+             ({:.0} s window, bomb running; CPU wait bomb/game {})",
             p.policy,
             fmt(p.guest_fps()),
             p.daemon_fps,
-            p.window.seconds
+            p.window.seconds,
+            p.cpu_waits
+                .iter()
+                .map(|w| format!("{:.0}%", w * 100.0))
+                .collect::<Vec<_>>()
+                .join("/")
         ));
         if let Some(p50) = p.guest_p50_us() {
             out.push_str(&format!(", group latency p50 {p50:.0} us"));

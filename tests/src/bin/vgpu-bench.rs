@@ -260,8 +260,11 @@ fn on_guests(sc: &Scenario, runs: &[(&RunSpec, &str)], args: &Args) -> Result<bo
                     .vms
                     .iter()
                     .map(|v| {
+                        let cpu = v
+                            .cpu_wait
+                            .map_or(String::new(), |w| format!(", CPU wait {:.0}%", w * 100.0));
                         format!(
-                            "{} {:.0}% {:.1}/s p50 {} us",
+                            "{} {:.0}% {:.1}/s p50 {} us{cpu}",
                             v.name,
                             v.gpu_share * 100.0,
                             v.work_per_sec,

@@ -5,14 +5,15 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{ArgGroup, Parser};
 use mdev_backend::compute::corpus::corpus_dir;
 use vgpu_tests::TempDir;
 use vgpu_tests::guest::{
-    GuestConfig, GuestError, GuestGpu, GuestImage, JobTransport, RunningGuest, cuda_payload,
+    AGENT_JOB, GuestConfig, GuestError, GuestGpu, GuestImage, JobTransport, RunningGuest,
+    cuda_payload,
 };
 
 const ABOUT: &str = "Boots the Debian test guest with a GPU, runs one job in it and exits with \
@@ -124,6 +125,12 @@ struct Cli {
     /// mounted at /tmp/work/cuda with LD_LIBRARY_PATH set before the job runs
     #[arg(long)]
     cuda: bool,
+    /// Run the job through the host-guest control channel (vgpu-agent on a virtio-serial
+    /// port) once the guest has booted, and stop it after SECONDS (its stdin closes; SIGTERM
+    /// 15 s later) unless it ended before; its SUMMARY lines are printed as it sends them back.
+    /// A signal stops the job the same way before the guest goes
+    #[arg(long, value_name = "SECONDS", value_parser = seconds, conflicts_with_all = ["fw_cfg", "cmdline"])]
+    stop_after: Option<Duration>,
 }
 
 /// `--accel`: `None` is auto.
@@ -158,6 +165,7 @@ struct Args {
     config: GuestConfig,
     print_serial: bool,
     cuda: bool,
+    stop_after: Option<Duration>,
 }
 
 impl Cli {
@@ -218,6 +226,7 @@ impl Cli {
             config,
             print_serial: self.serial,
             cuda: self.cuda,
+            stop_after: self.stop_after,
         })
     }
 }
@@ -249,6 +258,59 @@ fn with_cuda(config: &mut GuestConfig) -> Result<TempDir, String> {
     config.extra_qemu_args.extend(qemu);
     config.job = prologue + &config.job;
     Ok(dir)
+}
+
+/// Longest wait for the agent to start the job, and for a stopped job to end (the agent's
+/// 15 s grace before SIGTERM, 5 s before SIGKILL, a slow guest's reply).
+const JOB_TIMEOUT: Duration = Duration::from_secs(60);
+/// How often a controlled job's state and the stop flag are looked at.
+const JOB_POLL: Duration = Duration::from_millis(100);
+
+/// `--stop-after`: waits for the agent, runs `job` through the channel until it ends, `after`
+/// has passed or the stop flag is raised (then stops it), prints its SUMMARY lines, ends the
+/// agent; returns the job's exit code.
+fn controlled(
+    guest: &mut RunningGuest,
+    job: &str,
+    after: Duration,
+    config: &GuestConfig,
+) -> Result<i32, String> {
+    let stop = config.stop.clone().unwrap_or_default();
+    let ch = guest.control().ok_or("no control channel")?;
+    ch.hello(config.timeout)
+        .map_err(|e| format!("the guest's agent: {e}"))?;
+    ch.start("job", job, JOB_TIMEOUT)
+        .map_err(|e| e.to_string())?;
+    eprintln!(
+        "vgpu-run-vm: the job runs; stopping it in {} s",
+        after.as_secs_f64()
+    );
+    let until = Instant::now() + after;
+    let mut printed = 0;
+    let report = loop {
+        let report = ch.report("job").unwrap_or_default();
+        for line in report.summaries.iter().skip(printed) {
+            println!("SUMMARY {line}");
+        }
+        printed = report.summaries.len();
+        if report.exit.is_some() {
+            break report;
+        }
+        if Instant::now() >= until || stop.load(std::sync::atomic::Ordering::Relaxed) {
+            ch.stop("job").map_err(|e| e.to_string())?;
+            break ch
+                .wait_exit("job", JOB_TIMEOUT)
+                .map_err(|e| e.to_string())?;
+        }
+        std::thread::sleep(JOB_POLL);
+    };
+    for line in report.summaries.iter().skip(printed) {
+        println!("SUMMARY {line}");
+    }
+    let _ = ch.quit(Duration::from_secs(10));
+    report
+        .exit
+        .ok_or_else(|| "the job reported no exit code".to_owned())
 }
 
 fn main() -> ExitCode {
@@ -286,7 +348,14 @@ fn main() -> ExitCode {
             return ExitCode::from(125);
         }
     };
-    let guest = match RunningGuest::launch(&config) {
+    // With --stop-after the guest's init runs the agent, and the job goes over the channel.
+    let job = if args.stop_after.is_some() {
+        config.control = true;
+        Some(std::mem::replace(&mut config.job, AGENT_JOB.to_owned()))
+    } else {
+        None
+    };
+    let mut guest = match RunningGuest::launch(&config) {
         Ok(guest) => guest,
         Err(e) => {
             eprintln!("vgpu-run-vm: {e}");
@@ -301,6 +370,17 @@ fn main() -> ExitCode {
     );
     if let Some(path) = guest.cgroup_path() {
         eprintln!("vgpu-run-vm: QEMU runs in cgroup {}", path.display());
+    }
+    let mut job_exit = None;
+    if let (Some(job), Some(after)) = (job, args.stop_after) {
+        match controlled(&mut guest, &job, after, &config) {
+            Ok(code) => job_exit = Some(code),
+            Err(e) => {
+                eprintln!("vgpu-run-vm: {e}");
+                let _ = guest.kill();
+                return ExitCode::from(125);
+            }
+        }
     }
     // Print the job's output as it arrives (or every line with --serial).
     let mut in_job = false;
@@ -319,7 +399,7 @@ fn main() -> ExitCode {
     match result {
         Ok(run) => {
             eprintln!("vgpu-run-vm: {}", run.timing());
-            match run.exit_code {
+            match job_exit.or(run.exit_code) {
                 Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(255)),
                 None => {
                     eprintln!(
@@ -417,7 +497,20 @@ mod tests {
         assert_eq!(cli.timeout, Duration::from_millis(2500));
         assert_eq!(cli.accel, Some(vgpu_tests::guest::Accel::Tcg));
         assert!(cli.fw_cfg && cli.allow_reboot && cli.serial && cli.cuda);
+        assert_eq!(cli.stop_after, None);
         assert_eq!((cli.ram, cli.cgroup.as_deref()), (2048, Some("g")));
+        let cli = parse(&[
+            "--job",
+            "vgpu-load bomb --cost-us 9 --until-stopped",
+            "--stop-after",
+            "30",
+        ])
+        .unwrap();
+        assert_eq!(cli.stop_after, Some(Duration::from_secs(30)));
+        assert!(
+            parse(&["--job", "x", "--stop-after", "30", "--fw-cfg"]).is_err(),
+            "the job goes over the channel, not fw_cfg"
+        );
         let cli = parse(&["--job", "x", "--socket", "/s"]).unwrap();
         assert_eq!(
             cli.gpu_and_server_args().unwrap().0,
