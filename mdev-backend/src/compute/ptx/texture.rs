@@ -968,11 +968,6 @@ fn texels(
     out: &mut [Texel],
 ) -> Result<(), TextureError> {
     let n = d.texel_bytes() as usize;
-    let one = |o: &mut _, a: u64| -> Result<Texel, TextureError> {
-        let mut raw = [0u8; MAX_TEXEL_BYTES];
-        Objects::read(o, a, &mut raw[..n]).map_err(|_| TextureError::Texel(a))?;
-        Ok(decode_texel(d, &raw[..n]))
-    };
     let mut j = 0;
     while j < addrs.len() {
         let Some(a) = addrs[j] else {
@@ -982,7 +977,7 @@ fn texels(
         };
         match addrs.get(j + 1).copied().flatten() {
             Some(b) if b == a => {
-                out[j] = one(o, a)?;
+                out[j] = texel(o, d, a)?;
                 out[j + 1] = out[j];
             }
             Some(b) if a.abs_diff(b) == n as u64 => {
@@ -992,12 +987,12 @@ fn texels(
                     (out[j], out[j + 1]) = if a < b { (lo, hi) } else { (hi, lo) };
                 } else {
                     // One of them is unreadable: which one, as the reads one by one find it.
-                    out[j] = one(o, a)?;
-                    out[j + 1] = one(o, b)?;
+                    out[j] = texel(o, d, a)?;
+                    out[j + 1] = texel(o, d, b)?;
                 }
             }
             _ => {
-                out[j] = one(o, a)?;
+                out[j] = texel(o, d, a)?;
                 j += 1;
                 continue;
             }
@@ -1005,6 +1000,17 @@ fn texels(
         j += 2;
     }
     Ok(())
+}
+
+/// The texel at `a`.
+#[inline(always)]
+fn texel(o: &mut impl Objects, d: &Descriptor, a: u64) -> Result<Texel, TextureError> {
+    let n = d.texel_bytes() as usize;
+    let mut raw = [0u8; MAX_TEXEL_BYTES];
+    match o.read(a, &mut raw[..n]) {
+        Ok(()) => Ok(decode_texel(d, &raw[..n])),
+        Err(_) => Err(TextureError::Texel(a)),
+    }
 }
 
 /// What a border texel reads as: the border colour (floats), or its values as integers.
