@@ -37,6 +37,18 @@ fn quick_on(name: &str, on: &str) -> Option<(Value, String)> {
         .expect("vgpu-bench runs");
     let stderr = String::from_utf8_lossy(&run.stderr).into_owned();
     let table = String::from_utf8_lossy(&run.stdout).into_owned();
+    if !run.status.success() && std::env::var_os(LOADED_ENV).is_some() && only_excluded(&stderr) {
+        // The runs that failed were measured and excluded for a precondition (a VM starved
+        // of CPU by the load beside the tests): on a loaded host that is the honest outcome.
+        for line in stderr.lines().filter(|l| l.contains("EXCLUDED")) {
+            guest::report(
+                "experiments_vms",
+                name,
+                &format!("INCONCLUSIVE ({LOADED_ENV}): {line}"),
+            );
+        }
+        return None;
+    }
     assert!(run.status.success(), "{stderr}\n{table}");
     for line in stderr.lines().filter(|l| l.contains(": done")) {
         guest::report("experiments_vms", name, line);
@@ -47,6 +59,15 @@ fn quick_on(name: &str, on: &str) -> Option<(Value, String)> {
     assert!(out.path().join(format!("{name}.{on}.compare.md")).exists());
     assert!(out.path().join(format!("{name}.{on}.compare.svg")).exists());
     Some((serde_json::from_str(&json).expect("JSON"), stderr))
+}
+
+/// Set by `qemu-scripts/test.sh --loaded`: the host's CPUs are kept busy beside the tests.
+const LOADED_ENV: &str = "VGPU_TEST_LOADED";
+
+/// Whether every run `vgpu-bench` reports as failed was measured and excluded for a failed
+/// precondition (not a harness or boot failure).
+fn only_excluded(stderr: &str) -> bool {
+    stderr.contains("EXCLUDED, precondition failed") && !stderr.contains(": FAILED: ")
 }
 
 /// [`quick_on`] real guests.
