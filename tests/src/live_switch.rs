@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use crate::control::ControlChannel;
 use crate::daemon::{Schedd, find_vm};
-use crate::experiment::{CpuTimes, Window, cpu_waits, watch_window};
+use crate::experiment::{CpuTimes, Watched, Window, cpu_waits, watch_window};
 use crate::guest::{GuestImage, RunningGuest};
 
 /// The guests' names.
@@ -127,7 +127,7 @@ fn warm(schedd: &Schedd, vms: &[&str], since: &Value) -> Result<(), String> {
 /// One phase: starts the game's workload, measures the window, ends the workload.
 fn phase(
     schedd: &Schedd,
-    pids: &[(&str, Vec<u32>)],
+    pids: &[Watched<'_>],
     game: &mut RunningGuest,
     cfg: &LiveSwitch,
     policy: &str,
@@ -152,7 +152,7 @@ fn phase(
         "measuring the game under policy {policy} for {} s",
         cfg.phase.as_secs()
     ));
-    let cpu_start: Vec<CpuTimes> = pids.iter().map(|(_, p)| CpuTimes::of(p)).collect();
+    let cpu_start: Vec<CpuTimes> = pids.iter().map(|(_, p, _)| CpuTimes::of(p)).collect();
     let window = watch_window(schedd, &[BOMB, GAME], cfg.phase)?;
     let mut failures = window.failures.clone();
     let cpu_waits = cpu_waits(pids, &cpu_start, &mut failures);
@@ -234,12 +234,13 @@ pub fn run(
     channel(&mut bomb)?
         .start("bomb", BOMB_JOB, JOB_TIMEOUT)
         .map_err(|e| format!("{BOMB}: {e}"))?;
-    let pids: Vec<(&str, Vec<u32>)> = [(BOMB, &bomb), (GAME, &game)]
+    // The game's frame rate is paced by its CPU phase; the bomb sleeps on its fences.
+    let pids: Vec<Watched<'_>> = [(BOMB, &bomb, false), (GAME, &game, true)]
         .into_iter()
-        .map(|(name, g)| {
+        .map(|(name, g, paced)| {
             let mut p = vec![g.qemu_pid()];
             p.extend(g.server().map(|s| s.pid()));
-            (name, p)
+            (name, p, paced)
         })
         .collect();
     let before = phase(
