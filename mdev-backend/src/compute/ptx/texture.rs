@@ -654,7 +654,7 @@ const F32_INTEGRAL: f32 = 8_388_608.0;
 #[inline(always)]
 fn floor(x: f32) -> f32 {
     // Infinities, NaNs and every f32 from 2^23 up are their own floor.
-    if !(x.abs() < F32_INTEGRAL) {
+    if x.is_nan() || x.abs() >= F32_INTEGRAL {
         return x;
     }
     // Toward zero, exactly (|x| < 2^23), then down for negative fractions; a zero result
@@ -671,7 +671,7 @@ fn round(x: f32) -> f32 {
         // Quietened, as the library's `roundf` does (its `floorf` does not).
         return x + x;
     }
-    if !(x.abs() < F32_INTEGRAL) {
+    if x.abs() >= F32_INTEGRAL {
         return x;
     }
     // `x - t` is exact for |x| < 2^23; every result has x's sign (-0.3 rounds to -0.0).
