@@ -959,7 +959,9 @@ const MAX_TEXEL_BYTES: usize = 16;
 /// The texels at `addrs` into `out` (an address `None`: outside, the border colour, or 0 for
 /// integer coordinates), as reading them one at a time in order reads them, the first
 /// unreadable one the error; two in a row that are neighbours in memory (or the same texel)
-/// take one read.
+/// take one read. Inlined: its texels stay in registers (written piecewise into memory and
+/// read back whole, they stalled the load).
+#[inline(always)]
 fn texels(
     o: &mut impl Objects,
     d: &Descriptor,
