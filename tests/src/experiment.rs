@@ -711,13 +711,14 @@ pub fn watch_window(schedd: &Schedd, vms: &[&str], window: Duration) -> Result<W
 
 /// Largest share of the CPU time a frame-paced VM's processes (its QEMU and its device
 /// process) wanted in a window that they may have spent runnable but waiting for a CPU, and
-/// its figures still count: past it they waited three times as long as they ran, and the host,
-/// not the policy, set the VM's pace (a TCG guest's vCPU starved by other work). Measured on
-/// this 2-core host, TimeGraph quick: with builds beside (load 2.5-3.4) the game waited 20%
-/// alone, 43% beside the bomb without a policy, 28% with TimeGraph, and every figure showed the
-/// paper's direction; with stress-ng on both cores as well, 70%, 79% and 86%, and TimeGraph
-/// seemed to slow the game (28.9 against 36.9 fps): the CPU, not the policy, set its pace.
-pub const CPU_WAIT_MAX: f64 = 0.75;
+/// its figures still count: past it they waited more than five times as long as they ran, and
+/// the host, not the policy, set the VM's pace (a TCG guest's vCPU starved by other work).
+/// The share is a coarse signal (a VM that blocks on fences or a paced present also waits at
+/// every wake-up), so the bound is loose. Measured on this 2-core host: with builds beside
+/// (load 2.5-6.5) the games waited 20-76% and most runs still showed the paper's direction
+/// (TimeGraph quick: 20% alone, 43% beside the bomb, 28% with TimeGraph); with stress-ng on
+/// both cores as well, 70-86%, and TimeGraph seemed to slow the game (28.9 against 36.9 fps).
+pub const CPU_WAIT_MAX: f64 = 0.85;
 
 /// What processes' threads did with the CPU so far: ran, or waited runnable for one
 /// (`/proc/PID/task/*/schedstat`, nanoseconds).
