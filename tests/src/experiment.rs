@@ -61,6 +61,9 @@ const WORKLOAD_START_TIMEOUT: Duration = Duration::from_secs(30);
 const WORKLOAD_STOP_TIMEOUT: Duration = Duration::from_secs(60);
 /// Longest wait for the agent's BYE (the guest is killed anyway after it).
 const AGENT_QUIT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Poll interval of the daemon's counters through a measuring window (each poll is a
+/// `vgpuctl show`: a process on the host the VMs share): four looks per [`ACTIVE_SLICE`].
+const WINDOW_POLL: Duration = Duration::from_millis(500);
 /// Poll interval of the daemon's counters while the VMs boot.
 const POLL: Duration = Duration::from_millis(250);
 /// Most VMs of one run on guests: TCG guests on a small host (the scenario's `instances` can
@@ -677,7 +680,7 @@ pub fn watch_window(schedd: &Schedd, vms: &[&str], window: Duration) -> Result<W
         if left.is_zero() {
             break;
         }
-        std::thread::sleep(left.min(POLL));
+        std::thread::sleep(left.min(WINDOW_POLL));
         last = show()?;
         let now = Instant::now();
         for (vm, (at, count)) in vms.iter().zip(seen.iter_mut()) {
