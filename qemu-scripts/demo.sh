@@ -108,7 +108,11 @@ echo "tables, JSON, CSV and SVG plots of every experiment: $out/sim/ (docs/SCHED
 
 if [[ -n $experiment ]]; then
     step "the $experiment experiment on real guests, beside the simulator (quick: a few minutes)"
-    target/release/vgpu-bench run "scheduler/scenarios/$experiment.toml" --on vms --quick --out "$out/bench"
+    # A run whose preconditions failed twice (a VM idle in its window, or starved of CPU by
+    # the host) is left out of the table and makes vgpu-bench exit 1: the demo says so.
+    target/release/vgpu-bench run "scheduler/scenarios/$experiment.toml" --on vms --quick \
+        --out "$out/bench" ||
+        echo "(some runs of $experiment were excluded or failed: see the lines above; no verdict for them)"
 fi
 echo
 echo "The papers' experiments in the simulator and on real guests, side by side: docs/EXPERIMENTS.md"
