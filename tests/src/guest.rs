@@ -1493,6 +1493,12 @@ pub fn data_disk(dir: &Path, files: &[(&str, PathBuf)]) -> PathBuf {
 /// Where [`cuda_payload`]'s disk is mounted in the guest.
 pub const CUDA_DIR: &str = "/tmp/work/cuda";
 
+/// The environment line a job on [`cuda_payload`]'s disk needs once it is mounted (a later
+/// job in the same guest, through the control channel, starts with it).
+pub fn cuda_env() -> String {
+    format!("export LD_LIBRARY_PATH={CUDA_DIR} OMP_TARGET_OFFLOAD=MANDATORY\n")
+}
+
 /// What a guest needs to run CUDA clients on the vGPU, on a disk made in `dir`: our
 /// `libcuda.so.1` (`lib`), this host's libgomp and its nvptx plugin (what the corpus's GCC
 /// OpenMP programs were linked with) and the files `programs` of the CUDA corpus in `corpus`.
@@ -1520,8 +1526,8 @@ pub fn cuda_payload(
         format!("file={},format=raw,if=virtio,readonly=on", disk.display()),
     ];
     let prologue = format!(
-        "mkdir -p {CUDA_DIR} && mount -o ro /dev/vdb {CUDA_DIR} || exit 1\n\
-         export LD_LIBRARY_PATH={CUDA_DIR} OMP_TARGET_OFFLOAD=MANDATORY\n"
+        "mkdir -p {CUDA_DIR} && mount -o ro /dev/vdb {CUDA_DIR} || exit 1\n{}",
+        cuda_env()
     );
     (qemu, prologue)
 }

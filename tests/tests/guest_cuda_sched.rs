@@ -4,7 +4,9 @@
 //! its synchronisation is one compute-capset submit, a `Compute` group that asks the daemon)
 //! twice. The daemon starts with policy none; between the two runs `vgpuctl set-policy`
 //! installs TimeGraph with the CUDA VM prioritised (HT, priority 10) and the bomb capped by a
-//! PE reserve, and the second run's launch latency must drop.
+//! PE reserve, and the second run's launch latency must drop. Both guests are driven through
+//! the host-guest control channel: the bomb runs until the host stops it, and each benchmark
+//! run starts when the host says (the second only once TimeGraph is in force).
 //!
 //! Skipped with a message when the guest image or the CUDA corpus is missing, unless
 //! `VGPU_REQUIRE_GUEST` / `VGPU_REQUIRE_CUDA_CORPUS` is set (test.sh).
@@ -17,15 +19,12 @@ use vgpu_tests::daemon::{Schedd, workspace_binary};
 use vgpu_tests::guest::{self, RunningGuest, boot_lock, skip_without_guest};
 
 /// Wall-clock limit of each guest: two TCG guests boot side by side, then run their loads.
-const GUEST_TIMEOUT: Duration = Duration::from_secs(300);
-/// The bomb's run: the CUDA guest's boot beside it (two minutes with the host's cores busy
-/// with other work too) and both benchmark runs fit in it; the test fails if it ended before
-/// the second run did.
-const BOMB_S: u32 = 240;
-/// The CUDA guest's pause between its runs, in which the host sees the first run's end and
-/// installs TimeGraph (two `vgpuctl` calls, well under a second on an idle host). The guests
-/// have no way yet to be told when to start.
-const PAUSE_S: u32 = 10;
+const GUEST_TIMEOUT: Duration = Duration::from_secs(600);
+/// Longest wait for both guests to boot and start their agents.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(300);
+/// Longest wait for a job to start, for a benchmark run to end (200 launches, each behind
+/// the bomb's queued groups under policy none), and for the stopped bomb to report.
+const JOB_TIMEOUT: Duration = Duration::from_secs(180);
 /// Launches per benchmark run (each waits behind the bomb's groups under policy none).
 const LAUNCHES: u32 = 200;
 /// The policy installed half-way.
@@ -59,63 +58,92 @@ fn live_timegraph_prioritises_a_cuda_guest_over_a_bomb() {
     let schedd = Schedd::start_logging(None, "info").unwrap();
     let policy = schedd.write("timegraph.toml", TIMEGRAPH).unwrap();
 
-    let bomb_job = format!(
-        "echo BOMB-RUNNING\nvgpu-load bomb --cost-us 4000 --depth 8 --duration-s {BOMB_S} --json | grep '\"summary\"'"
-    );
-    let config = schedd.guest_config(&image, "bomb", bomb_job);
-    let mut bomb =
-        RunningGuest::launch_until(&config.timeout(GUEST_TIMEOUT), "BOMB-RUNNING").unwrap();
-    report(&format!("bomb running after {:?}", started.elapsed()));
-
+    // Both guests boot with the control channel's agent; the host starts each workload.
+    let mut config = schedd
+        .guest_config(&image, "bomb", guest::AGENT_JOB)
+        .timeout(GUEST_TIMEOUT);
+    config.control = true;
+    let mut bomb = RunningGuest::launch(&config).unwrap();
     let lib = workspace_binary("libcuda.so").expect("libcuda.so of guest-drivers/libcuda");
     let dir = TempDir::new("guest-cuda-sched").expect("temp dir");
     let (qemu, prologue) = guest::cuda_payload(dir.path(), &lib, &corpus, &["driver_bench"]);
-    let bench = format!("{}/driver_bench {LAUNCHES} 1", guest::CUDA_DIR);
-    let cuda_job = format!(
-        "{prologue}{bench} | sed 's/^/RUN1 /'\necho RUN1-DONE\nsleep {PAUSE_S}\necho RUN2-START\n{bench} | sed 's/^/RUN2 /'\n"
-    );
     let mut config = schedd
-        .guest_config(&image, "cuda", cuda_job)
+        .guest_config(&image, "cuda", guest::AGENT_JOB)
         .timeout(GUEST_TIMEOUT);
+    config.control = true;
     config.extra_qemu_args.extend(qemu);
     let mut cuda = RunningGuest::launch(&config).unwrap();
-    assert!(
-        cuda.wait_for_serial(|l| l.starts_with("RUN1-DONE"), |_| {})
-            .unwrap(),
-        "the CUDA guest exited in its first run"
+    for g in [&mut bomb, &mut cuda] {
+        g.control()
+            .unwrap()
+            .hello(BOOT_TIMEOUT)
+            .expect("the guest boots");
+    }
+    report(&format!("both guests up after {:?}", started.elapsed()));
+    let bomb_ch = bomb.control().unwrap();
+    bomb_ch
+        .start(
+            "bomb",
+            "vgpu-load bomb --cost-us 4000 --depth 8 --until-stopped --json \
+             | grep '\"summary\"' | sed 's/^/SUMMARY /'",
+            JOB_TIMEOUT,
+        )
+        .unwrap();
+    let bench = format!(
+        "{}/driver_bench {LAUNCHES} 1 | sed 's/^/SUMMARY /'",
+        guest::CUDA_DIR
     );
+    // One benchmark run: the bomb must be running when it starts and when it ends.
+    let mut run = |name: &str, script: String, bomb: &mut RunningGuest| -> String {
+        let ch = cuda.control().unwrap();
+        ch.start(name, &script, JOB_TIMEOUT).unwrap();
+        let r = ch.wait_exit(name, JOB_TIMEOUT).unwrap();
+        assert_eq!(r.exit, Some(0), "{name}: {r:?}");
+        let still = bomb.control().unwrap().report("bomb").unwrap();
+        assert_eq!(
+            still.exit, None,
+            "the bomb ran through {name} (the comparison's precondition)"
+        );
+        r.summaries.join("\n")
+    };
+    let run1 = run("run1", format!("{prologue}{bench}\n"), &mut bomb);
     report(&format!("first run done after {:?}", started.elapsed()));
     schedd.transcript(&["show"]).unwrap();
     let answer = schedd
         .transcript(&["set-policy", policy.to_str().unwrap()])
         .unwrap();
     assert!(answer.contains("timegraph"), "{answer}");
-    // The precondition of the comparison: TimeGraph was in force for the whole second run.
-    let cuda_serial = std::fs::read_to_string(cuda.dir().join("serial.log")).unwrap();
-    assert!(
-        !cuda_serial.contains("RUN2-START"),
-        "TimeGraph was installed after the second run began (the host took more than the \
-         {PAUSE_S} s pause); the runs cannot be compared"
-    );
-    let run = cuda.wait(|_| {}).unwrap();
-    assert_eq!(run.exit_code, Some(0), "{}", run.logs());
+    // The second run starts only now: TimeGraph is in force for all of it.
+    let run2 = run("run2", format!("{}{bench}\n", guest::cuda_env()), &mut bomb);
     schedd.transcript(&["show"]).unwrap();
-    let bomb_serial = std::fs::read_to_string(bomb.dir().join("serial.log")).unwrap();
+    let bomb_ch = bomb.control().unwrap();
+    bomb_ch.stop("bomb").unwrap();
+    let bomb_report = bomb_ch.wait_exit("bomb", JOB_TIMEOUT).unwrap();
     assert!(
-        !bomb_serial.contains("\"summary\"") && !bomb_serial.contains("VGPU-EXIT"),
-        "the bomb finished before the second run:\n{bomb_serial}"
+        !bomb_report.summaries.is_empty(),
+        "the bomb reports its summary when stopped: {bomb_report:?}"
     );
-    bomb.kill().unwrap();
-    drop(bomb);
-
+    for g in [&mut bomb, &mut cuda] {
+        let _ = g.control().unwrap().quit(Duration::from_secs(10));
+    }
+    let output = format!(
+        "{}\n{}\n",
+        run1.lines()
+            .map(|l| format!("RUN1 {l}"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        run2.lines()
+            .map(|l| format!("RUN2 {l}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     assert!(
-        run.output.contains("RUN1 PASS") && run.output.contains("RUN2 PASS"),
-        "{}",
-        run.output
+        output.contains("RUN1 PASS") && output.contains("RUN2 PASS"),
+        "{output}"
     );
     let (none, tg) = (
-        result(&run.output, "RUN1", "launch_p50_us"),
-        result(&run.output, "RUN2", "launch_p50_us"),
+        result(&output, "RUN1", "launch_p50_us"),
+        result(&output, "RUN2", "launch_p50_us"),
     );
     report(&format!(
         "CUDA launch to completion p50: policy none {none} us, TimeGraph {tg} us; total {:?}",
