@@ -22,11 +22,12 @@ use vgpu_scheduler::policy::pegasus::DEFAULT_MAX_WAIT;
 use vgpu_tests::daemon::Schedd;
 use vgpu_tests::guest::{self, RunningGuest, boot_lock, skip_without_guest};
 
-/// Wall-clock limit of each guest: two TCG guests boot one after the other, then both phases.
-const GUEST_TIMEOUT: Duration = Duration::from_secs(240);
-/// The bombs' and stress-ng's run in the guests: both boots and both phases fit in it; the
-/// guests are killed once the phases are measured.
-const LOAD_S: u32 = 200;
+/// Wall-clock limit of each guest: two TCG guests boot side by side, then the three phases.
+const GUEST_TIMEOUT: Duration = Duration::from_secs(600);
+/// Longest wait for both guests to boot and start their agents, and for a load to start.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(300);
+/// The longest stress-ng may run in the busy guest should the host never stop it.
+const STRESS_LIMIT_S: u32 = 900;
 /// Seconds of each measured phase.
 const PHASE_S: u64 = 15;
 /// How long after the switch to CoSched the measurement of its phase starts: the groups
@@ -222,10 +223,12 @@ fn phase(schedd: &Schedd, name: &str) -> Phase {
     phase
 }
 
-/// Whether `guest`'s load is still running: its job has printed no summary and not exited.
-fn still_loaded(guest: &RunningGuest) -> bool {
-    let serial = std::fs::read_to_string(guest.dir().join("serial.log")).unwrap_or_default();
-    !serial.contains("\"summary\"") && !serial.contains("VGPU-EXIT")
+/// Whether `guest`'s load (job `load` on its control channel) is still running.
+fn still_loaded(guest: &mut RunningGuest) -> bool {
+    guest
+        .control()
+        .and_then(|ch| ch.report("load"))
+        .is_some_and(|r| r.started && r.exit.is_none())
 }
 
 #[test]
@@ -239,21 +242,43 @@ fn cosched_follows_the_vcpus() {
     let cosched = schedd.write("cosched.toml", COSCHED).unwrap();
     let augc = schedd.write("augc.toml", AUGC).unwrap();
 
-    let calm_job = format!(
-        "echo LOAD-RUNNING\n{BOMB} --depth {CALM_DEPTH} --duration-s {LOAD_S} --json | grep summary"
-    );
-    let config = schedd.guest_config(&image, "calm", calm_job);
-    let mut calm =
-        RunningGuest::launch_until(&config.timeout(GUEST_TIMEOUT), "LOAD-RUNNING").unwrap();
-    report(&format!("calm running after {:?}", started.elapsed()));
-    let busy_job = format!(
-        "stress-ng --cpu 2 --timeout {LOAD_S} >/dev/null 2>&1 &\necho LOAD-RUNNING\n\
-         {BOMB} --depth {BUSY_DEPTH} --duration-s {LOAD_S} --json | grep summary"
-    );
-    let config = schedd.guest_config(&image, "busy", busy_job);
-    let mut busy =
-        RunningGuest::launch_until(&config.timeout(GUEST_TIMEOUT), "LOAD-RUNNING").unwrap();
-    report(&format!("busy running after {:?}", started.elapsed()));
+    // Both guests boot with the control channel's agent; their loads start together once both
+    // are up and run until the guests are stopped.
+    let mut guests = Vec::new();
+    for name in ["calm", "busy"] {
+        let mut config = schedd
+            .guest_config(&image, name, guest::AGENT_JOB)
+            .timeout(GUEST_TIMEOUT);
+        config.control = true;
+        guests.push(RunningGuest::launch(&config).unwrap());
+    }
+    let [mut calm, mut busy]: [RunningGuest; 2] = guests.try_into().unwrap();
+    for g in [&mut calm, &mut busy] {
+        g.control()
+            .unwrap()
+            .hello(BOOT_TIMEOUT)
+            .expect("the guest boots");
+    }
+    let loads = [
+        (
+            &mut calm,
+            format!("{BOMB} --depth {CALM_DEPTH} --until-stopped --json | grep summary"),
+        ),
+        (
+            &mut busy,
+            format!(
+                "stress-ng --cpu 2 --timeout {STRESS_LIMIT_S} >/dev/null 2>&1 &\n\
+                 {BOMB} --depth {BUSY_DEPTH} --until-stopped --json | grep summary"
+            ),
+        ),
+    ];
+    for (g, job) in loads {
+        g.control()
+            .unwrap()
+            .start("load", &job, BOOT_TIMEOUT)
+            .unwrap();
+    }
+    report(&format!("both loads running after {:?}", started.elapsed()));
     std::thread::sleep(SETTLE);
     eprintln!("{}", schedd.ctl(&["list"]).unwrap());
 
@@ -270,7 +295,7 @@ fn cosched_follows_the_vcpus() {
     let aug = phase(&schedd, "augc");
     eprintln!("{}", schedd.ctl(&["show"]).unwrap());
     assert!(
-        still_loaded(&busy) && still_loaded(&calm),
+        still_loaded(&mut busy) && still_loaded(&mut calm),
         "a guest's load ended before the AugC phase did"
     );
     busy.kill().unwrap();
