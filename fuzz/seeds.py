@@ -105,6 +105,19 @@ write("http_head", "dashboard_params",
       + chunk(BODY[:20]) + chunk(BODY[20:]))
 write("http_head", "dashboard_events", chunk(b"GET /events HTTP/1.1\r\nHost: localhost:9100\r\n\r\n"))
 
+# --- the host-guest control channel (fuzz_targets/guest_control.rs) -----------------------
+# Pieces: a direction byte (even: the agent's lines to the host; odd: the host's requests to
+# the agent), then a chunk.
+def to_host(b): return u8(0) + chunk(b)
+def to_agent(b): return u8(1) + chunk(b)
+write("guest_control", "agent_reports",
+      to_host(b'HELLO 1\nSTARTED load\nSUMMARY load {"kind":"summary","fps":59.8}\n')
+      + to_host(b'EXITED load 0\nERROR - unknown message "X"\nBYE\n'))
+write("guest_control", "host_requests", to_agent(b"PING\nSTART job 12\nvgpu-load x\n")
+      + to_agent(b"STOP job\nQUIT\n"))
+write("guest_control", "split_lines", to_host(b"SUMMARY a par") + to_agent(b"START b 3\nab")
+      + to_host(b"tial\nEXITED a 143\n") + to_agent(b"cPING\n"))
+
 # --- cgroup and /proc parsers (fuzz_targets/cgroup_proc.rs) ---------------------------------
 write("cgroup_proc", "proc_cgroup_v2", u8(0) + b"0::/machine.slice/vm1.scope\n")
 write("cgroup_proc", "proc_cgroup_v1", u8(0) + b"12:cpu,cpuacct:/a/b\n3:memory:/m\n0::/x\n")

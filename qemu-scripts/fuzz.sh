@@ -34,7 +34,7 @@ for arg in "$@"; do
     esac
 done
 all=(vfio_user_stream daemon_proto virtqueue dma_irq control_requests pci_config gpu_commands
-     compute_module compute_wire http_head cgroup_proc sched_proto)
+     compute_module compute_wire http_head cgroup_proc sched_proto guest_control)
 ((${#targets[@]})) || targets=("${all[@]}")
 
 out=$(realpath -m "${FUZZ_OUT:-fuzz/out}")

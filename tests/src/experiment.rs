@@ -25,6 +25,8 @@ use serde_json::Value;
 use vgpu_scheduler::model::{Enforcement, PrioPolicy, VgpuParams};
 use vgpu_scheduler::sim::{RunReport, RunSpec, RunVm, Scenario, Shape, Workload};
 
+use vgpu_schedd::cgroup::parse_schedstat;
+
 use crate::daemon::{Schedd, find_vm};
 use crate::guest::{AGENT_JOB, GuestImage, RunningGuest};
 use crate::load_vm::{self, LoadVm};
@@ -742,22 +744,13 @@ impl CpuTimes {
             for task in tasks.flatten() {
                 let text =
                     std::fs::read_to_string(task.path().join("schedstat")).unwrap_or_default();
-                if let Some(t) = CpuTimes::parse(&text) {
+                if let Ok(t) = parse_schedstat(&text) {
                     total.run_ns = total.run_ns.saturating_add(t.run_ns);
                     total.wait_ns = total.wait_ns.saturating_add(t.wait_ns);
                 }
             }
         }
         total
-    }
-
-    /// One `schedstat` line: run time, wait time, time slices.
-    fn parse(text: &str) -> Option<CpuTimes> {
-        let mut words = text.split_whitespace().map(str::parse::<u64>);
-        Some(CpuTimes {
-            run_ns: words.next()?.ok()?,
-            wait_ns: words.next()?.ok()?,
-        })
     }
 
     /// The share of the CPU time wanted since `before` that was spent waiting for a CPU.
@@ -1079,15 +1072,6 @@ policy = { policy = "none" }
 
     #[test]
     fn cpu_wait_shares_come_from_schedstat() {
-        assert_eq!(
-            CpuTimes::parse("242332280 185736172 1386\n"),
-            Some(CpuTimes {
-                run_ns: 242_332_280,
-                wait_ns: 185_736_172
-            })
-        );
-        assert_eq!(CpuTimes::parse("12"), None);
-        assert_eq!(CpuTimes::parse("x 1 2"), None);
         let before = CpuTimes {
             run_ns: 1000,
             wait_ns: 500,
