@@ -70,6 +70,40 @@ fn only_excluded(stderr: &str) -> bool {
     stderr.contains("EXCLUDED, precondition failed") && !stderr.contains(": FAILED: ")
 }
 
+/// CPU wait share past which, in the loaded mode, a comparison that fails is not held against
+/// the policy: a VM that waited for a CPU more than half the time it wanted one was paced by
+/// the load beside the tests (measured: 70-86% under stress-ng, 20-76% with builds beside).
+const LOADED_CPU_WAIT: f64 = 0.5;
+
+/// Asserts `ok`, a comparison of the figures of `involved` (run label, VM) in `r`. In the
+/// loaded mode, when one of them waited for a CPU past [`LOADED_CPU_WAIT`], a failed
+/// comparison is reported INCONCLUSIVE instead (the host's load may have decided it).
+fn judge(name: &str, r: &Value, ok: bool, what: &str, involved: &[(&str, &str)]) {
+    if ok {
+        return;
+    }
+    let starved: Vec<String> = involved
+        .iter()
+        .filter_map(|(run, vm)| {
+            let wait = figure(r, run, vm, "cpu_wait");
+            (wait > LOADED_CPU_WAIT).then(|| format!("{vm} in {run} waited {:.0}%", wait * 100.0))
+        })
+        .collect();
+    if std::env::var_os(LOADED_ENV).is_some() && !starved.is_empty() {
+        let line = what.lines().next().unwrap_or_default();
+        guest::report(
+            "experiments_vms",
+            name,
+            &format!(
+                "INCONCLUSIVE ({LOADED_ENV}): {line}; {}",
+                starved.join(", ")
+            ),
+        );
+        return;
+    }
+    panic!("{what}");
+}
+
 /// [`quick_on`] real guests.
 fn quick(name: &str) -> Option<(Value, String)> {
     quick_on(name, "vms")
@@ -97,17 +131,23 @@ fn timegraph_in_vms_a_reserve_protects_the_game_from_a_bomb() {
     // and a PE reserve for the bomb it stays within a few percent of running alone. (One bomb
     // of 8 x 0.5 ms groups costs the game about 15% here, 38% in the simulator: see
     // docs/EXPERIMENTS.md.)
-    assert!(
+    let games = [
+        ("standalone", "game"),
+        ("none-1bomb", "game"),
+        ("pe-1bomb", "game"),
+    ];
+    let judge = |ok, what: String| judge("timegraph", &r, ok, &what, &games);
+    judge(
         none < 0.92 * alone,
-        "the bomb slows the game: {alone} -> {none} fps\n{log}"
+        format!("the bomb slows the game: {alone} -> {none} fps\n{log}"),
     );
-    assert!(
+    judge(
         pe > 1.08 * none,
-        "TimeGraph with a reserve: {none} -> {pe} fps\n{log}"
+        format!("TimeGraph with a reserve: {none} -> {pe} fps\n{log}"),
     );
-    assert!(
+    judge(
         pe > 0.9 * alone,
-        "within 10% of alone: {alone} -> {pe} fps\n{log}"
+        format!("within 10% of alone: {alone} -> {pe} fps\n{log}"),
     );
     let bomb_share = figure(&r, "pe-1bomb", "bomb", "gpu_util");
     assert!(
@@ -126,25 +166,41 @@ fn pegasus_in_vms_credits_order_the_gpu_shares() {
     // (FCFS favours dom1's large kernels); AccC moves GPU time to the domains with credits.
     // With two kernels outstanding a TCG guest cannot keep dom3 backlogged, so the VMs do not
     // reach the simulator's 1:2:4:1 (pegasus-deep below does): the direction must hold.
-    assert!(
+    let doms: Vec<(&str, &str)> = ["none", "accc"]
+        .into_iter()
+        .flat_map(|run| ["dom1", "dom2", "dom3", "dom4"].map(|vm| (run, vm)))
+        .collect();
+    judge(
+        "pegasus",
+        &r,
         share("none", "dom1") > 1.5 * share("none", "dom3"),
-        "FCFS follows kernel size\n{log}"
+        &format!("FCFS follows kernel size\n{log}"),
+        &doms,
     );
-    assert!(
+    judge(
+        "pegasus",
+        &r,
         share("accc", "dom3") > 1.5 * share("none", "dom3")
             && share("accc", "dom1") < share("none", "dom1"),
-        "AccC moves GPU time towards the credits\n{log}"
+        &format!("AccC moves GPU time towards the credits\n{log}"),
+        &doms,
     );
     let Some((deep, log)) = quick("pegasus-deep") else {
         return;
     };
     let share = |vm| figure(&deep, "accc", vm, "gpu_share");
     let (d1, d2, d3, d4) = (share("dom1"), share("dom2"), share("dom3"), share("dom4"));
+    let doms = ["dom1", "dom2", "dom3", "dom4"].map(|vm| ("accc", vm));
     for (got, want) in [(d1, 0.125), (d2, 0.25), (d3, 0.5), (d4, 0.125)] {
-        assert!(
+        judge(
+            "pegasus-deep",
+            &deep,
             (got - want).abs() < 0.05,
-            "AccC with backlogged domains: shares {d1:.3} / {d2:.3} / {d3:.3} / {d4:.3}, \
-             want 1:2:4:1\n{log}"
+            &format!(
+                "AccC with backlogged domains: shares {d1:.3} / {d2:.3} / {d3:.3} / {d4:.3}, \
+                 want 1:2:4:1\n{log}"
+            ),
+            &doms,
         );
     }
 }
@@ -157,15 +213,24 @@ fn vgris_in_vms_sla_aware_pacing_holds_30_fps() {
     let fps = |run, vm| figure(&r, run, vm, "fps");
     // The paper (Figures 2, 7): unscheduled, the light game runs far above 30 FPS; SLA-aware
     // pacing holds it at its 30 FPS target and hands the time to the others.
-    assert!(fps("none", "light") > 40.0, "{log}");
-    let light = fps("sla", "light");
-    assert!(
-        (25.0..=33.0).contains(&light),
-        "SLA-aware: the light game at its target, {light} fps\n{log}"
+    let games: Vec<(&str, &str)> = ["none", "sla"]
+        .into_iter()
+        .flat_map(|run| ["light", "medium", "heavy"].map(|vm| (run, vm)))
+        .collect();
+    let judge = |ok, what: String| judge("vgris", &r, ok, &what, &games);
+    let light_none = fps("none", "light");
+    judge(
+        light_none > 40.0,
+        format!("unscheduled, the light game runs above 40 fps: {light_none}\n{log}"),
     );
-    assert!(
+    let light = fps("sla", "light");
+    judge(
+        (25.0..=33.0).contains(&light),
+        format!("SLA-aware: the light game at its target, {light} fps\n{log}"),
+    );
+    judge(
         fps("sla", "heavy") >= fps("none", "heavy") * 0.95,
-        "the heavy game keeps at least its unscheduled rate\n{log}"
+        format!("the heavy game keeps at least its unscheduled rate\n{log}"),
     );
 }
 
