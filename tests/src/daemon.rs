@@ -372,6 +372,13 @@ impl Schedd {
         config
     }
 
+    /// [`Schedd::guest_config`] for a guest served by the control channel's agent
+    /// ([`GuestConfig::agent`]): the host starts its workloads through
+    /// [`RunningGuest::control`](crate::guest::RunningGuest::control).
+    pub fn agent_config(&self, image: &GuestImage, vm: &str) -> GuestConfig {
+        self.guest_config(image, vm, String::new()).agent()
+    }
+
     /// The entry of VM `name` in `vgpuctl --json list` (`Value::Null` if absent).
     pub fn vm_info(&self, name: &str) -> Result<Value> {
         Ok(find_vm(&self.ctl(&["list"])?, name))

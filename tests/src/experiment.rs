@@ -28,7 +28,7 @@ use vgpu_scheduler::sim::{RunReport, RunSpec, RunVm, Scenario, Shape, Workload};
 use vgpu_schedd::cgroup::parse_schedstat;
 
 use crate::daemon::{Schedd, find_vm};
-use crate::guest::{AGENT_JOB, GuestImage, RunningGuest};
+use crate::guest::{GuestImage, RunningGuest};
 use crate::load_vm::{self, LoadVm};
 
 /// Why a scenario cannot run on guests, or a run failed.
@@ -268,14 +268,7 @@ impl Running {
     /// whose QEMU runs no guest code).
     fn pids(&self) -> Vec<Vec<u32>> {
         match self {
-            Running::Vms(guests) => guests
-                .iter()
-                .map(|g| {
-                    let mut pids = vec![g.qemu_pid()];
-                    pids.extend(g.server().map(|s| s.pid()));
-                    pids
-                })
-                .collect(),
+            Running::Vms(guests) => guests.iter().map(RunningGuest::pids).collect(),
             Running::Qtest { .. } => Vec::new(),
         }
     }
@@ -389,10 +382,9 @@ pub fn run_on_vms(
         Guests::Vms(image) => {
             let mut guests = Vec::new();
             for vm in &vms {
-                let mut guest_config = schedd
-                    .guest_config(image, &vm.name, AGENT_JOB)
+                let guest_config = schedd
+                    .agent_config(image, &vm.name)
                     .timeout(config.boot_timeout + config.window + Duration::from_secs(180));
-                guest_config.control = true;
                 let guest = RunningGuest::launch(&guest_config)
                     .map_err(|e| harness(format!("booting {}: {e}", vm.name)))?;
                 if vm.cpu_weight != vgpu_scheduler::sim::CpuSpec::default().weight {

@@ -370,7 +370,7 @@ pub struct GuestConfig {
     /// Adds the host-guest control channel: a virtio-serial port named
     /// [`vgpu_guest_drivers::control::PORT_NAME`] on a chardev socket in the run's directory,
     /// connected at launch ([`RunningGuest::control`]). The job should then be
-    /// [`AGENT_JOB`] ([`GuestConfig::with_agent`] sets both).
+    /// [`AGENT_JOB`] ([`GuestConfig::agent`] sets both).
     pub control: bool,
 }
 
@@ -397,13 +397,12 @@ impl GuestConfig {
         }
     }
 
-    /// Boots `image` with our vGPU, its job the control channel's agent: the host starts,
-    /// stops and hears back from workloads through [`RunningGuest::control`].
-    pub fn with_agent(image: GuestImage) -> Self {
-        Self {
-            control: true,
-            ..Self::new(image, AGENT_JOB)
-        }
+    /// Makes the guest's job the control channel's agent, with the channel added: the host
+    /// starts, stops and hears back from workloads through [`RunningGuest::control`].
+    pub fn agent(mut self) -> Self {
+        self.job = AGENT_JOB.to_owned();
+        self.control = true;
+        self
     }
 
     /// Sets the GPU.
@@ -1179,6 +1178,13 @@ impl RunningGuest {
     /// The control channel ([`GuestConfig::control`]).
     pub fn control(&mut self) -> Option<&mut ControlChannel> {
         self.control.as_mut()
+    }
+
+    /// The processes that run this guest: QEMU and the device process the launcher started.
+    pub fn pids(&self) -> Vec<u32> {
+        let mut pids = vec![self.qemu_pid()];
+        pids.extend(self.server().map(ServerProcess::pid));
+        pids
     }
 
     /// The server the launcher started, if any.

@@ -213,9 +213,7 @@ pub fn run(
     let limit = cfg.boot_timeout + 2 * cfg.phase + Duration::from_secs(600);
     let mut guests = Vec::new();
     for name in [BOMB, GAME] {
-        let mut config = schedd.guest_config(image, name, crate::guest::AGENT_JOB);
-        config.control = true;
-        config.timeout = limit;
+        let config = schedd.agent_config(image, name).timeout(limit);
         progress(&format!("booting {name}"));
         guests.push(RunningGuest::launch(&config).map_err(|e| format!("{name}: {e}"))?);
     }
@@ -235,14 +233,7 @@ pub fn run(
         .start("bomb", BOMB_JOB, JOB_TIMEOUT)
         .map_err(|e| format!("{BOMB}: {e}"))?;
     // The game's frame rate is paced by its CPU phase; the bomb sleeps on its fences.
-    let pids: Vec<Watched<'_>> = [(BOMB, &bomb, false), (GAME, &game, true)]
-        .into_iter()
-        .map(|(name, g, paced)| {
-            let mut p = vec![g.qemu_pid()];
-            p.extend(g.server().map(|s| s.pid()));
-            (name, p, paced)
-        })
-        .collect();
+    let pids: [Watched<'_>; 2] = [(BOMB, bomb.pids(), false), (GAME, game.pids(), true)];
     let before = phase(
         schedd,
         &pids,

@@ -246,10 +246,7 @@ fn cosched_follows_the_vcpus() {
     // are up and run until the guests are stopped.
     let mut guests = Vec::new();
     for name in ["calm", "busy"] {
-        let mut config = schedd
-            .guest_config(&image, name, guest::AGENT_JOB)
-            .timeout(GUEST_TIMEOUT);
-        config.control = true;
+        let config = schedd.agent_config(&image, name).timeout(GUEST_TIMEOUT);
         guests.push(RunningGuest::launch(&config).unwrap());
     }
     let [mut calm, mut busy]: [RunningGuest; 2] = guests.try_into().unwrap();

@@ -59,18 +59,12 @@ fn live_timegraph_prioritises_a_cuda_guest_over_a_bomb() {
     let policy = schedd.write("timegraph.toml", TIMEGRAPH).unwrap();
 
     // Both guests boot with the control channel's agent; the host starts each workload.
-    let mut config = schedd
-        .guest_config(&image, "bomb", guest::AGENT_JOB)
-        .timeout(GUEST_TIMEOUT);
-    config.control = true;
+    let config = schedd.agent_config(&image, "bomb").timeout(GUEST_TIMEOUT);
     let mut bomb = RunningGuest::launch(&config).unwrap();
     let lib = workspace_binary("libcuda.so").expect("libcuda.so of guest-drivers/libcuda");
     let dir = TempDir::new("guest-cuda-sched").expect("temp dir");
     let (qemu, prologue) = guest::cuda_payload(dir.path(), &lib, &corpus, &["driver_bench"]);
-    let mut config = schedd
-        .guest_config(&image, "cuda", guest::AGENT_JOB)
-        .timeout(GUEST_TIMEOUT);
-    config.control = true;
+    let mut config = schedd.agent_config(&image, "cuda").timeout(GUEST_TIMEOUT);
     config.extra_qemu_args.extend(qemu);
     let mut cuda = RunningGuest::launch(&config).unwrap();
     for g in [&mut bomb, &mut cuda] {
