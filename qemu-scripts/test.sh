@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's test command: installs what the tests need (the QEMU 11.1 prefix, the Debian guest
-# image, the CUDA corpus), builds the workspace, runs every fuzz target briefly and runs every test tier (unit
+# image, the CUDA corpus, the piglit disk), builds the workspace, runs every fuzz target briefly and runs every test tier (unit
 # tests, qtest integration tests against QEMU, guest end-to-end tests booting the image under QEMU).
 # Idempotent; the cache lives in ${VGPU_CACHE:-$HOME/.cache/vgpu}.
 #
@@ -28,8 +28,10 @@ STEPS=6
 # xmllint (libxml2-utils) and libvirt's schemas (libvirt0) for the libvirt recipe,
 # systemd-analyze with man(1) from man-db (the service units' verify, which looks up their
 # man: documentation, and security checks) and strace (the units' system call filters
-# against what the daemon and the device process call).
-EXTRA_DEBS=(chromium prometheus libvirt-clients libvirt0 libxml2-utils systemd man-db strace)
+# against what the daemon and the device process call); curl, xz and mkfs.ext4 for the piglit
+# disk.
+EXTRA_DEBS=(chromium prometheus libvirt-clients libvirt0 libxml2-utils systemd man-db strace
+    curl xz-utils e2fsprogs)
 # The loaded mode's CPU load.
 ((loaded)) && EXTRA_DEBS+=(stress-ng)
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -42,8 +44,9 @@ export CARGO_INCREMENTAL=0
 step "CUDA corpus (nvcc from PyPI wheels, GCC nvptx offloading; tests/cuda)"
 qemu-scripts/cuda-corpus.sh
 
-step "guest image (Debian trixie with our libcuda.so.1 and the corpus, for the guest end-to-end tests)"
+step "guest image (Debian trixie with our libcuda.so.1 and the corpus, for the guest end-to-end tests) and the piglit disk"
 qemu-scripts/build-guest-image.sh
+qemu-scripts/build-piglit-disk.sh
 
 step "build (workspace, all targets)"
 cargo build --workspace --all-targets --locked
@@ -82,7 +85,7 @@ step "tests (unit, qtest integration, guest end-to-end)$load_note"
 # must fail, not skip.
 log=$(mktemp "${TMPDIR:-/tmp}/vgpu-test.XXXXXX")
 status=0
-VGPU_REQUIRE_CUDA_CORPUS=1 VGPU_REQUIRE_QEMU=1 VGPU_REQUIRE_VIRGL=1 VGPU_REQUIRE_GUEST=1 VGPU_REQUIRE_CGROUP=1 VGPU_GUEST_GL=1 cargo test --workspace --locked 2>&1 | tee "$log" || status=$?
+VGPU_REQUIRE_CUDA_CORPUS=1 VGPU_REQUIRE_QEMU=1 VGPU_REQUIRE_VIRGL=1 VGPU_REQUIRE_GUEST=1 VGPU_REQUIRE_PIGLIT=1 VGPU_REQUIRE_CGROUP=1 VGPU_GUEST_GL=1 cargo test --workspace --locked 2>&1 | tee "$log" || status=$?
 # One closing line over all test binaries (cargo prints one "test result" per binary).
 awk -v note="$load_note" '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "\ntests: %d passed, %d failed, %d skipped%s\n", p, f, i, note }' "$log"
 exit "$status"

@@ -114,6 +114,7 @@ pub fn figure(doc: &Value) -> Result<Figure, FigureError> {
         "cuda-guest" => cuda_guest(doc),
         "cuda-remote" => cuda_remote(doc),
         "gl_side_by_side" => gl_side_by_side(doc),
+        "piglit" => piglit(doc),
         "criterion" => criterion(doc),
         other => Err(FigureError::Unknown(other.to_owned())),
     }
@@ -752,6 +753,63 @@ fn gl_side_by_side(doc: &Value) -> Result<Figure, FigureError> {
     })
 }
 
+/// piglit: the passing share of each group of the selection, a bar per device.
+fn piglit(doc: &Value) -> Result<Figure, FigureError> {
+    let devices = rows(doc, "piglit", "devices")?;
+    let groups: Vec<String> = doc
+        .get("groups")
+        .and_then(Value::as_array)
+        .map(|g| {
+            g.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut categories = groups.clone();
+    categories.push("all".to_owned());
+    let share = |counts: Option<&Value>| {
+        let counts = counts?.as_object()?;
+        let total: f64 = counts.values().filter_map(Value::as_f64).sum();
+        let pass = ["pass", "warn"]
+            .iter()
+            .filter_map(|k| counts.get(*k)?.as_f64())
+            .sum::<f64>();
+        (total > 0.0).then(|| 100.0 * pass / total)
+    };
+    let panel = devices.iter().fold(
+        Panel::new(
+            Kind::Bars,
+            "tests passing, per group",
+            "group",
+            "pass (%)",
+            categories,
+        ),
+        |p, d| {
+            let mut values: Vec<Option<f64>> = groups
+                .iter()
+                .map(|g| share(d.get("groups").and_then(|m| m.get(g))))
+                .collect();
+            values.push(share(d.get("counts")));
+            p.with(Series::new(text(d, "device").unwrap_or("?"), values))
+        },
+    );
+    Ok(Figure {
+        title: format!(
+            "piglit, {} tests of tests/piglit/selection.txt: {} — {}, {}",
+            num(doc, "tests").unwrap_or(0.0),
+            text(doc, "qemu").unwrap_or("?"),
+            machine(doc),
+            text(doc, "accel").unwrap_or("?")
+        ),
+        panels: vec![Panel {
+            series: with_values(panel.series),
+            ..panel
+        }],
+        columns: 1,
+    })
+}
+
 /// A criterion summary ([`crate::criterion`]): the mean per benchmark, a line per series when
 /// the parameters are numbers (vGPUs, devices), bars otherwise.
 fn criterion(doc: &Value) -> Result<Figure, FigureError> {
@@ -875,6 +933,26 @@ mod tests {
         // Every grant p99 is null: that panel is left out, not drawn empty.
         assert!(!svg.contains("Submit → Grant p99"));
         assert!(svg.find("\n16\n").unwrap() < svg.find("\n256\n").unwrap());
+    }
+
+    #[test]
+    fn piglit_shares_per_group() {
+        let counts =
+            |pass: u64, fail: u64| json!({"pass": pass, "warn": 0, "fail": fail, "skip": 0});
+        let svg = drawn(
+            "piglit-bench",
+            &json!({"bench": "piglit", "tests": 11, "qemu": "QEMU 11", "machine": "2 CPUs (X)",
+                    "accel": "tcg", "groups": ["core-gl", "gles"], "devices": [
+                {"device": "vgpu-prefix", "counts": counts(10, 1), "groups": {"core-gl": counts(3, 0), "gles": counts(2, 1)}},
+                {"device": "qemu-virtio-gpu-gl", "counts": counts(0, 0), "groups": {}}]}),
+        );
+        has(
+            &svg,
+            &["vgpu-prefix", "pass (%)", "core-gl", "all", "11 tests"],
+        );
+        // A device without results draws no bars and no legend entry.
+        assert!(!svg.contains("qemu-virtio-gpu-gl"));
+        assert!(figure(&json!({"bench": "piglit", "devices": []})).is_err());
     }
 
     /// The shapes the guest benchmarks recorded (values from a run on 2 CPUs).

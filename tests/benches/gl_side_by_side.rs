@@ -42,9 +42,10 @@ use std::time::Duration;
 use clap::builder::TypedValueParser as _;
 use serde_json::{Value, json};
 use vgpu_cli::progress::Progress;
+use vgpu_tests::gl_device::{EDID, GlDevice, MODE};
 use vgpu_tests::guest::{
-    Accel, GuestConfig, GuestError, GuestGpu, GuestImage, JobTransport, RunningGuest,
-    gl_render_node, prefix_exec, qemu_gl_support, server_binary, vhost_user_gpu_binary,
+    Accel, GuestConfig, GuestError, GuestImage, JobTransport, RunningGuest, gl_render_node,
+    server_binary,
 };
 use vgpu_tests::{qemu_version, skip_without_qemu};
 
@@ -59,51 +60,12 @@ const PACED_FRAMES: u32 = 300;
 const PACED_FPS: u32 = 30;
 /// Wall-clock limit of one boot.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(900);
-/// The one mode every device offers (the image's EDID).
-const MODE: (u32, u32) = (1024, 768);
-/// The EDID firmware file in the image (qemu-scripts/build-guest-image.sh).
-const EDID: &str = "edid/vgpu-1024x768.bin";
 const DEFAULT_RUNS: usize = 3;
 /// Why vhost-user-gpu cannot present on a host without a render node.
 const NO_PRESENT_VHOST: &str = "without a DRM render node Debian's vhost-user-gpu cannot \
      initialise virgl (it sets virglrenderer up for GBM only: \"Failed to initialize virgl\"), so \
      the guest gets no 3D and renders with its own llvmpipe; only the off-screen glmark2 run is \
      made, to record that";
-
-/// The devices compared (their command-line names are [`Device::name`]'s).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
-enum Device {
-    Vgpu,
-    VgpuPrefix,
-    QemuVirtioGpuGl,
-    VhostUserGpu,
-}
-
-const DEVICES: [Device; 4] = [
-    Device::Vgpu,
-    Device::VgpuPrefix,
-    Device::QemuVirtioGpuGl,
-    Device::VhostUserGpu,
-];
-
-impl Device {
-    fn name(self) -> &'static str {
-        match self {
-            Device::Vgpu => "vgpu",
-            Device::VgpuPrefix => "vgpu-prefix",
-            Device::QemuVirtioGpuGl => "qemu-virtio-gpu-gl",
-            Device::VhostUserGpu => "vhost-user-gpu",
-        }
-    }
-
-    /// The host stack it renders with.
-    fn stack(self) -> &'static str {
-        match self {
-            Device::Vgpu => "host virglrenderer + Mesa",
-            _ => "QEMU prefix virglrenderer + Mesa",
-        }
-    }
-}
 
 /// Guest OpenGL side by side: our device against QEMU's virgl devices, like for like.
 #[derive(Debug, clap::Parser)]
@@ -119,7 +81,7 @@ struct Cli {
     quick: bool,
     /// Devices to compare, comma-separated [default: all].
     #[arg(long, value_delimiter = ',')]
-    devices: Vec<Device>,
+    devices: Vec<GlDevice>,
     #[command(flatten)]
     _cargo: vgpu_bench_report::CargoBench,
 }
@@ -129,7 +91,7 @@ struct Options {
     runs: usize,
     scene_seconds: u32,
     quick: bool,
-    devices: Vec<Device>,
+    devices: Vec<GlDevice>,
 }
 
 impl From<Cli> for Options {
@@ -139,7 +101,7 @@ impl From<Cli> for Options {
             scene_seconds: cli.scene_seconds,
             quick: cli.quick,
             devices: if cli.devices.is_empty() {
-                DEVICES.to_vec()
+                GlDevice::ALL.to_vec()
             } else {
                 cli.devices
             },
@@ -286,7 +248,7 @@ fn paced_intervals(text: &str) -> Vec<f64> {
 /// One boot's results.
 #[derive(Debug, Default)]
 struct RunResult {
-    device: Option<Device>,
+    device: Option<GlDevice>,
     index: usize,
     failure: Option<String>,
     off: Glmark2,
@@ -397,7 +359,7 @@ fn rss_kib(pid: u32) -> Option<u64> {
 }
 
 fn run_once(
-    device: Device,
+    device: GlDevice,
     index: usize,
     o: &Options,
     image: &GuestImage,
@@ -407,48 +369,16 @@ fn run_once(
     let mut result = RunResult {
         device: Some(device),
         index,
-        no_present: (device == Device::VhostUserGpu && !gl_render_node().starts_with("/dev/dri"))
-            .then_some(NO_PRESENT_VHOST),
+        no_present: (!device.presents()).then_some(NO_PRESENT_VHOST),
         ..RunResult::default()
     };
     let on_screen = result.no_present.is_none();
     let mut config = GuestConfig::new(image.clone(), job(o, on_screen)).timeout(BOOT_TIMEOUT);
     config.transport = JobTransport::FwCfg;
     config.accel = Some(accel);
-    config.extra_cmdline = format!("drm.edid_firmware={EDID}");
-    match device {
-        Device::Vgpu | Device::VgpuPrefix => match server {
-            Ok(path) => {
-                config.gpu = GuestGpu::Vgpu;
-                config.server_bin = Some(path.clone());
-                config.server_args = vec!["--display".into(), format!("{}x{}", MODE.0, MODE.1)];
-                if device == Device::VgpuPrefix {
-                    config.server_launcher = Some(prefix_exec());
-                }
-            }
-            Err(why) => {
-                result.fail(why.clone());
-                return result;
-            }
-        },
-        Device::QemuVirtioGpuGl | Device::VhostUserGpu => {
-            if let Err(why) = qemu_gl_support() {
-                result.fail(format!("QEMU has no egl-headless display: {why}"));
-                return result;
-            }
-            if device == Device::VhostUserGpu {
-                config.gpu = GuestGpu::VhostUserGpu;
-            } else {
-                config.gpu = GuestGpu::QemuVirtioGpuGl;
-                // The display info's mode, like ours (the EDID decides the modes).
-                for (prop, v) in [("xres", MODE.0), ("yres", MODE.1)] {
-                    config.extra_qemu_args.push("-global".into());
-                    config
-                        .extra_qemu_args
-                        .push(format!("virtio-gpu-gl-device.{prop}={v}"));
-                }
-            }
-        }
+    if let Err(why) = device.configure(&mut config, server.as_deref().map_err(String::as_str)) {
+        result.fail(why);
+        return result;
     }
     let mut peak_rss = None::<u64>;
     let outcome = RunningGuest::launch(&config).and_then(|guest| {
@@ -523,7 +453,7 @@ fn spread_json(s: Option<(f64, f64, f64)>) -> Value {
 
 /// A device's medians.
 struct Summary {
-    device: Device,
+    device: GlDevice,
     ok: usize,
     total: usize,
     off_score: Option<(f64, f64, f64)>,
@@ -541,7 +471,7 @@ struct Summary {
     failures: Vec<String>,
 }
 
-fn summarize(device: Device, runs: &[&RunResult]) -> Summary {
+fn summarize(device: GlDevice, runs: &[&RunResult]) -> Summary {
     let ok: Vec<&&RunResult> = runs.iter().filter(|r| r.failure.is_none()).collect();
     let take =
         |f: &dyn Fn(&RunResult) -> Option<f64>| spread(ok.iter().filter_map(|r| f(r)).collect());
@@ -605,16 +535,16 @@ fn main() {
     };
     let (accel, accel_reason) = Accel::detect().expect("accelerator");
     let server = server_binary().map_err(|e| e.to_string());
-    let devices: Vec<Device> = o
+    let devices: Vec<GlDevice> = o
         .devices
         .iter()
         .copied()
         .filter(|&d| {
-            let there = d != Device::VhostUserGpu || vhost_user_gpu_binary().is_some();
-            if !there {
-                eprintln!("gl_side_by_side: no vhost-user-gpu in the QEMU prefix (run qemu-scripts/setup-qemu.sh)");
+            let there = d.available();
+            if let Err(why) = &there {
+                eprintln!("gl_side_by_side: {why}");
             }
-            there
+            there.is_ok()
         })
         .collect();
     let qemu = qemu_version().unwrap_or("unknown");
@@ -658,7 +588,7 @@ fn main() {
             summarize(d, &runs)
         })
         .collect();
-    let find = |d: Device| summaries.iter().find(|s| s.device == d);
+    let find = |d: GlDevice| summaries.iter().find(|s| s.device == d);
 
     println!(
         "gl_side_by_side: {qemu}; {machine}; accelerator {accel}; {}x{} on every device; medians (min-max) of {} alternating runs; glmark2 {} s per scene",
@@ -688,10 +618,10 @@ fn main() {
     }
     let mut ratios = Vec::new();
     for (ours, theirs) in [
-        (Device::VgpuPrefix, Device::QemuVirtioGpuGl),
-        (Device::VgpuPrefix, Device::VhostUserGpu),
-        (Device::Vgpu, Device::QemuVirtioGpuGl),
-        (Device::Vgpu, Device::VhostUserGpu),
+        (GlDevice::VgpuPrefix, GlDevice::QemuVirtioGpuGl),
+        (GlDevice::VgpuPrefix, GlDevice::VhostUserGpu),
+        (GlDevice::Vgpu, GlDevice::QemuVirtioGpuGl),
+        (GlDevice::Vgpu, GlDevice::VhostUserGpu),
     ] {
         let (Some(a), Some(b)) = (find(ours), find(theirs)) else {
             continue;
@@ -758,7 +688,7 @@ fn main() {
         .iter()
         .map(|r| {
             json!({
-                "device": r.device.map(Device::name),
+                "device": r.device.map(GlDevice::name),
                 "run": r.index,
                 "failure": r.failure,
                 "glmark2_off_screen": r.off.score,

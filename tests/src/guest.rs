@@ -1310,11 +1310,30 @@ impl RunningGuest {
 
     /// Waits for QEMU to exit (the guest powers off after its job), passing every serial line
     /// to `on_line`, then waits briefly for a server started with `--exit-on-disconnect`.
-    pub fn wait(mut self, mut on_line: impl FnMut(&str)) -> Result<GuestRun> {
+    pub fn wait(self, on_line: impl FnMut(&str)) -> Result<GuestRun> {
+        self.wait_until(on_line, None)
+    }
+
+    /// Ends the boot within `grace`: waits that long for QEMU to exit by itself (a guest told
+    /// to power off, or one whose QEMU already went), then kills it; returns what the boot
+    /// produced (a killed QEMU's status says so).
+    pub fn end(self, grace: Duration) -> Result<GuestRun> {
+        self.wait_until(|_| {}, Some(Instant::now() + grace))
+    }
+
+    /// [`RunningGuest::wait`], killing QEMU at `kill_at` if it is still running then.
+    fn wait_until(
+        mut self,
+        mut on_line: impl FnMut(&str),
+        kill_at: Option<Instant>,
+    ) -> Result<GuestRun> {
         let status = loop {
             self.pump(&mut on_line)?;
             if let Some(status) = self.qemu_exited()? {
                 break status;
+            }
+            if kill_at.is_some_and(|t| Instant::now() >= t) {
+                break self.kill()?;
             }
             self.check_deadline()?;
             thread::sleep(POLL);
@@ -1527,15 +1546,24 @@ pub fn cuda_payload(
     ];
     files.extend(programs.iter().map(|p| (*p, corpus.join(p))));
     let disk = data_disk(dir, &files);
+    let (qemu, mount) = second_disk(&disk, CUDA_DIR);
+    (qemu, mount + &cuda_env())
+}
+
+/// The QEMU arguments that attach the ext4 image `disk` read-only as the guest's second virtio
+/// disk (`/dev/vdb`, after the root disk), and the job line that mounts it at `dir` (the job
+/// exits 1 if it cannot).
+pub fn second_disk(disk: &Path, dir: &str) -> (Vec<String>, String) {
     let qemu = vec![
         "-drive".to_owned(),
         format!("file={},format=raw,if=virtio,readonly=on", disk.display()),
     ];
-    let prologue = format!(
-        "mkdir -p {CUDA_DIR} && mount -o ro /dev/vdb {CUDA_DIR} || exit 1\n{}",
-        cuda_env()
-    );
-    (qemu, prologue)
+    (qemu, mount_second_disk(dir))
+}
+
+/// The job line that mounts [`second_disk`]'s disk at `dir` (the job exits 1 if it cannot).
+pub fn mount_second_disk(dir: &str) -> String {
+    format!("mkdir -p {dir} && mount -o ro /dev/vdb {dir} || exit 1\n")
 }
 
 #[cfg(test)]
