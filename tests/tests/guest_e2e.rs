@@ -421,3 +421,36 @@ fn launcher_stopped_by_sigterm_leaves_nothing_behind() {
         assert!(!dir.exists(), "{} was left behind", dir.display());
     }
 }
+
+/// `vgpu-run-vm --stop-after` runs its job through the control channel until the time is up,
+/// then closes its stdin: the job's SUMMARY lines reach stdout once each (from the channel; the
+/// agent's echo on the console is not printed again), its other output once, and the job's
+/// exit code is the launcher's.
+#[test]
+fn launcher_stop_after_stops_the_job_and_prints_each_summary_once() {
+    let test = "launcher_stop_after_stops_the_job_and_prints_each_summary_once";
+    let Some(image) = skip_without_guest() else {
+        return;
+    };
+    let _boot = boot_lock();
+    let server = server_binary().unwrap_or_else(|e| panic!("{e}"));
+    let job =
+        "echo SUMMARY first; echo plain line; cat >/dev/null; echo SUMMARY after-stop; exit 3";
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vgpu-run-vm"))
+        .arg("--image")
+        .arg(&image.dir)
+        .arg("--server")
+        .arg(&server)
+        .args(["--timeout", "240", "--stop-after", "3", "--job", job])
+        .output()
+        .expect("run vgpu-run-vm");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    report(test, &format!("vgpu-run-vm exited with {}", out.status));
+    assert_eq!(out.status.code(), Some(3), "{stdout}\n{stderr}");
+    let count = |line: &str| stdout.lines().filter(|l| *l == line).count();
+    assert_eq!(count("SUMMARY first"), 1, "{stdout}");
+    assert_eq!(count("SUMMARY after-stop"), 1, "{stdout}");
+    assert_eq!(count("plain line"), 1, "{stdout}");
+    assert!(stderr.contains("stopping it in 3 s"), "{stderr}");
+}

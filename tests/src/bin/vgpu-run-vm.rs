@@ -11,6 +11,7 @@ use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{ArgGroup, Parser};
 use mdev_backend::compute::corpus::corpus_dir;
 use vgpu_tests::TempDir;
+use vgpu_tests::drivers::control::SUMMARY_PREFIX;
 use vgpu_tests::guest::{
     AGENT_JOB, GuestConfig, GuestError, GuestGpu, GuestImage, JobTransport, RunningGuest,
     cuda_payload,
@@ -382,14 +383,18 @@ fn main() -> ExitCode {
             }
         }
     }
-    // Print the job's output as it arrives (or every line with --serial).
+    // Print the job's output as it arrives (or every line with --serial). A job run through
+    // the channel has had its SUMMARY lines printed already; the agent's echo of them on the
+    // console is not printed again.
+    let via_channel = args.stop_after.is_some();
     let mut in_job = false;
     let result = guest.wait(|line| {
         if line.starts_with("VGPU-BEGIN") {
             in_job = true;
         } else if line.starts_with("VGPU-EXIT") {
             in_job = false;
-        } else if in_job && !args.print_serial {
+        } else if in_job && !args.print_serial && !(via_channel && line.starts_with(SUMMARY_PREFIX))
+        {
             println!("{line}");
         }
         if args.print_serial {
