@@ -39,6 +39,10 @@ struct Cli {
     /// Every Nth test only (a quick sample of every group).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1000))]
     every: u16,
+    /// Pass ARG to our vgpu-server (repeatable; e.g. --no-sandbox or --log-level debug to see
+    /// why a device process ended).
+    #[arg(long = "server-arg", value_name = "ARG", allow_hyphen_values = true)]
+    server_args: Vec<String>,
     #[command(flatten)]
     _cargo: vgpu_bench_report::CargoBench,
 }
@@ -74,6 +78,7 @@ fn run_device(
     accel: Accel,
     disk: &PiglitDisk,
     tests: &[PiglitTest],
+    server_args: &[String],
 ) -> DeviceRun {
     let started = Instant::now();
     let mut run = DeviceRun {
@@ -88,6 +93,9 @@ fn run_device(
     if let Err(why) = device.configure(&mut config, server.as_deref().map_err(String::as_str)) {
         run.failure = Some(why);
         return run;
+    }
+    if config.server_bin.is_some() {
+        config.server_args.extend(server_args.iter().cloned());
     }
     let progress = Progress::new(device.name(), tests.len() as u64);
     let mut tally: BTreeMap<Outcome, usize> = BTreeMap::new();
@@ -235,7 +243,14 @@ fn main() {
             eprintln!("piglit_side_by_side: {}: {why}", device.name());
             continue;
         }
-        runs.push(run_device(device, &image, accel, &disk, &tests));
+        runs.push(run_device(
+            device,
+            &image,
+            accel,
+            &disk,
+            &tests,
+            &o.server_args,
+        ));
     }
     for r in runs.iter().filter(|r| r.failure.is_some()) {
         println!(

@@ -1192,6 +1192,15 @@ impl RunningGuest {
         self.server.as_ref()
     }
 
+    /// How the server this launcher started ended, if it has (`None` while it runs, or when
+    /// the launcher started none).
+    pub fn server_exited(&mut self) -> Result<Option<ExitStatus>> {
+        match &mut self.server {
+            Some(server) => server.try_wait(),
+            None => Ok(None),
+        }
+    }
+
     /// QEMU's process ID.
     pub fn qemu_pid(&self) -> u32 {
         self.qemu.child.id()

@@ -27,8 +27,12 @@ const JOB_SLACK: Duration = Duration::from_secs(30);
 /// How long the host waits for a job it stopped: the agent's SIGTERM grace (15 s) and SIGKILL
 /// delay (5 s), and a slow guest.
 const STOP_WAIT: Duration = Duration::from_secs(40);
-/// Boots of the guest after the first, when one went away in the middle of the list.
-pub const MAX_RELAUNCHES: usize = 3;
+/// Boots of the guest after the first, when one went away in the middle of the list (its
+/// QEMU or its device process ended: a boot under TCG costs about 20 s).
+pub const MAX_RELAUNCHES: usize = 20;
+/// How often the host looks at the device process while a test runs: a device that died
+/// leaves the guest's GL programs waiting for ever, so its end is a lost test at once.
+const LIVENESS_POLL: Duration = Duration::from_secs(1);
 /// Bytes of a test's output kept for the report (its last ones).
 const DETAIL_BYTES: usize = 1024;
 /// Most tests a list may hold (the selection has about a thousand).
@@ -338,7 +342,19 @@ impl Booted {
         let ch = channel(&mut self.guest).map_err(|e| e.to_string())?;
         ch.start(id, &test_script(test, TEST_LIMIT), JOB_SLACK)
             .map_err(|e| format!("starting the test: {e}"))?;
-        match ch.wait_exit(id, TEST_LIMIT + JOB_SLACK) {
+        let deadline = Instant::now() + TEST_LIMIT + JOB_SLACK;
+        let outcome = loop {
+            let ch = channel(&mut self.guest).map_err(|e| e.to_string())?;
+            match ch.wait_exit(id, LIVENESS_POLL) {
+                Err(ChannelError::Timeout { .. }) if Instant::now() < deadline => {}
+                other => break other,
+            }
+            if let Some(status) = self.guest.server_exited().map_err(|e| e.to_string())? {
+                return Err(format!("the device process ended ({status})"));
+            }
+        };
+        let ch = channel(&mut self.guest).map_err(|e| e.to_string())?;
+        match outcome {
             Ok(report) => Ok(interpret(test, &report)),
             Err(ChannelError::Timeout { .. }) => {
                 // Past the guest's own limit: the guest is stuck or too slow; stop the job and
@@ -412,6 +428,19 @@ pub fn run(
     let mut booted = Some(Booted::boot(&config)?);
     let mut relaunches = 0;
     let mut results = Vec::with_capacity(tests.len());
+    let mut reboot = |booted: &mut Option<Booted>| {
+        if relaunches < MAX_RELAUNCHES {
+            relaunches += 1;
+            let started = Instant::now();
+            match Booted::boot(&config) {
+                Ok(b) => *booted = Some(b),
+                Err(e) => log::warn!(
+                    "piglit: booting again failed after {:?}: {e}",
+                    started.elapsed()
+                ),
+            }
+        }
+    };
     for (i, test) in tests.iter().enumerate() {
         let result = match booted.as_mut() {
             None => lost(test, "the guest went away too often".into()),
@@ -421,21 +450,20 @@ pub fn run(
                     let ended = booted.take().map(Booted::post_mortem).unwrap_or_default();
                     let why = format!("{why}; {ended}");
                     log::warn!("piglit: the guest went away during {}: {why}", test.name);
-                    if relaunches < MAX_RELAUNCHES {
-                        relaunches += 1;
-                        let started = Instant::now();
-                        match Booted::boot(&config) {
-                            Ok(b) => booted = Some(b),
-                            Err(e) => log::warn!(
-                                "piglit: booting again failed after {:?}: {e}",
-                                started.elapsed()
-                            ),
-                        }
-                    }
+                    reboot(&mut booted);
                     lost(test, format!("the guest went away: {why}"))
                 }
             },
         };
+        // A test that outlived even timeout's SIGKILL is stuck in the guest's kernel (its GPU
+        // no longer answers): the next tests get a new boot.
+        if result.outcome == Outcome::Timeout && result.rc.is_none() {
+            if let Some(b) = booted.take() {
+                log::warn!("piglit: {} is stuck; booting again", test.name);
+                b.finish();
+            }
+            reboot(&mut booted);
+        }
         on_result(&result);
         results.push(result);
     }
