@@ -365,6 +365,14 @@ pub const ALLOWED: &[(&str, &[libc::c_long])] = &[
         ],
     ),
     (
+        // Signal handlers installed at run time: Mesa 26's libgallium imports sigaction (and
+        // glibc installs its cancellation handler at a first pthread_cancel); under piglit's
+        // GL tests the prefix stack's device process was killed for it mid-run. A process's
+        // own handlers grant it nothing (crosvm's GPU device policy allows the call too).
+        "signal handlers",
+        &[libc::SYS_rt_sigaction],
+    ),
+    (
         // Not seen under strace, made by ordinary paths: malloc resizing a large block
         // (mremap), signal delivery for SIGUSR1 dump requests (rt_sigreturn,
         // restart_syscall; tests/sandbox.rs sends some), Mesa's spin waits (sched_yield),
@@ -525,6 +533,41 @@ mod tests {
             "100:0".parse::<RunAs>(),
             Err(SandboxError::RunAsRoot)
         ));
+    }
+
+    /// Set in the child process of [`renderer_paths_survive_the_filter`].
+    const CHILD_ENV: &str = "VGPU_SANDBOX_TEST_CHILD";
+
+    /// What renderer libraries do at run time, after the filter: install a signal handler
+    /// (Mesa 26's libgallium; glibc at a first pthread_cancel). Run in a child process (this
+    /// test binary again, this test only), which the filter would kill.
+    #[test]
+    fn renderer_paths_survive_the_filter() {
+        if std::env::var_os(CHILD_ENV).is_some() {
+            enter(SandboxConfig {
+                filter: true,
+                run_as: None,
+            })
+            .expect("the sandbox");
+            let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            signal_hook::flag::register(libc::SIGUSR2, flag).expect("sigaction");
+            std::process::exit(0);
+        }
+        let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .args([
+                "--exact",
+                "sandbox::tests::renderer_paths_survive_the_filter",
+                "--test-threads=1",
+            ])
+            .env(CHILD_ENV, "1")
+            .output()
+            .expect("the child");
+        assert!(
+            out.status.success(),
+            "the filtered child ended {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     #[test]
