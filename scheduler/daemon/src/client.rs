@@ -39,7 +39,7 @@ impl Conn {
     /// Connects to the control socket at `path`; answers wait at most [`ANSWER_TIMEOUT`].
     pub fn open(path: &Path) -> Result<Conn, Failure> {
         let fail = |e: std::io::Error| Failure::Connection(format!("{}: {e}", path.display()));
-        let writer = UnixStream::connect(path).map_err(fail)?;
+        let writer = UnixStream::connect(path).map_err(|e| unreachable(path, &e))?;
         writer
             .set_read_timeout(Some(ANSWER_TIMEOUT))
             .map_err(fail)?;
@@ -72,6 +72,62 @@ impl Conn {
             _ => Err(Failure::Connection("answer is not an object".into())),
         }
     }
+}
+
+/// Why no daemon answers at the control socket `path`, and what to do: a missing socket
+/// (the daemon is not running), a refused connection (a socket left by a daemon that died)
+/// and a socket the caller may not use are told apart.
+fn unreachable(path: &Path, e: &std::io::Error) -> Failure {
+    use std::io::ErrorKind;
+    let shown = path.display();
+    let (why, hint) = match e.kind() {
+        ErrorKind::NotFound => (
+            "No such file or directory",
+            "is the daemon running? (systemctl status vgpu-schedd)",
+        ),
+        ErrorKind::ConnectionRefused => (
+            "connection refused",
+            "the socket is stale, left by a daemon that is gone: \
+             start it again (systemctl restart vgpu-schedd)",
+        ),
+        ErrorKind::PermissionDenied => (
+            "permission denied",
+            "run as root or as a member of the daemon's control group (--control-group)",
+        ),
+        _ => return Failure::Connection(format!("no vgpu-schedd answers at {shown}: {e}")),
+    };
+    Failure::Connection(format!("no vgpu-schedd answers at {shown} ({why}): {hint}"))
+}
+
+/// Only the VM named `only` of `vms` (`stats` or `list` entries), or all without a name;
+/// refused, with the names known, when no entry has it.
+pub fn only_vm(vms: &[Value], only: Option<&str>) -> Result<Vec<Value>, Failure> {
+    let name_of = |vm: &Value| {
+        vm.get("name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned()
+    };
+    let Some(only) = only else {
+        return Ok(vms.to_vec());
+    };
+    let found: Vec<Value> = vms
+        .iter()
+        .filter(|vm| name_of(vm) == only)
+        .cloned()
+        .collect();
+    if found.is_empty() {
+        let known: Vec<String> = vms.iter().map(name_of).collect();
+        let known = if known.is_empty() {
+            "none".to_owned()
+        } else {
+            known.join(", ")
+        };
+        return Err(Failure::Refused(format!(
+            "unknown VM {only} (known: {known})"
+        )));
+    }
+    Ok(found)
 }
 
 /// A JSON value as a table cell: `-` for none, numbers with one decimal.
@@ -230,17 +286,67 @@ pub fn param_text(key: &str, v: Option<&Value>) -> String {
 }
 
 /// The exit of a control CLI named `tool` that ended with `result`: 0 ok; 1 refused; 2 the
-/// daemon cannot be reached (as a command line that does not parse), the reason on stderr.
-pub fn exit(tool: &str, result: Result<(), Failure>) -> ExitCode {
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(Failure::Refused(e)) => {
-            eprintln!("{tool}: {e}");
-            ExitCode::from(1)
+/// daemon cannot be reached (as a command line that does not parse). The reason is on
+/// stderr; with `json` also on stdout as one line `{"error": REASON, "exit": CODE}`, so that a
+/// script reads answers and failures from one stream.
+pub fn exit(tool: &str, json: bool, result: Result<(), Failure>) -> ExitCode {
+    let (why, code) = match result {
+        Ok(()) => return ExitCode::SUCCESS,
+        Err(Failure::Refused(e)) => (e, 1u8),
+        Err(Failure::Connection(e)) => (e, 2u8),
+    };
+    eprintln!("{tool}: {why}");
+    if json {
+        println!("{}", serde_json::json!({"error": why, "exit": code}));
+    }
+    ExitCode::from(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn connection_failure(path: &Path) -> String {
+        match Conn::open(path) {
+            Err(Failure::Connection(e)) => e,
+            other => panic!("{other:?}"),
         }
-        Err(Failure::Connection(e)) => {
-            eprintln!("{tool}: {e}");
-            ExitCode::from(2)
-        }
+    }
+
+    #[test]
+    fn an_unreachable_daemon_is_explained() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("control.sock");
+        let missing = connection_failure(&path);
+        assert!(
+            missing.starts_with(&format!("no vgpu-schedd answers at {}", path.display())),
+            "{missing}"
+        );
+        assert!(missing.contains("(No such file or directory): is the daemon running?"));
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        let stale = connection_failure(&path);
+        assert!(
+            stale.contains("(connection refused): the socket is stale"),
+            "{stale}"
+        );
+    }
+
+    #[test]
+    fn only_vm_keeps_the_named_vm_or_refuses_with_the_known_ones() {
+        let vms = [json!({"name": "a"}), json!({"name": "b"})];
+        assert_eq!(only_vm(&vms, None).unwrap().len(), 2);
+        assert_eq!(
+            only_vm(&vms, Some("b")).unwrap(),
+            vec![json!({"name": "b"})]
+        );
+        assert!(matches!(
+            only_vm(&vms, Some("c")),
+            Err(Failure::Refused(e)) if e == "unknown VM c (known: a, b)"
+        ));
+        assert!(matches!(
+            only_vm(&[], Some("c")),
+            Err(Failure::Refused(e)) if e == "unknown VM c (known: none)"
+        ));
     }
 }

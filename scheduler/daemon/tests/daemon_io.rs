@@ -1358,3 +1358,104 @@ fn hello_qemu_pid_is_used_only_when_proven_by_the_qemu_connection() {
     assert_eq!(qemu("lie"), json!(0));
     assert_eq!(qemu("bare"), json!(0));
 }
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// `vgpuctl` and `vgpu-smi` against no daemon: what happened and what to do on stderr, exit 2;
+/// with `--json` also `{"error": ..., "exit": 2}` on stdout.
+#[test]
+fn an_unreachable_daemon_is_explained_and_json_errors_are_json() {
+    let dir = TempDir::new().unwrap();
+    let control = dir.path().join("control.sock");
+    let path = control.to_str().unwrap();
+    let smi = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_vgpu-smi"))
+            .args(["--control", path])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let missing = format!("no vgpu-schedd answers at {path} (No such file or directory): ");
+    for (tool, o) in [
+        ("vgpuctl", ctl(&["--control", path, "list"])),
+        ("vgpu-smi", smi(&[])),
+    ] {
+        assert_eq!(o.status.code(), Some(2), "{o:?}");
+        assert!(
+            stderr(&o).starts_with(&format!("{tool}: {missing}is the daemon running?")),
+            "{o:?}"
+        );
+        assert!(o.stdout.is_empty(), "{o:?}");
+    }
+    drop(std::os::unix::net::UnixListener::bind(&control).unwrap());
+    for o in [
+        ctl(&["--control", path, "--json", "show"]),
+        smi(&["--json"]),
+    ] {
+        assert_eq!(o.status.code(), Some(2), "{o:?}");
+        assert!(
+            stderr(&o).contains("(connection refused): the socket is stale"),
+            "{o:?}"
+        );
+        let line: Value = serde_json::from_str(&stdout(&o)).unwrap();
+        assert_eq!(line["exit"], 2, "{line}");
+        assert!(
+            line["error"]
+                .as_str()
+                .unwrap()
+                .contains("connection refused")
+        );
+    }
+}
+
+/// `show VM` and `top VM` show that VM's row only; an unknown one is refused with the VMs
+/// known (exit 1, as JSON with `--json`); `set` prints what changed as a line.
+#[test]
+fn show_and_top_take_a_vm_and_set_says_what_changed() {
+    let dir = TempDir::new().unwrap();
+    let d = Schedd::start(dir.path(), &[]);
+    let _a = Device::connect(&d.sock(), "alpha");
+    let _b = Device::connect(&d.sock(), "beta");
+    wait_until("both listed", || {
+        d.vm_stats("alpha").is_object() && d.vm_stats("beta").is_object()
+    });
+    let o = d.ctl(&["set", "alpha", "priority=3"]);
+    assert!(o.status.success(), "{o:?}");
+    assert!(stdout(&o).starts_with("alpha (live): "), "{o:?}");
+    assert!(stdout(&o).contains("priority=3"), "{o:?}");
+    for args in [vec!["show", "beta"], vec!["top", "beta", "--count", "1"]] {
+        let o = d.ctl(&args);
+        assert!(o.status.success(), "{o:?}");
+        let out = stdout(&o);
+        assert!(out.lines().any(|l| l.starts_with("beta ")), "{out}");
+        assert!(!out.lines().any(|l| l.starts_with("alpha ")), "{out}");
+    }
+    let o = d.ctl(&["--json", "show", "alpha"]);
+    let stats: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let names: Vec<&Value> = stats["vms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| &v["name"])
+        .collect();
+    assert_eq!(names, [&json!("alpha")]);
+    let o = d.ctl(&["show", "gamma"]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(
+        stderr(&o).contains("unknown VM gamma (known: alpha, beta)"),
+        "{o:?}"
+    );
+    let o = d.ctl(&["--json", "top", "gamma", "--count", "1"]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let line: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(
+        line,
+        json!({"error": "unknown VM gamma (known: alpha, beta)", "exit": 1})
+    );
+    let o = d.ctl(&["--json", "focus", "gamma"]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let line: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(line["exit"], 1, "{line}");
+}

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use serde_json::{Map, Value, json};
 use vgpu_schedd::client::{
-    Align, Conn, Failure, cell, latency_cell, memory_cell, param_text, policy_cell, table,
+    Align, Conn, Failure, cell, latency_cell, memory_cell, only_vm, param_text, policy_cell, table,
 };
 use vgpu_schedd::control::DEFAULT_CONTROL_PATH;
 
@@ -58,19 +58,18 @@ fn merge(stats: &Value, list: &Value, only: Option<&str>) -> Result<Vec<Value>, 
     let empty = Vec::new();
     let listed = list.get("vms").and_then(Value::as_array).unwrap_or(&empty);
     let vms = stats.get("vms").and_then(Value::as_array).unwrap_or(&empty);
-    let mut out = Vec::with_capacity(vms.len());
-    for vm in vms {
-        let name = vm.get("name").and_then(Value::as_str).unwrap_or("");
-        if only.is_some_and(|o| o != name) {
-            continue;
-        }
-        let mut merged = vm.as_object().cloned().unwrap_or_default();
+    let mut out = only_vm(vms, only)?;
+    for vm in &mut out {
+        let name = vm
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned();
         let connected = vm.get("connected").and_then(Value::as_bool) == Some(true);
         let state = if connected { "connected" } else { "away" };
-        merged.insert("state".into(), json!(state));
         let entry = listed
             .iter()
-            .find(|l| l.get("name").and_then(Value::as_str) == Some(name));
+            .find(|l| l.get("name").and_then(Value::as_str) == Some(name.as_str()));
         let params = entry
             .and_then(|l| {
                 l.get("effective")
@@ -79,13 +78,12 @@ fn merge(stats: &Value, list: &Value, only: Option<&str>) -> Result<Vec<Value>, 
             })
             .cloned()
             .unwrap_or(Value::Null);
-        merged.insert("params".into(), params);
-        out.push(Value::Object(merged));
+        if let Some(merged) = vm.as_object_mut() {
+            merged.insert("state".into(), json!(state));
+            merged.insert("params".into(), params);
+        }
     }
-    match only {
-        Some(name) if out.is_empty() => Err(Failure::Refused(format!("unknown VM {name}"))),
-        _ => Ok(out),
-    }
+    Ok(out)
 }
 
 /// A pid as a cell: `-` for none and for 0 (a QEMU its device did not name).
@@ -293,7 +291,7 @@ fn run(cli: &Cli) -> Result<(), Failure> {
 
 fn main() -> ExitCode {
     let cli: Cli = vgpu_cli::parse();
-    vgpu_schedd::client::exit("vgpu-smi", run(&cli))
+    vgpu_schedd::client::exit("vgpu-smi", cli.json, run(&cli))
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand};
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
 use vgpu_schedd::client::{
-    Align, Conn, Failure, cell, latency_cell, memory_cell, param_text, policy_cell, table,
+    Align, Conn, Failure, cell, latency_cell, memory_cell, only_vm, param_text, policy_cell, table,
 };
 use vgpu_schedd::control::{
     DEFAULT_CONTROL_PATH, ServerOptions, parse_assignment, read_policy_file,
@@ -63,6 +63,8 @@ enum Cmd {
     /// Live statistics: GPU share, frame rate, latency, queue and each VM's standing under the
     /// policy (one table, or one every --watch seconds).
     Show {
+        /// Only this VM (refused, with the VMs known, when the daemon does not know it).
+        vm: Option<String>,
         /// Repeat every SECONDS.
         #[arg(long, value_name = "SECONDS", value_parser = watch_interval)]
         watch: Option<Duration>,
@@ -73,6 +75,8 @@ enum Cmd {
     /// Live statistics refreshed in place on a terminal (successive tables otherwise) until
     /// Ctrl-C or --count.
     Top {
+        /// Only this VM (refused, with the VMs known, when the daemon does not know it).
+        vm: Option<String>,
         /// Seconds between refreshes.
         #[arg(long, value_name = "SECONDS", default_value = "1", value_parser = top_interval)]
         interval: Duration,
@@ -519,13 +523,17 @@ fn run(cli: Cli) -> Result<(), Failure> {
     let (request, shape): (Value, fn(&Value) -> Vec<String>) = match &cli.command {
         Cmd::List { defined: true } => return list_defined(&cli, &store),
         Cmd::List { defined: false } => (json!({"cmd": "list"}), list_lines),
-        Cmd::Show { watch, count } => {
+        Cmd::Show { vm, watch, count } => {
             let count = if watch.is_some() { *count } else { Some(1) };
-            return show(&cli, *watch, count, false);
+            return show(&cli, vm.as_deref(), *watch, count, false);
         }
-        Cmd::Top { interval, count } => {
+        Cmd::Top {
+            vm,
+            interval,
+            count,
+        } => {
             let in_place = std::io::stdout().is_terminal();
-            return show(&cli, Some(*interval), *count, in_place);
+            return show(&cli, vm.as_deref(), Some(*interval), *count, in_place);
         }
         Cmd::SetPolicy { file } => (
             json!({"cmd": "set-policy", "policy": read_policy(file)?}),
@@ -902,10 +910,11 @@ fn list_defined(cli: &Cli, store: &Store) -> Result<(), Failure> {
     Ok(())
 }
 
-/// `show` and `top`: statistics every `every` (once without), `count` times (forever
-/// without), redrawn in place when `in_place`.
+/// `show` and `top`: statistics (of the VM `only`, else of all) every `every` (once
+/// without), `count` times (forever without), redrawn in place when `in_place`.
 fn show(
     cli: &Cli,
+    only: Option<&str>,
     every: Option<Duration>,
     count: Option<u64>,
     in_place: bool,
@@ -913,7 +922,11 @@ fn show(
     let mut conn = Conn::open(&cli.control)?;
     let mut shown = 0u64;
     loop {
-        let answer = conn.call(&json!({"cmd": "stats"}))?;
+        let mut answer = conn.call(&json!({"cmd": "stats"}))?;
+        if let Some(vms) = answer.get_mut("vms") {
+            let all = vms.as_array().map(Vec::as_slice).unwrap_or_default();
+            *vms = Value::Array(only_vm(all, only)?);
+        }
         let mut out = String::new();
         if cli.json {
             out.push_str(&answer.to_string());
@@ -953,7 +966,8 @@ fn show(
 
 fn main() -> ExitCode {
     let cli: Cli = vgpu_cli::parse();
-    vgpu_schedd::client::exit("vgpuctl", run(cli))
+    let json = cli.json;
+    vgpu_schedd::client::exit("vgpuctl", json, run(cli))
 }
 
 #[cfg(test)]
@@ -978,6 +992,7 @@ mod tests {
         assert!(matches!(
             cli.command,
             Cmd::Show {
+                vm: None,
                 watch: None,
                 count: None
             }
@@ -986,8 +1001,12 @@ mod tests {
         assert_eq!(cli.control, Path::new("/x"));
         assert!(matches!(
             cli.command,
-            Cmd::Show { watch: Some(w), count: Some(3) } if w == Duration::from_secs(5)
+            Cmd::Show { vm: None, watch: Some(w), count: Some(3) } if w == Duration::from_secs(5)
         ));
+        let cli = parse(&["show", "vm1"]).unwrap();
+        assert!(matches!(cli.command, Cmd::Show { vm: Some(ref v), .. } if v == "vm1"));
+        let cli = parse(&["top", "vm1", "--count", "1"]).unwrap();
+        assert!(matches!(cli.command, Cmd::Top { vm: Some(ref v), .. } if v == "vm1"));
         let cli = parse(&["create", "vm1", "--socket", "/run/a.sock"]).unwrap();
         assert!(
             matches!(cli.command, Cmd::Create { ref name, ref options, .. } if name == "vm1" && options.is_empty())
