@@ -152,6 +152,20 @@ pub enum Request {
 }
 
 impl Request {
+    /// Whether the request changes the scheduler or its device processes (logged with the
+    /// caller's credentials, an audit trail), rather than only reading.
+    pub fn changes(&self) -> bool {
+        match self {
+            Request::List {} | Request::Stats {} | Request::Dashboard {} => false,
+            Request::SetPolicy { .. }
+            | Request::SetParams { .. }
+            | Request::Focus { .. }
+            | Request::Create { .. }
+            | Request::Destroy { .. }
+            | Request::Forget { .. } => true,
+        }
+    }
+
     /// Parses one request line (without its newline) and checks the bounds JSON cannot say.
     pub fn parse(line: &[u8]) -> Result<Request, ControlError> {
         if line.len() > MAX_REQUEST_BYTES {

@@ -479,6 +479,9 @@ struct Client<S> {
     /// What the loop watches it for.
     interest: EventSet,
     since: Instant,
+    /// A control client's credentials (`SO_PEERCRED`), logged with each change it requests;
+    /// none for HTTP clients.
+    peer: Option<seqpacket::PeerCred>,
 }
 
 /// What a client needs after a write.
@@ -503,6 +506,7 @@ impl<S: Write + AsRawFd> Client<S> {
             eof: false,
             interest: EventSet::IN,
             since: Instant::now(),
+            peer: None,
         }
     }
 
@@ -864,7 +868,7 @@ impl Loop {
                 warn!("control client refused: {MAX_CONTROL_CLIENTS} connected");
                 continue;
             }
-            match seqpacket::peer_cred(stream.as_fd()) {
+            let peer = match seqpacket::peer_cred(stream.as_fd()) {
                 Ok(peer) => {
                     let groups = || {
                         seqpacket::peer_groups(stream.as_fd()).unwrap_or_else(|e| {
@@ -882,18 +886,21 @@ impl Loop {
                         }
                         continue;
                     }
+                    peer
                 }
                 Err(e) => {
                     warn!("control client refused: no peer credentials: {e}");
                     continue;
                 }
-            }
+            };
             if let Err(e) = stream.set_nonblocking(true) {
                 warn!("control client: {e}");
                 continue;
             }
             let fd = stream.as_raw_fd();
-            self.watch(&fd, Source::Control(Client::new(stream)), ops);
+            let mut client = Client::new(stream);
+            client.peer = Some(peer);
+            self.watch(&fd, Source::Control(client), ops);
         }
     }
 
@@ -1264,7 +1271,7 @@ impl Loop {
                     if line.iter().all(u8::is_ascii_whitespace) {
                         continue;
                     }
-                    if let Some(resp) = self.request(now, token, &line, ops) {
+                    if let Some(resp) = self.request(now, token, client.peer, &line, ops) {
                         client.out.extend_from_slice(&resp.to_line());
                     }
                 }
@@ -1307,7 +1314,7 @@ impl Loop {
                 }
             });
             let answer = match state {
-                Received::Complete(req) => Some(self.http_answer(now, &req, ops)),
+                Received::Complete(req) => Some(self.http_answer(now, &req, &client.stream, ops)),
                 Received::Refused(e) => Some(Err(e)),
                 Received::Incomplete => {
                     eof = r.unwrap_or(true);
@@ -1445,11 +1452,13 @@ impl Loop {
         http::health_body(connected)
     }
 
-    /// The answer to a whole HTTP request, after the listener's access checks.
+    /// The answer to a whole HTTP request from the client `from`, after the listener's
+    /// access checks.
     fn http_answer(
         &mut self,
         now: u64,
         req: &HttpRequest,
+        from: &TcpStream,
         ops: &mut EventOps,
     ) -> Result<HttpAnswer, HttpError> {
         let Some(access) = &self.http_access else {
@@ -1505,7 +1514,12 @@ impl Loop {
                     }
                     _ => Change::Focus(dashboard::parse_body::<FocusBody>(&req.body)?.vm),
                 };
-                info!("dashboard: {change:?}");
+                // The sockets' table is read only for a change, to log who asked for it.
+                let who = match http::tcp_peer(&http::tcp_sockets(), from) {
+                    Some(p) => format!("uid {}", p.uid),
+                    None => "an unknown peer".to_owned(),
+                };
+                info!("dashboard: change requested by {who}: {change:?}");
                 match self.change(now, change, ops) {
                     Ok(_) => whole(json, json!({"ok": true}).to_string().as_bytes()),
                     Err(DaemonError::UnknownVm(vm)) => Err(HttpError::UnknownVm(vm)),
@@ -1686,11 +1700,13 @@ impl Loop {
         }
     }
 
-    /// Carries out one control request line; `None` when the answer comes later.
+    /// Carries out one control request line from the client `peer`; `None` when the answer
+    /// comes later. A change is logged at info with who asked for it.
     fn request(
         &mut self,
         now: u64,
         token: u32,
+        peer: Option<seqpacket::PeerCred>,
         line: &[u8],
         ops: &mut EventOps,
     ) -> Option<Response> {
@@ -1698,7 +1714,16 @@ impl Loop {
             Ok(r) => r,
             Err(e) => return Some(Response::Error(e.to_string())),
         };
-        debug!("control: {req:?}");
+        if req.changes() {
+            let who = match peer {
+                Some(p) if p.pid != 0 => format!("uid {} pid {}", p.uid, p.pid),
+                Some(p) => format!("uid {}", p.uid),
+                None => "an unknown peer".to_owned(),
+            };
+            info!("control: change requested by {who}: {req:?}");
+        } else {
+            debug!("control: {req:?}");
+        }
         let result = match req {
             Request::List {} => Ok(json!({
                 "policy": self.daemon.policy(),

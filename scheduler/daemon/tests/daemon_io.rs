@@ -1459,3 +1459,48 @@ fn show_and_top_take_a_vm_and_set_says_what_changed() {
     let line: Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(line["exit"], 1, "{line}");
 }
+
+/// Every change request is logged at info with the caller's uid and pid; reading ones are not.
+#[test]
+fn change_requests_are_logged_with_the_callers_uid_and_pid() {
+    let dir = TempDir::new().unwrap();
+    let d = Schedd::start(dir.path(), &[]);
+    let _dev = Device::connect(&d.sock(), "vm");
+    wait_until("vm listed", || d.vm_stats("vm").is_object());
+    let fair = write(dir.path(), "fair.toml", "policy = \"fair\"\n");
+    let socket = dir.path().join("new.sock");
+    let control = d.control();
+    let requests: [(&[&str], &str); 6] = [
+        (&["set", "vm", "priority=3"], "SetParams"),
+        (&["set-policy", fair.to_str().unwrap()], "SetPolicy"),
+        (&["focus", "vm"], "Focus"),
+        (&["forget", "gone"], "Forget"),
+        (
+            &["create", "new", "--socket", socket.to_str().unwrap()],
+            "Create",
+        ),
+        (&["destroy", "new"], "Destroy"),
+    ];
+    let uid = vgpu_schedd::seqpacket::effective_uid();
+    for (args, request) in requests {
+        let child = Command::new(VGPUCTL)
+            .args(["--control", control.to_str().unwrap()])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        child.wait_with_output().unwrap();
+        let want = format!("control: change requested by uid {uid} pid {pid}: {request}");
+        wait_until(&want, || {
+            let log = std::fs::read_to_string(&d.log).unwrap();
+            log.lines()
+                .any(|l| l.contains(" INFO ") && l.contains(&want))
+        });
+    }
+    assert!(d.ctl(&["list"]).status.success());
+    assert!(d.ctl(&["show"]).status.success());
+    let log = std::fs::read_to_string(&d.log).unwrap();
+    assert_eq!(log.matches("change requested").count(), 6, "{log}");
+}
