@@ -250,6 +250,9 @@ pub struct Server {
     id: SubscriberId,
     stop_writer: UnixStream,
     busy: BusyPoll,
+    /// Its sockets, removed when it is dropped (after [`Server::run`], or unused); a guard,
+    /// never read.
+    _sockets: BoundSockets,
 }
 
 impl Server {
@@ -274,7 +277,11 @@ impl Server {
             let scheme = if l.tls() { "https" } else { "http" };
             info!("metrics for Prometheus at {scheme}://{bound}/metrics (bearer token)");
         }
+        // Binding refuses a path a live daemon serves; what this start binds goes again if a
+        // later step fails, as when the server is dropped.
+        let mut sockets = BoundSockets::default();
         let devices = SeqListener::bind(&config.socket)?;
+        sockets.0.push(config.socket.clone());
         if let Some(ids) = config.device_ids {
             // Bound with the umask's (narrower) mode, then opened to the device group only.
             let open_to_devices = || {
@@ -282,7 +289,6 @@ impl Server {
                 std::fs::set_permissions(&config.socket, Permissions::from_mode(0o660))
             };
             if let Err(source) = open_to_devices() {
-                remove_socket(&config.socket);
                 return Err(ServerError::Io {
                     what: "device socket owner",
                     source,
@@ -290,6 +296,7 @@ impl Server {
             }
         }
         let control = bind_control(&config.control, config.control_group)?;
+        sockets.0.push(config.control.clone());
         let (metrics, http_access) = match config.metrics {
             Some(addr) => {
                 let l = TcpListener::bind(addr).map_err(io_err("HTTP listener"))?;
@@ -358,6 +365,7 @@ impl Server {
             id,
             stop_writer,
             busy,
+            _sockets: sockets,
         })
     }
 
@@ -2078,8 +2086,8 @@ impl Loop {
         }
     }
 
-    /// At exit: stops the children (SIGTERM, then SIGKILL after [`STOP_TIMEOUT`]), reaps
-    /// them and removes the sockets.
+    /// At exit: stops the children (SIGTERM, then SIGKILL after [`STOP_TIMEOUT`]) and reaps
+    /// them (the sockets go with the [`Server`]).
     fn shutdown(&mut self) {
         let written: Vec<String> = self.written.keys().cloned().collect();
         for name in written {
@@ -2111,7 +2119,17 @@ impl Loop {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        for path in [self.devices.path(), self.config.control.as_path()] {
+    }
+}
+
+/// The sockets a daemon has bound: removed when dropped, so that a start that fails after
+/// binding some, and a server that stops or is never run, leave nothing behind.
+#[derive(Debug, Default)]
+struct BoundSockets(Vec<PathBuf>);
+
+impl Drop for BoundSockets {
+    fn drop(&mut self) {
+        for path in &self.0 {
             remove_socket(path);
         }
     }

@@ -1504,3 +1504,29 @@ fn change_requests_are_logged_with_the_callers_uid_and_pid() {
     let log = std::fs::read_to_string(&d.log).unwrap();
     assert_eq!(log.matches("change requested").count(), 6, "{log}");
 }
+
+/// A second daemon whose HTTP port is taken fails to start and removes the sockets it bound;
+/// the first daemon's, at other paths, stay and it still answers.
+#[test]
+fn a_failed_start_leaves_no_sockets_behind() {
+    let dir = TempDir::new().unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let d = Schedd::start(dir.path(), &["--metrics", &addr]);
+    let second = TempDir::new().unwrap();
+    let o = Command::new(SCHEDD)
+        .arg("--socket")
+        .arg(second.path().join("sched.sock"))
+        .arg("--control")
+        .arg(second.path().join("control.sock"))
+        .arg("--config-dir")
+        .arg(second.path().join("etc"))
+        .args(["--metrics", &addr])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(stderr(&o).contains("HTTP listener"), "{o:?}");
+    let left: Vec<_> = std::fs::read_dir(second.path()).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
+    assert!(d.sock().exists() && d.control().exists());
+    assert!(d.ctl(&["list"]).status.success());
+}
