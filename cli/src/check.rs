@@ -45,6 +45,52 @@ pub fn conventions<P: Parser + std::fmt::Debug>(version: &str) -> Result<(), Str
     if !man.contains(".TH") || !man.contains(&name.replace('-', "\\-")) {
         return Err(format!("the man page does not name {name}:\n{man}"));
     }
+    // --man-dir writes the page and every subcommand's page the page names.
+    let dir = std::env::temp_dir().join(format!("vgpu-cli-man-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let listed = generated(&["--man-dir", &dir.to_string_lossy()]);
+    let written: Vec<String> = std::fs::read_dir(&dir)
+        .map_err(|e| e.to_string())?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    let listed = listed?;
+    let mut wanted = vec![format!("{name}.1")];
+    wanted.extend(
+        cmd.get_subcommands()
+            .filter(|s| !s.is_hide_set())
+            .map(|s| format!("{name}-{}.1", s.get_name())),
+    );
+    for page in &wanted {
+        if !written.contains(page) || !listed.contains(page.as_str()) {
+            return Err(format!("--man-dir did not write {page}: {written:?}"));
+        }
+    }
+    Ok(())
+}
+
+/// Sections an installed tool's man page has beyond the generated ones (written in its long
+/// after-help text, [`crate::man`]).
+pub const OPERATOR_SECTIONS: [&str; 3] = ["EXAMPLES", "FILES", "SEE ALSO"];
+
+/// Checks that `P`'s man page has every section of [`OPERATOR_SECTIONS`], each with text.
+pub fn operator_man_page<P: Parser + std::fmt::Debug>() -> Result<(), String> {
+    let cmd = command::<P>();
+    let name = cmd.get_name().to_owned();
+    let man = match try_parse_from::<P, _, _>([name.as_str(), "--man"]) {
+        Ok(Parsed::Generated(out)) => String::from_utf8(out).map_err(|e| e.to_string())?,
+        other => return Err(format!("--man: {other:?}")),
+    };
+    for section in OPERATOR_SECTIONS {
+        let head = if section.contains(' ') {
+            format!(".SH \"{section}\"\n.PP")
+        } else {
+            format!(".SH {section}\n.PP")
+        };
+        if !man.contains(&head) {
+            return Err(format!("{name}'s man page has no {section} section"));
+        }
+    }
     Ok(())
 }
 

@@ -2,13 +2,15 @@
 //!
 //! Each binary declares its arguments with clap's derive API (`#[command(version, about)]`
 //! gives `--version` and `--help`) and parses them with [`parse`], which adds two exclusive
-//! options to the command: `--completions SHELL` prints a completion script for that shell and
-//! `--man` prints the binary's man page (roff), both generated from the same definition, so
-//! they never drift from what the binary accepts. The install script and packagers call them.
+//! options to the command: `--completions SHELL` prints a completion script for that shell,
+//! `--man` prints the binary's man page (roff) and `--man-dir DIR` writes it and one page per
+//! subcommand into DIR ([`man`]), all generated from the same definition, so they never drift
+//! from what the binary accepts. The install script and packagers call them.
 
 #![forbid(unsafe_code)]
 
 pub mod check;
+pub mod man;
 #[cfg(feature = "progress")]
 pub mod progress;
 
@@ -20,6 +22,7 @@ use clap_complete::Shell;
 
 const COMPLETIONS: &str = "completions";
 const MAN: &str = "man";
+const MAN_DIR: &str = "man-dir";
 
 /// What a binary's arguments asked for.
 #[derive(Debug)]
@@ -48,6 +51,14 @@ pub fn command<P: Parser>() -> Command {
                 .exclusive(true)
                 .help("Print the man page (roff) and exit"),
         )
+        .arg(
+            Arg::new(MAN_DIR)
+                .long(MAN_DIR)
+                .value_name("DIR")
+                .value_parser(value_parser!(std::path::PathBuf))
+                .exclusive(true)
+                .help("Write the man page and one per subcommand into DIR, print their paths and exit"),
+        )
         // An exclusive generator option stands alone, even where the command needs a
         // subcommand; without one, `P` itself says that the subcommand is missing.
         .subcommand_required(false)
@@ -71,7 +82,8 @@ where
 }
 
 fn generated(cmd: &mut Command, matches: &ArgMatches) -> Result<Option<Vec<u8>>, clap::Error> {
-    let asked = matches.contains_id(COMPLETIONS) || matches.get_flag(MAN);
+    let asked =
+        matches.contains_id(COMPLETIONS) || matches.get_flag(MAN) || matches.contains_id(MAN_DIR);
     if asked && matches.subcommand().is_some() {
         return Err(cmd.error(
             clap::error::ErrorKind::ArgumentConflict,
@@ -84,10 +96,14 @@ fn generated(cmd: &mut Command, matches: &ArgMatches) -> Result<Option<Vec<u8>>,
         clap_complete::generate(shell, cmd, name, &mut out);
         return Ok(Some(out));
     }
+    let io = |e: io::Error| clap::Error::raw(clap::error::ErrorKind::Io, e);
     if matches.get_flag(MAN) {
-        clap_mangen::Man::new(cmd.clone())
-            .render(&mut out)
-            .map_err(|e| clap::Error::raw(clap::error::ErrorKind::Io, e))?;
+        return man::page(cmd).map(Some).map_err(io);
+    }
+    if let Some(dir) = matches.get_one::<std::path::PathBuf>(MAN_DIR) {
+        for path in man::write_pages(cmd, dir).map_err(io)? {
+            writeln!(out, "{}", path.display()).map_err(io)?;
+        }
         return Ok(Some(out));
     }
     Ok(None)
@@ -183,6 +199,20 @@ mod tests {
             x: bool,
         }
         assert!(check::conventions::<NoVersion>("0.1.0").is_err());
+        // The demo writes no EXAMPLES, FILES or SEE ALSO.
+        let e = check::operator_man_page::<Demo>().unwrap_err();
+        assert!(e.contains("no EXAMPLES section"), "{e}");
+        #[derive(Debug, Parser)]
+        #[command(
+            name = "tool",
+            version,
+            after_long_help = "EXAMPLES\n  tool --x\n\nFILES\n  /etc/tool\n\nSEE ALSO\nvgpuctl(1)"
+        )]
+        struct Tool {
+            #[arg(long)]
+            x: bool,
+        }
+        check::operator_man_page::<Tool>().unwrap();
         let d: Demo = check::arguments(["--control", "/c", "list"]).unwrap();
         assert_eq!(d.control, "/c");
         assert!(check::arguments::<Demo, _, _>(["--man"]).is_err());

@@ -251,6 +251,13 @@ fn install_tree_is_complete_idempotent_and_uninstalls_to_nothing() {
         );
         let man = read(&d.join(format!("usr/local/share/man/man1/{b}.1")));
         assert!(man.contains(&format!(".TH {b} 1")), "{b} man page:\n{man}");
+        assert!(man.contains(".SH EXAMPLES"), "{b} man page:\n{man}");
+    }
+    // Every page a page names is there: vgpuctl's lists one per subcommand.
+    let man1 = d.join("usr/local/share/man/man1");
+    for sub in ["set", "define", "types", "show"] {
+        let page = read(&man1.join(format!("vgpuctl-{sub}.1")));
+        assert!(page.contains(&format!(".TH vgpuctl-{sub} 1")), "{page}");
     }
     for unit in [DAEMON_UNIT, SERVER_UNIT] {
         let installed = read(&d.join("usr/local/lib/systemd/system").join(unit));

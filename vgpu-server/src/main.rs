@@ -47,7 +47,21 @@ kills it on any syscall outside its measured list (--no-sandbox: no filter, for 
     version,
     about = ABOUT,
     long_about = LONG_ABOUT,
-    args_override_self = true
+    args_override_self = true,
+    after_long_help = "EXAMPLES
+  vgpu-server --socket /run/vgpu/vm1/vgpu.sock --scheduler /run/vgpu-schedd/schedd.sock --vm-name vm1
+  qemu-system-x86_64 ... -device '{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"/run/vgpu/vm1/vgpu.sock\",\"type\":\"unix\"}}'
+  systemctl start vgpu-server@vm1
+
+FILES
+  /run/vgpu/NAME/vgpu.sock
+  /etc/vgpu/server/NAME.env
+
+The socket QEMU connects to (--socket), and the options of the vgpu-server@NAME unit.
+
+SEE ALSO
+vgpu-schedd(1), vgpuctl(1), qemu-system-x86_64(1); docs/DEPLOY.md and docs/SECURITY.md in the
+source tree."
 )]
 struct Cli {
     /// The Unix socket QEMU connects to (it must not exist; removed at exit)
@@ -324,6 +338,7 @@ mod tests {
     #[test]
     fn keeps_the_command_line_conventions() {
         vgpu_cli::check::conventions::<Cli>(env!("CARGO_PKG_VERSION")).unwrap();
+        vgpu_cli::check::operator_man_page::<Cli>().unwrap();
     }
 
     #[test]

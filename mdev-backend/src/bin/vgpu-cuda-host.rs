@@ -57,7 +57,16 @@ const MAX_MEMORY_BUDGET_MIB: u64 = 1 << 20;
         served), each connection on its own backend in a process of its own: \
         the PTX executor on the host's CPUs, or NVIDIA's driver with --backend nvcuda. Each \
         connection ends with a line on standard error: requests, launches, failures, bytes \
-        each way."
+        each way.",
+    after_long_help = "EXAMPLES
+  vgpu-cuda-host --socket /run/vgpu-cuda/host.sock
+  VGPU_CUDA_SOCKET=/run/vgpu-cuda/host.sock ./vectorAdd
+
+FILES
+  The socket given with --socket, mode 0600.
+
+SEE ALSO
+vgpu-server(1); docs/CUDA-GUEST.md and docs/PTX.md in the source tree."
 )]
 struct Cli {
     /// The socket to listen on (it must not exist)
@@ -318,6 +327,7 @@ mod tests {
     #[test]
     fn keeps_the_command_line_conventions() {
         vgpu_cli::check::conventions::<Cli>(env!("CARGO_PKG_VERSION")).unwrap();
+        vgpu_cli::check::operator_man_page::<Cli>().unwrap();
     }
 
     #[test]

@@ -37,7 +37,18 @@ const MAX_SCENARIO_BYTES: u64 = 1 << 20;
         scenario a markdown table on stdout, and NAME.json (all run reports), NAME.csv, NAME.md \
         and NAME.svg (per-VM GPU share, and FPS where a VM renders frames, over time) in the \
         output directory. Errors name the file and the field and exit with status 2. Progress \
-        goes to stderr: a bar on a terminal, plain lines otherwise."
+        goes to stderr: a bar on a terminal, plain lines otherwise.",
+    after_long_help = "EXAMPLES
+  vgpu-sim scheduler/scenarios/timegraph.toml
+  vgpu-sim --all scheduler/scenarios --out target/sim
+
+FILES
+  NAME.json, NAME.csv, NAME.md, NAME.svg
+
+Written into the output directory for each scenario NAME.
+
+SEE ALSO
+vgpu-schedd(1); docs/SCHEDULING.md and docs/EXPERIMENTS.md in the source tree."
 )]
 struct Cli {
     /// The scenario file to run
@@ -239,5 +250,6 @@ mod tests {
     #[test]
     fn keeps_the_command_line_conventions() {
         vgpu_cli::check::conventions::<Cli>(env!("CARGO_PKG_VERSION")).unwrap();
+        vgpu_cli::check::operator_man_page::<Cli>().unwrap();
     }
 }

@@ -28,7 +28,30 @@ const MAX_GROUP_FILE_BYTES: u64 = 16 * 1024 * 1024;
 /// Schedules the GPU command groups of every vgpu-server that connects to the SOCK_SEQPACKET
 /// socket --socket. SIGTERM or SIGINT stops the daemon, its children and removes its sockets.
 #[derive(Debug, Parser)]
-#[command(name = "vgpu-schedd", version)]
+#[command(
+    name = "vgpu-schedd",
+    version,
+    after_long_help = "EXAMPLES
+  systemctl start vgpu-schedd
+  vgpu-schedd --socket /run/vgpu-schedd/schedd.sock --control /run/vgpu-schedd/control.sock --state-dir /var/lib/vgpu-schedd --config-dir /etc/vgpu
+
+FILES
+  /etc/vgpu/schedd.env
+  /run/vgpu-schedd/schedd.sock
+  /run/vgpu-schedd/control.sock
+  /run/vgpu-schedd/vms/
+  /etc/vgpu/vgpus/ and /etc/vgpu/types/
+  /etc/vgpu/live.json
+  /var/lib/vgpu-schedd/
+
+The unit reads its options from schedd.env. Device processes connect to schedd.sock, vgpuctl
+to control.sock; created device processes listen under vms/. Definitions, types and the live
+policy and parameters are in the config directory; scanout dumps in the state directory.
+
+SEE ALSO
+vgpuctl(1), vgpu-smi(1), vgpu-server(1), systemd.exec(5); docs/DEPLOY.md and docs/METRICS.md
+in the source tree."
+)]
 struct Cli {
     /// The SOCK_SEQPACKET socket device processes (vgpu-server --scheduler) connect to.
     #[arg(long, value_name = "PATH")]
@@ -318,6 +341,7 @@ mod tests {
     #[test]
     fn command_line_conventions() {
         vgpu_cli::check::conventions::<Cli>(env!("CARGO_PKG_VERSION")).unwrap();
+        vgpu_cli::check::operator_man_page::<Cli>().unwrap();
     }
 
     #[test]

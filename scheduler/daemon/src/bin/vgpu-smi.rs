@@ -35,7 +35,25 @@ const MIB: u64 = 1 << 20;
     about = "Each VM's vGPU as vgpu-schedd sees it: device and QEMU pids, uptime, GPU share, \
              memory used and limit, frame rate, standing under the policy",
     after_help = "Exit codes: 0 ok; 1 refused (an unknown VM); 2 the command line does not \
-                  parse, or the daemon cannot be reached."
+                  parse, or the daemon cannot be reached.",
+    after_long_help = "EXIT STATUS
+0 ok; 1 refused (an unknown VM); 2 the command line does not parse, or the daemon cannot be
+reached.
+
+EXAMPLES
+  vgpu-smi
+  vgpu-smi vm1
+  vgpu-smi -q
+  vgpu-smi --json
+
+FILES
+  /run/vgpu-schedd/control.sock
+
+The daemon's control socket (--control); reading it needs the daemon's user, root or the
+control group.
+
+SEE ALSO
+vgpuctl(1), vgpu-schedd(1); inside a guest, vgpu-smi-guest from the vgpu-guest-cuda package."
 )]
 struct Cli {
     /// The daemon's control socket.
@@ -301,6 +319,7 @@ mod tests {
     #[test]
     fn command_line_conventions() {
         vgpu_cli::check::conventions::<Cli>(env!("CARGO_PKG_VERSION")).unwrap();
+        vgpu_cli::check::operator_man_page::<Cli>().unwrap();
         let cli: Cli = vgpu_cli::check::arguments(["-q", "--json", "vm1"]).unwrap();
         assert!(cli.query && cli.json);
         assert_eq!(cli.vm.as_deref(), Some("vm1"));

@@ -35,7 +35,32 @@ const CLEAR_SCREEN: &str = "\x1b[H\x1b[2J";
              processes and persistent vGPU definitions",
     after_help = "Exit codes: 0 ok; 1 the request was refused (by the daemon, or by the same \
                   checks run before asking it: unknown VM, key or definition, a value out of \
-                  range); 2 the command line does not parse, or the daemon cannot be reached."
+                  range); 2 the command line does not parse, or the daemon cannot be reached.",
+    after_long_help = "EXIT STATUS
+0 ok; 1 the request was refused (by the daemon, or by the same checks run before asking it:
+unknown VM, key or definition, a value out of range); 2 the command line does not parse, or
+the daemon cannot be reached.
+
+EXAMPLES
+  vgpuctl types
+  vgpuctl define vm1 --type quarter --socket /run/vgpu-schedd/vms/vm1.sock priority=3
+  vgpuctl start vm1
+  vgpuctl show vm1
+  vgpuctl set --both vm1 weight=512 target_fps=60
+  vgpuctl set-policy timegraph.toml
+  vgpuctl stop vm1
+
+FILES
+  /run/vgpu-schedd/control.sock
+  /etc/vgpu/vgpus/NAME.json
+  /etc/vgpu/types/TYPE.json
+  /etc/vgpu/live.json
+
+The control socket is the daemon's (--control); definitions and types live in the config
+directory (--config-dir), where the daemon also keeps the live policy and parameters.
+
+SEE ALSO
+vgpu-schedd(1), vgpu-smi(1), vgpu-server(1); docs/OPERATIONS.md in the source tree."
 )]
 struct Cli {
     /// The daemon's control socket.
@@ -982,6 +1007,7 @@ mod tests {
     #[test]
     fn command_line_conventions() {
         vgpu_cli::check::conventions::<Cli>(env!("CARGO_PKG_VERSION")).unwrap();
+        vgpu_cli::check::operator_man_page::<Cli>().unwrap();
     }
 
     #[test]
