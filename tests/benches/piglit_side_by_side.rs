@@ -221,7 +221,6 @@ fn main() {
         std::process::exit(2);
     }
     let mut groups: Vec<String> = tests.iter().map(|t| t.group.clone()).collect();
-    groups.dedup();
     groups.sort();
     groups.dedup();
     let (accel, accel_reason) = Accel::detect().expect("accelerator");

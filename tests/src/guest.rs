@@ -163,17 +163,7 @@ pub struct GuestImage {
 impl GuestImage {
     /// The default image directory: `$VGPU_GUEST_DIR`, else `${VGPU_CACHE:-$HOME/.cache/vgpu}/guest`.
     pub fn default_dir() -> PathBuf {
-        if let Some(dir) = std::env::var_os(GUEST_DIR_ENV) {
-            return dir.into();
-        }
-        let cache = std::env::var_os("VGPU_CACHE").map_or_else(
-            || {
-                let home = std::env::var_os("HOME").unwrap_or_else(|| "/".into());
-                Path::new(&home).join(".cache/vgpu")
-            },
-            PathBuf::from,
-        );
-        cache.join("guest")
+        cache_path(GUEST_DIR_ENV, "guest")
     }
 
     /// The image in the default directory.
@@ -454,14 +444,23 @@ pub fn server_binary() -> Result<PathBuf> {
 /// The QEMU prefix `setup-qemu.sh` installs: `$VGPU_QEMU_PREFIX`, else `qemu` in the cache
 /// (`$VGPU_CACHE`, else `~/.cache/vgpu`), the wrappers' rule.
 pub fn qemu_prefix() -> PathBuf {
-    if let Some(p) = std::env::var_os("VGPU_QEMU_PREFIX") {
-        return p.into();
+    cache_path("VGPU_QEMU_PREFIX", "qemu")
+}
+
+/// What the setup scripts put in the cache: the path in `$override_env` if set, else `name` in
+/// `$VGPU_CACHE`, else in `~/.cache/vgpu` (their rule).
+pub fn cache_path(override_env: &str, name: &str) -> PathBuf {
+    if let Some(path) = std::env::var_os(override_env) {
+        return path.into();
     }
     let cache = std::env::var_os("VGPU_CACHE").map_or_else(
-        || PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/vgpu"),
+        || {
+            let home = std::env::var_os("HOME").unwrap_or_else(|| "/".into());
+            Path::new(&home).join(".cache/vgpu")
+        },
         PathBuf::from,
     );
-    cache.join("qemu")
+    cache.join(name)
 }
 
 /// `qemu-scripts/prefix-exec`: runs a program on the QEMU prefix's loader, libraries and Mesa.

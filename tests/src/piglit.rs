@@ -13,7 +13,8 @@ use serde::Serialize;
 
 use crate::control::{ChannelError, ControlChannel, JobReport};
 use crate::guest::{
-    GuestConfig, GuestImage, RunningGuest, mount_second_disk, second_disk, skip_without_guest,
+    GuestConfig, GuestImage, RunningGuest, cache_path, mount_second_disk, second_disk,
+    skip_without_guest,
 };
 
 /// Where the disk is mounted in the guest.
@@ -80,14 +81,7 @@ pub struct PiglitDisk {
 impl PiglitDisk {
     /// `$VGPU_PIGLIT_DISK`, or `piglit` in `${VGPU_CACHE:-$HOME/.cache/vgpu}`.
     pub fn default_dir() -> PathBuf {
-        if let Some(dir) = std::env::var_os("VGPU_PIGLIT_DISK") {
-            return dir.into();
-        }
-        let cache = std::env::var_os("VGPU_CACHE").map_or_else(
-            || PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/vgpu"),
-            PathBuf::from,
-        );
-        cache.join("piglit")
+        cache_path("VGPU_PIGLIT_DISK", "piglit")
     }
 
     /// The disk in `dir` (`piglit.ext4`, `tests.json`).
@@ -256,14 +250,7 @@ fn from_hex(hex: &str) -> Option<Vec<u8>> {
 /// made `warn` when a passing program exits non-zero; `crash` when it died of a signal or gave no
 /// result; `timeout` when `timeout` ended it.
 pub fn interpret(test: &PiglitTest, report: &JobReport) -> TestResult {
-    let mut result = TestResult {
-        name: test.name.clone(),
-        group: test.group.clone(),
-        outcome: Outcome::Crash,
-        rc: None,
-        ms: None,
-        detail: String::new(),
-    };
+    let mut result = unreported(test, Outcome::Crash, String::new());
     let Some(summary) = report
         .summaries
         .iter()
@@ -303,11 +290,12 @@ pub fn interpret(test: &PiglitTest, report: &JobReport) -> TestResult {
     result
 }
 
-fn lost(test: &PiglitTest, why: String) -> TestResult {
+/// `test`'s result when the program reported none: `outcome` and why.
+fn unreported(test: &PiglitTest, outcome: Outcome, why: String) -> TestResult {
     TestResult {
         name: test.name.clone(),
         group: test.group.clone(),
-        outcome: Outcome::Lost,
+        outcome,
         rc: None,
         ms: None,
         detail: why,
@@ -362,9 +350,11 @@ impl Booted {
                 ch.stop(id).map_err(|e| e.to_string())?;
                 ch.wait_exit(id, STOP_WAIT)
                     .map_err(|e| format!("the stopped test did not end: {e}"))?;
-                let mut result = lost(test, "the job outlived its limit; stopped".into());
-                result.outcome = Outcome::Timeout;
-                Ok(result)
+                Ok(unreported(
+                    test,
+                    Outcome::Timeout,
+                    "the job outlived its limit; stopped".into(),
+                ))
             }
             Err(e) => Err(e.to_string()),
         }
@@ -443,7 +433,7 @@ pub fn run(
     };
     for (i, test) in tests.iter().enumerate() {
         let result = match booted.as_mut() {
-            None => lost(test, "the guest went away too often".into()),
+            None => unreported(test, Outcome::Lost, "the guest went away too often".into()),
             Some(b) => match b.run(&format!("t{i}"), test) {
                 Ok(r) => r,
                 Err(why) => {
@@ -451,7 +441,7 @@ pub fn run(
                     let why = format!("{why}; {ended}");
                     log::warn!("piglit: the guest went away during {}: {why}", test.name);
                     reboot(&mut booted);
-                    lost(test, format!("the guest went away: {why}"))
+                    unreported(test, Outcome::Lost, format!("the guest went away: {why}"))
                 }
             },
         };
