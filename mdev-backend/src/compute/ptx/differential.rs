@@ -532,7 +532,7 @@ fn differ(ptx: &str, seed: u64, threads: usize) -> Result<bool, String> {
     let m = parse(ptx)?;
     let [(interpreted, a, regions), (compiled, b, _)] =
         run_both(&m, &contents(seed, THREADS * SLOT), threads);
-    agree(&interpreted, &compiled)?;
+    agree(&interpreted, &compiled, threads)?;
     if interpreted.is_ok() {
         for (addr, len) in regions {
             same_memory(&a, &b, addr, len)?;
@@ -640,7 +640,7 @@ fn a_wild_store_faults_alike() {
         assert!(ptx.contains("@%p0 st.global.u32 [%wild_"), "{ptx}");
         let m = parse(&ptx).unwrap();
         let [(a, ..), (b, ..)] = run_both(&m, &vec![1; (THREADS * SLOT) as usize], 1);
-        agree(&a, &b).unwrap();
+        agree(&a, &b, 1).unwrap();
         let e = a.unwrap_err();
         assert_eq!(e.cuda_status(), want, "{e:?}");
     }
