@@ -127,6 +127,12 @@ impl VmConfig {
     }
 }
 
+/// How long QEMU's vfio-user client waits for each reply of the device (`x-msg-timeout`).
+/// QEMU's own 5 s is shorter than the stalls of a loaded 2-core host running two TCG guests
+/// beside `stress-ng` (`test.sh --loaded`), where a device attach once timed out; a late
+/// reply is not what these tests look for, a missing one still ends the VM.
+pub const MSG_TIMEOUT_MS: u32 = 30_000;
+
 /// The `-device` value (JSON form) of a `vfio-user-pci` device connecting to `socket`.
 pub fn vfio_user_pci_device(socket: &Path) -> String {
     let mut path = String::new();
@@ -140,7 +146,9 @@ pub fn vfio_user_pci_device(socket: &Path) -> String {
             c => path.push(c),
         }
     }
-    format!(r#"{{"driver":"vfio-user-pci","socket":{{"path":"{path}","type":"unix"}}}}"#)
+    format!(
+        r#"{{"driver":"vfio-user-pci","socket":{{"path":"{path}","type":"unix"}},"x-msg-timeout":{MSG_TIMEOUT_MS}}}"#
+    )
 }
 
 /// Kills (SIGKILL) and reaps a child unless it has exited already.
@@ -459,7 +467,7 @@ mod tests {
     fn vfio_user_device_json() {
         assert_eq!(
             vfio_user_pci_device(Path::new("/tmp/a\"b.sock")),
-            r#"{"driver":"vfio-user-pci","socket":{"path":"/tmp/a\"b.sock","type":"unix"}}"#
+            r#"{"driver":"vfio-user-pci","socket":{"path":"/tmp/a\"b.sock","type":"unix"},"x-msg-timeout":30000}"#
         );
     }
 }
