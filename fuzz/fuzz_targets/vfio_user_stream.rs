@@ -38,6 +38,7 @@ fn listen() -> Listening {
         max_connections: None,
         dump: None,
         renderer: None,
+        host_gl: Default::default(),
         scheduler: None,
         resource_memory: 64 << 20,
         compute: vgpu_server::gpu::compute::ComputeKind::Cpu,

@@ -9,8 +9,8 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
 use mdev_backend::virgl::{
     BIND_RENDER_TARGET, BIND_SAMPLER_VIEW, BackingMemory, CAPSET_VIRGL, CAPSET_VIRGL2,
-    DEFAULT_LIBRARY, FORMAT_B8G8R8A8_UNORM, HostBacking, ResourceCreate3d, TARGET_TEXTURE_2D,
-    Transfer, TransferBox, Virgl, VirglError,
+    DEFAULT_LIBRARY, FORMAT_B8G8R8A8_UNORM, HostBacking, HostGl, ResourceCreate3d,
+    TARGET_TEXTURE_2D, Transfer, TransferBox, Virgl, VirglError,
 };
 
 /// virglrenderer 0.10's code for invalid input: positive EINVAL.
@@ -32,7 +32,7 @@ fn wait_readable(fd: i32, timeout: Duration) -> bool {
 
 #[test]
 fn capsets_context_submit_and_fence() {
-    let virgl = match Virgl::new(DEFAULT_LIBRARY) {
+    let virgl = match Virgl::new(DEFAULT_LIBRARY, HostGl::default()) {
         Ok(v) => v,
         Err(VirglError::Load(e)) if std::env::var_os("VGPU_REQUIRE_VIRGL").is_none() => {
             eprintln!(
@@ -43,7 +43,7 @@ fn capsets_context_submit_and_fence() {
         Err(e) => panic!("virglrenderer: {e}"),
     };
     assert!(matches!(
-        Virgl::new(DEFAULT_LIBRARY),
+        Virgl::new(DEFAULT_LIBRARY, HostGl::default()),
         Err(VirglError::AlreadyInitialised)
     ));
 

@@ -149,6 +149,7 @@ impl TestServer {
             max_connections: Some(connections),
             dump,
             renderer,
+            host_gl: Default::default(),
             scheduler,
             resource_memory: vgpu_server::gpu::device::DEFAULT_RESOURCE_MEMORY_MB << 20,
             compute: vgpu_server::gpu::compute::ComputeKind::Cpu,

@@ -60,6 +60,8 @@ pub struct ServerConfig {
     /// The virglrenderer library for 3D (VIRTIO_GPU_F_VIRGL); `None`, or a library that does
     /// not load, serves 2D only. virglrenderer can be initialised once per process.
     pub renderer: Option<String>,
+    /// The host API the renderer uses (`--host-gl`).
+    pub host_gl: mdev_backend::virgl::HostGl,
     /// The scheduler daemon to ask before GPU work runs (`--scheduler`, `--vm-name`); `None`
     /// runs everything at once.
     pub scheduler: Option<crate::sched_client::SchedConfig>,
@@ -241,7 +243,10 @@ impl VgpuServer {
         let worker = WorkerHandle::spawn(
             config.dump.clone(),
             metrics.clone(),
-            config.renderer.clone(),
+            config
+                .renderer
+                .clone()
+                .map(|library| (library, config.host_gl)),
             config.scheduler.clone(),
             config.socket.clone(),
             config.busy_poll,

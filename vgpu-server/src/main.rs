@@ -86,6 +86,10 @@ struct Cli {
     /// The virglrenderer library to load instead of libvirglrenderer.so.1
     #[arg(long, value_name = "NAME")]
     virgl_library: Option<String>,
+    /// The host API virglrenderer renders with: desktop OpenGL (as QEMU's virtio-gpu-gl; the
+    /// guest's desktop-GL features run natively) or OpenGL ES (hosts whose driver has only GLES)
+    #[arg(long, value_name = "API", default_value = "gl", value_parser = PossibleValuesParser::new(["gl", "gles"]).try_map(|s| s.parse::<mdev_backend::virgl::HostGl>()))]
+    host_gl: mdev_backend::virgl::HostGl,
     /// Log level (RUST_LOG refines it)
     #[arg(
         long,
@@ -236,6 +240,7 @@ fn args(cli: Cli) -> Result<Args, clap::Error> {
             max_connections: cli.exit_on_disconnect.then_some(1),
             dump: cli.dump_dir.map(DumpConfig::new),
             renderer,
+            host_gl: cli.host_gl,
             scheduler,
             // At most MAX_RESOURCE_MEMORY_MB (2^20) MiB: 2^40 bytes.
             resource_memory: cli.resource_memory_mb << 20,
@@ -350,6 +355,9 @@ mod tests {
         assert_eq!(c.max_connections, None);
         assert!(c.dump.is_none() && c.scheduler.is_none());
         assert_eq!(c.renderer.as_deref(), Some(virgl::DEFAULT_LIBRARY));
+        assert_eq!(c.host_gl, virgl::HostGl::Gl);
+        let gles = parse(["--socket", "/s", "--host-gl", "gles"]).unwrap();
+        assert_eq!(gles.config.host_gl, virgl::HostGl::Gles);
         assert_eq!(c.resource_memory, DEFAULT_RESOURCE_MEMORY_MB << 20);
         assert_eq!(c.compute, ComputeKind::Cpu);
         assert_eq!(c.compute_request_time, DEFAULT_REQUEST_TIME);
@@ -506,6 +514,7 @@ mod tests {
             &["--display", "big"][..],
             &["--display", "0x600"],
             &["--renderer", "vulkan"],
+            &["--host-gl", "vulkan"],
             &["--compute", "gpu"],
             &["--ptx-engine", "jit"],
             &["--ptx-engine", ""],

@@ -31,7 +31,7 @@ use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
 use mdev_backend::GpuBackend;
-use mdev_backend::virgl::Virgl;
+use mdev_backend::virgl::{HostGl, Virgl};
 use vgpu_schedd::busy_poll::{self, BusyPoll};
 use vgpu_schedd::proto::{Msg, RefuseCode};
 
@@ -109,14 +109,14 @@ pub struct WorkerHandle {
 impl WorkerHandle {
     /// Starts the worker thread; with `dump`, it also writes the scanout images.
     ///
-    /// With `renderer` (a virglrenderer library name), the worker initialises virglrenderer
+    /// With `renderer` (a virglrenderer library name and its host API), the worker initialises virglrenderer
     /// on its own thread; if that fails the device serves 2D only (see
     /// [`WorkerHandle::has_renderer`]). With `scheduler`, each attached device connects to
     /// that scheduler daemon (see [`crate::sched_client`]).
     pub fn spawn(
         dump: Option<DumpConfig>,
         metrics: Arc<DeviceMetrics>,
-        renderer: Option<String>,
+        renderer: Option<(String, HostGl)>,
         scheduler: Option<SchedConfig>,
         vfio_socket: PathBuf,
         busy_poll: Duration,
@@ -142,7 +142,7 @@ impl WorkerHandle {
             .name("vgpu-worker".into())
             .spawn(move || {
                 // virglrenderer is bound to the thread that initialises it: this one.
-                let virgl = renderer.and_then(|library| match Virgl::new(&library) {
+                let virgl = renderer.and_then(|(library, api)| match Virgl::new(&library, api) {
                     Ok(v) => Some(Box::new(v) as Box<dyn GpuBackend>),
                     Err(e) => {
                         warn!("no 3D: {e}; the device offers 2D only");
