@@ -69,6 +69,48 @@ pub fn conventions<P: Parser + std::fmt::Debug>(version: &str) -> Result<(), Str
     Ok(())
 }
 
+/// Checks `P`'s table of values its completions ask it for ([`crate::complete`]): each entry
+/// names a subcommand of `P` and one of its arguments that takes a value, and the bash, zsh
+/// and fish completion scripts ask the binary.
+pub fn completion_values<P: Parser + std::fmt::Debug>(
+    values: &[crate::Values],
+) -> Result<(), String> {
+    let mut cmd = command::<P>();
+    cmd.build();
+    let name = cmd.get_name().to_owned();
+    for v in values {
+        let sub = cmd
+            .find_subcommand(v.subcommand)
+            .ok_or_else(|| format!("{name} has no subcommand {}", v.subcommand))?;
+        let arg = sub.get_arguments().find(|a| a.get_id() == v.arg);
+        if !arg.is_some_and(|a| a.get_action().takes_values()) {
+            return Err(format!(
+                "{name} {} has no argument {} with a value",
+                v.subcommand, v.arg
+            ));
+        }
+        if v.queries.is_empty() {
+            return Err(format!("{name} {} {}: no query", v.subcommand, v.arg));
+        }
+    }
+    for shell in ["bash", "zsh", "fish"] {
+        let script = match crate::try_parse_from_with::<P, _, _>(
+            [name.as_str(), "--completions", shell],
+            values,
+        ) {
+            Ok(Parsed::Generated(out)) => String::from_utf8(out).map_err(|e| e.to_string())?,
+            other => return Err(format!("--completions {shell}: {other:?}")),
+        };
+        let asks = format!("{name} {} WORD... CURRENT", crate::complete::COMPLETE);
+        if !script.contains(&asks) {
+            return Err(format!(
+                "the {shell} completions of {name} do not ask it for values"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Sections an installed tool's man page has beyond the generated ones (written in its long
 /// after-help text, [`crate::man`]).
 pub const OPERATOR_SECTIONS: [&str; 3] = ["EXAMPLES", "FILES", "SEE ALSO"];

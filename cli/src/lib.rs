@@ -5,11 +5,14 @@
 //! options to the command: `--completions SHELL` prints a completion script for that shell,
 //! `--man` prints the binary's man page (roff) and `--man-dir DIR` writes it and one page per
 //! subcommand into DIR ([`man`]), all generated from the same definition, so they never drift
-//! from what the binary accepts. The install script and packagers call them.
+//! from what the binary accepts. The install script and packagers call them. A binary whose
+//! arguments take values only the running system knows (VM names) parses with [`parse_with`]
+//! and a table of them: its bash, zsh and fish completions then ask it for those ([`complete`]).
 
 #![forbid(unsafe_code)]
 
 pub mod check;
+pub mod complete;
 pub mod man;
 #[cfg(feature = "progress")]
 pub mod progress;
@@ -19,6 +22,7 @@ use std::io::{self, Write};
 
 use clap::{Arg, ArgAction, ArgMatches, Command, Parser, value_parser};
 use clap_complete::Shell;
+pub use complete::Values;
 
 const COMPLETIONS: &str = "completions";
 const MAN: &str = "man";
@@ -71,9 +75,20 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
+    try_parse_from_with(args, &[])
+}
+
+/// Parses `args` as [`try_parse_from`] does, for a binary whose completions ask it for the
+/// values of the arguments in `values`.
+pub fn try_parse_from_with<P, I, T>(args: I, values: &[Values]) -> Result<Parsed<P>, clap::Error>
+where
+    P: Parser,
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
     let mut cmd = command::<P>();
     let matches = cmd.try_get_matches_from_mut(args)?;
-    if let Some(out) = generated(&mut cmd, &matches)? {
+    if let Some(out) = generated(&mut cmd, &matches, values)? {
         return Ok(Parsed::Generated(out));
     }
     P::from_arg_matches(&matches)
@@ -81,7 +96,11 @@ where
         .map_err(|e| e.format(&mut cmd))
 }
 
-fn generated(cmd: &mut Command, matches: &ArgMatches) -> Result<Option<Vec<u8>>, clap::Error> {
+fn generated(
+    cmd: &mut Command,
+    matches: &ArgMatches,
+    values: &[Values],
+) -> Result<Option<Vec<u8>>, clap::Error> {
     let asked =
         matches.contains_id(COMPLETIONS) || matches.get_flag(MAN) || matches.contains_id(MAN_DIR);
     if asked && matches.subcommand().is_some() {
@@ -91,12 +110,18 @@ fn generated(cmd: &mut Command, matches: &ArgMatches) -> Result<Option<Vec<u8>>,
         ));
     }
     let mut out = Vec::new();
+    let io = |e: io::Error| clap::Error::raw(clap::error::ErrorKind::Io, e);
     if let Some(&shell) = matches.get_one::<Shell>(COMPLETIONS) {
         let name = cmd.get_name().to_owned();
-        clap_complete::generate(shell, cmd, name, &mut out);
-        return Ok(Some(out));
+        clap_complete::generate(shell, cmd, name.as_str(), &mut out);
+        if values.is_empty() {
+            return Ok(Some(out));
+        }
+        let script = String::from_utf8(out).map_err(|e| io(io::Error::other(e)))?;
+        let hooked =
+            complete::hooked(shell, cmd, values, script).map_err(|e| io(io::Error::other(e)))?;
+        return Ok(Some(hooked.into_bytes()));
     }
-    let io = |e: io::Error| clap::Error::raw(clap::error::ErrorKind::Io, e);
     if matches.get_flag(MAN) {
         return man::page(cmd).map(Some).map_err(io);
     }
@@ -120,7 +145,38 @@ pub fn log_level() -> impl clap::builder::TypedValueParser<Value = log::LevelFil
 /// Parses the process's arguments: prints help, version, usage errors, completions and man
 /// pages and exits as clap does (0, or 2 for a usage error); otherwise returns the arguments.
 pub fn parse<P: Parser>() -> P {
-    match try_parse_from::<P, _, _>(std::env::args_os()) {
+    parse_with(&[])
+}
+
+/// Parses the process's arguments as [`parse`] does, for a binary whose completions ask it for
+/// the values of the arguments in `values`; answers such a question ([`complete::COMPLETE`]):
+/// prints the values and exits 0, or exits 1 where the static completions apply.
+pub fn parse_with<P: Parser>(values: &[Values]) -> P {
+    let args: Vec<OsString> = std::env::args_os().collect();
+    if !values.is_empty() && args.get(1).is_some_and(|a| a == complete::COMPLETE) {
+        let words: Vec<String> = args
+            .iter()
+            .skip(2)
+            .map(|w| w.to_string_lossy().into_owned())
+            .collect();
+        let exe = std::env::current_exe().unwrap_or_else(|_| args[0].clone().into());
+        let code = match complete::answer(command::<P>(), values, &exe, &words) {
+            Some(found) => {
+                let mut text = String::new();
+                for v in found {
+                    text.push_str(&v);
+                    text.push('\n');
+                }
+                match io::stdout().lock().write_all(text.as_bytes()) {
+                    Ok(()) => 0,
+                    Err(_) => 1,
+                }
+            }
+            None => 1,
+        };
+        std::process::exit(code)
+    }
+    match try_parse_from_with::<P, _, _>(args, values) {
         Ok(Parsed::Run(p)) => p,
         Ok(Parsed::Generated(out)) => {
             let code = match io::stdout().lock().write_all(&out) {

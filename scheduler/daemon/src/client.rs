@@ -12,6 +12,12 @@ use serde_json::{Map, Value};
 /// How long an answer may take: `create` waits up to 10 s for the device's socket.
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Where group names are: a refusal names the control socket's group.
+const GROUP_FILE: &str = "/etc/group";
+/// The most of [`GROUP_FILE`] read to name a group (local files are kilobytes); a group not
+/// found in it is shown by its id.
+const MAX_GROUP_FILE_BYTES: u64 = 16 << 20;
+
 /// Why a control CLI failed.
 #[derive(Debug)]
 pub enum Failure {
@@ -90,13 +96,50 @@ fn unreachable(path: &Path, e: &std::io::Error) -> Failure {
             "the socket is stale, left by a daemon that is gone: \
              start it again (systemctl restart vgpu-schedd)",
         ),
-        ErrorKind::PermissionDenied => (
-            "permission denied",
-            "run as root or as a member of the daemon's control group (--control-group)",
-        ),
+        ErrorKind::PermissionDenied => {
+            return Failure::Connection(format!(
+                "no vgpu-schedd answers at {shown} (permission denied): {}",
+                permission_hint(path)
+            ));
+        }
         _ => return Failure::Connection(format!("no vgpu-schedd answers at {shown}: {e}")),
     };
     Failure::Connection(format!("no vgpu-schedd answers at {shown} ({why}): {hint}"))
+}
+
+/// Who may use the socket at `path` that refused the caller (EACCES), and how to get access:
+/// its owner, mode and group (named from [`GROUP_FILE`]); or, where the socket cannot even be
+/// looked at, that a directory on its path is closed to the caller.
+fn permission_hint(path: &Path) -> String {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    let meta = match std::fs::metadata(path) {
+        Ok(meta) => meta,
+        Err(_) => {
+            let dir = path.parent().unwrap_or(path).display();
+            return format!(
+                "a directory on its path is closed to this user (see `ls -ld` of {dir} and \
+                 the directories above it); run as root or as a user they admit"
+            );
+        }
+    };
+    let (uid, gid, mode) = (meta.uid(), meta.gid(), meta.mode() & 0o7777);
+    if mode & 0o060 != 0o060 {
+        return format!(
+            "only its owner (uid {uid}) may use it (mode {mode:04o}): run as that user or as \
+             root, or have the daemon share it with a group (vgpu-schedd --control-group vgpu)"
+        );
+    }
+    let mut groups = String::new();
+    let named = std::fs::File::open(GROUP_FILE)
+        .and_then(|f| f.take(MAX_GROUP_FILE_BYTES).read_to_string(&mut groups))
+        .ok()
+        .and_then(|_| crate::control::group_name(&groups, gid));
+    let group = named.map_or_else(|| gid.to_string(), str::to_owned);
+    format!(
+        "only its owner (uid {uid}) and group {group} may use it (mode {mode:04o}): add this \
+         user to group {group} (usermod -aG {group} $USER, then log in again) or run as root"
+    )
 }
 
 /// Only the VM named `only` of `vms` (`stats` or `list` entries), or all without a name;
@@ -329,6 +372,58 @@ mod tests {
         assert!(
             stale.contains("(connection refused): the socket is stale"),
             "{stale}"
+        );
+    }
+
+    /// The name `getent` (NSS, as `ls -l` does) gives group `gid`.
+    fn getent_group(gid: u32) -> String {
+        let out = std::process::Command::new("getent")
+            .args(["group", &gid.to_string()])
+            .output()
+            .unwrap();
+        let line = String::from_utf8(out.stdout).unwrap();
+        line.split(':').next().unwrap().to_owned()
+    }
+
+    #[test]
+    fn a_refused_caller_is_told_who_may_use_the_socket() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        // The errno a connect to a socket the caller may not write returns (EACCES); tests
+        // that run as root cannot get it from this process (root passes every mode), the
+        // integration test gets it from vgpuctl run as another user.
+        let denied = || std::io::Error::from_raw_os_error(libc::EACCES);
+        let message = |path: &Path| match unreachable(path, &denied()) {
+            Failure::Connection(e) => e,
+            other => panic!("{other:?}"),
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("control.sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let meta = std::fs::metadata(&path).unwrap();
+        let (uid, group) = (meta.uid(), getent_group(meta.gid()));
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o660)).unwrap();
+        let shared = message(&path);
+        assert_eq!(
+            shared,
+            format!(
+                "no vgpu-schedd answers at {} (permission denied): only its owner (uid {uid}) \
+                 and group {group} may use it (mode 0660): add this user to group {group} \
+                 (usermod -aG {group} $USER, then log in again) or run as root",
+                path.display()
+            )
+        );
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let private = message(&path);
+        assert!(
+            private.contains("(permission denied): only its owner")
+                && private.contains("(mode 0600): run as that user or as root")
+                && private.contains("--control-group"),
+            "{private}"
+        );
+        let hidden = message(&dir.path().join("closed").join("control.sock"));
+        assert!(
+            hidden.contains("(permission denied): a directory on its path is closed"),
+            "{hidden}"
         );
     }
 

@@ -472,13 +472,24 @@ impl ControlAccess {
     }
 }
 
-/// The id of group `name` in a group file (`/etc/group`: `name:password:gid:members` lines).
-pub fn lookup_group(group_file: &str, name: &str) -> Option<u32> {
-    group_file.lines().find_map(|line| {
+/// The groups of a group file (`/etc/group`: `name:password:gid:members` lines), name and id;
+/// lines that are not one are skipped.
+fn group_entries(group_file: &str) -> impl Iterator<Item = (&str, u32)> {
+    group_file.lines().filter_map(|line| {
         let mut fields = line.split(':');
-        let (n, _password, gid) = (fields.next()?, fields.next()?, fields.next()?);
-        (n == name).then(|| gid.parse().ok()).flatten()
+        let (name, _password, gid) = (fields.next()?, fields.next()?, fields.next()?);
+        Some((name, gid.parse().ok()?))
     })
+}
+
+/// The id of group `name` in a group file.
+pub fn lookup_group(group_file: &str, name: &str) -> Option<u32> {
+    group_entries(group_file).find_map(|(n, gid)| (n == name).then_some(gid))
+}
+
+/// The name of group `gid` in a group file.
+pub fn group_name(group_file: &str, gid: u32) -> Option<&str> {
+    group_entries(group_file).find_map(|(name, g)| (g == gid).then_some(name))
 }
 
 /// Splits a byte stream into request lines, never holding more than [`MAX_REQUEST_BYTES`] of
@@ -739,6 +750,9 @@ mod tests {
         assert_eq!(lookup_group(file, "odd"), None);
         assert_eq!(lookup_group(file, "vgp"), None);
         assert_eq!(lookup_group(file, "broken"), None);
+        assert_eq!(group_name(file, 977), Some("vgpu"));
+        assert_eq!(group_name(file, 0), Some("root"));
+        assert_eq!(group_name(file, 978), None);
     }
 
     #[test]

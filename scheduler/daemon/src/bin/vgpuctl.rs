@@ -84,6 +84,11 @@ enum Cmd {
         /// List the persistent definitions instead, and whether each is running.
         #[arg(long)]
         defined: bool,
+        /// Print only the names, one per line, sorted (with --json one array): the VMs the
+        /// daemon knows and its device processes, or with --defined the definitions (for
+        /// scripts and the shell completions).
+        #[arg(long)]
+        names: bool,
     },
     /// Live statistics: GPU share, frame rate, latency, queue and each VM's standing under the
     /// policy (one table, or one every --watch seconds).
@@ -174,7 +179,12 @@ enum Cmd {
     Dashboard,
     /// The vGPU types (CONFIG_DIR/types/TYPE.json): each type's parameters, device options
     /// (memory), how many vGPUs of it may be defined and how many are free.
-    Types,
+    Types {
+        /// Print only the names of the types a definition can use, one per line (with --json
+        /// one array).
+        #[arg(long)]
+        names: bool,
+    },
     /// Define a persistent vGPU (CONFIG_DIR/vgpus/NAME.json): its socket, device options and
     /// scheduling parameters; `start` creates it, and the daemon starts it at boot with --auto.
     Define {
@@ -546,8 +556,18 @@ fn destroyed_lines(v: &Value) -> Vec<String> {
 fn run(cli: Cli) -> Result<(), Failure> {
     let store = Store::new(&cli.config_dir);
     let (request, shape): (Value, fn(&Value) -> Vec<String>) = match &cli.command {
-        Cmd::List { defined: true } => return list_defined(&cli, &store),
-        Cmd::List { defined: false } => (json!({"cmd": "list"}), list_lines),
+        Cmd::List {
+            defined: true,
+            names,
+        } => return list_defined(&cli, &store, *names),
+        Cmd::List {
+            defined: false,
+            names: true,
+        } => return list_names(&cli),
+        Cmd::List {
+            defined: false,
+            names: false,
+        } => (json!({"cmd": "list"}), list_lines),
         Cmd::Show { vm, watch, count } => {
             let count = if watch.is_some() { *count } else { Some(1) };
             return show(&cli, vm.as_deref(), *watch, count, false);
@@ -599,7 +619,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             (json!({"cmd": "destroy", "name": name}), destroyed_lines)
         }
         Cmd::Dashboard => (json!({"cmd": "dashboard"}), |v| vec![cell(v.get("url"))]),
-        Cmd::Types => return list_types(&cli, &store),
+        Cmd::Types { names } => return list_types(&cli, &store, *names),
         Cmd::Define {
             name,
             socket,
@@ -865,9 +885,17 @@ fn type_lines(types: &[ListedType]) -> Vec<String> {
     )
 }
 
-/// `types`: every vGPU type with its free instances (no daemon needed).
-fn list_types(cli: &Cli, store: &Store) -> Result<(), Failure> {
+/// `types`: every vGPU type with its free instances (no daemon needed); with `names` only the
+/// names of those that are not broken.
+fn list_types(cli: &Cli, store: &Store, names: bool) -> Result<(), Failure> {
     let types = store.types()?;
+    if names {
+        let usable = types
+            .iter()
+            .filter(|(_, t)| t.is_ok())
+            .map(|(n, _)| n.clone());
+        return print_names(cli.json, usable);
+    }
     if cli.json {
         let entries: Vec<Value> = types
             .iter()
@@ -890,10 +918,47 @@ fn list_types(cli: &Cli, store: &Store) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Prints `names`, sorted, each once (`--names`): one per line, or with `json` one array.
+fn print_names(json: bool, names: impl Iterator<Item = String>) -> Result<(), Failure> {
+    let names: std::collections::BTreeSet<String> = names.collect();
+    let mut out = String::new();
+    if json {
+        out = json!(names).to_string();
+        out.push('\n');
+    } else {
+        for name in names {
+            out.push_str(&name);
+            out.push('\n');
+        }
+    }
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(out.as_bytes())
+        .and_then(|()| stdout.flush())
+        .map_err(|e| Failure::Connection(format!("stdout: {e}")))
+}
+
+/// `list --names`: the VMs the daemon knows (connected, or with parameters it keeps) and the
+/// names of its device processes.
+fn list_names(cli: &Cli) -> Result<(), Failure> {
+    let listed = Conn::open(&cli.control)?.call(&json!({"cmd": "list"}))?;
+    let names = ["vms", "children"]
+        .into_iter()
+        .filter_map(|key| listed.get(key).and_then(Value::as_array))
+        .flatten()
+        .filter_map(|v| v.get("name").and_then(Value::as_str))
+        .map(str::to_owned);
+    print_names(cli.json, names)
+}
+
 /// `list --defined`: every definition and whether the daemon runs its device process. The
-/// definitions are listed even when the daemon cannot be asked (state `?`).
-fn list_defined(cli: &Cli, store: &Store) -> Result<(), Failure> {
+/// definitions are listed even when the daemon cannot be asked (state `?`). With `names`, only
+/// their names, without asking the daemon.
+fn list_defined(cli: &Cli, store: &Store, names: bool) -> Result<(), Failure> {
     let listed = store.list()?;
+    if names {
+        return print_names(cli.json, listed.into_iter().map(|(name, _)| name));
+    }
     let running = Conn::open(&cli.control).and_then(|mut c| c.call(&json!({"cmd": "list"})));
     let children = match &running {
         Ok(v) => v.get("children").and_then(Value::as_array).cloned(),
@@ -989,8 +1054,44 @@ fn show(
     }
 }
 
+/// The VMs the daemon knows (`list --names`).
+const LIVE_VMS: &[&str] = &["list", "--names"];
+/// The persistent definitions (`list --defined --names`).
+const DEFINED_VMS: &[&str] = &["list", "--defined", "--names"];
+/// The vGPU types a definition can use (`types --names`).
+const TYPES: &[&str] = &["types", "--names"];
+
+/// The arguments the shell completions complete with names vgpuctl prints when asked: a VM
+/// the daemon knows where the daemon acts on one, a definition where the config directory's
+/// are changed, both for `set`, a type for `define --type`.
+const COMPLETED: &[vgpu_cli::Values] = &[
+    completed("show", "vm", &[LIVE_VMS]),
+    completed("top", "vm", &[LIVE_VMS]),
+    completed("set", "vm", &[LIVE_VMS, DEFINED_VMS]),
+    completed("forget", "vm", &[LIVE_VMS]),
+    completed("focus", "vm", &[LIVE_VMS]),
+    completed("destroy", "name", &[LIVE_VMS]),
+    completed("stop", "name", &[LIVE_VMS]),
+    completed("start", "name", &[DEFINED_VMS]),
+    completed("modify", "name", &[DEFINED_VMS]),
+    completed("undefine", "name", &[DEFINED_VMS]),
+    completed("define", "vgpu_type", &[TYPES]),
+];
+
+const fn completed(
+    subcommand: &'static str,
+    arg: &'static str,
+    queries: &'static [&'static [&'static str]],
+) -> vgpu_cli::Values {
+    vgpu_cli::Values {
+        subcommand,
+        arg,
+        queries,
+    }
+}
+
 fn main() -> ExitCode {
-    let cli: Cli = vgpu_cli::parse();
+    let cli: Cli = vgpu_cli::parse_with(COMPLETED);
     let json = cli.json;
     vgpu_schedd::client::exit("vgpuctl", json, run(cli))
 }
@@ -1008,6 +1109,7 @@ mod tests {
     fn command_line_conventions() {
         vgpu_cli::check::conventions::<Cli>(env!("CARGO_PKG_VERSION")).unwrap();
         vgpu_cli::check::operator_man_page::<Cli>().unwrap();
+        vgpu_cli::check::completion_values::<Cli>(COMPLETED).unwrap();
     }
 
     #[test]
@@ -1096,7 +1198,21 @@ mod tests {
         ));
         assert!(matches!(
             parse(&["list", "--defined"]).unwrap().command,
-            Cmd::List { defined: true }
+            Cmd::List {
+                defined: true,
+                names: false
+            }
+        ));
+        assert!(matches!(
+            parse(&["list", "--defined", "--names"]).unwrap().command,
+            Cmd::List {
+                defined: true,
+                names: true
+            }
+        ));
+        assert!(matches!(
+            parse(&["types", "--names"]).unwrap().command,
+            Cmd::Types { names: true }
         ));
         for ok in [
             &["start", "a"][..],
