@@ -29,9 +29,9 @@ STEPS=6
 # systemd-analyze with man(1) from man-db (the service units' verify, which looks up their
 # man: documentation, and security checks) and strace (the units' system call filters
 # against what the daemon and the device process call); curl, xz and mkfs.ext4 for the piglit
-# disk.
+# disk; zsh and fish, which run vgpuctl's completion scripts (bash is there).
 EXTRA_DEBS=(chromium prometheus libvirt-clients libvirt0 libxml2-utils systemd man-db strace
-    curl xz-utils e2fsprogs)
+    curl xz-utils e2fsprogs zsh fish)
 # The loaded mode's CPU load.
 ((loaded)) && EXTRA_DEBS+=(stress-ng)
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"

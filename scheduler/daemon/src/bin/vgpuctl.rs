@@ -39,7 +39,8 @@ const CLEAR_SCREEN: &str = "\x1b[H\x1b[2J";
     after_long_help = "EXIT STATUS
 0 ok; 1 the request was refused (by the daemon, or by the same checks run before asking it:
 unknown VM, key or definition, a value out of range); 2 the command line does not parse, or
-the daemon cannot be reached.
+the daemon cannot be reached (the message says why: no socket, a stale one, or permission
+denied, with the socket's owner, mode and the group whose members may use it).
 
 EXAMPLES
   vgpuctl types
@@ -49,6 +50,15 @@ EXAMPLES
   vgpuctl set --both vm1 weight=512 target_fps=60
   vgpuctl set-policy timegraph.toml
   vgpuctl stop vm1
+  vgpuctl --completions bash > /usr/share/bash-completion/completions/vgpuctl
+
+SHELL COMPLETION
+The bash, zsh and fish scripts of --completions also complete names: the VMs the daemon
+knows for show, top, focus, forget, stop and destroy, the definitions for start, modify and
+undefine, both for set, and the types for define --type. They ask vgpuctl, which runs
+list --names, list --defined --names and types --names (one name a line; scripts may run
+them too) with the --control and --config-dir on the line. When the daemon does not answer
+within 2 s, or not at all, nothing is offered and nothing printed.
 
 FILES
   /run/vgpu-schedd/control.sock
