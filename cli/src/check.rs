@@ -70,8 +70,8 @@ pub fn conventions<P: Parser + std::fmt::Debug>(version: &str) -> Result<(), Str
 }
 
 /// Checks `P`'s table of values its completions ask it for ([`crate::complete`]): each entry
-/// names a subcommand of `P` and one of its arguments that takes a value, and the bash, zsh
-/// and fish completion scripts ask the binary.
+/// names a subcommand of `P` and one of its arguments that takes a value (not after `--`),
+/// and the bash, zsh and fish completion scripts ask the binary.
 pub fn completion_values<P: Parser + std::fmt::Debug>(
     values: &[crate::Values],
 ) -> Result<(), String> {
@@ -83,9 +83,10 @@ pub fn completion_values<P: Parser + std::fmt::Debug>(
             .find_subcommand(v.subcommand)
             .ok_or_else(|| format!("{name} has no subcommand {}", v.subcommand))?;
         let arg = sub.get_arguments().find(|a| a.get_id() == v.arg);
-        if !arg.is_some_and(|a| a.get_action().takes_values()) {
+        // Values after `--` are never completed: they are another program's arguments.
+        if !arg.is_some_and(|a| a.get_action().takes_values() && !a.is_last_set()) {
             return Err(format!(
-                "{name} {} has no argument {} with a value",
+                "{name} {} has no argument {} with a value before --",
                 v.subcommand, v.arg
             ));
         }

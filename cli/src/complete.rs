@@ -566,6 +566,22 @@ mod tests {
                 assert!(out.contains("-n __fish_demo_values -l type -r -f"), "{out}");
             }
         }
+        crate::check::completion_values::<Demo>(TABLE).unwrap();
+        for (subcommand, arg) in [("nosuch", "vm"), ("show", "nosuch"), ("define", "options")] {
+            let bad = [Values {
+                subcommand,
+                arg,
+                queries: &[VMS],
+            }];
+            let e = crate::check::completion_values::<Demo>(&bad).unwrap_err();
+            assert!(e.contains(subcommand), "{e}");
+        }
+        let flag = [Values {
+            subcommand: "show",
+            arg: "json",
+            queries: &[VMS],
+        }];
+        assert!(crate::check::completion_values::<Demo>(&flag).is_err());
         let cmd = crate::command::<Demo>();
         assert!(hooked(Shell::Bash, &cmd, TABLE, "_demo() { :; }\n".into()).is_err());
         assert!(hooked(Shell::Zsh, &cmd, TABLE, "#compdef demo\n".into()).is_err());
