@@ -266,6 +266,7 @@ pub(super) fn launch(
         nthreads,
         next_block: AtomicU64::new(0),
         executed: AtomicU64::new(0),
+        checks: AtomicU64::new(0),
         stop: AtomicBool::new(false),
         error: Mutex::new(None),
         output: Mutex::new(Vec::new()),
@@ -301,6 +302,7 @@ pub(super) fn launch(
         block_bytes,
         output: outputs.into_iter().map(|(_, s)| s).collect(),
         compiled: false,
+        checks: shared_launch.checks.load(Ordering::Relaxed),
     })
 }
 
@@ -391,6 +393,8 @@ struct Shared<'a> {
     nthreads: u32,
     next_block: AtomicU64,
     executed: AtomicU64,
+    /// Times [`Shared::check`] ran.
+    checks: AtomicU64,
     stop: AtomicBool,
     error: Mutex<Option<ComputeError>>,
     output: Mutex<Vec<(u64, String)>>,
@@ -428,6 +432,7 @@ impl Shared<'_> {
     /// Whether the launch may go on with `total` cost units spent: not interrupted, within
     /// its budget.
     fn check(&self, total: u64) -> ComputeResult<()> {
+        self.checks.fetch_add(1, Ordering::Relaxed);
         self.interrupted()?;
         if total > self.l.instruction_budget {
             return Err(ComputeError::LaunchTimeout(format!(

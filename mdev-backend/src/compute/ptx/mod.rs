@@ -347,6 +347,9 @@ pub struct LaunchStats {
     pub output: String,
     /// Whether compiled code ran the kernel (else the interpreter did).
     pub compiled: bool,
+    /// Times the launch looked whether it may go on (its stop flag, its request's interrupt
+    /// and deadline, its budget): each reads the clock, so they are spaced by work done.
+    pub checks: u64,
 }
 
 #[cfg(test)]

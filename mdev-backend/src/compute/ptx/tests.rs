@@ -2518,6 +2518,81 @@ $L_again:
     assert!(matches!(err, ComputeError::LaunchTimeout(_)), "{err:?}");
 }
 
+/// A looped kernel's passes look at the launch's stop flag, interrupt and budget (each a
+/// read of the clock) once their threads' work or the threads gone by since the last look
+/// call for it, not every few threads: here 17 passes over 1024 threads doing a few
+/// instructions each between barriers made some 270 checks a block at one per 64 threads.
+#[test]
+fn barrier_passes_check_the_launch_by_work_not_by_thread() {
+    let m = module(
+        r#"
+.visible .entry rounds(.param .u64 out)
+{
+	.reg .pred %p<2>;
+	.reg .b32 %r<8>;
+	.reg .b64 %rd<6>;
+	.shared .align 4 .b8 sh[4096];
+	ld.param.u64 %rd1, [out];
+	cvta.to.global.u64 %rd1, %rd1;
+	mov.u32 %r1, %tid.x;
+	mov.u64 %rd2, sh;
+	mul.wide.u32 %rd3, %r1, 4;
+	add.s64 %rd4, %rd2, %rd3;
+	xor.b32 %r2, %r1, 1;
+	mul.wide.u32 %rd3, %r2, 4;
+	add.s64 %rd5, %rd2, %rd3;
+	mov.u32 %r3, %r1;
+	mov.u32 %r4, 0;
+$L_round:
+	st.shared.u32 [%rd4], %r3;
+	bar.sync 0;
+	ld.shared.u32 %r5, [%rd5];
+	bar.sync 0;
+	add.u32 %r3, %r3, %r5;
+	add.u32 %r4, %r4, 1;
+	setp.lt.u32 %p1, %r4, 8;
+	@%p1 bra $L_round;
+	mov.u32 %r6, %ctaid.x;
+	mad.lo.u32 %r6, %r6, 1024, %r1;
+	mul.wide.u32 %rd3, %r6, 4;
+	add.s64 %rd3, %rd1, %rd3;
+	st.global.u32 [%rd3], %r3;
+	ret;
+}
+"#,
+    );
+    const BLOCKS: u32 = 4;
+    let mut r = Run::new(&m);
+    let out = r.buffer(&vec![0; BLOCKS as usize * 1024 * 4]);
+    let params = pack(&m, "rounds", &[out]);
+    let (reference, compiled) = r.launch_pair(
+        "rounds",
+        [BLOCKS, 1, 1],
+        [1024, 1, 1],
+        0,
+        &params,
+        1,
+        1 << 30,
+    );
+    reference.unwrap();
+    let compiled = compiled.unwrap().unwrap();
+    assert!(compiled.compiled);
+    // Per block: its setup, its end, a look per THREADS_PER_CHECK threads of its 17 passes
+    // and per FUEL_CHECK thread-instructions of its some 130 Ki.
+    assert!(
+        compiled.checks <= u64::from(BLOCKS) * 8,
+        "{} checks for {BLOCKS} blocks",
+        compiled.checks
+    );
+    let expect: Vec<u32> = (0..BLOCKS * 1024)
+        .map(|i| {
+            let t = i % 1024;
+            (t + (t ^ 1)) << 7
+        })
+        .collect();
+    assert_eq!(to_u32s(&r.read(out, expect.len() * 4)), expect);
+}
+
 /// The registers a barrier in a loop stores are those the loop may have changed, and a
 /// thread resuming there loads those it uses: values written before the loop (stored there,
 /// once), written in the loop only under a guard (stored at the barrier from what was loaded

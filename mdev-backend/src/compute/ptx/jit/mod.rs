@@ -127,6 +127,8 @@ pub(super) struct Env<'a> {
     pub l: &'a Launch<'a>,
     pub regs: &'a LaunchRegisters,
     pub executed: AtomicU64,
+    /// Times [`Env::charge`] ran.
+    pub checks: AtomicU64,
     pub stop: AtomicBool,
     pub error: Mutex<Option<ComputeError>>,
     pub started: Instant,
@@ -145,6 +147,7 @@ impl Env<'_> {
     /// Charges `fuel` thread-instructions; whether the launch may go on (stopped, cancelled,
     /// past its deadline or its budget: no).
     pub fn charge(&self, fuel: u64) -> ComputeResult<()> {
+        self.checks.fetch_add(1, Ordering::Relaxed);
         let units = fuel.div_ceil(THREAD_INSTRUCTIONS_PER_UNIT);
         let total = self
             .executed
@@ -307,6 +310,7 @@ fn run(
         l,
         regs: &plan.regs,
         executed: AtomicU64::new(0),
+        checks: AtomicU64::new(0),
         stop: AtomicBool::new(false),
         error: Mutex::new(None),
         started: Instant::now(),
@@ -364,6 +368,7 @@ fn run(
         block_bytes: bytes,
         output: String::new(),
         compiled: true,
+        checks: env.checks.load(Ordering::Relaxed),
     })
 }
 
