@@ -3,10 +3,13 @@
 // fragment (#token=...), which the browser never sends to the server by itself.
 "use strict";
 
-const WINDOW_S = 300; // the time axis: the last 5 minutes (the history the daemon keeps)
+const WINDOW_S = 300; // the longest time axis: the last 5 minutes (the history the daemon keeps)
+const MIN_SPAN_S = 60; // the shortest: a young daemon's first minute fills the chart
 const COLOURS = ["#4aa3ff", "#ff9f43", "#3ecf8e", "#ff6b9a", "#b68cff", "#f9d65c",
   "#45d0e0", "#ff6b6b", "#9ccc65", "#d69e6e"];
-const INT_PARAMS = ["priority", "weight"];
+// The mean the budget chart draws: each point is the mean of the last this many seconds (a
+// budget refilled every few ms, sampled once a second, is otherwise noise).
+const BUDGET_MEAN_S = 5;
 
 const state = {
   token: new URLSearchParams(location.hash.replace(/^#/, "")).get("token") || "",
@@ -15,6 +18,7 @@ const state = {
   policies: [],
   policyDirty: false,
   snapshot: null,
+  lastSeq: 0, // the last change record shown (ChangeRecord.seq)
 };
 
 const $ = (sel) => document.querySelector(sel);
@@ -42,13 +46,31 @@ function fmt(x, digits) {
 
 // ---- Controls ----------------------------------------------------------------------------
 
-function showResult(text, ok) {
+// "Last change": its outcome, what it was, who asked and when. `change` is a ChangeRecord
+// ({seq, unix_ms, by, what, error}) from the daemon, or one this page makes for a request the
+// daemon refused before recording it.
+function showChange(change) {
   const r = $("#last-result");
-  r.textContent = text;
+  const ok = !change.error;
+  const when = change.unix_ms ? " at " + new Date(change.unix_ms).toLocaleTimeString() : "";
+  r.replaceChildren(
+    el("span", { class: "outcome", text: ok ? "ok" : "refused: " + change.error }),
+    el("span", { class: "what", text: change.what }),
+    el("span", { class: "by", text: "by " + change.by + when }),
+  );
   r.className = "result " + (ok ? "ok" : "err");
 }
 
-async function post(path, body) {
+// Shows the daemon's record `change` unless one as recent is shown already.
+function showRecord(change) {
+  if (!change || change.seq <= state.lastSeq) return;
+  state.lastSeq = change.seq;
+  showChange(change);
+}
+
+// POSTs `body` to `path`; `what` names the change for a refusal. Returns whether it was done.
+async function post(path, body, what) {
+  const refused = (error) => showChange({ what, by: "this page", error, unix_ms: Date.now() });
   try {
     const resp = await fetch(path, {
       method: "POST",
@@ -59,12 +81,15 @@ async function post(path, body) {
     let answer = null;
     try { answer = await resp.json(); } catch (_) { /* not JSON: reported below */ }
     if (resp.ok && answer && answer.ok) {
-      showResult("ok", true);
+      if (answer.change) {
+        state.lastSeq = Math.max(state.lastSeq, answer.change.seq);
+        showChange(answer.change);
+      }
       return true;
     }
-    showResult((answer && answer.error) || ("HTTP " + resp.status), false);
+    refused((answer && answer.error) || ("HTTP " + resp.status));
   } catch (e) {
-    showResult("request failed: " + e.message, false);
+    refused("request failed: " + e.message);
   }
   return false;
 }
@@ -78,7 +103,7 @@ async function loadPolicies() {
     const resp = await fetch("/api/policies", { cache: "no-store" });
     state.policies = await resp.json();
   } catch (e) {
-    showResult("could not load the policy list: " + e.message, false);
+    showChange({ what: "load the policy list", by: "this page", error: e.message });
     return;
   }
   const select = $("#policy-select");
@@ -90,57 +115,41 @@ async function loadPolicies() {
 async function applyPolicy() {
   const choice = state.policies[Number($("#policy-select").value)];
   if (!choice) return;
-  if (await post("/api/policy", choice.config)) state.policyDirty = false;
+  if (await post("/api/policy", choice.config, "set-policy " + choice.label)) state.policyDirty = false;
 }
 
-// The values of a VM row's inputs that are set, as a ParamsOverride.
-function rowParams(row) {
-  const params = {};
-  for (const input of row.querySelectorAll("[data-param]")) {
-    const name = input.dataset.param;
-    const text = input.value.trim();
-    if (text === "") continue;
-    if (name === "sched") {
-      params.sched = text;
-      continue;
-    }
-    const value = Number(text);
-    if (!Number.isFinite(value) || (INT_PARAMS.includes(name) && !Number.isInteger(value))) {
-      throw new Error(name + ": " + JSON.stringify(text) + " is not a valid number");
-    }
-    params[name] = value;
-  }
-  return params;
-}
-
+// Sends the inputs of a VM row that were edited, as `vgpuctl set` assignments: the daemon
+// parses and checks them as it does vgpuctl's, and a refusal shows its words. Inputs left
+// alone are not sent (a shared reserve or an unset field stays as it is).
 async function applyParams(row) {
-  let params;
-  try {
-    params = rowParams(row);
-  } catch (e) {
-    showResult(e.message, false);
+  const edited = [...row.querySelectorAll("[data-param].dirty")];
+  const set = edited.map((i) => i.dataset.param + "=" + i.value.trim());
+  const what = "set " + row.dataset.vm + " " + set.join(" ");
+  if (set.length === 0) {
+    showChange({ what: "set " + row.dataset.vm, by: "this page", error: "no field edited" });
     return;
   }
-  if (await post("/api/params", { vm: row.dataset.vm, params })) {
-    for (const input of row.querySelectorAll("[data-param]")) input.classList.remove("dirty");
+  if (await post("/api/params", { vm: row.dataset.vm, set }, what)) {
+    for (const input of edited) input.classList.remove("dirty");
   }
 }
 
 // ---- The snapshot: header, policy and table ----------------------------------------------
 
 function showPolicy(s) {
-  // The simulated engine runs only groups the devices hand to the daemon.
-  const engine = s.engine_busy_pct > 0 ? " · simulated engine " + fmt(s.engine_busy_pct, 1) + " % busy" : "";
+  // The simulated engine runs only groups the devices hand to the daemon: shown once it has.
+  const engine = s.engine_busy_pct > 0
+    ? " · simulated engine " + fmt(s.engine_busy_pct, 0) + " % busy (last " + fmt(s.engine_window_s, 0) + " s)"
+    : "";
   $("#policy-now").replaceChildren("running ", el("b", { text: s.policy_name }), engine);
-  const params = $("#policy-params");
-  const rows = [];
-  for (const [k, v] of Object.entries(s.policy)) {
-    let text = typeof v === "object" ? JSON.stringify(v) : String(v);
-    // Durations are nanoseconds on the wire: shown in ms.
-    if (k.endsWith("_ns") && typeof v === "number") text = fmt(v / 1e6, 3).replace(/\.?0+$/, "") + " ms";
-    rows.push(el("dt", { text: k.replace(/_ns$/, "") }), el("dd", { text }));
-  }
-  params.replaceChildren(...rows);
+  $("#policy-name").textContent = s.policy_name;
+  const rows = s.policy_table.map((p) => el("tr", {}, [
+    el("th", { text: p.name }),
+    el("td", { class: "value", text: p.value }),
+    el("td", { class: "about", text: p.about }),
+  ]));
+  if (rows.length === 0) rows.push(el("tr", {}, [el("td", { colspan: "3", class: "about", text: "no parameters" })]));
+  $("#policy-params tbody").replaceChildren(...rows);
   if (state.policyDirty || state.policies.length === 0) return;
   const select = $("#policy-select");
   const key = policyKey(s.policy);
@@ -162,7 +171,7 @@ function paramInput(name, value, kind) {
     select.addEventListener("change", () => select.classList.add("dirty"));
     return select;
   }
-  const input = el("input", { "data-param": name, "aria-label": name, inputmode: "decimal" });
+  const input = el("input", { "data-param": name, "aria-label": name, class: name });
   input.value = value === null || value === undefined ? "" : String(value);
   input.addEventListener("input", () => input.classList.add("dirty"));
   input.addEventListener("keydown", (e) => {
@@ -178,11 +187,10 @@ function newRow(vm) {
   const apply = el("button", { type: "button", "data-action": "apply", text: "Apply" });
   const focus = el("button", { type: "button", "data-action": "focus", text: "Focus" });
   apply.addEventListener("click", () => applyParams(row));
-  focus.addEventListener("click", () => post("/api/focus", { vm: row.dataset.vm }));
+  focus.addEventListener("click", () => post("/api/focus", { vm: row.dataset.vm }, "focus " + row.dataset.vm));
   const cell = (cls, children) => el("td", { class: cls }, children);
   row.append(
-    cell("name", [swatch, vm.name]),
-    cell("state", []),
+    cell("name", [swatch, vm.name, el("small", { class: "state" })]),
     cell("num share", []),
     cell("num fps", []),
     cell("num latency", []),
@@ -193,10 +201,30 @@ function newRow(vm) {
     cell("", [paramInput("weight", vm.params.weight)]),
     cell("", [paramInput("target_fps", vm.params.target_fps)]),
     cell("", [paramInput("sched", vm.params.sched, "sched")]),
+    cell("", [paramInput("reserve", reserveText(vm.params.reserve))]),
+    cell("", [paramInput("slo", usText(vm.params.slo))]),
     cell("effective", []),
     cell("actions", [apply, focus]),
   );
   return row;
+}
+
+// Nanoseconds as vgpuctl set takes them: µs.
+function usText(ns) {
+  return ns === null || ns === undefined ? "" : String(ns / 1000);
+}
+
+// A reserve as vgpuctl set takes it: C_us/T_us/pe|ae.
+function reserveText(r) {
+  return r ? usText(r.c) + "/" + usText(r.t) + "/" + r.enforcement : "";
+}
+
+// The row's inputs as the daemon has them.
+function paramValue(vm, name) {
+  if (name === "reserve") return reserveText(vm.params.reserve);
+  if (name === "slo") return usText(vm.params.slo);
+  const v = vm.params[name];
+  return v === null || v === undefined ? "" : String(v);
 }
 
 function effectiveText(vm) {
@@ -215,9 +243,9 @@ function effectiveText(vm) {
 
 function updateRow(row, vm) {
   const set = (cls, text) => { row.querySelector("td." + cls).textContent = text; };
-  const stateCell = row.querySelector("td.state");
-  stateCell.textContent = vm.connected ? "connected" : "away";
-  stateCell.className = "state " + (vm.connected ? "state-on" : "state-off");
+  const stateText = row.querySelector("td.name .state");
+  stateText.textContent = vm.connected ? "connected" : "away";
+  stateText.className = "state " + (vm.connected ? "state-on" : "state-off");
   set("share", fmt(vm.share_pct, 1));
   set("fps", fmt(vm.fps, 1));
   set("latency", fmt(vm.latency_p50_ms, 2) + " / " + fmt(vm.latency_p99_ms, 2));
@@ -230,8 +258,7 @@ function updateRow(row, vm) {
   // Inputs follow the daemon unless the user is editing them.
   for (const input of row.querySelectorAll("[data-param]")) {
     if (input.classList.contains("dirty") || input === document.activeElement) continue;
-    const v = vm.params[input.dataset.param];
-    input.value = v === null || v === undefined ? "" : String(v);
+    input.value = paramValue(vm, input.dataset.param);
   }
   row.querySelector("[data-action=focus]").disabled = !state.token || !vm.connected;
   row.querySelector("[data-action=apply]").disabled = !state.token;
@@ -256,13 +283,34 @@ function showTable(s) {
 
 // ---- Charts --------------------------------------------------------------------------------
 
+// Each chart's value axis covers [lo, hi] and grows to the data unless `fixed`; `mean` draws
+// each point as the mean of the VM's values over that many seconds before it.
 const CHARTS = [
-  { id: "chart-share", legend: "share", series: [["share_pct", []]], min: 0, max: 100 },
-  { id: "chart-fps", legend: "fps", series: [["fps", []]], min: 0 },
-  { id: "chart-latency", legend: "latency", series: [["latency_p50_ms", []], ["latency_p99_ms", [6, 4]]], min: 0 },
-  { id: "chart-queue", legend: "queue", series: [["queue_depth", []]], min: 0, integer: true },
-  { id: "chart-budget", legend: "budget", series: [["budget_ms", []]] },
+  { id: "chart-share", legend: "share", series: [["share_pct", []]], lo: 0, hi: 100, fixed: true },
+  { id: "chart-fps", legend: "fps", series: [["fps", []]], lo: 0 },
+  { id: "chart-latency", legend: "latency", series: [["latency_p50_ms", []], ["latency_p99_ms", [6, 4]]], lo: 0 },
+  { id: "chart-queue", legend: "queue", series: [["queue_depth", []]], lo: 0, integer: true },
+  { id: "chart-budget", legend: "budget", series: [["budget_pct", []]], lo: 0, hi: 100, mean: BUDGET_MEAN_S },
 ];
+
+// The values of `key` for VM `name` at each of `points` (null where absent), as the mean of
+// the last `mean` seconds when `mean` is set.
+function seriesValues(points, name, key, mean) {
+  const raw = points.map((p) => {
+    const v = p.vms[name] ? p.vms[name][key] : null;
+    return v === null || v === undefined || !Number.isFinite(v) ? null : v;
+  });
+  if (!mean) return raw;
+  return raw.map((v, i) => {
+    if (v === null) return null;
+    let sum = 0;
+    let n = 0;
+    for (let j = i; j >= 0 && points[j].t > points[i].t - mean; j--) {
+      if (raw[j] !== null) { sum += raw[j]; n++; }
+    }
+    return sum / n;
+  });
+}
 
 // Round numbers for an axis covering lo to hi: about `count` steps of 1, 2 or 5 times 10^k,
 // the axis widened to whole steps so that both ends are labelled.
@@ -291,6 +339,19 @@ function sizeCanvas(canvas) {
   return ratio;
 }
 
+// The time axis: the seconds it spans (the history there is, between MIN_SPAN_S and
+// WINDOW_S) and its tick step.
+function timeAxis(now) {
+  const first = state.points.length ? state.points[0].t : now;
+  const span = Math.min(WINDOW_S, Math.max(MIN_SPAN_S, Math.ceil((now - first) / 60) * 60));
+  return { span, step: span <= 60 ? 10 : span <= 180 ? 30 : 60 };
+}
+
+function tickLabel(s) {
+  if (s === 0) return "now";
+  return s % 60 === 0 ? "-" + s / 60 + " min" : "-" + s + " s";
+}
+
 function drawChart(chart, names, now) {
   const canvas = document.getElementById(chart.id);
   const ratio = sizeCanvas(canvas);
@@ -302,20 +363,22 @@ function drawChart(chart, names, now) {
   const pad = { left: 56, right: 12, top: 10, bottom: 30 };
   const pw = W - pad.left - pad.right;
   const ph = H - pad.top - pad.bottom;
-  const t0 = now - WINDOW_S;
+  const axis = timeAxis(now);
+  const t0 = now - axis.span;
   const visible = state.points.filter((p) => p.t >= t0);
+  const series = new Map(); // "name key" -> values at the visible points
+  for (const name of names) {
+    for (const [key] of chart.series) series.set(name + " " + key, seriesValues(visible, name, key, chart.mean));
+  }
 
-  let lo = chart.min !== undefined ? chart.min : Infinity;
-  let hi = chart.max !== undefined ? chart.max : -Infinity;
-  for (const p of visible) {
-    for (const name of names) {
-      const v = p.vms[name];
-      if (!v) continue;
-      for (const [key] of chart.series) {
-        const x = v[key];
-        if (x === null || x === undefined || !Number.isFinite(x)) continue;
-        if (chart.min === undefined) lo = Math.min(lo, x);
-        if (chart.max === undefined) hi = Math.max(hi, x);
+  let lo = chart.lo !== undefined ? chart.lo : Infinity;
+  let hi = chart.hi !== undefined ? chart.hi : -Infinity;
+  if (!chart.fixed) {
+    for (const values of series.values()) {
+      for (const x of values) {
+        if (x === null) continue;
+        lo = Math.min(lo, x);
+        hi = Math.max(hi, x);
       }
     }
   }
@@ -324,7 +387,7 @@ function drawChart(chart, names, now) {
   const yt = ticks(lo, hi, 4, chart.integer);
   lo = yt.lo;
   hi = yt.hi;
-  const X = (t) => pad.left + ((t - t0) / WINDOW_S) * pw;
+  const X = (t) => pad.left + ((t - t0) / axis.span) * pw;
   const Y = (v) => pad.top + ph - ((v - lo) / (hi - lo)) * ph;
 
   const styles = getComputedStyle(document.documentElement);
@@ -355,16 +418,16 @@ function drawChart(chart, names, now) {
   ctx.fillText(canvas.dataset.unit || "", 0, 0);
   ctx.restore();
 
-  // Time axis: a tick a minute, "now" at the right.
+  // Time axis: a tick a step, "now" at the right.
   ctx.textAlign = "center";
   ctx.textBaseline = "top";
-  for (let s = 0; s <= WINDOW_S; s += 60) {
+  for (let s = 0; s <= axis.span; s += axis.step) {
     const x = Math.round(X(now - s)) + 0.5;
     ctx.beginPath();
     ctx.moveTo(x, pad.top + ph);
     ctx.lineTo(x, pad.top + ph + 4);
     ctx.stroke();
-    ctx.fillText(s === 0 ? "now" : "-" + s / 60 + " min", Math.min(x, W - pad.right - 14), pad.top + ph + 8);
+    ctx.fillText(tickLabel(s), Math.min(x, W - pad.right - 14), pad.top + ph + 8);
   }
   ctx.beginPath();
   ctx.moveTo(pad.left, pad.top + ph + 0.5);
@@ -384,9 +447,10 @@ function drawChart(chart, names, now) {
       ctx.setLineDash(dash);
       ctx.beginPath();
       let open = false;
-      for (const p of visible) {
-        const v = p.vms[name] ? p.vms[name][key] : null;
-        if (v === null || v === undefined || !Number.isFinite(v)) {
+      const values = series.get(name + " " + key);
+      for (const [i, p] of visible.entries()) {
+        const v = values[i];
+        if (v === null) {
           open = false;
           continue;
         }
@@ -454,6 +518,7 @@ function connect() {
     state.snapshot = s;
     setStatus(true);
     addPoint({ t: s.t, vms: s.vms });
+    showRecord(s.last_change);
     showPolicy(s);
     showTable(s);
     drawAll();

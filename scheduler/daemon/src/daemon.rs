@@ -588,6 +588,9 @@ pub struct Stats {
     pub policy: &'static str,
     /// Fraction of time the simulated engine was busy, since the daemon started.
     pub engine_busy: f64,
+    /// Time the simulated engine was busy since the daemon started, ns (two samples give the
+    /// busy fraction of the time between them).
+    pub engine_busy_ns: Nanos,
     /// Context switches of the simulated engine.
     pub engine_switches: u64,
     /// Per VM, by name.
@@ -1499,14 +1502,16 @@ impl Daemon {
             vms.insert(vm.name.clone(), stats);
         }
         let elapsed = now.saturating_sub(self.started);
+        let busy = self.engine.busy_until(now).min(elapsed);
         Stats {
             now,
             policy: self.sched.policy_name(),
             engine_busy: if elapsed == 0 {
                 0.0
             } else {
-                self.engine.busy_until(now).min(elapsed) as f64 / elapsed as f64
+                busy as f64 / elapsed as f64
             },
+            engine_busy_ns: busy,
             engine_switches: self.engine.switches,
             vms: vms.into_values().collect(),
         }

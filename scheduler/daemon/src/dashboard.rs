@@ -4,9 +4,12 @@
 //! the page itself (embedded in the binary: no build step, nothing fetched from elsewhere).
 //!
 //! Pure: the event loop ([`crate::server`]) gives it the core's statistics, VM list and policy
-//! and sends what it returns. Rates (GPU share, frame rate) are over the interval since the
-//! previous publication, from the core's cumulative counters; latency quantiles are over the
-//! last 5 to 10 s ([`crate::daemon::VmStats::recent_latency_p50_us`]).
+//! and sends what it returns. Every figure is current, over a window the page names: rates
+//! (GPU share, frame rate) over the interval since the previous publication (1 s), from the
+//! core's cumulative counters; the engine's busy fraction over the last
+//! [`ENGINE_WINDOW_POINTS`] publications; latency quantiles over the last 5 to 10 s
+//! ([`crate::daemon::VmStats::recent_latency_p50_us`]). The last change of the scheduler
+//! ([`ChangeRecord`]), from the page or the control socket, goes with every snapshot.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
@@ -18,11 +21,19 @@ use vgpu_scheduler::model::{Nanos, PrioPolicy, VgpuId, VgpuParams};
 use vgpu_scheduler::policy::timegraph::TimeGraphConfig;
 use vgpu_scheduler::sim::ParamsOverride;
 
+use crate::control::parse_assignment;
 use crate::daemon::{Stats, VmInfo, VmStats};
 use crate::http::HttpError;
 
 /// How often the loop publishes a snapshot.
 pub const PUBLISH_PERIOD: Duration = Duration::from_secs(1);
+/// Publications the engine's busy fraction is taken over (5 s at one per [`PUBLISH_PERIOD`]):
+/// current, yet not one second's noise.
+pub const ENGINE_WINDOW_POINTS: usize = 5;
+/// Most characters of a [`ChangeRecord`]'s texts: a change names a policy or a VM and up to
+/// six parameters (well under 200 characters); a refused request's text can quote a name or
+/// key of any length, and the record goes out with every snapshot.
+pub const MAX_CHANGE_TEXT_CHARS: usize = 240;
 /// Chart points kept and sent to a new stream: 5 minutes at one per [`PUBLISH_PERIOD`].
 pub const HISTORY_POINTS: usize = 300;
 /// Most VMs in a snapshot (connected ones first, then by name): what a page can chart and
@@ -76,8 +87,9 @@ pub struct VmPoint {
     /// Groups waiting in its queue.
     pub queue_depth: usize,
     /// What it may still use of the GPU under the policy (reserve, credit, share, fair-queuing
-    /// headroom, lease), ms; `None` where the policy budgets nothing for it.
-    pub budget_ms: Option<f64>,
+    /// headroom, lease), % of its full budget (negative after an overrun); `None` where the
+    /// policy budgets nothing for it.
+    pub budget_pct: Option<f64>,
 }
 
 /// One chart point: when, and each VM's figures.
@@ -136,8 +148,15 @@ pub struct Snapshot {
     pub policy: PolicyConfig,
     /// The running policy's name.
     pub policy_name: &'static str,
-    /// How busy the daemon's simulated engine was since the daemon started, %.
+    /// How busy the daemon's simulated engine was over the last `engine_window_s`, %.
     pub engine_busy_pct: f64,
+    /// The window of `engine_busy_pct`, s: [`ENGINE_WINDOW_POINTS`] publications (less just
+    /// after the start).
+    pub engine_window_s: f64,
+    /// The running policy's parameters, each with its unit and meaning.
+    pub policy_table: Vec<PolicyRow>,
+    /// The last change of the scheduler asked for, from the page or the control socket.
+    pub last_change: Option<ChangeRecord>,
     /// The VMs (at most [`MAX_DASHBOARD_VMS`]).
     pub vms: Vec<VmRow>,
     /// VMs left out past [`MAX_DASHBOARD_VMS`].
@@ -153,21 +172,81 @@ struct Counters {
     frames: u64,
 }
 
-/// The publisher's state: the history and the counters of the previous publication.
+/// A change of the scheduler as the page shows it under "Last change".
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ChangeRecord {
+    /// Its number: changes since the daemon started, from 1 (the page shows a record once).
+    pub seq: u64,
+    /// When it was asked for: ms since the Unix epoch.
+    pub unix_ms: u64,
+    /// Who asked: `dashboard` or `control socket` (`vgpuctl`), with the user (and process).
+    pub by: String,
+    /// What, as `vgpuctl` says it: `set-policy fair (exact)`, `set a weight=512`, `focus b`,
+    /// `forget c`.
+    pub what: String,
+    /// Why the daemon refused it; `None` when it was carried out.
+    pub error: Option<String>,
+}
+
+/// The publisher's state: the history, the counters of the previous publication, the engine's
+/// recent samples and the last change.
 #[derive(Debug)]
 pub struct Dashboard {
     origin: u64,
     history: VecDeque<Point>,
     previous: BTreeMap<String, Counters>,
+    /// `(when, engine busy ns since the start)` at the last [`ENGINE_WINDOW_POINTS`]
+    /// publications, oldest first.
+    engine: VecDeque<(u64, Nanos)>,
+    last_change: Option<ChangeRecord>,
 }
 
 impl Dashboard {
-    /// A dashboard whose time axis starts at `origin` (daemon monotonic ns).
+    /// A dashboard of a daemon that started at `origin` (daemon monotonic ns): the time axis
+    /// starts there, and so does the engine's busy time.
     pub fn new(origin: u64) -> Dashboard {
         Dashboard {
             origin,
             history: VecDeque::with_capacity(HISTORY_POINTS),
             previous: BTreeMap::new(),
+            engine: VecDeque::from([(origin, 0)]),
+            last_change: None,
+        }
+    }
+
+    /// Records a change asked for now by `by` (`error`: why it was refused) and returns the
+    /// record; texts are cut at [`MAX_CHANGE_TEXT_CHARS`].
+    pub fn record_change(
+        &mut self,
+        unix_ms: u64,
+        by: &str,
+        what: &str,
+        error: Option<&str>,
+    ) -> ChangeRecord {
+        let record = ChangeRecord {
+            seq: self
+                .last_change
+                .as_ref()
+                .map_or(1, |c| c.seq.saturating_add(1)),
+            unix_ms,
+            by: cut(by),
+            what: cut(what),
+            error: error.map(cut),
+        };
+        self.last_change = Some(record.clone());
+        record
+    }
+
+    /// The engine's busy fraction (%) over the window from the oldest sample kept to `stats`,
+    /// and that window in seconds.
+    fn engine_busy(&self, stats: &Stats) -> (f64, f64) {
+        match self.engine.front() {
+            Some(&(at, busy)) if at < stats.now && busy <= stats.engine_busy_ns => {
+                let span = stats.now.saturating_sub(at) as f64;
+                let busy = stats.engine_busy_ns.saturating_sub(busy) as f64;
+                (round((busy / span * 100.0).min(100.0)), round(span / 1e9))
+            }
+            _ => (0.0, 0.0),
         }
     }
 
@@ -201,11 +280,15 @@ impl Dashboard {
                 }
             })
             .collect();
+        let (engine_busy_pct, engine_window_s) = self.engine_busy(stats);
         Snapshot {
             t: self.seconds(stats.now),
             policy: policy.clone(),
             policy_name: stats.policy,
-            engine_busy_pct: stats.engine_busy * 100.0,
+            engine_busy_pct,
+            engine_window_s,
+            policy_table: policy_table(policy),
+            last_change: self.last_change.clone(),
             vms,
             vms_omitted: omitted,
         }
@@ -236,7 +319,16 @@ impl Dashboard {
             self.history.pop_front();
         }
         self.history.push_back(point);
+        if self.engine.len() >= ENGINE_WINDOW_POINTS {
+            self.engine.pop_front();
+        }
+        self.engine.push_back((stats.now, stats.engine_busy_ns));
         to_json(&snapshot)
+    }
+
+    /// The last change recorded.
+    pub fn last_change(&self) -> Option<&ChangeRecord> {
+        self.last_change.as_ref()
     }
 
     /// The history as JSON, oldest point first.
@@ -271,7 +363,10 @@ impl Dashboard {
             latency_p50_ms: ms(v.recent_latency_p50_us),
             latency_p99_ms: ms(v.recent_latency_p99_us),
             queue_depth: v.queue_depth,
-            budget_ms: v.budget.map(|b| b.remaining_ns as f64 / NS_PER_MS),
+            budget_pct: v
+                .budget
+                .filter(|b| b.capacity_ns > 0)
+                .map(|b| round(b.remaining_ns as f64 * 100.0 / b.capacity_ns as f64)),
         }
     }
 }
@@ -279,6 +374,14 @@ impl Dashboard {
 /// `x` to three decimals: what a chart can show, and the history stays short.
 fn round(x: f64) -> f64 {
     (x * 1e3).round() / 1e3
+}
+
+/// `text` cut at [`MAX_CHANGE_TEXT_CHARS`] (an ellipsis says so).
+fn cut(text: &str) -> String {
+    match text.char_indices().nth(MAX_CHANGE_TEXT_CHARS) {
+        Some((end, _)) => format!("{}…", text.get(..end).unwrap_or_default()),
+        None => text.to_owned(),
+    }
 }
 
 fn to_json<T: Serialize>(value: &T) -> String {
@@ -311,29 +414,323 @@ pub fn policy_choices() -> Vec<PolicyChoice> {
         all.insert(i, prt);
     }
     all.into_iter()
-        .map(|config| {
-            let v = serde_json::to_value(&config).unwrap_or_default();
-            let family = v["policy"].as_str().unwrap_or("?").to_owned();
-            let mode = ["mode", "accounting", "sched"]
-                .iter()
-                .find_map(|k| v[*k].as_str().map(str::to_owned));
-            let label = match mode {
-                Some(m) => format!("{family} ({m})"),
-                None => family,
-            };
-            PolicyChoice { label, config }
+        .map(|config| PolicyChoice {
+            label: policy_label(&config),
+            config,
         })
         .collect()
 }
 
-/// The body of `POST /api/params`.
+/// A policy's family and the mode that makes it schedule differently: `fair (exact)`,
+/// `timegraph (ht)`, `none`.
+pub fn policy_label(config: &PolicyConfig) -> String {
+    let v = serde_json::to_value(config).unwrap_or_default();
+    let family = v["policy"].as_str().unwrap_or("?").to_owned();
+    let mode = ["mode", "accounting", "sched"]
+        .iter()
+        .find_map(|k| v[*k].as_str().map(str::to_owned));
+    match mode {
+        Some(m) => format!("{family} ({m})"),
+        None => family,
+    }
+}
+
+/// How a policy parameter's value reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unit {
+    /// A word (a mode).
+    Word,
+    /// Nanoseconds, shown in s, ms or µs.
+    Duration,
+    /// A count of the named things ("" for a bare number).
+    Count(&'static str),
+    /// A fraction, shown in %.
+    Fraction,
+    /// Frames per second.
+    Fps,
+    /// On or off.
+    Flag,
+    /// TimeGraph's Shared reserves.
+    Shared,
+    /// TimeGraph's spec lines.
+    Specs,
+}
+
+/// Every policy family's parameters (their JSON keys; `mode` serves two families): unit and
+/// meaning. A test checks that every key of every policy the page offers is here.
+const POLICY_FIELDS: [(&str, Unit, &str); 25] = [
+    ("mode", Unit::Word, "the family's scheduling method"),
+    (
+        "accounting",
+        Unit::Word,
+        "exact: charged as run; sampling: estimated in sampling phases",
+    ),
+    (
+        "threshold_ns",
+        Unit::Duration,
+        "how far a VM may run ahead of the others before it waits",
+    ),
+    (
+        "idle_grace_ns",
+        Unit::Duration,
+        "how long a VM with nothing queued still counts as active",
+    ),
+    (
+        "sampling_period_ns",
+        Unit::Duration,
+        "free run between sampling phases (sampling only)",
+    ),
+    (
+        "sampling_window_ns",
+        Unit::Duration,
+        "each VM's time alone per sampling phase (sampling only)",
+    ),
+    (
+        "sched",
+        Unit::Word,
+        "priority policy of the VMs that name none",
+    ),
+    (
+        "admission_limit",
+        Unit::Fraction,
+        "most the reserves' C/T may add up to",
+    ),
+    (
+        "predictor_entries",
+        Unit::Count("records"),
+        "cost history kept for prediction",
+    ),
+    (
+        "preemption_cost",
+        Unit::Duration,
+        "cost assumed for a context switch until measured",
+    ),
+    (
+        "wildcard_priority",
+        Unit::Count(""),
+        "priority of `*` spec lines without focus",
+    ),
+    (
+        "shared",
+        Unit::Shared,
+        "Shared reserves: name C/T enforcement",
+    ),
+    ("specs", Unit::Specs, "spec lines name:sched:resv:prio:C:T"),
+    (
+        "ht_lease",
+        Unit::Flag,
+        "an HT owner submits without a round trip per group",
+    ),
+    (
+        "period",
+        Unit::Duration,
+        "credit period: credits refilled, SLOs checked",
+    ),
+    ("tick", Unit::Duration, "scheduling tick"),
+    ("max_slice_ticks", Unit::Count("ticks"), "longest slice"),
+    (
+        "slaf_compensation",
+        Unit::Count("ticks"),
+        "SLAF: extra per slice after a missed SLO",
+    ),
+    (
+        "max_wait",
+        Unit::Duration,
+        "longest a VM's oldest group waits (CoSched, AugC)",
+    ),
+    ("share_period", Unit::Duration, "proportional-share period"),
+    (
+        "controller_interval",
+        Unit::Duration,
+        "hybrid: how often the controller decides",
+    ),
+    (
+        "fps_thres",
+        Unit::Fps,
+        "hybrid: least acceptable frame rate",
+    ),
+    (
+        "gpu_thres",
+        Unit::Fraction,
+        "hybrid: preferred least GPU use",
+    ),
+    (
+        "time",
+        Unit::Duration,
+        "hybrid: how long a condition holds before a switch",
+    ),
+    (
+        "history",
+        Unit::Count("presents"),
+        "SLA: past presents the predictor averages",
+    ),
+];
+
+/// One parameter of the running policy as the page's table shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PolicyRow {
+    /// Its name (the JSON key without a `_ns` suffix).
+    pub name: String,
+    /// Its value with its unit: `5 ms`, `90 %`, `16 ticks`, `on`.
+    pub value: String,
+    /// What it does.
+    pub about: &'static str,
+}
+
+/// The parameters of `config`, in its order, with units.
+pub fn policy_table(config: &PolicyConfig) -> Vec<PolicyRow> {
+    let v = serde_json::to_value(config).unwrap_or_default();
+    let Some(fields) = v.as_object() else {
+        return Vec::new();
+    };
+    fields
+        .iter()
+        .filter(|(key, _)| key.as_str() != "policy")
+        .map(|(key, value)| {
+            let field = POLICY_FIELDS.iter().find(|(k, _, _)| k == key);
+            let (unit, about) = field.map_or((None, ""), |(_, u, a)| (Some(*u), *a));
+            PolicyRow {
+                name: key.strip_suffix("_ns").unwrap_or(key).to_owned(),
+                value: unit.map_or_else(|| value.to_string(), |u| value_text(u, value)),
+                about,
+            }
+        })
+        .collect()
+}
+
+/// `value` read as `unit` (its JSON text when it is not what the unit expects).
+fn value_text(unit: Unit, value: &serde_json::Value) -> String {
+    let number = value.as_f64();
+    let list = |f: &dyn Fn(&serde_json::Value) -> String| match value.as_array() {
+        Some(items) if items.is_empty() => "none".to_owned(),
+        Some(items) => items.iter().map(f).collect::<Vec<_>>().join("; "),
+        None => value.to_string(),
+    };
+    match (unit, number) {
+        (Unit::Duration, Some(ns)) => duration_text(ns),
+        (Unit::Count(""), Some(n)) => format!("{n}"),
+        (Unit::Count(what), Some(n)) => format!("{n} {what}"),
+        (Unit::Fraction, Some(x)) => format!("{} %", round(x * 100.0)),
+        (Unit::Fps, Some(x)) => format!("{x} fps"),
+        (Unit::Flag, _) => match value.as_bool() {
+            Some(true) => "on".to_owned(),
+            Some(false) => "off".to_owned(),
+            None => value.to_string(),
+        },
+        (Unit::Shared, _) => list(&|r| {
+            let ns = |k: &str| r[k].as_f64().map_or_else(|| "?".to_owned(), duration_text);
+            let enforcement = r["enforcement"].as_str().unwrap_or("pe");
+            let name = r["name"].as_str().unwrap_or("?");
+            format!("{name} {}/{} {enforcement}", ns("c"), ns("t"))
+        }),
+        (Unit::Specs, _) => list(&|line| {
+            line.as_str()
+                .map_or_else(|| line.to_string(), str::to_owned)
+        }),
+        _ => value
+            .as_str()
+            .map_or_else(|| value.to_string(), str::to_owned),
+    }
+}
+
+/// Nanoseconds in the largest unit of s, ms and µs they reach: `5 ms`, `500 µs`, `1.5 s`.
+fn duration_text(ns: f64) -> String {
+    let (scale, unit) = match ns {
+        n if n >= 1e9 => (1e9, "s"),
+        n if n >= 1e6 => (1e6, "ms"),
+        n if n >= 1e3 => (1e3, "µs"),
+        _ => (1.0, "ns"),
+    };
+    format!("{} {unit}", round(ns / scale))
+}
+
+/// Nanoseconds as `vgpuctl set` takes them: whole µs (with decimals when not whole).
+fn us_text(ns: Nanos) -> String {
+    if ns % 1_000 == 0 {
+        (ns / 1_000).to_string()
+    } else {
+        format!("{}", ns as f64 / 1e3)
+    }
+}
+
+/// A parameter change as `vgpuctl set` says it: `priority=7 reserve=2000/10000/pe`.
+pub fn params_text(params: &ParamsOverride) -> String {
+    let mut parts = Vec::new();
+    if let Some(p) = params.priority {
+        parts.push(format!("priority={p}"));
+    }
+    if let Some(w) = params.weight {
+        parts.push(format!("weight={w}"));
+    }
+    if let Some(s) = params.sched {
+        parts.push(format!("sched={}", word(&s)));
+    }
+    if let Some(fps) = params.target_fps {
+        parts.push(format!("target_fps={fps}"));
+    }
+    if let Some(slo) = params.slo {
+        parts.push(format!("slo={}", us_text(slo)));
+    }
+    if let Some(r) = &params.reserve {
+        let shared = r.shared.as_ref().map(|s| format!(" (shared {s})"));
+        parts.push(format!(
+            "reserve={}/{}/{}{}",
+            us_text(r.c),
+            us_text(r.t),
+            word(&r.enforcement),
+            shared.unwrap_or_default()
+        ));
+    }
+    if parts.is_empty() {
+        "nothing".to_owned()
+    } else {
+        parts.join(" ")
+    }
+}
+
+/// A unit enum's JSON word (`prt`, `pe`).
+fn word<T: Serialize>(value: &T) -> String {
+    serde_json::to_value(value)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// The body of `POST /api/params`: the fields to change as `params` (JSON, as the control
+/// request `set-params` takes them) or as `set` (`key=value` assignments, as `vgpuctl set`
+/// takes them: the page's way), not both.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ParamsBody {
     /// The VM.
     pub vm: String,
-    /// The fields to change, as the control request `set-params` takes them.
+    /// The fields to change.
+    #[serde(default)]
     pub params: ParamsOverride,
+    /// The fields to change as assignments.
+    #[serde(default)]
+    pub set: Vec<String>,
+}
+
+impl ParamsBody {
+    /// The change asked for; 400 with `vgpuctl set`'s reason for an assignment it refuses.
+    pub fn change(&self) -> Result<ParamsOverride, HttpError> {
+        if self.set.is_empty() {
+            return Ok(self.params.clone());
+        }
+        if self.params != ParamsOverride::default() {
+            return Err(HttpError::BadRequest(
+                "give params or set, not both".to_owned(),
+            ));
+        }
+        let mut fields = serde_json::Map::new();
+        for a in &self.set {
+            let (key, value) =
+                parse_assignment(a).map_err(|e| HttpError::Refused(e.to_string()))?;
+            fields.insert(key.to_owned(), value);
+        }
+        serde_json::from_value(fields.into()).map_err(|e| HttpError::Refused(e.to_string()))
+    }
 }
 
 /// The body of `POST /api/focus`.
@@ -515,6 +912,7 @@ mod tests {
             now,
             policy: "fair",
             engine_busy: 0.5,
+            engine_busy_ns: now / 2,
             engine_switches: 0,
             vms,
         }
@@ -540,7 +938,7 @@ mod tests {
         assert!((a.share_pct - 50.0).abs() < 1e-9, "{a:?}");
         assert!((a.fps - 60.0).abs() < 1e-9, "{a:?}");
         assert_eq!((a.latency_p50_ms, a.latency_p99_ms), (1.5, 9.0));
-        assert_eq!(a.budget_ms, Some(-0.5));
+        assert_eq!(a.budget_pct, Some(-10.0));
         assert_eq!(s.vms[0].budget.unwrap().period_ms, Some(10.0));
         assert_eq!(
             (s.vms[0].memory_used_bytes, s.vms[0].memory_limit_bytes),
@@ -559,7 +957,166 @@ mod tests {
         assert_eq!(json["vms"][0]["name"], "a");
         assert_eq!(json["vms"][0]["share_pct"], 25.0);
         assert_eq!(json["vms"][0]["params"]["name"], "a");
-        assert_eq!(json["engine_busy_pct"], 50.0);
+        // Busy half the time since 0, nothing before the start at 1 s: 1.5 s in 2 s.
+        assert_eq!(
+            (
+                json["engine_busy_pct"].as_f64(),
+                json["engine_window_s"].as_f64()
+            ),
+            (Some(75.0), Some(2.0))
+        );
+    }
+
+    #[test]
+    fn engine_busy_is_over_the_last_publications() {
+        let policy = PolicyConfig::None;
+        let s = |now: u64, busy: u64| Stats {
+            engine_busy_ns: busy,
+            ..stats(now, Vec::new())
+        };
+        let second = 1_000_000_000;
+        let mut d = Dashboard::new(0);
+        // Busy all along for 10 s, then idle: since the start it reads 10 / 20, now 0.
+        for i in 0..=10 {
+            d.publish(&s(i * second, i * second), &[], &policy);
+        }
+        for i in 11..=20 {
+            d.publish(&s(i * second, 10 * second), &[], &policy);
+        }
+        let now = d.snapshot(&s(21 * second, 10 * second), &[], &policy);
+        assert_eq!((now.engine_busy_pct, now.engine_window_s), (0.0, 5.0));
+        // Busy again for the last 2 s of the 5.
+        for i in 21..=22 {
+            d.publish(&s(i * second, (i - 10) * second), &[], &policy);
+        }
+        let now = d.snapshot(&s(23 * second, 13 * second), &[], &policy);
+        assert_eq!((now.engine_busy_pct, now.engine_window_s), (60.0, 5.0));
+        // Just after the start, the window is what there is.
+        let fresh = Dashboard::new(0);
+        let now = fresh.snapshot(&s(second / 2, second / 4), &[], &policy);
+        assert_eq!((now.engine_busy_pct, now.engine_window_s), (50.0, 0.5));
+    }
+
+    #[test]
+    fn changes_are_recorded_in_order_and_cut() {
+        let policy = PolicyConfig::None;
+        let mut d = Dashboard::new(0);
+        assert_eq!(
+            d.snapshot(&stats(1, Vec::new()), &[], &policy).last_change,
+            None
+        );
+        let first = d.record_change(
+            5,
+            "control socket, uid 1000 pid 7",
+            "set a weight=512",
+            None,
+        );
+        assert_eq!(first.seq, 1);
+        let long = "x".repeat(10_000);
+        let second = d.record_change(6, "dashboard, uid 1000", "set b slo=3000", Some(&long));
+        assert_eq!(second.seq, 2);
+        let error = second.error.as_deref().unwrap();
+        assert_eq!(error.chars().count(), MAX_CHANGE_TEXT_CHARS + 1);
+        assert!(error.ends_with('…'));
+        let json: serde_json::Value =
+            serde_json::from_str(&d.publish(&stats(2, Vec::new()), &[], &policy)).unwrap();
+        assert_eq!(json["last_change"]["seq"], 2);
+        assert_eq!(json["last_change"]["what"], "set b slo=3000");
+        assert_eq!(json["last_change"]["by"], "dashboard, uid 1000");
+        assert_eq!(json["last_change"]["unix_ms"], 6);
+    }
+
+    #[test]
+    fn every_offered_policy_has_a_table_with_units() {
+        for choice in policy_choices() {
+            let v = serde_json::to_value(&choice.config).unwrap();
+            let keys = v
+                .as_object()
+                .unwrap()
+                .keys()
+                .filter(|k| *k != "policy")
+                .count();
+            let table = policy_table(&choice.config);
+            assert_eq!(table.len(), keys, "{}", choice.label);
+            for row in &table {
+                assert!(
+                    !row.about.is_empty(),
+                    "{}: {row:?} has no meaning",
+                    choice.label
+                );
+                assert!(
+                    !row.value.is_empty() && !row.name.ends_with("_ns"),
+                    "{row:?}"
+                );
+            }
+        }
+        let value = |config: &PolicyConfig, name: &str| {
+            policy_table(config)
+                .into_iter()
+                .find(|r| r.name == name)
+                .unwrap_or_else(|| panic!("no {name}"))
+                .value
+        };
+        let fair = parse_body::<PolicyConfig>(br#"{"policy":"fair"}"#).unwrap();
+        assert_eq!(value(&fair, "threshold"), "5 ms");
+        assert_eq!(value(&fair, "idle_grace"), "500 µs");
+        assert_eq!(value(&fair, "accounting"), "exact");
+        let tg = parse_body::<PolicyConfig>(
+            br#"{"policy":"timegraph","specs":["a:prt:pe:5:2:10"],
+                 "shared":[{"name":"s","c":2000000,"t":10000000}]}"#,
+        )
+        .unwrap();
+        assert_eq!(value(&tg, "admission_limit"), "100 %");
+        assert_eq!(value(&tg, "ht_lease"), "on");
+        assert_eq!(value(&tg, "predictor_entries"), "100 records");
+        assert_eq!(value(&tg, "specs"), "a:prt:pe:5:2:10");
+        assert_eq!(value(&tg, "shared"), "s 2 ms/10 ms pe");
+        let vgris = parse_body::<PolicyConfig>(br#"{"policy":"vgris","mode":"hybrid"}"#).unwrap();
+        assert_eq!(value(&vgris, "gpu_thres"), "90 %");
+        assert_eq!(value(&vgris, "fps_thres"), "30 fps");
+        assert_eq!(value(&vgris, "time"), "5 s");
+        assert_eq!(policy_label(&vgris), "vgris (hybrid)");
+    }
+
+    #[test]
+    fn params_read_as_vgpuctl_set_takes_them() {
+        let body: ParamsBody = parse_body(
+            br#"{"vm":"a","set":["priority=7","reserve=2000/10000/pe","slo=3000","sched=prt"]}"#,
+        )
+        .unwrap();
+        let change = body.change().unwrap();
+        assert_eq!(change.slo, Some(3_000_000));
+        assert_eq!(
+            change.reserve.as_ref().map(|r| (r.c, r.t)),
+            Some((2_000_000, 10_000_000))
+        );
+        assert_eq!(
+            params_text(&change),
+            "priority=7 sched=prt slo=3000 reserve=2000/10000/pe"
+        );
+        // Refused with vgpuctl set's own words.
+        for (bad, why) in [
+            ("reserve=2000/10000", "reserve is C_us/T_us/pe|ae"),
+            ("slo=fast", "expected an integer"),
+            ("colour=red", "colour"),
+        ] {
+            let body = ParamsBody {
+                vm: "a".into(),
+                params: ParamsOverride::default(),
+                set: vec![bad.into()],
+            };
+            let e = body.change().unwrap_err();
+            let expected = parse_assignment(bad).unwrap_err().to_string();
+            assert_eq!(e, HttpError::Refused(expected), "{bad}");
+            assert!(
+                e.to_string().contains(why) && e.status().starts_with("400"),
+                "{e}"
+            );
+        }
+        let both: ParamsBody =
+            parse_body(br#"{"vm":"a","params":{"weight":2},"set":["priority=1"]}"#).unwrap();
+        assert!(both.change().is_err());
+        assert_eq!(params_text(&ParamsOverride::default()), "nothing");
     }
 
     #[test]
@@ -622,7 +1179,7 @@ mod tests {
         );
         for bad in [
             &br#"{"vm":"a","params":{"colour":1}}"#[..],
-            br#"{"vm":"a"}"#,
+            br#"{"vm":"a","set":"priority=1"}"#,
             br#"{"vm":"a","params":{},"x":1}"#,
             br#"{"vm":"a","params":{"priority":-1}}"#,
             b"not json",

@@ -265,7 +265,8 @@ impl Server {
         {
             return Err(ServerError::MetricsNotLoopback(addr));
         }
-        let daemon = Daemon::new(monotonic_ns(), config.daemon.clone())?;
+        let started = monotonic_ns();
+        let daemon = Daemon::new(started, config.daemon.clone())?;
         // Before the sockets: a token or key file refused leaves nothing behind.
         let scrape = config
             .metrics_listen
@@ -340,7 +341,7 @@ impl Server {
             metrics,
             http_access,
             scrape,
-            dashboard: Dashboard::new(monotonic_ns()),
+            dashboard: Dashboard::new(started),
             next_publish: Instant::now(),
             timer,
             tick,
@@ -1510,13 +1511,14 @@ impl Loop {
                     ),
                     Route::SetParams => {
                         let body: ParamsBody = dashboard::parse_body(&req.body)?;
+                        let params = body.change()?;
                         // The page changes the VMs it lists; it never adds one.
                         if !self.daemon.list().iter().any(|v| v.name == body.vm) {
                             return Err(HttpError::UnknownVm(body.vm));
                         }
                         Change::Params {
                             vm: body.vm,
-                            params: body.params,
+                            params,
                             add: false,
                         }
                     }
@@ -1528,8 +1530,13 @@ impl Loop {
                     None => "an unknown peer".to_owned(),
                 };
                 info!("dashboard: change requested by {who}: {change:?}");
-                match self.change(now, change, ops) {
-                    Ok(_) => whole(json, json!({"ok": true}).to_string().as_bytes()),
+                match self.change(now, change, &format!("dashboard, {who}"), ops) {
+                    // The record the snapshots carry, so that the page shows the same.
+                    Ok(_) => {
+                        let record = self.dashboard.last_change();
+                        let answer = json!({"ok": true, "change": record});
+                        whole(json, answer.to_string().as_bytes())
+                    }
                     Err(DaemonError::UnknownVm(vm)) => Err(HttpError::UnknownVm(vm)),
                     Err(e) => Err(HttpError::Refused(e.to_string())),
                 }
@@ -1575,15 +1582,18 @@ impl Loop {
         }
     }
 
-    /// A change of the scheduler, from a control request or from the dashboard: one code
-    /// path for both. Returns the control request's result.
+    /// A change of the scheduler, from a control request or from the dashboard (`by` says
+    /// which and who): one code path for both. Returns the control request's result; the
+    /// dashboard records it, refused or not, as the last change.
     fn change(
         &mut self,
         now: u64,
         change: Change,
+        by: &str,
         ops: &mut EventOps,
     ) -> Result<serde_json::Value, DaemonError> {
         let kept = !matches!(change, Change::Focus(_));
+        let what = change.describe();
         let result = match change {
             Change::Policy(policy) => self
                 .daemon
@@ -1603,6 +1613,12 @@ impl Loop {
         if kept && result.is_ok() {
             self.save_live();
         }
+        let unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let error = result.as_ref().err().map(ToString::to_string);
+        self.dashboard
+            .record_change(unix_ms, by, &what, error.as_deref());
         result
     }
 
@@ -1722,16 +1738,17 @@ impl Loop {
             Ok(r) => r,
             Err(e) => return Some(Response::Error(e.to_string())),
         };
+        let who = match peer {
+            Some(p) if p.pid != 0 => format!("uid {} pid {}", p.uid, p.pid),
+            Some(p) => format!("uid {}", p.uid),
+            None => "an unknown peer".to_owned(),
+        };
         if req.changes() {
-            let who = match peer {
-                Some(p) if p.pid != 0 => format!("uid {} pid {}", p.uid, p.pid),
-                Some(p) => format!("uid {}", p.uid),
-                None => "an unknown peer".to_owned(),
-            };
             info!("control: change requested by {who}: {req:?}");
         } else {
             debug!("control: {req:?}");
         }
+        let by = format!("control socket, {who}");
         let result = match req {
             Request::List {} => Ok(json!({
                 "policy": self.daemon.policy(),
@@ -1746,16 +1763,16 @@ impl Loop {
                 serde_json::to_value(self.daemon.stats(now)).map_err(|e| e.to_string())
             }
             Request::SetPolicy { policy } => self
-                .change(now, Change::Policy(policy), ops)
+                .change(now, Change::Policy(policy), &by, ops)
                 .map_err(|e| e.to_string()),
             Request::SetParams { vm, params, add } => self
-                .change(now, Change::Params { vm, params, add }, ops)
+                .change(now, Change::Params { vm, params, add }, &by, ops)
                 .map_err(|e| e.to_string()),
             Request::Forget { vm } => self
-                .change(now, Change::Forget(vm), ops)
+                .change(now, Change::Forget(vm), &by, ops)
                 .map_err(|e| e.to_string()),
             Request::Focus { vm } => self
-                .change(now, Change::Focus(vm), ops)
+                .change(now, Change::Focus(vm), &by, ops)
                 .map_err(|e| e.to_string()),
             Request::Dashboard {} => self.dashboard_info(),
             Request::Create {
@@ -2378,6 +2395,20 @@ enum Change {
     Focus(String),
     /// Forget a VM's stored parameters.
     Forget(String),
+}
+
+impl Change {
+    /// What it asks for, as `vgpuctl` says it (the dashboard's "Last change").
+    fn describe(&self) -> String {
+        match self {
+            Change::Policy(p) => format!("set-policy {}", dashboard::policy_label(p)),
+            Change::Params { vm, params, .. } => {
+                format!("set {vm} {}", dashboard::params_text(params))
+            }
+            Change::Focus(vm) => format!("focus {vm}"),
+            Change::Forget(vm) => format!("forget {vm}"),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -398,7 +398,20 @@ fn dashboard_streams_snapshots_and_changes_the_scheduler_with_the_token() {
         "changed without the token"
     );
     let (status, answer) = post(addr, token, "/api/params", body);
-    assert_eq!((status, &answer), (200, &json!({"ok": true})));
+    assert_eq!((status, &answer["ok"]), (200, &json!(true)), "{answer}");
+    // The answer carries the change as the page's "Last change" shows it.
+    let change = &answer["change"];
+    assert_eq!(
+        change["what"], "set alpha priority=7 weight=512 target_fps=30",
+        "{answer}"
+    );
+    assert!(
+        change["by"]
+            .as_str()
+            .is_some_and(|b| b.starts_with("dashboard, uid ")),
+        "{answer}"
+    );
+    assert!(change["error"].is_null() && change["seq"].as_u64() > Some(0));
     let params = &d.vm("alpha")["params"];
     assert_eq!(
         (
@@ -425,6 +438,55 @@ fn dashboard_streams_snapshots_and_changes_the_scheduler_with_the_token() {
         }
         assert!(start.elapsed() < WAIT, "change not streamed: {s}");
     }
+
+    // Reserve and SLO as `vgpuctl set` takes them (the page's way); refused with its words,
+    // or with the daemon's check's.
+    let set = r#"{"vm":"alpha","set":["reserve=2000/10000/ae","slo=3000"]}"#;
+    assert_eq!(post(addr, token, "/api/params", set).0, 200);
+    let params = &d.vm("alpha")["params"];
+    assert_eq!(params["reserve"]["c"], 2_000_000, "{params}");
+    assert_eq!(params["reserve"]["enforcement"], "ae", "{params}");
+    assert_eq!(params["slo"], 3_000_000, "{params}");
+    let (status, answer) = post(
+        addr,
+        token,
+        "/api/params",
+        r#"{"vm":"alpha","set":["reserve=1/2"]}"#,
+    );
+    let cli = vgpu_schedd::control::parse_assignment("reserve=1/2").unwrap_err();
+    assert_eq!((status, &answer), (400, &json!({"error": cli.to_string()})));
+    let longer = r#"{"vm":"alpha","set":["reserve=20000/10000/pe"]}"#;
+    let (status, answer) = post(addr, token, "/api/params", longer);
+    assert_eq!(status, 400, "{answer}");
+    assert_eq!(d.vm("alpha")["params"]["reserve"]["c"], 2_000_000);
+    // A refused change is the last change too, with the daemon's reason.
+    let (_, _, state) = get(addr, "/api/state");
+    let last: Value = serde_json::from_str::<Value>(&state).unwrap()["last_change"].clone();
+    assert_eq!(last["what"], "set alpha reserve=20000/10000/pe", "{last}");
+    assert_eq!(last["error"], answer["error"], "{last}");
+
+    // A change through the control socket (as vgpuctl makes it) is the last change the
+    // stream shows, with who made it.
+    let answer = d.call(json!({"cmd": "set-params", "vm": "beta", "params": {"weight": 300}}));
+    assert!(answer["ok"].is_object(), "{answer}");
+    let start = Instant::now();
+    let last = loop {
+        let s = stream.snapshot();
+        if s["last_change"]["what"] == "set beta weight=300" {
+            break s["last_change"].clone();
+        }
+        assert!(
+            start.elapsed() < WAIT,
+            "the control's change not streamed: {s}"
+        );
+    };
+    assert!(
+        last["by"]
+            .as_str()
+            .is_some_and(|b| b.starts_with("control socket, uid ")),
+        "{last}"
+    );
+    assert!(last["error"].is_null(), "{last}");
 
     // Bodies and VMs that are refused, with the status code of each.
     let huge = format!(
@@ -466,6 +528,7 @@ fn dashboard_streams_snapshots_and_changes_the_scheduler_with_the_token() {
     );
     assert!(d.vm("nobody").is_null(), "an unknown VM was added");
     assert_eq!(d.vm("alpha")["params"]["weight"], 512);
+    assert_eq!(d.vm("beta")["params"]["weight"], 300);
 
     // Methods, heads and hosts that are refused.
     let request = |line: &str| format!("{line}\r\nHost: {addr}\r\n\r\n");
