@@ -18,7 +18,13 @@
 //! and that the GPU share chart's region holds pixels of both VMs' series colours (read from
 //! the page's own swatches).
 //!
-//! Chromium is required: without it the test fails, naming the Debian package.
+//! A second test needs no QEMU: two fake devices (threads of the test speaking the daemon's
+//! device protocol) keep the daemon busy while the page, in a 1280x800 window, edits a VM's
+//! reserve and another's SLO (accepted, and refused with the daemon's words), shows changes
+//! made with `vgpuctl` under "Last change", fits the window's width, and is saved as a
+//! screenshot (`$CARGO_TARGET_TMPDIR/dashboard-1280.png`, its path printed).
+//!
+//! Chromium is required: without it the tests fail, naming the Debian package.
 
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::os::unix::net::UnixStream;
@@ -30,6 +36,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use vgpu_guest_drivers::virtio_gpu::{LOAD_OP_END_FRAME, LOAD_OP_OCCUPY};
+use vgpu_schedd::proto::{self, Exec, MAX_MESSAGE_BYTES, Msg, PROTOCOL_VERSION, VmName};
+use vgpu_schedd::seqpacket::{SeqStream, monotonic_ns};
+use vgpu_scheduler::{CostSignature, GroupId, GroupKind};
 use vgpu_tests::browser::{Browser, Image, Page, VIEWPORT};
 use vgpu_tests::daemon::{CTL_TIMEOUT, Schedd, find_vm};
 use vgpu_tests::load_vm::{self, LoadVm};
@@ -163,21 +172,44 @@ fn row(vm: &str) -> String {
     )
 }
 
-/// Runs `action` (JavaScript that makes the page POST) after marking `#last-result`, and
-/// waits for the page to show the POST's outcome; returns it.
+/// Runs `action` (JavaScript that makes the page POST, in a block of its own) after clearing
+/// `#last-result`, and
+/// waits for the page to show the POST's outcome (`ok` or `refused: why`); returns it.
 fn post_through_page(page: &Page<'_>, action: &str) -> String {
     page.evaluate(&format!(
-        "document.getElementById('last-result').textContent = 'pending'; {action}; true"
+        "document.getElementById('last-result').replaceChildren(); {{ {action}; }} true"
     ))
     .expect("action runs");
     page.wait_for(
-        "(t => t !== 'pending' && t)(document.getElementById('last-result').textContent.trim())",
+        "(o => o && o.textContent.trim())(document.querySelector('#last-result .outcome'))",
         PAGE_TIMEOUT,
     )
     .expect("the page shows the outcome")
     .as_str()
     .unwrap_or_default()
     .to_owned()
+}
+
+/// Sets the inputs `fields` (`[(param, value)]`) of VM `vm`'s row as a user types them and
+/// applies them through the page; returns the outcome it shows.
+fn set_through_page(page: &Page<'_>, vm: &str, fields: &[(&str, &str)]) -> String {
+    let fields = Value::from(
+        fields
+            .iter()
+            .map(|(k, v)| json!([k, v]))
+            .collect::<Vec<_>>(),
+    );
+    post_through_page(
+        page,
+        &format!(
+            "const r = {}; \
+             for (const [k, v] of {fields}) {{ \
+               const i = r.querySelector('[data-param=' + k + ']'); \
+               i.value = v; i.dispatchEvent(new Event('input')); }} \
+             r.querySelector('[data-action=apply]').click()",
+            row(vm)
+        ),
+    )
 }
 
 /// `rgb(r, g, b)` (a computed CSS colour) as bytes.
@@ -291,16 +323,13 @@ fn dashboard_in_chromium_while_two_vms_run() {
     assert_eq!(list["policy"], fair["config"], "the daemon's policy");
 
     // A VM's parameters through its row: a gets three times b's (default) weight.
-    let answer = post_through_page(
+    let answer = set_through_page(
         &page,
-        &format!(
-            "const r = {}; \
-             for (const [k, v] of [['priority', '{PRIORITY_A}'], ['weight', '{WEIGHT_A}']]) {{ \
-               const i = r.querySelector('[data-param=' + k + ']'); \
-               i.value = v; i.dispatchEvent(new Event('input')); }} \
-             r.querySelector('[data-action=apply]').click()",
-            row("a")
-        ),
+        "a",
+        &[
+            ("priority", &PRIORITY_A.to_string()),
+            ("weight", &WEIGHT_A.to_string()),
+        ],
     );
     assert_eq!(answer, "ok", "setting a's parameters through the page");
     let a = find_vm(&control(&daemon, &json!({"cmd": "list"})), "a");
@@ -400,4 +429,303 @@ fn dashboard_in_chromium_while_two_vms_run() {
 
     load.finish();
     eprintln!("dashboard test took {:?}", started.elapsed());
+}
+
+/// The window of the second test: a common laptop screen.
+const WINDOW: (u32, u32) = (1280, 800);
+/// GPU time of one group of each fake VM, ms: different, so that their lines differ.
+const FAKE_GROUP_MS: [u64; 2] = [3, 1];
+/// How long a fake device waits for the daemon's message before it looks at its stop flag.
+const FAKE_POLL: Duration = Duration::from_millis(100);
+/// How long the devices run before the screenshot, so that the charts have lines (a third
+/// of the young daemon's one-minute time axis).
+const CHART_BEFORE_SCREENSHOT: Duration = Duration::from_secs(20);
+
+/// A fake device of VM `name` on the daemon's device socket, on a thread: it submits a
+/// present group, and when granted "runs" it for `group` (a sleep), completes it and presents
+/// a frame, until dropped.
+struct FakeDevice {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl FakeDevice {
+    fn start(daemon: &Schedd, name: &str, group: Duration) -> FakeDevice {
+        let s = SeqStream::connect(&daemon.socket()).expect("the device socket");
+        s.set_read_timeout(Some(FAKE_POLL)).unwrap();
+        let hello = Msg::Hello {
+            version: PROTOCOL_VERSION,
+            vm_name: VmName::new(name).unwrap(),
+            device_pid: std::process::id(),
+            qemu_pid: 0,
+        };
+        fake_send(&s, &hello);
+        assert!(
+            matches!(fake_recv(&s), Some(Msg::Welcome { .. })),
+            "{name} is not welcomed"
+        );
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let mut id = 0u64;
+            let mut waiting = false;
+            while !flag.load(Ordering::Relaxed) {
+                if !waiting {
+                    id += 1;
+                    let submit = Msg::Submit {
+                        group: GroupId(id),
+                        context: 0,
+                        kind: GroupKind::Present,
+                        signature: CostSignature(1),
+                        cost_ns: 0,
+                        exec: Exec::Device,
+                    };
+                    fake_send(&s, &submit);
+                    waiting = true;
+                }
+                if let Some(Msg::Grant { group: granted }) = fake_recv(&s) {
+                    let start = monotonic_ns();
+                    std::thread::sleep(group);
+                    let finish = monotonic_ns();
+                    let done = Msg::Completed {
+                        group: granted,
+                        start,
+                        finish,
+                    };
+                    fake_send(&s, &done);
+                    fake_send(&s, &Msg::Frame);
+                    waiting = false;
+                }
+            }
+        });
+        FakeDevice {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for FakeDevice {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn fake_send(s: &SeqStream, m: &Msg) {
+    let mut b = Vec::new();
+    proto::encode(m, &mut b);
+    // A daemon that went away ends the test elsewhere.
+    let _ = s.send(&b);
+}
+
+/// The daemon's next message, `None` after [`FAKE_POLL`].
+fn fake_recv(s: &SeqStream) -> Option<Msg> {
+    let mut buf = vec![0u8; MAX_MESSAGE_BYTES + 1];
+    let n = s.recv(&mut buf).ok()??;
+    proto::decode(buf.get(..n)?).ok()
+}
+
+/// The text of `selector` inside `#last-result`, as a JavaScript expression.
+fn last(selector: &str) -> String {
+    format!(
+        "(e => e ? e.textContent.trim() : '')(document.querySelector('#last-result {selector}'))"
+    )
+}
+
+#[test]
+fn dashboard_edits_reserve_and_slo_and_shows_cli_changes_at_1280() {
+    let started = Instant::now();
+    let browser = Browser::launch().unwrap_or_else(|e| panic!("{e}"));
+    let daemon = Schedd::start_with(None, "info", &["--http", "127.0.0.1:0"]).expect("daemon");
+    let _devices: Vec<FakeDevice> = VMS
+        .iter()
+        .zip(FAKE_GROUP_MS)
+        .map(|(vm, ms)| FakeDevice::start(&daemon, vm, Duration::from_millis(ms)))
+        .collect();
+    let load_started = Instant::now();
+    let url = control(&daemon, &json!({"cmd": "dashboard"}))["url"]
+        .as_str()
+        .expect("a url")
+        .to_owned();
+
+    let page = browser.new_page().expect("new page");
+    page.call(
+        "Emulation.setDeviceMetricsOverride",
+        json!({"width": WINDOW.0, "height": WINDOW.1, "deviceScaleFactor": 1, "mobile": false}),
+    )
+    .expect("the window's size");
+    page.navigate(&url).expect("the dashboard loads");
+    let both_rows = VMS
+        .iter()
+        .map(|vm| format!("!!{}", row(vm)))
+        .collect::<Vec<_>>()
+        .join(" && ");
+    page.wait_for(
+        &format!("document.getElementById('status').textContent.trim() === 'live' && {both_rows}"),
+        PAGE_TIMEOUT,
+    )
+    .expect("the page goes live with both VMs");
+
+    // A policy installed with vgpuctl shows as the last change, with who made it.
+    let file = daemon
+        .write("timegraph.toml", "policy = \"timegraph\"\n")
+        .expect("policy file");
+    daemon
+        .ctl(&["set-policy", file.to_str().unwrap()])
+        .expect("vgpuctl set-policy");
+    let what = page
+        .wait_for(
+            &format!("(w => w.startsWith('set-policy') && w)({})", last(".what")),
+            PAGE_TIMEOUT,
+        )
+        .expect("the CLI's policy change shows");
+    assert_eq!(what, "set-policy timegraph (ht)");
+    let by = page.evaluate(&last(".by")).unwrap();
+    assert!(
+        by.as_str()
+            .is_some_and(|b| b.starts_with("by control socket, uid ")),
+        "{by}"
+    );
+    assert_eq!(page.evaluate(&last(".outcome")).unwrap(), "ok");
+    // The policy panel is a table with units.
+    page.wait_for(
+        "[...document.querySelectorAll('#policy-params tbody tr')].some(r => \
+         r.cells[0].textContent === 'ht_lease' && r.cells[1].textContent === 'on')",
+        PAGE_TIMEOUT,
+    )
+    .expect("the policy table shows TimeGraph's parameters");
+
+    // A reserve through the page, in vgpuctl set's words.
+    assert_eq!(
+        set_through_page(&page, "a", &[("reserve", "2000/10000/pe")]),
+        "ok"
+    );
+    let a = find_vm(&control(&daemon, &json!({"cmd": "list"})), "a");
+    assert_eq!(
+        a["params"]["reserve"],
+        json!({"c": 2_000_000, "t": 10_000_000, "enforcement": "pe", "shared": null}),
+        "{a}"
+    );
+    page.wait_for(
+        &format!(
+            "{}.querySelector('td.effective').textContent.includes('reserve 2.0/10.0 ms pe')",
+            row("a")
+        ),
+        PAGE_TIMEOUT,
+    )
+    .expect("a's row shows the reserve in force");
+    assert_eq!(
+        page.evaluate(&last(".what")).unwrap(),
+        "set a reserve=2000/10000/pe"
+    );
+    // An SLO.
+    assert_eq!(set_through_page(&page, "b", &[("slo", "3000")]), "ok");
+    let b = find_vm(&control(&daemon, &json!({"cmd": "list"})), "b");
+    assert_eq!(b["params"]["slo"], 3_000_000, "{b}");
+
+    // Refused: a budget longer than its period (the daemon's check), and a malformed SLO
+    // (vgpuctl's parser): the page shows the same words as vgpuctl, and nothing changes.
+    for (vm, key, value) in [("a", "reserve", "20000/10000/pe"), ("b", "slo", "fast")] {
+        let shown = set_through_page(&page, vm, &[(key, value)]);
+        let assignment = format!("{key}={value}");
+        let cli = daemon
+            .ctl(&["set", vm, &assignment])
+            .expect_err("vgpuctl refuses it too")
+            .to_string();
+        let why = shown
+            .strip_prefix("refused: ")
+            .unwrap_or_else(|| panic!("{assignment} through the page: {shown}"));
+        assert!(
+            !why.is_empty() && cli.contains(why),
+            "the page says {why:?}, vgpuctl {cli:?}"
+        );
+        // The field stays as typed, marked edited, for the user to correct.
+        let kept = page
+            .evaluate(&format!(
+                "(i => i.classList.contains('dirty') && i.value)({}.querySelector('[data-param={key}]'))",
+                row(vm)
+            ))
+            .unwrap();
+        assert_eq!(kept, json!(value));
+    }
+    let list = control(&daemon, &json!({"cmd": "list"}));
+    assert_eq!(find_vm(&list, "a")["params"]["reserve"]["c"], 2_000_000);
+    assert_eq!(find_vm(&list, "b")["params"]["slo"], 3_000_000);
+    // Put the refused fields back as the daemon has them.
+    page.evaluate(
+        "for (const i of document.querySelectorAll('#vms .dirty')) i.classList.remove('dirty'); true",
+    )
+    .unwrap();
+
+    // A parameter set with vgpuctl shows as the last change, and in b's row.
+    daemon
+        .ctl(&["set", "b", "weight=512"])
+        .expect("vgpuctl set");
+    page.wait_for(
+        &format!("{} === 'set b weight=512'", last(".what")),
+        PAGE_TIMEOUT,
+    )
+    .expect("the CLI's parameter change shows");
+    assert!(
+        page.evaluate(&last(".by"))
+            .unwrap()
+            .as_str()
+            .is_some_and(|b| b.starts_with("by control socket")),
+    );
+    page.wait_for(
+        &format!(
+            "{}.querySelector('[data-param=weight]').value === '512'",
+            row("b")
+        ),
+        PAGE_TIMEOUT,
+    )
+    .expect("b's row shows the weight set with vgpuctl");
+
+    // The screenshot of the window, once the charts have some seconds of lines (taken before
+    // the layout's checks, so that a failure can be looked at).
+    std::thread::sleep(CHART_BEFORE_SCREENSHOT.saturating_sub(load_started.elapsed()));
+    page.wait_for(
+        &format!(
+            "parseFloat({}.querySelector('td.share').textContent) > 0",
+            row("a")
+        ),
+        PAGE_TIMEOUT,
+    )
+    .expect("a's share shows");
+    let png = page.screenshot().expect("screenshot");
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dashboard-1280.png");
+    std::fs::write(&path, &png).expect("screenshot written");
+    eprintln!("dashboard screenshot (1280x800): {}", path.display());
+    // And the whole page (the charts below the window: budget, policy), for a look.
+    let whole = page.screenshot_full_page().expect("full-page screenshot");
+    let whole_path = path.with_file_name("dashboard-1280-full.png");
+    std::fs::write(&whole_path, &whole).expect("screenshot written");
+    eprintln!("dashboard screenshot (whole page): {}", whole_path.display());
+    let image = Image::decode(&png).expect("the screenshot decodes");
+    assert_eq!((image.width, image.height), WINDOW);
+    assert!(image.distinct_colours() > MIN_COLOURS);
+    // 1280 px wide: nothing scrolls sideways, the VM table included.
+    let widths = page
+        .evaluate(
+            "[document.documentElement.scrollWidth, \
+              document.querySelector('.table-card').scrollWidth, \
+              document.querySelector('.table-card').clientWidth]",
+        )
+        .unwrap();
+    let widths: Vec<u64> = widths
+        .as_array()
+        .and_then(|w| w.iter().map(Value::as_u64).collect())
+        .unwrap_or_else(|| panic!("widths: {widths}"));
+    assert!(
+        widths[0] <= u64::from(WINDOW.0) && widths[1] <= widths[2],
+        "page {} px, VM table {} px in {} px",
+        widths[0],
+        widths[1],
+        widths[2]
+    );
+
+    eprintln!("dashboard test at 1280 px took {:?}", started.elapsed());
 }

@@ -508,7 +508,7 @@ const POLICY_FIELDS: [(&str, Unit, &str); 25] = [
     (
         "wildcard_priority",
         Unit::Count(""),
-        "priority of `*` spec lines without focus",
+        "priority of * spec lines without focus",
     ),
     (
         "shared",
