@@ -46,8 +46,10 @@ const DONE: u32 = u32::MAX;
 /// the time between checks of a block whose threads do little each (a pass of up to 1024
 /// exited threads around one that loops over the barrier), to some 10 to 40 us. A check
 /// reads the clock and the launch's shared counters, so one per 64 threads, as before, took
-/// 9% of NVIDIA's `scan`, whose threads run a few instructions between barriers.
+/// 9% of NVIDIA's `scan`, whose threads run a few instructions between barriers. A power of
+/// two: the loop masks its count of threads with it.
 const THREADS_PER_CHECK: u32 = 4096;
+const _: () = assert!(THREADS_PER_CHECK.is_power_of_two());
 const I32: Type = types::I32;
 
 /// Whether an instruction needs the other lanes of its warp or threads of its block: the
