@@ -703,7 +703,10 @@ fn dashboard_edits_reserve_and_slo_and_shows_cli_changes_at_1280() {
     let whole = page.screenshot_full_page().expect("full-page screenshot");
     let whole_path = path.with_file_name("dashboard-1280-full.png");
     std::fs::write(&whole_path, &whole).expect("screenshot written");
-    eprintln!("dashboard screenshot (whole page): {}", whole_path.display());
+    eprintln!(
+        "dashboard screenshot (whole page): {}",
+        whole_path.display()
+    );
     let image = Image::decode(&png).expect("the screenshot decodes");
     assert_eq!((image.width, image.height), WINDOW);
     assert!(image.distinct_colours() > MIN_COLOURS);
