@@ -540,6 +540,17 @@ impl LineBuffer {
     }
 }
 
+/// Parses `vgpuctl set` assignments ([`parse_assignment`]) into the fields of one
+/// `set-params` request; a later assignment of a key replaces an earlier one.
+pub fn parse_assignments(list: &[String]) -> Result<serde_json::Map<String, Value>, ControlError> {
+    let mut fields = serde_json::Map::new();
+    for a in list {
+        let (key, value) = parse_assignment(a)?;
+        fields.insert(key.to_owned(), value);
+    }
+    Ok(fields)
+}
+
 /// Parses a `vgpuctl set` assignment `key=value` into the field of a `set-params` request:
 /// `priority`, `weight` (integers), `sched` (`prt`/`ht`), `target_fps` (a positive number),
 /// `slo` (GPU µs per second), `reserve=C_us/T_us/pe|ae`.

@@ -21,7 +21,7 @@ use vgpu_scheduler::model::{Nanos, PrioPolicy, VgpuId, VgpuParams};
 use vgpu_scheduler::policy::timegraph::TimeGraphConfig;
 use vgpu_scheduler::sim::ParamsOverride;
 
-use crate::control::parse_assignment;
+use crate::control::parse_assignments;
 use crate::daemon::{Stats, VmInfo, VmStats};
 use crate::http::HttpError;
 
@@ -723,12 +723,7 @@ impl ParamsBody {
                 "give params or set, not both".to_owned(),
             ));
         }
-        let mut fields = serde_json::Map::new();
-        for a in &self.set {
-            let (key, value) =
-                parse_assignment(a).map_err(|e| HttpError::Refused(e.to_string()))?;
-            fields.insert(key.to_owned(), value);
-        }
+        let fields = parse_assignments(&self.set).map_err(|e| HttpError::Refused(e.to_string()))?;
         serde_json::from_value(fields.into()).map_err(|e| HttpError::Refused(e.to_string()))
     }
 }
@@ -1106,7 +1101,9 @@ mod tests {
                 set: vec![bad.into()],
             };
             let e = body.change().unwrap_err();
-            let expected = parse_assignment(bad).unwrap_err().to_string();
+            let expected = crate::control::parse_assignment(bad)
+                .unwrap_err()
+                .to_string();
             assert_eq!(e, HttpError::Refused(expected), "{bad}");
             assert!(
                 e.to_string().contains(why) && e.status().starts_with("400"),

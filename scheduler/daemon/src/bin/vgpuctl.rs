@@ -15,7 +15,7 @@ use vgpu_schedd::client::{
     Align, Conn, Failure, cell, latency_cell, memory_cell, only_vm, param_text, policy_cell, table,
 };
 use vgpu_schedd::control::{
-    DEFAULT_CONTROL_PATH, ServerOptions, parse_assignment, read_policy_file,
+    DEFAULT_CONTROL_PATH, ServerOptions, parse_assignments, read_policy_file,
 };
 use vgpu_schedd::definitions::{DEFAULT_CONFIG_DIR, Definition, ListedType, Store};
 
@@ -517,12 +517,7 @@ fn read_policy(path: &Path) -> Result<Value, Failure> {
 
 /// `key=value` assignments as the `params` of a `set-params` request.
 fn assignments(list: &[String]) -> Result<Map<String, Value>, Failure> {
-    let mut params = Map::new();
-    for a in list {
-        let (k, v) = parse_assignment(a).map_err(|e| Failure::Refused(e.to_string()))?;
-        params.insert(k.to_owned(), v);
-    }
-    Ok(params)
+    parse_assignments(list).map_err(|e| Failure::Refused(e.to_string()))
 }
 
 /// Checks device options as the daemon will and makes the socket path absolute.
