@@ -459,6 +459,11 @@ impl HostileVm {
         renice(server.pid());
         let (mut guest, features) = attach_virgl(&server, HOSTILE_QUEUE_SIZE)?;
         renice(guest.vm.pid());
+        guest
+            .vm
+            .qtest()
+            .set_timeout(HOSTILE_QTEST_TIMEOUT)
+            .expect("the hostile VM's qtest timeout");
         let blobs = if cuda {
             allocate_blobs(&mut guest, &CUDA_BLOBS)
         } else {
@@ -774,6 +779,12 @@ const RSS_SAMPLE_PERIOD: Duration = Duration::from_millis(20);
 
 /// The nice value of everything the hostile side runs on the CPU.
 const HOSTILE_NICE: i32 = 19;
+
+/// How long the hostile side waits for each qtest reply of its QEMU. Its QEMU and device run
+/// at [`HOSTILE_NICE`], so beside other work at nice 0 (`test.sh --loaded`: `stress-ng --cpu
+/// 2` on 2 cores) they get a few percent of a CPU and one command took longer than the usual
+/// 10 s; a device that stops serving is still caught, a minute later.
+const HOSTILE_QTEST_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Lowers the CPU priority of process or thread `id` to [`HOSTILE_NICE`].
 ///
