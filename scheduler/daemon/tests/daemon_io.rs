@@ -895,11 +895,23 @@ fn idle_metrics_connections_never_lock_out_a_scraper() {
     slow.set_read_timeout(Some(HTTP_HEAD_TIMEOUT + Duration::from_secs(2)))
         .unwrap();
     let mut buf = [0u8; 64];
-    let closed = match slow.read(&mut buf) {
-        Ok(n) => n == 0,
+    let read = loop {
+        match slow.read(&mut buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            other => break other,
+        }
+    };
+    let closed = match &read {
+        Ok(n) => *n == 0,
         Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
     };
-    assert!(closed, "still open after {:?}", start.elapsed());
+    assert!(
+        closed,
+        "still open after {:?}: the read gave {:?} ({:?})",
+        start.elapsed(),
+        read,
+        String::from_utf8_lossy(&buf[..*read.as_ref().unwrap_or(&0)])
+    );
     assert!(
         start.elapsed() >= HTTP_HEAD_TIMEOUT,
         "{:?}",
