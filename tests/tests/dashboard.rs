@@ -172,6 +172,20 @@ fn row(vm: &str) -> String {
     )
 }
 
+/// Waits until `page` is live and shows a row for each of [`VMS`].
+fn wait_live_with_both_vms(page: &Page<'_>) {
+    let both_rows = VMS
+        .iter()
+        .map(|vm| format!("!!{}", row(vm)))
+        .collect::<Vec<_>>()
+        .join(" && ");
+    page.wait_for(
+        &format!("document.getElementById('status').textContent.trim() === 'live' && {both_rows}"),
+        PAGE_TIMEOUT,
+    )
+    .expect("the page goes live with both VMs");
+}
+
 /// Runs `action` (JavaScript that makes the page POST, in a block of its own) after clearing
 /// `#last-result`, and
 /// waits for the page to show the POST's outcome (`ok` or `refused: why`); returns it.
@@ -259,16 +273,7 @@ fn dashboard_in_chromium_while_two_vms_run() {
 
     let page = browser.new_page().expect("new page");
     page.navigate(&url).expect("the dashboard loads");
-    let both_rows = VMS
-        .iter()
-        .map(|vm| format!("!!{}", row(vm)))
-        .collect::<Vec<_>>()
-        .join(" && ");
-    page.wait_for(
-        &format!("document.getElementById('status').textContent.trim() === 'live' && {both_rows}"),
-        PAGE_TIMEOUT,
-    )
-    .expect("the page goes live with both VMs");
+    wait_live_with_both_vms(&page);
     // Both VMs' load shows in their rows.
     for vm in VMS {
         page.wait_for(
@@ -558,16 +563,7 @@ fn dashboard_edits_reserve_and_slo_and_shows_cli_changes_at_1280() {
     )
     .expect("the window's size");
     page.navigate(&url).expect("the dashboard loads");
-    let both_rows = VMS
-        .iter()
-        .map(|vm| format!("!!{}", row(vm)))
-        .collect::<Vec<_>>()
-        .join(" && ");
-    page.wait_for(
-        &format!("document.getElementById('status').textContent.trim() === 'live' && {both_rows}"),
-        PAGE_TIMEOUT,
-    )
-    .expect("the page goes live with both VMs");
+    wait_live_with_both_vms(&page);
 
     // A policy installed with vgpuctl shows as the last change, with who made it.
     let file = daemon
