@@ -325,8 +325,8 @@ pub struct Virgl {
 pub enum HostGl {
     /// Desktop OpenGL (a core profile), as QEMU's virtio-gpu-gl renders: guests' desktop-GL
     /// features (edge flags, logic ops, double vertex attributes, 1D textures with borders)
-    /// run natively. piglit: 967 of 1078 tests pass on it through our device, as on QEMU's
-    /// (docs/PERFORMANCE.md).
+    /// run natively: 43 of the 44 piglit tests that failed through our device on GLES and
+    /// passed on QEMU's pass on it (docs/PERFORMANCE.md).
     #[default]
     Gl,
     /// OpenGL ES: for hosts whose driver offers only GLES. virglrenderer emulates or lacks
